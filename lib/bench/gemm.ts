@@ -1,0 +1,96 @@
+// `nodetron bench gemm`: GFLOP/s of nodetron's matmul beside cblas_sgemm called directly on the
+// same buffers in the same run, OpenBLAS's own kernel choice in a child process, and the
+// per-call dispatch cost of tiny ops (the figure that says whether JS can keep a GPU fed).
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { randn } from '../creation.js';
+import { cpu } from '../native.js';
+import { matmul } from '../ops/index.js';
+import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
+import { info } from '../info.js';
+
+const SHAPES: [string, number, number, number][] = [
+  ['square 1024', 1024, 1024, 1024],
+  ['square 2048', 2048, 2048, 2048],
+  ['MLP up 4096x768x3072', 4096, 3072, 768],
+  ['MLP down 4096x3072x768', 4096, 768, 3072],
+  ['QKV 4096x768x2304', 4096, 2304, 768],
+];
+
+interface Row { name: string; m: number; n: number; k: number; nodetronGflops: number; cblasGflops: number; ratio: number }
+
+function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
+  const rows: Row[] = [];
+  const addon = cpu();
+  for (const [name, m, n, k] of shapes) {
+    const a = randn([m, k], { seed: 1 }), b = randn([k, n], { seed: 2 });
+    const c = randn([m, n], { seed: 3 });
+    const flops = 2 * m * n * k;
+    // Interleave the two so that clock and cache state affect both alike.
+    let tN = Infinity, tC = Infinity;
+    for (let r = 0; r < 3; r++) {
+      tN = Math.min(tN, timeIt(() => matmul(a, b).dispose(), { minSeconds: 0.4, rounds: 3 }));
+      tC = Math.min(tC, timeIt(() => addon.cblasSgemmLoop(a.storage, b.storage, c.storage, m, n, k, 1), { minSeconds: 0.4, rounds: 3 }));
+    }
+    rows.push({ name: `${name} f32`, m, n, k, nodetronGflops: flops / tN / 1e9, cblasGflops: flops / tC / 1e9, ratio: tC / tN });
+    for (const dt of dtypes.filter((d) => d !== 'f32')) {
+      const ah = a.to(dt), bh = b.to(dt);
+      const t = timeIt(() => matmul(ah, bh).dispose(), { minSeconds: 0.4, rounds: 3 });
+      rows.push({ name: `${name} ${dt}`, m, n, k, nodetronGflops: flops / t / 1e9, cblasGflops: NaN, ratio: NaN });
+      ah.dispose(); bh.dispose();
+    }
+    a.dispose(); b.dispose(); c.dispose();
+  }
+  return rows;
+}
+
+function dispatchCosts(): Record<string, number> {
+  const addon = cpu();
+  const x = randn([1], { seed: 1 }), y = randn([1, 1], { seed: 2 });
+  const us = (fn: () => void) => timeIt(fn, { minSeconds: 0.5, rounds: 5, warmup: 1000 }) * 1e6;
+  const out: Record<string, number> = {
+    'native no-op call': us(() => addon.noop()),
+    'reshape (no copy, new tensor)': us(() => x.reshape([1, 1]).dispose()),
+    'clone of 1 element (alloc + copy)': us(() => x.clone().dispose()),
+    'matmul 1x1x1': us(() => matmul(y, y).dispose()),
+  };
+  const ops = (globalThis as { __ntTinyOps?: Record<string, () => void> }).__ntTinyOps;
+  if (ops) for (const [k, fn] of Object.entries(ops)) out[k] = us(fn);
+  x.dispose(); y.dispose();
+  return out;
+}
+
+/** cblas_sgemm at 2048^3 with OpenBLAS left to its own kernel choice, in a child process. */
+function openblasOwnChoice(): { coreType: string; gflops: number } | undefined {
+  const cli = fileURLToPath(new URL('../cli.js', import.meta.url));
+  const r = spawnSync(process.execPath, [cli, 'bench', 'gemm', '--blas-only'], {
+    env: { ...process.env, NODETRON_BLAS_CORETYPE: 'auto' }, encoding: 'utf8',
+  });
+  try { return JSON.parse(r.stdout.trim().split('\n').pop()!); } catch { return undefined; }
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const o = parseOptions(argv, { json: 'string', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' });
+  if (o.help) {
+    console.log('usage: nodetron bench gemm [--json F] [--quick] [--bf16]\n  f32 GEMM GFLOP/s beside cblas_sgemm direct, and tiny-op dispatch cost');
+    return 0;
+  }
+  if (o['blas-only']) {
+    const [row] = gemmRows([['square 2048', 2048, 2048, 2048]], ['f32']);
+    console.log(JSON.stringify({ coreType: info().backends.cpu.blasCoreType, gflops: row!.cblasGflops }));
+    return 0;
+  }
+  const i = info().backends.cpu;
+  console.log(`# nodetron bench gemm — ${i.blasConfig}\n# core type ${i.blasCoreType} (${i.blasCoreChoice}), ${i.blasThreads} threads\n`);
+  const shapes = o.quick ? SHAPES.slice(0, 1) : SHAPES;
+  const rows = gemmRows(shapes, o.bf16 ? ['f32', 'bf16'] : ['f32']);
+  printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas'],
+    rows.map((r) => [r.name, r.nodetronGflops.toFixed(1), Number.isNaN(r.cblasGflops) ? '-' : r.cblasGflops.toFixed(1), Number.isNaN(r.ratio) ? '-' : `${(r.ratio * 100).toFixed(1)}%`]));
+  const own = o.quick ? undefined : openblasOwnChoice();
+  if (own) console.log(`\nOpenBLAS left to its own choice (${own.coreType}): cblas_sgemm 2048^3 = ${own.gflops.toFixed(1)} GFLOP/s`);
+  const dispatch = dispatchCosts();
+  console.log('');
+  printTable(['tiny op (cpu, 1 element)', 'µs per call'], Object.entries(dispatch).map(([k, v]) => [k, v.toFixed(3)]));
+  writeJson(o.json as string | undefined, { bench: 'gemm', machine: machineRecord(), rows, openblasOwnChoice: own, dispatchMicroseconds: dispatch });
+  return 0;
+}

@@ -1,0 +1,34 @@
+// `nodetron info [--json]`: what this installation can do, and why not where it cannot.
+import { info } from '../info.js';
+
+export async function main(argv: string[]): Promise<number> {
+  if (argv.includes('--help')) {
+    console.log('usage: nodetron info [--json]');
+    return 0;
+  }
+  const i = info();
+  if (argv.includes('--json')) {
+    console.log(JSON.stringify(i, null, 2));
+    return 0;
+  }
+  const c = i.backends.cpu;
+  const lines = [
+    `nodetron ${i.version} (node ${i.node}, ${i.platform})`,
+    `cpu:   ${i.cpu.model}, ${i.cpu.cores} cores${i.cpu.avx512 ? ', AVX-512' : ''}`,
+    `  blas:  ${c.blasConfig}`,
+    `         core type ${c.blasCoreType} (${c.blasCoreChoice}), ${c.blasThreads} threads`,
+    `cuda:  ${i.backends.cuda.available ? 'available' : 'unavailable'}`,
+  ];
+  const cuda = i.backends.cuda;
+  if (cuda.available) {
+    for (const [k, v] of Object.entries(cuda)) if (k !== 'available') lines.push(`  ${k}: ${typeof v === 'object' ? JSON.stringify(v) : String(v)}`);
+  } else {
+    lines.push(`  why:   ${cuda.reason}`);
+  }
+  const g = i.collectives.gloo;
+  lines.push(`gloo:  ${g.available ? `available${g.version ? ` (${String(g.version)})` : ''}` : `unavailable: ${g.reason}`}`);
+  const n = i.collectives.nccl;
+  lines.push(`nccl:  ${n.available ? `available${n.version ? ` (${String(n.version)})` : ''}` : 'unavailable (needs the cuda backend)'}`);
+  console.log(lines.join('\n'));
+  return 0;
+}

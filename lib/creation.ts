@@ -1,0 +1,183 @@
+// Creation functions: tensor() from typed or nested arrays, zeros/ones/full/arange, rand/randn.
+import { type DType, dtypeCode, dtypeOfArray } from './dtype.js';
+import { ArgumentError, DTypeError, ShapeError } from './errors.js';
+import { DRAW, defaultGenerator, Generator } from './random.js';
+import { checkShape, fmtShape, numel, type Shape } from './shape.js';
+import { emptyOn, resolveOptions, type Tensor, type TensorOptions } from './tensor.js';
+
+type Nested = number | boolean | readonly Nested[];
+
+function flattenNested(data: Nested, call: string): { shape: number[]; values: number[] } {
+  const shape: number[] = [];
+  let probe: Nested = data;
+  while (Array.isArray(probe)) {
+    shape.push(probe.length);
+    probe = probe[0] as Nested;
+    if (probe === undefined) break;
+  }
+  const values: number[] = [];
+  const walk = (x: Nested, dim: number, path: string): void => {
+    if (dim === shape.length) {
+      if (typeof x === 'boolean') { values.push(x ? 1 : 0); return; }
+      if (typeof x !== 'number') throw new ArgumentError(`${call}: element ${path || '[]'} is ${typeof x}, not a number`);
+      values.push(x);
+      return;
+    }
+    if (!Array.isArray(x) || x.length !== shape[dim]) {
+      throw new ShapeError(`${call}: ragged nested array at ${path || 'top level'} (expected length ${shape[dim]})`);
+    }
+    x.forEach((v, i) => walk(v as Nested, dim + 1, `${path}[${i}]`));
+  };
+  walk(data, 0, '');
+  return { shape, values };
+}
+
+/**
+ * A tensor from a typed array, a plain array, nested arrays or a number.
+ * `shape` is required for flat data of rank > 1; dtype defaults to the array's (Float32Array → f32,
+ * Int32Array → i32, Uint8Array → u8, numbers → f32).
+ */
+export function tensor(data: ArrayLike<number> | Nested, shape?: Shape, opts?: TensorOptions): Tensor;
+export function tensor(data: ArrayLike<number> | Nested, opts?: TensorOptions): Tensor;
+export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | TensorOptions, maybeOpts?: TensorOptions): Tensor {
+  const call = 'tensor';
+  let shape: Shape | undefined;
+  let opts: TensorOptions | undefined;
+  if (Array.isArray(shapeOrOpts)) { shape = shapeOrOpts; opts = maybeOpts; } else { opts = shapeOrOpts as TensorOptions | undefined; }
+  let values: ArrayLike<number>;
+  let inferred: number[];
+  let natural: DType = 'f32';
+  if (typeof data === 'number' || typeof data === 'boolean') {
+    values = [Number(data)];
+    inferred = [];
+  } else if (ArrayBuffer.isView(data)) {
+    values = data as unknown as ArrayLike<number>;
+    inferred = [values.length];
+    natural = dtypeOfArray(values) ?? 'f32';
+    if (data instanceof BigInt64Array || data instanceof BigUint64Array) throw new DTypeError(`${call}: 64-bit integer arrays are not supported`);
+  } else if (Array.isArray(data)) {
+    const flat = flattenNested(data as Nested, call);
+    values = flat.values;
+    inferred = flat.shape;
+  } else {
+    throw new ArgumentError(`${call}: data must be a typed array, an array or a number, got ${data === null ? 'null' : typeof data}`);
+  }
+  const finalShape = shape === undefined ? inferred : checkShape(shape, call);
+  if (numel(finalShape) !== values.length) {
+    throw new ShapeError(`${call}: shape ${fmtShape(finalShape)} needs ${numel(finalShape)} elements, the data has ${values.length}`);
+  }
+  const { dtype, device } = resolveOptions(opts, call, natural);
+  const out = emptyOn(finalShape, dtype, device);
+  // Upload in the narrowest array that holds the values exactly, then convert on the device.
+  const src = natural === dtype && ArrayBuffer.isView(values) && !(values instanceof Float64Array) ? (values as unknown as ArrayBufferView)
+    : dtype === 'i32' ? Int32Array.from(values)
+    : dtype === 'u8' ? Uint8Array.from(values)
+    : Float32Array.from(values);
+  const srcDtype: DType = src instanceof Int32Array ? 'i32' : src instanceof Uint8Array ? 'u8' : 'f32';
+  if (srcDtype === dtype && (src as ArrayBufferView).byteLength === out.nbytes) {
+    out.backend.write(out.storage, 0, src);
+  } else {
+    const staging = emptyOn(finalShape, srcDtype, device);
+    try {
+      staging.backend.write(staging.storage, 0, src);
+      out.backend.cast(staging.storage, dtypeCode(srcDtype), out.storage, dtypeCode(dtype), out.size);
+    } finally {
+      staging.dispose();
+    }
+  }
+  if (opts?.requiresGrad) out.requiresGrad = true;
+  return out;
+}
+
+/** A tensor filled with one value. */
+export function full(shape: Shape, value: number, opts?: TensorOptions): Tensor {
+  const s = checkShape(shape, 'full');
+  if (typeof value !== 'number') throw new ArgumentError(`full: value must be a number, got ${typeof value}`);
+  const { dtype, device } = resolveOptions(opts, 'full');
+  const out = emptyOn(s, dtype, device);
+  out.backend.fill(out.storage, dtypeCode(dtype), out.size, value);
+  if (opts?.requiresGrad) out.requiresGrad = true;
+  return out;
+}
+
+export function zeros(shape: Shape, opts?: TensorOptions): Tensor {
+  const s = checkShape(shape, 'zeros');
+  const { dtype, device } = resolveOptions(opts, 'zeros');
+  const out = emptyOn(s, dtype, device, true);
+  if (opts?.requiresGrad) out.requiresGrad = true;
+  return out;
+}
+
+export function ones(shape: Shape, opts?: TensorOptions): Tensor {
+  return full(shape, 1, opts);
+}
+
+/** Values start, start + step, ... below end (like torch.arange); arange(n) counts 0..n-1. Default dtype i32 when all arguments are integers. */
+export function arange(end: number, opts?: TensorOptions): Tensor;
+export function arange(start: number, end: number, step?: number, opts?: TensorOptions): Tensor;
+export function arange(a: number, b?: number | TensorOptions, c?: number | TensorOptions, d?: TensorOptions): Tensor {
+  let start = 0, end: number, step = 1, opts: TensorOptions | undefined;
+  if (typeof b === 'number') {
+    start = a; end = b;
+    if (typeof c === 'number') { step = c; opts = d; } else opts = c;
+  } else { end = a; opts = b; }
+  for (const [k, v] of [['start', start], ['end', end], ['step', step]] as const) {
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new ArgumentError(`arange: ${k} must be a finite number, got ${String(v)}`);
+  }
+  if (step === 0) throw new ArgumentError('arange: step must not be 0');
+  const n = Math.max(0, Math.ceil((end - start) / step));
+  const allInt = Number.isInteger(start) && Number.isInteger(end) && Number.isInteger(step);
+  const { dtype, device } = resolveOptions(opts, 'arange', allInt ? 'i32' : 'f32');
+  const out = emptyOn([n], dtype, device);
+  out.backend.arange(out.storage, dtypeCode(dtype), n, start, step);
+  return out;
+}
+
+/** Options of random creation: a seed (a fresh generator at offset 0) or a generator to advance. */
+export interface RandomOptions extends TensorOptions {
+  seed?: number | bigint;
+  generator?: Generator;
+}
+
+function randomTensor(call: string, shape: Shape, opts: RandomOptions | undefined, draw: (typeof DRAW)[keyof typeof DRAW], a: number, b: number): Tensor {
+  const s = checkShape(shape, call);
+  const { dtype, device } = resolveOptions(opts, call);
+  const gen = opts?.seed !== undefined ? new Generator(opts.seed) : (opts?.generator ?? defaultGenerator);
+  const out = emptyOn(s, dtype, device);
+  const base = gen.reserve(out.size, draw.perBlock);
+  const [hi, lo] = gen.seedHalves();
+  out.backend.randomFill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
+  if (opts?.requiresGrad) out.requiresGrad = true;
+  return out;
+}
+
+/** Uniform in [0, 1) from the seeded Philox generator. */
+export function rand(shape: Shape, opts?: RandomOptions): Tensor {
+  return randomTensor('rand', shape, opts, DRAW.uniform, 0, 1);
+}
+
+/** Standard normal (mean 0, std 1) from the seeded Philox generator. */
+export function randn(shape: Shape, opts?: RandomOptions & { mean?: number; std?: number }): Tensor {
+  return randomTensor('randn', shape, opts, DRAW.normal, opts?.mean ?? 0, opts?.std ?? 1);
+}
+
+/**
+ * Elements [first, first + count) of the draw a full-size rand/randn with this generator state
+ * would make, without drawing the rest: how a rank draws exactly its shard of a parallel tensor.
+ * Advances the generator as the full draw would (by `total` elements).
+ */
+export function randomShard(kind: 'uniform' | 'normal', shape: Shape, first: number, total: number, opts?: RandomOptions & { mean?: number; std?: number }): Tensor {
+  const s = checkShape(shape, 'randomShard');
+  if (!Number.isInteger(first) || !Number.isInteger(total) || first < 0 || first + numel(s) > total) {
+    throw new ArgumentError(`randomShard: elements [${first}, ${first + numel(s)}) do not lie inside a draw of ${total}`);
+  }
+  const { dtype, device } = resolveOptions(opts, 'randomShard');
+  const draw = DRAW[kind];
+  const gen = opts?.seed !== undefined ? new Generator(opts.seed) : (opts?.generator ?? defaultGenerator);
+  const out = emptyOn(s, dtype, device);
+  const base = gen.reserve(total, draw.perBlock);
+  const [hi, lo] = gen.seedHalves();
+  const [a, b] = kind === 'normal' ? [opts?.mean ?? 0, opts?.std ?? 1] : [0, 1];
+  out.backend.randomFill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
+  return out;
+}

@@ -1,0 +1,11 @@
+// nodetron: distributed LLM training for TypeScript. The public API, re-exported from its modules.
+export * from './errors.js';
+export { type DType, DTYPES, dtypeSize, isFloating } from './dtype.js';
+export { type Device, type DeviceLike, parseDevice, setCudaDevice } from './device.js';
+export { Tensor, type TensorOptions, empty } from './tensor.js';
+export { tensor, zeros, ones, full, arange, rand, randn, randomShard, type RandomOptions } from './creation.js';
+export { Generator, manualSeed, defaultGenerator } from './random.js';
+export { scope, keep, memoryStats, resetPeakMemory, emptyCache, type MemoryStats } from './memory.js';
+export { matmul, type MatmulOptions } from './ops/index.js';
+export { info, type Info } from './info.js';
+export { version } from './version.js';

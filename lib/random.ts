@@ -1,0 +1,56 @@
+// Seeded random numbers from a counter-based Philox generator. A draw is addressed by
+// (seed, base block, element index), so a shard can draw exactly its part of the single-process draw.
+
+import { ArgumentError } from './errors.js';
+
+/** Default seed, as fixed as PyTorch's, so unseeded runs are reproducible too. */
+const DEFAULT_SEED = 67280421310721n;
+
+/** A generator: a 64-bit seed and an offset in Philox blocks (4 x 32-bit outputs each). */
+export class Generator {
+  seed: bigint;
+  offsetBlocks: number;
+  constructor(seed: number | bigint = DEFAULT_SEED) {
+    this.seed = toSeed(seed);
+    this.offsetBlocks = 0;
+  }
+  manualSeed(seed: number | bigint): this {
+    this.seed = toSeed(seed);
+    this.offsetBlocks = 0;
+    return this;
+  }
+  /** Reserves the blocks of a draw of `count` elements and returns its base block. */
+  reserve(count: number, elementsPerBlock: number): number {
+    const base = this.offsetBlocks;
+    this.offsetBlocks += Math.ceil(count / elementsPerBlock);
+    return base;
+  }
+  /** Seed as the two 32-bit halves the native kernels take. */
+  seedHalves(): [number, number] {
+    return [Number(this.seed >> 32n), Number(this.seed & 0xffffffffn)];
+  }
+}
+
+function toSeed(seed: number | bigint): bigint {
+  if (typeof seed === 'number') {
+    if (!Number.isSafeInteger(seed) || seed < 0) throw new ArgumentError(`seed must be a non-negative safe integer, got ${seed}`);
+    return BigInt(seed);
+  }
+  if (typeof seed !== 'bigint' || seed < 0n || seed >= 1n << 64n) throw new ArgumentError(`seed must be a 64-bit unsigned integer`);
+  return seed;
+}
+
+/** The generator behind calls that pass no seed. */
+export const defaultGenerator = new Generator();
+
+/** Reseeds the default generator (like torch.manual_seed). */
+export function manualSeed(seed: number | bigint): void {
+  defaultGenerator.manualSeed(seed);
+}
+
+/** Kinds of draw, with the elements each Philox block yields. */
+export const DRAW = {
+  uniform: { kind: 0, perBlock: 4 },
+  normal: { kind: 1, perBlock: 2 },
+  bernoulli: { kind: 2, perBlock: 4 },
+} as const;

@@ -1,0 +1,209 @@
+// Tensor: a shape, a dtype and a device over reference-counted contiguous storage. Ops live in
+// lib/ops/* and attach methods to Tensor.prototype; this file holds what every op stands on.
+import { backendOf, type Device, type DeviceLike, parseDevice } from './device.js';
+import { type ArrayFor, type DType, dtypeCode, dtypeSize, parseDType, readArrayFor, type TypedArray } from './dtype.js';
+import { ArgumentError, DeviceError, DisposedError } from './errors.js';
+import { track, untrack } from './memory.js';
+import type { BackendAddon, NativeStorage } from './native.js';
+import { checkShape, fmtShape, inferShape, numel, type Shape } from './shape.js';
+
+/** Storage shared by tensors that are views of the same bytes (reshape); freed with its last tensor. */
+export class StorageRef {
+  refs = 1;
+  constructor(readonly native: NativeStorage, readonly device: Device, readonly bytes: number) {}
+  release(): void {
+    if (--this.refs === 0) this.native.dispose();
+  }
+}
+
+/** Options accepted by creation functions. */
+export interface TensorOptions {
+  dtype?: DType | string;
+  device?: DeviceLike;
+  requiresGrad?: boolean;
+}
+
+export class Tensor {
+  /** Dimensions; [] for a scalar. */
+  readonly shape: readonly number[];
+  readonly dtype: DType;
+  /** Number of elements. */
+  readonly size: number;
+  /** Whether autograd records operations on this tensor. */
+  requiresGrad = false;
+  /** Accumulated gradient, set by backward(). */
+  grad: Tensor | null = null;
+  /** The autograd node that produced this tensor (null for leaves). Managed by lib/autograd. */
+  gradFn: unknown = null;
+  /** Optional name (parameters carry theirs). */
+  name?: string;
+
+  #storage: StorageRef | null;
+  readonly #device: Device;
+
+  /** Internal: wraps storage. Users create tensors with nt.tensor, nt.zeros, ... */
+  constructor(storage: StorageRef, shape: readonly number[], dtype: DType) {
+    this.#storage = storage;
+    this.#device = storage.device;
+    this.shape = shape;
+    this.dtype = dtype;
+    this.size = numel(shape);
+    track(this, this.#device);
+  }
+
+  /** Canonical device name: 'cpu' or 'cuda:N'. */
+  get device(): string { return this.#device.name; }
+  get deviceInfo(): Device { return this.#device; }
+  get ndim(): number { return this.shape.length; }
+  get nbytes(): number { return this.size * dtypeSize(this.dtype); }
+  get disposed(): boolean { return this.#storage === null; }
+
+  /** The native storage, for kernels. Throws DisposedError after dispose(). */
+  get storage(): NativeStorage {
+    const s = this.#storage;
+    if (s === null) throw new DisposedError(`tensor ${this.describe()} was disposed`);
+    return s.native;
+  }
+  /** Internal: the shared storage reference (for views). */
+  get storageRef(): StorageRef {
+    const s = this.#storage;
+    if (s === null) throw new DisposedError(`tensor ${this.describe()} was disposed`);
+    return s;
+  }
+  /** The backend addon that owns this tensor's device. */
+  get backend(): BackendAddon { return backendOf(this.#device); }
+
+  /** Releases the memory now. Idempotent. */
+  dispose(): void {
+    const s = this.#storage;
+    if (s === null) return;
+    this.#storage = null;
+    untrack(this, this.#device);
+    s.release();
+    if (this.grad) { this.grad.dispose(); this.grad = null; }
+    this.gradFn = null;
+  }
+  [Symbol.dispose](): void { this.dispose(); }
+
+  describe(): string {
+    return `${fmtShape(this.shape)} ${this.dtype} on ${this.#device.name}${this.name ? ` (${this.name})` : ''}`;
+  }
+  toString(): string { return `Tensor(${this.describe()}${this.disposed ? ', disposed' : ''})`; }
+
+  /** Copies the data out (waits for the device). bf16 and f16 read back as Float32Array. */
+  async toArray(): Promise<ArrayFor<DType>> { return this.toArraySync(); }
+
+  /** Synchronous toArray(). */
+  toArraySync(): TypedArray {
+    const storage = this.storage;
+    if (this.dtype === 'f32' || this.dtype === 'i32' || this.dtype === 'u8') {
+      const out = readArrayFor(this.dtype, this.size);
+      this.backend.read(storage, 0, out);
+      return out;
+    }
+    // Half types widen to f32 on the device's side, then one copy out.
+    using wide = this.to('f32');
+    return wide.toArraySync();
+  }
+
+  /** The single value of a one-element tensor. */
+  item(): number {
+    if (this.size !== 1) throw new ArgumentError(`item(): tensor ${this.describe()} has ${this.size} elements, not 1`);
+    return this.toArraySync()[0]!;
+  }
+
+  /** Nested arrays of numbers, for printing and tests. */
+  tolist(): unknown {
+    const flat = Array.from(this.toArraySync());
+    const build = (dim: number, offset: number): unknown => {
+      if (dim === this.shape.length) return flat[offset];
+      const stride = numel(this.shape.slice(dim + 1));
+      return Array.from({ length: this.shape[dim]! }, (_, i) => build(dim + 1, offset + i * stride));
+    };
+    return build(0, 0);
+  }
+
+  /** Same data, new shape (one dimension may be -1). Shares storage; no copy. */
+  reshape(shape: readonly number[]): Tensor {
+    const ref = this.storageRef;
+    const target = inferShape(shape, this.size, this.shape);
+    ref.refs++;
+    return new Tensor(ref, target, this.dtype);
+  }
+
+  /** A copy with its own storage. */
+  clone(): Tensor {
+    const out = emptyOn(this.shape, this.dtype, this.#device);
+    this.backend.copy(out.storage, 0, this.storage, 0, this.nbytes);
+    return out;
+  }
+
+  /** Converts to a dtype and/or moves to a device; returns a new tensor (a copy even when nothing changes). */
+  to(target: DType | DeviceLike | { dtype?: DType | string; device?: DeviceLike }): Tensor {
+    let dtype: DType = this.dtype;
+    let device: Device = this.#device;
+    if (typeof target === 'string') {
+      if (/^(cpu|cuda)(:\d+)?$/.test(target)) device = parseDevice(target, 'to');
+      else dtype = parseDType(target, 'to');
+    } else if (target && typeof target === 'object') {
+      if (target.dtype !== undefined) dtype = parseDType(target.dtype, 'to');
+      if (target.device !== undefined) device = parseDevice(target.device, 'to');
+    } else {
+      throw new ArgumentError(`to(): expected a dtype, a device or { dtype, device }`);
+    }
+    const src: Tensor = device.name === this.#device.name ? this : transfer(this, device);
+    if (dtype === src.dtype) return src === this ? this.clone() : src;
+    const out = emptyOn(this.shape, dtype, device);
+    out.backend.cast(src.storage, dtypeCode(src.dtype), out.storage, dtypeCode(dtype), this.size);
+    if (src !== this) src.dispose();
+    return out;
+  }
+}
+
+/** Moves a tensor's bytes to another device (same dtype) through host memory. */
+function transfer(t: Tensor, device: Device): Tensor {
+  const out = emptyOn(t.shape, t.dtype, device);
+  const bytes = new Uint8Array(t.nbytes);
+  t.backend.read(t.storage, 0, bytes);
+  out.backend.write(out.storage, 0, bytes);
+  return out;
+}
+
+/** Internal: an uninitialized tensor on a device. */
+export function emptyOn(shape: readonly number[], dtype: DType, device: Device, zero = false): Tensor {
+  const bytes = numel(shape) * dtypeSize(dtype);
+  const addon = backendOf(device);
+  const native = new addon.Storage(bytes, zero, device.index);
+  return new Tensor(new StorageRef(native, device, bytes), shape, dtype);
+}
+
+/** Resolves creation options to a dtype and device. */
+export function resolveOptions(opts: TensorOptions | undefined, call: string, defaultDtype: DType = 'f32'): { dtype: DType; device: Device } {
+  if (opts !== undefined && (typeof opts !== 'object' || opts === null)) throw new ArgumentError(`${call}: options must be an object`);
+  return {
+    dtype: opts?.dtype === undefined ? defaultDtype : parseDType(opts.dtype, call),
+    device: parseDevice(opts?.device, call),
+  };
+}
+
+/** An uninitialized tensor. */
+export function empty(shape: Shape, opts?: TensorOptions): Tensor {
+  const s = checkShape(shape, 'empty');
+  const { dtype, device } = resolveOptions(opts, 'empty');
+  const t = emptyOn(s, dtype, device);
+  if (opts?.requiresGrad) t.requiresGrad = true;
+  return t;
+}
+
+/** Checks that a value is a live tensor; names the argument in the error. */
+export function checkTensor(t: unknown, call: string, arg = 'argument'): Tensor {
+  if (!(t instanceof Tensor)) throw new ArgumentError(`${call}: ${arg} must be a Tensor, got ${t === null ? 'null' : typeof t}`);
+  if (t.disposed) throw new DisposedError(`${call}: ${arg} ${t.describe()} was disposed`);
+  return t;
+}
+
+/** Checks that tensors share a device; throws DeviceError naming both. */
+export function checkSameDevice(call: string, ...ts: Tensor[]): void {
+  const d = ts[0]!.device;
+  for (const t of ts) if (t.device !== d) throw new DeviceError(`${call}: tensors are on different devices (${d} and ${t.device})`);
+}

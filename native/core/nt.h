@@ -1,0 +1,141 @@
+// Shared core of the nodetron addon: dtypes, typed errors, the export registry and host storage.
+// Every native file includes this; nothing here decides policy (that lives in lib/).
+#pragma once
+
+#include <napi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace nt {
+
+// ---- dtypes (codes shared with lib/dtype.ts) ---------------------------------------------------
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4 };
+size_t dtypeSize(DType t);
+const char* dtypeName(DType t);
+
+inline float bf16ToF32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32ToBf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float f16ToF32(uint16_t h);
+uint16_t f32ToF16(float f);
+
+// ---- typed errors ------------------------------------------------------------------------------
+// Codes mirror lib/errors.ts. The JS side registers a factory that builds the right NodetronError
+// subclass, so the error carries the caller's JS stack and a `call` naming the failed native call.
+enum class Err { Argument, Shape, DType, Device, Disposed, OutOfMemory, BackendUnavailable, Native, Comm, Timeout };
+
+// Thrown from helpers that do not hold an Env; converted to a JS error at the binding boundary.
+struct Error {
+  Err code;
+  std::string message;
+  std::string call;
+};
+
+[[noreturn]] void fail(Err code, const std::string& message, const std::string& call = "");
+Napi::Error makeError(Napi::Env env, Err code, const std::string& message, const std::string& call);
+void setErrorFactory(const Napi::Function& factory);
+
+// ---- export registry ---------------------------------------------------------------------------
+// A native file registers its functions with NT_EXPORT; the module init exports them all, so new
+// kernel families need no edit to a central list. Each wrapped call turns nt::Error and
+// std::bad_alloc into typed JS errors.
+using Fn = Napi::Value (*)(const Napi::CallbackInfo&);
+struct Registration {
+  Registration(const char* name, Fn fn);
+};
+using ClassInit = void (*)(Napi::Env, Napi::Object);
+struct ClassRegistration {
+  explicit ClassRegistration(ClassInit init);
+};
+Napi::Value guarded(const char* name, Fn fn, const Napi::CallbackInfo& info);
+
+#define NT_CONCAT_(a, b) a##b
+#define NT_CONCAT(a, b) NT_CONCAT_(a, b)
+#define NT_EXPORT(name, fn) static ::nt::Registration NT_CONCAT(nt_reg_, __LINE__)(name, fn)
+#define NT_EXPORT_CLASS(init) static ::nt::ClassRegistration NT_CONCAT(nt_creg_, __LINE__)(init)
+
+// ---- argument helpers (throw nt::Error with the call's name) -----------------------------------
+struct Args {
+  const Napi::CallbackInfo& info;
+  const char* call;
+  void count(size_t n) const;
+  double number(size_t i) const;
+  int64_t int64(size_t i) const;          // integral, finite
+  int64_t size(size_t i) const;           // integral, >= 0, < 2^53
+  bool boolean(size_t i) const;
+  DType dtype(size_t i) const;
+  std::string string(size_t i) const;
+};
+
+// ---- host storage ------------------------------------------------------------------------------
+// 64-byte aligned host memory with statistics; blocks of 64 KiB and more are cached after free
+// (reserved counts the cache; emptyHostCache() returns it to the system).
+struct HostStats {
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+  int64_t peak = 0;
+  int64_t allocations = 0;
+};
+HostStats& hostStats();
+void* hostAlloc(size_t bytes, const char* call);
+void hostFree(void* p, size_t bytes);
+void emptyHostCache();
+
+class Storage : public Napi::ObjectWrap<Storage> {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports);
+  static Storage* From(const Napi::Value& v, const char* call, size_t argIndex);
+  explicit Storage(const Napi::CallbackInfo& info);
+  ~Storage() override;
+
+  uint8_t* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  bool disposed() const { return data_ == nullptr && !empty_; }
+  void release();
+
+  // Checks that [offsetBytes, offsetBytes + nbytes) lies inside the storage.
+  void checkRange(size_t offsetBytes, size_t nbytes, const char* call) const;
+
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(data_); }
+
+ private:
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  Napi::Value Bytes(const Napi::CallbackInfo& info);
+  Napi::Value Disposed(const Napi::CallbackInfo& info);
+
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool empty_ = false;
+  int64_t reportedExternal_ = 0;
+  napi_env env_ = nullptr;
+};
+
+// Storage plus an element count check: returns the data pointer of a live storage holding at least
+// `count` elements of `dtype`.
+uint8_t* storageData(const Napi::CallbackInfo& info, size_t i, const char* call, DType dtype, int64_t count);
+
+// A JS typed array's raw bytes.
+struct RawBytes {
+  uint8_t* data;
+  size_t bytes;
+};
+RawBytes typedArrayBytes(const Napi::Value& v, const char* call, size_t argIndex);
+
+}  // namespace nt

@@ -1,0 +1,210 @@
+// Conversions between dtypes (cast kernel family) and host transfers to and from JS typed arrays.
+#include "convert.h"
+
+#include <cmath>
+#include <limits>
+
+namespace nt::cpu {
+
+void toF32(const uint8_t* src, DType dtype, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
+    case DType::BF16: {
+      auto s = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = bf16ToF32(s[i]);
+      break;
+    }
+    case DType::F16: {
+      auto s = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = f16ToF32(s[i]);
+      break;
+    }
+    case DType::I32: {
+      auto s = reinterpret_cast<const int32_t*>(src);
+      for (int64_t i = 0; i < n; i++) dst[i] = float(s[i]);
+      break;
+    }
+    case DType::U8:
+      for (int64_t i = 0; i < n; i++) dst[i] = float(src[i]);
+      break;
+  }
+}
+
+template <typename I>
+static I saturate(float v) {
+  if (std::isnan(v)) return 0;
+  float lo = float(std::numeric_limits<I>::min()), hi = float(std::numeric_limits<I>::max());
+  if (v <= lo) return std::numeric_limits<I>::min();
+  if (v >= hi) return std::numeric_limits<I>::max();
+  return static_cast<I>(v);
+}
+
+void fromF32(const float* src, uint8_t* dst, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
+    case DType::BF16: {
+      auto d = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; i++) d[i] = f32ToBf16(src[i]);
+      break;
+    }
+    case DType::F16: {
+      auto d = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; i++) d[i] = f32ToF16(src[i]);
+      break;
+    }
+    case DType::I32: {
+      auto d = reinterpret_cast<int32_t*>(dst);
+      for (int64_t i = 0; i < n; i++) d[i] = saturate<int32_t>(src[i]);
+      break;
+    }
+    case DType::U8:
+      for (int64_t i = 0; i < n; i++) dst[i] = saturate<uint8_t>(src[i]);
+      break;
+  }
+}
+
+F32View::F32View(uint8_t* data, DType dtype, int64_t n, bool load)
+    : raw_(data), dtype_(dtype), n_(n), ptr_(nullptr), owned_(dtype != DType::F32) {
+  if (!owned_) {
+    ptr_ = reinterpret_cast<float*>(data);
+  } else if (n > 0) {
+    ptr_ = static_cast<float*>(hostAlloc(size_t(n) * 4, "F32View"));
+    if (load) toF32(raw_, dtype_, ptr_, n_);
+  }
+}
+F32View::~F32View() {
+  if (owned_) hostFree(ptr_, size_t(n_) * 4);
+}
+void F32View::commit() {
+  if (owned_ && n_ > 0) fromF32(ptr_, raw_, dtype_, n_);
+}
+
+// cast(src, srcDtype, dst, dstDtype, n): element conversion through f32 (i32 -> i32 copies exactly).
+static Napi::Value Cast(const Napi::CallbackInfo& info) {
+  Args a{info, "cast"};
+  a.count(5);
+  DType st = a.dtype(1), dt = a.dtype(3);
+  int64_t n = a.size(4);
+  uint8_t* src = storageData(info, 0, "cast", st, n);
+  uint8_t* dst = storageData(info, 2, "cast", dt, n);
+  if (st == dt) {
+    std::memmove(dst, src, size_t(n) * dtypeSize(st));
+  } else if (st == DType::I32 && dt == DType::U8) {
+    auto s = reinterpret_cast<const int32_t*>(src);
+    for (int64_t i = 0; i < n; i++) dst[i] = uint8_t(s[i] < 0 ? 0 : s[i] > 255 ? 255 : s[i]);
+  } else if (st == DType::U8 && dt == DType::I32) {
+    auto d = reinterpret_cast<int32_t*>(dst);
+    for (int64_t i = 0; i < n; i++) d[i] = src[i];
+  } else {
+    const int64_t chunk = 4096;
+    float tmp[chunk];
+    for (int64_t i = 0; i < n; i += chunk) {
+      int64_t m = std::min(chunk, n - i);
+      toF32(src + i * dtypeSize(st), st, tmp, m);
+      fromF32(tmp, dst + i * dtypeSize(dt), dt, m);
+    }
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("cast", Cast);
+
+// write(storage, offsetBytes, typedArray): copies the typed array's bytes into the storage.
+static Napi::Value Write(const Napi::CallbackInfo& info) {
+  Args a{info, "write"};
+  a.count(3);
+  Storage* s = Storage::From(info[0], "write", 0);
+  int64_t off = a.size(1);
+  RawBytes src = typedArrayBytes(info[2], "write", 2);
+  s->checkRange(size_t(off), src.bytes, "write");
+  if (src.bytes) std::memcpy(s->data() + off, src.data, src.bytes);
+  return info.Env().Undefined();
+}
+NT_EXPORT("write", Write);
+
+// read(storage, offsetBytes, typedArray): copies storage bytes into the typed array (its length).
+static Napi::Value Read(const Napi::CallbackInfo& info) {
+  Args a{info, "read"};
+  a.count(3);
+  Storage* s = Storage::From(info[0], "read", 0);
+  int64_t off = a.size(1);
+  RawBytes dst = typedArrayBytes(info[2], "read", 2);
+  s->checkRange(size_t(off), dst.bytes, "read");
+  if (dst.bytes) std::memcpy(dst.data, s->data() + off, dst.bytes);
+  return info.Env().Undefined();
+}
+NT_EXPORT("read", Read);
+
+// copy(dst, dstOffsetBytes, src, srcOffsetBytes, bytes)
+static Napi::Value Copy(const Napi::CallbackInfo& info) {
+  Args a{info, "copy"};
+  a.count(5);
+  Storage* d = Storage::From(info[0], "copy", 0);
+  int64_t doff = a.size(1);
+  Storage* s = Storage::From(info[2], "copy", 2);
+  int64_t soff = a.size(3);
+  int64_t bytes = a.size(4);
+  d->checkRange(size_t(doff), size_t(bytes), "copy");
+  s->checkRange(size_t(soff), size_t(bytes), "copy");
+  if (bytes) std::memmove(d->data() + doff, s->data() + soff, size_t(bytes));
+  return info.Env().Undefined();
+}
+NT_EXPORT("copy", Copy);
+
+// fill(storage, dtype, n, value)
+static Napi::Value Fill(const Napi::CallbackInfo& info) {
+  Args a{info, "fill"};
+  a.count(4);
+  DType dt = a.dtype(1);
+  int64_t n = a.size(2);
+  double v = a.number(3);
+  uint8_t* d = storageData(info, 0, "fill", dt, n);
+  switch (dt) {
+    case DType::F32: {
+      float f = float(v);
+      auto p = reinterpret_cast<float*>(d);
+      for (int64_t i = 0; i < n; i++) p[i] = f;
+      break;
+    }
+    case DType::I32: {
+      int32_t x = saturate<int32_t>(float(v));
+      if (std::fabs(v) < 2147483648.0) x = int32_t(v);
+      auto p = reinterpret_cast<int32_t*>(d);
+      for (int64_t i = 0; i < n; i++) p[i] = x;
+      break;
+    }
+    case DType::U8: std::memset(d, saturate<uint8_t>(float(v)), size_t(n)); break;
+    default: {
+      uint16_t h = dt == DType::BF16 ? f32ToBf16(float(v)) : f32ToF16(float(v));
+      auto p = reinterpret_cast<uint16_t*>(d);
+      for (int64_t i = 0; i < n; i++) p[i] = h;
+    }
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("fill", Fill);
+
+// arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
+static Napi::Value Arange(const Napi::CallbackInfo& info) {
+  Args a{info, "arange"};
+  a.count(5);
+  DType dt = a.dtype(1);
+  int64_t n = a.size(2);
+  double start = a.number(3), step = a.number(4);
+  uint8_t* d = storageData(info, 0, "arange", dt, n);
+  if (dt == DType::I32) {
+    auto p = reinterpret_cast<int32_t*>(d);
+    for (int64_t i = 0; i < n; i++) p[i] = int32_t(start + double(i) * step);
+  } else {
+    const int64_t chunk = 4096;
+    float tmp[chunk];
+    for (int64_t i = 0; i < n; i += chunk) {
+      int64_t m = std::min(chunk, n - i);
+      for (int64_t j = 0; j < m; j++) tmp[j] = float(start + double(i + j) * step);
+      fromF32(tmp, d + i * dtypeSize(dt), dt, m);
+    }
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("arange", Arange);
+
+}  // namespace nt::cpu

@@ -1,0 +1,88 @@
+// GEMM on the cpu backend: cblas_sgemm from OpenBLAS, batched by strides; bf16/f16 computed in f32.
+#include <cblas.h>
+
+#include <chrono>
+
+#include "convert.h"
+
+extern "C" {
+char* openblas_get_config(void);
+char* openblas_get_corename(void);
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int);
+}
+
+namespace nt::cpu {
+
+// gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
+// Row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], op(A) is M x K, op(B) is K x N.
+// Batch strides are in elements; 0 broadcasts one matrix across the batch.
+static Napi::Value Gemm(const Napi::CallbackInfo& info) {
+  Args a{info, "gemm"};
+  a.count(15);
+  DType dt = a.dtype(3);
+  int64_t batch = a.size(4), M = a.size(5), N = a.size(6), K = a.size(7);
+  bool ta = a.boolean(8), tb = a.boolean(9);
+  float alpha = float(a.number(10)), beta = float(a.number(11));
+  int64_t sA = a.size(12), sB = a.size(13), sC = a.size(14);
+  if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
+    fail(Err::DType, std::string("gemm: dtype ") + dtypeName(dt) + " is not supported (f32, bf16, f16)");
+  auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
+  int64_t nA = extent(sA, M * K), nB = extent(sB, K * N), nC = extent(sC, M * N);
+  uint8_t* pa = storageData(info, 0, "gemm", dt, nA);
+  uint8_t* pb = storageData(info, 1, "gemm", dt, nB);
+  uint8_t* pc = storageData(info, 2, "gemm", dt, nC);
+  if (batch == 0 || M == 0 || N == 0) return info.Env().Undefined();
+  F32View A(pa, dt, nA, true), B(pb, dt, nB, true), C(pc, dt, nC, beta != 0.0f);
+  int lda = int(ta ? M : K), ldb = int(tb ? K : N), ldc = int(N);
+  for (int64_t b = 0; b < batch; b++) {
+    float* c = C.data() + b * sC;
+    if (K == 0) {  // OpenBLAS rejects k == 0 with lda < 1 on some paths; the product is beta * C
+      for (int64_t i = 0; i < M * N; i++) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+      continue;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
+                alpha, A.data() + b * sA, lda > 0 ? lda : 1, B.data() + b * sB, ldb > 0 ? ldb : 1, beta, c, ldc);
+  }
+  C.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("gemm", Gemm);
+
+// Calls cblas_sgemm directly on f32 storages: the yardstick of `nodetron bench gemm`.
+// cblasSgemm(A, B, C, M, N, K, iterations) -> seconds of the loop
+static Napi::Value CblasSgemmLoop(const Napi::CallbackInfo& info) {
+  Args a{info, "cblasSgemmLoop"};
+  a.count(7);
+  int64_t M = a.size(3), N = a.size(4), K = a.size(5), it = a.size(6);
+  float* A = reinterpret_cast<float*>(storageData(info, 0, "cblasSgemmLoop", DType::F32, M * K));
+  float* B = reinterpret_cast<float*>(storageData(info, 1, "cblasSgemmLoop", DType::F32, K * N));
+  float* C = reinterpret_cast<float*>(storageData(info, 2, "cblasSgemmLoop", DType::F32, M * N));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < it; i++)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A, int(K), B, int(N), 0.0f, C,
+                int(N));
+  auto t1 = std::chrono::steady_clock::now();
+  return Napi::Number::New(info.Env(), std::chrono::duration<double>(t1 - t0).count());
+}
+NT_EXPORT("cblasSgemmLoop", CblasSgemmLoop);
+
+static Napi::Value BlasInfo(const Napi::CallbackInfo& info) {
+  Napi::Object o = Napi::Object::New(info.Env());
+  o.Set("config", std::string(openblas_get_config()));
+  o.Set("coreType", std::string(openblas_get_corename()));
+  o.Set("threads", openblas_get_num_threads());
+  return o;
+}
+NT_EXPORT("blasInfo", BlasInfo);
+
+static Napi::Value SetBlasThreads(const Napi::CallbackInfo& info) {
+  Args a{info, "setBlasThreads"};
+  int64_t n = a.size(0);
+  if (n < 1) fail(Err::Argument, "setBlasThreads: need at least 1 thread");
+  openblas_set_num_threads(int(n));
+  return info.Env().Undefined();
+}
+NT_EXPORT("setBlasThreads", SetBlasThreads);
+
+}  // namespace nt::cpu

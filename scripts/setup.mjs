@@ -1,0 +1,124 @@
+#!/usr/bin/env node
+// Brings a machine to the point where nodetron runs: Debian packages (apt when root, else the exact
+// line to run), the CUDA wheels for the cuda backend (pip, where nvcc and pip are present), npm
+// packages, the native build (cmake-js) and the TypeScript build. Each step is skipped when done.
+//   node scripts/setup.mjs [--force]      (also runs as the package's install script)
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const force = process.argv.includes('--force');
+const log = (m) => console.error(`[nodetron setup] ${m}`);
+
+function run(cmd, args, opts = {}) {
+  const r = spawnSync(cmd, args, { stdio: 'inherit', cwd: root, ...opts });
+  return r.status === 0;
+}
+function has(cmd) {
+  return spawnSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' }).status === 0;
+}
+function dpkgInstalled(pkg) {
+  try {
+    return execFileSync('dpkg-query', ['-W', '-f=${Status}', pkg], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().includes('install ok installed');
+  } catch {
+    return false;
+  }
+}
+function newest(paths) {
+  let t = 0;
+  const walk = (p) => {
+    if (!existsSync(p)) return;
+    const s = statSync(p);
+    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e));
+    else t = Math.max(t, s.mtimeMs);
+  };
+  paths.forEach((p) => walk(join(root, p)));
+  return t;
+}
+
+// 1. System packages ------------------------------------------------------------------------------
+function systemPackages() {
+  const need = ['cmake', 'g++', 'libopenblas-dev', 'libgloo-dev'];
+  if (!has('dpkg-query')) {
+    log('not a Debian-like system: make sure cmake, a C++17 compiler, OpenBLAS (cblas.h) and Gloo are installed');
+    return;
+  }
+  const missing = need.filter((p) => !dpkgInstalled(p));
+  if (!missing.length) return;
+  const line = `apt-get install -y ${missing.join(' ')}`;
+  if (process.getuid?.() === 0 && has('apt-get')) {
+    log(`installing ${missing.join(', ')} with apt`);
+    const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+    if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
+      run('apt-get', ['update'], { env });
+      if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
+        throw new Error(`apt could not install ${missing.join(' ')}; run: sudo ${line}`);
+      }
+    }
+  } else {
+    throw new Error(`missing system packages: ${missing.join(', ')}. Run: sudo apt-get update && sudo ${line}`);
+  }
+}
+
+// 2. CUDA wheels (headers and libraries of cuBLASLt and NCCL) -----------------------------------
+function cudaWheels() {
+  const nvcc = has('nvcc') || existsSync('/usr/local/cuda/bin/nvcc');
+  if (!nvcc) { log('no nvcc: the cuda backend will not be built (install the CUDA toolkit to build it)'); return; }
+  if (!has('python3')) { log('no python3/pip: install nvidia-cublas and nvidia-nccl-cu13 or set CUDA_HOME/NCCL_HOME for the cuda backend'); return; }
+  const probe = spawnSync('python3', ['-c', [
+    'import nvidia, os',
+    'ds=[os.path.join(p,d,"include") for p in nvidia.__path__ for d in os.listdir(p)]',
+    'ok=[any(os.path.exists(os.path.join(d,h)) for d in ds) for h in ("cublasLt.h","nccl.h")]',
+    'raise SystemExit(0 if all(ok) else 1)',
+  ].join('\n')], { stdio: 'ignore' });
+  if (probe.status === 0) return;
+  log('installing the CUDA wheels nvidia-cublas and nvidia-nccl-cu13 with pip (headers and libraries for the cuda backend)');
+  if (!run('python3', ['-m', 'pip', 'install', '--quiet', 'nvidia-cublas', 'nvidia-nccl-cu13'])) {
+    log('pip could not install the CUDA wheels: the cuda backend will not be built');
+  }
+}
+
+// 3. npm packages ---------------------------------------------------------------------------------
+function npmPackages() {
+  if (existsSync(join(root, 'node_modules', 'cmake-js')) && existsSync(join(root, 'node_modules', 'vitest'))) return;
+  if (process.env.npm_lifecycle_event === 'install') return; // npm is installing them right now
+  log('installing npm packages');
+  if (!run('npm', ['install', '--ignore-scripts', '--no-audit', '--no-fund'])) throw new Error('npm install failed');
+}
+
+// 4. Native addons --------------------------------------------------------------------------------
+function nativeBuild() {
+  const addon = join(root, 'build', 'Release', 'nodetron.node');
+  const built = existsSync(addon) ? statSync(addon).mtimeMs : 0;
+  const sources = newest(['native', 'CMakeLists.txt']);
+  if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
+  log('building the native addons (cmake-js)');
+  const cmakeJs = join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
+  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, navigator.hardwareConcurrency ?? 2));
+  if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
+    throw new Error('the native build failed (see the compiler output above)');
+  }
+}
+
+// 5. TypeScript -----------------------------------------------------------------------------------
+function typescriptBuild() {
+  const out = join(root, 'dist', 'index.js');
+  const built = existsSync(out) ? statSync(out).mtimeMs : 0;
+  if (!force && built > newest(['lib', 'tsconfig.json'])) return;
+  log('compiling TypeScript (lib -> dist)');
+  const tsc = join(root, 'node_modules', 'typescript', 'bin', 'tsc');
+  if (!run(process.execPath, [tsc, '-p', 'tsconfig.json'])) throw new Error('the TypeScript build failed');
+}
+
+try {
+  systemPackages();
+  cudaWheels();
+  npmPackages();
+  nativeBuild();
+  typescriptBuild();
+} catch (e) {
+  log(`error: ${e.message}`);
+  process.exit(1);
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env node
+// The README's test command: sets the machine up, runs every vitest suite, and ends with the line
+// `N passed, N failed, N skipped` that CI reads. Extra arguments go to vitest (e.g. a file filter).
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const setup = spawnSync(process.execPath, [join(root, 'scripts', 'setup.mjs')], { stdio: 'inherit', cwd: root });
+if (setup.status !== 0) {
+  console.log('0 passed, 1 failed (setup failed)');
+  process.exit(1);
+}
+mkdirSync(join(root, 'build'), { recursive: true });
+const report = join(root, 'build', 'test-report.json');
+const vitest = join(root, 'node_modules', 'vitest', 'vitest.mjs');
+const r = spawnSync(process.execPath, [vitest, 'run', '--reporter=default', '--reporter=json', `--outputFile.json=${report}`, ...process.argv.slice(2)], {
+  stdio: 'inherit',
+  cwd: root,
+});
+let passed = 0, failed = 0, skipped = 0;
+if (existsSync(report)) {
+  const j = JSON.parse(readFileSync(report, 'utf8'));
+  passed = j.numPassedTests ?? 0;
+  failed = j.numFailedTests ?? 0;
+  skipped = (j.numPendingTests ?? 0) + (j.numTodoTests ?? 0);
+  // A suite that fails to load has no tests but must still count as a failure.
+  const brokenFiles = (j.testResults ?? []).filter((f) => f.status === 'failed' && (f.assertionResults ?? []).length === 0).length;
+  failed += brokenFiles;
+} else {
+  failed = 1;
+}
+if (r.status !== 0 && failed === 0) failed = 1;
+console.log(`${passed} passed, ${failed} failed, ${skipped} skipped`);
+process.exit(failed > 0 ? 1 : r.status ?? 1);
