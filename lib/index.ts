@@ -9,3 +9,6 @@ export { scope, keep, memoryStats, resetPeakMemory, emptyCache, type MemoryStats
 export { matmul, type MatmulOptions } from './ops/index.js';
 export { info, type Info } from './info.js';
 export { version } from './version.js';
+export * as nn from './nn/index.js';
+export * as optim from './optim/index.js';
+export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './training.js';
