@@ -14,9 +14,9 @@ class Tiny extends Module {
 const cfg = { vocabSize: 11, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 8, dropout: 0.1, bias: true };
 
 describe('Module', () => {
-  it('names parameters with dotted paths in field order and lists tied weights once', () => {
+  it('names parameters with dotted paths (own fields before submodules, as PyTorch) and lists tied weights once', () => {
     const m = new Tiny();
-    expect(m.namedParameters().map(([n]) => n)).toEqual(['a.weight', 'a.bias', 'layers.0.weight', 'layers.0.bias', 'layers.1.weight']);
+    expect(m.namedParameters().map(([n]) => n)).toEqual(['tied', 'a.bias', 'layers.0.weight', 'layers.0.bias', 'layers.1.weight']);
     expect(m.numParameters()).toBe(12 + 4 + 4 + 4 + 8);
     expect(m.parameters().every((p) => p.requiresGrad)).toBe(true);
   });
