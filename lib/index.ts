@@ -9,3 +9,4 @@ export { scope, keep, memoryStats, resetPeakMemory, emptyCache, type MemoryStats
 export { matmul, type MatmulOptions } from './ops/index.js';
 export { info, type Info } from './info.js';
 export { version } from './version.js';
+export * as distributed from './distributed/index.js';
