@@ -5,6 +5,7 @@
 //   node scripts/setup.mjs [--force]      (also runs as the package's install script)
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -96,7 +97,7 @@ function nativeBuild() {
   if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
   log('building the native addons (cmake-js)');
   const cmakeJs = join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
-  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, navigator.hardwareConcurrency ?? 2));
+  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, availableParallelism()));
   if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
     throw new Error('the native build failed (see the compiler output above)');
   }
