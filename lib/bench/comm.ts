@@ -264,7 +264,7 @@ export async function main(argv: string[]): Promise<number> {
   };
   if (!(o.factor > 1)) throw new ArgumentError('bench comm: -f must be > 1');
 
-  if (process.env.WORLD_SIZE === undefined) {
+  if (!process.env.WORLD_SIZE) {
     // Not under the launcher: launch this file with --np ranks (torchrun's habit of one command).
     const np = (a.np as number | undefined) ?? 2;
     const { main: launch } = await import('../launch/cli.js');
