@@ -118,12 +118,29 @@ struct EventEntry {
   cudaEvent_t event;
 };
 static std::vector<EventEntry> events(1, EventEntry{-1, nullptr});
+static std::vector<int64_t> freeEventIds;  // ids are reused: collectives create one event each
 
 static EventEntry& eventById(int64_t id, const char* call) {
   if (id <= 0 || size_t(id) >= events.size() || !events[size_t(id)].event)
     fail(Err::Argument, std::string(call) + ": unknown or destroyed event " + std::to_string(id));
   return events[size_t(id)];
 }
+
+int64_t eventCreateId(int device, bool timing) {
+  useDevice(device);
+  cudaEvent_t ev;
+  check(cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  if (!freeEventIds.empty()) {
+    int64_t id = freeEventIds.back();
+    freeEventIds.pop_back();
+    events[size_t(id)] = {device, ev};
+    return id;
+  }
+  events.push_back({device, ev});
+  return int64_t(events.size() - 1);
+}
+
+cudaEvent_t eventHandle(int64_t id, const char* call) { return eventById(id, call).event; }
 
 // ---- pinned staging for transfers --------------------------------------------------------------
 // Host<->device copies go through page-locked buffers so they are true DMA transfers. A buffer is
@@ -503,11 +520,7 @@ static Napi::Value EventCreate(const Napi::CallbackInfo& info) {
   int d = int(a.size(0));
   bool timing = info.Length() > 1 && a.boolean(1);
   requireDevice(d, "eventCreate");
-  useDevice(d);
-  cudaEvent_t ev;
-  check(cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  events.push_back({d, ev});
-  return Napi::Number::New(info.Env(), double(events.size() - 1));
+  return Napi::Number::New(info.Env(), double(eventCreateId(d, timing)));
 }
 NT_EXPORT("eventCreate", EventCreate);
 
@@ -564,6 +577,7 @@ static Napi::Value EventDestroy(const Napi::CallbackInfo& info) {
   EventEntry& e = eventById(a.size(0), "eventDestroy");
   check(cudaEventDestroy(e.event), "cudaEventDestroy");
   e.event = nullptr;
+  freeEventIds.push_back(a.size(0));
   return info.Env().Undefined();
 }
 NT_EXPORT("eventDestroy", EventDestroy);

@@ -30,6 +30,10 @@ cudaStream_t currentStream(int device);
 // A non-blocking stream for library work (NCCL), owned by the runtime; returns its id.
 int64_t createStream(int device, int priority);
 
+// Events are numbered too (from 1); JS destroys them with eventDestroy.
+int64_t eventCreateId(int device, bool timing);
+cudaEvent_t eventHandle(int64_t id, const char* call);
+
 // Device memory held by a JS Storage object: new Storage(bytes, zero, deviceIndex).
 class DeviceStorage : public Napi::ObjectWrap<DeviceStorage> {
  public:
