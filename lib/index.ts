@@ -8,4 +8,9 @@ export { Generator, manualSeed, defaultGenerator } from './random.js';
 export { scope, keep, memoryStats, resetPeakMemory, emptyCache, type MemoryStats } from './memory.js';
 export { matmul, type MatmulOptions } from './ops/index.js';
 export { info, type Info } from './info.js';
+export * as cuda from './cuda/index.js';
+export {
+  autocast, autocastDtypeFor, autocastState, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
+  AUTOCAST_LOW_PRECISION_OPS, AUTOCAST_F32_OPS,
+} from './amp.js';
 export { version } from './version.js';
