@@ -11,6 +11,11 @@ export * as ops from './ops/index.js';
 export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, checkpoint, type BackwardOptions } from './autograd/index.js';
 export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
+export * as cuda from './cuda/index.js';
+export {
+  autocast, autocastDtypeFor, autocastState, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
+  AUTOCAST_LOW_PRECISION_OPS, AUTOCAST_F32_OPS,
+} from './amp.js';
 export { version } from './version.js';
 export * as distributed from './distributed/index.js';
 export * as nn from './nn/index.js';
