@@ -1,8 +1,12 @@
-// Matrix products: 2-D and batched, with transposes, on the device's GEMM (OpenBLAS / cuBLASLt).
-import { dtypeCode, isFloating } from '../dtype.js';
-import { DTypeError, ShapeError } from '../errors.js';
+// Matrix products with autograd: 2-D and batched, with transposes, on the device's GEMM (OpenBLAS /
+// cuBLASLt), and linear(x, W, b) = x·Wᵀ + b in PyTorch's weight layout.
+import { needsGrad, record, save } from '../autograd/engine.js';
+import { dtypeCode } from '../dtype.js';
+import { ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
-import { checkSameDevice, checkTensor, emptyOn, type Tensor } from '../tensor.js';
+import type { Tensor } from '../tensor.js';
+import { checkFloats, emptyLike } from './common.js';
+import { sumTo } from './elementwise.js';
 
 export interface MatmulOptions {
   /** Use the transpose of a's last two dimensions. */
@@ -27,6 +31,7 @@ export interface GemmPlan {
 /**
  * Plans a[..., M, K] @ b[..., K, N] -> [..., M, N]. Batch dimensions must match, or one side may
  * have none (its matrix is shared across the batch). A 1-D operand is a row (a) or column (b) vector.
+ * When b is shared and a is not transposed, the batch folds into M: one large GEMM instead of many.
  */
 export function planMatmul(aShape: readonly number[], bShape: readonly number[], transA = false, transB = false, call = 'matmul'): GemmPlan {
   if (aShape.length === 0 || bShape.length === 0) throw new ShapeError(`${call}: operands must have at least one dimension, got ${fmtShape(aShape)} and ${fmtShape(bShape)}`);
@@ -52,31 +57,100 @@ export function planMatmul(aShape: readonly number[], bShape: readonly number[],
     batchShape = aBatch.length ? aBatch : bBatch;
   }
   const outShape = [...batchShape, ...(aVec ? [] : [m]), ...(bVec ? [] : [n])];
-  return {
-    outShape,
-    batch: numel(batchShape),
-    m, n, k: ka,
-    strideA: aBatch.length ? m * ka : 0,
-    strideB: bBatch.length ? ka * n : 0,
-  };
+  const batch = numel(batchShape);
+  if (aBatch.length && !bBatch.length && !transA) return { outShape, batch: 1, m: batch * m, n, k: ka, strideA: 0, strideB: 0 };
+  return { outShape, batch, m, n, k: ka, strideA: aBatch.length ? m * ka : 0, strideB: bBatch.length ? ka * n : 0 };
+}
+
+/** One native GEMM: C[b] = alpha·op(A[b])·op(B[b]) + beta·C[b] with element batch strides. */
+function gemm(c: Tensor, a: Tensor, b: Tensor, batch: number, m: number, n: number, k: number, transA: boolean, transB: boolean,
+  strideA: number, strideB: number, strideC: number, alpha = 1, beta = 0): void {
+  a.backend.gemm(a.storage, b.storage, c.storage, dtypeCode(a.dtype), batch, m, n, k, transA, transB, alpha, beta, strideA, strideB, strideC);
 }
 
 /** Runs a planned GEMM into `out` (beta = 0 overwrites, 1 accumulates). */
 export function gemmInto(out: Tensor, a: Tensor, b: Tensor, plan: GemmPlan, transA: boolean, transB: boolean, alpha = 1, beta = 0): void {
-  a.backend.gemm(a.storage, b.storage, out.storage, dtypeCode(a.dtype), plan.batch, plan.m, plan.n, plan.k,
-    transA, transB, alpha, beta, plan.strideA, plan.strideB, plan.m * plan.n);
+  gemm(out, a, b, plan.batch, plan.m, plan.n, plan.k, transA, transB, plan.strideA, plan.strideB, plan.m * plan.n, alpha, beta);
 }
 
 /** Matrix product without autograd: checks, plans and runs the GEMM. */
 export function matmulForward(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
-  checkTensor(a, 'matmul', 'a');
-  checkTensor(b, 'matmul', 'b');
-  checkSameDevice('matmul', a, b);
-  if (a.dtype !== b.dtype) throw new DTypeError(`matmul: dtypes differ (${a.dtype} and ${b.dtype})`);
-  if (!isFloating(a.dtype)) throw new DTypeError(`matmul: ${a.dtype} is not supported (f32, bf16, f16)`);
+  checkFloats('matmul', { a, b });
   const transA = !!opts.transA, transB = !!opts.transB;
   const plan = planMatmul(a.shape, b.shape, transA, transB);
-  const out = emptyOn(plan.outShape, a.dtype, a.deviceInfo);
+  const out = emptyLike(a, plan.outShape);
   gemmInto(out, a, b, plan, transA, transB, opts.alpha ?? 1, 0);
   return out;
+}
+
+/**
+ * Gradients of out = alpha·op(A)·op(B) from g, per the plan. A shared operand (batch stride 0)
+ * gets the sum over the batch: GEMMs accumulate into one matrix with beta = 1.
+ */
+function matmulBackward(g: Tensor, a: Tensor | null, b: Tensor | null, aLike: Tensor, bLike: Tensor, p: GemmPlan,
+  transA: boolean, transB: boolean, alpha: number, needA: boolean, needB: boolean): [Tensor | null, Tensor | null] {
+  const { batch, m, n, k } = p;
+  const sG = m * n;
+  let dA: Tensor | null = null, dB: Tensor | null = null;
+  if (needA) {
+    const shared = p.strideA === 0 && batch > 1;
+    dA = emptyOn0(aLike, shared);
+    const sC = shared ? 0 : m * k, beta = shared ? 1 : 0;
+    if (!transA) gemm(dA, g, b!, batch, m, k, n, false, !transB, sG, p.strideB, sC, alpha, beta);
+    else gemm(dA, b!, g, batch, k, m, n, transB, true, p.strideB, sG, sC, alpha, beta);
+  }
+  if (needB) {
+    const shared = p.strideB === 0 && batch > 1;
+    dB = emptyOn0(bLike, shared);
+    const sC = shared ? 0 : k * n, beta = shared ? 1 : 0;
+    if (!transB) gemm(dB, a!, g, batch, k, n, m, !transA, false, p.strideA, sG, sC, alpha, beta);
+    else gemm(dB, g, a!, batch, n, k, m, true, transA, sG, p.strideA, sC, alpha, beta);
+  }
+  return [dA, dB];
+}
+
+function emptyOn0(like: Tensor, zero: boolean): Tensor {
+  const t = emptyLike(like);
+  if (zero) t.backend.fill(t.storage, dtypeCode(t.dtype), t.size, 0);
+  return t;
+}
+
+/** Matrix product a @ b (2-D, batched, or with a shared operand; optional transposes and scale). */
+export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
+  const out = matmulForward(a, b, opts);
+  if (!needsGrad(a, b)) return out;
+  const transA = !!opts.transA, transB = !!opts.transB, alpha = opts.alpha ?? 1;
+  const plan = planMatmul(a.shape, b.shape, transA, transB);
+  const needA = a.requiresGrad || a.gradFn !== null, needB = b.requiresGrad || b.gradFn !== null;
+  // dA needs B and dB needs A: save only what the required gradients read.
+  const as = save(a), bs = save(b);
+  return record('matmul', out, [a, b], (g) => matmulBackward(g, needB ? as : null, needA ? bs : null, as, bs, plan, transA, transB, alpha, needA, needB), [as, bs]);
+}
+
+/** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
+export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  checkFloats('linear', { x, weight, bias });
+  if (weight.ndim !== 2) throw new ShapeError(`linear: weight must be [out, in], got ${fmtShape(weight.shape)}`);
+  const outF = weight.shape[0]!;
+  if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`linear: bias must be [${outF}], got ${fmtShape(bias.shape)}`);
+  if (x.ndim === 0 || x.shape[x.ndim - 1] !== weight.shape[1]) {
+    throw new ShapeError(`linear: input ${fmtShape(x.shape)} does not end in weight's in-features ${weight.shape[1]}`);
+  }
+  const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
+  const out = emptyLike(x, plan.outShape);
+  if (bias) {
+    // Start from the bias in every row, then let the GEMM accumulate (beta = 1): no second pass.
+    const rows = out.size / Math.max(outF, 1);
+    out.backend.copy_strided(bias.storage, out.storage, dtypeCode(bias.dtype), new Int32Array([rows, outF]), new Int32Array([0, 1]), 0, new Int32Array([outF, 1]), 0);
+  }
+  gemmInto(out, x, weight, plan, false, true, 1, bias ? 1 : 0);
+  if (!needsGrad(x, weight, bias)) return out;
+  const needX = x.requiresGrad || x.gradFn !== null, needW = weight.requiresGrad || weight.gradFn !== null;
+  const needBias = !!bias && (bias.requiresGrad || bias.gradFn !== null);
+  const xs = save(x), ws = save(weight);
+  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => {
+    const [dx, dw] = matmulBackward(g, xs, ws, xs, ws, plan, false, true, 1, needX, needW);
+    const db = needBias ? sumTo(g, [outF]) : null;
+    return [dx, dw, db];
+  }, [xs, ws]);
 }

@@ -1,0 +1,3 @@
+// Autograd: the tape (engine), grad mode switches and activation recomputation.
+export { backward, detach, zeroGrad, needsGrad, record, save, Node, type BackwardFn, type BackwardOptions } from './engine.js';
+export { isGradEnabled, noGrad, enableGrad } from './grad-mode.js';

@@ -1,0 +1,81 @@
+// Fused cross-entropy over a vocabulary on the cpu backend: forward keeps one logsumexp per row;
+// backward recomputes softmax row by row straight into the gradient (no probability matrix).
+#include "util.h"
+
+namespace nt::cpu {
+
+static void checkTargets(const int32_t* t, int64_t rows, int64_t vocab, int64_t ignore, const char* call) {
+  for (int64_t r = 0; r < rows; r++)
+    if (t[r] != ignore && (t[r] < 0 || t[r] >= vocab))
+      fail(Err::Argument, std::string(call) + ": target " + std::to_string(t[r]) + " at row " + std::to_string(r) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
+// cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
+//   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)
+static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
+  const char* call = "cross_entropy_forward";
+  Args a{info, call};
+  a.count(8);
+  int64_t rows = a.size(4), vocab = a.size(5), ignore = a.int64(6);
+  DType dt = a.dtype(7);
+  int64_t n = rows * vocab;
+  if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
+  F32View X(storageData(info, 0, call, dt, n), dt, n, true);
+  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
+  float* loss = reinterpret_cast<float*>(storageData(info, 2, call, DType::F32, rows));
+  float* lse = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
+  checkTargets(t, rows, vocab, ignore, call);
+  const float* x = X.data();
+  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) {
+      const float* xr = x + r * vocab;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < vocab; j++) mx = std::max(mx, xr[j]);
+      float s = 0;
+      for (int64_t j = 0; j < vocab; j++) s += fastExp(xr[j] - mx);
+      lse[r] = mx + std::log(s);
+      loss[r] = t[r] == ignore ? 0.0f : lse[r] - xr[t[r]];
+    }
+  });
+  return info.Env().Undefined();
+}
+NT_EXPORT("cross_entropy_forward", CrossEntropyForward);
+
+// cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss, gradLogits, rows, vocab, ignoreIndex, scale, dtype)
+//   gradLogits[r, j] = gradLoss[0]·scale·(exp(logits[r, j] − lse[r]) − [j == target[r]]); ignored rows 0.
+//   gradLoss is the one-element gradient of the reduced loss (dtype of logits); scale is 1 (sum)
+//   or 1/count (mean).
+static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
+  const char* call = "cross_entropy_backward";
+  Args a{info, call};
+  a.count(10);
+  int64_t rows = a.size(5), vocab = a.size(6), ignore = a.int64(7);
+  float scale = float(a.number(8));
+  DType dt = a.dtype(9);
+  int64_t n = rows * vocab;
+  F32View X(storageData(info, 0, call, dt, n), dt, n, true);
+  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
+  const float* lse = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
+  F32View GL(storageData(info, 3, call, dt, 1), dt, 1, true);
+  F32View O(storageData(info, 4, call, dt, n), dt, n, false);
+  checkTargets(t, rows, vocab, ignore, call);
+  float k = GL.data()[0] * scale;
+  const float* x = X.data();
+  float* o = O.data();
+  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) {
+      const float* xr = x + r * vocab;
+      float* orow = o + r * vocab;
+      if (t[r] == ignore) { std::fill(orow, orow + vocab, 0.0f); continue; }
+      float l = lse[r];
+      for (int64_t j = 0; j < vocab; j++) orow[j] = k * fastExp(xr[j] - l);
+      orow[t[r]] -= k;
+    }
+  });
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("cross_entropy_backward", CrossEntropyBackward);
+
+}  // namespace nt::cpu

@@ -1,0 +1,140 @@
+// Elementwise kernels on the cpu backend: broadcasting binary ops, unary ops with a scalar
+// parameter, and the backward of the unary ops. Computed in f32 (bf16/f16 through F32View).
+#include "util.h"
+
+namespace nt::cpu {
+
+enum BinaryOp { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3 };
+enum UnaryOp { kNeg = 0, kExp = 1, kLog = 2, kSqrt = 3, kTanh = 4, kPow = 5, kScale = 6, kAddScalar = 7, kRsub = 8, kRdiv = 9 };
+
+template <class F>
+static void binaryLoop(F f, const float* a, const float* b, float* o, const std::vector<int64_t>& shape,
+                       const std::vector<int64_t>& sa, const std::vector<int64_t>& sb) {
+  size_t rank = shape.size();
+  int64_t total = product(shape);
+  if (total == 0) return;
+  if (rank == 0) { o[0] = f(a[0], b[0]); return; }
+  int64_t inner = shape[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1];
+  std::vector<int64_t> idx(rank, int64_t(0));
+  int64_t offA = 0, offB = 0;
+  for (int64_t base = 0; base < total; base += inner) {
+    float* oo = o + base;
+    const float* aa = a + offA;
+    const float* bb = b + offB;
+    if (ia == 1 && ib == 1) for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], bb[j]);
+    else if (ia == 1 && ib == 0) { float y = bb[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], y); }
+    else if (ia == 0 && ib == 1) { float x = aa[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(x, bb[j]); }
+    else for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j * ia], bb[j * ib]);
+    for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {  // advance the outer index like an odometer
+      offA += sa[size_t(d)];
+      offB += sb[size_t(d)];
+      if (++idx[size_t(d)] < shape[size_t(d)]) break;
+      offA -= sa[size_t(d)] * shape[size_t(d)];
+      offB -= sb[size_t(d)] * shape[size_t(d)];
+      idx[size_t(d)] = 0;
+    }
+  }
+}
+
+// binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
+//   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
+//   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
+static Napi::Value Binary(const Napi::CallbackInfo& info) {
+  const char* call = "binary";
+  Args a{info, call};
+  a.count(8);
+  int64_t op = a.int64(0);
+  DType dt = a.dtype(4);
+  auto shape = intList(info, 5, call);
+  auto sa = intList(info, 6, call, int64_t(shape.size()));
+  auto sb = intList(info, 7, call, int64_t(shape.size()));
+  if (op < 0 || op > 3) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
+  int64_t n = product(shape);
+  int64_t na = stridedExtent(shape, sa, call), nb = stridedExtent(shape, sb, call);
+  uint8_t* pa = storageData(info, 1, call, dt, na);
+  uint8_t* pb = storageData(info, 2, call, dt, nb);
+  uint8_t* po = storageData(info, 3, call, dt, n);
+  F32View A(pa, dt, na, true), B(pb, dt, nb, true), O(po, dt, n, false);
+  const float *x = A.data(), *y = B.data();
+  float* o = O.data();
+  switch (op) {
+    case kAdd: binaryLoop([](float u, float v) { return u + v; }, x, y, o, shape, sa, sb); break;
+    case kSub: binaryLoop([](float u, float v) { return u - v; }, x, y, o, shape, sa, sb); break;
+    case kMul: binaryLoop([](float u, float v) { return u * v; }, x, y, o, shape, sa, sb); break;
+    default: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
+  }
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("binary", Binary);
+
+// unary(op, inp, out, n, dtype, p)
+//   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
+static Napi::Value Unary(const Napi::CallbackInfo& info) {
+  const char* call = "unary";
+  Args a{info, call};
+  a.count(6);
+  int64_t op = a.int64(0), n = a.size(3);
+  DType dt = a.dtype(4);
+  float p = float(a.number(5));
+  if (op < 0 || op > 9) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
+  F32View I(storageData(info, 1, call, dt, n), dt, n, true), O(storageData(info, 2, call, dt, n), dt, n, false);
+  const float* x = I.data();
+  float* o = O.data();
+  switch (op) {
+    case kNeg: for (int64_t i = 0; i < n; i++) o[i] = -x[i]; break;
+    case kExp: for (int64_t i = 0; i < n; i++) o[i] = std::exp(x[i]); break;
+    case kLog: for (int64_t i = 0; i < n; i++) o[i] = std::log(x[i]); break;
+    case kSqrt: for (int64_t i = 0; i < n; i++) o[i] = std::sqrt(x[i]); break;
+    case kTanh: for (int64_t i = 0; i < n; i++) o[i] = std::tanh(x[i]); break;
+    case kPow:
+      if (p == 2.0f) for (int64_t i = 0; i < n; i++) o[i] = x[i] * x[i];
+      else for (int64_t i = 0; i < n; i++) o[i] = std::pow(x[i], p);
+      break;
+    case kScale: for (int64_t i = 0; i < n; i++) o[i] = x[i] * p; break;
+    case kAddScalar: for (int64_t i = 0; i < n; i++) o[i] = x[i] + p; break;
+    case kRsub: for (int64_t i = 0; i < n; i++) o[i] = p - x[i]; break;
+    default: for (int64_t i = 0; i < n; i++) o[i] = p / x[i]; break;
+  }
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("unary", Unary);
+
+// unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p)
+//   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
+static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
+  const char* call = "unary_backward";
+  Args a{info, call};
+  a.count(8);
+  int64_t op = a.int64(0), n = a.size(5);
+  DType dt = a.dtype(6);
+  float p = float(a.number(7));
+  if (op < 0 || op > 9) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  bool needX = op == kLog || op == kPow || op == kRdiv;
+  bool needY = op == kExp || op == kSqrt || op == kTanh;
+  F32View X(needX ? storageData(info, 1, call, dt, n) : nullptr, dt, needX ? n : 0, true);
+  F32View Y(needY ? storageData(info, 2, call, dt, n) : nullptr, dt, needY ? n : 0, true);
+  F32View G(storageData(info, 3, call, dt, n), dt, n, true), O(storageData(info, 4, call, dt, n), dt, n, false);
+  const float *x = X.data(), *y = Y.data(), *g = G.data();
+  float* o = O.data();
+  switch (op) {
+    case kNeg: case kRsub: for (int64_t i = 0; i < n; i++) o[i] = -g[i]; break;
+    case kExp: for (int64_t i = 0; i < n; i++) o[i] = g[i] * y[i]; break;
+    case kLog: for (int64_t i = 0; i < n; i++) o[i] = g[i] / x[i]; break;
+    case kSqrt: for (int64_t i = 0; i < n; i++) o[i] = g[i] * 0.5f / y[i]; break;
+    case kTanh: for (int64_t i = 0; i < n; i++) o[i] = g[i] * (1.0f - y[i] * y[i]); break;
+    case kPow:
+      if (p == 2.0f) for (int64_t i = 0; i < n; i++) o[i] = g[i] * 2.0f * x[i];
+      else for (int64_t i = 0; i < n; i++) o[i] = g[i] * p * std::pow(x[i], p - 1.0f);
+      break;
+    case kScale: for (int64_t i = 0; i < n; i++) o[i] = g[i] * p; break;
+    case kAddScalar: for (int64_t i = 0; i < n; i++) o[i] = g[i]; break;
+    default: for (int64_t i = 0; i < n; i++) o[i] = -g[i] * p / (x[i] * x[i]); break;
+  }
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("unary_backward", UnaryBackward);
+
+}  // namespace nt::cpu

@@ -1,0 +1,55 @@
+// Embedding lookup on the cpu backend: gather rows forward, scatter-add rows backward.
+#include "util.h"
+
+namespace nt::cpu {
+
+static void checkIds(const int32_t* ids, int64_t n, int64_t vocab, const char* call) {
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      fail(Err::Argument, std::string(call) + ": index " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab) + ")");
+}
+
+// embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype)
+static Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
+  const char* call = "embedding_forward";
+  Args a{info, call};
+  a.count(7);
+  int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
+  DType dt = a.dtype(6);
+  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
+  uint8_t* w = storageData(info, 1, call, dt, vocab * dim);
+  uint8_t* o = storageData(info, 2, call, dt, n * dim);
+  checkIds(ids, n, vocab, call);
+  size_t rowBytes = size_t(dim) * dtypeSize(dt);
+  for (int64_t i = 0; i < n; i++) std::memcpy(o + size_t(i) * rowBytes, w + size_t(ids[i]) * rowBytes, rowBytes);
+  return info.Env().Undefined();
+}
+NT_EXPORT("embedding_forward", EmbeddingForward);
+
+// embedding_backward(ids: i32 [n], gradOut [n, dim], gradWeight [vocab, dim], n, vocab, dim, dtype)
+//   gradWeight is overwritten: zero, then gradOut rows added at their ids.
+static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
+  const char* call = "embedding_backward";
+  Args a{info, call};
+  a.count(7);
+  int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
+  DType dt = a.dtype(6);
+  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
+  F32View G(storageData(info, 1, call, dt, n * dim), dt, n * dim, true);
+  F32View W(storageData(info, 2, call, dt, vocab * dim), dt, vocab * dim, false);
+  checkIds(ids, n, vocab, call);
+  float* w = W.data();
+  const float* g = G.data();
+  std::fill(w, w + vocab * dim, 0.0f);
+  for (int64_t i = 0; i < n; i++) {
+    float* row = w + int64_t(ids[i]) * dim;
+    const float* gr = g + i * dim;
+    for (int64_t j = 0; j < dim; j++) row[j] += gr[j];
+  }
+  W.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("embedding_backward", EmbeddingBackward);
+
+}  // namespace nt::cpu

@@ -1,0 +1,57 @@
+// GELU (tanh approximation, as GPT-2) on the cpu backend: forward and backward.
+#include "util.h"
+
+namespace nt::cpu {
+
+static constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+// tanh through the vectorizable exp: tanh(u) = 1 - 2 / (exp(2u) + 1).
+static inline float tanhFast(float u) { return 1.0f - 2.0f / (fastExp(2.0f * u) + 1.0f); }
+
+// gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
+  const char* call = "gelu_forward";
+  Args a{info, call};
+  a.count(4);
+  int64_t n = a.size(2);
+  DType dt = a.dtype(3);
+  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
+  const float* x = I.data();
+  float* o = O.data();
+  parallelRows(n, 20, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) {
+      float v = x[i];
+      o[i] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
+    }
+  });
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("gelu_forward", GeluForward);
+
+// gelu_backward(inp, gradOut, gradIn, n, dtype): gradIn = gradOut · gelu'(inp)
+static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
+  const char* call = "gelu_backward";
+  Args a{info, call};
+  a.count(5);
+  int64_t n = a.size(3);
+  DType dt = a.dtype(4);
+  F32View I(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);
+  F32View O(storageData(info, 2, call, dt, n), dt, n, false);
+  const float *x = I.data(), *g = G.data();
+  float* o = O.data();
+  parallelRows(n, 30, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) {
+      float v = x[i];
+      float u = kGeluC * (v + 0.044715f * v * v * v);
+      float t = tanhFast(u);
+      float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+      o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  });
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("gelu_backward", GeluBackward);
+
+}  // namespace nt::cpu

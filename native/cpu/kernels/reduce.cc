@@ -1,0 +1,107 @@
+// Reductions on the cpu backend: sum into a broadcast-compatible shape (sum over dims, and the
+// backward of broadcasting), and max over one dimension with its argmax for backward.
+#include "util.h"
+
+namespace nt::cpu {
+
+// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)
+//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on the
+//   summed dims. Accumulates in double so long sums stay exact to f32 rounding.
+static Napi::Value SumTo(const Napi::CallbackInfo& info) {
+  const char* call = "sum_to";
+  Args a{info, call};
+  a.count(6);
+  DType dt = a.dtype(2);
+  auto shape = intList(info, 3, call);
+  auto so = intList(info, 4, call, int64_t(shape.size()));
+  int64_t nOut = a.size(5);
+  int64_t n = product(shape);
+  if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
+  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, nOut), dt, nOut, false);
+  std::vector<double> acc(static_cast<size_t>(nOut), 0.0);
+  const float* x = I.data();
+  size_t rank = shape.size();
+  if (n > 0 && rank == 0) acc[0] = x[0];
+  if (n > 0 && rank > 0) {
+    int64_t inner = shape[rank - 1], io = so[rank - 1];
+    std::vector<int64_t> idx(rank, int64_t(0));
+    int64_t off = 0;
+    for (int64_t base = 0; base < n; base += inner) {
+      const float* xx = x + base;
+      if (io == 0) {
+        double s = 0;
+        for (int64_t j = 0; j < inner; j++) s += xx[j];
+        acc[size_t(off)] += s;
+      } else {
+        double* d = acc.data() + off;
+        for (int64_t j = 0; j < inner; j++) d[j * io] += xx[j];
+      }
+      for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {
+        off += so[size_t(d)];
+        if (++idx[size_t(d)] < shape[size_t(d)]) break;
+        off -= so[size_t(d)] * shape[size_t(d)];
+        idx[size_t(d)] = 0;
+      }
+    }
+  }
+  float* o = O.data();
+  for (int64_t i = 0; i < nOut; i++) o[i] = float(acc[size_t(i)]);
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("sum_to", SumTo);
+
+// max_dim(inp, out, argmax: i32, outer, red, inner, dtype)
+//   inp viewed as [outer, red, inner]; out[o, i] = max_r inp[o, r, i], argmax the first r reaching it.
+static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
+  const char* call = "max_dim";
+  Args a{info, call};
+  a.count(7);
+  int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
+  DType dt = a.dtype(6);
+  if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
+  int64_t n = outer * red * inner, m = outer * inner;
+  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, m), dt, m, false);
+  int32_t* arg = reinterpret_cast<int32_t*>(storageData(info, 2, call, DType::I32, m));
+  const float* x = I.data();
+  float* o = O.data();
+  for (int64_t b = 0; b < outer; b++) {
+    for (int64_t i = 0; i < inner; i++) { o[b * inner + i] = x[b * red * inner + i]; arg[b * inner + i] = 0; }
+    for (int64_t r = 1; r < red; r++) {
+      const float* row = x + (b * red + r) * inner;
+      for (int64_t i = 0; i < inner; i++) {
+        if (row[i] > o[b * inner + i] || (std::isnan(row[i]) && !std::isnan(o[b * inner + i]))) {
+          o[b * inner + i] = row[i];
+          arg[b * inner + i] = int32_t(r);
+        }
+      }
+    }
+  }
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("max_dim", MaxDim);
+
+// max_dim_backward(gradOut, argmax: i32, gradIn, outer, red, inner, dtype)
+//   gradIn[o, argmax[o, i], i] = gradOut[o, i]; every other element 0.
+static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
+  const char* call = "max_dim_backward";
+  Args a{info, call};
+  a.count(7);
+  int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
+  DType dt = a.dtype(6);
+  int64_t n = outer * red * inner, m = outer * inner;
+  F32View G(storageData(info, 0, call, dt, m), dt, m, true), O(storageData(info, 2, call, dt, n), dt, n, false);
+  const int32_t* arg = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, m));
+  for (int64_t k = 0; k < m; k++)
+    if (arg[k] < 0 || arg[k] >= red) fail(Err::Argument, "max_dim_backward: argmax index out of range");
+  float* o = O.data();
+  std::fill(o, o + n, 0.0f);
+  for (int64_t b = 0; b < outer; b++)
+    for (int64_t i = 0; i < inner; i++) o[(b * red + arg[b * inner + i]) * inner + i] = G.data()[b * inner + i];
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("max_dim_backward", MaxDimBackward);
+
+}  // namespace nt::cpu

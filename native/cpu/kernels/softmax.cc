@@ -1,0 +1,47 @@
+// Softmax and log-softmax over the last dimension on the cpu backend.
+#include "softmax.h"
+
+namespace nt::cpu {
+
+// softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
+static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
+  const char* call = "softmax_forward";
+  Args a{info, call};
+  a.count(6);
+  int64_t rows = a.size(2), cols = a.size(3);
+  DType dt = a.dtype(4);
+  bool log = a.boolean(5);
+  int64_t n = rows * cols;
+  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
+  const float* x = I.data();
+  float* o = O.data();
+  parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) softmaxRow(x + r * cols, o + r * cols, cols, log);
+  });
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("softmax_forward", SoftmaxForward);
+
+// softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log): from the forward's output
+static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
+  const char* call = "softmax_backward";
+  Args a{info, call};
+  a.count(7);
+  int64_t rows = a.size(3), cols = a.size(4);
+  DType dt = a.dtype(5);
+  bool log = a.boolean(6);
+  int64_t n = rows * cols;
+  F32View Y(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);
+  F32View O(storageData(info, 2, call, dt, n), dt, n, false);
+  const float *y = Y.data(), *g = G.data();
+  float* o = O.data();
+  parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) softmaxRowBackward(y + r * cols, g + r * cols, o + r * cols, cols, log);
+  });
+  O.commit();
+  return info.Env().Undefined();
+}
+NT_EXPORT("softmax_backward", SoftmaxBackward);
+
+}  // namespace nt::cpu

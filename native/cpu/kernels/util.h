@@ -1,0 +1,89 @@
+// Helpers shared by the cpu kernel families: shape/stride arguments passed as Int32Array, strided
+// extents, a vectorizable exp, and a split of row ranges over a few threads.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "convert.h"
+
+namespace nt::cpu {
+
+// An Int32Array argument as int64 values; `expected` < 0 accepts any length.
+inline std::vector<int64_t> intList(const Napi::CallbackInfo& info, size_t i, const char* call, int64_t expected = -1) {
+  RawBytes r = typedArrayBytes(info[i], call, i);
+  if (r.bytes % 4 != 0) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be an Int32Array");
+  int64_t n = int64_t(r.bytes / 4);
+  if (expected >= 0 && n != expected)
+    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " has " + std::to_string(n) + " entries, expected " + std::to_string(expected));
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; k++) {
+    int32_t v;
+    std::memcpy(&v, r.data + 4 * k, 4);
+    out[size_t(k)] = v;
+  }
+  return out;
+}
+
+// Elements a strided walk over `shape` can touch: max offset + 1 (0 for an empty shape).
+inline int64_t stridedExtent(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, const char* call) {
+  int64_t last = 0;
+  for (size_t d = 0; d < shape.size(); d++) {
+    if (shape[d] < 0 || strides[d] < 0) fail(Err::Argument, std::string(call) + ": negative size or stride");
+    if (shape[d] == 0) return 0;
+    last += (shape[d] - 1) * strides[d];
+  }
+  return last + 1;
+}
+
+inline int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// exp(x) to about 2 ulp, written so loops over it vectorize (no libm call): 2^n · 2^f with a
+// rounded n and a degree-6 polynomial for 2^f on [-0.5, 0.5]. Inputs below -87 give 0.
+inline float fastExp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  float t = x * 1.44269504088896341f;
+  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest without a libm call
+  float f = t - n;
+  float p = 1.5353362e-4f;
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6181291e-3f;
+  p = p * f + 5.5504109e-2f;
+  p = p * f + 2.4022651e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, 4);
+  bits += int32_t(n) << 23;
+  float r;
+  std::memcpy(&r, &bits, 4);
+  return x <= -87.0f ? 0.0f : r;
+}
+
+// Runs fn(begin, end) over [0, rows) split across up to `threads` threads when the work is large
+// enough to pay for starting them (2-core machines: threads == 2).
+template <class F>
+void parallelRows(int64_t rows, int64_t workPerRow, F fn) {
+  static const int64_t hw = std::max<int64_t>(1, std::min<int64_t>(4, int64_t(std::thread::hardware_concurrency())));
+  int64_t threads = std::min<int64_t>(hw, rows);
+  if (threads <= 1 || rows * workPerRow < (int64_t(1) << 18)) {
+    fn(int64_t(0), rows);
+    return;
+  }
+  std::vector<std::thread> pool;
+  int64_t chunk = (rows + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; t++) {
+    int64_t b = t * chunk, e = std::min(rows, b + chunk);
+    if (b < e) pool.emplace_back([=] { fn(b, e); });
+  }
+  fn(int64_t(0), std::min(rows, chunk));
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace nt::cpu
