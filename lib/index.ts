@@ -12,3 +12,4 @@ export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, type Bac
 export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
 export { version } from './version.js';
+export * as distributed from './distributed/index.js';
