@@ -13,3 +13,7 @@ export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
 export { version } from './version.js';
 export * as distributed from './distributed/index.js';
+export * as nn from './nn/index.js';
+export * as optim from './optim/index.js';
+export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './training.js';
+export * as parallel from './parallel/index.js';

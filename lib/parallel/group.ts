@@ -1,5 +1,6 @@
 // What the parallel layer needs from a process group: the collectives it calls and the Work they
-// return. The distributed package's groups (gloo, nccl) and the in-process LocalGroup implement it.
+// return. lib/distributed's ProcessGroup (gloo, nccl) satisfies it structurally, and so does the
+// in-process LocalGroup used to test parallel layouts without processes.
 import type { Tensor } from '../tensor.js';
 
 export type ReduceOp = 'sum' | 'avg' | 'max' | 'min';
@@ -9,8 +10,8 @@ export type ReduceOp = 'sum' | 'avg' | 'max' | 'min';
  * tensors. Code that must finish a collective inside a synchronous call (an autograd backward)
  * needs `waitSync`, which only groups whose communication runs off the JS thread can offer.
  */
-export interface Work extends PromiseLike<void> {
-  wait(): Promise<void>;
+export interface Work extends PromiseLike<unknown> {
+  wait(): Promise<unknown>;
   waitSync?(): void;
 }
 
@@ -32,8 +33,8 @@ export interface ProcessGroup {
   allGather(out: Tensor, input: Tensor): Work;
   /** `out` (n elements) receives chunk `rank` of the reduction of every member's `input` (size·n elements). */
   reduceScatter(out: Tensor, input: Tensor, opts?: { op?: ReduceOp }): Work;
-  /** In place: every member's `t` becomes group rank `src`'s `t`. */
-  broadcast(t: Tensor, opts: { src: number }): Work;
+  /** In place: every member's `t` becomes group rank `root`'s `t`. */
+  broadcast(t: Tensor, opts: { root?: number }): Work;
   /** Point to point, by group rank. A send completes when the receiver has the data. */
   send(t: Tensor, dst: number): Work;
   recv(t: Tensor, src: number): Work;
@@ -41,5 +42,5 @@ export interface ProcessGroup {
 
 /** A world group that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */
 export interface WorldGroup extends ProcessGroup {
-  newGroup(ranks: readonly number[], name?: string): ProcessGroup | Promise<ProcessGroup>;
+  newGroup(ranks: readonly number[]): ProcessGroup | Promise<ProcessGroup>;
 }

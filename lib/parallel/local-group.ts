@@ -166,9 +166,10 @@ class LocalGroup implements ProcessGroup {
     if (input.size !== out.size * this.size) throw new ArgumentError(`reduceScatter: input has ${input.size} elements, expected ${this.size}·${out.size}`);
     return this.#start('reduceScatter', out.size, readData(input), out, opts.op ?? 'sum');
   }
-  broadcast(t: Tensor, opts: { src: number }): Work {
-    if (!Number.isInteger(opts.src) || opts.src < 0 || opts.src >= this.size) throw new ArgumentError(`broadcast: src ${opts.src} is outside [0, ${this.size})`);
-    return this.#start('broadcast', t.size, readData(t), t, String(opts.src));
+  broadcast(t: Tensor, opts: { root?: number } = {}): Work {
+    const root = opts.root ?? 0;
+    if (!Number.isInteger(root) || root < 0 || root >= this.size) throw new ArgumentError(`broadcast: root ${root} is outside [0, ${this.size})`);
+    return this.#start('broadcast', t.size, readData(t), t, String(root));
   }
   send(t: Tensor, dst: number): Work {
     this.#checkPeer('send', dst);
@@ -187,10 +188,10 @@ class LocalGroup implements ProcessGroup {
 class LocalWorld extends LocalGroup implements WorldGroup {
   #created = 0;
   constructor(core: LocalGroupCore, rank: number, timeoutMs: number, readonly registry: LocalGroupCore[]) { super(core, rank, timeoutMs); }
-  newGroup(ranks: readonly number[], name?: string): ProcessGroup {
+  newGroup(ranks: readonly number[]): ProcessGroup {
     const index = this.#created++;
     let core = this.registry[index];
-    if (!core) { core = new LocalGroupCore([...ranks], name ?? `group${index}`); this.registry[index] = core; }
+    if (!core) { core = new LocalGroupCore([...ranks], `group${index}[${ranks.join(',')}]`); this.registry[index] = core; }
     if (core.ranks.join(',') !== ranks.join(',')) throw new CommError(`newGroup #${index}: ranks [${ranks.join(',')}] differ from [${core.ranks.join(',')}] given by another rank`);
     const me = ranks.indexOf(this.core.ranks[this.rank]!);
     return new LocalGroup(core, me, this.timeoutMs);

@@ -1,6 +1,7 @@
 // The parallel topology (Megatron's parallel_state): the rank math of a TP × PP × DP mesh, the
 // process groups built once from it, and accessors that fail loudly before initialization.
 import { tensor } from '../creation.js';
+import * as dist from '../distributed/init.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { ProcessGroup, WorldGroup } from './group.js';
 
@@ -111,6 +112,8 @@ export class ParallelState {
 let current: ParallelState | null = null;
 
 export interface InitializeParallelOptions {
+  /** The world to build the mesh over; default: nt.distributed's (after nt.distributed.init()). */
+  world?: WorldGroup;
   /** Install the result as this process's mesh for the accessors (default true; in-process rank simulations pass false). */
   install?: boolean;
 }
@@ -119,8 +122,9 @@ export interface InitializeParallelOptions {
  * Builds every TP, PP and DP group once. Every world rank must call it with the same layout:
  * the layouts are compared across ranks first, and a mismatch is an ArgumentError on every rank.
  */
-export async function initializeParallel(world: WorldGroup, layout: ParallelLayout, options: InitializeParallelOptions = {}): Promise<ParallelState> {
+export async function initializeParallel(layout: ParallelLayout, options: InitializeParallelOptions = {}): Promise<ParallelState> {
   const install = options.install ?? true;
+  const world = options.world ?? distributedWorld();
   if (install && current) throw new StateError('initializeParallel: the mesh is already initialized (call destroyParallel() first)');
   const mesh = new MeshLayout(layout, world.size);
   await checkSameLayoutEverywhere(world, mesh);
@@ -128,13 +132,29 @@ export async function initializeParallel(world: WorldGroup, layout: ParallelLayo
   for (const dim of mesh.order) {
     // Group creation is collective over the world: every rank creates every group, in the same order.
     for (const ranks of mesh.allGroups(dim)) {
-      const g = await world.newGroup(ranks, `${dim}[${ranks.join(',')}]`);
+      const g = await world.newGroup(ranks);
       if (ranks.includes(world.rank)) groups[dim] = g;
     }
   }
   const state = new ParallelState(mesh, world.rank, world, groups);
   if (install) current = state;
   return state;
+}
+
+function distributedWorld(): WorldGroup {
+  if (!dist.isInitialized()) throw new StateError('initializeParallel: call nt.distributed.init() first (or pass options.world)');
+  const w = dist.world();
+  return {
+    rank: w.rank, size: w.size, ranks: w.ranks, name: w.name,
+    allReduce: (t, o) => w.allReduce(t, o),
+    allGather: (out, t) => w.allGather(out, t),
+    reduceScatter: (out, t, o) => w.reduceScatter(out, t, o),
+    broadcast: (t, o) => w.broadcast(t, o),
+    send: (t, dst) => w.send(t, dst),
+    recv: (t, src) => w.recv(t, src),
+    // Non-members get a handle too (whose ops throw); the mesh keeps only groups that contain this rank.
+    newGroup: (ranks) => dist.newGroup(ranks) as Promise<ProcessGroup>,
+  };
 }
 
 async function checkSameLayoutEverywhere(world: WorldGroup, mesh: MeshLayout): Promise<void> {

@@ -55,7 +55,7 @@ describe('initializeParallel', () => {
 
   it('builds groups on 4 simulated ranks whose collectives reach exactly their members', async () => {
     const results = await runLocalRanks(4, async (world) => {
-      const st = await initializeParallel(world, { tp: 2, pp: 1, dp: 2 }, { install: false });
+      const st = await initializeParallel({ tp: 2, pp: 1, dp: 2 }, { world, install: false });
       const t = nt.tensor(new Float32Array([world.rank + 1]), [1]);
       await st.tpGroup.allReduce(t);
       const tpSum = t.item();
@@ -70,15 +70,15 @@ describe('initializeParallel', () => {
 
   it('installs a process mesh once', async () => {
     const [w] = await localWorld(1);
-    const st = await initializeParallel(w!, { tp: 1, pp: 1, dp: 1 });
+    const st = await initializeParallel({ tp: 1, pp: 1, dp: 1 }, { world: w! });
     expect(parallelState()).toBe(st);
     expect(tpRank()).toBe(0);
-    await expect(initializeParallel(w!, { tp: 1, pp: 1, dp: 1 })).rejects.toThrow(nt.StateError);
+    await expect(initializeParallel({ tp: 1, pp: 1, dp: 1 }, { world: w! })).rejects.toThrow(nt.StateError);
   });
 
   it('mismatched layouts between ranks fail on every rank before any group is built', async () => {
     const worlds = await localWorld(2);
-    const res = await Promise.allSettled(worlds.map((w) => initializeParallel(w, w.rank === 0 ? { tp: 2, pp: 1, dp: 1 } : { tp: 1, pp: 1, dp: 2 }, { install: false })));
+    const res = await Promise.allSettled(worlds.map((w) => initializeParallel(w.rank === 0 ? { tp: 2, pp: 1, dp: 1 } : { tp: 1, pp: 1, dp: 2 }, { world: w, install: false })));
     for (const r of res) {
       expect(r.status).toBe('rejected');
       expect((r as PromiseRejectedResult).reason).toBeInstanceOf(nt.ArgumentError);

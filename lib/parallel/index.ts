@@ -1,0 +1,11 @@
+// Parallelism: the TP × PP × DP mesh, data-parallel gradient buckets, ZeRO, and in-process ranks for tests.
+export {
+  MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
+  tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
+  type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
+} from './mesh.js';
+export type { ProcessGroup, WorldGroup, Work, ReduceOp } from './group.js';
+export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
+export { GradBuffer, DEFAULT_BUCKET_BYTES, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
+export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory } from './zero/optimizer.js';
+export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
