@@ -3,7 +3,7 @@
 // in-process LocalGroup used to test parallel layouts without processes.
 import type { Tensor } from '../tensor.js';
 
-export type ReduceOp = 'sum' | 'avg' | 'max' | 'min';
+export type ReduceOp = 'sum' | 'avg' | 'max' | 'min' | 'prod';
 
 /**
  * A started collective. Awaiting it (or `wait()`) resolves when the result is in the output

@@ -1,4 +1,4 @@
-// Parallelism: the TP × PP × DP mesh, data-parallel gradient buckets, ZeRO, and in-process ranks for tests.
+// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings and layers, data-parallel gradient buckets, ZeRO, and test groups.
 export {
   MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
@@ -9,3 +9,6 @@ export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
 export { GradBuffer, DEFAULT_BUCKET_BYTES, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
 export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory } from './zero/optimizer.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
+export { fileWorld } from './file-group.js';
+export { copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion } from './tensor-parallel/mappings.js';
+export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';

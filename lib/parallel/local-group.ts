@@ -2,11 +2,11 @@
 // data, pipeline and ZeRO logic can be checked against a single-process run without a launcher.
 // A collective completes when every member has called it; reductions run in rank order in the
 // tensor's dtype, so every member gets bit-identical results, as with a real ring/tree backend.
-import { tensor } from '../creation.js';
-import { dtypeCode, readArrayFor, type TypedArray } from '../dtype.js';
+import { type TypedArray } from '../dtype.js';
 import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
 import type { ProcessGroup, ReduceOp, Work, WorldGroup } from './group.js';
+import { hostArrayFor, readData, reduceInRankOrder, writeData } from './host-data.js';
 
 /** How long a collective waits for the other members before failing (a deadlock in a test becomes an error). */
 export const LOCAL_TIMEOUT_MS = 20_000;
@@ -27,33 +27,6 @@ interface Arrival {
   out: Tensor;
   finish: (err?: Error) => void;
   args: string;
-}
-
-function readData(t: Tensor): TypedArray {
-  const out = readArrayFor(t.dtype === 'i32' || t.dtype === 'u8' ? t.dtype : 'f32', t.size);
-  if (t.dtype === 'f32' || t.dtype === 'i32' || t.dtype === 'u8') t.backend.read(t.storage, 0, out);
-  else out.set(t.toArraySync());
-  return out;
-}
-
-function writeData(t: Tensor, data: TypedArray): void {
-  if (t.dtype === 'f32' || t.dtype === 'i32' || t.dtype === 'u8') { t.backend.write(t.storage, 0, data); return; }
-  // Half precision: round from f32 on the native side.
-  using wide = tensor(data as Float32Array, [t.size]);
-  t.backend.cast(wide.storage, dtypeCode('f32'), t.storage, dtypeCode(t.dtype), t.size);
-}
-
-function reduceInRankOrder(parts: TypedArray[], op: ReduceOp): TypedArray {
-  const acc = parts[0]!.slice();
-  for (let r = 1; r < parts.length; r++) {
-    const x = parts[r]!;
-    for (let i = 0; i < acc.length; i++) {
-      const a = acc[i]!, b = x[i]!;
-      acc[i] = op === 'max' ? (a > b ? a : b) : op === 'min' ? (a < b ? a : b) : a + b;
-    }
-  }
-  if (op === 'avg') for (let i = 0; i < acc.length; i++) acc[i] = acc[i]! / parts.length;
-  return acc;
 }
 
 /** State shared by the members of one local group: pending collectives by sequence number, and p2p queues. */
@@ -93,7 +66,7 @@ class LocalGroupCore {
       const red = reduceInRankOrder(parts, args as ReduceOp);
       for (const x of all) writeData(x.out, red);
     } else if (op === 'allGather') {
-      const full = readArrayFor(all[0]!.out.dtype === 'i32' || all[0]!.out.dtype === 'u8' ? all[0]!.out.dtype : 'f32', parts[0]!.length * n);
+      const full = hostArrayFor(all[0]!.out, parts[0]!.length * n);
       parts.forEach((p, r) => full.set(p, r * p.length));
       for (const x of all) writeData(x.out, full);
     } else if (op === 'reduceScatter') {
