@@ -12,3 +12,4 @@ export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';
 export { copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion } from './tensor-parallel/mappings.js';
 export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
+export { gpipe, oneForwardOneBackward, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
