@@ -50,7 +50,14 @@ export function needsGrad(...inputs: (Tensor | null | undefined)[]): boolean {
  * the original and the scope it was made in; freed when the graph is.
  */
 export function save(t: Tensor): Tensor {
-  return keep(t.reshape(t.shape));
+  return keep(alias(t));
+}
+
+/** A new tensor object over t's storage (shape kept), outside any graph. */
+export function alias(t: Tensor, shape: readonly number[] = t.shape): Tensor {
+  const ref = t.storageRef;
+  ref.refs++;
+  return new Tensor(ref, shape, t.dtype);
 }
 
 /** Hands a tensor the op created (statistics, masks) to the graph: scopes leave it alone. */
@@ -127,8 +134,9 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
       const owned = new Set<Tensor>([g]);
       node.edges.forEach((edge, i) => {
         const ig = inputGrads[i];
-        if (!ig || !edge) return;
+        if (!ig) return;
         owned.add(ig);
+        if (!edge) return;
         if (edge instanceof Node) {
           const prev = grads.get(edge);
           if (prev) accumulateInto(prev, ig);
@@ -191,7 +199,7 @@ function seedGrad(t: Tensor, grad: Tensor | undefined): Tensor {
 /** A tensor sharing t's data with no graph and requiresGrad false. */
 export function detach(t: Tensor): Tensor {
   checkTensor(t, 'detach', 'tensor');
-  return t.reshape(t.shape);
+  return alias(t);
 }
 
 /** Clears the gradients of the given tensors (disposes them). */

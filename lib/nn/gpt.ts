@@ -6,6 +6,7 @@ import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { add, attention, crossEntropy, gelu, linear } from '../ops/index.js';
+import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import { constant, normal } from './init.js';
@@ -202,11 +203,8 @@ export class GPT extends Module {
         for (let step = 0; step < maxNewTokens; step++) {
           const ctx = rows.map((r) => r.slice(-this.config.blockSize));
           const t = ctx[0]!.length;
-          const input = tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device });
-          const { logits } = this.forward(input);
-          const all = logits.toArraySync();
-          input.dispose();
-          logits.dispose();
+          // Every intermediate of the forward pass is released with the step's scope.
+          const all = scope(() => this.forward(tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device })).logits.toArraySync());
           const u = uniformDraws(b, gen);
           const v = this.config.vocabSize;
           for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * t + t - 1) * v, (i * t + t) * v) as Float32Array, temperature, topK, u[i]!));

@@ -1,13 +1,21 @@
 // The op surface: functions (re-exported by lib/index.ts) and the Tensor methods that call them.
 import '../autograd/engine.js';
 import { Tensor } from '../tensor.js';
+import { dropout, type DropoutOptions, gelu, logSoftmax, softmax } from './activation.js';
 import { add, div, exp, log, mul, neg, type Operand, pow, scale, sqrt, sub, tanh } from './elementwise.js';
 import { linear, matmul, type MatmulOptions } from './matmul.js';
 import { max, mean, type ReduceOptions, sum } from './reduce.js';
+import { cat, chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } from './shape.js';
 
 export { add, sub, mul, div, neg, exp, log, sqrt, tanh, pow, scale, type Operand } from './elementwise.js';
 export { sum, mean, max, type ReduceOptions } from './reduce.js';
 export { matmul, linear, planMatmul, gemmInto, matmulForward, type MatmulOptions, type GemmPlan } from './matmul.js';
+export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
+export { layerNorm, rmsNorm } from './norm.js';
+export { attention, type AttentionOptions } from './attention.js';
+export { embedding } from './embedding.js';
+export { crossEntropy, type CrossEntropyOptions } from './loss.js';
+export { reshape, view, squeeze, unsqueeze, permute, transpose, slice, split, chunk, cat } from './shape.js';
 
 declare module '../tensor.js' {
   interface Tensor {
@@ -27,6 +35,18 @@ declare module '../tensor.js' {
     sum(dim?: number, opts?: ReduceOptions): Tensor;
     mean(dim?: number, opts?: ReduceOptions): Tensor;
     max(dim?: number, opts?: ReduceOptions): Tensor;
+    gelu(): Tensor;
+    softmax(dim?: number): Tensor;
+    logSoftmax(dim?: number): Tensor;
+    dropout(p: number, opts?: DropoutOptions): Tensor;
+    view(shape: readonly number[]): Tensor;
+    squeeze(dim?: number): Tensor;
+    unsqueeze(dim: number): Tensor;
+    permute(dims: readonly number[]): Tensor;
+    transpose(dim0: number, dim1: number): Tensor;
+    slice(dim: number, start: number, end?: number): Tensor;
+    split(size: number | readonly number[], dim?: number): Tensor[];
+    chunk(chunks: number, dim?: number): Tensor[];
   }
 }
 const proto = Tensor.prototype;
@@ -46,3 +66,15 @@ proto.linear = function (this: Tensor, w: Tensor, b?: Tensor | null) { return li
 proto.sum = function (this: Tensor, dim?: number, opts?: ReduceOptions) { return sum(this, dim, opts); };
 proto.mean = function (this: Tensor, dim?: number, opts?: ReduceOptions) { return mean(this, dim, opts); };
 proto.max = function (this: Tensor, dim?: number, opts?: ReduceOptions) { return max(this, dim, opts); };
+proto.gelu = function (this: Tensor) { return gelu(this); };
+proto.softmax = function (this: Tensor, dim?: number) { return softmax(this, dim); };
+proto.logSoftmax = function (this: Tensor, dim?: number) { return logSoftmax(this, dim); };
+proto.dropout = function (this: Tensor, p: number, opts?: DropoutOptions) { return dropout(this, p, opts); };
+proto.view = function (this: Tensor, shape: readonly number[]) { return view(this, shape); };
+proto.squeeze = function (this: Tensor, dim?: number) { return squeeze(this, dim); };
+proto.unsqueeze = function (this: Tensor, dim: number) { return unsqueeze(this, dim); };
+proto.permute = function (this: Tensor, dims: readonly number[]) { return permute(this, dims); };
+proto.transpose = function (this: Tensor, d0: number, d1: number) { return transpose(this, d0, d1); };
+proto.slice = function (this: Tensor, dim: number, start: number, end?: number) { return slice(this, dim, start, end); };
+proto.split = function (this: Tensor, size: number | readonly number[], dim?: number) { return split(this, size, dim); };
+proto.chunk = function (this: Tensor, chunks: number, dim?: number) { return chunk(this, chunks, dim); };

@@ -1,6 +1,6 @@
 // Reductions with autograd: sum, mean (over everything or one dimension, keepdim) and max over a
 // dimension (or everything), whose gradient goes to the first maximal element.
-import { needsGrad, own, record } from '../autograd/engine.js';
+import { alias, needsGrad, own, record } from '../autograd/engine.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { UNARY } from './codes.js';
@@ -24,7 +24,7 @@ function reducedShapes(x: Tensor, dim: number | undefined, keepdim: boolean, cal
 
 /** Broadcasts g (shaped like the reduced tensor) back to `shape`, times `factor`. */
 function expandGrad(g: Tensor, keepShape: number[], shape: readonly number[], factor: number): Tensor {
-  const src = g.reshape(keepShape);
+  const src = alias(g, keepShape);
   const out = emptyLike(g, shape);
   const strides = new Int32Array(shape.length);
   let acc = 1;
@@ -54,7 +54,7 @@ function sumLike(call: string, x: Tensor, dim: number | undefined, opts: ReduceO
     out.dispose();
     out = scaled;
   }
-  const shaped = out.reshape(outShape);
+  const shaped = alias(out, outShape);
   out.dispose();
   if (!needsGrad(x)) return shaped;
   const xShape = x.shape;

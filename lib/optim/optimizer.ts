@@ -2,6 +2,7 @@
 // tensors (so ZeRO can shard it and checkpoints can save it), zeroGrad, stateDict/loadStateDict.
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { keep } from '../memory.js';
 import { emptyOn, Tensor } from '../tensor.js';
 
 /** A set of parameters sharing hyperparameters (e.g. no weight decay for biases and norms). */
@@ -84,7 +85,8 @@ export abstract class Optimizer<H extends { lr: number }> {
     let s = this.state.get(p);
     if (!s) {
       const tensors: Record<string, Tensor> = {};
-      for (const name of this.stateNames) tensors[name] = emptyOn(p.shape, 'f32', p.deviceInfo, true);
+      // State lives as long as the optimizer, even when first created inside a scope (a training step).
+      for (const name of this.stateNames) tensors[name] = keep(emptyOn(p.shape, 'f32', p.deviceInfo, true));
       s = { step: 0, tensors };
       this.state.set(p, s);
     }

@@ -1,7 +1,7 @@
 // Tests of `nodetron launch` (run from source through test/fixtures/launch/launcher.ts): the
 // environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
 // on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -227,6 +227,34 @@ describe('nodetron launch', () => {
     expect(() => parseLaunchArgs(['--rdzv', 'tcp://a:1', 'x.mjs'])).toThrow(/redis:\/\//);
     const ok = parseLaunchArgs(['--nproc-per-node=auto', '--max-restarts', '3', 's.ts', '--nnodes', '7']);
     expect(ok).toMatchObject({ nprocPerNode: 'auto', maxRestarts: 3, script: 's.ts', scriptArgs: ['--nnodes', '7'], nnodes: 1 });
+  });
+});
+
+const haveRedis = spawnSync('redis-server', ['--version']).status === 0;
+if (!haveRedis) console.warn('launch --rdzv redis test skipped: redis-server is not installed (apt-get install -y redis-server)');
+
+describe.skipIf(!haveRedis)('nodetron launch --rdzv redis://', () => {
+  it('two launchers meet through Redis; ranks get NODETRON_RDZV and use the Redis store', async () => {
+    const redisPort = await freePort();
+    const redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    try {
+      const port = String(await freePort());
+      const runId = `t${Date.now()}`;
+      const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '1', '--rdzv', `redis://127.0.0.1:${redisPort}`, '--run-id', runId];
+      const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'meet.ts')]);
+      const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'meet.ts')]);
+      const [r0, r1] = await Promise.all([node0.done, node1.done]);
+      expect(r0.code, r0.stderr).toBe(0);
+      expect(r1.code, r1.stderr).toBe(0);
+      expect(r0.stdout).toContain('[rank 0] MEET rank=0 world=2 seen=2');
+      expect(r1.stdout).toContain('[rank 1] MEET rank=1 world=2 seen=2');
+      // The ranks' keys are in Redis under the run's namespace.
+      const store = await distributed.RedisStore.connect({ port: redisPort, timeoutMs: 5000 });
+      expect((await store.keys(`${runId}/attempt0/job/rank/`)).sort()).toEqual([`${runId}/attempt0/job/rank/0`, `${runId}/attempt0/job/rank/1`]);
+      await store.close();
+    } finally {
+      redis.kill('SIGTERM');
+    }
   });
 });
 

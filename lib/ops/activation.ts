@@ -1,0 +1,90 @@
+// Activations and their gradients: gelu (tanh form), softmax and log-softmax over a dimension,
+// and dropout seeded from the Philox generator.
+import { needsGrad, own, record, save } from '../autograd/engine.js';
+import { ArgumentError } from '../errors.js';
+import { defaultGenerator, DRAW, Generator } from '../random.js';
+import { normDim } from '../shape.js';
+import type { Tensor } from '../tensor.js';
+import { BINARY, UNARY } from './codes.js';
+import { checkFloats, code, emptyLike } from './common.js';
+import { binaryRaw } from './elementwise.js';
+import { transpose } from './shape.js';
+
+/** GELU with the tanh approximation (GPT-2's): 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))). */
+export function gelu(x: Tensor): Tensor {
+  checkFloats('gelu', { x });
+  const out = emptyLike(x);
+  x.backend.gelu_forward(x.storage, out.storage, x.size, code(x));
+  if (!needsGrad(x)) return out;
+  const xs = save(x);
+  return record('gelu', out, [x], (g) => {
+    const gi = emptyLike(g);
+    g.backend.gelu_backward(xs.storage, g.storage, gi.storage, g.size, code(g));
+    return [gi];
+  }, [xs]);
+}
+
+function softmaxLike(call: string, x: Tensor, dim: number, log: boolean): Tensor {
+  checkFloats(call, { x });
+  const d = normDim(dim, x.ndim, call);
+  if (x.ndim > 0 && d !== x.ndim - 1) {
+    // Kernels work on the last dimension; move `dim` there and back (autograd follows).
+    const moved = transpose(x, d, -1);
+    const y = softmaxLike(call, moved, -1, log);
+    const out = transpose(y, d, -1);
+    moved.dispose();
+    y.dispose();
+    return out;
+  }
+  const cols = x.ndim === 0 ? 1 : x.shape[x.ndim - 1]!;
+  const rows = cols === 0 ? 0 : x.size / cols;
+  const out = emptyLike(x);
+  x.backend.softmax_forward(x.storage, out.storage, rows, cols, code(x), log);
+  if (!needsGrad(x)) return out;
+  const ys = save(out);
+  return record(call, out, [x], (g) => {
+    const gi = emptyLike(g);
+    g.backend.softmax_backward(ys.storage, g.storage, gi.storage, rows, cols, code(g), log);
+    return [gi];
+  }, [ys]);
+}
+
+/** Softmax over `dim` (default: the last). */
+export function softmax(x: Tensor, dim = -1): Tensor { return softmaxLike('softmax', x, dim, false); }
+/** Log-softmax over `dim` (default: the last). */
+export function logSoftmax(x: Tensor, dim = -1): Tensor { return softmaxLike('logSoftmax', x, dim, true); }
+
+export interface DropoutOptions {
+  /** Drop only while training (default true); in eval mode dropout is the identity. */
+  training?: boolean;
+  /** Generator to draw the mask from (default: the global one, see manualSeed). */
+  generator?: Generator;
+  /** Seed a fresh generator instead. */
+  seed?: number | bigint;
+}
+
+/**
+ * Zeroes each element with probability p and scales the rest by 1/(1−p). The mask is a Philox
+ * draw, so the same generator state gives the same mask on every backend. Identity when not
+ * training or p = 0 (returns x itself).
+ */
+export function dropout(x: Tensor, p: number, opts: DropoutOptions = {}): Tensor {
+  checkFloats('dropout', { x });
+  if (typeof p !== 'number' || !(p >= 0 && p <= 1)) throw new ArgumentError(`dropout: p must be in [0, 1], got ${p}`);
+  if (opts.training === false || p === 0) return x;
+  const gen = opts.generator ?? (opts.seed !== undefined ? new Generator(opts.seed) : defaultGenerator);
+  const keepProb = 1 - p;
+  const mask = emptyLike(x);
+  const base = gen.reserve(x.size, DRAW.bernoulli.perBlock);
+  const [hi, lo] = gen.seedHalves();
+  x.backend.randomFill(mask.storage, code(mask), mask.size, DRAW.bernoulli.kind, hi, lo, base, 0, keepProb, 0);
+  const factor = keepProb === 0 ? 0 : 1 / keepProb;
+  const out = binaryRaw(BINARY.mul, x, mask, 'dropout');
+  out.backend.unary(UNARY.scale, out.storage, out.storage, out.size, code(out), factor);
+  if (!needsGrad(x)) { mask.dispose(); return out; }
+  return record('dropout', out, [x], (g) => {
+    const gi = binaryRaw(BINARY.mul, g, mask, 'dropout');
+    gi.backend.unary(UNARY.scale, gi.storage, gi.storage, gi.size, code(gi), factor);
+    return [gi];
+  }, [own(mask)]);
+}
