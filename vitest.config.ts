@@ -6,6 +6,7 @@ export default defineConfig({
     // Native addons and child processes: forks isolate a crash to one file's worker.
     pool: 'forks',
     testTimeout: 60_000,
+    env: { NODETRON_WARN_LEAKS: '0' },
     hookTimeout: 60_000,
   },
 });

@@ -12,3 +12,7 @@ export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, checkpoi
 export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
 export { version } from './version.js';
+export * as distributed from './distributed/index.js';
+export * as nn from './nn/index.js';
+export * as optim from './optim/index.js';
+export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './training.js';

@@ -16,13 +16,14 @@ interface ScopeFrame {
 }
 
 const frames = new AsyncLocalStorage<ScopeFrame>();
-const live = new Map<string, number>();
+// Live tensor counts per device name; an object beats a Map on the per-tensor hot path.
+const live: Record<string, number> = Object.create(null);
 let leaked = 0;
 let leakWarned = false;
 
 const leakRegistry = new FinalizationRegistry<string>((device) => {
   leaked++;
-  live.set(device, (live.get(device) ?? 1) - 1);
+  live[device] = (live[device] ?? 1) - 1;
   if (!leakWarned && process.env.NODETRON_WARN_LEAKS !== '0') {
     leakWarned = true;
     process.emitWarning(
@@ -35,14 +36,14 @@ const leakRegistry = new FinalizationRegistry<string>((device) => {
 
 /** Called by every new tensor: counts it, registers the leak backstop, and adds it to the current scope. */
 export function track(t: Disposable, device: Device): void {
-  live.set(device.name, (live.get(device.name) ?? 0) + 1);
+  live[device.name] = (live[device.name] ?? 0) + 1;
   leakRegistry.register(t, device.name, t);
   frames.getStore()?.owned.add(t);
 }
 
 /** Called by dispose(): the tensor is no longer live. */
 export function untrack(t: Disposable, device: Device): void {
-  live.set(device.name, (live.get(device.name) ?? 1) - 1);
+  live[device.name] = (live[device.name] ?? 1) - 1;
   leakRegistry.unregister(t);
 }
 
@@ -127,7 +128,7 @@ export interface MemoryStats {
 export function memoryStats(device: DeviceLike = 'cpu'): MemoryStats {
   const dev = parseDevice(device, 'memoryStats');
   const s = backendOf(dev).memoryStats(dev.index);
-  return { ...s, device: dev.name, liveTensors: live.get(dev.name) ?? 0, leakedTensors: leaked };
+  return { ...s, device: dev.name, liveTensors: live[dev.name] ?? 0, leakedTensors: leaked };
 }
 
 /** Starts a new peak measurement at the current allocation. */

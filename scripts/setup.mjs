@@ -5,6 +5,7 @@
 //   node scripts/setup.mjs [--force]      (also runs as the package's install script)
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -45,10 +46,14 @@ function systemPackages() {
     log('not a Debian-like system: make sure cmake, a C++17 compiler, OpenBLAS (cblas.h) and Gloo are installed');
     return;
   }
+  // redis-server backs the optional Redis rendezvous store; its tests run where it is installed.
+  const optional = ['redis-server'];
+  const isRoot = process.getuid?.() === 0 && has('apt-get');
   const missing = need.filter((p) => !dpkgInstalled(p));
+  if (isRoot) missing.push(...optional.filter((p) => !dpkgInstalled(p) && !has(p)));
   if (!missing.length) return;
   const line = `apt-get install -y ${missing.join(' ')}`;
-  if (process.getuid?.() === 0 && has('apt-get')) {
+  if (isRoot) {
     log(`installing ${missing.join(', ')} with apt`);
     const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
     if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
@@ -96,7 +101,7 @@ function nativeBuild() {
   if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
   log('building the native addons (cmake-js)');
   const cmakeJs = join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
-  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, navigator.hardwareConcurrency ?? 2));
+  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, availableParallelism()));
   if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
     throw new Error('the native build failed (see the compiler output above)');
   }

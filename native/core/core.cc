@@ -317,7 +317,7 @@ Storage::Storage(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Storage>(inf
     data_ = static_cast<uint8_t*>(hostAlloc(bytes_, "Storage"));
     if (zero && data_) std::memset(data_, 0, bytes_);
     // Let V8 see large host buffers so the GC backstop runs under memory pressure.
-    reportedExternal_ = static_cast<int64_t>(bytes_);
+    reportedExternal_ = bytes_ >= kCacheMin ? static_cast<int64_t>(bytes_) : 0;
     if (reportedExternal_) Napi::MemoryManagement::AdjustExternalMemory(info.Env(), reportedExternal_);
   } catch (const Error& e) {
     makeError(info.Env(), e.code, e.message, e.call.empty() ? "Storage" : e.call).ThrowAsJavaScriptException();

@@ -1,0 +1,147 @@
+// The Store interface every backend implements (TCP, Redis, prefix views), and what the backends
+// share: argument checks, the default timeout and connecting with retries while the server comes up.
+import { connect as netConnect, type Socket } from 'node:net';
+import { ArgumentError, CommError, TimeoutError } from '../errors.js';
+
+/** How long blocking calls (connect, get, wait) wait when no timeout is given: 5 minutes, as torch's store. */
+export const DEFAULT_STORE_TIMEOUT_MS = 300_000;
+
+export type StoreValue = Uint8Array | string;
+
+export interface StoreWaitOptions {
+  /** How long to wait for missing keys; default: the store's timeout. */
+  timeoutMs?: number;
+}
+
+/** A key-value store shared by every rank of a job. Keys are strings; values are bytes (strings are stored as UTF-8). */
+export interface Store {
+  set(key: string, value: StoreValue): Promise<void>;
+  /** The value of `key`, waiting until it exists; TimeoutError naming the key after `timeoutMs`. */
+  get(key: string, options?: StoreWaitOptions): Promise<Uint8Array>;
+  /** `get` decoded as UTF-8. */
+  getString(key: string, options?: StoreWaitOptions): Promise<string>;
+  /** The value of `key` now, or undefined when it does not exist (never waits). */
+  tryGet(key: string): Promise<Uint8Array | undefined>;
+  /** Adds `delta` to the integer stored at `key` (missing = 0) atomically; returns the new value. */
+  add(key: string, delta: number): Promise<number>;
+  /** Sets `desired` iff the current value equals `expected` (or the key is missing and `expected` is empty); returns the value after the call. */
+  compareSet(key: string, expected: StoreValue, desired: StoreValue): Promise<Uint8Array>;
+  /** Deletes `key`; true when it existed. */
+  delete(key: string): Promise<boolean>;
+  /** Waits until every key exists; TimeoutError naming the missing keys after `timeoutMs`. */
+  wait(keys: string[], options?: StoreWaitOptions): Promise<void>;
+  /** Whether every key exists now. */
+  check(keys: string[]): Promise<boolean>;
+  /** Number of keys in the store (a PrefixStore counts its own). */
+  numKeys(): Promise<number>;
+  /** Keys starting with `prefix` (all keys when omitted). */
+  keys(prefix?: string): Promise<string[]>;
+  /** Releases the connection; pending calls fail with CommError. */
+  close(): Promise<void>;
+}
+
+export interface StoreConnectOptions {
+  /** Host of the store server (the master); default 127.0.0.1. */
+  host?: string;
+  port: number;
+  /** How long to keep retrying the connection while the server comes up, and the default for get/wait. */
+  timeoutMs?: number;
+}
+
+
+
+export function checkTimeout(call: string, timeoutMs: number): number {
+  if (typeof timeoutMs !== 'number' || !(timeoutMs >= 0) || !Number.isFinite(timeoutMs)) {
+    throw new ArgumentError(`${call}: timeoutMs must be a finite number >= 0, got ${timeoutMs}`);
+  }
+  return Math.floor(timeoutMs);
+}
+
+export function checkKey(call: string, key: unknown): string {
+  if (typeof key !== 'string') throw new ArgumentError(`${call}: key must be a string, got ${typeof key}`);
+  return key;
+}
+
+export function checkValue(call: string, value: unknown): StoreValue {
+  if (typeof value !== 'string' && !(value instanceof Uint8Array)) {
+    throw new ArgumentError(`${call}: value must be a string or Uint8Array, got ${value === null ? 'null' : typeof value}`);
+  }
+  return value;
+}
+
+export function checkKeys(call: string, keys: unknown): string[] {
+  if (!Array.isArray(keys)) throw new ArgumentError(`${call}: keys must be an array of strings`);
+  keys.forEach((k) => checkKey(call, k));
+  return keys as string[];
+}
+
+
+
+
+function openSocket(host: string, port: number, timeoutMs: number): Promise<Socket> {
+  return new Promise<Socket>((resolve, reject) => {
+    const socket = netConnect({ host, port, noDelay: true });
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(Object.assign(new Error('connect timed out'), { code: 'ETIMEDOUT' }));
+    }, timeoutMs);
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      socket.removeAllListeners('error');
+      resolve(socket);
+    });
+    socket.once('error', (e) => {
+      clearTimeout(timer);
+      socket.destroy();
+      reject(e);
+    });
+  });
+}
+
+
+export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Opens a TCP connection to a store server and runs `handshake` on it, retrying with backoff until
+ * `timeoutMs` has passed (ranks often start before the master listens). Throws CommError naming
+ * `what`, host:port, the timeout and the last error.
+ */
+export async function connectWithRetry<T>(
+  what: string,
+  host: string,
+  port: number,
+  timeoutMs: number,
+  handshake: (socket: Socket, remainingMs: number) => Promise<T>,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let backoffMs = 20;
+  let lastError = 'no attempt made';
+  for (;;) {
+    try {
+      const socket = await openSocket(host, port, Math.max(deadline - Date.now(), 1));
+      // A handshake keeps a listener that does not speak the protocol (a wrong port) from hanging the caller.
+      return await handshake(socket, Math.max(deadline - Date.now(), 1000));
+    } catch (e) {
+      lastError = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
+    }
+    if (Date.now() + backoffMs > deadline) break;
+    await sleep(backoffMs);
+    backoffMs = Math.min(backoffMs * 2, 500);
+  }
+  throw new CommError(
+    `could not reach the ${what} at ${host}:${port} within ${timeoutMs} ms (last error: ${lastError}); ` +
+      'is the master (node rank 0) running, and are MASTER_ADDR/MASTER_PORT (or the store URL) right?',
+    'connect',
+  );
+}
+
+/** The error of a get whose key did not appear in time (one wording for every backend). */
+export function getTimeoutError(call: string, key: string, timeoutMs: number): TimeoutError {
+  return new TimeoutError(`store get(${JSON.stringify(key)}) timed out after ${timeoutMs} ms: the key was not set`, call);
+}
+
+/** The error of a wait whose keys did not all appear in time, naming the ones still missing. */
+export function waitTimeoutError(call: string, missing: string[], timeoutMs: number): TimeoutError {
+  const names = missing.map((k) => JSON.stringify(k)).join(', ') || '(none by now)';
+  return new TimeoutError(`store wait timed out after ${timeoutMs} ms; keys still missing: ${names}`, call);
+}

@@ -1,0 +1,290 @@
+// The rendezvous store: the `Store` interface every rank uses to meet the others, its TCP client
+// (TCPStore), a namespaced view (PrefixStore) and `createStore(url)`. The server is store-server.ts.
+import type { Socket } from 'node:net';
+import { ArgumentError, CommError, StateError, TimeoutError } from '../errors.js';
+import { RedisStore } from './redis-store.js';
+import {
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, DEFAULT_STORE_TIMEOUT_MS, getTimeoutError, waitTimeoutError,
+  type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
+} from './store-api.js';
+import { ArgReader, encodeFrame, FrameSplitter, Op, Status, toBytes, type WireArg } from './store-wire.js';
+
+export { StoreServer, type StoreServerOptions } from './store-server.js';
+export { DEFAULT_STORE_TIMEOUT_MS, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions } from './store-api.js';
+
+const decoder = new TextDecoder();
+
+interface Reply {
+  status: number;
+  result: ArgReader;
+}
+interface Pending {
+  resolve(reply: Reply): void;
+  reject(error: Error): void;
+}
+
+/** The client of a StoreServer: one TCP connection, requests pipelined and answered in order. */
+export class TCPStore implements Store {
+  private readonly pending: Pending[] = [];
+  private failure: Error | undefined;
+
+  private constructor(
+    private readonly socket: Socket,
+    readonly host: string,
+    readonly port: number,
+    readonly timeoutMs: number,
+  ) {
+    const splitter = new FrameSplitter();
+    socket.on('data', (chunk: Buffer) => {
+      let bodies: Buffer[];
+      try {
+        bodies = splitter.push(chunk);
+      } catch (e) {
+        this.fail(new CommError(`the rendezvous store at ${this.address} sent a malformed reply: ${(e as Error).message}`, 'TCPStore'));
+        return;
+      }
+      for (const body of bodies) {
+        const p = this.pending.shift();
+        if (!p) {
+          this.fail(new CommError(`the rendezvous store at ${this.address} sent a reply nobody asked for`, 'TCPStore'));
+          return;
+        }
+        p.resolve({ status: body.readUInt8(0), result: new ArgReader(body.subarray(1)) });
+      }
+    });
+    socket.on('error', (e: NodeJS.ErrnoException) =>
+      this.fail(new CommError(`connection to the rendezvous store at ${this.address} failed: ${e.code ?? e.message}`, 'TCPStore')),
+    );
+    socket.on('close', () => this.fail(new CommError(`connection to the rendezvous store at ${this.address} was closed`, 'TCPStore')));
+  }
+
+  /** `host:port` of the server. */
+  get address(): string {
+    return `${this.host}:${this.port}`;
+  }
+
+  /**
+   * Connects to a StoreServer, retrying while it is not up yet (ranks often start before the master
+   * listens). Throws CommError naming host:port and the timeout when it cannot reach it in time.
+   */
+  static async connect(options: StoreConnectOptions): Promise<TCPStore> {
+    const host = options.host ?? '127.0.0.1';
+    const port = options.port;
+    if (!Number.isInteger(port) || port <= 0 || port > 65535) {
+      throw new ArgumentError(`TCPStore.connect: port must be an integer in [1, 65535], got ${port}`);
+    }
+    const timeoutMs = checkTimeout('TCPStore.connect', options.timeoutMs ?? DEFAULT_STORE_TIMEOUT_MS);
+    return connectWithRetry('rendezvous store', host, port, timeoutMs, async (socket, remainingMs) => {
+      const store = new TCPStore(socket, host, port, timeoutMs);
+      await store.ping(remainingMs);
+      return store;
+    });
+  }
+
+  private fail(error: Error): void {
+    if (!this.failure) this.failure = error;
+    for (const p of this.pending.splice(0)) p.reject(error);
+    this.socket.destroy();
+  }
+
+  private request(op: number, args: WireArg[] = []): Promise<Reply> {
+    if (this.failure) return Promise.reject(this.failure);
+    return new Promise<Reply>((resolve, reject) => {
+      this.pending.push({ resolve, reject });
+      this.socket.write(encodeFrame(op, args));
+    });
+  }
+
+  /** Replies other than OK (and the TIMEOUT/NOT_FOUND a caller handles) become errors. */
+  private expectOk(call: string, reply: Reply): ArgReader {
+    if (reply.status === Status.OK) return reply.result;
+    if (reply.status === Status.ERROR) {
+      throw new CommError(`${call} failed at the rendezvous store ${this.address}: ${decoder.decode(reply.result.bytes())}`, call);
+    }
+    throw new CommError(`${call}: unexpected status ${reply.status} from the rendezvous store ${this.address}`, call);
+  }
+
+  /** Round trip to the server; TimeoutError (and a dropped connection) if no reply within `timeoutMs`. */
+  async ping(timeoutMs: number = this.timeoutMs): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const e = new TimeoutError(`the rendezvous store at ${this.address} did not answer a ping within ${timeoutMs} ms`, 'TCPStore.ping');
+        this.fail(e);
+        reject(e);
+      }, timeoutMs);
+    });
+    try {
+      this.expectOk('TCPStore.ping', await Promise.race([this.request(Op.PING), timedOut]));
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async set(key: string, value: StoreValue): Promise<void> {
+    checkKey('TCPStore.set', key);
+    checkValue('TCPStore.set', value);
+    this.expectOk('TCPStore.set', await this.request(Op.SET, [{ bytes: key }, { bytes: value }]));
+  }
+
+  async get(key: string, options: StoreWaitOptions = {}): Promise<Uint8Array> {
+    checkKey('TCPStore.get', key);
+    const timeoutMs = checkTimeout('TCPStore.get', options.timeoutMs ?? this.timeoutMs);
+    const reply = await this.request(Op.GET, [{ bytes: key }, { i64: timeoutMs }]);
+    if (reply.status === Status.TIMEOUT || reply.status === Status.NOT_FOUND) {
+      throw getTimeoutError('TCPStore.get', key, timeoutMs);
+    }
+    return new Uint8Array(this.expectOk('TCPStore.get', reply).bytes());
+  }
+
+  async getString(key: string, options?: StoreWaitOptions): Promise<string> {
+    return decoder.decode(await this.get(key, options));
+  }
+
+  async tryGet(key: string): Promise<Uint8Array | undefined> {
+    checkKey('TCPStore.tryGet', key);
+    const reply = await this.request(Op.GET, [{ bytes: key }, { i64: 0 }]);
+    if (reply.status === Status.NOT_FOUND) return undefined;
+    return new Uint8Array(this.expectOk('TCPStore.tryGet', reply).bytes());
+  }
+
+  async add(key: string, delta: number): Promise<number> {
+    checkKey('TCPStore.add', key);
+    if (!Number.isSafeInteger(delta)) throw new ArgumentError(`TCPStore.add: delta must be a safe integer, got ${delta}`);
+    return Number(this.expectOk('TCPStore.add', await this.request(Op.ADD, [{ bytes: key }, { i64: delta }])).i64());
+  }
+
+  async compareSet(key: string, expected: StoreValue, desired: StoreValue): Promise<Uint8Array> {
+    checkKey('TCPStore.compareSet', key);
+    checkValue('TCPStore.compareSet', expected);
+    checkValue('TCPStore.compareSet', desired);
+    const reply = await this.request(Op.CAS, [{ bytes: key }, { bytes: expected }, { bytes: desired }]);
+    return new Uint8Array(this.expectOk('TCPStore.compareSet', reply).bytes());
+  }
+
+  async delete(key: string): Promise<boolean> {
+    checkKey('TCPStore.delete', key);
+    return this.expectOk('TCPStore.delete', await this.request(Op.DELETE, [{ bytes: key }])).u8() === 1;
+  }
+
+  async wait(keys: string[], options: StoreWaitOptions = {}): Promise<void> {
+    checkKeys('TCPStore.wait', keys);
+    const timeoutMs = checkTimeout('TCPStore.wait', options.timeoutMs ?? this.timeoutMs);
+    const reply = await this.request(Op.WAIT, [{ u32: keys.length }, ...keys.map((k) => ({ bytes: k })), { i64: timeoutMs }]);
+    if (reply.status === Status.TIMEOUT) {
+      throw waitTimeoutError('TCPStore.wait', await this.missingKeys(keys), timeoutMs);
+    }
+    this.expectOk('TCPStore.wait', reply);
+  }
+
+  private async missingKeys(keys: string[]): Promise<string[]> {
+    const missing: string[] = [];
+    for (const k of keys) if (!(await this.check([k]))) missing.push(k);
+    return missing;
+  }
+
+  async check(keys: string[]): Promise<boolean> {
+    checkKeys('TCPStore.check', keys);
+    const reply = await this.request(Op.CHECK, [{ u32: keys.length }, ...keys.map((k) => ({ bytes: k }))]);
+    return this.expectOk('TCPStore.check', reply).u8() === 1;
+  }
+
+  async numKeys(): Promise<number> {
+    return Number(this.expectOk('TCPStore.numKeys', await this.request(Op.NUMKEYS)).i64());
+  }
+
+  async keys(prefix = ''): Promise<string[]> {
+    checkKey('TCPStore.keys', prefix);
+    const r = this.expectOk('TCPStore.keys', await this.request(Op.KEYS, [{ bytes: prefix }]));
+    const n = r.u32();
+    const keys: string[] = [];
+    for (let i = 0; i < n; i++) keys.push(decoder.decode(r.bytes()));
+    return keys;
+  }
+
+  async close(): Promise<void> {
+    if (!this.failure) this.fail(new StateError(`the store client for ${this.address} was closed`, 'TCPStore.close'));
+  }
+}
+
+/**
+ * A namespaced view of a store: every key is `<prefix>/<key>` underneath. Closing the view closes the
+ * store only when the view owns it (`ownsStore`), so several views can share one connection.
+ */
+export class PrefixStore implements Store {
+  constructor(
+    readonly store: Store,
+    readonly prefix: string,
+    readonly ownsStore = false,
+  ) {
+    checkKey('PrefixStore', prefix);
+  }
+
+  private k(key: string): string {
+    return `${this.prefix}/${key}`;
+  }
+
+  set(key: string, value: StoreValue): Promise<void> {
+    return this.store.set(this.k(key), value);
+  }
+  get(key: string, options?: StoreWaitOptions): Promise<Uint8Array> {
+    return this.store.get(this.k(key), options);
+  }
+  getString(key: string, options?: StoreWaitOptions): Promise<string> {
+    return this.store.getString(this.k(key), options);
+  }
+  tryGet(key: string): Promise<Uint8Array | undefined> {
+    return this.store.tryGet(this.k(key));
+  }
+  add(key: string, delta: number): Promise<number> {
+    return this.store.add(this.k(key), delta);
+  }
+  compareSet(key: string, expected: StoreValue, desired: StoreValue): Promise<Uint8Array> {
+    return this.store.compareSet(this.k(key), expected, desired);
+  }
+  delete(key: string): Promise<boolean> {
+    return this.store.delete(this.k(key));
+  }
+  wait(keys: string[], options?: StoreWaitOptions): Promise<void> {
+    return this.store.wait(keys.map((k) => this.k(k)), options);
+  }
+  check(keys: string[]): Promise<boolean> {
+    return this.store.check(keys.map((k) => this.k(k)));
+  }
+  async numKeys(): Promise<number> {
+    return (await this.keys()).length;
+  }
+  async keys(prefix = ''): Promise<string[]> {
+    const strip = this.prefix.length + 1;
+    return (await this.store.keys(this.k(prefix))).map((k) => k.slice(strip));
+  }
+  async close(): Promise<void> {
+    if (this.ownsStore) await this.store.close();
+  }
+}
+
+/**
+ * Connects to the store a URL names: `tcp://host:port` (a StoreServer) or `redis://host:port`
+ * (a Redis server, for jobs too large for one process to serve).
+ */
+export async function createStore(url: string, options: { timeoutMs?: number } = {}): Promise<Store> {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new ArgumentError(`createStore: ${JSON.stringify(url)} is not a URL (expected tcp://host:port or redis://host:port)`);
+  }
+  const host = parsed.hostname.replace(/^\[(.*)\]$/, '$1');
+  const port = Number(parsed.port);
+  if (!host || !parsed.port || !Number.isInteger(port)) {
+    throw new ArgumentError(`createStore: ${JSON.stringify(url)} must name a host and a port`);
+  }
+  switch (parsed.protocol) {
+    case 'tcp:':
+      return TCPStore.connect({ host, port, timeoutMs: options.timeoutMs });
+    case 'redis:':
+      return RedisStore.connect({ host, port, timeoutMs: options.timeoutMs });
+    default:
+      throw new ArgumentError(`createStore: unsupported scheme ${JSON.stringify(parsed.protocol)} in ${JSON.stringify(url)} (tcp: or redis:)`);
+  }
+}

@@ -1,0 +1,270 @@
+// The launcher's per-node agent, torchrun's elastic agent as a small state machine:
+// rendezvous (nodes meet in the store) → start (spawn local ranks) → monitor (exits, the job's
+// failure key, heartbeats) → restart (new attempt, new store namespace) or stop (report, exit code).
+import { hostname } from 'node:os';
+import { CommError, TimeoutError } from '../errors.js';
+import { PrefixStore, type Store } from '../distributed/store.js';
+import { scriptCommand, WorkerGroup, type WorkerExit, type WorkerSpec } from './workers.js';
+
+export interface AgentConfig {
+  script: string;
+  scriptArgs: string[];
+  nprocPerNode: number;
+  nnodes: number;
+  nodeRank: number;
+  masterAddr: string;
+  masterPort: number;
+  maxRestarts: number;
+  monitorIntervalMs: number;
+  /** How long nodes wait for each other at the start of an attempt. */
+  joinTimeoutMs: number;
+  /** A node whose heartbeat has not changed for this long is reported and the job stopped. */
+  heartbeatTimeoutMs: number;
+  /** SIGTERM → SIGKILL grace period when stopping workers. */
+  stopGraceMs: number;
+  /** Namespace of this job in the store (matters when a Redis store is shared). */
+  runId: string;
+  /** redis://host:port when rendezvous goes through Redis. */
+  rdzvUrl?: string;
+}
+
+/** The first failure of an attempt, as published in the store for every node to report. */
+export interface FailureRecord {
+  node: number;
+  rank?: number;
+  localRank?: number;
+  pid?: number;
+  exitCode?: number | null;
+  signal?: string | null;
+  reason: string;
+  stderrTail: string[];
+}
+
+/** What one node announces when it joins an attempt. */
+interface NodeInfo {
+  localWorldSize: number;
+  host: string;
+  pid: number;
+}
+
+type Outcome = { ok: true } | { ok: false; failure: FailureRecord; fatal?: boolean };
+
+type State = 'rendezvous' | 'running' | 'stopping' | 'restarting' | 'succeeded' | 'failed';
+
+const encodeJson = (v: unknown) => JSON.stringify(v);
+
+export class LaunchAgent {
+  state: State = 'rendezvous';
+  private readonly log: (line: string) => void;
+  private interrupted: NodeJS.Signals | undefined;
+  private wakeMonitor: (() => void) | undefined;
+
+  constructor(
+    private readonly config: AgentConfig,
+    private readonly store: Store,
+    log?: (line: string) => void,
+  ) {
+    this.log = log ?? ((line) => process.stderr.write(`[nodetron launch node ${config.nodeRank}] ${line}\n`));
+  }
+
+  /** Asks the agent to stop its workers and end (SIGINT/SIGTERM to the launcher). */
+  interrupt(signal: NodeJS.Signals): void {
+    this.interrupted = signal;
+    this.wakeMonitor?.();
+  }
+
+  /** Runs attempts until one succeeds or the restarts are used up; returns the launcher's exit code. */
+  async run(): Promise<number> {
+    for (let attempt = 0; ; attempt++) {
+      const attemptStore = new PrefixStore(this.store, `${this.config.runId}/attempt${attempt}`);
+      const agentStore = new PrefixStore(attemptStore, 'agent');
+      let outcome: Outcome;
+      let group: WorkerGroup | undefined;
+      try {
+        this.state = 'rendezvous';
+        const nodes = await this.rendezvous(agentStore);
+        this.state = 'running';
+        const firstFailure: { value?: FailureRecord } = {};
+        group = this.start(attempt, nodes, (exit, tail) => {
+          if (firstFailure.value || exit.stopped || (exit.exitCode === 0 && !exit.signal)) return;
+          firstFailure.value = this.failureOf(exit, tail);
+          this.wakeMonitor?.();
+        });
+        outcome = await this.monitor(agentStore, group, firstFailure);
+      } catch (e) {
+        // The store failed or a node never joined: there is nothing to coordinate a restart with.
+        if (!(e instanceof CommError || e instanceof TimeoutError)) {
+          await group?.stop(this.config.stopGraceMs);
+          throw e;
+        }
+        outcome = { ok: false, fatal: true, failure: { node: this.config.nodeRank, reason: e.message, stderrTail: [] } };
+      }
+      if (outcome.ok) {
+        this.state = 'succeeded';
+        return 0;
+      }
+      this.state = 'stopping';
+      await group?.stop(this.config.stopGraceMs);
+      this.report(attempt, outcome.failure);
+      if (this.interrupted) return 128 + (this.interrupted === 'SIGINT' ? 2 : 15);
+      if (outcome.fatal || attempt >= this.config.maxRestarts) {
+        this.state = 'failed';
+        return 1;
+      }
+      this.state = 'restarting';
+      this.log(`restarting the group (restart ${attempt + 1} of ${this.config.maxRestarts})`);
+    }
+  }
+
+  // ---- rendezvous: every node announces itself and waits for the others ------------------------
+  private async rendezvous(agentStore: Store): Promise<NodeInfo[]> {
+    const { nnodes, nodeRank, nprocPerNode, joinTimeoutMs } = this.config;
+    const me: NodeInfo = { localWorldSize: nprocPerNode, host: hostname(), pid: process.pid };
+    await agentStore.set(`node/${nodeRank}`, encodeJson(me));
+    const keys = Array.from({ length: nnodes }, (_, r) => `node/${r}`);
+    try {
+      await agentStore.wait(keys, { timeoutMs: joinTimeoutMs });
+    } catch (e) {
+      if (!(e instanceof TimeoutError)) throw e;
+      const missing: number[] = [];
+      for (let r = 0; r < nnodes; r++) if (!(await agentStore.check([`node/${r}`]))) missing.push(r);
+      throw new TimeoutError(`rendezvous: node(s) ${missing.join(', ')} of ${nnodes} did not join within ${joinTimeoutMs} ms`, 'launch');
+    }
+    return Promise.all(keys.map(async (k) => JSON.parse(await agentStore.getString(k)) as NodeInfo));
+  }
+
+  // ---- start: one process per local rank, with the environment contract -----------------------
+  private start(attempt: number, nodes: NodeInfo[], onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
+    const { nodeRank, masterAddr, masterPort, runId, rdzvUrl, script, scriptArgs } = this.config;
+    const worldSize = nodes.reduce((n, node) => n + node.localWorldSize, 0);
+    const rankOffset = nodes.slice(0, nodeRank).reduce((n, node) => n + node.localWorldSize, 0);
+    const localWorldSize = nodes[nodeRank]!.localWorldSize;
+    const specs: WorkerSpec[] = Array.from({ length: localWorldSize }, (_, localRank) => ({
+      rank: rankOffset + localRank,
+      localRank,
+      env: {
+        ...process.env,
+        RANK: String(rankOffset + localRank),
+        LOCAL_RANK: String(localRank),
+        WORLD_SIZE: String(worldSize),
+        LOCAL_WORLD_SIZE: String(localWorldSize),
+        GROUP_RANK: String(nodeRank),
+        MASTER_ADDR: masterAddr,
+        MASTER_PORT: String(masterPort),
+        NODETRON_RESTART_COUNT: String(attempt),
+        NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
+        ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
+      },
+    }));
+    if (nodeRank === 0 || attempt > 0) {
+      this.log(`attempt ${attempt}: world size ${worldSize} over ${nodes.length} node(s); this node runs ranks ${rankOffset}..${rankOffset + localWorldSize - 1}`);
+    }
+    return new WorkerGroup(scriptCommand(script, scriptArgs), specs, onExit);
+  }
+
+  private failureOf(exit: WorkerExit, stderrTail: string[]): FailureRecord {
+    const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.exitCode}`;
+    return {
+      node: this.config.nodeRank,
+      rank: exit.rank,
+      localRank: exit.localRank,
+      pid: exit.pid,
+      exitCode: exit.exitCode,
+      signal: exit.signal,
+      reason: `rank ${exit.rank} (node ${this.config.nodeRank}, local rank ${exit.localRank}, pid ${exit.pid}) ${how}`,
+      stderrTail: [...stderrTail],
+    };
+  }
+
+  // ---- monitor: local exits, the job's failure key, heartbeats; until success or a failure -----
+  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }): Promise<Outcome> {
+    const { nnodes, nodeRank, monitorIntervalMs, heartbeatTimeoutMs } = this.config;
+    let localDone = false;
+    void group.wait().then(() => {
+      localDone = true;
+      this.wakeMonitor?.();
+    });
+    const lastBeat = new Map<number, { value: string; changedAt: number }>();
+    let beat = 0;
+    let announcedDone = false;
+    const allDone = Array.from({ length: nnodes }, (_, r) => `done/${r}`);
+    try {
+      for (;;) {
+        if (this.interrupted) {
+          return { ok: false, failure: { node: nodeRank, reason: `the launcher received ${this.interrupted}`, stderrTail: [] } };
+        }
+        // The first failure anywhere wins the failure key; every node then reports that one.
+        if (localFailure.value) {
+          const published = await agentStore.compareSet('failed', '', encodeJson(localFailure.value));
+          return { ok: false, failure: JSON.parse(new TextDecoder().decode(published)) as FailureRecord };
+        }
+        const remote = await agentStore.tryGet('failed');
+        if (remote) return { ok: false, failure: JSON.parse(new TextDecoder().decode(remote)) as FailureRecord };
+
+        await agentStore.set(`heartbeat/${nodeRank}`, String(beat++));
+        const now = Date.now();
+        for (let r = 0; r < nnodes; r++) {
+          if (r === nodeRank || (await agentStore.check([`done/${r}`]))) continue;
+          const value = (await agentStore.tryGet(`heartbeat/${r}`)) ?? new Uint8Array();
+          const text = new TextDecoder().decode(value);
+          const seen = lastBeat.get(r);
+          if (!seen || seen.value !== text) lastBeat.set(r, { value: text, changedAt: now });
+          else if (now - seen.changedAt > heartbeatTimeoutMs) {
+            const failure: FailureRecord = {
+              node: r,
+              reason: `node ${r} stopped heartbeating (no heartbeat for ${now - seen.changedAt} ms, limit ${heartbeatTimeoutMs} ms)`,
+              stderrTail: [],
+            };
+            await agentStore.compareSet('failed', '', encodeJson(failure));
+            return { ok: false, failure };
+          }
+        }
+
+        if (localDone && !announcedDone) {
+          await agentStore.set(`done/${nodeRank}`, '1');
+          announcedDone = true;
+        }
+        if (announcedDone && (await agentStore.check(allDone))) {
+          await this.leave(agentStore);
+          return { ok: true };
+        }
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, monitorIntervalMs);
+          this.wakeMonitor = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        this.wakeMonitor = undefined;
+      }
+    } catch (e) {
+      if (!(e instanceof CommError)) throw e;
+      return {
+        ok: false,
+        fatal: true,
+        failure: { node: nodeRank, reason: `lost the rendezvous store (${e.message}); node 0 may have died`, stderrTail: [] },
+      };
+    }
+  }
+
+  /** After success: node 0 serves the store, so it waits (briefly) until every node has seen the result before closing it. */
+  private async leave(agentStore: Store): Promise<void> {
+    const { nnodes, nodeRank, joinTimeoutMs } = this.config;
+    await agentStore.set(`left/${nodeRank}`, '1');
+    if (nodeRank !== 0) return;
+    const keys = Array.from({ length: nnodes }, (_, r) => `left/${r}`);
+    await agentStore.wait(keys, { timeoutMs: joinTimeoutMs }).catch(() => undefined);
+  }
+
+  private report(attempt: number, failure: FailureRecord): void {
+    const lines = [`attempt ${attempt} failed: ${failure.reason}`];
+    if (failure.node !== this.config.nodeRank && failure.rank !== undefined) lines.push(`(the failure was on node ${failure.node}; this node stopped its workers)`);
+    if (failure.stderrTail.length) {
+      lines.push(`last ${failure.stderrTail.length} line(s) of rank ${failure.rank}'s stderr:`);
+      for (const l of failure.stderrTail) lines.push(`  | ${l}`);
+    } else if (failure.rank !== undefined) {
+      lines.push(`rank ${failure.rank} wrote nothing to stderr`);
+    }
+    for (const l of lines) this.log(l);
+  }
+}

@@ -1,0 +1,254 @@
+// GPT-2: learned positions, pre-LayerNorm blocks (or MegaScale's parallel block), causal (optionally
+// sliding-window) attention, tied LM head, GPT-2/nanoGPT init, optional recomputation per block.
+// Linear layers come from a factory so tensor parallelism can substitute Column/RowParallelLinear;
+// attention derives its head count from the local weight shape.
+import { checkpoint, noGrad } from '../autograd/index.js';
+import { arange, rand, tensor } from '../creation.js';
+import { ArgumentError, ShapeError } from '../errors.js';
+import { add, attention, crossEntropy, gelu, linear } from '../ops/index.js';
+import { scope } from '../memory.js';
+import { Generator } from '../random.js';
+import { checkTensor, type Tensor } from '../tensor.js';
+import { constant, normal } from './init.js';
+import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './layers.js';
+import { Module, type Parameter } from './module.js';
+
+export interface GPTConfig {
+  vocabSize: number;
+  /** Longest context (positions table size). */
+  blockSize: number;
+  nLayer: number;
+  nHead: number;
+  nEmbd: number;
+  dropout: number;
+  /** Biases in Linear and LayerNorm layers. */
+  bias: boolean;
+  /** MegaScale's parallel block: x + attn(ln(x)) + mlp(ln(x)) with one LayerNorm. */
+  parallelBlock?: boolean;
+  /** Sliding-window attention: each position sees at most this many positions (itself included). */
+  window?: number;
+  /** Recompute each block's activations in backward instead of storing them. */
+  recompute?: boolean;
+}
+
+/** The role of a linear layer in a block, which tells a tensor-parallel factory how to split it. */
+export type LinearRole = 'attn.qkv' | 'attn.proj' | 'mlp.fc' | 'mlp.proj';
+
+/** What a block needs of a linear layer: its weight (for the local shape) and forward. */
+export interface LinearLike extends Module {
+  readonly weight: Parameter;
+  forward(x: Tensor): Tensor;
+}
+
+/** Builds the linear layers of a block; the default is a plain Linear with weights N(0, std). */
+export type LinearFactory = (inFeatures: number, outFeatures: number, opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions }) => LinearLike;
+
+export const defaultLinearFactory: LinearFactory = (inF, outF, { bias, std, layer }) => {
+  const l = new Linear(inF, outF, { ...layer, bias });
+  normal(l.weight, 0, std, layer.generator);
+  if (l.bias) constant(l.bias, 0);
+  return l;
+};
+
+export interface GPTOptions extends LayerOptions {
+  /** Seed of the initialization (used when no generator is given); default 0. */
+  seed?: number | bigint;
+  linearFactory?: LinearFactory;
+}
+
+const INIT_STD = 0.02;
+
+export class CausalSelfAttention extends Module {
+  readonly qkv: LinearLike;
+  readonly proj: LinearLike;
+  readonly dropout: Dropout;
+  readonly headDim: number;
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+    super();
+    const { nEmbd: c, nHead, nLayer, bias } = config;
+    this.headDim = c / nHead;
+    this.qkv = factory(c, 3 * c, { role: 'attn.qkv', bias, std: INIT_STD, layer });
+    this.proj = factory(c, c, { role: 'attn.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer });
+    this.dropout = new Dropout(config.dropout, layer.generator);
+  }
+  /** x [B, T, C] → [B, T, C]. */
+  forward(x: Tensor): Tensor {
+    const [b, t] = x.shape as [number, number, number];
+    const localHeads = this.qkv.weight.shape[0]! / (3 * this.headDim);
+    const qkv = this.qkv.forward(x).reshape([b, t, 3, localHeads, this.headDim]).permute([2, 0, 3, 1, 4]);
+    const [q, k, v] = qkv.chunk(3, 0).map((h) => h.reshape([b, localHeads, t, this.headDim]));
+    const y = attention(q!, k!, v!, { causal: true, window: this.config.window });
+    const merged = y.permute([0, 2, 1, 3]).reshape([b, t, localHeads * this.headDim]);
+    return this.dropout.forward(this.proj.forward(merged));
+  }
+}
+
+export class MLP extends Module {
+  readonly fc: LinearLike;
+  readonly proj: LinearLike;
+  readonly dropout: Dropout;
+  constructor(config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+    super();
+    const { nEmbd: c, nLayer, bias } = config;
+    this.fc = factory(c, 4 * c, { role: 'mlp.fc', bias, std: INIT_STD, layer });
+    this.proj = factory(4 * c, c, { role: 'mlp.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer });
+    this.dropout = new Dropout(config.dropout, layer.generator);
+  }
+  forward(x: Tensor): Tensor {
+    return this.dropout.forward(this.proj.forward(gelu(this.fc.forward(x))));
+  }
+}
+
+export class Block extends Module {
+  readonly ln1: LayerNorm;
+  readonly attn: CausalSelfAttention;
+  readonly ln2: LayerNorm | null;
+  readonly mlp: MLP;
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+    super();
+    this.ln1 = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
+    this.attn = new CausalSelfAttention(config, layer, factory);
+    this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
+    this.mlp = new MLP(config, layer, factory);
+  }
+  forward(x: Tensor): Tensor {
+    if (this.ln2 === null) {
+      const h = this.ln1.forward(x);
+      return add(add(x, this.attn.forward(h)), this.mlp.forward(h));
+    }
+    const x1 = add(x, this.attn.forward(this.ln1.forward(x)));
+    return add(x1, this.mlp.forward(this.ln2.forward(x1)));
+  }
+}
+
+export interface GPTOutput {
+  /** [B, T, vocabSize]. */
+  logits: Tensor;
+  /** Mean cross-entropy over all positions, when targets were given. */
+  loss: Tensor | null;
+}
+
+export interface GenerateOptions {
+  temperature?: number;
+  /** Sample only among the k most likely tokens. */
+  topK?: number;
+  seed?: number | bigint;
+}
+
+export class GPT extends Module {
+  readonly wte: Embedding;
+  readonly wpe: Embedding;
+  readonly drop: Dropout;
+  readonly h: Block[];
+  readonly lnF: LayerNorm;
+  readonly config: Readonly<GPTConfig>;
+
+  constructor(config: GPTConfig, opts: GPTOptions = {}) {
+    super();
+    this.config = checkConfig(config);
+    const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+    const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
+    const factory = opts.linearFactory ?? defaultLinearFactory;
+    this.wte = new Embedding(config.vocabSize, config.nEmbd, layer);
+    normal(this.wte.weight, 0, INIT_STD, generator);
+    this.wpe = new Embedding(config.blockSize, config.nEmbd, layer);
+    normal(this.wpe.weight, 0, INIT_STD, generator);
+    this.drop = new Dropout(config.dropout, generator);
+    this.h = Array.from({ length: config.nLayer }, () => new Block(config, layer, factory));
+    this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
+  }
+
+  /** idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). */
+  forward(idx: Tensor, targets?: Tensor): GPTOutput {
+    checkTensor(idx, 'GPT.forward', 'idx');
+    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
+    const [b, t] = idx.shape as [number, number];
+    if (t > this.config.blockSize) throw new ShapeError(`GPT.forward: sequence length ${t} exceeds blockSize ${this.config.blockSize}`);
+    const pos = arange(t, { device: idx.device });
+    let x = this.drop.forward(add(this.wte.forward(idx), this.wpe.forward(pos)));
+    for (const block of this.h) {
+      x = this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x);
+    }
+    x = this.lnF.forward(x);
+    const logits = linear(x, this.wte.weight);
+    let loss: Tensor | null = null;
+    if (targets !== undefined) {
+      checkTensor(targets, 'GPT.forward', 'targets');
+      if (targets.dtype !== 'i32' || targets.ndim !== 2 || targets.shape[0] !== b || targets.shape[1] !== t) {
+        throw new ShapeError(`GPT.forward: targets must be i32 [${b}, ${t}], got ${targets.describe()}`);
+      }
+      loss = crossEntropy(logits.reshape([b * t, this.config.vocabSize]), targets.reshape([b * t]));
+    }
+    return { logits, loss };
+  }
+
+  /**
+   * Appends maxNewTokens sampled tokens to each row of idx (i32 [B, T]); returns the ids as arrays.
+   * Context is cropped to blockSize; sampling draws from a Philox generator seeded by `seed`.
+   */
+  generate(idx: Tensor, maxNewTokens: number, { temperature = 1, topK, seed = 0 }: GenerateOptions = {}): number[][] {
+    if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) throw new ArgumentError(`generate: maxNewTokens must be an integer >= 0`);
+    if (!(temperature > 0)) throw new ArgumentError(`generate: temperature must be > 0, got ${temperature}`);
+    if (topK !== undefined && (!Number.isInteger(topK) || topK < 1)) throw new ArgumentError(`generate: topK must be a positive integer`);
+    checkTensor(idx, 'generate', 'idx');
+    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`generate: idx must be i32 [B, T], got ${idx.describe()}`);
+    const [b, t0] = idx.shape as [number, number];
+    const flat = Array.from(idx.toArraySync());
+    const rows = Array.from({ length: b }, (_, i) => flat.slice(i * t0, (i + 1) * t0));
+    const gen = new Generator(seed);
+    const wasTraining = this.training;
+    this.eval();
+    try {
+      noGrad(() => {
+        for (let step = 0; step < maxNewTokens; step++) {
+          const ctx = rows.map((r) => r.slice(-this.config.blockSize));
+          const t = ctx[0]!.length;
+          // Every intermediate of the forward pass is released with the step's scope.
+          const all = scope(() => this.forward(tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device })).logits.toArraySync());
+          const u = uniformDraws(b, gen);
+          const v = this.config.vocabSize;
+          for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * t + t - 1) * v, (i * t + t) * v) as Float32Array, temperature, topK, u[i]!));
+        }
+      });
+    } finally {
+      this.train(wasTraining);
+    }
+    return rows;
+  }
+}
+
+/** n uniform numbers in [0, 1) from the Philox generator. */
+function uniformDraws(n: number, gen: Generator): Float32Array {
+  const u = rand([n], { generator: gen });
+  try { return u.toArraySync() as Float32Array; } finally { u.dispose(); }
+}
+
+/** Samples one token id from logits with temperature and top-k, using the uniform number u in [0, 1). */
+export function sample(logits: Float32Array, temperature: number, topK: number | undefined, u: number): number {
+  const scaled = Float64Array.from(logits, (x) => x / temperature);
+  let threshold = -Infinity;
+  if (topK !== undefined && topK < scaled.length) threshold = [...scaled].sort((a, b) => b - a)[topK - 1]!;
+  let max = -Infinity;
+  for (const x of scaled) if (x >= threshold && x > max) max = x;
+  let total = 0;
+  const w = scaled.map((x) => (x >= threshold ? Math.exp(x - max) : 0));
+  for (const x of w) total += x;
+  let acc = 0;
+  const target = u * total;
+  for (let i = 0; i < w.length; i++) {
+    acc += w[i]!;
+    if (acc > target && w[i]! > 0) return i;
+  }
+  for (let i = w.length - 1; i >= 0; i--) if (w[i]! > 0) return i;
+  return 0;
+}
+
+function checkConfig(c: GPTConfig): GPTConfig {
+  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
+    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new ArgumentError(`GPTConfig: ${k} must be a positive integer, got ${c[k]}`);
+  }
+  if (c.nEmbd % c.nHead !== 0) throw new ArgumentError(`GPTConfig: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead})`);
+  if (!(c.dropout >= 0 && c.dropout < 1)) throw new ArgumentError(`GPTConfig: dropout must be in [0, 1), got ${c.dropout}`);
+  if (c.window !== undefined && (!Number.isInteger(c.window) || c.window < 1)) throw new ArgumentError(`GPTConfig: window must be a positive integer`);
+  return { ...c };
+}

@@ -1,0 +1,81 @@
+// The basic layers: Linear, Embedding, LayerNorm, Dropout (PyTorch layouts and default inits).
+import { ArgumentError } from '../errors.js';
+import { dropout, embedding, layerNorm, linear } from '../ops/index.js';
+import { type Generator, defaultGenerator } from '../random.js';
+import { emptyOn, resolveOptions, type Tensor } from '../tensor.js';
+import { constant, normal, uniform } from './init.js';
+import { Module, Parameter } from './module.js';
+
+/** Where a layer's parameters live and which generator initializes them. */
+export interface LayerOptions {
+  device?: string;
+  dtype?: string;
+  generator?: Generator;
+}
+
+function positiveInt(v: number, call: string, what: string): number {
+  if (!Number.isInteger(v) || v <= 0) throw new ArgumentError(`${call}: ${what} must be a positive integer, got ${v}`);
+  return v;
+}
+
+/** An uninitialized parameter of a shape, on the layer's device and dtype. */
+export function newParameter(shape: number[], opts: LayerOptions, call: string): Parameter {
+  const { dtype, device } = resolveOptions(opts, call);
+  return new Parameter(emptyOn(shape, dtype, device));
+}
+
+/** y = x W^T + b with W [out, in]; init U(-1/sqrt(in), 1/sqrt(in)) for both, as PyTorch. */
+export class Linear extends Module {
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: LayerOptions & { bias?: boolean } = {}) {
+    super();
+    positiveInt(inFeatures, 'Linear', 'inFeatures');
+    positiveInt(outFeatures, 'Linear', 'outFeatures');
+    const gen = opts.generator ?? defaultGenerator;
+    const bound = 1 / Math.sqrt(inFeatures);
+    this.weight = uniform(newParameter([outFeatures, inFeatures], opts, 'Linear'), -bound, bound, gen) as Parameter;
+    this.bias = opts.bias === false ? null : (uniform(newParameter([outFeatures], opts, 'Linear'), -bound, bound, gen) as Parameter);
+  }
+  forward(x: Tensor): Tensor { return linear(x, this.weight, this.bias ?? undefined); }
+}
+
+/** A lookup table [numEmbeddings, dim]; init N(0, 1) as PyTorch. */
+export class Embedding extends Module {
+  readonly weight: Parameter;
+  constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: LayerOptions = {}) {
+    super();
+    positiveInt(numEmbeddings, 'Embedding', 'numEmbeddings');
+    positiveInt(embeddingDim, 'Embedding', 'embeddingDim');
+    this.weight = normal(newParameter([numEmbeddings, embeddingDim], opts, 'Embedding'), 0, 1, opts.generator ?? defaultGenerator) as Parameter;
+  }
+  /** ids: i32 of any shape → [...ids.shape, dim]. */
+  forward(ids: Tensor): Tensor { return embedding(ids, this.weight); }
+}
+
+/** Normalization over the last dimension with a learned scale (ones) and shift (zeros, optional). */
+export class LayerNorm extends Module {
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  readonly eps: number;
+  constructor(readonly normalizedShape: number, opts: LayerOptions & { eps?: number; bias?: boolean } = {}) {
+    super();
+    positiveInt(normalizedShape, 'LayerNorm', 'normalizedShape');
+    this.eps = opts.eps ?? 1e-5;
+    if (!(this.eps > 0)) throw new ArgumentError(`LayerNorm: eps must be > 0, got ${this.eps}`);
+    this.weight = constant(newParameter([normalizedShape], opts, 'LayerNorm'), 1) as Parameter;
+    this.bias = opts.bias === false ? null : (constant(newParameter([normalizedShape], opts, 'LayerNorm'), 0) as Parameter);
+  }
+  forward(x: Tensor): Tensor { return layerNorm(x, this.weight, this.bias ?? undefined, this.eps); }
+}
+
+/** Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval. */
+export class Dropout extends Module {
+  constructor(readonly p: number, readonly generator: Generator = defaultGenerator) {
+    super();
+    if (typeof p !== 'number' || !(p >= 0 && p < 1)) throw new ArgumentError(`Dropout: p must be in [0, 1), got ${p}`);
+  }
+  forward(x: Tensor): Tensor {
+    return this.training && this.p > 0 ? dropout(x, this.p, { training: true, generator: this.generator }) : x;
+  }
+}

@@ -1,0 +1,43 @@
+// AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, one fused native call per group.
+import type { Tensor } from '../tensor.js';
+import { Optimizer, type ParamsInput } from './optimizer.js';
+
+export interface AdamWOptions {
+  lr: number;
+  betas: [number, number];
+  eps: number;
+  weightDecay: number;
+}
+
+/** AdamW with PyTorch's defaults (betas 0.9/0.999, eps 1e-8, weightDecay 0.01). State: expAvg, expAvgSq (f32). */
+export class AdamW extends Optimizer<AdamWOptions> {
+  protected readonly stateNames = ['expAvg', 'expAvgSq'] as const;
+  /** Multiplies every gradient inside the fused step (clipping or loss-scale unscaling at no extra pass). */
+  gradScale = 1;
+
+  constructor(params: ParamsInput<AdamWOptions>, options: Partial<AdamWOptions> = {}) {
+    super(params, { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, ...options }, 'AdamW');
+  }
+
+  protected stepGroup(params: Tensor[], o: AdamWOptions): void {
+    // Parameters are grouped by step count so one call covers each (all share it in ordinary training).
+    for (const [step, ps] of byNextStep(params, (p) => this.stateOf(p))) {
+      const b = this.batch(ps);
+      const states = ps.map((p) => this.stateOf(p).tensors);
+      ps[0]!.backend.adamwStep(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
+        b.counts, b.paramDtypes, b.gradDtypes, o.lr, o.betas[0], o.betas[1], o.eps, o.weightDecay, step, this.gradScale);
+    }
+  }
+}
+
+/** Advances each parameter's step and buckets the parameters by their new step. */
+export function byNextStep(params: Tensor[], stateOf: (p: Tensor) => { step: number }): Map<number, Tensor[]> {
+  const out = new Map<number, Tensor[]>();
+  for (const p of params) {
+    const s = stateOf(p);
+    s.step++;
+    const list = out.get(s.step);
+    if (list) list.push(p); else out.set(s.step, [p]);
+  }
+  return out;
+}

@@ -1,0 +1,34 @@
+// LAMB (You et al., "Large Batch Optimization for Deep Learning"): Adam moments with a per-tensor
+// trust ratio ||p|| / ||update||, one fused native call per group.
+import type { Tensor } from '../tensor.js';
+import { byNextStep } from './adamw.js';
+import { Optimizer, type ParamsInput } from './optimizer.js';
+
+export interface LambOptions {
+  lr: number;
+  betas: [number, number];
+  eps: number;
+  weightDecay: number;
+  biasCorrection: boolean;
+}
+
+/** LAMB. State: expAvg, expAvgSq (f32). `lastTrustRatios` holds the ratios of the latest step, by parameter. */
+export class Lamb extends Optimizer<LambOptions> {
+  protected readonly stateNames = ['expAvg', 'expAvgSq'] as const;
+  gradScale = 1;
+  readonly lastTrustRatios = new Map<Tensor, number>();
+
+  constructor(params: ParamsInput<LambOptions>, options: Partial<LambOptions> = {}) {
+    super(params, { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-6, weightDecay: 0.01, biasCorrection: true, ...options }, 'Lamb');
+  }
+
+  protected stepGroup(params: Tensor[], o: LambOptions): void {
+    for (const [step, ps] of byNextStep(params, (p) => this.stateOf(p))) {
+      const b = this.batch(ps);
+      const states = ps.map((p) => this.stateOf(p).tensors);
+      const ratios = ps[0]!.backend.lambStep(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
+        b.counts, b.paramDtypes, b.gradDtypes, o.lr, o.betas[0], o.betas[1], o.eps, o.weightDecay, step, this.gradScale, o.biasCorrection) as Float64Array;
+      ps.forEach((p, i) => this.lastTrustRatios.set(p, ratios[i]!));
+    }
+  }
+}

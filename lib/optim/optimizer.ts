@@ -1,0 +1,183 @@
+// The optimizer base: parameter groups with per-group hyperparameters, per-parameter state held in
+// tensors (so ZeRO can shard it and checkpoints can save it), zeroGrad, stateDict/loadStateDict.
+import { dtypeCode } from '../dtype.js';
+import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { keep } from '../memory.js';
+import { emptyOn, Tensor } from '../tensor.js';
+
+/** A set of parameters sharing hyperparameters (e.g. no weight decay for biases and norms). */
+export interface ParamGroup<H> {
+  params: Tensor[];
+  options: H;
+}
+
+/** Parameters as a flat list, or as groups whose options override the optimizer's defaults. */
+export type ParamsInput<H> = Iterable<Tensor> | Array<{ params: Iterable<Tensor> } & Partial<H>>;
+
+/** What stateDict() returns: the step of each parameter's state and its state tensors, by parameter index. */
+export interface OptimizerStateDict {
+  groups: Array<Record<string, number | boolean>>;
+  state: Array<{ step: number; tensors: Record<string, Tensor> } | null>;
+}
+
+/** Per-parameter state: the number of updates it has received and its buffers (f32, parameter-shaped). */
+export interface ParamState {
+  step: number;
+  tensors: Record<string, Tensor>;
+}
+
+/** Native arguments for a fused step over a list of parameters. */
+export interface FusedBatch {
+  params: Tensor[];
+  storages: { params: unknown[]; grads: unknown[] };
+  counts: number[];
+  paramDtypes: number[];
+  gradDtypes: number[];
+}
+
+export abstract class Optimizer<H extends { lr: number }> {
+  readonly paramGroups: ParamGroup<H>[];
+  readonly state = new Map<Tensor, ParamState>();
+  protected abstract readonly stateNames: readonly string[];
+
+  constructor(params: ParamsInput<H>, readonly defaults: H, call: string) {
+    const list = Array.from(params as Iterable<unknown>);
+    if (list.length === 0) throw new ArgumentError(`${call}: got an empty parameter list`);
+    const grouped = list.every((g) => g !== null && typeof g === 'object' && !(g instanceof Tensor) && 'params' in (g as object));
+    const groups = grouped
+      ? (list as Array<{ params: Iterable<Tensor> } & Partial<H>>).map(({ params: ps, ...over }) => ({ params: Array.from(ps), options: { ...defaults, ...over } as H }))
+      : [{ params: list as Tensor[], options: { ...defaults } }];
+    const seen = new Set<Tensor>();
+    for (const g of groups) {
+      for (const p of g.params) {
+        if (!(p instanceof Tensor)) throw new ArgumentError(`${call}: parameters must be Tensors`);
+        if (seen.has(p)) throw new ArgumentError(`${call}: parameter ${p.describe()} appears more than once`);
+        seen.add(p);
+      }
+      checkHyper(g.options, call);
+    }
+    this.paramGroups = groups;
+  }
+
+  /** Sets the learning rate of every group (what a schedule calls each step). */
+  setLr(lr: number): void {
+    if (!Number.isFinite(lr) || lr < 0) throw new ArgumentError(`setLr: lr must be a finite number >= 0, got ${lr}`);
+    for (const g of this.paramGroups) g.options.lr = lr;
+  }
+
+  /** Drops the gradients of every parameter (they are freed, not zero-filled). */
+  zeroGrad(): void {
+    for (const g of this.paramGroups) for (const p of g.params) { p.grad?.dispose(); p.grad = null; }
+  }
+
+  /** One update of every parameter that has a gradient. */
+  step(): void {
+    for (const g of this.paramGroups) {
+      const ready = g.params.filter((p) => p.grad !== null);
+      if (ready.length > 0) this.stepGroup(ready, g.options);
+    }
+  }
+
+  protected abstract stepGroup(params: Tensor[], options: H): void;
+
+  /** The state of a parameter, created (zero-filled f32 buffers) on first use. */
+  protected stateOf(p: Tensor): ParamState {
+    let s = this.state.get(p);
+    if (!s) {
+      const tensors: Record<string, Tensor> = {};
+      // State lives as long as the optimizer, even when first created inside a scope (a training step).
+      for (const name of this.stateNames) tensors[name] = keep(emptyOn(p.shape, 'f32', p.deviceInfo, true));
+      s = { step: 0, tensors };
+      this.state.set(p, s);
+    }
+    return s;
+  }
+
+  /** Storages and sizes of a list of parameters and their gradients, for one fused native call. */
+  protected batch(params: Tensor[]): FusedBatch {
+    for (const p of params) {
+      const g = p.grad!;
+      if (g.size !== p.size) throw new ShapeError(`optimizer: gradient ${g.describe()} does not match parameter ${p.describe()}`);
+    }
+    return {
+      params,
+      storages: { params: params.map((p) => p.storage), grads: params.map((p) => p.grad!.storage) },
+      counts: params.map((p) => p.size),
+      paramDtypes: params.map((p) => dtypeCode(p.dtype)),
+      gradDtypes: params.map((p) => dtypeCode(p.grad!.dtype)),
+    };
+  }
+
+  /** Groups' hyperparameters and each parameter's state (in parameter order); tensors are live references. */
+  stateDict(): OptimizerStateDict {
+    const all = this.paramGroups.flatMap((g) => g.params);
+    return {
+      groups: this.paramGroups.map((g) => ({ ...(g.options as unknown as Record<string, number | boolean>) })),
+      state: all.map((p) => {
+        const s = this.state.get(p);
+        return s ? { step: s.step, tensors: { ...s.tensors } } : null;
+      }),
+    };
+  }
+
+  /** Restores hyperparameters and state (copied in); shapes and counts must match. */
+  loadStateDict(sd: OptimizerStateDict): void {
+    const all = this.paramGroups.flatMap((g) => g.params);
+    if (sd.groups.length !== this.paramGroups.length || sd.state.length !== all.length) {
+      throw new StateError(`loadStateDict: the state has ${sd.groups.length} groups and ${sd.state.length} parameters, the optimizer ${this.paramGroups.length} and ${all.length}`);
+    }
+    sd.state.forEach((entry, i) => {
+      const p = all[i]!;
+      if (entry === null) { this.dropState(p); return; }
+      for (const name of this.stateNames) {
+        const t = entry.tensors[name];
+        if (!t) throw new StateError(`loadStateDict: parameter ${i} lacks state '${name}'`);
+        if (t.size !== p.size) throw new ShapeError(`loadStateDict: state '${name}' of parameter ${i} has ${t.size} elements, the parameter ${p.size}`);
+      }
+    });
+    this.paramGroups.forEach((g, i) => Object.assign(g.options, sd.groups[i]));
+    sd.state.forEach((entry, i) => {
+      if (entry === null) return;
+      const p = all[i]!;
+      const s = this.stateOf(p);
+      s.step = entry.step;
+      for (const name of this.stateNames) {
+        const src = entry.tensors[name]!;
+        const dst = s.tensors[name]!;
+        if (src.dtype === 'f32' && src.device === dst.device) dst.backend.copy(dst.storage, 0, src.storage, 0, dst.nbytes);
+        else {
+          using conv = src.to({ dtype: 'f32', device: dst.device });
+          dst.backend.copy(dst.storage, 0, conv.storage, 0, dst.nbytes);
+        }
+      }
+    });
+  }
+
+  private dropState(p: Tensor): void {
+    const s = this.state.get(p);
+    if (!s) return;
+    for (const t of Object.values(s.tensors)) t.dispose();
+    this.state.delete(p);
+  }
+
+  /** Frees all state tensors. */
+  dispose(): void {
+    for (const p of [...this.state.keys()]) this.dropState(p);
+  }
+}
+
+function checkHyper(options: object, call: string): void {
+  for (const [k, v] of Object.entries(options)) {
+    if (typeof v === 'number' && !Number.isFinite(v)) throw new ArgumentError(`${call}: ${k} must be finite, got ${v}`);
+  }
+  const o = options as Record<string, unknown>;
+  if (typeof o.lr !== 'number' || o.lr < 0) throw new ArgumentError(`${call}: lr must be a number >= 0, got ${String(o.lr)}`);
+  if (o.weightDecay !== undefined && (typeof o.weightDecay !== 'number' || o.weightDecay < 0)) throw new ArgumentError(`${call}: weightDecay must be >= 0`);
+  if (o.eps !== undefined && (typeof o.eps !== 'number' || o.eps < 0)) throw new ArgumentError(`${call}: eps must be >= 0`);
+  const betas = o.betas as unknown;
+  if (betas !== undefined) {
+    if (!Array.isArray(betas) || betas.length !== 2 || betas.some((b) => typeof b !== 'number' || !(b >= 0 && b < 1))) {
+      throw new ArgumentError(`${call}: betas must be two numbers in [0, 1), got ${JSON.stringify(betas)}`);
+    }
+  }
+}

@@ -1,0 +1,59 @@
+// One optimization step of a language model (forward, backward, optional clipping, update), shared by the
+// example, `nodetron bench train` and the tests, so all three measure and check the same thing.
+import { noGrad } from './autograd/index.js';
+import { StateError } from './errors.js';
+import { scope } from './memory.js';
+import type { Module } from './nn/module.js';
+import { clipGradNorm } from './optim/clip.js';
+import type { Optimizer } from './optim/optimizer.js';
+import type { Tensor } from './tensor.js';
+
+/** A model that maps (inputs, targets) to a scalar loss. */
+export interface LossModel extends Module {
+  forward(inputs: Tensor, targets: Tensor): { loss: Tensor | null };
+}
+
+export interface TrainStepOptions {
+  /** Clip the global gradient norm to this value (off when undefined). */
+  maxGradNorm?: number;
+  /** Learning rate for this step (a schedule's value); unchanged when undefined. */
+  lr?: number;
+}
+
+export interface TrainStepResult {
+  loss: number;
+  /** The gradient norm before clipping, when clipping is on. */
+  gradNorm?: number;
+}
+
+/** Forward, backward, clip, update, zeroGrad; every intermediate tensor is released before it returns. */
+export function trainStep(model: LossModel, optimizer: Optimizer<{ lr: number }>, inputs: Tensor, targets: Tensor, opts: TrainStepOptions = {}): TrainStepResult {
+  return scope(() => {
+    const { loss } = model.forward(inputs, targets);
+    if (!loss) throw new StateError('trainStep: the model returned no loss (were targets passed?)');
+    loss.backward();
+    const value = loss.item();
+    const params = model.parameters();
+    const gradNorm = opts.maxGradNorm !== undefined ? clipGradNorm(params, opts.maxGradNorm) : undefined;
+    if (opts.lr !== undefined) optimizer.setLr(opts.lr);
+    optimizer.step();
+    optimizer.zeroGrad();
+    return gradNorm === undefined ? { loss: value } : { loss: value, gradNorm };
+  });
+}
+
+/** Mean loss over batches without gradients (model in eval mode for the duration). */
+export function evaluate(model: LossModel, batches: Iterable<{ inputs: Tensor; targets: Tensor }>): number {
+  const wasTraining = model.training;
+  model.eval();
+  let total = 0, n = 0;
+  try {
+    for (const { inputs, targets } of batches) {
+      total += scope(() => noGrad(() => model.forward(inputs, targets).loss!.item()));
+      n++;
+    }
+  } finally {
+    model.train(wasTraining);
+  }
+  return total / n;
+}

@@ -1,0 +1,244 @@
+// Optimizer kernels on the cpu backend: fused AdamW, LAMB and SGD steps over lists of parameters, and the
+// per-tensor sums of squares and in-place scaling that gradient clipping is built from. Policy (which
+// parameters, hyperparameters, schedules, clipping thresholds) lives in lib/optim.
+#include <cmath>
+
+#include "convert.h"
+
+namespace nt::cpu {
+
+namespace {
+
+std::vector<int64_t> intList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what) {
+  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  std::vector<int64_t> out(arr.Length());
+  for (uint32_t k = 0; k < arr.Length(); k++) {
+    Napi::Value v = arr.Get(k);
+    double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1.0;
+    if (!(d >= 0) || d != std::floor(d) || d > 9007199254740992.0)
+      fail(Err::Argument, std::string(call) + ": " + what + "[" + std::to_string(k) + "] must be a non-negative integer");
+    out[k] = int64_t(d);
+  }
+  return out;
+}
+
+std::vector<DType> dtypeList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what, size_t n) {
+  std::vector<int64_t> codes = intList(info, i, call, what);
+  if (codes.size() != n) fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(codes.size()) + " entries, expected " + std::to_string(n));
+  std::vector<DType> out(n);
+  for (size_t k = 0; k < n; k++) {
+    if (codes[k] != int64_t(DType::F32) && codes[k] != int64_t(DType::F16) && codes[k] != int64_t(DType::BF16))
+      fail(Err::DType, std::string(call) + ": " + what + "[" + std::to_string(k) + "] is not a floating dtype");
+    out[k] = DType(codes[k]);
+  }
+  return out;
+}
+
+// A JS array of storages, each checked to hold counts[k] elements of dtypes[k].
+std::vector<uint8_t*> storageList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
+                                  const std::vector<int64_t>& counts, const std::vector<DType>& dtypes) {
+  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of storages");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  if (arr.Length() != counts.size())
+    fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) + " storages, expected " + std::to_string(counts.size()));
+  std::vector<uint8_t*> out(counts.size());
+  for (uint32_t k = 0; k < arr.Length(); k++) {
+    Storage* s = Storage::From(arr.Get(k), call, i);
+    s->checkRange(0, size_t(counts[k]) * dtypeSize(dtypes[k]), call);
+    out[k] = s->data();
+  }
+  return out;
+}
+
+// Moment buffers are always f32: the state ZeRO shards and checkpoints.
+std::vector<float*> stateList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
+                              const std::vector<int64_t>& counts) {
+  std::vector<DType> f32(counts.size(), DType::F32);
+  std::vector<uint8_t*> raw = storageList(info, i, call, what, counts, f32);
+  std::vector<float*> out(raw.size());
+  for (size_t k = 0; k < raw.size(); k++) out[k] = reinterpret_cast<float*>(raw[k]);
+  return out;
+}
+
+}  // namespace
+
+// adamwStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+//           lr, beta1, beta2, eps, weightDecay, step, gradScale)
+// Decoupled weight decay (p *= 1 - lr*wd), then the bias-corrected Adam update; grads are multiplied
+// by gradScale first (how clipping or loss-scale unscaling folds into the same pass).
+static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
+  const char* call = "adamwStep";
+  Args a{info, call};
+  a.count(14);
+  std::vector<int64_t> counts = intList(info, 4, call, "counts");
+  std::vector<DType> pdt = dtypeList(info, 5, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = dtypeList(info, 6, call, "gradDtypes", counts.size());
+  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
+  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
+  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
+  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
+  int64_t step = a.int64(12);
+  float scale = float(a.number(13));
+  if (step < 1) fail(Err::Argument, "adamwStep: step must be >= 1");
+  const float decay = float(1.0 - lr * wd);
+  const float stepSize = float(lr / (1.0 - std::pow(b1, double(step))));
+  const float invSqrtBc2 = float(1.0 / std::sqrt(1.0 - std::pow(b2, double(step))));
+  const float fb1 = float(b1), fb2 = float(b2), feps = float(eps);
+  for (size_t k = 0; k < counts.size(); k++) {
+    int64_t n = counts[k];
+    F32View P(params[k], pdt[k], n, true);
+    F32View G(grads[k], gdt[k], n, true);
+    float* p = P.data();
+    const float* g = G.data();
+    float* m = ms[k];
+    float* v = vs[k];
+    for (int64_t i = 0; i < n; i++) {
+      float gi = g[i] * scale;
+      float mi = fb1 * m[i] + (1.0f - fb1) * gi;
+      float vi = fb2 * v[i] + (1.0f - fb2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * decay - stepSize * mi / (std::sqrt(vi) * invSqrtBc2 + feps);
+    }
+    P.commit();
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("adamwStep", AdamwStep);
+
+// lambStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+//          lr, beta1, beta2, eps, weightDecay, step, gradScale, biasCorrection) -> Float64Array of trust ratios
+// Per tensor: u = m^/(sqrt(v^)+eps) + wd*p, then p -= lr * (||p|| / ||u||) * u (ratio 1 when a norm is 0).
+// Two passes over each tensor (norms, then update) so no update buffer is needed.
+static Napi::Value LambStep(const Napi::CallbackInfo& info) {
+  const char* call = "lambStep";
+  Args a{info, call};
+  a.count(15);
+  std::vector<int64_t> counts = intList(info, 4, call, "counts");
+  std::vector<DType> pdt = dtypeList(info, 5, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = dtypeList(info, 6, call, "gradDtypes", counts.size());
+  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
+  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
+  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
+  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
+  int64_t step = a.int64(12);
+  float scale = float(a.number(13));
+  bool biasCorrection = a.boolean(14);
+  if (step < 1) fail(Err::Argument, "lambStep: step must be >= 1");
+  const float invBc1 = biasCorrection ? float(1.0 / (1.0 - std::pow(b1, double(step)))) : 1.0f;
+  const float invBc2 = biasCorrection ? float(1.0 / (1.0 - std::pow(b2, double(step)))) : 1.0f;
+  const float fb1 = float(b1), fb2 = float(b2), feps = float(eps), fwd = float(wd);
+  Napi::Float64Array ratios = Napi::Float64Array::New(info.Env(), counts.size());
+  for (size_t k = 0; k < counts.size(); k++) {
+    int64_t n = counts[k];
+    F32View P(params[k], pdt[k], n, true);
+    F32View G(grads[k], gdt[k], n, true);
+    float* p = P.data();
+    const float* g = G.data();
+    float* m = ms[k];
+    float* v = vs[k];
+    double pNormSq = 0, uNormSq = 0;
+    for (int64_t i = 0; i < n; i++) {
+      float gi = g[i] * scale;
+      m[i] = fb1 * m[i] + (1.0f - fb1) * gi;
+      v[i] = fb2 * v[i] + (1.0f - fb2) * gi * gi;
+      float u = (m[i] * invBc1) / (std::sqrt(v[i] * invBc2) + feps) + fwd * p[i];
+      pNormSq += double(p[i]) * p[i];
+      uNormSq += double(u) * u;
+    }
+    double ratio = (pNormSq > 0 && uNormSq > 0) ? std::sqrt(pNormSq) / std::sqrt(uNormSq) : 1.0;
+    ratios[k] = ratio;
+    const float stepSize = float(lr * ratio);
+    for (int64_t i = 0; i < n; i++) {
+      float u = (m[i] * invBc1) / (std::sqrt(v[i] * invBc2) + feps) + fwd * p[i];
+      p[i] -= stepSize * u;
+    }
+    P.commit();
+  }
+  return ratios;
+}
+NT_EXPORT("lambStep", LambStep);
+
+// sgdStep(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[],
+//         lr, momentum, dampening, weightDecay, nesterov, firstStep, gradScale)
+// PyTorch's SGD: d = g + wd*p; with momentum, buf = d on the first step, else momentum*buf + (1-dampening)*d,
+// and d = nesterov ? d + momentum*buf : buf; then p -= lr*d. momentumBufs is [] when momentum is 0.
+static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
+  const char* call = "sgdStep";
+  Args a{info, call};
+  a.count(13);
+  std::vector<int64_t> counts = intList(info, 3, call, "counts");
+  std::vector<DType> pdt = dtypeList(info, 4, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = dtypeList(info, 5, call, "gradDtypes", counts.size());
+  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
+  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
+  bool nesterov = a.boolean(10), first = a.boolean(11);
+  float scale = float(a.number(12));
+  std::vector<float*> bufs;
+  if (mom != 0) bufs = stateList(info, 2, call, "momentumBufs", counts);
+  const float flr = float(lr), fmom = float(mom), fdamp = float(1.0 - damp), fwd = float(wd);
+  for (size_t k = 0; k < counts.size(); k++) {
+    int64_t n = counts[k];
+    F32View P(params[k], pdt[k], n, true);
+    F32View G(grads[k], gdt[k], n, true);
+    float* p = P.data();
+    const float* g = G.data();
+    float* buf = mom != 0 ? bufs[k] : nullptr;
+    for (int64_t i = 0; i < n; i++) {
+      float d = g[i] * scale + fwd * p[i];
+      if (buf) {
+        buf[i] = first ? d : fmom * buf[i] + fdamp * d;
+        d = nesterov ? d + fmom * buf[i] : buf[i];
+      }
+      p[i] -= flr * d;
+    }
+    P.commit();
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("sgdStep", SgdStep);
+
+// sumSquares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
+static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
+  const char* call = "sumSquares";
+  Args a{info, call};
+  a.count(3);
+  std::vector<int64_t> counts = intList(info, 1, call, "counts");
+  std::vector<DType> dts = dtypeList(info, 2, call, "dtypes", counts.size());
+  std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
+  Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
+  for (size_t k = 0; k < counts.size(); k++) {
+    F32View X(data[k], dts[k], counts[k], true);
+    const float* x = X.data();
+    double acc = 0;
+    for (int64_t i = 0; i < counts[k]; i++) acc += double(x[i]) * x[i];
+    out[k] = acc;
+  }
+  return out;
+}
+NT_EXPORT("sumSquares", SumSquares);
+
+// scaleInPlace(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
+static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
+  const char* call = "scaleInPlace";
+  Args a{info, call};
+  a.count(4);
+  std::vector<int64_t> counts = intList(info, 1, call, "counts");
+  std::vector<DType> dts = dtypeList(info, 2, call, "dtypes", counts.size());
+  std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
+  float alpha = float(a.number(3));
+  for (size_t k = 0; k < counts.size(); k++) {
+    F32View X(data[k], dts[k], counts[k], true);
+    float* x = X.data();
+    for (int64_t i = 0; i < counts[k]; i++) x[i] *= alpha;
+    X.commit();
+  }
+  return info.Env().Undefined();
+}
+NT_EXPORT("scaleInPlace", ScaleInPlace);
+
+}  // namespace nt::cpu

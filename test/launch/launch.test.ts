@@ -1,0 +1,296 @@
+// Tests of `nodetron launch` (run from source through test/fixtures/launch/launcher.ts): the
+// environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
+// on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
+import { spawn, spawnSync } from 'node:child_process';
+import { createServer } from 'node:net';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { ArgumentError, distributed } from '../../lib/index.js';
+import { parseLaunchArgs } from '../../lib/launch/cli.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const fixtures = join(root, 'test', 'fixtures', 'launch');
+
+interface Run {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  ms: number;
+}
+
+interface Launch {
+  pid: number;
+  done: Promise<Run>;
+  signal(s: NodeJS.Signals): void;
+}
+
+/** Starts a launcher from a directory other than the package root (the .ts loader must resolve from anywhere). */
+function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
+  const t0 = Date.now();
+  const child = spawn(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), ...args], {
+    cwd: root,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (c) => (stdout += c));
+  child.stderr.on('data', (c) => (stderr += c));
+  const done = new Promise<Run>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr, ms: Date.now() - t0 })));
+  return { pid: child.pid!, done, signal: (s) => child.kill(s) };
+}
+
+const run = (args: string[], env?: NodeJS.ProcessEnv) => launch(args, env).done;
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+describe('nodetron launch', () => {
+  it('gives every rank the environment contract and passes script arguments', async () => {
+    const r = await run(['--nproc-per-node', '3', join(fixtures, 'env.mjs'), 'x', '--flag']);
+    expect(r.code).toBe(0);
+    const envs = [...r.stdout.matchAll(/^\[rank (\d)\] ENV (\{.*\}) ARGS (.*)$/gm)].map((m) => ({ prefix: Number(m[1]), env: JSON.parse(m[2]!), args: JSON.parse(m[3]!) }));
+    expect(envs.map((e) => e.prefix).sort()).toEqual([0, 1, 2]);
+    const port = envs[0]!.env.MASTER_PORT;
+    expect(Number(port)).toBeGreaterThan(0);
+    for (const { prefix, env, args } of envs) {
+      expect(env).toEqual({
+        RANK: String(prefix),
+        LOCAL_RANK: String(prefix),
+        WORLD_SIZE: '3',
+        LOCAL_WORLD_SIZE: '3',
+        GROUP_RANK: '0',
+        MASTER_ADDR: '127.0.0.1',
+        MASTER_PORT: port,
+        NODETRON_RESTART_COUNT: '0',
+        NODETRON_STORE_PREFIX: 'nodetron/attempt0/job',
+      });
+      expect(args).toEqual(['x', '--flag']);
+    }
+  });
+
+  it('prefixes every output line with its rank, never splitting a line', async () => {
+    const r = await run(['--nproc-per-node', '2', join(fixtures, 'lines.mjs')]);
+    expect(r.code).toBe(0);
+    const lines = r.stdout.split('\n').filter((l) => l.length);
+    expect(lines.length).toBe(2 * 51);
+    for (const line of lines) {
+      const m = /^\[rank (\d)\] r(\d)(-line(\d+)-x*-end| no newline at exit)$/.exec(line);
+      expect(m, line).not.toBeNull();
+      expect(m![1]).toBe(m![2]);
+      if (m![4] !== undefined) expect(line.length - line.indexOf('-line') - `-line${m![4]}-`.length - '-end'.length).toBe(Number(m![4]) * 7);
+    }
+    expect(r.stderr).toContain('[rank 0] r0 on stderr');
+    expect(r.stderr).toContain('[rank 1] r1 on stderr');
+  });
+
+  it('a rank exiting 1 stops the others within seconds and the report holds its stderr tail', async () => {
+    const r = await run(['--nproc-per-node', '3', '--stop-grace-ms', '2000', join(fixtures, 'fail.mjs')], { FAIL_RANK: '1' });
+    expect(r.code).toBe(1);
+    // The healthy ranks sleep for 60 s; the launcher must have stopped them.
+    expect(r.ms).toBeLessThan(15_000);
+    expect(r.stderr).toMatch(/attempt 0 failed: rank 1 \(node 0, local rank 1, pid \d+\) exited with code 1/);
+    const report = r.stderr.slice(r.stderr.indexOf('attempt 0 failed'));
+    expect(report).toContain("last 20 line(s) of rank 1's stderr");
+    expect(report).toContain('| failing rank stderr line 29');
+    expect(report).toContain('| failing rank stderr line 10');
+    expect(report).not.toContain('| failing rank stderr line 9\n');
+    // Only the first failure is reported, not the ranks the launcher stopped.
+    expect(report).not.toMatch(/rank [02] .*(SIGTERM|exited)/);
+  });
+
+  it('reports a rank killed by a signal', async () => {
+    const r = await run(['--nproc-per-node', '2', join(fixtures, 'killed.mjs')]);
+    expect(r.code).toBe(1);
+    expect(r.ms).toBeLessThan(15_000);
+    expect(r.stderr).toMatch(/rank 1 \(node 0, local rank 1, pid \d+\) was killed by SIGKILL/);
+    expect(r.stderr).toContain('| about to be killed');
+  });
+
+  it('--max-restarts restarts the whole group with a new attempt number and store namespace', async () => {
+    const r = await run(['--nproc-per-node', '2', '--max-restarts', '2', join(fixtures, 'restart.mjs')]);
+    expect(r.code).toBe(0);
+    expect(r.stderr).toContain('exited with code 3');
+    expect(r.stderr).toContain('restarting the group (restart 1 of 2)');
+    expect(r.stdout).toContain('[rank 0] attempt 1 ok nodetron/attempt1/job');
+    expect(r.stdout).toContain('[rank 1] attempt 1 ok nodetron/attempt1/job');
+    const without = await run(['--nproc-per-node', '2', join(fixtures, 'restart.mjs')]);
+    expect(without.code).toBe(1);
+    expect(without.stdout).not.toContain('attempt 1 ok');
+  });
+
+  it('two launchers with --nnodes 2 on loopback form one job of 4 ranks that meet in the store', async () => {
+    const port = String(await freePort());
+    const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '2'];
+    // Node 1 starts first: it must wait for node 0's store to come up.
+    const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'meet.ts')]);
+    await new Promise((r) => setTimeout(r, 300));
+    const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'meet.ts')]);
+    const [r0, r1] = await Promise.all([node0.done, node1.done]);
+    expect(r0.code, r0.stderr).toBe(0);
+    expect(r1.code, r1.stderr).toBe(0);
+    const meets = [...(r0.stdout + r1.stdout).matchAll(/^\[rank (\d)\] MEET rank=(\d) world=(\d) seen=(\d) arrived>=\d nodes=(.*)$/gm)];
+    expect(meets.map((m) => Number(m[1])).sort()).toEqual([0, 1, 2, 3]);
+    for (const m of meets) {
+      expect(m[1]).toBe(m[2]);
+      expect(m[3]).toBe('4');
+      expect(m[4]).toBe('4');
+      expect(m[5]).toBe('0,1');
+    }
+    expect(r0.stdout).toMatch(/^\[rank 0\]/m);
+    expect(r1.stdout).toMatch(/^\[rank 2\]/m);
+  });
+
+  it('a failure on node 1 stops node 0 too, and both report it', async () => {
+    const port = String(await freePort());
+    const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '2', '--stop-grace-ms', '2000'];
+    const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'fail.mjs')], { FAIL_RANK: '3' });
+    const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'fail.mjs')], { FAIL_RANK: '3' });
+    const [r0, r1] = await Promise.all([node0.done, node1.done]);
+    expect(r0.code).toBe(1);
+    expect(r1.code).toBe(1);
+    expect(Math.max(r0.ms, r1.ms)).toBeLessThan(20_000);
+    for (const r of [r0, r1]) {
+      expect(r.stderr).toMatch(/attempt 0 failed: rank 3 \(node 1, local rank 1, pid \d+\) exited with code 1/);
+      expect(r.stderr).toContain('| failing rank stderr line 29');
+    }
+    expect(r0.stderr).toContain('the failure was on node 1');
+  });
+
+  it('a node that stops heartbeating is reported and the job stopped', async () => {
+    const port = String(await freePort());
+    const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '1', '--heartbeat-timeout-ms', '1500', '--monitor-interval-ms', '100'];
+    const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
+    const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
+    // Wait until both ranks run, then freeze node 1's launcher (its rank keeps running).
+    await new Promise((r) => setTimeout(r, 2500));
+    node1.signal('SIGSTOP');
+    const r0 = await node0.done;
+    node1.signal('SIGCONT');
+    const r1 = await node1.done;
+    expect(r0.code).toBe(1);
+    expect(r0.stderr).toMatch(/node 1 stopped heartbeating \(no heartbeat for \d+ ms, limit 1500 ms\)/);
+    // Node 1, once thawed, either sees the failure key or finds the store gone; either way it stops.
+    expect(r1.code).toBe(1);
+    expect(r1.stderr).toMatch(/stopped heartbeating|lost the rendezvous store/);
+  });
+
+  it('node 1 with no reachable master fails with a CommError naming the address', async () => {
+    const port = String(await freePort());
+    const r = await run(['--nnodes', '2', '--node-rank', '1', '--master-port', port, '--join-timeout-ms', '500', join(fixtures, 'env.mjs')]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain(`CommError: could not reach the rendezvous store at 127.0.0.1:${port} within 500 ms`);
+  });
+
+  it('a node that never joins is a rendezvous timeout naming it', async () => {
+    const port = String(await freePort());
+    const r = await run(['--nnodes', '2', '--node-rank', '0', '--master-port', port, '--join-timeout-ms', '400', join(fixtures, 'env.mjs')]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('node(s) 1 of 2 did not join within 400 ms');
+  });
+
+  it('SIGTERM to the launcher stops its ranks', async () => {
+    const l = launch(['--nproc-per-node', '2', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
+    await new Promise((r) => setTimeout(r, 1500));
+    l.signal('SIGTERM');
+    const r = await l.done;
+    expect(r.code).toBe(143);
+    expect(r.stderr).toContain('received SIGTERM');
+    const pids = [...r.stdout.matchAll(/sleeping pid (\d+)/g)].map((m) => Number(m[1]));
+    expect(pids.length).toBe(2);
+    for (const pid of pids) expect(alive(pid)).toBe(false);
+  });
+
+  it('bad arguments are usage errors (exit 2) with the reason', async () => {
+    const r = await run(['--nproc-per-node', 'zero', 'x.mjs']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('--nproc-per-node expects an integer');
+    expect(() => parseLaunchArgs(['--nnodes', '2', 'x.mjs'])).toThrow(/--master-port is required/);
+    expect(() => parseLaunchArgs(['--nnodes', '2', '--node-rank', '2', '--master-port', '1', 'x.mjs'])).toThrow(ArgumentError);
+    expect(() => parseLaunchArgs(['--bogus', '1', 'x.mjs'])).toThrow(/unknown option --bogus/);
+    expect(() => parseLaunchArgs(['--nproc-per-node', '2'])).toThrow(/no script/);
+    expect(() => parseLaunchArgs(['--rdzv', 'tcp://a:1', 'x.mjs'])).toThrow(/redis:\/\//);
+    const ok = parseLaunchArgs(['--nproc-per-node=auto', '--max-restarts', '3', 's.ts', '--nnodes', '7']);
+    expect(ok).toMatchObject({ nprocPerNode: 'auto', maxRestarts: 3, script: 's.ts', scriptArgs: ['--nnodes', '7'], nnodes: 1 });
+  });
+});
+
+const haveRedis = spawnSync('redis-server', ['--version']).status === 0;
+if (!haveRedis) console.warn('launch --rdzv redis test skipped: redis-server is not installed (apt-get install -y redis-server)');
+
+describe.skipIf(!haveRedis)('nodetron launch --rdzv redis://', () => {
+  it('two launchers meet through Redis; ranks get NODETRON_RDZV and use the Redis store', async () => {
+    const redisPort = await freePort();
+    const redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
+    try {
+      const port = String(await freePort());
+      const runId = `t${Date.now()}`;
+      const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '1', '--rdzv', `redis://127.0.0.1:${redisPort}`, '--run-id', runId];
+      const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'meet.ts')]);
+      const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'meet.ts')]);
+      const [r0, r1] = await Promise.all([node0.done, node1.done]);
+      expect(r0.code, r0.stderr).toBe(0);
+      expect(r1.code, r1.stderr).toBe(0);
+      expect(r0.stdout).toContain('[rank 0] MEET rank=0 world=2 seen=2');
+      expect(r1.stdout).toContain('[rank 1] MEET rank=1 world=2 seen=2');
+      // The ranks' keys are in Redis under the run's namespace.
+      const store = await distributed.RedisStore.connect({ port: redisPort, timeoutMs: 5000 });
+      expect((await store.keys(`${runId}/attempt0/job/rank/`)).sort()).toEqual([`${runId}/attempt0/job/rank/0`, `${runId}/attempt0/job/rank/1`]);
+      await store.close();
+    } finally {
+      redis.kill('SIGTERM');
+    }
+  });
+});
+
+describe('readLaunchEnv', () => {
+  it('defaults to a single process', () => {
+    expect(distributed.readLaunchEnv({})).toEqual({
+      rank: 0, localRank: 0, worldSize: 1, localWorldSize: 1, groupRank: 0,
+      masterAddr: '127.0.0.1', masterPort: 29500, restartCount: 0, storePrefix: 'attempt0',
+    });
+  });
+
+  it('reads the launcher contract', () => {
+    const env = distributed.readLaunchEnv({
+      RANK: '5', LOCAL_RANK: '1', WORLD_SIZE: '8', LOCAL_WORLD_SIZE: '4', GROUP_RANK: '1', MASTER_ADDR: 'node0',
+      MASTER_PORT: '1234', NODETRON_RESTART_COUNT: '2', NODETRON_STORE_PREFIX: 'job/attempt2/job', NODETRON_RDZV: 'redis://r:6379',
+    });
+    expect(env).toEqual({
+      rank: 5, localRank: 1, worldSize: 8, localWorldSize: 4, groupRank: 1, masterAddr: 'node0', masterPort: 1234,
+      restartCount: 2, storePrefix: 'job/attempt2/job', rdzvUrl: 'redis://r:6379',
+    });
+  });
+
+  it('names the bad variable', () => {
+    const bad: [NodeJS.ProcessEnv, RegExp][] = [
+      [{ RANK: 'x' }, /RANK="x"/],
+      [{ WORLD_SIZE: '0' }, /WORLD_SIZE=0/],
+      [{ RANK: '4', WORLD_SIZE: '4' }, /RANK=4 must be < WORLD_SIZE=4/],
+      [{ WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2', LOCAL_RANK: '2' }, /LOCAL_RANK=2/],
+      [{ MASTER_PORT: '70000' }, /MASTER_PORT=70000/],
+      [{ NODETRON_RESTART_COUNT: '-1' }, /NODETRON_RESTART_COUNT/],
+      [{ NODETRON_RDZV: 'redis-host' }, /NODETRON_RDZV/],
+    ];
+    for (const [env, message] of bad) {
+      expect(() => distributed.readLaunchEnv(env)).toThrow(ArgumentError);
+      expect(() => distributed.readLaunchEnv(env)).toThrow(message);
+    }
+    expect(distributed.readLaunchEnv({ RANK: '3', WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2' })).toMatchObject({ localRank: 1, groupRank: 1 });
+  });
+});
