@@ -180,7 +180,7 @@ export class ProcessGroup implements Group {
     const counts = out.map((o) => o.size);
     const total = counts.reduce((a, b) => a + b, 0);
     const flat = emptyOn([total], t.dtype, t.deviceInfo);
-    const op = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: t.size }, timeoutMs, out as Tensor | Tensor[],
+    const op = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: total }, timeoutMs, out as Tensor | Tensor[],
       [t, flat, ...out], async (seq) => {
         try {
           await this.comm.allGather(t.storage, flat.storage, dtypeCode(t.dtype), counts, seq, timeoutMs);
@@ -228,7 +228,9 @@ export class ProcessGroup implements Group {
       throw new ShapeError(`${call}: out holds ${out.size} elements but the input ${t.size}`);
     }
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return this.start({ op: 'allToAll', dtype: t.dtype, count: t.size }, timeoutMs, out, [t, out], (seq) =>
+    // Uneven block sizes legitimately differ between ranks, so only the kind of op is compared then.
+    const uneven = options.sendCounts !== undefined || options.recvCounts !== undefined;
+    return this.start({ op: uneven ? 'allToAllV' : 'allToAll', dtype: t.dtype, count: uneven ? -1 : t.size }, timeoutMs, out, [t, out], (seq) =>
       this.comm.allToAll(t.storage, out.storage, dtypeCode(t.dtype), sendCounts, recvCounts, seq, timeoutMs));
   }
 

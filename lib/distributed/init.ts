@@ -50,9 +50,8 @@ function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: strin
 
 async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[]): Promise<ProcessGroup> {
   const rank = globalRanks.indexOf(rt.env.rank);
-  if (rt.env.rdzvUrl?.startsWith('redis:')) {
-    throw new BackendUnavailableError('the gloo backend rendezvouses through the TCP store; a redis:// store is not supported for it yet', 'init');
-  }
+  // Gloo meets through the TCP store node 0's launcher serves on MASTER_ADDR:MASTER_PORT (also when
+  // the launchers themselves meet through Redis).
   const comm = await createGlooBackend({
     storeHost: rt.env.masterAddr,
     storePort: rt.env.masterPort,

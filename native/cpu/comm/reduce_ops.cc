@@ -31,7 +31,7 @@ struct MinOp { template <typename T> static T apply(T a, T b) { return a < b ? a
 
 template <typename T, typename Op>
 void reduceDirect(void* c, const void* a, const void* b, size_t n) {
-  T* __restrict out = static_cast<T*>(c);
+  T* out = static_cast<T*>(c);  // may alias x: Gloo reduces in place (c == a)
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
   for (size_t i = 0; i < n; i++) out[i] = static_cast<T>(Op::apply(x[i], y[i]));
