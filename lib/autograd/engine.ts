@@ -17,11 +17,25 @@ export class Node {
   readonly edges: (Node | Tensor | null)[];
   #backward: BackwardFn | null;
   #saved: Tensor[];
-  constructor(readonly name: string, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[],
-    readonly outShape: readonly number[], readonly outDtype: Tensor['dtype'], readonly outDevice: Tensor['deviceInfo']) {
+  // Live holders of this node: its output tensor and the nodes that consume it. At zero nobody can
+  // reach it any more (the output was disposed without backward), so its saved tensors go.
+  #refs = 0;
+  constructor(readonly name: string, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[]) {
     this.edges = inputs.map((t) => (t.gradFn instanceof Node ? t.gradFn : t.requiresGrad ? t : null));
+    for (const e of this.edges) if (e instanceof Node) e.#refs++;
     this.#backward = backward;
     this.#saved = saved;
+  }
+  ref(): void { this.#refs++; }
+  /** Drops one holder; releases this node, and transitively its inputs, when none is left. */
+  unref(): void {
+    const stack: Node[] = [this];
+    while (stack.length) {
+      const n = stack.pop()!;
+      if (--n.#refs > 0) continue;
+      n.release();
+      for (const e of n.edges) if (e instanceof Node) stack.push(e);
+    }
   }
   get released(): boolean { return this.#backward === null; }
   apply(gradOut: Tensor): (Tensor | null)[] {
@@ -70,7 +84,9 @@ export function own(t: Tensor): Tensor {
  * holds (made with save() or created by the op); they are disposed when the graph is freed.
  */
 export function record(name: string, out: Tensor, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[] = []): Tensor {
-  out.gradFn = new Node(name, inputs, backward, saved, out.shape, out.dtype, out.deviceInfo);
+  const node = new Node(name, inputs, backward, saved);
+  node.ref();
+  out.gradFn = node;
   out.requiresGrad = true;
   return out;
 }
@@ -208,6 +224,16 @@ export function zeroGrad(params: Iterable<Tensor>): void {
     if (p.grad) { p.grad.dispose(); p.grad = null; }
   }
 }
+
+// Disposing an op's output drops its hold on the graph, so forward passes that never reach
+// backward (evaluation without noGrad) free their saved tensors too.
+const disposeStorage = Tensor.prototype.dispose;
+Tensor.prototype.dispose = function (this: Tensor) {
+  if (this.disposed) return;
+  const fn = this.gradFn;
+  disposeStorage.call(this);
+  if (fn instanceof Node) fn.unref();
+};
 
 declare module '../tensor.js' {
   interface Tensor {

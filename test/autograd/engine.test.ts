@@ -97,6 +97,25 @@ describe('backward', () => {
     expect(nt.memoryStats().liveTensors).toBe(before - 1);
   });
 
+  it('frees saved tensors of a graph whose output is disposed without backward', () => {
+    const w = leaf(new Float64Array(12).fill(0.25), [3, 4]);
+    const before = nt.memoryStats().liveTensors;
+    const bytesBefore = nt.memoryStats().allocated;
+    nt.scope(() => {
+      const x = nt.randn([5, 3], { seed: 2 });
+      const h = nt.gelu(nt.matmul(x, w));
+      nt.sum(nt.layerNorm(h, nt.ones([4]), nt.zeros([4])));
+    });
+    expect(nt.memoryStats().liveTensors).toBe(before);
+    expect(nt.memoryStats().allocated).toBe(bytesBefore);
+    // with retainGraph, disposing the output frees what backward kept
+    const y = nt.scope(() => nt.sum(nt.exp(nt.mul(w, 2))));
+    y.backward(undefined, { retainGraph: true });
+    y.dispose();
+    expect(nt.memoryStats().liveTensors).toBe(before + 1);  // w.grad
+    w.dispose();
+  });
+
   it('gradcheck catches a wrong gradient', () => {
     // x · stopgrad(x) has true gradient 2x but autograd sees only x
     expect(() => gradcheck((x) => nt.mul(x!, nt.noGrad(() => x!.detach())), [{ data: [0.5, 1, 2], shape: [3] }])).toThrow(/grad of input 0/);

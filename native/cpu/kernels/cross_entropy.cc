@@ -11,6 +11,31 @@ static void checkTargets(const int32_t* t, int64_t rows, int64_t vocab, int64_t 
                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
 }
 
+// Per row: lse = log Σ exp(x), loss = lse − x[target] (0 when ignored).
+NT_SIMD_CLONES static void lossRows(const float* x, const int32_t* t, float* loss, float* lse, int64_t begin, int64_t end,
+                                    int64_t vocab, int64_t ignore) {
+  for (int64_t r = begin; r < end; r++) {
+    const float* xr = x + r * vocab;
+    float mx = maxLanes(xr, vocab);
+    float s = sumLanes(vocab, [&](int64_t j) { return fastExp(xr[j] - mx); });
+    lse[r] = mx + std::log(s);
+    loss[r] = t[r] == ignore ? 0.0f : lse[r] - xr[t[r]];
+  }
+}
+
+// Per row: grad = k·(softmax(x) − onehot(target)), recomputing softmax from the saved lse.
+NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const float* lse, float* o, float k, int64_t begin,
+                                    int64_t end, int64_t vocab, int64_t ignore) {
+  for (int64_t r = begin; r < end; r++) {
+    const float* xr = x + r * vocab;
+    float* orow = o + r * vocab;
+    if (t[r] == ignore) { std::fill(orow, orow + vocab, 0.0f); continue; }
+    float l = lse[r];
+    for (int64_t j = 0; j < vocab; j++) orow[j] = k * fastExp(xr[j] - l);
+    orow[t[r]] -= k;
+  }
+}
+
 // cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
 //   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)
 static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
@@ -27,17 +52,7 @@ static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
   float* lse = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
   checkTargets(t, rows, vocab, ignore, call);
   const float* x = X.data();
-  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) {
-      const float* xr = x + r * vocab;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < vocab; j++) mx = std::max(mx, xr[j]);
-      float s = 0;
-      for (int64_t j = 0; j < vocab; j++) s += fastExp(xr[j] - mx);
-      lse[r] = mx + std::log(s);
-      loss[r] = t[r] == ignore ? 0.0f : lse[r] - xr[t[r]];
-    }
-  });
+  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { lossRows(x, t, loss, lse, b, e, vocab, ignore); });
   return info.Env().Undefined();
 }
 NT_EXPORT("cross_entropy_forward", CrossEntropyForward);
@@ -63,16 +78,7 @@ static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
   float k = GL.data()[0] * scale;
   const float* x = X.data();
   float* o = O.data();
-  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) {
-      const float* xr = x + r * vocab;
-      float* orow = o + r * vocab;
-      if (t[r] == ignore) { std::fill(orow, orow + vocab, 0.0f); continue; }
-      float l = lse[r];
-      for (int64_t j = 0; j < vocab; j++) orow[j] = k * fastExp(xr[j] - l);
-      orow[t[r]] -= k;
-    }
-  });
+  parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { gradRows(x, t, lse, o, k, b, e, vocab, ignore); });
   O.commit();
   return info.Env().Undefined();
 }

@@ -8,6 +8,22 @@ static constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 // tanh through the vectorizable exp: tanh(u) = 1 - 2 / (exp(2u) + 1).
 static inline float tanhFast(float u) { return 1.0f - 2.0f / (fastExp(2.0f * u) + 1.0f); }
 
+NT_SIMD_CLONES static void geluRange(const float* x, float* o, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; i++) {
+    float v = x[i];
+    o[i] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+
+NT_SIMD_CLONES static void geluBackwardRange(const float* x, const float* g, float* o, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; i++) {
+    float v = x[i];
+    float t = tanhFast(kGeluC * (v + 0.044715f * v * v * v));
+    float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+    o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
 // gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   const char* call = "gelu_forward";
@@ -18,12 +34,7 @@ static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
   const float* x = I.data();
   float* o = O.data();
-  parallelRows(n, 20, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) {
-      float v = x[i];
-      o[i] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
-    }
-  });
+  parallelRows(n, 20, [&](int64_t b, int64_t e) { geluRange(x, o, b, e); });
   O.commit();
   return info.Env().Undefined();
 }
@@ -40,15 +51,7 @@ static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
   F32View O(storageData(info, 2, call, dt, n), dt, n, false);
   const float *x = I.data(), *g = G.data();
   float* o = O.data();
-  parallelRows(n, 30, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; i++) {
-      float v = x[i];
-      float u = kGeluC * (v + 0.044715f * v * v * v);
-      float t = tanhFast(u);
-      float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
-      o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-    }
-  });
+  parallelRows(n, 30, [&](int64_t b, int64_t e) { geluBackwardRange(x, g, o, b, e); });
   O.commit();
   return info.Env().Undefined();
 }

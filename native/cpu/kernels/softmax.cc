@@ -3,6 +3,14 @@
 
 namespace nt::cpu {
 
+NT_SIMD_CLONES static void softmaxRows(const float* x, float* y, int64_t begin, int64_t end, int64_t cols, bool log) {
+  for (int64_t r = begin; r < end; r++) softmaxRow(x + r * cols, y + r * cols, cols, log);
+}
+
+NT_SIMD_CLONES static void softmaxRowsBackward(const float* y, const float* g, float* gi, int64_t begin, int64_t end, int64_t cols, bool log) {
+  for (int64_t r = begin; r < end; r++) softmaxRowBackward(y + r * cols, g + r * cols, gi + r * cols, cols, log);
+}
+
 // softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
 static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
   const char* call = "softmax_forward";
@@ -16,7 +24,7 @@ static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
   const float* x = I.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) softmaxRow(x + r * cols, o + r * cols, cols, log);
+    softmaxRows(x, o, b, e, cols, log);
   });
   O.commit();
   return info.Env().Undefined();
@@ -37,7 +45,7 @@ static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
   const float *y = Y.data(), *g = G.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) softmaxRowBackward(y + r * cols, g + r * cols, o + r * cols, cols, log);
+    softmaxRowsBackward(y, g, o, b, e, cols, log);
   });
   O.commit();
   return info.Env().Undefined();

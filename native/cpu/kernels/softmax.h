@@ -6,14 +6,13 @@ namespace nt::cpu {
 
 // y = softmax(x) over n entries (or log-softmax when `log`); returns log Σ exp(x).
 inline float softmaxRow(const float* x, float* y, int64_t n, bool log) {
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; j++) mx = std::max(mx, x[j]);
+  float mx = maxLanes(x, n);
   if (mx == -INFINITY) {  // every entry masked: define the row as all zeros
     for (int64_t j = 0; j < n; j++) y[j] = log ? -INFINITY : 0.0f;
     return -INFINITY;
   }
-  float s = 0;
-  for (int64_t j = 0; j < n; j++) { float e = fastExp(x[j] - mx); y[j] = e; s += e; }
+  for (int64_t j = 0; j < n; j++) y[j] = fastExp(x[j] - mx);
+  float s = sumLanes(n, [&](int64_t j) { return y[j]; });
   float lse = mx + std::log(s);
   if (log) for (int64_t j = 0; j < n; j++) y[j] = x[j] - lse;
   else { float inv = 1.0f / s; for (int64_t j = 0; j < n; j++) y[j] *= inv; }
@@ -22,12 +21,11 @@ inline float softmaxRow(const float* x, float* y, int64_t n, bool log) {
 
 // gradIn of a softmax row from its output y and gradOut g (log-softmax when `log`).
 inline void softmaxRowBackward(const float* y, const float* g, float* gi, int64_t n, bool log) {
-  float s = 0;
   if (log) {
-    for (int64_t j = 0; j < n; j++) s += g[j];
+    float s = sumLanes(n, [&](int64_t j) { return g[j]; });
     for (int64_t j = 0; j < n; j++) gi[j] = g[j] - fastExp(y[j]) * s;
   } else {
-    for (int64_t j = 0; j < n; j++) s += g[j] * y[j];
+    float s = sumLanes(n, [&](int64_t j) { return g[j] * y[j]; });
     for (int64_t j = 0; j < n; j++) gi[j] = y[j] * (g[j] - s);
   }
 }

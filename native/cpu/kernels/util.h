@@ -47,7 +47,8 @@ inline int64_t product(const std::vector<int64_t>& shape) {
 // exp(x) to about 2 ulp, written so loops over it vectorize (no libm call): 2^n · 2^f with a
 // rounded n and a degree-6 polynomial for 2^f on [-0.5, 0.5]. Inputs below -87 give 0.
 inline float fastExp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
   float t = x * 1.44269504088896341f;
   float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest without a libm call
   float f = t - n;
@@ -64,6 +65,38 @@ inline float fastExp(float x) {
   float r;
   std::memcpy(&r, &bits, 4);
   return x <= -87.0f ? 0.0f : r;
+}
+
+// Hot row loops are compiled twice, for x86-64-v3 (AVX2 + FMA) and the x86-64-v2 baseline, and
+// the loader picks one per CPU (GCC function multiversioning).
+#define NT_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+
+// Σ f(j) for j < n, in 16 independent partial sums so the loop vectorizes without reassociation flags.
+template <class F>
+inline float sumLanes(int64_t n, F f) {
+  constexpr int L = 16;
+  float acc[L] = {};
+  int64_t j = 0;
+  for (; j + L <= n; j += L)
+    for (int u = 0; u < L; u++) acc[u] += f(j + u);
+  float s = 0;
+  for (; j < n; j++) s += f(j);
+  for (int u = 0; u < L; u++) s += acc[u];
+  return s;
+}
+
+// max of x[0..n) (−inf for n == 0; NaNs are skipped), vectorizable like sumLanes.
+inline float maxLanes(const float* x, int64_t n) {
+  constexpr int L = 16;
+  float acc[L];
+  for (int u = 0; u < L; u++) acc[u] = -INFINITY;
+  int64_t j = 0;
+  for (; j + L <= n; j += L)
+    for (int u = 0; u < L; u++) acc[u] = x[j + u] > acc[u] ? x[j + u] : acc[u];
+  float m = -INFINITY;
+  for (; j < n; j++) m = x[j] > m ? x[j] : m;
+  for (int u = 0; u < L; u++) m = acc[u] > m ? acc[u] : m;
+  return m;
 }
 
 // Runs fn(begin, end) over [0, rows) split across up to `threads` threads when the work is large

@@ -1,0 +1,76 @@
+// `nodetron bench ops`: forward+backward time of the ops that dominate a small GPT step (LM head
+// GEMM, fused cross-entropy over a 50257 vocabulary, attention, layerNorm, gelu), beside PyTorch
+// on the same CPU in the same run (scripts/bench/ops_torch.py) when python3 with torch is found.
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { randn, tensor } from '../creation.js';
+import { packageRoot } from '../native.js';
+import { attention, crossEntropy, gelu, layerNorm, linear, ones, zeros } from '../index.js';
+import type { Tensor } from '../tensor.js';
+import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
+
+const N = 1024, V = 50257, C = 128, B = 8, H = 4, T = 128, D = 32;
+
+function leaf(t: Tensor): Tensor { t.requiresGrad = true; return t; }
+
+function clearGrads(...ts: Tensor[]): void {
+  for (const t of ts) if (t.grad) { t.grad.dispose(); t.grad = null; }
+}
+
+/** fn builds an output from leaves; the case runs it and backward with an all-ones gradient (or a scalar's 1). */
+function fwdBwd(leaves: Tensor[], fn: () => Tensor): () => void {
+  return () => {
+    clearGrads(...leaves);
+    const y = fn();
+    if (y.size === 1) y.backward();
+    else { const g = ones([...y.shape]); y.backward(g); g.dispose(); }
+    y.dispose();
+  };
+}
+
+function cases(): [string, () => void, () => void][] {
+  const logits = leaf(randn([N, V], { seed: 1 }));
+  const ids = new Int32Array(N);
+  for (let i = 0; i < N; i++) ids[i] = (i * 7919) % V;
+  const targets = tensor(ids, [N]);
+  const x = leaf(randn([N, C], { seed: 2 })), w = leaf(randn([V, C], { seed: 3 }));
+  const [q, k, v] = [4, 5, 6].map((s) => leaf(randn([B, H, T, D], { seed: s }))) as [Tensor, Tensor, Tensor];
+  const xl = leaf(randn([N, C], { seed: 7 })), wl = leaf(ones([C])), bl = leaf(zeros([C]));
+  const xg = leaf(randn([N, 4 * C], { seed: 8 }));
+  const all = [logits, targets, x, w, q, k, v, xl, wl, bl, xg];
+  const free = () => { clearGrads(...all); all.forEach((t) => t.dispose()); };
+  return [
+    ['crossEntropy fwd+bwd [1024, 50257]', fwdBwd([logits], () => crossEntropy(logits, targets)), () => {}],
+    ['linear fwd+bwd [1024,128]x[50257,128]', fwdBwd([x, w], () => linear(x, w)), () => {}],
+    ['linear+crossEntropy fwd+bwd (LM head)', fwdBwd([x, w], () => { const l = linear(x, w); const loss = crossEntropy(l, targets); l.dispose(); return loss; }), () => {}],
+    ['attention fwd+bwd [8,4,128,32] causal', fwdBwd([q, k, v], () => attention(q, k, v, { causal: true })), () => {}],
+    ['layerNorm fwd+bwd [1024,128]', fwdBwd([xl, wl, bl], () => layerNorm(xl, wl, bl)), () => {}],
+    ['gelu fwd+bwd [1024,512]', fwdBwd([xg], () => gelu(xg)), free],
+  ];
+}
+
+function torchPeer(threads: number | undefined): { torch: string; threads: number; seconds: Record<string, number> } | string {
+  const script = join(packageRoot, 'scripts', 'bench', 'ops_torch.py');
+  const r = spawnSync('python3', [script, ...(threads ? [String(threads)] : [])], { encoding: 'utf8' });
+  if (r.status !== 0) return `torch peer unavailable: ${(r.stderr || r.error?.message || '').trim().split('\n').pop()}`;
+  return JSON.parse(r.stdout.trim().split('\n').pop()!);
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const opts = parseOptions(argv, { json: 'string', 'no-torch': 'boolean', threads: 'number' });
+  const mine: Record<string, number> = {};
+  for (const [name, fn, after] of cases()) {
+    mine[name] = timeIt(fn, { minSeconds: 0.5, rounds: 3 });
+    after();
+  }
+  const peer = opts['no-torch'] ? 'skipped (--no-torch)' : torchPeer(opts.threads as number | undefined);
+  const rows = Object.entries(mine).map(([name, s]) => {
+    const p = typeof peer === 'string' ? NaN : peer.seconds[name] ?? NaN;
+    return [name, (s * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p / s).toFixed(2)];
+  });
+  printTable(['op', 'nodetron ms', 'torch ms', 'speedup'], rows);
+  if (typeof peer === 'string') console.log(peer);
+  else console.log(`torch ${peer.torch}, ${peer.threads} threads`);
+  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer });
+  return 0;
+}
