@@ -34,6 +34,17 @@ describe('every op rejects bad tensors with typed errors', () => {
       });
     });
   }
+  it('missing tensors throw ArgumentError (optional bias may be null)', () => {
+    const x = nt.ones([2, 4]), w = nt.ones([3, 4]);
+    expect(() => nt.matmul(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.linear(undefined as never, w)).toThrow(nt.ArgumentError);
+    expect(() => nt.layerNorm(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.attention(x, x, undefined as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.crossEntropy(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.cat([x, null as never])).toThrow(nt.ArgumentError);
+    expect(nt.linear(x, w, null).shape).toEqual([2, 3]);
+    expect(nt.layerNorm(x, nt.ones([4]), undefined).shape).toEqual([2, 4]);
+  });
   it('integer inputs to float ops throw DTypeError', () => {
     const i = nt.zeros([2, 4], { dtype: 'i32' });
     for (const [name, op] of ops) {
