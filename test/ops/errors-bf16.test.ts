@@ -80,4 +80,18 @@ describe('bf16 forward matches f32 to bf16 precision', () => {
       expect(nt.crossEntropy(x, t).item()).toBeCloseTo(nt.crossEntropy(x.to('f32'), t).item(), 2);
     });
   });
+  it('backward in bf16 gives bf16 gradients close to the f32 ones', () => {
+    const grads = (dtype: 'f32' | 'bf16') => nt.scope(() => {
+      const x = nt.randn([6, 4], { seed: 5 }).to(dtype);
+      const w = nt.randn([3, 4], { seed: 6 }).to(dtype);
+      x.requiresGrad = true;
+      w.requiresGrad = true;
+      nt.sum(nt.gelu(nt.linear(x, w))).backward();
+      expect(x.grad!.dtype).toBe(dtype);
+      return [Array.from(x.grad!.toArraySync()), Array.from(w.grad!.toArraySync())];
+    });
+    const [gx, gw] = grads('f32'), [hx, hw] = grads('bf16');
+    expectClose(hx!, gx!, 2e-2, 2e-2, 'bf16 dx');
+    expectClose(hw!, gw!, 2e-2, 2e-2, 'bf16 dw');
+  });
 });
