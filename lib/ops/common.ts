@@ -4,13 +4,14 @@ import { dtypeCode, isFloating } from '../dtype.js';
 import { DTypeError } from '../errors.js';
 import { checkSameDevice, checkTensor, emptyOn, type Tensor } from '../tensor.js';
 
-/** Checks live floating tensors of one dtype on one device; returns the first. */
-export function checkFloats(call: string, named: Record<string, unknown>): Tensor {
+/**
+ * Checks live floating tensors of one dtype on one device; returns the first required one.
+ * `optional` tensors (a bias) may be null or undefined.
+ */
+export function checkFloats(call: string, required: Record<string, unknown>, optional: Record<string, unknown> = {}): Tensor {
   const ts: Tensor[] = [];
-  for (const [name, t] of Object.entries(named)) {
-    if (t === undefined || t === null) continue;
-    ts.push(checkTensor(t, call, name));
-  }
+  for (const [name, t] of Object.entries(required)) ts.push(checkTensor(t, call, name));
+  for (const [name, t] of Object.entries(optional)) if (t !== undefined && t !== null) ts.push(checkTensor(t, call, name));
   checkSameDevice(call, ...ts);
   const first = ts[0]!;
   for (const t of ts) {

@@ -129,7 +129,7 @@ export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
 
 /** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
-  checkFloats('linear', { x, weight, bias });
+  checkFloats('linear', { x, weight }, { bias });
   if (weight.ndim !== 2) throw new ShapeError(`linear: weight must be [out, in], got ${fmtShape(weight.shape)}`);
   const outF = weight.shape[0]!;
   if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`linear: bias must be [${outF}], got ${fmtShape(bias.shape)}`);

@@ -6,7 +6,7 @@ import type { Tensor } from '../tensor.js';
 import { checkFloats, code, emptyLike } from './common.js';
 
 function checkNorm(call: string, x: Tensor, weight: Tensor, bias: Tensor | null | undefined, eps: number): number {
-  checkFloats(call, { x, weight, bias });
+  checkFloats(call, { x, weight }, { bias });
   if (x.ndim === 0) throw new ShapeError(`${call}: input must have at least one dimension`);
   const cols = x.shape[x.ndim - 1]!;
   if (weight.ndim !== 1 || weight.shape[0] !== cols) throw new ShapeError(`${call}: weight must be [${cols}] for input ${fmtShape(x.shape)}, got ${fmtShape(weight.shape)}`);

@@ -34,6 +34,17 @@ describe('every op rejects bad tensors with typed errors', () => {
       });
     });
   }
+  it('missing tensors throw ArgumentError (optional bias may be null)', () => {
+    const x = nt.ones([2, 4]), w = nt.ones([3, 4]);
+    expect(() => nt.matmul(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.linear(undefined as never, w)).toThrow(nt.ArgumentError);
+    expect(() => nt.layerNorm(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.attention(x, x, undefined as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.crossEntropy(x, null as never)).toThrow(nt.ArgumentError);
+    expect(() => nt.cat([x, null as never])).toThrow(nt.ArgumentError);
+    expect(nt.linear(x, w, null).shape).toEqual([2, 3]);
+    expect(nt.layerNorm(x, nt.ones([4]), undefined).shape).toEqual([2, 4]);
+  });
   it('integer inputs to float ops throw DTypeError', () => {
     const i = nt.zeros([2, 4], { dtype: 'i32' });
     for (const [name, op] of ops) {
@@ -68,5 +79,19 @@ describe('bf16 forward matches f32 to bf16 precision', () => {
       const t = nt.tensor(Int32Array.from([0, 3, 8, 2, 2]), [5]);
       expect(nt.crossEntropy(x, t).item()).toBeCloseTo(nt.crossEntropy(x.to('f32'), t).item(), 2);
     });
+  });
+  it('backward in bf16 gives bf16 gradients close to the f32 ones', () => {
+    const grads = (dtype: 'f32' | 'bf16') => nt.scope(() => {
+      const x = nt.randn([6, 4], { seed: 5 }).to(dtype);
+      const w = nt.randn([3, 4], { seed: 6 }).to(dtype);
+      x.requiresGrad = true;
+      w.requiresGrad = true;
+      nt.sum(nt.gelu(nt.linear(x, w))).backward();
+      expect(x.grad!.dtype).toBe(dtype);
+      return [Array.from(x.grad!.toArraySync()), Array.from(w.grad!.toArraySync())];
+    });
+    const [gx, gw] = grads('f32'), [hx, hw] = grads('bf16');
+    expectClose(hx!, gx!, 2e-2, 2e-2, 'bf16 dx');
+    expectClose(hw!, gw!, 2e-2, 2e-2, 'bf16 dw');
   });
 });
