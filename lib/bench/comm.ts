@@ -276,7 +276,8 @@ export async function main(argv: string[]): Promise<number> {
   await dist.destroy();
   if (rank !== 0) return 0;
 
-  console.log(`# nodetron bench comm: ${o.op}, ${worldSize} ranks, gloo (cpu), ${o.iters} iters, ${o.warmup} warm-up`);
+  console.log(`# nodetron bench comm: ${o.op}, ${worldSize} ranks, gloo (cpu), ${o.iters} iters, ${o.warmup} warm-up, ` +
+    `size agreement ${process.env.NODETRON_COMM_VERIFY_SIZES === '0' ? 'off (NODETRON_COMM_VERIFY_SIZES=0)' : 'on'}`);
   printTable(['size', 'count', 'type', 'redop', 'root', 'oop time(us)', 'algbw', 'busbw', '#wrong', 'ip time(us)', 'algbw', 'busbw', '#wrong'],
     rows.map((r) => [r.bytes, r.count, r.dtype, r.redop, r.root, ...fmt(r.outOfPlace), ...fmt(r.inPlace)]));
   const wrongTotal = rows.reduce((s, r) => s + (r.outOfPlace?.wrong ?? 0) + (r.inPlace?.wrong ?? 0), 0);

@@ -10,26 +10,34 @@ import { cpu, type NativeStorage } from '../native.js';
  * recv means in place. Every op returns a Promise that settles when the op has finished on this
  * rank, with CommError/TimeoutError naming rank, group, op, seq and bytes on failure. Storages
  * must stay alive until then (the native side holds a reference; lib pins the tensor's storage).
+ * The promise of a communication op also carries `waitSync()` (see CommPromise).
  */
+/**
+ * What a communication op returns: a Promise plus `waitSync()`, which blocks the JS thread until the
+ * op has finished on this rank and throws the same typed error the promise rejects with (the
+ * promise itself settles once the event loop runs again).
+ */
+export type CommPromise = Promise<void> & { waitSync(): void };
+
 export interface CommBackend {
   readonly rank: number;
   readonly size: number;
   /** Ops in flight. */
   readonly pending: number;
   connect(): Promise<void>;
-  allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): Promise<void>;
-  broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): Promise<void>;
+  allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): CommPromise;
+  broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): CommPromise;
   /** recv is written on root; other ranks pass scratch of count elements. */
-  reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): Promise<void>;
+  reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): CommPromise;
   /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. */
-  allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): Promise<void>;
+  allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): CommPromise;
   /** send holds sum(counts); rank r receives counts[r] reduced elements. */
-  reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): Promise<void>;
-  allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): Promise<void>;
-  barrier(seq: number, timeoutMs: number): Promise<void>;
+  reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): CommPromise;
+  allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): CommPromise;
+  barrier(seq: number, timeoutMs: number): CommPromise;
   /** tag in [0, 2^24): matches a send with the recv of the same tag between the same pair. */
-  send(buf: NativeStorage, dtype: number, count: number, dst: number, tag: number, timeoutMs: number): Promise<void>;
-  recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): Promise<void>;
+  send(buf: NativeStorage, dtype: number, count: number, dst: number, tag: number, timeoutMs: number): CommPromise;
+  recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): CommPromise;
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
 }
@@ -47,16 +55,18 @@ export interface GlooEndpoint {
   deviceHost: string;
   /** Network interface to bind to instead of deviceHost (GLOO_SOCKET_IFNAME), or ''. */
   deviceIface: string;
+  /** Ranks agree on op, dtype and sizes before each collective (see InitOptions.verifySizes). */
+  verifySizes: boolean;
 }
 
 type GlooCtor = new (storeHost: string, storePort: number, prefix: string, rank: number, size: number, timeoutMs: number,
-  deviceHost: string, deviceIface: string) => CommBackend;
+  deviceHost: string, deviceIface: string, verifySizes: boolean) => CommBackend;
 
 /** A connected Gloo communicator. */
 export async function createGlooBackend(e: GlooEndpoint): Promise<CommBackend> {
   const Ctor = cpu().GlooCommunicator as GlooCtor | undefined;
   if (!Ctor) throw new BackendUnavailableError('the cpu addon was built without Gloo (install libgloo-dev and rebuild)', 'createGlooBackend');
-  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface);
+  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes);
   await comm.connect();
   return comm;
 }

@@ -3,13 +3,13 @@
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { emptyOn, type Tensor } from '../tensor.js';
-import type { CommBackend } from './backend.js';
+import type { CommBackend, CommPromise } from './backend.js';
 import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
   checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
 } from './collectives.js';
 import type { Store } from './store.js';
-import { Work } from './work.js';
+import { Work, type WorkOp } from './work.js';
 
 export interface CollectiveOptions {
   /** Per-call timeout; default: the group's. */
@@ -89,22 +89,29 @@ export class ProcessGroup implements Group {
     if (this.#destroyed) throw new StateError(`${call}: group '${this.name}' was destroyed`);
   }
 
-  // Starts a collective: in check mode after all ranks agree on `desc`, else at once.
+  // Starts a collective: in check mode after all ranks agree on `desc`, else at once. `finish`
+  // runs once after the native op succeeds (see Work).
   private start<T>(desc: Omit<CollectiveDescription, 'seq'>, timeoutMs: number, result: T, pinned: Tensor[],
-    run: (seq: number) => Promise<void>): Work<T> {
+    run: (seq: number) => CommPromise, finish?: () => void): Work<T> {
     const seq = this.#seq++;
     if (!this.ctx.check) {
       try {
-        return new Work(run(seq), result, pinned);
+        return new Work(run(seq), result, pinned, finish);
       } catch (e) {
         this.#seq--;  // the op never started; the next one must reuse the tag the peers expect
         throw e;
       }
     }
     const d = { ...desc, seq };
-    const op = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => run(seq));
-    this.#submitted = op.catch(() => {});
-    return new Work(op, result, pinned);
+    const chained = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => run(seq));
+    this.#submitted = chained.catch(() => {});
+    // The store exchange needs the event loop, which a blocked JS thread cannot run.
+    const op: WorkOp = Object.assign(chained, {
+      waitSync: (): never => {
+        throw new StateError(`${desc.op}: waitSync is unavailable in check mode (NODETRON_COMM_CHECK), which verifies collectives through the store asynchronously; await the Work instead`);
+      },
+    });
+    return new Work(op, result, pinned, finish);
   }
 
   /** Reduces `t` across the group, in place (or into options.out). */
@@ -180,20 +187,24 @@ export class ProcessGroup implements Group {
     const counts = out.map((o) => o.size);
     const total = counts.reduce((a, b) => a + b, 0);
     const flat = emptyOn([total], t.dtype, t.deviceInfo);
-    const op = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: total }, timeoutMs, out as Tensor | Tensor[],
-      [t, flat, ...out], async (seq) => {
-        try {
-          await this.comm.allGather(t.storage, flat.storage, dtypeCode(t.dtype), counts, seq, timeoutMs);
-          let offsetBytes = 0;
-          for (const o of out) {
-            o.backend.copy(o.storage, 0, flat.storage, offsetBytes, o.nbytes);
-            offsetBytes += o.nbytes;
-          }
-        } finally {
-          flat.dispose();
-        }
-      });
-    return op;
+    // Read now: flat itself is disposed below, its storage lives on pinned by the Work.
+    const flatStorage = flat.storage;
+    const copyOut = (): void => {
+      let offsetBytes = 0;
+      for (const o of out) {
+        o.backend.copy(o.storage, 0, flatStorage, offsetBytes, o.nbytes);
+        offsetBytes += o.nbytes;
+      }
+    };
+    let work: Work<Tensor | Tensor[]>;
+    try {
+      work = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: total }, timeoutMs, out as Tensor | Tensor[],
+        [t, flat, ...out], (seq) => this.comm.allGather(t.storage, flatStorage, dtypeCode(t.dtype), counts, seq, timeoutMs), copyOut);
+    } finally {
+      // The Work pins flat's storage until the op settles.
+      flat.dispose();
+    }
+    return work;
   }
 
   /**

@@ -14,6 +14,12 @@ export interface InitOptions {
   timeoutMs?: number;
   /** Check mode: all ranks verify they run the same collective before each one (also NODETRON_COMM_CHECK=1). */
   check?: boolean;
+  /**
+   * Before each collective, ranks agree on op, dtype and sizes with one tiny allreduce and all throw
+   * CommError naming the smallest and largest size when they differ (Gloo would abort the process).
+   * Default true; false (or NODETRON_COMM_VERIFY_SIZES=0) saves that round trip per collective.
+   */
+  verifySizes?: boolean;
   /** The launch environment; default: read from process.env. */
   env?: LaunchEnv;
 }
@@ -29,6 +35,7 @@ interface Runtime {
   groupCount: number;
   timeoutMs: number;
   check: boolean;
+  verifySizes: boolean;
 }
 
 let runtime: Runtime | undefined;
@@ -60,6 +67,7 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
     size: globalRanks.length,
     timeoutMs: rt.timeoutMs,
     ...deviceAddress(rt.env),
+    verifySizes: rt.verifySizes,
   });
   const group = new ProcessGroup(name, rank, globalRanks, 'cpu', rt.timeoutMs, comm, {
     store: rt.store,
@@ -82,6 +90,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
   if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);
   let env = options.env ?? readLaunchEnv();
   const check = options.check ?? process.env.NODETRON_COMM_CHECK === '1';
+  const verifySizes = options.verifySizes ?? process.env.NODETRON_COMM_VERIFY_SIZES !== '0';
   // A world of one started without a launcher still needs a store: it serves one itself.
   let ownServer: StoreServer | undefined;
   if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.rdzvUrl === undefined) {
@@ -89,7 +98,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
     env = { ...env, masterAddr: '127.0.0.1', masterPort: ownServer.port };
   }
   const store = await connectLaunchStore(env, { timeoutMs });
-  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check };
+  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
   } catch (e) {

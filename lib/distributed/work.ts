@@ -1,37 +1,92 @@
-// Work: the awaitable handle of a collective in flight (PyTorch's Work), resolving to its output.
-import { StorageRef, Tensor } from '../tensor.js';
+// Work: the awaitable handle of a collective in flight (PyTorch's Work), resolving to its output,
+// and waitable synchronously (waitSync) by code that cannot await, such as autograd backward.
+import { StateError } from '../errors.js';
+import type { StorageRef, Tensor } from '../tensor.js';
 
-/** A communication op in flight. `await work` (or `work.wait()`) gives its output tensor. */
+/** What a Work is built from: the op's promise, blocking-waitable when it carries waitSync. */
+export type WorkOp = Promise<unknown> & { waitSync?: () => void };
+
+type Outcome = { failed: false } | { failed: true; error: unknown };
+
+/** A communication op in flight. `await work`, `work.wait()` or `work.waitSync()` gives its output tensor. */
 export class Work<T = Tensor> implements PromiseLike<T> {
-  #done = false;
-  #error: unknown = undefined;
+  #outcome: Outcome | undefined;
   readonly #promise: Promise<T>;
+  readonly #result: T;
+  readonly #refs: StorageRef[];
+  readonly #finish: (() => void) | undefined;
+  readonly #blockingWait: (() => void) | undefined;
 
   /**
    * Internal. `pinned` tensors' storages stay allocated until the op settles, even if the caller
    * disposes a tensor meanwhile (the bytes are still being read or written by the communicator).
+   * `finish` runs once after the op succeeds, before the output is handed out (a failure in it
+   * becomes the op's failure).
    */
-  constructor(op: Promise<unknown>, result: T, pinned: readonly Tensor[]) {
-    const refs: StorageRef[] = pinned.map((t) => t.storageRef);
-    for (const r of refs) r.refs++;
-    const release = (): void => { for (const r of refs) r.release(); };
-    this.#promise = op.then(
-      () => { this.#done = true; release(); return result; },
-      (e: unknown) => { this.#done = true; this.#error = e; release(); throw e; },
-    );
+  constructor(op: WorkOp, result: T, pinned: readonly Tensor[], finish?: () => void) {
+    this.#result = result;
+    this.#refs = pinned.map((t) => t.storageRef);
+    for (const r of this.#refs) r.refs++;
+    this.#finish = finish;
+    this.#blockingWait = typeof op.waitSync === 'function' ? op.waitSync.bind(op) : undefined;
+    // The promise path and waitSync settle through #settle; whichever comes first decides.
+    this.#promise = op.then(() => this.#settle(false), (e: unknown) => this.#settle(true, e)).then(() => this.#value());
     // A Work whose failure nobody awaits must not crash the process as an unhandled rejection;
-    // the error is still thrown by wait()/then().
+    // the error is still thrown by wait()/then()/waitSync().
     this.#promise.catch(() => {});
   }
 
+  #settle(failed: boolean, error?: unknown): void {
+    if (this.#outcome) return;
+    if (!failed && this.#finish) {
+      try {
+        this.#finish();
+      } catch (e) {
+        failed = true;
+        error = e;
+      }
+    }
+    this.#outcome = failed ? { failed: true, error } : { failed: false };
+    for (const r of this.#refs) r.release();
+  }
+
+  #value(): T {
+    const o = this.#outcome!;
+    if (o.failed) throw o.error;
+    return this.#result;
+  }
+
   /** Resolves with the output once the op has finished on this rank; rejects with CommError/TimeoutError. */
-  wait(): Promise<T> { return this.#promise; }
+  wait(): Promise<T> {
+    if (!this.#outcome) return this.#promise;
+    const o = this.#outcome;
+    return o.failed ? Promise.reject(o.error) : Promise.resolve(this.#result);
+  }
+
+  /**
+   * Blocks the JS thread until the op has finished on this rank (the communicator's thread moves
+   * the bytes meanwhile) and returns the output, or throws the CommError/TimeoutError wait() would
+   * reject with. Awaiting the Work afterwards gives the same outcome at once.
+   */
+  waitSync(): T {
+    if (!this.#outcome) {
+      if (!this.#blockingWait) throw new StateError('waitSync: this op cannot be waited synchronously; await it instead');
+      try {
+        this.#blockingWait();
+        this.#settle(false);
+      } catch (e) {
+        this.#settle(true, e);
+      }
+    }
+    return this.#value();
+  }
+
   /** Whether the op has finished (successfully or not). */
-  isCompleted(): boolean { return this.#done; }
+  isCompleted(): boolean { return this.#outcome !== undefined; }
   /** Whether the op finished with an error. */
-  isFailed(): boolean { return this.#done && this.#error !== undefined; }
+  isFailed(): boolean { return this.#outcome?.failed === true; }
 
   then<R1 = T, R2 = never>(onFulfilled?: ((v: T) => R1 | PromiseLike<R1>) | null, onRejected?: ((e: unknown) => R2 | PromiseLike<R2>) | null): Promise<R1 | R2> {
-    return this.#promise.then(onFulfilled, onRejected);
+    return this.wait().then(onFulfilled, onRejected);
   }
 }

@@ -42,18 +42,40 @@ describe('gloo failures', () => {
     const results = await runRanks('failures.mjs', 2, ['sizes'], { ...quiet, NODETRON_COMM_CHECK: '1' });
     for (const r of results) {
       expect(r.code, r.stderr).toBe(0);
-      expect(r.result.error.name).toBe('CommError');
-      expect(r.result.error.message).toMatch(/count=100 .*count=1000|count=1000 .*count=100/);
+      expect(r.result.errors.count.name).toBe('CommError');
+      expect(r.result.errors.count.message).toMatch(/count=100 .*count=1000|count=1000 .*count=100/);
     }
   });
 
-  it('without check mode, differing sizes never hang: the peers of the failing rank get CommError', async () => {
-    // Gloo 0.5.0 enforces the message size in its I/O thread, which aborts the receiving process;
-    // the launcher reports that rank, the others see their connections close.
-    const results = await runRanks('failures.mjs', 3, ['sizes'], quiet);
-    const failed = results.filter((r) => r.code !== 0);
-    expect(failed.length).toBeGreaterThanOrEqual(1);
-    for (const r of results.filter((x) => x.code === 0)) {
+  for (const n of [2, 3]) {
+    it(`without check mode, differing sizes give every one of ${n} ranks a CommError naming both sizes, and the group stays usable`, async () => {
+      const results = await runRanks('failures.mjs', n, ['sizes'], quiet);
+      const expected = Array.from({ length: n }, (_, r) => r + 1).reduce((a, b) => a + b, 0);
+      for (const r of results) {
+        // Exit code 0 and no signal: no rank was aborted by Gloo.
+        expect(r.code, r.stderr).toBe(0);
+        const { errors } = r.result;
+        for (const [name, e] of Object.entries(errors) as [string, any][]) {
+          expect(e.name, `${name}: ${e.message}`).toBe('CommError');
+        }
+        expect(errors.count.message).toMatch(/element counts differ between ranks: 100 \(400 bytes\) on some, 1000 \(4000 bytes\) on others \(this rank: (100|1000)\)/);
+        expect(errors.dtype.message).toMatch(/dtype: f32 on some, i32 on others/);
+        expect(errors.gather.message).toMatch(/element counts differ|per-rank counts/);
+        expect(errors.kind.message).toMatch(/different collectives/);
+        if (n === 2) {
+          expect(errors.root.message).toMatch(/root: from 0 to 1/);
+          expect(errors.allToAll.message).toMatch(/rank 0 sends 2 elements to rank 0, which expects 1/);
+        }
+        expect(r.result.elapsedMs).toBeLessThan(3000);
+        expect(r.result.after).toEqual(new Array(5).fill(expected));
+      }
+    });
+  }
+
+  it('a send and a recv of different sizes time out on both sides instead of aborting the receiver', async () => {
+    const results = await runRanks('failures.mjs', 2, ['p2psizes'], quiet);
+    for (const r of results) {
+      expect(r.code, r.stderr).toBe(0);
       expect(['CommError', 'TimeoutError']).toContain(r.result.error.name);
       expect(r.result.elapsedMs).toBeLessThan(3000);
     }

@@ -14,6 +14,7 @@
 #include <gloo/types.h>
 
 #include <numeric>
+#include <sstream>
 
 #include "store_client.h"
 
@@ -40,6 +41,44 @@ void withElement(DType dt, F&& f) {
 template <typename T>
 T* typed(const uint8_t* p) { return reinterpret_cast<T*>(const_cast<uint8_t*>(p)); }
 
+// Agreement exchanges use tags with a high bit set, apart from the collective's own (its sequence
+// number, below 2^30).
+constexpr uint32_t kAgreementTagBit = 0x80000000u;
+constexpr uint32_t kAllToAllCountsTagBit = 0x40000000u;
+
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Hashes fit in 62 bits so that negating them cannot overflow.
+int64_t fold(uint64_t h) { return int64_t(h & ((uint64_t(1) << 62) - 1)); }
+
+void maxInt64(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<int64_t*>(c);
+  const auto* x = static_cast<const int64_t*>(a);
+  const auto* y = static_cast<const int64_t*>(b);
+  for (size_t i = 0; i < n; i++) out[i] = std::max(x[i], y[i]);
+}
+
+void allReduceMax(CommState& s, std::vector<int64_t>& v, uint32_t tag, std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions o(s.context);
+  o.setOutput(v.data(), v.size());
+  o.setReduceFunction(maxInt64);
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  gloo::allreduce(o);
+}
+
+std::string listCounts(const std::vector<size_t>& counts) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < counts.size(); i++) out << (i ? "," : "") << counts[i];
+  out << "]";
+  return out.str();
+}
+
 }  // namespace
 
 void connectMesh(CommState& s) {
@@ -49,6 +88,59 @@ void connectMesh(CommState& s) {
   std::shared_ptr<gloo::transport::Device> dev = tcpDevice(s.deviceHost, s.deviceIface);
   ctx->connectFullMesh(store, dev);
   s.context = ctx;
+}
+
+void agreeOn(CommState& s, const Agreement& mine, uint32_t tag, std::chrono::milliseconds timeout) {
+  if (!s.verifySizes || s.size == 1) return;
+  const int64_t fields[] = {fold(fnv1a(mine.op.data(), mine.op.size())), int64_t(mine.dtype), mine.root,
+                            int64_t(mine.count), fold(fnv1a(mine.counts.data(), mine.counts.size() * sizeof(size_t)))};
+  constexpr size_t k = sizeof(fields) / sizeof(fields[0]);
+  std::vector<int64_t> v(2 * k);
+  for (size_t i = 0; i < k; i++) {
+    v[i] = fields[i];
+    v[k + i] = -fields[i];
+  }
+  allReduceMax(s, v, tag | kAgreementTagBit, timeout);
+  auto lo = [&](size_t i) { return -v[k + i]; };
+  auto hi = [&](size_t i) { return v[i]; };
+  if (lo(0) != hi(0))
+    throw MismatchError("ranks run different collectives here (this rank runs " + mine.op +
+                        "); NODETRON_COMM_CHECK=1 names every rank's");
+  if (lo(1) != hi(1))
+    throw MismatchError(std::string("ranks disagree on the dtype: ") + dtypeName(DType(lo(1))) + " on some, " +
+                        dtypeName(DType(hi(1))) + " on others (this rank: " + dtypeName(mine.dtype) + ")");
+  if (lo(2) != hi(2))
+    throw MismatchError("ranks disagree on the root: from " + std::to_string(lo(2)) + " to " + std::to_string(hi(2)) +
+                        " (this rank: " + std::to_string(mine.root) + ")");
+  const size_t esize = dtypeSize(mine.dtype);
+  if (lo(3) != hi(3))
+    throw MismatchError("element counts differ between ranks: " + std::to_string(lo(3)) + " (" +
+                        std::to_string(size_t(lo(3)) * esize) + " bytes) on some, " + std::to_string(hi(3)) + " (" +
+                        std::to_string(size_t(hi(3)) * esize) + " bytes) on others (this rank: " +
+                        std::to_string(mine.count) + ")");
+  if (lo(4) != hi(4))
+    throw MismatchError("ranks pass different per-rank counts (this rank: " + listCounts(mine.counts) + ")");
+}
+
+void agreeOnAllToAll(CommState& s, const std::vector<size_t>& sendCounts, const std::vector<size_t>& recvCounts,
+                     uint32_t tag, std::chrono::milliseconds timeout) {
+  if (!s.verifySizes || s.size == 1) return;
+  // Row r of each n x n matrix is rank r's list; every other entry is 0, so max fills in the rows.
+  const size_t n = size_t(s.size), r = size_t(s.rank);
+  std::vector<int64_t> v(2 * n * n, 0);
+  for (size_t j = 0; j < n; j++) {
+    v[r * n + j] = int64_t(sendCounts[j]);
+    v[n * n + r * n + j] = int64_t(recvCounts[j]);
+  }
+  allReduceMax(s, v, tag | kAllToAllCountsTagBit, timeout);
+  for (size_t i = 0; i < n; i++) {
+    for (size_t j = 0; j < n; j++) {
+      int64_t sends = v[i * n + j], expects = v[n * n + j * n + i];
+      if (sends != expects)
+        throw MismatchError("rank " + std::to_string(i) + " sends " + std::to_string(sends) + " elements to rank " +
+                            std::to_string(j) + ", which expects " + std::to_string(expects));
+    }
+  }
 }
 
 void allReduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, uint32_t tag,
@@ -225,17 +317,24 @@ void barrier(CommState& s, uint32_t tag, std::chrono::milliseconds timeout) {
   gloo::barrier(o);
 }
 
+// Slot bits: prefix (63..56) | tag (55..32, 24 bits) | byte count (31..0, folded above 4 GiB).
+static uint64_t pointToPointSlot(uint32_t tag, size_t bytes) {
+  uint64_t high = uint64_t(bytes) >> 32;
+  uint32_t sizeBits = uint32_t(bytes) ^ (high ? uint32_t(fnv1a(&high, sizeof(high))) : 0u);
+  return (uint64_t(kPointToPointSlotPrefix) << 56) | (uint64_t(tag & 0xffffffu) << 32) | sizeBits;
+}
+
 std::shared_ptr<gloo::transport::UnboundBuffer> postSend(CommState& s, uint8_t* data, size_t bytes, int dst,
                                                          uint32_t tag) {
   std::shared_ptr<gloo::transport::UnboundBuffer> b = s.context->createUnboundBuffer(data, bytes);
-  b->send(dst, gloo::Slot::build(kPointToPointSlotPrefix, tag));
+  b->send(dst, pointToPointSlot(tag, bytes));
   return b;
 }
 
 std::shared_ptr<gloo::transport::UnboundBuffer> postRecv(CommState& s, uint8_t* data, size_t bytes, int src,
                                                          uint32_t tag) {
   std::shared_ptr<gloo::transport::UnboundBuffer> b = s.context->createUnboundBuffer(data, bytes);
-  b->recv(src, gloo::Slot::build(kPointToPointSlotPrefix, tag));
+  b->recv(src, pointToPointSlot(tag, bytes));
   return b;
 }
 

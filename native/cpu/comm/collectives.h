@@ -15,6 +15,24 @@ namespace nt::comm {
 // Rendezvous through the store and connect every pair (blocking; honours state.timeout).
 void connectMesh(CommState& s);
 
+// What every rank must pass alike before a collective whose buffer sizes have to match: Gloo's
+// I/O thread aborts the process when a message is longer than the buffer posted for it.
+struct Agreement {
+  std::string op;           // e.g. "allReduce(sum)"; compared by hash, named in errors
+  DType dtype = DType::F32;
+  int64_t root = -1;        // -1 for rootless ops
+  size_t count = 0;         // elements the op moves in total
+  std::vector<size_t> counts;  // per-rank counts where the op takes them (else empty)
+};
+
+// Unless s.verifySizes is off, runs one small max-allreduce of every field and its negation (so
+// each rank learns the minimum and maximum) and throws MismatchError on every rank alike when the
+// ranks differ, naming the smallest and largest value. `tag` is the collective's own tag.
+void agreeOn(CommState& s, const Agreement& mine, uint32_t tag, std::chrono::milliseconds timeout);
+// allToAll: after agreeOn, checks that what rank i sends to rank j is what j expects from i.
+void agreeOnAllToAll(CommState& s, const std::vector<size_t>& sendCounts, const std::vector<size_t>& recvCounts,
+                     uint32_t tag, std::chrono::milliseconds timeout);
+
 // `in == out` means in place. Counts are elements; `tag` distinguishes concurrent operations.
 void allReduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, uint32_t tag,
                std::chrono::milliseconds timeout);
@@ -35,6 +53,9 @@ void allToAll(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std
 void barrier(CommState& s, uint32_t tag, std::chrono::milliseconds timeout);
 
 // Point to point: posted at once on the calling thread, waited for on the communicator's p2p thread.
+// The byte count is part of the slot, so a send and a recv of different sizes never match (each
+// side times out) instead of Gloo aborting the receiver; sizes of 4 GiB or more are folded into
+// 32 bits, so two such sizes can collide (a 1 in 2^32 chance) and then abort as before.
 std::shared_ptr<gloo::transport::UnboundBuffer> postSend(CommState& s, uint8_t* data, size_t bytes, int dst,
                                                          uint32_t tag);
 std::shared_ptr<gloo::transport::UnboundBuffer> postRecv(CommState& s, uint8_t* data, size_t bytes, int src,

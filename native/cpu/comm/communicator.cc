@@ -19,6 +19,21 @@ std::string CommState::whyBroken() {
   return brokenReason;
 }
 
+void Completion::markStarted() {
+  std::lock_guard<std::mutex> lock(mutex);
+  started = true;
+  startedAt = std::chrono::steady_clock::now();
+  cv.notify_all();
+}
+
+void Completion::finish(const std::optional<Error>& e) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (done) return;
+  done = true;
+  error = e;
+  cv.notify_all();
+}
+
 Error describeFailure(const CommState& s, const Work& w, Err code, const std::string& what) {
   std::string msg = w.op + (w.seq >= 0 ? " #" + std::to_string(w.seq) : std::string()) + " (" +
                     std::to_string(w.bytes) + " bytes) on rank " + std::to_string(s.rank) + " of group '" + s.group +
@@ -69,19 +84,25 @@ void WorkQueue::loop() {
       w = std::move(items_.front());
       items_.pop_front();
     }
+    w->completion->markStarted();
     if (w->marksBrokenOnError && state_->broken.load()) {
       w->error = describeFailure(*state_, *w, Err::Comm,
                                  "the communicator is unusable after an earlier failure: " + state_->whyBroken());
     } else {
+      bool mismatch = false;
       try {
         w->run();
+      } catch (const MismatchError& e) {
+        w->error = describeFailure(*state_, *w, e.code, e.message);
+        mismatch = true;
       } catch (const Error& e) {
         w->error = describeFailure(*state_, *w, e.code, e.message);
       } catch (const std::exception& e) {
         w->error = describeFailure(*state_, *w, classify(e.what()), e.what());
       }
-      if (w->error && w->marksBrokenOnError) state_->markBroken(w->error->message);
+      if (w->error && w->marksBrokenOnError && !mismatch) state_->markBroken(w->error->message);
     }
+    w->completion->finish(w->error);
     Work* raw = w.release();
     napi_status st = tsfn_.BlockingCall(raw, [](Napi::Env env, Napi::Function, Work* done) {
       std::unique_ptr<Work> owned(done);

@@ -32,6 +32,8 @@ struct CommState {
   std::string deviceHost;
   std::string deviceIface;
   std::shared_ptr<gloo::rendezvous::Context> context;  // set by connect on the collective thread
+  // Ranks agree on op, dtype and sizes before each collective (see agreeOn in collectives.h).
+  bool verifySizes = true;
 
   // A failed collective leaves Gloo's slots out of step between ranks, so later ops fail fast.
   std::mutex brokenMutex;
@@ -39,6 +41,26 @@ struct CommState {
   std::atomic<bool> broken{false};
   void markBroken(const std::string& why);
   std::string whyBroken();
+};
+
+// Ranks disagreed before any byte of the collective moved: the op fails on every rank, and the
+// communicator stays usable because all ranks ran the same agreement exchange.
+struct MismatchError : Error {
+  explicit MismatchError(const std::string& message) : Error{Err::Comm, message, ""} {}
+};
+
+// How a Work ended, readable from the JS thread while it blocks in waitSync (the promise settles
+// later, when the event loop runs again).
+struct Completion {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool started = false;
+  bool done = false;
+  std::chrono::steady_clock::time_point startedAt;
+  std::optional<Error> error;
+  void markStarted();
+  // The first outcome wins (a waitSync that gave up first, or the queue thread).
+  void finish(const std::optional<Error>& e);
 };
 
 // One unit of work: runs on a queue thread, then settles its promise on the JS thread.
@@ -52,6 +74,7 @@ struct Work {
   std::optional<Napi::Promise::Deferred> deferred;
   std::vector<Napi::ObjectReference> keepAlive;  // storages (and the communicator) in use
   std::function<void()> settled;                 // JS-thread bookkeeping after the promise settles
+  std::shared_ptr<Completion> completion = std::make_shared<Completion>();
 };
 
 // A FIFO of Work served by one thread; results go back through a thread-safe function.

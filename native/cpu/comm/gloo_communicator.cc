@@ -1,6 +1,7 @@
 // GlooCommunicator: the JS object behind a cpu process group. Validates what memory safety needs,
 // keeps the storages alive while an op is in flight, queues the op on the communicator's thread and
-// returns a Promise. Native method signatures are listed in lib/distributed/backend.ts.
+// returns a Promise carrying a waitSync() that blocks the JS thread until the op is done. Native
+// method signatures are listed in lib/distributed/backend.ts.
 #include <gloo/transport/unbound_buffer.h>
 
 #include <cmath>
@@ -36,11 +37,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     exports.Set("GlooCommunicator", fn);
   }
 
-  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface)
+  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes)
   explicit GlooCommunicator(const Napi::CallbackInfo& info) : Napi::ObjectWrap<GlooCommunicator>(info) {
     try {
       Args a{info, "GlooCommunicator"};
-      a.count(8);
+      a.count(9);
       state_ = std::make_shared<CommState>();
       state_->storeHost = a.string(0);
       state_->storePort = static_cast<int>(a.size(1));
@@ -50,6 +51,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       state_->timeout = std::chrono::milliseconds(a.size(5));
       state_->deviceHost = a.string(6);
       state_->deviceIface = a.string(7);
+      state_->verifySizes = a.boolean(8);
       if (state_->size < 1 || state_->rank >= state_->size)
         fail(Err::Argument, "GlooCommunicator: rank " + std::to_string(state_->rank) + " is outside a group of size " +
                                 std::to_string(state_->size));
@@ -141,15 +143,46 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
 
   // Queues w and returns its promise; the thread-safe function keeps the event loop alive only
   // while some op is in flight, so an idle communicator does not hold a process open.
-  Napi::Value submit(const Napi::CallbackInfo& info, std::unique_ptr<Work> w, WorkQueue& q) {
+  // `timeout` bounds a waitSync once the op has started running (queued ops ahead of it are
+  // bounded by their own timeouts).
+  Napi::Value submit(const Napi::CallbackInfo& info, std::unique_ptr<Work> w, WorkQueue& q,
+                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
     Napi::Promise p = w->deferred->Promise();
     Napi::Env env = info.Env();
+    if (timeout.count() > 0) p.Set("waitSync", waitSyncFunction(env, w->completion, timeout, w->op));
     if (pending_++ == 0) tsfn_.Ref(env);
     w->settled = [this, env] {
       if (--pending_ == 0) tsfn_.Unref(env);
     };
     q.push(std::move(w));
     return p;
+  }
+
+  // promise.waitSync(): blocks until the op has finished on this rank and throws its typed error,
+  // the same one the promise rejects with. Gloo ends an op on its own timeout; the grace covers
+  // its slack, after which the wait gives up with TimeoutError and marks the communicator broken.
+  Napi::Function waitSyncFunction(Napi::Env env, std::shared_ptr<Completion> c, std::chrono::milliseconds timeout,
+                                  std::string op) {
+    std::shared_ptr<CommState> s = state_;
+    return Napi::Function::New(env, [c, timeout, op, s](const Napi::CallbackInfo& info) -> Napi::Value {
+      constexpr std::chrono::milliseconds grace{2000};
+      std::unique_lock<std::mutex> lock(c->mutex);
+      c->cv.wait(lock, [&] { return c->started || c->done; });
+      if (!c->cv.wait_until(lock, c->startedAt + timeout + grace, [&] { return c->done; })) {
+        lock.unlock();
+        std::string why = op + " on rank " + std::to_string(s->rank) + " of group '" + s->group +
+                          "' did not finish within " + std::to_string((timeout + grace).count()) + " ms (waitSync)";
+        s->markBroken(why);
+        c->finish(Error{Err::Timeout, why, "GlooCommunicator." + op});
+        lock.lock();
+      }
+      if (c->error) {
+        Error e = *c->error;
+        lock.unlock();
+        makeError(info.Env(), e.code, e.message, e.call).ThrowAsJavaScriptException();
+      }
+      return info.Env().Undefined();
+    }, "waitSync");
   }
 
   std::chrono::milliseconds timeoutArg(const Args& a, size_t i) {
@@ -188,8 +221,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = n * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { allReduce(*s, in, out, dt, n, op, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, dt, -1, n, {}};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      allReduce(*s, in, out, dt, n, op, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
@@ -208,8 +245,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = n * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { broadcast(*s, in, out, dt, n, root, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, dt, root, n, {}};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      broadcast(*s, in, out, dt, n, root, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
@@ -230,8 +271,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = n * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { reduce(*s, in, out, dt, n, op, root, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, dt, root, n, {}};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      reduce(*s, in, out, dt, n, op, root, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)
@@ -250,8 +295,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = total * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { allGather(*s, in, out, dt, c, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, dt, -1, total, c};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      allGather(*s, in, out, dt, c, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // reduceScatter(send, recv, dtype, counts[size], op, seq, timeoutMs)
@@ -274,8 +323,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = total * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { reduceScatter(*s, in, out, dt, c, op, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, dt, -1, total, c};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      reduceScatter(*s, in, out, dt, c, op, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // allToAll(send, recv, dtype, sendCounts[size], recvCounts[size], seq, timeoutMs)
@@ -299,8 +352,14 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->bytes = sendTotal * dtypeSize(dt);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { allToAll(*s, in, out, dt, sc, rc, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    // Totals legitimately differ between ranks; the per-pair counts are checked after the header.
+    Agreement agreement{w->op, dt, -1, 0, {}};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      agreeOnAllToAll(*s, sc, rc, tag, timeout);
+      allToAll(*s, in, out, dt, sc, rc, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // barrier(seq, timeoutMs)
@@ -313,8 +372,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     auto timeout = timeoutArg(a, 1);
     std::shared_ptr<CommState> s = state_;
     uint32_t tag = uint32_t(w->seq);
-    w->run = [=] { barrier(*s, tag, timeout); };
-    return submit(info, std::move(w), *collectives_);
+    Agreement agreement{w->op, DType::U8, -1, 0, {}};
+    w->run = [=] {
+      agreeOn(*s, agreement, tag, timeout);
+      barrier(*s, tag, timeout);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
   }
 
   // send(storage, dtype, count, dst, tag, timeoutMs) / recv(storage, dtype, count, src, tag, timeoutMs):
@@ -347,7 +410,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->marksBrokenOnError = false;
     if (w->bytes == 0) {
       w->run = [] {};
-      return submit(info, std::move(w), *pointToPoint_);
+      return submit(info, std::move(w), *pointToPoint_, timeout);
     }
     std::shared_ptr<gloo::transport::UnboundBuffer> b;
     try {
@@ -357,7 +420,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       throw err;
     }
     w->run = [b, isSend, timeout] { isSend ? waitSend(*b, timeout) : waitRecv(*b, timeout); };
-    return submit(info, std::move(w), *pointToPoint_);
+    return submit(info, std::move(w), *pointToPoint_, timeout);
   }
 
   // p2p posts on the JS thread touch the Gloo context directly, so it must exist already.
