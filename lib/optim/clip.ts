@@ -40,7 +40,12 @@ export function clipGradNorm(params: Iterable<Tensor>, maxNorm: number): number 
   if (typeof maxNorm !== 'number' || !(maxNorm > 0)) throw new ArgumentError(`clipGradNorm: maxNorm must be a number > 0, got ${maxNorm}`);
   const list = [...params];
   const norm = Math.sqrt(gradSumSquares(list));
-  const factor = maxNorm / (norm + 1e-6);
+  const factor = clipFactor(norm, maxNorm);
   if (factor < 1) scaleGrads(list, factor);
   return norm;
+}
+
+/** The factor clipping applies to gradients of global norm `norm` (1 when no clipping is needed). */
+export function clipFactor(norm: number, maxNorm: number): number {
+  return Math.min(1, maxNorm / (norm + 1e-6));
 }

@@ -13,3 +13,7 @@ export { fileWorld } from './file-group.js';
 export { copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion } from './tensor-parallel/mappings.js';
 export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
 export { gpipe, oneForwardOneBackward, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
+export {
+  resolveTrainingLayout, batchSlice, initParallelTraining, DataParallelTrainer,
+  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type DataParallelTrainerOptions,
+} from './layout.js';

@@ -3,6 +3,8 @@
 // gradients, updates the local shard and allgathers the updated parameters.
 import { ArgumentError, StateError } from '../../errors.js';
 import { parseDevice } from '../../device.js';
+import { tensor } from '../../creation.js';
+import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
 import type { Optimizer } from '../../optim/optimizer.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
@@ -112,10 +114,16 @@ export class ZeroOptimizer<H extends { lr: number }> {
   }
 
   /**
-   * One update: reduce-scatter the averaged gradients (each rank receives its shard's), step the
-   * shard, allgather the updated shards into every parameter. Every rank of the group calls it.
+   * One update: reduce-scatter the averaged gradients (each rank receives its shard's), optionally
+   * clip them to a global norm, step the shard, allgather the updated shards into every parameter.
+   * Every rank of the group calls it. Returns the global gradient norm before clipping when
+   * `maxGradNorm` is given.
    */
-  async step(): Promise<void> {
+  async step(options: { maxGradNorm?: number } = {}): Promise<{ gradNorm?: number }> {
+    const { maxGradNorm } = options;
+    if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
+      throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
+    }
     for (const g of this.#groups) {
       const first = g.layout.entries[0]!.param;
       using flatGrad = emptyOn([g.layout.paddedCount], 'f32', first.deviceInfo, true);
@@ -131,8 +139,23 @@ export class ZeroOptimizer<H extends { lr: number }> {
       // Stage 2 keeps only the shard's gradient; the full per-parameter gradients are released.
       if (this.stage === 2) for (const e of g.layout.entries) { e.param.grad?.dispose(); e.param.grad = null; }
     }
+    const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm);
     this.inner.step();
     for (const g of this.#groups) await this.#allGatherParams(g);
+    return gradNorm === undefined ? {} : { gradNorm };
+  }
+
+  // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
+  // is the group sum of the shards' sums.
+  async #clipShardGrads(maxGradNorm: number): Promise<number> {
+    const masters = this.#groups.map((g) => g.master);
+    const first = this.#groups[0]!.layout.entries[0]!.param;
+    using total = tensor(new Float32Array([gradSumSquares(masters)]), [1], { device: first.device });
+    await this.group.allReduce(total, { op: 'sum' });
+    const norm = Math.sqrt(total.toArraySync()[0]!);
+    const factor = clipFactor(norm, maxGradNorm);
+    if (factor < 1) scaleGrads(masters, factor);
+    return norm;
   }
 
   async #allGatherParams(g: ShardedGroup): Promise<void> {
