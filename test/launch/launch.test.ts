@@ -23,6 +23,8 @@ interface Launch {
   pid: number;
   done: Promise<Run>;
   signal(s: NodeJS.Signals): void;
+  /** Resolves once stdout holds `count` matches of `pattern` (start-up takes longer on a loaded machine). */
+  stdoutMatches(pattern: RegExp, count: number, timeoutMs?: number): Promise<void>;
 }
 
 /** Starts a launcher from a directory other than the package root (the .ts loader must resolve from anywhere). */
@@ -38,7 +40,15 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
   child.stdout.on('data', (c) => (stdout += c));
   child.stderr.on('data', (c) => (stderr += c));
   const done = new Promise<Run>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr, ms: Date.now() - t0 })));
-  return { pid: child.pid!, done, signal: (s) => child.kill(s) };
+  const stdoutMatches = async (pattern: RegExp, count: number, timeoutMs = 30_000) => {
+    const global = new RegExp(pattern.source, 'g');
+    const deadline = Date.now() + timeoutMs;
+    while ((stdout.match(global)?.length ?? 0) < count) {
+      if (Date.now() > deadline) throw new Error(`stdout did not show ${count} x ${pattern} within ${timeoutMs} ms:\n${stdout}\n${stderr}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  };
+  return { pid: child.pid!, done, signal: (s) => child.kill(s), stdoutMatches };
 }
 
 const run = (args: string[], env?: NodeJS.ProcessEnv) => launch(args, env).done;
@@ -178,7 +188,7 @@ describe('nodetron launch', () => {
     const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
     const node1 = launch([...common, '--node-rank', '1', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
     // Wait until both ranks run, then freeze node 1's launcher (its rank keeps running).
-    await new Promise((r) => setTimeout(r, 2500));
+    await Promise.all([node0.stdoutMatches(/sleeping pid/, 1), node1.stdoutMatches(/sleeping pid/, 1)]);
     node1.signal('SIGSTOP');
     const r0 = await node0.done;
     node1.signal('SIGCONT');
@@ -206,7 +216,7 @@ describe('nodetron launch', () => {
 
   it('SIGTERM to the launcher stops its ranks', async () => {
     const l = launch(['--nproc-per-node', '2', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
-    await new Promise((r) => setTimeout(r, 1500));
+    await l.stdoutMatches(/sleeping pid/, 2);
     l.signal('SIGTERM');
     const r = await l.done;
     expect(r.code).toBe(143);
