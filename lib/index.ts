@@ -11,8 +11,14 @@ export * as ops from './ops/index.js';
 export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, checkpoint, type BackwardOptions } from './autograd/index.js';
 export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
+export * as cuda from './cuda/index.js';
+export {
+  autocast, autocastDtypeFor, autocastState, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
+  AUTOCAST_LOW_PRECISION_OPS, AUTOCAST_F32_OPS,
+} from './amp.js';
 export { version } from './version.js';
 export * as distributed from './distributed/index.js';
 export * as nn from './nn/index.js';
 export * as optim from './optim/index.js';
 export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './training.js';
+export * as parallel from './parallel/index.js';

@@ -391,6 +391,8 @@ static Napi::Value SetErrorFactory(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("setErrorFactory", SetErrorFactory);
 
+// Host memory statistics; the cuda addon exports its allocator's statistics under these names.
+#ifndef NT_BACKEND_CUDA
 static Napi::Value MemoryStats(const Napi::CallbackInfo& info) {
   Napi::Object o = Napi::Object::New(info.Env());
   HostStats& s = hostStats();
@@ -413,6 +415,7 @@ static Napi::Value EmptyCache(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 NT_EXPORT("emptyCache", EmptyCache);
+#endif
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   Storage::Init(env, exports);

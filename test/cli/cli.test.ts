@@ -17,7 +17,7 @@ describe('nodetron CLI', () => {
     expect(info.backends.cpu.available).toBe(true);
     expect(info.backends.cpu.blasConfig).toMatch(/OpenBLAS/);
     expect(info.cpu.cores).toBeGreaterThan(0);
-    if (!info.backends.cuda.available) expect(info.backends.cuda.reason).toMatch(/\w{10,}/);
+    if (!info.backends.cuda.available) expect(info.backends.cuda.reason.length).toBeGreaterThan(20);
     if (info.cpu.avx512) expect(info.backends.cpu.blasCoreType).toBe('SkylakeX');
   });
 

@@ -1,0 +1,166 @@
+// Mixed precision: the autocast policy (which ops compute in bf16/f16, which stay in f32), f32 master
+// weights with low-precision compute copies, and GradScaler's dynamic loss scaling for f16. All of it
+// is device-agnostic; ops consult autocastDtypeFor(op) to pick their compute dtype.
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { tensor } from './creation.js';
+import { type DType, dtypeCode } from './dtype.js';
+import { ArgumentError, DTypeError } from './errors.js';
+import { emptyOn, type Tensor } from './tensor.js';
+
+/** Ops that run in the autocast dtype: their cost is in tensor-core GEMMs that accumulate in f32. */
+export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue']);
+/** Ops kept in f32 under autocast: reductions and exponentials whose range or sums a 16-bit type loses. */
+export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
+  'softmax', 'logSoftmax', 'crossEntropy', 'layerNorm', 'rmsNorm', 'sum', 'mean', 'norm', 'exp', 'log', 'pow',
+]);
+
+export type LowPrecision = 'bf16' | 'f16';
+interface AutocastState { dtype: LowPrecision; enabled: boolean }
+const autocastStore = new AsyncLocalStorage<AutocastState>();
+
+/**
+ * Runs fn with autocast on: ops in AUTOCAST_LOW_PRECISION_OPS compute in `dtype`, ops in
+ * AUTOCAST_F32_OPS in f32, the rest in their inputs' dtype. Nests; works across await.
+ */
+export function autocast<T>(opts: { dtype?: LowPrecision; enabled?: boolean }, fn: () => T): T {
+  const dtype = opts.dtype ?? 'bf16';
+  if (dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`autocast: dtype must be 'bf16' or 'f16', got ${String(dtype)}`);
+  return autocastStore.run({ dtype, enabled: opts.enabled ?? true }, fn);
+}
+
+/** The dtype an op should compute in under the current autocast, or undefined for "as its inputs". */
+export function autocastDtypeFor(op: string): DType | undefined {
+  const s = autocastStore.getStore();
+  if (!s || !s.enabled) return undefined;
+  if (AUTOCAST_LOW_PRECISION_OPS.has(op)) return s.dtype;
+  if (AUTOCAST_F32_OPS.has(op)) return 'f32';
+  return undefined;
+}
+
+/** Whether autocast is on here, and with which dtype. */
+export function autocastState(): { enabled: boolean; dtype: LowPrecision | undefined } {
+  const s = autocastStore.getStore();
+  return { enabled: !!s?.enabled, dtype: s?.enabled ? s.dtype : undefined };
+}
+
+/**
+ * f32 master weights with low-precision copies for compute: the optimizer updates `master`,
+ * refresh() re-casts them into `compute` (same storage reused, no allocation per step).
+ */
+export class MasterWeights {
+  readonly compute: Tensor[];
+  constructor(readonly master: Tensor[], readonly dtype: LowPrecision = 'bf16') {
+    for (const m of master) if (m.dtype !== 'f32') throw new DTypeError(`MasterWeights: master weights must be f32, got ${m.describe()}`);
+    this.compute = master.map((m) => emptyOn(m.shape, dtype, m.deviceInfo));
+    this.refresh();
+  }
+  refresh(): void {
+    this.master.forEach((m, i) => {
+      const c = this.compute[i]!;
+      m.backend.cast(m.storage, dtypeCode('f32'), c.storage, dtypeCode(this.dtype), m.size);
+    });
+  }
+  dispose(): void { for (const c of this.compute) c.dispose(); }
+}
+
+export interface GradScalerOptions {
+  /** Starting loss scale (default 2^16). */
+  initScale?: number;
+  /** Scale multiplier after growthInterval steps without overflow (default 2). */
+  growthFactor?: number;
+  /** Scale multiplier after an overflow (default 0.5). */
+  backoffFactor?: number;
+  /** Overflow-free steps before the scale grows (default 2000). */
+  growthInterval?: number;
+  /** false: scale 1, no checks, every step taken (same code path for f32/bf16 runs). */
+  enabled?: boolean;
+}
+
+/**
+ * Dynamic loss scaling for f16 training (PyTorch's GradScaler): multiply the loss by `scale` before
+ * backward, then step() unscales the gradients, skips the optimizer step when any is inf/NaN, and
+ * update() lowers the scale after an overflow or raises it after a run of clean steps.
+ */
+export class GradScaler {
+  #scale: number;
+  #growthTracker = 0;
+  #foundInf: boolean | undefined;
+  readonly growthFactor: number;
+  readonly backoffFactor: number;
+  readonly growthInterval: number;
+  readonly enabled: boolean;
+
+  constructor(opts: GradScalerOptions = {}) {
+    this.enabled = opts.enabled ?? true;
+    this.#scale = this.enabled ? (opts.initScale ?? 2 ** 16) : 1;
+    this.growthFactor = opts.growthFactor ?? 2;
+    this.backoffFactor = opts.backoffFactor ?? 0.5;
+    this.growthInterval = opts.growthInterval ?? 2000;
+    if (!(this.#scale > 0) || !Number.isFinite(this.#scale)) throw new ArgumentError(`GradScaler: initScale must be a positive finite number`);
+    if (!(this.growthFactor > 1)) throw new ArgumentError(`GradScaler: growthFactor must be > 1`);
+    if (!(this.backoffFactor > 0 && this.backoffFactor < 1)) throw new ArgumentError(`GradScaler: backoffFactor must lie in (0, 1)`);
+    if (!Number.isInteger(this.growthInterval) || this.growthInterval < 1) throw new ArgumentError(`GradScaler: growthInterval must be a positive integer`);
+  }
+
+  /** The factor to multiply the loss by (1 when disabled). */
+  get scale(): number { return this.#scale; }
+
+  /**
+   * Divides the gradients by the scale in place and reports whether any is inf or NaN. Called by
+   * step(); call it yourself before gradient clipping. Gradients go through host memory: on cuda,
+   * optimizers that take a gradient scale (the fused AdamW/LAMB) avoid the round trip.
+   */
+  unscale(grads: readonly Tensor[]): boolean {
+    if (!this.enabled) return (this.#foundInf = false);
+    if (this.#foundInf !== undefined) return this.#foundInf;  // once per step
+    const inv = 1 / this.#scale;
+    let foundInf = false;
+    for (const g of grads) {
+      const values = g.toArraySync() as Float32Array;
+      const out = new Float32Array(values.length);
+      for (let i = 0; i < values.length; i++) {
+        const v = values[i]! * inv;
+        if (!Number.isFinite(v)) foundInf = true;
+        out[i] = v;
+      }
+      if (g.dtype === 'f32') {
+        g.backend.write(g.storage, 0, out);
+      } else {
+        const wide = tensor(out, [...g.shape], { device: g.device });
+        try { g.backend.cast(wide.storage, dtypeCode('f32'), g.storage, dtypeCode(g.dtype), g.size); } finally { wide.dispose(); }
+      }
+    }
+    return (this.#foundInf = foundInf);
+  }
+
+  /** Unscales (unless done), then runs optimizerStep only if every gradient is finite. Returns whether it ran. */
+  step(grads: readonly Tensor[], optimizerStep: () => void): boolean {
+    const foundInf = this.unscale(grads);
+    if (!foundInf) optimizerStep();
+    return !foundInf;
+  }
+
+  /** Adjusts the scale from this step's outcome (or `foundInf` when given) and starts the next step. */
+  update(foundInf?: boolean): void {
+    const inf = foundInf ?? this.#foundInf;
+    this.#foundInf = undefined;
+    if (!this.enabled || inf === undefined) return;
+    if (inf) {
+      this.#scale *= this.backoffFactor;
+      this.#growthTracker = 0;
+    } else if (++this.#growthTracker === this.growthInterval) {
+      const grown = this.#scale * this.growthFactor;
+      if (Number.isFinite(grown)) this.#scale = grown;
+      this.#growthTracker = 0;
+    }
+  }
+
+  stateDict(): { scale: number; growthTracker: number } {
+    return { scale: this.#scale, growthTracker: this.#growthTracker };
+  }
+  loadStateDict(s: { scale: number; growthTracker: number }): void {
+    if (!(s.scale > 0) || !Number.isInteger(s.growthTracker) || s.growthTracker < 0) throw new ArgumentError('GradScaler.loadStateDict: bad state');
+    this.#scale = s.scale;
+    this.#growthTracker = s.growthTracker;
+  }
+}

@@ -1,0 +1,316 @@
+// `nodetron bench comm`: collective bandwidth the way nccl-tests reports it (size, count, type,
+// redop, root, time, algbw, busbw, #wrong; out-of-place and in-place), run under the launcher (or
+// launching itself), with an optional side-by-side run of torch.distributed's Gloo allreduce.
+import { spawnSync } from 'node:child_process';
+import { existsSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { full, tensor, zeros } from '../creation.js';
+import { DTYPES, dtypeSize, type DType } from '../dtype.js';
+import { ArgumentError } from '../errors.js';
+import * as dist from '../distributed/index.js';
+import type { ReduceOp } from '../distributed/index.js';
+import type { Tensor } from '../tensor.js';
+import { machineRecord, parseBytes, parseOptions, printTable, writeJson } from './util.js';
+
+const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv'] as const;
+type BenchOp = (typeof OPS)[number];
+
+/** nccl-tests' bus-bandwidth factors: busbw = algbw * factor(n). */
+export function busFactor(op: BenchOp, n: number): number {
+  if (op === 'all_reduce') return (2 * (n - 1)) / n;
+  if (op === 'all_gather' || op === 'reduce_scatter' || op === 'all_to_all') return (n - 1) / n;
+  return 1;
+}
+
+interface Measurement { timeUs: number; algbw: number; busbw: number; wrong: number }
+export interface CommRow { bytes: number; count: number; dtype: DType; redop: string; root: number; outOfPlace: Measurement | null; inPlace: Measurement | null }
+
+// Small integers: exact in every dtype, so #wrong counts real errors and not rounding.
+const valueAt = (rank: number, i: number): number => ((i % 7) + rank) % 5;
+
+function filled(count: number, dtype: DType, rank: number): Tensor {
+  const a = new Float32Array(count);
+  for (let i = 0; i < count; i++) a[i] = valueAt(rank, i);
+  return dtype === 'f32' ? tensor(a, [count]) : tensor(a, [count], { dtype });
+}
+
+function reduceRef(op: ReduceOp, i: number, n: number, dtype: DType): number {
+  let acc = op === 'prod' ? 1 : op === 'max' ? -Infinity : op === 'min' ? Infinity : 0;
+  for (let r = 0; r < n; r++) {
+    const v = valueAt(r, i);
+    acc = op === 'prod' ? acc * v : op === 'max' ? Math.max(acc, v) : op === 'min' ? Math.min(acc, v) : acc + v;
+  }
+  if (op !== 'avg') return acc;
+  return dtype === 'i32' || dtype === 'u8' ? Math.trunc(acc / n) : acc / n;
+}
+
+function countWrong(t: Tensor, expected: (i: number) => number, dtype: DType): number {
+  const got = t.toArraySync();
+  const tol = dtype === 'f16' || dtype === 'bf16' ? 1e-2 : dtype === 'f32' ? 1e-6 : 0;
+  let wrong = 0;
+  for (let i = 0; i < got.length; i++) {
+    const e = expected(i);
+    if (!(Math.abs(got[i]! - e) <= tol * Math.max(1, Math.abs(e)))) wrong++;
+  }
+  return wrong;
+}
+
+interface Plan {
+  /** Runs the op once; `inPlace` picks the form. */
+  run(inPlace: boolean): PromiseLike<unknown>;
+  /** Mismatching elements after a fresh run of the form. */
+  check(inPlace: boolean): Promise<number>;
+  supports: { outOfPlace: boolean; inPlace: boolean };
+  dispose(): void;
+}
+
+function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, redop: ReduceOp): Plan {
+  const n = g.size, rank = g.rank;
+  const owned: Tensor[] = [];
+  const keep = <T extends Tensor>(t: T): T => { owned.push(t); return t; };
+  const dispose = (): void => { for (const t of owned) t.dispose(); };
+  switch (op) {
+    case 'all_reduce': {
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.allReduce(x, { op: redop }) : g.allReduce(x, { op: redop, out }));
+      return {
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          const fresh = filled(count, dtype, rank);
+          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
+          fresh.dispose();
+          await run(ip);
+          return countWrong(ip ? x : out, (i) => reduceRef(redop, i, n, dtype), dtype);
+        },
+      };
+    }
+    case 'broadcast': {
+      const x = keep(filled(count, dtype, rank));
+      return {
+        run: () => g.broadcast(x, { root: 0 }), dispose, supports: { outOfPlace: false, inPlace: true },
+        async check() {
+          const fresh = filled(count, dtype, rank);
+          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
+          fresh.dispose();
+          await g.broadcast(x, { root: 0 });
+          return countWrong(x, (i) => valueAt(0, i), dtype);
+        },
+      };
+    }
+    case 'all_gather': {
+      const per = count / n;
+      const x = keep(filled(per, dtype, rank)), out = keep(zeros([count], { dtype }));
+      return {
+        run: () => g.allGather(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
+        async check() { await g.allGather(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype); },
+      };
+    }
+    case 'reduce_scatter': {
+      const per = count / n;
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([per], { dtype }));
+      return {
+        run: () => g.reduceScatter(out, x, { op: redop }), dispose, supports: { outOfPlace: true, inPlace: false },
+        async check() { await g.reduceScatter(out, x, { op: redop }); return countWrong(out, (i) => reduceRef(redop, rank * per + i, n, dtype), dtype); },
+      };
+    }
+    case 'all_to_all': {
+      const per = count / n;
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      return {
+        run: () => g.allToAll(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
+        // Block j of out is block `rank` of rank j's input.
+        async check() { await g.allToAll(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype); },
+      };
+    }
+    case 'sendrecv': {
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const right = (rank + 1) % n, left = (rank + n - 1) % n;
+      const run = () => Promise.all([g.send(x, right), g.recv(out, left)]);
+      return {
+        run, dispose, supports: { outOfPlace: true, inPlace: false },
+        async check() { await run(); return countWrong(out, (i) => valueAt(left, i), dtype); },
+      };
+    }
+  }
+}
+
+// Seconds per op on this rank: iterations issued back to back after warm-up (each Gloo op runs
+// to completion on the communicator thread before the next starts).
+async function timeOp(g: dist.ProcessGroup, p: Plan, inPlace: boolean, iters: number, warmup: number): Promise<number> {
+  for (let i = 0; i < warmup; i++) await p.run(inPlace);
+  await g.barrier();
+  const t0 = process.hrtime.bigint();
+  const works: Promise<unknown>[] = [];
+  for (let i = 0; i < iters; i++) works.push(Promise.resolve(p.run(inPlace)));
+  await Promise.all(works);
+  return Number(process.hrtime.bigint() - t0) / 1e9 / iters;
+}
+
+// The slowest rank's time, as every rank sees it.
+async function maxOverRanks(g: dist.ProcessGroup, seconds: number): Promise<number> {
+  const t = full([1], seconds);
+  await g.allReduce(t, { op: 'max' });
+  const v = t.item();
+  t.dispose();
+  return v;
+}
+
+export interface CommBenchOptions {
+  op: BenchOp; minBytes: number; maxBytes: number; factor: number; iters: number; warmup: number; dtype: DType; redop: ReduceOp; check: boolean;
+}
+
+/** Runs the sweep on the world group (every rank calls it); rows are identical on all ranks. */
+export async function runCommBench(o: CommBenchOptions): Promise<CommRow[]> {
+  const g = dist.world();
+  const n = g.size, esize = dtypeSize(o.dtype);
+  const unit = o.op === 'all_reduce' || o.op === 'broadcast' || o.op === 'sendrecv' ? 1 : n;
+  const rows: CommRow[] = [];
+  for (let bytes = o.minBytes; bytes <= o.maxBytes; bytes = Math.max(bytes + 1, Math.round(bytes * o.factor))) {
+    const count = Math.floor(bytes / esize / unit) * unit;
+    if (count === 0) continue;
+    const p = plan(o.op, g, count, o.dtype, o.redop);
+    const measure = async (ip: boolean): Promise<Measurement | null> => {
+      if (!(ip ? p.supports.inPlace : p.supports.outOfPlace)) return null;
+      const sec = await maxOverRanks(g, await timeOp(g, p, ip, o.iters, o.warmup));
+      const wrong = o.check ? await p.check(ip) : 0;
+      const wrongAll = full([1], wrong);
+      await g.allReduce(wrongAll);
+      const algbw = (count * esize) / sec / 1e9;
+      const m = { timeUs: sec * 1e6, algbw, busbw: algbw * busFactor(o.op, n), wrong: wrongAll.item() };
+      wrongAll.dispose();
+      return m;
+    };
+    const outOfPlace = await measure(false);
+    const inPlace = await measure(true);
+    p.dispose();
+    const hasRedop = o.op === 'all_reduce' || o.op === 'reduce_scatter';
+    rows.push({ bytes: count * esize, count, dtype: o.dtype, redop: hasRedop ? o.redop : 'none', root: o.op === 'broadcast' ? 0 : -1, outOfPlace, inPlace });
+  }
+  return rows;
+}
+
+const fmt = (m: Measurement | null): string[] => (m ? [m.timeUs.toFixed(1), m.algbw.toFixed(2), m.busbw.toFixed(2), String(m.wrong)] : ['-', '-', '-', '-']);
+
+/** Average busbw over all measured cells (nccl-tests' footer). */
+export function averageBusbw(rows: CommRow[]): number {
+  const all = rows.flatMap((r) => [r.outOfPlace, r.inPlace]).filter((m): m is Measurement => m !== null);
+  return all.reduce((a, m) => a + m.busbw, 0) / Math.max(all.length, 1);
+}
+
+/** busbw vs message size as a self-contained SVG (log2 x axis). */
+export function plotSvg(title: string, series: { name: string; points: [number, number][] }[]): string {
+  const W = 720, H = 420, L = 70, R = 20, T = 40, B = 60;
+  const pts = series.flatMap((s) => s.points);
+  const xs = pts.map(([b]) => Math.log2(b)), ys = pts.map(([, v]) => v);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y1 = Math.max(...ys, 1e-9) * 1.1;
+  const px = (b: number): number => L + ((Math.log2(b) - x0) / (x1 - x0)) * (W - L - R);
+  const py = (v: number): number => H - B - (v / y1) * (H - T - B);
+  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e'];
+  const label = (b: number): string => (b >= 2 ** 30 ? `${b / 2 ** 30}G` : b >= 2 ** 20 ? `${b / 2 ** 20}M` : b >= 1024 ? `${b / 1024}K` : `${b}`);
+  const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" font-family="sans-serif" font-size="12">`,
+    `<rect width="${W}" height="${H}" fill="white"/>`, `<text x="${W / 2}" y="22" text-anchor="middle" font-size="15">${title}</text>`,
+    `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="black"/>`, `<line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="black"/>`,
+    `<text x="${W / 2}" y="${H - 15}" text-anchor="middle">message size (bytes)</text>`,
+    `<text x="18" y="${H / 2}" text-anchor="middle" transform="rotate(-90 18 ${H / 2})">busbw (GB/s)</text>`];
+  for (let e = Math.ceil(x0); e <= x1; e += Math.max(1, Math.round((x1 - x0) / 10))) {
+    parts.push(`<text x="${px(2 ** e)}" y="${H - B + 16}" text-anchor="middle">${label(2 ** e)}</text>`);
+  }
+  for (let k = 0; k <= 5; k++) {
+    const v = (y1 / 5) * k;
+    parts.push(`<text x="${L - 6}" y="${py(v) + 4}" text-anchor="end">${v.toFixed(2)}</text>`,
+      `<line x1="${L}" y1="${py(v)}" x2="${W - R}" y2="${py(v)}" stroke="#ddd"/>`);
+  }
+  series.forEach((s, i) => {
+    const c = colors[i % colors.length];
+    parts.push(`<polyline fill="none" stroke="${c}" stroke-width="2" points="${s.points.map(([b, v]) => `${px(b).toFixed(1)},${py(v).toFixed(1)}`).join(' ')}"/>`,
+      `<text x="${L + 10}" y="${T + 16 * (i + 1)}" fill="${c}">${s.name}</text>`);
+  });
+  parts.push('</svg>');
+  return parts.join('\n');
+}
+
+interface TorchRow { bytes: number; timeUs: number; algbw: number; busbw: number }
+
+// torch.distributed's Gloo allreduce over the same sizes in a separate pair of processes.
+function runTorch(np: number, o: CommBenchOptions): TorchRow[] | string {
+  const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'bench', 'torch_gloo.py');
+  if (!existsSync(script)) return `missing ${script}`;
+  const r = spawnSync('python3', [script, '--np', String(np), '-b', String(o.minBytes), '-e', String(o.maxBytes), '-f', String(o.factor),
+    '-n', String(o.iters), '-w', String(o.warmup)], { encoding: 'utf8', maxBuffer: 64 * 1024 * 1024 });
+  if (r.status !== 0) return `torch run failed: ${(r.stderr || r.error?.message || '').slice(-500)}`;
+  return JSON.parse(r.stdout.trim().split('\n').pop()!) as TorchRow[];
+}
+
+const usage = `usage: nodetron bench comm [--op ${OPS.join('|')}] [-b 8] [-e 128M] [-f 2] [-n 20] [-w 5] [-d f32] [-o sum]
+                          [--check 0|1] [--json F] [--plot F.svg] [--np 2] [--compare-torch]
+Run under \`nodetron launch --nproc-per-node N\`; without WORLD_SIZE it launches itself with --np ranks.`;
+
+export async function main(argv: string[]): Promise<number> {
+  const a = parseOptions(argv, {
+    op: 'string', minbytes: 'string', maxbytes: 'string', stepfactor: 'number', iters: 'number', warmup_iters: 'number', datatype: 'string',
+    redop: 'string', check: 'number', json: 'string', plot: 'string', np: 'number', 'compare-torch': 'boolean', help: 'boolean',
+  }, { b: 'minbytes', e: 'maxbytes', f: 'stepfactor', n: 'iters', w: 'warmup_iters', d: 'datatype', o: 'redop', h: 'help' });
+  if (a.help) { console.log(usage); return 0; }
+  const op = (a.op as string | undefined) ?? 'all_reduce';
+  if (!(OPS as readonly string[]).includes(op)) throw new ArgumentError(`bench comm: --op must be one of ${OPS.join(', ')}`);
+  const dtype = (a.datatype as string | undefined) ?? 'f32';
+  if (!(DTYPES as readonly string[]).includes(dtype)) throw new ArgumentError(`bench comm: -d must be one of ${DTYPES.join(', ')}`);
+  const o: CommBenchOptions = {
+    op: op as BenchOp, dtype: dtype as DType, redop: ((a.redop as string | undefined) ?? 'sum') as ReduceOp,
+    minBytes: parseBytes(String(a.minbytes ?? '8')), maxBytes: parseBytes(String(a.maxbytes ?? '128M')),
+    factor: (a.stepfactor as number | undefined) ?? 2, iters: (a.iters as number | undefined) ?? 20,
+    warmup: (a.warmup_iters as number | undefined) ?? 5, check: ((a.check as number | undefined) ?? 1) !== 0,
+  };
+  if (!(o.factor > 1)) throw new ArgumentError('bench comm: -f must be > 1');
+
+  if (!process.env.WORLD_SIZE) {
+    // Not under the launcher: launch this file with --np ranks (torchrun's habit of one command).
+    const np = (a.np as number | undefined) ?? 2;
+    const { main: launch } = await import('../launch/cli.js');
+    return launch(['--nproc-per-node', String(np), fileURLToPath(import.meta.url), ...argv]);
+  }
+
+  const { rank, worldSize } = await dist.init({ timeoutMs: 120_000 });
+  const rows = await runCommBench(o);
+  await dist.destroy();
+  if (rank !== 0) return 0;
+
+  console.log(`# nodetron bench comm: ${o.op}, ${worldSize} ranks, gloo (cpu), ${o.iters} iters, ${o.warmup} warm-up`);
+  printTable(['size', 'count', 'type', 'redop', 'root', 'oop time(us)', 'algbw', 'busbw', '#wrong', 'ip time(us)', 'algbw', 'busbw', '#wrong'],
+    rows.map((r) => [r.bytes, r.count, r.dtype, r.redop, r.root, ...fmt(r.outOfPlace), ...fmt(r.inPlace)]));
+  const wrongTotal = rows.reduce((s, r) => s + (r.outOfPlace?.wrong ?? 0) + (r.inPlace?.wrong ?? 0), 0);
+  console.log(`# Out of bounds values : ${wrongTotal} ${wrongTotal ? 'FAILED' : 'OK'}`);
+  console.log(`# Avg bus bandwidth    : ${averageBusbw(rows).toFixed(3)} GB/s`);
+
+  let torch: TorchRow[] | string | undefined;
+  if (a['compare-torch']) {
+    if (o.op !== 'all_reduce' || o.dtype !== 'f32' || o.redop !== 'sum') torch = 'the torch comparison runs all_reduce f32 sum only';
+    else torch = runTorch(worldSize, o);
+    if (typeof torch === 'string') console.log(`# torch comparison skipped: ${torch}`);
+    else {
+      console.log(`\n# side by side: torch.distributed gloo allreduce (in place), ${worldSize} processes, same sizes`);
+      printTable(['size', 'nodetron ip busbw', 'torch busbw', 'nodetron/torch'], rows.map((r) => {
+        const t = (torch as TorchRow[]).find((x) => x.bytes === r.bytes);
+        const ours = r.inPlace?.busbw ?? NaN;
+        return [r.bytes, ours.toFixed(3), t ? t.busbw.toFixed(3) : '-', t ? (ours / t.busbw).toFixed(3) : '-'];
+      }));
+    }
+  }
+  if (a.plot) {
+    const series = [
+      { name: 'nodetron out-of-place', points: rows.filter((r) => r.outOfPlace).map((r): [number, number] => [r.bytes, r.outOfPlace!.busbw]) },
+      { name: 'nodetron in-place', points: rows.filter((r) => r.inPlace).map((r): [number, number] => [r.bytes, r.inPlace!.busbw]) },
+      ...(Array.isArray(torch) ? [{ name: 'torch gloo', points: torch.map((t): [number, number] => [t.bytes, t.busbw]) }] : []),
+    ].filter((s) => s.points.length > 0);
+    writeFileSync(String(a.plot), plotSvg(`${o.op} busbw, ${worldSize} ranks (gloo, ${o.dtype})`, series));
+    console.log(`wrote ${a.plot}`);
+  }
+  writeJson(a.json as string | undefined, { bench: 'comm', machine: machineRecord(), options: o, worldSize, rows, avgBusbw: averageBusbw(rows), torch });
+  return wrongTotal ? 1 : 0;
+}
+
+// Launched as a rank script by the launcher (see main's self-launch).
+if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  main(process.argv.slice(2)).then((code) => process.exit(code), (e: unknown) => { console.error(e); process.exit(1); });
+}

@@ -1,0 +1,113 @@
+// CUDA streams and events for TypeScript: the current stream per device, new streams, events to
+// order streams without blocking the host, and timing. Thin handles over the cuda addon's ids.
+import { type DeviceLike, parseDevice } from '../device.js';
+import { DeviceError, StateError } from '../errors.js';
+import { cuda } from '../native.js';
+
+function cudaIndex(device: DeviceLike | undefined, call: string): number {
+  const dev = parseDevice(device ?? 'cuda', call);
+  if (dev.type !== 'cuda') throw new DeviceError(`${call}: ${dev.name} is not a cuda device`);
+  return dev.index;
+}
+
+/** A queue of GPU work on one device. Stream 0 is the device's default stream. */
+export class Stream {
+  #destroyed = false;
+  /** Internal: wraps an addon stream id. Use newStream() or currentStream(). */
+  constructor(readonly device: number, readonly id: number) {}
+
+  /** Waits on the host until all work queued on this stream has finished. */
+  synchronize(): void { cuda().streamSynchronize(this.device, this.live('synchronize')); }
+  /** Whether all queued work has finished (never blocks). */
+  query(): boolean { return cuda().streamQuery(this.device, this.live('query')) as boolean; }
+  /** Later work on this stream waits for the event (no host block). */
+  waitEvent(event: Event): void { cuda().streamWaitEvent(this.device, this.live('waitEvent'), event.id); }
+  /** Later work on this stream waits for everything queued so far on `other`. */
+  waitStream(other: Stream): void {
+    const e = new Event(this.device);
+    try { e.record(other); this.waitEvent(e); } finally { e.destroy(); }
+  }
+  /** Frees a stream made by newStream() (the default stream cannot be destroyed). */
+  destroy(): void {
+    if (this.#destroyed || this.id === 0) return;
+    cuda().streamDestroy(this.id);
+    this.#destroyed = true;
+  }
+  private live(call: string): number {
+    if (this.#destroyed) throw new StateError(`Stream.${call}: stream ${this.id} was destroyed`);
+    return this.id;
+  }
+}
+
+/** A marker in a stream: record it, make other streams wait on it, wait for it, time between two. */
+export class Event {
+  readonly id: number;
+  #destroyed = false;
+  constructor(readonly device: number, opts: { timing?: boolean } = {}) {
+    this.id = cuda().eventCreate(device, opts.timing ?? false) as number;
+  }
+  /** Records the event at the current end of `stream` (default: the device's current stream). */
+  record(stream?: Stream): this {
+    cuda().eventRecord(this.live('record'), (stream ?? currentStream(`cuda:${this.device}`)).id);
+    return this;
+  }
+  /** Makes `stream` (default: current) wait for this event without blocking the host. */
+  wait(stream?: Stream): void { (stream ?? currentStream(`cuda:${this.device}`)).waitEvent(this); }
+  /** Blocks the host until the event has completed. */
+  synchronize(): void { cuda().eventSynchronize(this.live('synchronize')); }
+  /** Whether the event has completed. */
+  query(): boolean { return cuda().eventQuery(this.live('query')) as boolean; }
+  /** Milliseconds from this event to `end` (both recorded, created with { timing: true }). */
+  elapsedMs(end: Event): number { return cuda().eventElapsedMs(this.live('elapsedMs'), end.live('elapsedMs')) as number; }
+  destroy(): void {
+    if (this.#destroyed) return;
+    cuda().eventDestroy(this.id);
+    this.#destroyed = true;
+  }
+  [Symbol.dispose](): void { this.destroy(); }
+  private live(call: string): number {
+    if (this.#destroyed) throw new StateError(`Event.${call}: event ${this.id} was destroyed`);
+    return this.id;
+  }
+}
+
+/** The stream that ops on `device` (default 'cuda') are queued on. */
+export function currentStream(device?: DeviceLike): Stream {
+  const d = cudaIndex(device, 'currentStream');
+  return new Stream(d, cuda().currentStream(d) as number);
+}
+
+/** A new non-blocking stream on `device`; lower priority numbers run first (CUDA's convention). */
+export function newStream(device?: DeviceLike, opts: { priority?: number } = {}): Stream {
+  const d = cudaIndex(device, 'newStream');
+  return new Stream(d, cuda().streamCreate(d, opts.priority ?? 0) as number);
+}
+
+/** Makes `stream` current on its device; returns the previous current stream. */
+export function setStream(stream: Stream): Stream {
+  const prev = new Stream(stream.device, cuda().currentStream(stream.device) as number);
+  cuda().setCurrentStream(stream.device, stream.id);
+  return prev;
+}
+
+/** Runs fn with `stream` as its device's current stream, restoring the previous one after (also across await). */
+export function withStream<T>(stream: Stream, fn: () => T): T;
+export function withStream<T>(stream: Stream, fn: () => Promise<T>): Promise<T>;
+export function withStream<T>(stream: Stream, fn: () => T | Promise<T>): T | Promise<T> {
+  const prev = setStream(stream);
+  let result: T | Promise<T>;
+  try {
+    result = fn();
+  } catch (e) {
+    setStream(prev);
+    throw e;
+  }
+  if (result instanceof Promise) return result.finally(() => setStream(prev));
+  setStream(prev);
+  return result;
+}
+
+/** Blocks the host until all work on `device` (default 'cuda') has finished. */
+export function synchronize(device?: DeviceLike): void {
+  cuda().synchronize(cudaIndex(device, 'synchronize'));
+}

@@ -1,0 +1,62 @@
+// The native communicator interface a process group drives. The cpu addon's GlooCommunicator
+// implements it; a cuda NCCL communicator plugs in by exposing the same method names.
+import { BackendUnavailableError } from '../errors.js';
+import { cpu, type NativeStorage } from '../native.js';
+
+/**
+ * Native methods of a communicator. Ranks are group-local; counts are elements; dtype is the native
+ * dtype code (lib/dtype.ts); op is a REDUCE_OP_CODES value; seq is the group's sequence number
+ * (the collective's tag, and named in errors); timeoutMs >= 1. Passing the same storage as send and
+ * recv means in place. Every op returns a Promise that settles when the op has finished on this
+ * rank, with CommError/TimeoutError naming rank, group, op, seq and bytes on failure. Storages
+ * must stay alive until then (the native side holds a reference; lib pins the tensor's storage).
+ */
+export interface CommBackend {
+  readonly rank: number;
+  readonly size: number;
+  /** Ops in flight. */
+  readonly pending: number;
+  connect(): Promise<void>;
+  allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): Promise<void>;
+  broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): Promise<void>;
+  /** recv is written on root; other ranks pass scratch of count elements. */
+  reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): Promise<void>;
+  /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. */
+  allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): Promise<void>;
+  /** send holds sum(counts); rank r receives counts[r] reduced elements. */
+  reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): Promise<void>;
+  allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): Promise<void>;
+  barrier(seq: number, timeoutMs: number): Promise<void>;
+  /** tag in [0, 2^24): matches a send with the recv of the same tag between the same pair. */
+  send(buf: NativeStorage, dtype: number, count: number, dst: number, tag: number, timeoutMs: number): Promise<void>;
+  recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): Promise<void>;
+  /** Finishes queued ops, then releases the connections; later ops throw. */
+  destroy(): Promise<void>;
+}
+
+/** Where a Gloo communicator meets its peers: the store's address and the key namespace of the group. */
+export interface GlooEndpoint {
+  storeHost: string;
+  storePort: number;
+  /** Store key prefix of this group (unique per group and launch attempt). */
+  prefix: string;
+  rank: number;
+  size: number;
+  timeoutMs: number;
+  /** Address this rank's TCP device binds to (resolvable by its peers). */
+  deviceHost: string;
+  /** Network interface to bind to instead of deviceHost (GLOO_SOCKET_IFNAME), or ''. */
+  deviceIface: string;
+}
+
+type GlooCtor = new (storeHost: string, storePort: number, prefix: string, rank: number, size: number, timeoutMs: number,
+  deviceHost: string, deviceIface: string) => CommBackend;
+
+/** A connected Gloo communicator. */
+export async function createGlooBackend(e: GlooEndpoint): Promise<CommBackend> {
+  const Ctor = cpu().GlooCommunicator as GlooCtor | undefined;
+  if (!Ctor) throw new BackendUnavailableError('the cpu addon was built without Gloo (install libgloo-dev and rebuild)', 'createGlooBackend');
+  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface);
+  await comm.connect();
+  return comm;
+}

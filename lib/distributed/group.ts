@@ -1,0 +1,327 @@
+// Process groups: a set of ranks with their own communicator and sequence numbers, the collectives
+// they run (each returns an awaitable Work), and the handle non-members get.
+import { dtypeCode } from '../dtype.js';
+import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { emptyOn, type Tensor } from '../tensor.js';
+import type { CommBackend } from './backend.js';
+import { verifyCollective, type CollectiveDescription } from './check.js';
+import {
+  checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
+} from './collectives.js';
+import type { Store } from './store.js';
+import { Work } from './work.js';
+
+export interface CollectiveOptions {
+  /** Per-call timeout; default: the group's. */
+  timeoutMs?: number;
+}
+export interface ReduceOptions extends CollectiveOptions {
+  op?: ReduceOp;
+}
+export interface AllReduceOptions extends ReduceOptions {
+  /** Write the result here instead of in place. */
+  out?: Tensor;
+}
+export interface RootOptions extends CollectiveOptions {
+  /** Group-local rank of the root; default 0. */
+  root?: number;
+}
+export interface P2POptions extends CollectiveOptions {
+  /** Matches a send with the recv of the same tag (default 0), in [0, 2^24). */
+  tag?: number;
+}
+
+/** What a group needs from the runtime that built it. */
+export interface GroupContext {
+  store: Store;
+  /** Run the check-mode agreement before each collective. */
+  check: boolean;
+  /** Builds subgroups (init.ts), so split() stays collective over this group. */
+  makeGroup(name: string, globalRanks: readonly number[]): Promise<ProcessGroup>;
+}
+
+/** The methods every group handle has; a non-member's throw StateError. */
+export interface Group {
+  readonly name: string;
+  /** This process's rank in the group (-1 for a non-member). */
+  readonly rank: number;
+  readonly size: number;
+  /** Global ranks of the members, in group-rank order. */
+  readonly ranks: readonly number[];
+  readonly isMember: boolean;
+  allReduce(t: Tensor, options?: AllReduceOptions): Work;
+  broadcast(t: Tensor, options?: RootOptions): Work;
+  reduce(t: Tensor, options?: RootOptions & ReduceOptions & { out?: Tensor }): Work;
+  allGather(out: Tensor | Tensor[], t: Tensor, options?: CollectiveOptions): Work<Tensor | Tensor[]>;
+  reduceScatter(out: Tensor, t: Tensor, options?: ReduceOptions & { counts?: number[] }): Work;
+  allToAll(out: Tensor, t: Tensor, options?: CollectiveOptions & { sendCounts?: number[]; recvCounts?: number[] }): Work;
+  send(t: Tensor, dst: number, options?: P2POptions): Work;
+  recv(t: Tensor, src: number, options?: P2POptions): Work;
+  barrier(options?: CollectiveOptions): Work<void>;
+  split(color: number | null, key?: number): Promise<Group>;
+  destroy(): Promise<void>;
+}
+
+/** A group this process belongs to. Group ranks are local: 0..size-1, in the order of `ranks`. */
+export class ProcessGroup implements Group {
+  readonly isMember = true;
+  #seq = 0;
+  #splits = 0;
+  #destroyed = false;
+  // Check mode publishes descriptions through the store; this chain keeps native calls in call order.
+  #submitted: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    readonly name: string,
+    readonly rank: number,
+    readonly ranks: readonly number[],
+    readonly device: string,
+    readonly timeoutMs: number,
+    private readonly comm: CommBackend,
+    private readonly ctx: GroupContext,
+  ) {}
+
+  get size(): number { return this.ranks.length; }
+  /** The next collective's sequence number. */
+  get seq(): number { return this.#seq; }
+
+  private live(call: string): void {
+    if (this.#destroyed) throw new StateError(`${call}: group '${this.name}' was destroyed`);
+  }
+
+  // Starts a collective: in check mode after all ranks agree on `desc`, else at once.
+  private start<T>(desc: Omit<CollectiveDescription, 'seq'>, timeoutMs: number, result: T, pinned: Tensor[],
+    run: (seq: number) => Promise<void>): Work<T> {
+    const seq = this.#seq++;
+    if (!this.ctx.check) {
+      try {
+        return new Work(run(seq), result, pinned);
+      } catch (e) {
+        this.#seq--;  // the op never started; the next one must reuse the tag the peers expect
+        throw e;
+      }
+    }
+    const d = { ...desc, seq };
+    const op = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => run(seq));
+    this.#submitted = op.catch(() => {});
+    return new Work(op, result, pinned);
+  }
+
+  /** Reduces `t` across the group, in place (or into options.out). */
+  allReduce(t: Tensor, options: AllReduceOptions = {}): Work {
+    const call = 'allReduce';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', this.device);
+    checkSameDType(call, t, out, 'tensor', 'out');
+    checkSize(call, out, t.size, 'out');
+    const op = parseReduceOp(options.op, call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return this.start({ op: `allReduce(${op})`, dtype: t.dtype, count: t.size }, timeoutMs, out, [t, out], (seq) =>
+      this.comm.allReduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], seq, timeoutMs));
+  }
+
+  /** Copies root's `t` into `t` on every rank. */
+  broadcast(t: Tensor, options: RootOptions = {}): Work {
+    const call = 'broadcast';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    const root = checkRank(options.root ?? 0, this.size, call, 'root');
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, t, [t], (seq) =>
+      this.comm.broadcast(t.storage, t.storage, dtypeCode(t.dtype), t.size, root, seq, timeoutMs));
+  }
+
+  /** Reduces `t` onto root (in place there, or into options.out); other ranks' tensors are left unchanged. */
+  reduce(t: Tensor, options: RootOptions & ReduceOptions & { out?: Tensor } = {}): Work {
+    const call = 'reduce';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    const root = checkRank(options.root ?? 0, this.size, call, 'root');
+    const op = parseReduceOp(options.op, call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    let out: Tensor;
+    let scratch: Tensor | undefined;
+    if (this.rank === root) {
+      out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', this.device);
+      checkSameDType(call, t, out, 'tensor', 'out');
+      checkSize(call, out, t.size, 'out');
+    } else {
+      // Gloo uses the output as scratch on non-roots; keep the caller's tensor intact.
+      scratch = emptyOn(t.shape, t.dtype, t.deviceInfo);
+      out = scratch;
+    }
+    const work = this.start({ op: `reduce(${op})`, dtype: t.dtype, count: t.size, root }, timeoutMs, this.rank === root ? out : t, [t, out],
+      (seq) => this.comm.reduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], root, seq, timeoutMs));
+    if (scratch) void work.then(() => scratch!.dispose(), () => scratch!.dispose());
+    return work;
+  }
+
+  /**
+   * Gathers every rank's `t`. `out` is one tensor of size*t.size elements (rank order), or a list of
+   * one tensor per rank, whose sizes may differ (uneven gather).
+   */
+  allGather(out: Tensor | Tensor[], t: Tensor, options: CollectiveOptions = {}): Work<Tensor | Tensor[]> {
+    const call = 'allGather';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    if (!Array.isArray(out)) {
+      checkCommTensor(out, call, 'out', this.device);
+      checkSameDType(call, t, out, 'tensor', 'out');
+      checkSize(call, out, t.size * this.size, 'out');
+      const counts = new Array<number>(this.size).fill(t.size);
+      return this.start({ op: 'allGather', dtype: t.dtype, count: t.size }, timeoutMs, out as Tensor | Tensor[], [t, out], (seq) =>
+        this.comm.allGather(t.storage, out.storage, dtypeCode(t.dtype), counts, seq, timeoutMs));
+    }
+    if (out.length !== this.size) throw new ArgumentError(`${call}: out must list one tensor per rank (${this.size}), got ${out.length}`);
+    out.forEach((o, i) => { checkCommTensor(o, call, `out[${i}]`, this.device); checkSameDType(call, t, o, 'tensor', `out[${i}]`); });
+    checkSize(call, out[this.rank]!, t.size, `out[${this.rank}] (this rank's slot)`);
+    const counts = out.map((o) => o.size);
+    const total = counts.reduce((a, b) => a + b, 0);
+    const flat = emptyOn([total], t.dtype, t.deviceInfo);
+    const op = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: total }, timeoutMs, out as Tensor | Tensor[],
+      [t, flat, ...out], async (seq) => {
+        try {
+          await this.comm.allGather(t.storage, flat.storage, dtypeCode(t.dtype), counts, seq, timeoutMs);
+          let offsetBytes = 0;
+          for (const o of out) {
+            o.backend.copy(o.storage, 0, flat.storage, offsetBytes, o.nbytes);
+            offsetBytes += o.nbytes;
+          }
+        } finally {
+          flat.dispose();
+        }
+      });
+    return op;
+  }
+
+  /**
+   * Reduces `t` (sum(counts) elements, block r of counts[r] for rank r; equal blocks by default) and
+   * writes this rank's block into `out`.
+   */
+  reduceScatter(out: Tensor, t: Tensor, options: ReduceOptions & { counts?: number[] } = {}): Work {
+    const call = 'reduceScatter';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    checkCommTensor(out, call, 'out', this.device);
+    checkSameDType(call, t, out, 'tensor', 'out');
+    const counts = splitCounts(t.size, this.size, options.counts, call);
+    checkSize(call, out, counts[this.rank]!, 'out');
+    const op = parseReduceOp(options.op, call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return this.start({ op: `reduceScatter(${op})[${options.counts ? counts.join(',') : 'even'}]`, dtype: t.dtype, count: t.size }, timeoutMs,
+      out, [t, out], (seq) => this.comm.reduceScatter(t.storage, out.storage, dtypeCode(t.dtype), counts, REDUCE_OP_CODES[op], seq, timeoutMs));
+  }
+
+  /** Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless counts are given). */
+  allToAll(out: Tensor, t: Tensor, options: CollectiveOptions & { sendCounts?: number[]; recvCounts?: number[] } = {}): Work {
+    const call = 'allToAll';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    checkCommTensor(out, call, 'out', this.device);
+    checkSameDType(call, t, out, 'tensor', 'out');
+    if (out === t || out.storageRef === t.storageRef) throw new ArgumentError(`${call}: out must not share storage with the input`);
+    const sendCounts = splitCounts(t.size, this.size, options.sendCounts, call);
+    const recvCounts = splitCounts(out.size, this.size, options.recvCounts, call);
+    if (options.sendCounts === undefined && options.recvCounts === undefined && out.size !== t.size) {
+      throw new ShapeError(`${call}: out holds ${out.size} elements but the input ${t.size}`);
+    }
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    // Uneven block sizes legitimately differ between ranks, so only the kind of op is compared then.
+    const uneven = options.sendCounts !== undefined || options.recvCounts !== undefined;
+    return this.start({ op: uneven ? 'allToAllV' : 'allToAll', dtype: t.dtype, count: uneven ? -1 : t.size }, timeoutMs, out, [t, out], (seq) =>
+      this.comm.allToAll(t.storage, out.storage, dtypeCode(t.dtype), sendCounts, recvCounts, seq, timeoutMs));
+  }
+
+  /** Sends `t` to group rank `dst`; not a collective (no sequence number, not checked). */
+  send(t: Tensor, dst: number, options: P2POptions = {}): Work {
+    const call = 'send';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    checkRank(dst, this.size, call, 'dst');
+    if (dst === this.rank) throw new ArgumentError(`${call}: rank ${dst} cannot send to itself`);
+    const tag = checkTag(options.tag, call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return new Work(this.comm.send(t.storage, dtypeCode(t.dtype), t.size, dst, tag, timeoutMs), t, [t]);
+  }
+
+  /** Receives into `t` from group rank `src`. */
+  recv(t: Tensor, src: number, options: P2POptions = {}): Work {
+    const call = 'recv';
+    this.live(call);
+    checkCommTensor(t, call, 'tensor', this.device);
+    checkRank(src, this.size, call, 'src');
+    if (src === this.rank) throw new ArgumentError(`${call}: rank ${src} cannot receive from itself`);
+    const tag = checkTag(options.tag, call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return new Work(this.comm.recv(t.storage, dtypeCode(t.dtype), t.size, src, tag, timeoutMs), t, [t]);
+  }
+
+  barrier(options: CollectiveOptions = {}): Work<void> {
+    const call = 'barrier';
+    this.live(call);
+    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    return this.start({ op: 'barrier', dtype: '-', count: 0 }, timeoutMs, undefined, [], (seq) => this.comm.barrier(seq, timeoutMs));
+  }
+
+  /**
+   * Splits this group (collectively: every member calls it): ranks with the same color form a new
+   * group, ordered by (key, rank); color null → a non-member handle.
+   */
+  async split(color: number | null, key: number = this.rank): Promise<Group> {
+    const call = 'split';
+    this.live(call);
+    if (color !== null && (!Number.isInteger(color) || color < 0)) throw new ArgumentError(`${call}: color must be a non-negative integer or null, got ${String(color)}`);
+    if (!Number.isInteger(key)) throw new ArgumentError(`${call}: key must be an integer, got ${String(key)}`);
+    const n = this.#splits++;
+    const base = `split/${this.name}/${n}`;
+    await this.ctx.store.set(`${base}/${this.rank}`, JSON.stringify({ color, key }));
+    const entries: { rank: number; color: number | null; key: number }[] = [];
+    for (let r = 0; r < this.size; r++) {
+      const v = JSON.parse(await this.ctx.store.getString(`${base}/${r}`, { timeoutMs: this.timeoutMs })) as { color: number | null; key: number };
+      entries.push({ rank: r, ...v });
+    }
+    if (color === null) return new NonMemberGroup(`${this.name}.split${n}`);
+    const members = entries.filter((e) => e.color === color).sort((a, b) => a.key - b.key || a.rank - b.rank);
+    return this.ctx.makeGroup(`${this.name}.split${n}c${color}`, members.map((e) => this.ranks[e.rank]!));
+  }
+
+  /** Finishes queued ops and releases the communicator; later ops throw StateError. */
+  async destroy(): Promise<void> {
+    if (this.#destroyed) return;
+    this.#destroyed = true;
+    await this.comm.destroy();
+  }
+}
+
+function checkTag(tag: unknown, call: string): number {
+  if (tag === undefined) return 0;
+  if (typeof tag !== 'number' || !Number.isInteger(tag) || tag < 0 || tag >= 2 ** 24) {
+    throw new ArgumentError(`${call}: tag must be an integer in [0, 2^24), got ${String(tag)}`);
+  }
+  return tag;
+}
+
+/** The handle a process gets for a group it is not in: every op throws StateError. */
+export class NonMemberGroup implements Group {
+  readonly isMember = false;
+  readonly rank = -1;
+  readonly size = 0;
+  readonly ranks: readonly number[] = [];
+  constructor(readonly name: string) {}
+  private fail(call: string): never {
+    throw new StateError(`${call}: this process is not a member of group '${this.name}'`);
+  }
+  allReduce(): Work { return this.fail('allReduce'); }
+  broadcast(): Work { return this.fail('broadcast'); }
+  reduce(): Work { return this.fail('reduce'); }
+  allGather(): Work<Tensor | Tensor[]> { return this.fail('allGather'); }
+  reduceScatter(): Work { return this.fail('reduceScatter'); }
+  allToAll(): Work { return this.fail('allToAll'); }
+  send(): Work { return this.fail('send'); }
+  recv(): Work { return this.fail('recv'); }
+  barrier(): Work<void> { return this.fail('barrier'); }
+  split(): Promise<Group> { return Promise.reject(new StateError(`split: this process is not a member of group '${this.name}'`)); }
+  async destroy(): Promise<void> {}
+}

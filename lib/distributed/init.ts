@@ -1,0 +1,139 @@
+// Initialization of the distributed runtime: reads the launcher's environment, connects the store,
+// builds the world group and later subgroups (newGroup), and tears everything down (destroy).
+import { hostname } from 'node:os';
+import { ArgumentError, BackendUnavailableError, StateError } from '../errors.js';
+import { createGlooBackend } from './backend.js';
+import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
+import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
+import { type Store, StoreServer } from './store.js';
+
+export interface InitOptions {
+  /** 'gloo' (cpu tensors; the default) or 'nccl' (cuda tensors). */
+  backend?: 'gloo' | 'nccl';
+  /** Default timeout of every collective and of the rendezvous; default 300 000 ms. */
+  timeoutMs?: number;
+  /** Check mode: all ranks verify they run the same collective before each one (also NODETRON_COMM_CHECK=1). */
+  check?: boolean;
+  /** The launch environment; default: read from process.env. */
+  env?: LaunchEnv;
+}
+
+export const DEFAULT_COMM_TIMEOUT_MS = 300_000;
+
+interface Runtime {
+  env: LaunchEnv;
+  store: Store;
+  ownServer: StoreServer | undefined;
+  world: ProcessGroup;
+  groups: Group[];
+  groupCount: number;
+  timeoutMs: number;
+  check: boolean;
+}
+
+let runtime: Runtime | undefined;
+
+function current(call: string): Runtime {
+  if (!runtime) throw new StateError(`${call}: call await nt.distributed.init() first`);
+  return runtime;
+}
+
+const LOOPBACK = new Set(['127.0.0.1', 'localhost', '::1']);
+
+// Where this rank's Gloo device listens: GLOO_SOCKET_IFNAME / NODETRON_GLOO_HOST when set (as
+// torch), loopback for a single-node job on loopback, else this host's name.
+function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: string } {
+  const iface = process.env.GLOO_SOCKET_IFNAME?.split(',')[0]?.trim() ?? '';
+  const host = process.env.NODETRON_GLOO_HOST?.trim() || (LOOPBACK.has(env.masterAddr) ? '127.0.0.1' : hostname());
+  return { deviceHost: host, deviceIface: iface };
+}
+
+async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[]): Promise<ProcessGroup> {
+  const rank = globalRanks.indexOf(rt.env.rank);
+  // Gloo meets through the TCP store node 0's launcher serves on MASTER_ADDR:MASTER_PORT (also when
+  // the launchers themselves meet through Redis).
+  const comm = await createGlooBackend({
+    storeHost: rt.env.masterAddr,
+    storePort: rt.env.masterPort,
+    prefix: `${rt.env.storePrefix}/gloo/${name}`,
+    rank,
+    size: globalRanks.length,
+    timeoutMs: rt.timeoutMs,
+    ...deviceAddress(rt.env),
+  });
+  const group = new ProcessGroup(name, rank, globalRanks, 'cpu', rt.timeoutMs, comm, {
+    store: rt.store,
+    check: rt.check,
+    makeGroup: (n, ranks) => buildGroup(rt, n, ranks),
+  });
+  rt.groups.push(group);
+  return group;
+}
+
+/** Joins the job started by `nodetron launch` (or a world of one without it) and builds the world group. */
+export async function init(options: InitOptions = {}): Promise<{ world: ProcessGroup; rank: number; worldSize: number }> {
+  if (runtime) throw new StateError('init: the distributed runtime is already initialized (call destroy() first)');
+  const backend = options.backend ?? 'gloo';
+  if (backend === 'nccl') {
+    throw new BackendUnavailableError('init: the nccl backend is not available in this build; use backend: "gloo" for cpu tensors', 'init');
+  }
+  if (backend !== 'gloo') throw new ArgumentError(`init: backend must be 'gloo' or 'nccl', got ${String(backend)}`);
+  const timeoutMs = options.timeoutMs ?? DEFAULT_COMM_TIMEOUT_MS;
+  if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);
+  let env = options.env ?? readLaunchEnv();
+  const check = options.check ?? process.env.NODETRON_COMM_CHECK === '1';
+  // A world of one started without a launcher still needs a store: it serves one itself.
+  let ownServer: StoreServer | undefined;
+  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.rdzvUrl === undefined) {
+    ownServer = await StoreServer.start({ host: '127.0.0.1', port: 0 });
+    env = { ...env, masterAddr: '127.0.0.1', masterPort: ownServer.port };
+  }
+  const store = await connectLaunchStore(env, { timeoutMs });
+  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check };
+  try {
+    rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
+  } catch (e) {
+    await store.close();
+    await ownServer?.close();
+    throw e;
+  }
+  runtime = rt;
+  return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
+}
+
+/** Whether init() has run (and destroy() has not). */
+export function isInitialized(): boolean { return runtime !== undefined; }
+/** The world group. */
+export function world(): ProcessGroup { return current('world').world; }
+/** This process's global rank. */
+export function rank(): number { return current('rank').env.rank; }
+/** Number of processes in the job. */
+export function worldSize(): number { return current('worldSize').env.worldSize; }
+
+/**
+ * A group of the given global ranks. Collective: every process of the world calls it, in the same
+ * order, with the same ranks; non-members get a handle whose ops throw StateError.
+ */
+export async function newGroup(ranks: readonly number[]): Promise<Group> {
+  const rt = current('newGroup');
+  if (!Array.isArray(ranks) || ranks.length === 0) throw new ArgumentError('newGroup: ranks must be a non-empty array');
+  const seen = new Set<number>();
+  for (const r of ranks) {
+    if (!Number.isInteger(r) || r < 0 || r >= rt.env.worldSize) throw new ArgumentError(`newGroup: rank ${String(r)} is outside the world (0..${rt.env.worldSize - 1})`);
+    if (seen.has(r)) throw new ArgumentError(`newGroup: rank ${r} is listed twice`);
+    seen.add(r);
+  }
+  const name = `group${rt.groupCount++}`;
+  if (!seen.has(rt.env.rank)) return new NonMemberGroup(name);
+  return buildGroup(rt, name, ranks);
+}
+
+/** Destroys every group and closes the store connection. */
+export async function destroy(): Promise<void> {
+  const rt = runtime;
+  if (!rt) return;
+  runtime = undefined;
+  for (const g of rt.groups) await g.destroy();
+  await rt.store.close();
+  await rt.ownServer?.close();
+}

@@ -1,0 +1,130 @@
+// Pipeline schedules (GPipe and 1F1B) as plain functions over a stage description: activations go
+// forward and their gradients backward by point-to-point send/recv in the pipeline group.
+import { backward } from '../../autograd/engine.js';
+import { ArgumentError, StateError } from '../../errors.js';
+import { emptyOn, type Tensor } from '../../tensor.js';
+import { parseDevice, type Device } from '../../device.js';
+import type { ProcessGroup, Work } from '../group.js';
+
+/** Layers [start, end) of each of `stages` stages, as even as possible (earlier stages take the remainder). */
+export function partitionLayers(numLayers: number, stages: number): [number, number][] {
+  if (!Number.isInteger(stages) || stages < 1) throw new ArgumentError(`partitionLayers: stages must be an integer >= 1, got ${stages}`);
+  if (!Number.isInteger(numLayers) || numLayers < stages) throw new ArgumentError(`partitionLayers: ${numLayers} layers cannot fill ${stages} pipeline stages (pp must be <= the number of layers)`);
+  const base = Math.floor(numLayers / stages), extra = numLayers % stages;
+  const out: [number, number][] = [];
+  let start = 0;
+  for (let s = 0; s < stages; s++) { const n = base + (s < extra ? 1 : 0); out.push([start, start + n]); start += n; }
+  return out;
+}
+
+export interface PipelineStage {
+  /** The pipeline group; its rank is the stage index. */
+  group: ProcessGroup;
+  /**
+   * Runs this stage on micro-batch `m`. `input` is null on the first stage (it reads its own data)
+   * and the received activation (a leaf that requires grad) elsewhere. The last stage returns the
+   * micro-batch's scalar loss, already divided by the number of micro-batches if a mean is wanted.
+   */
+  forwardStep(m: number, input: Tensor | null): Tensor;
+  /** Shape of the activation this stage receives (not called on the first stage). */
+  inputShape(m: number): readonly number[];
+  dtype?: Tensor['dtype'];
+  device?: Device;
+}
+
+interface InFlight { input: Tensor | null; output: Tensor }
+
+/** Drives one stage: holds micro-batches between forward and backward and the sends not yet completed. */
+class StageRunner {
+  readonly inFlight = new Map<number, InFlight>();
+  readonly sends: Work[] = [];
+  readonly losses: number[] = [];
+  readonly first: boolean;
+  readonly last: boolean;
+  constructor(readonly stage: PipelineStage) {
+    const { rank, size } = stage.group;
+    this.first = rank === 0; this.last = rank === size - 1;
+  }
+
+  async forward(m: number): Promise<void> {
+    const g = this.stage.group;
+    let input: Tensor | null = null;
+    if (!this.first) {
+      input = emptyOn([...this.stage.inputShape(m)], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
+      await g.recv(input, g.rank - 1);
+      input.requiresGrad = true;
+    }
+    const output = this.stage.forwardStep(m, input);
+    if (this.last) {
+      if (output.size !== 1) throw new StateError(`pipeline: the last stage must return a scalar loss, got ${output.describe()}`);
+      this.losses[m] = output.item();
+    } else {
+      // Sends are buffered (the communicator owns a copy); they are awaited at the end of the schedule.
+      this.sends.push(g.send(output, g.rank + 1));
+    }
+    this.inFlight.set(m, { input, output });
+  }
+
+  async backward(m: number): Promise<void> {
+    const g = this.stage.group;
+    const f = this.inFlight.get(m);
+    if (!f) throw new StateError(`pipeline: backward of micro-batch ${m} before its forward`);
+    this.inFlight.delete(m);
+    if (this.last) {
+      backward(f.output);
+    } else {
+      using grad = emptyOn(f.output.shape, f.output.dtype, f.output.deviceInfo);
+      await g.recv(grad, g.rank + 1);
+      backward(f.output, grad);
+    }
+    f.output.dispose();
+    if (f.input) {
+      if (!f.input.grad) throw new StateError(`pipeline: micro-batch ${m}'s input received no gradient (does the stage's output depend on its input?)`);
+      this.sends.push(g.send(f.input.grad, g.rank - 1));
+      f.input.dispose();
+    }
+  }
+
+  async finish(): Promise<number[]> {
+    for (const w of this.sends) await w;
+    return this.losses;
+  }
+}
+
+function checkMicroBatches(n: number, call: string): void {
+  if (!Number.isInteger(n) || n < 1) throw new ArgumentError(`${call}: numMicroBatches must be an integer >= 1, got ${n}`);
+}
+
+/**
+ * GPipe: every micro-batch forward, then every micro-batch backward (in reverse). Peak memory holds
+ * all micro-batches' activations. Gradients accumulate in the stage's parameters. Returns the
+ * last stage's per-micro-batch losses (empty elsewhere).
+ */
+export async function gpipe(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
+  checkMicroBatches(numMicroBatches, 'gpipe');
+  const run = new StageRunner(stage);
+  for (let m = 0; m < numMicroBatches; m++) await run.forward(m);
+  for (let m = numMicroBatches - 1; m >= 0; m--) await run.backward(m);
+  return run.finish();
+}
+
+/**
+ * 1F1B (PipeDream-Flush): at most (stages - stage index) micro-batches in flight, so activation
+ * memory no longer grows with the number of micro-batches. Same results as GPipe.
+ */
+export async function oneForwardOneBackward(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
+  checkMicroBatches(numMicroBatches, 'oneForwardOneBackward');
+  const run = new StageRunner(stage);
+  const { rank, size } = stage.group;
+  // Warm-up: earlier stages run ahead so that the last stage can start backward at once.
+  const warmup = Math.min(size - rank - 1, numMicroBatches);
+  for (let m = 0; m < warmup; m++) await run.forward(m);
+  // Steady state: one forward, then the backward of the oldest micro-batch in flight.
+  for (let i = 0; i < numMicroBatches - warmup; i++) {
+    await run.forward(warmup + i);
+    await run.backward(i);
+  }
+  // Cool-down: drain the backwards of the warm-up micro-batches.
+  for (let m = numMicroBatches - warmup; m < numMicroBatches; m++) await run.backward(m);
+  return run.finish();
+}

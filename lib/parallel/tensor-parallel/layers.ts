@@ -1,0 +1,119 @@
+// Tensor-parallel linear layers (Megatron's ColumnParallelLinear / RowParallelLinear) and a linear
+// factory that splits a GPT block's attention heads and MLP across the tensor-parallel group.
+// Weights are initialized at full size from the shared generator and then sliced, so a TP run starts
+// from exactly the weights of the single-process model.
+import { ArgumentError } from '../../errors.js';
+import { add, linear } from '../../ops/index.js';
+import { defaultGenerator, type Generator } from '../../random.js';
+import { uniform } from '../../nn/init.js';
+import { Module, Parameter } from '../../nn/module.js';
+import { emptyOn, resolveOptions, type Tensor } from '../../tensor.js';
+import type { ProcessGroup } from '../group.js';
+import { copyElements } from '../flat.js';
+import { dtypeCode } from '../../dtype.js';
+import { copyToRegion, gatherFromRegion, reduceFromRegion, scatterToRegion } from './mappings.js';
+
+export interface ParallelLinearOptions {
+  group: ProcessGroup;
+  bias?: boolean;
+  device?: string;
+  dtype?: string;
+  generator?: Generator;
+  /** Fills the full-size weight [out, in] before it is split (default: U(±1/√in), as Linear). */
+  initWeight?: (full: Tensor, generator: Generator) => void;
+  /** Fills the full-size bias [out] (default: U(±1/√in), as Linear). */
+  initBias?: (full: Tensor, generator: Generator) => void;
+}
+
+function defaultInit(inFeatures: number) {
+  const bound = 1 / Math.sqrt(inFeatures);
+  return (t: Tensor, g: Generator): void => { uniform(t, -bound, bound, g); };
+}
+
+function divisible(what: string, value: number, parts: number, call: string): number {
+  if (!Number.isInteger(value) || value <= 0 || value % parts !== 0) {
+    throw new ArgumentError(`${call}: ${what} (${value}) must be a positive multiple of the tensor-parallel size ${parts}`);
+  }
+  return value / parts;
+}
+
+/** Creates a full [rows, cols] tensor with init, returns this rank's rows (given as [start, count] runs). */
+function initAndTakeRows(rows: number, cols: number, runs: [number, number][], init: (t: Tensor, g: Generator) => void,
+  gen: Generator, opts: { device?: string; dtype?: string }, call: string): Parameter {
+  const { dtype, device } = resolveOptions(opts, call);
+  using full = emptyOn(cols > 0 ? [rows, cols] : [rows], dtype, device);
+  init(full, gen);
+  const count = runs.reduce((s, [, c]) => s + c, 0);
+  const local = emptyOn(cols > 0 ? [count, cols] : [count], dtype, device);
+  const width = Math.max(cols, 1);
+  let at = 0;
+  for (const [start, c] of runs) { copyElements(local, at * width, full, start * width, c * width); at += c; }
+  return new Parameter(local);
+}
+
+/**
+ * y = x Wᵀ + b with W's output rows split across the group: rank r holds rows of every one of
+ * `interleave` equal blocks (interleave 3 keeps q, k and v heads together for fused QKV).
+ * The input is copied into the region (its gradient is allReduced); the output stays split unless
+ * gatherOutput.
+ */
+export class ColumnParallelLinear extends Module {
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  readonly gatherOutput: boolean;
+  readonly group: ProcessGroup;
+  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { gatherOutput?: boolean; interleave?: number }) {
+    super();
+    const call = 'ColumnParallelLinear';
+    const n = opts.group.size, r = opts.group.rank;
+    const interleave = opts.interleave ?? 1;
+    // Gathered interleaved outputs would come out rank-major ([q0 k0 v0 q1 k1 v1]), not in the weight's order.
+    if (interleave !== 1 && opts.gatherOutput) throw new ArgumentError(`${call}: gatherOutput cannot be combined with interleave ${interleave}`);
+    const block = divisible('outFeatures', outFeatures, interleave, call);
+    const local = divisible(`outFeatures / ${interleave}`, block, n, call);
+    const runs: [number, number][] = Array.from({ length: interleave }, (_, b) => [b * block + r * local, local]);
+    const gen = opts.generator ?? defaultGenerator;
+    this.group = opts.group;
+    this.gatherOutput = opts.gatherOutput ?? false;
+    this.weight = initAndTakeRows(outFeatures, inFeatures, runs, opts.initWeight ?? defaultInit(inFeatures), gen, opts, call);
+    this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, runs, opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
+  }
+  forward(x: Tensor): Tensor {
+    const y = linear(copyToRegion(x, this.group), this.weight, this.bias ?? undefined);
+    return this.gatherOutput ? gatherFromRegion(y, this.group) : y;
+  }
+}
+
+/**
+ * y = x Wᵀ + b with W's input columns split across the group; the partial products are summed
+ * (allReduce) and the bias, held whole on every rank, added after. With inputIsParallel false
+ * the layer first keeps its own chunk of x's last dimension.
+ */
+export class RowParallelLinear extends Module {
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  readonly inputIsParallel: boolean;
+  readonly group: ProcessGroup;
+  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { inputIsParallel?: boolean }) {
+    super();
+    const call = 'RowParallelLinear';
+    const n = opts.group.size, r = opts.group.rank;
+    const local = divisible('inFeatures', inFeatures, n, call);
+    const gen = opts.generator ?? defaultGenerator;
+    const { dtype, device } = resolveOptions(opts, call);
+    this.group = opts.group;
+    this.inputIsParallel = opts.inputIsParallel ?? true;
+    using full = emptyOn([outFeatures, inFeatures], dtype, device);
+    (opts.initWeight ?? defaultInit(inFeatures))(full, gen);
+    const w = emptyOn([outFeatures, local], dtype, device);
+    full.backend.copy_strided(full.storage, w.storage, dtypeCode(dtype), new Int32Array([outFeatures, local]), new Int32Array([inFeatures, 1]), r * local,
+      new Int32Array([local, 1]), 0);
+    this.weight = new Parameter(w);
+    this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, [[0, outFeatures]], opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
+  }
+  forward(x: Tensor): Tensor {
+    const xLocal = this.inputIsParallel ? x : scatterToRegion(x, this.group);
+    const y = reduceFromRegion(linear(xLocal, this.weight), this.group);
+    return this.bias ? add(y, this.bias) : y;
+  }
+}

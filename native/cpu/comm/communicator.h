@@ -1,0 +1,85 @@
+// A Gloo communicator's state and the work queue its collectives run on (one thread per
+// communicator, so the JS event loop and compute go on while bytes move).
+#pragma once
+
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/device.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/nt.h"
+
+namespace nt::comm {
+
+// What a communicator is, shared by its threads (which may outlive the JS object).
+struct CommState {
+  int rank = 0;
+  int size = 1;
+  std::string group;  // the store prefix; names the group in errors
+  std::chrono::milliseconds timeout{30000};
+  std::string storeHost;
+  int storePort = 0;
+  std::string deviceHost;
+  std::string deviceIface;
+  std::shared_ptr<gloo::rendezvous::Context> context;  // set by connect on the collective thread
+
+  // A failed collective leaves Gloo's slots out of step between ranks, so later ops fail fast.
+  std::mutex brokenMutex;
+  std::string brokenReason;
+  std::atomic<bool> broken{false};
+  void markBroken(const std::string& why);
+  std::string whyBroken();
+};
+
+// One unit of work: runs on a queue thread, then settles its promise on the JS thread.
+struct Work {
+  std::string op;
+  int64_t seq = -1;
+  size_t bytes = 0;
+  std::function<void()> run;
+  bool marksBrokenOnError = true;
+  std::optional<Error> error;
+  std::optional<Napi::Promise::Deferred> deferred;
+  std::vector<Napi::ObjectReference> keepAlive;  // storages (and the communicator) in use
+  std::function<void()> settled;                 // JS-thread bookkeeping after the promise settles
+};
+
+// A FIFO of Work served by one thread; results go back through a thread-safe function.
+// The thread is detached and holds the queue alive, so JS never blocks joining a thread that
+// waits on a slow peer; it acquires the thread-safe function and releases it when it exits.
+class WorkQueue : public std::enable_shared_from_this<WorkQueue> {
+ public:
+  static std::shared_ptr<WorkQueue> start(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn);
+  void push(std::unique_ptr<Work> w);
+  // Lets the thread finish what is queued, then exit.
+  void stop();
+
+ private:
+  WorkQueue(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn);
+  void loop();
+  std::shared_ptr<CommState> state_;
+  Napi::ThreadSafeFunction tsfn_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Work>> items_;
+  bool stopping_ = false;
+};
+
+// Turns an exception thrown by Gloo, the store client or an op into the typed error of a Work:
+// names rank, group, op, sequence number and byte count.
+Error describeFailure(const CommState& s, const Work& w, Err code, const std::string& what);
+
+// A TCP device per (host, iface), shared by the communicators of this process.
+std::shared_ptr<gloo::transport::Device> tcpDevice(const std::string& host, const std::string& iface);
+
+}  // namespace nt::comm

@@ -1,0 +1,404 @@
+// GlooCommunicator: the JS object behind a cpu process group. Validates what memory safety needs,
+// keeps the storages alive while an op is in flight, queues the op on the communicator's thread and
+// returns a Promise. Native method signatures are listed in lib/distributed/backend.ts.
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "collectives.h"
+
+namespace nt::comm {
+
+namespace {
+
+class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
+ public:
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function fn = DefineClass(env, "GlooCommunicator",
+                                    {InstanceMethod("connect", &GlooCommunicator::Connect),
+                                     InstanceMethod("allReduce", &GlooCommunicator::AllReduce),
+                                     InstanceMethod("broadcast", &GlooCommunicator::Broadcast),
+                                     InstanceMethod("reduce", &GlooCommunicator::Reduce),
+                                     InstanceMethod("allGather", &GlooCommunicator::AllGather),
+                                     InstanceMethod("reduceScatter", &GlooCommunicator::ReduceScatter),
+                                     InstanceMethod("allToAll", &GlooCommunicator::AllToAll),
+                                     InstanceMethod("barrier", &GlooCommunicator::Barrier),
+                                     InstanceMethod("send", &GlooCommunicator::Send),
+                                     InstanceMethod("recv", &GlooCommunicator::Recv),
+                                     InstanceMethod("destroy", &GlooCommunicator::Destroy),
+                                     InstanceAccessor("rank", &GlooCommunicator::Rank, nullptr),
+                                     InstanceAccessor("size", &GlooCommunicator::Size, nullptr),
+                                     InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr)});
+    static Napi::FunctionReference ctor;
+    ctor = Napi::Persistent(fn);
+    ctor.SuppressDestruct();
+    exports.Set("GlooCommunicator", fn);
+  }
+
+  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface)
+  explicit GlooCommunicator(const Napi::CallbackInfo& info) : Napi::ObjectWrap<GlooCommunicator>(info) {
+    try {
+      Args a{info, "GlooCommunicator"};
+      a.count(8);
+      state_ = std::make_shared<CommState>();
+      state_->storeHost = a.string(0);
+      state_->storePort = static_cast<int>(a.size(1));
+      state_->group = a.string(2);
+      state_->rank = static_cast<int>(a.size(3));
+      state_->size = static_cast<int>(a.size(4));
+      state_->timeout = std::chrono::milliseconds(a.size(5));
+      state_->deviceHost = a.string(6);
+      state_->deviceIface = a.string(7);
+      if (state_->size < 1 || state_->rank >= state_->size)
+        fail(Err::Argument, "GlooCommunicator: rank " + std::to_string(state_->rank) + " is outside a group of size " +
+                                std::to_string(state_->size));
+      if (state_->storePort < 1 || state_->storePort > 65535)
+        fail(Err::Argument, "GlooCommunicator: store port " + std::to_string(state_->storePort) + " is out of range");
+      if (state_->timeout.count() < 1) fail(Err::Argument, "GlooCommunicator: timeoutMs must be at least 1");
+      Napi::Env env = info.Env();
+      tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),
+                                            "nodetron-gloo", 0, 1);
+      collectives_ = WorkQueue::start(state_, tsfn_);
+      pointToPoint_ = WorkQueue::start(state_, tsfn_);
+      tsfn_.Release();  // the queue threads hold it from here on
+      tsfn_.Unref(env);
+    } catch (const Error& e) {
+      makeError(info.Env(), e.code, e.message, e.call.empty() ? "GlooCommunicator" : e.call).ThrowAsJavaScriptException();
+    }
+  }
+
+  ~GlooCommunicator() override { shutdown(); }
+
+ private:
+  void shutdown() {
+    if (collectives_) collectives_->stop();
+    if (pointToPoint_) pointToPoint_->stop();
+    collectives_.reset();
+    pointToPoint_.reset();
+  }
+
+  // Wraps a binding so nt::Error thrown while validating becomes a typed JS exception.
+  using Body = Napi::Value (GlooCommunicator::*)(const Napi::CallbackInfo&);
+  Napi::Value guard(const Napi::CallbackInfo& info, const char* name, Body body) {
+    try {
+      return (this->*body)(info);
+    } catch (const Error& e) {
+      makeError(info.Env(), e.code, e.message, e.call.empty() ? name : e.call).ThrowAsJavaScriptException();
+    } catch (const std::exception& e) {
+      makeError(info.Env(), Err::Comm, std::string(name) + ": " + e.what(), name).ThrowAsJavaScriptException();
+    }
+    return info.Env().Undefined();
+  }
+
+  void checkUsable(const char* call, bool needsConnection = true) {
+    if (!collectives_) fail(Err::Comm, std::string(call) + ": the communicator of group '" + state_->group + "' was destroyed");
+    if (needsConnection && !connected_)
+      fail(Err::Comm, std::string(call) + ": the communicator of group '" + state_->group + "' is not connected");
+  }
+
+  // A live storage holding `count` elements of `dt` at argument i, pinned by the Work.
+  uint8_t* buffer(const Napi::CallbackInfo& info, size_t i, const char* call, DType dt, size_t count, Work& w) {
+    Storage* s = Storage::From(info[i], call, i);
+    s->checkRange(0, count * dtypeSize(dt), call);
+    w.keepAlive.push_back(Napi::Persistent(info[i].As<Napi::Object>()));
+    return s->data();
+  }
+
+  std::vector<size_t> counts(const Napi::Value& v, const char* call, const char* what, size_t expected) {
+    if (!v.IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of element counts");
+    Napi::Array arr = v.As<Napi::Array>();
+    if (arr.Length() != expected)
+      fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) +
+                              " entries, expected one per rank (" + std::to_string(expected) + ")");
+    std::vector<size_t> out(expected);
+    for (uint32_t i = 0; i < arr.Length(); i++) {
+      Napi::Value e = arr.Get(i);
+      double d = e.IsNumber() ? e.As<Napi::Number>().DoubleValue() : -1;
+      if (!(d >= 0) || d != std::floor(d) || d > 9007199254740991.0)
+        fail(Err::Argument, std::string(call) + ": " + what + "[" + std::to_string(i) + "] must be a non-negative integer");
+      out[i] = static_cast<size_t>(d);
+    }
+    return out;
+  }
+
+  int rankArg(const Args& a, size_t i, const char* what) {
+    int64_t r = a.int64(i);
+    if (r < 0 || r >= state_->size)
+      fail(Err::Argument, std::string(a.call) + ": " + what + " " + std::to_string(r) + " is outside a group of size " +
+                              std::to_string(state_->size));
+    return static_cast<int>(r);
+  }
+
+  std::unique_ptr<Work> newWork(const Napi::CallbackInfo& info, const char* op, int64_t seq) {
+    auto w = std::make_unique<Work>();
+    w->op = op;
+    w->seq = seq;
+    w->deferred.emplace(Napi::Promise::Deferred::New(info.Env()));
+    w->keepAlive.push_back(Napi::Persistent(Value()));
+    return w;
+  }
+
+  // Queues w and returns its promise; the thread-safe function keeps the event loop alive only
+  // while some op is in flight, so an idle communicator does not hold a process open.
+  Napi::Value submit(const Napi::CallbackInfo& info, std::unique_ptr<Work> w, WorkQueue& q) {
+    Napi::Promise p = w->deferred->Promise();
+    Napi::Env env = info.Env();
+    if (pending_++ == 0) tsfn_.Ref(env);
+    w->settled = [this, env] {
+      if (--pending_ == 0) tsfn_.Unref(env);
+    };
+    q.push(std::move(w));
+    return p;
+  }
+
+  std::chrono::milliseconds timeoutArg(const Args& a, size_t i) {
+    int64_t ms = a.int64(i);
+    if (ms < 1) fail(Err::Argument, std::string(a.call) + ": timeoutMs must be at least 1");
+    return std::chrono::milliseconds(ms);
+  }
+
+  // connect(): Promise<void> — rendezvous through the store and connect the full mesh.
+  Napi::Value Connect(const Napi::CallbackInfo& info) { return guard(info, "connect", &GlooCommunicator::ConnectBody); }
+  Napi::Value ConnectBody(const Napi::CallbackInfo& info) {
+    checkUsable("connect", false);
+    if (connectRequested_) fail(Err::Comm, "connect: already called for group '" + state_->group + "'");
+    connectRequested_ = true;
+    auto w = newWork(info, "connect", -1);
+    std::shared_ptr<CommState> s = state_;
+    w->run = [s] { connectMesh(*s); };
+    connected_ = true;  // ops queued after connect run after it on the same thread
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // allReduce(send, recv, dtype, count, op, seq, timeoutMs)
+  Napi::Value AllReduce(const Napi::CallbackInfo& info) { return guard(info, "allReduce", &GlooCommunicator::AllReduceBody); }
+  Napi::Value AllReduceBody(const Napi::CallbackInfo& info) {
+    Args a{info, "allReduce"};
+    a.count(7);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    size_t n = size_t(a.size(3));
+    RedOp op = parseRedOp(a.int64(4), a.call);
+    auto w = newWork(info, "allReduce", a.int64(5));
+    auto timeout = timeoutArg(a, 6);
+    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
+    w->op = std::string("allReduce(") + redOpName(op) + ")";
+    w->bytes = n * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { allReduce(*s, in, out, dt, n, op, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
+  Napi::Value Broadcast(const Napi::CallbackInfo& info) { return guard(info, "broadcast", &GlooCommunicator::BroadcastBody); }
+  Napi::Value BroadcastBody(const Napi::CallbackInfo& info) {
+    Args a{info, "broadcast"};
+    a.count(7);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    size_t n = size_t(a.size(3));
+    int root = rankArg(a, 4, "root");
+    auto w = newWork(info, "broadcast", a.int64(5));
+    auto timeout = timeoutArg(a, 6);
+    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
+    w->bytes = n * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { broadcast(*s, in, out, dt, n, root, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
+  Napi::Value Reduce(const Napi::CallbackInfo& info) { return guard(info, "reduce", &GlooCommunicator::ReduceBody); }
+  Napi::Value ReduceBody(const Napi::CallbackInfo& info) {
+    Args a{info, "reduce"};
+    a.count(8);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    size_t n = size_t(a.size(3));
+    RedOp op = parseRedOp(a.int64(4), a.call);
+    int root = rankArg(a, 5, "root");
+    auto w = newWork(info, "reduce", a.int64(6));
+    auto timeout = timeoutArg(a, 7);
+    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
+    w->op = std::string("reduce(") + redOpName(op) + ")";
+    w->bytes = n * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { reduce(*s, in, out, dt, n, op, root, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // allGather(send, recv, dtype, counts[size], seq, timeoutMs)
+  Napi::Value AllGather(const Napi::CallbackInfo& info) { return guard(info, "allGather", &GlooCommunicator::AllGatherBody); }
+  Napi::Value AllGatherBody(const Napi::CallbackInfo& info) {
+    Args a{info, "allGather"};
+    a.count(6);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    std::vector<size_t> c = counts(info[3], a.call, "counts", size_t(state_->size));
+    size_t total = std::accumulate(c.begin(), c.end(), size_t(0));
+    auto w = newWork(info, "allGather", a.int64(4));
+    auto timeout = timeoutArg(a, 5);
+    const uint8_t* in = buffer(info, 0, a.call, dt, c[size_t(state_->rank)], *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, total, *w);
+    w->bytes = total * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { allGather(*s, in, out, dt, c, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // reduceScatter(send, recv, dtype, counts[size], op, seq, timeoutMs)
+  Napi::Value ReduceScatter(const Napi::CallbackInfo& info) {
+    return guard(info, "reduceScatter", &GlooCommunicator::ReduceScatterBody);
+  }
+  Napi::Value ReduceScatterBody(const Napi::CallbackInfo& info) {
+    Args a{info, "reduceScatter"};
+    a.count(7);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    std::vector<size_t> c = counts(info[3], a.call, "counts", size_t(state_->size));
+    size_t total = std::accumulate(c.begin(), c.end(), size_t(0));
+    RedOp op = parseRedOp(a.int64(4), a.call);
+    auto w = newWork(info, "reduceScatter", a.int64(5));
+    auto timeout = timeoutArg(a, 6);
+    const uint8_t* in = buffer(info, 0, a.call, dt, total, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, c[size_t(state_->rank)], *w);
+    w->op = std::string("reduceScatter(") + redOpName(op) + ")";
+    w->bytes = total * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { reduceScatter(*s, in, out, dt, c, op, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // allToAll(send, recv, dtype, sendCounts[size], recvCounts[size], seq, timeoutMs)
+  Napi::Value AllToAll(const Napi::CallbackInfo& info) { return guard(info, "allToAll", &GlooCommunicator::AllToAllBody); }
+  Napi::Value AllToAllBody(const Napi::CallbackInfo& info) {
+    Args a{info, "allToAll"};
+    a.count(7);
+    checkUsable(a.call);
+    DType dt = a.dtype(2);
+    std::vector<size_t> sc = counts(info[3], a.call, "sendCounts", size_t(state_->size));
+    std::vector<size_t> rc = counts(info[4], a.call, "recvCounts", size_t(state_->size));
+    size_t sendTotal = std::accumulate(sc.begin(), sc.end(), size_t(0));
+    size_t recvTotal = std::accumulate(rc.begin(), rc.end(), size_t(0));
+    if (state_->size == 1 && sendTotal != recvTotal)
+      fail(Err::Argument, "allToAll: a group of one must receive what it sends");
+    auto w = newWork(info, "allToAll", a.int64(5));
+    auto timeout = timeoutArg(a, 6);
+    const uint8_t* in = buffer(info, 0, a.call, dt, sendTotal, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, recvTotal, *w);
+    if (in == out) fail(Err::Argument, "allToAll: send and receive buffers must differ");
+    w->bytes = sendTotal * dtypeSize(dt);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { allToAll(*s, in, out, dt, sc, rc, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // barrier(seq, timeoutMs)
+  Napi::Value Barrier(const Napi::CallbackInfo& info) { return guard(info, "barrier", &GlooCommunicator::BarrierBody); }
+  Napi::Value BarrierBody(const Napi::CallbackInfo& info) {
+    Args a{info, "barrier"};
+    a.count(2);
+    checkUsable(a.call);
+    auto w = newWork(info, "barrier", a.int64(0));
+    auto timeout = timeoutArg(a, 1);
+    std::shared_ptr<CommState> s = state_;
+    uint32_t tag = uint32_t(w->seq);
+    w->run = [=] { barrier(*s, tag, timeout); };
+    return submit(info, std::move(w), *collectives_);
+  }
+
+  // send(storage, dtype, count, dst, tag, timeoutMs) / recv(storage, dtype, count, src, tag, timeoutMs):
+  // posted now (so a send and a recv issued back to back on both ranks cannot deadlock), waited for
+  // on the point-to-point thread.
+  Napi::Value Send(const Napi::CallbackInfo& info) { return guard(info, "send", &GlooCommunicator::SendBody); }
+  Napi::Value SendBody(const Napi::CallbackInfo& info) { return pointToPoint(info, true); }
+  Napi::Value Recv(const Napi::CallbackInfo& info) { return guard(info, "recv", &GlooCommunicator::RecvBody); }
+  Napi::Value RecvBody(const Napi::CallbackInfo& info) { return pointToPoint(info, false); }
+
+  Napi::Value pointToPoint(const Napi::CallbackInfo& info, bool isSend) {
+    Args a{info, isSend ? "send" : "recv"};
+    a.count(6);
+    checkUsable(a.call);
+    if (!connectedDone()) fail(Err::Comm, std::string(a.call) + ": await connect() before point-to-point ops");
+    if (state_->broken.load())
+      fail(Err::Comm, std::string(a.call) + ": the communicator of group '" + state_->group +
+                          "' is unusable after an earlier failure: " + state_->whyBroken());
+    DType dt = a.dtype(1);
+    size_t n = size_t(a.size(2));
+    int peer = rankArg(a, 3, isSend ? "dst" : "src");
+    if (peer == state_->rank) fail(Err::Argument, std::string(a.call) + ": a rank cannot " + a.call + " to itself");
+    int64_t tag = a.int64(4);
+    if (tag < 0 || tag > 0xffffff) fail(Err::Argument, std::string(a.call) + ": tag must be in [0, 2^24)");
+    auto timeout = timeoutArg(a, 5);
+    auto w = newWork(info, isSend ? "send" : "recv", -1);
+    uint8_t* data = buffer(info, 0, a.call, dt, n, *w);
+    w->bytes = n * dtypeSize(dt);
+    w->op += std::string(isSend ? " to " : " from ") + "rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+    w->marksBrokenOnError = false;
+    if (w->bytes == 0) {
+      w->run = [] {};
+      return submit(info, std::move(w), *pointToPoint_);
+    }
+    std::shared_ptr<gloo::transport::UnboundBuffer> b;
+    try {
+      b = isSend ? postSend(*state_, data, w->bytes, peer, uint32_t(tag)) : postRecv(*state_, data, w->bytes, peer, uint32_t(tag));
+    } catch (const std::exception& e) {
+      Error err = describeFailure(*state_, *w, Err::Comm, e.what());
+      throw err;
+    }
+    w->run = [b, isSend, timeout] { isSend ? waitSend(*b, timeout) : waitRecv(*b, timeout); };
+    return submit(info, std::move(w), *pointToPoint_);
+  }
+
+  // p2p posts on the JS thread touch the Gloo context directly, so it must exist already.
+  bool connectedDone() const { return state_->context != nullptr; }
+
+  // destroy(): Promise<void> — resolves once queued ops have finished; the communicator is
+  // unusable afterwards (ops throw).
+  Napi::Value Destroy(const Napi::CallbackInfo& info) { return guard(info, "destroy", &GlooCommunicator::DestroyBody); }
+  Napi::Value DestroyBody(const Napi::CallbackInfo& info) {
+    if (!collectives_) {
+      auto d = Napi::Promise::Deferred::New(info.Env());
+      d.Resolve(info.Env().Undefined());
+      return d.Promise();
+    }
+    auto w = newWork(info, "destroy", -1);
+    w->marksBrokenOnError = false;
+    std::shared_ptr<CommState> s = state_;
+    w->run = [s] {
+      s->markBroken("the communicator was destroyed");
+      s->context.reset();
+    };
+    Napi::Value p = submit(info, std::move(w), *collectives_);
+    shutdown();
+    return p;
+  }
+
+  Napi::Value Rank(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->rank : -1); }
+  Napi::Value Size(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->size : 0); }
+  Napi::Value Pending(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(pending_)); }
+
+  std::shared_ptr<CommState> state_;
+  std::shared_ptr<WorkQueue> collectives_;
+  std::shared_ptr<WorkQueue> pointToPoint_;
+  Napi::ThreadSafeFunction tsfn_;
+  int64_t pending_ = 0;
+  bool connectRequested_ = false;
+  bool connected_ = false;
+};
+
+}  // namespace
+
+NT_EXPORT_CLASS(GlooCommunicator::Init);
+
+}  // namespace nt::comm

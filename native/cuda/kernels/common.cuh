@@ -1,0 +1,136 @@
+// Shared pieces of the cuda kernel files: element types with the cpu backend's exact rounding
+// (bf16/f16 bit conversions, so both backends store identical bits), dtype dispatch and launch sizes.
+#pragma once
+
+#include <cstdint>
+
+#include "../runtime.h"
+
+namespace nt::cuda {
+
+struct bf16 {
+  uint16_t bits;
+};
+struct f16 {
+  uint16_t bits;
+};
+
+__device__ __forceinline__ float toF32(float v) { return v; }
+__device__ __forceinline__ float toF32(int32_t v) { return float(v); }
+__device__ __forceinline__ float toF32(uint8_t v) { return float(v); }
+__device__ __forceinline__ float toF32(bf16 v) { return __uint_as_float(uint32_t(v.bits) << 16); }
+__device__ __forceinline__ float toF32(f16 v) {
+  uint32_t h = v.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0) {
+    if (mant == 0) return __uint_as_float(sign);
+    exp = 127 - 15 + 1;
+    while ((mant & 0x400) == 0) {
+      mant <<= 1;
+      exp--;
+    }
+    return __uint_as_float(sign | (exp << 23) | ((mant & 0x3ff) << 13));
+  }
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+  return __uint_as_float(sign | ((exp + 127 - 15) << 23) | (mant << 13));
+}
+
+template <typename T>
+__device__ __forceinline__ T fromF32(float v);
+template <>
+__device__ __forceinline__ float fromF32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 fromF32<bf16>(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+template <>
+__device__ __forceinline__ f16 fromF32<f16>(float f) {  // round to nearest even, subnormals, overflow to inf
+  uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};
+  if (absu >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};
+  if (absu < 0x38800000u) {
+    if (absu < 0x33000000u) return f16{uint16_t(sign)};
+    uint32_t exp = absu >> 23, mant = (absu & 0x7fffffu) | 0x800000u, shift = 126 - exp;
+    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1))) half++;
+    return f16{uint16_t(sign | half)};
+  }
+  uint32_t rounded = absu + 0xfffu + ((absu >> 13) & 1u);
+  return f16{uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
+}
+template <>
+__device__ __forceinline__ int32_t fromF32<int32_t>(float v) {  // toward zero, saturated, NaN -> 0
+  if (v != v) return 0;
+  if (v <= -2147483648.0f) return INT32_MIN;
+  if (v >= 2147483648.0f) return INT32_MAX;
+  return int32_t(v);
+}
+template <>
+__device__ __forceinline__ uint8_t fromF32<uint8_t>(float v) {
+  if (v != v || v <= 0.0f) return 0;
+  if (v >= 255.0f) return 255;
+  return uint8_t(v);
+}
+
+// Runs `body` with T bound to the storage type of a floating dtype (f32, bf16, f16).
+#define NT_DISPATCH_FLOAT(dtype, call, T, ...)                                                              \
+  switch (dtype) {                                                                                         \
+    case ::nt::DType::F32: { using T = float; __VA_ARGS__; break; }                                        \
+    case ::nt::DType::BF16: { using T = ::nt::cuda::bf16; __VA_ARGS__; break; }                            \
+    case ::nt::DType::F16: { using T = ::nt::cuda::f16; __VA_ARGS__; break; }                              \
+    default: ::nt::fail(::nt::Err::DType, std::string(call) + ": dtype " + ::nt::dtypeName(dtype) +        \
+                                              " is not supported (f32, bf16, f16)");                       \
+  }
+
+// Like NT_DISPATCH_FLOAT, plus i32 and u8.
+#define NT_DISPATCH_ALL(dtype, call, T, ...)                                                                \
+  switch (dtype) {                                                                                         \
+    case ::nt::DType::F32: { using T = float; __VA_ARGS__; break; }                                        \
+    case ::nt::DType::BF16: { using T = ::nt::cuda::bf16; __VA_ARGS__; break; }                            \
+    case ::nt::DType::F16: { using T = ::nt::cuda::f16; __VA_ARGS__; break; }                              \
+    case ::nt::DType::I32: { using T = int32_t; __VA_ARGS__; break; }                                      \
+    case ::nt::DType::U8: { using T = uint8_t; __VA_ARGS__; break; }                                       \
+  }
+
+constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over n elements (capped: each thread then takes several elements).
+inline unsigned gridFor(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+#define NT_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// Warp and block sums/maxes for row kernels (block size a multiple of 32, at most 1024).
+__device__ __forceinline__ float warpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float blockSum(float v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warpSum(v);
+}
+__device__ __forceinline__ float blockMax(float v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warpMax(v);
+}
+
+}  // namespace nt::cuda

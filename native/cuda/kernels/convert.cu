@@ -1,0 +1,111 @@
+// Conversions and simple fills on the cuda backend (cast, fill, arange), with the cpu backend's
+// rounding rules (native/cpu/kernels/convert.cc is the reference).
+#include <cmath>
+
+#include "common.cuh"
+
+namespace nt::cuda {
+
+template <typename S, typename D>
+__global__ void castKernel(const S* src, D* dst, int64_t n) {
+  NT_GRID_STRIDE(i, n) dst[i] = fromF32<D>(toF32(src[i]));
+}
+
+template <typename W>
+__global__ void fillKernel(W* dst, W value, int64_t n) {
+  NT_GRID_STRIDE(i, n) dst[i] = value;
+}
+
+template <typename T>
+__global__ void arangeKernel(T* dst, double start, double step, int64_t n) {
+  NT_GRID_STRIDE(i, n) dst[i] = fromF32<T>(float(start + double(i) * step));
+}
+__global__ void arangeI32Kernel(int32_t* dst, double start, double step, int64_t n) {
+  NT_GRID_STRIDE(i, n) dst[i] = int32_t(start + double(i) * step);
+}
+
+// cast(src, srcDtype, dst, dstDtype, n)
+static Napi::Value Cast(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "cast");
+  k.args.count(5);
+  DType st = k.args.dtype(1), dt = k.args.dtype(3);
+  int64_t n = k.args.size(4);
+  void* src = k.data(0, st, n);
+  void* dst = k.data(2, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t s = k.stream();
+  if (st == dt) {
+    check(cudaMemcpyAsync(dst, src, size_t(n) * dtypeSize(st), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    return info.Env().Undefined();
+  }
+  NT_DISPATCH_ALL(st, "cast", S,
+                  NT_DISPATCH_ALL(dt, "cast", D,
+                                  castKernel<S, D><<<gridFor(n), kThreads, 0, s>>>(static_cast<const S*>(src),
+                                                                                   static_cast<D*>(dst), n)));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("cast", Cast);
+
+// fill(storage, dtype, n, value): the value is converted on the host exactly as the cpu fill does.
+static Napi::Value Fill(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "fill");
+  k.args.count(4);
+  DType dt = k.args.dtype(1);
+  int64_t n = k.args.size(2);
+  double v = k.args.number(3);
+  void* d = k.data(0, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t s = k.stream();
+  switch (dt) {
+    case DType::F32: {
+      float f = float(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      fillKernel<uint32_t><<<gridFor(n), kThreads, 0, s>>>(static_cast<uint32_t*>(d), bits, n);
+      break;
+    }
+    case DType::I32: {
+      float f = float(v);
+      int32_t x = std::isnan(f) ? 0 : f <= -2147483648.0f ? INT32_MIN : f >= 2147483648.0f ? INT32_MAX : int32_t(f);
+      if (std::fabs(v) < 2147483648.0) x = int32_t(v);
+      fillKernel<int32_t><<<gridFor(n), kThreads, 0, s>>>(static_cast<int32_t*>(d), x, n);
+      break;
+    }
+    case DType::U8: {
+      float f = float(v);
+      uint8_t x = std::isnan(f) || f <= 0.0f ? 0 : f >= 255.0f ? 255 : uint8_t(f);
+      check(cudaMemsetAsync(d, x, size_t(n), s), "cudaMemsetAsync");
+      break;
+    }
+    default: {
+      uint16_t h = dt == DType::BF16 ? f32ToBf16(float(v)) : f32ToF16(float(v));
+      fillKernel<uint16_t><<<gridFor(n), kThreads, 0, s>>>(static_cast<uint16_t*>(d), h, n);
+    }
+  }
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("fill", Fill);
+
+// arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
+static Napi::Value Arange(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "arange");
+  k.args.count(5);
+  DType dt = k.args.dtype(1);
+  int64_t n = k.args.size(2);
+  double start = k.args.number(3), step = k.args.number(4);
+  void* d = k.data(0, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t s = k.stream();
+  if (dt == DType::I32) {
+    arangeI32Kernel<<<gridFor(n), kThreads, 0, s>>>(static_cast<int32_t*>(d), start, step, n);
+  } else {
+    NT_DISPATCH_ALL(dt, "arange", T, arangeKernel<T><<<gridFor(n), kThreads, 0, s>>>(static_cast<T*>(d), start, step, n));
+  }
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("arange", Arange);
+
+}  // namespace nt::cuda

@@ -1,0 +1,71 @@
+// Bias + GELU (tanh approximation, as GPT-2 uses) on the cuda backend: forward y = gelu(x + bias)
+// and backward dx = dy * gelu'(x + bias); bias is per column of a [rows, cols] view and optional.
+#include "common.cuh"
+
+namespace nt::cuda {
+
+__device__ __forceinline__ float geluTanh(float x) {
+  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float geluTanhGrad(float x) {
+  const float c = 0.7978845608028654f;
+  float u = c * (x + 0.044715f * x * x * x), t = tanhf(u);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+template <typename T>
+__global__ void geluForwardKernel(const T* x, const T* bias, T* y, int64_t n, int64_t cols) {
+  NT_GRID_STRIDE(i, n) {
+    float v = toF32(x[i]) + (bias ? toF32(bias[i % cols]) : 0.0f);
+    y[i] = fromF32<T>(geluTanh(v));
+  }
+}
+template <typename T>
+__global__ void geluBackwardKernel(const T* dy, const T* x, const T* bias, T* dx, int64_t n, int64_t cols) {
+  NT_GRID_STRIDE(i, n) {
+    float v = toF32(x[i]) + (bias ? toF32(bias[i % cols]) : 0.0f);
+    dx[i] = fromF32<T>(toF32(dy[i]) * geluTanhGrad(v));
+  }
+}
+
+// geluForward(x, bias|null, y, dtype, rows, cols)
+static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "geluForward");
+  k.args.count(6);
+  DType dt = k.args.dtype(3);
+  int64_t rows = k.args.size(4), cols = k.args.size(5), n = rows * cols;
+  void* x = k.data(0, dt, n);
+  void* b = k.optional(1, dt, cols);
+  void* y = k.data(2, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "geluForward", T,
+                    geluForwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(b),
+                                                                          static_cast<T*>(y), n, cols));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("geluForward", GeluForward);
+
+// geluBackward(dy, x, bias|null, dx, dtype, rows, cols): x is the forward input (before the bias)
+static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "geluBackward");
+  k.args.count(7);
+  DType dt = k.args.dtype(4);
+  int64_t rows = k.args.size(5), cols = k.args.size(6), n = rows * cols;
+  void* dy = k.data(0, dt, n);
+  void* x = k.data(1, dt, n);
+  void* b = k.optional(2, dt, cols);
+  void* dx = k.data(3, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "geluBackward", T,
+                    geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+                                                                           static_cast<const T*>(b), static_cast<T*>(dx), n, cols));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("geluBackward", GeluBackward);
+
+}  // namespace nt::cuda

@@ -1,0 +1,166 @@
+// LayerNorm and RMSNorm on the cuda backend (forward, backward, and a forward fused with the
+// residual add), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
+// by a second kernel (one thread per column), so they are deterministic.
+#include "common.cuh"
+
+namespace nt::cuda {
+
+// Forward of one row. residual != nullptr: the row is x + residual, also written to `sum`.
+// rms: y = x * rstd * w (no mean, no bias), rstd = 1 / sqrt(mean(x^2) + eps).
+template <typename T, bool kRms>
+__global__ void normForwardKernel(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, float* mean,
+                                  float* rstd, int64_t cols, float eps) {
+  __shared__ float scratch[32];
+  int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  float s = 0.0f, ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float v = toF32(xr[j]);
+    if (residual) {
+      v += toF32(residual[r * cols + j]);
+      sum[r * cols + j] = fromF32<T>(v);
+      v = toF32(sum[r * cols + j]);  // normalize what was stored, as the cpu path does
+    }
+    s += v;
+    ss += v * v;
+  }
+  s = blockSum(s, scratch);
+  float m = kRms ? 0.0f : s / float(cols);
+  const T* src = residual ? sum : x;
+  if (!kRms) {  // a second pass over (x - mean): E[x^2] - mean^2 loses digits when |mean| >> std
+    __syncthreads();  // the row sum was written by this block's own threads (fused path)
+    ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      float d = toF32(src[r * cols + j]) - m;
+      ss += d * d;
+    }
+  }
+  ss = blockSum(ss, scratch);
+  float rs = rsqrtf(ss / float(cols) + eps);
+  if (threadIdx.x == 0) {
+    if (mean) mean[r] = m;
+    rstd[r] = rs;
+  }
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float v = (toF32(src[r * cols + j]) - m) * rs;
+    if (w) v *= toF32(w[j]);
+    if (b) v += toF32(b[j]);
+    y[r * cols + j] = fromF32<T>(v);
+  }
+}
+
+// dx of one row: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g) term).
+template <typename T, bool kRms>
+__global__ void normBackwardKernel(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, int64_t cols) {
+  __shared__ float scratch[32];
+  int64_t r = blockIdx.x;
+  float m = kRms ? 0.0f : mean[r], rs = rstd[r];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float g = toF32(dy[r * cols + j]) * (w ? toF32(w[j]) : 1.0f);
+    float xh = (toF32(x[r * cols + j]) - m) * rs;
+    sg += g;
+    sgx += g * xh;
+  }
+  sg = blockSum(sg, scratch) / float(cols);
+  sgx = blockSum(sgx, scratch) / float(cols);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float g = toF32(dy[r * cols + j]) * (w ? toF32(w[j]) : 1.0f);
+    float xh = (toF32(x[r * cols + j]) - m) * rs;
+    dx[r * cols + j] = fromF32<T>(rs * (g - (kRms ? 0.0f : sg) - xh * sgx));
+  }
+}
+
+// dw[j] = sum_r dy * xhat, db[j] = sum_r dy (f32 outputs).
+template <typename T, bool kRms>
+__global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, const float* rstd, float* dw, float* db,
+                                    int64_t rows, int64_t cols) {
+  NT_GRID_STRIDE(j, cols) {
+    float aw = 0.0f, ab = 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+      float g = toF32(dy[r * cols + j]);
+      aw += g * (toF32(x[r * cols + j]) - (kRms ? 0.0f : mean[r])) * rstd[r];
+      ab += g;
+    }
+    if (dw) dw[j] = aw;
+    if (db) db[j] = ab;
+  }
+}
+
+static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : 64; }
+
+template <bool kRms>
+static Napi::Value forward(const Napi::CallbackInfo& info, const char* call, bool fused) {
+  // layernormForward(x, weight|null, bias|null, out, mean, rstd, dtype, rows, cols, eps)
+  // rmsnormForward(x, weight|null, out, rstd, dtype, rows, cols, eps)
+  // addLayernormForward(x, residual, weight|null, bias|null, sum, out, mean, rstd, dtype, rows, cols, eps)
+  KernelCall k(info, call);
+  size_t base = fused ? 1 : 0;
+  size_t iw = base + 1, ib = kRms ? 0 : base + 2, is = fused ? 4 : 0;
+  size_t iy = kRms ? 2 : (fused ? 5 : 3), im = kRms ? 0 : iy + 1, ir = kRms ? 3 : iy + 2, id = ir + 1;
+  k.args.count(id + 4);
+  DType dt = k.args.dtype(id);
+  int64_t rows = k.args.size(id + 1), cols = k.args.size(id + 2);
+  float eps = float(k.args.number(id + 3));
+  int64_t n = rows * cols;
+  void* x = k.data(0, dt, n);
+  void* res = fused ? k.data(1, dt, n) : nullptr;
+  void* w = k.optional(iw, dt, cols);
+  void* b = kRms ? nullptr : k.optional(ib, dt, cols);
+  void* sum = fused ? k.data(is, dt, n) : nullptr;
+  void* y = k.data(iy, dt, n);
+  float* mean = kRms ? nullptr : k.data<float>(im, DType::F32, rows);
+  float* rstd = k.data<float>(ir, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  if (cols == 0) fail(Err::Shape, std::string(call) + ": rows of length 0");
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    normForwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+                        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const T*>(w),
+                        static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, cols, eps));
+  k.launched();
+  return info.Env().Undefined();
+}
+
+template <bool kRms>
+static Napi::Value backward(const Napi::CallbackInfo& info, const char* call) {
+  // layernormBackward(dy, x, weight|null, mean, rstd, dx, dweight|null (f32), dbias|null (f32), dtype, rows, cols)
+  // rmsnormBackward(dy, x, weight|null, rstd, dx, dweight|null (f32), dtype, rows, cols)
+  KernelCall k(info, call);
+  size_t ir = kRms ? 3 : 4, idx = ir + 1, idw = idx + 1, idb = kRms ? 0 : idw + 1, id = kRms ? idw + 1 : idb + 1;
+  k.args.count(id + 3);
+  DType dt = k.args.dtype(id);
+  int64_t rows = k.args.size(id + 1), cols = k.args.size(id + 2), n = rows * cols;
+  void* dy = k.data(0, dt, n);
+  void* x = k.data(1, dt, n);
+  void* w = k.optional(2, dt, cols);
+  float* mean = kRms ? nullptr : k.data<float>(3, DType::F32, rows);
+  float* rstd = k.data<float>(ir, DType::F32, rows);
+  void* dx = k.data(idx, dt, n);
+  float* dw = k.optional<float>(idw, DType::F32, cols);
+  float* db = kRms ? nullptr : k.optional<float>(idb, DType::F32, cols);
+  if (rows == 0 || cols == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T, {
+    normBackwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), cols);
+    if (dw || db)
+      normParamGradKernel<T, kRms><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean,
+                                                                        rstd, dw, db, rows, cols);
+  });
+  k.launched();
+  return info.Env().Undefined();
+}
+
+static Napi::Value LayernormForward(const Napi::CallbackInfo& info) { return forward<false>(info, "layernormForward", false); }
+static Napi::Value AddLayernormForward(const Napi::CallbackInfo& info) { return forward<false>(info, "addLayernormForward", true); }
+static Napi::Value RmsnormForward(const Napi::CallbackInfo& info) { return forward<true>(info, "rmsnormForward", false); }
+static Napi::Value LayernormBackward(const Napi::CallbackInfo& info) { return backward<false>(info, "layernormBackward"); }
+static Napi::Value RmsnormBackward(const Napi::CallbackInfo& info) { return backward<true>(info, "rmsnormBackward"); }
+NT_EXPORT("layernormForward", LayernormForward);
+NT_EXPORT("addLayernormForward", AddLayernormForward);
+NT_EXPORT("rmsnormForward", RmsnormForward);
+NT_EXPORT("layernormBackward", LayernormBackward);
+NT_EXPORT("rmsnormBackward", RmsnormBackward);
+
+}  // namespace nt::cuda

@@ -1,0 +1,41 @@
+// Random fills on the cuda backend from the shared Philox generator (native/core/philox.h): the same
+// (seed, block, element) gives the same number as the cpu backend, whatever the launch shape.
+#include "../../core/philox.h"
+#include "common.cuh"
+
+namespace nt::cuda {
+
+template <typename T>
+__global__ void randomKernel(T* out, int64_t n, int kind, uint64_t seed, uint64_t base, uint64_t first, float p0, float p1) {
+  NT_GRID_STRIDE(i, n) {
+    uint64_t e = first + uint64_t(i);
+    float v;
+    if (kind == 0) v = p0 + (p1 - p0) * philox::uniform(seed, base, e);
+    else if (kind == 1) v = p0 + p1 * philox::normal(seed, base, e);
+    else v = philox::uniform(seed, base, e) < p0 ? 1.0f : 0.0f;
+    out[i] = fromF32<T>(v);
+  }
+}
+
+// randomFill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b): see the cpu one.
+static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "randomFill");
+  k.args.count(10);
+  DType dt = k.args.dtype(1);
+  int64_t n = k.args.size(2);
+  int64_t kind = k.args.int64(3);
+  uint64_t seed = (uint64_t(k.args.size(4)) << 32) | uint64_t(k.args.size(5));
+  uint64_t base = uint64_t(k.args.size(6)), first = uint64_t(k.args.size(7));
+  float p0 = float(k.args.number(8)), p1 = float(k.args.number(9));
+  if (kind < 0 || kind > 2) fail(Err::Argument, "randomFill: unknown distribution " + std::to_string(kind));
+  void* d = k.data(0, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t s = k.stream();
+  NT_DISPATCH_ALL(dt, "randomFill", T,
+                  randomKernel<T><<<gridFor(n), kThreads, 0, s>>>(static_cast<T*>(d), n, int(kind), seed, base, first, p0, p1));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("randomFill", RandomFill);
+
+}  // namespace nt::cuda

@@ -1,0 +1,43 @@
+// `nodetron bench comm` end to end: it launches itself with 2 ranks, and every op's data check
+// finds no wrong element; plus the bus-bandwidth factors and the SVG plot.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { busFactor, plotSvg } from '../../lib/bench/comm.js';
+
+const bench = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'lib', 'bench', 'comm.ts');
+
+describe('bench comm', () => {
+  it('uses nccl-tests bus-bandwidth factors', () => {
+    expect(busFactor('all_reduce', 4)).toBeCloseTo(1.5);
+    expect(busFactor('all_gather', 4)).toBeCloseTo(0.75);
+    expect(busFactor('reduce_scatter', 2)).toBeCloseTo(0.5);
+    expect(busFactor('all_to_all', 8)).toBeCloseTo(0.875);
+    expect(busFactor('broadcast', 8)).toBe(1);
+    expect(busFactor('sendrecv', 3)).toBe(1);
+  });
+
+  it('plots one polyline per series', () => {
+    const svg = plotSvg('t', [{ name: 'a', points: [[8, 0.1], [1024, 1]] }, { name: 'b', points: [[8, 0.2], [1024, 2]] }]);
+    expect(svg.startsWith('<svg')).toBe(true);
+    expect(svg.match(/<polyline/g)).toHaveLength(2);
+  });
+
+  for (const op of ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv']) {
+    it(`${op}: self-launched 2-rank sweep with no wrong elements`, () => {
+      const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
+      const json = join(dir, 'r.json');
+      const r = spawnSync(process.execPath, ['--import', 'tsx', bench, '--op', op, '-b', '8', '-e', '8K', '-f', '32', '-n', '2', '-w', '1',
+        '-d', op === 'all_reduce' ? 'f16' : 'i32', '--json', json], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '' }, timeout: 60_000 });
+      expect(r.status, r.stderr + r.stdout).toBe(0);
+      expect(r.stdout).toMatch(/# Out of bounds values : 0 OK/);
+      const rec = JSON.parse(readFileSync(json, 'utf8'));
+      expect(rec.worldSize).toBe(2);
+      expect(rec.rows.length).toBeGreaterThanOrEqual(2);
+      for (const row of rec.rows) for (const m of [row.outOfPlace, row.inPlace]) if (m) expect(m.wrong).toBe(0);
+    });
+  }
+});

@@ -1,0 +1,27 @@
+// Multi-process tests of the Gloo process groups: every collective, dtype and reduce op against
+// float64 references computed in each rank (test/fixtures/dist/collectives.mjs), on 2, 3 and 4 ranks.
+import { describe, expect, it } from 'vitest';
+import { runRanks } from './spawn-ranks.js';
+
+const quiet = { NODETRON_WARN_LEAKS: '0' };
+
+describe('gloo collectives across processes', () => {
+  for (const n of [2, 3, 4]) {
+    it(`all collectives agree with the reference on ${n} ranks`, async () => {
+      const results = await runRanks('collectives.mjs', n, [], quiet);
+      for (const r of results) {
+        expect(r.code, `rank ${r.rank} stderr: ${r.stderr.slice(-2000)}`).toBe(0);
+        expect(r.result.wrong).toEqual({});
+        expect(r.result.cases).toBeGreaterThan(250);
+      }
+    });
+  }
+
+  it('check mode passes when all ranks run the same collectives', async () => {
+    const results = await runRanks('collectives.mjs', 2, [], { ...quiet, NODETRON_COMM_CHECK: '1' });
+    for (const r of results) {
+      expect(r.code, r.stderr.slice(-2000)).toBe(0);
+      expect(r.result.wrong).toEqual({});
+    }
+  });
+});
