@@ -4,7 +4,7 @@
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { randn, tensor } from '../creation.js';
-import { packageRoot } from '../native.js';
+import { cpu, packageRoot } from '../native.js';
 import { attention, crossEntropy, gelu, layerNorm, linear, ones, zeros } from '../index.js';
 import type { Tensor } from '../tensor.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
@@ -58,19 +58,25 @@ function torchPeer(threads: number | undefined): { torch: string; threads: numbe
 
 export async function main(argv: string[]): Promise<number> {
   const opts = parseOptions(argv, { json: 'string', 'no-torch': 'boolean', threads: 'number' });
+  const threads = opts.threads as number | undefined;
+  if (threads !== undefined) {
+    // One thread count for every engine in the comparison: OpenBLAS, nodetron's kernels, PyTorch.
+    cpu().setBlasThreads(threads);
+    cpu().setKernelThreads(threads);
+  }
   const mine: Record<string, number> = {};
   for (const [name, fn, after] of cases()) {
     mine[name] = timeIt(fn, { minSeconds: 0.5, rounds: 3 });
     after();
   }
-  const peer = opts['no-torch'] ? 'skipped (--no-torch)' : torchPeer(opts.threads as number | undefined);
+  const peer = opts['no-torch'] ? 'skipped (--no-torch)' : torchPeer(threads);
   const rows = Object.entries(mine).map(([name, s]) => {
     const p = typeof peer === 'string' ? NaN : peer.seconds[name] ?? NaN;
     return [name, (s * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p / s).toFixed(2)];
   });
   printTable(['op', 'nodetron ms', 'torch ms', 'speedup'], rows);
   if (typeof peer === 'string') console.log(peer);
-  else console.log(`torch ${peer.torch}, ${peer.threads} threads`);
+  else console.log(`torch ${peer.torch}, ${peer.threads} threads; nodetron ${cpu().kernelThreads()} kernel threads`);
   writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer });
   return 0;
 }

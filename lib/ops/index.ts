@@ -5,7 +5,7 @@ import { dropout, type DropoutOptions, gelu, logSoftmax, softmax } from './activ
 import { add, div, exp, log, mul, neg, type Operand, pow, scale, sqrt, sub, tanh } from './elementwise.js';
 import { linear, matmul, type MatmulOptions } from './matmul.js';
 import { max, mean, type ReduceOptions, sum } from './reduce.js';
-import { cat, chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } from './shape.js';
+import { chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } from './shape.js';
 
 export { add, sub, mul, div, neg, exp, log, sqrt, tanh, pow, scale, type Operand } from './elementwise.js';
 export { sum, mean, max, type ReduceOptions } from './reduce.js';

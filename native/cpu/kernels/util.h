@@ -101,10 +101,12 @@ inline float maxLanes(const float* x, int64_t n) {
 
 // Runs fn(begin, end) over [0, rows) split across up to `threads` threads when the work is large
 // enough to pay for starting them (2-core machines: threads == 2).
+// Threads the row-parallel kernels use (setKernelThreads; default: the cores, at most 4).
+int64_t kernelThreads();
+
 template <class F>
 void parallelRows(int64_t rows, int64_t workPerRow, F fn) {
-  static const int64_t hw = std::max<int64_t>(1, std::min<int64_t>(4, int64_t(std::thread::hardware_concurrency())));
-  int64_t threads = std::min<int64_t>(hw, rows);
+  int64_t threads = std::min<int64_t>(kernelThreads(), rows);
   if (threads <= 1 || rows * workPerRow < (int64_t(1) << 18)) {
     fn(int64_t(0), rows);
     return;
