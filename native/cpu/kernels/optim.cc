@@ -3,37 +3,12 @@
 // parameters, hyperparameters, schedules, clipping thresholds) lives in lib/optim.
 #include <cmath>
 
+#include "../../core/arg_lists.h"
 #include "convert.h"
 
 namespace nt::cpu {
 
 namespace {
-
-std::vector<int64_t> intList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what) {
-  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array");
-  Napi::Array arr = info[i].As<Napi::Array>();
-  std::vector<int64_t> out(arr.Length());
-  for (uint32_t k = 0; k < arr.Length(); k++) {
-    Napi::Value v = arr.Get(k);
-    double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1.0;
-    if (!(d >= 0) || d != std::floor(d) || d > 9007199254740992.0)
-      fail(Err::Argument, std::string(call) + ": " + what + "[" + std::to_string(k) + "] must be a non-negative integer");
-    out[k] = int64_t(d);
-  }
-  return out;
-}
-
-std::vector<DType> dtypeList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what, size_t n) {
-  std::vector<int64_t> codes = intList(info, i, call, what);
-  if (codes.size() != n) fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(codes.size()) + " entries, expected " + std::to_string(n));
-  std::vector<DType> out(n);
-  for (size_t k = 0; k < n; k++) {
-    if (codes[k] != int64_t(DType::F32) && codes[k] != int64_t(DType::F16) && codes[k] != int64_t(DType::BF16))
-      fail(Err::DType, std::string(call) + ": " + what + "[" + std::to_string(k) + "] is not a floating dtype");
-    out[k] = DType(codes[k]);
-  }
-  return out;
-}
 
 // A JS array of storages, each checked to hold counts[k] elements of dtypes[k].
 std::vector<uint8_t*> storageList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
@@ -71,9 +46,9 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   const char* call = "adamwStep";
   Args a{info, call};
   a.count(14);
-  std::vector<int64_t> counts = intList(info, 4, call, "counts");
-  std::vector<DType> pdt = dtypeList(info, 5, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = dtypeList(info, 6, call, "gradDtypes", counts.size());
+  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
+  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
   std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
   std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
@@ -116,9 +91,9 @@ static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   const char* call = "lambStep";
   Args a{info, call};
   a.count(15);
-  std::vector<int64_t> counts = intList(info, 4, call, "counts");
-  std::vector<DType> pdt = dtypeList(info, 5, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = dtypeList(info, 6, call, "gradDtypes", counts.size());
+  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
+  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
   std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
   std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
@@ -170,9 +145,9 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgdStep";
   Args a{info, call};
   a.count(13);
-  std::vector<int64_t> counts = intList(info, 3, call, "counts");
-  std::vector<DType> pdt = dtypeList(info, 4, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = dtypeList(info, 5, call, "gradDtypes", counts.size());
+  std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
+  std::vector<DType> pdt = floatDtypeArray(info, 4, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = floatDtypeArray(info, 5, call, "gradDtypes", counts.size());
   std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
   std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
   double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
@@ -207,8 +182,8 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sumSquares";
   Args a{info, call};
   a.count(3);
-  std::vector<int64_t> counts = intList(info, 1, call, "counts");
-  std::vector<DType> dts = dtypeList(info, 2, call, "dtypes", counts.size());
+  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
+  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
   Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
   for (size_t k = 0; k < counts.size(); k++) {
@@ -227,8 +202,8 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scaleInPlace";
   Args a{info, call};
   a.count(4);
-  std::vector<int64_t> counts = intList(info, 1, call, "counts");
-  std::vector<DType> dts = dtypeList(info, 2, call, "dtypes", counts.size());
+  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
+  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
   float alpha = float(a.number(3));
   for (size_t k = 0; k < counts.size(); k++) {

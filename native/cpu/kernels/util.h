@@ -7,42 +7,10 @@
 #include <thread>
 #include <vector>
 
+#include "../../core/arg_lists.h"
 #include "convert.h"
 
 namespace nt::cpu {
-
-// An Int32Array argument as int64 values; `expected` < 0 accepts any length.
-inline std::vector<int64_t> intList(const Napi::CallbackInfo& info, size_t i, const char* call, int64_t expected = -1) {
-  RawBytes r = typedArrayBytes(info[i], call, i);
-  if (r.bytes % 4 != 0) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be an Int32Array");
-  int64_t n = int64_t(r.bytes / 4);
-  if (expected >= 0 && n != expected)
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " has " + std::to_string(n) + " entries, expected " + std::to_string(expected));
-  std::vector<int64_t> out(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; k++) {
-    int32_t v;
-    std::memcpy(&v, r.data + 4 * k, 4);
-    out[size_t(k)] = v;
-  }
-  return out;
-}
-
-// Elements a strided walk over `shape` can touch: max offset + 1 (0 for an empty shape).
-inline int64_t stridedExtent(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, const char* call) {
-  int64_t last = 0;
-  for (size_t d = 0; d < shape.size(); d++) {
-    if (shape[d] < 0 || strides[d] < 0) fail(Err::Argument, std::string(call) + ": negative size or stride");
-    if (shape[d] == 0) return 0;
-    last += (shape[d] - 1) * strides[d];
-  }
-  return last + 1;
-}
-
-inline int64_t product(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // exp(x) to about 2 ulp, written so loops over it vectorize (no libm call): 2^n · 2^f with a
 // rounded n and a degree-6 polynomial for 2^f on [-0.5, 0.5]. Inputs below -87 give 0.

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "../runtime.h"
 
@@ -94,6 +96,54 @@ __device__ __forceinline__ uint8_t fromF32<uint8_t>(float v) {
     case ::nt::DType::U8: { using T = uint8_t; __VA_ARGS__; break; }                                       \
   }
 
+// A row-major walk over up to 8 dimensions with two sets of element strides (a kernel argument).
+constexpr int kMaxDims = 8;
+struct Strides {
+  int ndim;
+  int64_t shape[kMaxDims];
+  int64_t a[kMaxDims];
+  int64_t b[kMaxDims];
+
+  static Strides of(const std::vector<int64_t>& shape, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb,
+                    const char* call) {
+    if (shape.size() > size_t(kMaxDims)) fail(Err::Shape, std::string(call) + ": at most 8 dimensions");
+    Strides s{int(shape.size()), {}, {}, {}};
+    for (size_t d = 0; d < shape.size(); d++) {
+      s.shape[d] = shape[d];
+      s.a[d] = sa[d];
+      s.b[d] = sb[d];
+    }
+    return s;
+  }
+  // Element offsets of row-major index i under both stride sets.
+  __device__ __forceinline__ void offsets(int64_t i, int64_t& ia, int64_t& ib) const {
+    ia = 0;
+    ib = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+      int64_t c = i % shape[d];
+      i /= shape[d];
+      ia += c * a[d];
+      ib += c * b[d];
+    }
+  }
+};
+
+// Device memory for a call's intermediate results, freed stream-ordered when the call returns
+// (the allocator hands it out again only to later work on the same stream).
+class DeviceScratch {
+ public:
+  DeviceScratch(int device, size_t bytes, const char* call) : device_(device), ptr_(deviceAlloc(device, bytes, call)) {}
+  ~DeviceScratch() { deviceFree(device_, ptr_); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  int device_;
+  void* ptr_;
+};
+
 constexpr int kThreads = 256;
 // Blocks for a grid-stride loop over n elements (capped: each thread then takes several elements).
 inline unsigned gridFor(int64_t n, int threads = kThreads) {
@@ -131,6 +181,12 @@ __device__ __forceinline__ float blockMax(float v, float* scratch) {
   __syncthreads();
   v = lane < warps ? scratch[lane] : -INFINITY;
   return warpMax(v);
+}
+
+// dst[i] = src[i] rounded to T (f32 accumulators written back in a tensor's dtype).
+template <typename T>
+__global__ void storeF32Kernel(const float* src, T* dst, int64_t n) {
+  NT_GRID_STRIDE(i, n) dst[i] = fromF32<T>(src[i]);
 }
 
 }  // namespace nt::cuda

@@ -1,19 +1,14 @@
-// Elementwise kernels on the cuda backend: binary ops with broadcasting (by element strides, 0 on a
-// broadcast dimension) and unary ops, computed in f32 and stored in the tensor's dtype.
+// Elementwise kernels on the cuda backend, with the cpu backend's signatures and op codes (lib/ops calls
+// both the same way): binary ops with broadcasting (element strides, 0 on a broadcast dimension), unary
+// ops with a scalar parameter and their backward; computed in f32, stored in the tensor's dtype.
+#include "../../core/arg_lists.h"
 #include "common.cuh"
 
 namespace nt::cuda {
 
-constexpr int kMaxDims = 8;
-struct Strides {
-  int ndim;
-  int64_t shape[kMaxDims];
-  int64_t a[kMaxDims];
-  int64_t b[kMaxDims];
-};
-
 enum BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
-enum UnaryOp { kNeg, kExp, kLog, kSqrt, kRsqrt, kTanh, kRelu, kSigmoid, kAbs, kScale, kAddScalar, kSquare };
+// Codes of lib/ops/codes.ts, as the cpu backend.
+enum UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kPowScalar, kScale, kAddScalar, kRsub, kRdiv };
 
 __device__ __forceinline__ float binary(int op, float x, float y) {
   switch (op) {
@@ -30,19 +25,14 @@ __device__ __forceinline__ float binary(int op, float x, float y) {
 template <typename T>
 __global__ void binaryKernel(int op, const T* a, const T* b, T* out, int64_t n, Strides s) {
   NT_GRID_STRIDE(i, n) {
-    int64_t rem = i, ia = 0, ib = 0;
-    for (int d = s.ndim - 1; d >= 0; d--) {
-      int64_t c = rem % s.shape[d];
-      rem /= s.shape[d];
-      ia += c * s.a[d];
-      ib += c * s.b[d];
-    }
+    int64_t ia, ib;
+    s.offsets(i, ia, ib);
     out[i] = fromF32<T>(binary(op, toF32(a[ia]), toF32(b[ib])));
   }
 }
 
 template <typename T>
-__global__ void unaryKernel(int op, const T* x, T* out, int64_t n, float alpha) {
+__global__ void unaryKernel(int op, const T* x, T* out, int64_t n, float p) {
   NT_GRID_STRIDE(i, n) {
     float v = toF32(x[i]), r;
     switch (op) {
@@ -50,54 +40,50 @@ __global__ void unaryKernel(int op, const T* x, T* out, int64_t n, float alpha) 
       case kExp: r = expf(v); break;
       case kLog: r = logf(v); break;
       case kSqrt: r = sqrtf(v); break;
-      case kRsqrt: r = rsqrtf(v); break;
       case kTanh: r = tanhf(v); break;
-      case kRelu: r = v > 0.0f ? v : 0.0f; break;
-      case kSigmoid: r = 1.0f / (1.0f + expf(-v)); break;
-      case kAbs: r = fabsf(v); break;
-      case kScale: r = v * alpha; break;
-      case kAddScalar: r = v + alpha; break;
-      default: r = v * v;
+      case kPowScalar: r = p == 2.0f ? v * v : powf(v, p); break;
+      case kScale: r = v * p; break;
+      case kAddScalar: r = v + p; break;
+      case kRsub: r = p - v; break;
+      default: r = p / v;
     }
     out[i] = fromF32<T>(r);
   }
 }
 
-static std::vector<int64_t> intList(const Napi::CallbackInfo& info, size_t i, const char* call) {
-  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be an array of integers");
-  Napi::Array arr = info[i].As<Napi::Array>();
-  std::vector<int64_t> v(arr.Length());
-  for (uint32_t j = 0; j < arr.Length(); j++) {
-    Napi::Value x = arr.Get(j);
-    if (!x.IsNumber()) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must hold integers");
-    double d = x.As<Napi::Number>().DoubleValue();
-    if (d < 0 || d != double(int64_t(d))) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must hold non-negative integers");
-    v[j] = int64_t(d);
+// gradIn from gradOut g, the input x and the output y (whichever the op's derivative needs).
+template <typename T>
+__global__ void unaryBackwardKernel(int op, const T* x, const T* y, const T* g, T* gi, int64_t n, float p) {
+  NT_GRID_STRIDE(i, n) {
+    float gv = toF32(g[i]), r;
+    switch (op) {
+      case kNeg: case kRsub: r = -gv; break;
+      case kExp: r = gv * toF32(y[i]); break;
+      case kLog: r = gv / toF32(x[i]); break;
+      case kSqrt: r = gv * 0.5f / toF32(y[i]); break;
+      case kTanh: { float t = toF32(y[i]); r = gv * (1.0f - t * t); break; }
+      case kPowScalar: { float v = toF32(x[i]); r = p == 2.0f ? gv * 2.0f * v : gv * p * powf(v, p - 1.0f); break; }
+      case kScale: r = gv * p; break;
+      case kAddScalar: r = gv; break;
+      default: { float v = toF32(x[i]); r = -gv * p / (v * v); }
+    }
+    gi[i] = fromF32<T>(r);
   }
-  return v;
 }
 
-// binary(op, a, b, out, dtype, outShape, aStrides, bStrides): out[idx] = a[idx . aStrides] op b[idx . bStrides]
-//   op: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
+// binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
+//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (as the cpu
+//   backend), 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "binary");
   k.args.count(8);
   int64_t op = k.args.int64(0);
   if (op < kAdd || op > kPow) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   DType dt = k.args.dtype(4);
-  std::vector<int64_t> shape = intList(info, 5, "binary"), sa = intList(info, 6, "binary"), sb = intList(info, 7, "binary");
-  if (shape.size() > kMaxDims || sa.size() != shape.size() || sb.size() != shape.size())
-    fail(Err::Shape, "binary: shape and strides must have the same length (at most 8)");
-  Strides s{int(shape.size()), {}, {}, {}};
-  int64_t n = 1, extentA = 1, extentB = 1;
-  for (size_t d = 0; d < shape.size(); d++) {
-    s.shape[d] = shape[d];
-    s.a[d] = sa[d];
-    s.b[d] = sb[d];
-    n *= shape[d];
-    extentA += (shape[d] - 1) * sa[d];
-    extentB += (shape[d] - 1) * sb[d];
-  }
+  std::vector<int64_t> shape = intList(info, 5, "binary");
+  std::vector<int64_t> sa = intList(info, 6, "binary", int64_t(shape.size())), sb = intList(info, 7, "binary", int64_t(shape.size()));
+  Strides s = Strides::of(shape, sa, sb, "binary");
+  int64_t n = product(shape), extentA = stridedExtent(shape, sa, "binary"), extentB = stridedExtent(shape, sb, "binary");
   if (n == 0) return info.Env().Undefined();
   void* a = k.data(1, dt, extentA);
   void* b = k.data(2, dt, extentB);
@@ -111,25 +97,50 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("binary", Binary);
 
-// unary(op, x, out, dtype, n, alpha): 0 neg, 1 exp, 2 log, 3 sqrt, 4 rsqrt, 5 tanh, 6 relu,
-//   7 sigmoid, 8 abs, 9 scale by alpha, 10 add alpha, 11 square
+// unary(op, inp, out, n, dtype, p): 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p,
+//   8 p−x, 9 p/x. out may alias inp.
 static Napi::Value Unary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "unary");
   k.args.count(6);
-  int64_t op = k.args.int64(0);
-  if (op < kNeg || op > kSquare) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
-  DType dt = k.args.dtype(3);
-  int64_t n = k.args.size(4);
-  float alpha = float(k.args.number(5));
+  int64_t op = k.args.int64(0), n = k.args.size(3);
+  DType dt = k.args.dtype(4);
+  float p = float(k.args.number(5));
+  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
   void* x = k.data(1, dt, n);
   void* out = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, "unary", T,
-                    unaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(x), static_cast<T*>(out), n, alpha));
+                    unaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(x), static_cast<T*>(out), n, p));
   k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("unary", Unary);
+
+// unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p): gradIn = gradOut · d unary(op, inp, p)/d inp,
+//   reading the saved output where the cpu backend does (exp, sqrt, tanh) and the input elsewhere.
+static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
+  const char* call = "unary_backward";
+  KernelCall k(info, call);
+  k.args.count(8);
+  int64_t op = k.args.int64(0), n = k.args.size(5);
+  DType dt = k.args.dtype(6);
+  float p = float(k.args.number(7));
+  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  bool needX = op == kLog || op == kPowScalar || op == kRdiv;
+  bool needY = op == kExp || op == kSqrt || op == kTanh;
+  void* x = needX ? k.data(1, dt, n) : nullptr;
+  void* y = needY ? k.data(2, dt, n) : nullptr;
+  void* g = k.data(3, dt, n);
+  void* gi = k.data(4, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    unaryBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(x), static_cast<const T*>(y),
+                                                                            static_cast<const T*>(g), static_cast<T*>(gi), n, p));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("unary_backward", UnaryBackward);
 
 }  // namespace nt::cuda

@@ -61,4 +61,51 @@ static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("embeddingBackward", EmbeddingBackward);
 
+// embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype): the cpu signature.
+static Napi::Value EmbeddingForwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "embedding_forward";
+  KernelCall k(info, call);
+  k.args.count(7);
+  int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5);
+  DType dt = k.args.dtype(6);
+  int32_t* ids = k.data<int32_t>(0, DType::I32, n);
+  void* w = k.data(1, dt, vocab * dim);
+  void* out = k.data(2, dt, n * dim);
+  if (n * dim == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    embeddingForwardKernel<T><<<gridFor(n * dim), kThreads, 0, st>>>(static_cast<const T*>(w), ids, static_cast<T*>(out), n,
+                                                                                    dim, vocab));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("embedding_forward", EmbeddingForwardAbi);
+
+// embedding_backward(ids: i32 [n], gradOut [n, dim], gradWeight [vocab, dim], n, vocab, dim, dtype):
+//   gradWeight overwritten; sums in f32 (in place for f32, else in scratch then rounded once).
+static Napi::Value EmbeddingBackwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "embedding_backward";
+  KernelCall k(info, call);
+  k.args.count(7);
+  int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5), m = vocab * dim;
+  DType dt = k.args.dtype(6);
+  int32_t* ids = k.data<int32_t>(0, DType::I32, n);
+  void* g = k.data(1, dt, n * dim);
+  void* gw = k.data(2, dt, m);
+  if (m == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T, {
+    bool direct = dt == DType::F32;
+    DeviceScratch scratch(k.device(), direct ? sizeof(float) : size_t(m) * sizeof(float), call);
+    float* acc = direct ? static_cast<float*>(gw) : scratch.as<float>();
+    check(cudaMemsetAsync(acc, 0, size_t(m) * sizeof(float), st), "cudaMemsetAsync");
+    if (n * dim > 0)
+      embeddingBackwardKernel<T><<<gridFor(n * dim), kThreads, 0, st>>>(static_cast<const T*>(g), ids, acc, n, dim, vocab);
+    if (!direct) storeF32Kernel<T><<<gridFor(m), kThreads, 0, st>>>(acc, static_cast<T*>(gw), m);
+    k.launched();
+  });
+  return info.Env().Undefined();
+}
+NT_EXPORT("embedding_backward", EmbeddingBackwardAbi);
+
 }  // namespace nt::cuda

@@ -68,4 +68,40 @@ static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("geluBackward", GeluBackward);
 
+// gelu_forward(inp, out, n, dtype) and gelu_backward(inp, gradOut, gradIn, n, dtype): the cpu
+// backend's signatures (no bias) over the same kernels.
+static Napi::Value GeluForwardAbi(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "gelu_forward");
+  k.args.count(4);
+  int64_t n = k.args.size(2);
+  DType dt = k.args.dtype(3);
+  void* x = k.data(0, dt, n);
+  void* y = k.data(1, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "gelu_forward", T,
+                    geluForwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(x), nullptr, static_cast<T*>(y), n, 1));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("gelu_forward", GeluForwardAbi);
+
+static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "gelu_backward");
+  k.args.count(5);
+  int64_t n = k.args.size(3);
+  DType dt = k.args.dtype(4);
+  void* x = k.data(0, dt, n);
+  void* dy = k.data(1, dt, n);
+  void* dx = k.data(2, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "gelu_backward", T,
+                    geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), nullptr,
+                                                                           static_cast<T*>(dx), n, 1));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("gelu_backward", GeluBackwardAbi);
+
 }  // namespace nt::cuda

@@ -71,9 +71,9 @@ __global__ void normBackwardKernel(const T* dy, const T* x, const T* w, const fl
   }
 }
 
-// dw[j] = sum_r dy * xhat, db[j] = sum_r dy (f32 outputs).
-template <typename T, bool kRms>
-__global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, const float* rstd, float* dw, float* db,
+// dw[j] = sum_r dy * xhat, db[j] = sum_r dy (written as O: f32, or the parameters' dtype).
+template <typename T, bool kRms, typename O = float>
+__global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, const float* rstd, O* dw, O* db,
                                     int64_t rows, int64_t cols) {
   NT_GRID_STRIDE(j, cols) {
     float aw = 0.0f, ab = 0.0f;
@@ -82,8 +82,8 @@ __global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, 
       aw += g * (toF32(x[r * cols + j]) - (kRms ? 0.0f : mean[r])) * rstd[r];
       ab += g;
     }
-    if (dw) dw[j] = aw;
-    if (db) db[j] = ab;
+    if (dw) dw[j] = fromF32<O>(aw);
+    if (db) db[j] = fromF32<O>(ab);
   }
 }
 
@@ -162,5 +162,72 @@ NT_EXPORT("addLayernormForward", AddLayernormForward);
 NT_EXPORT("rmsnormForward", RmsnormForward);
 NT_EXPORT("layernormBackward", LayernormBackward);
 NT_EXPORT("rmsnormBackward", RmsnormBackward);
+
+// ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
+
+// layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype) and
+// rmsnorm_forward(x, weight, out, rstd: f32, rows, cols, eps, dtype)
+template <bool kRms>
+static Napi::Value forwardAbi(const Napi::CallbackInfo& info, const char* call) {
+  KernelCall k(info, call);
+  size_t io = kRms ? 2 : 3, ir = kRms ? 3 : 5, id = ir + 1;
+  k.args.count(id + 4);
+  int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
+  float eps = float(k.args.number(id + 2));
+  DType dt = k.args.dtype(id + 3);
+  void* x = k.data(0, dt, n);
+  void* w = k.data(1, dt, cols);
+  void* b = kRms ? nullptr : k.optional(2, dt, cols);
+  void* y = k.data(io, dt, n);
+  float* mean = kRms ? nullptr : k.data<float>(4, DType::F32, rows);
+  float* rstd = k.data<float>(ir, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    normForwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+                        static_cast<const T*>(x), nullptr, nullptr, static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
+                        mean, rstd, cols, eps));
+  k.launched();
+  return info.Env().Undefined();
+}
+
+// layernorm_backward(x, weight, mean, rstd, gradOut, gradX, gradW, gradB|null, rows, cols, dtype) and
+// rmsnorm_backward(x, weight, rstd, gradOut, gradX, gradW, rows, cols, dtype); gradW/gradB overwritten.
+template <bool kRms>
+static Napi::Value backwardAbi(const Napi::CallbackInfo& info, const char* call) {
+  KernelCall k(info, call);
+  size_t ir = kRms ? 2 : 3, ig = ir + 1, idx = ig + 1, idw = idx + 1, id = kRms ? idw + 1 : idw + 2;
+  k.args.count(id + 3);
+  int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
+  DType dt = k.args.dtype(id + 2);
+  void* x = k.data(0, dt, n);
+  void* w = k.data(1, dt, cols);
+  float* mean = kRms ? nullptr : k.data<float>(2, DType::F32, rows);
+  float* rstd = k.data<float>(ir, DType::F32, rows);
+  void* dy = k.data(ig, dt, n);
+  void* dx = k.data(idx, dt, n);
+  void* dw = k.data(idw, dt, cols);
+  void* db = kRms ? nullptr : k.optional(idw + 1, dt, cols);
+  if (cols == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T, {
+    if (rows > 0)
+      normBackwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), cols);
+    normParamGradKernel<T, kRms, T><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
+                                                                       static_cast<T*>(dw), static_cast<T*>(db), rows, cols);
+  });
+  k.launched();
+  return info.Env().Undefined();
+}
+
+static Napi::Value LayernormForwardAbi(const Napi::CallbackInfo& info) { return forwardAbi<false>(info, "layernorm_forward"); }
+static Napi::Value RmsnormForwardAbi(const Napi::CallbackInfo& info) { return forwardAbi<true>(info, "rmsnorm_forward"); }
+static Napi::Value LayernormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<false>(info, "layernorm_backward"); }
+static Napi::Value RmsnormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<true>(info, "rmsnorm_backward"); }
+NT_EXPORT("layernorm_forward", LayernormForwardAbi);
+NT_EXPORT("rmsnorm_forward", RmsnormForwardAbi);
+NT_EXPORT("layernorm_backward", LayernormBackwardAbi);
+NT_EXPORT("rmsnorm_backward", RmsnormBackwardAbi);
 
 }  // namespace nt::cuda

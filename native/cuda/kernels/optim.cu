@@ -1,8 +1,10 @@
 // Multi-tensor AdamW and LAMB on the cuda backend: one launch updates every parameter of a list
 // (a device table of tensor pointers and fixed-size chunks), with f32 moments, parameters in f32 or
 // bf16/f16, gradients in any float dtype and an optional gradient scale (1 / loss scale).
+#include <map>
 #include <vector>
 
+#include "../../core/arg_lists.h"
 #include "common.cuh"
 
 namespace nt::cuda {
@@ -92,6 +94,52 @@ static Napi::Array storageList(const Napi::CallbackInfo& info, size_t i, const c
   return info[i].As<Napi::Array>();
 }
 
+// Runs AdamW (or LAMB) over `tensors` (all with parameter dtype pt, gradient dtype gt) on the device's
+// current stream. For LAMB, `norms` (when given) receives each tensor's squared weight and update norms,
+// which makes the call wait for the stream.
+static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensors, DType pt, DType gt, const Hyper& h, bool lamb,
+                              std::vector<float>* norms, const char* call) {
+  std::vector<Chunk> chunks;
+  for (size_t t = 0; t < tensors.size(); t++)
+    for (int64_t s = 0; s < tensors[t].n; s += kChunk) chunks.push_back({int32_t(t), s});
+  if (norms) norms->assign(tensors.size() * 2, 0.0f);
+  if (chunks.empty()) return;
+  useDevice(device);
+  cudaStream_t st = currentStream(device);
+  size_t count = tensors.size();
+  size_t tableBytes = tensors.size() * sizeof(TensorEntry), chunkBytes = chunks.size() * sizeof(Chunk);
+  size_t normBytes = lamb ? size_t(count) * 2 * sizeof(float) : 0;
+  auto* table = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes + normBytes + 16, call));
+  // Pageable-to-device copies return once the host data is staged, so the vectors may go out of scope.
+  check(cudaMemcpyAsync(table, tensors.data(), tableBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  auto* dChunks = reinterpret_cast<Chunk*>(table + (tableBytes + 15) / 16 * 16);
+  check(cudaMemcpyAsync(dChunks, chunks.data(), chunkBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  float* normsDev = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(dChunks) + chunkBytes);
+  auto* dTensors = reinterpret_cast<TensorEntry*>(table);
+  unsigned blocks = unsigned(chunks.size());
+  try {
+    if (lamb) check(cudaMemsetAsync(normsDev, 0, normBytes, st), "cudaMemsetAsync");
+    NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
+      if (!lamb) {
+        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h);
+      } else {
+        lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, normsDev);
+        lambApplyKernel<P><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, normsDev);
+      }
+    }));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+    if (lamb && norms) {
+      check(cudaMemcpyAsync(norms->data(), normsDev, normBytes, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+    }
+  } catch (...) {
+    deviceFree(device, table);
+    throw;
+  }
+  deviceFree(device, table);  // stream-ordered: reused only by later work on this stream
+}
+
 // adamw|lamb(params[], grads[], expAvg[], expAvgSq[], paramDtype, gradDtype, lr, beta1, beta2, eps,
 //            weightDecay, step, gradScale): moments are f32; element counts come from the params.
 static Napi::Value multiTensor(const Napi::CallbackInfo& info, const char* call, bool lamb) {
@@ -110,7 +158,6 @@ static Napi::Value multiTensor(const Napi::CallbackInfo& info, const char* call,
   h.bias1 = float(1.0 - std::pow(double(h.beta1), step));
   h.bias2 = float(1.0 - std::pow(double(h.beta2), step));
   std::vector<TensorEntry> tensors(count);
-  std::vector<Chunk> chunks;
   int device = -1;
   for (uint32_t t = 0; t < count; t++) {
     DeviceStorage* p = DeviceStorage::From(ps.Get(t), call, 0);
@@ -125,38 +172,8 @@ static Napi::Value multiTensor(const Napi::CallbackInfo& info, const char* call,
     parts[3]->checkRange(0, size_t(n) * 4, call);
     tensors[t] = {p->data(), parts[1]->data(), reinterpret_cast<float*>(parts[2]->data()),
                   reinterpret_cast<float*>(parts[3]->data()), n};
-    for (int64_t s = 0; s < n; s += kChunk) chunks.push_back({int32_t(t), s});
   }
-  if (chunks.empty()) return info.Env().Undefined();
-  useDevice(device);
-  cudaStream_t st = currentStream(device);
-  size_t tableBytes = tensors.size() * sizeof(TensorEntry), chunkBytes = chunks.size() * sizeof(Chunk);
-  size_t normBytes = lamb ? size_t(count) * 2 * sizeof(float) : 0;
-  auto* table = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes + normBytes + 16, call));
-  // Pageable-to-device copies return once the host data is staged, so the vectors may go out of scope.
-  check(cudaMemcpyAsync(table, tensors.data(), tableBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  auto* dChunks = reinterpret_cast<Chunk*>(table + (tableBytes + 15) / 16 * 16);
-  check(cudaMemcpyAsync(dChunks, chunks.data(), chunkBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  float* norms = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(dChunks) + chunkBytes);
-  auto* dTensors = reinterpret_cast<TensorEntry*>(table);
-  unsigned blocks = unsigned(chunks.size());
-  try {
-    if (lamb) check(cudaMemsetAsync(norms, 0, normBytes, st), "cudaMemsetAsync");
-    NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
-      if (!lamb) {
-        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h);
-      } else {
-        lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, norms);
-        lambApplyKernel<P><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, norms);
-      }
-    }));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
-  } catch (...) {
-    deviceFree(device, table);
-    throw;
-  }
-  deviceFree(device, table);  // stream-ordered: reused only by later work on this stream
+  launchMultiTensor(device, tensors, pt, gt, h, lamb, nullptr, call);
   return info.Env().Undefined();
 }
 
@@ -164,5 +181,194 @@ static Napi::Value Adamw(const Napi::CallbackInfo& info) { return multiTensor(in
 static Napi::Value Lamb(const Napi::CallbackInfo& info) { return multiTensor(info, "lamb", true); }
 NT_EXPORT("adamw", Adamw);
 NT_EXPORT("lamb", Lamb);
+
+// ---- the cpu backend's signatures (lib/optim calls both backends the same way) --------------------
+
+// A JS array of device storages on one device (`device`, -1 until the first), each holding counts[k]
+// elements of dtypes[k].
+static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
+                                            const std::vector<int64_t>& counts, const std::vector<DType>& dtypes, int& device) {
+  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of storages");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  if (arr.Length() != counts.size())
+    fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) + " storages, expected " +
+                            std::to_string(counts.size()));
+  std::vector<uint8_t*> out(counts.size());
+  for (uint32_t k = 0; k < arr.Length(); k++) {
+    DeviceStorage* s = DeviceStorage::From(arr.Get(k), call, i);
+    if (device < 0) device = s->device();
+    if (s->device() != device) fail(Err::Device, std::string(call) + ": all tensors must be on one device");
+    s->checkRange(0, size_t(counts[k]) * dtypeSize(dtypes[k]), call);
+    out[k] = s->data();
+  }
+  return out;
+}
+
+// adamwStep / lambStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+//   lr, beta1, beta2, eps, weightDecay, step, gradScale[, biasCorrection]): one multi-tensor launch per
+//   (param dtype, grad dtype) pair. lambStep returns the trust ratios (Float64Array), so it waits for the stream.
+static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* call, bool lamb) {
+  Args a{info, call};
+  a.count(lamb ? 15 : 14);
+  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
+  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
+  std::vector<DType> f32(counts.size(), DType::F32);
+  int device = -1;
+  std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
+  std::vector<uint8_t*> grads = deviceStorages(info, 1, call, "grads", counts, gdt, device);
+  std::vector<uint8_t*> ms = deviceStorages(info, 2, call, "expAvg", counts, f32, device);
+  std::vector<uint8_t*> vs = deviceStorages(info, 3, call, "expAvgSq", counts, f32, device);
+  int64_t step = a.int64(12);
+  if (step < 1) fail(Err::Argument, std::string(call) + ": step must be >= 1");
+  bool biasCorrection = lamb ? a.boolean(14) : true;
+  Hyper h{float(a.number(7)), float(a.number(8)), float(a.number(9)), float(a.number(10)), float(a.number(11)),
+          float(a.number(13)), 1.0f, 1.0f};
+  if (biasCorrection) {
+    h.bias1 = float(1.0 - std::pow(a.number(8), double(step)));
+    h.bias2 = float(1.0 - std::pow(a.number(9), double(step)));
+  }
+  std::map<std::pair<DType, DType>, std::vector<size_t>> groups;
+  for (size_t k = 0; k < counts.size(); k++) groups[{pdt[k], gdt[k]}].push_back(k);
+  Napi::Float64Array ratios = Napi::Float64Array::New(info.Env(), counts.size());
+  for (auto& [dtypes, members] : groups) {
+    std::vector<TensorEntry> tensors;
+    for (size_t k : members)
+      tensors.push_back({params[k], grads[k], reinterpret_cast<float*>(ms[k]), reinterpret_cast<float*>(vs[k]), counts[k]});
+    std::vector<float> norms;
+    launchMultiTensor(device, tensors, dtypes.first, dtypes.second, h, lamb, lamb ? &norms : nullptr, call);
+    if (lamb)
+      for (size_t j = 0; j < members.size(); j++) {
+        double pw = norms[2 * j], uu = norms[2 * j + 1];
+        ratios[members[j]] = pw > 0 && uu > 0 ? std::sqrt(pw) / std::sqrt(uu) : 1.0;
+      }
+  }
+  if (lamb) return ratios;
+  return info.Env().Undefined();
+}
+static Napi::Value AdamwStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "adamwStep", false); }
+static Napi::Value LambStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "lambStep", true); }
+NT_EXPORT("adamwStep", AdamwStep);
+NT_EXPORT("lambStep", LambStep);
+
+template <typename P, typename G>
+__global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, float momentum, float keep, float weightDecay,
+                          bool nesterov, bool first, float gradScale) {
+  NT_GRID_STRIDE(i, n) {
+    float w = toF32(p[i]);
+    float d = toF32(g[i]) * gradScale + weightDecay * w;
+    if (buf) {
+      buf[i] = first ? d : momentum * buf[i] + keep * d;
+      d = nesterov ? d + momentum * buf[i] : buf[i];
+    }
+    p[i] = fromF32<P>(w - lr * d);
+  }
+}
+
+// sgdStep(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[], lr, momentum, dampening,
+//   weightDecay, nesterov, firstStep, gradScale): PyTorch's SGD, one launch per tensor.
+static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
+  const char* call = "sgdStep";
+  Args a{info, call};
+  a.count(13);
+  std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
+  std::vector<DType> pdt = floatDtypeArray(info, 4, call, "paramDtypes", counts.size());
+  std::vector<DType> gdt = floatDtypeArray(info, 5, call, "gradDtypes", counts.size());
+  int device = -1;
+  std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
+  std::vector<uint8_t*> grads = deviceStorages(info, 1, call, "grads", counts, gdt, device);
+  double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
+  bool nesterov = a.boolean(10), first = a.boolean(11);
+  float scale = float(a.number(12));
+  std::vector<uint8_t*> bufs;
+  if (mom != 0) bufs = deviceStorages(info, 2, call, "momentumBufs", counts, std::vector<DType>(counts.size(), DType::F32), device);
+  if (device < 0) return info.Env().Undefined();
+  useDevice(device);
+  cudaStream_t st = currentStream(device);
+  for (size_t k = 0; k < counts.size(); k++) {
+    int64_t n = counts[k];
+    if (n == 0) continue;
+    float* buf = mom != 0 ? reinterpret_cast<float*>(bufs[k]) : nullptr;
+    NT_DISPATCH_FLOAT(pdt[k], call, P, NT_DISPATCH_FLOAT(gdt[k], call, G, {
+      sgdKernel<P, G><<<gridFor(n), kThreads, 0, st>>>(reinterpret_cast<P*>(params[k]), reinterpret_cast<const G*>(grads[k]), buf, n,
+                                                      float(lr), float(mom), float(1.0 - damp), float(wd), nesterov, first, scale);
+    }));
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+  return info.Env().Undefined();
+}
+NT_EXPORT("sgdStep", SgdStep);
+
+// Adds the sum of squares of x into *out (block partial sums in f32, combined in f64).
+template <typename T>
+__global__ void sumSquaresKernel(const T* x, int64_t n, double* out) {
+  __shared__ float scratch[32];
+  float acc = 0.0f;
+  NT_GRID_STRIDE(i, n) {
+    float v = toF32(x[i]);
+    acc += v * v;
+  }
+  acc = blockSum(acc, scratch);
+  if (threadIdx.x == 0) atomicAdd(out, double(acc));
+}
+
+template <typename T>
+__global__ void scaleKernel(T* x, int64_t n, float alpha) {
+  NT_GRID_STRIDE(i, n) x[i] = fromF32<T>(toF32(x[i]) * alpha);
+}
+
+// sumSquares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
+static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
+  const char* call = "sumSquares";
+  Args a{info, call};
+  a.count(3);
+  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
+  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  int device = -1;
+  std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
+  Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
+  if (device < 0) return out;
+  useDevice(device);
+  cudaStream_t st = currentStream(device);
+  DeviceScratch sums(device, counts.size() * sizeof(double), call);
+  check(cudaMemsetAsync(sums.as<double>(), 0, counts.size() * sizeof(double), st), "cudaMemsetAsync");
+  for (size_t k = 0; k < counts.size(); k++) {
+    if (counts[k] == 0) continue;
+    NT_DISPATCH_FLOAT(dts[k], call, T,
+                      sumSquaresKernel<T><<<gridFor(counts[k]), kThreads, 0, st>>>(reinterpret_cast<const T*>(data[k]), counts[k],
+                                                                                  sums.as<double>() + k));
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+  check(cudaMemcpyAsync(out.Data(), sums.as<double>(), counts.size() * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  return out;
+}
+NT_EXPORT("sumSquares", SumSquares);
+
+// scaleInPlace(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
+static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
+  const char* call = "scaleInPlace";
+  Args a{info, call};
+  a.count(4);
+  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
+  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  int device = -1;
+  std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
+  float alpha = float(a.number(3));
+  if (device < 0) return info.Env().Undefined();
+  useDevice(device);
+  cudaStream_t st = currentStream(device);
+  for (size_t k = 0; k < counts.size(); k++) {
+    if (counts[k] == 0) continue;
+    NT_DISPATCH_FLOAT(dts[k], call, T,
+                      scaleKernel<T><<<gridFor(counts[k]), kThreads, 0, st>>>(reinterpret_cast<T*>(data[k]), counts[k], alpha));
+  }
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+  return info.Env().Undefined();
+}
+NT_EXPORT("scaleInPlace", ScaleInPlace);
 
 }  // namespace nt::cuda

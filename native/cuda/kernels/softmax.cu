@@ -27,9 +27,9 @@ __global__ void softmaxForwardKernel(const T* x, T* y, int64_t cols, bool logSof
   }
 }
 
-// softmax: dx = y * (dy - sum(dy * y)); log-softmax: dx = dy - exp(y) * sum(dy)
+// softmax: dx = scale * y * (dy - sum(dy * y)); log-softmax: dx = scale * (dy - exp(y) * sum(dy))
 template <typename T>
-__global__ void softmaxBackwardKernel(const T* y, const T* dy, T* dx, int64_t cols, bool logSoftmax) {
+__global__ void softmaxBackwardKernel(const T* y, const T* dy, T* dx, int64_t cols, bool logSoftmax, float scale = 1.0f) {
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
   float s = 0.0f;
@@ -38,7 +38,7 @@ __global__ void softmaxBackwardKernel(const T* y, const T* dy, T* dx, int64_t co
   s = blockSum(s, scratch);
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     float yv = toF32(y[r * cols + j]), g = toF32(dy[r * cols + j]);
-    dx[r * cols + j] = fromF32<T>(logSoftmax ? g - expf(yv) * s : yv * (g - s));
+    dx[r * cols + j] = fromF32<T>(scale * (logSoftmax ? g - expf(yv) * s : yv * (g - s)));
   }
 }
 
@@ -57,12 +57,13 @@ __global__ void crossEntropyForwardKernel(const T* logits, const int32_t* target
   }
 }
 
-template <typename T>
-__global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targets, const float* lse, const float* dloss,
-                                           T* dlogits, int64_t vocab, int32_t ignoreIndex) {
+// dloss[r * dlossStride] * scale is row r's loss gradient (stride 0: one gradient of the reduced loss).
+template <typename T, typename G>
+__global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targets, const float* lse, const G* dloss,
+                                           T* dlogits, int64_t vocab, int32_t ignoreIndex, int64_t dlossStride, float scale) {
   int64_t r = blockIdx.x;
   int32_t t = targets[r];
-  float g = t == ignoreIndex ? 0.0f : dloss[r];
+  float g = t == ignoreIndex ? 0.0f : toF32(dloss[r * dlossStride]) * scale;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     float p = expf(toF32(logits[r * vocab + j]) - lse[r]);
     dlogits[r * vocab + j] = fromF32<T>(g * (p - (j == t ? 1.0f : 0.0f)));
@@ -70,6 +71,27 @@ __global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targe
 }
 
 static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : 64; }
+
+// Row r of [batch·tq, tk] scores: query i = r mod tq (aligned to the last tq keys) sees keys [lo, hi);
+// probs = softmax(scale · scores) there and 0 elsewhere (rows that see no key are all 0).
+template <typename T>
+__global__ void attentionSoftmaxKernel(const T* scores, T* probs, int64_t tq, int64_t tk, float scale, bool causal, int64_t window) {
+  __shared__ float scratch[32];
+  int64_t r = blockIdx.x, i = r % tq, shift = tk - tq;
+  int64_t hi = causal ? (i + shift + 1 < tk ? i + shift + 1 : tk) : tk;
+  int64_t lo = window > 0 && i + shift - window + 1 > 0 ? i + shift - window + 1 : 0;
+  const T* x = scores + r * tk;
+  T* y = probs + r * tk;
+  float mx = -INFINITY;
+  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) mx = fmaxf(mx, toF32(x[j]) * scale);
+  mx = blockMax(mx, scratch);
+  float s = 0.0f;
+  for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) s += expf(toF32(x[j]) * scale - mx);
+  s = blockSum(s, scratch);
+  float inv = 1.0f / s;
+  for (int64_t j = threadIdx.x; j < tk; j += blockDim.x)
+    y[j] = fromF32<T>(j >= lo && j < hi ? expf(toF32(x[j]) * scale - mx) * inv : 0.0f);
+}
 
 // softmaxForward(x, y, dtype, rows, cols, log)
 static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
@@ -147,11 +169,146 @@ static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
   if (rows == 0 || vocab == 0) return info.Env().Undefined();
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, "crossEntropyBackward", T,
-                    crossEntropyBackwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
-                        static_cast<const T*>(logits), targets, lse, dloss, static_cast<T*>(dlogits), vocab, ignore));
+                    crossEntropyBackwardKernel<T, float><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
+                        static_cast<const T*>(logits), targets, lse, dloss, static_cast<T*>(dlogits), vocab, ignore, 1, 1.0f));
   k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("crossEntropyBackward", CrossEntropyBackward);
+
+// ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
+
+// softmax_forward(inp, out, rows, cols, dtype, log)
+static Napi::Value SoftmaxForwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "softmax_forward";
+  KernelCall k(info, call);
+  k.args.count(6);
+  int64_t rows = k.args.size(2), cols = k.args.size(3);
+  DType dt = k.args.dtype(4);
+  bool log = k.args.boolean(5);
+  void* x = k.data(0, dt, rows * cols);
+  void* y = k.data(1, dt, rows * cols);
+  if (rows * cols == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    softmaxForwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(static_cast<const T*>(x), static_cast<T*>(y), cols, log));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("softmax_forward", SoftmaxForwardAbi);
+
+// softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log)
+static Napi::Value SoftmaxBackwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "softmax_backward";
+  KernelCall k(info, call);
+  k.args.count(7);
+  int64_t rows = k.args.size(3), cols = k.args.size(4);
+  DType dt = k.args.dtype(5);
+  bool log = k.args.boolean(6);
+  void* y = k.data(0, dt, rows * cols);
+  void* dy = k.data(1, dt, rows * cols);
+  void* dx = k.data(2, dt, rows * cols);
+  if (rows * cols == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    softmaxBackwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+                        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), cols, log));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("softmax_backward", SoftmaxBackwardAbi);
+
+// cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
+//   Targets outside the vocabulary give a NaN loss (the cpu kernel throws; a kernel cannot without a sync).
+static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "cross_entropy_forward";
+  KernelCall k(info, call);
+  k.args.count(8);
+  int64_t rows = k.args.size(4), vocab = k.args.size(5), ignore = k.args.int64(6);
+  DType dt = k.args.dtype(7);
+  if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
+  void* x = k.data(0, dt, rows * vocab);
+  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
+  float* loss = k.data<float>(2, DType::F32, rows);
+  float* lse = k.data<float>(3, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    crossEntropyForwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(static_cast<const T*>(x), t, loss, lse,
+                                                                                              vocab, int32_t(ignore)));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);
+
+// cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss (1 element, logits' dtype), gradLogits,
+//   rows, vocab, ignoreIndex, scale, dtype)
+static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "cross_entropy_backward";
+  KernelCall k(info, call);
+  k.args.count(10);
+  int64_t rows = k.args.size(5), vocab = k.args.size(6), ignore = k.args.int64(7);
+  float scale = float(k.args.number(8));
+  DType dt = k.args.dtype(9);
+  void* x = k.data(0, dt, rows * vocab);
+  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
+  float* lse = k.data<float>(2, DType::F32, rows);
+  void* gl = k.data(3, dt, 1);
+  void* gx = k.data(4, dt, rows * vocab);
+  if (rows * vocab == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    crossEntropyBackwardKernel<T, T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
+                        static_cast<const T*>(x), t, lse, static_cast<const T*>(gl), static_cast<T*>(gx), vocab, int32_t(ignore), 0, scale));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("cross_entropy_backward", CrossEntropyBackwardAbi);
+
+// attention_softmax_forward(scores, probs, batch, tq, tk, scale, causal, window, dtype): see attentionSoftmaxKernel.
+static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
+  const char* call = "attention_softmax_forward";
+  KernelCall k(info, call);
+  k.args.count(9);
+  int64_t batch = k.args.size(2), tq = k.args.size(3), tk = k.args.size(4);
+  float scale = float(k.args.number(5));
+  bool causal = k.args.boolean(6);
+  int64_t window = k.args.size(7);
+  DType dt = k.args.dtype(8);
+  if (tq > tk && causal) fail(Err::Shape, "attention_softmax_forward: causal attention needs tq <= tk");
+  int64_t n = batch * tq * tk;
+  void* s = k.data(0, dt, n);
+  void* p = k.data(1, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    attentionSoftmaxKernel<T><<<unsigned(batch * tq), rowThreads(tk), 0, st>>>(static_cast<const T*>(s), static_cast<T*>(p),
+                                                                                              tq, tk, scale, causal, window));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
+
+// attention_softmax_backward(probs, gradProbs, gradScores, batch, tq, tk, scale, dtype): masked entries (probs 0) get 0.
+static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
+  const char* call = "attention_softmax_backward";
+  KernelCall k(info, call);
+  k.args.count(8);
+  int64_t batch = k.args.size(3), tq = k.args.size(4), tk = k.args.size(5);
+  float scale = float(k.args.number(6));
+  DType dt = k.args.dtype(7);
+  int64_t n = batch * tq * tk;
+  void* p = k.data(0, dt, n);
+  void* g = k.data(1, dt, n);
+  void* o = k.data(2, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    softmaxBackwardKernel<T><<<unsigned(batch * tq), rowThreads(tk), 0, st>>>(
+                        static_cast<const T*>(p), static_cast<const T*>(g), static_cast<T*>(o), tk, false, scale));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("attention_softmax_backward", AttentionSoftmaxBackward);
 
 }  // namespace nt::cuda
