@@ -43,6 +43,8 @@ export interface BackendAddon {
 export interface BlasChoice {
   coreType: string | null;
   reason: string;
+  /** OPENBLAS_CORETYPE as the process inherited it, before nodetron's choice. */
+  inherited?: string;
 }
 
 function cpuFlags(): Set<string> {
@@ -96,7 +98,8 @@ const factory = (code: string, message: string, call: string) => errorFromCode(c
 /** The cpu addon, loaded on first use. */
 export function cpu(): BackendAddon {
   if (cpuAddon) return cpuAddon;
-  blasChoice = chooseBlasCore();
+  const inherited = process.env.OPENBLAS_CORETYPE;
+  blasChoice = { ...chooseBlasCore(), ...(inherited ? { inherited } : {}) };
   let addon: BackendAddon;
   try {
     const load = require('node-gyp-build') as (dir: string) => BackendAddon;

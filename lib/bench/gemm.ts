@@ -2,9 +2,9 @@
 // same buffers in the same run, OpenBLAS's own kernel choice in a child process, and the
 // per-call dispatch cost of tiny ops (the figure that says whether JS can keep a GPU fed).
 import { spawnSync } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { randn } from '../creation.js';
-import { cpu } from '../native.js';
+import { blasKernelChoice, cpu, packageRoot } from '../native.js';
 import { matmul } from '../ops/index.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
 import { info } from '../info.js';
@@ -62,10 +62,11 @@ function dispatchCosts(): Record<string, number> {
 
 /** cblas_sgemm at 2048^3 with OpenBLAS left to its own kernel choice, in a child process. */
 function openblasOwnChoice(): { coreType: string; gflops: number } | undefined {
-  const cli = fileURLToPath(new URL('../cli.js', import.meta.url));
-  const r = spawnSync(process.execPath, [cli, 'bench', 'gemm', '--blas-only'], {
-    env: { ...process.env, NODETRON_BLAS_CORETYPE: 'auto' }, encoding: 'utf8',
-  });
+  // The child sees the environment this process inherited, without nodetron's kernel choice.
+  const env: NodeJS.ProcessEnv = { ...process.env, NODETRON_BLAS_CORETYPE: 'auto' };
+  const inherited = blasKernelChoice().inherited;
+  if (inherited) env.OPENBLAS_CORETYPE = inherited; else delete env.OPENBLAS_CORETYPE;
+  const r = spawnSync(process.execPath, [join(packageRoot, 'bin', 'nodetron.js'), 'bench', 'gemm', '--blas-only'], { env, encoding: 'utf8' });
   try { return JSON.parse(r.stdout.trim().split('\n').pop()!); } catch { return undefined; }
 }
 
