@@ -1,7 +1,8 @@
 // Deterministic release of tensors: scopes that work across `await`, keep(), live counts and the
-// FinalizationRegistry backstop that only warns (and frees host memory) for tensors never disposed.
+// leak backstop that warns about tensors the garbage collector reclaimed without dispose().
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { type Device, backendOf, parseDevice, type DeviceLike } from './device.js';
+import { cpu } from './native.js';
 
 /** Anything a scope can release. */
 export interface Disposable {
@@ -18,33 +19,49 @@ interface ScopeFrame {
 const frames = new AsyncLocalStorage<ScopeFrame>();
 // Live tensor counts per device name; an object beats a Map on the per-tensor hot path.
 const live: Record<string, number> = Object.create(null);
-let leaked = 0;
+let leakedOther = 0;
+let leakSeen = 0;
 let leakWarned = false;
+let cpuCreations = 0;
+
+function warnLeak(): void {
+  if (leakWarned || process.env.NODETRON_WARN_LEAKS === '0') return;
+  leakWarned = true;
+  process.emitWarning(
+    'nodetron: a tensor was garbage-collected without dispose(); its memory was reclaimed late. ' +
+      'Use dispose(), `using`, or nt.scope() (set NODETRON_WARN_LEAKS=0 to silence).',
+    'NodetronLeakWarning',
+  );
+}
+
+// The leak backstop. On cpu the addon counts storages that reach their destructor undisposed
+// (read every 1024 creations and by memoryStats): registering every tensor with a
+// FinalizationRegistry cost 0.45 µs per op, a quarter of a tiny op's dispatch. Other devices
+// keep the registry, since their memory must not be freed by the collector behind a stream.
+function cpuLeaks(): number {
+  const n = cpu().leakedStorages() as number;
+  if (n > leakSeen) { leakSeen = n; warnLeak(); }
+  return n;
+}
 
 const leakRegistry = new FinalizationRegistry<string>((device) => {
-  leaked++;
+  leakedOther++;
   live[device] = (live[device] ?? 1) - 1;
-  if (!leakWarned && process.env.NODETRON_WARN_LEAKS !== '0') {
-    leakWarned = true;
-    process.emitWarning(
-      'nodetron: a tensor was garbage-collected without dispose(); its memory was reclaimed late. ' +
-        'Use dispose(), `using`, or nt.scope() (set NODETRON_WARN_LEAKS=0 to silence).',
-      'NodetronLeakWarning',
-    );
-  }
+  warnLeak();
 });
 
-/** Called by every new tensor: counts it, registers the leak backstop, and adds it to the current scope. */
+/** Called by every new tensor: counts it, arms the leak backstop, and adds it to the current scope. */
 export function track(t: Disposable, device: Device): void {
   live[device.name] = (live[device.name] ?? 0) + 1;
-  leakRegistry.register(t, device.name, t);
+  if (device.type !== 'cpu') leakRegistry.register(t, device.name, t);
+  else if ((++cpuCreations & 1023) === 0) cpuLeaks();
   frames.getStore()?.owned.add(t);
 }
 
 /** Called by dispose(): the tensor is no longer live. */
 export function untrack(t: Disposable, device: Device): void {
   live[device.name] = (live[device.name] ?? 1) - 1;
-  leakRegistry.unregister(t);
+  if (device.type !== 'cpu') leakRegistry.unregister(t);
 }
 
 function collect(value: unknown, into: Set<Disposable>, seen = new Set<unknown>()): void {
@@ -119,7 +136,7 @@ export interface MemoryStats {
   peak: number;
   /** Tensors created and not yet disposed. */
   liveTensors: number;
-  /** Tensors reclaimed by the garbage collector without dispose(). */
+  /** Tensors (on cpu: storages) reclaimed by the garbage collector without dispose(). */
   leakedTensors: number;
   [extra: string]: number | string;
 }
@@ -128,7 +145,9 @@ export interface MemoryStats {
 export function memoryStats(device: DeviceLike = 'cpu'): MemoryStats {
   const dev = parseDevice(device, 'memoryStats');
   const s = backendOf(dev).memoryStats(dev.index);
-  return { ...s, device: dev.name, liveTensors: live[dev.name] ?? 0, leakedTensors: leaked };
+  const leakedCpu = cpuLeaks();
+  const liveCount = (live[dev.name] ?? 0) - (dev.type === 'cpu' ? leakedCpu : 0);
+  return { ...s, device: dev.name, liveTensors: liveCount, leakedTensors: leakedCpu + leakedOther };
 }
 
 /** Starts a new peak measurement at the current allocation. */

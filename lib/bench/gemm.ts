@@ -5,7 +5,7 @@ import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { randn } from '../creation.js';
 import { blasKernelChoice, cpu, packageRoot } from '../native.js';
-import { matmul } from '../ops/index.js';
+import { add, gelu, matmul } from '../ops/index.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
 import { info } from '../info.js';
 
@@ -52,10 +52,10 @@ function dispatchCosts(): Record<string, number> {
     'native no-op call': us(() => addon.noop()),
     'reshape (no copy, new tensor)': us(() => x.reshape([1, 1]).dispose()),
     'clone of 1 element (alloc + copy)': us(() => x.clone().dispose()),
+    'add of 1 element (a + b, new output)': us(() => add(x, x).dispose()),
+    'gelu of 1 element': us(() => gelu(x).dispose()),
     'matmul 1x1x1': us(() => matmul(y, y).dispose()),
   };
-  const ops = (globalThis as { __ntTinyOps?: Record<string, () => void> }).__ntTinyOps;
-  if (ops) for (const [k, fn] of Object.entries(ops)) out[k] = us(fn);
   x.dispose(); y.dispose();
   return out;
 }

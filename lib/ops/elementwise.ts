@@ -22,8 +22,19 @@ function broadcastStrides(shape: readonly number[], outShape: readonly number[])
   return out;
 }
 
+// Same-shape operands (the common case) run as one flat dimension; the kernel call is synchronous,
+// so one scratch shape array serves every call and the per-op allocations of broadcasting go away.
+const flatShape = new Int32Array(1);
+const unitStride = new Int32Array([1]);
+
 /** Internal: a op b with broadcasting, no autograd. */
 export function binaryRaw(op: number, a: Tensor, b: Tensor, call: string): Tensor {
+  if (sameShape(a.shape, b.shape) && a.size <= 0x7fffffff) {
+    const out = emptyLike(a, a.shape);
+    flatShape[0] = a.size;
+    a.backend.binary(op, a.storage, b.storage, out.storage, code(a), flatShape, unitStride, unitStride);
+    return out;
+  }
   const outShape = broadcastShapes(a.shape, b.shape, call);
   const out = emptyLike(a, outShape);
   a.backend.binary(op, a.storage, b.storage, out.storage, code(a), new Int32Array(outShape),

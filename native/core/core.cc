@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <atomic>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -326,7 +327,15 @@ Storage::Storage(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Storage>(inf
   }
 }
 
-Storage::~Storage() { release(); }
+// A storage reaching its destructor still holding memory was never disposed: the garbage collector
+// found it. Counting here is the leak backstop (cheaper per tensor than a FinalizationRegistry).
+static std::atomic<int64_t> leakedStorages{0};
+int64_t leakedStorageCount() { return leakedStorages.load(); }
+
+Storage::~Storage() {
+  if (data_ || empty_) leakedStorages++;
+  release();
+}
 
 void Storage::release() {
   if (data_) {
@@ -400,9 +409,15 @@ static Napi::Value MemoryStats(const Napi::CallbackInfo& info) {
   o.Set("reserved", double(s.reserved));
   o.Set("peak", double(s.peak));
   o.Set("allocations", double(s.allocations));
+  o.Set("leaked", double(leakedStorageCount()));
   return o;
 }
 NT_EXPORT("memoryStats", MemoryStats);
+
+static Napi::Value LeakedStorages(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), double(leakedStorageCount()));
+}
+NT_EXPORT("leakedStorages", LeakedStorages);
 
 static Napi::Value ResetPeak(const Napi::CallbackInfo& info) {
   hostStats().peak = hostStats().allocated;

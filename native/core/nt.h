@@ -95,6 +95,8 @@ HostStats& hostStats();
 void* hostAlloc(size_t bytes, const char* call);
 void hostFree(void* p, size_t bytes);
 void emptyHostCache();
+// Storages the garbage collector reclaimed without dispose() (the leak backstop).
+int64_t leakedStorageCount();
 
 class Storage : public Napi::ObjectWrap<Storage> {
  public:
