@@ -3,7 +3,7 @@
 import { scope } from '../memory.js';
 import { defaultGenerator } from '../random.js';
 import type { Tensor } from '../tensor.js';
-import { alias, backward, needsGrad, record, save } from './engine.js';
+import { alias, backward, collectLeaves, needsGrad, Node, record, save } from './engine.js';
 import { enableGrad, isGradEnabled, noGrad } from './grad-mode.js';
 
 /**
@@ -14,11 +14,13 @@ import { enableGrad, isGradEnabled, noGrad } from './grad-mode.js';
 export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
   if (!isGradEnabled()) return fn(...inputs);
   const offset = defaultGenerator.offsetBlocks;
-  // Scopes release fn's intermediates at once, in the forward and in the re-run.
-  const out = noGrad(() => scope(() => fn(...inputs)));
+  // Scopes release fn's intermediates at once, in the forward and in the re-run. The leaves fn's
+  // ops see are the parameters the re-run will accumulate into (grad-ready hooks wait for them).
+  const { result: out, leaves } = collectLeaves(() => noGrad(() => scope(() => fn(...inputs))));
   const wants = inputs.map((t) => needsGrad(t));
   const saved = inputs.map(save);
-  return record('checkpoint', out, inputs, (g) => enableGrad(() => scope(() => {
+  for (const t of inputs) leaves.delete(t);
+  const recorded = record('checkpoint', out, inputs, (g) => enableGrad(() => scope(() => {
     const xs = saved.map((s, i) => { const a = alias(s); a.requiresGrad = wants[i]!; return a; });
     const resume = defaultGenerator.offsetBlocks;
     defaultGenerator.offsetBlocks = offset;
@@ -37,4 +39,6 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
       return grad;
     });
   })), saved);
+  (recorded.gradFn as Node).hiddenLeaves = [...leaves];
+  return recorded;
 }

@@ -1,8 +1,9 @@
 // The tape: graph nodes that ops record, and backward(), which walks them in reverse topological
-// order, accumulates gradients into leaves and frees each node's saved tensors.
+// order, accumulates gradients into leaves, runs the leaves' grad-ready hooks as each leaf's gradient
+// becomes final, and frees each node's saved tensors.
 import { dtypeCode, isFloating } from '../dtype.js';
 import { BINARY } from '../ops/codes.js';
-import { AutogradError, ShapeError } from '../errors.js';
+import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkTensor, emptyOn, Tensor } from '../tensor.js';
@@ -20,6 +21,12 @@ export class Node {
   // Live holders of this node: its output tensor and the nodes that consume it. At zero nobody can
   // reach it any more (the output was disposed without backward), so its saved tensors go.
   #refs = 0;
+  /**
+   * Leaves the node's backward accumulates into without them being edges: the parameters a
+   * checkpoint() block closes over, whose gradients come from the block's re-run. backward() counts
+   * them so their grad-ready hooks wait for this node.
+   */
+  hiddenLeaves: readonly Tensor[] = [];
   constructor(readonly name: string, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[]) {
     this.edges = inputs.map((t) => (t.gradFn instanceof Node ? t.gradFn : t.requiresGrad ? t : null));
     for (const e of this.edges) if (e instanceof Node) e.#refs++;
@@ -49,11 +56,32 @@ export class Node {
     for (const t of this.#saved) t.dispose();
     this.#saved = [];
     this.#backward = null;
+    this.hiddenLeaves = [];
+  }
+}
+
+// Leaves that ops see while a checkpoint() block runs its forward without a graph (null: nobody
+// is collecting). Every op calls needsGrad with its inputs, so this is where they can be seen.
+let leafCollector: Set<Tensor> | null = null;
+
+/**
+ * Runs fn and returns, besides its result, the leaves requiring grad that its ops took as inputs
+ * (with or without grad mode): what checkpoint() needs to know which parameters its re-run feeds.
+ */
+export function collectLeaves<T>(fn: () => T): { result: T; leaves: Set<Tensor> } {
+  const outer = leafCollector, leaves = new Set<Tensor>();
+  leafCollector = leaves;
+  try {
+    return { result: fn(), leaves };
+  } finally {
+    leafCollector = outer;
+    if (outer) for (const t of leaves) outer.add(t);
   }
 }
 
 /** Whether an op with these inputs must be recorded. */
 export function needsGrad(...inputs: (Tensor | null | undefined)[]): boolean {
+  if (leafCollector !== null) for (const t of inputs) if (t && t.requiresGrad && t.gradFn === null) leafCollector.add(t);
   if (!isGradEnabled()) return false;
   for (const t of inputs) if (t && (t.requiresGrad || t.gradFn !== null)) return true;
   return false;
@@ -90,6 +118,97 @@ export function record(name: string, out: Tensor, inputs: readonly Tensor[], bac
   out.requiresGrad = true;
   return out;
 }
+
+/** Called with the leaf once its gradient of a backward() call is complete (PyTorch's post-accumulate-grad hook). */
+export type PostAccumulateGradHook = (leaf: Tensor) => void;
+
+/** What a hook registration returns: `remove()` unregisters it (a second call does nothing). */
+export interface RemovableHandle {
+  remove(): void;
+}
+
+const gradHooks = new WeakMap<Tensor, PostAccumulateGradHook[]>();
+// Leaves with at least one hook: at zero, backward() skips all bookkeeping for hooks.
+let hookedLeafCount = 0;
+
+/**
+ * Runs `hook(leaf)` once per backward() call that gives `leaf` a gradient, right after that call's
+ * last accumulation into `leaf.grad` (every edge reaching the leaf counted up front, those inside
+ * checkpoint() blocks included). The hook may read, move or dispose `leaf.grad`; backward() does
+ * not touch it again in that call. Hooks run in registration order.
+ */
+export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulateGradHook): RemovableHandle {
+  checkTensor(leaf, 'registerPostAccumulateGradHook', 'leaf');
+  if (typeof hook !== 'function') throw new ArgumentError(`registerPostAccumulateGradHook: hook must be a function, got ${typeof hook}`);
+  if (leaf.gradFn !== null) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; post-accumulate-grad hooks go on leaves (tensors whose gradient is accumulated into .grad)`);
+  if (!leaf.requiresGrad) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} does not require grad, so it never gets a gradient`);
+  let list = gradHooks.get(leaf);
+  if (!list) { list = []; gradHooks.set(leaf, list); hookedLeafCount++; }
+  list.push(hook);
+  let removed = false;
+  return {
+    remove() {
+      if (removed) return;
+      removed = true;
+      const hooks = gradHooks.get(leaf)!;
+      hooks.splice(hooks.indexOf(hook), 1);
+      if (hooks.length === 0) { gradHooks.delete(leaf); hookedLeafCount--; }
+    },
+  };
+}
+
+/**
+ * The hook bookkeeping of one outermost backward() call: how many edges (and checkpoint blocks)
+ * still lead to each hooked leaf, which leaves received a gradient, and which hooks have run.
+ * Backward calls nested in it (a checkpoint's re-run) only report the leaves they accumulate into.
+ */
+class HookPass {
+  readonly #remaining = new Map<Tensor, number>();
+  readonly #received = new Set<Tensor>();
+  readonly #done = new Set<Tensor>();
+
+  constructor(order: readonly Node[]) {
+    for (const node of order) this.#forEachHookedLeaf(node, (leaf) => this.#remaining.set(leaf, (this.#remaining.get(leaf) ?? 0) + 1));
+  }
+
+  #forEachHookedLeaf(node: Node, fn: (leaf: Tensor) => void): void {
+    for (const e of node.edges) if (e instanceof Tensor && gradHooks.has(e)) fn(e);
+    for (const leaf of node.hiddenLeaves) if (gradHooks.has(leaf)) fn(leaf);
+  }
+
+  received(leaf: Tensor): void {
+    if (this.#done.has(leaf)) {
+      throw new AutogradError(`backward: ${leaf.describe()} received more gradient after its post-accumulate-grad hooks ran in this backward() (it is reached by a path the pass did not count, e.g. a nested backward() inside an op)`);
+    }
+    this.#received.add(leaf);
+  }
+
+  /** Called when a node is finished (or skipped for want of a gradient): runs the hooks of leaves it completed. */
+  nodeDone(node: Node): void {
+    const completed: Tensor[] = [];
+    this.#forEachHookedLeaf(node, (leaf) => {
+      const n = this.#remaining.get(leaf)! - 1;
+      this.#remaining.set(leaf, n);
+      if (n === 0) completed.push(leaf);
+    });
+    for (const leaf of completed) this.#fire(leaf);
+  }
+
+  /** Leaves reached only through paths the pass did not count run their hooks when it is over. */
+  finish(): void {
+    for (const leaf of this.#received) this.#fire(leaf);
+  }
+
+  #fire(leaf: Tensor): void {
+    if (!this.#received.has(leaf) || this.#done.has(leaf)) return;
+    this.#done.add(leaf);
+    for (const hook of [...(gradHooks.get(leaf) ?? [])]) hook(leaf);
+  }
+}
+
+// The hook bookkeeping of the backward() call in progress (null when none, or when no hook exists).
+let activePass: HookPass | null = null;
+let backwardDepth = 0;
 
 export interface BackwardOptions {
   /** Keep the graph (and its saved tensors) for another backward. */
@@ -131,42 +250,66 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   if (!(t.gradFn instanceof Node)) {
     if (t.requiresGrad) {
       const seed = seedGrad(t, grad), claimed = new Set<Tensor>();
-      accumulateLeaf(t, seed, claimed);
-      if (!claimed.has(seed)) seed.dispose();
+      const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass([]) : null;
+      runPass(pass, () => {
+        accumulateLeaf(t, seed, claimed);
+        if (!claimed.has(seed)) seed.dispose();
+      });
       return;
     }
     throw new AutogradError(`backward: ${t.describe()} does not require grad and has no graph (was it computed under noGrad(), or from tensors without requiresGrad?)`);
   }
   const root = t.gradFn;
   const order = topoOrder(root);
+  // Only the outermost backward() runs hooks; a nested one (a checkpoint's re-run) reports to it.
+  const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass(order) : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
   try {
-    for (const node of order) {
-      const g = grads.get(node);
-      if (!g) continue;
-      grads.delete(node);
-      const inputGrads = noGrad(() => node.apply(g));
-      const owned = new Set<Tensor>([g]);
-      node.edges.forEach((edge, i) => {
-        const ig = inputGrads[i];
-        if (!ig) return;
-        owned.add(ig);
-        if (!edge) return;
-        if (edge instanceof Node) {
-          const prev = grads.get(edge);
-          if (prev) accumulateInto(prev, ig);
-          else grads.set(edge, claim(ig, claimed, g));
-        } else {
-          accumulateLeaf(edge, ig, claimed, g);
-        }
-      });
-      claimed.delete(g);
-      for (const x of owned) if (!claimed.has(x)) x.dispose();
-      if (!opts.retainGraph) node.release();
-    }
+    runPass(pass, () => {
+      for (const node of order) {
+        const g = grads.get(node);
+        if (!g) { pass?.nodeDone(node); continue; }
+        grads.delete(node);
+        const inputGrads = noGrad(() => node.apply(g));
+        const owned = new Set<Tensor>([g]);
+        node.edges.forEach((edge, i) => {
+          const ig = inputGrads[i];
+          if (!ig) return;
+          owned.add(ig);
+          if (!edge) return;
+          if (edge instanceof Node) {
+            const prev = grads.get(edge);
+            if (prev) accumulateInto(prev, ig);
+            else grads.set(edge, claim(ig, claimed, g));
+          } else {
+            accumulateLeaf(edge, ig, claimed, g);
+          }
+        });
+        claimed.delete(g);
+        for (const x of owned) if (!claimed.has(x)) x.dispose();
+        // Hooks run after the node is done with its gradients: a hook may dispose the leaf's .grad.
+        if (pass) pass.nodeDone(node);
+        if (!opts.retainGraph) node.release();
+      }
+    });
   } finally {
     for (const g of grads.values()) g.dispose();
+  }
+}
+
+// Runs one backward's work with `pass` as the active hook bookkeeping (when it is the outermost
+// call), then the hooks of leaves only uncounted paths reached.
+function runPass(pass: HookPass | null, work: () => void): void {
+  const outer = activePass;
+  if (pass) activePass = pass;
+  backwardDepth++;
+  try {
+    work();
+    if (pass) pass.finish();
+  } finally {
+    backwardDepth--;
+    activePass = outer;
   }
 }
 
@@ -185,6 +328,7 @@ function claim(g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): Tensor {
 function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): void {
   if (leaf.disposed) return;
   if (!sameShape(leaf.shape, g.shape)) throw new ShapeError(`backward: gradient ${fmtShape(g.shape)} does not match ${leaf.describe()}`);
+  if (activePass !== null && gradHooks.has(leaf)) activePass.received(leaf);
   if (leaf.grad && !leaf.grad.disposed) {
     accumulateInto(leaf.grad, g);
   } else {
@@ -239,7 +383,10 @@ declare module '../tensor.js' {
   interface Tensor {
     backward(grad?: Tensor, opts?: BackwardOptions): void;
     detach(): Tensor;
+    /** See registerPostAccumulateGradHook. */
+    registerPostAccumulateGradHook(hook: PostAccumulateGradHook): RemovableHandle;
   }
 }
 Tensor.prototype.backward = function (this: Tensor, grad?: Tensor, opts?: BackwardOptions) { backward(this, grad, opts); };
 Tensor.prototype.detach = function (this: Tensor) { return detach(this); };
+Tensor.prototype.registerPostAccumulateGradHook = function (this: Tensor, hook: PostAccumulateGradHook) { return registerPostAccumulateGradHook(this, hook); };

@@ -1,4 +1,7 @@
 // Autograd: the tape (engine), grad mode switches and activation recomputation.
-export { backward, detach, zeroGrad, needsGrad, record, save, own, alias, Node, type BackwardFn, type BackwardOptions } from './engine.js';
+export {
+  backward, detach, zeroGrad, needsGrad, record, save, own, alias, Node, collectLeaves, registerPostAccumulateGradHook,
+  type BackwardFn, type BackwardOptions, type PostAccumulateGradHook, type RemovableHandle,
+} from './engine.js';
 export { isGradEnabled, noGrad, enableGrad } from './grad-mode.js';
 export { checkpoint } from './checkpoint.js';
