@@ -156,10 +156,7 @@ export class DataParallelTrainer<H extends { lr: number }> {
         ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm }));
         this.#zero.zeroGrad();
       } else {
-        if (this.#grads) {
-          for (const p of this.#grads.params) this.#grads.markGradReady(p);
-          await this.#grads.finishGradSync();
-        }
+        if (this.#grads) await this.#grads.finishGradSync();
         const params = this.#model.parameters();
         if (this.#maxGradNorm !== undefined) gradNorm = clipGradNorm(params, this.#maxGradNorm);
         this.#optimizer!.step();

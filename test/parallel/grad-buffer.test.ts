@@ -1,5 +1,6 @@
 // Data-parallel gradient buckets on simulated ranks: averaged gradients vs a float64 mean, buckets
-// launching exactly when their last gradient is ready, noSync, unused and foreign parameters.
+// launching exactly when their last gradient is ready (by hand, and from backward's grad-ready hooks
+// while backward runs), noSync accumulation, unused and foreign parameters, double marks.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { GradBuffer } from '../../lib/parallel/data-parallel/buffer.js';
@@ -12,6 +13,47 @@ function makeParams(): nt.Tensor[] {
   return SHAPES.map((s, i) => randomTensor(s, 100 + i));
 }
 const gradSeed = (rank: number, i: number) => 1000 * (rank + 1) + i;
+
+function leafParams(): nt.Tensor[] {
+  return makeParams().map((p) => { p.requiresGrad = true; return p; });
+}
+
+/**
+ * A loss over the parameters in which each one's gradient depends on all that follow it
+ * (s_i = Σ tanh(p_i ⊙ a_i · s_{i-1})), so backward finishes them strictly last-to-first. `skip`
+ * leaves a parameter out of the graph.
+ */
+function chainLoss(params: nt.Tensor[], rank: number, micro: number, skip = -1): nt.Tensor {
+  return nt.scope(() => {
+    let s: nt.Tensor | null = null;
+    params.forEach((p, i) => {
+      if (i === skip) return;
+      const a = randomTensor(p.shape as number[], 7000 + 100 * micro + 10 * rank + i);
+      const x = nt.mul(p, a);
+      s = nt.sum(nt.tanh(s ? nt.mul(x, s) : x));
+    });
+    return s!;
+  });
+}
+
+/** The gradients a rank computes alone (no buffer), summed over its micro-batches. */
+function localGrads(rank: number, micros: number, skip = -1): Float32Array[] {
+  const params = leafParams();
+  for (let m = 0; m < micros; m++) chainLoss(params, rank, m, skip).backward();
+  const grads = params.map((p) => (p.grad ? p.grad.toArraySync() as Float32Array : new Float32Array(p.size)));
+  for (const p of params) p.dispose();
+  return grads;
+}
+
+/** Float64 mean over ranks of each parameter's local gradient. */
+function meanOverRanks(world: number, micros: number, skip = -1): Float64Array[] {
+  const perRank = Array.from({ length: world }, (_, r) => localGrads(r, micros, skip));
+  return perRank[0]!.map((_, i) => {
+    const m = new Float64Array(perRank[0]![i]!.length);
+    for (const grads of perRank) grads[i]!.forEach((v, j) => { m[j] += v / world; });
+    return m;
+  });
+}
 
 describe('GradBuffer', () => {
   for (const world of [2, 3]) {
@@ -88,5 +130,90 @@ describe('GradBuffer', () => {
     });
     for (const r of results) expect(r).toEqual([4, 2, 4, 4, 4]);
     expect(() => new GradBuffer([nt.zeros([2]), nt.zeros([2], { dtype: 'i32' })], { group: null as never })).toThrow(nt.DTypeError);
+  });
+
+  it('overlap: backward launches each bucket as its last gradient becomes final; same averages as without overlap', async () => {
+    const world = 2;
+    const run = (overlap: boolean) => runLocalRanks(world, async (g) => {
+      const log: string[] = [];
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: countingGroup(g, log), bucketBytes: 60, overlap });
+      // Hooks registered after the buffer's run after it: they see what it has launched so far.
+      const launchedAtHook: number[] = [];
+      for (const p of params) p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); });
+      chainLoss(params, g.rank, 0).backward();
+      const launchedByBackward = log.length;
+      await buf.finishGradSync();
+      const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      buf.dispose();
+      return { buckets: buf.buckets.length, launchedAtHook, launchedByBackward, launched: buf.launched, grads };
+    });
+    const [on, off] = [await run(true), await run(false)];
+    const ref = meanOverRanks(world, 1);
+    for (const r of on) {
+      // One parameter per bucket at 60 bytes; backward finishes them last-to-first, so the k-th
+      // gradient to become final launches the k-th bucket before backward goes on.
+      expect(r.buckets).toBe(5);
+      expect(r.launchedAtHook).toEqual([1, 2, 3, 4, 5]);
+      expect(r.launchedByBackward).toBe(5);
+    }
+    for (const r of off) {
+      expect(r.launchedAtHook).toEqual([0, 0, 0, 0, 0]);
+      expect(r.launchedByBackward).toBe(0);
+      expect(r.launched).toBe(5);
+    }
+    on.forEach((r, rank) => r.grads.forEach((gr, i) => {
+      expect(Array.from(gr)).toEqual(Array.from(off[rank]!.grads[i]!));
+      expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6);
+    }));
+  });
+
+  it('overlap with noSync: micro-batches accumulate without communication, the last one syncs their sum', async () => {
+    const world = 2, micros = 3;
+    const results = await runLocalRanks(world, async (g) => {
+      const log: string[] = [];
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: countingGroup(g, log), bucketBytes: 100 });
+      await buf.noSync(() => {
+        for (let m = 0; m < micros - 1; m++) chainLoss(params, g.rank, m).backward();
+      });
+      expect(log).toEqual([]);
+      expect(params.every((p) => p.grad !== null)).toBe(true);
+      chainLoss(params, g.rank, micros - 1).backward();
+      expect(log.length).toBe(buf.buckets.length);
+      expect(params.every((p) => p.grad === null)).toBe(true);  // moved into the buckets
+      await buf.finishGradSync();
+      const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      buf.dispose();
+      return grads;
+    });
+    const ref = meanOverRanks(world, micros);
+    for (const grads of results) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
+  });
+
+  it('overlap: unused parameters launch at finishGradSync, a second backward is a StateError, dispose removes the hooks', async () => {
+    const world = 2, unused = 2;
+    const results = await runLocalRanks(world, async (g) => {
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: g, bucketBytes: 60 });
+      chainLoss(params, g.rank, 0, unused).backward();
+      expect(buf.launched).toBe(4);
+      expect(() => chainLoss(params, g.rank, 0, unused).backward()).toThrow(nt.StateError);
+      await buf.finishGradSync();
+      expect(Array.from(params[unused]!.grad!.toArraySync()).every((v) => v === 0)).toBe(true);
+      // The next step works, and after dispose() backward only accumulates locally.
+      nt.zeroGrad(params);
+      chainLoss(params, g.rank, 0, unused).backward();
+      await buf.finishGradSync();
+      const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      buf.dispose();
+      nt.zeroGrad(params);
+      chainLoss(params, g.rank, 0, unused).backward();
+      expect(buf.launched).toBe(10);
+      expect(params[0]!.grad).not.toBeNull();
+      return grads;
+    });
+    const ref = meanOverRanks(world, 1, unused);
+    for (const grads of results) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
   });
 });

@@ -1,8 +1,10 @@
 // Data-parallel gradient synchronization: gradients packed into contiguous buckets whose averaging
-// allReduce starts as soon as the bucket's last gradient is ready, overlapping the rest of backward
-// (Megatron's param_and_grad_buffer). No communication on non-final micro-batches (noSync).
-import { dtypeCode } from '../../dtype.js';
+// allReduce starts from autograd's grad-ready hooks as soon as the bucket's last gradient is final,
+// overlapping the rest of backward (Megatron's param_and_grad_buffer, PyTorch DDP's reducer). No
+// communication on non-final micro-batches (noSync).
+import { registerPostAccumulateGradHook, type RemovableHandle } from '../../autograd/engine.js';
 import { ArgumentError, StateError } from '../../errors.js';
+import { keep } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup, Work } from '../group.js';
 import { copyElements, FlatLayout } from '../flat.js';
@@ -16,13 +18,22 @@ export interface GradBufferOptions {
   bucketBytes?: number;
   /** Divide the summed gradients by the group size (default true): the data-parallel mean. */
   average?: boolean;
+  /**
+   * Mark each gradient ready from autograd's post-accumulate-grad hook, so buckets communicate
+   * during backward (default true). Off: nothing happens until finishGradSync(), which then marks
+   * every gradient and launches every bucket at once.
+   */
+  overlap?: boolean;
 }
 
-/** One bucket: a run of parameters, its own flat tensor, and the allReduce in flight (if any). */
+/**
+ * One bucket: a run of parameters, its flat gradient (allocated at the step's first ready
+ * gradient, freed once the averages are written back), and the allReduce in flight (if any).
+ */
 export interface GradBucket {
   readonly index: number;
   readonly layout: FlatLayout;
-  readonly flat: Tensor;
+  flat: Tensor | null;
   pending: number;
   work: Work | null;
 }
@@ -30,15 +41,23 @@ export interface GradBucket {
 /**
  * Gradient buckets over a fixed parameter list. Parameters are bucketed in reverse order, the
  * order backward produces their gradients, so the first bucket fills (and starts communicating)
- * first. Call `markGradReady(p)` as each gradient is final (autograd's per-leaf hook, or all at
- * once after backward), then `await finishGradSync()` before the optimizer step.
+ * first. With `overlap` (the default) the buffer hooks every parameter, so `loss.backward()` marks
+ * each gradient ready as it becomes final; then `await finishGradSync()` before the optimizer step.
+ * Between a gradient's mark and finishGradSync the gradient lives in its bucket and `p.grad` is
+ * null, so gradients take their size in memory once, not twice.
+ *
+ * Every backward() that reaches the parameters marks them: for gradient accumulation, run every
+ * micro-batch but the last inside noSync() (a second mark in one step is a StateError, as PyTorch
+ * DDP's "marked ready twice").
  */
 export class GradBuffer {
   readonly buckets: GradBucket[];
   readonly #bucketOf = new Map<Tensor, GradBucket>();
   readonly #ready = new Set<Tensor>();
+  readonly #hooks: RemovableHandle[] = [];
   readonly group: ProcessGroup;
   readonly average: boolean;
+  readonly overlap: boolean;
   #syncDisabled = 0;
   /** Number of allReduce calls launched so far (what tests and logs read to see overlap). */
   launched = 0;
@@ -48,6 +67,7 @@ export class GradBuffer {
     if (!(bucketBytes > 0)) throw new ArgumentError(`GradBuffer: bucketBytes must be > 0, got ${bucketBytes}`);
     this.group = options.group;
     this.average = options.average ?? true;
+    this.overlap = options.overlap ?? true;
     const all = new FlatLayout(params, 1, 'GradBuffer');
     const reversed = [...all.entries].reverse().map((e) => e.param);
     const runs: Tensor[][] = [];
@@ -59,10 +79,12 @@ export class GradBuffer {
     runs.push(run);
     this.buckets = runs.map((ps, index) => {
       const layout = new FlatLayout(ps, 1, 'GradBuffer');
-      const b: GradBucket = { index, layout, flat: emptyOn([layout.count], layout.dtype, ps[0]!.deviceInfo, true), pending: ps.length, work: null };
+      const b: GradBucket = { index, layout, flat: null, pending: ps.length, work: null };
       for (const p of ps) this.#bucketOf.set(p, b);
       return b;
     });
+    // Parameters without requiresGrad never get a gradient; finishGradSync marks them (zeros).
+    if (this.overlap) for (const p of params) if (p.requiresGrad) this.#hooks.push(registerPostAccumulateGradHook(p, (q) => this.markGradReady(q)));
   }
 
   get params(): Tensor[] { return this.buckets.flatMap((b) => b.layout.entries.map((e) => e.param)); }
@@ -76,30 +98,40 @@ export class GradBuffer {
   get syncEnabled(): boolean { return this.#syncDisabled === 0; }
 
   /**
-   * Declares p's gradient final for this step; the bucket's allReduce starts when it was the
-   * bucket's last. Inside noSync() it only records nothing: gradients keep accumulating in p.grad.
+   * Declares p's gradient final for this step: moves it into its bucket (p.grad becomes null) and
+   * starts the bucket's allReduce when it was the bucket's last. The overlap hooks call it; call it
+   * yourself only with `overlap: false`. Inside noSync() it does nothing: gradients keep
+   * accumulating in p.grad.
    */
   markGradReady(p: Tensor): void {
     const b = this.#bucketOf.get(p);
     if (!b) throw new ArgumentError(`GradBuffer.markGradReady: ${p.describe()} is not one of the buffer's parameters (a parameter outside the data-parallel buffer would never be averaged)`);
     if (!this.syncEnabled) return;
-    if (this.#ready.has(p)) throw new StateError(`GradBuffer.markGradReady: ${p.describe()} was already marked ready this step`);
+    if (this.#ready.has(p)) {
+      throw new StateError(`GradBuffer.markGradReady: ${p.describe()} was already marked ready this step (a second backward() before finishGradSync()? run all micro-batches but the last inside noSync())`);
+    }
     this.#ready.add(p);
-    // The first arrival clears the bucket, so a parameter without a gradient contributes zeros.
-    if (b.pending === b.layout.entries.length) b.flat.backend.fill(b.flat.storage, dtypeCode(b.flat.dtype), b.flat.size, 0);
+    // Zero-filled, so a parameter without a gradient contributes zeros. The buffer owns it, not the
+    // scope backward() happens to run in.
+    b.flat ??= keep(emptyOn([b.layout.count], b.layout.dtype, p.deviceInfo, true));
     const e = b.layout.entry(p)!;
-    if (p.grad) copyElements(b.flat, e.offset, p.grad, 0, e.count);
-    if (--b.pending === 0) this.#launch(b);
+    if (p.grad) {
+      copyElements(b.flat, e.offset, p.grad, 0, e.count);
+      p.grad.dispose();
+      p.grad = null;
+    }
+    if (--b.pending === 0) this.#launch(b, b.flat);
   }
 
-  #launch(b: GradBucket): void {
+  #launch(b: GradBucket, flat: Tensor): void {
     this.launched++;
-    b.work = this.group.allReduce(b.flat, { op: this.average ? 'avg' : 'sum' });
+    b.work = this.group.allReduce(flat, { op: this.average ? 'avg' : 'sum' });
   }
 
   /**
-   * Waits for every bucket (launching those with gradients never marked, e.g. unused parameters,
-   * which contribute zeros), then writes the averaged gradients back into each parameter's .grad.
+   * Marks every gradient not marked yet (all of them without overlap; parameters backward never
+   * reached with it, which contribute zeros), waits for every bucket, writes the averaged gradients
+   * back into each parameter's .grad and frees the buckets.
    */
   async finishGradSync(): Promise<void> {
     if (!this.syncEnabled) throw new StateError('GradBuffer.finishGradSync inside noSync(): the last micro-batch must run with sync on');
@@ -108,16 +140,24 @@ export class GradBuffer {
     }
     for (const b of this.buckets) {
       await b.work!;
+      const flat = b.flat!;
       for (const e of b.layout.entries) {
         const p = e.param;
-        if (!p.grad) p.grad = emptyOn(p.shape, p.dtype, p.deviceInfo);
-        copyElements(p.grad, 0, b.flat, e.offset, e.count);
+        if (!p.grad) p.grad = keep(emptyOn(p.shape, p.dtype, p.deviceInfo));
+        copyElements(p.grad, 0, flat, e.offset, e.count);
       }
+      flat.dispose();
+      b.flat = null;
       b.work = null;
       b.pending = b.layout.entries.length;
     }
     this.#ready.clear();
   }
 
-  dispose(): void { for (const b of this.buckets) b.flat.dispose(); }
+  /** Removes the hooks and frees the buckets (a step in flight is abandoned). */
+  dispose(): void {
+    for (const h of this.#hooks) h.remove();
+    this.#hooks.length = 0;
+    for (const b of this.buckets) { b.flat?.dispose(); b.flat = null; }
+  }
 }
