@@ -2,6 +2,7 @@
 // tiny and small GPT-2 shapes, beside PyTorch eager on the same model with the same thread count in the
 // same run (scripts/bench/torch_train.py, when python3 has torch), and peak step memory with and
 // without activation recomputation (memoryStats peak above the resident parameters and state).
+// With --layout it measures a data-parallel layout instead (lib/bench/layout.ts).
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { tensor } from '../creation.js';
@@ -14,9 +15,11 @@ import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
 
-interface BenchConfig { name: string; layers: number; heads: number; width: number; ctx: number; batch: number; vocab: number }
+/** A GPT shape and batch the training benches run. */
+export interface TrainBenchConfig { name: string; layers: number; heads: number; width: number; ctx: number; batch: number; vocab: number }
+type BenchConfig = TrainBenchConfig;
 
-const CONFIGS: BenchConfig[] = [
+export const TRAIN_CONFIGS: TrainBenchConfig[] = [
   { name: 'tiny', layers: 4, heads: 4, width: 128, ctx: 128, batch: 8, vocab: 50257 },
   { name: 'small', layers: 6, heads: 6, width: 384, ctx: 256, batch: 4, vocab: 50257 },
 ];
@@ -59,14 +62,23 @@ function torchPeer(c: BenchConfig, warmup: number, steps: number, threads: numbe
   return JSON.parse(r.stdout.trim().split('\n').at(-1)!);
 }
 
+const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (5)] [--warmup N (2)] [--no-torch] [--json F]
+       nodetron bench train --layout dp=N[,zero=S|A..B] [--config tiny|small|all] [--overlap on|off|both] [--steps N (4)] [--warmup N (1)] [--json F]
+         launches N ranks; per rank and ZeRO stage: bytes of parameters, gradients and optimizer state beside the
+         ZeRO formula, and ms/step with data-parallel gradient communication overlapped with backward and not`;
+
 export async function main(argv: string[]): Promise<number> {
+  if (argv.some((a) => a === '--layout' || a.startsWith('--layout='))) {
+    if (argv.includes('--help')) { console.log(usage); return 0; }
+    return (await import('./layout.js')).layoutMain(argv);
+  }
   const o = parseOptions(argv, { json: 'string', config: 'string', steps: 'number', warmup: 'number', 'no-torch': 'boolean', help: 'boolean' });
   if (o.help) {
-    console.log('usage: nodetron bench train [--config tiny|small|all] [--steps N (5)] [--warmup N (2)] [--no-torch] [--json F]');
+    console.log(usage);
     return 0;
   }
   const which = (o.config as string | undefined) ?? 'tiny';
-  const configs = which === 'all' ? CONFIGS : CONFIGS.filter((c) => c.name === which);
+  const configs = which === 'all' ? TRAIN_CONFIGS : TRAIN_CONFIGS.filter((c) => c.name === which);
   if (configs.length === 0) throw new ArgumentError(`bench train: unknown --config ${which} (tiny, small, all)`);
   const steps = (o.steps as number | undefined) ?? 5, warmup = (o.warmup as number | undefined) ?? 2;
   const threads = info().backends.cpu.blasThreads as number;
