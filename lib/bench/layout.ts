@@ -69,6 +69,8 @@ export interface StageResult {
   msPerStep?: { overlap?: number; noOverlap?: number };
   /** Mean ms per timed step spent waiting for gradient communication after backward. */
   syncWaitMs?: { overlap?: number; noOverlap?: number };
+  /** Stage 0 with overlap: the buffer's buckets, and how many of them started before backward returned (last timed step). */
+  buckets?: { count: number; launchedDuringBackward: number };
 }
 
 export interface RankResult { rank: number; config: string; blasThreads: number; stages: StageResult[] }
@@ -110,13 +112,23 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     }
     const total = new Map<boolean, number>(), wait = new Map<boolean, number>(), counted = new Map<boolean, number>();
     let measured: Bytes | null = null, allocatedBytes = 0;
+    let buckets: StageResult['buckets'];
+    // One buffer per variant for the whole run: the overlapping one rebuilds its buckets in backward's
+    // order after its first step. Its hooks would mark gradients in the other variant's steps too,
+    // so those run inside its noSync().
+    const buffers = new Map(plain ? variants.map((v) => [v, new GradBuffer(params, { group, overlap: v })] as const) : []);
+    const hooked = buffers.get(true);
     for (let i = 0; i < warmup + steps; i++) {
       const overlap = variants[i % variants.length]!;
-      const buf = plain ? new GradBuffer(params, { group, overlap }) : null;
+      const buf = buffers.get(overlap) ?? null;
       const { inputs, targets } = batch(c, group.rank, i);
+      const backward = () => scope(() => { model.forward(inputs, targets).loss!.backward(); });
+      const launchedBefore = buf?.launched ?? 0;
       const t0 = performance.now();
-      scope(() => { model.forward(inputs, targets).loss!.backward(); });
+      if (hooked && buf !== hooked) await hooked.noSync(backward);
+      else backward();
       const t1 = performance.now();
+      if (buf === hooked && buf && i >= warmup) buckets = { count: buf.buckets.length, launchedDuringBackward: buf.launched - launchedBefore };
       if (buf) await buf.finishGradSync();
       else await zero!.step();
       const t2 = performance.now();
@@ -137,16 +149,16 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
         }
       }
       if (zero) zero.zeroGrad(); else plain!.zeroGrad();
-      buf?.dispose();
       inputs.dispose(); targets.dispose();
     }
+    for (const b of buffers.values()) b.dispose();
     const f = zeroMemoryFormula(numParams, group.size, stage as 0 | ZeroStage | 3);
     const formula: Bytes = { params: f.params, grads: f.grads, optimizerState: f.optimizerState, total: f.total };
     const m = measured!;
     const ratio: Bytes = { params: m.params / formula.params, grads: m.grads / formula.grads, optimizerState: m.optimizerState / formula.optimizerState, total: m.total / formula.total };
     const mean = (map: Map<boolean, number>, v: boolean) => (counted.get(v) ? map.get(v)! / counted.get(v)! : undefined);
     const pick = (map: Map<boolean, number>) => ({ overlap: mean(map, true), noOverlap: mean(map, false) });
-    return { stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(total), ...(plain ? { syncWaitMs: pick(wait) } : {}) };
+    return { stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(total), ...(plain ? { syncWaitMs: pick(wait) } : {}), ...(buckets ? { buckets } : {}) };
   } finally {
     zero?.dispose();
     plain?.dispose();
@@ -232,13 +244,14 @@ function report(layout: BenchLayout, ranks: RankResult[][], run: { steps: number
         const cell = (k: keyof Bytes) => `${mib(m[k])} / ${mib(f[k])}`;
         rows.push([first.config, s.stage, perRank[ci]!.rank, (s.numParams! / 1e6).toFixed(2), cell('params'), cell('grads'), cell('optimizerState'), cell('total'),
           r.total.toFixed(3), `${mib(s.allocatedBytes!)} (${allocRatio.toFixed(3)})`, fmtMs(s.msPerStep!.overlap), fmtMs(s.msPerStep!.noOverlap),
-          fmtMs(s.syncWaitMs?.overlap), fmtMs(s.syncWaitMs?.noOverlap)]);
+          fmtMs(s.syncWaitMs?.overlap), fmtMs(s.syncWaitMs?.noOverlap), s.buckets ? `${s.buckets.launchedDuringBackward}/${s.buckets.count}` : '-']);
       }
     }
   }
   printTable(['config', 'zero', 'rank', 'Ψ (M)', 'params MiB meas/formula', 'grads', 'optim state', 'total', 'total ratio', 'allocator MiB (/formula)',
-    'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap'], rows);
-  console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); sync wait: time in finishGradSync after backward');
+    'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward'], rows);
+  console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); sync wait: time in finishGradSync after backward;');
+  console.log('# buckets in backward: buckets whose allReduce started before backward returned / buckets (overlap on, last timed step)');
   for (const s of skipped) console.log(`# skipped ${s}`);
   const ok = worst <= FORMULA_TOLERANCE;
   console.log(`# worst |measured/formula - 1| over params, grads, optimizer state, total and allocator total: ${(worst * 100).toFixed(2)}% (${ok ? 'within' : 'OUTSIDE'} ${FORMULA_TOLERANCE * 100}%)`);

@@ -18,36 +18,37 @@ function leafParams(): nt.Tensor[] {
   return makeParams().map((p) => { p.requiresGrad = true; return p; });
 }
 
+const ALL = [0, 1, 2, 3, 4];
+
 /**
- * A loss over the parameters in which each one's gradient depends on all that follow it
- * (s_i = Σ tanh(p_i ⊙ a_i · s_{i-1})), so backward finishes them strictly last-to-first. `skip`
- * leaves a parameter out of the graph.
+ * A loss over the parameters `chain` lists, in which each one's gradient depends on all that
+ * follow it (s_k = Σ tanh(p_k · s_{k-1} ⊙ a_k), each p_k on the path from the loss to the one
+ * before), so backward finishes them strictly in reverse chain order.
  */
-function chainLoss(params: nt.Tensor[], rank: number, micro: number, skip = -1): nt.Tensor {
+function chainLoss(params: nt.Tensor[], rank: number, micro: number, chain: readonly number[] = ALL): nt.Tensor {
   return nt.scope(() => {
     let s: nt.Tensor | null = null;
-    params.forEach((p, i) => {
-      if (i === skip) return;
+    for (const i of chain) {
+      const p = params[i]!;
       const a = randomTensor(p.shape as number[], 7000 + 100 * micro + 10 * rank + i);
-      const x = nt.mul(p, a);
-      s = nt.sum(nt.tanh(s ? nt.mul(x, s) : x));
-    });
+      s = nt.sum(nt.tanh(nt.mul(s ? nt.mul(p, s) : p, a)));
+    }
     return s!;
   });
 }
 
 /** The gradients a rank computes alone (no buffer), summed over its micro-batches. */
-function localGrads(rank: number, micros: number, skip = -1): Float32Array[] {
+function localGrads(rank: number, micros: number, chain: readonly number[], firstMicro: number): Float32Array[] {
   const params = leafParams();
-  for (let m = 0; m < micros; m++) chainLoss(params, rank, m, skip).backward();
+  for (let m = firstMicro; m < firstMicro + micros; m++) chainLoss(params, rank, m, chain).backward();
   const grads = params.map((p) => (p.grad ? p.grad.toArraySync() as Float32Array : new Float32Array(p.size)));
   for (const p of params) p.dispose();
   return grads;
 }
 
 /** Float64 mean over ranks of each parameter's local gradient. */
-function meanOverRanks(world: number, micros: number, skip = -1): Float64Array[] {
-  const perRank = Array.from({ length: world }, (_, r) => localGrads(r, micros, skip));
+function meanOverRanks(world: number, micros: number, chainOf: (rank: number) => readonly number[] = () => ALL, firstMicro = 0): Float64Array[] {
+  const perRank = Array.from({ length: world }, (_, r) => localGrads(r, micros, chainOf(r), firstMicro));
   return perRank[0]!.map((_, i) => {
     const m = new Float64Array(perRank[0]![i]!.length);
     for (const grads of perRank) grads[i]!.forEach((v, j) => { m[j] += v / world; });
@@ -139,14 +140,14 @@ describe('GradBuffer', () => {
       const params = leafParams();
       const buf = new GradBuffer(params, { group: countingGroup(g, log), bucketBytes: 60, overlap });
       // Hooks registered after the buffer's run after it: they see what it has launched so far.
-      const launchedAtHook: number[] = [];
-      for (const p of params) p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); });
+      const launchedAtHook: number[] = [], readyOrder: number[] = [];
+      params.forEach((p, i) => p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); readyOrder.push(i); }));
       chainLoss(params, g.rank, 0).backward();
       const launchedByBackward = log.length;
       await buf.finishGradSync();
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
       buf.dispose();
-      return { buckets: buf.buckets.length, launchedAtHook, launchedByBackward, launched: buf.launched, grads };
+      return { buckets: buf.buckets.length, launchedAtHook, readyOrder, launchedByBackward, launched: buf.launched, grads };
     });
     const [on, off] = [await run(true), await run(false)];
     const ref = meanOverRanks(world, 1);
@@ -154,6 +155,7 @@ describe('GradBuffer', () => {
       // One parameter per bucket at 60 bytes; backward finishes them last-to-first, so the k-th
       // gradient to become final launches the k-th bucket before backward goes on.
       expect(r.buckets).toBe(5);
+      expect(r.readyOrder).toEqual([4, 3, 2, 1, 0]);
       expect(r.launchedAtHook).toEqual([1, 2, 3, 4, 5]);
       expect(r.launchedByBackward).toBe(5);
     }
@@ -191,29 +193,69 @@ describe('GradBuffer', () => {
     for (const grads of results) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
   });
 
-  it('overlap: unused parameters launch at finishGradSync, a second backward is a StateError, dispose removes the hooks', async () => {
-    const world = 2, unused = 2;
+  it('overlap: an unused parameter holds back its bucket and the later ones until finishGradSync (then moves last); a second backward is a StateError; dispose removes the hooks', async () => {
+    const world = 2, unused = 2, chain = ALL.filter((i) => i !== unused);
     const results = await runLocalRanks(world, async (g) => {
       const params = leafParams();
       const buf = new GradBuffer(params, { group: g, bucketBytes: 60 });
-      chainLoss(params, g.rank, 0, unused).backward();
-      expect(buf.launched).toBe(4);
-      expect(() => chainLoss(params, g.rank, 0, unused).backward()).toThrow(nt.StateError);
+      chainLoss(params, g.rank, 0, chain).backward();
+      // Buckets [p4] [p3] [p2] [p1] [p0]: launches keep bucket order, so p2's waits for finishGradSync and holds back p1's and p0's.
+      expect(buf.launched).toBe(2);
+      expect(() => chainLoss(params, g.rank, 0, chain).backward()).toThrow(nt.StateError);
       await buf.finishGradSync();
       expect(Array.from(params[unused]!.grad!.toArraySync()).every((v) => v === 0)).toBe(true);
       // The next step works, and after dispose() backward only accumulates locally.
       nt.zeroGrad(params);
-      chainLoss(params, g.rank, 0, unused).backward();
+      expect(buf.buckets.map((b) => params.indexOf(b.layout.entries[0]!.param))).toEqual([4, 3, 1, 0, 2]);
+      chainLoss(params, g.rank, 0, chain).backward();
+      expect(buf.launched).toBe(9);
       await buf.finishGradSync();
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
       buf.dispose();
       nt.zeroGrad(params);
-      chainLoss(params, g.rank, 0, unused).backward();
+      chainLoss(params, g.rank, 0, chain).backward();
       expect(buf.launched).toBe(10);
       expect(params[0]!.grad).not.toBeNull();
       return grads;
     });
-    const ref = meanOverRanks(world, 1, unused);
+    const ref = meanOverRanks(world, 1, () => chain);
     for (const grads of results) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
+  });
+
+  it('overlap: after the first step the buckets follow the order gradients were ready in, rank 0\'s on every rank', async () => {
+    const world = 2;
+    // Rank 0's backward readies 3, 1, 4, 2, 0; rank 1's the reverse parameter order the buffer starts from.
+    const chainOf = (rank: number) => (rank === 0 ? [0, 2, 4, 1, 3] : ALL);
+    const results = await runLocalRanks(world, async (g) => {
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: g, bucketBytes: 70 });
+      const launchedAtHook: number[][] = [];
+      const bucketsBefore = buf.buckets.map((b) => b.layout.entries.map((e) => params.indexOf(e.param)));
+      const grads: Float32Array[][] = [];
+      for (let step = 0; step < 2; step++) {
+        const probe: number[] = [];
+        const handles = params.map((p) => p.registerPostAccumulateGradHook(() => { probe.push(buf.launched); }));
+        chainLoss(params, g.rank, step, chainOf(g.rank)).backward();
+        await buf.finishGradSync();
+        handles.forEach((h) => h.remove());
+        launchedAtHook.push(probe.map((n) => n - 3 * step));
+        grads.push(params.map((p) => p.grad!.toArraySync() as Float32Array));
+        nt.zeroGrad(params);
+      }
+      const bucketsAfter = buf.buckets.map((b) => b.layout.entries.map((e) => params.indexOf(e.param)));
+      buf.dispose();
+      return { bucketsBefore, bucketsAfter, launchedAtHook, grads };
+    });
+    const [r0, r1] = results as [typeof results[0], typeof results[0]];
+    expect(r0.bucketsBefore).toEqual([[4, 3], [2, 1], [0]]);
+    // Rank 0, first step: buckets wait for late gradients. Second step: one launch per ready bucket.
+    expect(r0.launchedAtHook[0]).toEqual([0, 0, 1, 2, 3]);
+    expect(r0.bucketsAfter).toEqual([[3], [1, 4], [2], [0]]);
+    expect(r0.launchedAtHook[1]).toEqual([1, 1, 2, 3, 4]);
+    expect(r1.bucketsAfter).toEqual(r0.bucketsAfter);
+    for (let step = 0; step < 2; step++) {
+      const ref = meanOverRanks(world, 1, chainOf, step);
+      for (const r of results) r.grads[step]!.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
+    }
   });
 });

@@ -5,6 +5,7 @@
 import { registerPostAccumulateGradHook, type RemovableHandle } from '../../autograd/engine.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
+import { tensor } from '../../creation.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup, Work } from '../group.js';
 import { copyElements, FlatLayout } from '../flat.js';
@@ -39,9 +40,9 @@ export interface GradBucket {
 }
 
 /**
- * Gradient buckets over a fixed parameter list. Parameters are bucketed in reverse order, the
- * order backward produces their gradients, so the first bucket fills (and starts communicating)
- * first. With `overlap` (the default) the buffer hooks every parameter, so `loss.backward()` marks
+ * Gradient buckets over a fixed parameter list. Parameters are bucketed in reverse order, roughly
+ * the order backward produces their gradients, so the first bucket fills (and starts communicating)
+ * first; with overlap, after the first step, in the order the gradients were actually ready. With `overlap` (the default) the buffer hooks every parameter, so `loss.backward()` marks
  * each gradient ready as it becomes final; then `await finishGradSync()` before the optimizer step.
  * Between a gradient's mark and finishGradSync the gradient lives in its bucket and `p.grad` is
  * null, so gradients take their size in memory once, not twice.
@@ -51,14 +52,22 @@ export interface GradBucket {
  * DDP's "marked ready twice").
  */
 export class GradBuffer {
-  readonly buckets: GradBucket[];
+  #buckets: GradBucket[] = [];
   readonly #bucketOf = new Map<Tensor, GradBucket>();
   readonly #ready = new Set<Tensor>();
   readonly #hooks: RemovableHandle[] = [];
+  readonly #params: readonly Tensor[];
+  readonly #bucketBytes: number;
+  // The order the overlap hooks marked gradients in during the first synchronized step; once that
+  // step is over, the buckets are rebuilt in it (null: rebuilt, or never to be).
+  #readyOrder: Tensor[] | null;
   readonly group: ProcessGroup;
   readonly average: boolean;
   readonly overlap: boolean;
   #syncDisabled = 0;
+  // Buckets launch in index order, so every rank issues the same collectives in the same order even
+  // when their backward passes ready the gradients in different orders: the first not launched yet.
+  #nextLaunch = 0;
   /** Number of allReduce calls launched so far (what tests and logs read to see overlap). */
   launched = 0;
 
@@ -68,26 +77,52 @@ export class GradBuffer {
     this.group = options.group;
     this.average = options.average ?? true;
     this.overlap = options.overlap ?? true;
-    const all = new FlatLayout(params, 1, 'GradBuffer');
-    const reversed = [...all.entries].reverse().map((e) => e.param);
+    this.#bucketBytes = bucketBytes;
+    this.#params = new FlatLayout(params, 1, 'GradBuffer').entries.map((e) => e.param);
+    this.#assignBuckets([...this.#params].reverse());
+    // Parameters without requiresGrad never get a gradient; finishGradSync marks them (zeros).
+    if (this.overlap) for (const p of this.#params) if (p.requiresGrad) this.#hooks.push(registerPostAccumulateGradHook(p, (q) => this.markGradReady(q)));
+    this.#readyOrder = this.#hooks.length > 0 ? [] : null;
+  }
+
+  /** The buckets, in the order their gradients are expected to be ready. */
+  get buckets(): readonly GradBucket[] { return this.#buckets; }
+
+  // Consecutive runs of `order` of about bucketBytes each (a parameter never straddles two).
+  #assignBuckets(order: readonly Tensor[]): void {
     const runs: Tensor[][] = [];
     let run: Tensor[] = [], bytes = 0;
-    for (const p of reversed) {
-      if (run.length > 0 && bytes + p.nbytes > bucketBytes) { runs.push(run); run = []; bytes = 0; }
+    for (const p of order) {
+      if (run.length > 0 && bytes + p.nbytes > this.#bucketBytes) { runs.push(run); run = []; bytes = 0; }
       run.push(p); bytes += p.nbytes;
     }
     runs.push(run);
-    this.buckets = runs.map((ps, index) => {
+    this.#bucketOf.clear();
+    this.#buckets = runs.map((ps, index) => {
       const layout = new FlatLayout(ps, 1, 'GradBuffer');
       const b: GradBucket = { index, layout, flat: null, pending: ps.length, work: null };
       for (const p of ps) this.#bucketOf.set(p, b);
       return b;
     });
-    // Parameters without requiresGrad never get a gradient; finishGradSync marks them (zeros).
-    if (this.overlap) for (const p of params) if (p.requiresGrad) this.#hooks.push(registerPostAccumulateGradHook(p, (q) => this.markGradReady(q)));
   }
 
-  get params(): Tensor[] { return this.buckets.flatMap((b) => b.layout.entries.map((e) => e.param)); }
+  /**
+   * Reverse parameter order is only a guess at backward's order (a GPT's position embedding is
+   * created early but its gradient is final last, with the token embedding's). As PyTorch DDP does,
+   * the buckets are rebuilt once in the order the first step's gradients were ready, rank 0's order
+   * for every rank so bucket sizes agree everywhere.
+   */
+  async #rebuildInReadyOrder(observed: Tensor[]): Promise<void> {
+    const indexOf = new Map(this.#params.map((p, i) => [p, i]));
+    const seen = new Set(observed);
+    const order = [...observed, ...[...this.#params].reverse().filter((p) => !seen.has(p))];
+    using indices = tensor(Int32Array.from(order, (p) => indexOf.get(p)!), [order.length], { dtype: 'i32' });
+    await this.group.broadcast(indices, { root: 0 });
+    this.#assignBuckets(Array.from(indices.toArraySync(), (i) => this.#params[i]!));
+  }
+
+  /** The parameters, in the order they were given. */
+  get params(): Tensor[] { return [...this.#params]; }
 
   /** Runs fn (sync or async) with gradient communication off: for all micro-batches but the last. */
   async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
@@ -99,7 +134,7 @@ export class GradBuffer {
 
   /**
    * Declares p's gradient final for this step: moves it into its bucket (p.grad becomes null) and
-   * starts the bucket's allReduce when it was the bucket's last. The overlap hooks call it; call it
+   * starts the bucket's allReduce when it was the bucket's last (and every earlier bucket started). The overlap hooks call it; call it
    * yourself only with `overlap: false`. Inside noSync() it does nothing: gradients keep
    * accumulating in p.grad.
    */
@@ -111,6 +146,7 @@ export class GradBuffer {
       throw new StateError(`GradBuffer.markGradReady: ${p.describe()} was already marked ready this step (a second backward() before finishGradSync()? run all micro-batches but the last inside noSync())`);
     }
     this.#ready.add(p);
+    this.#readyOrder?.push(p);
     // Zero-filled, so a parameter without a gradient contributes zeros. The buffer owns it, not the
     // scope backward() happens to run in.
     b.flat ??= keep(emptyOn([b.layout.count], b.layout.dtype, p.deviceInfo, true));
@@ -120,12 +156,14 @@ export class GradBuffer {
       p.grad.dispose();
       p.grad = null;
     }
-    if (--b.pending === 0) this.#launch(b, b.flat);
+    if (--b.pending === 0) this.#launchReadyBuckets();
   }
 
-  #launch(b: GradBucket, flat: Tensor): void {
-    this.launched++;
-    b.work = this.group.allReduce(flat, { op: this.average ? 'avg' : 'sum' });
+  #launchReadyBuckets(): void {
+    for (let b = this.#buckets[this.#nextLaunch]; b && b.pending === 0; b = this.#buckets[++this.#nextLaunch]) {
+      this.launched++;
+      b.work = this.group.allReduce(b.flat!, { op: this.average ? 'avg' : 'sum' });
+    }
   }
 
   /**
@@ -152,6 +190,12 @@ export class GradBuffer {
       b.pending = b.layout.entries.length;
     }
     this.#ready.clear();
+    this.#nextLaunch = 0;
+    if (this.#readyOrder) {
+      const observed = this.#readyOrder;
+      this.#readyOrder = null;
+      await this.#rebuildInReadyOrder(observed);
+    }
   }
 
   /** Removes the hooks and frees the buckets (a step in flight is abandoned). */
