@@ -14,12 +14,12 @@ import { cpu } from '../native.js';
 import { GPT } from '../nn/gpt.js';
 import { AdamW, type AdamWOptions } from '../optim/adamw.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import { GradBuffer } from '../parallel/data-parallel/buffer.js';
+import { DEFAULT_BUCKET_BYTES, GradBuffer } from '../parallel/data-parallel/buffer.js';
 import type { ProcessGroup } from '../parallel/group.js';
 import { ZeroOptimizer, zeroMemoryFormula, type ZeroMemoryBytes, type ZeroStage } from '../parallel/zero/optimizer.js';
 import type { Tensor } from '../tensor.js';
 import { TRAIN_CONFIGS, type TrainBenchConfig } from './train.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, parseOptions, printTable, writeJson, type Options } from './util.js';
 
 /** The parallel layout a bench run asks for. */
 export interface BenchLayout { dp: number; tp: number; pp: number; zeroStages: number[] }
@@ -93,7 +93,7 @@ function batch(c: TrainBenchConfig, rank: number, step: number): { inputs: Tenso
 const adamw = (groups: { params: Iterable<Tensor> }[]) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 });
 
 /** Trains one stage for warmup + steps steps on a fresh model and measures it. */
-async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number, variants: boolean[], warmup: number, steps: number): Promise<StageResult> {
+async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number, variants: boolean[], warmup: number, steps: number, bucketBytes: number): Promise<StageResult> {
   const baseline = memoryStats().allocated;
   const model = new GPT({ vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true }, { seed: 0 });
   const params = model.parameters();
@@ -116,7 +116,7 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     // One buffer per variant for the whole run: the overlapping one rebuilds its buckets in backward's
     // order after its first step. Its hooks would mark gradients in the other variant's steps too,
     // so those run inside its noSync().
-    const buffers = new Map(plain ? variants.map((v) => [v, new GradBuffer(params, { group, overlap: v })] as const) : []);
+    const buffers = new Map(plain ? variants.map((v) => [v, new GradBuffer(params, { group, overlap: v, bucketBytes })] as const) : []);
     const hooked = buffers.get(true);
     for (let i = 0; i < warmup + steps; i++) {
       const overlap = variants[i % variants.length]!;
@@ -168,7 +168,7 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
 
 /** One rank's part (run under the launcher): every configuration and stage, written to <out>/rank-<rank>.json. */
 async function rankMain(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { layout: 'string', config: 'string', steps: 'number', warmup: 'number', overlap: 'string', out: 'string' });
+  const o = parseOptions(argv, { layout: 'string', config: 'string', steps: 'number', warmup: 'number', overlap: 'string', 'bucket-mb': 'number', out: 'string' });
   const layout = parseLayout(o.layout as string);
   const configs = selectConfigs(o.config as string | undefined);
   const variants = overlapVariants(o.overlap as string | undefined);
@@ -181,12 +181,18 @@ async function rankMain(argv: string[]): Promise<number> {
   const results: RankResult[] = [];
   for (const c of configs) {
     const stages: StageResult[] = [];
-    for (const s of layout.zeroStages) stages.push(await runStage(c, world, s, s === 0 ? variants : [true], (o.warmup as number | undefined) ?? 1, (o.steps as number | undefined) ?? 4));
+    for (const s of layout.zeroStages) stages.push(await runStage(c, world, s, s === 0 ? variants : [true], (o.warmup as number | undefined) ?? 1, (o.steps as number | undefined) ?? 4, bucketBytesOf(o)));
     results.push({ rank, config: c.name, blasThreads, stages });
   }
   writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify(results));
   await dist.destroy();
   return 0;
+}
+
+function bucketBytesOf(o: Options): number {
+  const mb = (o['bucket-mb'] as number | undefined) ?? DEFAULT_BUCKET_BYTES / 2 ** 20;
+  if (!(mb > 0)) throw new ArgumentError(`bench train: --bucket-mb must be > 0, got ${mb}`);
+  return Math.round(mb * 2 ** 20);
 }
 
 function selectConfigs(which = 'tiny'): TrainBenchConfig[] {
@@ -206,8 +212,9 @@ const fmtMs = (v: number | undefined) => (v === undefined ? '-' : v.toFixed(0));
 
 /** Launches the ranks, collects their results, prints the table and writes the JSON. Returns the exit code. */
 export async function layoutMain(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { layout: 'string', config: 'string', steps: 'number', warmup: 'number', overlap: 'string', json: 'string', help: 'boolean' });
+  const o = parseOptions(argv, { layout: 'string', config: 'string', steps: 'number', warmup: 'number', overlap: 'string', 'bucket-mb': 'number', json: 'string', help: 'boolean' });
   const layout = parseLayout(o.layout as string);
+  const bucketBytes = bucketBytesOf(o);
   selectConfigs(o.config as string | undefined);
   overlapVariants(o.overlap as string | undefined);
   const steps = (o.steps as number | undefined) ?? 4, warmup = (o.warmup as number | undefined) ?? 1;
@@ -219,15 +226,15 @@ export async function layoutMain(argv: string[]): Promise<number> {
     const code = await launch(['--nproc-per-node', String(layout.dp), fileURLToPath(import.meta.url), ...rankArgs, '--out', out]);
     if (code !== 0) return code;
     const ranks = Array.from({ length: layout.dp }, (_, r) => JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as RankResult[]);
-    return report(layout, ranks, { steps, warmup, overlap: (o.overlap as string | undefined) ?? 'both' }, o.json as string | undefined);
+    return report(layout, ranks, { steps, warmup, overlap: (o.overlap as string | undefined) ?? 'both', bucketBytes }, o.json as string | undefined);
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
 }
 
-function report(layout: BenchLayout, ranks: RankResult[][], run: { steps: number; warmup: number; overlap: string }, json: string | undefined): number {
+function report(layout: BenchLayout, ranks: RankResult[][], run: { steps: number; warmup: number; overlap: string; bucketBytes: number }, json: string | undefined): number {
   console.log(`\n# nodetron bench train --layout dp=${layout.dp}: ${run.warmup} warm-up + ${run.steps} timed steps per stage, f32 AdamW on cpu, ` +
-    `${ranks[0]![0]!.blasThreads} BLAS thread(s) per rank; stage 0 alternates overlap on/off step by step`);
+    `${ranks[0]![0]!.blasThreads} BLAS thread(s) per rank; stage 0 alternates overlap on/off step by step, ${mib(run.bucketBytes)} MiB buckets`);
   console.log('# bytes held after the last optimizer step, before zeroGrad, summed over the tensors of each kind (meas) and as the allocator');
   console.log('# counts them (memoryStats().allocated above the rank\'s start); formula: zeroMemoryFormula (ZeRO paper 2Ψ+2Ψ+KΨ for f32)\n');
   const rows: (string | number)[][] = [];

@@ -63,7 +63,7 @@ function torchPeer(c: BenchConfig, warmup: number, steps: number, threads: numbe
 }
 
 const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (5)] [--warmup N (2)] [--no-torch] [--json F]
-       nodetron bench train --layout dp=N[,zero=S|A..B] [--config tiny|small|all] [--overlap on|off|both] [--steps N (4)] [--warmup N (1)] [--json F]
+       nodetron bench train --layout dp=N[,zero=S|A..B] [--config tiny|small|all] [--overlap on|off|both] [--bucket-mb M (25)] [--steps N (4)] [--warmup N (1)] [--json F]
          launches N ranks; per rank and ZeRO stage: bytes of parameters, gradients and optimizer state beside the
          ZeRO formula, and ms/step with data-parallel gradient communication overlapped with backward and not`;
 
