@@ -258,4 +258,47 @@ describe('GradBuffer', () => {
       for (const r of results) r.grads[step]!.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
     }
   });
+
+  it('a GPT with recomputed blocks: hooks inside checkpoint() start buckets during backward; same averages as plain backward without overlap', async () => {
+    const config: nt.nn.GPTConfig = { vocabSize: 48, blockSize: 8, nLayer: 3, nHead: 2, nEmbd: 16, dropout: 0, bias: true };
+    const run = (recompute: boolean, overlap: boolean) => runLocalRanks(2, async (g) => {
+      const model = new nt.nn.GPT({ ...config, recompute }, { seed: 3 });
+      const params = model.parameters();
+      // About one block per bucket, so blocks' buckets can start before the embeddings' gradients are final.
+      const buf = new GradBuffer(params, { group: g, bucketBytes: 4096, overlap });
+      const ids = (k: number) => nt.tensor(Int32Array.from({ length: 2 * 8 }, (_, i) => (i * 7 + 3 * g.rank + k) % 48), [2, 8], { dtype: 'i32' });
+      // Hooks registered after the buffer's see how many buckets had started at each gradient's readiness.
+      let probe: number[] = [];
+      for (const p of params) p.registerPostAccumulateGradHook(() => { probe.push(buf.launched); });
+      const perStep: { buckets: number; launchedAtReady: number[] }[] = [];
+      for (let step = 0; step < 2; step++) {
+        const before = buf.launched, buckets = buf.buckets.length;
+        probe = [];
+        nt.scope(() => { model.forward(ids(step), ids(step + 1)).loss!.backward(); });
+        perStep.push({ buckets, launchedAtReady: probe.map((n) => n - before) });
+        await buf.finishGradSync();
+        if (step === 0) nt.zeroGrad(params);
+      }
+      const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      buf.dispose();
+      model.dispose();
+      return { grads, perStep };
+    });
+    const [withHooks, plain] = [await run(true, true), await run(false, false)];
+    for (const r of withHooks) {
+      for (const { buckets, launchedAtReady } of r.perStep) {
+        expect(buckets).toBeGreaterThan(8);
+        expect(launchedAtReady).toHaveLength(config.nLayer * 12 + 4);
+        // Buckets start one after another while backward runs: some by the time half the gradients
+        // are final, all by the last one.
+        const half = launchedAtReady[launchedAtReady.length >> 1]!;
+        expect(half).toBeGreaterThan(0);
+        expect(half).toBeLessThan(buckets);
+        expect(launchedAtReady.at(-1)).toBe(buckets);
+        launchedAtReady.forEach((n, i) => expect(n).toBeGreaterThanOrEqual(launchedAtReady[i - 1] ?? 0));
+      }
+    }
+    for (const r of plain) for (const { launchedAtReady } of r.perStep) expect(launchedAtReady.every((n) => n === 0)).toBe(true);
+    withHooks.forEach((r, rank) => r.grads.forEach((gr, i) => expect(maxAbsDiff(gr, plain[rank]!.grads[i]!)).toBeLessThan(1e-6)));
+  });
 });

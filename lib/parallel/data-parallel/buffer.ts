@@ -107,8 +107,8 @@ export class GradBuffer {
   }
 
   /**
-   * Reverse parameter order is only a guess at backward's order (a GPT's position embedding is
-   * created early but its gradient is final last, with the token embedding's). As PyTorch DDP does,
+   * Reverse parameter order is only a guess at backward's order (modules may create parameters in
+   * another order than they use them; a shared parameter is final only at its earliest use). As PyTorch DDP does,
    * the buckets are rebuilt once in the order the first step's gradients were ready, rank 0's order
    * for every rank so bucket sizes agree everywhere.
    */
