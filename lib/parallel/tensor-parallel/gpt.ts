@@ -1,0 +1,82 @@
+// The GPT of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
+// MLP's hidden units by Column/RowParallelLinear, the vocabulary (token table, tied head, loss) by
+// rows. Each rank's weights are exact slices of the single-process model built from the same seed.
+import { ArgumentError } from '../../errors.js';
+import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type VocabLayout } from '../../nn/gpt.js';
+import { constant, normal } from '../../nn/init.js';
+import { linear } from '../../ops/index.js';
+import type { Generator } from '../../random.js';
+import type { Tensor } from '../../tensor.js';
+import type { ProcessGroup } from '../group.js';
+import { ColumnParallelLinear, RowParallelLinear } from './layers.js';
+import { copyToRegion, gatherFromRegion } from './mappings.js';
+import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
+
+/**
+ * Throws one ArgumentError listing every reason a GPT cannot be split `tp` ways: the attention
+ * heads, the width and the vocabulary must each divide evenly. Needs no communication.
+ */
+export function checkTensorParallelConfig(config: Pick<GPTConfig, 'nHead' | 'nEmbd' | 'vocabSize'>, tp: number): void {
+  if (!Number.isInteger(tp) || tp < 1) throw new ArgumentError(`tensor parallelism: the group size must be a positive integer, got ${tp}`);
+  const problems: string[] = [];
+  if (config.nHead % tp !== 0) problems.push(`the ${config.nHead} attention heads`);
+  if (config.nEmbd % tp !== 0) problems.push(`the width ${config.nEmbd}`);
+  if (config.vocabSize % tp !== 0) {
+    problems.push(`the vocabulary of ${config.vocabSize} tokens (pad it: padVocab(${config.vocabSize}, ${tp}) = ${padVocab(config.vocabSize, tp)})`);
+  }
+  if (problems.length) throw new ArgumentError(`tensor parallelism over ${tp} ranks must divide ${problems.join(', ')}`);
+}
+
+const normalInit = (std: number) => (t: Tensor, g: Generator): void => { normal(t, 0, std, g); };
+const zeroInit = (t: Tensor): void => { constant(t, 0); };
+
+/**
+ * Linear layers of a GPT block split across `group`: the fused QKV and the MLP's first layer by
+ * output rows (QKV interleaved by 3, so each rank holds whole heads of q, k and v), both output
+ * projections by input columns, whose partial products are summed. Weights are drawn N(0, std) at
+ * full size from the shared generator (as defaultLinearFactory draws them) and sliced.
+ */
+export function tensorParallelLinearFactory(group: ProcessGroup): LinearFactory {
+  return (inF, outF, { role, bias, std, layer, config }) => {
+    checkTensorParallelConfig(config, group.size);
+    const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit };
+    switch (role) {
+      case 'attn.qkv': return new ColumnParallelLinear(inF, outF, { ...opts, interleave: 3 });
+      case 'mlp.fc': return new ColumnParallelLinear(inF, outF, opts);
+      case 'attn.proj':
+      case 'mlp.proj': return new RowParallelLinear(inF, outF, opts);
+      default: throw new ArgumentError(`tensorParallelLinearFactory: unknown layer role '${String(role)}'`);
+    }
+  };
+}
+
+/**
+ * The vocabulary split by rows across `group`: a VocabParallelEmbedding, a head whose input is
+ * copied into the region (its gradient is summed over the vocabulary slices) and gives this rank's
+ * slice of the logits, vocabParallelCrossEntropy, and gatherFromRegion for full rows.
+ */
+export function vocabParallelLayout(group: ProcessGroup): VocabLayout {
+  return {
+    embedding: (vocabSize, nEmbd, { std, layer }) => new VocabParallelEmbedding(vocabSize, nEmbd,
+      { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std) }),
+    logits: (x, table) => linear(copyToRegion(x, group), table),
+    loss: (logits, targets) => vocabParallelCrossEntropy(logits, targets, group),
+    gather: (logits) => gatherFromRegion(logits, group),
+  };
+}
+
+/** The GPTOptions that split a GPT across `group`: `new GPT(config, { seed, ...tensorParallelGPTOptions(group) })`. */
+export function tensorParallelGPTOptions(group: ProcessGroup): Required<Pick<GPTOptions, 'linearFactory' | 'vocabLayout'>> {
+  return { linearFactory: tensorParallelLinearFactory(group), vocabLayout: vocabParallelLayout(group) };
+}
+
+/**
+ * A GPT split across opts.group, checked first (ArgumentError before any layer is built). Its
+ * forward gives this rank's vocabulary slice of the logits and the full loss on every rank;
+ * LayerNorms, positions and the row-parallel biases are replicated, with equal gradients on every rank.
+ */
+export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & { group: ProcessGroup }): GPT {
+  const { group, ...rest } = opts;
+  checkTensorParallelConfig(config, group.size);
+  return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group) });
+}
