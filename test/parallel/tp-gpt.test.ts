@@ -86,6 +86,33 @@ describe('tensor-parallel GPT (in process)', () => {
     }
   });
 
+  it('the plain and the tensor-parallel linear factories draw the same numbers from the generator', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nt-tpgen-'));
+    try {
+      const group = nt.parallel.fileWorld(dir, 0, 1);
+      const build = (factory: nt.nn.LinearFactory, role: nt.nn.LinearRole) => {
+        const generator = new nt.Generator(9);
+        const l = factory(16, 48, { role, bias: true, std: 0.02, layer: { generator }, config: tiny });
+        return { offset: generator.offsetBlocks, weight: l.weight.toArraySync() };
+      };
+      for (const role of ['attn.qkv', 'attn.proj', 'mlp.fc', 'mlp.proj'] as const) {
+        const plain = build(nt.nn.defaultLinearFactory, role), split = build(nt.parallel.tensorParallelLinearFactory(group), role);
+        expect(plain.offset, role).toBe(16 * 48 / 2);  // one normal draw of the weight (2 per Philox block), nothing else
+        expect(split.offset, role).toBe(plain.offset);
+        expect(split.weight, role).toEqual(plain.weight);
+      }
+      const generator = new nt.Generator(9);
+      const l = new nt.nn.Linear(5, 3, { generator, initialize: false });
+      new nt.nn.Embedding(5, 3, { generator, initialize: false });
+      expect(generator.offsetBlocks).toBe(0);
+      expect(l.bias).not.toBeNull();
+      new nt.nn.Linear(5, 3, { generator });
+      expect(generator.offsetBlocks).toBe(Math.ceil(15 / 4) + 1);  // Linear's default U(±1/√in) still draws weight and bias
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('checkTensorParallelConfig names every dimension tp does not divide', () => {
     expect(() => nt.parallel.checkTensorParallelConfig(tiny, 4)).not.toThrow();
     expect(() => nt.parallel.checkTensorParallelConfig({ ...tiny, nHead: 6, nEmbd: 18, vocabSize: 97 }, 4))

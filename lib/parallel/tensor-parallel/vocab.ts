@@ -3,7 +3,7 @@
 // table, so the tied LM head yields that slice of every row's logits and the loss never gathers them.
 import { needsGrad, own, record, save } from '../../autograd/engine.js';
 import { tensor } from '../../creation.js';
-import { ArgumentError, DeviceError, ShapeError } from '../../errors.js';
+import { ArgumentError, ShapeError } from '../../errors.js';
 import { normal } from '../../nn/init.js';
 import { Module, type Parameter } from '../../nn/module.js';
 import { checkFloats, checkIndices, code, emptyLike } from '../../ops/common.js';
@@ -89,14 +89,6 @@ const NOT_HERE = -1;   // forward: the row's target logit is not in this shard (
 const IGNORED = -1;    // backward: the row has no loss, its gradient is zero
 const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's gradient is softmax only
 
-function requireKernels(logits: Tensor, call: string): void {
-  for (const k of ['cross_entropy_forward', 'cross_entropy_shard_backward']) {
-    if (typeof logits.backend[k] !== 'function') {
-      throw new DeviceError(`${call}: the ${logits.device} backend has no '${k}' kernel yet; vocabulary-parallel cross-entropy runs on cpu tensors`, call);
-    }
-  }
-}
-
 /**
  * Mean cross-entropy of logits whose vocabulary dimension is split across the group: localLogits
  * [..., V/tp] holds this rank's contiguous slice of every row, targets (i32 [...], the same on every
@@ -117,7 +109,6 @@ export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, 
   }
   const ignoreIndex = opts.ignoreIndex ?? -100;
   if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer`);
-  requireKernels(localLogits, call);
   const localVocab = localLogits.shape[localLogits.ndim - 1]!;
   if (localVocab === 0) throw new ShapeError(`${call}: empty vocabulary slice`);
   const vocab = localVocab * group.size, start = group.rank * localVocab;
