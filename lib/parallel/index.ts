@@ -18,6 +18,7 @@ export {
 } from './tensor-parallel/vocab.js';
 export {
   checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
+  tensorParallelParameters, clipTensorParallelGradNorm,
 } from './tensor-parallel/gpt.js';
 export { gpipe, oneForwardOneBackward, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
 export {

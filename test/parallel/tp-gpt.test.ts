@@ -22,7 +22,7 @@ async function tpRun(size: number, backend: 'gloo' | 'file', variant: 'standard'
 
 describe('tensor-parallel GPT (multi-process)', () => {
   for (const [size, backend, variant] of [[2, 'gloo', 'standard'], [4, 'gloo', 'standard'], [2, 'file', 'parallel']] as const) {
-    it(`TP${size} over ${backend}, ${variant} block: the single-process model's weights, logits, loss, gradients and 2 AdamW steps`, async () => {
+    it(`TP${size} over ${backend}, ${variant} block: the single-process model's weights, logits, loss, gradients, norm and 2 AdamW steps`, async () => {
       const res = await tpRun(size, backend, variant);
       for (const r of res) {
         expect(r.code, r.stderr.slice(-3000)).toBe(0);
@@ -42,6 +42,9 @@ describe('tensor-parallel GPT (multi-process)', () => {
         expect(gpt.logitsDiff).toBeLessThan(1e-5);
         for (const [ref, par] of gpt.losses as [number, number][]) expect(Math.abs(ref - par)).toBeLessThan(1e-5);
         for (const [name, d] of Object.entries(gpt.grads as Record<string, number>)) expect(d, `grad ${name} (relative)`).toBeLessThan(1e-4);
+        const relNorm = ([a, b]: number[]) => Math.abs(a! - b!) / a!;
+        expect(relNorm(gpt.gradNorm)).toBeLessThan(1e-5);
+        expect(relNorm(gpt.clipNorm)).toBeLessThan(1e-5);
         expect(gpt.moved).toBeGreaterThan(1e-2);
         for (const [name, d] of Object.entries(gpt.params as Record<string, number>)) expect(d, `param ${name} after 2 steps`).toBeLessThan(1e-5);
         expect(gpt.generateSame).toBe(true);
@@ -52,6 +55,7 @@ describe('tensor-parallel GPT (multi-process)', () => {
           expect(Math.abs(drop.loss[0] - drop.loss[1])).toBeLessThan(1e-5);
           expect(Math.abs(drop.loss[0] - gpt.losses[0][0])).toBeGreaterThan(1e-3);  // the masks did act
           for (const [name, d] of Object.entries(drop.grads as Record<string, number>)) expect(d, `dropout grad ${name} (relative)`).toBeLessThan(1e-4);
+          expect(relNorm(drop.gradNorm)).toBeLessThan(1e-5);
         }
       }
     }, 180_000);

@@ -1,7 +1,10 @@
 // The GPT of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
 // MLP's hidden units by Column/RowParallelLinear, the vocabulary (token table, tied head, loss) by
 // rows. Each rank's weights are exact slices of the single-process model built from the same seed.
+import { tensor } from '../../creation.js';
 import { ArgumentError } from '../../errors.js';
+import type { Module, Parameter } from '../../nn/module.js';
+import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type VocabLayout } from '../../nn/gpt.js';
 import { constant, normal } from '../../nn/init.js';
 import { linear } from '../../ops/index.js';
@@ -79,4 +82,40 @@ export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & { group:
   const { group, ...rest } = opts;
   checkTensorParallelConfig(config, group.size);
   return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group) });
+}
+
+/**
+ * A model's parameters by how tensor parallelism holds them: `sharded` (each rank a different slice:
+ * column-parallel weights and biases, row-parallel weights, the vocabulary-parallel table) and
+ * `replicated` (the same values and gradients on every rank: norms, positions, row-parallel biases).
+ */
+export function tensorParallelParameters(model: Module): { sharded: Parameter[]; replicated: Parameter[] } {
+  const sharded = new Set<Parameter>();
+  for (const [, m] of model.namedModules()) {
+    if (m instanceof ColumnParallelLinear) { sharded.add(m.weight); if (m.bias) sharded.add(m.bias); }
+    else if (m instanceof RowParallelLinear || m instanceof VocabParallelEmbedding) sharded.add(m.weight);
+  }
+  const all = model.parameters();
+  return { sharded: all.filter((p) => sharded.has(p)), replicated: all.filter((p) => !sharded.has(p)) };
+}
+
+/**
+ * The L2 norm of the whole model's gradient, the same on every rank of `group`: the sharded
+ * gradients' squares summed over the group, the replicated ones counted once. With maxNorm, scales
+ * every gradient as clipGradNorm does on a single process. Returns the norm before clipping.
+ */
+export async function clipTensorParallelGradNorm(model: Module, group: ProcessGroup, maxNorm?: number): Promise<number> {
+  if (maxNorm !== undefined && !(typeof maxNorm === 'number' && maxNorm > 0)) {
+    throw new ArgumentError(`clipTensorParallelGradNorm: maxNorm must be a number > 0, got ${maxNorm}`);
+  }
+  const { sharded, replicated } = tensorParallelParameters(model);
+  // f32 carries the partial sums: their relative rounding (1e-7) is far below what clipping needs.
+  using partial = tensor(new Float32Array([gradSumSquares(sharded)]), [1], { device: model.parameters()[0]?.device });
+  await group.allReduce(partial, { op: 'sum' });
+  const norm = Math.sqrt(partial.item() + gradSumSquares(replicated));
+  if (maxNorm !== undefined) {
+    const factor = clipFactor(norm, maxNorm);
+    if (factor < 1) scaleGrads(model.parameters(), factor);
+  }
+  return norm;
 }
