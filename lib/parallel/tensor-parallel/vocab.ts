@@ -95,7 +95,7 @@ const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's
  * rank) index the full vocabulary. One autograd op; the loss is the same scalar on every rank.
  *
  * Forward: each rank's logsumexp over its slice is combined stably across ranks (allReduce(max),
- * then allReduce(sum) of exp(lse_r − max) packed with the target logit, which one rank owns).
+ * then allReduce(sum) of exp(lse_r − max) packed with the target's terms, which one rank owns).
  * Backward: softmax(local) − onehot(local), times gradOut / (rows counted); no communication.
  */
 export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, group: ProcessGroup, opts: VocabParallelCrossEntropyOptions = {}): Tensor {
@@ -134,23 +134,26 @@ export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, 
   localLogits.backend.cross_entropy_forward(localLogits.storage, fwdT.storage, shardLoss.storage, shardLse.storage, N, localVocab, NOT_HERE, code(localLogits));
   const lossHere = shardLoss.toArraySync() as Float32Array, lseHere = shardLse.toArraySync() as Float32Array;
 
-  // The largest slice logsumexp of each row bounds the exponents below; then Σ_r exp(lse_r − max)
-  // and the target logit (lse_r − loss_r on its owner, 0 elsewhere) in one sum.
+  // The largest slice logsumexp of each row bounds the exponents below. One sum then carries
+  // Σ_r exp(lse_r − max), and from the target's owner its slice loss lse_r − x[target] and lse_r − max,
+  // so that loss = slice loss + log Σ − (lse_r − max) adds small numbers only (no cancellation of
+  // two large logits in f32).
   allReduceSync(shardLse, group, `${call} (max)`, 'max');
   const rowMax = shardLse.toArraySync() as Float32Array;
-  const packed = new Float32Array(2 * N);
+  const packed = new Float32Array(3 * N);
   for (let i = 0; i < N; i++) {
     packed[i] = Math.exp(lseHere[i]! - rowMax[i]!);
-    if (fwdTargets[i] !== NOT_HERE) packed[N + i] = lseHere[i]! - lossHere[i]!;
+    if (fwdTargets[i] !== NOT_HERE) { packed[N + i] = lossHere[i]!; packed[2 * N + i] = lseHere[i]! - rowMax[i]!; }
   }
-  using sums = tensor(packed, [2 * N], { device });
+  using sums = tensor(packed, [3 * N], { device });
   allReduceSync(sums, group, `${call} (sum)`);
   const summed = sums.toArraySync() as Float32Array;
   const lse = new Float32Array(N);
   let total = 0;
   for (let i = 0; i < N; i++) {
-    lse[i] = rowMax[i]! + Math.log(summed[i]!);
-    if (bwdTargets[i] !== IGNORED) total += lse[i]! - summed[N + i]!;
+    const logSum = Math.log(summed[i]!);
+    lse[i] = rowMax[i]! + logSum;
+    if (bwdTargets[i] !== IGNORED) total += summed[N + i]! + logSum - summed[2 * N + i]!;
   }
   const out = emptyLike(localLogits, []);
   out.backend.fill(out.storage, code(out), 1, counted > 0 ? total / counted : Number.NaN);
