@@ -46,6 +46,8 @@ describe('tensor-parallel GPT (multi-process)', () => {
         expect(relNorm(gpt.gradNorm)).toBeLessThan(1e-5);
         expect(relNorm(gpt.clipNorm)).toBeLessThan(1e-5);
         expect(gpt.moved).toBeGreaterThan(1e-2);
+        // Adam's step lr·g/(|g| + eps) turns the f32 rounding differences (~1e-9) of gradient entries near
+        // eps into step differences up to lr·Δg/eps: measured at most 7e-6 (TP4), against 2e-2 of movement.
         for (const [name, d] of Object.entries(gpt.params as Record<string, number>)) expect(d, `param ${name} after 2 steps`).toBeLessThan(1e-5);
         expect(gpt.generateSame).toBe(true);
         const drop = r.result.dropout;
