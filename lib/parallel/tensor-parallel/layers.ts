@@ -1,5 +1,5 @@
-// Tensor-parallel linear layers (Megatron's ColumnParallelLinear / RowParallelLinear) and a linear
-// factory that splits a GPT block's attention heads and MLP across the tensor-parallel group.
+// Tensor-parallel linear layers (Megatron's ColumnParallelLinear / RowParallelLinear); gpt.ts uses
+// them to split a GPT block's attention heads and MLP across the tensor-parallel group.
 // Weights are initialized at full size from the shared generator and then sliced, so a TP run starts
 // from exactly the weights of the single-process model.
 import { ArgumentError } from '../../errors.js';
