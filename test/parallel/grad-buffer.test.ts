@@ -177,8 +177,11 @@ describe('GradBuffer', () => {
       const params = leafParams();
       const buf = new GradBuffer(params, { group: countingGroup(g, log), bucketBytes: 100 });
       await buf.noSync(() => {
-        for (let m = 0; m < micros - 1; m++) chainLoss(params, g.rank, m).backward();
+        for (let m = 0; m < micros - 2; m++) chainLoss(params, g.rank, m).backward();
       });
+      // A synchronous noSync is over when it returns, even unawaited (as a pipeline schedule may call it).
+      void buf.noSync(() => chainLoss(params, g.rank, micros - 2).backward());
+      expect(buf.syncEnabled).toBe(true);
       expect(log).toEqual([]);
       expect(params.every((p) => p.grad !== null)).toBe(true);
       chainLoss(params, g.rank, micros - 1).backward();

@@ -124,10 +124,22 @@ export class GradBuffer {
   /** The parameters, in the order they were given. */
   get params(): Tensor[] { return [...this.#params]; }
 
-  /** Runs fn (sync or async) with gradient communication off: for all micro-batches but the last. */
+  /**
+   * Runs fn with gradient communication off: for all micro-batches but the last. A synchronous fn
+   * (a plain backward) switches it back on before noSync returns, so a schedule that does not await
+   * it can run the final micro-batch's backward right after; an async fn when its promise settles.
+   */
   async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
     this.#syncDisabled++;
-    try { return await fn(); } finally { this.#syncDisabled--; }
+    let result: T | Promise<T>;
+    try {
+      result = fn();
+    } catch (e) {
+      this.#syncDisabled--;
+      throw e;
+    }
+    if (!(result instanceof Promise)) { this.#syncDisabled--; return result; }
+    try { return await result; } finally { this.#syncDisabled--; }
   }
 
   get syncEnabled(): boolean { return this.#syncDisabled === 0; }
