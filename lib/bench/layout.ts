@@ -67,6 +67,8 @@ export interface StageResult {
   allocatedBytes?: number;
   /** Mean ms per timed step; at stage 0 with and without overlap, interleaved step by step. */
   msPerStep?: { overlap?: number; noOverlap?: number };
+  /** Every timed step's ms (the spread behind the means). */
+  stepMs?: { overlap?: number[]; noOverlap?: number[] };
   /** Mean ms per timed step spent waiting for gradient communication after backward. */
   syncWaitMs?: { overlap?: number; noOverlap?: number };
   /** Stage 0 with overlap: the buffer's buckets, and how many of them started before backward returned (last timed step). */
@@ -110,7 +112,9 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
         throw e;
       }
     }
-    const total = new Map<boolean, number>(), wait = new Map<boolean, number>(), counted = new Map<boolean, number>();
+    // Per variant (overlap on: true), each timed step's ms, and its ms waiting for gradient communication.
+    const stepMs = new Map<boolean, number[]>(), waitMs = new Map<boolean, number[]>();
+    const push = (map: Map<boolean, number[]>, v: boolean, ms: number) => map.set(v, [...(map.get(v) ?? []), ms]);
     let measured: Bytes | null = null, allocatedBytes = 0;
     let buckets: StageResult['buckets'];
     // One buffer per variant for the whole run: the overlapping one rebuilds its buckets in backward's
@@ -135,9 +139,8 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
       if (plain) plain.step();
       const t3 = performance.now();
       if (i >= warmup) {
-        total.set(overlap, (total.get(overlap) ?? 0) + (t3 - t0));
-        counted.set(overlap, (counted.get(overlap) ?? 0) + 1);
-        if (buf) wait.set(overlap, (wait.get(overlap) ?? 0) + (t2 - t1));
+        push(stepMs, overlap, t3 - t0);
+        if (buf) push(waitMs, overlap, t2 - t1);
       }
       if (i === warmup + steps - 1) {
         allocatedBytes = memoryStats().allocated - baseline - inputs.nbytes - targets.nbytes;
@@ -156,9 +159,12 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     const formula: Bytes = { params: f.params, grads: f.grads, optimizerState: f.optimizerState, total: f.total };
     const m = measured!;
     const ratio: Bytes = { params: m.params / formula.params, grads: m.grads / formula.grads, optimizerState: m.optimizerState / formula.optimizerState, total: m.total / formula.total };
-    const mean = (map: Map<boolean, number>, v: boolean) => (counted.get(v) ? map.get(v)! / counted.get(v)! : undefined);
-    const pick = (map: Map<boolean, number>) => ({ overlap: mean(map, true), noOverlap: mean(map, false) });
-    return { stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(total), ...(plain ? { syncWaitMs: pick(wait) } : {}), ...(buckets ? { buckets } : {}) };
+    const mean = (xs: number[] | undefined) => (xs ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined);
+    const pick = <T>(map: Map<boolean, number[]>, f: (xs: number[] | undefined) => T) => ({ overlap: f(map.get(true)), noOverlap: f(map.get(false)) });
+    return {
+      stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(stepMs, mean), stepMs: pick(stepMs, (xs) => xs),
+      ...(plain ? { syncWaitMs: pick(waitMs, mean) } : {}), ...(buckets ? { buckets } : {}),
+    };
   } finally {
     zero?.dispose();
     plain?.dispose();
