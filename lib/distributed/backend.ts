@@ -1,5 +1,5 @@
-// The native communicator interface a process group drives. The cpu addon's GlooCommunicator
-// implements it; a cuda NCCL communicator plugs in by exposing the same method names.
+// The communicator interface a process group drives: the cpu addon's GlooCommunicator implements it
+// natively; NcclBackend (nccl-backend.ts) adapts the cuda addon's NcclComm to it.
 import { BackendUnavailableError } from '../errors.js';
 import { cpu, type NativeStorage } from '../native.js';
 
@@ -13,11 +13,13 @@ import { cpu, type NativeStorage } from '../native.js';
  * The promise of a communication op also carries `waitSync()` (see CommPromise).
  */
 /**
- * What a communication op returns: a Promise plus `waitSync()`, which blocks the JS thread until the
- * op has finished on this rank and throws the same typed error the promise rejects with (the
- * promise itself settles once the event loop runs again).
+ * What a communication op returns: a Promise plus `waitSync()`. On the host (Gloo) waitSync blocks
+ * the JS thread until the op has finished on this rank and throws the same typed error the promise
+ * rejects with (the promise itself settles once the event loop runs again). On a device
+ * (`streamOrdered`, NCCL) it blocks nothing: it orders the device's current stream after the op, and
+ * failures surface through the promise and the communicator's later ops.
  */
-export type CommPromise = Promise<void> & { waitSync(): void };
+export type CommPromise = Promise<void> & { waitSync(): void; streamOrdered?: true };
 
 export interface CommBackend {
   readonly rank: number;
@@ -40,6 +42,9 @@ export interface CommBackend {
   recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): CommPromise;
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
+  /** Batching (NCCL group calls): ops between groupStart and groupEnd are issued as one. Absent: ops run one by one. */
+  groupStart?(): void;
+  groupEnd?(): void;
 }
 
 /** Where a Gloo communicator meets its peers: the store's address and the key namespace of the group. */

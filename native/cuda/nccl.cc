@@ -2,8 +2,8 @@
 // point on a dedicated communication stream, group calls, and error/timeout polling. Policy (which
 // group, when to wait, how long) lives in lib/distributed; this file only does the mechanics.
 //
-// JS surface (element offsets and counts; dtype codes as elsewhere; op: 0 sum, 1 prod, 2 max,
-// 3 min, 4 avg):
+// JS surface (element offsets and counts; dtype codes as elsewhere; op: the codes of
+// lib/distributed/collectives.ts REDUCE_OP_CODES, 0 sum, 1 avg, 2 max, 3 min, 4 prod):
 //   ncclUniqueId() -> Uint8Array(128)                      bytes to share through the store
 //   new NcclComm(idBytes, rank, size, device)              non-blocking init; poll asyncError()
 //   comm.allReduce(send, sendOff, recv, recvOff, count, dtype, op)         -> eventId | 0
@@ -43,12 +43,12 @@ static ncclDataType_t ncclType(DType t) {
 static ncclRedOp_t ncclOp(int64_t op, const char* call) {
   switch (op) {
     case 0: return ncclSum;
-    case 1: return ncclProd;
+    case 1: return ncclAvg;  // integers: NCCL sums, then divides (truncating), as the Gloo path does
     case 2: return ncclMax;
     case 3: return ncclMin;
-    case 4: return ncclAvg;
+    case 4: return ncclProd;
   }
-  fail(Err::Argument, std::string(call) + ": unknown reduction op " + std::to_string(op) + " (0 sum, 1 prod, 2 max, 3 min, 4 avg)");
+  fail(Err::Argument, std::string(call) + ": unknown reduction op " + std::to_string(op) + " (0 sum, 1 avg, 2 max, 3 min, 4 prod)");
 }
 
 static void checkNccl(ncclResult_t r, const char* call, ncclComm_t comm = nullptr) {
