@@ -2,7 +2,7 @@
 // Rank 0 creates the NCCL unique id and publishes it through the store; ops run on the
 // communicator's stream; a watchdog polls their events for completion, errors and timeouts.
 import { DTYPES, dtypeSize } from '../dtype.js';
-import { BackendUnavailableError, CommError, StateError, TimeoutError } from '../errors.js';
+import { ArgumentError, BackendUnavailableError, CommError, StateError, TimeoutError } from '../errors.js';
 import { cuda, type NativeStorage } from '../native.js';
 import type { CommBackend, CommPromise } from './backend.js';
 import type { Store } from './store.js';
@@ -382,7 +382,7 @@ export class NcclBackend implements CommBackend {
   }
 
   #noTag(tag: number, call: string): void {
-    if (tag !== 0) throw new CommError(`${call}: NCCL matches point-to-point messages in issue order and has no tags; got tag ${tag} (pass 0)`, `NcclComm.${call}`);
+    if (tag !== 0) throw new ArgumentError(`${call}: NCCL matches point-to-point messages in issue order and has no tags; got tag ${tag} (pass 0)`, `NcclComm.${call}`);
   }
 
   // Several native calls as one op: inside an open batch they join it, else they get their own group.
