@@ -31,9 +31,9 @@ export interface CommBackend {
   broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): CommPromise;
   /** recv is written on root; other ranks pass scratch of count elements. */
   reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): CommPromise;
-  /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. */
+  /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. send === recv: in place (this rank's block of recv is the input). */
   allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): CommPromise;
-  /** send holds sum(counts); rank r receives counts[r] reduced elements. */
+  /** send holds sum(counts); rank r receives counts[r] reduced elements. send === recv: in place (into block r of send, the rest unchanged). */
   reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): CommPromise;
   allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): CommPromise;
   barrier(seq: number, timeoutMs: number): CommPromise;

@@ -50,7 +50,7 @@ export interface Group {
   readonly ranks: readonly number[];
   readonly isMember: boolean;
   allReduce(t: Tensor, options?: AllReduceOptions): Work;
-  broadcast(t: Tensor, options?: RootOptions): Work;
+  broadcast(t: Tensor, options?: RootOptions & { out?: Tensor }): Work;
   reduce(t: Tensor, options?: RootOptions & ReduceOptions & { out?: Tensor }): Work;
   allGather(out: Tensor | Tensor[], t: Tensor, options?: CollectiveOptions): Work<Tensor | Tensor[]>;
   reduceScatter(out: Tensor, t: Tensor, options?: ReduceOptions & { counts?: number[] }): Work;
@@ -165,15 +165,18 @@ export class ProcessGroup implements Group {
       comm.allReduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], seq, timeoutMs));
   }
 
-  /** Copies root's `t` into `t` on every rank. */
-  broadcast(t: Tensor, options: RootOptions = {}): Work {
+  /** Copies root's `t` into `t` on every rank (or into options.out, leaving `t` unchanged). */
+  broadcast(t: Tensor, options: RootOptions & { out?: Tensor } = {}): Work {
     const call = 'broadcast';
     this.live(call);
     const comm = this.commFor(t, call);
+    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
+    checkSameDType(call, t, out, 'tensor', 'out');
+    checkSize(call, out, t.size, 'out');
     const root = checkRank(options.root ?? 0, this.size, call, 'root');
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, t, [t], (seq) =>
-      comm.broadcast(t.storage, t.storage, dtypeCode(t.dtype), t.size, root, seq, timeoutMs));
+    return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, out, [t, out], (seq) =>
+      comm.broadcast(t.storage, out.storage, dtypeCode(t.dtype), t.size, root, seq, timeoutMs));
   }
 
   /** Reduces `t` onto root (in place there, or into options.out); other ranks' tensors are left unchanged. */
@@ -203,13 +206,21 @@ export class ProcessGroup implements Group {
 
   /**
    * Gathers every rank's `t`. `out` is one tensor of size*t.size elements (rank order), or a list of
-   * one tensor per rank, whose sizes may differ (uneven gather).
+   * one tensor per rank, whose sizes may differ (uneven gather). In place: pass `out` as `t` too;
+   * block `rank` of out (out.size/size elements) is then this rank's input (nccl-tests' in-place).
    */
   allGather(out: Tensor | Tensor[], t: Tensor, options: CollectiveOptions = {}): Work<Tensor | Tensor[]> {
     const call = 'allGather';
     this.live(call);
     const comm = this.commFor(t, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    if (!Array.isArray(out) && sharesStorage(out, t)) {
+      if (t.size % this.size !== 0) throw new ShapeError(`${call}: in place, out (${t.size} elements) must split evenly over ${this.size} ranks`);
+      const per = t.size / this.size;
+      const counts = new Array<number>(this.size).fill(per);
+      return this.start({ op: 'allGather', dtype: t.dtype, count: per }, timeoutMs, out as Tensor | Tensor[], [t], (seq) =>
+        comm.allGather(t.storage, t.storage, dtypeCode(t.dtype), counts, seq, timeoutMs));
+    }
     if (!Array.isArray(out)) {
       checkCommTensor(out, call, 'out', t.device);
       checkSameDType(call, t, out, 'tensor', 'out');
@@ -246,7 +257,8 @@ export class ProcessGroup implements Group {
 
   /**
    * Reduces `t` (sum(counts) elements, block r of counts[r] for rank r; equal blocks by default) and
-   * writes this rank's block into `out`.
+   * writes this rank's block into `out`. In place: pass `t` as `out` too; the result then lands in
+   * block `rank` of t and the other blocks are left unchanged (nccl-tests' in-place).
    */
   reduceScatter(out: Tensor, t: Tensor, options: ReduceOptions & { counts?: number[] } = {}): Work {
     const call = 'reduceScatter';
@@ -255,21 +267,40 @@ export class ProcessGroup implements Group {
     checkCommTensor(out, call, 'out', t.device);
     checkSameDType(call, t, out, 'tensor', 'out');
     const counts = splitCounts(t.size, this.size, options.counts, call);
-    checkSize(call, out, counts[this.rank]!, 'out');
+    if (!sharesStorage(out, t)) checkSize(call, out, counts[this.rank]!, 'out');
+    else checkSize(call, out, t.size, 'out (in place, the input itself)');
     const op = parseReduceOp(options.op, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     return this.start({ op: `reduceScatter(${op})[${options.counts ? counts.join(',') : 'even'}]`, dtype: t.dtype, count: t.size }, timeoutMs,
       out, [t, out], (seq) => comm.reduceScatter(t.storage, out.storage, dtypeCode(t.dtype), counts, REDUCE_OP_CODES[op], seq, timeoutMs));
   }
 
-  /** Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless counts are given). */
+  /**
+   * Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless
+   * counts are given). In place (`out` passed as `t`): the input is first copied to a staging
+   * buffer, since every block is read and written by the exchange.
+   */
   allToAll(out: Tensor, t: Tensor, options: CollectiveOptions & { sendCounts?: number[]; recvCounts?: number[] } = {}): Work {
     const call = 'allToAll';
     this.live(call);
     const comm = this.commFor(t, call);
     checkCommTensor(out, call, 'out', t.device);
     checkSameDType(call, t, out, 'tensor', 'out');
-    if (out === t || out.storageRef === t.storageRef) throw new ArgumentError(`${call}: out must not share storage with the input`);
+    if (sharesStorage(out, t)) {
+      if (out.size !== t.size) throw new ShapeError(`${call}: in place, out and the input must be the same tensor`);
+      const staged = emptyOn(t.shape, t.dtype, t.deviceInfo);
+      staged.backend.copy(staged.storage, 0, t.storage, 0, t.nbytes);
+      let work: Work;
+      try {
+        work = this.allToAll(out, staged, options);
+      } catch (e) {
+        staged.dispose();
+        throw e;
+      }
+      // In check mode the native call starts later and reads staged.storage then.
+      void work.then(() => staged.dispose(), () => staged.dispose());
+      return work;
+    }
     const sendCounts = splitCounts(t.size, this.size, options.sendCounts, call);
     const recvCounts = splitCounts(out.size, this.size, options.recvCounts, call);
     if (options.sendCounts === undefined && options.recvCounts === undefined && out.size !== t.size) {
@@ -343,6 +374,11 @@ export class ProcessGroup implements Group {
     this.#destroyed = true;
     for (const comm of this.comms.values()) await comm.destroy();
   }
+}
+
+/** Whether two tensors are one buffer (the in-place forms). */
+function sharesStorage(a: Tensor, b: Tensor): boolean {
+  return a === b || a.storageRef === b.storageRef;
 }
 
 function checkTag(tag: unknown, call: string): number {

@@ -314,13 +314,17 @@ export class NcclBackend implements CommBackend {
 
   /** Equal counts: one ncclAllGather; uneven: one broadcast per rank into its slot, fused in a group. */
   allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): CommPromise {
+    // In place (send === recv): NCCL sees the input at this rank's block of the output.
+    const inPlace = send === recv;
+    const mine = sum(counts.slice(0, this.rank));
     return this.#issue('allGather', seq, bytesOf(dtype, sum(counts)), timeoutMs, () => {
-      if (counts.every((c) => c === counts[0])) return this.native.allGather(send, 0, recv, 0, counts[0] ?? 0, dtype);
+      if (counts.every((c) => c === counts[0])) return this.native.allGather(send, inPlace ? mine : 0, recv, 0, counts[0] ?? 0, dtype);
       return this.#grouped(() => {
         let offset = 0;
         counts.forEach((c, r) => {
           // Non-roots' send buffer is ignored by NCCL; their own slot keeps the range check valid.
-          if (c > 0) this.native.broadcast(r === this.rank ? send : recv, r === this.rank ? 0 : offset, recv, offset, c, dtype, r);
+          const root = r === this.rank;
+          if (c > 0) this.native.broadcast(root ? send : recv, root && !inPlace ? 0 : offset, recv, offset, c, dtype, r);
           offset += c;
         });
       });
@@ -329,13 +333,15 @@ export class NcclBackend implements CommBackend {
 
   /** Equal counts: one ncclReduceScatter; uneven: one reduce per rank onto its owner, fused in a group. */
   reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): CommPromise {
+    // In place (send === recv): the result lands in this rank's block of the input.
+    const recvOffset = send === recv ? sum(counts.slice(0, this.rank)) : 0;
     return this.#issue('reduceScatter', seq, bytesOf(dtype, sum(counts)), timeoutMs, () => {
-      if (counts.every((c) => c === counts[0])) return this.native.reduceScatter(send, 0, recv, 0, counts[0] ?? 0, dtype, op);
+      if (counts.every((c) => c === counts[0])) return this.native.reduceScatter(send, 0, recv, recvOffset, counts[0] ?? 0, dtype, op);
       return this.#grouped(() => {
         let offset = 0;
         counts.forEach((c, r) => {
           // recv is used on the root only; others pass their own block, which NCCL ignores.
-          if (c > 0) this.native.reduce(send, offset, r === this.rank ? recv : send, r === this.rank ? 0 : offset, c, dtype, op, r);
+          if (c > 0) this.native.reduce(send, offset, r === this.rank ? recv : send, r === this.rank ? recvOffset : offset, c, dtype, op, r);
           offset += c;
         });
       });

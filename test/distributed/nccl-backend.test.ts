@@ -173,6 +173,26 @@ describe('nccl collectives through ProcessGroup (fake NCCL on host memory)', () 
     await Promise.all(groups.map((g) => g.barrier()));
   });
 
+  it('in-place allGather and reduceScatter (equal and uneven) pass NCCL the in-place offsets', async () => {
+    const n = 3;
+    const { groups } = await makeRanks(n);
+    const blocks = groups.map(() => rand(4, 'f32'));
+    const gs = groups.map((_, r) => make(blocks.flatMap((b, j) => (j === r ? b : [0, 0, 0, 0])), 'f32'));
+    await Promise.all(groups.map((g, r) => g.allGather(gs[r]!, gs[r]!)));
+    for (const t of gs) expectClose(read(t), blocks.flat());
+    for (const counts of [[3, 3, 3], [2, 0, 4]]) {
+      const total = counts.reduce((a, c) => a + c, 0);
+      const ins = groups.map(() => rand(total, 'i32'));
+      const xs = ins.map((v) => make(v, 'i32'));
+      const uneven = counts[0] !== counts[1];
+      await Promise.all(groups.map((g, r) => g.reduceScatter(xs[r]!, xs[r]!, uneven ? { counts } : {})));
+      xs.forEach((x, r) => {
+        const off = counts.slice(0, r).reduce((a, c) => a + c, 0);
+        expectClose(read(x), ins[r]!.map((v, i) => (i >= off && i < off + counts[r]! ? ins.reduce((a, row) => a + row[i]!, 0) : v)));
+      });
+    }
+  });
+
   it('a ring of send/recv inside batch() is one group call; nonzero tags are refused', async () => {
     const n = 3;
     const { groups, fake } = await makeRanks(n);

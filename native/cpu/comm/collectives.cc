@@ -205,17 +205,18 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
                uint32_t tag, std::chrono::milliseconds timeout) {
   size_t esize = dtypeSize(dt);
   size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
-  if (total == 0) return;
-  if (s.size == 1) {
-    if (in != out) std::memcpy(out, in, counts[0] * esize);
+  if (total == 0 || s.size == 1) {
+    if (total > 0 && in != out) std::memcpy(out, in, counts[0] * esize);
     return;
   }
+  // In place (in == out): this rank's block of out is the input, so Gloo gets no input buffer.
+  const bool inPlace = in == out;
   bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
   if (equal) {
     gloo::AllgatherOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), counts[0]);
+      if (!inPlace) o.setInput(typed<T>(in), counts[0]);
       o.setOutput(typed<T>(out), total);
     });
     o.setTag(tag);
@@ -225,7 +226,7 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
     gloo::AllgathervOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), counts[size_t(s.rank)]);
+      if (!inPlace) o.setInput(typed<T>(in), counts[size_t(s.rank)]);
       o.setOutput(typed<T>(out), counts);
     });
     o.setTag(tag);
@@ -235,8 +236,11 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
 }
 
 // Ring reduce-scatter: at step k (0 <= k < n-1) rank r sends its partial sum of block (r-k-1) to
-// rank r+1 and receives the partial sum of block (r-k-2) from rank r-1, reducing it into its own;
+// rank r+1 and receives the partial sum of block (r-k-2) from rank r-1, adding its own input block;
 // after n-1 steps block r holds the reduction over all ranks. Each rank moves (n-1)/n of the data.
+// Partial sums live in two block-sized buffers (one being sent while the next is formed) and the
+// last step reduces straight into the output, so the input is never copied whole and is only read:
+// in place (in == out), block r of in receives the result and the other blocks stay unchanged.
 void reduceScatter(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& counts,
                    RedOp op, uint32_t tag, std::chrono::milliseconds timeout) {
   const size_t esize = dtypeSize(dt);
@@ -244,34 +248,41 @@ void reduceScatter(CommState& s, const uint8_t* in, uint8_t* out, DType dt, cons
   std::vector<size_t> offsets(size_t(n) + 1, 0);
   for (int i = 0; i < n; i++) offsets[size_t(i) + 1] = offsets[size_t(i)] + counts[size_t(i)];
   const size_t total = offsets[size_t(n)];
+  uint8_t* result = in == out ? out + offsets[size_t(r)] * esize : out;
   if (n == 1 || total == 0) {
-    if (counts[size_t(r)] > 0 && in != out) std::memcpy(out, in, counts[size_t(r)] * esize);
-    if (op == RedOp::Avg) divideInPlace(out, dt, counts[size_t(r)], n);
+    if (counts[size_t(r)] > 0 && in != result) std::memcpy(result, in, counts[size_t(r)] * esize);
+    if (op == RedOp::Avg) divideInPlace(result, dt, counts[size_t(r)], n);
     return;
   }
-  std::vector<uint8_t> acc(in, in + total * esize);
-  size_t maxBlock = *std::max_element(counts.begin(), counts.end());
-  std::vector<uint8_t> incoming(std::max<size_t>(maxBlock * esize, 1));
-  auto accBuf = s.context->createUnboundBuffer(acc.data(), acc.size());
-  auto inBuf = s.context->createUnboundBuffer(incoming.data(), incoming.size());
+  const size_t maxBlockBytes = std::max<size_t>(*std::max_element(counts.begin(), counts.end()) * esize, 1);
+  std::vector<uint8_t> incoming(maxBlockBytes), partial[2] = {std::vector<uint8_t>(maxBlockBytes), std::vector<uint8_t>(maxBlockBytes)};
+  // Gloo's buffers take a mutable pointer; the input is only ever sent from.
+  auto inBuf = s.context->createUnboundBuffer(const_cast<uint8_t*>(in), total * esize);
+  auto recvBuf = s.context->createUnboundBuffer(incoming.data(), incoming.size());
+  std::unique_ptr<gloo::transport::UnboundBuffer> partialBuf[2] = {
+      s.context->createUnboundBuffer(partial[0].data(), partial[0].size()),
+      s.context->createUnboundBuffer(partial[1].data(), partial[1].size())};
   ReduceFn fn = reduceFunction(dt, op);
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const gloo::Slot base = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
   auto mod = [n](int i) { return size_t(((i % n) + n) % n); };
   for (int k = 0; k < n - 1; k++) {
-    size_t sendBlock = mod(r - k - 1), recvBlock = mod(r - k - 2);
-    uint64_t slot = base + static_cast<uint8_t>(k);
-    if (counts[recvBlock] > 0) inBuf->recv(left, slot, 0, counts[recvBlock] * esize);
-    if (counts[sendBlock] > 0) accBuf->send(right, slot, offsets[sendBlock] * esize, counts[sendBlock] * esize);
-    if (counts[recvBlock] > 0) {
-      if (!inBuf->waitRecv(timeout)) fail(Err::Comm, "reduce-scatter receive was aborted");
-      uint8_t* dst = acc.data() + offsets[recvBlock] * esize;
-      fn(dst, dst, incoming.data(), counts[recvBlock]);
+    const size_t sendBlock = mod(r - k - 1), recvBlock = mod(r - k - 2);
+    const size_t sendBytes = counts[sendBlock] * esize, recvCount = counts[recvBlock];
+    const uint64_t slot = base + static_cast<uint8_t>(k);
+    // Step 0 sends the raw input block; later steps send the partial sum formed one step before.
+    gloo::transport::UnboundBuffer& sendFrom = k == 0 ? *inBuf : *partialBuf[(k - 1) % 2];
+    const size_t sendOffset = k == 0 ? offsets[sendBlock] * esize : 0;
+    if (recvCount > 0) recvBuf->recv(left, slot, 0, recvCount * esize);
+    if (sendBytes > 0) sendFrom.send(right, slot, sendOffset, sendBytes);
+    if (recvCount > 0) {
+      if (!recvBuf->waitRecv(timeout)) fail(Err::Comm, "reduce-scatter receive was aborted");
+      uint8_t* dst = k == n - 2 ? result : partial[k % 2].data();
+      fn(dst, in + offsets[recvBlock] * esize, incoming.data(), recvCount);
     }
-    if (counts[sendBlock] > 0 && !accBuf->waitSend(timeout)) fail(Err::Comm, "reduce-scatter send was aborted");
+    if (sendBytes > 0 && !sendFrom.waitSend(timeout)) fail(Err::Comm, "reduce-scatter send was aborted");
   }
-  std::memcpy(out, acc.data() + offsets[size_t(r)] * esize, counts[size_t(r)] * esize);
-  if (op == RedOp::Avg) divideInPlace(out, dt, counts[size_t(r)], n);
+  if (op == RedOp::Avg) divideInPlace(result, dt, counts[size_t(r)], n);
 }
 
 void allToAll(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& sendCounts,
