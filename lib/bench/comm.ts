@@ -6,7 +6,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { full, tensor, zeros } from '../creation.js';
-import { DTYPES, dtypeSize, type DType } from '../dtype.js';
+import { DTYPES, dtypeCode, dtypeSize, type DType } from '../dtype.js';
 import { ArgumentError } from '../errors.js';
 import * as dist from '../distributed/index.js';
 import type { ReduceOp } from '../distributed/index.js';
@@ -65,8 +65,16 @@ interface Plan {
   dispose(): void;
 }
 
+// Puts rank's initial values back into t (the in-place forms overwrite their input).
+function refill(t: Tensor, rank: number): void {
+  const fresh = filled(t.size, t.dtype, rank);
+  t.backend.copy(t.storage, 0, fresh.storage, 0, t.nbytes);
+  fresh.dispose();
+}
+
+// sendrecv has no in-place form: a buffer cannot be sent while it is being received into.
 function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, redop: ReduceOp): Plan {
-  const n = g.size, rank = g.rank;
+  const n = g.size, rank = g.rank, esize = dtypeSize(dtype);
   const owned: Tensor[] = [];
   const keep = <T extends Tensor>(t: T): T => { owned.push(t); return t; };
   const dispose = (): void => { for (const t of owned) t.dispose(); };
@@ -77,56 +85,73 @@ function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, re
       return {
         run, dispose, supports: { outOfPlace: true, inPlace: true },
         async check(ip) {
-          const fresh = filled(count, dtype, rank);
-          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
-          fresh.dispose();
+          refill(x, rank);
           await run(ip);
           return countWrong(ip ? x : out, (i) => reduceRef(redop, i, n, dtype), dtype);
         },
       };
     }
     case 'broadcast': {
-      const x = keep(filled(count, dtype, rank));
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.broadcast(x, { root: 0 }) : g.broadcast(x, { root: 0, out }));
       return {
-        run: () => g.broadcast(x, { root: 0 }), dispose, supports: { outOfPlace: false, inPlace: true },
-        async check() {
-          const fresh = filled(count, dtype, rank);
-          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
-          fresh.dispose();
-          await g.broadcast(x, { root: 0 });
-          return countWrong(x, (i) => valueAt(0, i), dtype);
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          return countWrong(ip ? x : out, (i) => valueAt(0, i), dtype);
         },
       };
     }
     case 'all_gather': {
+      // In place (nccl-tests): this rank's block of out is the input.
       const per = count / n;
       const x = keep(filled(per, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.allGather(out, out) : g.allGather(out, x));
       return {
-        run: () => g.allGather(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
-        async check() { await g.allGather(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          out.backend.fill(out.storage, dtypeCode(dtype), count, 0);
+          if (ip) out.backend.copy(out.storage, rank * per * esize, x.storage, 0, x.nbytes);
+          await run(ip);
+          return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype);
+        },
       };
     }
     case 'reduce_scatter': {
+      // In place (nccl-tests): the output is this rank's block of the input.
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([per], { dtype }));
+      const run = (ip: boolean) => (ip ? g.reduceScatter(x, x, { op: redop }) : g.reduceScatter(out, x, { op: redop }));
       return {
-        run: () => g.reduceScatter(out, x, { op: redop }), dispose, supports: { outOfPlace: true, inPlace: false },
-        async check() { await g.reduceScatter(out, x, { op: redop }); return countWrong(out, (i) => reduceRef(redop, rank * per + i, n, dtype), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          const got = ip ? x : out, offset = ip ? rank * per : 0;
+          return countWrong(got, (i) => (ip && (i < offset || i >= offset + per) ? valueAt(rank, i) : reduceRef(redop, rank * per + i - offset, n, dtype)), dtype);
+        },
       };
     }
     case 'all_to_all': {
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.allToAll(x, x) : g.allToAll(out, x));
       return {
-        run: () => g.allToAll(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
-        // Block j of out is block `rank` of rank j's input.
-        async check() { await g.allToAll(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        // Block j of the output is block `rank` of rank j's input.
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          return countWrong(ip ? x : out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype);
+        },
       };
     }
     case 'sendrecv': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
       const right = (rank + 1) % n, left = (rank + n - 1) % n;
-      const run = () => Promise.all([g.send(x, right), g.recv(out, left)]);
+      // One batch, so that NCCL posts both sides of the ring together.
+      const run = () => Promise.all(g.batch(() => [g.send(x, right), g.recv(out, left)]));
       return {
         run, dispose, supports: { outOfPlace: true, inPlace: false },
         async check() { await run(); return countWrong(out, (i) => valueAt(left, i), dtype); },
