@@ -26,6 +26,8 @@ export interface CommBackend {
   readonly size: number;
   /** Ops in flight. */
   readonly pending: number;
+  /** Gloo: whether this group's ranks share a host and allreduce goes through shared memory (known after connect). */
+  readonly sharedMemory?: boolean;
   connect(): Promise<void>;
   allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): CommPromise;
   broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): CommPromise;
@@ -62,16 +64,18 @@ export interface GlooEndpoint {
   deviceIface: string;
   /** Ranks agree on op, dtype and sizes before each collective (see InitOptions.verifySizes). */
   verifySizes: boolean;
+  /** Use a shared-memory segment when all ranks share this host (see InitOptions.sharedMemory). */
+  sharedMemory: boolean;
 }
 
 type GlooCtor = new (storeHost: string, storePort: number, prefix: string, rank: number, size: number, timeoutMs: number,
-  deviceHost: string, deviceIface: string, verifySizes: boolean) => CommBackend;
+  deviceHost: string, deviceIface: string, verifySizes: boolean, sharedMemory: boolean) => CommBackend;
 
 /** A connected Gloo communicator. */
 export async function createGlooBackend(e: GlooEndpoint): Promise<CommBackend> {
   const Ctor = cpu().GlooCommunicator as GlooCtor | undefined;
   if (!Ctor) throw new BackendUnavailableError('the cpu addon was built without Gloo (install libgloo-dev and rebuild)', 'createGlooBackend');
-  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes);
+  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes, e.sharedMemory);
   await comm.connect();
   return comm;
 }

@@ -87,6 +87,8 @@ export class ProcessGroup implements Group {
   }
 
   get size(): number { return this.ranks.length; }
+  /** Whether this group's cpu collectives go through shared memory (all ranks on this host; see InitOptions.sharedMemory). */
+  get sharedMemory(): boolean { return [...this.comms.values()].some((c) => c.sharedMemory === true); }
   /** Devices whose tensors this group communicates ('cpu' through Gloo, 'cuda:N' through NCCL). */
   get devices(): string[] { return [...this.comms.keys()]; }
 

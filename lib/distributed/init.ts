@@ -30,6 +30,12 @@ export interface InitOptions {
    * Default true; false (or NODETRON_COMM_VERIFY_SIZES=0) saves that round trip per collective.
    */
   verifySizes?: boolean;
+  /**
+   * When every rank of a group runs on this host, Gloo groups move allreduce bytes (and the size
+   * agreement) through a shared-memory segment under /dev/shm instead of loopback TCP. Default true;
+   * false (or NODETRON_COMM_SHM=0) keeps TCP. Ranks that disagree all fall back to TCP.
+   */
+  sharedMemory?: boolean;
   /** The launch environment; default: read from process.env. */
   env?: LaunchEnv;
 }
@@ -46,6 +52,7 @@ interface Runtime {
   timeoutMs: number;
   check: boolean;
   verifySizes: boolean;
+  sharedMemory: boolean;
   backends: Backends;
 }
 
@@ -83,7 +90,7 @@ function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: strin
   return { deviceHost: host, deviceIface: iface };
 }
 
-async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[]): Promise<ProcessGroup> {
+async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory = rt.sharedMemory): Promise<ProcessGroup> {
   const rank = globalRanks.indexOf(rt.env.rank);
   const comms = new Map<string, CommBackend>();
   try {
@@ -99,6 +106,7 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
         timeoutMs: rt.timeoutMs,
         ...deviceAddress(rt.env),
         verifySizes: rt.verifySizes,
+        sharedMemory,
       }));
     }
     if (rt.backends.nccl) {
@@ -130,6 +138,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
   if (backends.nccl) setCudaDevice(env.localRank);
   const check = options.check ?? process.env.NODETRON_COMM_CHECK === '1';
   const verifySizes = options.verifySizes ?? process.env.NODETRON_COMM_VERIFY_SIZES !== '0';
+  const sharedMemory = options.sharedMemory ?? process.env.NODETRON_COMM_SHM !== '0';
   // A world of one started without a launcher still needs a store: it serves one itself.
   let ownServer: StoreServer | undefined;
   if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.rdzvUrl === undefined) {
@@ -137,7 +146,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
     env = { ...env, masterAddr: '127.0.0.1', masterPort: ownServer.port };
   }
   const store = await connectLaunchStore(env, { timeoutMs });
-  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, backends };
+  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
   } catch (e) {
@@ -162,7 +171,7 @@ export function worldSize(): number { return current('worldSize').env.worldSize;
  * A group of the given global ranks. Collective: every process of the world calls it, in the same
  * order, with the same ranks; non-members get a handle whose ops throw StateError.
  */
-export async function newGroup(ranks: readonly number[]): Promise<Group> {
+export async function newGroup(ranks: readonly number[], options: { sharedMemory?: boolean } = {}): Promise<Group> {
   const rt = current('newGroup');
   if (!Array.isArray(ranks) || ranks.length === 0) throw new ArgumentError('newGroup: ranks must be a non-empty array');
   const seen = new Set<number>();
@@ -173,7 +182,7 @@ export async function newGroup(ranks: readonly number[]): Promise<Group> {
   }
   const name = `group${rt.groupCount++}`;
   if (!seen.has(rt.env.rank)) return new NonMemberGroup(name);
-  return buildGroup(rt, name, ranks);
+  return buildGroup(rt, name, ranks, options.sharedMemory ?? rt.sharedMemory);
 }
 
 /** Destroys every group and closes the store connection. */

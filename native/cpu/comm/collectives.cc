@@ -16,6 +16,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "shm.h"
 #include "store_client.h"
 
 namespace nt::comm {
@@ -88,19 +89,46 @@ void connectMesh(CommState& s) {
   std::shared_ptr<gloo::transport::Device> dev = tcpDevice(s.deviceHost, s.deviceIface);
   ctx->connectFullMesh(store, dev);
   s.context = ctx;
+  s.shm = ShmSegment::open(store, s.rank, s.size, s.sharedMemory);
 }
+
+namespace {
+
+// Runs a shared-memory op; a failure tells the peers waiting in the segment to give up at once.
+template <typename F>
+auto onShm(CommState& s, F f) {
+  try {
+    return f(*s.shm);
+  } catch (...) {
+    s.shm->abort();
+    throw;
+  }
+}
+
+}  // namespace
 
 void agreeOn(CommState& s, const Agreement& mine, uint32_t tag, std::chrono::milliseconds timeout) {
   if (!s.verifySizes || s.size == 1) return;
   const int64_t fields[] = {fold(fnv1a(mine.op.data(), mine.op.size())), int64_t(mine.dtype), mine.root,
                             int64_t(mine.count), fold(fnv1a(mine.counts.data(), mine.counts.size() * sizeof(size_t)))};
   constexpr size_t k = sizeof(fields) / sizeof(fields[0]);
+  // v[i] = max over ranks of field i, v[k + i] = max of its negation (so -v[k + i] is the minimum).
   std::vector<int64_t> v(2 * k);
   for (size_t i = 0; i < k; i++) {
     v[i] = fields[i];
     v[k + i] = -fields[i];
   }
-  allReduceMax(s, v, tag | kAgreementTagBit, timeout);
+  if (s.shm) {
+    const std::vector<int64_t> rows = onShm(s, [&](ShmSegment& shm) { return shm.exchange(std::vector<int64_t>(fields, fields + k), timeout); });
+    for (int r = 0; r < s.size; r++) {
+      for (size_t i = 0; i < k; i++) {
+        v[i] = std::max(v[i], rows[size_t(r) * k + i]);
+        v[k + i] = std::max(v[k + i], -rows[size_t(r) * k + i]);
+      }
+    }
+  } else {
+    allReduceMax(s, v, tag | kAgreementTagBit, timeout);
+  }
   auto lo = [&](size_t i) { return -v[k + i]; };
   auto hi = [&](size_t i) { return v[i]; };
   if (lo(0) != hi(0))
@@ -145,7 +173,9 @@ void agreeOnAllToAll(CommState& s, const std::vector<size_t>& sendCounts, const 
 
 void allReduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, uint32_t tag,
                std::chrono::milliseconds timeout) {
-  if (count > 0 && s.size > 1) {
+  if (count > 0 && s.shm) {
+    onShm(s, [&](ShmSegment& shm) { shm.allReduce(in, out, dt, count, op, timeout); });
+  } else if (count > 0 && s.size > 1) {
     gloo::AllreduceOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;

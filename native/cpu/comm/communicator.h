@@ -21,6 +21,8 @@
 
 namespace nt::comm {
 
+class ShmSegment;
+
 // What a communicator is, shared by its threads (which may outlive the JS object).
 struct CommState {
   int rank = 0;
@@ -34,6 +36,9 @@ struct CommState {
   std::shared_ptr<gloo::rendezvous::Context> context;  // set by connect on the collective thread
   // Ranks agree on op, dtype and sizes before each collective (see agreeOn in collectives.h).
   bool verifySizes = true;
+  // Use shared memory when every rank runs on this host (shm.h); set by connect when it applies.
+  bool sharedMemory = true;
+  std::shared_ptr<ShmSegment> shm;
 
   // A failed collective leaves Gloo's slots out of step between ranks, so later ops fail fast.
   std::mutex brokenMutex;

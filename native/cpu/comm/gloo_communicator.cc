@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "collectives.h"
+#include "shm.h"
 
 namespace nt::comm {
 
@@ -30,18 +31,20 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
                                      InstanceMethod("destroy", &GlooCommunicator::Destroy),
                                      InstanceAccessor("rank", &GlooCommunicator::Rank, nullptr),
                                      InstanceAccessor("size", &GlooCommunicator::Size, nullptr),
-                                     InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr)});
+                                     InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr),
+                                     InstanceAccessor("sharedMemory", &GlooCommunicator::SharedMemory, nullptr)});
     static Napi::FunctionReference ctor;
     ctor = Napi::Persistent(fn);
     ctor.SuppressDestruct();
     exports.Set("GlooCommunicator", fn);
   }
 
-  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes)
+  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes,
+  //                      sharedMemory)
   explicit GlooCommunicator(const Napi::CallbackInfo& info) : Napi::ObjectWrap<GlooCommunicator>(info) {
     try {
       Args a{info, "GlooCommunicator"};
-      a.count(9);
+      a.count(10);
       state_ = std::make_shared<CommState>();
       state_->storeHost = a.string(0);
       state_->storePort = static_cast<int>(a.size(1));
@@ -52,6 +55,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       state_->deviceHost = a.string(6);
       state_->deviceIface = a.string(7);
       state_->verifySizes = a.boolean(8);
+      state_->sharedMemory = a.boolean(9);
       if (state_->size < 1 || state_->rank >= state_->size)
         fail(Err::Argument, "GlooCommunicator: rank " + std::to_string(state_->rank) + " is outside a group of size " +
                                 std::to_string(state_->size));
@@ -441,6 +445,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->run = [s] {
       s->markBroken("the communicator was destroyed");
       s->context.reset();
+      s->shm.reset();
     };
     Napi::Value p = submit(info, std::move(w), *collectives_);
     shutdown();
@@ -450,6 +455,8 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   Napi::Value Rank(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->rank : -1); }
   Napi::Value Size(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->size : 0); }
   Napi::Value Pending(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(pending_)); }
+  // Whether connect() found every rank on this host and collectives go through shared memory.
+  Napi::Value SharedMemory(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), state_ && state_->shm != nullptr); }
 
   std::shared_ptr<CommState> state_;
   std::shared_ptr<WorkQueue> collectives_;
