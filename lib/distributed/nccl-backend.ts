@@ -113,9 +113,9 @@ export async function createNcclBackend(e: NcclEndpoint): Promise<NcclBackend> {
     id = await e.store.get(key, { timeoutMs: e.timeoutMs });
   }
   const native = new addon.NcclComm(id, e.rank, e.size, e.device);
-  const backend = new NcclBackend(native, addon, e.group, e.rank, e.size, e.device, e.pollMs ?? 1);
-  await backend.connect(e.timeoutMs);
-  return backend;
+  const comm = new NcclBackend(native, addon, e.group, e.rank, e.size, e.device, e.pollMs ?? 1);
+  await comm.connect(e.timeoutMs);
+  return comm;
 }
 
 interface OpInfo {

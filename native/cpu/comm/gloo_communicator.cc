@@ -189,6 +189,20 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     }, "waitSync");
   }
 
+  // Queues a collective on the communicator's thread: the ranks first agree on `agreement` (agreeOn
+  // in collectives.h), then `body` runs with the collective's tag (its sequence number). `w` is
+  // taken by reference so that arguments built from it (the agreement names w->op) are read first.
+  Napi::Value queueCollective(const Napi::CallbackInfo& info, std::unique_ptr<Work>&& w, Agreement agreement,
+                              std::chrono::milliseconds timeout, std::function<void(CommState&, uint32_t)> body) {
+    std::shared_ptr<CommState> s = state_;
+    const uint32_t tag = uint32_t(w->seq);
+    w->run = [s, tag, timeout, agreement = std::move(agreement), body = std::move(body)] {
+      agreeOn(*s, agreement, tag, timeout);
+      body(*s, tag);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
+  }
+
   std::chrono::milliseconds timeoutArg(const Args& a, size_t i) {
     int64_t ms = a.int64(i);
     if (ms < 1) fail(Err::Argument, std::string(a.call) + ": timeoutMs must be at least 1");
@@ -223,14 +237,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->op = std::string("allReduce(") + redOpName(op) + ")";
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      allReduce(*s, in, out, dt, n, op, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      allReduce(s, in, out, dt, n, op, tag, timeout);
+    });
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
@@ -247,14 +256,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, root, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      broadcast(*s, in, out, dt, n, root, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      broadcast(s, in, out, dt, n, root, tag, timeout);
+    });
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
@@ -273,14 +277,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->op = std::string("reduce(") + redOpName(op) + ")";
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, root, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      reduce(*s, in, out, dt, n, op, root, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      reduce(s, in, out, dt, n, op, root, tag, timeout);
+    });
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)
@@ -297,14 +296,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     const uint8_t* in = buffer(info, 0, a.call, dt, c[size_t(state_->rank)], *w);
     uint8_t* out = buffer(info, 1, a.call, dt, total, *w);
     w->bytes = total * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, total, c};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      allGather(*s, in, out, dt, c, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
+      allGather(s, in, out, dt, c, tag, timeout);
+    });
   }
 
   // reduceScatter(send, recv, dtype, counts[size], op, seq, timeoutMs)
@@ -325,14 +319,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, c[size_t(state_->rank)], *w);
     w->op = std::string("reduceScatter(") + redOpName(op) + ")";
     w->bytes = total * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, total, c};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      reduceScatter(*s, in, out, dt, c, op, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
+      reduceScatter(s, in, out, dt, c, op, tag, timeout);
+    });
   }
 
   // allToAll(send, recv, dtype, sendCounts[size], recvCounts[size], seq, timeoutMs)
@@ -354,16 +343,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, recvTotal, *w);
     if (in == out) fail(Err::Argument, "allToAll: send and receive buffers must differ");
     w->bytes = sendTotal * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
     // Totals legitimately differ between ranks; the per-pair counts are checked after the header.
-    Agreement agreement{w->op, dt, -1, 0, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      agreeOnAllToAll(*s, sc, rc, tag, timeout);
-      allToAll(*s, in, out, dt, sc, rc, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, 0, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      agreeOnAllToAll(s, sc, rc, tag, timeout);
+      allToAll(s, in, out, dt, sc, rc, tag, timeout);
+    });
   }
 
   // barrier(seq, timeoutMs)
@@ -374,14 +358,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     checkUsable(a.call);
     auto w = newWork(info, "barrier", a.int64(0));
     auto timeout = timeoutArg(a, 1);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, DType::U8, -1, 0, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      barrier(*s, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, DType::U8, -1, 0, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      barrier(s, tag, timeout);
+    });
   }
 
   // send(storage, dtype, count, dst, tag, timeoutMs) / recv(storage, dtype, count, src, tag, timeoutMs):
