@@ -1,6 +1,7 @@
 // The CommBackend of cuda process groups: drives the cuda addon's NcclComm (native/cuda/nccl.cc).
 // Rank 0 creates the NCCL unique id and publishes it through the store; ops run on the
 // communicator's stream; a watchdog polls their events for completion, errors and timeouts.
+import { existsSync } from 'node:fs';
 import { DTYPES, dtypeSize } from '../dtype.js';
 import { ArgumentError, BackendUnavailableError, CommError, StateError, TimeoutError } from '../errors.js';
 import { cuda, type NativeStorage } from '../native.js';
@@ -85,8 +86,12 @@ export function loadNcclAddon(device = 0): NcclAddon {
   return addon as unknown as NcclAddon;
 }
 
-/** How many GPUs NCCL can use here (0 when the cuda build, NCCL, the driver or a GPU is missing). */
+/**
+ * How many GPUs NCCL can use here (0 when the cuda build, NCCL, the driver or a GPU is missing).
+ * Without an NVIDIA device node it answers 0 without loading the cuda addon (~150 MiB per process).
+ */
 export function ncclUsableDevices(): number {
+  if (!existsSync('/dev/nvidiactl') && !existsSync('/dev/dxg')) return 0;
   try {
     loadNcclAddon(0);
     return cuda().deviceCount() as number;
