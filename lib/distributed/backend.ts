@@ -2,6 +2,7 @@
 // natively; NcclBackend (nccl-backend.ts) adapts the cuda addon's NcclComm to it.
 import { BackendUnavailableError } from '../errors.js';
 import { cpu, type NativeStorage } from '../native.js';
+import type { Store } from './store-api.js';
 
 /**
  * Native methods of a communicator. Ranks are group-local; counts are elements; dtype is the native
@@ -53,7 +54,12 @@ export interface CommBackend {
 export interface GlooEndpoint {
   storeHost: string;
   storePort: number;
-  /** Store key prefix of this group (unique per group and launch attempt). */
+  /**
+   * Meet through this store instead of the TCP store at storeHost:storePort (the Redis store of a
+   * job launched with --rdzv): Gloo's rendezvous calls are forwarded to it from the communicator's thread.
+   */
+  store?: Store;
+  /** Store key prefix of this group (unique per group and launch attempt; relative to `store` when given). */
   prefix: string;
   rank: number;
   size: number;
@@ -68,14 +74,26 @@ export interface GlooEndpoint {
   sharedMemory: boolean;
 }
 
+type StoreOp = (op: 'set' | 'get' | 'wait', key: string, value: Uint8Array | null, done: (error: string | null, value?: Uint8Array) => void) => void;
 type GlooCtor = new (storeHost: string, storePort: number, prefix: string, rank: number, size: number, timeoutMs: number,
-  deviceHost: string, deviceIface: string, verifySizes: boolean, sharedMemory: boolean) => CommBackend;
+  deviceHost: string, deviceIface: string, verifySizes: boolean, sharedMemory: boolean, storeOp: StoreOp | null) => CommBackend;
+
+// The native side's view of a JS store (native/cpu/comm/js_store.h): one callback per rendezvous call.
+function storeOpFor(store: Store, timeoutMs: number): StoreOp {
+  return (op, key, value, done) => {
+    const call: Promise<Uint8Array | undefined> = op === 'set' ? store.set(key, value ?? new Uint8Array(0)).then(() => undefined)
+      : op === 'get' ? store.get(key, { timeoutMs })
+        : store.wait([key], { timeoutMs }).then(() => undefined);
+    call.then((v) => done(null, v), (e: unknown) => done(e instanceof Error ? e.message : String(e)));
+  };
+}
 
 /** A connected Gloo communicator. */
 export async function createGlooBackend(e: GlooEndpoint): Promise<CommBackend> {
   const Ctor = cpu().GlooCommunicator as GlooCtor | undefined;
   if (!Ctor) throw new BackendUnavailableError('the cpu addon was built without Gloo (install libgloo-dev and rebuild)', 'createGlooBackend');
-  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes, e.sharedMemory);
+  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes, e.sharedMemory,
+    e.store ? storeOpFor(e.store, e.timeoutMs) : null);
   await comm.connect();
   return comm;
 }

@@ -95,12 +95,14 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
   const comms = new Map<string, CommBackend>();
   try {
     if (rt.backends.gloo) {
-      // Gloo meets through the TCP store node 0's launcher serves on MASTER_ADDR:MASTER_PORT (also
-      // when the launchers themselves meet through Redis).
+      // Gloo meets through the job's store: Redis when launched with --rdzv (its calls forwarded from
+      // the communicator's thread), else natively through the TCP store node 0's launcher serves.
+      const viaJobStore = rt.env.rdzvUrl !== undefined;
       comms.set('cpu', await createGlooBackend({
         storeHost: rt.env.masterAddr,
         storePort: rt.env.masterPort,
-        prefix: `${rt.env.storePrefix}/gloo/${name}`,
+        ...(viaJobStore ? { store: rt.store } : {}),
+        prefix: viaJobStore ? `gloo/${name}` : `${rt.env.storePrefix}/gloo/${name}`,
         rank,
         size: globalRanks.length,
         timeoutMs: rt.timeoutMs,

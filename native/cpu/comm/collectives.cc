@@ -16,6 +16,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "js_store.h"
 #include "shm.h"
 #include "store_client.h"
 
@@ -83,13 +84,15 @@ std::string listCounts(const std::vector<size_t>& counts) {
 }  // namespace
 
 void connectMesh(CommState& s) {
-  StoreClient store(s.storeHost, s.storePort, s.group, s.timeout);
+  std::unique_ptr<gloo::rendezvous::Store> store;
+  if (s.storeOp) store = std::make_unique<JsStore>(*s.storeOp, s.group, s.timeout);
+  else store = std::make_unique<StoreClient>(s.storeHost, s.storePort, s.group, s.timeout);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(s.rank, s.size);
   ctx->setTimeout(s.timeout);
   std::shared_ptr<gloo::transport::Device> dev = tcpDevice(s.deviceHost, s.deviceIface);
-  ctx->connectFullMesh(store, dev);
+  ctx->connectFullMesh(*store, dev);
   s.context = ctx;
-  s.shm = ShmSegment::open(store, s.rank, s.size, s.sharedMemory);
+  s.shm = ShmSegment::open(*store, s.rank, s.size, s.sharedMemory);
 }
 
 namespace {

@@ -34,6 +34,9 @@ struct CommState {
   std::string deviceHost;
   std::string deviceIface;
   std::shared_ptr<gloo::rendezvous::Context> context;  // set by connect on the collective thread
+  // When set, the rendezvous goes through this JS store function (js_store.h) instead of the TCP
+  // store at storeHost:storePort; connect releases it when done.
+  std::optional<Napi::ThreadSafeFunction> storeOp;
   // Ranks agree on op, dtype and sizes before each collective (see agreeOn in collectives.h).
   bool verifySizes = true;
   // Use shared memory when every rank runs on this host (shm.h); set by connect when it applies.

@@ -40,11 +40,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   }
 
   // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes,
-  //                      sharedMemory)
+  //                      sharedMemory, storeOp | null)   storeOp: see js_store.h; null = the TCP store
   explicit GlooCommunicator(const Napi::CallbackInfo& info) : Napi::ObjectWrap<GlooCommunicator>(info) {
     try {
       Args a{info, "GlooCommunicator"};
-      a.count(10);
+      a.count(11);
       state_ = std::make_shared<CommState>();
       state_->storeHost = a.string(0);
       state_->storePort = static_cast<int>(a.size(1));
@@ -63,6 +63,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
         fail(Err::Argument, "GlooCommunicator: store port " + std::to_string(state_->storePort) + " is out of range");
       if (state_->timeout.count() < 1) fail(Err::Argument, "GlooCommunicator: timeoutMs must be at least 1");
       Napi::Env env = info.Env();
+      if (info[10].IsFunction()) {
+        state_->storeOp = Napi::ThreadSafeFunction::New(env, info[10].As<Napi::Function>(), "nodetron-gloo-store", 0, 1);
+        state_->storeOp->Unref(env);  // connect's own work keeps the event loop alive while it runs
+      } else if (!info[10].IsNull() && !info[10].IsUndefined()) {
+        fail(Err::Argument, "GlooCommunicator: storeOp must be a function or null");
+      }
       tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),
                                             "nodetron-gloo", 0, 1);
       collectives_ = WorkQueue::start(state_, tsfn_);
@@ -78,6 +84,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
 
  private:
   void shutdown() {
+    // A JS store that connect never took over is released here, on the JS thread.
+    if (state_ && !connectRequested_ && state_->storeOp) {
+      state_->storeOp->Release();
+      state_->storeOp.reset();
+    }
     if (collectives_) collectives_->stop();
     if (pointToPoint_) pointToPoint_->stop();
     collectives_.reset();
@@ -217,7 +228,17 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     connectRequested_ = true;
     auto w = newWork(info, "connect", -1);
     std::shared_ptr<CommState> s = state_;
-    w->run = [s] { connectMesh(*s); };
+    w->run = [s] {
+      // The JS store is only needed to meet; release it whether or not the rendezvous worked.
+      struct ReleaseStore {
+        CommState& s;
+        ~ReleaseStore() {
+          if (s.storeOp) s.storeOp->Release();
+          s.storeOp.reset();
+        }
+      } release{*s};
+      connectMesh(*s);
+    };
     connected_ = true;  // ops queued after connect run after it on the same thread
     return submit(info, std::move(w), *collectives_);
   }

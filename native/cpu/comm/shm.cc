@@ -18,7 +18,6 @@
 #include <random>
 #include <thread>
 
-#include "store_client.h"
 
 namespace nt::comm {
 
@@ -64,7 +63,7 @@ size_t partStart(size_t count, int j, int n) { return count * size_t(j) / size_t
 
 }  // namespace
 
-std::unique_ptr<ShmSegment> ShmSegment::open(StoreClient& store, int rank, int size, bool enabled) {
+std::unique_ptr<ShmSegment> ShmSegment::open(gloo::rendezvous::Store& store, int rank, int size, bool enabled) {
   if (size < 2 || size > kMaxRanks) return nullptr;
   auto put = [&](const std::string& key, const std::string& value) { store.set(key, std::vector<char>(value.begin(), value.end())); };
   auto get = [&](const std::string& key) {

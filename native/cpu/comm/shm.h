@@ -3,6 +3,8 @@
 // Bytes move with memcpy and the reduction kernels instead of through loopback TCP sockets.
 #pragma once
 
+#include <gloo/rendezvous/store.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -13,7 +15,6 @@
 
 namespace nt::comm {
 
-class StoreClient;
 struct ShmHeader;
 
 class ShmSegment {
@@ -21,7 +22,7 @@ class ShmSegment {
   // Collective over the group (every rank calls it after Gloo's rendezvous). Returns nullptr on
   // every rank alike when the ranks do not all share this host, when a rank has shared memory
   // turned off, or when the segment cannot be reserved. Throws nt::Error on store failures.
-  static std::unique_ptr<ShmSegment> open(StoreClient& store, int rank, int size, bool enabled);
+  static std::unique_ptr<ShmSegment> open(gloo::rendezvous::Store& store, int rank, int size, bool enabled);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
