@@ -3,7 +3,7 @@
 // beside zeroMemoryFormula, and the step time with DP gradient communication overlapped with
 // backward (GradBuffer's grad-ready hooks) and not (all buckets after backward), in the same run.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { tensor } from '../creation.js';
@@ -229,16 +229,20 @@ export async function layoutMain(argv: string[]): Promise<number> {
   try {
     const rankArgs = argv.filter((a, i) => a !== '--json' && argv[i - 1] !== '--json' && !a.startsWith('--json='));
     const { main: launch } = await import('../launch/cli.js');
+    const loadAtStart = loadavg();
     const code = await launch(['--nproc-per-node', String(layout.dp), fileURLToPath(import.meta.url), ...rankArgs, '--out', out]);
     if (code !== 0) return code;
     const ranks = Array.from({ length: layout.dp }, (_, r) => JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as RankResult[]);
-    return report(layout, ranks, { steps, warmup, overlap: (o.overlap as string | undefined) ?? 'both', bucketBytes }, o.json as string | undefined);
+    const loadAverage = { atStart: loadAtStart, atEnd: loadavg() };
+    return report(layout, ranks, { steps, warmup, overlap: (o.overlap as string | undefined) ?? 'both', bucketBytes, loadAverage }, o.json as string | undefined);
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
 }
 
-function report(layout: BenchLayout, ranks: RankResult[][], run: { steps: number; warmup: number; overlap: string; bucketBytes: number }, json: string | undefined): number {
+interface RunRecord { steps: number; warmup: number; overlap: string; bucketBytes: number; loadAverage: { atStart: number[]; atEnd: number[] } }
+
+function report(layout: BenchLayout, ranks: RankResult[][], run: RunRecord, json: string | undefined): number {
   console.log(`\n# nodetron bench train --layout dp=${layout.dp}: ${run.warmup} warm-up + ${run.steps} timed steps per stage, f32 AdamW on cpu, ` +
     `${ranks[0]![0]!.blasThreads} BLAS thread(s) per rank; stage 0 alternates overlap on/off step by step, ${mib(run.bucketBytes)} MiB buckets`);
   console.log('# bytes held after the last optimizer step, before zeroGrad, summed over the tensors of each kind (meas) and as the allocator');
@@ -265,6 +269,8 @@ function report(layout: BenchLayout, ranks: RankResult[][], run: { steps: number
     'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward'], rows);
   console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); sync wait: time in finishGradSync after backward;');
   console.log('# buckets in backward: buckets whose allReduce started before backward returned / buckets (overlap on, last timed step)');
+  const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(' ');
+  console.log(`# load average (1, 5, 15 min) at start: ${load(run.loadAverage.atStart)}; at end: ${load(run.loadAverage.atEnd)} on ${cpus().length} cores`);
   for (const s of skipped) console.log(`# skipped ${s}`);
   const ok = worst <= FORMULA_TOLERANCE;
   console.log(`# worst |measured/formula - 1| over params, grads, optimizer state, total and allocator total: ${(worst * 100).toFixed(2)}% (${ok ? 'within' : 'OUTSIDE'} ${FORMULA_TOLERANCE * 100}%)`);
