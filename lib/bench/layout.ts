@@ -65,11 +65,11 @@ export interface StageResult {
   ratio?: Bytes;
   /** memoryStats().allocated at the same moment, above what the rank held before building the model. */
   allocatedBytes?: number;
-  /** Mean ms per timed step; at stage 0 with and without overlap, interleaved step by step. */
+  /** Median ms per timed step; at stage 0 with and without overlap, interleaved step by step. */
   msPerStep?: { overlap?: number; noOverlap?: number };
   /** Every timed step's ms (the spread behind the means). */
   stepMs?: { overlap?: number[]; noOverlap?: number[] };
-  /** Mean ms per timed step spent waiting for gradient communication after backward. */
+  /** Median ms per timed step spent waiting for gradient communication after backward. */
   syncWaitMs?: { overlap?: number; noOverlap?: number };
   /** Stage 0 with overlap: the buffer's buckets, and how many of them started before backward returned (last timed step). */
   buckets?: { count: number; launchedDuringBackward: number };
@@ -159,11 +159,16 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     const formula: Bytes = { params: f.params, grads: f.grads, optimizerState: f.optimizerState, total: f.total };
     const m = measured!;
     const ratio: Bytes = { params: m.params / formula.params, grads: m.grads / formula.grads, optimizerState: m.optimizerState / formula.optimizerState, total: m.total / formula.total };
-    const mean = (xs: number[] | undefined) => (xs ? xs.reduce((a, b) => a + b, 0) / xs.length : undefined);
+    // Medians: other work on a shared machine makes single steps slow, and a mean would follow them.
+    const median = (xs: number[] | undefined) => {
+      if (!xs) return undefined;
+      const s = [...xs].sort((a, b) => a - b), h = s.length >> 1;
+      return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2;
+    };
     const pick = <T>(map: Map<boolean, number[]>, f: (xs: number[] | undefined) => T) => ({ overlap: f(map.get(true)), noOverlap: f(map.get(false)) });
     return {
-      stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(stepMs, mean), stepMs: pick(stepMs, (xs) => xs),
-      ...(plain ? { syncWaitMs: pick(waitMs, mean) } : {}), ...(buckets ? { buckets } : {}),
+      stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(stepMs, median), stepMs: pick(stepMs, (xs) => xs),
+      ...(plain ? { syncWaitMs: pick(waitMs, median) } : {}), ...(buckets ? { buckets } : {}),
     };
   } finally {
     zero?.dispose();
@@ -267,7 +272,7 @@ function report(layout: BenchLayout, ranks: RankResult[][], run: RunRecord, json
   }
   printTable(['config', 'zero', 'rank', 'Ψ (M)', 'params MiB meas/formula', 'grads', 'optim state', 'total', 'total ratio', 'allocator MiB (/formula)',
     'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward'], rows);
-  console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); sync wait: time in finishGradSync after backward;');
+  console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); ms/step and sync wait (time in finishGradSync after backward) are medians over the timed steps;');
   console.log('# buckets in backward: buckets whose allReduce started before backward returned / buckets (overlap on, last timed step)');
   const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(`# load average (1, 5, 15 min) at start: ${load(run.loadAverage.atStart)}; at end: ${load(run.loadAverage.atEnd)} on ${cpus().length} cores`);
