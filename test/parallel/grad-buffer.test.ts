@@ -144,7 +144,10 @@ describe('GradBuffer', () => {
       params.forEach((p, i) => p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); readyOrder.push(i); }));
       chainLoss(params, g.rank, 0).backward();
       const launchedByBackward = log.length;
+      // Marked gradients live in their buckets only; after the sync, in .grad only.
+      if (overlap) expect(params.every((p) => p.grad === null)).toBe(true);
       await buf.finishGradSync();
+      expect(buf.buckets.every((b) => b.flat === null && b.work === null)).toBe(true);
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
       buf.dispose();
       return { buckets: buf.buckets.length, launchedAtHook, readyOrder, launchedByBackward, launched: buf.launched, grads };
