@@ -196,7 +196,7 @@ export async function rangeAcrossRanks(group: ProcessGroup, values: readonly num
   using lo = tensor(new Int32Array(values.map((v) => -v)), [values.length], { dtype: 'i32' });
   await group.allReduce(hi, { op: 'max' });
   await group.allReduce(lo, { op: 'max' });
-  const max = Array.from(hi.toArraySync()), min = Array.from(lo.toArraySync(), (v) => -v);
+  const max = Array.from(hi.toArraySync()), min = Array.from(lo.toArraySync(), (v) => 0 - v);
   return max.some((v, i) => v !== min[i]) ? { min, max } : null;
 }
 

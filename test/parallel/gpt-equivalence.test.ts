@@ -63,7 +63,11 @@ function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
   return diff;
 }
-const maxAbs = (a: ArrayLike<number>) => Array.prototype.reduce.call(a, (m: number, v: number) => Math.max(m, Math.abs(v)), 0) as number;
+function maxAbs(a: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
+  return m;
+}
 
 /** Largest |a - b| over the largest |b|: f32 agreement of whole vectors (scale-free, robust to tiny entries). */
 function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {

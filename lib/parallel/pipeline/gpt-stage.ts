@@ -63,7 +63,7 @@ export class GPTStage extends Module implements PipelineModule {
     this.#owned = owned;
     const keep = new Set(this.parameters());
     for (const p of model.parameters()) if (!keep.has(p)) p.dispose();
-    this.tiedParameters = stages > 1 ? [model.wte.weight] : [];
+    this.tiedParameters = stages > 1 && (this.isFirstStage || this.isLastStage) ? [model.wte.weight] : [];
     this.tiedCountedElsewhere = stages > 1 && this.isLastStage ? [model.wte.weight] : [];
   }
 
