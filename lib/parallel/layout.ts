@@ -367,6 +367,9 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
     problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
   }
+  if (mesh && mesh.tpSize > 1 && tensorParallelReplicas(model).size === model.parameters().length) {
+    problems.push(`tp = ${mesh.tpSize}, but the model has no tensor-parallel layers (every rank would hold and train the whole model)`);
+  }
   const named = new Map(model.namedParameters().map(([n, p]) => [p, n] as const));
   const listed = new Set<Tensor>();
   for (const g of paramGroups) {
