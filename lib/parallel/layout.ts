@@ -15,7 +15,7 @@ import type { ProcessGroup } from './group.js';
 import { initializeParallel, rangeAcrossRanks, type ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
-import { ColumnParallelLinear, RowParallelLinear } from './tensor-parallel/layers.js';
+import { checkTensorParallelConfig, tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
 export type PipelineScheduleName = 'gpipe' | '1f1b';
@@ -74,9 +74,10 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const offload = flags.offload ?? false;
   if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1 or 2');
   if (tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
-  if (model.nHead % tp !== 0) problems.push(`--tp ${tp} does not divide the ${model.nHead} attention heads`);
-  if (model.nEmbd % tp !== 0) problems.push(`--tp ${tp} does not divide the width ${model.nEmbd}`);
-  if (model.vocabSize % tp !== 0) problems.push(`--tp ${tp} does not divide the vocabulary of ${model.vocabSize} tokens (pad it to a multiple)`);
+  try { checkTensorParallelConfig(model, tp); } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    problems.push(`--tp ${tp}: ${e.message}`);
+  }
   if (pp > model.nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${model.nLayer} layers`);
   if (globalBatch % (dp * microBatches) !== 0) {
     problems.push(microBatches === 1 ? `--dp ${dp} does not divide the global batch of ${globalBatch} sequences`
@@ -166,19 +167,6 @@ export interface TrainerStepResult {
 }
 
 /**
- * Parameters every tensor-parallel rank holds whole (LayerNorms, position embeddings, the biases of
- * row-parallel layers), as opposed to the split weights of the parallel layers.
- */
-export function tensorParallelReplicas(model: PipelineModule): Set<Parameter> {
-  const split = new Set<Parameter>();
-  for (const [, m] of model.namedModules()) {
-    if (m instanceof ColumnParallelLinear) { split.add(m.weight); if (m.bias) split.add(m.bias); }
-    if (m instanceof RowParallelLinear) split.add(m.weight);
-  }
-  return new Set(model.parameters().filter((p) => !split.has(p)));
-}
-
-/**
  * One rank's training step for any TP × PP × DP layout: micro-batches through the pipeline schedule
  * (a single stage runs them one after the other), data-parallel gradient averaging (GradBuffer, or
  * ZeRO 1/2), the tied embedding's gradient summed over the first and last stage, clipping by the
@@ -205,7 +193,8 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#schedule = options.schedule ?? '1f1b';
     const zero = options.zero ?? 0;
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
-    if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelReplicas(model)) this.#countedElsewhere.add(p);
+    // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
+    if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
     if (zero !== 0) {
       this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false });
       this.#optimizer = null;
@@ -367,7 +356,7 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
     problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
   }
-  if (mesh && mesh.tpSize > 1 && tensorParallelReplicas(model).size === model.parameters().length) {
+  if (mesh && mesh.tpSize > 1 && tensorParallelParameters(model).sharded.length === 0) {
     problems.push(`tp = ${mesh.tpSize}, but the model has no tensor-parallel layers (every rank would hold and train the whole model)`);
   }
   const named = new Map(model.namedParameters().map(([n, p]) => [p, n] as const));
