@@ -1,5 +1,5 @@
 // Parallel GPT training through the real launcher and Gloo: a tiny GPT trained 3 steps under DP, ZeRO,
-// PP (GPipe, 1F1B) and their combinations matches the plain single-process run step by step (losses,
+// PP (GPipe, 1F1B), TP and their combinations matches the plain single-process run step by step (losses,
 // gradient norms) and in its final parameters, compared per parameter on the ranks that hold it;
 // bad layouts and misuse fail on every rank before training.
 import { spawn } from 'node:child_process';
@@ -24,6 +24,7 @@ interface RankResult {
   paramChange: number;
   /** This rank's parameters by GPT name (a pipeline stage holds some, a tensor-parallel rank a slice of some). */
   params: Map<string, Float32Array>;
+  shapes: Map<string, number[]>;
 }
 interface Trained { code: number | null; output: string; ranks: RankResult[] }
 
@@ -41,15 +42,16 @@ function train(name: string, nproc: number, flags: string[]): Promise<Trained> {
         const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
         const bytes = readFileSync(join(out, `params-${r}.f32`));
         const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-        const params = new Map<string, Float32Array>();
+        const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
         let at = 0;
         for (const { name: n, shape } of res.params) {
           const size = shape.reduce((a, b) => a * b, 1);
           params.set(n, flat.subarray(at, at + size));
+          shapes.set(n, shape);
           at += size;
         }
         expect(at).toBe(flat.length);
-        return { ...res, params };
+        return { ...res, params, shapes };
       });
       resolve({ code, output, ranks });
     });
@@ -74,6 +76,33 @@ function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return maxDiff(a, b) / maxAbs(b);
 }
 
+/**
+ * Tensor-parallel rank r's part of a full parameter, by Megatron's split of the GPT: the fused QKV by
+ * output rows within each of q, k and v; the MLP's first layer and the vocabulary table by output
+ * rows; both output projections by input columns; everything else (LayerNorms, positions,
+ * row-parallel biases) whole. Written out here, independently of the library's layers.
+ */
+function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {
+  if (tp === 1) return full;
+  const rowsOf = (runs: [number, number][]) => {
+    const cols = shape.length === 2 ? shape[1]! : 1;
+    return Float32Array.from(runs.flatMap(([start, count]) => Array.from(full.subarray(start * cols, (start + count) * cols))));
+  };
+  if (/attn\.qkv\.(weight|bias)$/.test(name)) {
+    const block = shape[0]! / 3, local = block / tp;
+    return rowsOf([0, 1, 2].map((b) => [b * block + r * local, local]));
+  }
+  if (/mlp\.fc\.(weight|bias)$/.test(name) || name === 'wte.weight') {
+    const local = shape[0]! / tp;
+    return rowsOf([[r * local, local]]);
+  }
+  if (/(attn|mlp)\.proj\.weight$/.test(name)) {
+    const [rows, cols] = shape as [number, number], local = cols / tp;
+    return Float32Array.from({ length: rows * local }, (_, i) => full[Math.floor(i / local) * cols + r * local + (i % local)]!);
+  }
+  return full;
+}
+
 // All launches start at once (they are mostly process start-up), each into its own output folder.
 function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
   mkdirSync(join(work, name));
@@ -88,6 +117,9 @@ const layouts = {
   'PP2 GPipe, 2 micro-batches': launchRun('pp2-gpipe', 2, ['--pp', '2', '--micro-batches', '2', '--schedule', 'gpipe']),
   'PP2 1F1B, 4 micro-batches, recompute': launchRun('pp2-1f1b', 2, ['--pp', '2', '--micro-batches', '4', '--schedule', '1f1b', '--recompute']),
   'PP2×DP2 1F1B ZeRO-1, 2 micro-batches': launchRun('pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '1', '--micro-batches', '2']),
+  'TP2': launchRun('tp2', 2, ['--tp', '2']),
+  'TP2×DP2 ZeRO-2': launchRun('tp2-dp2', 4, ['--tp', '2', '--dp', '2', '--zero', '2']),
+  'TP2×PP2 GPipe, 2 micro-batches, recompute': launchRun('tp2-pp2', 4, ['--tp', '2', '--pp', '2', '--micro-batches', '2', '--schedule', 'gpipe', '--recompute']),
 };
 const TOLERANCE = 1e-5;
 
@@ -111,23 +143,29 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     // bias is tiny after 3 steps, and Adam's sign-like update for near-zero gradients magnifies f32 noise.
     const scale = Math.max(...[...expected.params.values()].map(maxAbs));
     const held = new Set<string>();
+    const tp = Math.max(...run.ranks.map((r) => r.coords.tp)) + 1;
     for (const r of run.ranks) {
       expect(relDiff(r.losses, expected.losses)).toBeLessThan(TOLERANCE);
       expect(relDiff(r.gradNorms, expected.gradNorms)).toBeLessThan(TOLERANCE);
       for (const [n, values] of r.params) {
-        held.add(n);
         const want = expected.params.get(n);
         expect(want, `${n} on rank ${r.rank}`).toBeDefined();
-        expect(maxDiff(values, want!) / scale, `${n} on rank ${r.rank}`).toBeLessThan(TOLERANCE);
-        // Copies stay identical bit for bit (data-parallel replicas, the tied embedding on the first and last stage).
+        const slice = tensorParallelSlice(n, want!, expected.shapes.get(n)!, tp, r.coords.tp);
+        const isSlice = slice.length < want!.length;
+        held.add(isSlice ? `${n} [tp ${r.coords.tp}]` : n);
+        expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(TOLERANCE);
+        // Copies stay identical bit for bit (data-parallel replicas, the tied embedding on the first and
+        // last stage, parameters every tensor-parallel rank holds whole).
         for (const other of run.ranks) {
           const copy = other.params.get(n);
-          if (copy) expect(maxDiff(values, copy), `${n}: rank ${r.rank} vs rank ${other.rank}`).toBe(0);
+          if (copy && (!isSlice || other.coords.tp === r.coords.tp)) expect(maxDiff(values, copy), `${n}: rank ${r.rank} vs rank ${other.rank}`).toBe(0);
         }
       }
     }
-    // Every parameter of the model is held (and trained) by some rank.
-    expect([...held].sort()).toEqual([...expected.params.keys()].sort());
+    // Every parameter of the model (every slice of a split one) is held and trained by some rank.
+    const slices = (n: string) => tensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, 0).length < expected.params.get(n)!.length;
+    const wanted = [...expected.params.keys()].flatMap((n) => (slices(n) ? Array.from({ length: tp }, (_, t) => `${n} [tp ${t}]`) : [n]));
+    expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
     expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
   }, 180_000);
@@ -171,8 +209,8 @@ describe('training layout validation', () => {
   });
   it.each([
     [{ dp: 3 }, 2, 6, /job has 2 processes/],
-    [{ tp: 4 }, 4, 4, /does not divide the 2 attention heads/],
-    [{ tp: 3 }, 3, 3, /does not divide the width 32.*does not divide the vocabulary of 64 tokens/],
+    [{ tp: 4 }, 4, 4, /--tp 4: tensor parallelism over 4 ranks must divide the 2 attention heads/],
+    [{ tp: 3 }, 3, 3, /must divide the 2 attention heads, the width 32, the vocabulary of 64 tokens \(pad it: padVocab\(64, 3\) = 66\)/],
     [{ pp: 3, dp: 1 }, 3, 4, /--pp 3 is more pipeline stages than the model's 2 layers/],
     [{ dp: 3 }, 3, 4, /does not divide the global batch of 4/],
     [{ dp: 2, microBatches: 4 }, 2, 4, /dp·micro-batches = 2·4 does not divide the global batch of 4/],
