@@ -1,6 +1,6 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
-// any pipeline × data-parallel layout (micro-batches, ZeRO 1/2) under `nodetron launch`.
+// any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2) under `nodetron launch`.
 // Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
@@ -8,9 +8,9 @@ import * as nt from '../../lib/index.js';
 import { parseOptions } from '../../lib/bench/util.js';
 import { BatchSampler, GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
 
-// nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64 (faster kernels, and a tensor-parallel
-// split for any power-of-two tp up to 64); the padded ids never occur in the data.
-const PADDED_VOCAB_SIZE = 50304;
+// nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
+// tensor-parallel split for any power-of-two tp up to 64); the padded ids never occur in the data.
+const PADDED_VOCAB_SIZE = nt.nn.padVocab(GPT2_VOCAB_SIZE, 64);
 
 const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --steps N            optimizer steps (default 150)
@@ -35,7 +35,8 @@ Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp m
   --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
   --zero 0|1|2         ZeRO stage: shard optimizer state (1) and gradients too (2) over the dp ranks
   --offload            keep ZeRO shards in host memory (needs --zero 1|2; no-op for cpu parameters)
-  --tp N               checked against the model (heads, width, vocabulary) but not trained yet: must be 1`;
+  --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
+                       (N must divide the heads, the width and the padded vocabulary of 50304)`;
 
 async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
@@ -75,9 +76,9 @@ async function main(argv: string[]): Promise<number> {
   // Rank 0 (first stage, first replica) reports; every rank trains.
   const log = par.rank === 0 ? console.log : () => {};
   const shards = loadShards(log);
-  // Every rank builds the whole model from the seed and keeps its pipeline stage of it.
-  const full = new nt.nn.GPT(config, { seed, device });
-  const totalParams = full.numParameters();
+  // Every rank builds the model from the seed (its tensor-parallel slices) and keeps its pipeline stage of it.
+  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup) : {};
+  const full = new nt.nn.GPT(config, { seed, device, ...tensorParallel });
   const model = new nt.parallel.GPTStage(full, mesh?.ppRank ?? 0, layout.pp);
   // No weight decay on biases, LayerNorm parameters and position embeddings (nanoGPT's grouping).
   const named = model.namedParameters();
@@ -100,7 +101,7 @@ async function main(argv: string[]): Promise<number> {
   const slice = nt.parallel.batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
   const schedule = { warmup: Math.max(1, Math.floor(steps / 10)), maxSteps: steps, maxLr, minLr: maxLr / 10 };
   log(`GPT: ${config.nLayer} layers, ${config.nHead} heads, width ${config.nEmbd}, ctx ${ctx}, vocab ${config.vocabSize}; ` +
-    `${(totalParams / 1e6).toFixed(2)}M parameters (${(model.numParameters() / 1e6).toFixed(2)}M on rank 0) on ${device}; ` +
+    `${(model.numParameters() / 1e6).toFixed(2)}M parameters${layout.tp * layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${device}; ` +
     `${shards.train.length} train / ${shards.val.length} val tokens`);
   log(`layout ${nt.parallel.describeLayout(layout)}: ${layout.tp * layout.pp * layout.dp} process(es), ${slice.count} sequences per replica per step` +
     (layout.pp > 1 ? `, layers ${model.layers[0]}..${model.layers[1] - 1} on rank 0` : ''));
@@ -147,16 +148,17 @@ async function main(argv: string[]): Promise<number> {
   }
 
   const newTokens = (o.generate as number | undefined) ?? 60;
+  // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).
   const whole = model.model;
-  if (newTokens > 0 && par.rank === 0 && whole) {
+  if (newTokens > 0 && whole && (par.rank === 0 || layout.tp > 1)) {
     const enc = gpt2Encoder();
     const prompt = enc.encode('Call me Ishmael.');
     const idx = nt.tensor(Int32Array.from(prompt), [1, prompt.length], { device });
     const [out] = whole.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
     idx.dispose();
-    console.log(`--- sample ---\n${enc.decode(out!.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
+    log(`--- sample ---\n${enc.decode(out!.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
   } else if (newTokens > 0 && !whole) {
-    log('(no sample: generation needs the whole model in one process, and this layout splits it into pipeline stages)');
+    log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
   }
   trainer.dispose();
   model.dispose();
