@@ -125,6 +125,8 @@ async function main(argv: string[]): Promise<number> {
   };
 
   log(`step 0: val loss ${(await valLoss()).toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
+  // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
+  nt.resetPeakMemory(device);
   const t0 = performance.now();
   let smoothed: number | undefined;
   for (let step = 0; step < steps; step++) {
@@ -146,6 +148,8 @@ async function main(argv: string[]): Promise<number> {
       log(`step ${step + 1}: val loss ${v.toFixed(4)}`);
     }
   }
+
+  log(`peak ${device} memory in training on rank 0: ${(nt.memoryStats(device).peak / 2 ** 20).toFixed(1)} MiB`);
 
   const newTokens = (o.generate as number | undefined) ?? 60;
   // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).
