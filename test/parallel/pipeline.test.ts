@@ -103,6 +103,28 @@ describe('pipeline schedule hooks', () => {
     for (const r of results) expect(r.grads.every((gr) => gr === null)).toBe(true);
   });
 
+  it('1F1B holds at most (stages - stage index) micro-batches in flight, GPipe all of them', async () => {
+    const stages = 3, micro = 6;
+    for (const [schedule, bound] of [[oneForwardOneBackward, (r: number) => stages - r], [gpipe, () => micro]] as const) {
+      const peaks = await runLocalRanks(stages, async (g) => {
+        const layers = makeLayers(partitionLayers(LAYERS, stages)[g.rank]!);
+        let inFlight = 0, peak = 0;
+        await schedule({
+          group: g,
+          inputShape: () => [ROWS, WIDTH],
+          forwardStep: (m, input) => {
+            peak = Math.max(peak, ++inFlight);
+            const y = apply(layers, input ?? rowsOf(inputs, m % MICRO));
+            return g.rank === stages - 1 ? nt.sum(y) : y;
+          },
+          runBackward: (_m, _final, run) => { inFlight--; run(); },
+        }, micro);
+        return peak;
+      });
+      expect(peaks).toEqual(peaks.map((_, r) => bound(r)));
+    }
+  });
+
   it('runBackward sees every micro-batch once and marks only the last backward final; no group means one stage', async () => {
     for (const schedule of [gpipe, oneForwardOneBackward]) {
       const calls: [number, boolean][] = [];
