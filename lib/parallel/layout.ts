@@ -131,7 +131,7 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
   }
   await dist.init();
   const { nLayer, nHead, nEmbd, vocabSize } = model;
-  const mine = layout ? `${describeLayout(layout)} ${layout.schedule}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
+  const mine = layout ? `${describeLayout(layout)}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
   const seen = await rangeAcrossRanks(dist.world(), [rejected ? 1 : 0, digest32(mine)]);
   if (rejected || seen) {
     await dist.destroy();
