@@ -70,6 +70,8 @@ async function main(argv: string[]): Promise<number> {
   } catch (e) {
     if (!(e instanceof nt.ArgumentError)) throw e;
     console.error(`train.ts: ${e.message}`);
+    // Leaving the job closes this rank's communicators, so the process can exit.
+    await nt.distributed.destroy();
     return 2;
   }
   const { layout, mesh } = par;

@@ -119,7 +119,8 @@ function digest32(text: string): number {
  * Checks the layout against the launch environment, then (for more than one process) joins the
  * job, checks that every rank resolved the same layout for the same model and batch, and builds the
  * mesh. A rank whose flags are rejected, or that disagrees with the others, makes every rank throw
- * an ArgumentError before any training communication.
+ * an ArgumentError before any training communication (with more than one process, after joining
+ * the job: a caller that catches it calls nt.distributed.destroy() before returning).
  */
 export async function initParallelTraining(flags: LayoutFlags, model: LayoutModelShape, globalBatch: number): Promise<ParallelTraining> {
   const env = readLaunchEnv();
@@ -133,8 +134,8 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
   const { nLayer, nHead, nEmbd, vocabSize } = model;
   const mine = layout ? `${describeLayout(layout)}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
   const seen = await rangeAcrossRanks(dist.world(), [rejected ? 1 : 0, digest32(mine)]);
+  // The runtime stays up: the caller reports the error and leaves (nt.distributed.destroy(), or exit).
   if (rejected || seen) {
-    await dist.destroy();
     if (rejected) throw rejected;
     throw new ArgumentError(seen!.max[0] === 1
       ? `training layout: another rank rejected its layout flags (see its error); every rank stops`
