@@ -1,6 +1,7 @@
 // ZeRO stages 1 and 2 (DeepSpeed): each data-parallel rank keeps the optimizer state (and, at stage
 // 2, the gradients) of one contiguous shard of the flattened parameters; a step reduce-scatters the
 // gradients, updates the local shard and allgathers the updated parameters.
+import { dtypeCode } from '../../dtype.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { parseDevice } from '../../device.js';
 import { tensor } from '../../creation.js';
@@ -36,6 +37,14 @@ interface ShardedGroup {
   shardCount: number;
   /** This rank's slice of the flattened parameters: the tensor the inner optimizer updates. */
   master: Tensor;
+}
+
+/** How a gradient norm extends beyond the data-parallel group when the model itself is split (TP, PP). */
+export interface GradNormScope {
+  /** Parameters whose gradient another rank counts (a tensor-parallel replica, the tied embedding's second copy). */
+  skip?: Iterable<Tensor>;
+  /** Further groups holding the model's other parts: the sum of squares is summed over each in turn. */
+  groups?: readonly ProcessGroup[];
 }
 
 /** Bytes held on one rank, by kind (what the ZeRO paper's formula predicts). */
@@ -119,7 +128,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
    * Every rank of the group calls it. Returns the global gradient norm before clipping when
    * `maxGradNorm` is given.
    */
-  async step(options: { maxGradNorm?: number } = {}): Promise<{ gradNorm?: number }> {
+  async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{ gradNorm?: number }> {
     const { maxGradNorm } = options;
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
@@ -139,19 +148,34 @@ export class ZeroOptimizer<H extends { lr: number }> {
       // Stage 2 keeps only the shard's gradient; the full per-parameter gradients are released.
       if (this.stage === 2) for (const e of g.layout.entries) { e.param.grad?.dispose(); e.param.grad = null; }
     }
-    const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm);
+    const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
     for (const g of this.#groups) await this.#allGatherParams(g);
     return gradNorm === undefined ? {} : { gradNorm };
   }
 
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
-  // is the group sum of the shards' sums.
-  async #clipShardGrads(maxGradNorm: number): Promise<number> {
+  // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
+  async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
     const masters = this.#groups.map((g) => g.master);
     const first = this.#groups[0]!.layout.entries[0]!.param;
-    using total = tensor(new Float32Array([gradSumSquares(masters)]), [1], { device: first.device });
+    const skip = new Set(scope.skip ?? []);
+    let local = 0;
+    if (skip.size === 0) local = gradSumSquares(masters);
+    else {
+      for (const g of this.#groups) {
+        const shardGrad = g.master.grad!;
+        this.#forEachInShard(g.layout, g.shardCount, (p, _po, so, c) => {
+          if (skip.has(p)) return;
+          using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
+          copyElements(run, 0, shardGrad, so, c);
+          local += (run.backend.sumSquares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
+        });
+      }
+    }
+    using total = tensor(new Float32Array([local]), [1], { device: first.device });
     await this.group.allReduce(total, { op: 'sum' });
+    for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
     const norm = Math.sqrt(total.toArraySync()[0]!);
     const factor = clipFactor(norm, maxGradNorm);
     if (factor < 1) scaleGrads(masters, factor);
