@@ -122,6 +122,8 @@ export class ParameterPartition {
   /** The reduce-scatter in flight (at most one: it overlaps the next unit's backward). */
   #reducing: { unit: Unit; work: Work; input: Tensor; out: Tensor } | null = null;
   #gatheredBytes = 0;
+  /** Whether the parameters gave up their bytes (a refused construction leaves them whole). */
+  #evicted = false;
   readonly stats: GatherStats = { prefetched: 0, onDemand: 0, unused: 0, reduceScatters: 0, peakGatheredBytes: 0 };
 
   /** Copies this rank's chunks into the masters; the parameters keep their bytes until evictParameters(). */
@@ -167,6 +169,7 @@ export class ParameterPartition {
 
   /** Frees every parameter's bytes: from now on they exist only while gathered. */
   evictParameters(): void {
+    this.#evicted = true;
     for (const p of this.#parts.keys()) {
       p.storageRef.evict(`${p.describe()} is sharded by ZeRO stage 3 and is not gathered now: call attach(model) on the ZeroOptimizer so ` +
         'the model gathers it for each forward and backward, and read values with fullParameters()');
@@ -532,7 +535,7 @@ export class ParameterPartition {
     }
     if (this.#reducing) { this.#reducing.input.dispose(); this.#reducing.out.dispose(); this.#reducing = null; }
     for (const p of this.#parts.keys()) {
-      if (!p.disposed) p.storageRef.evict(`${p.describe()} belonged to a ZeRO stage 3 optimizer that was disposed; its values are gone (read them with fullParameters() before dispose)`);
+      if (this.#evicted && !p.disposed) p.storageRef.evict(`${p.describe()} belonged to a ZeRO stage 3 optimizer that was disposed; its values are gone (read them with fullParameters() before dispose)`);
     }
     for (const m of this.masters) { m.grad?.dispose(); m.dispose(); }
     this.#model = null;
