@@ -1,6 +1,6 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
-// data parallel (optionally ZeRO 1/2) under `nodetron launch`.
+// data parallel (optionally ZeRO 1/2/3) under `nodetron launch`.
 // Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 import * as nt from '../../lib/index.js';
@@ -25,8 +25,8 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --generate N         tokens to generate at the end (default 60)
 Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
-  --zero 0|1|2         ZeRO stage: shard optimizer state (1) and gradients too (2) over the dp ranks
-  --offload            keep ZeRO shards in host memory (needs --zero 1|2; no-op for cpu parameters)
+  --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
+  --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
   --tp N --pp N        checked against the model (heads, width, layers) but not trained yet: must be 1`;
 
 async function main(argv: string[]): Promise<number> {
@@ -91,7 +91,9 @@ async function main(argv: string[]): Promise<number> {
     try { return evaluate(model, batches); } finally { for (const b of batches) { b.inputs.dispose(); b.targets.dispose(); } }
   };
 
-  if (par.rank === 0) log(`step 0: val loss ${valLoss().toFixed(4)} (uniform would be ${Math.log(config.vocabSize).toFixed(4)})`);
+  // Under ZeRO 3 every forward gathers parameters from all ranks, so every rank evaluates and generates (rank 0 prints).
+  const evaluates = par.rank === 0 || layout.zero === 3;
+  if (evaluates) log(`step 0: val loss ${valLoss().toFixed(4)} (uniform would be ${Math.log(config.vocabSize).toFixed(4)})`);
   const t0 = performance.now();
   let smoothed: number | undefined;
   for (let step = 0; step < steps; step++) {
@@ -109,17 +111,17 @@ async function main(argv: string[]): Promise<number> {
       log(`step ${String(step + 1).padStart(4)}/${steps}  loss ${loss.toFixed(4)} (avg ${smoothed.toFixed(4)})  ` +
         `norm ${gradNorm!.toFixed(2)}  lr ${lr.toExponential(2)}  ${Math.round(tokPerS)} tok/s  ETA ${etaS.toFixed(0)} s`);
     }
-    if (par.rank === 0 && ((step + 1) % evalInterval === 0 || step === steps - 1)) log(`step ${step + 1}: val loss ${valLoss().toFixed(4)}`);
+    if (evaluates && ((step + 1) % evalInterval === 0 || step === steps - 1)) log(`step ${step + 1}: val loss ${valLoss().toFixed(4)}`);
   }
 
   const newTokens = (o.generate as number | undefined) ?? 60;
-  if (newTokens > 0 && par.rank === 0) {
+  if (newTokens > 0 && evaluates) {
     const enc = gpt2Encoder();
     const prompt = enc.encode('Call me Ishmael.');
     const idx = nt.tensor(Int32Array.from(prompt), [1, prompt.length], { device });
     const [out] = model.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
     idx.dispose();
-    console.log(`--- sample ---\n${enc.decode(out!)}\n---`);
+    log(`--- sample ---\n${enc.decode(out!)}\n---`);
   }
   trainer.dispose();
   model.dispose();

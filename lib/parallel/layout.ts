@@ -18,8 +18,8 @@ export interface TrainingLayout {
   tp: number;
   pp: number;
   dp: number;
-  /** ZeRO stage: 0 (replicated optimizer state), 1 (sharded state) or 2 (sharded state and gradients). */
-  zero: 0 | 1 | 2;
+  /** ZeRO stage: 0 (replicated optimizer state), 1 (sharded state), 2 (and gradients) or 3 (and parameters). */
+  zero: 0 | 1 | 2 | 3;
   /** Keep ZeRO shards and their update in host memory. */
   offload: boolean;
 }
@@ -54,16 +54,16 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const tp = intFlag('tp', flags.tp, 1, 1), pp = intFlag('pp', flags.pp, 1, 1);
   const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
-  if (zero > 2) problems.push(`--zero must be 0, 1 or 2, got ${zero} (stage 3 is not implemented)`);
+  if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
   const offload = flags.offload ?? false;
-  if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1 or 2');
+  if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
   if (tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
   if (model.nHead % tp !== 0) problems.push(`--tp ${tp} does not divide the ${model.nHead} attention heads`);
   if (model.nEmbd % tp !== 0) problems.push(`--tp ${tp} does not divide the width ${model.nEmbd}`);
   if (pp > model.nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${model.nLayer} layers`);
   if (globalBatch % dp !== 0) problems.push(`--dp ${dp} does not divide the global batch of ${globalBatch} sequences`);
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, zero: zero as 0 | 1 | 2, offload };
+  return { tp, pp, dp, zero: zero as 0 | 1 | 2 | 3, offload };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -101,7 +101,7 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
 export interface DataParallelTrainerOptions<H extends { lr: number }> {
   /** The data-parallel group; null trains alone (plain optimizer, no communication). */
   group: ProcessGroup | null;
-  zero: 0 | 1 | 2;
+  zero: 0 | 1 | 2 | 3;
   offload?: boolean;
   /** Clip the global gradient norm (of the averaged gradient) to this value. */
   maxGradNorm?: number;
@@ -111,7 +111,8 @@ export interface DataParallelTrainerOptions<H extends { lr: number }> {
 /**
  * One model replica's training step under data parallelism: every rank runs its slice of the global
  * batch; gradients are averaged (GradBuffer, ZeRO 0) or reduce-scattered into optimizer shards
- * (ZeroOptimizer, ZeRO 1/2), so every replica applies the update of the whole batch.
+ * (ZeroOptimizer, ZeRO 1/2/3), so every replica applies the update of the whole batch. At ZeRO 3
+ * the model's blocks are the units gathered for their forward and backward (ZeroOptimizer.attach).
  */
 export class DataParallelTrainer<H extends { lr: number }> {
   readonly #model: LossModel;
@@ -128,6 +129,7 @@ export class DataParallelTrainer<H extends { lr: number }> {
     if (options.zero !== 0 && options.group === null) throw new ArgumentError('DataParallelTrainer: ZeRO shards over a data-parallel group; pass one (or zero: 0)');
     if (options.zero !== 0) {
       this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: options.group!, stage: options.zero, offload: options.offload ?? false });
+      if (options.zero === 3) this.#zero.attach(model);
       this.#optimizer = null;
       this.#grads = null;
     } else {
@@ -168,6 +170,18 @@ export class DataParallelTrainer<H extends { lr: number }> {
       const globalLoss = await this.#meanOverGroup(localLoss);
       return gradNorm === undefined ? { loss: globalLoss } : { loss: globalLoss, gradNorm };
     });
+  }
+
+  /**
+   * Every model parameter's value as a new tensor, in model.parameters() order (the caller owns
+   * them). Collective under ZeRO 3, where the parameters hold no values between steps.
+   */
+  async fullParameters(): Promise<Tensor[]> {
+    const model = this.#model.parameters();
+    if (!this.#zero) return model.map((p) => p.clone());
+    const values = await this.#zero.fullParameters();
+    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
+    return model.map((p) => byParam.get(p)!);
   }
 
   async #meanOverGroup(value: number): Promise<number> {

@@ -1,5 +1,5 @@
 // Parallel GPT training through the real launcher and Gloo: a tiny GPT trained 3 steps as DP2,
-// ZeRO-1 DP2, ZeRO-2 DP2 (+ offload) and DP4 matches the single-process run step by step (losses,
+// ZeRO-1 DP2, ZeRO-2 DP2 (+ offload), DP4 and ZeRO-3 DP2/DP4 (± offload) matches the single-process run step by step (losses,
 // gradient norms) and in its final parameters; bad layouts fail on every rank before training.
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -56,6 +56,10 @@ const layouts = {
   'ZeRO-1 DP2': launchRun('zero1', 2, ['--dp', '2', '--zero', '1']),
   'ZeRO-2 DP2 offload recompute': launchRun('zero2', 2, ['--zero', '2', '--offload', '--recompute']),
   'DP4 ZeRO-1': launchRun('dp4', 4, ['--zero', '1']),
+  'ZeRO-3 DP2': launchRun('zero3', 2, ['--zero', '3']),
+  'ZeRO-3 DP2 offload': launchRun('zero3-offload', 2, ['--zero', '3', '--offload']),
+  'ZeRO-3 DP4': launchRun('zero3-dp4', 4, ['--zero', '3']),
+  'ZeRO-3 DP4 offload recompute': launchRun('zero3-dp4-offload', 4, ['--zero', '3', '--offload', '--recompute']),
 };
 const TOLERANCE = 1e-5;
 
@@ -69,7 +73,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     expect(Math.abs(losses[0]! - Math.log(64))).toBeLessThan(1);
     expect(losses[2]!).toBeLessThan(losses[0]!);
     expect(gradNorms.every((n) => n > 0 && Number.isFinite(n))).toBe(true);
-  }, 60_000);
+  }, 150_000);
 
   it.each(Object.keys(layouts))('%s matches the single process step by step', async (name) => {
     const [ref, run] = await Promise.all([single, layouts[name as keyof typeof layouts]]);
@@ -84,13 +88,13 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     }
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
     expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
-  }, 60_000);
+  }, 150_000);
 
   it('rejects a bad layout on every rank before training', async () => {
     const bad = await launchRun('bad', 2, ['--dp', '2', '--tp', '2']);
     expect(bad.code).not.toBe(0);
     expect(bad.output).toMatch(/tp·pp·dp = 2·1·2 = 4 but the job has 2 processes/);
-  }, 60_000);
+  }, 150_000);
 });
 
 describe('training layout validation', () => {
@@ -98,14 +102,15 @@ describe('training layout validation', () => {
   it('fills dp from the world and accepts valid layouts', () => {
     expect(parallel.resolveTrainingLayout({}, shape, 4, 4)).toEqual({ tp: 1, pp: 1, dp: 4, zero: 0, offload: false });
     expect(parallel.resolveTrainingLayout({ tp: 2, zero: 1, offload: true }, shape, 4, 4)).toEqual({ tp: 2, pp: 1, dp: 2, zero: 1, offload: true });
+    expect(parallel.resolveTrainingLayout({ zero: 3, offload: true }, shape, 2, 4)).toEqual({ tp: 1, pp: 1, dp: 2, zero: 3, offload: true });
   });
   it.each([
     [{ dp: 3 }, 2, 6, /job has 2 processes/],
     [{ tp: 4 }, 4, 4, /does not divide the 2 attention heads/],
     [{ pp: 3, dp: 1 }, 3, 4, /--pp 3 is more pipeline stages than the model's 2 layers/],
     [{ dp: 3 }, 3, 4, /does not divide the global batch of 4/],
-    [{ zero: 3 }, 1, 4, /--zero must be 0, 1 or 2/],
-    [{ offload: true }, 1, 4, /--offload .* needs --zero 1 or 2/],
+    [{ zero: 4 }, 1, 4, /--zero must be 0, 1, 2 or 3/],
+    [{ offload: true }, 1, 4, /--offload .* needs --zero 1, 2 or 3/],
   ] as const)('rejects %o on %d ranks (batch %d)', (flags, world, batch, message) => {
     expect(() => parallel.resolveTrainingLayout(flags, shape, world, batch)).toThrow(ArgumentError);
     expect(() => parallel.resolveTrainingLayout(flags, shape, world, batch)).toThrow(message);

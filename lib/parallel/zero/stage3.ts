@@ -225,13 +225,8 @@ export class ParameterPartition {
     this.#model = model;
     this.#root = build(model);
     this.#units = units.map(build).filter((u) => u.slots.length > 0);
-    for (const u of [this.#root, ...this.#units]) {
-      for (const s of u.slots) {
-        s.part.param.storageRef.evict(`parameter '${s.name}' is sharded by ZeRO stage 3: its bytes exist only while ` +
-          (u === this.#root ? "the model's forward, backward and step run" : `unit '${u.name}' runs its forward or backward`) +
-          ' (read values with ZeroOptimizer.fullParameters())');
-      }
-    }
+    // The same eviction with a message that names the parameter and its unit.
+    for (const u of [this.#root, ...this.#units]) for (const s of u.slots) this.#evict(u, s);
     this.#units.forEach((u, i) => this.#wrapUnit(u, i));
     this.#wrapModel(model);
   }
@@ -391,13 +386,16 @@ export class ParameterPartition {
     }
     if (!unit.gathered) return;
     for (const s of unit.slots) {
-      const ref = s.part.param.storageRef;
-      this.#countGathered(-ref.bytes);
-      ref.evict(`parameter '${s.name}' is sharded by ZeRO stage 3: its bytes exist only while ` +
-        (unit === this.#root ? "the model's forward, backward and step run" : `unit '${unit.name}' runs its forward or backward`) +
-        ' (read values with ZeroOptimizer.fullParameters())');
+      this.#countGathered(-s.part.param.storageRef.bytes);
+      this.#evict(unit, s);
     }
     unit.gathered = false;
+  }
+
+  #evict(unit: Unit, slot: UnitSlot): void {
+    slot.part.param.storageRef.evict(`parameter '${slot.name}' is sharded by ZeRO stage 3: its bytes exist only while ` +
+      (unit === this.#root ? "the model's forward, backward and step run" : `unit '${unit.name}' runs its forward or backward`) +
+      ' (read values with ZeroOptimizer.fullParameters())');
   }
 
   #releaseAll(): void {
