@@ -21,7 +21,13 @@
 // The model itself is the root unit: parameters outside every unit (GPT: embeddings, the final
 // LayerNorm, the tied LM head) and parameters shared by several units. It is gathered when the
 // model's forward starts and stays gathered until step(): a tied embedding is used by the first
-// and the last op of the step, so its gradient is complete only when backward returns.
+// and the last op of the step, so its gradient is complete only when backward returns. That is
+// the price of gathering it once per step instead of four times: for GPT-2 small the root holds
+// 32% of the parameters (the token table), a share that falls as models deepen and widen.
+//
+// Offload keeps the masters (this rank's chunks, their gradients, the optimizer state) in host
+// memory and copies a unit's chunks to the parameters' device for each gather; for parameters
+// already on the CPU it changes no placement.
 import { accumulateInto, needsGrad, record } from '../../autograd/engine.js';
 import { isGradEnabled } from '../../autograd/grad-mode.js';
 import { parseDevice, type Device } from '../../device.js';
