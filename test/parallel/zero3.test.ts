@@ -139,13 +139,16 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
     return { inputs: slice(x), targets: slice(y) };
   };
 
-  it('accumulates two micro-batches per step like the full batch', async () => {
+  it('accumulates two micro-batches per step like the full batch, releasing every block after each backward', async () => {
     const expected = reference(false);
     const model = new nt.nn.GPT(config, { seed: 5 });
     const zero = new ZeroOptimizer(zero3ParamGroups(model), adamw, { group: group(), stage: 3 }).attach(model);
+    const shardBytes = zero.memoryBytes().params;
+    const rootBytes = 4 * (model.numParameters() - config.nLayer * model.h[0]!.numParameters());
     const losses: number[] = [];
     for (let step = 0; step < ZERO3_STEPS; step++) {
       let loss = 0;
+      const reduceScattersBefore = zero.gatherStats.reduceScatters;
       await nt.scope(async () => {
         for (const rows of [[0, 2], [2, 4]] as [number, number][]) {
           const { inputs, targets } = batch(step, rows);
@@ -153,7 +156,10 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
           // Each half's mean loss weighs half of the full batch's mean.
           nt.mul(out.loss!, 0.5).backward();
           loss += out.loss!.item() / 2;
+          expect(zero.memoryBytes().params).toBe(shardBytes + rootBytes);
         }
+        // Each micro-batch reduce-scatters every block; the root goes once, in step().
+        expect(zero.gatherStats.reduceScatters - reduceScattersBefore).toBe(2 * config.nLayer);
         zero.inner.setLr(zero3Lr(step));
         await zero.step({ maxGradNorm: ZERO3_MAX_GRAD_NORM });
         zero.zeroGrad();
@@ -191,7 +197,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
     const trainOnce = async (reversed: boolean) => {
       const model = new nt.nn.GPT(config, { seed: 5 });
       const zero = new ZeroOptimizer(model.parameters(), adamw, { group: group(), stage: 3 });
-      zero.attach(model, reversed ? [...model.h].reverse() : model.h);
+      zero.attach(model, { units: reversed ? [...model.h].reverse() : model.h });
       const { inputs, targets } = batch(0, [0, 4]);
       await nt.scope(async () => { model.forward(inputs, targets).loss!.backward(); await zero.step(); });
       const full = await zero.fullParameters();
@@ -230,8 +236,9 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
     const stray = nt.zeros([3]);
     const extra = new ZeroOptimizer([...model3.parameters(), stray], adamw, { group: group(), stage: 3 });
     expect(() => extra.attach(model3)).toThrow(/optimizer parameters that are not the model's: \[3\] f32/);
-    expect(() => extra.attach(model3, [model3.h[0]!, model3.h[0]!.attn])).toThrow(/nested inside unit 'h.0'/);
-    expect(() => extra.attach(model3, [new nt.nn.LayerNorm(4)])).toThrow(/submodule of the model/);
+    expect(() => extra.attach(model3, { units: [model3.h[0]!, model3.h[0]!.attn] })).toThrow(/nested inside unit 'h.0'/);
+    expect(() => extra.attach(model3, { units: [new nt.nn.LayerNorm(4)] })).toThrow(/submodule of the model/);
+    expect(() => extra.attach(model3, { entries: ['forwardStage'] })).toThrow(/no method forwardStage/);
     extra.dispose();
 
     // A refused inner optimizer leaves the parameters whole.

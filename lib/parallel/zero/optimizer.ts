@@ -28,6 +28,14 @@ export interface ZeroOptions {
   offload?: boolean;
 }
 
+/** How ZeRO stage 3 hooks into a model (ZeroOptimizer.attach). */
+export interface ZeroAttachOptions {
+  /** Submodules gathered one at a time, in the order their forwards run (default: defaultUnits(model)). */
+  units?: readonly Module[];
+  /** The model's methods that run a forward pass (default ['forward']; a pipeline stage: ['forwardStage']). */
+  entries?: readonly string[];
+}
+
 /** A parameter group as the caller's optimizer would take it: parameters plus option overrides. */
 export type ZeroParamGroup<H> = { params: Iterable<Tensor> } & Partial<H>;
 
@@ -106,11 +114,13 @@ export class ZeroOptimizer<H extends { lr: number }> {
    * Stage 3: installs the hooks that gather each unit's parameters for its forward and backward
    * and reduce-scatter its gradients. `units` are submodules of `model` in the order their forwards
    * run (default: the modules in the model's array fields, a GPT's blocks); the model's other
-   * parameters are gathered for the whole step. Every model parameter must be in this optimizer.
+   * parameters (the root unit) are gathered for the whole step, from the moment one of `entries`
+   * (the model's methods that run a forward pass; default `forward`) is called. Every model
+   * parameter must be in this optimizer.
    */
-  attach(model: Module, units: readonly Module[] = defaultUnits(model)): this {
+  attach(model: Module, options: ZeroAttachOptions = {}): this {
     if (!this.#partition) throw new StateError(`ZeroOptimizer.attach: only stage 3 gathers parameters per unit; this one is stage ${this.stage}`);
-    this.#partition.attach(model, units);
+    this.#partition.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward']);
     return this;
   }
 

@@ -8,9 +8,11 @@
 // call: `exit` on the output and `enter` on each input that needs a gradient. Every op of the unit
 // consumes enter's output (or a parameter) and feeds exit's input, so in any reverse topological
 // order — the one engine.ts walks — exit's backward runs before all of them (it gathers the unit
-// again) and enter's backward after all of them (the unit's gradients are complete: it
-// reduce-scatters them and releases the parameters). Residual connections do not break this: a
-// skip path inside the unit also starts at enter's output and ends in exit's input.
+// again) and enter's backward after all of them (the unit's gradients of this pass are complete:
+// it reduce-scatters them and releases the parameters). Residual connections do not break this: a
+// skip path inside the unit also starts at enter's output and ends in exit's input. A unit that
+// runs twice in a pass, or once per micro-batch, is simply gathered and reduce-scattered each time
+// (its shard gradient sums the parts), as DeepSpeed does at every micro-step.
 //
 // Why release and regather work with a tape that saved the weights: ops save aliases of a tensor,
 // which share its StorageRef. Eviction frees the bytes behind that reference and restoration gives
@@ -66,8 +68,6 @@ interface Unit {
   gathered: boolean;
   /** A gather started before it was needed: its receive buffer and Work. */
   inFlight: { work: Work; full: Tensor; local: Tensor } | null;
-  /** enter() ops recorded since the last step whose backward has not run yet. */
-  pendingBackward: number;
   /** The reduce-scattered gradient of the unit's shard, summed over the backward passes since the last step. */
   gradShard: Tensor | null;
   /** The module's own `forward` property before attach (undefined: the prototype's). */
@@ -121,9 +121,10 @@ export class ParameterPartition {
   #root: Unit | null = null;
   #units: Unit[] = [];
   #model: Module | null = null;
-  #rootOwnForward: PropertyDescriptor | undefined;
+  /** The model's own entry-method properties before attach (undefined: the prototype's). */
+  readonly #entryOwn: [string, PropertyDescriptor | undefined][] = [];
   #inModelForward = false;
-  /** The last unit whose forward ran inside the model's forward; released when the next one starts. */
+  /** The last unit whose forward ran inside a forward pass; released when another one starts. */
   #lastForward: Unit | null = null;
   /** The reduce-scatter in flight (at most one: it overlaps the next unit's backward). */
   #reducing: { unit: Unit; work: Work; input: Tensor; out: Tensor } | null = null;
@@ -184,12 +185,16 @@ export class ParameterPartition {
 
   /**
    * Installs the gathering hooks. `units` are submodules of `model` in the order their forwards run;
-   * every other parameter (and any parameter shared by two units) belongs to the model's root unit.
+   * every other parameter (and any parameter shared by two units) belongs to the model's root unit,
+   * gathered when one of the model's `entries` methods starts a forward pass.
    */
-  attach(model: Module, units: readonly Module[]): void {
+  attach(model: Module, units: readonly Module[], entries: readonly string[]): void {
     if (this.#model) throw new StateError(`${CALL}.attach: already attached to a model`);
-    if (!(model instanceof Module) || typeof (model as unknown as { forward?: unknown }).forward !== 'function') {
-      throw new ArgumentError(`${CALL}.attach: the model must be a Module with a forward method`);
+    if (!(model instanceof Module)) throw new ArgumentError(`${CALL}.attach: the model must be a Module`);
+    const method = (m: Module, name: string) => (m as unknown as Record<string, unknown>)[name];
+    const badEntries = entries.filter((e) => typeof method(model, e) !== 'function');
+    if (entries.length === 0 || badEntries.length > 0) {
+      throw new ArgumentError(`${CALL}.attach: the model has no method ${badEntries.join(', ') || '(none given)'} to start a forward pass through`);
     }
     const names = new Map<Module, string>();
     for (const [name, m] of model.namedModules()) if (!names.has(m)) names.set(m, name);
@@ -226,7 +231,7 @@ export class ParameterPartition {
         slots.push({ part, name: n, offset });
         offset += part.chunk;
       }
-      return { name: names.get(m)!, module: m, slots, shardCount: offset, gathered: false, inFlight: null, pendingBackward: 0, gradShard: null, ownForward: Object.getOwnPropertyDescriptor(m, 'forward') };
+      return { name: names.get(m)!, module: m, slots, shardCount: offset, gathered: false, inFlight: null, gradShard: null, ownForward: Object.getOwnPropertyDescriptor(m, 'forward') };
     };
     this.#model = model;
     this.#root = build(model);
@@ -234,13 +239,15 @@ export class ParameterPartition {
     // The same eviction with a message that names the parameter and its unit.
     for (const u of [this.#root, ...this.#units]) for (const s of u.slots) this.#evict(u, s);
     this.#units.forEach((u, i) => this.#wrapUnit(u, i));
-    this.#wrapModel(model);
+    for (const e of entries) this.#wrapEntry(model, e);
   }
 
-  #wrapModel(model: Module): void {
+  // A method that runs a forward pass of the model (or of the stage it is): the root unit is gathered
+  // for it and the first unit's gather starts.
+  #wrapEntry(model: Module, name: string): void {
     const root = this.#root!;
-    this.#rootOwnForward = Object.getOwnPropertyDescriptor(model, 'forward');
-    const original = (model as unknown as { forward: (...a: unknown[]) => unknown }).forward;
+    this.#entryOwn.push([name, Object.getOwnPropertyDescriptor(model, name)]);
+    const original = (model as unknown as Record<string, (...a: unknown[]) => unknown>)[name]!;
     const wrapped = (...args: unknown[]): unknown => {
       if (this.#inModelForward) return original.apply(model, args);
       this.#inModelForward = true;
@@ -257,10 +264,9 @@ export class ParameterPartition {
         throw e;
       } finally {
         this.#inModelForward = false;
-        this.#lastForward = null;
       }
     };
-    Object.defineProperty(model, 'forward', { value: wrapped, configurable: true, writable: true, enumerable: false });
+    Object.defineProperty(model, name, { value: wrapped, configurable: true, writable: true, enumerable: false });
   }
 
   #wrapUnit(unit: Unit, index: number): void {
@@ -287,12 +293,9 @@ export class ParameterPartition {
 
   // Identity whose backward runs after every op of the unit: its gradients are complete.
   #enter(x: Tensor, unit: Unit): Tensor {
-    unit.pendingBackward++;
     return record('zero3.reduceScatterUnit', x.reshape(x.shape), [x], (g) => {
-      if (--unit.pendingBackward === 0) {
-        this.#reduceScatter(unit);
-        this.#release(unit);
-      }
+      this.#reduceScatter(unit);
+      this.#release(unit);
       return [g];
     });
   }
@@ -406,6 +409,7 @@ export class ParameterPartition {
 
   #releaseAll(): void {
     for (const u of [...this.#units, this.#root!]) this.#release(u);
+    this.#lastForward = null;
   }
 
   /** Packs the unit's full gradients rank by rank, frees them and starts their reduce-scatter (averaged over the group). */
@@ -463,7 +467,6 @@ export class ParameterPartition {
     for (const u of [this.#root!, ...this.#units]) {
       this.#reduceScatter(u);
       this.#finishReduction();
-      u.pendingBackward = 0;
     }
     this.#releaseAll();
     this.masters.forEach((m) => {
@@ -526,8 +529,8 @@ export class ParameterPartition {
    */
   dispose(): void {
     if (this.#model) {
-      restoreForward(this.#model, this.#rootOwnForward);
-      for (const u of this.#units) restoreForward(u.module, u.ownForward);
+      for (const [name, own] of this.#entryOwn) restoreMethod(this.#model, name, own);
+      for (const u of this.#units) restoreMethod(u.module, 'forward', u.ownForward);
     }
     for (const u of [this.#root, ...this.#units]) {
       if (!u) continue;
@@ -546,7 +549,7 @@ export class ParameterPartition {
   }
 }
 
-function restoreForward(m: Module, own: PropertyDescriptor | undefined): void {
-  if (own) Object.defineProperty(m, 'forward', own);
-  else delete (m as unknown as { forward?: unknown }).forward;
+function restoreMethod(m: Module, name: string, own: PropertyDescriptor | undefined): void {
+  if (own) Object.defineProperty(m, name, own);
+  else delete (m as unknown as Record<string, unknown>)[name];
 }
