@@ -1,7 +1,8 @@
 // GPT-2: learned positions, pre-LayerNorm blocks (or MegaScale's parallel block), causal (optionally
 // sliding-window) attention, tied LM head, GPT-2/nanoGPT init, optional recomputation per block.
-// Linear layers come from a factory so tensor parallelism can substitute Column/RowParallelLinear;
-// attention derives its head count from the local weight shape.
+// Linear layers come from a factory so tensor parallelism can substitute Column/RowParallelLinear
+// (attention derives its head count from the local weight shape), and the vocabulary (token table,
+// tied head, loss) from a VocabLayout so it can be split across processes too.
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError } from '../errors.js';
@@ -40,20 +41,69 @@ export interface LinearLike extends Module {
   forward(x: Tensor): Tensor;
 }
 
-/** Builds the linear layers of a block; the default is a plain Linear with weights N(0, std). */
-export type LinearFactory = (inFeatures: number, outFeatures: number, opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions }) => LinearLike;
+/**
+ * Builds the linear layers of a block; the default is a plain Linear with weights N(0, std) and zero
+ * biases. A factory must draw exactly one N(0, std) sample of the full [outFeatures, inFeatures]
+ * weight from layer.generator (and nothing else), so every way of building the model starts from
+ * the same weights for a seed.
+ */
+export type LinearFactory = (inFeatures: number, outFeatures: number,
+  opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions; config: Readonly<GPTConfig> }) => LinearLike;
 
 export const defaultLinearFactory: LinearFactory = (inF, outF, { bias, std, layer }) => {
-  const l = new Linear(inF, outF, { ...layer, bias });
+  const l = new Linear(inF, outF, { ...layer, bias, initialize: false });
   normal(l.weight, 0, std, layer.generator);
   if (l.bias) constant(l.bias, 0);
   return l;
+};
+
+/** What the model needs of its token embedding: the table it ties to the LM head, and the lookup. */
+export interface TokenEmbedding extends Module {
+  readonly weight: Parameter;
+  /** ids: i32 [B, T] → [B, T, nEmbd]. */
+  forward(ids: Tensor): Tensor;
+}
+
+/**
+ * Where the vocabulary lives: the token table, the tied LM head, the loss and the logits users read.
+ * The default holds all of it in this process; a vocabulary-parallel layout (lib/parallel's
+ * tensorParallelGPT) holds a slice of the table per rank, and then the head's logits are that slice.
+ */
+export interface VocabLayout {
+  /** The token table [vocabSize, nEmbd] (or the part held here), drawn N(0, std) once at full size from layer.generator. */
+  embedding(vocabSize: number, nEmbd: number, opts: { std: number; layer: LayerOptions }): TokenEmbedding;
+  /** Logits over the vocabulary held here: final hidden states x [B, T, C] times the tied table. */
+  logits(x: Tensor, table: Tensor): Tensor;
+  /** Mean cross-entropy of logits [N, vocabulary held here] against full-vocabulary targets i32 [N]. */
+  loss(logits: Tensor, targets: Tensor): Tensor;
+  /** Full-vocabulary logits [..., vocabSize] from the output of `logits`. */
+  gather(logits: Tensor): Tensor;
+}
+
+/** The whole vocabulary in this process: an Embedding, a plain tied linear head and crossEntropy. */
+export const defaultVocabLayout: VocabLayout = {
+  embedding(vocabSize, nEmbd, { std, layer }) {
+    const e = new Embedding(vocabSize, nEmbd, { ...layer, initialize: false });
+    normal(e.weight, 0, std, layer.generator);
+    return e;
+  },
+  logits: (x, table) => linear(x, table),
+  loss: (logits, targets) => crossEntropy(logits, targets),
+  gather: (logits) => logits,
 };
 
 export interface GPTOptions extends LayerOptions {
   /** Seed of the initialization (used when no generator is given); default 0. */
   seed?: number | bigint;
   linearFactory?: LinearFactory;
+  vocabLayout?: VocabLayout;
+}
+
+/** The vocabulary size rounded up to a multiple (nanoGPT pads GPT-2's 50257 to 50304 = 64·786) so it splits evenly and GEMMs align. */
+export function padVocab(vocabSize: number, multiple: number): number {
+  if (!Number.isInteger(vocabSize) || vocabSize <= 0) throw new ArgumentError(`padVocab: vocabSize must be a positive integer, got ${vocabSize}`);
+  if (!Number.isInteger(multiple) || multiple <= 0) throw new ArgumentError(`padVocab: multiple must be a positive integer, got ${multiple}`);
+  return Math.ceil(vocabSize / multiple) * multiple;
 }
 
 const INIT_STD = 0.02;
@@ -67,8 +117,8 @@ export class CausalSelfAttention extends Module {
     super();
     const { nEmbd: c, nHead, nLayer, bias } = config;
     this.headDim = c / nHead;
-    this.qkv = factory(c, 3 * c, { role: 'attn.qkv', bias, std: INIT_STD, layer });
-    this.proj = factory(c, c, { role: 'attn.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer });
+    this.qkv = factory(c, 3 * c, { role: 'attn.qkv', bias, std: INIT_STD, layer, config });
+    this.proj = factory(c, c, { role: 'attn.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer, config });
     this.dropout = new Dropout(config.dropout, layer.generator);
   }
   /** x [B, T, C] → [B, T, C]. */
@@ -90,8 +140,8 @@ export class MLP extends Module {
   constructor(config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
     super();
     const { nEmbd: c, nLayer, bias } = config;
-    this.fc = factory(c, 4 * c, { role: 'mlp.fc', bias, std: INIT_STD, layer });
-    this.proj = factory(4 * c, c, { role: 'mlp.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer });
+    this.fc = factory(c, 4 * c, { role: 'mlp.fc', bias, std: INIT_STD, layer, config });
+    this.proj = factory(4 * c, c, { role: 'mlp.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer, config });
     this.dropout = new Dropout(config.dropout, layer.generator);
   }
   forward(x: Tensor): Tensor {
@@ -122,7 +172,10 @@ export class Block extends Module {
 }
 
 export interface GPTOutput {
-  /** [B, T, vocabSize]. */
+  /**
+   * [B, T, vocabSize]; under a vocabulary-parallel layout [B, T, vocabSize / tp], this rank's
+   * contiguous slice of the vocabulary (GPT.gatherLogits gives the full rows).
+   */
   logits: Tensor;
   /** Mean cross-entropy over all positions, when targets were given. */
   loss: Tensor | null;
@@ -136,12 +189,13 @@ export interface GenerateOptions {
 }
 
 export class GPT extends Module {
-  readonly wte: Embedding;
+  readonly wte: TokenEmbedding;
   readonly wpe: Embedding;
   readonly drop: Dropout;
   readonly h: Block[];
   readonly lnF: LayerNorm;
   readonly config: Readonly<GPTConfig>;
+  readonly vocabLayout: VocabLayout;
 
   constructor(config: GPTConfig, opts: GPTOptions = {}) {
     super();
@@ -149,16 +203,16 @@ export class GPT extends Module {
     const generator = opts.generator ?? new Generator(opts.seed ?? 0);
     const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
     const factory = opts.linearFactory ?? defaultLinearFactory;
-    this.wte = new Embedding(config.vocabSize, config.nEmbd, layer);
-    normal(this.wte.weight, 0, INIT_STD, generator);
-    this.wpe = new Embedding(config.blockSize, config.nEmbd, layer);
+    this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
+    this.wte = this.vocabLayout.embedding(config.vocabSize, config.nEmbd, { std: INIT_STD, layer });
+    this.wpe = new Embedding(config.blockSize, config.nEmbd, { ...layer, initialize: false });
     normal(this.wpe.weight, 0, INIT_STD, generator);
     this.drop = new Dropout(config.dropout, generator);
-    this.h = Array.from({ length: config.nLayer }, () => new Block(config, layer, factory));
+    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory));
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 
-  /** idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). */
+  /** idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). Logits are vocabulary-sharded under a parallel VocabLayout. */
   forward(idx: Tensor, targets?: Tensor): GPTOutput {
     checkTensor(idx, 'GPT.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
@@ -170,21 +224,28 @@ export class GPT extends Module {
       x = this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x);
     }
     x = this.lnF.forward(x);
-    const logits = linear(x, this.wte.weight);
+    const logits = this.vocabLayout.logits(x, this.wte.weight);
     let loss: Tensor | null = null;
     if (targets !== undefined) {
       checkTensor(targets, 'GPT.forward', 'targets');
       if (targets.dtype !== 'i32' || targets.ndim !== 2 || targets.shape[0] !== b || targets.shape[1] !== t) {
         throw new ShapeError(`GPT.forward: targets must be i32 [${b}, ${t}], got ${targets.describe()}`);
       }
-      loss = crossEntropy(logits.reshape([b * t, this.config.vocabSize]), targets.reshape([b * t]));
+      loss = this.vocabLayout.loss(logits.reshape([b * t, logits.shape[2]!]), targets.reshape([b * t]));
     }
     return { logits, loss };
+  }
+
+  /** Full-vocabulary logits [B, T, vocabSize] from forward's (gathered across the group under a vocabulary-parallel layout). */
+  gatherLogits(logits: Tensor): Tensor {
+    return this.vocabLayout.gather(logits);
   }
 
   /**
    * Appends maxNewTokens sampled tokens to each row of idx (i32 [B, T]); returns the ids as arrays.
    * Context is cropped to blockSize; sampling draws from a Philox generator seeded by `seed`.
+   * Under tensor parallelism every rank of the group calls it with the same arguments (the logits
+   * are gathered each step) and gets the same tokens.
    */
   generate(idx: Tensor, maxNewTokens: number, { temperature = 1, topK, seed = 0 }: GenerateOptions = {}): number[][] {
     if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) throw new ArgumentError(`generate: maxNewTokens must be an integer >= 0`);
@@ -204,7 +265,7 @@ export class GPT extends Module {
           const ctx = rows.map((r) => r.slice(-this.config.blockSize));
           const t = ctx[0]!.length;
           // Every intermediate of the forward pass is released with the step's scope.
-          const all = scope(() => this.forward(tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device })).logits.toArraySync());
+          const all = scope(() => this.gatherLogits(this.forward(tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device })).logits).toArraySync());
           const u = uniformDraws(b, gen);
           const v = this.config.vocabSize;
           for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * t + t - 1) * v, (i * t + t) * v) as Float32Array, temperature, topK, u[i]!));

@@ -1,8 +1,9 @@
 // Layers and models: Module/Parameter, Linear, Embedding, LayerNorm, Dropout, GPT-2, initializers.
 export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult } from './module.js';
-export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions } from './layers.js';
+export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
-  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, sample,
+  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, padVocab, sample,
   type GPTConfig, type GPTOptions, type GPTOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
+  type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 export * as init from './init.js';

@@ -24,18 +24,29 @@ export function newParameter(shape: number[], opts: LayerOptions, call: string):
   return new Parameter(emptyOn(shape, dtype, device));
 }
 
+/**
+ * Whether a layer draws its default initialization. A caller that fills the parameters itself
+ * passes false, so the generator advances only by the caller's draws (which keeps a model's draws
+ * independent of how its layers are built, e.g. split across a tensor-parallel group).
+ */
+export interface InitOption {
+  /** Default true; false leaves the parameters uninitialized and draws nothing. */
+  initialize?: boolean;
+}
+
 /** y = x W^T + b with W [out, in]; init U(-1/sqrt(in), 1/sqrt(in)) for both, as PyTorch. */
 export class Linear extends Module {
   readonly weight: Parameter;
   readonly bias: Parameter | null;
-  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: LayerOptions & { bias?: boolean } = {}) {
+  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: LayerOptions & InitOption & { bias?: boolean } = {}) {
     super();
     positiveInt(inFeatures, 'Linear', 'inFeatures');
     positiveInt(outFeatures, 'Linear', 'outFeatures');
     const gen = opts.generator ?? defaultGenerator;
     const bound = 1 / Math.sqrt(inFeatures);
-    this.weight = uniform(newParameter([outFeatures, inFeatures], opts, 'Linear'), -bound, bound, gen) as Parameter;
-    this.bias = opts.bias === false ? null : (uniform(newParameter([outFeatures], opts, 'Linear'), -bound, bound, gen) as Parameter);
+    const init = (p: Parameter) => (opts.initialize === false ? p : (uniform(p, -bound, bound, gen) as Parameter));
+    this.weight = init(newParameter([outFeatures, inFeatures], opts, 'Linear'));
+    this.bias = opts.bias === false ? null : init(newParameter([outFeatures], opts, 'Linear'));
   }
   forward(x: Tensor): Tensor { return linear(x, this.weight, this.bias ?? undefined); }
 }
@@ -43,11 +54,12 @@ export class Linear extends Module {
 /** A lookup table [numEmbeddings, dim]; init N(0, 1) as PyTorch. */
 export class Embedding extends Module {
   readonly weight: Parameter;
-  constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: LayerOptions = {}) {
+  constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: LayerOptions & InitOption = {}) {
     super();
     positiveInt(numEmbeddings, 'Embedding', 'numEmbeddings');
     positiveInt(embeddingDim, 'Embedding', 'embeddingDim');
-    this.weight = normal(newParameter([numEmbeddings, embeddingDim], opts, 'Embedding'), 0, 1, opts.generator ?? defaultGenerator) as Parameter;
+    const w = newParameter([numEmbeddings, embeddingDim], opts, 'Embedding');
+    this.weight = opts.initialize === false ? w : (normal(w, 0, 1, opts.generator ?? defaultGenerator) as Parameter);
   }
   /** ids: i32 of any shape → [...ids.shape, dim]. */
   forward(ids: Tensor): Tensor { return embedding(ids, this.weight); }

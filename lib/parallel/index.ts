@@ -1,4 +1,4 @@
-// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings and layers, data-parallel gradient buckets, ZeRO, and test groups.
+// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO, and test groups.
 export {
   MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
@@ -13,6 +13,14 @@ export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';
 export { copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion } from './tensor-parallel/mappings.js';
 export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
+export {
+  VocabParallelEmbedding, vocabParallelCrossEntropy, vocabRange,
+  type VocabParallelEmbeddingOptions, type VocabParallelCrossEntropyOptions,
+} from './tensor-parallel/vocab.js';
+export {
+  checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
+  tensorParallelParameters, clipTensorParallelGradNorm,
+} from './tensor-parallel/gpt.js';
 export { gpipe, oneForwardOneBackward, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
 export {
   resolveTrainingLayout, batchSlice, initParallelTraining, DataParallelTrainer,

@@ -1,5 +1,5 @@
-// Tensor-parallel linear layers (Megatron's ColumnParallelLinear / RowParallelLinear) and a linear
-// factory that splits a GPT block's attention heads and MLP across the tensor-parallel group.
+// Tensor-parallel linear layers (Megatron's ColumnParallelLinear / RowParallelLinear); gpt.ts uses
+// them to split a GPT block's attention heads and MLP across the tensor-parallel group.
 // Weights are initialized at full size from the shared generator and then sliced, so a TP run starts
 // from exactly the weights of the single-process model.
 import { ArgumentError } from '../../errors.js';
@@ -30,7 +30,8 @@ function defaultInit(inFeatures: number) {
   return (t: Tensor, g: Generator): void => { uniform(t, -bound, bound, g); };
 }
 
-function divisible(what: string, value: number, parts: number, call: string): number {
+/** value / parts, or an ArgumentError naming `what` when the tensor-parallel size does not divide it. */
+export function divisible(what: string, value: number, parts: number, call: string): number {
   if (!Number.isInteger(value) || value <= 0 || value % parts !== 0) {
     throw new ArgumentError(`${call}: ${what} (${value}) must be a positive multiple of the tensor-parallel size ${parts}`);
   }
@@ -38,7 +39,7 @@ function divisible(what: string, value: number, parts: number, call: string): nu
 }
 
 /** Creates a full [rows, cols] tensor with init, returns this rank's rows (given as [start, count] runs). */
-function initAndTakeRows(rows: number, cols: number, runs: [number, number][], init: (t: Tensor, g: Generator) => void,
+export function initAndTakeRows(rows: number, cols: number, runs: [number, number][], init: (t: Tensor, g: Generator) => void,
   gen: Generator, opts: { device?: string; dtype?: string }, call: string): Parameter {
   const { dtype, device } = resolveOptions(opts, call);
   using full = emptyOn(cols > 0 ? [rows, cols] : [rows], dtype, device);

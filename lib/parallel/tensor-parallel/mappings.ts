@@ -11,7 +11,7 @@ import { needsGrad, record } from '../../autograd/engine.js';
 import { dtypeCode } from '../../dtype.js';
 import { ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
-import type { ProcessGroup, Work } from '../group.js';
+import type { ProcessGroup, ReduceOp, Work } from '../group.js';
 
 function finish(work: Work, call: string, group: ProcessGroup): void {
   if (!work.waitSync) {
@@ -21,8 +21,9 @@ function finish(work: Work, call: string, group: ProcessGroup): void {
   work.waitSync();
 }
 
-function allReduceSync(t: Tensor, group: ProcessGroup, call: string): void {
-  finish(group.allReduce(t, { op: 'sum' }), call, group);
+/** In-place allReduce of t, finished before returning (usable inside forward and backward). */
+export function allReduceSync(t: Tensor, group: ProcessGroup, call: string, op: ReduceOp = 'sum'): void {
+  finish(group.allReduce(t, { op }), call, group);
 }
 
 function lastDim(x: Tensor, call: string): { rows: number; width: number } {

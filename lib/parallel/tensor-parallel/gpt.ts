@@ -1,0 +1,121 @@
+// The GPT of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
+// MLP's hidden units by Column/RowParallelLinear, the vocabulary (token table, tied head, loss) by
+// rows. Each rank's weights are exact slices of the single-process model built from the same seed.
+import { tensor } from '../../creation.js';
+import { ArgumentError } from '../../errors.js';
+import type { Module, Parameter } from '../../nn/module.js';
+import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
+import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type VocabLayout } from '../../nn/gpt.js';
+import { constant, normal } from '../../nn/init.js';
+import { linear } from '../../ops/index.js';
+import type { Generator } from '../../random.js';
+import type { Tensor } from '../../tensor.js';
+import type { ProcessGroup } from '../group.js';
+import { ColumnParallelLinear, RowParallelLinear } from './layers.js';
+import { copyToRegion, gatherFromRegion } from './mappings.js';
+import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
+
+/**
+ * Throws one ArgumentError listing every reason a GPT cannot be split `tp` ways: the attention
+ * heads, the width and the vocabulary must each divide evenly. Needs no communication.
+ */
+export function checkTensorParallelConfig(config: Pick<GPTConfig, 'nHead' | 'nEmbd' | 'vocabSize'>, tp: number): void {
+  if (!Number.isInteger(tp) || tp < 1) throw new ArgumentError(`tensor parallelism: the group size must be a positive integer, got ${tp}`);
+  const problems: string[] = [];
+  if (config.nHead % tp !== 0) problems.push(`the ${config.nHead} attention heads`);
+  if (config.nEmbd % tp !== 0) problems.push(`the width ${config.nEmbd}`);
+  if (config.vocabSize % tp !== 0) {
+    problems.push(`the vocabulary of ${config.vocabSize} tokens (pad it: padVocab(${config.vocabSize}, ${tp}) = ${padVocab(config.vocabSize, tp)})`);
+  }
+  if (problems.length) throw new ArgumentError(`tensor parallelism over ${tp} ranks must divide ${problems.join(', ')}`);
+}
+
+const normalInit = (std: number) => (t: Tensor, g: Generator): void => { normal(t, 0, std, g); };
+const zeroInit = (t: Tensor): void => { constant(t, 0); };
+
+/**
+ * Linear layers of a GPT block split across `group`: the fused QKV and the MLP's first layer by
+ * output rows (QKV interleaved by 3, so each rank holds whole heads of q, k and v), both output
+ * projections by input columns, whose partial products are summed. Weights are drawn N(0, std) at
+ * full size from the shared generator (as defaultLinearFactory draws them) and sliced.
+ */
+export function tensorParallelLinearFactory(group: ProcessGroup): LinearFactory {
+  return (inF, outF, { role, bias, std, layer, config }) => {
+    checkTensorParallelConfig(config, group.size);
+    const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit };
+    switch (role) {
+      case 'attn.qkv': return new ColumnParallelLinear(inF, outF, { ...opts, interleave: 3 });
+      case 'mlp.fc': return new ColumnParallelLinear(inF, outF, opts);
+      case 'attn.proj':
+      case 'mlp.proj': return new RowParallelLinear(inF, outF, opts);
+      default: throw new ArgumentError(`tensorParallelLinearFactory: unknown layer role '${String(role)}'`);
+    }
+  };
+}
+
+/**
+ * The vocabulary split by rows across `group`: a VocabParallelEmbedding, a head whose input is
+ * copied into the region (its gradient is summed over the vocabulary slices) and gives this rank's
+ * slice of the logits, vocabParallelCrossEntropy, and gatherFromRegion for full rows.
+ */
+export function vocabParallelLayout(group: ProcessGroup): VocabLayout {
+  return {
+    embedding: (vocabSize, nEmbd, { std, layer }) => new VocabParallelEmbedding(vocabSize, nEmbd,
+      { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std) }),
+    logits: (x, table) => linear(copyToRegion(x, group), table),
+    loss: (logits, targets) => vocabParallelCrossEntropy(logits, targets, group),
+    gather: (logits) => gatherFromRegion(logits, group),
+  };
+}
+
+/** The GPTOptions that split a GPT across `group`: `new GPT(config, { seed, ...tensorParallelGPTOptions(group) })`. */
+export function tensorParallelGPTOptions(group: ProcessGroup): Required<Pick<GPTOptions, 'linearFactory' | 'vocabLayout'>> {
+  return { linearFactory: tensorParallelLinearFactory(group), vocabLayout: vocabParallelLayout(group) };
+}
+
+/**
+ * A GPT split across opts.group, checked first (ArgumentError before any layer is built). Its
+ * forward gives this rank's vocabulary slice of the logits and the full loss on every rank;
+ * LayerNorms, positions and the row-parallel biases are replicated, with equal gradients on every rank.
+ */
+export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & { group: ProcessGroup }): GPT {
+  const { group, ...rest } = opts;
+  checkTensorParallelConfig(config, group.size);
+  return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group) });
+}
+
+/**
+ * A model's parameters by how tensor parallelism holds them: `sharded` (each rank a different slice:
+ * column-parallel weights and biases, row-parallel weights, the vocabulary-parallel table) and
+ * `replicated` (the same values and gradients on every rank: norms, positions, row-parallel biases).
+ */
+export function tensorParallelParameters(model: Module): { sharded: Parameter[]; replicated: Parameter[] } {
+  const sharded = new Set<Parameter>();
+  for (const [, m] of model.namedModules()) {
+    if (m instanceof ColumnParallelLinear) { sharded.add(m.weight); if (m.bias) sharded.add(m.bias); }
+    else if (m instanceof RowParallelLinear || m instanceof VocabParallelEmbedding) sharded.add(m.weight);
+  }
+  const all = model.parameters();
+  return { sharded: all.filter((p) => sharded.has(p)), replicated: all.filter((p) => !sharded.has(p)) };
+}
+
+/**
+ * The L2 norm of the whole model's gradient, the same on every rank of `group`: the sharded
+ * gradients' squares summed over the group, the replicated ones counted once. With maxNorm, scales
+ * every gradient as clipGradNorm does on a single process. Returns the norm before clipping.
+ */
+export async function clipTensorParallelGradNorm(model: Module, group: ProcessGroup, maxNorm?: number): Promise<number> {
+  if (maxNorm !== undefined && !(typeof maxNorm === 'number' && maxNorm > 0)) {
+    throw new ArgumentError(`clipTensorParallelGradNorm: maxNorm must be a number > 0, got ${maxNorm}`);
+  }
+  const { sharded, replicated } = tensorParallelParameters(model);
+  // f32 carries the partial sums: their relative rounding (1e-7) is far below what clipping needs.
+  using partial = tensor(new Float32Array([gradSumSquares(sharded)]), [1], { device: model.parameters()[0]?.device });
+  await group.allReduce(partial, { op: 'sum' });
+  const norm = Math.sqrt(partial.item() + gradSumSquares(replicated));
+  if (maxNorm !== undefined) {
+    const factor = clipFactor(norm, maxNorm);
+    if (factor < 1) scaleGrads(model.parameters(), factor);
+  }
+  return norm;
+}

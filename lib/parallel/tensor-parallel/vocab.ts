@@ -1,0 +1,171 @@
+// The vocabulary split across the tensor-parallel group (Megatron's VocabParallelEmbedding and
+// vocab-parallel cross-entropy): rank r holds the contiguous rows [r·V/tp, (r+1)·V/tp) of the token
+// table, so the tied LM head yields that slice of every row's logits and the loss never gathers them.
+import { needsGrad, own, record, save } from '../../autograd/engine.js';
+import { tensor } from '../../creation.js';
+import { ArgumentError, ShapeError } from '../../errors.js';
+import { normal } from '../../nn/init.js';
+import { Module, type Parameter } from '../../nn/module.js';
+import { checkFloats, checkIndices, code, emptyLike } from '../../ops/common.js';
+import { embedding } from '../../ops/embedding.js';
+import { mul } from '../../ops/elementwise.js';
+import { defaultGenerator, type Generator } from '../../random.js';
+import { fmtShape } from '../../shape.js';
+import type { Tensor } from '../../tensor.js';
+import type { ProcessGroup } from '../group.js';
+import { divisible, initAndTakeRows } from './layers.js';
+import { allReduceSync, reduceFromRegion } from './mappings.js';
+
+/** The vocabulary rows [start, end) that group rank `rank` holds when `vocabSize` is split `size` ways. */
+export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): { start: number; end: number } {
+  const local = divisible('the vocabulary size', vocabSize, size, call);
+  return { start: rank * local, end: (rank + 1) * local };
+}
+
+export interface VocabParallelEmbeddingOptions {
+  group: ProcessGroup;
+  device?: string;
+  dtype?: string;
+  generator?: Generator;
+  /** Fills the full-size table [numEmbeddings, dim] before it is split (default N(0, 1), as Embedding). */
+  initWeight?: (full: Tensor, generator: Generator) => void;
+}
+
+/**
+ * A token table [numEmbeddings, dim] split by rows across the group. Each rank looks up the ids in
+ * its range (others give zero rows) and the partial lookups are summed (reduceFromRegion), so every
+ * rank gets the full embedding and its gradient reaches only the rows it holds.
+ */
+export class VocabParallelEmbedding extends Module {
+  readonly weight: Parameter;
+  readonly group: ProcessGroup;
+  /** First vocabulary row held here. */
+  readonly vocabStart: number;
+  /** One past the last vocabulary row held here. */
+  readonly vocabEnd: number;
+  constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: VocabParallelEmbeddingOptions) {
+    super();
+    const call = 'VocabParallelEmbedding';
+    if (!Number.isInteger(embeddingDim) || embeddingDim <= 0) throw new ArgumentError(`${call}: embeddingDim must be a positive integer, got ${embeddingDim}`);
+    const { start, end } = vocabRange(numEmbeddings, opts.group.rank, opts.group.size, call);
+    this.group = opts.group;
+    this.vocabStart = start;
+    this.vocabEnd = end;
+    const init = opts.initWeight ?? ((t: Tensor, g: Generator) => { normal(t, 0, 1, g); });
+    this.weight = initAndTakeRows(numEmbeddings, embeddingDim, [[start, end - start]], init, opts.generator ?? defaultGenerator, opts, call);
+  }
+
+  /** ids: i32 of any shape, every id in [0, numEmbeddings) → [...ids.shape, dim] (the same on every rank). */
+  forward(ids: Tensor): Tensor {
+    const call = 'VocabParallelEmbedding.forward';
+    checkIndices(call, 'ids', ids);
+    const all = ids.toArraySync() as Int32Array;
+    const local = new Int32Array(all.length), mask = new Float32Array(all.length);
+    let foreign = 0;
+    for (let i = 0; i < all.length; i++) {
+      const id = all[i]!;
+      if (id < 0 || id >= this.numEmbeddings) throw new ArgumentError(`${call}: id ${id} at position ${i} is outside the vocabulary [0, ${this.numEmbeddings})`);
+      const owned = id >= this.vocabStart && id < this.vocabEnd;
+      // A foreign id looks up local row 0, which the mask then zeroes (and with it that row's gradient).
+      local[i] = owned ? id - this.vocabStart : 0;
+      mask[i] = owned ? 1 : 0;
+      if (!owned) foreign++;
+    }
+    using localIds = tensor(local, ids.shape, { dtype: 'i32', device: ids.device });
+    const rows = embedding(localIds, this.weight);
+    if (foreign === 0) return reduceFromRegion(rows, this.group);
+    using maskT = tensor(mask, [...ids.shape, 1], { dtype: this.weight.dtype, device: this.weight.device });
+    return reduceFromRegion(mul(rows, maskT), this.group);
+  }
+}
+
+export interface VocabParallelCrossEntropyOptions {
+  /** Targets equal to this contribute no loss and no gradient (default −100, as crossEntropy). */
+  ignoreIndex?: number;
+}
+
+// Encodings of the per-row local targets handed to the kernels (anything outside [0, V/tp)).
+const NOT_HERE = -1;   // forward: the row's target logit is not in this shard (or the row is ignored)
+const IGNORED = -1;    // backward: the row has no loss, its gradient is zero
+const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's gradient is softmax only
+
+/**
+ * Mean cross-entropy of logits whose vocabulary dimension is split across the group: localLogits
+ * [..., V/tp] holds this rank's contiguous slice of every row, targets (i32 [...], the same on every
+ * rank) index the full vocabulary. One autograd op; the loss is the same scalar on every rank.
+ *
+ * Forward: each rank's logsumexp over its slice is combined stably across ranks (allReduce(max),
+ * then allReduce(sum) of exp(lse_r − max) packed with the target's terms, which one rank owns).
+ * Backward: softmax(local) − onehot(local), times gradOut / (rows counted); no communication.
+ */
+export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, group: ProcessGroup, opts: VocabParallelCrossEntropyOptions = {}): Tensor {
+  const call = 'vocabParallelCrossEntropy';
+  checkFloats(call, { localLogits });
+  checkIndices(call, 'targets', targets);
+  if (localLogits.ndim < 1) throw new ShapeError(`${call}: localLogits must have a vocabulary dimension`);
+  const lead = localLogits.shape.slice(0, -1);
+  if (targets.ndim !== lead.length || targets.shape.some((d, i) => d !== lead[i])) {
+    throw new ShapeError(`${call}: targets ${fmtShape(targets.shape)} must match localLogits ${fmtShape(localLogits.shape)} without its last dimension`);
+  }
+  const ignoreIndex = opts.ignoreIndex ?? -100;
+  if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer`);
+  const localVocab = localLogits.shape[localLogits.ndim - 1]!;
+  if (localVocab === 0) throw new ShapeError(`${call}: empty vocabulary slice`);
+  const vocab = localVocab * group.size, start = group.rank * localVocab;
+  const N = targets.size;
+  const t = targets.toArraySync() as Int32Array;
+  const fwdTargets = new Int32Array(N), bwdTargets = new Int32Array(N);
+  let counted = 0;
+  for (let i = 0; i < N; i++) {
+    const id = t[i]!;
+    if (id === ignoreIndex) { fwdTargets[i] = NOT_HERE; bwdTargets[i] = IGNORED; continue; }
+    if (id < 0 || id >= vocab) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${vocab})`);
+    counted++;
+    const owned = id >= start && id < start + localVocab;
+    fwdTargets[i] = owned ? id - start : NOT_HERE;
+    bwdTargets[i] = owned ? id - start : ELSEWHERE;
+  }
+  const device = localLogits.device;
+
+  // This slice's logsumexp per row, and lse − x[target] where the target is here (0 elsewhere).
+  using fwdT = tensor(fwdTargets, [N], { dtype: 'i32', device });
+  using shardLoss = emptyLike(localLogits, [N], 'f32');
+  using shardLse = emptyLike(localLogits, [N], 'f32');
+  localLogits.backend.cross_entropy_forward(localLogits.storage, fwdT.storage, shardLoss.storage, shardLse.storage, N, localVocab, NOT_HERE, code(localLogits));
+  const lossHere = shardLoss.toArraySync() as Float32Array, lseHere = shardLse.toArraySync() as Float32Array;
+
+  // The largest slice logsumexp of each row bounds the exponents below. One sum then carries
+  // Σ_r exp(lse_r − max), and from the target's owner its slice loss lse_r − x[target] and lse_r − max,
+  // so that loss = slice loss + log Σ − (lse_r − max) adds small numbers only (no cancellation of
+  // two large logits in f32).
+  allReduceSync(shardLse, group, `${call} (max)`, 'max');
+  const rowMax = shardLse.toArraySync() as Float32Array;
+  const packed = new Float32Array(3 * N);
+  for (let i = 0; i < N; i++) {
+    packed[i] = Math.exp(lseHere[i]! - rowMax[i]!);
+    if (fwdTargets[i] !== NOT_HERE) { packed[N + i] = lossHere[i]!; packed[2 * N + i] = lseHere[i]! - rowMax[i]!; }
+  }
+  using sums = tensor(packed, [3 * N], { device });
+  allReduceSync(sums, group, `${call} (sum)`);
+  const summed = sums.toArraySync() as Float32Array;
+  const lse = new Float32Array(N);
+  let total = 0;
+  for (let i = 0; i < N; i++) {
+    const logSum = Math.log(summed[i]!);
+    lse[i] = rowMax[i]! + logSum;
+    if (bwdTargets[i] !== IGNORED) total += summed[N + i]! + logSum - summed[2 * N + i]!;
+  }
+  const out = emptyLike(localLogits, []);
+  out.backend.fill(out.storage, code(out), 1, counted > 0 ? total / counted : Number.NaN);
+  if (!needsGrad(localLogits)) return out;
+
+  const scale = counted > 0 ? 1 / counted : 0;
+  const ls = save(localLogits);
+  const lseT = own(tensor(lse, [N], { device }));
+  const bwdT = own(tensor(bwdTargets, [N], { dtype: 'i32', device }));
+  return record('vocabParallelCrossEntropy', out, [localLogits, targets], (g) => {
+    const gl = emptyLike(ls);
+    g.backend.cross_entropy_shard_backward(ls.storage, bwdT.storage, lseT.storage, g.storage, gl.storage, N, localVocab, IGNORED, scale, code(g));
+    return [gl, null];
+  }, [ls, lseT, bwdT]);
+}
