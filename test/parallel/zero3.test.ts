@@ -12,7 +12,7 @@ import { ZeroOptimizer, zeroMemoryFormula } from '../../lib/parallel/zero/optimi
 import { trainStep } from '../../lib/training.js';
 import { runRanks, type RankResult } from '../distributed/spawn-ranks.js';
 import {
-  zero3Batch, zero3Config, zero3Lr, zero3ParamGroups, ZERO3_GLOBAL_BATCH, ZERO3_MAX_GRAD_NORM, ZERO3_STEPS,
+  zero3Batch, zero3Config, zero3Lr, zero3ParamGroups, ZERO3_GLOBAL_BATCH, ZERO3_MAX_GRAD_NORM, ZERO3_SEED, ZERO3_STEPS,
 } from '../fixtures/parallel/zero3-setup.js';
 
 const TOLERANCE = 1e-5;
@@ -32,7 +32,7 @@ const adamw = (groups: Array<{ params: Iterable<nt.Tensor> }>) => new nt.optim.A
 /** The single-process run: the whole global batch, plain AdamW, the same clipping and schedule. */
 function reference(recompute: boolean): { losses: number[]; gradNorms: number[]; params: number[]; initial: number[] } {
   const config = zero3Config(recompute);
-  const model = new nt.nn.GPT(config, { seed: 5 });
+  const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
   const groups = zero3ParamGroups(model);
   const ordered = groups.flatMap((g) => g.params);
   const initial = ordered.flatMap((p) => Array.from(p.toArraySync()));
@@ -66,7 +66,7 @@ const references = { plain: reference(false), recompute: reference(true) };
 
 /** Parameter counts of the root unit (embeddings, final norm) and of one block, and their padded per-rank chunks. */
 function unitSizes(ranks: number): { psi: number; root: number; block: number; blockChunks: number } {
-  const model = new nt.nn.GPT(zero3Config(), { seed: 5 });
+  const model = new nt.nn.GPT(zero3Config(), { seed: ZERO3_SEED });
   const size = (ps: nt.Tensor[]) => ps.reduce((s, p) => s + p.size, 0);
   const blockParams = model.h[0]!.parameters();
   const out = {
@@ -141,7 +141,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
 
   it('accumulates two micro-batches per step like the full batch, releasing every block after each backward', async () => {
     const expected = reference(false);
-    const model = new nt.nn.GPT(config, { seed: 5 });
+    const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const zero = new ZeroOptimizer(zero3ParamGroups(model), adamw, { group: group(), stage: 3 }).attach(model);
     const shardBytes = zero.memoryBytes().params;
     const rootBytes = 4 * (model.numParameters() - config.nLayer * model.h[0]!.numParameters());
@@ -174,7 +174,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
   });
 
   it('a forward without a graph releases every gathered parameter; one with a graph keeps the root and the last block for backward', async () => {
-    const model = new nt.nn.GPT(config, { seed: 5 });
+    const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const zero = new ZeroOptimizer(model.parameters(), adamw, { group: group(), stage: 3 }).attach(model);
     const shardBytes = zero.memoryBytes().params;
     const { inputs, targets } = batch(0, [0, 2]);
@@ -195,7 +195,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
 
   it('units listed out of order still train correctly; the mispredicted prefetches show as on-demand and unused gathers', async () => {
     const trainOnce = async (reversed: boolean) => {
-      const model = new nt.nn.GPT(config, { seed: 5 });
+      const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
       const zero = new ZeroOptimizer(model.parameters(), adamw, { group: group(), stage: 3 });
       zero.attach(model, { units: reversed ? [...model.h].reverse() : model.h });
       const { inputs, targets } = batch(0, [0, 4]);
@@ -215,7 +215,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
   });
 
   it('refuses a forward before attach, a step before attach, and parameters outside the partition', async () => {
-    const model = new nt.nn.GPT(config, { seed: 5 });
+    const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const zero = new ZeroOptimizer(model.parameters(), adamw, { group: group(), stage: 3 });
     const { inputs, targets } = batch(0, [0, 1]);
     expect(() => model.forward(inputs, targets)).toThrow(nt.StateError);
@@ -225,14 +225,14 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
     zero.dispose();
 
     // A model parameter the optimizer does not hold would never be gathered or updated.
-    const model2 = new nt.nn.GPT(config, { seed: 5 });
+    const model2 = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const partial = new ZeroOptimizer(model2.parameters().filter((p) => p !== model2.lnF.bias), adamw, { group: group(), stage: 3 });
     expect(() => partial.attach(model2)).toThrow(nt.ArgumentError);
     expect(() => partial.attach(model2)).toThrow(/model parameters not given to the optimizer: lnF.bias/);
     partial.dispose();
 
     // An optimizer parameter the model does not have.
-    const model3 = new nt.nn.GPT(config, { seed: 5 });
+    const model3 = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const stray = nt.zeros([3]);
     const extra = new ZeroOptimizer([...model3.parameters(), stray], adamw, { group: group(), stage: 3 });
     expect(() => extra.attach(model3)).toThrow(/optimizer parameters that are not the model's: \[3\] f32/);
@@ -242,12 +242,12 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
     extra.dispose();
 
     // A refused inner optimizer leaves the parameters whole.
-    const model5 = new nt.nn.GPT(config, { seed: 5 });
+    const model5 = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     expect(() => new ZeroOptimizer(model5.parameters(), (gr) => new nt.optim.Lamb(gr), { group: group(), stage: 3 })).toThrow(/LAMB/);
     expect(() => new ZeroOptimizer(model5.parameters(), () => adamw([{ params: model5.parameters() }]), { group: group(), stage: 3 })).toThrow(/exactly the shard groups/);
     expect(Number.isFinite(model5.forward(inputs, targets).loss!.item())).toBe(true);
 
-    const model4 = new nt.nn.GPT(config, { seed: 5 });
+    const model4 = new nt.nn.GPT(config, { seed: ZERO3_SEED });
     const ok = new ZeroOptimizer(model4.parameters(), adamw, { group: group(), stage: 3 }).attach(model4);
     expect(() => ok.attach(model4)).toThrow(nt.StateError);
     ok.dispose();
@@ -259,7 +259,7 @@ describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => 
 
   it('refuses a group that cannot finish a collective synchronously, on every rank', async () => {
     const errors = await runLocalRanks(2, async (g) => {
-      const model = new nt.nn.GPT(config, { seed: 5 });
+      const model = new nt.nn.GPT(config, { seed: ZERO3_SEED });
       const zero = new ZeroOptimizer(model.parameters(), adamw, { group: g, stage: 3 }).attach(model);
       const { inputs, targets } = batch(0, [0, 1]);
       let message = '';
