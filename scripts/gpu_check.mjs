@@ -146,7 +146,9 @@ check('adamw multi-tensor', () => {
     compare(`adamw tensor ${t}`, 'f32', host(p), want, 1e-5);
   });
 });
-check('nccl single-rank allReduce', () => {
+// ---- NCCL (single rank: one GPU cannot host two NCCL ranks; multi-rank algorithms run on the cpu
+// backend's tests). Raw NcclComm first, then every collective through nt.distributed's ProcessGroup.
+check('nccl NcclComm raw allReduce + bad input', () => {
   const comm = new G.NcclComm(G.ncclUniqueId(), 0, 1, 0);
   const deadline = Date.now() + 30_000;
   while (comm.asyncError() === 'inProgress' && Date.now() < deadline);
@@ -154,8 +156,85 @@ check('nccl single-rank allReduce', () => {
   const ev = comm.allReduce(x.storage, 0, y.storage, 0, 1 << 16, 0, 0);
   comm.synchronize(ev, 30_000);
   G.eventDestroy(ev);
-  compare('nccl allReduce (1 rank)', 'f32', host(y), host(x), 0);
+  compare('nccl raw allReduce (1 rank)', 'f32', host(y), host(x), 0);
+  const expectThrow = (name, cls, fn) => {
+    let e; try { fn(); } catch (err) { e = err; }
+    results.checks.push({ name, ok: e instanceof cls, error: e instanceof cls ? undefined : `expected ${cls.name}, got ${e}` });
+  };
+  expectThrow('nccl raw: count past the buffer', nt.NodetronError, () => comm.allReduce(x.storage, 0, y.storage, 0, (1 << 16) + 1, 0, 0));
+  expectThrow('nccl raw: unknown reduce op', nt.ArgumentError, () => comm.allReduce(x.storage, 0, y.storage, 0, 16, 0, 9));
+  expectThrow('nccl raw: cpu storage', nt.NodetronError, () => comm.allReduce(nt.zeros([16]).storage, 0, y.storage, 0, 16, 0, 0));
   comm.destroy();
+  expectThrow('nccl raw: op after destroy', nt.CommError, () => comm.allReduce(x.storage, 0, y.storage, 0, 16, 0, 0));
+});
+async function checkAsync(name, fn) {
+  try { await fn(); } catch (e) { results.checks.push({ name, ok: false, error: String(e?.stack ?? e) }); }
+}
+await checkAsync('nccl ProcessGroup (1 rank)', async () => {
+  const { world } = await nt.distributed.init({ backend: 'nccl', timeoutMs: 30_000, env: nt.distributed.readLaunchEnv({}) });
+  const REDUCE = ['sum', 'avg', 'max', 'min', 'prod'];
+  for (const dtype of ['f32', 'bf16', 'f16', 'i32', 'u8']) {
+    const src = dtype === 'i32' || dtype === 'u8' ? nt.rand([4099], { seed: 4 }).mul(60).to(dtype).to('cuda') : randn([4099], dtype);
+    const want = host(src);
+    for (const op of REDUCE) {
+      const x = src.clone(), out = zerosLike([4099], dtype);
+      await world.allReduce(x, { op, out });
+      compare(`nccl allReduce ${op} ${dtype} out-of-place`, dtype, host(out), want, 0);
+      world.allReduce(x, { op }).waitSync();  // stream-ordered: the read below runs after it
+      compare(`nccl allReduce ${op} ${dtype} in-place`, dtype, host(x), want, 0);
+    }
+    const b = src.clone();
+    await world.broadcast(b);
+    compare(`nccl broadcast ${dtype}`, dtype, host(b), want, 0);
+    const r = src.clone();
+    await world.reduce(r, { op: 'sum' });
+    compare(`nccl reduce ${dtype}`, dtype, host(r), want, 0);
+    const g = zerosLike([4099], dtype);
+    await world.allGather(g, src);
+    compare(`nccl allGather ${dtype}`, dtype, host(g), want, 0);
+    const gl = [zerosLike([4099], dtype)];
+    await world.allGather(gl, src);
+    compare(`nccl allGather list ${dtype}`, dtype, host(gl[0]), want, 0);
+    const rs = zerosLike([4099], dtype);
+    await world.reduceScatter(rs, src);
+    compare(`nccl reduceScatter ${dtype}`, dtype, host(rs), want, 0);
+    const a2a = zerosLike([4099], dtype);
+    await world.allToAll(a2a, src);
+    compare(`nccl allToAll ${dtype}`, dtype, host(a2a), want, 0);
+  }
+  await world.barrier();
+  // A batch (one ncclGroupStart/End) of two collectives, then compute ordered after them.
+  const a = randn([1000]), c = randn([777], 'bf16'), wa = host(a), wc = host(c);
+  await Promise.all(world.batch(() => [world.allReduce(a), world.allReduce(c, { op: 'max' })]));
+  compare('nccl batch allReduce f32', 'f32', host(a.mul(2)), wa.map((v) => 2 * v), 0);
+  compare('nccl batch allReduce bf16', 'bf16', host(c), wc, 0);
+  // Error paths: typed, and the communicator keeps working after them.
+  const expectReject = (name, cls, fn) => {
+    let e; try { fn(); } catch (err) { e = err; }
+    results.checks.push({ name, ok: e instanceof cls, error: e instanceof cls ? undefined : `expected ${cls.name}, got ${e}` });
+  };
+  expectReject('nccl group: cpu tensor', nt.ArgumentError, () => world.allReduce(nt.zeros([4])));
+  const d = zerosLike([4], 'f32'); d.dispose();
+  expectReject('nccl group: disposed tensor', nt.DisposedError, () => world.allReduce(d));
+  expectReject('nccl group: wrong out size', nt.ShapeError, () => world.allReduce(zerosLike([4], 'f32'), { out: zerosLike([5], 'f32') }));
+  expectReject('nccl group: wrong out dtype', nt.DTypeError, () => world.allReduce(zerosLike([4], 'f32'), { out: zerosLike([4], 'bf16') }));
+  expectReject('nccl group: uneven reduceScatter split', nt.ShapeError, () => world.reduceScatter(zerosLike([1], 'f32'), zerosLike([3], 'f32'), { counts: [2] }));
+  const after = randn([333]), wAfter = host(after);
+  await world.allReduce(after);
+  compare('nccl allReduce after errors', 'f32', host(after), wAfter, 0);
+  // One rank's allreduce time (a device copy through NCCL's kernels), 64 MiB f32.
+  const big = zerosLike([16 << 20], 'f32');
+  await world.allReduce(big);
+  nt.cuda.synchronize();
+  const t0 = process.hrtime.bigint();
+  for (let i = 0; i < 20; i++) world.allReduce(big);
+  nt.cuda.synchronize();
+  const ms = Number(process.hrtime.bigint() - t0) / 1e6 / 20;
+  results.bench.push({ name: 'nccl allReduce 1 rank 64 MiB f32', ms, gbps: (64 << 20) / ms / 1e6 });
+  await nt.distributed.destroy();
+  let destroyedErr;
+  try { world.allReduce(after); } catch (e) { destroyedErr = e; }
+  results.checks.push({ name: 'nccl group: op after destroy', ok: destroyedErr instanceof nt.StateError, error: destroyedErr instanceof nt.StateError ? undefined : String(destroyedErr) });
 });
 
 // ---- benchmarks ----------------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 // redop, root, time, algbw, busbw, #wrong; out-of-place and in-place), run under the launcher (or
 // launching itself), with an optional side-by-side run of torch.distributed's Gloo allreduce.
 import { spawnSync } from 'node:child_process';
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { full, tensor, zeros } from '../creation.js';
-import { DTYPES, dtypeSize, type DType } from '../dtype.js';
+import { DTYPES, dtypeCode, dtypeSize, type DType } from '../dtype.js';
 import { ArgumentError } from '../errors.js';
 import * as dist from '../distributed/index.js';
 import type { ReduceOp } from '../distributed/index.js';
@@ -65,8 +66,16 @@ interface Plan {
   dispose(): void;
 }
 
+// Puts rank's initial values back into t (the in-place forms overwrite their input).
+function refill(t: Tensor, rank: number): void {
+  const fresh = filled(t.size, t.dtype, rank);
+  t.backend.copy(t.storage, 0, fresh.storage, 0, t.nbytes);
+  fresh.dispose();
+}
+
+// sendrecv has no in-place form: a buffer cannot be sent while it is being received into.
 function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, redop: ReduceOp): Plan {
-  const n = g.size, rank = g.rank;
+  const n = g.size, rank = g.rank, esize = dtypeSize(dtype);
   const owned: Tensor[] = [];
   const keep = <T extends Tensor>(t: T): T => { owned.push(t); return t; };
   const dispose = (): void => { for (const t of owned) t.dispose(); };
@@ -77,56 +86,73 @@ function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, re
       return {
         run, dispose, supports: { outOfPlace: true, inPlace: true },
         async check(ip) {
-          const fresh = filled(count, dtype, rank);
-          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
-          fresh.dispose();
+          refill(x, rank);
           await run(ip);
           return countWrong(ip ? x : out, (i) => reduceRef(redop, i, n, dtype), dtype);
         },
       };
     }
     case 'broadcast': {
-      const x = keep(filled(count, dtype, rank));
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.broadcast(x, { root: 0 }) : g.broadcast(x, { root: 0, out }));
       return {
-        run: () => g.broadcast(x, { root: 0 }), dispose, supports: { outOfPlace: false, inPlace: true },
-        async check() {
-          const fresh = filled(count, dtype, rank);
-          x.backend.copy(x.storage, 0, fresh.storage, 0, x.nbytes);
-          fresh.dispose();
-          await g.broadcast(x, { root: 0 });
-          return countWrong(x, (i) => valueAt(0, i), dtype);
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          return countWrong(ip ? x : out, (i) => valueAt(0, i), dtype);
         },
       };
     }
     case 'all_gather': {
+      // In place (nccl-tests): this rank's block of out is the input.
       const per = count / n;
       const x = keep(filled(per, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.allGather(out, out) : g.allGather(out, x));
       return {
-        run: () => g.allGather(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
-        async check() { await g.allGather(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          out.backend.fill(out.storage, dtypeCode(dtype), count, 0);
+          if (ip) out.backend.copy(out.storage, rank * per * esize, x.storage, 0, x.nbytes);
+          await run(ip);
+          return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype);
+        },
       };
     }
     case 'reduce_scatter': {
+      // In place (nccl-tests): the output is this rank's block of the input.
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([per], { dtype }));
+      const run = (ip: boolean) => (ip ? g.reduceScatter(x, x, { op: redop }) : g.reduceScatter(out, x, { op: redop }));
       return {
-        run: () => g.reduceScatter(out, x, { op: redop }), dispose, supports: { outOfPlace: true, inPlace: false },
-        async check() { await g.reduceScatter(out, x, { op: redop }); return countWrong(out, (i) => reduceRef(redop, rank * per + i, n, dtype), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          const got = ip ? x : out, offset = ip ? rank * per : 0;
+          return countWrong(got, (i) => (ip && (i < offset || i >= offset + per) ? valueAt(rank, i) : reduceRef(redop, rank * per + i - offset, n, dtype)), dtype);
+        },
       };
     }
     case 'all_to_all': {
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
+      const run = (ip: boolean) => (ip ? g.allToAll(x, x) : g.allToAll(out, x));
       return {
-        run: () => g.allToAll(out, x), dispose, supports: { outOfPlace: true, inPlace: false },
-        // Block j of out is block `rank` of rank j's input.
-        async check() { await g.allToAll(out, x); return countWrong(out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype); },
+        run, dispose, supports: { outOfPlace: true, inPlace: true },
+        // Block j of the output is block `rank` of rank j's input.
+        async check(ip) {
+          refill(x, rank);
+          await run(ip);
+          return countWrong(ip ? x : out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype);
+        },
       };
     }
     case 'sendrecv': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
       const right = (rank + 1) % n, left = (rank + n - 1) % n;
-      const run = () => Promise.all([g.send(x, right), g.recv(out, left)]);
+      // One batch, so that NCCL posts both sides of the ring together.
+      const run = () => Promise.all(g.batch(() => [g.send(x, right), g.recv(out, left)]));
       return {
         run, dispose, supports: { outOfPlace: true, inPlace: false },
         async check() { await run(); return countWrong(out, (i) => valueAt(left, i), dtype); },
@@ -160,9 +186,8 @@ export interface CommBenchOptions {
   op: BenchOp; minBytes: number; maxBytes: number; factor: number; iters: number; warmup: number; dtype: DType; redop: ReduceOp; check: boolean;
 }
 
-/** Runs the sweep on the world group (every rank calls it); rows are identical on all ranks. */
-export async function runCommBench(o: CommBenchOptions): Promise<CommRow[]> {
-  const g = dist.world();
+/** Runs the sweep on `g` (every member calls it); rows are identical on all ranks. */
+export async function runCommBench(o: CommBenchOptions, g: dist.ProcessGroup = dist.world()): Promise<CommRow[]> {
   const n = g.size, esize = dtypeSize(o.dtype);
   const unit = o.op === 'all_reduce' || o.op === 'broadcast' || o.op === 'sendrecv' ? 1 : n;
   const rows: CommRow[] = [];
@@ -232,7 +257,7 @@ export function plotSvg(title: string, series: { name: string; points: [number, 
 
 interface TorchRow { bytes: number; timeUs: number; algbw: number; busbw: number }
 
-// torch.distributed's Gloo allreduce over the same sizes in a separate pair of processes.
+// torch.distributed's Gloo allreduce over the same sizes in a separate set of processes.
 function runTorch(np: number, o: CommBenchOptions): TorchRow[] | string {
   const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'bench', 'torch_gloo.py');
   if (!existsSync(script)) return `missing ${script}`;
@@ -243,19 +268,139 @@ function runTorch(np: number, o: CommBenchOptions): TorchRow[] | string {
 }
 
 const usage = `usage: nodetron bench comm [--op ${OPS.join('|')}] [-b 8] [-e 128M] [-f 2] [-n 20] [-w 5] [-d f32] [-o sum]
-                          [--check 0|1] [--json F] [--plot F.svg] [--np 2] [--compare-torch]
-Run under \`nodetron launch --nproc-per-node N\`; without WORLD_SIZE it launches itself with --np ranks.`;
+                          [--check 0|1] [--transport shm|tcp|both] [--json F] [--plot F.svg]
+                          [--np 2] [--repeat R] [--compare-torch]
+Run under \`nodetron launch --nproc-per-node N\`; without WORLD_SIZE it launches itself with --np ranks,
+--repeat times, interleaved with torch.distributed's Gloo allreduce when --compare-torch is given,
+and reports medians with the load average of each run.
+--transport: shm (default: shared memory when all ranks share a host), tcp (Gloo's sockets only), both.`;
+
+type Transport = 'shm' | 'tcp';
+/** What the ranks of one launch report (rank 0 writes it with --json). */
+interface RankRecord { worldSize: number; sweeps: { transport: Transport; sharedMemory: boolean; rows: CommRow[] }[] }
+
+function printSweep(o: CommBenchOptions, worldSize: number, transport: string, rows: CommRow[]): number {
+  console.log(`# nodetron bench comm: ${o.op}, ${worldSize} ranks, gloo (cpu, ${transport}), ${o.iters} iters, ${o.warmup} warm-up, ` +
+    `size agreement ${process.env.NODETRON_COMM_VERIFY_SIZES === '0' ? 'off (NODETRON_COMM_VERIFY_SIZES=0)' : 'on'}`);
+  printTable(['size', 'count', 'type', 'redop', 'root', 'oop time(us)', 'algbw', 'busbw', '#wrong', 'ip time(us)', 'algbw', 'busbw', '#wrong'],
+    rows.map((r) => [r.bytes, r.count, r.dtype, r.redop, r.root, ...fmt(r.outOfPlace), ...fmt(r.inPlace)]));
+  const wrongTotal = rows.reduce((acc, r) => acc + (r.outOfPlace?.wrong ?? 0) + (r.inPlace?.wrong ?? 0), 0);
+  console.log(`# Out of bounds values : ${wrongTotal} ${wrongTotal ? 'FAILED' : 'OK'}`);
+  console.log(`# Avg bus bandwidth    : ${averageBusbw(rows).toFixed(3)} GB/s`);
+  return wrongTotal;
+}
+
+// One launch's work on each rank: the sweep on the world group (and on a TCP-only group for 'both').
+async function rankMain(o: CommBenchOptions, transport: Transport | 'both', jsonPath: string | undefined, plotPath: string | undefined): Promise<number> {
+  const { rank, worldSize } = await dist.init({ timeoutMs: 120_000, sharedMemory: transport !== 'tcp' });
+  const sweeps: RankRecord['sweeps'] = [];
+  const world = dist.world();
+  sweeps.push({ transport: transport === 'tcp' ? 'tcp' : 'shm', sharedMemory: world.sharedMemory, rows: await runCommBench(o, world) });
+  if (transport === 'both') {
+    const tcp = await dist.newGroup(world.ranks, { sharedMemory: false }) as dist.ProcessGroup;
+    sweeps.push({ transport: 'tcp', sharedMemory: tcp.sharedMemory, rows: await runCommBench(o, tcp) });
+  }
+  await dist.destroy();
+  if (rank !== 0) return 0;
+  let wrong = 0;
+  for (const sw of sweeps) wrong += printSweep(o, worldSize, sw.sharedMemory ? 'shared memory' : 'tcp', sw.rows);
+  if (plotPath) {
+    writeFileSync(plotPath, plotSvg(`${o.op} busbw, ${worldSize} ranks (gloo, ${o.dtype})`, sweeps.flatMap((sw) => [
+      { name: `nodetron ${sw.transport} out-of-place`, points: sw.rows.filter((r) => r.outOfPlace).map((r): [number, number] => [r.bytes, r.outOfPlace!.busbw]) },
+      { name: `nodetron ${sw.transport} in-place`, points: sw.rows.filter((r) => r.inPlace).map((r): [number, number] => [r.bytes, r.inPlace!.busbw]) },
+    ]).filter((x) => x.points.length > 0)));
+    console.log(`wrote ${plotPath}`);
+  }
+  const record: RankRecord = { worldSize, sweeps };
+  writeJson(jsonPath, { bench: 'comm', machine: machineRecord(), options: o, ...record, avgBusbw: averageBusbw(sweeps[0]!.rows) });
+  return wrong ? 1 : 0;
+}
+
+const median = (xs: number[]): number => {
+  const v = xs.filter((x) => Number.isFinite(x)).sort((p, q) => p - q);
+  if (v.length === 0) return NaN;
+  return v.length % 2 ? v[(v.length - 1) / 2]! : (v[v.length / 2 - 1]! + v[v.length / 2]!) / 2;
+};
+
+interface Repetition { index: number; loadavg: { nodetron: number[]; torch?: number[] }; nodetron: RankRecord['sweeps']; torch?: TorchRow[] | string }
+
+// Without a launcher: launches the ranks `repeat` times, each followed by the torch run when asked,
+// so both see the same machine load; then reports medians per size.
+async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rankArgv: string[]): Promise<number> {
+  const np = (a.np as number | undefined) ?? 2;
+  const repeat = (a.repeat as number | undefined) ?? 1;
+  if (!Number.isInteger(repeat) || repeat < 1) throw new ArgumentError('bench comm: --repeat must be a positive integer');
+  let compareTorch = a['compare-torch'] === true;
+  if (compareTorch && (o.op !== 'all_reduce' || o.dtype !== 'f32' || o.redop !== 'sum')) {
+    console.log('# torch comparison skipped: it runs all_reduce f32 sum only');
+    compareTorch = false;
+  }
+  const { main: launch } = await import('../launch/cli.js');
+  const dir = mkdtempSync(join(tmpdir(), 'nodetron-bench-comm-'));
+  const reps: Repetition[] = [];
+  let failed = 0;
+  try {
+    for (let i = 0; i < repeat; i++) {
+      const tmp = join(dir, `rep${i}.json`);
+      const rep: Repetition = { index: i, loadavg: { nodetron: loadavg() }, nodetron: [] };
+      const code = await launch(['--nproc-per-node', String(np), fileURLToPath(import.meta.url), ...rankArgv, '--json', tmp]);
+      if (code !== 0) failed = code;
+      if (existsSync(tmp)) rep.nodetron = (JSON.parse(readFileSync(tmp, 'utf8')) as RankRecord).sweeps;
+      if (compareTorch) {
+        rep.loadavg.torch = loadavg();
+        rep.torch = runTorch(np, o);
+        if (typeof rep.torch === 'string') console.log(`# torch run ${i}: ${rep.torch}`);
+      }
+      reps.push(rep);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const transports = [...new Set(reps.flatMap((r) => r.nodetron.map((sw) => sw.transport)))];
+  const sizes = [...new Set(reps.flatMap((r) => r.nodetron.flatMap((sw) => sw.rows.map((row) => row.bytes))))].sort((p, q) => p - q);
+  const ipBusbw = (t: Transport, bytes: number): number[] => reps.map((r) => r.nodetron.find((sw) => sw.transport === t)?.rows.find((row) => row.bytes === bytes)?.inPlace?.busbw ?? NaN);
+  const torchBusbw = (bytes: number): number[] => reps.map((r) => (Array.isArray(r.torch) ? r.torch.find((x) => x.bytes === bytes)?.busbw ?? NaN : NaN));
+  const summary = sizes.map((bytes) => {
+    const row: Record<string, number> = { bytes };
+    for (const t of transports) row[`${t}InPlaceBusbw`] = median(ipBusbw(t, bytes));
+    if (compareTorch) {
+      row.torchBusbw = median(torchBusbw(bytes));
+      for (const t of transports) row[`${t}OverTorch`] = row[`${t}InPlaceBusbw`]! / row.torchBusbw;
+    }
+    return row;
+  });
+  console.log(`\n# ${o.op}, ${np} ranks: median in-place busbw (GB/s) over ${repeat} interleaved run(s)` +
+    (compareTorch ? ', beside torch.distributed gloo allreduce (in place)' : ''));
+  const cols = ['size', ...transports.map((t) => `nodetron ${t}`), ...(compareTorch ? ['torch gloo', ...transports.map((t) => `${t}/torch`)] : [])];
+  printTable(cols, summary.map((row) => [row.bytes!, ...transports.map((t) => row[`${t}InPlaceBusbw`]!.toFixed(3)),
+    ...(compareTorch ? [row.torchBusbw!.toFixed(3), ...transports.map((t) => row[`${t}OverTorch`]!.toFixed(3))] : [])]));
+  console.log(`# load average (1 min) before each run: ${reps.map((r) => `nodetron ${r.loadavg.nodetron[0]!.toFixed(2)}` +
+    (r.loadavg.torch ? ` / torch ${r.loadavg.torch[0]!.toFixed(2)}` : '')).join(', ')} (${cpus().length} cores)`);
+  if (a.plot) {
+    const series = [
+      ...transports.map((t) => ({ name: `nodetron ${t} in-place (median)`, points: sizes.map((b): [number, number] => [b, median(ipBusbw(t, b))]) })),
+      ...(compareTorch ? [{ name: 'torch gloo (median)', points: sizes.map((b): [number, number] => [b, median(torchBusbw(b))]) }] : []),
+    ].map((x) => ({ ...x, points: x.points.filter(([, v]) => Number.isFinite(v)) })).filter((x) => x.points.length > 0);
+    writeFileSync(String(a.plot), plotSvg(`${o.op} busbw, ${np} ranks, ${o.dtype} (median of ${repeat})`, series));
+    console.log(`wrote ${a.plot}`);
+  }
+  writeJson(a.json as string | undefined, { bench: 'comm', machine: machineRecord(), options: o, np, repeat, summary, repetitions: reps });
+  return failed;
+}
 
 export async function main(argv: string[]): Promise<number> {
   const a = parseOptions(argv, {
     op: 'string', minbytes: 'string', maxbytes: 'string', stepfactor: 'number', iters: 'number', warmup_iters: 'number', datatype: 'string',
-    redop: 'string', check: 'number', json: 'string', plot: 'string', np: 'number', 'compare-torch': 'boolean', help: 'boolean',
+    redop: 'string', check: 'number', json: 'string', plot: 'string', np: 'number', 'compare-torch': 'boolean', repeat: 'number',
+    transport: 'string', help: 'boolean',
   }, { b: 'minbytes', e: 'maxbytes', f: 'stepfactor', n: 'iters', w: 'warmup_iters', d: 'datatype', o: 'redop', h: 'help' });
   if (a.help) { console.log(usage); return 0; }
   const op = (a.op as string | undefined) ?? 'all_reduce';
   if (!(OPS as readonly string[]).includes(op)) throw new ArgumentError(`bench comm: --op must be one of ${OPS.join(', ')}`);
   const dtype = (a.datatype as string | undefined) ?? 'f32';
   if (!(DTYPES as readonly string[]).includes(dtype)) throw new ArgumentError(`bench comm: -d must be one of ${DTYPES.join(', ')}`);
+  const transport = (a.transport as string | undefined) ?? 'shm';
+  if (!['shm', 'tcp', 'both'].includes(transport)) throw new ArgumentError('bench comm: --transport must be shm, tcp or both');
   const o: CommBenchOptions = {
     op: op as BenchOp, dtype: dtype as DType, redop: ((a.redop as string | undefined) ?? 'sum') as ReduceOp,
     minBytes: parseBytes(String(a.minbytes ?? '8')), maxBytes: parseBytes(String(a.maxbytes ?? '128M')),
@@ -263,52 +408,17 @@ export async function main(argv: string[]): Promise<number> {
     warmup: (a.warmup_iters as number | undefined) ?? 5, check: ((a.check as number | undefined) ?? 1) !== 0,
   };
   if (!(o.factor > 1)) throw new ArgumentError('bench comm: -f must be > 1');
-
-  if (!process.env.WORLD_SIZE) {
-    // Not under the launcher: launch this file with --np ranks (torchrun's habit of one command).
-    const np = (a.np as number | undefined) ?? 2;
-    const { main: launch } = await import('../launch/cli.js');
-    return launch(['--nproc-per-node', String(np), fileURLToPath(import.meta.url), ...argv]);
+  if (process.env.WORLD_SIZE) return rankMain(o, transport as Transport | 'both', a.json as string | undefined, a.plot as string | undefined);
+  // The ranks get the sweep's options; the orchestrator keeps --json, --plot, --np, --repeat, --compare-torch.
+  const own = new Set(['--json', '--plot', '--np', '--repeat']);
+  const rankArgv: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const key = argv[i]!.split('=', 1)[0]!;
+    if (own.has(key)) { if (!argv[i]!.includes('=')) i++; continue; }
+    if (key === '--compare-torch') continue;
+    rankArgv.push(argv[i]!);
   }
-
-  const { rank, worldSize } = await dist.init({ timeoutMs: 120_000 });
-  const rows = await runCommBench(o);
-  await dist.destroy();
-  if (rank !== 0) return 0;
-
-  console.log(`# nodetron bench comm: ${o.op}, ${worldSize} ranks, gloo (cpu), ${o.iters} iters, ${o.warmup} warm-up, ` +
-    `size agreement ${process.env.NODETRON_COMM_VERIFY_SIZES === '0' ? 'off (NODETRON_COMM_VERIFY_SIZES=0)' : 'on'}`);
-  printTable(['size', 'count', 'type', 'redop', 'root', 'oop time(us)', 'algbw', 'busbw', '#wrong', 'ip time(us)', 'algbw', 'busbw', '#wrong'],
-    rows.map((r) => [r.bytes, r.count, r.dtype, r.redop, r.root, ...fmt(r.outOfPlace), ...fmt(r.inPlace)]));
-  const wrongTotal = rows.reduce((s, r) => s + (r.outOfPlace?.wrong ?? 0) + (r.inPlace?.wrong ?? 0), 0);
-  console.log(`# Out of bounds values : ${wrongTotal} ${wrongTotal ? 'FAILED' : 'OK'}`);
-  console.log(`# Avg bus bandwidth    : ${averageBusbw(rows).toFixed(3)} GB/s`);
-
-  let torch: TorchRow[] | string | undefined;
-  if (a['compare-torch']) {
-    if (o.op !== 'all_reduce' || o.dtype !== 'f32' || o.redop !== 'sum') torch = 'the torch comparison runs all_reduce f32 sum only';
-    else torch = runTorch(worldSize, o);
-    if (typeof torch === 'string') console.log(`# torch comparison skipped: ${torch}`);
-    else {
-      console.log(`\n# side by side: torch.distributed gloo allreduce (in place), ${worldSize} processes, same sizes`);
-      printTable(['size', 'nodetron ip busbw', 'torch busbw', 'nodetron/torch'], rows.map((r) => {
-        const t = (torch as TorchRow[]).find((x) => x.bytes === r.bytes);
-        const ours = r.inPlace?.busbw ?? NaN;
-        return [r.bytes, ours.toFixed(3), t ? t.busbw.toFixed(3) : '-', t ? (ours / t.busbw).toFixed(3) : '-'];
-      }));
-    }
-  }
-  if (a.plot) {
-    const series = [
-      { name: 'nodetron out-of-place', points: rows.filter((r) => r.outOfPlace).map((r): [number, number] => [r.bytes, r.outOfPlace!.busbw]) },
-      { name: 'nodetron in-place', points: rows.filter((r) => r.inPlace).map((r): [number, number] => [r.bytes, r.inPlace!.busbw]) },
-      ...(Array.isArray(torch) ? [{ name: 'torch gloo', points: torch.map((t): [number, number] => [t.bytes, t.busbw]) }] : []),
-    ].filter((s) => s.points.length > 0);
-    writeFileSync(String(a.plot), plotSvg(`${o.op} busbw, ${worldSize} ranks (gloo, ${o.dtype})`, series));
-    console.log(`wrote ${a.plot}`);
-  }
-  writeJson(a.json as string | undefined, { bench: 'comm', machine: machineRecord(), options: o, worldSize, rows, avgBusbw: averageBusbw(rows), torch });
-  return wrongTotal ? 1 : 0;
+  return orchestrate(o, a, rankArgv);
 }
 
 // Launched as a rank script by the launcher (see main's self-launch).

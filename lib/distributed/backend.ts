@@ -1,7 +1,8 @@
-// The native communicator interface a process group drives. The cpu addon's GlooCommunicator
-// implements it; a cuda NCCL communicator plugs in by exposing the same method names.
+// The communicator interface a process group drives: the cpu addon's GlooCommunicator implements it
+// natively; NcclBackend (nccl-backend.ts) adapts the cuda addon's NcclComm to it.
 import { BackendUnavailableError } from '../errors.js';
 import { cpu, type NativeStorage } from '../native.js';
+import type { Store } from './store-api.js';
 
 /**
  * Native methods of a communicator. Ranks are group-local; counts are elements; dtype is the native
@@ -13,25 +14,29 @@ import { cpu, type NativeStorage } from '../native.js';
  * The promise of a communication op also carries `waitSync()` (see CommPromise).
  */
 /**
- * What a communication op returns: a Promise plus `waitSync()`, which blocks the JS thread until the
- * op has finished on this rank and throws the same typed error the promise rejects with (the
- * promise itself settles once the event loop runs again).
+ * What a communication op returns: a Promise plus `waitSync()`. On the host (Gloo) waitSync blocks
+ * the JS thread until the op has finished on this rank and throws the same typed error the promise
+ * rejects with (the promise itself settles once the event loop runs again). On a device
+ * (`streamOrdered`, NCCL) it blocks nothing: it orders the device's current stream after the op, and
+ * failures surface through the promise and the communicator's later ops.
  */
-export type CommPromise = Promise<void> & { waitSync(): void };
+export type CommPromise = Promise<void> & { waitSync(): void; streamOrdered?: true };
 
 export interface CommBackend {
   readonly rank: number;
   readonly size: number;
   /** Ops in flight. */
   readonly pending: number;
+  /** Gloo: whether this group's ranks share a host and allreduce goes through shared memory (known after connect). */
+  readonly sharedMemory?: boolean;
   connect(): Promise<void>;
   allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): CommPromise;
   broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): CommPromise;
   /** recv is written on root; other ranks pass scratch of count elements. */
   reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): CommPromise;
-  /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. */
+  /** counts[i]: elements rank i contributes; recv holds sum(counts), in rank order. send === recv: in place (this rank's block of recv is the input). */
   allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): CommPromise;
-  /** send holds sum(counts); rank r receives counts[r] reduced elements. */
+  /** send holds sum(counts); rank r receives counts[r] reduced elements. send === recv: in place (into block r of send, the rest unchanged). */
   reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): CommPromise;
   allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): CommPromise;
   barrier(seq: number, timeoutMs: number): CommPromise;
@@ -40,13 +45,21 @@ export interface CommBackend {
   recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): CommPromise;
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
+  /** Batching (NCCL group calls): ops between groupStart and groupEnd are issued as one. Absent: ops run one by one. */
+  groupStart?(): void;
+  groupEnd?(): void;
 }
 
 /** Where a Gloo communicator meets its peers: the store's address and the key namespace of the group. */
 export interface GlooEndpoint {
   storeHost: string;
   storePort: number;
-  /** Store key prefix of this group (unique per group and launch attempt). */
+  /**
+   * Meet through this store instead of the TCP store at storeHost:storePort (the Redis store of a
+   * job launched with --rdzv): Gloo's rendezvous calls are forwarded to it from the communicator's thread.
+   */
+  store?: Store;
+  /** Store key prefix of this group (unique per group and launch attempt; relative to `store` when given). */
   prefix: string;
   rank: number;
   size: number;
@@ -57,16 +70,30 @@ export interface GlooEndpoint {
   deviceIface: string;
   /** Ranks agree on op, dtype and sizes before each collective (see InitOptions.verifySizes). */
   verifySizes: boolean;
+  /** Use a shared-memory segment when all ranks share this host (see InitOptions.sharedMemory). */
+  sharedMemory: boolean;
 }
 
+type StoreOp = (op: 'set' | 'get' | 'wait', key: string, value: Uint8Array | null, done: (error: string | null, value?: Uint8Array) => void) => void;
 type GlooCtor = new (storeHost: string, storePort: number, prefix: string, rank: number, size: number, timeoutMs: number,
-  deviceHost: string, deviceIface: string, verifySizes: boolean) => CommBackend;
+  deviceHost: string, deviceIface: string, verifySizes: boolean, sharedMemory: boolean, storeOp: StoreOp | null) => CommBackend;
+
+// The native side's view of a JS store (native/cpu/comm/js_store.h): one callback per rendezvous call.
+function storeOpFor(store: Store, timeoutMs: number): StoreOp {
+  return (op, key, value, done) => {
+    const call: Promise<Uint8Array | undefined> = op === 'set' ? store.set(key, value ?? new Uint8Array(0)).then(() => undefined)
+      : op === 'get' ? store.get(key, { timeoutMs })
+        : store.wait([key], { timeoutMs }).then(() => undefined);
+    call.then((v) => done(null, v), (e: unknown) => done(e instanceof Error ? e.message : String(e)));
+  };
+}
 
 /** A connected Gloo communicator. */
 export async function createGlooBackend(e: GlooEndpoint): Promise<CommBackend> {
   const Ctor = cpu().GlooCommunicator as GlooCtor | undefined;
   if (!Ctor) throw new BackendUnavailableError('the cpu addon was built without Gloo (install libgloo-dev and rebuild)', 'createGlooBackend');
-  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes);
+  const comm = new Ctor(e.storeHost, e.storePort, e.prefix, e.rank, e.size, e.timeoutMs, e.deviceHost, e.deviceIface, e.verifySizes, e.sharedMemory,
+    e.store ? storeOpFor(e.store, e.timeoutMs) : null);
   await comm.connect();
   return comm;
 }

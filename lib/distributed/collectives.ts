@@ -15,10 +15,10 @@ export function parseReduceOp(op: unknown, call: string): ReduceOp {
   return op as ReduceOp;
 }
 
-/** A live tensor on the group's device. */
+/** A live tensor on `device` (the input's). */
 export function checkCommTensor(t: unknown, call: string, arg: string, device: string): Tensor {
   const x = checkTensor(t, call, arg);
-  if (x.device !== device) throw new ArgumentError(`${call}: ${arg} is on ${x.device} but this group communicates on ${device}`);
+  if (x.device !== device) throw new ArgumentError(`${call}: ${arg} is on ${x.device} but the input is on ${device}`);
   return x;
 }
 

@@ -2,7 +2,7 @@
 // they run (each returns an awaitable Work), and the handle non-members get.
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { emptyOn, type Tensor } from '../tensor.js';
+import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
 import type { CommBackend, CommPromise } from './backend.js';
 import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
@@ -50,7 +50,7 @@ export interface Group {
   readonly ranks: readonly number[];
   readonly isMember: boolean;
   allReduce(t: Tensor, options?: AllReduceOptions): Work;
-  broadcast(t: Tensor, options?: RootOptions): Work;
+  broadcast(t: Tensor, options?: RootOptions & { out?: Tensor }): Work;
   reduce(t: Tensor, options?: RootOptions & ReduceOptions & { out?: Tensor }): Work;
   allGather(out: Tensor | Tensor[], t: Tensor, options?: CollectiveOptions): Work<Tensor | Tensor[]>;
   reduceScatter(out: Tensor, t: Tensor, options?: ReduceOptions & { counts?: number[] }): Work;
@@ -71,17 +71,56 @@ export class ProcessGroup implements Group {
   // Check mode publishes descriptions through the store; this chain keeps native calls in call order.
   #submitted: Promise<unknown> = Promise.resolve();
 
+  /**
+   * Internal (init.ts builds groups). `comms` maps a device name ('cpu', 'cuda:0') to the
+   * communicator that moves tensors on it; a collective goes to its input's device's communicator.
+   */
   constructor(
     readonly name: string,
     readonly rank: number,
     readonly ranks: readonly number[],
-    readonly device: string,
+    private readonly comms: ReadonlyMap<string, CommBackend>,
     readonly timeoutMs: number,
-    private readonly comm: CommBackend,
     private readonly ctx: GroupContext,
-  ) {}
+  ) {
+    if (comms.size === 0) throw new ArgumentError(`group '${name}' needs at least one communicator`);
+  }
 
   get size(): number { return this.ranks.length; }
+  /** Whether this group's cpu collectives go through shared memory (all ranks on this host; see InitOptions.sharedMemory). */
+  get sharedMemory(): boolean { return [...this.comms.values()].some((c) => c.sharedMemory === true); }
+  /** Devices whose tensors this group communicates ('cpu' through Gloo, 'cuda:N' through NCCL). */
+  get devices(): string[] { return [...this.comms.keys()]; }
+
+  // The communicator for t's device; ArgumentError naming the devices this group has.
+  private commFor(t: unknown, call: string): CommBackend {
+    const x = checkTensor(t, call, 'tensor');
+    const comm = this.comms.get(x.device);
+    if (!comm) {
+      throw new ArgumentError(`${call}: tensor is on ${x.device} but group '${this.name}' communicates on ${this.devices.join(', ')}` +
+        (x.device.startsWith('cuda') ? ' (cuda tensors need the nccl backend, which init() picks on a machine with a GPU per local rank)' : ''));
+    }
+    return comm;
+  }
+
+  /**
+   * Issues the ops `fn` starts as one batch: on NCCL one group call (ncclGroupStart/End), which
+   * pairs of send/recv that depend on each other need; on Gloo the ops simply run in order. `fn`
+   * must start the ops synchronously (no await inside). In check mode collectives are verified
+   * through the store first and so leave the batch; point-to-point ops stay in it.
+   */
+  batch<T>(fn: () => T): T {
+    this.live('batch');
+    const started: CommBackend[] = [];
+    try {
+      for (const c of this.comms.values()) {
+        if (c.groupStart && c.groupEnd) { c.groupStart(); started.push(c); }
+      }
+      return fn();
+    } finally {
+      for (const c of started) c.groupEnd!();
+    }
+  }
   /** The next collective's sequence number. */
   get seq(): number { return this.#seq; }
 
@@ -118,39 +157,42 @@ export class ProcessGroup implements Group {
   allReduce(t: Tensor, options: AllReduceOptions = {}): Work {
     const call = 'allReduce';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
-    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', this.device);
+    const comm = this.commFor(t, call);
+    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
     checkSameDType(call, t, out, 'tensor', 'out');
     checkSize(call, out, t.size, 'out');
     const op = parseReduceOp(options.op, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     return this.start({ op: `allReduce(${op})`, dtype: t.dtype, count: t.size }, timeoutMs, out, [t, out], (seq) =>
-      this.comm.allReduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], seq, timeoutMs));
+      comm.allReduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], seq, timeoutMs));
   }
 
-  /** Copies root's `t` into `t` on every rank. */
-  broadcast(t: Tensor, options: RootOptions = {}): Work {
+  /** Copies root's `t` into `t` on every rank (or into options.out, leaving `t` unchanged). */
+  broadcast(t: Tensor, options: RootOptions & { out?: Tensor } = {}): Work {
     const call = 'broadcast';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
+    const comm = this.commFor(t, call);
+    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
+    checkSameDType(call, t, out, 'tensor', 'out');
+    checkSize(call, out, t.size, 'out');
     const root = checkRank(options.root ?? 0, this.size, call, 'root');
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, t, [t], (seq) =>
-      this.comm.broadcast(t.storage, t.storage, dtypeCode(t.dtype), t.size, root, seq, timeoutMs));
+    return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, out, [t, out], (seq) =>
+      comm.broadcast(t.storage, out.storage, dtypeCode(t.dtype), t.size, root, seq, timeoutMs));
   }
 
   /** Reduces `t` onto root (in place there, or into options.out); other ranks' tensors are left unchanged. */
   reduce(t: Tensor, options: RootOptions & ReduceOptions & { out?: Tensor } = {}): Work {
     const call = 'reduce';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
+    const comm = this.commFor(t, call);
     const root = checkRank(options.root ?? 0, this.size, call, 'root');
     const op = parseReduceOp(options.op, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     let out: Tensor;
     let scratch: Tensor | undefined;
     if (this.rank === root) {
-      out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', this.device);
+      out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
       checkSameDType(call, t, out, 'tensor', 'out');
       checkSize(call, out, t.size, 'out');
     } else {
@@ -159,30 +201,38 @@ export class ProcessGroup implements Group {
       out = scratch;
     }
     const work = this.start({ op: `reduce(${op})`, dtype: t.dtype, count: t.size, root }, timeoutMs, this.rank === root ? out : t, [t, out],
-      (seq) => this.comm.reduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], root, seq, timeoutMs));
+      (seq) => comm.reduce(t.storage, out.storage, dtypeCode(t.dtype), t.size, REDUCE_OP_CODES[op], root, seq, timeoutMs));
     if (scratch) void work.then(() => scratch!.dispose(), () => scratch!.dispose());
     return work;
   }
 
   /**
    * Gathers every rank's `t`. `out` is one tensor of size*t.size elements (rank order), or a list of
-   * one tensor per rank, whose sizes may differ (uneven gather).
+   * one tensor per rank, whose sizes may differ (uneven gather). In place: pass `out` as `t` too;
+   * block `rank` of out (out.size/size elements) is then this rank's input (nccl-tests' in-place).
    */
   allGather(out: Tensor | Tensor[], t: Tensor, options: CollectiveOptions = {}): Work<Tensor | Tensor[]> {
     const call = 'allGather';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
+    const comm = this.commFor(t, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
+    if (!Array.isArray(out) && sharesStorage(out, t)) {
+      if (t.size % this.size !== 0) throw new ShapeError(`${call}: in place, out (${t.size} elements) must split evenly over ${this.size} ranks`);
+      const per = t.size / this.size;
+      const counts = new Array<number>(this.size).fill(per);
+      return this.start({ op: 'allGather', dtype: t.dtype, count: per }, timeoutMs, out as Tensor | Tensor[], [t], (seq) =>
+        comm.allGather(t.storage, t.storage, dtypeCode(t.dtype), counts, seq, timeoutMs));
+    }
     if (!Array.isArray(out)) {
-      checkCommTensor(out, call, 'out', this.device);
+      checkCommTensor(out, call, 'out', t.device);
       checkSameDType(call, t, out, 'tensor', 'out');
       checkSize(call, out, t.size * this.size, 'out');
       const counts = new Array<number>(this.size).fill(t.size);
       return this.start({ op: 'allGather', dtype: t.dtype, count: t.size }, timeoutMs, out as Tensor | Tensor[], [t, out], (seq) =>
-        this.comm.allGather(t.storage, out.storage, dtypeCode(t.dtype), counts, seq, timeoutMs));
+        comm.allGather(t.storage, out.storage, dtypeCode(t.dtype), counts, seq, timeoutMs));
     }
     if (out.length !== this.size) throw new ArgumentError(`${call}: out must list one tensor per rank (${this.size}), got ${out.length}`);
-    out.forEach((o, i) => { checkCommTensor(o, call, `out[${i}]`, this.device); checkSameDType(call, t, o, 'tensor', `out[${i}]`); });
+    out.forEach((o, i) => { checkCommTensor(o, call, `out[${i}]`, t.device); checkSameDType(call, t, o, 'tensor', `out[${i}]`); });
     checkSize(call, out[this.rank]!, t.size, `out[${this.rank}] (this rank's slot)`);
     const counts = out.map((o) => o.size);
     const total = counts.reduce((a, b) => a + b, 0);
@@ -199,7 +249,7 @@ export class ProcessGroup implements Group {
     let work: Work<Tensor | Tensor[]>;
     try {
       work = this.start({ op: `allGatherV[${counts.join(',')}]`, dtype: t.dtype, count: total }, timeoutMs, out as Tensor | Tensor[],
-        [t, flat, ...out], (seq) => this.comm.allGather(t.storage, flatStorage, dtypeCode(t.dtype), counts, seq, timeoutMs), copyOut);
+        [t, flat, ...out], (seq) => comm.allGather(t.storage, flatStorage, dtypeCode(t.dtype), counts, seq, timeoutMs), copyOut);
     } finally {
       // The Work pins flat's storage until the op settles.
       flat.dispose();
@@ -209,30 +259,50 @@ export class ProcessGroup implements Group {
 
   /**
    * Reduces `t` (sum(counts) elements, block r of counts[r] for rank r; equal blocks by default) and
-   * writes this rank's block into `out`.
+   * writes this rank's block into `out`. In place: pass `t` as `out` too; the result then lands in
+   * block `rank` of t and the other blocks are left unchanged (nccl-tests' in-place).
    */
   reduceScatter(out: Tensor, t: Tensor, options: ReduceOptions & { counts?: number[] } = {}): Work {
     const call = 'reduceScatter';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
-    checkCommTensor(out, call, 'out', this.device);
+    const comm = this.commFor(t, call);
+    checkCommTensor(out, call, 'out', t.device);
     checkSameDType(call, t, out, 'tensor', 'out');
     const counts = splitCounts(t.size, this.size, options.counts, call);
-    checkSize(call, out, counts[this.rank]!, 'out');
+    if (!sharesStorage(out, t)) checkSize(call, out, counts[this.rank]!, 'out');
+    else checkSize(call, out, t.size, 'out (in place, the input itself)');
     const op = parseReduceOp(options.op, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     return this.start({ op: `reduceScatter(${op})[${options.counts ? counts.join(',') : 'even'}]`, dtype: t.dtype, count: t.size }, timeoutMs,
-      out, [t, out], (seq) => this.comm.reduceScatter(t.storage, out.storage, dtypeCode(t.dtype), counts, REDUCE_OP_CODES[op], seq, timeoutMs));
+      out, [t, out], (seq) => comm.reduceScatter(t.storage, out.storage, dtypeCode(t.dtype), counts, REDUCE_OP_CODES[op], seq, timeoutMs));
   }
 
-  /** Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless counts are given). */
+  /**
+   * Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless
+   * counts are given). In place (`out` passed as `t`): the input is first copied to a staging
+   * buffer, since every block is read and written by the exchange.
+   */
   allToAll(out: Tensor, t: Tensor, options: CollectiveOptions & { sendCounts?: number[]; recvCounts?: number[] } = {}): Work {
     const call = 'allToAll';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
-    checkCommTensor(out, call, 'out', this.device);
+    const comm = this.commFor(t, call);
+    checkCommTensor(out, call, 'out', t.device);
     checkSameDType(call, t, out, 'tensor', 'out');
-    if (out === t || out.storageRef === t.storageRef) throw new ArgumentError(`${call}: out must not share storage with the input`);
+    if (sharesStorage(out, t)) {
+      if (out.size !== t.size) throw new ShapeError(`${call}: in place, out and the input must be the same tensor`);
+      const staged = emptyOn(t.shape, t.dtype, t.deviceInfo);
+      staged.backend.copy(staged.storage, 0, t.storage, 0, t.nbytes);
+      let work: Work;
+      try {
+        work = this.allToAll(out, staged, options);
+      } catch (e) {
+        staged.dispose();
+        throw e;
+      }
+      // In check mode the native call starts later and reads staged.storage then.
+      void work.then(() => staged.dispose(), () => staged.dispose());
+      return work;
+    }
     const sendCounts = splitCounts(t.size, this.size, options.sendCounts, call);
     const recvCounts = splitCounts(out.size, this.size, options.recvCounts, call);
     if (options.sendCounts === undefined && options.recvCounts === undefined && out.size !== t.size) {
@@ -242,38 +312,40 @@ export class ProcessGroup implements Group {
     // Uneven block sizes legitimately differ between ranks, so only the kind of op is compared then.
     const uneven = options.sendCounts !== undefined || options.recvCounts !== undefined;
     return this.start({ op: uneven ? 'allToAllV' : 'allToAll', dtype: t.dtype, count: uneven ? -1 : t.size }, timeoutMs, out, [t, out], (seq) =>
-      this.comm.allToAll(t.storage, out.storage, dtypeCode(t.dtype), sendCounts, recvCounts, seq, timeoutMs));
+      comm.allToAll(t.storage, out.storage, dtypeCode(t.dtype), sendCounts, recvCounts, seq, timeoutMs));
   }
 
   /** Sends `t` to group rank `dst`; not a collective (no sequence number, not checked). */
   send(t: Tensor, dst: number, options: P2POptions = {}): Work {
     const call = 'send';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
+    const comm = this.commFor(t, call);
     checkRank(dst, this.size, call, 'dst');
     if (dst === this.rank) throw new ArgumentError(`${call}: rank ${dst} cannot send to itself`);
     const tag = checkTag(options.tag, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return new Work(this.comm.send(t.storage, dtypeCode(t.dtype), t.size, dst, tag, timeoutMs), t, [t]);
+    return new Work(comm.send(t.storage, dtypeCode(t.dtype), t.size, dst, tag, timeoutMs), t, [t]);
   }
 
   /** Receives into `t` from group rank `src`. */
   recv(t: Tensor, src: number, options: P2POptions = {}): Work {
     const call = 'recv';
     this.live(call);
-    checkCommTensor(t, call, 'tensor', this.device);
+    const comm = this.commFor(t, call);
     checkRank(src, this.size, call, 'src');
     if (src === this.rank) throw new ArgumentError(`${call}: rank ${src} cannot receive from itself`);
     const tag = checkTag(options.tag, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return new Work(this.comm.recv(t.storage, dtypeCode(t.dtype), t.size, src, tag, timeoutMs), t, [t]);
+    return new Work(comm.recv(t.storage, dtypeCode(t.dtype), t.size, src, tag, timeoutMs), t, [t]);
   }
 
+  /** Waits until every member has reached it (on the group's first communicator: Gloo when the group has one). */
   barrier(options: CollectiveOptions = {}): Work<void> {
     const call = 'barrier';
     this.live(call);
+    const comm = this.comms.values().next().value as CommBackend;
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return this.start({ op: 'barrier', dtype: '-', count: 0 }, timeoutMs, undefined, [], (seq) => this.comm.barrier(seq, timeoutMs));
+    return this.start({ op: 'barrier', dtype: '-', count: 0 }, timeoutMs, undefined, [], (seq) => comm.barrier(seq, timeoutMs));
   }
 
   /**
@@ -302,8 +374,13 @@ export class ProcessGroup implements Group {
   async destroy(): Promise<void> {
     if (this.#destroyed) return;
     this.#destroyed = true;
-    await this.comm.destroy();
+    for (const comm of this.comms.values()) await comm.destroy();
   }
+}
+
+/** Whether two tensors are one buffer (the in-place forms). */
+function sharesStorage(a: Tensor, b: Tensor): boolean {
+  return a === b || a.storageRef === b.storageRef;
 }
 
 function checkTag(tag: unknown, call: string): number {

@@ -2,9 +2,12 @@
 export * from './store.js';
 export * from './env.js';
 export * from './redis-store.js';
-export { init, isInitialized, world, rank, worldSize, newGroup, destroy, DEFAULT_COMM_TIMEOUT_MS, type InitOptions } from './init.js';
+export { init, isInitialized, world, rank, worldSize, newGroup, destroy, selectBackends, DEFAULT_COMM_TIMEOUT_MS, type InitOptions, type BackendChoice } from './init.js';
 export { ProcessGroup, NonMemberGroup, type Group, type CollectiveOptions, type ReduceOptions, type AllReduceOptions, type RootOptions, type P2POptions } from './group.js';
 export { Work } from './work.js';
 export { REDUCE_OP_CODES, type ReduceOp } from './collectives.js';
-export { type CommBackend, type GlooEndpoint, createGlooBackend } from './backend.js';
+export { type CommBackend, type CommPromise, type GlooEndpoint, createGlooBackend } from './backend.js';
+export {
+  NcclBackend, createNcclBackend, loadNcclAddon, ncclUsableDevices, NCCL_UNIQUE_ID_KEY, type NcclAddon, type NcclEndpoint, type NcclNativeComm,
+} from './nccl-backend.js';
 export { verifyCollective, describeCollective, type CollectiveDescription } from './check.js';

@@ -1,15 +1,25 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
 import { hostname } from 'node:os';
-import { ArgumentError, BackendUnavailableError, StateError } from '../errors.js';
-import { createGlooBackend } from './backend.js';
+import { setCudaDevice } from '../device.js';
+import { ArgumentError, StateError } from '../errors.js';
+import { type CommBackend, createGlooBackend } from './backend.js';
+import { createNcclBackend, loadNcclAddon, ncclUsableDevices } from './nccl-backend.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
 
+/** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
+export type BackendChoice = 'auto' | 'gloo' | 'nccl';
+
 export interface InitOptions {
-  /** 'gloo' (cpu tensors; the default) or 'nccl' (cuda tensors). */
-  backend?: 'gloo' | 'nccl';
+  /**
+   * 'auto' (the default): Gloo for cpu tensors, plus NCCL for cuda tensors when NCCL can give every
+   * local rank its own GPU (LOCAL_WORLD_SIZE <= GPUs), as PyTorch's "cpu:gloo,cuda:nccl".
+   * 'gloo': cpu tensors only. 'nccl': cuda tensors only, BackendUnavailableError when NCCL cannot run.
+   * With NCCL, rank r's GPU is cuda:LOCAL_RANK, which also becomes the default 'cuda' device.
+   */
+  backend?: BackendChoice;
   /** Default timeout of every collective and of the rendezvous; default 300 000 ms. */
   timeoutMs?: number;
   /** Check mode: all ranks verify they run the same collective before each one (also NODETRON_COMM_CHECK=1). */
@@ -20,6 +30,12 @@ export interface InitOptions {
    * Default true; false (or NODETRON_COMM_VERIFY_SIZES=0) saves that round trip per collective.
    */
   verifySizes?: boolean;
+  /**
+   * When every rank of a group runs on this host, Gloo groups move allreduce bytes (and the size
+   * agreement) through a shared-memory segment under /dev/shm instead of loopback TCP. Default true;
+   * false (or NODETRON_COMM_SHM=0) keeps TCP. Ranks that disagree all fall back to TCP.
+   */
+  sharedMemory?: boolean;
   /** The launch environment; default: read from process.env. */
   env?: LaunchEnv;
 }
@@ -36,6 +52,25 @@ interface Runtime {
   timeoutMs: number;
   check: boolean;
   verifySizes: boolean;
+  sharedMemory: boolean;
+  backends: Backends;
+}
+
+interface Backends { gloo: boolean; nccl: boolean }
+
+/**
+ * The communicators init(backend) gives each group on this machine. `usableGpus` reports how many
+ * GPUs NCCL can use (0 when it cannot run); every rank of a node computes the same answer, so the
+ * ranks agree on the set. Throws BackendUnavailableError for 'nccl' when NCCL cannot run here.
+ */
+export function selectBackends(backend: unknown, env: LaunchEnv, usableGpus: () => number = ncclUsableDevices): Backends {
+  if (backend === undefined || backend === 'auto') return { gloo: true, nccl: usableGpus() >= env.localWorldSize };
+  if (backend === 'gloo') return { gloo: true, nccl: false };
+  if (backend === 'nccl') {
+    loadNcclAddon(env.localRank);
+    return { gloo: false, nccl: true };
+  }
+  throw new ArgumentError(`init: backend must be 'auto', 'gloo' or 'nccl', got ${String(backend)}`);
 }
 
 let runtime: Runtime | undefined;
@@ -55,21 +90,37 @@ function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: strin
   return { deviceHost: host, deviceIface: iface };
 }
 
-async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[]): Promise<ProcessGroup> {
+async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory = rt.sharedMemory): Promise<ProcessGroup> {
   const rank = globalRanks.indexOf(rt.env.rank);
-  // Gloo meets through the TCP store node 0's launcher serves on MASTER_ADDR:MASTER_PORT (also when
-  // the launchers themselves meet through Redis).
-  const comm = await createGlooBackend({
-    storeHost: rt.env.masterAddr,
-    storePort: rt.env.masterPort,
-    prefix: `${rt.env.storePrefix}/gloo/${name}`,
-    rank,
-    size: globalRanks.length,
-    timeoutMs: rt.timeoutMs,
-    ...deviceAddress(rt.env),
-    verifySizes: rt.verifySizes,
-  });
-  const group = new ProcessGroup(name, rank, globalRanks, 'cpu', rt.timeoutMs, comm, {
+  const comms = new Map<string, CommBackend>();
+  try {
+    if (rt.backends.gloo) {
+      // Gloo meets through the job's store: Redis when launched with --rdzv (its calls forwarded from
+      // the communicator's thread), else natively through the TCP store node 0's launcher serves.
+      const viaJobStore = rt.env.rdzvUrl !== undefined;
+      comms.set('cpu', await createGlooBackend({
+        storeHost: rt.env.masterAddr,
+        storePort: rt.env.masterPort,
+        ...(viaJobStore ? { store: rt.store } : {}),
+        prefix: viaJobStore ? `gloo/${name}` : `${rt.env.storePrefix}/gloo/${name}`,
+        rank,
+        size: globalRanks.length,
+        timeoutMs: rt.timeoutMs,
+        ...deviceAddress(rt.env),
+        verifySizes: rt.verifySizes,
+        sharedMemory,
+      }));
+    }
+    if (rt.backends.nccl) {
+      comms.set(`cuda:${rt.env.localRank}`, await createNcclBackend({
+        store: rt.store, prefix: `nccl/${name}`, group: name, rank, size: globalRanks.length, device: rt.env.localRank, timeoutMs: rt.timeoutMs,
+      }));
+    }
+  } catch (e) {
+    for (const c of comms.values()) await c.destroy().catch(() => {});
+    throw e;
+  }
+  const group = new ProcessGroup(name, rank, globalRanks, comms, rt.timeoutMs, {
     store: rt.store,
     check: rt.check,
     makeGroup: (n, ranks) => buildGroup(rt, n, ranks),
@@ -81,16 +132,15 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
 /** Joins the job started by `nodetron launch` (or a world of one without it) and builds the world group. */
 export async function init(options: InitOptions = {}): Promise<{ world: ProcessGroup; rank: number; worldSize: number }> {
   if (runtime) throw new StateError('init: the distributed runtime is already initialized (call destroy() first)');
-  const backend = options.backend ?? 'gloo';
-  if (backend === 'nccl') {
-    throw new BackendUnavailableError('init: the nccl backend is not available in this build; use backend: "gloo" for cpu tensors', 'init');
-  }
-  if (backend !== 'gloo') throw new ArgumentError(`init: backend must be 'gloo' or 'nccl', got ${String(backend)}`);
   const timeoutMs = options.timeoutMs ?? DEFAULT_COMM_TIMEOUT_MS;
   if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);
   let env = options.env ?? readLaunchEnv();
+  // Before any connection, so an unusable backend leaves nothing behind.
+  const backends = selectBackends(options.backend, env);
+  if (backends.nccl) setCudaDevice(env.localRank);
   const check = options.check ?? process.env.NODETRON_COMM_CHECK === '1';
   const verifySizes = options.verifySizes ?? process.env.NODETRON_COMM_VERIFY_SIZES !== '0';
+  const sharedMemory = options.sharedMemory ?? process.env.NODETRON_COMM_SHM !== '0';
   // A world of one started without a launcher still needs a store: it serves one itself.
   let ownServer: StoreServer | undefined;
   if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.rdzvUrl === undefined) {
@@ -98,7 +148,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
     env = { ...env, masterAddr: '127.0.0.1', masterPort: ownServer.port };
   }
   const store = await connectLaunchStore(env, { timeoutMs });
-  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes };
+  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
   } catch (e) {
@@ -123,7 +173,7 @@ export function worldSize(): number { return current('worldSize').env.worldSize;
  * A group of the given global ranks. Collective: every process of the world calls it, in the same
  * order, with the same ranks; non-members get a handle whose ops throw StateError.
  */
-export async function newGroup(ranks: readonly number[]): Promise<Group> {
+export async function newGroup(ranks: readonly number[], options: { sharedMemory?: boolean } = {}): Promise<Group> {
   const rt = current('newGroup');
   if (!Array.isArray(ranks) || ranks.length === 0) throw new ArgumentError('newGroup: ranks must be a non-empty array');
   const seen = new Set<number>();
@@ -134,7 +184,7 @@ export async function newGroup(ranks: readonly number[]): Promise<Group> {
   }
   const name = `group${rt.groupCount++}`;
   if (!seen.has(rt.env.rank)) return new NonMemberGroup(name);
-  return buildGroup(rt, name, ranks);
+  return buildGroup(rt, name, ranks, options.sharedMemory ?? rt.sharedMemory);
 }
 
 /** Destroys every group and closes the store connection. */

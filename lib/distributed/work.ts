@@ -3,8 +3,11 @@
 import { StateError } from '../errors.js';
 import type { StorageRef, Tensor } from '../tensor.js';
 
-/** What a Work is built from: the op's promise, blocking-waitable when it carries waitSync. */
-export type WorkOp = Promise<unknown> & { waitSync?: () => void };
+/**
+ * What a Work is built from: the op's promise, blocking-waitable when it carries waitSync; with
+ * `streamOrdered` (a device op), waitSync orders the current stream after the op instead of blocking.
+ */
+export type WorkOp = Promise<unknown> & { waitSync?: () => void; streamOrdered?: true };
 
 type Outcome = { failed: false } | { failed: true; error: unknown };
 
@@ -16,6 +19,7 @@ export class Work<T = Tensor> implements PromiseLike<T> {
   readonly #refs: StorageRef[];
   readonly #finish: (() => void) | undefined;
   readonly #blockingWait: (() => void) | undefined;
+  readonly #streamOrdered: boolean;
 
   /**
    * Internal. `pinned` tensors' storages stay allocated until the op settles, even if the caller
@@ -29,6 +33,7 @@ export class Work<T = Tensor> implements PromiseLike<T> {
     for (const r of this.#refs) r.refs++;
     this.#finish = finish;
     this.#blockingWait = typeof op.waitSync === 'function' ? op.waitSync.bind(op) : undefined;
+    this.#streamOrdered = op.streamOrdered === true;
     // The promise path and waitSync settle through #settle; whichever comes first decides.
     this.#promise = op.then(() => this.#settle(false), (e: unknown) => this.#settle(true, e)).then(() => this.#value());
     // A Work whose failure nobody awaits must not crash the process as an unhandled rejection;
@@ -56,8 +61,19 @@ export class Work<T = Tensor> implements PromiseLike<T> {
     return this.#result;
   }
 
-  /** Resolves with the output once the op has finished on this rank; rejects with CommError/TimeoutError. */
+  /**
+   * Resolves with the output once the op has finished on this rank; rejects with CommError/TimeoutError.
+   * A device op (NCCL) resolves at once instead: the device's current stream is made to wait for
+   * the op (PyTorch's work.wait()), so kernels queued after it see its output without a host block.
+   */
   wait(): Promise<T> {
+    if (!this.#outcome && this.#streamOrdered) {
+      try {
+        this.waitSync();
+      } catch (e) {
+        return Promise.reject(e);
+      }
+    }
     if (!this.#outcome) return this.#promise;
     const o = this.#outcome;
     return o.failed ? Promise.reject(o.error) : Promise.resolve(this.#result);
@@ -66,7 +82,8 @@ export class Work<T = Tensor> implements PromiseLike<T> {
   /**
    * Blocks the JS thread until the op has finished on this rank (the communicator's thread moves
    * the bytes meanwhile) and returns the output, or throws the CommError/TimeoutError wait() would
-   * reject with. Awaiting the Work afterwards gives the same outcome at once.
+   * reject with. Awaiting the Work afterwards gives the same outcome at once. A device op (NCCL)
+   * does not block: the current stream waits for it on the device.
    */
   waitSync(): T {
     if (!this.#outcome) {
@@ -81,7 +98,7 @@ export class Work<T = Tensor> implements PromiseLike<T> {
     return this.#value();
   }
 
-  /** Whether the op has finished (successfully or not). */
+  /** Whether the op has finished (successfully or not); for a device op, also once a stream was ordered after it. */
   isCompleted(): boolean { return this.#outcome !== undefined; }
   /** Whether the op finished with an error. */
   isFailed(): boolean { return this.#outcome?.failed === true; }

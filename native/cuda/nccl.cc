@@ -2,8 +2,8 @@
 // point on a dedicated communication stream, group calls, and error/timeout polling. Policy (which
 // group, when to wait, how long) lives in lib/distributed; this file only does the mechanics.
 //
-// JS surface (element offsets and counts; dtype codes as elsewhere; op: 0 sum, 1 prod, 2 max,
-// 3 min, 4 avg):
+// JS surface (element offsets and counts; dtype codes as elsewhere; op: the codes of
+// lib/distributed/collectives.ts REDUCE_OP_CODES, 0 sum, 1 avg, 2 max, 3 min, 4 prod):
 //   ncclUniqueId() -> Uint8Array(128)                      bytes to share through the store
 //   new NcclComm(idBytes, rank, size, device)              non-blocking init; poll asyncError()
 //   comm.allReduce(send, sendOff, recv, recvOff, count, dtype, op)         -> eventId | 0
@@ -43,12 +43,12 @@ static ncclDataType_t ncclType(DType t) {
 static ncclRedOp_t ncclOp(int64_t op, const char* call) {
   switch (op) {
     case 0: return ncclSum;
-    case 1: return ncclProd;
+    case 1: return ncclAvg;  // integers: NCCL sums, then divides (truncating), as the Gloo path does
     case 2: return ncclMax;
     case 3: return ncclMin;
-    case 4: return ncclAvg;
+    case 4: return ncclProd;
   }
-  fail(Err::Argument, std::string(call) + ": unknown reduction op " + std::to_string(op) + " (0 sum, 1 prod, 2 max, 3 min, 4 avg)");
+  fail(Err::Argument, std::string(call) + ": unknown reduction op " + std::to_string(op) + " (0 sum, 1 avg, 2 max, 3 min, 4 prod)");
 }
 
 static void checkNccl(ncclResult_t r, const char* call, ncclComm_t comm = nullptr) {
@@ -167,115 +167,84 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
     }
   }
 
-  Napi::Value AllReduce(const Napi::CallbackInfo& info) {
-    return run(info, "allReduce", [&](const Args& a) {
-      a.count(7);
+  // A collective's binding, (send, sendOff, recv, recvOff, count, dtype, ...extra): the buffers hold
+  // count * sendBlocks and count * recvBlocks elements; `nccl` enqueues it on the communication stream.
+  template <typename F>
+  Napi::Value collective(const Napi::CallbackInfo& info, const char* call, size_t argc, int64_t sendBlocks, int64_t recvBlocks,
+                         F nccl) {
+    return run(info, call, [&](const Args& a) {
+      a.count(argc);
       DType dt = a.dtype(5);
       int64_t n = a.size(4);
-      void* s = buffer(info, 0, a.size(1), n, dt, "allReduce");
-      void* r = buffer(info, 2, a.size(3), n, dt, "allReduce");
-      ncclRedOp_t op = ncclOp(a.int64(6), "allReduce");
-      before("allReduce");
-      checkNccl(ncclAllReduce(s, r, size_t(n), ncclType(dt), op, live("allReduce"), stream_), "ncclAllReduce", comm_);
+      void* s = buffer(info, 0, a.size(1), n * sendBlocks, dt, call);
+      void* r = buffer(info, 2, a.size(3), n * recvBlocks, dt, call);
+      before(call);
+      checkNccl(nccl(a, s, r, size_t(n), ncclType(dt), live(call)), call, comm_);
       return after(info);
+    });
+  }
+
+  Napi::Value AllReduce(const Napi::CallbackInfo& info) {
+    return collective(info, "allReduce", 7, 1, 1, [&](const Args& a, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      return ncclAllReduce(s, r, n, t, ncclOp(a.int64(6), "allReduce"), c, stream_);
     });
   }
   Napi::Value Broadcast(const Napi::CallbackInfo& info) {
-    return run(info, "broadcast", [&](const Args& a) {
-      a.count(7);
-      DType dt = a.dtype(5);
-      int64_t n = a.size(4);
-      void* s = buffer(info, 0, a.size(1), n, dt, "broadcast");
-      void* r = buffer(info, 2, a.size(3), n, dt, "broadcast");
-      before("broadcast");
-      checkNccl(ncclBroadcast(s, r, size_t(n), ncclType(dt), int(a.size(6)), live("broadcast"), stream_), "ncclBroadcast", comm_);
-      return after(info);
+    return collective(info, "broadcast", 7, 1, 1, [&](const Args& a, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      return ncclBroadcast(s, r, n, t, int(a.size(6)), c, stream_);
     });
   }
   Napi::Value Reduce(const Napi::CallbackInfo& info) {
-    return run(info, "reduce", [&](const Args& a) {
-      a.count(8);
-      DType dt = a.dtype(5);
-      int64_t n = a.size(4);
-      void* s = buffer(info, 0, a.size(1), n, dt, "reduce");
-      void* r = buffer(info, 2, a.size(3), n, dt, "reduce");
-      ncclRedOp_t op = ncclOp(a.int64(6), "reduce");
-      before("reduce");
-      checkNccl(ncclReduce(s, r, size_t(n), ncclType(dt), op, int(a.size(7)), live("reduce"), stream_), "ncclReduce", comm_);
-      return after(info);
+    return collective(info, "reduce", 8, 1, 1, [&](const Args& a, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      return ncclReduce(s, r, n, t, ncclOp(a.int64(6), "reduce"), int(a.size(7)), c, stream_);
     });
   }
+  // count is what each rank contributes; recv holds size blocks of it.
   Napi::Value AllGather(const Napi::CallbackInfo& info) {
-    return run(info, "allGather", [&](const Args& a) {
-      a.count(6);
-      DType dt = a.dtype(5);
-      int64_t n = a.size(4);
-      void* s = buffer(info, 0, a.size(1), n, dt, "allGather");
-      void* r = buffer(info, 2, a.size(3), n * size_, dt, "allGather");
-      before("allGather");
-      checkNccl(ncclAllGather(s, r, size_t(n), ncclType(dt), live("allGather"), stream_), "ncclAllGather", comm_);
-      return after(info);
+    return collective(info, "allGather", 6, 1, size_, [&](const Args&, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      return ncclAllGather(s, r, n, t, c, stream_);
     });
   }
+  // count is what each rank receives; send holds size blocks of it.
   Napi::Value ReduceScatter(const Napi::CallbackInfo& info) {
-    return run(info, "reduceScatter", [&](const Args& a) {
-      a.count(7);
-      DType dt = a.dtype(5);
-      int64_t n = a.size(4);
-      void* s = buffer(info, 0, a.size(1), n * size_, dt, "reduceScatter");
-      void* r = buffer(info, 2, a.size(3), n, dt, "reduceScatter");
-      ncclRedOp_t op = ncclOp(a.int64(6), "reduceScatter");
-      before("reduceScatter");
-      checkNccl(ncclReduceScatter(s, r, size_t(n), ncclType(dt), op, live("reduceScatter"), stream_), "ncclReduceScatter", comm_);
-      return after(info);
+    return collective(info, "reduceScatter", 7, size_, 1, [&](const Args& a, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      return ncclReduceScatter(s, r, n, t, ncclOp(a.int64(6), "reduceScatter"), c, stream_);
     });
   }
   // Block r of send goes to rank r; block r of recv comes from rank r (one send/recv group).
   Napi::Value AllToAll(const Napi::CallbackInfo& info) {
-    return run(info, "allToAll", [&](const Args& a) {
-      a.count(6);
-      DType dt = a.dtype(5);
-      int64_t n = a.size(4);
-      auto* s = static_cast<uint8_t*>(buffer(info, 0, a.size(1), n * size_, dt, "allToAll"));
-      auto* r = static_cast<uint8_t*>(buffer(info, 2, a.size(3), n * size_, dt, "allToAll"));
-      size_t blockBytes = size_t(n) * dtypeSize(dt);
-      before("allToAll");
-      ncclComm_t c = live("allToAll");
+    return collective(info, "allToAll", 6, size_, size_, [&](const Args& a, void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c) {
+      const size_t blockBytes = n * dtypeSize(a.dtype(5));
       checkNccl(ncclGroupStart(), "ncclGroupStart");
       for (int peer = 0; peer < size_; peer++) {
-        ncclResult_t rs = ncclSend(s + peer * blockBytes, size_t(n), ncclType(dt), peer, c, stream_);
-        ncclResult_t rr = ncclRecv(r + peer * blockBytes, size_t(n), ncclType(dt), peer, c, stream_);
+        ncclResult_t rs = ncclSend(static_cast<uint8_t*>(s) + peer * blockBytes, n, t, peer, c, stream_);
+        ncclResult_t rr = ncclRecv(static_cast<uint8_t*>(r) + peer * blockBytes, n, t, peer, c, stream_);
         if ((rs != ncclSuccess && rs != ncclInProgress) || (rr != ncclSuccess && rr != ncclInProgress)) {
           ncclGroupEnd();
-          checkNccl(rs != ncclSuccess && rs != ncclInProgress ? rs : rr, "allToAll", c);
+          return rs != ncclSuccess && rs != ncclInProgress ? rs : rr;
         }
       }
-      checkNccl(ncclGroupEnd(), "ncclGroupEnd", c);
-      return after(info);
+      return ncclGroupEnd();
     });
   }
-  Napi::Value Send(const Napi::CallbackInfo& info) {
-    return run(info, "send", [&](const Args& a) {
+  // send(buf, off, count, dtype, peer) / recv(...): one side of a point-to-point transfer.
+  Napi::Value pointToPoint(const Napi::CallbackInfo& info, bool isSend) {
+    const char* call = isSend ? "send" : "recv";
+    return run(info, call, [&](const Args& a) {
       a.count(5);
       DType dt = a.dtype(3);
       int64_t n = a.size(2);
-      void* b = buffer(info, 0, a.size(1), n, dt, "send");
-      before("send");
-      checkNccl(ncclSend(b, size_t(n), ncclType(dt), int(a.size(4)), live("send"), stream_), "ncclSend", comm_);
+      void* b = buffer(info, 0, a.size(1), n, dt, call);
+      before(call);
+      ncclComm_t c = live(call);
+      int peer = int(a.size(4));
+      checkNccl(isSend ? ncclSend(b, size_t(n), ncclType(dt), peer, c, stream_) : ncclRecv(b, size_t(n), ncclType(dt), peer, c, stream_),
+                call, comm_);
       return after(info);
     });
   }
-  Napi::Value Recv(const Napi::CallbackInfo& info) {
-    return run(info, "recv", [&](const Args& a) {
-      a.count(5);
-      DType dt = a.dtype(3);
-      int64_t n = a.size(2);
-      void* b = buffer(info, 0, a.size(1), n, dt, "recv");
-      before("recv");
-      checkNccl(ncclRecv(b, size_t(n), ncclType(dt), int(a.size(4)), live("recv"), stream_), "ncclRecv", comm_);
-      return after(info);
-    });
-  }
+  Napi::Value Send(const Napi::CallbackInfo& info) { return pointToPoint(info, true); }
+  Napi::Value Recv(const Napi::CallbackInfo& info) { return pointToPoint(info, false); }
   Napi::Value GroupStart(const Napi::CallbackInfo& info) {
     return run(info, "groupStart", [&](const Args&) {
       live("groupStart");

@@ -26,6 +26,22 @@ describe('bench comm', () => {
     expect(svg.match(/<polyline/g)).toHaveLength(2);
   });
 
+  it('--transport both --repeat 2: interleaved runs over shared memory and tcp, medians per size, a plot', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
+    const json = join(dir, 'r.json'), plot = join(dir, 'r.svg');
+    const r = spawnSync(process.execPath, ['--import', 'tsx', bench, '-b', '1K', '-e', '64K', '-f', '8', '-n', '2', '-w', '1', '--transport', 'both',
+      '--repeat', '2', '--json', json, '--plot', plot], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '' }, timeout: 120_000 });
+    expect(r.status, r.stderr + r.stdout).toBe(0);
+    expect(r.stdout).toMatch(/median in-place busbw \(GB\/s\) over 2 interleaved run/);
+    expect(r.stdout).toMatch(/load average \(1 min\) before each run: nodetron [\d.]+, nodetron [\d.]+/);
+    const rec = JSON.parse(readFileSync(json, 'utf8'));
+    expect(rec.repetitions).toHaveLength(2);
+    for (const rep of rec.repetitions) expect(rep.nodetron.map((sw: { transport: string; sharedMemory: boolean }) => [sw.transport, sw.sharedMemory])).toEqual([['shm', true], ['tcp', false]]);
+    expect(rec.summary.map((row: { bytes: number }) => row.bytes)).toEqual([1024, 8192, 65536]);
+    for (const row of rec.summary) expect(row.shmInPlaceBusbw > 0 && row.tcpInPlaceBusbw > 0).toBe(true);
+    expect(readFileSync(plot, 'utf8').match(/<polyline/g)).toHaveLength(2);
+  });
+
   for (const op of ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv']) {
     it(`${op}: self-launched 2-rank sweep with no wrong elements`, () => {
       const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
@@ -35,9 +51,17 @@ describe('bench comm', () => {
       expect(r.status, r.stderr + r.stdout).toBe(0);
       expect(r.stdout).toMatch(/# Out of bounds values : 0 OK/);
       const rec = JSON.parse(readFileSync(json, 'utf8'));
-      expect(rec.worldSize).toBe(2);
-      expect(rec.rows.length).toBeGreaterThanOrEqual(2);
-      for (const row of rec.rows) for (const m of [row.outOfPlace, row.inPlace]) if (m) expect(m.wrong).toBe(0);
+      expect(rec.np).toBe(2);
+      const [sweep] = rec.repetitions[0].nodetron;
+      expect(sweep.sharedMemory).toBe(true);
+      expect(sweep.rows.length).toBeGreaterThanOrEqual(2);
+      for (const row of sweep.rows) {
+        expect(row.outOfPlace).not.toBeNull();
+        // Every op has both columns but sendrecv, which has no in-place form.
+        if (op === 'sendrecv') expect(row.inPlace).toBeNull();
+        else expect(row.inPlace).not.toBeNull();
+        for (const m of [row.outOfPlace, row.inPlace]) if (m) expect(m.wrong).toBe(0);
+      }
     });
   }
 });

@@ -13,9 +13,20 @@ describe('gloo collectives across processes', () => {
         expect(r.code, `rank ${r.rank} stderr: ${r.stderr.slice(-2000)}`).toBe(0);
         expect(r.result.wrong).toEqual({});
         expect(r.result.cases).toBeGreaterThan(250);
+        // One host: allreduce and the size agreement go through the shared-memory segment.
+        expect(r.result.sharedMemory).toBe(true);
       }
     });
   }
+
+  it('the TCP path (NODETRON_COMM_SHM=0) agrees with the reference on 3 ranks', async () => {
+    const results = await runRanks('collectives.mjs', 3, [], { ...quiet, NODETRON_COMM_SHM: '0' });
+    for (const r of results) {
+      expect(r.code, `rank ${r.rank} stderr: ${r.stderr.slice(-2000)}`).toBe(0);
+      expect(r.result.wrong).toEqual({});
+      expect(r.result.sharedMemory).toBe(false);
+    }
+  });
 
   it('check mode passes when all ranks run the same collectives', async () => {
     const results = await runRanks('collectives.mjs', 2, [], { ...quiet, NODETRON_COMM_CHECK: '1' });

@@ -16,6 +16,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "js_store.h"
+#include "shm.h"
 #include "store_client.h"
 
 namespace nt::comm {
@@ -82,25 +84,54 @@ std::string listCounts(const std::vector<size_t>& counts) {
 }  // namespace
 
 void connectMesh(CommState& s) {
-  StoreClient store(s.storeHost, s.storePort, s.group, s.timeout);
+  std::unique_ptr<gloo::rendezvous::Store> store;
+  if (s.storeOp) store = std::make_unique<JsStore>(*s.storeOp, s.group, s.timeout);
+  else store = std::make_unique<StoreClient>(s.storeHost, s.storePort, s.group, s.timeout);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(s.rank, s.size);
   ctx->setTimeout(s.timeout);
   std::shared_ptr<gloo::transport::Device> dev = tcpDevice(s.deviceHost, s.deviceIface);
-  ctx->connectFullMesh(store, dev);
+  ctx->connectFullMesh(*store, dev);
   s.context = ctx;
+  s.shm = ShmSegment::open(*store, s.rank, s.size, s.sharedMemory);
 }
+
+namespace {
+
+// Runs a shared-memory op; a failure tells the peers waiting in the segment to give up at once.
+template <typename F>
+auto onShm(CommState& s, F f) {
+  try {
+    return f(*s.shm);
+  } catch (...) {
+    s.shm->abort();
+    throw;
+  }
+}
+
+}  // namespace
 
 void agreeOn(CommState& s, const Agreement& mine, uint32_t tag, std::chrono::milliseconds timeout) {
   if (!s.verifySizes || s.size == 1) return;
   const int64_t fields[] = {fold(fnv1a(mine.op.data(), mine.op.size())), int64_t(mine.dtype), mine.root,
                             int64_t(mine.count), fold(fnv1a(mine.counts.data(), mine.counts.size() * sizeof(size_t)))};
   constexpr size_t k = sizeof(fields) / sizeof(fields[0]);
+  // v[i] = max over ranks of field i, v[k + i] = max of its negation (so -v[k + i] is the minimum).
   std::vector<int64_t> v(2 * k);
   for (size_t i = 0; i < k; i++) {
     v[i] = fields[i];
     v[k + i] = -fields[i];
   }
-  allReduceMax(s, v, tag | kAgreementTagBit, timeout);
+  if (s.shm) {
+    const std::vector<int64_t> rows = onShm(s, [&](ShmSegment& shm) { return shm.exchange(std::vector<int64_t>(fields, fields + k), timeout); });
+    for (int r = 0; r < s.size; r++) {
+      for (size_t i = 0; i < k; i++) {
+        v[i] = std::max(v[i], rows[size_t(r) * k + i]);
+        v[k + i] = std::max(v[k + i], -rows[size_t(r) * k + i]);
+      }
+    }
+  } else {
+    allReduceMax(s, v, tag | kAgreementTagBit, timeout);
+  }
   auto lo = [&](size_t i) { return -v[k + i]; };
   auto hi = [&](size_t i) { return v[i]; };
   if (lo(0) != hi(0))
@@ -145,7 +176,9 @@ void agreeOnAllToAll(CommState& s, const std::vector<size_t>& sendCounts, const 
 
 void allReduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, uint32_t tag,
                std::chrono::milliseconds timeout) {
-  if (count > 0 && s.size > 1) {
+  if (count > 0 && s.shm) {
+    onShm(s, [&](ShmSegment& shm) { shm.allReduce(in, out, dt, count, op, timeout); });
+  } else if (count > 0 && s.size > 1) {
     gloo::AllreduceOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
@@ -205,17 +238,18 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
                uint32_t tag, std::chrono::milliseconds timeout) {
   size_t esize = dtypeSize(dt);
   size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
-  if (total == 0) return;
-  if (s.size == 1) {
-    if (in != out) std::memcpy(out, in, counts[0] * esize);
+  if (total == 0 || s.size == 1) {
+    if (total > 0 && in != out) std::memcpy(out, in, counts[0] * esize);
     return;
   }
+  // In place (in == out): this rank's block of out is the input, so Gloo gets no input buffer.
+  const bool inPlace = in == out;
   bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
   if (equal) {
     gloo::AllgatherOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), counts[0]);
+      if (!inPlace) o.setInput(typed<T>(in), counts[0]);
       o.setOutput(typed<T>(out), total);
     });
     o.setTag(tag);
@@ -225,7 +259,7 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
     gloo::AllgathervOptions o(s.context);
     withElement(dt, [&](auto* t) {
       using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), counts[size_t(s.rank)]);
+      if (!inPlace) o.setInput(typed<T>(in), counts[size_t(s.rank)]);
       o.setOutput(typed<T>(out), counts);
     });
     o.setTag(tag);
@@ -235,8 +269,11 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
 }
 
 // Ring reduce-scatter: at step k (0 <= k < n-1) rank r sends its partial sum of block (r-k-1) to
-// rank r+1 and receives the partial sum of block (r-k-2) from rank r-1, reducing it into its own;
+// rank r+1 and receives the partial sum of block (r-k-2) from rank r-1, adding its own input block;
 // after n-1 steps block r holds the reduction over all ranks. Each rank moves (n-1)/n of the data.
+// Partial sums live in two block-sized buffers (one being sent while the next is formed) and the
+// last step reduces straight into the output, so the input is never copied whole and is only read:
+// in place (in == out), block r of in receives the result and the other blocks stay unchanged.
 void reduceScatter(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& counts,
                    RedOp op, uint32_t tag, std::chrono::milliseconds timeout) {
   const size_t esize = dtypeSize(dt);
@@ -244,34 +281,41 @@ void reduceScatter(CommState& s, const uint8_t* in, uint8_t* out, DType dt, cons
   std::vector<size_t> offsets(size_t(n) + 1, 0);
   for (int i = 0; i < n; i++) offsets[size_t(i) + 1] = offsets[size_t(i)] + counts[size_t(i)];
   const size_t total = offsets[size_t(n)];
+  uint8_t* result = in == out ? out + offsets[size_t(r)] * esize : out;
   if (n == 1 || total == 0) {
-    if (counts[size_t(r)] > 0 && in != out) std::memcpy(out, in, counts[size_t(r)] * esize);
-    if (op == RedOp::Avg) divideInPlace(out, dt, counts[size_t(r)], n);
+    if (counts[size_t(r)] > 0 && in != result) std::memcpy(result, in, counts[size_t(r)] * esize);
+    if (op == RedOp::Avg) divideInPlace(result, dt, counts[size_t(r)], n);
     return;
   }
-  std::vector<uint8_t> acc(in, in + total * esize);
-  size_t maxBlock = *std::max_element(counts.begin(), counts.end());
-  std::vector<uint8_t> incoming(std::max<size_t>(maxBlock * esize, 1));
-  auto accBuf = s.context->createUnboundBuffer(acc.data(), acc.size());
-  auto inBuf = s.context->createUnboundBuffer(incoming.data(), incoming.size());
+  const size_t maxBlockBytes = std::max<size_t>(*std::max_element(counts.begin(), counts.end()) * esize, 1);
+  std::vector<uint8_t> incoming(maxBlockBytes), partial[2] = {std::vector<uint8_t>(maxBlockBytes), std::vector<uint8_t>(maxBlockBytes)};
+  // Gloo's buffers take a mutable pointer; the input is only ever sent from.
+  auto inBuf = s.context->createUnboundBuffer(const_cast<uint8_t*>(in), total * esize);
+  auto recvBuf = s.context->createUnboundBuffer(incoming.data(), incoming.size());
+  std::unique_ptr<gloo::transport::UnboundBuffer> partialBuf[2] = {
+      s.context->createUnboundBuffer(partial[0].data(), partial[0].size()),
+      s.context->createUnboundBuffer(partial[1].data(), partial[1].size())};
   ReduceFn fn = reduceFunction(dt, op);
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   const gloo::Slot base = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
   auto mod = [n](int i) { return size_t(((i % n) + n) % n); };
   for (int k = 0; k < n - 1; k++) {
-    size_t sendBlock = mod(r - k - 1), recvBlock = mod(r - k - 2);
-    uint64_t slot = base + static_cast<uint8_t>(k);
-    if (counts[recvBlock] > 0) inBuf->recv(left, slot, 0, counts[recvBlock] * esize);
-    if (counts[sendBlock] > 0) accBuf->send(right, slot, offsets[sendBlock] * esize, counts[sendBlock] * esize);
-    if (counts[recvBlock] > 0) {
-      if (!inBuf->waitRecv(timeout)) fail(Err::Comm, "reduce-scatter receive was aborted");
-      uint8_t* dst = acc.data() + offsets[recvBlock] * esize;
-      fn(dst, dst, incoming.data(), counts[recvBlock]);
+    const size_t sendBlock = mod(r - k - 1), recvBlock = mod(r - k - 2);
+    const size_t sendBytes = counts[sendBlock] * esize, recvCount = counts[recvBlock];
+    const uint64_t slot = base + static_cast<uint8_t>(k);
+    // Step 0 sends the raw input block; later steps send the partial sum formed one step before.
+    gloo::transport::UnboundBuffer& sendFrom = k == 0 ? *inBuf : *partialBuf[(k - 1) % 2];
+    const size_t sendOffset = k == 0 ? offsets[sendBlock] * esize : 0;
+    if (recvCount > 0) recvBuf->recv(left, slot, 0, recvCount * esize);
+    if (sendBytes > 0) sendFrom.send(right, slot, sendOffset, sendBytes);
+    if (recvCount > 0) {
+      if (!recvBuf->waitRecv(timeout)) fail(Err::Comm, "reduce-scatter receive was aborted");
+      uint8_t* dst = k == n - 2 ? result : partial[k % 2].data();
+      fn(dst, in + offsets[recvBlock] * esize, incoming.data(), recvCount);
     }
-    if (counts[sendBlock] > 0 && !accBuf->waitSend(timeout)) fail(Err::Comm, "reduce-scatter send was aborted");
+    if (sendBytes > 0 && !sendFrom.waitSend(timeout)) fail(Err::Comm, "reduce-scatter send was aborted");
   }
-  std::memcpy(out, acc.data() + offsets[size_t(r)] * esize, counts[size_t(r)] * esize);
-  if (op == RedOp::Avg) divideInPlace(out, dt, counts[size_t(r)], n);
+  if (op == RedOp::Avg) divideInPlace(result, dt, counts[size_t(r)], n);
 }
 
 void allToAll(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& sendCounts,

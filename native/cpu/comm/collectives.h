@@ -41,10 +41,12 @@ void broadcast(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t c
 // `out` is written on root; on other ranks it is scratch of `count` elements.
 void reduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, int root, uint32_t tag,
             std::chrono::milliseconds timeout);
-// Rank i contributes counts[i] elements; out holds them concatenated in rank order.
+// Rank i contributes counts[i] elements; out holds them concatenated in rank order. In place when
+// in == out: this rank's block of out is its input.
 void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& counts,
                uint32_t tag, std::chrono::milliseconds timeout);
 // `in` holds sum(counts) elements; rank r receives the reduction of block r (counts[r] elements).
+// In place when in == out: the result goes to block r of in, the other blocks are left unchanged.
 void reduceScatter(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std::vector<size_t>& counts,
                    RedOp op, uint32_t tag, std::chrono::milliseconds timeout);
 // Block i of `in` (sendCounts[i] elements) goes to rank i; block j of `out` comes from rank j.

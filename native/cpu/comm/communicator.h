@@ -21,6 +21,8 @@
 
 namespace nt::comm {
 
+class ShmSegment;
+
 // What a communicator is, shared by its threads (which may outlive the JS object).
 struct CommState {
   int rank = 0;
@@ -32,8 +34,14 @@ struct CommState {
   std::string deviceHost;
   std::string deviceIface;
   std::shared_ptr<gloo::rendezvous::Context> context;  // set by connect on the collective thread
+  // When set, the rendezvous goes through this JS store function (js_store.h) instead of the TCP
+  // store at storeHost:storePort; connect releases it when done.
+  std::optional<Napi::ThreadSafeFunction> storeOp;
   // Ranks agree on op, dtype and sizes before each collective (see agreeOn in collectives.h).
   bool verifySizes = true;
+  // Use shared memory when every rank runs on this host (shm.h); set by connect when it applies.
+  bool sharedMemory = true;
+  std::shared_ptr<ShmSegment> shm;
 
   // A failed collective leaves Gloo's slots out of step between ranks, so later ops fail fast.
   std::mutex brokenMutex;

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "collectives.h"
+#include "shm.h"
 
 namespace nt::comm {
 
@@ -30,18 +31,20 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
                                      InstanceMethod("destroy", &GlooCommunicator::Destroy),
                                      InstanceAccessor("rank", &GlooCommunicator::Rank, nullptr),
                                      InstanceAccessor("size", &GlooCommunicator::Size, nullptr),
-                                     InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr)});
+                                     InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr),
+                                     InstanceAccessor("sharedMemory", &GlooCommunicator::SharedMemory, nullptr)});
     static Napi::FunctionReference ctor;
     ctor = Napi::Persistent(fn);
     ctor.SuppressDestruct();
     exports.Set("GlooCommunicator", fn);
   }
 
-  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes)
+  // new GlooCommunicator(storeHost, storePort, group, rank, size, timeoutMs, deviceHost, deviceIface, verifySizes,
+  //                      sharedMemory, storeOp | null)   storeOp: see js_store.h; null = the TCP store
   explicit GlooCommunicator(const Napi::CallbackInfo& info) : Napi::ObjectWrap<GlooCommunicator>(info) {
     try {
       Args a{info, "GlooCommunicator"};
-      a.count(9);
+      a.count(11);
       state_ = std::make_shared<CommState>();
       state_->storeHost = a.string(0);
       state_->storePort = static_cast<int>(a.size(1));
@@ -52,6 +55,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       state_->deviceHost = a.string(6);
       state_->deviceIface = a.string(7);
       state_->verifySizes = a.boolean(8);
+      state_->sharedMemory = a.boolean(9);
       if (state_->size < 1 || state_->rank >= state_->size)
         fail(Err::Argument, "GlooCommunicator: rank " + std::to_string(state_->rank) + " is outside a group of size " +
                                 std::to_string(state_->size));
@@ -59,6 +63,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
         fail(Err::Argument, "GlooCommunicator: store port " + std::to_string(state_->storePort) + " is out of range");
       if (state_->timeout.count() < 1) fail(Err::Argument, "GlooCommunicator: timeoutMs must be at least 1");
       Napi::Env env = info.Env();
+      if (info[10].IsFunction()) {
+        state_->storeOp = Napi::ThreadSafeFunction::New(env, info[10].As<Napi::Function>(), "nodetron-gloo-store", 0, 1);
+        state_->storeOp->Unref(env);  // connect's own work keeps the event loop alive while it runs
+      } else if (!info[10].IsNull() && !info[10].IsUndefined()) {
+        fail(Err::Argument, "GlooCommunicator: storeOp must be a function or null");
+      }
       tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),
                                             "nodetron-gloo", 0, 1);
       collectives_ = WorkQueue::start(state_, tsfn_);
@@ -74,6 +84,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
 
  private:
   void shutdown() {
+    // A JS store that connect never took over is released here, on the JS thread.
+    if (state_ && !connectRequested_ && state_->storeOp) {
+      state_->storeOp->Release();
+      state_->storeOp.reset();
+    }
     if (collectives_) collectives_->stop();
     if (pointToPoint_) pointToPoint_->stop();
     collectives_.reset();
@@ -185,6 +200,20 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     }, "waitSync");
   }
 
+  // Queues a collective on the communicator's thread: the ranks first agree on `agreement` (agreeOn
+  // in collectives.h), then `body` runs with the collective's tag (its sequence number). `w` is
+  // taken by reference so that arguments built from it (the agreement names w->op) are read first.
+  Napi::Value queueCollective(const Napi::CallbackInfo& info, std::unique_ptr<Work>&& w, Agreement agreement,
+                              std::chrono::milliseconds timeout, std::function<void(CommState&, uint32_t)> body) {
+    std::shared_ptr<CommState> s = state_;
+    const uint32_t tag = uint32_t(w->seq);
+    w->run = [s, tag, timeout, agreement = std::move(agreement), body = std::move(body)] {
+      agreeOn(*s, agreement, tag, timeout);
+      body(*s, tag);
+    };
+    return submit(info, std::move(w), *collectives_, timeout);
+  }
+
   std::chrono::milliseconds timeoutArg(const Args& a, size_t i) {
     int64_t ms = a.int64(i);
     if (ms < 1) fail(Err::Argument, std::string(a.call) + ": timeoutMs must be at least 1");
@@ -199,7 +228,17 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     connectRequested_ = true;
     auto w = newWork(info, "connect", -1);
     std::shared_ptr<CommState> s = state_;
-    w->run = [s] { connectMesh(*s); };
+    w->run = [s] {
+      // The JS store is only needed to meet; release it whether or not the rendezvous worked.
+      struct ReleaseStore {
+        CommState& s;
+        ~ReleaseStore() {
+          if (s.storeOp) s.storeOp->Release();
+          s.storeOp.reset();
+        }
+      } release{*s};
+      connectMesh(*s);
+    };
     connected_ = true;  // ops queued after connect run after it on the same thread
     return submit(info, std::move(w), *collectives_);
   }
@@ -219,14 +258,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->op = std::string("allReduce(") + redOpName(op) + ")";
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      allReduce(*s, in, out, dt, n, op, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      allReduce(s, in, out, dt, n, op, tag, timeout);
+    });
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
@@ -243,14 +277,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, root, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      broadcast(*s, in, out, dt, n, root, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      broadcast(s, in, out, dt, n, root, tag, timeout);
+    });
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
@@ -269,14 +298,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
     w->op = std::string("reduce(") + redOpName(op) + ")";
     w->bytes = n * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, root, n, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      reduce(*s, in, out, dt, n, op, root, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      reduce(s, in, out, dt, n, op, root, tag, timeout);
+    });
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)
@@ -293,14 +317,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     const uint8_t* in = buffer(info, 0, a.call, dt, c[size_t(state_->rank)], *w);
     uint8_t* out = buffer(info, 1, a.call, dt, total, *w);
     w->bytes = total * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, total, c};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      allGather(*s, in, out, dt, c, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
+      allGather(s, in, out, dt, c, tag, timeout);
+    });
   }
 
   // reduceScatter(send, recv, dtype, counts[size], op, seq, timeoutMs)
@@ -321,14 +340,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, c[size_t(state_->rank)], *w);
     w->op = std::string("reduceScatter(") + redOpName(op) + ")";
     w->bytes = total * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, dt, -1, total, c};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      reduceScatter(*s, in, out, dt, c, op, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
+      reduceScatter(s, in, out, dt, c, op, tag, timeout);
+    });
   }
 
   // allToAll(send, recv, dtype, sendCounts[size], recvCounts[size], seq, timeoutMs)
@@ -350,16 +364,11 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     uint8_t* out = buffer(info, 1, a.call, dt, recvTotal, *w);
     if (in == out) fail(Err::Argument, "allToAll: send and receive buffers must differ");
     w->bytes = sendTotal * dtypeSize(dt);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
     // Totals legitimately differ between ranks; the per-pair counts are checked after the header.
-    Agreement agreement{w->op, dt, -1, 0, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      agreeOnAllToAll(*s, sc, rc, tag, timeout);
-      allToAll(*s, in, out, dt, sc, rc, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, 0, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      agreeOnAllToAll(s, sc, rc, tag, timeout);
+      allToAll(s, in, out, dt, sc, rc, tag, timeout);
+    });
   }
 
   // barrier(seq, timeoutMs)
@@ -370,14 +379,9 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     checkUsable(a.call);
     auto w = newWork(info, "barrier", a.int64(0));
     auto timeout = timeoutArg(a, 1);
-    std::shared_ptr<CommState> s = state_;
-    uint32_t tag = uint32_t(w->seq);
-    Agreement agreement{w->op, DType::U8, -1, 0, {}};
-    w->run = [=] {
-      agreeOn(*s, agreement, tag, timeout);
-      barrier(*s, tag, timeout);
-    };
-    return submit(info, std::move(w), *collectives_, timeout);
+    return queueCollective(info, std::move(w), Agreement{w->op, DType::U8, -1, 0, {}}, timeout, [=](CommState& s, uint32_t tag) {
+      barrier(s, tag, timeout);
+    });
   }
 
   // send(storage, dtype, count, dst, tag, timeoutMs) / recv(storage, dtype, count, src, tag, timeoutMs):
@@ -441,6 +445,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     w->run = [s] {
       s->markBroken("the communicator was destroyed");
       s->context.reset();
+      s->shm.reset();
     };
     Napi::Value p = submit(info, std::move(w), *collectives_);
     shutdown();
@@ -450,6 +455,8 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   Napi::Value Rank(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->rank : -1); }
   Napi::Value Size(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->size : 0); }
   Napi::Value Pending(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(pending_)); }
+  // Whether connect() found every rank on this host and collectives go through shared memory.
+  Napi::Value SharedMemory(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), state_ && state_->shm != nullptr); }
 
   std::shared_ptr<CommState> state_;
   std::shared_ptr<WorkQueue> collectives_;
