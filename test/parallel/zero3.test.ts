@@ -130,6 +130,30 @@ describe('ZeRO stage 3 across processes (Gloo)', () => {
   }, 180_000);
 });
 
+describe('StorageRef.evict / restore (what ZeRO-3 releases parameters with)', () => {
+  it('frees the bytes under every tensor sharing the storage and gives them new ones on restore', () => {
+    const t = nt.tensor(new Float32Array(1000).fill(3), [10, 100]);
+    const view = t.reshape([1000]);
+    const before = nt.memoryStats().allocated;
+    t.storageRef.evict('held elsewhere for the test');
+    expect(nt.memoryStats().allocated).toBeLessThanOrEqual(before - 4000);
+    expect(t.storageRef.bytes).toBe(0);
+    for (const x of [t, view]) {
+      expect(() => x.toArraySync()).toThrow(nt.StateError);
+      expect(() => x.toArraySync()).toThrow('held elsewhere for the test');
+    }
+    expect(() => nt.add(view, view)).toThrow(nt.StateError);
+    t.storageRef.restore(4000);
+    expect(nt.memoryStats().allocated).toBeGreaterThanOrEqual(before);
+    t.backend.write(t.storage, 0, new Uint8Array(new Float32Array(1000).fill(2).buffer));
+    expect(Array.from(view.toArraySync()).every((v) => v === 2)).toBe(true);
+    expect(() => t.storageRef.restore(4000)).toThrow(nt.StateError);
+    view.dispose();
+    t.dispose();
+    expect(nt.ones([1]).item()).toBe(1);
+  });
+});
+
 describe('ZeRO stage 3 in one process (world of one, file-backed group)', () => {
   const group = () => fileWorld(mkdtempSync(join(work, 'w')), 0, 1);
   const config = zero3Config();
