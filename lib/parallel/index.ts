@@ -1,13 +1,13 @@
 // Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO, and test groups.
 export {
-  MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
+  MeshLayout, ParallelState, initializeParallel, rangeAcrossRanks, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
   type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
 } from './mesh.js';
 export type { ProcessGroup, WorldGroup, Work, ReduceOp } from './group.js';
 export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
 export { GradBuffer, DEFAULT_BUCKET_BYTES, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
-export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions } from './zero/optimizer.js';
+export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';
@@ -21,8 +21,10 @@ export {
   checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
   tensorParallelParameters, clipTensorParallelGradNorm,
 } from './tensor-parallel/gpt.js';
-export { gpipe, oneForwardOneBackward, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
+export { gpipe, oneForwardOneBackward, forwardOnly, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
+export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
 export {
-  resolveTrainingLayout, batchSlice, initParallelTraining, DataParallelTrainer,
-  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type DataParallelTrainerOptions,
+  resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining, ParallelTrainer,
+  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type ParallelTrainerOptions,
+  type PipelineScheduleName, type TrainerStepResult,
 } from './layout.js';

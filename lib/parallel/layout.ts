@@ -1,18 +1,24 @@
-// Training layouts: checking a TP × PP × DP (+ ZeRO, offload) request against a model, a world and a
-// batch before anything trains, and the data-parallel training step (gradient averaging or ZeRO).
+// Training layouts: checking a TP × PP × DP (+ ZeRO, offload, micro-batches) request against a model,
+// a world and a batch before anything trains, and the training step of one rank of any layout.
 import * as dist from '../distributed/init.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { ArgumentError } from '../errors.js';
 import { scope } from '../memory.js';
-import { clipGradNorm } from '../optim/clip.js';
+import { scale, slice } from '../ops/index.js';
+import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import type { Tensor } from '../tensor.js';
+import type { Parameter } from '../nn/module.js';
+import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
-import type { LossModel } from '../training.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { ProcessGroup } from './group.js';
-import { initializeParallel, type ParallelState } from './mesh.js';
-import { ZeroOptimizer, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+import { initializeParallel, rangeAcrossRanks, type ParallelState } from './mesh.js';
+import type { PipelineModule } from './pipeline/gpt-stage.js';
+import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
+import { checkTensorParallelConfig, tensorParallelParameters } from './tensor-parallel/gpt.js';
+import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+
+export type PipelineScheduleName = 'gpipe' | '1f1b';
 
 export interface TrainingLayout {
   tp: number;
@@ -22,6 +28,9 @@ export interface TrainingLayout {
   zero: 0 | 1 | 2 | 3;
   /** Keep ZeRO shards and their update in host memory. */
   offload: boolean;
+  /** Micro-batches each rank's batch is split into per step (pipeline schedule, gradient accumulation). */
+  microBatches: number;
+  schedule: PipelineScheduleName;
 }
 
 /** The model dimensions a layout must divide. */
@@ -29,6 +38,7 @@ export interface LayoutModelShape {
   nLayer: number;
   nHead: number;
   nEmbd: number;
+  vocabSize: number;
 }
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
@@ -38,6 +48,8 @@ export interface LayoutFlags {
   dp?: number;
   zero?: number;
   offload?: boolean;
+  microBatches?: number;
+  schedule?: string;
 }
 
 /**
@@ -54,16 +66,25 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const tp = intFlag('tp', flags.tp, 1, 1), pp = intFlag('pp', flags.pp, 1, 1);
   const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
+  const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
+  const schedule = flags.schedule ?? '1f1b';
+  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`--schedule must be gpipe or 1f1b, got ${schedule}`);
   if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
+  if (zero > 0 && dp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
   const offload = flags.offload ?? false;
   if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
   if (tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
-  if (model.nHead % tp !== 0) problems.push(`--tp ${tp} does not divide the ${model.nHead} attention heads`);
-  if (model.nEmbd % tp !== 0) problems.push(`--tp ${tp} does not divide the width ${model.nEmbd}`);
+  try { checkTensorParallelConfig(model, tp); } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    problems.push(`--tp ${tp}: ${e.message}`);
+  }
   if (pp > model.nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${model.nLayer} layers`);
-  if (globalBatch % dp !== 0) problems.push(`--dp ${dp} does not divide the global batch of ${globalBatch} sequences`);
+  if (globalBatch % (dp * microBatches) !== 0) {
+    problems.push(microBatches === 1 ? `--dp ${dp} does not divide the global batch of ${globalBatch} sequences`
+      : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
+  }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, zero: zero as 0 | 1 | 2 | 3, offload };
+  return { tp, pp, dp, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -74,6 +95,11 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
   return { start: dpRank * count, count };
 }
 
+/** Short text of a layout for logs: `tp=2 pp=2 dp=1 zero=0 micro-batches=4 (1f1b)`. */
+export function describeLayout(l: TrainingLayout): string {
+  return `tp=${l.tp} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
+}
+
 export interface ParallelTraining {
   layout: TrainingLayout;
   /** The world rank (0 without a launcher). */
@@ -82,113 +108,251 @@ export interface ParallelTraining {
   mesh: ParallelState | null;
 }
 
+/** FNV-1a of a string as a signed 32-bit integer: a digest ranks compare instead of the text. */
+function digest32(text: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) { h ^= text.charCodeAt(i); h = Math.imul(h, 0x01000193); }
+  return h | 0;
+}
+
 /**
  * Checks the layout against the launch environment, then (for more than one process) joins the
- * job and builds the mesh. Tensor and pipeline parallelism are checked but not trained here yet.
+ * job, checks that every rank resolved the same layout for the same model and batch, and builds the
+ * mesh. A rank whose flags are rejected, or that disagrees with the others, makes every rank throw
+ * an ArgumentError before any training communication (with more than one process, after joining
+ * the job: a caller that catches it calls nt.distributed.destroy() before returning).
  */
 export async function initParallelTraining(flags: LayoutFlags, model: LayoutModelShape, globalBatch: number): Promise<ParallelTraining> {
   const env = readLaunchEnv();
-  const layout = resolveTrainingLayout(flags, model, env.worldSize, globalBatch);
-  if (layout.tp > 1 || layout.pp > 1) {
-    throw new ArgumentError(`training layout: --tp ${layout.tp} --pp ${layout.pp} is a valid layout, but this trainer implements data parallelism only (tp = pp = 1)`);
+  let layout: TrainingLayout | null = null, rejected: unknown = null;
+  try { layout = resolveTrainingLayout(flags, model, env.worldSize, globalBatch); } catch (e) { rejected = e; }
+  if (env.worldSize === 1) {
+    if (rejected) throw rejected;
+    return { layout: layout!, rank: 0, mesh: null };
   }
-  if (env.worldSize === 1) return { layout, rank: 0, mesh: null };
   await dist.init();
-  const mesh = await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp });
-  return { layout, rank: env.rank, mesh };
+  const { nLayer, nHead, nEmbd, vocabSize } = model;
+  const mine = layout ? `${describeLayout(layout)}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
+  const seen = await rangeAcrossRanks(dist.world(), [rejected ? 1 : 0, digest32(mine)]);
+  // The runtime stays up: the caller reports the error and leaves (nt.distributed.destroy(), or exit).
+  if (rejected || seen) {
+    if (rejected) throw rejected;
+    throw new ArgumentError(seen!.max[0] === 1
+      ? `training layout: another rank rejected its layout flags (see its error); every rank stops`
+      : `training layout: the ranks were started with different settings (this rank: ${mine})`);
+  }
+  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp });
+  return { layout: layout!, rank: env.rank, mesh };
 }
 
-export interface DataParallelTrainerOptions<H extends { lr: number }> {
-  /** The data-parallel group; null trains alone (plain optimizer, no communication). */
-  group: ProcessGroup | null;
-  zero: 0 | 1 | 2 | 3;
+export interface ParallelTrainerOptions<H extends { lr: number }> {
+  /** The mesh; null trains in one process (plain optimizer, no communication). */
+  mesh: ParallelState | null;
+  /**
+   * ZeRO stage over the data-parallel group (default 0: every replica holds the whole optimizer
+   * state). At 3 the trainer attaches ZeroOptimizer to the model: its blocks are the units gathered
+   * for their forward and backward, the rest (embeddings, final norm) is gathered for the step.
+   */
+  zero?: 0 | 1 | 2 | 3;
   offload?: boolean;
-  /** Clip the global gradient norm (of the averaged gradient) to this value. */
+  /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
+  microBatches?: number;
+  /** The pipeline schedule (default 1f1b; both give the same numbers, 1F1B holds fewer activations). */
+  schedule?: PipelineScheduleName;
+  /** Clip the global gradient norm (of the whole model's averaged gradient) to this value. */
   maxGradNorm?: number;
   createOptimizer: InnerOptimizerFactory<H>;
 }
 
+export interface TrainerStepResult {
+  /** The loss of the whole global batch, on every rank. */
+  loss: number;
+  /** The global gradient norm before clipping (when maxGradNorm is set), on every rank. */
+  gradNorm?: number;
+}
+
 /**
- * One model replica's training step under data parallelism: every rank runs its slice of the global
- * batch; gradients are averaged (GradBuffer, ZeRO 0) or reduce-scattered into optimizer shards
- * (ZeroOptimizer, ZeRO 1/2/3), so every replica applies the update of the whole batch. At ZeRO 3
- * the model's blocks are the units gathered for their forward and backward (ZeroOptimizer.attach).
+ * One rank's training step for any TP × PP × DP layout: micro-batches through the pipeline schedule
+ * (a single stage runs them one after the other), data-parallel gradient averaging (GradBuffer, or
+ * ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by the
+ * norm of the whole model's gradient, the update. Create with `await ParallelTrainer.create(...)`.
  */
-export class DataParallelTrainer<H extends { lr: number }> {
-  readonly #model: LossModel;
-  readonly #group: ProcessGroup | null;
+export class ParallelTrainer<H extends { lr: number }> {
+  readonly #model: PipelineModule;
+  readonly #mesh: ParallelState | null;
   readonly #maxGradNorm: number | undefined;
+  readonly #microBatches: number;
+  readonly #schedule: PipelineScheduleName;
   readonly #optimizer: Optimizer<H> | null;
   readonly #zero: ZeroOptimizer<H> | null;
   readonly #grads: GradBuffer | null;
+  /** Parameters whose gradient another rank counts in the norm. */
+  readonly #countedElsewhere: Set<Parameter>;
 
-  constructor(model: LossModel, paramGroups: ZeroParamGroup<H>[], options: DataParallelTrainerOptions<H>) {
+  private constructor(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>) {
+    const mesh = options.mesh;
     this.#model = model;
-    this.#group = options.group;
+    this.#mesh = mesh;
     this.#maxGradNorm = options.maxGradNorm;
-    if (options.zero !== 0 && options.group === null) throw new ArgumentError('DataParallelTrainer: ZeRO shards over a data-parallel group; pass one (or zero: 0)');
-    if (options.zero !== 0) {
-      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: options.group!, stage: options.zero, offload: options.offload ?? false });
-      if (options.zero === 3) this.#zero.attach(model);
+    this.#microBatches = options.microBatches ?? 1;
+    this.#schedule = options.schedule ?? '1f1b';
+    const zero = options.zero ?? 0;
+    this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
+    // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
+    if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
+    if (zero !== 0) {
+      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false });
+      if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
       this.#optimizer = null;
       this.#grads = null;
     } else {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
-      this.#grads = options.group && options.group.size > 1 ? new GradBuffer(model.parameters(), { group: options.group }) : null;
+      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup }) : null;
     }
+  }
+
+  /**
+   * Checks the options and that the parameter groups hold every parameter of the model exactly once,
+   * then builds the trainer. Collective over the mesh's world: when any rank's check fails, every
+   * rank throws an ArgumentError (this rank's problem, or a pointer to the other rank's).
+   */
+  static async create<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): Promise<ParallelTrainer<H>> {
+    const groups = paramGroups.map((g) => ({ ...g, params: [...g.params] }));
+    let problem: string | null = null;
+    try { checkTrainerSetup(model, groups, options); } catch (e) {
+      if (!(e instanceof ArgumentError)) throw e;
+      problem = e.message;
+    }
+    if (options.mesh && options.mesh.world.size > 1) {
+      const seen = await rangeAcrossRanks(options.mesh.world, [problem ? 1 : 0]);
+      if (!problem && seen) problem = 'ParallelTrainer: another rank rejected its model or optimizer (see its error); every rank stops';
+    }
+    if (problem) throw new ArgumentError(problem);
+    return new ParallelTrainer(model, groups, options);
   }
 
   /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded). */
   get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }
 
   /**
-   * Forward and backward on this rank's slice, gradient synchronization, clipping, update. Returns
-   * the loss of the whole global batch (the mean of the equal slices' losses) and the norm before clipping.
+   * Forward and backward of this rank's rows of the global batch (inputs on the first stage, targets
+   * on the last; other stages may pass the same tensors), in micro-batches through the pipeline;
+   * gradient synchronization, clipping, update.
    */
-  async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<{ loss: number; gradNorm?: number }> {
+  async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<TrainerStepResult> {
     return scope(async () => {
-      const { loss } = this.#model.forward(inputs, targets);
-      if (!loss) throw new ArgumentError('DataParallelTrainer.step: the model returned no loss (were targets passed?)');
-      loss.backward();
-      const localLoss = loss.item();
+      const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
+      const losses = await run(this.#pipelineStage(inputs, targets, true), this.#microBatches);
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
       let gradNorm: number | undefined;
       if (this.#zero) {
-        ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm }));
+        // ZeRO reduce-scatters the gradients inside its step, so the stages' sum comes first.
+        await this.#sumTiedGrads();
+        const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
+        ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope }));
         this.#zero.zeroGrad();
       } else {
-        if (this.#grads) {
-          for (const p of this.#grads.params) this.#grads.markGradReady(p);
-          await this.#grads.finishGradSync();
-        }
-        const params = this.#model.parameters();
-        if (this.#maxGradNorm !== undefined) gradNorm = clipGradNorm(params, this.#maxGradNorm);
+        // finishGradSync writes the averaged buckets back into .grad, after which the stages sum.
+        if (this.#grads) await this.#grads.finishGradSync();
+        await this.#sumTiedGrads();
+        if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
         this.#optimizer!.step();
         this.#optimizer!.zeroGrad();
       }
-      const globalLoss = await this.#meanOverGroup(localLoss);
-      return gradNorm === undefined ? { loss: globalLoss } : { loss: globalLoss, gradNorm };
+      const loss = await this.#globalLoss(losses);
+      return gradNorm === undefined ? { loss } : { loss, gradNorm };
     });
   }
 
-  /**
-   * Every model parameter's value as a new tensor, in model.parameters() order (the caller owns
-   * them). Collective under ZeRO 3, where the parameters hold no values between steps.
-   */
-  async fullParameters(): Promise<Tensor[]> {
-    const model = this.#model.parameters();
-    if (!this.#zero) return model.map((p) => p.clone());
-    const values = await this.#zero.fullParameters();
-    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
-    return model.map((p) => byParam.get(p)!);
+  /** The loss of this rank's rows without gradients, through the pipeline, as a global-batch mean on every rank. */
+  async evaluate(inputs: Tensor, targets: Tensor): Promise<number> {
+    const wasTraining = this.#model.training;
+    this.#model.eval();
+    try {
+      return await scope(async () => this.#globalLoss(await forwardOnly(this.#pipelineStage(inputs, targets, false), this.#microBatches)));
+    } finally {
+      this.#model.train(wasTraining);
+    }
   }
 
-  async #meanOverGroup(value: number): Promise<number> {
-    if (!this.#group || this.#group.size === 1) return value;
-    using t = tensor(new Float32Array([value]), [1]);
-    await this.#group.allReduce(t, { op: 'avg' });
+  #pipelineStage(inputs: Tensor, targets: Tensor, training: boolean): PipelineStage {
+    const model = this.#model, m = this.#microBatches;
+    const [rows, seqLen] = inputs.shape as [number, number];
+    if (inputs.ndim !== 2 || rows % m !== 0) throw new ArgumentError(`ParallelTrainer: inputs must be [B, T] with B divisible by the ${m} micro-batches, got ${inputs.describe()}`);
+    const rowsPer = rows / m;
+    const microBatch = (t: Tensor, i: number) => (m === 1 ? t : slice(t, 0, i * rowsPer, (i + 1) * rowsPer));
+    const pp = this.#mesh && this.#mesh.ppSize > 1 ? this.#mesh.ppGroup : undefined;
+    const grads = training ? this.#grads : null;
+    return {
+      ...(pp ? { group: pp } : {}),
+      device: inputs.deviceInfo,
+      inputShape: () => model.activationShape(rowsPer, seqLen),
+      forwardStep: (i, input) => {
+        const out = model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
+        // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
+        return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
+      },
+      runBackward: (_i, final, go) => (grads && !final ? grads.noSync(go) : go()),
+    };
+  }
+
+  /** The first and last stage each hold the tied embedding; both apply the sum of their gradients. */
+  async #sumTiedGrads(): Promise<void> {
+    const group = this.#mesh?.embeddingGroup;
+    if (!group) return;
+    for (const p of this.#model.tiedParameters) {
+      if (!p.grad) p.grad = emptyOn(p.shape, p.dtype, p.deviceInfo, true);
+      await group.allReduce(p.grad, { op: 'sum' });
+    }
+  }
+
+  /** The groups over which the model is split: tensor-parallel, then pipeline (those with more than one rank). */
+  #modelParallelGroups(): ProcessGroup[] {
+    const mesh = this.#mesh;
+    return mesh ? [mesh.tpGroup, mesh.ppGroup].filter((g) => g.size > 1) : [];
+  }
+
+  // The norm of the whole model's gradient: each rank's parameters that no other rank counts, summed
+  // over the model-parallel groups (data-parallel replicas hold the same averaged gradient).
+  async #clipGradNorm(maxGradNorm: number): Promise<number> {
+    const params = this.#model.parameters();
+    let sumSquares = gradSumSquares(params.filter((p) => !this.#countedElsewhere.has(p)));
+    const groups = this.#modelParallelGroups();
+    if (groups.length > 0) {
+      using total = tensor(new Float32Array([sumSquares]), [1]);
+      for (const g of groups) await g.allReduce(total, { op: 'sum' });
+      sumSquares = total.toArraySync()[0]!;
+    }
+    const norm = Math.sqrt(sumSquares);
+    const factor = clipFactor(norm, maxGradNorm);
+    if (factor < 1) scaleGrads(params, factor);
+    return norm;
+  }
+
+  /** The last stage's micro-batch losses (each already weighted 1/m) → the global batch mean, on every rank. */
+  async #globalLoss(losses: number[]): Promise<number> {
+    const local = losses.reduce((a, b) => a + b, 0);
+    const mesh = this.#mesh;
+    if (!mesh || (mesh.ppSize === 1 && mesh.dpSize === 1)) return local;
+    using t = tensor(new Float32Array([local]), [1]);
+    // Only the last stage holds a loss (the others add zeros); then the data-parallel mean.
+    if (mesh.ppSize > 1) await mesh.ppGroup.allReduce(t, { op: 'sum' });
+    if (mesh.dpSize > 1) await mesh.dpGroup.allReduce(t, { op: 'avg' });
     return t.toArraySync()[0]!;
+  }
+
+  /**
+   * Every parameter of this rank's model (stage) as a new tensor, in model.parameters() order (the
+   * caller owns them). Collective over the data-parallel group under ZeRO 3, where the parameters
+   * hold no values between steps.
+   */
+  async fullParameters(): Promise<Tensor[]> {
+    const params = this.#model.parameters();
+    if (!this.#zero) return params.map((p) => p.clone());
+    const values = await this.#zero.fullParameters();
+    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
+    return params.map((p) => byParam.get(p)!);
   }
 
   dispose(): void {
@@ -196,4 +360,34 @@ export class DataParallelTrainer<H extends { lr: number }> {
     this.#optimizer?.dispose();
     this.#grads?.dispose();
   }
+}
+
+/** The trainer's local checks; throws an ArgumentError naming every problem. */
+function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): void {
+  const problems: string[] = [];
+  const { mesh } = options;
+  const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
+  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
+  if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
+  if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
+  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
+  if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
+    problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
+  }
+  if (mesh && mesh.tpSize > 1 && tensorParallelParameters(model).sharded.length === 0) {
+    problems.push(`tp = ${mesh.tpSize}, but the model has no tensor-parallel layers (every rank would hold and train the whole model)`);
+  }
+  const named = new Map(model.namedParameters().map(([n, p]) => [p, n] as const));
+  const listed = new Set<Tensor>();
+  for (const g of paramGroups) {
+    for (const p of g.params) {
+      if (listed.has(p)) problems.push(`${named.get(p as Parameter) ?? p.describe()} is in the parameter groups twice`);
+      else if (!named.has(p as Parameter)) problems.push(`the parameter groups hold ${p.describe()}, which is not one of the model's parameters`);
+      listed.add(p);
+    }
+  }
+  const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);
+  if (missing.length > 0) problems.push(`the model's parameter(s) ${missing.join(', ')} are in no parameter group, so the optimizer would never update them`);
+  if (problems.length > 0) throw new ArgumentError(`ParallelTrainer: ${problems.join('; ')}`);
 }

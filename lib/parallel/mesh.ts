@@ -83,6 +83,16 @@ export class MeshLayout {
     return out;
   }
 
+  /**
+   * The embedding groups (Megatron's): for each (tp, dp) coordinate, the first and the last pipeline
+   * stage, which both hold the tied token embedding and sum its gradient. None when pp = 1 (one
+   * stage holds both uses of the one parameter).
+   */
+  embeddingGroups(): number[][] {
+    if (this.pp === 1) return [];
+    return this.allGroups('pp').map((ranks) => [ranks[0]!, ranks[this.pp - 1]!]);
+  }
+
   /** Stable text of the layout, compared across ranks to catch mismatched launches. */
   describe(): string { return `tp=${this.tp} pp=${this.pp} dp=${this.dp} order=${this.order.join('-')}`; }
 
@@ -93,8 +103,12 @@ export class MeshLayout {
 
 /** One rank's view of an initialized mesh: its coordinates and its groups along each dimension. */
 export class ParallelState {
+  /**
+   * @param embeddingGroup this rank's embedding group (first and last pipeline stage of its (tp, dp)
+   *   coordinate), or null when pp = 1 or the rank is on a middle stage.
+   */
   constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: ProcessGroup,
-    readonly groups: Readonly<Record<ParallelDim, ProcessGroup>>) {}
+    readonly groups: Readonly<Record<ParallelDim, ProcessGroup>>, readonly embeddingGroup: ProcessGroup | null = null) {}
   get coords(): MeshCoords { return this.layout.coords(this.rank); }
   get tpRank(): number { return this.coords.tp; }
   get ppRank(): number { return this.coords.pp; }
@@ -136,7 +150,12 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
       if (ranks.includes(world.rank)) groups[dim] = g;
     }
   }
-  const state = new ParallelState(mesh, world.rank, world, groups);
+  let embeddingGroup: ProcessGroup | null = null;
+  for (const ranks of mesh.embeddingGroups()) {
+    const g = await world.newGroup(ranks);
+    if (ranks.includes(world.rank)) embeddingGroup = g;
+  }
+  const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup);
   if (install) current = state;
   return state;
 }
@@ -157,17 +176,28 @@ function distributedWorld(): WorldGroup {
   };
 }
 
-async function checkSameLayoutEverywhere(world: WorldGroup, mesh: MeshLayout): Promise<void> {
+async function checkSameLayoutEverywhere(world: ProcessGroup, mesh: MeshLayout): Promise<void> {
   const mine = [mesh.tp, mesh.pp, mesh.dp, ...mesh.order.map((d) => DIMS.indexOf(d))];
-  using hi = tensor(new Int32Array(mine), [mine.length], { dtype: 'i32' });
-  using lo = tensor(new Int32Array(mine.map((v) => -v)), [mine.length], { dtype: 'i32' });
-  await world.allReduce(hi, { op: 'max' });
-  await world.allReduce(lo, { op: 'max' });
-  const max = Array.from(hi.toArraySync()), min = Array.from(lo.toArraySync(), (v) => -v);
-  if (max.some((v, i) => v !== min[i])) {
+  const seen = await rangeAcrossRanks(world, mine);
+  if (seen) {
     throw new ArgumentError(`initializeParallel: ranks were started with different layouts (this rank: ${mesh.describe()}; ` +
-      `values seen across ranks range from [${min.join(',')}] to [${max.join(',')}] as [tp,pp,dp,order])`);
+      `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,order])`);
   }
+}
+
+/**
+ * Compares integer values across every member of `group` (two max-allReduces): null when every
+ * member passed the same values, else their elementwise minimum and maximum. Every member must
+ * pass as many values, and every member learns the outcome, so all of them can fail together.
+ */
+export async function rangeAcrossRanks(group: ProcessGroup, values: readonly number[]): Promise<{ min: number[]; max: number[] } | null> {
+  if (values.some((v) => !Number.isInteger(v) || Math.abs(v) > 0x7fffffff)) throw new ArgumentError(`rangeAcrossRanks: values must be 32-bit integers, got [${values.join(',')}]`);
+  using hi = tensor(new Int32Array(values), [values.length], { dtype: 'i32' });
+  using lo = tensor(new Int32Array(values.map((v) => -v)), [values.length], { dtype: 'i32' });
+  await group.allReduce(hi, { op: 'max' });
+  await group.allReduce(lo, { op: 'max' });
+  const max = Array.from(hi.toArraySync()), min = Array.from(lo.toArraySync(), (v) => 0 - v);
+  return max.some((v, i) => v !== min[i]) ? { min, max } : null;
 }
 
 /** The installed mesh; StateError before initializeParallel(). */

@@ -1,7 +1,7 @@
 // Mesh rank math against an independent enumeration, group creation over simulated ranks, and the loud failures.
 import { afterEach, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { MeshLayout, initializeParallel, destroyParallel, parallelState, tpRank, dpGroup, type ParallelDim } from '../../lib/parallel/mesh.js';
+import { MeshLayout, initializeParallel, rangeAcrossRanks, destroyParallel, parallelState, tpRank, dpGroup, type ParallelDim } from '../../lib/parallel/mesh.js';
 import { localWorld, runLocalRanks } from '../../lib/parallel/local-group.js';
 
 afterEach(() => destroyParallel());
@@ -38,6 +38,17 @@ describe('MeshLayout', () => {
     }
   });
 
+  it('embedding groups pair the first and last pipeline stage of every (tp, dp) coordinate', () => {
+    const m = new MeshLayout({ tp: 2, pp: 3, dp: 2 }, 12);
+    expect(m.embeddingGroups()).toEqual([[0, 4], [1, 5], [6, 10], [7, 11]]);
+    for (const [first, last] of m.embeddingGroups()) {
+      const [a, b] = [m.coords(first!), m.coords(last!)];
+      expect([a.pp, b.pp]).toEqual([0, 2]);
+      expect([a.tp, a.dp]).toEqual([b.tp, b.dp]);
+    }
+    expect(new MeshLayout({ tp: 2, pp: 1, dp: 2 }).embeddingGroups()).toEqual([]);
+  });
+
   it('bad layouts are ArgumentErrors naming the problem', () => {
     expect(() => new MeshLayout({ tp: 2, pp: 2, dp: 1 }, 8)).toThrow(nt.ArgumentError);
     expect(() => new MeshLayout({ tp: 2, pp: 2, dp: 1 }, 8)).toThrow(/world has 8 ranks/);
@@ -66,6 +77,27 @@ describe('initializeParallel', () => {
     expect(results.map((r) => r.both)).toEqual([10, 10, 10, 10]);
     expect(results.map((r) => [r.tp, r.dp])).toEqual([[0, 0], [1, 0], [0, 1], [1, 1]]);
     expect(results[3]!.tpRanks).toEqual([2, 3]);
+  });
+
+  it('gives the first and last stage an embedding group and middle stages none', async () => {
+    const results = await runLocalRanks(6, async (world) => {
+      const st = await initializeParallel({ tp: 1, pp: 3, dp: 2 }, { world, install: false });
+      const g = st.embeddingGroup;
+      if (!g) return { pp: st.ppRank, sum: null };
+      const t = nt.tensor(new Float32Array([world.rank + 1]), [1]);
+      await g.allReduce(t);
+      return { pp: st.ppRank, sum: t.item() };
+    });
+    // Ranks 0 and 2 (dp 0), 3 and 5 (dp 1) are the first and last stages; 1 and 4 the middle ones.
+    expect(results).toEqual([{ pp: 0, sum: 4 }, { pp: 1, sum: null }, { pp: 2, sum: 4 }, { pp: 0, sum: 10 }, { pp: 1, sum: null }, { pp: 2, sum: 10 }]);
+  });
+
+  it('rangeAcrossRanks tells every rank whether all passed the same values', async () => {
+    const same = await runLocalRanks(3, (w) => rangeAcrossRanks(w, [7, -2]));
+    expect(same).toEqual([null, null, null]);
+    const differ = await runLocalRanks(3, (w) => rangeAcrossRanks(w, [7, w.rank]));
+    for (const d of differ) expect(d).toEqual({ min: [7, 0], max: [7, 2] });
+    await expect(runLocalRanks(1, (w) => rangeAcrossRanks(w, [0.5]))).rejects.toThrow(nt.ArgumentError);
   });
 
   it('installs a process mesh once', async () => {

@@ -1,9 +1,10 @@
 // Pipeline schedules on simulated stages: GPipe and 1F1B give every stage's parameters the
-// gradients of the single-process full batch, and the same losses; layer partitioning and errors.
+// gradients of the single-process full batch, and the same losses; layer partitioning and errors;
+// forward-only evaluation and the backward hook; GPT stages against the whole GPT; trainer set-up checks.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runLocalRanks } from '../../lib/parallel/local-group.js';
-import { gpipe, oneForwardOneBackward, partitionLayers } from '../../lib/parallel/pipeline/schedules.js';
+import { forwardOnly, gpipe, oneForwardOneBackward, partitionLayers } from '../../lib/parallel/pipeline/schedules.js';
 import { maxAbsDiff, randomArray } from './helpers.js';
 
 const LAYERS = 5, WIDTH = 6, MICRO = 4, ROWS = 3;
@@ -80,5 +81,143 @@ describe('pipeline schedules', () => {
       } catch (e) { return e; }
     });
     expect(res[0]).toBeInstanceOf(nt.StateError);
+  });
+});
+
+describe('pipeline schedule hooks', () => {
+  it('forwardOnly gives the training schedules\' losses and records no gradients', async () => {
+    const ref = reference();
+    const results = await runLocalRanks(2, async (g) => {
+      const layers = makeLayers(partitionLayers(LAYERS, 2)[g.rank]!);
+      const losses = await forwardOnly({
+        group: g,
+        inputShape: () => [ROWS, WIDTH],
+        forwardStep: (m, input) => {
+          const y = apply(layers, input ?? rowsOf(inputs, m));
+          return g.rank === 1 ? nt.sum(nt.mul(y, rowsOf(targets, m))).scale(1 / MICRO) : y;
+        },
+      }, MICRO);
+      return { losses, grads: layers.map(({ w }) => w.grad) };
+    });
+    expect(Math.abs(results[1]!.losses.reduce((a, b) => a + b, 0) - ref.loss)).toBeLessThan(1e-5);
+    for (const r of results) expect(r.grads.every((gr) => gr === null)).toBe(true);
+  });
+
+  it('1F1B holds at most (stages - stage index) micro-batches in flight, GPipe all of them', async () => {
+    const stages = 3, micro = 6;
+    for (const [schedule, bound] of [[oneForwardOneBackward, (r: number) => stages - r], [gpipe, () => micro]] as const) {
+      const peaks = await runLocalRanks(stages, async (g) => {
+        const layers = makeLayers(partitionLayers(LAYERS, stages)[g.rank]!);
+        let inFlight = 0, peak = 0;
+        await schedule({
+          group: g,
+          inputShape: () => [ROWS, WIDTH],
+          forwardStep: (m, input) => {
+            peak = Math.max(peak, ++inFlight);
+            const y = apply(layers, input ?? rowsOf(inputs, m % MICRO));
+            return g.rank === stages - 1 ? nt.sum(y) : y;
+          },
+          runBackward: (_m, _final, run) => { inFlight--; run(); },
+        }, micro);
+        return peak;
+      });
+      expect(peaks).toEqual(peaks.map((_, r) => bound(r)));
+    }
+  });
+
+  it('runBackward sees every micro-batch once and marks only the last backward final; no group means one stage', async () => {
+    for (const schedule of [gpipe, oneForwardOneBackward]) {
+      const calls: [number, boolean][] = [];
+      const layers = makeLayers([0, LAYERS]);
+      const losses = await schedule({
+        inputShape: () => [ROWS, WIDTH],
+        forwardStep: (m) => nt.sum(nt.mul(apply(layers, rowsOf(inputs, m)), rowsOf(targets, m))).scale(1 / MICRO),
+        runBackward: (m, final, run) => { calls.push([m, final]); run(); },
+      }, MICRO);
+      expect(calls.map(([m]) => m).sort()).toEqual([0, 1, 2, 3]);
+      expect(calls.filter(([, f]) => f)).toEqual([calls[calls.length - 1]]);
+      const ref = reference();
+      expect(Math.abs(losses.reduce((a, b) => a + b, 0) - ref.loss)).toBeLessThan(1e-5);
+      layers.forEach(({ w }, i) => expect(maxAbsDiff(w.grad!.toArraySync(), ref.grads[i]![0]!)).toBeLessThan(1e-5));
+    }
+  });
+});
+
+describe('GPTStage', () => {
+  const config: nt.nn.GPTConfig = { vocabSize: 24, blockSize: 8, nLayer: 3, nHead: 2, nEmbd: 8, dropout: 0, bias: true };
+  const idx = nt.tensor(Int32Array.from({ length: 2 * 7 }, (_, i) => (i * 5 + 3) % 24), [2, 7]);
+  const tgt = nt.tensor(Int32Array.from({ length: 2 * 7 }, (_, i) => (i * 11 + 1) % 24), [2, 7]);
+  const gradsOf = (m: nt.nn.Module) => new Map(m.namedParameters().map(([n, p]) => [n, p.grad!.toArraySync()]));
+
+  it('stages hold exactly the GPT\'s weights and, chained, give its loss and gradients', () => {
+    const full = new nt.nn.GPT(config, { seed: 5 });
+    const loss = full.forward(idx, tgt).loss!;
+    loss.backward();
+    const fullParams = new Map(full.namedParameters().map(([n, p]) => [n, p.toArraySync()]));
+    const fullGrads = gradsOf(full);
+    const stages = [0, 1, 2].map((s) => new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 5 }), s, 3));
+    expect(stages.map((s) => s.layers)).toEqual([[0, 1], [1, 2], [2, 3]]);
+    expect(stages.map((s) => s.namedParameters().map(([n]) => n).filter((n) => !n.startsWith('h.')))).toEqual([['wte.weight', 'wpe.weight'], [], ['wte.weight', 'lnF.weight', 'lnF.bias']]);
+    for (const s of stages) for (const [n, p] of s.namedParameters()) expect(maxAbsDiff(p.toArraySync(), fullParams.get(n)!), n).toBe(0);
+    // Chain the stages in one process: each stage's input is a fresh leaf, as a received activation is.
+    const x0 = stages[0]!.forwardStage(idx, null);
+    const in1 = nt.tensor(x0.toArraySync(), x0.shape); in1.requiresGrad = true;
+    const x1 = stages[1]!.forwardStage(in1, null);
+    const in2 = nt.tensor(x1.toArraySync(), x1.shape); in2.requiresGrad = true;
+    expect(stages[1]!.activationShape(2, 7)).toEqual([2, 7, 8]);
+    const stageLoss = stages[2]!.forwardStage(in2, tgt);
+    expect(Math.abs(stageLoss.item() - loss.item())).toBeLessThan(1e-6);
+    stageLoss.backward();
+    x1.backward(in2.grad!);
+    x0.backward(in1.grad!);
+    const wte = stages[0]!.tiedParameters[0]!.grad!.toArraySync().map((v, i) => v + stages[2]!.tiedParameters[0]!.grad!.toArraySync()[i]!);
+    expect(maxAbsDiff(wte, fullGrads.get('wte.weight')!)).toBeLessThan(1e-6);
+    for (const s of stages) {
+      for (const [n, g] of gradsOf(s)) if (n !== 'wte.weight') expect(maxAbsDiff(g, fullGrads.get(n)!), n).toBeLessThan(1e-6);
+    }
+    expect(stages[2]!.tiedCountedElsewhere).toEqual(stages[2]!.tiedParameters);
+    expect(stages[0]!.tiedCountedElsewhere).toEqual([]);
+    expect(stages[1]!.tiedParameters).toEqual([]);
+    stages[1]!.eval();
+    expect(stages[1]!.training).toBe(false);
+    expect(() => stages[2]!.forwardStage(in2, null)).toThrow(nt.ArgumentError);
+    for (const s of stages) s.dispose();
+    full.dispose();
+  });
+
+  it('one stage is the whole model; a stage outside the pipeline is an ArgumentError', () => {
+    const gpt = new nt.nn.GPT(config, { seed: 5 });
+    const names = gpt.namedParameters().map(([n]) => n);
+    const whole = new nt.parallel.GPTStage(gpt, 0, 1);
+    expect(whole.namedParameters().map(([n]) => n)).toEqual(names);
+    expect(whole.model).toBe(gpt);
+    expect(whole.tiedParameters).toEqual([]);
+    expect(() => new nt.parallel.GPTStage(new nt.nn.GPT(config), 3, 3)).toThrow(nt.ArgumentError);
+    expect(() => new nt.parallel.GPTStage(new nt.nn.GPT(config), 0, 4)).toThrow(/pp must be <= the number of layers/);
+    expect(nt.ones([1]).item()).toBe(1);
+    whole.dispose();
+  });
+});
+
+describe('ParallelTrainer setup checks', () => {
+  const config: nt.nn.GPTConfig = { vocabSize: 16, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4, dropout: 0, bias: true };
+  const createOptimizer = (groups: nt.parallel.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(groups, { lr: 1e-3 });
+  it('a parameter outside the optimizer, a foreign one, or ZeRO without data parallelism is an ArgumentError', async () => {
+    const stage = new nt.parallel.GPTStage(new nt.nn.GPT(config), 0, 1);
+    const ps = stage.parameters();
+    await expect(nt.parallel.ParallelTrainer.create(stage, [{ params: ps.slice(1) }], { mesh: null, createOptimizer }))
+      .rejects.toThrow(/wte\.weight are in no parameter group/);
+    using foreign = nt.zeros([2]);
+    await expect(nt.parallel.ParallelTrainer.create(stage, [{ params: [...ps, foreign] }], { mesh: null, createOptimizer }))
+      .rejects.toThrow(/not one of the model's parameters/);
+    await expect(nt.parallel.ParallelTrainer.create(stage, [{ params: ps }], { mesh: null, zero: 1, createOptimizer }))
+      .rejects.toThrow(nt.ArgumentError);
+    const trainer = await nt.parallel.ParallelTrainer.create(stage, [{ params: ps }], { mesh: null, microBatches: 2, createOptimizer });
+    using x = nt.tensor(new Int32Array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]), [3, 4]);
+    await expect(trainer.step(x, x)).rejects.toThrow(/divisible by the 2 micro-batches/);
+    const { loss } = await trainer.step(nt.slice(x, 0, 0, 2), nt.slice(x, 0, 0, 2));
+    expect(Math.abs(loss - Math.log(16))).toBeLessThan(0.5);
+    trainer.dispose();
+    stage.dispose();
   });
 });

@@ -1,6 +1,6 @@
 // Pipeline schedules (GPipe and 1F1B) as plain functions over a stage description: activations go
 // forward and their gradients backward by point-to-point send/recv in the pipeline group.
-import { backward } from '../../autograd/engine.js';
+import { backward, noGrad } from '../../autograd/index.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import { parseDevice, type Device } from '../../device.js';
@@ -18,8 +18,8 @@ export function partitionLayers(numLayers: number, stages: number): [number, num
 }
 
 export interface PipelineStage {
-  /** The pipeline group; its rank is the stage index. */
-  group: ProcessGroup;
+  /** The pipeline group; its rank is the stage index. Absent: a single stage (no communication). */
+  group?: ProcessGroup;
   /**
    * Runs this stage on micro-batch `m`. `input` is null on the first stage (it reads its own data)
    * and the received activation (a leaf that requires grad) elsewhere. The last stage returns the
@@ -30,6 +30,12 @@ export interface PipelineStage {
   inputShape(m: number): readonly number[];
   dtype?: Tensor['dtype'];
   device?: Device;
+  /**
+   * Runs one micro-batch's backward (`run`); `final` is true for the last backward of the schedule
+   * on this stage. Default: just run it. A data-parallel gradient buffer runs all but the final one
+   * with its communication off (GradBuffer.noSync), so gradients accumulate locally.
+   */
+  runBackward?(m: number, final: boolean, run: () => void): void | Promise<void>;
 }
 
 interface InFlight { input: Tensor | null; output: Tensor }
@@ -41,46 +47,54 @@ class StageRunner {
   readonly losses: number[] = [];
   readonly first: boolean;
   readonly last: boolean;
-  constructor(readonly stage: PipelineStage) {
-    const { rank, size } = stage.group;
+  #backwardsLeft: number;
+  constructor(readonly stage: PipelineStage, numMicroBatches: number) {
+    const rank = stage.group?.rank ?? 0, size = stage.group?.size ?? 1;
     this.first = rank === 0; this.last = rank === size - 1;
+    this.#backwardsLeft = numMicroBatches;
   }
 
-  async forward(m: number): Promise<void> {
-    const g = this.stage.group;
+  get group(): ProcessGroup { return this.stage.group!; }
+
+  /** Forward of micro-batch m; with keepForBackward false (evaluation) nothing is held afterwards. */
+  async forward(m: number, keepForBackward = true): Promise<void> {
     let input: Tensor | null = null;
     if (!this.first) {
+      const g = this.group;
       input = emptyOn([...this.stage.inputShape(m)], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
       await g.recv(input, g.rank - 1);
-      input.requiresGrad = true;
+      input.requiresGrad = keepForBackward;
     }
     const output = this.stage.forwardStep(m, input);
     if (this.last) {
       if (output.size !== 1) throw new StateError(`pipeline: the last stage must return a scalar loss, got ${output.describe()}`);
       this.losses[m] = output.item();
     } else {
-      // Sends are buffered (the communicator owns a copy); they are awaited at the end of the schedule.
-      this.sends.push(g.send(output, g.rank + 1));
+      // A send pins its tensor's storage until it completes; sends are awaited at the end of the schedule.
+      this.sends.push(this.group.send(output, this.group.rank + 1));
     }
-    this.inFlight.set(m, { input, output });
+    if (keepForBackward) this.inFlight.set(m, { input, output });
+    else { output.dispose(); input?.dispose(); }
   }
 
   async backward(m: number): Promise<void> {
-    const g = this.stage.group;
     const f = this.inFlight.get(m);
     if (!f) throw new StateError(`pipeline: backward of micro-batch ${m} before its forward`);
     this.inFlight.delete(m);
+    const final = --this.#backwardsLeft === 0;
+    const run = this.stage.runBackward?.bind(this.stage) ?? ((_m: number, _final: boolean, go: () => void) => go());
     if (this.last) {
-      backward(f.output);
+      await run(m, final, () => backward(f.output));
     } else {
+      const g = this.group;
       using grad = emptyOn(f.output.shape, f.output.dtype, f.output.deviceInfo);
       await g.recv(grad, g.rank + 1);
-      backward(f.output, grad);
+      await run(m, final, () => backward(f.output, grad));
     }
     f.output.dispose();
     if (f.input) {
       if (!f.input.grad) throw new StateError(`pipeline: micro-batch ${m}'s input received no gradient (does the stage's output depend on its input?)`);
-      this.sends.push(g.send(f.input.grad, g.rank - 1));
+      this.sends.push(this.group.send(f.input.grad, this.group.rank - 1));
       f.input.dispose();
     }
   }
@@ -102,7 +116,7 @@ function checkMicroBatches(n: number, call: string): void {
  */
 export async function gpipe(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
   checkMicroBatches(numMicroBatches, 'gpipe');
-  const run = new StageRunner(stage);
+  const run = new StageRunner(stage, numMicroBatches);
   for (let m = 0; m < numMicroBatches; m++) await run.forward(m);
   for (let m = numMicroBatches - 1; m >= 0; m--) await run.backward(m);
   return run.finish();
@@ -114,8 +128,8 @@ export async function gpipe(stage: PipelineStage, numMicroBatches: number): Prom
  */
 export async function oneForwardOneBackward(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
   checkMicroBatches(numMicroBatches, 'oneForwardOneBackward');
-  const run = new StageRunner(stage);
-  const { rank, size } = stage.group;
+  const run = new StageRunner(stage, numMicroBatches);
+  const rank = stage.group?.rank ?? 0, size = stage.group?.size ?? 1;
   // Warm-up: earlier stages run ahead so that the last stage can start backward at once.
   const warmup = Math.min(size - rank - 1, numMicroBatches);
   for (let m = 0; m < warmup; m++) await run.forward(m);
@@ -126,5 +140,16 @@ export async function oneForwardOneBackward(stage: PipelineStage, numMicroBatche
   }
   // Cool-down: drain the backwards of the warm-up micro-batches.
   for (let m = numMicroBatches - warmup; m < numMicroBatches; m++) await run.backward(m);
+  return run.finish();
+}
+
+/**
+ * Evaluation: every micro-batch forward without autograd, each stage passing its activation on and
+ * keeping nothing. Returns the last stage's per-micro-batch losses (empty elsewhere).
+ */
+export async function forwardOnly(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
+  checkMicroBatches(numMicroBatches, 'forwardOnly');
+  const run = new StageRunner(stage, numMicroBatches);
+  for (let m = 0; m < numMicroBatches; m++) await noGrad(() => run.forward(m, false));
   return run.finish();
 }

@@ -2,6 +2,7 @@
 // stage 2, the gradients) of one contiguous shard of the flattened parameters; a step reduce-scatters
 // the gradients, updates the local shard and allgathers the updated parameters. Stage 3 shards the
 // parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
+import { dtypeCode } from '../../dtype.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { parseDevice } from '../../device.js';
 import { tensor } from '../../creation.js';
@@ -47,6 +48,14 @@ interface ShardedGroup {
   shardCount: number;
   /** This rank's slice of the flattened parameters: the tensor the inner optimizer updates. */
   master: Tensor;
+}
+
+/** How a gradient norm extends beyond the data-parallel group when the model itself is split (TP, PP). */
+export interface GradNormScope {
+  /** Parameters whose gradient another rank counts (a tensor-parallel replica, the tied embedding's second copy). */
+  skip?: Iterable<Tensor>;
+  /** Further groups holding the model's other parts: the sum of squares is summed over each in turn. */
+  groups?: readonly ProcessGroup[];
 }
 
 /** Bytes held on one rank, by kind (what the ZeRO paper's formula predicts). */
@@ -152,6 +161,12 @@ export class ZeroOptimizer<H extends { lr: number }> {
     }
   }
 
+  // Every piece of a parameter this rank's shards hold: the master tensor and where in it.
+  #forEachLocalRange(fn: (param: Tensor, master: Tensor, masterOffset: number, count: number) => void): void {
+    if (this.#partition) { this.#partition.forEachLocalChunk(fn); return; }
+    for (const g of this.#groups) this.#forEachInShard(g.layout, g.shardCount, (p, _po, so, c) => fn(p, g.master, so, c));
+  }
+
   #copyShardFromParams(layout: FlatLayout, master: Tensor, shardCount: number): void {
     if (master.device === layout.entries[0]!.param.device) {
       this.#forEachInShard(layout, shardCount, (p, po, so, c) => copyElements(master, so, p, po, c));
@@ -176,7 +191,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
    * shards (the next forward gathers them). Every rank of the group calls it. Returns the global gradient norm before clipping when
    * `maxGradNorm` is given.
    */
-  async step(options: { maxGradNorm?: number } = {}): Promise<{ gradNorm?: number }> {
+  async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{ gradNorm?: number }> {
     const { maxGradNorm } = options;
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
@@ -198,18 +213,31 @@ export class ZeroOptimizer<H extends { lr: number }> {
       // Stage 2 keeps only the shard's gradient; the full per-parameter gradients are released.
       if (this.stage === 2) for (const e of g.layout.entries) { e.param.grad?.dispose(); e.param.grad = null; }
     }
-    const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm);
+    const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
     for (const g of this.#groups) await this.#allGatherParams(g);
     return gradNorm === undefined ? {} : { gradNorm };
   }
 
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
-  // is the group sum of the shards' sums.
-  async #clipShardGrads(maxGradNorm: number): Promise<number> {
+  // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
+  async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
     const masters = this.#masters;
-    using total = tensor(new Float32Array([gradSumSquares(masters)]), [1], { device: this.params[0]!.device });
+    const skip = new Set(scope.skip ?? []);
+    let local = 0;
+    if (skip.size === 0) local = gradSumSquares(masters);
+    else {
+      this.#forEachLocalRange((p, master, offset, c) => {
+        if (skip.has(p)) return;
+        const shardGrad = master.grad!;
+        using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
+        copyElements(run, 0, shardGrad, offset, c);
+        local += (run.backend.sumSquares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
+      });
+    }
+    using total = tensor(new Float32Array([local]), [1], { device: this.params[0]!.device });
     await this.group.allReduce(total, { op: 'sum' });
+    for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
     const norm = Math.sqrt(total.toArraySync()[0]!);
     const factor = clipFactor(norm, maxGradNorm);
     if (factor < 1) scaleGrads(masters, factor);

@@ -174,6 +174,14 @@ export class ParameterPartition {
     return { start, count: Math.min(part.chunk, part.param.size - start) };
   }
 
+  /** Calls fn for this rank's chunk of every parameter (padding left out): its master and where in it. */
+  forEachLocalChunk(fn: (param: Tensor, master: Tensor, masterOffset: number, count: number) => void): void {
+    for (const part of this.#parts.values()) {
+      const { count } = this.#myRange(part);
+      if (count > 0) fn(part.param, this.masters[part.master]!, part.masterOffset, count);
+    }
+  }
+
   /** Frees every parameter's bytes: from now on they exist only while gathered. */
   evictParameters(): void {
     this.#evicted = true;

@@ -1,0 +1,95 @@
+// One pipeline stage of a GPT: the layers [start, end) of partitionLayers(nLayer, stages), plus the
+// embeddings on the first stage and the final LayerNorm with the tied head on the last.
+import { ArgumentError, ShapeError } from '../../errors.js';
+import { Module, type Parameter } from '../../nn/module.js';
+import type { Block, GPT } from '../../nn/gpt.js';
+import type { Tensor } from '../../tensor.js';
+import { partitionLayers } from './schedules.js';
+
+/** What the parallel trainer runs: a model, or one pipeline stage of it, that ends in a loss on the last stage. */
+export interface PipelineModule extends Module {
+  readonly isFirstStage: boolean;
+  readonly isLastStage: boolean;
+  /**
+   * Token ids i32 [B, T] on the first stage, the previous stage's activation elsewhere → the
+   * activation for the next stage, or on the last stage the mean loss over targets i32 [B, T].
+   */
+  forwardStage(input: Tensor, targets: Tensor | null): Tensor;
+  /** Shape of the activation a stage (not the first) receives for B sequences of T tokens. */
+  activationShape(batch: number, seqLen: number): number[];
+  /**
+   * Parameters of which another stage holds a copy (the tied token embedding on the first and the
+   * last stage): their gradients are summed over the mesh's embedding group.
+   */
+  readonly tiedParameters: readonly Parameter[];
+  /** Of the tied parameters, those whose gradient the other copy counts in the gradient norm. */
+  readonly tiedCountedElsewhere: readonly Parameter[];
+}
+
+/**
+ * A GPT stage built from a whole GPT: the stage keeps the modules it owns and frees every other
+ * parameter, so its weights are exactly those of the single-process model of the same seed. With
+ * stages = 1 it is the whole model. Parameter names are the GPT's (`h.3.attn.qkv.weight` on
+ * whichever stage holds layer 3), in the GPT's order.
+ */
+export class GPTStage extends Module implements PipelineModule {
+  readonly stage: number;
+  readonly stages: number;
+  /** The global layer range [start, end) this stage runs. */
+  readonly layers: readonly [number, number];
+  readonly isFirstStage: boolean;
+  readonly isLastStage: boolean;
+  readonly tiedParameters: readonly Parameter[];
+  readonly tiedCountedElsewhere: readonly Parameter[];
+  readonly #model: GPT;
+  readonly #owned: [string, Module][];
+
+  /** Takes ownership of `model`: after this, use the stage (the model's other parameters are disposed). */
+  constructor(model: GPT, stage: number, stages: number) {
+    super();
+    if (!Number.isInteger(stage) || stage < 0 || stage >= stages) throw new ArgumentError(`GPTStage: stage ${stage} is outside [0, ${stages})`);
+    const [start, end] = partitionLayers(model.config.nLayer, stages)[stage]!;
+    this.stage = stage; this.stages = stages;
+    this.layers = [start, end];
+    this.isFirstStage = stage === 0;
+    this.isLastStage = stage === stages - 1;
+    this.#model = model;
+    // The token embedding is both the first stage's input table and the last stage's output head.
+    const owned: [string, Module][] = [];
+    if (this.isFirstStage || this.isLastStage) owned.push(['wte', model.wte]);
+    if (this.isFirstStage) owned.push(['wpe', model.wpe]);
+    model.h.slice(start, end).forEach((block: Block, i) => owned.push([`h.${start + i}`, block]));
+    if (this.isLastStage) owned.push(['lnF', model.lnF]);
+    this.#owned = owned;
+    const keep = new Set(this.parameters());
+    for (const p of model.parameters()) if (!keep.has(p)) p.dispose();
+    this.tiedParameters = stages > 1 && (this.isFirstStage || this.isLastStage) ? [model.wte.weight] : [];
+    this.tiedCountedElsewhere = stages > 1 && this.isLastStage ? [model.wte.weight] : [];
+  }
+
+  /** Also switches the GPT's own mode (recomputation) and its embedding dropout. */
+  override train(mode = true): this {
+    this.#model.train(mode);
+    return super.train(mode);
+  }
+
+  // Modules are named explicitly (not by field) so that layer i keeps its GPT name h.i on every stage.
+  override *namedChildren(): Generator<[string, Module]> { yield* this.#owned; }
+
+  forwardStage(input: Tensor, targets: Tensor | null): Tensor {
+    const m = this.#model;
+    let x = this.isFirstStage ? m.embed(input) : input;
+    x = m.forwardBlocks(x, this.layers[0], this.layers[1]);
+    if (!this.isLastStage) return x;
+    if (targets === null) throw new ArgumentError('GPTStage.forwardStage: the last stage needs targets to compute the loss');
+    return m.head(x, targets).loss!;
+  }
+
+  activationShape(batch: number, seqLen: number): number[] {
+    if (seqLen > this.#model.config.blockSize) throw new ShapeError(`GPTStage: sequence length ${seqLen} exceeds blockSize ${this.#model.config.blockSize}`);
+    return [batch, seqLen, this.#model.config.nEmbd];
+  }
+
+  /** The whole model, when this stage is all of it (stages = 1); null otherwise. */
+  get model(): GPT | null { return this.stages === 1 ? this.#model : null; }
+}
