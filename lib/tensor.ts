@@ -2,7 +2,7 @@
 // lib/ops/* and attach methods to Tensor.prototype; this file holds what every op stands on.
 import { backendOf, type Device, type DeviceLike, parseDevice } from './device.js';
 import { type ArrayFor, type DType, dtypeCode, dtypeSize, parseDType, readArrayFor, type TypedArray } from './dtype.js';
-import { ArgumentError, DeviceError, DisposedError } from './errors.js';
+import { ArgumentError, DeviceError, DisposedError, StateError } from './errors.js';
 import { track, untrack } from './memory.js';
 import type { BackendAddon, NativeStorage } from './native.js';
 import { checkShape, fmtShape, inferShape, numel, type Shape } from './shape.js';
@@ -10,9 +10,41 @@ import { checkShape, fmtShape, inferShape, numel, type Shape } from './shape.js'
 /** Storage shared by tensors that are views of the same bytes (reshape); freed with its last tensor. */
 export class StorageRef {
   refs = 1;
-  constructor(readonly native: NativeStorage, readonly device: Device, readonly bytes: number) {}
+  #native: NativeStorage | null;
+  #bytes: number;
+  #evictedBecause = '';
+  constructor(native: NativeStorage, readonly device: Device, bytes: number) {
+    this.#native = native;
+    this.#bytes = bytes;
+  }
+  /** The native bytes; throws StateError while evicted (the reason says who holds them). */
+  get native(): NativeStorage {
+    if (this.#native === null) throw new StateError(this.#evictedBecause);
+    return this.#native;
+  }
+  /** Bytes allocated now (0 while evicted). */
+  get bytes(): number { return this.#bytes; }
+  get evicted(): boolean { return this.#native === null; }
   release(): void {
-    if (--this.refs === 0) this.native.dispose();
+    if (--this.refs === 0) { this.#native?.dispose(); this.#native = null; }
+  }
+  /**
+   * Internal (ZeRO stage 3): frees the bytes now while every tensor over this reference (a
+   * parameter, the autograd graph's saved aliases of it) stays alive; reading one throws
+   * StateError(reason) until restore(). Tensor objects keep their identity, which optimizers and
+   * the autograd tape rely on.
+   */
+  evict(reason: string): void {
+    this.#native?.dispose();
+    this.#native = null;
+    this.#bytes = 0;
+    this.#evictedBecause = reason;
+  }
+  /** Internal (ZeRO stage 3): gives an evicted reference fresh, uninitialized bytes on its device. */
+  restore(bytes: number): void {
+    if (this.#native !== null) throw new StateError('StorageRef.restore: the storage is not evicted');
+    this.#native = new (backendOf(this.device).Storage)(bytes, false, this.device.index);
+    this.#bytes = bytes;
   }
 }
 

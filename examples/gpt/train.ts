@@ -1,6 +1,6 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
-// any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2) under `nodetron launch`.
+// any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under `nodetron launch`.
 // Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
@@ -33,8 +33,8 @@ Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp m
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
                        overlaps them, and one process accumulates their gradients
   --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
-  --zero 0|1|2         ZeRO stage: shard optimizer state (1) and gradients too (2) over the dp ranks
-  --offload            keep ZeRO shards in host memory (needs --zero 1|2; no-op for cpu parameters)
+  --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
+  --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
   --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
                        (N must divide the heads, the width and the padded vocabulary of 50304)`;
 
@@ -156,7 +156,9 @@ async function main(argv: string[]): Promise<number> {
   const newTokens = (o.generate as number | undefined) ?? 60;
   // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).
   const whole = model.model;
-  if (newTokens > 0 && whole && (par.rank === 0 || layout.tp > 1)) {
+  if (newTokens > 0 && layout.zero === 3) {
+    log('(no sample: under ZeRO 3 each rank holds a shard of the parameters, and generation does not gather them)');
+  } else if (newTokens > 0 && whole && (par.rank === 0 || layout.tp > 1)) {
     const enc = gpt2Encoder();
     const prompt = enc.encode('Call me Ishmael.');
     const idx = nt.tensor(Int32Array.from(prompt), [1, prompt.length], { device });

@@ -24,8 +24,8 @@ export interface TrainingLayout {
   tp: number;
   pp: number;
   dp: number;
-  /** ZeRO stage: 0 (replicated optimizer state), 1 (sharded state) or 2 (sharded state and gradients). */
-  zero: 0 | 1 | 2;
+  /** ZeRO stage: 0 (replicated optimizer state), 1 (sharded state), 2 (and gradients) or 3 (and parameters). */
+  zero: 0 | 1 | 2 | 3;
   /** Keep ZeRO shards and their update in host memory. */
   offload: boolean;
   /** Micro-batches each rank's batch is split into per step (pipeline schedule, gradient accumulation). */
@@ -69,10 +69,10 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
   const schedule = flags.schedule ?? '1f1b';
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`--schedule must be gpipe or 1f1b, got ${schedule}`);
-  if (zero > 2) problems.push(`--zero must be 0, 1 or 2, got ${zero} (stage 3 is not implemented)`);
+  if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
   if (zero > 0 && dp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
   const offload = flags.offload ?? false;
-  if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1 or 2');
+  if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
   if (tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
   try { checkTensorParallelConfig(model, tp); } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
@@ -84,7 +84,7 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, zero: zero as 0 | 1 | 2, offload, microBatches, schedule: schedule as PipelineScheduleName };
+  return { tp, pp, dp, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -148,8 +148,12 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
 export interface ParallelTrainerOptions<H extends { lr: number }> {
   /** The mesh; null trains in one process (plain optimizer, no communication). */
   mesh: ParallelState | null;
-  /** ZeRO stage over the data-parallel group (default 0: every replica holds the whole optimizer state). */
-  zero?: 0 | 1 | 2;
+  /**
+   * ZeRO stage over the data-parallel group (default 0: every replica holds the whole optimizer
+   * state). At 3 the trainer attaches ZeroOptimizer to the model: its blocks are the units gathered
+   * for their forward and backward, the rest (embeddings, final norm) is gathered for the step.
+   */
+  zero?: 0 | 1 | 2 | 3;
   offload?: boolean;
   /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
   microBatches?: number;
@@ -170,7 +174,7 @@ export interface TrainerStepResult {
 /**
  * One rank's training step for any TP × PP × DP layout: micro-batches through the pipeline schedule
  * (a single stage runs them one after the other), data-parallel gradient averaging (GradBuffer, or
- * ZeRO 1/2), the tied embedding's gradient summed over the first and last stage, clipping by the
+ * ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by the
  * norm of the whole model's gradient, the update. Create with `await ParallelTrainer.create(...)`.
  */
 export class ParallelTrainer<H extends { lr: number }> {
@@ -198,6 +202,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
     if (zero !== 0) {
       this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false });
+      if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
       this.#optimizer = null;
       this.#grads = null;
     } else {
@@ -337,6 +342,19 @@ export class ParallelTrainer<H extends { lr: number }> {
     return t.toArraySync()[0]!;
   }
 
+  /**
+   * Every parameter of this rank's model (stage) as a new tensor, in model.parameters() order (the
+   * caller owns them). Collective over the data-parallel group under ZeRO 3, where the parameters
+   * hold no values between steps.
+   */
+  async fullParameters(): Promise<Tensor[]> {
+    const params = this.#model.parameters();
+    if (!this.#zero) return params.map((p) => p.clone());
+    const values = await this.#zero.fullParameters();
+    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
+    return params.map((p) => byParam.get(p)!);
+  }
+
   dispose(): void {
     this.#zero?.dispose();
     this.#optimizer?.dispose();
@@ -349,7 +367,7 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   const problems: string[] = [];
   const { mesh } = options;
   const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
-  if (zero !== 0 && zero !== 1 && zero !== 2) problems.push(`zero must be 0, 1 or 2, got ${String(zero)}`);
+  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
   if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);

@@ -121,6 +121,10 @@ const layouts = {
   'TP2': launchRun('tp2', 2, ['--tp', '2']),
   'TP2×DP2 ZeRO-2': launchRun('tp2-dp2', 4, ['--tp', '2', '--dp', '2', '--zero', '2']),
   'TP2×PP2 GPipe, 2 micro-batches, recompute': launchRun('tp2-pp2', 4, ['--tp', '2', '--pp', '2', '--micro-batches', '2', '--schedule', 'gpipe', '--recompute']),
+  'ZeRO-3 DP2': launchRun('zero3-dp2', 2, ['--zero', '3']),
+  'ZeRO-3 DP2 offload, 2 micro-batches, recompute': launchRun('zero3-dp2-offload', 2, ['--zero', '3', '--offload', '--micro-batches', '2', '--recompute']),
+  'ZeRO-3 DP4 offload': launchRun('zero3-dp4', 4, ['--zero', '3', '--offload']),
+  'PP2×DP2 1F1B ZeRO-3, 2 micro-batches': launchRun('zero3-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--micro-batches', '2']),
 };
 const TOLERANCE = 1e-5;
 
@@ -207,6 +211,7 @@ describe('training layout validation', () => {
   it('fills dp from the world and accepts valid layouts', () => {
     expect(parallel.resolveTrainingLayout({}, shape, 4, 4)).toEqual({ ...defaults, dp: 4 });
     expect(parallel.resolveTrainingLayout({ tp: 2, zero: 1, offload: true }, shape, 4, 4)).toEqual({ ...defaults, tp: 2, dp: 2, zero: 1, offload: true });
+    expect(parallel.resolveTrainingLayout({ zero: 3, offload: true }, shape, 2, 4)).toEqual({ ...defaults, dp: 2, zero: 3, offload: true });
     expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'gpipe' }, shape, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, microBatches: 2, schedule: 'gpipe' });
   });
   it.each([
@@ -218,9 +223,9 @@ describe('training layout validation', () => {
     [{ dp: 2, microBatches: 4 }, 2, 4, /dp·micro-batches = 2·4 does not divide the global batch of 4/],
     [{ microBatches: 0 }, 1, 4, /--micro-batches must be an integer >= 1/],
     [{ pp: 2, schedule: 'interleaved' }, 2, 4, /--schedule must be gpipe or 1f1b/],
-    [{ zero: 3 }, 2, 4, /--zero must be 0, 1 or 2/],
+    [{ zero: 4 }, 2, 4, /--zero must be 0, 1, 2 or 3/],
     [{ zero: 1 }, 1, 4, /--zero 1 shards over the data-parallel ranks, but dp = 1/],
-    [{ offload: true }, 1, 4, /--offload .* needs --zero 1 or 2/],
+    [{ offload: true }, 1, 4, /--offload .* needs --zero 1, 2 or 3/],
   ] as const)('rejects %o on %d ranks (batch %d)', (flags, world, batch, message) => {
     expect(() => parallel.resolveTrainingLayout(flags, shape, world, batch)).toThrow(ArgumentError);
     expect(() => parallel.resolveTrainingLayout(flags, shape, world, batch)).toThrow(message);

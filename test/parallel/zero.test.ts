@@ -88,11 +88,11 @@ describe('ZeroOptimizer', () => {
     expect(sizes).toEqual([1, 2, 3, 4].map(() => 2 * 4 * Math.ceil(psi / 4)));
   });
 
-  it('rejects LAMB, stage 3, non-f32 parameters, and a factory that ignores the shards', async () => {
+  it('rejects LAMB, stage 4, non-f32 parameters, and a factory that ignores the shards', async () => {
     await runLocalRanks(2, async (g) => {
       const params = makeParams();
       expect(() => new ZeroOptimizer(params, (gr) => new Lamb(gr), { group: g, stage: 1 })).toThrow(/LAMB/);
-      expect(() => new ZeroOptimizer(params, (gr) => new AdamW(gr), { group: g, stage: 3 as never })).toThrow(nt.ArgumentError);
+      expect(() => new ZeroOptimizer(params, (gr) => new AdamW(gr), { group: g, stage: 4 as never })).toThrow(nt.ArgumentError);
       expect(() => new ZeroOptimizer([nt.zeros([4], { dtype: 'bf16' })], (gr) => new AdamW(gr), { group: g, stage: 1 })).toThrow(nt.ArgumentError);
       expect(() => new ZeroOptimizer(params, () => new AdamW(params), { group: g, stage: 1 })).toThrow(/exactly the shard groups/);
       expect(nt.ones([2]).toArraySync()).toEqual(new Float32Array([1, 1]));

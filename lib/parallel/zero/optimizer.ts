@@ -1,6 +1,7 @@
-// ZeRO stages 1 and 2 (DeepSpeed): each data-parallel rank keeps the optimizer state (and, at stage
-// 2, the gradients) of one contiguous shard of the flattened parameters; a step reduce-scatters the
-// gradients, updates the local shard and allgathers the updated parameters.
+// ZeRO stages 1, 2 and 3 (DeepSpeed): each data-parallel rank keeps the optimizer state (and, at
+// stage 2, the gradients) of one contiguous shard of the flattened parameters; a step reduce-scatters
+// the gradients, updates the local shard and allgathers the updated parameters. Stage 3 shards the
+// parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
 import { dtypeCode } from '../../dtype.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { parseDevice } from '../../device.js';
@@ -11,19 +12,29 @@ import type { Optimizer } from '../../optim/optimizer.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
 import { copyElements, FlatLayout } from '../flat.js';
+import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
+import type { Module } from '../../nn/module.js';
 
-export type ZeroStage = 1 | 2;
+export type ZeroStage = 1 | 2 | 3;
 
 export interface ZeroOptions {
   /** The data-parallel group the state is sharded over. */
   group: ProcessGroup;
   stage: ZeroStage;
   /**
-   * Keep the shard (master copy, its gradient, the optimizer state) in host memory and run the
-   * update there. For parameters already on the CPU this moves nothing: the flag is accepted and
-   * changes no placement.
+   * Keep the shard (master copy, its gradient, the optimizer state; at stage 3 the parameter
+   * shard itself) in host memory and run the update there. For parameters already on the CPU this
+   * moves nothing: the flag is accepted and changes no placement.
    */
   offload?: boolean;
+}
+
+/** How ZeRO stage 3 hooks into a model (ZeroOptimizer.attach). */
+export interface ZeroAttachOptions {
+  /** Submodules gathered one at a time, in the order their forwards run (default: defaultUnits(model)). */
+  units?: readonly Module[];
+  /** The model's methods that run a forward pass (default ['forward']; a pipeline stage: ['forwardStage']). */
+  entries?: readonly string[];
 }
 
 /** A parameter group as the caller's optimizer would take it: parameters plus option overrides. */
@@ -62,10 +73,13 @@ export class ZeroOptimizer<H extends { lr: number }> {
   readonly group: ProcessGroup;
   readonly offload: boolean;
   readonly #groups: ShardedGroup[];
+  readonly #partition: ParameterPartition | null;
+  /** The tensors the inner optimizer updates: one shard per parameter group. */
+  readonly #masters: Tensor[];
 
   constructor(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions) {
-    if (options.stage !== 1 && options.stage !== 2) {
-      throw new ArgumentError(`ZeroOptimizer: stage must be 1 or 2, got ${String(options.stage)} (stage 3, parameters sharded between layers, is not implemented)`);
+    if (options.stage !== 1 && options.stage !== 2 && options.stage !== 3) {
+      throw new ArgumentError(`ZeroOptimizer: stage must be 1, 2 or 3, got ${String(options.stage)}`);
     }
     this.stage = options.stage;
     this.group = options.group;
@@ -74,28 +88,69 @@ export class ZeroOptimizer<H extends { lr: number }> {
     const grouped = list.length > 0 && list.every((g) => g !== null && typeof g === 'object' && 'params' in (g as object));
     const userGroups: ZeroParamGroup<H>[] = grouped ? (list as ZeroParamGroup<H>[]) : [{ params: list as Tensor[] } as unknown as ZeroParamGroup<H>];
     const n = this.group.size;
-    this.#groups = userGroups.map(({ params: ps }) => {
-      const layout = new FlatLayout(Array.from(ps), n, 'ZeroOptimizer');
-      if (layout.dtype !== 'f32') throw new ArgumentError(`ZeroOptimizer: parameters are ${layout.dtype}; this implementation shards f32 parameters`);
-      const shardCount = layout.paddedCount / n;
-      const device = this.offload ? parseDevice('cpu') : layout.entries[0]!.param.deviceInfo;
-      const master = emptyOn([shardCount], 'f32', device, true);
-      this.#copyShardFromParams(layout, master, shardCount);
-      return { layout, shardCount, master };
-    });
-    this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [this.#groups[i]!.master] }) as unknown as ZeroParamGroup<H>));
+    if (this.stage === 3) {
+      this.#partition = new ParameterPartition(userGroups.map((g) => Array.from(g.params)), this.group, this.offload);
+      this.#groups = [];
+      this.#masters = this.#partition.masters;
+    } else {
+      this.#partition = null;
+      this.#groups = userGroups.map(({ params: ps }) => {
+        const layout = new FlatLayout(Array.from(ps), n, 'ZeroOptimizer');
+        if (layout.dtype !== 'f32') throw new ArgumentError(`ZeroOptimizer: parameters are ${layout.dtype}; this implementation shards f32 parameters`);
+        const shardCount = layout.paddedCount / n;
+        const device = this.offload ? parseDevice('cpu') : layout.entries[0]!.param.deviceInfo;
+        const master = emptyOn([shardCount], 'f32', device, true);
+        this.#copyShardFromParams(layout, master, shardCount);
+        return { layout, shardCount, master };
+      });
+      this.#masters = this.#groups.map((g) => g.master);
+    }
+    this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [this.#masters[i]!] }) as unknown as ZeroParamGroup<H>));
     if (this.inner instanceof Lamb) {
       this.dispose();
       throw new ArgumentError('ZeroOptimizer: LAMB scales each parameter by its own norm ratio, which a shard that cuts parameters apart cannot compute; use an elementwise optimizer (AdamW, SGD)');
     }
     const inner = this.inner.paramGroups.flatMap((g) => g.params);
-    if (inner.length !== this.#groups.length || inner.some((p, i) => p !== this.#groups[i]!.master)) {
+    if (inner.length !== this.#masters.length || inner.some((p, i) => p !== this.#masters[i])) {
+      this.dispose();
       throw new ArgumentError('ZeroOptimizer: the factory must build the optimizer over exactly the shard groups it is given');
     }
+    // Only now, with nothing left to refuse: from here on the parameters' bytes are this rank's chunks only.
+    this.#partition?.evictParameters();
+  }
+
+  /**
+   * Stage 3: installs the hooks that gather each unit's parameters for its forward and backward
+   * and reduce-scatter its gradients. `units` are submodules of `model` in the order their forwards
+   * run (default: the modules in the model's array fields, a GPT's blocks); the model's other
+   * parameters (the root unit) are gathered for the whole step, from the moment one of `entries`
+   * (the model's methods that run a forward pass; default `forward`) is called. Every model
+   * parameter must be in this optimizer.
+   */
+  attach(model: Module, options: ZeroAttachOptions = {}): this {
+    if (!this.#partition) throw new StateError(`ZeroOptimizer.attach: only stage 3 gathers parameters per unit; this one is stage ${this.stage}`);
+    this.#partition.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward']);
+    return this;
+  }
+
+  /** Stage 3: what gathering did so far (prefetched and on-demand gathers, peak gathered bytes). */
+  get gatherStats(): Readonly<GatherStats> {
+    if (!this.#partition) throw new StateError(`ZeroOptimizer.gatherStats: stage ${this.stage} gathers no parameters per unit`);
+    return this.#partition.stats;
+  }
+
+  /**
+   * The full value of every parameter, as new tensors in `params` order (the caller owns them).
+   * Collective at stage 3, where the parameters themselves hold no values between uses; at stages
+   * 1 and 2 a copy of the replicated parameters.
+   */
+  async fullParameters(): Promise<Tensor[]> {
+    if (this.#partition) return this.#partition.fullParameters();
+    return this.params.map((p) => p.clone());
   }
 
   /** The parameters (all groups, in order). */
-  get params(): Tensor[] { return this.#groups.flatMap((g) => g.layout.entries.map((e) => e.param)); }
+  get params(): Tensor[] { return this.#partition ? this.#partition.params : this.#groups.flatMap((g) => g.layout.entries.map((e) => e.param)); }
 
   // Each parameter range that intersects this rank's shard [start, start + shardCount).
   #forEachInShard(layout: FlatLayout, shardCount: number, fn: (param: Tensor, paramOffset: number, shardOffset: number, count: number) => void): void {
@@ -104,6 +159,12 @@ export class ZeroOptimizer<H extends { lr: number }> {
       const lo = Math.max(start, e.offset), hi = Math.min(end, e.offset + e.count);
       if (lo < hi) fn(e.param, lo - e.offset, lo - start, hi - lo);
     }
+  }
+
+  // Every piece of a parameter this rank's shards hold: the master tensor and where in it.
+  #forEachLocalRange(fn: (param: Tensor, master: Tensor, masterOffset: number, count: number) => void): void {
+    if (this.#partition) { this.#partition.forEachLocalChunk(fn); return; }
+    for (const g of this.#groups) this.#forEachInShard(g.layout, g.shardCount, (p, _po, so, c) => fn(p, g.master, so, c));
   }
 
   #copyShardFromParams(layout: FlatLayout, master: Tensor, shardCount: number): void {
@@ -118,6 +179,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
   }
 
   zeroGrad(): void {
+    if (this.#partition) { this.#partition.zeroGrad(); return; }
     for (const p of this.params) { p.grad?.dispose(); p.grad = null; }
     for (const g of this.#groups) { g.master.grad?.dispose(); g.master.grad = null; }
   }
@@ -125,7 +187,8 @@ export class ZeroOptimizer<H extends { lr: number }> {
   /**
    * One update: reduce-scatter the averaged gradients (each rank receives its shard's), optionally
    * clip them to a global norm, step the shard, allgather the updated shards into every parameter.
-   * Every rank of the group calls it. Returns the global gradient norm before clipping when
+   * At stage 3 most gradients were reduce-scattered during backward, and the updated shards stay
+   * shards (the next forward gathers them). Every rank of the group calls it. Returns the global gradient norm before clipping when
    * `maxGradNorm` is given.
    */
   async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{ gradNorm?: number }> {
@@ -133,6 +196,8 @@ export class ZeroOptimizer<H extends { lr: number }> {
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
     }
+    // Stage 3 reduce-scattered most gradients during backward; the rest go now.
+    this.#partition?.finishGradients();
     for (const g of this.#groups) {
       const first = g.layout.entries[0]!.param;
       using flatGrad = emptyOn([g.layout.paddedCount], 'f32', first.deviceInfo, true);
@@ -157,23 +222,20 @@ export class ZeroOptimizer<H extends { lr: number }> {
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
   // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
   async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
-    const masters = this.#groups.map((g) => g.master);
-    const first = this.#groups[0]!.layout.entries[0]!.param;
+    const masters = this.#masters;
     const skip = new Set(scope.skip ?? []);
     let local = 0;
     if (skip.size === 0) local = gradSumSquares(masters);
     else {
-      for (const g of this.#groups) {
-        const shardGrad = g.master.grad!;
-        this.#forEachInShard(g.layout, g.shardCount, (p, _po, so, c) => {
-          if (skip.has(p)) return;
-          using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
-          copyElements(run, 0, shardGrad, so, c);
-          local += (run.backend.sumSquares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
-        });
-      }
+      this.#forEachLocalRange((p, master, offset, c) => {
+        if (skip.has(p)) return;
+        const shardGrad = master.grad!;
+        using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
+        copyElements(run, 0, shardGrad, offset, c);
+        local += (run.backend.sumSquares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
+      });
     }
-    using total = tensor(new Float32Array([local]), [1], { device: first.device });
+    using total = tensor(new Float32Array([local]), [1], { device: this.params[0]!.device });
     await this.group.allReduce(total, { op: 'sum' });
     for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
     const norm = Math.sqrt(total.toArraySync()[0]!);
@@ -190,41 +252,60 @@ export class ZeroOptimizer<H extends { lr: number }> {
     for (const e of g.layout.entries) copyElements(e.param, 0, full, e.offset, e.count);
   }
 
-  /** Bytes this rank holds now: parameters, gradients (full ones and the shard's), optimizer state, master shard. */
+  /**
+   * Bytes this rank holds now: parameters, gradients (full ones and the shard's), optimizer state,
+   * master shard. At stage 3 the f32 master shard is the parameter shard, so it counts as
+   * `params` (with the bytes of parameters gathered at this moment; none between steps) and
+   * `masterShard` is 0.
+   */
   memoryBytes(): ZeroMemoryBytes {
-    const params = this.params.reduce((s, p) => s + p.nbytes, 0);
-    let grads = this.params.reduce((s, p) => s + (p.grad && !p.grad.disposed ? p.grad.nbytes : 0), 0);
-    let optimizerState = 0, masterShard = 0;
-    for (const g of this.#groups) {
-      masterShard += g.master.nbytes;
-      if (g.master.grad) grads += g.master.grad.nbytes;
-      const st = this.inner.state.get(g.master);
+    let optimizerState = 0, masterShard = 0, params: number, grads: number;
+    for (const m of this.#masters) {
+      const st = this.inner.state.get(m);
       if (st) for (const t of Object.values(st.tensors)) optimizerState += t.nbytes;
+    }
+    if (this.#partition) {
+      const mem = this.#partition.memory();
+      params = this.#masters.reduce((s, m) => s + m.nbytes, 0) + mem.gatheredParams;
+      grads = mem.fullGrads + mem.shardGrads;
+    } else {
+      params = this.params.reduce((s, p) => s + p.nbytes, 0);
+      grads = this.params.reduce((s, p) => s + (p.grad && !p.grad.disposed ? p.grad.nbytes : 0), 0);
+      for (const g of this.#groups) {
+        masterShard += g.master.nbytes;
+        if (g.master.grad) grads += g.master.grad.nbytes;
+      }
     }
     return { params, grads, optimizerState, masterShard, total: params + grads + optimizerState + masterShard };
   }
 
+  /** Frees the shards and the state. At stage 3 also removes the hooks; the parameters' values are gone (see fullParameters()). */
   dispose(): void {
     this.inner?.dispose();
+    this.#partition?.dispose();
     for (const g of this.#groups) { g.master.grad?.dispose(); g.master.dispose(); }
   }
 }
 
 /**
  * Per-rank bytes for Ψ f32 parameters over N ranks with an optimizer holding `stateBytesPerParam`
- * per parameter (Adam: 8), as this implementation holds them. The ZeRO paper's mixed-precision
- * count is 2Ψ + 2Ψ + KΨ (K = 12: f32 master, momentum, variance); for f32 training it becomes
- * 4Ψ params + 4Ψ grads + 8Ψ state, and sharding divides: stage 1 the state, stage 2 the gradients
- * too, stage 3 the parameters too. Differences from the paper, because shards cannot be views of
- * the parameters: each rank also keeps a 4Ψ/N f32 master copy of its shard, and at stage 1 the
- * shard's reduced gradient (4Ψ/N) beside the full gradients. Shards are ceil(Ψ/N) elements.
+ * per parameter (Adam: 8), as this implementation holds them between steps. The ZeRO paper's
+ * mixed-precision count is 2Ψ + 2Ψ + KΨ (K = 12: f32 master, momentum, variance); for f32 training
+ * it becomes 4Ψ params + 4Ψ grads + 8Ψ state, and sharding divides: stage 1 the state, stage 2 the
+ * gradients too, stage 3 the parameters too. Differences from the paper, because shards cannot be
+ * views of the parameters: at stages 1 and 2 each rank also keeps a 4Ψ/N f32 master copy of its
+ * shard, and at stage 1 the shard's reduced gradient (4Ψ/N) beside the full gradients. At stage 3
+ * the master shard is the parameter shard (counted once, as params). Shards are ceil(Ψ/N) elements
+ * (stage 3 pads each parameter to N chunks, a few elements more). Not counted: what a step needs
+ * transiently — at stage 3 the gathered parameters of the model's root unit, of the unit running
+ * and of the one being prefetched (ZeroOptimizer.gatherStats.peakGatheredBytes measures it).
  */
-export function zeroMemoryFormula(numParams: number, ranks: number, stage: 0 | ZeroStage | 3, stateBytesPerParam = 8): ZeroMemoryBytes {
+export function zeroMemoryFormula(numParams: number, ranks: number, stage: 0 | ZeroStage, stateBytesPerParam = 8): ZeroMemoryBytes {
   const psi = numParams;
   const shard = stage === 0 ? psi : Math.ceil(psi / ranks);
-  const params = 4 * (stage >= 3 ? shard : psi);
+  const params = 4 * (stage === 3 ? shard : psi);
   const grads = stage === 0 ? 4 * psi : stage === 1 ? 4 * psi + 4 * shard : 4 * shard;
   const optimizerState = stateBytesPerParam * shard;
-  const masterShard = stage >= 1 ? 4 * shard : 0;
+  const masterShard = stage === 1 || stage === 2 ? 4 * shard : 0;
   return { params, grads, optimizerState, masterShard, total: params + grads + optimizerState + masterShard };
 }

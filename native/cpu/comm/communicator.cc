@@ -51,12 +51,35 @@ static Err classify(const std::string& what) {
 std::shared_ptr<WorkQueue> WorkQueue::start(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn) {
   std::shared_ptr<WorkQueue> q(new WorkQueue(std::move(state), tsfn));
   tsfn.Acquire();
-  std::thread([q] { q->loop(); }).detach();
+  q->thread_ = std::thread([q] { q->loop(); });
   return q;
 }
 
 WorkQueue::WorkQueue(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn)
     : state_(std::move(state)), tsfn_(tsfn) {}
+
+void WorkQueue::stopAndJoin(std::chrono::milliseconds grace) {
+  stop();
+  bool exited;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    exited = cv_.wait_for(lock, grace, [&] { return exited_; });
+  }
+  if (exited) {
+    if (thread_.joinable()) thread_.join();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(tsfnMutex_);
+    cutOff_ = true;
+  }
+  if (thread_.joinable()) thread_.detach();
+}
+
+void QueueSet::finalize(Napi::Env, QueueSet* set, QueueSet*) {
+  for (auto& q : set->queues) q->stopAndJoin(std::chrono::seconds(5));
+  delete set;
+}
 
 void WorkQueue::push(std::unique_ptr<Work> w) {
   {
@@ -71,10 +94,11 @@ void WorkQueue::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  cv_.notify_one();
+  cv_.notify_all();
 }
 
 void WorkQueue::loop() {
+  bool closing = false;
   while (true) {
     std::unique_ptr<Work> w;
     {
@@ -103,22 +127,39 @@ void WorkQueue::loop() {
       if (w->error && w->marksBrokenOnError && !mismatch) state_->markBroken(w->error->message);
     }
     w->completion->finish(w->error);
-    Work* raw = w.release();
-    napi_status st = tsfn_.BlockingCall(raw, [](Napi::Env env, Napi::Function, Work* done) {
-      std::unique_ptr<Work> owned(done);
-      if (owned->error) {
-        owned->deferred->Reject(makeError(env, owned->error->code, owned->error->message, owned->error->call).Value());
-      } else {
-        owned->deferred->Resolve(env.Undefined());
-      }
-      if (owned->settled) owned->settled();
-    });
-    // The environment is shutting down: nobody can receive the result, and JS objects in the
-    // Work must not be touched off the JS thread, so the Work is leaked on purpose.
-    if (st != napi_ok) break;
+    // When the thread-safe function is closing (environment teardown), nobody can receive the
+    // result and JS objects in the Work must not be touched off the JS thread: leaked on purpose.
+    if (!deliver(w.release())) {
+      closing = true;
+      break;
+    }
   }
-  tsfn_.Release();
+  {
+    std::lock_guard<std::mutex> lock(tsfnMutex_);
+    if (!closing && !cutOff_) tsfn_.Release();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exited_ = true;
+  }
+  cv_.notify_all();
 }
+
+bool WorkQueue::deliver(Work* raw) {
+  std::lock_guard<std::mutex> lock(tsfnMutex_);
+  if (cutOff_) return false;
+  napi_status st = tsfn_.BlockingCall(raw, [](Napi::Env env, Napi::Function, Work* done) {
+    std::unique_ptr<Work> owned(done);
+    if (owned->error) {
+      owned->deferred->Reject(makeError(env, owned->error->code, owned->error->message, owned->error->call).Value());
+    } else {
+      owned->deferred->Resolve(env.Undefined());
+    }
+    if (owned->settled) owned->settled();
+  });
+  return st == napi_ok;
+}
+
 
 std::shared_ptr<gloo::transport::Device> tcpDevice(const std::string& host, const std::string& iface) {
   static std::mutex m;

@@ -85,25 +85,45 @@ struct Work {
   std::shared_ptr<Completion> completion = std::make_shared<Completion>();
 };
 
-// A FIFO of Work served by one thread; results go back through a thread-safe function.
-// The thread is detached and holds the queue alive, so JS never blocks joining a thread that
-// waits on a slow peer; it acquires the thread-safe function and releases it when it exits.
+// A FIFO of Work served by one thread; results go back through a thread-safe function (shared by
+// a communicator's queues). The thread must never touch the thread-safe function after Node has
+// finalized it (that aborts inside libuv), so the function's finalizer calls stopAndJoin on every
+// queue: at the normal end (each thread released it) the threads are already leaving; at
+// environment teardown they see napi_closing and leave without releasing.
 class WorkQueue : public std::enable_shared_from_this<WorkQueue> {
  public:
   static std::shared_ptr<WorkQueue> start(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn);
   void push(std::unique_ptr<Work> w);
   // Lets the thread finish what is queued, then exit.
   void stop();
+  // On the JS thread, from the thread-safe function's finalizer: stop, then join the thread. A
+  // thread still inside an op after `grace` (a peer that hangs until the op's timeout) is cut off
+  // from the thread-safe function and detached instead, so process exit is not held up.
+  void stopAndJoin(std::chrono::milliseconds grace);
 
  private:
   WorkQueue(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn);
   void loop();
+  // Hands a finished Work to the JS thread; false once the thread-safe function is closing.
+  bool deliver(Work* raw);
   std::shared_ptr<CommState> state_;
   Napi::ThreadSafeFunction tsfn_;
+  std::thread thread_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Work>> items_;
   bool stopping_ = false;
+  bool exited_ = false;
+  // Guards every use of tsfn_ by the thread against the finalizer cutting it off.
+  std::mutex tsfnMutex_;
+  bool cutOff_ = false;
+};
+
+// The queues of one communicator, owned by its thread-safe function's finalizer.
+struct QueueSet {
+  std::vector<std::shared_ptr<WorkQueue>> queues;
+  // Runs on the JS thread once the thread-safe function is finalized (data and context are the set).
+  static void finalize(Napi::Env, QueueSet* set, QueueSet* context);
 };
 
 // Turns an exception thrown by Gloo, the store client or an op into the typed error of a Work:

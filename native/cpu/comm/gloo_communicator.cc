@@ -69,10 +69,12 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       } else if (!info[10].IsNull() && !info[10].IsUndefined()) {
         fail(Err::Argument, "GlooCommunicator: storeOp must be a function or null");
       }
+      auto* queues = new QueueSet();
       tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),
-                                            "nodetron-gloo", 0, 1);
+                                            "nodetron-gloo", 0, 1, queues, &QueueSet::finalize, queues);
       collectives_ = WorkQueue::start(state_, tsfn_);
       pointToPoint_ = WorkQueue::start(state_, tsfn_);
+      queues->queues = {collectives_, pointToPoint_};
       tsfn_.Release();  // the queue threads hold it from here on
       tsfn_.Unref(env);
     } catch (const Error& e) {
