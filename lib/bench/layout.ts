@@ -107,6 +107,8 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     else {
       try {
         zero = new ZeroOptimizer<AdamWOptions>(params, adamw, { group, stage: stage as ZeroStage });
+        // Stage 3 gathers each block's parameters around its forward and backward.
+        if (stage === 3) zero.attach(model);
       } catch (e) {
         if (e instanceof ArgumentError) return { stage, skipped: e.message };
         throw e;
@@ -155,7 +157,7 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
       inputs.dispose(); targets.dispose();
     }
     for (const b of buffers.values()) b.dispose();
-    const f = zeroMemoryFormula(numParams, group.size, stage as 0 | ZeroStage | 3);
+    const f = zeroMemoryFormula(numParams, group.size, stage as 0 | ZeroStage);
     const formula: Bytes = { params: f.params, grads: f.grads, optimizerState: f.optimizerState, total: f.total };
     const m = measured!;
     const ratio: Bytes = { params: m.params / formula.params, grads: m.grads / formula.grads, optimizerState: m.optimizerState / formula.optimizerState, total: m.total / formula.total };
@@ -272,7 +274,7 @@ function report(layout: BenchLayout, ranks: RankResult[][], run: RunRecord, json
   }
   printTable(['config', 'zero', 'rank', 'Ψ (M)', 'params MiB meas/formula', 'grads', 'optim state', 'total', 'total ratio', 'allocator MiB (/formula)',
     'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward'], rows);
-  console.log('\n# ms/step at ZeRO 1/2: ZeroOptimizer reduce-scatters after backward (no overlap there); ms/step and sync wait (time in finishGradSync after backward) are medians over the timed steps;');
+  console.log('\n# ms/step at ZeRO 1-3: ZeroOptimizer\'s own communication (not GradBuffer), one variant; ms/step and sync wait (time in finishGradSync after backward) are medians over the timed steps;');
   console.log('# buckets in backward: buckets whose allReduce started before backward returned / buckets (overlap on, last timed step)');
   const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(`# load average (1, 5, 15 min) at start: ${load(run.loadAverage.atStart)}; at end: ${load(run.loadAverage.atEnd)} on ${cpus().length} cores`);
