@@ -24,6 +24,8 @@ NT_SIMD_CLONES static void lossRows(const float* x, const int32_t* t, float* los
 }
 
 // Per row: grad = k·(softmax(x) − onehot(target)), recomputing softmax from the saved lse.
+// Per row: grad = k·(exp(x − lse) − [j == target]). A target outside [0, vocab) only happens in a
+// vocabulary shard (another process owns it: softmax only); a target equal to `ignore` zeroes the row.
 NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const float* lse, float* o, float k, int64_t begin,
                                     int64_t end, int64_t vocab, int64_t ignore) {
   for (int64_t r = begin; r < end; r++) {
@@ -32,7 +34,7 @@ NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const floa
     if (t[r] == ignore) { std::fill(orow, orow + vocab, 0.0f); continue; }
     float l = lse[r];
     for (int64_t j = 0; j < vocab; j++) orow[j] = k * fastExp(xr[j] - l);
-    orow[t[r]] -= k;
+    if (t[r] >= 0 && t[r] < vocab) orow[t[r]] -= k;
   }
 }
 
@@ -57,12 +59,11 @@ static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("cross_entropy_forward", CrossEntropyForward);
 
-// cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss, gradLogits, rows, vocab, ignoreIndex, scale, dtype)
-//   gradLogits[r, j] = gradLoss[0]·scale·(exp(logits[r, j] − lse[r]) − [j == target[r]]); ignored rows 0.
-//   gradLoss is the one-element gradient of the reduced loss (dtype of logits); scale is 1 (sum)
-//   or 1/count (mean).
-static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
-  const char* call = "cross_entropy_backward";
+// Both backward bindings take (logits, targets: i32, lse: f32, gradLoss, gradLogits, rows, vocab, ignoreIndex,
+// scale, dtype): gradLogits[r, j] = gradLoss[0]·scale·(exp(logits[r, j] − lse[r]) − [j == target[r]]), ignored
+// rows 0. gradLoss is the one-element gradient of the reduced loss (dtype of logits); scale is 1 (sum) or
+// 1/count (mean). `whole` binds check every target against the vocabulary.
+static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call, bool whole) {
   Args a{info, call};
   a.count(10);
   int64_t rows = a.size(5), vocab = a.size(6), ignore = a.int64(7);
@@ -74,7 +75,7 @@ static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
   const float* lse = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
   F32View GL(storageData(info, 3, call, dt, 1), dt, 1, true);
   F32View O(storageData(info, 4, call, dt, n), dt, n, false);
-  checkTargets(t, rows, vocab, ignore, call);
+  if (whole) checkTargets(t, rows, vocab, ignore, call);
   float k = GL.data()[0] * scale;
   const float* x = X.data();
   float* o = O.data();
@@ -82,6 +83,19 @@ static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
   O.commit();
   return info.Env().Undefined();
 }
+
+// cross_entropy_backward: logits [rows, vocab] is the whole vocabulary; lse from cross_entropy_forward.
+static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
+  return crossEntropyBackwardBody(info, "cross_entropy_backward", true);
+}
 NT_EXPORT("cross_entropy_backward", CrossEntropyBackward);
+
+// cross_entropy_shard_backward: vocabulary-parallel cross-entropy. logits [rows, vocab] is this process's
+// slice of the vocabulary, lse [rows] the logsumexp over the whole vocabulary, targets[r] the target's
+// column in this slice or any value outside [0, vocab) when another slice owns it (or ignoreIndex).
+static Napi::Value CrossEntropyShardBackward(const Napi::CallbackInfo& info) {
+  return crossEntropyBackwardBody(info, "cross_entropy_shard_backward", false);
+}
+NT_EXPORT("cross_entropy_shard_backward", CrossEntropyShardBackward);
 
 }  // namespace nt::cpu

@@ -242,9 +242,10 @@ static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
 NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);
 
 // cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss (1 element, logits' dtype), gradLogits,
-//   rows, vocab, ignoreIndex, scale, dtype)
-static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) {
-  const char* call = "cross_entropy_backward";
+//   rows, vocab, ignoreIndex, scale, dtype), and cross_entropy_shard_backward with the same arguments for a
+//   vocabulary slice (vocabulary-parallel cross-entropy): lse is over the whole vocabulary and a target outside
+//   [0, vocab) belongs to another slice, which the kernel's j == t test already leaves as softmax only.
+static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call) {
   KernelCall k(info, call);
   k.args.count(10);
   int64_t rows = k.args.size(5), vocab = k.args.size(6), ignore = k.args.int64(7);
@@ -263,7 +264,12 @@ static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) {
   k.launched();
   return info.Env().Undefined();
 }
+static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) { return crossEntropyBackwardBody(info, "cross_entropy_backward"); }
 NT_EXPORT("cross_entropy_backward", CrossEntropyBackwardAbi);
+static Napi::Value CrossEntropyShardBackward(const Napi::CallbackInfo& info) {
+  return crossEntropyBackwardBody(info, "cross_entropy_shard_backward");
+}
+NT_EXPORT("cross_entropy_shard_backward", CrossEntropyShardBackward);
 
 // attention_softmax_forward(scores, probs, batch, tq, tk, scale, causal, window, dtype): see attentionSoftmaxKernel.
 static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
