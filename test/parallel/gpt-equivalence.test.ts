@@ -112,8 +112,12 @@ const single = launchRun('single', 1, ['--reference']);
 const layouts = {
   'one process, 2 micro-batches': launchRun('m2', 1, ['--micro-batches', '2']),
   'DP2': launchRun('dp2', 2, ['--dp', '2']),
+  'ZeRO-1 DP2': launchRun('zero1', 2, ['--zero', '1']),
+  'ZeRO-1 DP2 offload': launchRun('zero1-offload', 2, ['--zero', '1', '--offload']),
+  'ZeRO-2 DP2': launchRun('zero2-plain', 2, ['--zero', '2']),
   'ZeRO-2 DP2 offload recompute': launchRun('zero2', 2, ['--zero', '2', '--offload', '--recompute']),
   'DP4 ZeRO-1': launchRun('dp4', 4, ['--zero', '1']),
+  'DP4 ZeRO-2 offload': launchRun('dp4-zero2-offload', 4, ['--zero', '2', '--offload']),
   'PP2 GPipe, 2 micro-batches': launchRun('pp2-gpipe', 2, ['--pp', '2', '--micro-batches', '2', '--schedule', 'gpipe']),
   'PP2 1F1B, 4 micro-batches, recompute': launchRun('pp2-1f1b', 2, ['--pp', '2', '--micro-batches', '4', '--schedule', '1f1b', '--recompute']),
   'PP2×DP2 1F1B ZeRO-1, 2 micro-batches': launchRun('pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '1', '--micro-batches', '2']),
@@ -124,6 +128,7 @@ const layouts = {
   'ZeRO-3 DP2': launchRun('zero3-dp2', 2, ['--zero', '3']),
   'ZeRO-3 DP2 offload, 2 micro-batches, recompute': launchRun('zero3-dp2-offload', 2, ['--zero', '3', '--offload', '--micro-batches', '2', '--recompute']),
   'ZeRO-3 DP4 offload': launchRun('zero3-dp4', 4, ['--zero', '3', '--offload']),
+  'ZeRO-3 DP4': launchRun('zero3-dp4-plain', 4, ['--zero', '3']),
   'PP2×DP2 1F1B ZeRO-3, 2 micro-batches': launchRun('zero3-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--micro-batches', '2']),
 };
 const TOLERANCE = 1e-5;
