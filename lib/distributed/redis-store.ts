@@ -3,7 +3,7 @@
 import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError } from '../errors.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, DEFAULT_STORE_TIMEOUT_MS, getTimeoutError, sleep,
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, sleep,
   waitTimeoutError, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
 import { toBytes } from './store-wire.js';
@@ -103,12 +103,7 @@ export class RedisStore implements Store {
 
   /** Connects (retrying until `timeoutMs` while Redis comes up) and checks it answers PING. */
   static async connect(options: StoreConnectOptions): Promise<RedisStore> {
-    const host = options.host ?? '127.0.0.1';
-    const port = options.port;
-    if (!Number.isInteger(port) || port <= 0 || port > 65535) {
-      throw new ArgumentError(`RedisStore.connect: port must be an integer in [1, 65535], got ${port}`);
-    }
-    const timeoutMs = checkTimeout('RedisStore.connect', options.timeoutMs ?? DEFAULT_STORE_TIMEOUT_MS);
+    const { host, port, timeoutMs } = resolveConnectOptions('RedisStore.connect', options);
     return connectWithRetry('redis store', host, port, timeoutMs, async (socket, remainingMs) => {
       const store = new RedisStore(socket, host, port, timeoutMs);
       let timer: NodeJS.Timeout | undefined;

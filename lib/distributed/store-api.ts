@@ -50,6 +50,15 @@ export interface StoreConnectOptions {
 
 
 
+/** A client's host (default 127.0.0.1), checked port and connection timeout (default DEFAULT_STORE_TIMEOUT_MS). */
+export function resolveConnectOptions(call: string, options: StoreConnectOptions): { host: string; port: number; timeoutMs: number } {
+  const port = options.port;
+  if (!Number.isInteger(port) || port <= 0 || port > 65535) {
+    throw new ArgumentError(`${call}: port must be an integer in [1, 65535], got ${port}`);
+  }
+  return { host: options.host ?? '127.0.0.1', port, timeoutMs: checkTimeout(call, options.timeoutMs ?? DEFAULT_STORE_TIMEOUT_MS) };
+}
+
 export function checkTimeout(call: string, timeoutMs: number): number {
   if (typeof timeoutMs !== 'number' || !(timeoutMs >= 0) || !Number.isFinite(timeoutMs)) {
     throw new ArgumentError(`${call}: timeoutMs must be a finite number >= 0, got ${timeoutMs}`);

@@ -4,10 +4,10 @@ import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError, TimeoutError } from '../errors.js';
 import { RedisStore } from './redis-store.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, DEFAULT_STORE_TIMEOUT_MS, getTimeoutError, waitTimeoutError,
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, waitTimeoutError,
   type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
-import { ArgReader, encodeFrame, FrameSplitter, Op, Status, toBytes, type WireArg } from './store-wire.js';
+import { ArgReader, encodeFrame, FrameSplitter, Op, Status, type WireArg } from './store-wire.js';
 
 export { StoreServer, type StoreServerOptions } from './store-server.js';
 export { DEFAULT_STORE_TIMEOUT_MS, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions } from './store-api.js';
@@ -68,12 +68,7 @@ export class TCPStore implements Store {
    * listens). Throws CommError naming host:port and the timeout when it cannot reach it in time.
    */
   static async connect(options: StoreConnectOptions): Promise<TCPStore> {
-    const host = options.host ?? '127.0.0.1';
-    const port = options.port;
-    if (!Number.isInteger(port) || port <= 0 || port > 65535) {
-      throw new ArgumentError(`TCPStore.connect: port must be an integer in [1, 65535], got ${port}`);
-    }
-    const timeoutMs = checkTimeout('TCPStore.connect', options.timeoutMs ?? DEFAULT_STORE_TIMEOUT_MS);
+    const { host, port, timeoutMs } = resolveConnectOptions('TCPStore.connect', options);
     return connectWithRetry('rendezvous store', host, port, timeoutMs, async (socket, remainingMs) => {
       const store = new TCPStore(socket, host, port, timeoutMs);
       await store.ping(remainingMs);
