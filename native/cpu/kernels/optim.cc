@@ -36,6 +36,24 @@ std::vector<float*> stateList(const Napi::CallbackInfo& info, size_t i, const ch
   return out;
 }
 
+// The lists every step binding starts with: params[] and grads[] at arguments 0 and 1, then counts[],
+// paramDtypes[] and gradDtypes[] from argument `countsAt`, each storage checked against its count.
+struct ParamGradLists {
+  std::vector<int64_t> counts;
+  std::vector<DType> pdt, gdt;
+  std::vector<uint8_t*> params, grads;
+};
+
+ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, size_t countsAt) {
+  ParamGradLists l;
+  l.counts = sizeArray(info, countsAt, call, "counts");
+  l.pdt = floatDtypeArray(info, countsAt + 1, call, "paramDtypes", l.counts.size());
+  l.gdt = floatDtypeArray(info, countsAt + 2, call, "gradDtypes", l.counts.size());
+  l.params = storageList(info, 0, call, "params", l.counts, l.pdt);
+  l.grads = storageList(info, 1, call, "grads", l.counts, l.gdt);
+  return l;
+}
+
 }  // namespace
 
 // adamwStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
@@ -46,11 +64,7 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   const char* call = "adamwStep";
   Args a{info, call};
   a.count(14);
-  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
-  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
-  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
-  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
   std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
   double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
@@ -91,11 +105,7 @@ static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   const char* call = "lambStep";
   Args a{info, call};
   a.count(15);
-  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
-  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
-  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
-  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
   std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
   double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
@@ -145,11 +155,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgdStep";
   Args a{info, call};
   a.count(13);
-  std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
-  std::vector<DType> pdt = floatDtypeArray(info, 4, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = floatDtypeArray(info, 5, call, "gradDtypes", counts.size());
-  std::vector<uint8_t*> params = storageList(info, 0, call, "params", counts, pdt);
-  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", counts, gdt);
+  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 3);
   double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
   bool nesterov = a.boolean(10), first = a.boolean(11);
   float scale = float(a.number(12));
