@@ -2,11 +2,12 @@
 // sliding-window) attention, tied LM head, GPT-2/nanoGPT init, optional recomputation per block.
 // Linear layers come from a factory so tensor parallelism can substitute Column/RowParallelLinear
 // (attention derives its head count from the local weight shape), and the vocabulary (token table,
-// tied head, loss) from a VocabLayout so it can be split across processes too.
+// tied head, loss) from a VocabLayout so it can be split across processes too; a SequenceLayout lets
+// the regions between them (norms, residuals, dropout) hold a chunk of the sequence per process.
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
-import { ArgumentError, ShapeError } from '../errors.js';
-import { add, attention, crossEntropy, gelu, linear } from '../ops/index.js';
+import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { add, attention, crossEntropy, embedding, gelu, layerNorm, linear } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -92,11 +93,44 @@ export const defaultVocabLayout: VocabLayout = {
   gather: (logits) => logits,
 };
 
+/**
+ * How the regions outside the linear layers and the vocabulary (LayerNorms, residual adds, dropout,
+ * the embedding sum) hold the sequence. The default holds all of it. Sequence parallelism
+ * (lib/parallel's tensorParallelGPT with sequenceParallel) holds one chunk of the positions per
+ * rank: its VocabLayout's embedding then returns that chunk, its column-parallel layers and its
+ * logits gather the whole sequence, and its row-parallel layers return the chunk.
+ */
+export interface SequenceLayout {
+  /** Sequence lengths must be multiples of this (1: any length). */
+  readonly multiple: number;
+  /** The positions [start, start + count) of a sequence of seqLen tokens held here; a ShapeError when multiple does not divide seqLen. */
+  chunk(seqLen: number): { start: number; count: number };
+  /**
+   * What a layer applies in place of a parameter every process holds whole but uses on its chunk
+   * only (norms, positions): identity forward, and backward sums the gradient over the processes
+   * holding the other chunks, so p.grad is the whole sequence's when its post-accumulate hooks fire.
+   */
+  replicated(p: Parameter): Tensor;
+}
+
+/** The whole sequence in this process. */
+export const wholeSequence: SequenceLayout = {
+  multiple: 1,
+  chunk: (seqLen) => ({ start: 0, count: seqLen }),
+  replicated: (p) => p,
+};
+
 export interface GPTOptions extends LayerOptions {
   /** Seed of the initialization (used when no generator is given); default 0. */
   seed?: number | bigint;
   linearFactory?: LinearFactory;
   vocabLayout?: VocabLayout;
+  sequenceLayout?: SequenceLayout;
+}
+
+/** ln over x with its parameters as the sequence layout applies them. */
+function normalize(ln: LayerNorm, x: Tensor, sequence: SequenceLayout): Tensor {
+  return layerNorm(x, sequence.replicated(ln.weight), ln.bias ? sequence.replicated(ln.bias) : undefined, ln.eps);
 }
 
 /** The vocabulary size rounded up to a multiple (nanoGPT pads GPT-2's 50257 to 50304 = 64·786) so it splits evenly and GEMMs align. */
@@ -121,11 +155,12 @@ export class CausalSelfAttention extends Module {
     this.proj = factory(c, c, { role: 'attn.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer, config });
     this.dropout = new Dropout(config.dropout, layer.generator);
   }
-  /** x [B, T, C] → [B, T, C]. */
+  /** x [B, T, C] → [B, T, C] (under sequence parallelism, chunks of T: the QKV layer gathers the whole sequence). */
   forward(x: Tensor): Tensor {
-    const [b, t] = x.shape as [number, number, number];
+    const qkvOut = this.qkv.forward(x);
+    const [b, t] = qkvOut.shape as [number, number, number];
     const localHeads = this.qkv.weight.shape[0]! / (3 * this.headDim);
-    const qkv = this.qkv.forward(x).reshape([b, t, 3, localHeads, this.headDim]).permute([2, 0, 3, 1, 4]);
+    const qkv = qkvOut.reshape([b, t, 3, localHeads, this.headDim]).permute([2, 0, 3, 1, 4]);
     const [q, k, v] = qkv.chunk(3, 0).map((h) => h.reshape([b, localHeads, t, this.headDim]));
     const y = attention(q!, k!, v!, { causal: true, window: this.config.window });
     const merged = y.permute([0, 2, 1, 3]).reshape([b, t, localHeads * this.headDim]);
@@ -154,20 +189,23 @@ export class Block extends Module {
   readonly attn: CausalSelfAttention;
   readonly ln2: LayerNorm | null;
   readonly mlp: MLP;
-  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+  readonly #sequence: SequenceLayout;
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
     super();
+    this.#sequence = sequence;
     this.ln1 = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
     this.attn = new CausalSelfAttention(config, layer, factory);
     this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
     this.mlp = new MLP(config, layer, factory);
   }
   forward(x: Tensor): Tensor {
+    const seq = this.#sequence;
     if (this.ln2 === null) {
-      const h = this.ln1.forward(x);
+      const h = normalize(this.ln1, x, seq);
       return add(add(x, this.attn.forward(h)), this.mlp.forward(h));
     }
-    const x1 = add(x, this.attn.forward(this.ln1.forward(x)));
-    return add(x1, this.mlp.forward(this.ln2.forward(x1)));
+    const x1 = add(x, this.attn.forward(normalize(this.ln1, x, seq)));
+    return add(x1, this.mlp.forward(normalize(this.ln2, x1, seq)));
   }
 }
 
@@ -196,6 +234,7 @@ export class GPT extends Module {
   readonly lnF: LayerNorm;
   readonly config: Readonly<GPTConfig>;
   readonly vocabLayout: VocabLayout;
+  readonly sequenceLayout: SequenceLayout;
 
   constructor(config: GPTConfig, opts: GPTOptions = {}) {
     super();
@@ -204,11 +243,12 @@ export class GPT extends Module {
     const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
     const factory = opts.linearFactory ?? defaultLinearFactory;
     this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
+    this.sequenceLayout = opts.sequenceLayout ?? wholeSequence;
     this.wte = this.vocabLayout.embedding(config.vocabSize, config.nEmbd, { std: INIT_STD, layer });
     this.wpe = new Embedding(config.blockSize, config.nEmbd, { ...layer, initialize: false });
     normal(this.wpe.weight, 0, INIT_STD, generator);
     this.drop = new Dropout(config.dropout, generator);
-    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory));
+    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory, this.sequenceLayout));
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 
@@ -219,17 +259,23 @@ export class GPT extends Module {
 
   // forward() in three parts, so that a pipeline stage runs only the part it holds (lib/parallel/pipeline/gpt-stage.ts).
 
-  /** Token plus position embeddings of idx (i32 [B, T]) → [B, T, C]. */
+  /** Token plus position embeddings of idx (i32 [B, T]) → [B, T, C] (the sequence layout's chunk of T). */
   embed(idx: Tensor): Tensor {
     checkTensor(idx, 'GPT.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
     const t = idx.shape[1]!;
     if (t > this.config.blockSize) throw new ShapeError(`GPT.forward: sequence length ${t} exceeds blockSize ${this.config.blockSize}`);
-    const pos = arange(t, { device: idx.device });
-    return this.drop.forward(add(this.wte.forward(idx), this.wpe.forward(pos)));
+    const { start, count } = this.sequenceLayout.chunk(t);
+    const tokens = this.wte.forward(idx);
+    if (tokens.shape[1] !== count) {
+      throw new StateError(`GPT.forward: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
+    }
+    // Each chunk adds its own positions, so every position embedding is added exactly once.
+    using pos = arange(start, start + count, 1, { device: idx.device });
+    return this.drop.forward(add(tokens, embedding(pos, this.sequenceLayout.replicated(this.wpe.weight))));
   }
 
-  /** Blocks [start, end) over x [B, T, C] (recomputed in backward when config.recompute). */
+  /** Blocks [start, end) over x [B, T, C] (T: the sequence layout's chunk; recomputed in backward when config.recompute). */
   forwardBlocks(x: Tensor, start = 0, end = this.h.length): Tensor {
     for (const block of this.h.slice(start, end)) {
       x = this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x);
@@ -237,11 +283,13 @@ export class GPT extends Module {
     return x;
   }
 
-  /** Final LayerNorm and the tied LM head over x [B, T, C]; the mean cross-entropy when targets are given. */
+  /**
+   * Final LayerNorm and the tied LM head over x [B, T, C] (T: the sequence layout's chunk; the
+   * logits cover the whole sequence); the mean cross-entropy when targets are given.
+   */
   head(x: Tensor, targets?: Tensor): GPTOutput {
-    const [b, t] = x.shape as [number, number, number];
-    x = this.lnF.forward(x);
-    const logits = this.vocabLayout.logits(x, this.wte.weight);
+    const logits = this.vocabLayout.logits(normalize(this.lnF, x, this.sequenceLayout), this.wte.weight);
+    const [b, t] = logits.shape as [number, number, number];
     let loss: Tensor | null = null;
     if (targets !== undefined) {
       checkTensor(targets, 'GPT.forward', 'targets');
@@ -262,7 +310,9 @@ export class GPT extends Module {
    * Appends maxNewTokens sampled tokens to each row of idx (i32 [B, T]); returns the ids as arrays.
    * Context is cropped to blockSize; sampling draws from a Philox generator seeded by `seed`.
    * Under tensor parallelism every rank of the group calls it with the same arguments (the logits
-   * are gathered each step) and gets the same tokens.
+   * are gathered each step) and gets the same tokens. Under sequence parallelism the context is
+   * padded at its end to a multiple of the group size (causal attention keeps the padding out of
+   * the logits read) and cropped to the largest such multiple within blockSize.
    */
   generate(idx: Tensor, maxNewTokens: number, { temperature = 1, topK, seed = 0 }: GenerateOptions = {}): number[][] {
     if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) throw new ArgumentError(`generate: maxNewTokens must be an integer >= 0`);
@@ -278,14 +328,18 @@ export class GPT extends Module {
     this.eval();
     try {
       noGrad(() => {
+        const multiple = this.sequenceLayout.multiple;
+        const longest = Math.floor(this.config.blockSize / multiple) * multiple;
+        if (longest === 0) throw new ShapeError(`generate: blockSize ${this.config.blockSize} holds no sequence whose length is a multiple of ${multiple}`);
         for (let step = 0; step < maxNewTokens; step++) {
-          const ctx = rows.map((r) => r.slice(-this.config.blockSize));
-          const t = ctx[0]!.length;
+          const ctx = rows.map((r) => r.slice(-longest));
+          const t = ctx[0]!.length, padded = Math.ceil(t / multiple) * multiple;
+          const ids = Int32Array.from(ctx.flatMap((r) => [...r, ...new Array<number>(padded - t).fill(0)]));
           // Every intermediate of the forward pass is released with the step's scope.
-          const all = scope(() => this.gatherLogits(this.forward(tensor(Int32Array.from(ctx.flat()), [b, t], { device: idx.device })).logits).toArraySync());
+          const all = scope(() => this.gatherLogits(this.forward(tensor(ids, [b, padded], { device: idx.device })).logits).toArraySync());
           const u = uniformDraws(b, gen);
           const v = this.config.vocabSize;
-          for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * t + t - 1) * v, (i * t + t) * v) as Float32Array, temperature, topK, u[i]!));
+          for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * padded + t - 1) * v, (i * padded + t) * v) as Float32Array, temperature, topK, u[i]!));
         }
       });
     } finally {

@@ -2,8 +2,8 @@
 export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult } from './module.js';
 export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
-  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, padVocab, sample,
+  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
   type GPTConfig, type GPTOptions, type GPTOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
-  type TokenEmbedding, type VocabLayout,
+  type TokenEmbedding, type VocabLayout, type SequenceLayout,
 } from './gpt.js';
 export * as init from './init.js';

@@ -11,15 +11,18 @@ export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, typ
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';
-export { copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion } from './tensor-parallel/mappings.js';
+export {
+  copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion,
+  scatterToSequenceRegion, gatherFromSequenceRegion, reduceScatterToSequenceRegion, SEQUENCE_DIM,
+} from './tensor-parallel/mappings.js';
 export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
 export {
   VocabParallelEmbedding, vocabParallelCrossEntropy, vocabRange,
   type VocabParallelEmbeddingOptions, type VocabParallelCrossEntropyOptions,
 } from './tensor-parallel/vocab.js';
 export {
-  checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
-  tensorParallelParameters, clipTensorParallelGradNorm,
+  checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, sequenceParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
+  tensorParallelParameters, clipTensorParallelGradNorm, type TensorParallelOptions,
 } from './tensor-parallel/gpt.js';
 export { gpipe, oneForwardOneBackward, forwardOnly, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';

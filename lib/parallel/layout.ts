@@ -24,6 +24,8 @@ export interface TrainingLayout {
   tp: number;
   pp: number;
   dp: number;
+  /** Sequence parallelism: the regions between tensor-parallel layers hold 1/tp of the sequence (needs tp > 1). */
+  sequenceParallel: boolean;
   /** ZeRO stage: 0 (replicated optimizer state), 1 (sharded state), 2 (and gradients) or 3 (and parameters). */
   zero: 0 | 1 | 2 | 3;
   /** Keep ZeRO shards and their update in host memory. */
@@ -39,6 +41,8 @@ export interface LayoutModelShape {
   nHead: number;
   nEmbd: number;
   vocabSize: number;
+  /** The sequence length trained on (a GPTConfig's context): sequence parallelism needs it to divide by tp. */
+  blockSize?: number;
 }
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
@@ -46,6 +50,7 @@ export interface LayoutFlags {
   tp?: number;
   pp?: number;
   dp?: number;
+  sequenceParallel?: boolean;
   zero?: number;
   offload?: boolean;
   microBatches?: number;
@@ -78,13 +83,19 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
     if (!(e instanceof ArgumentError)) throw e;
     problems.push(`--tp ${tp}: ${e.message}`);
   }
+  const sequenceParallel = flags.sequenceParallel ?? false;
+  if (sequenceParallel && tp === 1) problems.push('--sp splits the sequence over the tensor-parallel ranks, but tp = 1');
+  if (sequenceParallel && tp > 1) {
+    if (model.blockSize === undefined) problems.push('--sp needs the sequence length (the model shape\'s blockSize) to check that tp divides it');
+    else if (model.blockSize % tp !== 0) problems.push(`--sp: the sequence length ${model.blockSize} is not a multiple of --tp ${tp}`);
+  }
   if (pp > model.nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${model.nLayer} layers`);
   if (globalBatch % (dp * microBatches) !== 0) {
     problems.push(microBatches === 1 ? `--dp ${dp} does not divide the global batch of ${globalBatch} sequences`
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
+  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -95,9 +106,9 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
   return { start: dpRank * count, count };
 }
 
-/** Short text of a layout for logs: `tp=2 pp=2 dp=1 zero=0 micro-batches=4 (1f1b)`. */
+/** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)`. */
 export function describeLayout(l: TrainingLayout): string {
-  return `tp=${l.tp} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
+  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
 }
 
 export interface ParallelTraining {

@@ -85,9 +85,10 @@ export class GPTStage extends Module implements PipelineModule {
     return m.head(x, targets).loss!;
   }
 
+  /** [B, T, C], or under sequence parallelism this rank's chunk [B, T/tp, C]. */
   activationShape(batch: number, seqLen: number): number[] {
     if (seqLen > this.#model.config.blockSize) throw new ShapeError(`GPTStage: sequence length ${seqLen} exceeds blockSize ${this.#model.config.blockSize}`);
-    return [batch, seqLen, this.#model.config.nEmbd];
+    return [batch, this.#model.sequenceLayout.chunk(seqLen).count, this.#model.config.nEmbd];
   }
 
   /** The whole model, when this stage is all of it (stages = 1); null otherwise. */

@@ -1,18 +1,19 @@
 // The GPT of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
 // MLP's hidden units by Column/RowParallelLinear, the vocabulary (token table, tied head, loss) by
-// rows. Each rank's weights are exact slices of the single-process model built from the same seed.
+// rows; with sequence parallelism the regions between them hold a chunk of the sequence per rank.
+// Each rank's weights are exact slices of the single-process model built from the same seed.
 import { tensor } from '../../creation.js';
-import { ArgumentError } from '../../errors.js';
+import { ArgumentError, ShapeError } from '../../errors.js';
 import type { Module, Parameter } from '../../nn/module.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
-import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type VocabLayout } from '../../nn/gpt.js';
+import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type SequenceLayout, type VocabLayout } from '../../nn/gpt.js';
 import { constant, normal } from '../../nn/init.js';
 import { linear } from '../../ops/index.js';
 import type { Generator } from '../../random.js';
 import type { Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
 import { ColumnParallelLinear, RowParallelLinear } from './layers.js';
-import { copyToRegion, gatherFromRegion } from './mappings.js';
+import { copyToRegion, gatherFromRegion, gatherFromSequenceRegion } from './mappings.js';
 import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
 
 /**
@@ -30,6 +31,15 @@ export function checkTensorParallelConfig(config: Pick<GPTConfig, 'nHead' | 'nEm
   if (problems.length) throw new ArgumentError(`tensor parallelism over ${tp} ranks must divide ${problems.join(', ')}`);
 }
 
+/** How tensor parallelism holds the sequence between its layers. */
+export interface TensorParallelOptions {
+  /**
+   * Sequence parallelism (Korthikanti et al.): LayerNorms, residual adds, dropout and the embedding
+   * sum each hold 1/tp of the sequence; sequence lengths must divide by tp. Default false.
+   */
+  sequenceParallel?: boolean;
+}
+
 const normalInit = (std: number) => (t: Tensor, g: Generator): void => { normal(t, 0, std, g); };
 const zeroInit = (t: Tensor): void => { constant(t, 0); };
 
@@ -37,12 +47,14 @@ const zeroInit = (t: Tensor): void => { constant(t, 0); };
  * Linear layers of a GPT block split across `group`: the fused QKV and the MLP's first layer by
  * output rows (QKV interleaved by 3, so each rank holds whole heads of q, k and v), both output
  * projections by input columns, whose partial products are summed. Weights are drawn N(0, std) at
- * full size from the shared generator (as defaultLinearFactory draws them) and sliced.
+ * full size from the shared generator (as defaultLinearFactory draws them) and sliced. Under
+ * sequenceParallel the column-parallel layers gather their input's sequence and the row-parallel
+ * ones reduce-scatter their output to the chunks.
  */
-export function tensorParallelLinearFactory(group: ProcessGroup): LinearFactory {
+export function tensorParallelLinearFactory(group: ProcessGroup, { sequenceParallel = false }: TensorParallelOptions = {}): LinearFactory {
   return (inF, outF, { role, bias, std, layer, config }) => {
     checkTensorParallelConfig(config, group.size);
-    const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit };
+    const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit, sequenceParallel };
     switch (role) {
       case 'attn.qkv': return new ColumnParallelLinear(inF, outF, { ...opts, interleave: 3 });
       case 'mlp.fc': return new ColumnParallelLinear(inF, outF, opts);
@@ -56,32 +68,60 @@ export function tensorParallelLinearFactory(group: ProcessGroup): LinearFactory 
 /**
  * The vocabulary split by rows across `group`: a VocabParallelEmbedding, a head whose input is
  * copied into the region (its gradient is summed over the vocabulary slices) and gives this rank's
- * slice of the logits, vocabParallelCrossEntropy, and gatherFromRegion for full rows.
+ * slice of the logits, vocabParallelCrossEntropy, and gatherFromRegion for full rows. Under
+ * sequenceParallel the embedding gives this rank's chunk of the sequence and the head gathers the
+ * chunks (a column-parallel layer over the vocabulary), so the logits cover the whole sequence.
  */
-export function vocabParallelLayout(group: ProcessGroup): VocabLayout {
+export function vocabParallelLayout(group: ProcessGroup, { sequenceParallel = false }: TensorParallelOptions = {}): VocabLayout {
   return {
     embedding: (vocabSize, nEmbd, { std, layer }) => new VocabParallelEmbedding(vocabSize, nEmbd,
-      { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std) }),
-    logits: (x, table) => linear(copyToRegion(x, group), table),
+      { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), sequenceParallel }),
+    logits: (x, table) => linear(sequenceParallel ? gatherFromSequenceRegion(x, group) : copyToRegion(x, group), table),
     loss: (logits, targets) => vocabParallelCrossEntropy(logits, targets, group),
     gather: (logits) => gatherFromRegion(logits, group),
   };
 }
 
+/**
+ * Rank group.rank's chunk of the sequence: positions [rank·T/tp, (rank+1)·T/tp). Parameters held
+ * whole but applied to the chunk pass through copyToRegion, whose backward sums their gradient over
+ * the group inside autograd (Megatron sums these after backward instead; here the data-parallel
+ * buffers and ZeRO, which start from post-accumulate-grad hooks, see complete gradients).
+ */
+export function sequenceParallelLayout(group: ProcessGroup): SequenceLayout {
+  return {
+    multiple: group.size,
+    chunk(seqLen) {
+      if (!Number.isInteger(seqLen) || seqLen <= 0 || seqLen % group.size !== 0) {
+        throw new ShapeError(`sequence parallelism: the sequence length ${seqLen} is not a multiple of the tensor-parallel size ${group.size}`);
+      }
+      const count = seqLen / group.size;
+      return { start: group.rank * count, count };
+    },
+    replicated: (p) => copyToRegion(p, group),
+  };
+}
+
 /** The GPTOptions that split a GPT across `group`: `new GPT(config, { seed, ...tensorParallelGPTOptions(group) })`. */
-export function tensorParallelGPTOptions(group: ProcessGroup): Required<Pick<GPTOptions, 'linearFactory' | 'vocabLayout'>> {
-  return { linearFactory: tensorParallelLinearFactory(group), vocabLayout: vocabParallelLayout(group) };
+export function tensorParallelGPTOptions(group: ProcessGroup, opts: TensorParallelOptions = {}): Pick<GPTOptions, 'linearFactory' | 'vocabLayout' | 'sequenceLayout'> {
+  return {
+    linearFactory: tensorParallelLinearFactory(group, opts),
+    vocabLayout: vocabParallelLayout(group, opts),
+    ...(opts.sequenceParallel ? { sequenceLayout: sequenceParallelLayout(group) } : {}),
+  };
 }
 
 /**
  * A GPT split across opts.group, checked first (ArgumentError before any layer is built). Its
  * forward gives this rank's vocabulary slice of the logits and the full loss on every rank;
- * LayerNorms, positions and the row-parallel biases are replicated, with equal gradients on every rank.
+ * LayerNorms, positions and the row-parallel biases are replicated, with equal gradients on every
+ * rank. With sequenceParallel, the activations between the tensor-parallel layers are chunks
+ * [B, T/tp, C] of the sequence.
  */
-export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & { group: ProcessGroup }): GPT {
-  const { group, ...rest } = opts;
+export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & TensorParallelOptions & { group: ProcessGroup }): GPT {
+  const { group, sequenceParallel, ...rest } = opts;
   checkTensorParallelConfig(config, group.size);
-  return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group) });
+  return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group, { sequenceParallel }) });
 }
 
 /**

@@ -11,7 +11,7 @@ import { emptyOn, resolveOptions, type Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
 import { copyElements } from '../flat.js';
 import { dtypeCode } from '../../dtype.js';
-import { copyToRegion, gatherFromRegion, reduceFromRegion, scatterToRegion } from './mappings.js';
+import { copyToRegion, gatherFromRegion, gatherFromSequenceRegion, reduceFromRegion, reduceScatterToSequenceRegion, scatterToRegion } from './mappings.js';
 
 export interface ParallelLinearOptions {
   group: ProcessGroup;
@@ -23,6 +23,13 @@ export interface ParallelLinearOptions {
   initWeight?: (full: Tensor, generator: Generator) => void;
   /** Fills the full-size bias [out] (default: U(±1/√in), as Linear). */
   initBias?: (full: Tensor, generator: Generator) => void;
+  /**
+   * Sequence parallelism: outside the layer each rank holds a chunk of the sequence (dimension 1 of
+   * [B, T, C]). A column-parallel layer gathers its input's sequence (gatherFromSequenceRegion in
+   * place of copyToRegion); a row-parallel one reduce-scatters its output to the chunks
+   * (reduceScatterToSequenceRegion in place of reduceFromRegion). Default false.
+   */
+  sequenceParallel?: boolean;
 }
 
 function defaultInit(inFeatures: number) {
@@ -55,13 +62,15 @@ export function initAndTakeRows(rows: number, cols: number, runs: [number, numbe
 /**
  * y = x Wᵀ + b with W's output rows split across the group: rank r holds rows of every one of
  * `interleave` equal blocks (interleave 3 keeps q, k and v heads together for fused QKV).
- * The input is copied into the region (its gradient is allReduced); the output stays split unless
+ * The input is copied into the region (its gradient is allReduced), or under sequenceParallel its
+ * sequence chunks are gathered (the gradient reduce-scattered); the output stays split unless
  * gatherOutput.
  */
 export class ColumnParallelLinear extends Module {
   readonly weight: Parameter;
   readonly bias: Parameter | null;
   readonly gatherOutput: boolean;
+  readonly sequenceParallel: boolean;
   readonly group: ProcessGroup;
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { gatherOutput?: boolean; interleave?: number }) {
     super();
@@ -76,11 +85,13 @@ export class ColumnParallelLinear extends Module {
     const gen = opts.generator ?? defaultGenerator;
     this.group = opts.group;
     this.gatherOutput = opts.gatherOutput ?? false;
+    this.sequenceParallel = opts.sequenceParallel ?? false;
     this.weight = initAndTakeRows(outFeatures, inFeatures, runs, opts.initWeight ?? defaultInit(inFeatures), gen, opts, call);
     this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, runs, opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
   }
   forward(x: Tensor): Tensor {
-    const y = linear(copyToRegion(x, this.group), this.weight, this.bias ?? undefined);
+    const input = this.sequenceParallel ? gatherFromSequenceRegion(x, this.group) : copyToRegion(x, this.group);
+    const y = linear(input, this.weight, this.bias ?? undefined);
     return this.gatherOutput ? gatherFromRegion(y, this.group) : y;
   }
 }
@@ -94,6 +105,7 @@ export class RowParallelLinear extends Module {
   readonly weight: Parameter;
   readonly bias: Parameter | null;
   readonly inputIsParallel: boolean;
+  readonly sequenceParallel: boolean;
   readonly group: ProcessGroup;
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { inputIsParallel?: boolean }) {
     super();
@@ -104,6 +116,7 @@ export class RowParallelLinear extends Module {
     const { dtype, device } = resolveOptions(opts, call);
     this.group = opts.group;
     this.inputIsParallel = opts.inputIsParallel ?? true;
+    this.sequenceParallel = opts.sequenceParallel ?? false;
     using full = emptyOn([outFeatures, inFeatures], dtype, device);
     (opts.initWeight ?? defaultInit(inFeatures))(full, gen);
     const w = emptyOn([outFeatures, local], dtype, device);
@@ -114,7 +127,12 @@ export class RowParallelLinear extends Module {
   }
   forward(x: Tensor): Tensor {
     const xLocal = this.inputIsParallel ? x : scatterToRegion(x, this.group);
-    const y = reduceFromRegion(linear(xLocal, this.weight), this.group);
-    return this.bias ? add(y, this.bias) : y;
+    const partial = linear(xLocal, this.weight);
+    if (!this.sequenceParallel) {
+      const y = reduceFromRegion(partial, this.group);
+      return this.bias ? add(y, this.bias) : y;
+    }
+    const y = reduceScatterToSequenceRegion(partial, this.group);
+    return this.bias ? add(y, copyToRegion(this.bias, this.group)) : y;
   }
 }

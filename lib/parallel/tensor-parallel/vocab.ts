@@ -14,7 +14,7 @@ import { fmtShape } from '../../shape.js';
 import type { Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
 import { divisible, initAndTakeRows } from './layers.js';
-import { allReduceSync, reduceFromRegion } from './mappings.js';
+import { allReduceSync, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
 
 /** The vocabulary rows [start, end) that group rank `rank` holds when `vocabSize` is split `size` ways. */
 export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): { start: number; end: number } {
@@ -29,12 +29,18 @@ export interface VocabParallelEmbeddingOptions {
   generator?: Generator;
   /** Fills the full-size table [numEmbeddings, dim] before it is split (default N(0, 1), as Embedding). */
   initWeight?: (full: Tensor, generator: Generator) => void;
+  /**
+   * Sequence parallelism: the partial lookups of ids [B, T] are reduce-scattered along the
+   * sequence, so each rank gets its chunk [B, T/size, dim] of the embedding (default false).
+   */
+  sequenceParallel?: boolean;
 }
 
 /**
  * A token table [numEmbeddings, dim] split by rows across the group. Each rank looks up the ids in
  * its range (others give zero rows) and the partial lookups are summed (reduceFromRegion), so every
- * rank gets the full embedding and its gradient reaches only the rows it holds.
+ * rank gets the full embedding and its gradient reaches only the rows it holds. Under
+ * sequenceParallel the sum is reduce-scattered instead: each rank gets its chunk of the sequence.
  */
 export class VocabParallelEmbedding extends Module {
   readonly weight: Parameter;
@@ -43,6 +49,7 @@ export class VocabParallelEmbedding extends Module {
   readonly vocabStart: number;
   /** One past the last vocabulary row held here. */
   readonly vocabEnd: number;
+  readonly sequenceParallel: boolean;
   constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: VocabParallelEmbeddingOptions) {
     super();
     const call = 'VocabParallelEmbedding';
@@ -51,15 +58,21 @@ export class VocabParallelEmbedding extends Module {
     this.group = opts.group;
     this.vocabStart = start;
     this.vocabEnd = end;
+    this.sequenceParallel = opts.sequenceParallel ?? false;
     const init = opts.initWeight ?? ((t: Tensor, g: Generator) => { normal(t, 0, 1, g); });
     this.weight = initAndTakeRows(numEmbeddings, embeddingDim, [[start, end - start]], init, opts.generator ?? defaultGenerator, opts, call);
   }
 
-  /** ids: i32 of any shape, every id in [0, numEmbeddings) → [...ids.shape, dim] (the same on every rank). */
+  /**
+   * ids: i32 of any shape, every id in [0, numEmbeddings) → [...ids.shape, dim] (the same on every
+   * rank); under sequenceParallel ids [B, T] → this rank's chunk [B, T/size, dim].
+   */
   forward(ids: Tensor): Tensor {
     const call = 'VocabParallelEmbedding.forward';
     checkIndices(call, 'ids', ids);
+    if (this.sequenceParallel && ids.ndim !== 2) throw new ShapeError(`${call}: under sequence parallelism ids must be [B, T], got ${ids.describe()}`);
     const all = ids.toArraySync() as Int32Array;
+    const sum = (partial: Tensor) => (this.sequenceParallel ? reduceScatterToSequenceRegion(partial, this.group) : reduceFromRegion(partial, this.group));
     const local = new Int32Array(all.length), mask = new Float32Array(all.length);
     let foreign = 0;
     for (let i = 0; i < all.length; i++) {
@@ -73,9 +86,9 @@ export class VocabParallelEmbedding extends Module {
     }
     using localIds = tensor(local, ids.shape, { dtype: 'i32', device: ids.device });
     const rows = embedding(localIds, this.weight);
-    if (foreign === 0) return reduceFromRegion(rows, this.group);
+    if (foreign === 0) return sum(rows);
     using maskT = tensor(mask, [...ids.shape, 1], { dtype: this.weight.dtype, device: this.weight.device });
-    return reduceFromRegion(mul(rows, maskT), this.group);
+    return sum(mul(rows, maskT));
   }
 }
 
