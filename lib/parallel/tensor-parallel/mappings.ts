@@ -13,12 +13,24 @@ import { ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup, ReduceOp, Work } from '../group.js';
 
-function finish(work: Work, call: string, group: ProcessGroup): void {
+/**
+ * Finishes `work` before returning. On failure `buffers` (tensors the collective reads or writes
+ * that the caller would free) are released only once the work has settled, so a collective still
+ * running in the group never touches freed memory; the caller frees them after a success.
+ */
+function finish(work: Work, call: string, group: ProcessGroup, buffers: Tensor[] = []): void {
+  const release = () => { for (const b of buffers) b.dispose(); };
   if (!work.waitSync) {
+    work.then(release, release);
     throw new StateError(`${call}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync), ` +
       'which autograd needs inside forward and backward; use a backend that offers it (the file-backed group on CPU)');
   }
-  work.waitSync();
+  try {
+    work.waitSync();
+  } catch (e) {
+    release();
+    throw e;
+  }
 }
 
 /** In-place allReduce of t, finished before returning (usable inside forward and backward). */
@@ -76,26 +88,23 @@ function chunksFirst(x: Tensor, dim: number, parts: number, call: string): Tenso
 function gatherDim(x: Tensor, dim: number, group: ProcessGroup, call: string): Tensor {
   const { outer, extent, inner } = around(x, dim, call);
   const n = group.size, width = extent * inner;
-  using flat = emptyOn([n * x.size], x.dtype, x.deviceInfo);
-  finish(group.allGather(flat, x), call, group);
+  const flat = emptyOn([n * x.size], x.dtype, x.deviceInfo);
+  finish(group.allGather(flat, x), call, group, [flat]);
   // flat is [rank, outer, extent·inner]; the result is [outer, rank, extent·inner].
   const out = emptyOn(withDim(x.shape, dim, n * extent), x.dtype, x.deviceInfo);
   x.backend.copy_strided(flat.storage, out.storage, dtypeCode(x.dtype), new Int32Array([outer, n, width]), new Int32Array([width, outer * width, 1]), 0,
     new Int32Array([n * width, width, 1]), 0);
+  flat.dispose();
   return out;
 }
 
 /** The sum over the group of x, of which this rank keeps its chunk along `dim`. */
 function reduceScatterDim(x: Tensor, dim: number, group: ProcessGroup, call: string): Tensor {
   const { chunk } = chunkOf(x, dim, group.size, call);
-  using staged = chunksFirst(x, dim, group.size, call);
+  const staged = chunksFirst(x, dim, group.size, call);
   const out = emptyOn(withDim(x.shape, dim, chunk), x.dtype, x.deviceInfo);
-  try {
-    finish(group.reduceScatter(out, staged, { op: 'sum' }), call, group);
-  } catch (e) {
-    out.dispose();
-    throw e;
-  }
+  finish(group.reduceScatter(out, staged, { op: 'sum' }), call, group, [staged, out]);
+  staged.dispose();
   return out;
 }
 
