@@ -11,7 +11,7 @@ import { runRanks } from '../distributed/spawn-ranks.js';
 
 const tiny: nt.nn.GPTConfig = { vocabSize: 96, blockSize: 8, nLayer: 2, nHead: 4, nEmbd: 16, dropout: 0, bias: true };
 
-async function tpRun(size: number, backend: 'gloo' | 'file', variant: 'standard' | 'parallel') {
+async function tpRun(size: number, backend: 'gloo' | 'file', variant: 'standard' | 'parallel' | 'sp' | 'sp-parallel') {
   const dir = mkdtempSync(join(tmpdir(), 'nt-tpgpt-'));
   try {
     return await runRanks('../parallel/tp-gpt-rank.ts', size, [backend, dir, variant], { NODETRON_WARN_LEAKS: '0' }, 150_000);
@@ -21,7 +21,8 @@ async function tpRun(size: number, backend: 'gloo' | 'file', variant: 'standard'
 }
 
 describe('tensor-parallel GPT (multi-process)', () => {
-  for (const [size, backend, variant] of [[2, 'gloo', 'standard'], [4, 'gloo', 'standard'], [2, 'file', 'parallel']] as const) {
+  // sp: sequence parallelism (norms, residuals and embeddings on T/tp positions per rank) must give the same numbers.
+  for (const [size, backend, variant] of [[2, 'gloo', 'standard'], [4, 'gloo', 'standard'], [2, 'file', 'parallel'], [2, 'gloo', 'sp'], [4, 'gloo', 'sp-parallel']] as const) {
     it(`TP${size} over ${backend}, ${variant} block: the single-process model's weights, logits, loss, gradients, norm and 2 AdamW steps`, async () => {
       const res = await tpRun(size, backend, variant);
       for (const r of res) {
@@ -36,7 +37,8 @@ describe('tensor-parallel GPT (multi-process)', () => {
         expect(ce.fdDiff / ce.gradScale).toBeLessThan(2e-3);
         // GPT: the local weights are exact slices; logits are vocab-sharded and gather to the reference.
         expect(gpt.localLogitsShape).toEqual([2, 8, 96 / size]);
-        expect(gpt.names).toBe(variant === 'parallel' ? 2 + 2 * 5 + 1 : 2 + 2 * 12 + 2);
+        expect(gpt.hiddenShape).toEqual([2, variant.startsWith('sp') ? 8 / size : 8, 16]);
+        expect(gpt.names).toBe(variant.endsWith('parallel') ? 2 + 2 * 5 + 1 : 2 + 2 * 12 + 2);
         expect(Object.keys(gpt.grads)).toHaveLength(gpt.names);
         for (const [name, d] of Object.entries(gpt.initial as Record<string, number>)) expect(d, `initial ${name}`).toBe(0);
         expect(gpt.logitsDiff).toBeLessThan(1e-5);
