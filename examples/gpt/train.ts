@@ -36,14 +36,16 @@ Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp m
   --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
   --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
   --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
-                       (N must divide the heads, the width and the padded vocabulary of 50304)`;
+                       (N must divide the heads, the width and the padded vocabulary of 50304)
+  --sp                 sequence parallelism (needs --tp > 1 dividing --ctx): LayerNorms, residuals and
+                       embeddings hold ctx/tp positions per tensor-parallel rank, which cuts their activations`;
 
 async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     steps: 'number', batch: 'number', ctx: 'number', layers: 'number', heads: 'number', width: 'number', lr: 'number',
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     recompute: 'boolean', 'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean',
-    tp: 'number', pp: 'number', dp: 'number', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
+    tp: 'number', pp: 'number', dp: 'number', sp: 'boolean', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
   });
   if (o.help) { console.log(HELP); return 0; }
   const steps = (o.steps as number | undefined) ?? 150;
@@ -65,7 +67,7 @@ async function main(argv: string[]): Promise<number> {
   try {
     par = await nt.parallel.initParallelTraining({
       tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
-      offload: o.offload as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
+      sequenceParallel: o.sp as boolean | undefined, offload: o.offload as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
     }, config, batch);
   } catch (e) {
     if (!(e instanceof nt.ArgumentError)) throw e;
@@ -79,7 +81,7 @@ async function main(argv: string[]): Promise<number> {
   const log = par.rank === 0 ? console.log : () => {};
   const shards = loadShards(log);
   // Every rank builds the model from the seed (its tensor-parallel slices) and keeps its pipeline stage of it.
-  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup) : {};
+  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
   const full = new nt.nn.GPT(config, { seed, device, ...tensorParallel });
   const model = new nt.parallel.GPTStage(full, mesh?.ppRank ?? 0, layout.pp);
   // No weight decay on biases, LayerNorm parameters and position embeddings (nanoGPT's grouping).

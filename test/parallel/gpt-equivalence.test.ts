@@ -130,6 +130,9 @@ const layouts = {
   'ZeRO-3 DP4 offload': launchRun('zero3-dp4', 4, ['--zero', '3', '--offload']),
   'ZeRO-3 DP4': launchRun('zero3-dp4-plain', 4, ['--zero', '3']),
   'PP2×DP2 1F1B ZeRO-3, 2 micro-batches': launchRun('zero3-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--micro-batches', '2']),
+  'TP2 SP': launchRun('tp2-sp', 2, ['--tp', '2', '--sp']),
+  'TP2×DP2 SP ZeRO-1': launchRun('tp2-dp2-sp', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '1']),
+  'TP2×PP2 SP 1F1B, 2 micro-batches, recompute': launchRun('tp2-pp2-sp', 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']),
 };
 const TOLERANCE = 1e-5;
 
@@ -212,7 +215,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
 
 describe('training layout validation', () => {
   const shape = { nLayer: 2, nHead: 2, nEmbd: 32, vocabSize: 64 };
-  const defaults = { tp: 1, pp: 1, dp: 1, zero: 0, offload: false, microBatches: 1, schedule: '1f1b' };
+  const defaults = { tp: 1, pp: 1, dp: 1, sequenceParallel: false, zero: 0, offload: false, microBatches: 1, schedule: '1f1b' };
   it('fills dp from the world and accepts valid layouts', () => {
     expect(parallel.resolveTrainingLayout({}, shape, 4, 4)).toEqual({ ...defaults, dp: 4 });
     expect(parallel.resolveTrainingLayout({ tp: 2, zero: 1, offload: true }, shape, 4, 4)).toEqual({ ...defaults, tp: 2, dp: 2, zero: 1, offload: true });
