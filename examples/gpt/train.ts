@@ -153,7 +153,11 @@ async function main(argv: string[]): Promise<number> {
     }
   }
 
-  log(`peak ${device} memory in training on rank 0: ${(nt.memoryStats(device).peak / 2 ** 20).toFixed(1)} MiB`);
+  // What stays allocated between steps is weights, gradients and optimizer state; the rest of the peak is
+  // the step's activations and temporaries (what sequence parallelism and recomputation shrink).
+  const mem = nt.memoryStats(device), MiB = 2 ** 20;
+  log(`peak ${device} memory in training on rank 0: ${(mem.peak / MiB).toFixed(1)} MiB ` +
+    `(${(mem.allocated / MiB).toFixed(1)} MiB held between steps, ${((mem.peak - mem.allocated) / MiB).toFixed(1)} MiB above it)`);
 
   const newTokens = (o.generate as number | undefined) ?? 60;
   // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).

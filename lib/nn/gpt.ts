@@ -101,9 +101,9 @@ export const defaultVocabLayout: VocabLayout = {
  * logits gather the whole sequence, and its row-parallel layers return the chunk.
  */
 export interface SequenceLayout {
-  /** Sequence lengths must be multiples of this (1: any length). */
-  readonly multiple: number;
-  /** The positions [start, start + count) of a sequence of seqLen tokens held here; a ShapeError when multiple does not divide seqLen. */
+  /** The number of equal chunks a sequence is split into (1: all of it here); sequence lengths must be multiples of it. */
+  readonly parts: number;
+  /** The positions [start, start + seqLen / parts) of a sequence of seqLen tokens held here; a ShapeError when parts does not divide seqLen. */
   chunk(seqLen: number): { start: number; count: number };
   /**
    * What a layer applies in place of a parameter every process holds whole but uses on its chunk
@@ -115,7 +115,7 @@ export interface SequenceLayout {
 
 /** The whole sequence in this process. */
 export const wholeSequence: SequenceLayout = {
-  multiple: 1,
+  parts: 1,
   chunk: (seqLen) => ({ start: 0, count: seqLen }),
   replicated: (p) => p,
 };
@@ -126,6 +126,16 @@ export interface GPTOptions extends LayerOptions {
   linearFactory?: LinearFactory;
   vocabLayout?: VocabLayout;
   sequenceLayout?: SequenceLayout;
+}
+
+/**
+ * Dropout over x [B, T', C], the sequence layout's chunk of a sequence: the chunk's part of the
+ * mask one process holding the whole sequence would draw, so both drop the same entries.
+ */
+function dropChunk(drop: Dropout, x: Tensor, sequence: SequenceLayout): Tensor {
+  if (sequence.parts === 1) return drop.forward(x);
+  const extent = x.shape[1]! * sequence.parts;
+  return drop.forward(x, { dim: 1, start: sequence.chunk(extent).start, extent });
 }
 
 /** ln over x with its parameters as the sequence layout applies them. */
@@ -147,8 +157,10 @@ export class CausalSelfAttention extends Module {
   readonly proj: LinearLike;
   readonly dropout: Dropout;
   readonly headDim: number;
-  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+  readonly #sequence: SequenceLayout;
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
     super();
+    this.#sequence = sequence;
     const { nEmbd: c, nHead, nLayer, bias } = config;
     this.headDim = c / nHead;
     this.qkv = factory(c, 3 * c, { role: 'attn.qkv', bias, std: INIT_STD, layer, config });
@@ -164,7 +176,7 @@ export class CausalSelfAttention extends Module {
     const [q, k, v] = qkv.chunk(3, 0).map((h) => h.reshape([b, localHeads, t, this.headDim]));
     const y = attention(q!, k!, v!, { causal: true, window: this.config.window });
     const merged = y.permute([0, 2, 1, 3]).reshape([b, t, localHeads * this.headDim]);
-    return this.dropout.forward(this.proj.forward(merged));
+    return dropChunk(this.dropout, this.proj.forward(merged), this.#sequence);
   }
 }
 
@@ -172,15 +184,17 @@ export class MLP extends Module {
   readonly fc: LinearLike;
   readonly proj: LinearLike;
   readonly dropout: Dropout;
-  constructor(config: GPTConfig, layer: LayerOptions, factory: LinearFactory) {
+  readonly #sequence: SequenceLayout;
+  constructor(config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
     super();
+    this.#sequence = sequence;
     const { nEmbd: c, nLayer, bias } = config;
     this.fc = factory(c, 4 * c, { role: 'mlp.fc', bias, std: INIT_STD, layer, config });
     this.proj = factory(4 * c, c, { role: 'mlp.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer, config });
     this.dropout = new Dropout(config.dropout, layer.generator);
   }
   forward(x: Tensor): Tensor {
-    return this.dropout.forward(this.proj.forward(gelu(this.fc.forward(x))));
+    return dropChunk(this.dropout, this.proj.forward(gelu(this.fc.forward(x))), this.#sequence);
   }
 }
 
@@ -194,9 +208,9 @@ export class Block extends Module {
     super();
     this.#sequence = sequence;
     this.ln1 = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
-    this.attn = new CausalSelfAttention(config, layer, factory);
+    this.attn = new CausalSelfAttention(config, layer, factory, sequence);
     this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
-    this.mlp = new MLP(config, layer, factory);
+    this.mlp = new MLP(config, layer, factory, sequence);
   }
   forward(x: Tensor): Tensor {
     const seq = this.#sequence;
@@ -272,7 +286,7 @@ export class GPT extends Module {
     }
     // Each chunk adds its own positions, so every position embedding is added exactly once.
     using pos = arange(start, start + count, 1, { device: idx.device });
-    return this.drop.forward(add(tokens, embedding(pos, this.sequenceLayout.replicated(this.wpe.weight))));
+    return dropChunk(this.drop, add(tokens, embedding(pos, this.sequenceLayout.replicated(this.wpe.weight))), this.sequenceLayout);
   }
 
   /** Blocks [start, end) over x [B, T, C] (T: the sequence layout's chunk; recomputed in backward when config.recompute). */
@@ -328,7 +342,7 @@ export class GPT extends Module {
     this.eval();
     try {
       noGrad(() => {
-        const multiple = this.sequenceLayout.multiple;
+        const multiple = this.sequenceLayout.parts;
         const longest = Math.floor(this.config.blockSize / multiple) * multiple;
         if (longest === 0) throw new ShapeError(`generate: blockSize ${this.config.blockSize} holds no sequence whose length is a multiple of ${multiple}`);
         for (let step = 0; step < maxNewTokens; step++) {

@@ -1,6 +1,6 @@
 // The basic layers: Linear, Embedding, LayerNorm, Dropout (PyTorch layouts and default inits).
 import { ArgumentError } from '../errors.js';
-import { dropout, embedding, layerNorm, linear } from '../ops/index.js';
+import { dropout, embedding, layerNorm, linear, type DropoutOptions } from '../ops/index.js';
 import { type Generator, defaultGenerator } from '../random.js';
 import { emptyOn, resolveOptions, type Tensor } from '../tensor.js';
 import { constant, normal, uniform } from './init.js';
@@ -87,7 +87,8 @@ export class Dropout extends Module {
     super();
     if (typeof p !== 'number' || !(p >= 0 && p < 1)) throw new ArgumentError(`Dropout: p must be in [0, 1), got ${p}`);
   }
-  forward(x: Tensor): Tensor {
-    return this.training && this.p > 0 ? dropout(x, this.p, { training: true, generator: this.generator }) : x;
+  /** With `part`, x is part of a larger tensor and gets that part of the larger tensor's mask (see the dropout op). */
+  forward(x: Tensor, part?: DropoutOptions['part']): Tensor {
+    return this.training && this.p > 0 ? dropout(x, this.p, { training: true, generator: this.generator, part }) : x;
   }
 }

@@ -61,6 +61,44 @@ export interface DropoutOptions {
   generator?: Generator;
   /** Seed a fresh generator instead. */
   seed?: number | bigint;
+  /**
+   * x is the entries [start, start + x.shape[dim]) along `dim` of a tensor whose `dim` has `extent`
+   * entries: the mask is that part of the whole tensor's mask, and the generator advances as for
+   * the whole tensor. This is how a process holding a chunk of the sequence (sequence parallelism)
+   * drops exactly what one process holding all of it would.
+   */
+  part?: { dim: number; start: number; extent: number };
+}
+
+/** Fills mask with the Bernoulli(keepProb) draw at `base`, or with opts.part's entries of the whole tensor's draw. */
+function fillMask(mask: Tensor, keepProb: number, gen: Generator, part: DropoutOptions['part']): void {
+  const [hi, lo] = gen.seedHalves();
+  const draw = DRAW.bernoulli;
+  if (part === undefined) {
+    const base = gen.reserve(mask.size, draw.perBlock);
+    mask.backend.randomFill(mask.storage, code(mask), mask.size, draw.kind, hi, lo, base, 0, keepProb, 0);
+    return;
+  }
+  const { dim, start, extent } = part;
+  if (!Number.isInteger(dim) || dim < 0 || dim >= mask.ndim) throw new ArgumentError(`dropout: part.dim ${dim} is not a dimension of ${mask.describe()}`);
+  const held = mask.shape[dim]!;
+  if (!Number.isInteger(start) || !Number.isInteger(extent) || start < 0 || start + held > extent) {
+    throw new ArgumentError(`dropout: entries [${start}, ${start + held}) of dimension ${dim} do not lie inside its extent ${extent}`);
+  }
+  const outer = mask.shape.slice(0, dim).reduce((a, b) => a * b, 1), inner = mask.shape.slice(dim + 1).reduce((a, b) => a * b, 1);
+  const run = held * inner;
+  const base = gen.reserve(outer * extent * inner, draw.perBlock);
+  if (run === 0) return;
+  // One contiguous run of the whole tensor's draw per outer index.
+  const row = emptyLike(mask, [run]);
+  try {
+    for (let o = 0; o < outer; o++) {
+      row.backend.randomFill(row.storage, code(row), run, draw.kind, hi, lo, base, (o * extent + start) * inner, keepProb, 0);
+      row.backend.copy_strided(row.storage, mask.storage, code(mask), new Int32Array([run]), new Int32Array([1]), 0, new Int32Array([1]), o * run);
+    }
+  } finally {
+    row.dispose();
+  }
 }
 
 /**
@@ -75,9 +113,12 @@ export function dropout(x: Tensor, p: number, opts: DropoutOptions = {}): Tensor
   const gen = opts.generator ?? (opts.seed !== undefined ? new Generator(opts.seed) : defaultGenerator);
   const keepProb = 1 - p;
   const mask = emptyLike(x);
-  const base = gen.reserve(x.size, DRAW.bernoulli.perBlock);
-  const [hi, lo] = gen.seedHalves();
-  x.backend.randomFill(mask.storage, code(mask), mask.size, DRAW.bernoulli.kind, hi, lo, base, 0, keepProb, 0);
+  try {
+    fillMask(mask, keepProb, gen, opts.part);
+  } catch (e) {
+    mask.dispose();
+    throw e;
+  }
   const factor = keepProb === 0 ? 0 : 1 / keepProb;
   const out = binaryRaw(BINARY.mul, x, mask, 'dropout');
   out.backend.unary(UNARY.scale, out.storage, out.storage, out.size, code(out), factor);

@@ -214,4 +214,36 @@ describe('dropout', () => {
       expect(() => nt.dropout(x, 1.5)).toThrow(nt.ArgumentError);
     });
   });
+
+  it('a part of a tensor gets that part of the whole tensor\'s mask, and the generator advances as for the whole', () => {
+    nt.scope(() => {
+      // [3, 6, 5] split along dimension 1 into chunks of 2 (sequence parallelism), and a [2, 4] part of [2, 7] along the last dimension.
+      for (const [shape, dim, chunk] of [[[3, 6, 5], 1, 2], [[2, 7], 1, 4], [[4, 3], 0, 1]] as const) {
+        const whole = new nt.Generator(21);
+        const full = nt.dropout(nt.ones([...shape]), 0.5, { generator: whole }).toArraySync();
+        const outer = shape.slice(0, dim).reduce((a, b) => a * b, 1), inner = shape.slice(dim + 1).reduce((a, b) => a * b, 1), extent = shape[dim]!;
+        for (let start = 0; start < extent; start += chunk) {
+          const held = Math.min(chunk, extent - start);
+          const gen = new nt.Generator(21);
+          const partShape = shape.map((d, i) => (i === dim ? held : d));
+          const x = nt.ones(partShape); x.requiresGrad = true;
+          const y = nt.dropout(x, 0.5, { generator: gen, part: { dim, start, extent } });
+          const want = Array.from({ length: outer * held * inner }, (_, k) => {
+            const o = Math.floor(k / (held * inner)), j = Math.floor(k / inner) % held, i = k % inner;
+            return full[(o * extent + start + j) * inner + i]!;
+          });
+          expect(Array.from(y.toArraySync()), `${shape} part ${start}`).toEqual(want);
+          expect(gen.offsetBlocks).toBe(whole.offsetBlocks);
+          nt.sum(y).backward();
+          expect(Array.from(x.grad!.toArraySync())).toEqual(want);
+        }
+      }
+      const gen = new nt.Generator(3);
+      for (const part of [{ dim: 2, start: 0, extent: 4 }, { dim: 1, start: 3, extent: 4 }, { dim: 0, start: -1, extent: 4 }, { dim: 1, start: 0, extent: 1.5 }]) {
+        expect(() => nt.dropout(nt.ones([2, 2]), 0.5, { generator: gen, part })).toThrow(nt.ArgumentError);
+      }
+      expect(gen.offsetBlocks).toBe(0);
+      expect(nt.dropout(nt.ones([2, 2]), 0.5, { generator: gen }).size).toBe(4);
+    });
+  });
 });

@@ -198,6 +198,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     'a parameter outside the optimizer (last stage only)': {
       flags: ['--pp', '2', '--drop-param-on-rank', '1'], oneRank: /lnF\.bias are in no parameter group/, everyRank: /ParallelTrainer: /,
     },
+    'sequence parallelism without tensor parallelism': { flags: ['--dp', '2', '--sp'], everyRank: /--sp splits the sequence over the tensor-parallel ranks, but tp = 1/, oneRank: null },
   };
   const misuseRuns = Object.fromEntries(Object.entries(misuse).map(([k, v], i) => [k, launchRun(`bad${i}`, 2, v.flags)]));
   it.each(Object.keys(misuse))('rejects %s on every rank before training', async (name) => {

@@ -59,7 +59,7 @@ describe('sequence parallelism (in process)', () => {
   it('sequenceParallelLayout chunks positions by rank and rejects lengths it does not divide', async () => {
     await runLocalRanks(3, async (g) => {
       const seq = nt.parallel.sequenceParallelLayout(g);
-      expect(seq.multiple).toBe(3);
+      expect(seq.parts).toBe(3);
       expect(seq.chunk(12)).toEqual({ start: 4 * g.rank, count: 4 });
       expect(() => seq.chunk(10)).toThrow(nt.ShapeError);
       expect(() => seq.chunk(10)).toThrow(/sequence length 10 is not a multiple of the tensor-parallel size 3/);
@@ -73,7 +73,7 @@ describe('sequence parallelism (in process)', () => {
     const config: nt.nn.GPTConfig = { vocabSize: 64, blockSize: 8, nLayer: 1, nHead: 2, nEmbd: 8, dropout: 0, bias: true };
     await runLocalRanks(2, async (g) => {
       const model = nt.parallel.tensorParallelGPT(config, { seed: 1, group: g, sequenceParallel: true });
-      expect(model.sequenceLayout.multiple).toBe(2);
+      expect(model.sequenceLayout.parts).toBe(2);
       const idx = nt.tensor(Int32Array.from([1, 2, 3, 4, 5, 6]), [2, 3]);
       expect(() => model.forward(idx)).toThrow(nt.ShapeError);
       expect(() => model.forward(idx)).toThrow(/sequence length 3 is not a multiple of the tensor-parallel size 2/);
@@ -85,7 +85,7 @@ describe('sequence parallelism (in process)', () => {
   it('a sequence layout paired with a vocabulary layout that gives the whole sequence is a StateError', () => {
     const dir = mkdtempSync(join(tmpdir(), 'nt-sp1-'));
     try {
-      const halves: nt.nn.SequenceLayout = { multiple: 2, chunk: (t) => ({ start: 0, count: t / 2 }), replicated: (p) => p };
+      const halves: nt.nn.SequenceLayout = { parts: 2, chunk: (t) => ({ start: 0, count: t / 2 }), replicated: (p) => p };
       const model = new nt.nn.GPT({ vocabSize: 16, blockSize: 8, nLayer: 1, nHead: 2, nEmbd: 8, dropout: 0, bias: true }, { sequenceLayout: halves });
       expect(() => model.forward(nt.tensor(Int32Array.from([1, 2, 3, 4]), [1, 4]))).toThrow(nt.StateError);
       expect(() => model.forward(nt.tensor(Int32Array.from([1, 2, 3, 4]), [1, 4]))).toThrow(/pair the vocabulary and sequence layouts/);

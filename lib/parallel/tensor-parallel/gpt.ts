@@ -90,7 +90,7 @@ export function vocabParallelLayout(group: ProcessGroup, { sequenceParallel = fa
  */
 export function sequenceParallelLayout(group: ProcessGroup): SequenceLayout {
   return {
-    multiple: group.size,
+    parts: group.size,
     chunk(seqLen) {
       if (!Number.isInteger(seqLen) || seqLen <= 0 || seqLen % group.size !== 0) {
         throw new ShapeError(`sequence parallelism: the sequence length ${seqLen} is not a multiple of the tensor-parallel size ${group.size}`);
