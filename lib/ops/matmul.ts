@@ -148,9 +148,15 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   const needX = x.requiresGrad || x.gradFn !== null, needW = weight.requiresGrad || weight.gradFn !== null;
   const needBias = !!bias && (bias.requiresGrad || bias.gradFn !== null);
   const xs = save(x), ws = save(weight);
-  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => {
-    const [dx, dw] = matmulBackward(g, xs, ws, xs, ws, plan, false, true, 1, needX, needW);
-    const db = needBias ? sumTo(g, [outF]) : null;
-    return [dx, dw, db];
-  }, [xs, ws]);
+  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws]);
+}
+
+/**
+ * Gradients of y = x Wᵀ (+ b) from g (y's shape) with respect to x, W and b, each only when asked
+ * (null otherwise). For ops that run linear's GEMMs on an input they rebuild in backward.
+ */
+export function linearBackward(g: Tensor, x: Tensor, weight: Tensor, needX: boolean, needW: boolean, needBias: boolean): [Tensor | null, Tensor | null, Tensor | null] {
+  const plan = planMatmul(x.shape, weight.shape, false, true, 'linear backward');
+  const [dx, dw] = matmulBackward(g, x, weight, x, weight, plan, false, true, 1, needX, needW);
+  return [dx, dw, needBias ? sumTo(g, [weight.shape[0]!]) : null];
 }

@@ -15,7 +15,7 @@ export {
   copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion,
   scatterToSequenceRegion, gatherFromSequenceRegion, reduceScatterToSequenceRegion, SEQUENCE_DIM,
 } from './tensor-parallel/mappings.js';
-export { ColumnParallelLinear, RowParallelLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
+export { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
 export {
   VocabParallelEmbedding, vocabParallelCrossEntropy, vocabRange,
   type VocabParallelEmbeddingOptions, type VocabParallelCrossEntropyOptions,

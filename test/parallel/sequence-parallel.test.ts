@@ -18,11 +18,11 @@ describe('sequence-parallel mappings (multi-process)', () => {
         for (const r of res) {
           expect(r.code, r.stderr.slice(-3000)).toBe(0);
           const diffs = r.result.diffs as Record<string, number>;
-          // 3 shapes × 3 mappings × (shape, forward, grad).
-          expect(Object.keys(diffs)).toHaveLength(27);
+          // 3 shapes × 3 mappings × (shape, forward, grad), and the gathered linear's output and 3 gradients.
+          expect(Object.keys(diffs)).toHaveLength(31);
           for (const [name, d] of Object.entries(diffs)) {
             // Copies are exact; sums of f32 values in [-1, 1) over ≤ 3 ranks are within a few ulps of float64.
-            expect(d, `${name} on rank ${r.rank}`).toBeLessThan(/reduceScatter .* forward|gather .* grad/.test(name) ? 1e-6 : 1e-7);
+            expect(d, `${name} on rank ${r.rank}`).toBeLessThan(/reduceScatter .* forward|gather .* grad|gathered linear/.test(name) ? 1e-6 : 1e-7);
           }
           const errors = r.result.errors as Record<string, string>;
           expect(Object.keys(errors)).toHaveLength(5);

@@ -12,8 +12,8 @@ import { linear } from '../../ops/index.js';
 import type { Generator } from '../../random.js';
 import type { Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
-import { ColumnParallelLinear, RowParallelLinear } from './layers.js';
-import { copyToRegion, gatherFromRegion, gatherFromSequenceRegion } from './mappings.js';
+import { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear } from './layers.js';
+import { copyToRegion, gatherFromRegion } from './mappings.js';
 import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
 
 /**
@@ -76,7 +76,7 @@ export function vocabParallelLayout(group: ProcessGroup, { sequenceParallel = fa
   return {
     embedding: (vocabSize, nEmbd, { std, layer }) => new VocabParallelEmbedding(vocabSize, nEmbd,
       { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), sequenceParallel }),
-    logits: (x, table) => linear(sequenceParallel ? gatherFromSequenceRegion(x, group) : copyToRegion(x, group), table),
+    logits: (x, table) => (sequenceParallel ? sequenceGatheredLinear(x, table, null, group) : linear(copyToRegion(x, group), table)),
     loss: (logits, targets) => vocabParallelCrossEntropy(logits, targets, group),
     gather: (logits) => gatherFromRegion(logits, group),
   };

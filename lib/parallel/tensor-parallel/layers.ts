@@ -3,7 +3,10 @@
 // Weights are initialized at full size from the shared generator and then sliced, so a TP run starts
 // from exactly the weights of the single-process model.
 import { ArgumentError } from '../../errors.js';
+import { needsGrad, record, save } from '../../autograd/engine.js';
+import { noGrad } from '../../autograd/index.js';
 import { add, linear } from '../../ops/index.js';
+import { linearBackward } from '../../ops/matmul.js';
 import { defaultGenerator, type Generator } from '../../random.js';
 import { uniform } from '../../nn/init.js';
 import { Module, Parameter } from '../../nn/module.js';
@@ -11,7 +14,7 @@ import { emptyOn, resolveOptions, type Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
 import { copyElements } from '../flat.js';
 import { dtypeCode } from '../../dtype.js';
-import { copyToRegion, gatherFromRegion, gatherFromSequenceRegion, reduceFromRegion, reduceScatterToSequenceRegion, scatterToRegion } from './mappings.js';
+import { allGatherSequence, copyToRegion, gatherFromRegion, reduceFromRegion, reduceScatterSequence, reduceScatterToSequenceRegion, scatterToRegion } from './mappings.js';
 
 export interface ParallelLinearOptions {
   group: ProcessGroup;
@@ -35,6 +38,30 @@ export interface ParallelLinearOptions {
 function defaultInit(inFeatures: number) {
   const bound = 1 / Math.sqrt(inFeatures);
   return (t: Tensor, g: Generator): void => { uniform(t, -bound, bound, g); };
+}
+
+/**
+ * y = gather(x) Wᵀ (+ b): linear over the whole sequence, gathered from every rank's chunk x
+ * [B, T/size, in] (the input of a column-parallel layer under sequence parallelism). The same
+ * numbers as linear(gatherFromSequenceRegion(x)), but the gathered input is freed after the GEMM
+ * and gathered again in backward (Megatron's sequence-parallel linear), so only the chunk is held
+ * for backward; x's gradient is the reduce-scatter of the whole input's.
+ */
+export function sequenceGatheredLinear(x: Tensor, weight: Tensor, bias: Tensor | null, group: ProcessGroup): Tensor {
+  const call = 'sequenceGatheredLinear';
+  const total = allGatherSequence(x, group, call);
+  let y: Tensor;
+  try { y = noGrad(() => linear(total, weight, bias)); } finally { total.dispose(); }
+  if (!needsGrad(x, weight, bias)) return y;
+  const needX = x.requiresGrad || x.gradFn !== null, needW = weight.requiresGrad || weight.gradFn !== null;
+  const needBias = !!bias && (bias.requiresGrad || bias.gradFn !== null);
+  const xs = save(x), ws = save(weight);
+  return record(call, y, bias ? [x, weight, bias] : [x, weight], (g) => {
+    using again = allGatherSequence(xs, group, `${call} backward`);
+    const [dTotal, dw, db] = linearBackward(g, again, ws, needX, needW, needBias);
+    if (dTotal === null) return [null, dw, db];
+    try { return [reduceScatterSequence(dTotal, group, `${call} backward`), dw, db]; } finally { dTotal.dispose(); }
+  }, [xs, ws]);
 }
 
 /** value / parts, or an ArgumentError naming `what` when the tensor-parallel size does not divide it. */
@@ -90,8 +117,8 @@ export class ColumnParallelLinear extends Module {
     this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, runs, opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
   }
   forward(x: Tensor): Tensor {
-    const input = this.sequenceParallel ? gatherFromSequenceRegion(x, this.group) : copyToRegion(x, this.group);
-    const y = linear(input, this.weight, this.bias ?? undefined);
+    const y = this.sequenceParallel ? sequenceGatheredLinear(x, this.weight, this.bias, this.group)
+      : linear(copyToRegion(x, this.group), this.weight, this.bias ?? undefined);
     return this.gatherOutput ? gatherFromRegion(y, this.group) : y;
   }
 }

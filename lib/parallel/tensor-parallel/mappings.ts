@@ -150,6 +150,16 @@ export function gatherFromRegion(x: Tensor, group: ProcessGroup): Tensor {
 // Models"): outside the tensor-parallel layers each rank holds 1/size of the sequence (dimension 1
 // of [B, T, C]); T must divide by the group size (a ShapeError before any communication otherwise).
 
+/** Every rank's chunk x [B, T/size, ...] side by side along the sequence, outside autograd (for ops with their own backward). */
+export function allGatherSequence(x: Tensor, group: ProcessGroup, call: string): Tensor {
+  return gatherDim(x, SEQUENCE_DIM, group, call);
+}
+
+/** This rank's sequence chunk of the sum over the group of x [B, T, ...], outside autograd. */
+export function reduceScatterSequence(x: Tensor, group: ProcessGroup, call: string): Tensor {
+  return reduceScatterDim(x, SEQUENCE_DIM, group, call);
+}
+
 /** Keeps this rank's chunk of the sequence forward; allGathers the gradient's chunks backward. */
 export function scatterToSequenceRegion(x: Tensor, group: ProcessGroup): Tensor {
   const out = splitDim(x, SEQUENCE_DIM, group.size, group.rank, 'scatterToSequenceRegion');
