@@ -25,6 +25,8 @@ interface RankResult {
   /** This rank's parameters by GPT name (a pipeline stage holds some, a tensor-parallel rank a slice of some). */
   params: Map<string, Float32Array>;
   shapes: Map<string, number[]>;
+  /** ZeRO 1/2: what the gradient reduce-scatters did over the run (null otherwise). */
+  reduceStats: parallel.ReduceStats | null;
 }
 interface Trained { code: number | null; output: string; ranks: RankResult[] }
 
@@ -130,6 +132,8 @@ const layouts = {
   'ZeRO-3 DP4 offload': launchRun('zero3-dp4', 4, ['--zero', '3', '--offload']),
   'ZeRO-3 DP4': launchRun('zero3-dp4-plain', 4, ['--zero', '3']),
   'PP2×DP2 1F1B ZeRO-3, 2 micro-batches': launchRun('zero3-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--micro-batches', '2']),
+  'ZeRO-2 DP2, 2 micro-batches': launchRun('zero2-m2', 2, ['--zero', '2', '--micro-batches', '2']),
+  'PP2×DP2 GPipe ZeRO-2, 2 micro-batches': launchRun('zero2-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '2', '--micro-batches', '2', '--schedule', 'gpipe']),
 };
 const TOLERANCE = 1e-5;
 
@@ -178,6 +182,28 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
     expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
+  }, 180_000);
+
+  it('ZeRO 1 and 2 reduce-scatter every gradient bucket from the hooks during backward: stage 1 once per step, stage 2 once per micro-batch', async () => {
+    const cases: [keyof typeof layouts, 1 | 2, number][] = [
+      ['ZeRO-1 DP2', 1, 1], ['PP2×DP2 1F1B ZeRO-1, 2 micro-batches', 1, 2], ['TP2×DP2 ZeRO-2', 2, 1],
+      ['ZeRO-2 DP2, 2 micro-batches', 2, 2], ['PP2×DP2 GPipe ZeRO-2, 2 micro-batches', 2, 2],
+    ];
+    for (const [name, stage, microBatches] of cases) {
+      const run = await layouts[name];
+      expect(run.code, run.output).toBe(0);
+      for (const r of run.ranks) {
+        const s = r.reduceStats!;
+        const rounds = 3 * (stage === 1 ? 1 : microBatches);
+        expect(s.buckets, name).toBeGreaterThan(1);
+        expect(s.rounds, name).toBe(rounds);
+        // Each bucket's reduce-scatter was started by the hook of its last gradient, not by the end of
+        // the pass or by step(); only the pipeline's tied embedding waits for step() (after the stages' sum).
+        expect(s.duringBackward, name).toBe(rounds * s.buckets);
+        expect(s.deferredBuckets > 0, name).toBe(name.startsWith('PP2'));
+        expect(s.reduceScatters, name).toBe(rounds * s.buckets + 3 * s.deferredBuckets);
+      }
+    }
   }, 180_000);
 
   it('pipeline stages hold their own layers: embeddings first, LayerNorm and tied head last', async () => {

@@ -8,7 +8,7 @@ import { keep } from '../../memory.js';
 import { tensor } from '../../creation.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup, Work } from '../group.js';
-import { copyElements, FlatLayout } from '../flat.js';
+import { copyElements, FlatLayout, splitIntoBuckets } from '../flat.js';
 
 /** Default bucket size: 25 MB as PyTorch DDP; tiny models end up in one bucket. */
 export const DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024;
@@ -90,15 +90,8 @@ export class GradBuffer {
 
   // Consecutive runs of `order` of about bucketBytes each (a parameter never straddles two).
   #assignBuckets(order: readonly Tensor[]): void {
-    const runs: Tensor[][] = [];
-    let run: Tensor[] = [], bytes = 0;
-    for (const p of order) {
-      if (run.length > 0 && bytes + p.nbytes > this.#bucketBytes) { runs.push(run); run = []; bytes = 0; }
-      run.push(p); bytes += p.nbytes;
-    }
-    runs.push(run);
     this.#bucketOf.clear();
-    this.#buckets = runs.map((ps, index) => {
+    this.#buckets = splitIntoBuckets(order, this.#bucketBytes).map((ps, index) => {
       const layout = new FlatLayout(ps, 1, 'GradBuffer');
       const b: GradBucket = { index, layout, flat: null, pending: ps.length, work: null };
       for (const p of ps) this.#bucketOf.set(p, b);
