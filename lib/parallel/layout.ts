@@ -207,7 +207,7 @@ export class ParallelTrainer<H extends { lr: number }> {
       // out of the reduce-scatters that start during backward.
       const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
       this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, {
-        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
+        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
       });
       if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
       this.#optimizer = null;

@@ -28,6 +28,20 @@ export interface GradBufferOptions {
 }
 
 /**
+ * Collective over `group`: rank 0's `observed` order of gradient readiness, completed by the
+ * parameters it never saw in reverse `params` order, as the same list of `params` on every rank
+ * (broadcast as indices). What gradient buckets are rebuilt in after a first step.
+ */
+export async function readyOrderOfRank0(group: ProcessGroup, params: readonly Tensor[], observed: readonly Tensor[]): Promise<Tensor[]> {
+  const indexOf = new Map(params.map((p, i) => [p, i]));
+  const seen = new Set(observed);
+  const order = [...observed, ...[...params].reverse().filter((p) => !seen.has(p))];
+  using indices = tensor(Int32Array.from(order, (p) => indexOf.get(p)!), [order.length], { dtype: 'i32' });
+  await group.broadcast(indices, { root: 0 });
+  return Array.from(indices.toArraySync(), (i) => params[i]!);
+}
+
+/**
  * One bucket: a run of parameters, its flat gradient (allocated at the step's first ready
  * gradient, freed once the averages are written back), and the allReduce in flight (if any).
  */
@@ -106,12 +120,7 @@ export class GradBuffer {
    * for every rank so bucket sizes agree everywhere.
    */
   async #rebuildInReadyOrder(observed: Tensor[]): Promise<void> {
-    const indexOf = new Map(this.#params.map((p, i) => [p, i]));
-    const seen = new Set(observed);
-    const order = [...observed, ...[...this.#params].reverse().filter((p) => !seen.has(p))];
-    using indices = tensor(Int32Array.from(order, (p) => indexOf.get(p)!), [order.length], { dtype: 'i32' });
-    await this.group.broadcast(indices, { root: 0 });
-    this.#assignBuckets(Array.from(indices.toArraySync(), (i) => this.#params[i]!));
+    this.#assignBuckets(await readyOrderOfRank0(this.group, this.#params, observed));
   }
 
   /** The parameters, in the order they were given. */

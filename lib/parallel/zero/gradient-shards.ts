@@ -19,6 +19,7 @@ import { queueBackwardCallback, registerPostAccumulateGradHook, type RemovableHa
 import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
+import { readyOrderOfRank0 } from '../data-parallel/buffer.js';
 import { splitIntoBuckets } from '../flat.js';
 import type { ProcessGroup, Work } from '../group.js';
 import { ChunkedShards, type ShardRun, type ShardSlot } from './chunks.js';
@@ -32,6 +33,11 @@ export interface GradientShardOptions {
   overlap: boolean;
   /** Parameters whose gradient is completed after backward by the caller: reduce-scattered in step(). */
   deferred: readonly Tensor[];
+  /**
+   * The parameters in the order the model creates them (model.parameters()); the first step's
+   * buckets take them in reverse, roughly backward's order. Default: the parameter groups' order.
+   */
+  order?: readonly Tensor[];
 }
 
 /** A run of parameters whose gradients are reduce-scattered together. */
@@ -64,6 +70,11 @@ export interface ReduceStats {
   reduceScatters: number;
   /** Of those, the ones a hook launched while backward was still running (a bucket's last gradient ready). */
   duringBackward: number;
+  /**
+   * The most bytes of full gradients seen at a hook (the parameters' .grad, buckets being filled or
+   * in flight): at stage 2 a few buckets' worth, at stage 1 the whole model's and more.
+   */
+  peakFullGradBytes: number;
 }
 
 /** Reductions in flight beyond which a hook waits for the oldest (bounds the full-gradient bytes held). */
@@ -72,7 +83,12 @@ const MAX_IN_FLIGHT = 2;
 export class GradientShards extends ChunkedShards {
   readonly stage: 1 | 2;
   readonly overlap: boolean;
-  readonly #buckets: Bucket[];
+  #buckets: Bucket[] = [];
+  readonly #bucketBytes: number;
+  readonly #deferred: Set<Tensor>;
+  /** The first synchronized pass's order of ready gradients, for rebuilding the buckets after the first step (null: rebuilt, or no hooks). */
+  #readyOrder: Tensor[] | null;
+  #recording = true;
   readonly #slotOf = new Map<Tensor, [Bucket, ShardSlot]>();
   readonly #hooks: RemovableHandle[] = [];
   readonly #inFlight: Reduction[] = [];
@@ -92,21 +108,18 @@ export class GradientShards extends ChunkedShards {
     this.stage = options.stage;
     this.overlap = options.overlap;
     if (!(options.bucketBytes > 0)) throw new ArgumentError(`${this.call}: bucketBytes must be > 0, got ${options.bucketBytes}`);
-    const deferred = new Set(options.deferred);
-    for (const p of deferred) if (!this.parts.has(p)) throw new ArgumentError(`${this.call}: a deferred parameter ${p.describe()} is not one of the optimizer's parameters`);
-    // Reverse parameter order is roughly the order backward finishes the gradients.
-    const order = this.params.reverse();
-    const runs = [
-      ...splitIntoBuckets(order.filter((p) => !deferred.has(p)), options.bucketBytes).map((ps) => [ps, false] as const),
-      ...splitIntoBuckets(order.filter((p) => deferred.has(p)), options.bucketBytes).map((ps) => [ps, true] as const),
-    ];
-    this.#buckets = runs.map(([ps, isDeferred], index) => {
-      const b: Bucket = { ...this.slotsOf(ps.map((p) => [p, p.describe()] as const)), gradShard: null, index, deferred: isDeferred, marked: new Set(), input: null };
-      for (const s of b.slots) this.#slotOf.set(s.part.param, [b, s]);
-      return b;
-    });
-    const deferredBuckets = this.#buckets.filter((b) => b.deferred).length;
-    this.stats = { buckets: this.#buckets.length - deferredBuckets, deferredBuckets, rounds: 0, reduceScatters: 0, duringBackward: 0 };
+    this.#bucketBytes = options.bucketBytes;
+    this.#deferred = new Set(options.deferred);
+    for (const p of this.#deferred) if (!this.parts.has(p)) throw new ArgumentError(`${this.call}: a deferred parameter ${p.describe()} is not one of the optimizer's parameters`);
+    const order = options.order ?? this.params;
+    const given = new Set(order);
+    if (order.length !== this.parts.size || given.size !== order.length || order.some((p) => !this.parts.has(p))) {
+      throw new ArgumentError(`${this.call}: the bucket order must list every parameter of the optimizer exactly once`);
+    }
+    this.stats = { buckets: 0, deferredBuckets: 0, rounds: 0, reduceScatters: 0, duringBackward: 0, peakFullGradBytes: 0 };
+    // Reverse creation order is roughly the order backward finishes the gradients.
+    this.#assignBuckets([...order].reverse());
+    this.#readyOrder = options.overlap ? [] : null;
     if (this.overlap) {
       for (const b of this.#buckets) {
         if (b.deferred) continue;
@@ -115,8 +128,21 @@ export class GradientShards extends ChunkedShards {
     }
   }
 
-  /** The number of buckets (the deferred ones included). */
-  get bucketCount(): number { return this.#buckets.length; }
+  // Buckets of about bucketBytes over `order`, the deferred parameters' last.
+  #assignBuckets(order: readonly Tensor[]): void {
+    const runs = [
+      ...splitIntoBuckets(order.filter((p) => !this.#deferred.has(p)), this.#bucketBytes).map((ps) => [ps, false] as const),
+      ...splitIntoBuckets(order.filter((p) => this.#deferred.has(p)), this.#bucketBytes).map((ps) => [ps, true] as const),
+    ];
+    this.#slotOf.clear();
+    this.#buckets = runs.map(([ps, isDeferred], index) => {
+      const b: Bucket = { ...this.slotsOf(ps.map((p) => [p, p.describe()] as const)), gradShard: null, index, deferred: isDeferred, marked: new Set(), input: null };
+      for (const s of b.slots) this.#slotOf.set(s.part.param, [b, s]);
+      return b;
+    });
+    this.stats.deferredBuckets = this.#buckets.filter((b) => b.deferred).length;
+    this.stats.buckets = this.#buckets.length - this.stats.deferredBuckets;
+  }
 
   /**
    * Runs fn with gradient communication off: gradients accumulate in p.grad and are reduce-scattered
@@ -151,6 +177,8 @@ export class GradientShards extends ChunkedShards {
       this.#passOpen = true;
       queueBackwardCallback(() => this.#endPass());
     }
+    this.stats.peakFullGradBytes = Math.max(this.stats.peakFullGradBytes, this.memory().fullGrads);
+    if (this.#recording) this.#readyOrder?.push(p);
     const [b, slot] = this.#slotOf.get(p)!;
     this.#pack(b, slot);
     if (b.marked.size === b.slots.length) this.#launchCompleted();
@@ -216,6 +244,7 @@ export class GradientShards extends ChunkedShards {
   // The end of a backward pass with sync on: what it left incomplete is launched now.
   #endPass(): void {
     this.#passOpen = false;
+    this.#recording = false;
     this.#launchRest();
     this.#next = 0;
     this.#reducedThisStep = true;
@@ -247,8 +276,21 @@ export class GradientShards extends ChunkedShards {
     this.#unreduced = false;
   }
 
-  /** After the update: every bucket's updated chunks allgathered into the parameters (the next bucket's gather runs while one is unpacked). */
-  async allGatherParameters(): Promise<void> {
+  /**
+   * After the update: every bucket's updated chunks allgathered into the parameters (the next
+   * bucket's gather runs while one is unpacked). After the first step with hooks, the buckets are
+   * rebuilt in the order that step's gradients were ready (rank 0's, for every rank), as GradBuffer does.
+   */
+  async finishStep(): Promise<void> {
+    await this.#allGatherParameters();
+    if (this.#readyOrder && this.#readyOrder.length > 0) {
+      const observed = this.#readyOrder;
+      this.#readyOrder = null;
+      this.#assignBuckets(await readyOrderOfRank0(this.group, this.params, observed));
+    }
+  }
+
+  async #allGatherParameters(): Promise<void> {
     const start = (b: Bucket) => {
       const local = keep(this.localShard(b));
       const full = keep(emptyOn([this.group.size * b.shardCount], 'f32', this.paramDevice));

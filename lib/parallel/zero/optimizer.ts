@@ -42,6 +42,12 @@ export interface ZeroOptions {
    * Stage 3 keeps such parameters (outside every unit) gathered until step() anyway.
    */
   deferGrads?: Iterable<Tensor>;
+  /**
+   * Stages 1 and 2: every parameter in the order the model creates them (model.parameters()), whose
+   * reverse the first step's buckets follow (default: the parameter groups' order). After the first
+   * step the buckets follow the order the gradients were ready in.
+   */
+  bucketOrder?: Iterable<Tensor>;
 }
 
 /** How ZeRO stage 3 hooks into a model (ZeroOptimizer.attach). */
@@ -105,6 +111,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
       this.#shards = new GradientShards(paramLists, this.group, {
         stage: this.stage, offload: this.offload, overlap: options.overlap ?? true,
         bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, deferred: [...(options.deferGrads ?? [])],
+        ...(options.bucketOrder ? { order: [...options.bucketOrder] } : {}),
       });
       this.#masters = this.#shards.masters;
     }
@@ -193,7 +200,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
     else await this.#shards!.finishGradients();
     const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
-    await this.#shards?.allGatherParameters();
+    await this.#shards?.finishStep();
     return gradNorm === undefined ? {} : { gradNorm };
   }
 
