@@ -28,6 +28,23 @@ export interface GradBufferOptions {
 }
 
 /**
+ * Runs fn, then exit(): right when a synchronous fn returns or throws (before the returned promise
+ * settles, so a caller that does not await sees it), when its promise settles for an async fn.
+ * What noSync() scopes are made of.
+ */
+export async function withExit<T>(fn: () => T | Promise<T>, exit: () => void): Promise<T> {
+  let result: T | Promise<T>;
+  try {
+    result = fn();
+  } catch (e) {
+    exit();
+    throw e;
+  }
+  if (!(result instanceof Promise)) { exit(); return result; }
+  try { return await result; } finally { exit(); }
+}
+
+/**
  * Collective over `group`: rank 0's `observed` order of gradient readiness, completed by the
  * parameters it never saw in reverse `params` order, as the same list of `params` on every rank
  * (broadcast as indices). What gradient buckets are rebuilt in after a first step.
@@ -133,15 +150,7 @@ export class GradBuffer {
    */
   async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
     this.#syncDisabled++;
-    let result: T | Promise<T>;
-    try {
-      result = fn();
-    } catch (e) {
-      this.#syncDisabled--;
-      throw e;
-    }
-    if (!(result instanceof Promise)) { this.#syncDisabled--; return result; }
-    try { return await result; } finally { this.#syncDisabled--; }
+    return withExit(fn, () => { this.#syncDisabled--; });
   }
 
   get syncEnabled(): boolean { return this.#syncDisabled === 0; }

@@ -19,7 +19,7 @@ import { queueBackwardCallback, registerPostAccumulateGradHook, type RemovableHa
 import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
-import { readyOrderOfRank0 } from '../data-parallel/buffer.js';
+import { readyOrderOfRank0, withExit } from '../data-parallel/buffer.js';
 import { splitIntoBuckets } from '../flat.js';
 import type { ProcessGroup, Work } from '../group.js';
 import { ChunkedShards, type ShardRun, type ShardSlot } from './chunks.js';
@@ -155,15 +155,7 @@ export class GradientShards extends ChunkedShards {
     }
     this.#syncDisabled++;
     this.#unreduced = true;
-    let result: T | Promise<T>;
-    try {
-      result = fn();
-    } catch (e) {
-      this.#syncDisabled--;
-      throw e;
-    }
-    if (!(result instanceof Promise)) { this.#syncDisabled--; return result; }
-    try { return await result; } finally { this.#syncDisabled--; }
+    return withExit(fn, () => { this.#syncDisabled--; });
   }
 
   // The hook: p's gradient of this backward pass is final.
