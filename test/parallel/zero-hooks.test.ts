@@ -175,6 +175,15 @@ describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
       want.forEach((w, i) => expect(maxAbsDiff(params[i]!.toArraySync() as Float32Array, w)).toBeLessThan(2e-6));
       zero.dispose();
 
+      // A backward that throws half-way (here: a hook after the optimizer's) leaves the pass open.
+      const two = new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketBytes: BUCKET_BYTES });
+      const late = nt.registerPostAccumulateGradHook(params[2]!, () => { throw new Error('boom'); });
+      expect(() => chainLoss(params, g.rank, 0).backward()).toThrow('boom');
+      late.remove();
+      await expect(two.step()).rejects.toThrow(/never finished.*zeroGrad/);
+      two.zeroGrad();
+      two.dispose();
+
       const other = nt.zeros([3], { requiresGrad: true });
       expect(() => new ZeroOptimizer(params, sgd, { group: g, stage: 2, deferGrads: [other] })).toThrow(/deferred parameter .* is not one of the optimizer's parameters/);
       expect(() => new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketOrder: params.slice(1) })).toThrow(/every parameter of the optimizer exactly once/);

@@ -249,7 +249,10 @@ export class GradientShards extends ChunkedShards {
    * reduction and writes the shards into the masters' gradients.
    */
   async finishGradients(): Promise<void> {
-    if (this.#passOpen) throw new StateError(`${this.call}.step: called while a backward pass is running`);
+    if (this.#passOpen) {
+      throw new StateError(`${this.call}.step: a backward pass that started reduce-scattering gradients never finished (it threw, or step() runs inside it); ` +
+        'call zeroGrad() to drop this step\'s gradients and run the step again');
+    }
     if (!this.#reducedThisStep || this.#unreduced) this.#launchRest();
     this.#next = 0;
     for (const b of this.#buckets) {
@@ -316,6 +319,7 @@ export class GradientShards extends ChunkedShards {
     this.#settleBlocking(0);
     for (const m of this.masters) { m.grad?.dispose(); m.grad = null; }
     this.#next = 0;
+    this.#passOpen = false;
     this.#reducedThisStep = false;
     this.#unreduced = false;
   }
