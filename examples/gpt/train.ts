@@ -161,18 +161,26 @@ async function main(argv: string[]): Promise<number> {
 
   const newTokens = (o.generate as number | undefined) ?? 60;
   // Sampling needs every layer in this process; a tensor-parallel group samples together (generate gathers the logits).
-  const whole = model.model;
-  if (newTokens > 0 && layout.zero === 3) {
-    log('(no sample: under ZeRO 3 each rank holds a shard of the parameters, and generation does not gather them)');
-  } else if (newTokens > 0 && whole && (par.rank === 0 || layout.tp > 1)) {
+  // Under ZeRO 3 each rank holds a shard: every rank gathers the parameters (collective) into a plain copy to sample from.
+  const sampleFrom = layout.zero === 3 && model.model && newTokens > 0 ? await gatheredCopy() : model.model;
+  if (newTokens > 0 && sampleFrom && (par.rank === 0 || layout.tp > 1)) {
     const enc = gpt2Encoder();
     const prompt = enc.encode('Call me Ishmael.');
     const idx = nt.tensor(Int32Array.from(prompt), [1, prompt.length], { device });
-    const [out] = whole.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
+    const [out] = sampleFrom.generate(idx, newTokens, { temperature: 0.8, topK: 40, seed });
     idx.dispose();
     log(`--- sample ---\n${enc.decode(out!.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
-  } else if (newTokens > 0 && !whole) {
+  } else if (newTokens > 0 && !sampleFrom) {
     log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
+  }
+  if (sampleFrom !== model.model) sampleFrom?.dispose();
+
+  async function gatheredCopy(): Promise<nt.nn.GPT> {
+    const values = await trainer.fullParameters();
+    const copy = new nt.nn.GPT(config, { seed, device, ...tensorParallel });
+    copy.loadStateDict(Object.fromEntries(model.namedParameters().map(([n], i) => [n, values[i]!])));
+    for (const v of values) v.dispose();
+    return copy;
   }
   trainer.dispose();
   model.dispose();

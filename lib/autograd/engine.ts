@@ -158,6 +158,17 @@ export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulat
 }
 
 /**
+ * From inside a post-accumulate-grad hook: runs `fn` once when the backward() call in progress
+ * (the outermost one) has run every hook, before it returns (PyTorch's queue_callback). What a
+ * gradient reducer needs to launch what the pass left incomplete. Not run when backward() throws.
+ */
+export function queueBackwardCallback(fn: () => void): void {
+  if (typeof fn !== 'function') throw new ArgumentError(`queueBackwardCallback: fn must be a function, got ${typeof fn}`);
+  if (!activePass) throw new AutogradError('queueBackwardCallback: no backward() with post-accumulate-grad hooks is running (call it from such a hook)');
+  activePass.endCallbacks.push(fn);
+}
+
+/**
  * The hook bookkeeping of one outermost backward() call: how many edges (and checkpoint blocks)
  * still lead to each hooked leaf, which leaves received a gradient, and which hooks have run.
  * Backward calls nested in it (a checkpoint's re-run) only report the leaves they accumulate into.
@@ -166,6 +177,8 @@ class HookPass {
   readonly #remaining = new Map<Tensor, number>();
   readonly #received = new Set<Tensor>();
   readonly #done = new Set<Tensor>();
+  /** Callbacks queued by hooks (queueBackwardCallback), run once the pass's last hook has run. */
+  readonly endCallbacks: (() => void)[] = [];
 
   constructor(order: readonly Node[]) {
     for (const node of order) this.#forEachHookedLeaf(node, (leaf) => this.#remaining.set(leaf, (this.#remaining.get(leaf) ?? 0) + 1));
@@ -306,7 +319,11 @@ function runPass(pass: HookPass | null, work: () => void): void {
   backwardDepth++;
   try {
     work();
-    if (pass) pass.finish();
+    if (pass) {
+      pass.finish();
+      // A callback may queue another (it runs in the same loop).
+      for (let i = 0; i < pass.endCallbacks.length; i++) pass.endCallbacks[i]!();
+    }
   } finally {
     backwardDepth--;
     activePass = outer;

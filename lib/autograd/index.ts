@@ -1,6 +1,6 @@
 // Autograd: the tape (engine), grad mode switches and activation recomputation.
 export {
-  backward, detach, zeroGrad, needsGrad, record, save, own, alias, Node, collectLeaves, registerPostAccumulateGradHook,
+  backward, detach, zeroGrad, needsGrad, record, save, own, alias, Node, collectLeaves, registerPostAccumulateGradHook, queueBackwardCallback,
   type BackwardFn, type BackwardOptions, type PostAccumulateGradHook, type RemovableHandle,
 } from './engine.js';
 export { isGradEnabled, noGrad, enableGrad } from './grad-mode.js';

@@ -1,7 +1,8 @@
 // `nodetron bench train --layout dp=N[,zero=A..B]`: launches N ranks that each train a GPT a few
 // steps per ZeRO stage and report the bytes of parameters, gradients and optimizer state they hold
-// beside zeroMemoryFormula, and the step time with DP gradient communication overlapped with
-// backward (GradBuffer's grad-ready hooks) and not (all buckets after backward), in the same run.
+// beside zeroMemoryFormula, and the step time with gradient communication overlapped with backward
+// (the grad-ready hooks of GradBuffer at stage 0 and of ZeroOptimizer at stages 1 and 2) and not
+// (all buckets after backward), in the same run.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -65,14 +66,16 @@ export interface StageResult {
   ratio?: Bytes;
   /** memoryStats().allocated at the same moment, above what the rank held before building the model. */
   allocatedBytes?: number;
-  /** Median ms per timed step; at stage 0 with and without overlap, interleaved step by step. */
+  /** Median ms per timed step; at stages 0-2 with and without overlap, interleaved step by step. */
   msPerStep?: { overlap?: number; noOverlap?: number };
   /** Every timed step's ms (the spread behind the means). */
   stepMs?: { overlap?: number[]; noOverlap?: number[] };
   /** Median ms per timed step spent waiting for gradient communication after backward. */
   syncWaitMs?: { overlap?: number; noOverlap?: number };
-  /** Stage 0 with overlap: the buffer's buckets, and how many of them started before backward returned (last timed step). */
+  /** With overlap: the buckets, and how many of them started before backward returned (last timed step). */
   buckets?: { count: number; launchedDuringBackward: number };
+  /** Stages 1 and 2 with overlap: the most bytes of full gradients held at a gradient hook (ZeroOptimizer.reduceStats). */
+  peakFullGradBytes?: number;
 }
 
 export interface RankResult { rank: number; config: string; blasThreads: number; stages: StageResult[] }
@@ -106,7 +109,7 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     if (stage === 0) plain = adamw([{ params }]);
     else {
       try {
-        zero = new ZeroOptimizer<AdamWOptions>(params, adamw, { group, stage: stage as ZeroStage });
+        zero = new ZeroOptimizer<AdamWOptions>(params, adamw, { group, stage: stage as ZeroStage, bucketBytes, bucketOrder: params });
         // Stage 3 gathers each block's parameters around its forward and backward.
         if (stage === 3) zero.attach(model);
       } catch (e) {
@@ -124,17 +127,24 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     // so those run inside its noSync().
     const buffers = new Map(plain ? variants.map((v) => [v, new GradBuffer(params, { group, overlap: v, bucketBytes })] as const) : []);
     const hooked = buffers.get(true);
+    // ZeRO 1 and 2 without overlap: the backward runs inside noSync(), so every reduce-scatter happens in step().
+    const hookedZero = zero && zero.stage !== 3 ? zero : null;
+    const launchedSoFar = () => hookedZero?.reduceStats.duringBackward ?? hooked?.launched ?? 0;
     for (let i = 0; i < warmup + steps; i++) {
       const overlap = variants[i % variants.length]!;
       const buf = buffers.get(overlap) ?? null;
       const { inputs, targets } = batch(c, group.rank, i);
       const backward = () => scope(() => { model.forward(inputs, targets).loss!.backward(); });
-      const launchedBefore = buf?.launched ?? 0;
+      const launchedBefore = launchedSoFar();
       const t0 = performance.now();
       if (hooked && buf !== hooked) await hooked.noSync(backward);
+      else if (hookedZero && !overlap) await hookedZero.noSync(backward);
       else backward();
       const t1 = performance.now();
-      if (buf === hooked && buf && i >= warmup) buckets = { count: buf.buckets.length, launchedDuringBackward: buf.launched - launchedBefore };
+      if (overlap && i >= warmup && (buf === hooked || hookedZero)) {
+        const count = hookedZero ? hookedZero.reduceStats.buckets : buf!.buckets.length;
+        buckets = { count, launchedDuringBackward: launchedSoFar() - launchedBefore };
+      }
       if (buf) await buf.finishGradSync();
       else await zero!.step();
       const t2 = performance.now();
@@ -171,6 +181,7 @@ async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number,
     return {
       stage, numParams, measured: m, formula, ratio, allocatedBytes, msPerStep: pick(stepMs, median), stepMs: pick(stepMs, (xs) => xs),
       ...(plain ? { syncWaitMs: pick(waitMs, median) } : {}), ...(buckets ? { buckets } : {}),
+      ...(hookedZero ? { peakFullGradBytes: hookedZero.reduceStats.peakFullGradBytes } : {}),
     };
   } finally {
     zero?.dispose();
@@ -194,7 +205,7 @@ async function rankMain(argv: string[]): Promise<number> {
   const results: RankResult[] = [];
   for (const c of configs) {
     const stages: StageResult[] = [];
-    for (const s of layout.zeroStages) stages.push(await runStage(c, world, s, s === 0 ? variants : [true], (o.warmup as number | undefined) ?? 1, (o.steps as number | undefined) ?? 4, bucketBytesOf(o)));
+    for (const s of layout.zeroStages) stages.push(await runStage(c, world, s, s === 3 ? [true] : variants, (o.warmup as number | undefined) ?? 1, (o.steps as number | undefined) ?? 4, bucketBytesOf(o)));
     results.push({ rank, config: c.name, blasThreads, stages });
   }
   writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify(results));
@@ -251,7 +262,7 @@ interface RunRecord { steps: number; warmup: number; overlap: string; bucketByte
 
 function report(layout: BenchLayout, ranks: RankResult[][], run: RunRecord, json: string | undefined): number {
   console.log(`\n# nodetron bench train --layout dp=${layout.dp}: ${run.warmup} warm-up + ${run.steps} timed steps per stage, f32 AdamW on cpu, ` +
-    `${ranks[0]![0]!.blasThreads} BLAS thread(s) per rank; stage 0 alternates overlap on/off step by step, ${mib(run.bucketBytes)} MiB buckets`);
+    `${ranks[0]![0]!.blasThreads} BLAS thread(s) per rank; stages 0-2 alternate overlap on/off step by step, ${mib(run.bucketBytes)} MiB buckets`);
   console.log('# bytes held after the last optimizer step, before zeroGrad, summed over the tensors of each kind (meas) and as the allocator');
   console.log('# counts them (memoryStats().allocated above the rank\'s start); formula: zeroMemoryFormula (ZeRO paper 2Ψ+2Ψ+KΨ for f32)\n');
   const rows: (string | number)[][] = [];
@@ -268,14 +279,16 @@ function report(layout: BenchLayout, ranks: RankResult[][], run: RunRecord, json
         const cell = (k: keyof Bytes) => `${mib(m[k])} / ${mib(f[k])}`;
         rows.push([first.config, s.stage, perRank[ci]!.rank, (s.numParams! / 1e6).toFixed(2), cell('params'), cell('grads'), cell('optimizerState'), cell('total'),
           r.total.toFixed(3), `${mib(s.allocatedBytes!)} (${allocRatio.toFixed(3)})`, fmtMs(s.msPerStep!.overlap), fmtMs(s.msPerStep!.noOverlap),
-          fmtMs(s.syncWaitMs?.overlap), fmtMs(s.syncWaitMs?.noOverlap), s.buckets ? `${s.buckets.launchedDuringBackward}/${s.buckets.count}` : '-']);
+          fmtMs(s.syncWaitMs?.overlap), fmtMs(s.syncWaitMs?.noOverlap), s.buckets ? `${s.buckets.launchedDuringBackward}/${s.buckets.count}` : '-',
+          s.peakFullGradBytes === undefined ? '-' : mib(s.peakFullGradBytes)]);
       }
     }
   }
   printTable(['config', 'zero', 'rank', 'Ψ (M)', 'params MiB meas/formula', 'grads', 'optim state', 'total', 'total ratio', 'allocator MiB (/formula)',
-    'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward'], rows);
-  console.log('\n# ms/step at ZeRO 1-3: ZeroOptimizer\'s own communication (not GradBuffer), one variant; ms/step and sync wait (time in finishGradSync after backward) are medians over the timed steps;');
-  console.log('# buckets in backward: buckets whose allReduce started before backward returned / buckets (overlap on, last timed step)');
+    'ms/step', 'ms/step no-overlap', 'sync wait ms', 'sync wait no-overlap', 'buckets in backward', 'peak full grads MiB'], rows);
+  console.log('\n# ms/step: medians over the timed steps, overlap on and off interleaved step by step (ZeRO 3: its own per-unit schedule, one variant);');
+  console.log('# sync wait (stage 0): time in finishGradSync after backward; buckets in backward: buckets whose allReduce (stage 0) or reduce-scatter (stages 1, 2)');
+  console.log('# started before backward returned / buckets (overlap on, last timed step); peak full grads: most bytes of full gradients held at a gradient hook');
   const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(`# load average (1, 5, 15 min) at start: ${load(run.loadAverage.atStart)}; at end: ${load(run.loadAverage.atEnd)} on ${cpus().length} cores`);
   for (const s of skipped) console.log(`# skipped ${s}`);

@@ -8,6 +8,7 @@ export type { ProcessGroup, WorldGroup, Work, ReduceOp } from './group.js';
 export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
 export { GradBuffer, DEFAULT_BUCKET_BYTES, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
 export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
+export type { ReduceStats } from './zero/gradient-shards.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';

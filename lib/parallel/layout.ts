@@ -172,6 +172,8 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   schedule?: PipelineScheduleName;
   /** Clip the global gradient norm (of the whole model's averaged gradient) to this value. */
   maxGradNorm?: number;
+  /** Target bytes per gradient bucket (data-parallel allreduce, ZeRO 1/2 reduce-scatter; default 25 MiB). */
+  bucketBytes?: number;
   createOptimizer: InnerOptimizerFactory<H>;
 }
 
@@ -212,14 +214,19 @@ export class ParallelTrainer<H extends { lr: number }> {
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
     if (zero !== 0) {
-      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, { group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false });
+      // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
+      // out of the reduce-scatters that start during backward.
+      const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
+      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, {
+        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
+      });
       if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
       this.#optimizer = null;
       this.#grads = null;
     } else {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
-      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup }) : null;
+      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}) }) : null;
     }
   }
 
@@ -243,6 +250,12 @@ export class ParallelTrainer<H extends { lr: number }> {
     return new ParallelTrainer(model, groups, options);
   }
 
+  /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. */
+  get zero(): ZeroOptimizer<H> | null { return this.#zero; }
+
+  /** The data-parallel gradient buffer (at ZeRO 0 with more than one data-parallel rank). */
+  get gradBuffer(): GradBuffer | null { return this.#grads; }
+
   /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded). */
   get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }
 
@@ -258,7 +271,7 @@ export class ParallelTrainer<H extends { lr: number }> {
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
       let gradNorm: number | undefined;
       if (this.#zero) {
-        // ZeRO reduce-scatters the gradients inside its step, so the stages' sum comes first.
+        // ZeRO reduce-scatters the tied embedding's gradient (deferred) inside its step, so the stages' sum comes first.
         await this.#sumTiedGrads();
         const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
         ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope }));
@@ -294,7 +307,10 @@ export class ParallelTrainer<H extends { lr: number }> {
     const rowsPer = rows / m;
     const microBatch = (t: Tensor, i: number) => (m === 1 ? t : slice(t, 0, i * rowsPer, (i + 1) * rowsPer));
     const pp = this.#mesh && this.#mesh.ppSize > 1 ? this.#mesh.ppGroup : undefined;
-    const grads = training ? this.#grads : null;
+    // Gradient communication held back on non-final micro-batches: data parallel (GradBuffer) and
+    // ZeRO-1 communicate once per step; ZeRO-2 reduce-scatters every micro-batch (its gradients are
+    // sharded as they are produced); ZeRO-3 as each unit's backward ends.
+    const grads = !training ? null : this.#grads ?? (this.#zero?.stage === 1 ? this.#zero : null);
     return {
       ...(pp ? { group: pp } : {}),
       device: inputs.deviceInfo,

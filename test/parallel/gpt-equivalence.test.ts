@@ -25,6 +25,8 @@ interface RankResult {
   /** This rank's parameters by GPT name (a pipeline stage holds some, a tensor-parallel rank a slice of some). */
   params: Map<string, Float32Array>;
   shapes: Map<string, number[]>;
+  /** ZeRO 1/2: what the gradient reduce-scatters did over the run (null otherwise). */
+  reduceStats: (parallel.ReduceStats & { modelBytes: number }) | null;
 }
 interface Trained { code: number | null; output: string; ranks: RankResult[] }
 
@@ -130,11 +132,15 @@ const layouts = {
   'ZeRO-3 DP4 offload': launchRun('zero3-dp4', 4, ['--zero', '3', '--offload']),
   'ZeRO-3 DP4': launchRun('zero3-dp4-plain', 4, ['--zero', '3']),
   'PP2×DP2 1F1B ZeRO-3, 2 micro-batches': launchRun('zero3-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--micro-batches', '2']),
+  'ZeRO-2 DP2, 2 micro-batches': launchRun('zero2-m2', 2, ['--zero', '2', '--micro-batches', '2']),
+  'PP2×DP2 GPipe ZeRO-2, 2 micro-batches': launchRun('zero2-pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '2', '--micro-batches', '2', '--schedule', 'gpipe']),
   'TP2 SP': launchRun('tp2-sp', 2, ['--tp', '2', '--sp']),
   'TP2×DP2 SP ZeRO-1': launchRun('tp2-dp2-sp', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '1']),
   'TP2×PP2 SP 1F1B, 2 micro-batches, recompute': launchRun('tp2-pp2-sp', 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']),
 };
 const TOLERANCE = 1e-5;
+/** The gradient bucket size gpt-train.ts trains with (BUCKET_BYTES there). */
+const FIXTURE_BUCKET_BYTES = 16 * 1024;
 
 describe('parallel GPT equivalence (launcher + Gloo)', () => {
   it('single-process reference trains', async () => {
@@ -181,6 +187,32 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
     expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
+  }, 180_000);
+
+  it('ZeRO 1 and 2 reduce-scatter every gradient bucket from the hooks during backward: stage 1 once per step, stage 2 once per micro-batch', async () => {
+    const cases: [keyof typeof layouts, 1 | 2, number][] = [
+      ['ZeRO-1 DP2', 1, 1], ['PP2×DP2 1F1B ZeRO-1, 2 micro-batches', 1, 2], ['TP2×DP2 ZeRO-2', 2, 1],
+      ['ZeRO-2 DP2, 2 micro-batches', 2, 2], ['PP2×DP2 GPipe ZeRO-2, 2 micro-batches', 2, 2],
+    ];
+    for (const [name, stage, microBatches] of cases) {
+      const run = await layouts[name];
+      expect(run.code, run.output).toBe(0);
+      for (const r of run.ranks) {
+        const s = r.reduceStats!;
+        const rounds = 3 * (stage === 1 ? 1 : microBatches);
+        expect(s.buckets, name).toBeGreaterThan(1);
+        expect(s.rounds, name).toBe(rounds);
+        // Each bucket's reduce-scatter was started by the hook of its last gradient, not by the end of
+        // the pass or by step(); only the pipeline's tied embedding waits for step() (after the stages' sum).
+        expect(s.deferredBuckets > 0, name).toBe(name.startsWith('PP2'));
+        expect(s.duringBackward, name).toBe(s.reduceScatters - 3 * s.deferredBuckets);
+        expect(s.duringBackward, name).toBeGreaterThanOrEqual(rounds * 2);
+        // Stage 2 never holds the model's full gradients: at most the buckets in flight (two), the one
+        // being filled and gradients still accumulating (the tied embedding's); stage 1 keeps them all.
+        if (stage === 2) expect(s.peakFullGradBytes, name).toBeLessThanOrEqual(4 * FIXTURE_BUCKET_BYTES);
+        else expect(s.peakFullGradBytes, name).toBeGreaterThanOrEqual(s.modelBytes);
+      }
+    }
   }, 180_000);
 
   it('pipeline stages hold their own layers: embeddings first, LayerNorm and tied head last', async () => {

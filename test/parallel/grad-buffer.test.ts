@@ -5,56 +5,12 @@ import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { GradBuffer } from '../../lib/parallel/data-parallel/buffer.js';
 import { runLocalRanks } from '../../lib/parallel/local-group.js';
-import { countingGroup, maxAbsDiff, randomArray, randomTensor } from './helpers.js';
-
-const SHAPES = [[7, 3], [5], [1, 11], [13], [2, 2]];
+import { ALL, CHAIN_SHAPES, chainLoss, countingGroup, leafParams, maxAbsDiff, meanOverRanks, randomArray, randomTensor } from './helpers.js';
 
 function makeParams(): nt.Tensor[] {
-  return SHAPES.map((s, i) => randomTensor(s, 100 + i));
+  return CHAIN_SHAPES.map((s, i) => randomTensor(s, 100 + i));
 }
 const gradSeed = (rank: number, i: number) => 1000 * (rank + 1) + i;
-
-function leafParams(): nt.Tensor[] {
-  return makeParams().map((p) => { p.requiresGrad = true; return p; });
-}
-
-const ALL = [0, 1, 2, 3, 4];
-
-/**
- * A loss over the parameters `chain` lists, in which each one's gradient depends on all that
- * follow it (s_k = Σ tanh(p_k · s_{k-1} ⊙ a_k), each p_k on the path from the loss to the one
- * before), so backward finishes them strictly in reverse chain order.
- */
-function chainLoss(params: nt.Tensor[], rank: number, micro: number, chain: readonly number[] = ALL): nt.Tensor {
-  return nt.scope(() => {
-    let s: nt.Tensor | null = null;
-    for (const i of chain) {
-      const p = params[i]!;
-      const a = randomTensor(p.shape as number[], 7000 + 100 * micro + 10 * rank + i);
-      s = nt.sum(nt.tanh(nt.mul(s ? nt.mul(p, s) : p, a)));
-    }
-    return s!;
-  });
-}
-
-/** The gradients a rank computes alone (no buffer), summed over its micro-batches. */
-function localGrads(rank: number, micros: number, chain: readonly number[], firstMicro: number): Float32Array[] {
-  const params = leafParams();
-  for (let m = firstMicro; m < firstMicro + micros; m++) chainLoss(params, rank, m, chain).backward();
-  const grads = params.map((p) => (p.grad ? p.grad.toArraySync() as Float32Array : new Float32Array(p.size)));
-  for (const p of params) p.dispose();
-  return grads;
-}
-
-/** Float64 mean over ranks of each parameter's local gradient. */
-function meanOverRanks(world: number, micros: number, chainOf: (rank: number) => readonly number[] = () => ALL, firstMicro = 0): Float64Array[] {
-  const perRank = Array.from({ length: world }, (_, r) => localGrads(r, micros, chainOf(r), firstMicro));
-  return perRank[0]!.map((_, i) => {
-    const m = new Float64Array(perRank[0]![i]!.length);
-    for (const grads of perRank) grads[i]!.forEach((v, j) => { m[j] += v / world; });
-    return m;
-  });
-}
 
 describe('GradBuffer', () => {
   for (const world of [2, 3]) {
@@ -68,7 +24,7 @@ describe('GradBuffer', () => {
         await buf.finishGradSync();
         return params.map((p) => Array.from(p.grad!.toArraySync()));
       });
-      SHAPES.forEach((s, i) => {
+      CHAIN_SHAPES.forEach((s, i) => {
         const n = s.reduce((a, b) => a * b, 1);
         const ref = new Float64Array(n);
         for (let r = 0; r < world; r++) randomArray(n, gradSeed(r, i)).forEach((v, j) => { ref[j] += v / world; });

@@ -37,3 +37,48 @@ export function countingGroup(g: ProcessGroup, log: string[]): ProcessGroup {
     broadcast: wrap('broadcast'), send: wrap('send'), recv: wrap('recv'),
   };
 }
+
+/** The chain tests' parameter shapes (odd sizes, so chunks over 2–4 ranks need padding). */
+export const CHAIN_SHAPES = [[7, 3], [5], [1, 11], [13], [2, 2]];
+export const ALL = [0, 1, 2, 3, 4];
+
+/** Seeded parameters of CHAIN_SHAPES that require grad (the same values in every call). */
+export function leafParams(): nt.Tensor[] {
+  return CHAIN_SHAPES.map((s, i) => { const p = randomTensor(s, 100 + i); p.requiresGrad = true; return p; });
+}
+
+/**
+ * A loss over the parameters `chain` lists, in which each one's gradient depends on all that
+ * follow it (s_k = Σ tanh(p_k · s_{k-1} ⊙ a_k), each p_k on the path from the loss to the one
+ * before), so backward finishes them strictly in reverse chain order.
+ */
+export function chainLoss(params: nt.Tensor[], rank: number, micro: number, chain: readonly number[] = ALL): nt.Tensor {
+  return nt.scope(() => {
+    let s: nt.Tensor | null = null;
+    for (const i of chain) {
+      const p = params[i]!;
+      const a = randomTensor(p.shape as number[], 7000 + 100 * micro + 10 * rank + i);
+      s = nt.sum(nt.tanh(nt.mul(s ? nt.mul(p, s) : p, a)));
+    }
+    return s!;
+  });
+}
+
+/** The gradients a rank computes alone (plain autograd), summed over its micro-batches. */
+function localGrads(rank: number, micros: number, chain: readonly number[], firstMicro: number): Float32Array[] {
+  const params = leafParams();
+  for (let m = firstMicro; m < firstMicro + micros; m++) chainLoss(params, rank, m, chain).backward();
+  const grads = params.map((p) => (p.grad ? p.grad.toArraySync() as Float32Array : new Float32Array(p.size)));
+  for (const p of params) p.dispose();
+  return grads;
+}
+
+/** Float64 mean over ranks of each parameter's local gradient (micro-batches firstMicro.. summed). */
+export function meanOverRanks(world: number, micros: number, chainOf: (rank: number) => readonly number[] = () => ALL, firstMicro = 0): Float64Array[] {
+  const perRank = Array.from({ length: world }, (_, r) => localGrads(r, micros, chainOf(r), firstMicro));
+  return perRank[0]!.map((_, i) => {
+    const m = new Float64Array(perRank[0]![i]!.length);
+    for (const grads of perRank) grads[i]!.forEach((v, j) => { m[j] += v / world; });
+    return m;
+  });
+}

@@ -8,7 +8,7 @@ import { keep } from '../../memory.js';
 import { tensor } from '../../creation.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup, Work } from '../group.js';
-import { copyElements, FlatLayout } from '../flat.js';
+import { copyElements, FlatLayout, splitIntoBuckets } from '../flat.js';
 
 /** Default bucket size: 25 MB as PyTorch DDP; tiny models end up in one bucket. */
 export const DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024;
@@ -25,6 +25,37 @@ export interface GradBufferOptions {
    * every gradient and launches every bucket at once.
    */
   overlap?: boolean;
+}
+
+/**
+ * Runs fn, then exit(): right when a synchronous fn returns or throws (before the returned promise
+ * settles, so a caller that does not await sees it), when its promise settles for an async fn.
+ * What noSync() scopes are made of.
+ */
+export async function withExit<T>(fn: () => T | Promise<T>, exit: () => void): Promise<T> {
+  let result: T | Promise<T>;
+  try {
+    result = fn();
+  } catch (e) {
+    exit();
+    throw e;
+  }
+  if (!(result instanceof Promise)) { exit(); return result; }
+  try { return await result; } finally { exit(); }
+}
+
+/**
+ * Collective over `group`: rank 0's `observed` order of gradient readiness, completed by the
+ * parameters it never saw in reverse `params` order, as the same list of `params` on every rank
+ * (broadcast as indices). What gradient buckets are rebuilt in after a first step.
+ */
+export async function readyOrderOfRank0(group: ProcessGroup, params: readonly Tensor[], observed: readonly Tensor[]): Promise<Tensor[]> {
+  const indexOf = new Map(params.map((p, i) => [p, i]));
+  const seen = new Set(observed);
+  const order = [...observed, ...[...params].reverse().filter((p) => !seen.has(p))];
+  using indices = tensor(Int32Array.from(order, (p) => indexOf.get(p)!), [order.length], { dtype: 'i32' });
+  await group.broadcast(indices, { root: 0 });
+  return Array.from(indices.toArraySync(), (i) => params[i]!);
 }
 
 /**
@@ -90,15 +121,8 @@ export class GradBuffer {
 
   // Consecutive runs of `order` of about bucketBytes each (a parameter never straddles two).
   #assignBuckets(order: readonly Tensor[]): void {
-    const runs: Tensor[][] = [];
-    let run: Tensor[] = [], bytes = 0;
-    for (const p of order) {
-      if (run.length > 0 && bytes + p.nbytes > this.#bucketBytes) { runs.push(run); run = []; bytes = 0; }
-      run.push(p); bytes += p.nbytes;
-    }
-    runs.push(run);
     this.#bucketOf.clear();
-    this.#buckets = runs.map((ps, index) => {
+    this.#buckets = splitIntoBuckets(order, this.#bucketBytes).map((ps, index) => {
       const layout = new FlatLayout(ps, 1, 'GradBuffer');
       const b: GradBucket = { index, layout, flat: null, pending: ps.length, work: null };
       for (const p of ps) this.#bucketOf.set(p, b);
@@ -113,12 +137,7 @@ export class GradBuffer {
    * for every rank so bucket sizes agree everywhere.
    */
   async #rebuildInReadyOrder(observed: Tensor[]): Promise<void> {
-    const indexOf = new Map(this.#params.map((p, i) => [p, i]));
-    const seen = new Set(observed);
-    const order = [...observed, ...[...this.#params].reverse().filter((p) => !seen.has(p))];
-    using indices = tensor(Int32Array.from(order, (p) => indexOf.get(p)!), [order.length], { dtype: 'i32' });
-    await this.group.broadcast(indices, { root: 0 });
-    this.#assignBuckets(Array.from(indices.toArraySync(), (i) => this.#params[i]!));
+    this.#assignBuckets(await readyOrderOfRank0(this.group, this.#params, observed));
   }
 
   /** The parameters, in the order they were given. */
@@ -131,15 +150,7 @@ export class GradBuffer {
    */
   async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
     this.#syncDisabled++;
-    let result: T | Promise<T>;
-    try {
-      result = fn();
-    } catch (e) {
-      this.#syncDisabled--;
-      throw e;
-    }
-    if (!(result instanceof Promise)) { this.#syncDisabled--; return result; }
-    try { return await result; } finally { this.#syncDisabled--; }
+    return withExit(fn, () => { this.#syncDisabled--; });
   }
 
   get syncEnabled(): boolean { return this.#syncDisabled === 0; }

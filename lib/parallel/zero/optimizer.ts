@@ -1,17 +1,19 @@
 // ZeRO stages 1, 2 and 3 (DeepSpeed): each data-parallel rank keeps the optimizer state (and, at
-// stage 2, the gradients) of one contiguous shard of the flattened parameters; a step reduce-scatters
-// the gradients, updates the local shard and allgathers the updated parameters. Stage 3 shards the
-// parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
+// stage 2, the gradients) of its chunks of every parameter (chunks.ts); the gradients are
+// reduce-scattered bucket by bucket as backward produces them (gradient-shards.ts), the step
+// updates the local chunks and allgathers the updated parameters. Stage 3 shards the parameters
+// too (stage3.ts): they are gathered unit by unit inside forward and backward.
 import { dtypeCode } from '../../dtype.js';
 import { ArgumentError, StateError } from '../../errors.js';
-import { parseDevice } from '../../device.js';
 import { tensor } from '../../creation.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
 import type { Optimizer } from '../../optim/optimizer.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { ProcessGroup } from '../group.js';
-import { copyElements, FlatLayout } from '../flat.js';
+import { copyElements } from '../flat.js';
+import { DEFAULT_BUCKET_BYTES } from '../data-parallel/buffer.js';
+import { GradientShards, type ReduceStats } from './gradient-shards.js';
 import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
 import type { Module } from '../../nn/module.js';
 
@@ -27,6 +29,25 @@ export interface ZeroOptions {
    * moves nothing: the flag is accepted and changes no placement.
    */
   offload?: boolean;
+  /**
+   * Stages 1 and 2: reduce-scatter each bucket of gradients from autograd's post-accumulate-grad
+   * hooks while backward runs (default true). Off: every reduce-scatter happens in step().
+   */
+  overlap?: boolean;
+  /** Stages 1 and 2: target bytes of full gradients per reduce-scatter bucket (default 25 MiB, as GradBuffer). */
+  bucketBytes?: number;
+  /**
+   * Stages 1 and 2: parameters whose gradient the caller completes after backward (a pipeline's tied
+   * embedding, summed over the stages that hold it): reduce-scattered in step(), not from the hooks.
+   * Stage 3 keeps such parameters (outside every unit) gathered until step() anyway.
+   */
+  deferGrads?: Iterable<Tensor>;
+  /**
+   * Stages 1 and 2: every parameter in the order the model creates them (model.parameters()), whose
+   * reverse the first step's buckets follow (default: the parameter groups' order). After the first
+   * step the buckets follow the order the gradients were ready in.
+   */
+  bucketOrder?: Iterable<Tensor>;
 }
 
 /** How ZeRO stage 3 hooks into a model (ZeroOptimizer.attach). */
@@ -42,13 +63,6 @@ export type ZeroParamGroup<H> = { params: Iterable<Tensor> } & Partial<H>;
 
 /** Builds the inner optimizer over the shard tensors (one per parameter group, with that group's options). */
 export type InnerOptimizerFactory<H extends { lr: number }> = (groups: ZeroParamGroup<H>[]) => Optimizer<H>;
-
-interface ShardedGroup {
-  layout: FlatLayout;
-  shardCount: number;
-  /** This rank's slice of the flattened parameters: the tensor the inner optimizer updates. */
-  master: Tensor;
-}
 
 /** How a gradient norm extends beyond the data-parallel group when the model itself is split (TP, PP). */
 export interface GradNormScope {
@@ -72,7 +86,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
   readonly stage: ZeroStage;
   readonly group: ProcessGroup;
   readonly offload: boolean;
-  readonly #groups: ShardedGroup[];
+  readonly #shards: GradientShards | null;
   readonly #partition: ParameterPartition | null;
   /** The tensors the inner optimizer updates: one shard per parameter group. */
   readonly #masters: Tensor[];
@@ -87,23 +101,19 @@ export class ZeroOptimizer<H extends { lr: number }> {
     const list = Array.from(params as Iterable<unknown>);
     const grouped = list.length > 0 && list.every((g) => g !== null && typeof g === 'object' && 'params' in (g as object));
     const userGroups: ZeroParamGroup<H>[] = grouped ? (list as ZeroParamGroup<H>[]) : [{ params: list as Tensor[] } as unknown as ZeroParamGroup<H>];
-    const n = this.group.size;
+    const paramLists = userGroups.map((g) => Array.from(g.params));
     if (this.stage === 3) {
-      this.#partition = new ParameterPartition(userGroups.map((g) => Array.from(g.params)), this.group, this.offload);
-      this.#groups = [];
+      this.#partition = new ParameterPartition(paramLists, this.group, this.offload);
+      this.#shards = null;
       this.#masters = this.#partition.masters;
     } else {
       this.#partition = null;
-      this.#groups = userGroups.map(({ params: ps }) => {
-        const layout = new FlatLayout(Array.from(ps), n, 'ZeroOptimizer');
-        if (layout.dtype !== 'f32') throw new ArgumentError(`ZeroOptimizer: parameters are ${layout.dtype}; this implementation shards f32 parameters`);
-        const shardCount = layout.paddedCount / n;
-        const device = this.offload ? parseDevice('cpu') : layout.entries[0]!.param.deviceInfo;
-        const master = emptyOn([shardCount], 'f32', device, true);
-        this.#copyShardFromParams(layout, master, shardCount);
-        return { layout, shardCount, master };
+      this.#shards = new GradientShards(paramLists, this.group, {
+        stage: this.stage, offload: this.offload, overlap: options.overlap ?? true,
+        bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, deferred: [...(options.deferGrads ?? [])],
+        ...(options.bucketOrder ? { order: [...options.bucketOrder] } : {}),
       });
-      this.#masters = this.#groups.map((g) => g.master);
+      this.#masters = this.#shards.masters;
     }
     this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [this.#masters[i]!] }) as unknown as ZeroParamGroup<H>));
     if (this.inner instanceof Lamb) {
@@ -133,6 +143,24 @@ export class ZeroOptimizer<H extends { lr: number }> {
     return this;
   }
 
+  /** Stages 1 and 2: how many bucket reduce-scatters ran, and how many of them started during backward. */
+  get reduceStats(): Readonly<ReduceStats> {
+    if (!this.#shards) throw new StateError('ZeroOptimizer.reduceStats: stage 3 reduce-scatters per unit (see gatherStats)');
+    return this.#shards.stats;
+  }
+
+  /**
+   * Runs fn (a micro-batch's forward and backward) without gradient communication: the gradients
+   * accumulate in full and are reduce-scattered by the next backward with sync on, or by step().
+   * At stage 1 every micro-batch but the last should run inside it (stage 1 communicates once per
+   * step); at stage 2 it trades memory for less communication. Not at stage 3, whose units
+   * reduce-scatter as their backward ends.
+   */
+  async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
+    if (!this.#shards) throw new StateError('ZeroOptimizer.noSync: stage 3 reduce-scatters each unit as its backward ends and cannot hold full gradients back');
+    return this.#shards.noSync(fn);
+  }
+
   /** Stage 3: what gathering did so far (prefetched and on-demand gathers, peak gathered bytes). */
   get gatherStats(): Readonly<GatherStats> {
     if (!this.#partition) throw new StateError(`ZeroOptimizer.gatherStats: stage ${this.stage} gathers no parameters per unit`);
@@ -150,72 +178,29 @@ export class ZeroOptimizer<H extends { lr: number }> {
   }
 
   /** The parameters (all groups, in order). */
-  get params(): Tensor[] { return this.#partition ? this.#partition.params : this.#groups.flatMap((g) => g.layout.entries.map((e) => e.param)); }
-
-  // Each parameter range that intersects this rank's shard [start, start + shardCount).
-  #forEachInShard(layout: FlatLayout, shardCount: number, fn: (param: Tensor, paramOffset: number, shardOffset: number, count: number) => void): void {
-    const start = this.group.rank * shardCount, end = start + shardCount;
-    for (const e of layout.entries) {
-      const lo = Math.max(start, e.offset), hi = Math.min(end, e.offset + e.count);
-      if (lo < hi) fn(e.param, lo - e.offset, lo - start, hi - lo);
-    }
-  }
-
-  // Every piece of a parameter this rank's shards hold: the master tensor and where in it.
-  #forEachLocalRange(fn: (param: Tensor, master: Tensor, masterOffset: number, count: number) => void): void {
-    if (this.#partition) { this.#partition.forEachLocalChunk(fn); return; }
-    for (const g of this.#groups) this.#forEachInShard(g.layout, g.shardCount, (p, _po, so, c) => fn(p, g.master, so, c));
-  }
-
-  #copyShardFromParams(layout: FlatLayout, master: Tensor, shardCount: number): void {
-    if (master.device === layout.entries[0]!.param.device) {
-      this.#forEachInShard(layout, shardCount, (p, po, so, c) => copyElements(master, so, p, po, c));
-      return;
-    }
-    this.#forEachInShard(layout, shardCount, (p, po, so, c) => {
-      using here = p.to(master.device);
-      copyElements(master, so, here, po, c);
-    });
-  }
+  get params(): Tensor[] { return (this.#partition ?? this.#shards!).params; }
 
   zeroGrad(): void {
-    if (this.#partition) { this.#partition.zeroGrad(); return; }
-    for (const p of this.params) { p.grad?.dispose(); p.grad = null; }
-    for (const g of this.#groups) { g.master.grad?.dispose(); g.master.grad = null; }
+    (this.#partition ?? this.#shards!).zeroGrad();
   }
 
   /**
-   * One update: reduce-scatter the averaged gradients (each rank receives its shard's), optionally
-   * clip them to a global norm, step the shard, allgather the updated shards into every parameter.
-   * At stage 3 most gradients were reduce-scattered during backward, and the updated shards stay
-   * shards (the next forward gathers them). Every rank of the group calls it. Returns the global gradient norm before clipping when
-   * `maxGradNorm` is given.
+   * One update: finish the reduce-scatters of the averaged gradients (each rank receives its
+   * chunks'; most started during backward), optionally clip them to a global norm, step the shard,
+   * allgather the updated chunks into every parameter (at stage 3 the updated chunks stay chunks:
+   * the next forward gathers them). Every rank of the group calls it. Returns the global gradient
+   * norm before clipping when `maxGradNorm` is given.
    */
   async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{ gradNorm?: number }> {
     const { maxGradNorm } = options;
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
     }
-    // Stage 3 reduce-scattered most gradients during backward; the rest go now.
-    this.#partition?.finishGradients();
-    for (const g of this.#groups) {
-      const first = g.layout.entries[0]!.param;
-      using flatGrad = emptyOn([g.layout.paddedCount], 'f32', first.deviceInfo, true);
-      for (const e of g.layout.entries) {
-        if (!e.param.grad) continue;
-        if (e.param.grad.dtype !== 'f32') throw new StateError(`ZeroOptimizer.step: the gradient of ${e.param.describe()} is ${e.param.grad.dtype}, expected f32`);
-        copyElements(flatGrad, e.offset, e.param.grad, 0, e.count);
-      }
-      using shardGrad = emptyOn([g.shardCount], 'f32', first.deviceInfo);
-      await this.group.reduceScatter(shardGrad, flatGrad, { op: 'avg' });
-      g.master.grad?.dispose();
-      g.master.grad = shardGrad.device === g.master.device ? shardGrad.clone() : shardGrad.to(g.master.device);
-      // Stage 2 keeps only the shard's gradient; the full per-parameter gradients are released.
-      if (this.stage === 2) for (const e of g.layout.entries) { e.param.grad?.dispose(); e.param.grad = null; }
-    }
+    if (this.#partition) this.#partition.finishGradients();
+    else await this.#shards!.finishGradients();
     const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
-    for (const g of this.#groups) await this.#allGatherParams(g);
+    await this.#shards?.finishStep();
     return gradNorm === undefined ? {} : { gradNorm };
   }
 
@@ -227,7 +212,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
     let local = 0;
     if (skip.size === 0) local = gradSumSquares(masters);
     else {
-      this.#forEachLocalRange((p, master, offset, c) => {
+      (this.#partition ?? this.#shards!).forEachLocalChunk((p, master, offset, c) => {
         if (skip.has(p)) return;
         const shardGrad = master.grad!;
         using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
@@ -242,14 +227,6 @@ export class ZeroOptimizer<H extends { lr: number }> {
     const factor = clipFactor(norm, maxGradNorm);
     if (factor < 1) scaleGrads(masters, factor);
     return norm;
-  }
-
-  async #allGatherParams(g: ShardedGroup): Promise<void> {
-    const first = g.layout.entries[0]!.param;
-    using local = g.master.device === first.device ? g.master.clone() : g.master.to(first.device);
-    using full = emptyOn([g.layout.paddedCount], 'f32', first.deviceInfo);
-    await this.group.allGather(full, local);
-    for (const e of g.layout.entries) copyElements(e.param, 0, full, e.offset, e.count);
   }
 
   /**
@@ -269,12 +246,10 @@ export class ZeroOptimizer<H extends { lr: number }> {
       params = this.#masters.reduce((s, m) => s + m.nbytes, 0) + mem.gatheredParams;
       grads = mem.fullGrads + mem.shardGrads;
     } else {
+      const mem = this.#shards!.memory();
       params = this.params.reduce((s, p) => s + p.nbytes, 0);
-      grads = this.params.reduce((s, p) => s + (p.grad && !p.grad.disposed ? p.grad.nbytes : 0), 0);
-      for (const g of this.#groups) {
-        masterShard += g.master.nbytes;
-        if (g.master.grad) grads += g.master.grad.nbytes;
-      }
+      grads = mem.fullGrads + mem.shardGrads;
+      masterShard = this.#masters.reduce((s, m) => s + m.nbytes, 0);
     }
     return { params, grads, optimizerState, masterShard, total: params + grads + optimizerState + masterShard };
   }
@@ -283,7 +258,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
   dispose(): void {
     this.inner?.dispose();
     this.#partition?.dispose();
-    for (const g of this.#groups) { g.master.grad?.dispose(); g.master.dispose(); }
+    this.#shards?.dispose();
   }
 }
 
@@ -295,14 +270,17 @@ export class ZeroOptimizer<H extends { lr: number }> {
  * gradients too, stage 3 the parameters too. Differences from the paper, because shards cannot be
  * views of the parameters: at stages 1 and 2 each rank also keeps a 4Ψ/N f32 master copy of its
  * shard, and at stage 1 the shard's reduced gradient (4Ψ/N) beside the full gradients. At stage 3
- * the master shard is the parameter shard (counted once, as params). Shards are ceil(Ψ/N) elements
- * (stage 3 pads each parameter to N chunks, a few elements more). Not counted: what a step needs
- * transiently — at stage 3 the gathered parameters of the model's root unit, of the unit running
- * and of the one being prefetched (ZeroOptimizer.gatherStats.peakGatheredBytes measures it).
+ * the master shard is the parameter shard (counted once, as params). Given Ψ, a shard is ceil(Ψ/N)
+ * elements (the paper's Ψ/N); given every parameter's size, exactly what this implementation holds:
+ * each parameter is padded to N equal chunks, Σ ceil(size/N) elements. Not counted: what a step
+ * needs transiently — the gradient buckets being filled or reduced during backward (stages 1, 2), at
+ * stage 3 the gathered parameters of the model's root unit, of the unit running and of the one
+ * being prefetched (ZeroOptimizer.gatherStats.peakGatheredBytes measures it).
  */
-export function zeroMemoryFormula(numParams: number, ranks: number, stage: 0 | ZeroStage, stateBytesPerParam = 8): ZeroMemoryBytes {
-  const psi = numParams;
-  const shard = stage === 0 ? psi : Math.ceil(psi / ranks);
+export function zeroMemoryFormula(numParams: number | readonly number[], ranks: number, stage: 0 | ZeroStage, stateBytesPerParam = 8): ZeroMemoryBytes {
+  const sizes = typeof numParams === 'number' ? null : numParams;
+  const psi = sizes ? sizes.reduce((a, b) => a + b, 0) : numParams as number;
+  const shard = stage === 0 ? psi : sizes ? sizes.reduce((a, b) => a + Math.ceil(b / ranks), 0) : Math.ceil(psi / ranks);
   const params = 4 * (stage === 3 ? shard : psi);
   const grads = stage === 0 ? 4 * psi : stage === 1 ? 4 * psi + 4 * shard : 4 * shard;
   const optimizerState = stateBytesPerParam * shard;

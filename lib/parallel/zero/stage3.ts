@@ -30,46 +30,23 @@
 // Offload keeps the masters (this rank's chunks, their gradients, the optimizer state) in host
 // memory and copies a unit's chunks to the parameters' device for each gather; for parameters
 // already on the CPU it changes no placement.
-import { accumulateInto, needsGrad, record } from '../../autograd/engine.js';
+import { needsGrad, record } from '../../autograd/engine.js';
 import { isGradEnabled } from '../../autograd/grad-mode.js';
-import { parseDevice, type Device } from '../../device.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
 import { Module } from '../../nn/module.js';
 import { emptyOn, Tensor } from '../../tensor.js';
-import { copyElements, FlatLayout } from '../flat.js';
 import type { ProcessGroup, Work } from '../group.js';
+import { ChunkedShards, type ShardRun } from './chunks.js';
 
-/** Where one parameter's chunk lives: chunk `rank` of ceil(size/N) elements, zero-padded at the end. */
-interface PartitionedParam {
-  param: Tensor;
-  /** Elements of each rank's chunk. */
-  chunk: number;
-  /** The parameter group (and master tensor) holding this rank's chunk, and where in it. */
-  master: number;
-  masterOffset: number;
-}
-
-/** A parameter inside a unit's shard: this rank's contribution to the unit's gather is the concatenation of its params' chunks. */
-interface UnitSlot {
-  part: PartitionedParam;
-  name: string;
-  /** First element of the chunk inside the unit's per-rank shard. */
-  offset: number;
-}
-
-interface Unit {
+/** A module whose parameters are gathered together: its slots are the parameters only it uses. */
+interface Unit extends ShardRun {
   /** The module's dotted name in the model ('' for the model itself). */
   name: string;
   module: Module;
-  slots: UnitSlot[];
-  /** Elements each rank contributes to the unit's gather (and receives from its reduce-scatter). */
-  shardCount: number;
   gathered: boolean;
   /** A gather started before it was needed: its receive buffer and Work. */
   inFlight: { work: Work; full: Tensor; local: Tensor } | null;
-  /** The reduce-scattered gradient of the unit's shard, summed over the backward passes since the last step. */
-  gradShard: Tensor | null;
   /** The module's own `forward` property before attach (undefined: the prototype's). */
   ownForward: PropertyDescriptor | undefined;
 }
@@ -113,11 +90,7 @@ export function defaultUnits(model: Module): Module[] {
  * (stage 3), which builds its inner optimizer over `masters` (one per parameter group: this
  * rank's chunks of the group's parameters, back to back).
  */
-export class ParameterPartition {
-  readonly masters: Tensor[];
-  readonly #group: ProcessGroup;
-  readonly #parts = new Map<Tensor, PartitionedParam>();
-  readonly #paramDevice: Device;
+export class ParameterPartition extends ChunkedShards {
   #root: Unit | null = null;
   #units: Unit[] = [];
   #model: Module | null = null;
@@ -135,57 +108,15 @@ export class ParameterPartition {
 
   /** Copies this rank's chunks into the masters; the parameters keep their bytes until evictParameters(). */
   constructor(groups: readonly Tensor[][], group: ProcessGroup, offload: boolean) {
-    this.#group = group;
-    const n = group.size;
-    if (groups.some((ps) => ps.length === 0)) throw new ArgumentError(`${CALL}: a parameter group has no parameters`);
-    // One dtype, one device, no parameter twice (across groups too).
-    const layout = new FlatLayout(groups.flat(), 1, 'ZeroOptimizer');
-    if (layout.dtype !== 'f32') throw new ArgumentError(`${CALL}: parameters are ${layout.dtype}; this implementation shards f32 parameters`);
-    this.#paramDevice = layout.entries[0]!.param.deviceInfo;
-    const masterDevice = offload ? parseDevice('cpu') : this.#paramDevice;
-    this.masters = groups.map((ps, gi) => {
-      let offset = 0;
-      for (const p of ps) {
-        const chunk = Math.ceil(p.size / n);
-        this.#parts.set(p, { param: p, chunk, master: gi, masterOffset: offset });
-        offset += chunk;
-      }
-      const master = keep(emptyOn([offset], 'f32', masterDevice, true));
-      for (const p of ps) {
-        const part = this.#parts.get(p)!;
-        const { start, count } = this.#myRange(part);
-        if (count <= 0) continue;
-        if (masterDevice.name === this.#paramDevice.name) copyElements(master, part.masterOffset, p, start, count);
-        else {
-          using here = p.to(masterDevice.name);
-          copyElements(master, part.masterOffset, here, start, count);
-        }
-      }
-      return master;
-    });
+    super(groups, group, offload, CALL);
   }
 
-  get params(): Tensor[] { return [...this.#parts.keys()]; }
   get attached(): boolean { return this.#model !== null; }
-
-  // The elements of p that rank `rank`'s chunk covers (count ≤ 0: padding only).
-  #myRange(part: PartitionedParam, rank = this.#group.rank): { start: number; count: number } {
-    const start = rank * part.chunk;
-    return { start, count: Math.min(part.chunk, part.param.size - start) };
-  }
-
-  /** Calls fn for this rank's chunk of every parameter (padding left out): its master and where in it. */
-  forEachLocalChunk(fn: (param: Tensor, master: Tensor, masterOffset: number, count: number) => void): void {
-    for (const part of this.#parts.values()) {
-      const { count } = this.#myRange(part);
-      if (count > 0) fn(part.param, this.masters[part.master]!, part.masterOffset, count);
-    }
-  }
 
   /** Frees every parameter's bytes: from now on they exist only while gathered. */
   evictParameters(): void {
     this.#evicted = true;
-    for (const p of this.#parts.keys()) {
+    for (const p of this.parts.keys()) {
       p.storageRef.evict(`${p.describe()} is sharded by ZeRO stage 3 and is not gathered now: call attach(model) on the ZeroOptimizer so ` +
         'the model gathers it for each forward and backward, and read values with fullParameters()');
     }
@@ -219,8 +150,8 @@ export class ParameterPartition {
       }
     }
     const paramNames = new Map(model.namedParameters().map(([n, p]) => [p as Tensor, n]));
-    const outside = [...this.#parts.keys()].filter((p) => !paramNames.has(p)).map((p) => p.describe());
-    const missing = [...paramNames].filter(([p]) => !this.#parts.has(p)).map(([, n]) => n);
+    const outside = [...this.parts.keys()].filter((p) => !paramNames.has(p)).map((p) => p.describe());
+    const missing = [...paramNames].filter(([p]) => !this.parts.has(p)).map(([, n]) => n);
     const problems: string[] = [];
     if (missing.length > 0) problems.push(`model parameters not given to the optimizer: ${missing.join(', ')}`);
     if (outside.length > 0) problems.push(`optimizer parameters that are not the model's: ${outside.join(', ')}`);
@@ -230,17 +161,10 @@ export class ParameterPartition {
     const owners = new Map<Tensor, Module[]>();
     for (const u of units) for (const p of u.parameters()) owners.set(p, [...(owners.get(p) ?? []), u]);
     const ownerOf = (p: Tensor): Module => { const o = owners.get(p); return o && o.length === 1 ? o[0]! : model; };
-    const build = (m: Module): Unit => {
-      const slots: UnitSlot[] = [];
-      let offset = 0;
-      for (const [p, n] of paramNames) {
-        if (ownerOf(p) !== m) continue;
-        const part = this.#parts.get(p)!;
-        slots.push({ part, name: n, offset });
-        offset += part.chunk;
-      }
-      return { name: names.get(m)!, module: m, slots, shardCount: offset, gathered: false, inFlight: null, gradShard: null, ownForward: Object.getOwnPropertyDescriptor(m, 'forward') };
-    };
+    const build = (m: Module): Unit => ({
+      ...this.slotsOf([...paramNames].filter(([p]) => ownerOf(p) === m)),
+      name: names.get(m)!, module: m, gathered: false, inFlight: null, gradShard: null, ownForward: Object.getOwnPropertyDescriptor(m, 'forward'),
+    });
     this.#model = model;
     this.#root = build(model);
     this.#units = units.map(build).filter((u) => u.slots.length > 0);
@@ -317,29 +241,13 @@ export class ParameterPartition {
     });
   }
 
-  // This rank's chunks of the unit's parameters, on the parameters' device.
-  #shardOf(unit: Unit): Tensor {
-    const local = emptyOn([unit.shardCount], 'f32', this.#paramDevice, true);
-    for (const s of unit.slots) {
-      const master = this.masters[s.part.master]!;
-      if (master.device === local.device) copyElements(local, s.offset, master, s.part.masterOffset, s.part.chunk);
-      else {
-        using host = emptyOn([s.part.chunk], 'f32', master.deviceInfo);
-        copyElements(host, 0, master, s.part.masterOffset, s.part.chunk);
-        using here = host.to(local.device);
-        copyElements(local, s.offset, here, 0, s.part.chunk);
-      }
-    }
-    return local;
-  }
-
   #startGather(unit: Unit): void {
-    const local = keep(this.#shardOf(unit));
-    const full = keep(emptyOn([this.#group.size * unit.shardCount], 'f32', this.#paramDevice));
+    const local = keep(this.localShard(unit));
+    const full = keep(emptyOn([this.group.size * unit.shardCount], 'f32', this.paramDevice));
     this.#countGathered(full.nbytes);
     let work: Work;
     try {
-      work = this.#group.allGather(full, local);
+      work = this.group.allGather(full, local);
     } catch (e) {
       this.#countGathered(-full.nbytes);
       full.dispose();
@@ -348,7 +256,7 @@ export class ParameterPartition {
     }
     // A group that cannot block is refused at the first gather, the same on every rank (the
     // buffers stay with the op it started).
-    if (!work.waitSync) finishSync(work, this.#group);
+    if (!work.waitSync) finishSync(work, this.group);
     unit.inFlight = { work, full, local };
   }
 
@@ -368,18 +276,14 @@ export class ParameterPartition {
     const { work, full, local } = unit.inFlight!;
     unit.inFlight = null;
     try {
-      finishSync(work, this.#group);
+      finishSync(work, this.group);
       local.dispose();
-      const n = this.#group.size;
       for (const s of unit.slots) {
         const p = s.part.param;
         p.storageRef.restore(p.nbytes);
         this.#countGathered(p.nbytes);
-        for (let r = 0; r < n; r++) {
-          const { start, count } = this.#myRange(s.part, r);
-          if (count > 0) copyElements(p, start, full, r * unit.shardCount + s.offset, count);
-        }
       }
+      this.unpackGathered(unit, full);
       unit.gathered = true;
     } finally {
       this.#countGathered(-full.nbytes);
@@ -399,7 +303,7 @@ export class ParameterPartition {
       const { work, full, local } = unit.inFlight;
       unit.inFlight = null;
       this.stats.unused++;
-      try { finishSync(work, this.#group); } finally { this.#countGathered(-full.nbytes); full.dispose(); local.dispose(); }
+      try { finishSync(work, this.group); } finally { this.#countGathered(-full.nbytes); full.dispose(); local.dispose(); }
     }
     if (!unit.gathered) return;
     for (const s of unit.slots) {
@@ -409,7 +313,7 @@ export class ParameterPartition {
     unit.gathered = false;
   }
 
-  #evict(unit: Unit, slot: UnitSlot): void {
+  #evict(unit: Unit, slot: Unit['slots'][number]): void {
     slot.part.param.storageRef.evict(`parameter '${slot.name}' is sharded by ZeRO stage 3: its bytes exist only while ` +
       (unit === this.#root ? "the model's forward, backward and step run" : `unit '${unit.name}' runs its forward or backward`) +
       ' (read values with ZeroOptimizer.fullParameters())');
@@ -423,23 +327,12 @@ export class ParameterPartition {
   /** Packs the unit's full gradients rank by rank, frees them and starts their reduce-scatter (averaged over the group). */
   #reduceScatter(unit: Unit): void {
     if (!unit.slots.some((s) => s.part.param.grad)) return;
-    const n = this.#group.size, count = unit.shardCount;
-    const input = keep(emptyOn([n * count], 'f32', this.#paramDevice, true));
-    for (const s of unit.slots) {
-      const p = s.part.param, grad = p.grad;
-      if (!grad) continue;
-      if (grad.dtype !== 'f32') throw new StateError(`${CALL}: the gradient of '${s.name}' is ${grad.dtype}, expected f32`);
-      for (let r = 0; r < n; r++) {
-        const { start, count: c } = this.#myRange(s.part, r);
-        if (c > 0) copyElements(input, r * count + s.offset, grad, start, c);
-      }
-      grad.dispose();
-      p.grad = null;
-    }
-    const out = keep(emptyOn([count], 'f32', this.#paramDevice));
+    const input = keep(emptyOn([this.group.size * unit.shardCount], 'f32', this.paramDevice, true));
+    for (const s of unit.slots) this.packGrad(unit, s, input, true);
+    const out = keep(emptyOn([unit.shardCount], 'f32', this.paramDevice));
     this.#finishReduction();
     this.stats.reduceScatters++;
-    this.#reducing = { unit, work: this.#group.reduceScatter(out, input, { op: 'avg' }), input, out };
+    this.#reducing = { unit, work: this.group.reduceScatter(out, input, { op: 'avg' }), input, out };
   }
 
   #finishReduction(): void {
@@ -447,19 +340,11 @@ export class ParameterPartition {
     if (!r) return;
     this.#reducing = null;
     try {
-      finishSync(r.work, this.#group);
+      finishSync(r.work, this.group);
     } finally {
       r.input.dispose();
     }
-    const masterDevice = this.masters[0]!.deviceInfo;
-    const shard = r.out.device === masterDevice.name ? r.out : keep(r.out.to(masterDevice.name));
-    if (shard !== r.out) r.out.dispose();
-    if (r.unit.gradShard) {
-      accumulateInto(r.unit.gradShard, shard);
-      shard.dispose();
-    } else {
-      r.unit.gradShard = shard;
-    }
+    this.foldReduced(r.unit, r.out);
   }
 
   /**
@@ -477,57 +362,24 @@ export class ParameterPartition {
       this.#finishReduction();
     }
     this.#releaseAll();
-    this.masters.forEach((m) => {
-      m.grad?.dispose();
-      m.grad = keep(emptyOn(m.shape, 'f32', m.deviceInfo, true));
-    });
-    for (const u of [this.#root!, ...this.#units]) {
-      if (!u.gradShard) continue;
-      for (const s of u.slots) copyElements(this.masters[s.part.master]!.grad!, s.part.masterOffset, u.gradShard, s.offset, s.part.chunk);
-      u.gradShard.dispose();
-      u.gradShard = null;
-    }
+    this.writeMasterGrads([this.#root!, ...this.#units]);
   }
 
   zeroGrad(): void {
-    for (const p of this.#parts.keys()) { p.grad?.dispose(); p.grad = null; }
+    for (const p of this.parts.keys()) { p.grad?.dispose(); p.grad = null; }
     for (const u of [this.#root, ...this.#units]) { u?.gradShard?.dispose(); if (u) u.gradShard = null; }
     for (const m of this.masters) { m.grad?.dispose(); m.grad = null; }
-  }
-
-  /**
-   * Collective: every parameter's full value as a new tensor (in `params` order; the caller owns
-   * them). Works attached or not, between steps.
-   */
-  async fullParameters(): Promise<Tensor[]> {
-    const n = this.#group.size;
-    const out = new Map<Tensor, Tensor>();
-    for (const master of this.masters) {
-      using local = master.device === this.#paramDevice.name ? master.clone() : master.to(this.#paramDevice.name);
-      using full = emptyOn([n * master.size], 'f32', this.#paramDevice);
-      await this.#group.allGather(full, local);
-      for (const part of this.#parts.values()) {
-        if (this.masters[part.master] !== master) continue;
-        const t = emptyOn(part.param.shape, 'f32', this.#paramDevice);
-        for (let r = 0; r < n; r++) {
-          const { start, count } = this.#myRange(part, r);
-          if (count > 0) copyElements(t, start, full, r * master.size + part.masterOffset, count);
-        }
-        out.set(part.param, t);
-      }
-    }
-    return this.params.map((p) => out.get(p)!);
   }
 
   /** Bytes of parameter storage gathered now, of full gradients, and of shard gradients (units' and masters'). */
   memory(): { gatheredParams: number; fullGrads: number; shardGrads: number } {
     let fullGrads = 0, shardGrads = 0;
-    for (const p of this.#parts.keys()) if (p.grad && !p.grad.disposed) fullGrads += p.grad.nbytes;
+    for (const p of this.parts.keys()) if (p.grad && !p.grad.disposed) fullGrads += p.grad.nbytes;
     for (const u of [this.#root, ...this.#units]) if (u?.gradShard) shardGrads += u.gradShard.nbytes;
     if (this.#reducing) fullGrads += this.#reducing.input.nbytes;
     for (const m of this.masters) if (m.grad) shardGrads += m.grad.nbytes;
     let gatheredParams = 0;
-    for (const p of this.#parts.keys()) gatheredParams += p.disposed ? 0 : p.storageRef.bytes;
+    for (const p of this.parts.keys()) gatheredParams += p.disposed ? 0 : p.storageRef.bytes;
     return { gatheredParams, fullGrads, shardGrads };
   }
 
@@ -549,10 +401,10 @@ export class ParameterPartition {
       u.gradShard = null;
     }
     if (this.#reducing) { this.#reducing.input.dispose(); this.#reducing.out.dispose(); this.#reducing = null; }
-    for (const p of this.#parts.keys()) {
+    for (const p of this.parts.keys()) {
       if (this.#evicted && !p.disposed) p.storageRef.evict(`${p.describe()} belonged to a ZeRO stage 3 optimizer that was disposed; its values are gone (read them with fullParameters() before dispose)`);
     }
-    for (const m of this.masters) { m.grad?.dispose(); m.dispose(); }
+    this.disposeMasters();
     this.#model = null;
   }
 }

@@ -1,0 +1,198 @@
+// ZeRO stages 1 and 2 driven by backward on simulated ranks: every bucket's reduce-scatter starts
+// from the gradient hooks while backward runs, stage 2 frees each gradient as it is packed and
+// reduces every micro-batch, stage 1 once per step; the updated parameters equal a float64 SGD
+// step on the mean gradient (over several steps, micro-batches, rebuilt buckets, deferred
+// parameters, overlap off); misuse fails clearly and leaves the optimizer usable.
+import { describe, expect, it } from 'vitest';
+import * as nt from '../../lib/index.js';
+import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { ZeroOptimizer, type ZeroOptions } from '../../lib/parallel/zero/optimizer.js';
+import type { ProcessGroup } from '../../lib/parallel/group.js';
+import { ALL, chainLoss, leafParams, maxAbsDiff, meanOverRanks } from './helpers.js';
+
+const LR = 0.5;
+// Every parameter of CHAIN_SHAPES is at most 84 bytes: about one parameter per bucket.
+const BUCKET_BYTES = 64;
+const sgd = (groups: Array<{ params: Iterable<nt.Tensor> }>) => new nt.optim.SGD(groups, { lr: LR });
+
+/** Initial values minus LR times each step's float64 mean gradient (plain SGD). */
+function expected(world: number, stepChains: readonly (readonly number[])[], micros: number): Float64Array[] {
+  const params = leafParams();
+  const out = params.map((p) => Float64Array.from(p.toArraySync() as Float32Array));
+  for (const p of params) p.dispose();
+  stepChains.forEach((chain, step) => {
+    // The parameters move between steps, so each step's gradients come from the expected values so far.
+    const mean = meanAt(world, chain, micros, step, out);
+    out.forEach((v, i) => v.forEach((x, j) => { v[j] = x - LR * mean[i]![j]!; }));
+  });
+  return out;
+}
+
+// meanOverRanks at given parameter values (the chain's gradients depend on them).
+function meanAt(world: number, chain: readonly number[], micros: number, step: number, values: Float64Array[]): Float64Array[] {
+  const sum = values.map((v) => new Float64Array(v.length));
+  const shapes = leafParams().map((p) => { const s = p.shape as number[]; p.dispose(); return s; });
+  for (let r = 0; r < world; r++) {
+    const params = values.map((v, i) => nt.tensor(Float32Array.from(v), shapes[i]!, { requiresGrad: true }));
+    for (let m = 0; m < micros; m++) chainLoss(params, r, step * micros + m, chain).backward();
+    params.forEach((p, i) => { if (p.grad) (p.grad.toArraySync() as Float32Array).forEach((g, j) => { sum[i]![j] += g / world; }); });
+    for (const p of params) p.dispose();
+  }
+  return sum;
+}
+
+interface RunOptions {
+  stage: 1 | 2;
+  micros: number;
+  stepChains: readonly (readonly number[])[];
+  overlap?: boolean;
+  defer?: number[];
+}
+
+/** One rank: the steps through a ZeroOptimizer, checking after each backward what the stage promises. */
+async function trainRank(g: ProcessGroup, o: RunOptions): Promise<{ values: Float32Array[]; stats: nt.parallel.ReduceStats }> {
+  const params = leafParams();
+  const options: ZeroOptions = { group: g, stage: o.stage, bucketBytes: BUCKET_BYTES, overlap: o.overlap ?? true, deferGrads: (o.defer ?? []).map((i) => params[i]!) };
+  const zero = new ZeroOptimizer(params, sgd, options);
+  const deferred = new Set(options.deferGrads as nt.Tensor[]);
+  for (const [step, chain] of o.stepChains.entries()) {
+    for (let m = 0; m < o.micros; m++) {
+      const backward = () => chainLoss(params, g.rank, step * o.micros + m, chain).backward();
+      if (o.stage === 1 && m < o.micros - 1) await zero.noSync(backward);
+      else backward();
+      // Stage 2 with overlap keeps no full gradient past its hook, except the deferred ones.
+      if (o.stage === 2 && (o.overlap ?? true)) for (const p of params) expect(p.grad !== null).toBe(deferred.has(p) && chain.includes(params.indexOf(p)));
+      if (o.stage === 1) for (const i of chain) expect(params[i]!.grad).not.toBeNull();
+    }
+    await zero.step();
+    zero.zeroGrad();
+  }
+  const values = params.map((p) => p.toArraySync() as Float32Array);
+  const stats = { ...zero.reduceStats };
+  zero.dispose();
+  return { values, stats };
+}
+
+function expectClose(results: { values: Float32Array[] }[], want: Float64Array[]): void {
+  for (const r of results) want.forEach((w, i) => expect(maxAbsDiff(r.values[i]!, w)).toBeLessThan(2e-6));
+}
+
+describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
+  for (const world of [2, 3]) {
+    for (const stage of [1, 2] as const) {
+      for (const micros of [1, 3]) {
+        it(`stage ${stage}, ${world} ranks, ${micros} micro-batch(es), 2 steps: every bucket reduce-scattered during backward; SGD on the mean gradient`, async () => {
+          const stepChains = [ALL, ALL];
+          const results = await runLocalRanks(world, (g) => trainRank(g, { stage, micros, stepChains }));
+          expectClose(results, expected(world, stepChains, micros));
+          const rounds = 2 * (stage === 1 ? 1 : micros);
+          for (const { stats } of results) {
+            expect(stats.buckets).toBeGreaterThanOrEqual(4);
+            expect(stats.rounds).toBe(rounds);
+            expect(stats.duringBackward).toBe(stats.reduceScatters);
+            expect(stats.reduceScatters).toBe(rounds * stats.buckets);
+          }
+        });
+      }
+    }
+  }
+
+  it('rebuilds the buckets in the first step\'s ready order: later steps launch buckets as their gradients come', async () => {
+    // The backward uses the parameters in reverse, so the gradients are ready in creation order, the
+    // opposite of the first step's buckets: the first bucket completes only at the last hook, which
+    // launches them all. After the rebuild each hook launches its own bucket.
+    const reversed = [...ALL].reverse();
+    const results = await runLocalRanks(2, async (g) => {
+      const params = leafParams();
+      let zero: ZeroOptimizer<{ lr: number }> | null = null, launchedAtEntry: number[] = [];
+      // Registered before the optimizer's, so each runs just before the optimizer's hook of the same gradient.
+      for (const p of params) nt.registerPostAccumulateGradHook(p, () => { launchedAtEntry.push(zero!.reduceStats.reduceScatters); });
+      zero = new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketBytes: BUCKET_BYTES });
+      const perStep: number[][] = [];
+      for (let step = 0; step < 3; step++) {
+        const before = zero.reduceStats.reduceScatters;
+        launchedAtEntry = [];
+        chainLoss(params, g.rank, step, reversed).backward();
+        perStep.push(launchedAtEntry.map((n) => n - before));
+        await zero.step();
+        zero.zeroGrad();
+      }
+      const values = params.map((p) => p.toArraySync() as Float32Array);
+      const buckets = zero.reduceStats.buckets;
+      zero.dispose();
+      return { values, perStep, buckets };
+    });
+    expectClose(results, expected(2, [reversed, reversed, reversed], 1));
+    for (const { perStep, buckets } of results) {
+      expect(buckets).toBeGreaterThanOrEqual(4);
+      // Step 1: nothing launched before the last gradient's hook.
+      expect(perStep[0]!.at(-1)).toBe(0);
+      // Steps 2 and 3: by the last gradient's hook every other bucket is on its way.
+      for (const launched of perStep.slice(1)) expect(launched.at(-1)).toBe(buckets - 1);
+    }
+  });
+
+  it('overlap off: nothing is reduced during backward, one round per step in step(), the same result', async () => {
+    for (const stage of [1, 2] as const) {
+      const results = await runLocalRanks(2, (g) => trainRank(g, { stage, micros: 2, stepChains: [ALL, ALL], overlap: false }));
+      expectClose(results, expected(2, [ALL, ALL], 2));
+      for (const { stats } of results) {
+        expect(stats.duringBackward).toBe(0);
+        expect(stats.rounds).toBe(2);
+      }
+    }
+  });
+
+  it('deferred parameters keep their full gradient through backward and are reduce-scattered in step()', async () => {
+    for (const stage of [1, 2] as const) {
+      const results = await runLocalRanks(2, (g) => trainRank(g, { stage, micros: 2, stepChains: [ALL, ALL], defer: [0, 4] }));
+      expectClose(results, expected(2, [ALL, ALL], 2));
+      for (const { stats } of results) {
+        expect(stats.deferredBuckets).toBeGreaterThanOrEqual(1);
+        expect(stats.duringBackward).toBe(stats.reduceScatters - 2 * stats.deferredBuckets);
+      }
+    }
+  });
+
+  it('a parameter a backward never reaches contributes zeros; the others still match', async () => {
+    const chain = [0, 1, 3, 4];
+    const results = await runLocalRanks(2, (g) => trainRank(g, { stage: 2, micros: 2, stepChains: [chain, chain] }));
+    expectClose(results, expected(2, [chain, chain], 2));
+  });
+
+  it('misuse: a second synchronized backward at stage 1, noSync after it, noSync at stage 3, bad deferred or order lists', async () => {
+    await runLocalRanks(2, async (g) => {
+      const params = leafParams();
+      const zero = new ZeroOptimizer(params, sgd, { group: g, stage: 1, bucketBytes: BUCKET_BYTES });
+      chainLoss(params, g.rank, 0).backward();
+      expect(() => chainLoss(params, g.rank, 1).backward()).toThrow(/second backward\(\).*noSync/);
+      await expect(zero.noSync(() => undefined)).rejects.toThrow(nt.StateError);
+      // Recovery: start the step over.
+      zero.zeroGrad();
+      chainLoss(params, g.rank, 0).backward();
+      await zero.step();
+      const want = expected(2, [ALL], 1);
+      want.forEach((w, i) => expect(maxAbsDiff(params[i]!.toArraySync() as Float32Array, w)).toBeLessThan(2e-6));
+      zero.dispose();
+
+      // A backward that throws half-way (here: a hook after the optimizer's) leaves the pass open.
+      const two = new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketBytes: BUCKET_BYTES });
+      const late = nt.registerPostAccumulateGradHook(params[2]!, () => { throw new Error('boom'); });
+      expect(() => chainLoss(params, g.rank, 0).backward()).toThrow('boom');
+      late.remove();
+      await expect(two.step()).rejects.toThrow(/never finished.*zeroGrad/);
+      two.zeroGrad();
+      two.dispose();
+
+      const other = nt.zeros([3], { requiresGrad: true });
+      expect(() => new ZeroOptimizer(params, sgd, { group: g, stage: 2, deferGrads: [other] })).toThrow(/deferred parameter .* is not one of the optimizer's parameters/);
+      expect(() => new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketOrder: params.slice(1) })).toThrow(/every parameter of the optimizer exactly once/);
+      expect(() => new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketBytes: 0 })).toThrow(/bucketBytes must be > 0/);
+      const three = new ZeroOptimizer(leafParams(), sgd, { group: g, stage: 3 });
+      await expect(three.noSync(() => undefined)).rejects.toThrow(/stage 3/);
+      three.dispose();
+      expect(() => nt.queueBackwardCallback(() => undefined)).toThrow(nt.AutogradError);
+      expect(nt.ones([2]).toArraySync()).toEqual(new Float32Array([1, 1]));
+    });
+  });
+});
