@@ -120,6 +120,8 @@ const layouts = {
   'ZeRO-2 DP2 offload recompute': launchRun('zero2', 2, ['--zero', '2', '--offload', '--recompute']),
   'DP4 ZeRO-1': launchRun('dp4', 4, ['--zero', '1']),
   'DP4 ZeRO-2 offload': launchRun('dp4-zero2-offload', 4, ['--zero', '2', '--offload']),
+  'DP4 ZeRO-1 offload': launchRun('dp4-zero1-offload', 4, ['--zero', '1', '--offload']),
+  'DP4 ZeRO-2': launchRun('dp4-zero2', 4, ['--zero', '2']),
   'PP2 GPipe, 2 micro-batches': launchRun('pp2-gpipe', 2, ['--pp', '2', '--micro-batches', '2', '--schedule', 'gpipe']),
   'PP2 1F1B, 4 micro-batches, recompute': launchRun('pp2-1f1b', 2, ['--pp', '2', '--micro-batches', '4', '--schedule', '1f1b', '--recompute']),
   'PP2×DP2 1F1B ZeRO-1, 2 micro-batches': launchRun('pp2-dp2', 4, ['--pp', '2', '--dp', '2', '--zero', '1', '--micro-batches', '2']),
