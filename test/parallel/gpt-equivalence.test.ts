@@ -139,6 +139,7 @@ const layouts = {
   'TP2 SP': launchRun('tp2-sp', 2, ['--tp', '2', '--sp']),
   'TP2×DP2 SP ZeRO-1': launchRun('tp2-dp2-sp', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '1']),
   'TP2×PP2 SP 1F1B, 2 micro-batches, recompute': launchRun('tp2-pp2-sp', 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']),
+  'TP2×DP2 SP ZeRO-3, 2 micro-batches': launchRun('tp2-dp2-sp-zero3', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '3', '--micro-batches', '2']),
 };
 const TOLERANCE = 1e-5;
 /** The gradient bucket size gpt-train.ts trains with (BUCKET_BYTES there). */
