@@ -145,10 +145,15 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   }
   gemmInto(out, x, weight, plan, false, true, 1, bias ? 1 : 0);
   if (!needsGrad(x, weight, bias)) return out;
-  const needX = x.requiresGrad || x.gradFn !== null, needW = weight.requiresGrad || weight.gradFn !== null;
-  const needBias = !!bias && (bias.requiresGrad || bias.gradFn !== null);
+  const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
   return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws]);
+}
+
+/** Which of a linear op's inputs want a gradient (those that require grad or come from a graph). */
+export function linearNeeds(x: Tensor, weight: Tensor, bias: Tensor | null | undefined): { needX: boolean; needW: boolean; needBias: boolean } {
+  const wants = (t: Tensor) => t.requiresGrad || t.gradFn !== null;
+  return { needX: wants(x), needW: wants(weight), needBias: !!bias && wants(bias) };
 }
 
 /**

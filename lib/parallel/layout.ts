@@ -213,12 +213,13 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
+    const bucketing = options.bucketBytes ? { bucketBytes: options.bucketBytes } : {};
     if (zero !== 0) {
       // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
       // out of the reduce-scatters that start during backward.
       const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
       this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, {
-        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
+        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
       });
       if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
       this.#optimizer = null;
@@ -226,7 +227,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     } else {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
-      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}) }) : null;
+      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...bucketing }) : null;
     }
   }
 
@@ -252,9 +253,6 @@ export class ParallelTrainer<H extends { lr: number }> {
 
   /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. */
   get zero(): ZeroOptimizer<H> | null { return this.#zero; }
-
-  /** The data-parallel gradient buffer (at ZeRO 0 with more than one data-parallel rank). */
-  get gradBuffer(): GradBuffer | null { return this.#grads; }
 
   /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded). */
   get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }

@@ -6,7 +6,7 @@ import { ArgumentError } from '../../errors.js';
 import { needsGrad, record, save } from '../../autograd/engine.js';
 import { noGrad } from '../../autograd/index.js';
 import { add, linear } from '../../ops/index.js';
-import { linearBackward } from '../../ops/matmul.js';
+import { linearBackward, linearNeeds } from '../../ops/matmul.js';
 import { defaultGenerator, type Generator } from '../../random.js';
 import { uniform } from '../../nn/init.js';
 import { Module, Parameter } from '../../nn/module.js';
@@ -53,8 +53,7 @@ export function sequenceGatheredLinear(x: Tensor, weight: Tensor, bias: Tensor |
   let y: Tensor;
   try { y = noGrad(() => linear(total, weight, bias)); } finally { total.dispose(); }
   if (!needsGrad(x, weight, bias)) return y;
-  const needX = x.requiresGrad || x.gradFn !== null, needW = weight.requiresGrad || weight.gradFn !== null;
-  const needBias = !!bias && (bias.requiresGrad || bias.gradFn !== null);
+  const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
   return record(call, y, bias ? [x, weight, bias] : [x, weight], (g) => {
     using again = allGatherSequence(xs, group, `${call} backward`);

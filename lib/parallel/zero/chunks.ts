@@ -46,7 +46,7 @@ export interface ShardRun {
  * The partition of a list of parameter groups over a process group. Subclasses add when the
  * collectives happen; this holds where every chunk is and how runs are packed.
  */
-export class ChunkedShards {
+export abstract class ChunkedShards {
   /** This rank's chunks of each parameter group's parameters, back to back: what the inner optimizer updates. */
   readonly masters: Tensor[];
   protected readonly group: ProcessGroup;
@@ -210,6 +210,12 @@ export class ChunkedShards {
     }
     return this.params.map((p) => out.get(p)!);
   }
+
+  /** Drops every gradient: the parameters', the runs' shards and the masters'. */
+  abstract zeroGrad(): void;
+
+  /** Frees what the subclass holds and the masters. */
+  abstract dispose(): void;
 
   /** Frees the masters and their gradients. */
   protected disposeMasters(): void {

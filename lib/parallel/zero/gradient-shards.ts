@@ -187,13 +187,16 @@ export class GradientShards extends ChunkedShards {
     for (let b = this.#buckets[this.#next]; b && !b.deferred && b.marked.size === b.slots.length; b = this.#buckets[this.#next]) this.#launch(b, true);
   }
 
-  // Launches every bucket of the round not launched yet, taking whatever gradients its parameters hold.
+  // Launches every bucket of the round not launched yet.
   #launchRest(): void {
     this.stats.rounds++;
-    for (let b = this.#buckets[this.#next]; b && !b.deferred; b = this.#buckets[this.#next]) {
-      for (const s of b.slots) if (!b.marked.has(s.part.param)) this.#pack(b, s);
-      this.#launch(b, false);
-    }
+    for (let b = this.#buckets[this.#next]; b && !b.deferred; b = this.#buckets[this.#next]) this.#packRestAndLaunch(b);
+  }
+
+  // Launches b from outside the hooks, taking whatever gradients its unmarked parameters hold.
+  #packRestAndLaunch(b: Bucket): void {
+    for (const s of b.slots) if (!b.marked.has(s.part.param)) this.#pack(b, s);
+    this.#launch(b, false);
   }
 
   #launch(b: Bucket, duringBackward: boolean): void {
@@ -255,11 +258,7 @@ export class GradientShards extends ChunkedShards {
     }
     if (!this.#reducedThisStep || this.#unreduced) this.#launchRest();
     this.#next = 0;
-    for (const b of this.#buckets) {
-      if (!b.deferred) continue;
-      for (const s of b.slots) this.#pack(b, s);
-      this.#launch(b, false);
-    }
+    for (const b of this.#buckets) if (b.deferred) this.#packRestAndLaunch(b);
     while (this.#inFlight.length > 0) {
       const r = this.#inFlight[0]!;
       await r.work;

@@ -88,8 +88,6 @@ export class ZeroOptimizer<H extends { lr: number }> {
   readonly offload: boolean;
   readonly #shards: GradientShards | null;
   readonly #partition: ParameterPartition | null;
-  /** The tensors the inner optimizer updates: one shard per parameter group. */
-  readonly #masters: Tensor[];
 
   constructor(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions) {
     if (options.stage !== 1 && options.stage !== 2 && options.stage !== 3) {
@@ -105,7 +103,6 @@ export class ZeroOptimizer<H extends { lr: number }> {
     if (this.stage === 3) {
       this.#partition = new ParameterPartition(paramLists, this.group, this.offload);
       this.#shards = null;
-      this.#masters = this.#partition.masters;
     } else {
       this.#partition = null;
       this.#shards = new GradientShards(paramLists, this.group, {
@@ -113,7 +110,6 @@ export class ZeroOptimizer<H extends { lr: number }> {
         bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, deferred: [...(options.deferGrads ?? [])],
         ...(options.bucketOrder ? { order: [...options.bucketOrder] } : {}),
       });
-      this.#masters = this.#shards.masters;
     }
     this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [this.#masters[i]!] }) as unknown as ZeroParamGroup<H>));
     if (this.inner instanceof Lamb) {
@@ -178,10 +174,16 @@ export class ZeroOptimizer<H extends { lr: number }> {
   }
 
   /** The parameters (all groups, in order). */
-  get params(): Tensor[] { return (this.#partition ?? this.#shards!).params; }
+  get params(): Tensor[] { return this.#chunks.params; }
+
+  // The shard layout of either kind (stage 3's or stages 1 and 2's).
+  get #chunks(): ParameterPartition | GradientShards { return this.#partition ?? this.#shards!; }
+
+  /** The tensors the inner optimizer updates: this rank's chunks, one tensor per parameter group. */
+  get #masters(): Tensor[] { return this.#chunks.masters; }
 
   zeroGrad(): void {
-    (this.#partition ?? this.#shards!).zeroGrad();
+    this.#chunks.zeroGrad();
   }
 
   /**
@@ -212,7 +214,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
     let local = 0;
     if (skip.size === 0) local = gradSumSquares(masters);
     else {
-      (this.#partition ?? this.#shards!).forEachLocalChunk((p, master, offset, c) => {
+      this.#chunks.forEachLocalChunk((p, master, offset, c) => {
         if (skip.has(p)) return;
         const shardGrad = master.grad!;
         using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
@@ -257,8 +259,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
   /** Frees the shards and the state. At stage 3 also removes the hooks; the parameters' values are gone (see fullParameters()). */
   dispose(): void {
     this.inner?.dispose();
-    this.#partition?.dispose();
-    this.#shards?.dispose();
+    this.#chunks.dispose();
   }
 }
 
