@@ -145,7 +145,7 @@ interface InFlight {
  * NCCL behind the CommBackend interface. An op's promise settles when its event completes (polled
  * on the host by a watchdog that never blocks the event loop); its `waitSync()` does not block the
  * host: it makes the device's current stream wait on that event, so later compute is ordered after
- * the collective (DESIGN.md). A failure or timeout aborts the communicator; later ops then throw.
+ * the collective (docs/architecture.md, Backends). A failure or timeout aborts the communicator; later ops then throw.
  */
 export class NcclBackend implements CommBackend {
   /** Marks the promises of this backend as stream-ordered (see Work.wait). */
