@@ -8,6 +8,6 @@ export { Work } from './work.js';
 export { REDUCE_OP_CODES, type ReduceOp } from './collectives.js';
 export { type CommBackend, type CommPromise, type GlooEndpoint, createGlooBackend } from './backend.js';
 export {
-  NcclBackend, createNcclBackend, loadNcclAddon, ncclUsableDevices, NCCL_UNIQUE_ID_KEY, type NcclAddon, type NcclEndpoint, type NcclNativeComm,
+  NcclBackend, createNcclBackend, loadNcclAddon, ncclUsableDevices, NCCL_UNIQUE_ID_KEY, NCCL_PENDING, type NcclAddon, type NcclEndpoint, type NcclNativeComm,
 } from './nccl-backend.js';
 export { verifyCollective, describeCollective, type CollectiveDescription } from './check.js';

@@ -13,7 +13,10 @@ export interface NcclNativeComm {
   readonly rank: number;
   readonly size: number;
   readonly device: number;
-  /** Each op returns the id of an event recorded after it on the communication stream (0 inside a group). */
+  /**
+   * Each op returns the id of an event recorded after it on the communication stream, 0 inside a
+   * group, or NCCL_PENDING when NCCL is still enqueueing it (see recordCompletion).
+   */
   allReduce(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, op: number): number;
   broadcast(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, root: number): number;
   reduce(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, op: number, root: number): number;
@@ -24,8 +27,10 @@ export interface NcclNativeComm {
   recv(buf: NativeStorage, off: number, count: number, dtype: number, peer: number): number;
   groupStart(): void;
   groupEnd(): number;
-  /** 'ok', 'inProgress' (init not finished) or the failure's message. */
+  /** 'ok', 'inProgress' (init or the last call not finished) or the failure's message. */
   asyncError(): string;
+  /** The completion event of the call that returned NCCL_PENDING, once asyncError() has left 'inProgress'. */
+  recordCompletion(): number;
   /** Whether the event's operation has finished; throws CommError on an asynchronous NCCL failure. */
   query(eventId: number): boolean;
   abort(): void;
@@ -99,6 +104,13 @@ export function ncclUsableDevices(): number {
     return 0;
   }
 }
+
+/**
+ * What a NcclComm call returns when NCCL answered ncclInProgress: the operation may not be on the
+ * stream yet, so no event was recorded; NCCL allows no other call on the communicator until its
+ * state leaves in-progress.
+ */
+export const NCCL_PENDING = -1;
 
 /** Store key (under the group's prefix) of the NCCL unique id rank 0 publishes. */
 export const NCCL_UNIQUE_ID_KEY = 'ncclUniqueId';
@@ -203,7 +215,7 @@ export class NcclBackend implements CommBackend {
     let resolve!: () => void, reject!: (e: Error) => void;
     const promise = new Promise<void>((res, rej) => { resolve = res; reject = rej; });
     const info: OpInfo = { op, seq, bytes, resolve, reject, settled: promise.then(() => {}, () => {}) };
-    const eventId = call();
+    const eventId = this.#enqueued(call(), op, seq, bytes, timeoutMs);
     let flight: InFlight | undefined;
     let batchWaiters: Array<(e: InFlight) => void> | undefined;
     if (this.#batch) {
@@ -221,6 +233,38 @@ export class NcclBackend implements CommBackend {
       this.addon.streamWaitEvent(this.device, this.addon.currentStream(this.device), flight.eventId);
     };
     return Object.assign(promise, { waitSync, streamOrdered: true as const });
+  }
+
+  /**
+   * The completion event of a call that returned `id`. When NCCL is still enqueueing it
+   * (NCCL_PENDING), polls the communicator until its state leaves in-progress — blocking the host,
+   * since NCCL forbids other calls meanwhile (PyTorch's ProcessGroupNCCL does the same) — and only
+   * then records the event, so it cannot complete before the operation.
+   */
+  #enqueued(id: number, op: string, seq: number, bytes: number | undefined, timeoutMs: number): number {
+    if (id !== NCCL_PENDING) return id;
+    const deadline = Date.now() + timeoutMs;
+    for (let polls = 0; ; polls++) {
+      let state: string;
+      try {
+        state = this.native.asyncError();
+      } catch (e) {
+        this.#abort((e as Error).message);
+        throw e;
+      }
+      if (state === 'ok') break;
+      if (state !== 'inProgress') {
+        this.#abort(state);
+        throw new CommError(`${this.#where(op, seq, bytes)} failed while NCCL enqueued it: ${state}; the communicator was aborted`, `NcclComm.${op}`);
+      }
+      if (Date.now() > deadline) {
+        this.#abort('enqueue timed out');
+        throw new TimeoutError(`${this.#where(op, seq, bytes)} was still being enqueued by NCCL (ncclInProgress) after ${timeoutMs} ms; ` +
+          'the communicator was aborted (did every rank of the group issue it?)', `NcclComm.${op}`);
+      }
+      if (polls >= 100) sleepMicros(50);
+    }
+    return this.native.recordCompletion();
   }
 
   #track(f: InFlight): void {
@@ -287,7 +331,9 @@ export class NcclBackend implements CommBackend {
     this.#batch = undefined;
     let eventId: number;
     try {
-      eventId = this.native.groupEnd();
+      const first = batch.ops[0];
+      eventId = this.#enqueued(this.native.groupEnd(), first ? `batch of ${batch.ops.length} ops starting with ${first.op}` : 'empty batch',
+        first?.seq ?? -1, first ? sum(batch.ops.map((o) => o.bytes)) : undefined, first ? Math.max(1, batch.deadline - Date.now()) : 300_000);
     } catch (e) {
       this.#abort((e as Error).message);
       for (const o of batch.ops) o.reject(e as Error);
@@ -404,7 +450,10 @@ export class NcclBackend implements CommBackend {
       calls();
     } catch (e) {
       // NCCL must leave the group even when a call inside failed; the first failure is the one reported.
-      try { this.addon.eventDestroy(this.native.groupEnd()); } catch { /* see above */ }
+      try {
+        const id = this.native.groupEnd();
+        if (id > 0) this.addon.eventDestroy(id);
+      } catch { /* see above */ }
       throw e;
     }
     return this.native.groupEnd();
@@ -424,6 +473,12 @@ export class NcclBackend implements CommBackend {
 function bytesOf(dtypeCode: number, count: number): number {
   const d = DTYPES[dtypeCode];
   return d === undefined ? 0 : count * dtypeSize(d);
+}
+
+const sleeper = new Int32Array(new SharedArrayBuffer(4));
+/** Blocks the thread for about `us` microseconds (a poll interval that does not spin a core). */
+function sleepMicros(us: number): void {
+  Atomics.wait(sleeper, 0, 0, us / 1000);
 }
 
 function sum(xs: readonly number[]): number {

@@ -15,11 +15,18 @@
 //   comm.send(buf, off, count, dtype, peer) / comm.recv(buf, off, count, dtype, peer) -> eventId | 0
 //   comm.groupStart(); ...; comm.groupEnd() -> eventId      (inside a group the calls return 0)
 //   comm.asyncError() -> 'ok' | 'inProgress' | message;  comm.query(eventId) -> boolean (throws CommError)
+//   comm.recordCompletion() -> eventId   after a call returned PENDING (-1), once asyncError() left 'inProgress'
 //   comm.synchronize(eventId, timeoutMs)   host wait; on timeout aborts the communicator, TimeoutError
 //   comm.abort(); comm.destroy(); comm.rank; comm.size; comm.device; comm.stream (its stream id)
 // Each call makes the communication stream wait for the device's current stream (inputs are ready),
 // and returns an event recorded after the operation: `streamWaitEvent(device, currentStream, id)`
 // makes compute wait without blocking the host; the caller destroys the event (eventDestroy).
+// Communicators are non-blocking: when NCCL answers ncclInProgress the kernel may not be enqueued
+// yet (first collectives, a first send/recv to a peer), so an event recorded now could complete
+// before the operation. Such a call returns PENDING (-1) and records nothing; the caller polls
+// asyncError() until it leaves 'inProgress' (NCCL allows no other call on the communicator
+// meanwhile) and then takes the completion event from recordCompletion(). The polling, with the
+// op's timeout and the error naming rank, op and sequence number, is policy: lib/distributed/nccl-backend.ts.
 #include <nccl.h>
 
 #include <chrono>
@@ -84,6 +91,7 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
          InstanceMethod("send", &NcclComm::Send), InstanceMethod("recv", &NcclComm::Recv),
          InstanceMethod("groupStart", &NcclComm::GroupStart), InstanceMethod("groupEnd", &NcclComm::GroupEnd),
          InstanceMethod("asyncError", &NcclComm::AsyncError), InstanceMethod("query", &NcclComm::Query),
+         InstanceMethod("recordCompletion", &NcclComm::RecordCompletion),
          InstanceMethod("synchronize", &NcclComm::Synchronize), InstanceMethod("abort", &NcclComm::Abort),
          InstanceMethod("destroy", &NcclComm::Destroy), InstanceAccessor("rank", &NcclComm::Rank, nullptr),
          InstanceAccessor("size", &NcclComm::Size, nullptr), InstanceAccessor("device", &NcclComm::Device, nullptr),
@@ -148,12 +156,18 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
     if (!readyEventId_) readyEventId_ = eventCreateId(device_, false);
     return readyEventId_;
   }
-  // The event that completes with the operation (0 inside a group: groupEnd returns it).
-  Napi::Value after(const Napi::CallbackInfo& info) {
+  // What a call that NCCL accepted with `r` returns: 0 inside a group (groupEnd answers for it),
+  // PENDING while NCCL is still enqueueing it, else the event that completes with the operation.
+  static constexpr int64_t PENDING = -1;
+  Napi::Value after(const Napi::CallbackInfo& info, ncclResult_t r) {
     if (groupDepth_ > 0) return Napi::Number::New(info.Env(), 0);
+    if (r == ncclInProgress) return Napi::Number::New(info.Env(), double(PENDING));
+    return Napi::Number::New(info.Env(), double(recordEvent("collective")));
+  }
+  int64_t recordEvent(const char* call) {
     int64_t id = eventCreateId(device_, false);
-    check(cudaEventRecord(eventHandle(id, "collective"), stream_), "cudaEventRecord");
-    return Napi::Number::New(info.Env(), double(id));
+    check(cudaEventRecord(eventHandle(id, call), stream_), "cudaEventRecord");
+    return id;
   }
 
   template <typename F>
@@ -179,8 +193,9 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
       void* s = buffer(info, 0, a.size(1), n * sendBlocks, dt, call);
       void* r = buffer(info, 2, a.size(3), n * recvBlocks, dt, call);
       before(call);
-      checkNccl(nccl(a, s, r, size_t(n), ncclType(dt), live(call)), call, comm_);
-      return after(info);
+      ncclResult_t res = nccl(a, s, r, size_t(n), ncclType(dt), live(call));
+      checkNccl(res, call, comm_);
+      return after(info, res);
     });
   }
 
@@ -238,9 +253,9 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
       before(call);
       ncclComm_t c = live(call);
       int peer = int(a.size(4));
-      checkNccl(isSend ? ncclSend(b, size_t(n), ncclType(dt), peer, c, stream_) : ncclRecv(b, size_t(n), ncclType(dt), peer, c, stream_),
-                call, comm_);
-      return after(info);
+      ncclResult_t res = isSend ? ncclSend(b, size_t(n), ncclType(dt), peer, c, stream_) : ncclRecv(b, size_t(n), ncclType(dt), peer, c, stream_);
+      checkNccl(res, call, comm_);
+      return after(info, res);
     });
   }
   Napi::Value Send(const Napi::CallbackInfo& info) { return pointToPoint(info, true); }
@@ -257,8 +272,21 @@ class NcclComm : public Napi::ObjectWrap<NcclComm> {
     return run(info, "groupEnd", [&](const Args&) {
       if (groupDepth_ == 0) fail(Err::Argument, "groupEnd: no group was started");
       groupDepth_--;
-      checkNccl(ncclGroupEnd(), "ncclGroupEnd", comm_);
-      return after(info);
+      ncclResult_t res = ncclGroupEnd();
+      checkNccl(res, "ncclGroupEnd", comm_);
+      return after(info, res);
+    });
+  }
+  // recordCompletion(): the completion event of the call that returned PENDING; valid only once
+  // asyncError() has left 'inProgress' (the operation is then enqueued on the stream).
+  Napi::Value RecordCompletion(const Napi::CallbackInfo& info) {
+    return run(info, "recordCompletion", [&](const Args&) {
+      ncclResult_t state;
+      checkNccl(ncclCommGetAsyncError(live("recordCompletion"), &state), "ncclCommGetAsyncError");
+      if (state == ncclInProgress) fail(Err::Comm, "recordCompletion: NCCL is still enqueueing the previous call; poll asyncError() until it leaves 'inProgress'");
+      if (state != ncclSuccess) fail(Err::Comm, std::string("recordCompletion: ") + ncclGetErrorString(state) + " (" + ncclGetLastError(comm_) + ")");
+      useDevice(device_);
+      return Napi::Number::New(info.Env(), double(recordEvent("recordCompletion")));
     });
   }
   Napi::Value AsyncError(const Napi::CallbackInfo& info) {

@@ -1,9 +1,12 @@
 // Test double of the cuda addon's NCCL surface on host memory: ranks of one process share a fabric
 // (keyed by the unique id); ops complete lazily when every rank has posted them (on query, or when a
 // stream is made to wait on their event), so NcclBackend's mechanics run without a GPU.
+// `enqueuePolls = k` plays NCCL's non-blocking mode: ops and group ends return NCCL_PENDING and the
+// communicator reports 'inProgress' for k asyncError() polls; any other call meanwhile, or a
+// recordCompletion() before the state left in-progress, is refused as real NCCL would misbehave.
 import { randomBytes } from 'node:crypto';
 import { CommError } from '../../lib/errors.js';
-import type { NcclAddon, NcclNativeComm } from '../../lib/distributed/index.js';
+import { NCCL_PENDING, type NcclAddon, type NcclNativeComm } from '../../lib/distributed/index.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
 
 type Buf = { s: NativeStorage; off: number };
@@ -113,7 +116,24 @@ export class FakeComm implements NcclNativeComm {
     addon.comms.push(this);
   }
 
-  #live(): void { if (this.aborted || this.destroyed) throw new CommError('fake nccl: communicator aborted or destroyed'); }
+  /** Items of the call NCCL is still enqueueing, and how many more polls report it in progress. */
+  #pending: { items: Item[]; polls: number } | undefined;
+
+  #live(): void {
+    if (this.aborted || this.destroyed) throw new CommError('fake nccl: communicator aborted or destroyed');
+    if (this.#pending) {
+      this.addon.violations.push(`rank ${this.rank}: a call while NCCL was still enqueueing the previous one`);
+      throw new CommError('fake nccl: called while the previous call is in progress (poll asyncError first)');
+    }
+  }
+  // A finished call's return: an event now, or NCCL_PENDING in the non-blocking mode.
+  #finish(items: Item[]): number {
+    if (this.addon.enqueuePolls > 0 || this.addon.stuckEnqueue) {
+      this.#pending = { items, polls: this.addon.enqueuePolls };
+      return NCCL_PENDING;
+    }
+    return this.addon.newEvent(this, items);
+  }
 
   #post(kind: string, send: Buf, recv: Buf, count: number, dtype: number, op?: number, root?: number): number {
     this.#live();
@@ -132,7 +152,7 @@ export class FakeComm implements NcclNativeComm {
   }
   #item(it: Item): number {
     if (this.#group) { this.#group.push(it); return 0; }
-    return this.addon.newEvent(this, [it]);
+    return this.#finish([it]);
   }
 
   allReduce(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number): number {
@@ -157,14 +177,30 @@ export class FakeComm implements NcclNativeComm {
   recv(b: NativeStorage, off: number, n: number, dt: number, peer: number): number { return this.#postP2P(false, { s: b, off }, n, dt, peer); }
   groupStart(): void { this.#live(); this.addon.calls.push('groupStart'); this.#group = []; }
   groupEnd(): number {
+    this.#live();
     this.addon.calls.push('groupEnd');
     const items = this.#group ?? [];
     this.#group = undefined;
-    return this.addon.newEvent(this, items);
+    return this.#finish(items);
   }
   asyncError(): string {
     if (this.fabric.error) return this.fabric.error;
+    if (this.#pending) {
+      this.addon.polls++;
+      if (this.addon.stuckEnqueue || this.#pending.polls-- > 0) return 'inProgress';
+    }
     return this.fabric.members.size < this.size ? 'inProgress' : 'ok';
+  }
+  recordCompletion(): number {
+    const p = this.#pending;
+    if (!p) throw new CommError('fake nccl: recordCompletion without a pending call');
+    if (this.addon.stuckEnqueue || p.polls >= 0) {
+      this.addon.violations.push(`rank ${this.rank}: recordCompletion while NCCL was still enqueueing (the event could fire early)`);
+      throw new CommError('fake nccl: recordCompletion while in progress');
+    }
+    this.#pending = undefined;
+    this.addon.calls.push('recordCompletion');
+    return this.addon.newEvent(this, p.items);
   }
   query(eventId: number): boolean {
     if (this.addon.hang) return false;
@@ -185,6 +221,14 @@ export class FakeNccl implements NcclAddon {
   destroyedEvents: number[] = [];
   streamWaits: { device: number; stream: number; event: number }[] = [];
   hang = false;
+  /** Non-blocking mode: calls return NCCL_PENDING and stay 'inProgress' for this many polls. */
+  enqueuePolls = 0;
+  /** Calls return NCCL_PENDING and never leave 'inProgress'. */
+  stuckEnqueue = false;
+  /** asyncError() polls answered while a call was pending. */
+  polls = 0;
+  /** Protocol breaches the backend committed (calls during in-progress, early completion events). */
+  violations: string[] = [];
   #nextEvent = 1;
   readonly NcclComm: NcclAddon['NcclComm'];
   readonly Storage = cpu().Storage;

@@ -282,6 +282,63 @@ describe('nccl Work semantics and failures', () => {
   });
 });
 
+describe("nccl's non-blocking enqueue (ncclInProgress)", () => {
+  it('a call NCCL is still enqueueing gets its completion event only after the state leaves in-progress; results are right', async () => {
+    const { groups, fake } = await makeRanks(3);
+    fake.enqueuePolls = 4;
+    const xs = [0, 1, 2].map((r) => make([r + 1, 10 * (r + 1), -r], 'f32'));
+    await Promise.all(groups.map((g, r) => g.allReduce(xs[r]!)));
+    for (const x of xs) expect(read(x)).toEqual([6, 60, -3]);
+    // uneven allGather: one group call of broadcasts; its groupEnd is the pending call.
+    const parts = [[1], [2, 3], [4, 5, 6]];
+    const outs = [0, 1, 2].map(() => parts.map((p) => nt.zeros([p.length])));
+    await Promise.all(groups.map((g, r) => g.allGather(outs[r]!, make(parts[r]!, 'f32'))));
+    for (const o of outs) expect(o.map(read)).toEqual(parts);
+    // a ring of send/recv inside one batch
+    const got = [0, 1, 2].map(() => nt.zeros([2]));
+    await Promise.all(groups.map((g, r) => Promise.all(g.batch(() => [g.send(make([r, r], 'f32'), (r + 1) % 3), g.recv(got[r]!, (r + 2) % 3)]))));
+    expect(got.map(read)).toEqual([[2, 2], [0, 0], [1, 1]]);
+    expect(fake.violations).toEqual([]);
+    expect(fake.polls).toBeGreaterThanOrEqual(3 * 3 * 5);
+    expect(fake.calls.filter((c) => c === 'recordCompletion').length).toBe(9);
+  });
+
+  it('the fake refuses a completion event taken while NCCL is still enqueueing (so the test above can fail)', async () => {
+    const { backends, fake } = await makeRanks(2);
+    fake.enqueuePolls = 2;
+    const native = (backends[0] as unknown as { native: { allReduce: (...a: unknown[]) => number; recordCompletion(): number } }).native;
+    const buf = nt.zeros([3]);
+    expect(native.allReduce(buf.storage, 0, buf.storage, 0, 3, 0, 0)).toBe(nt.distributed.NCCL_PENDING);
+    expect(() => native.recordCompletion()).toThrow(/while in progress/);
+    expect(fake.violations).toHaveLength(1);
+  });
+
+  it('an enqueue that never leaves in-progress is a TimeoutError naming rank, op, seq and bytes; the communicator is aborted', async () => {
+    const { groups, fake } = await makeRanks(2);
+    fake.stuckEnqueue = true;
+    const t0 = Date.now();
+    let err: unknown;
+    try { groups[1]!.allReduce(nt.zeros([8]), { timeoutMs: 80 }); } catch (e) { err = e; }
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(75);
+    expect(err).toBeInstanceOf(nt.TimeoutError);
+    expect((err as Error).message).toMatch(/allReduce #0 \(32 bytes\) on rank 1 of nccl group 'world' \(size 2, cuda:0\) was still being enqueued by NCCL \(ncclInProgress\) after 80 ms/);
+    expect(fake.calls).toContain('abort');
+    expect(fake.violations).toEqual([]);
+    expect(() => groups[1]!.allReduce(nt.zeros([2]))).toThrow(nt.CommError);
+    expect(read(nt.tensor([1, 2]).mul(2))).toEqual([2, 4]);
+  });
+
+  it('an asynchronous NCCL failure while enqueueing is a CommError naming the op', async () => {
+    const { groups, fake } = await makeRanks(2);
+    fake.stuckEnqueue = true;
+    fake.comms[0]!.fabric.error = 'remote process exited';
+    let err: unknown;
+    try { groups[0]!.broadcast(nt.zeros([4]), { timeoutMs: 5000 }); } catch (e) { err = e; }
+    expect(err).toBeInstanceOf(nt.CommError);
+    expect((err as Error).message).toMatch(/broadcast #0 \(16 bytes\) on rank 0 .* failed while NCCL enqueued it: remote process exited/);
+  });
+});
+
 describe('backend selection', () => {
   const env = (localWorldSize: number, localRank = 0) => ({ ...nt.distributed.readLaunchEnv({}), localWorldSize, localRank, worldSize: localWorldSize, rank: localRank });
 
