@@ -12,10 +12,24 @@ import { tensor } from '../creation.js';
 import type { CollectiveGroup, CollectiveWork } from '../distributed/group.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import { splitIntoBuckets } from './flat.js';
 
 /** Default bucket size: 25 MB as PyTorch DDP; tiny models end up in one bucket. */
 export const DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024;
+
+/**
+ * Splits `order` into consecutive runs of about `bucketBytes` each (a parameter never straddles two
+ * runs; one larger than `bucketBytes` gets a run of its own): what the buckets are cut from.
+ */
+function splitIntoBuckets(order: readonly Tensor[], bucketBytes: number): Tensor[][] {
+  const runs: Tensor[][] = [];
+  let run: Tensor[] = [], bytes = 0;
+  for (const p of order) {
+    if (run.length > 0 && bytes + p.nbytes > bucketBytes) { runs.push(run); run = []; bytes = 0; }
+    run.push(p); bytes += p.nbytes;
+  }
+  if (run.length > 0) runs.push(run);
+  return runs;
+}
 
 /** One bucket: a run of parameters, the flat buffer their gradients are packed into, and its collective in flight. */
 export class Bucket<L> {
@@ -119,7 +133,7 @@ export class GradientBuckets<L> {
   #roundDone = false;
   /** A backward under noSync() left gradients that no round has synchronized yet. */
   #unsynced = false;
-  readonly counts: BucketCounts = { rounds: 0, launched: 0, launchedOnReady: 0 };
+  readonly #counts: BucketCounts = { rounds: 0, launched: 0, launchedOnReady: 0 };
 
   /** `params`: the parameters in the order the model creates them; the first buckets take them in reverse. */
   constructor(params: readonly Tensor[], options: GradientBucketsOptions<L>) {
@@ -139,6 +153,8 @@ export class GradientBuckets<L> {
   /** The parameters, in the order given. */
   get params(): Tensor[] { return [...this.#params]; }
   get syncEnabled(): boolean { return this.#syncDisabled === 0; }
+  /** What the engine launched so far. */
+  get counts(): Readonly<BucketCounts> { return this.#counts; }
   /** A round of collectives completed in this step (with one round per step, no more marks until finish()). */
   get syncedThisStep(): boolean { return this.#roundDone; }
 
@@ -209,7 +225,7 @@ export class GradientBuckets<L> {
 
   // Launches every bucket of the round not launched yet, taking whatever gradients are there.
   #completeRound(): void {
-    this.counts.rounds++;
+    this.#counts.rounds++;
     for (let b = this.#buckets[this.#next]; b && !b.deferred; b = this.#buckets[this.#next]) this.#packRestAndLaunch(b);
     this.#next = 0;
     this.#recording = false;
@@ -236,8 +252,8 @@ export class GradientBuckets<L> {
     }
     b.work = started.work;
     this.#inFlight.push({ bucket: b, work: started.work, flat, out: started.out, discard: false });
-    this.counts.launched++;
-    if (onReady) this.counts.launchedOnReady++;
+    this.#counts.launched++;
+    if (onReady) this.#counts.launchedOnReady++;
     this.#settleBlocking(this.#options.maxInFlight ?? Infinity);
   }
 

@@ -14,7 +14,6 @@
 //   ZeRO stage 1 and 2         zero/stage1-2.ts: sharded optimizer state (1) and gradients (2), reduce-scatter buckets
 //   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
 //   flat buffers               flat.ts: parameters packed back to back, bucket splitting
-//   groups for tests           local-group.ts (in-process ranks), file-group.ts (ranks through files)
 // The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
 // ProcessGroup implements it.
 export {
