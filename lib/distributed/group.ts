@@ -1,5 +1,6 @@
 // Process groups: a set of ranks with their own communicator and sequence numbers, the collectives
-// they run (each returns an awaitable Work), and the handle non-members get.
+// they run (each returns an awaitable Work), and the handle non-members get; and CollectiveGroup,
+// the collectives the parallel layer needs from any group (ProcessGroup or an in-process test group).
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
