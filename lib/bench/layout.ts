@@ -15,8 +15,9 @@ import { cpu } from '../native.js';
 import { GPT } from '../nn/gpt.js';
 import { AdamW, type AdamWOptions } from '../optim/adamw.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import { DEFAULT_BUCKET_BYTES, GradBuffer } from '../parallel/data-parallel/buffer.js';
-import type { ProcessGroup } from '../parallel/group.js';
+import { DEFAULT_BUCKET_BYTES } from '../parallel/buckets.js';
+import { GradBuffer } from '../parallel/data-parallel/buffer.js';
+import type { CollectiveGroup } from '../distributed/group.js';
 import { ZeroOptimizer, zeroMemoryFormula, type ZeroMemoryBytes, type ZeroStage } from '../parallel/zero/optimizer.js';
 import type { Tensor } from '../tensor.js';
 import { TRAIN_CONFIGS, type TrainBenchConfig } from './train.js';
@@ -98,7 +99,7 @@ function batch(c: TrainBenchConfig, rank: number, step: number): { inputs: Tenso
 const adamw = (groups: { params: Iterable<Tensor> }[]) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 });
 
 /** Trains one stage for warmup + steps steps on a fresh model and measures it. */
-async function runStage(c: TrainBenchConfig, group: ProcessGroup, stage: number, variants: boolean[], warmup: number, steps: number, bucketBytes: number): Promise<StageResult> {
+async function runStage(c: TrainBenchConfig, group: CollectiveGroup, stage: number, variants: boolean[], warmup: number, steps: number, bucketBytes: number): Promise<StageResult> {
   const baseline = memoryStats().allocated;
   const model = new GPT({ vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true }, { seed: 0 });
   const params = model.parameters();

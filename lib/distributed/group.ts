@@ -1,5 +1,6 @@
 // Process groups: a set of ranks with their own communicator and sequence numbers, the collectives
-// they run (each returns an awaitable Work), and the handle non-members get.
+// they run (each returns an awaitable Work), and the handle non-members get; and CollectiveGroup,
+// the collectives the parallel layer needs from any group (ProcessGroup or an in-process test group).
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
@@ -40,6 +41,49 @@ export interface GroupContext {
   makeGroup(name: string, globalRanks: readonly number[]): Promise<ProcessGroup>;
 }
 
+/**
+ * A started collective as code that runs over any group sees it (Work is one): awaiting it (or
+ * `wait()`) resolves when the result is in the output tensors. Code that must finish a collective
+ * inside a synchronous call (an autograd backward) needs `waitSync`, which only groups whose
+ * communication runs off the JS thread can offer.
+ */
+export interface CollectiveWork extends PromiseLike<unknown> {
+  wait(): Promise<unknown>;
+  waitSync?(): void;
+}
+
+/**
+ * The collectives the parallel layer (lib/parallel) runs over a set of ranks: ProcessGroup has
+ * them, and so do the in-process groups that test parallel layouts without processes. Every member
+ * calls each collective in the same order. Tensors are contiguous; allGather/reduceScatter treat
+ * them as flat arrays whose rank chunks are consecutive (rank i owns elements [i·n, (i+1)·n) of the
+ * full buffer).
+ */
+export interface CollectiveGroup {
+  /** This process's index inside the group. */
+  readonly rank: number;
+  readonly size: number;
+  /** Global (world) ranks of the members, in group-rank order. */
+  readonly ranks: readonly number[];
+  readonly name: string;
+  /** In place: every member's `t` becomes the reduction of all members' `t`. */
+  allReduce(t: Tensor, opts?: { op?: ReduceOp }): CollectiveWork;
+  /** `out` (size·n elements) receives every member's `input` (n elements), in rank order. */
+  allGather(out: Tensor, input: Tensor): CollectiveWork;
+  /** `out` (n elements) receives chunk `rank` of the reduction of every member's `input` (size·n elements). */
+  reduceScatter(out: Tensor, input: Tensor, opts?: { op?: ReduceOp }): CollectiveWork;
+  /** In place: every member's `t` becomes group rank `root`'s `t`. */
+  broadcast(t: Tensor, opts: { root?: number }): CollectiveWork;
+  /** Point to point, by group rank. A send completes when the receiver has the data. */
+  send(t: Tensor, dst: number): CollectiveWork;
+  recv(t: Tensor, src: number): CollectiveWork;
+}
+
+/** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */
+export interface WorldGroup extends CollectiveGroup {
+  newGroup(ranks: readonly number[]): CollectiveGroup | Promise<CollectiveGroup>;
+}
+
 /** The methods every group handle has; a non-member's throw StateError. */
 export interface Group {
   readonly name: string;
@@ -63,7 +107,7 @@ export interface Group {
 }
 
 /** A group this process belongs to. Group ranks are local: 0..size-1, in the order of `ranks`. */
-export class ProcessGroup implements Group {
+export class ProcessGroup implements Group, CollectiveGroup {
   readonly isMember = true;
   #seq = 0;
   #splits = 0;

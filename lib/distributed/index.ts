@@ -3,7 +3,9 @@ export * from './store.js';
 export * from './env.js';
 export * from './redis-store.js';
 export { init, isInitialized, world, rank, worldSize, newGroup, destroy, selectBackends, DEFAULT_COMM_TIMEOUT_MS, type InitOptions, type BackendChoice } from './init.js';
-export { ProcessGroup, NonMemberGroup, type Group, type CollectiveOptions, type ReduceOptions, type AllReduceOptions, type RootOptions, type P2POptions } from './group.js';
+export {
+  ProcessGroup, NonMemberGroup, type Group, type CollectiveGroup, type CollectiveWork, type WorldGroup, type CollectiveOptions, type ReduceOptions, type AllReduceOptions, type RootOptions, type P2POptions,
+} from './group.js';
 export { Work } from './work.js';
 export { REDUCE_OP_CODES, type ReduceOp } from './collectives.js';
 export { type CommBackend, type CommPromise, type GlooEndpoint, createGlooBackend } from './backend.js';

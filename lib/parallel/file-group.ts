@@ -6,7 +6,8 @@ import { mkdirSync, readFileSync, renameSync, writeFileSync, existsSync } from '
 import { join } from 'node:path';
 import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import type { ProcessGroup, ReduceOp, Work, WorldGroup } from './group.js';
+import type { CollectiveGroup as ProcessGroup, CollectiveWork as Work, WorldGroup } from '../distributed/group.js';
+import type { ReduceOp } from '../distributed/collectives.js';
 import { hostArrayFor, readData, reduceInRankOrder, writeData } from './host-data.js';
 import type { TypedArray } from '../dtype.js';
 

@@ -42,21 +42,6 @@ export class FlatLayout {
 }
 
 /**
- * Splits `order` into consecutive runs of about `bucketBytes` each (a parameter never straddles two
- * runs; one larger than `bucketBytes` gets a run of its own): the buckets gradients travel in.
- */
-export function splitIntoBuckets(order: readonly Tensor[], bucketBytes: number): Tensor[][] {
-  const runs: Tensor[][] = [];
-  let run: Tensor[] = [], bytes = 0;
-  for (const p of order) {
-    if (run.length > 0 && bytes + p.nbytes > bucketBytes) { runs.push(run); run = []; bytes = 0; }
-    run.push(p); bytes += p.nbytes;
-  }
-  if (run.length > 0) runs.push(run);
-  return runs;
-}
-
-/**
  * Copies `count` elements from src (starting at element srcOffset) to dst (at dstOffset); both
  * tensors of `dtype` on one device. Flat buffers and parameters share no storage (no views yet),
  * so buckets and shards move data with these copies.

@@ -3,7 +3,7 @@
 import { tensor } from '../creation.js';
 import { dtypeCode, readArrayFor, type TypedArray } from '../dtype.js';
 import type { Tensor } from '../tensor.js';
-import type { ReduceOp } from './group.js';
+import type { ReduceOp } from '../distributed/collectives.js';
 
 /** f32/i32/u8 as themselves; f16/bf16 widened to f32. */
 export function hostArrayFor(t: Tensor, length = t.size): TypedArray {

@@ -1,14 +1,33 @@
 // Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO, and test groups.
+// Where each thing lives (lib/parallel/…):
+//   mesh.ts                    the TP × PP × DP mesh and its process groups (Megatron's parallel_state)
+//   layout.ts                  checking a layout request (--tp/--pp/--dp/--zero…) and joining the job with it
+//   trainer.ts                 ParallelTrainer: one rank's training step for any layout
+//   tensor parallel (TP)       tensor-parallel/: mappings.ts (region collectives, sequence parallel too),
+//                              layers.ts (column/row-parallel linear), vocab.ts (embedding, cross-entropy), gpt.ts
+//   sequence parallel (SP)     tensor-parallel/mappings.ts (…SequenceRegion) and gpt.ts (sequenceParallelLayout)
+//   pipeline parallel (PP)     pipeline/: schedules.ts (GPipe, 1F1B), gpt-stage.ts (a GPT cut into stages)
+//   data parallel (DP)         data-parallel/buffer.ts: GradBuffer, all-reduce on the bucket engine
+//   gradient buckets           buckets.ts: the one bucket engine (hooks, noSync, rebuild, in-order launch);
+//                              its sync is all-reduce (DP) or reduce-scatter (ZeRO 1, 2)
+//   ZeRO (any stage)           zero/optimizer.ts: ZeroOptimizer, the entry point; zero/chunks.ts: the shard layout
+//   ZeRO stage 1 and 2         zero/stage1-2.ts: sharded optimizer state (1) and gradients (2), reduce-scatter buckets
+//   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
+//   flat buffers               flat.ts: parameters packed back to back, bucket splitting
+// The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
+// ProcessGroup implements it.
 export {
   MeshLayout, ParallelState, initializeParallel, rangeAcrossRanks, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
   type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
 } from './mesh.js';
-export type { ProcessGroup, WorldGroup, Work, ReduceOp } from './group.js';
+export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
+export type { ReduceOp } from '../distributed/collectives.js';
 export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
-export { GradBuffer, DEFAULT_BUCKET_BYTES, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
+export { DEFAULT_BUCKET_BYTES } from './buckets.js';
+export { GradBuffer, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
 export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
-export type { ReduceStats } from './zero/gradient-shards.js';
+export type { ReduceStats } from './zero/stage1-2.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export { fileWorld } from './file-group.js';
@@ -28,7 +47,7 @@ export {
 export { gpipe, oneForwardOneBackward, forwardOnly, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
 export {
-  resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining, ParallelTrainer,
-  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type ParallelTrainerOptions,
-  type PipelineScheduleName, type TrainerStepResult,
+  resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
+  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName,
 } from './layout.js';
+export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult } from './trainer.js';

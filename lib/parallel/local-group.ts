@@ -5,7 +5,8 @@
 import { type TypedArray } from '../dtype.js';
 import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import type { ProcessGroup, ReduceOp, Work, WorldGroup } from './group.js';
+import type { CollectiveGroup as ProcessGroup, CollectiveWork as Work, WorldGroup } from '../distributed/group.js';
+import type { ReduceOp } from '../distributed/collectives.js';
 import { hostArrayFor, readData, reduceInRankOrder, writeData } from './host-data.js';
 
 /** How long a collective waits for the other members before failing (a deadlock in a test becomes an error). */

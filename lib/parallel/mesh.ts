@@ -3,7 +3,7 @@
 import { tensor } from '../creation.js';
 import * as dist from '../distributed/init.js';
 import { ArgumentError, StateError } from '../errors.js';
-import type { ProcessGroup, WorldGroup } from './group.js';
+import type { CollectiveGroup, WorldGroup } from '../distributed/group.js';
 
 export type ParallelDim = 'tp' | 'pp' | 'dp';
 
@@ -107,8 +107,8 @@ export class ParallelState {
    * @param embeddingGroup this rank's embedding group (first and last pipeline stage of its (tp, dp)
    *   coordinate), or null when pp = 1 or the rank is on a middle stage.
    */
-  constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: ProcessGroup,
-    readonly groups: Readonly<Record<ParallelDim, ProcessGroup>>, readonly embeddingGroup: ProcessGroup | null = null) {}
+  constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: CollectiveGroup,
+    readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null) {}
   get coords(): MeshCoords { return this.layout.coords(this.rank); }
   get tpRank(): number { return this.coords.tp; }
   get ppRank(): number { return this.coords.pp; }
@@ -116,9 +116,9 @@ export class ParallelState {
   get tpSize(): number { return this.layout.tp; }
   get ppSize(): number { return this.layout.pp; }
   get dpSize(): number { return this.layout.dp; }
-  get tpGroup(): ProcessGroup { return this.groups.tp; }
-  get ppGroup(): ProcessGroup { return this.groups.pp; }
-  get dpGroup(): ProcessGroup { return this.groups.dp; }
+  get tpGroup(): CollectiveGroup { return this.groups.tp; }
+  get ppGroup(): CollectiveGroup { return this.groups.pp; }
+  get dpGroup(): CollectiveGroup { return this.groups.dp; }
   get isFirstStage(): boolean { return this.ppRank === 0; }
   get isLastStage(): boolean { return this.ppRank === this.layout.pp - 1; }
 }
@@ -142,7 +142,7 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
   if (install && current) throw new StateError('initializeParallel: the mesh is already initialized (call destroyParallel() first)');
   const mesh = new MeshLayout(layout, world.size);
   await checkSameLayoutEverywhere(world, mesh);
-  const groups = {} as Record<ParallelDim, ProcessGroup>;
+  const groups = {} as Record<ParallelDim, CollectiveGroup>;
   for (const dim of mesh.order) {
     // Group creation is collective over the world: every rank creates every group, in the same order.
     for (const ranks of mesh.allGroups(dim)) {
@@ -150,7 +150,7 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
       if (ranks.includes(world.rank)) groups[dim] = g;
     }
   }
-  let embeddingGroup: ProcessGroup | null = null;
+  let embeddingGroup: CollectiveGroup | null = null;
   for (const ranks of mesh.embeddingGroups()) {
     const g = await world.newGroup(ranks);
     if (ranks.includes(world.rank)) embeddingGroup = g;
@@ -172,11 +172,11 @@ function distributedWorld(): WorldGroup {
     send: (t, dst) => w.send(t, dst),
     recv: (t, src) => w.recv(t, src),
     // Non-members get a handle too (whose ops throw); the mesh keeps only groups that contain this rank.
-    newGroup: (ranks) => dist.newGroup(ranks) as Promise<ProcessGroup>,
+    newGroup: (ranks) => dist.newGroup(ranks) as Promise<CollectiveGroup>,
   };
 }
 
-async function checkSameLayoutEverywhere(world: ProcessGroup, mesh: MeshLayout): Promise<void> {
+async function checkSameLayoutEverywhere(world: CollectiveGroup, mesh: MeshLayout): Promise<void> {
   const mine = [mesh.tp, mesh.pp, mesh.dp, ...mesh.order.map((d) => DIMS.indexOf(d))];
   const seen = await rangeAcrossRanks(world, mine);
   if (seen) {
@@ -190,7 +190,7 @@ async function checkSameLayoutEverywhere(world: ProcessGroup, mesh: MeshLayout):
  * member passed the same values, else their elementwise minimum and maximum. Every member must
  * pass as many values, and every member learns the outcome, so all of them can fail together.
  */
-export async function rangeAcrossRanks(group: ProcessGroup, values: readonly number[]): Promise<{ min: number[]; max: number[] } | null> {
+export async function rangeAcrossRanks(group: CollectiveGroup, values: readonly number[]): Promise<{ min: number[]; max: number[] } | null> {
   if (values.some((v) => !Number.isInteger(v) || Math.abs(v) > 0x7fffffff)) throw new ArgumentError(`rangeAcrossRanks: values must be 32-bit integers, got [${values.join(',')}]`);
   using hi = tensor(new Int32Array(values), [values.length], { dtype: 'i32' });
   using lo = tensor(new Int32Array(values.map((v) => -v)), [values.length], { dtype: 'i32' });
@@ -213,10 +213,10 @@ export function destroyParallel(): void { current = null; }
 
 export const tpRank = (): number => parallelState().tpRank;
 export const tpSize = (): number => parallelState().tpSize;
-export const tpGroup = (): ProcessGroup => parallelState().tpGroup;
+export const tpGroup = (): CollectiveGroup => parallelState().tpGroup;
 export const ppRank = (): number => parallelState().ppRank;
 export const ppSize = (): number => parallelState().ppSize;
-export const ppGroup = (): ProcessGroup => parallelState().ppGroup;
+export const ppGroup = (): CollectiveGroup => parallelState().ppGroup;
 export const dpRank = (): number => parallelState().dpRank;
 export const dpSize = (): number => parallelState().dpSize;
-export const dpGroup = (): ProcessGroup => parallelState().dpGroup;
+export const dpGroup = (): CollectiveGroup => parallelState().dpGroup;

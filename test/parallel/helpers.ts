@@ -1,6 +1,6 @@
 // Shared helpers of the parallel tests: seeded random data, float64 references and a group wrapper that counts calls.
 import * as nt from '../../lib/index.js';
-import type { ProcessGroup } from '../../lib/parallel/group.js';
+import type { CollectiveGroup } from '../../lib/distributed/group.js';
 
 /** Deterministic pseudo-random floats in [-1, 1) (mulberry32), independent of the library under test. */
 export function randomArray(n: number, seed: number): Float32Array {
@@ -28,9 +28,9 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
 }
 
 /** Wraps a group, logging every collective it is asked to start. */
-export function countingGroup(g: ProcessGroup, log: string[]): ProcessGroup {
+export function countingGroup(g: CollectiveGroup, log: string[]): CollectiveGroup {
   const wrap = <K extends 'allReduce' | 'allGather' | 'reduceScatter' | 'broadcast' | 'send' | 'recv'>(k: K) =>
-    ((...args: unknown[]) => { log.push(k); return (g[k] as (...a: unknown[]) => unknown).apply(g, args); }) as ProcessGroup[K];
+    ((...args: unknown[]) => { log.push(k); return (g[k] as (...a: unknown[]) => unknown).apply(g, args); }) as CollectiveGroup[K];
   return {
     get rank() { return g.rank; }, get size() { return g.size; }, get ranks() { return g.ranks; }, get name() { return g.name; },
     allReduce: wrap('allReduce'), allGather: wrap('allGather'), reduceScatter: wrap('reduceScatter'),

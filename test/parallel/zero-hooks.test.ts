@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runLocalRanks } from '../../lib/parallel/local-group.js';
 import { ZeroOptimizer, type ZeroOptions } from '../../lib/parallel/zero/optimizer.js';
-import type { ProcessGroup } from '../../lib/parallel/group.js';
+import type { CollectiveGroup } from '../../lib/distributed/group.js';
 import { ALL, chainLoss, leafParams, maxAbsDiff, meanOverRanks } from './helpers.js';
 
 const LR = 0.5;
@@ -50,7 +50,7 @@ interface RunOptions {
 }
 
 /** One rank: the steps through a ZeroOptimizer, checking after each backward what the stage promises. */
-async function trainRank(g: ProcessGroup, o: RunOptions): Promise<{ values: Float32Array[]; stats: nt.parallel.ReduceStats }> {
+async function trainRank(g: CollectiveGroup, o: RunOptions): Promise<{ values: Float32Array[]; stats: nt.parallel.ReduceStats }> {
   const params = leafParams();
   const options: ZeroOptions = { group: g, stage: o.stage, bucketBytes: BUCKET_BYTES, overlap: o.overlap ?? true, deferGrads: (o.defer ?? []).map((i) => params[i]!) };
   const zero = new ZeroOptimizer(params, sgd, options);

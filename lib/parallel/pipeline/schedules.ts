@@ -4,7 +4,7 @@ import { backward, noGrad } from '../../autograd/index.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import { parseDevice, type Device } from '../../device.js';
-import type { ProcessGroup, Work } from '../group.js';
+import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
 
 /** Layers [start, end) of each of `stages` stages, as even as possible (earlier stages take the remainder). */
 export function partitionLayers(numLayers: number, stages: number): [number, number][] {
@@ -19,7 +19,7 @@ export function partitionLayers(numLayers: number, stages: number): [number, num
 
 export interface PipelineStage {
   /** The pipeline group; its rank is the stage index. Absent: a single stage (no communication). */
-  group?: ProcessGroup;
+  group?: CollectiveGroup;
   /**
    * Runs this stage on micro-batch `m`. `input` is null on the first stage (it reads its own data)
    * and the received activation (a leaf that requires grad) elsewhere. The last stage returns the
@@ -43,7 +43,7 @@ interface InFlight { input: Tensor | null; output: Tensor }
 /** Drives one stage: holds micro-batches between forward and backward and the sends not yet completed. */
 class StageRunner {
   readonly inFlight = new Map<number, InFlight>();
-  readonly sends: Work[] = [];
+  readonly sends: CollectiveWork[] = [];
   readonly losses: number[] = [];
   readonly first: boolean;
   readonly last: boolean;
@@ -54,7 +54,7 @@ class StageRunner {
     this.#backwardsLeft = numMicroBatches;
   }
 
-  get group(): ProcessGroup { return this.stage.group!; }
+  get group(): CollectiveGroup { return this.stage.group!; }
 
   /** Forward of micro-batch m; with keepForBackward false (evaluation) nothing is held afterwards. */
   async forward(m: number, keepForBackward = true): Promise<void> {

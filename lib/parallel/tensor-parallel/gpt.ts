@@ -11,7 +11,7 @@ import { constant, normal } from '../../nn/init.js';
 import { linear } from '../../ops/index.js';
 import type { Generator } from '../../random.js';
 import type { Tensor } from '../../tensor.js';
-import type { ProcessGroup } from '../group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
 import { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear } from './layers.js';
 import { copyToRegion, gatherFromRegion } from './mappings.js';
 import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
@@ -51,7 +51,7 @@ const zeroInit = (t: Tensor): void => { constant(t, 0); };
  * sequenceParallel the column-parallel layers gather their input's sequence and the row-parallel
  * ones reduce-scatter their output to the chunks.
  */
-export function tensorParallelLinearFactory(group: ProcessGroup, { sequenceParallel = false }: TensorParallelOptions = {}): LinearFactory {
+export function tensorParallelLinearFactory(group: CollectiveGroup, { sequenceParallel = false }: TensorParallelOptions = {}): LinearFactory {
   return (inF, outF, { role, bias, std, layer, config }) => {
     checkTensorParallelConfig(config, group.size);
     const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit, sequenceParallel };
@@ -72,7 +72,7 @@ export function tensorParallelLinearFactory(group: ProcessGroup, { sequenceParal
  * sequenceParallel the embedding gives this rank's chunk of the sequence and the head gathers the
  * chunks (a column-parallel layer over the vocabulary), so the logits cover the whole sequence.
  */
-export function vocabParallelLayout(group: ProcessGroup, { sequenceParallel = false }: TensorParallelOptions = {}): VocabLayout {
+export function vocabParallelLayout(group: CollectiveGroup, { sequenceParallel = false }: TensorParallelOptions = {}): VocabLayout {
   return {
     embedding: (vocabSize, nEmbd, { std, layer }) => new VocabParallelEmbedding(vocabSize, nEmbd,
       { group, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), sequenceParallel }),
@@ -88,7 +88,7 @@ export function vocabParallelLayout(group: ProcessGroup, { sequenceParallel = fa
  * the group inside autograd (Megatron sums these after backward instead; here the data-parallel
  * buffers and ZeRO, which start from post-accumulate-grad hooks, see complete gradients).
  */
-export function sequenceParallelLayout(group: ProcessGroup): SequenceLayout {
+export function sequenceParallelLayout(group: CollectiveGroup): SequenceLayout {
   return {
     parts: group.size,
     chunk(seqLen) {
@@ -103,7 +103,7 @@ export function sequenceParallelLayout(group: ProcessGroup): SequenceLayout {
 }
 
 /** The GPTOptions that split a GPT across `group`: `new GPT(config, { seed, ...tensorParallelGPTOptions(group) })`. */
-export function tensorParallelGPTOptions(group: ProcessGroup, opts: TensorParallelOptions = {}): Pick<GPTOptions, 'linearFactory' | 'vocabLayout' | 'sequenceLayout'> {
+export function tensorParallelGPTOptions(group: CollectiveGroup, opts: TensorParallelOptions = {}): Pick<GPTOptions, 'linearFactory' | 'vocabLayout' | 'sequenceLayout'> {
   return {
     linearFactory: tensorParallelLinearFactory(group, opts),
     vocabLayout: vocabParallelLayout(group, opts),
@@ -118,7 +118,7 @@ export function tensorParallelGPTOptions(group: ProcessGroup, opts: TensorParall
  * rank. With sequenceParallel, the activations between the tensor-parallel layers are chunks
  * [B, T/tp, C] of the sequence.
  */
-export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & TensorParallelOptions & { group: ProcessGroup }): GPT {
+export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & TensorParallelOptions & { group: CollectiveGroup }): GPT {
   const { group, sequenceParallel, ...rest } = opts;
   checkTensorParallelConfig(config, group.size);
   return new GPT(config, { ...rest, ...tensorParallelGPTOptions(group, { sequenceParallel }) });
@@ -144,7 +144,7 @@ export function tensorParallelParameters(model: Module): { sharded: Parameter[];
  * gradients' squares summed over the group, the replicated ones counted once. With maxNorm, scales
  * every gradient as clipGradNorm does on a single process. Returns the norm before clipping.
  */
-export async function clipTensorParallelGradNorm(model: Module, group: ProcessGroup, maxNorm?: number): Promise<number> {
+export async function clipTensorParallelGradNorm(model: Module, group: CollectiveGroup, maxNorm?: number): Promise<number> {
   if (maxNorm !== undefined && !(typeof maxNorm === 'number' && maxNorm > 0)) {
     throw new ArgumentError(`clipTensorParallelGradNorm: maxNorm must be a number > 0, got ${maxNorm}`);
   }

@@ -11,13 +11,13 @@ import { defaultGenerator, type Generator } from '../../random.js';
 import { uniform } from '../../nn/init.js';
 import { Module, Parameter } from '../../nn/module.js';
 import { emptyOn, resolveOptions, type Tensor } from '../../tensor.js';
-import type { ProcessGroup } from '../group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
 import { copyElements } from '../flat.js';
 import { dtypeCode } from '../../dtype.js';
 import { allGatherSequence, copyToRegion, gatherFromRegion, reduceFromRegion, reduceScatterSequence, reduceScatterToSequenceRegion, scatterToRegion } from './mappings.js';
 
 export interface ParallelLinearOptions {
-  group: ProcessGroup;
+  group: CollectiveGroup;
   bias?: boolean;
   device?: string;
   dtype?: string;
@@ -47,7 +47,7 @@ function defaultInit(inFeatures: number) {
  * and gathered again in backward (Megatron's sequence-parallel linear), so only the chunk is held
  * for backward; x's gradient is the reduce-scatter of the whole input's.
  */
-export function sequenceGatheredLinear(x: Tensor, weight: Tensor, bias: Tensor | null, group: ProcessGroup): Tensor {
+export function sequenceGatheredLinear(x: Tensor, weight: Tensor, bias: Tensor | null, group: CollectiveGroup): Tensor {
   const call = 'sequenceGatheredLinear';
   const total = allGatherSequence(x, group, call);
   let y: Tensor;
@@ -97,7 +97,7 @@ export class ColumnParallelLinear extends Module {
   readonly bias: Parameter | null;
   readonly gatherOutput: boolean;
   readonly sequenceParallel: boolean;
-  readonly group: ProcessGroup;
+  readonly group: CollectiveGroup;
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { gatherOutput?: boolean; interleave?: number }) {
     super();
     const call = 'ColumnParallelLinear';
@@ -132,7 +132,7 @@ export class RowParallelLinear extends Module {
   readonly bias: Parameter | null;
   readonly inputIsParallel: boolean;
   readonly sequenceParallel: boolean;
-  readonly group: ProcessGroup;
+  readonly group: CollectiveGroup;
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { inputIsParallel?: boolean }) {
     super();
     const call = 'RowParallelLinear';

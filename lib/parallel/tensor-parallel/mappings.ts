@@ -11,14 +11,15 @@ import { needsGrad, record } from '../../autograd/engine.js';
 import { dtypeCode } from '../../dtype.js';
 import { ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
-import type { ProcessGroup, ReduceOp, Work } from '../group.js';
+import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
+import type { ReduceOp } from '../../distributed/collectives.js';
 
 /**
  * Finishes `work` before returning. On failure `buffers` (tensors the collective reads or writes
  * that the caller would free) are released only once the work has settled, so a collective still
  * running in the group never touches freed memory; the caller frees them after a success.
  */
-function finish(work: Work, call: string, group: ProcessGroup, buffers: Tensor[] = []): void {
+function finish(work: CollectiveWork, call: string, group: CollectiveGroup, buffers: Tensor[] = []): void {
   const release = () => { for (const b of buffers) b.dispose(); };
   if (!work.waitSync) {
     work.then(release, release);
@@ -34,7 +35,7 @@ function finish(work: Work, call: string, group: ProcessGroup, buffers: Tensor[]
 }
 
 /** In-place allReduce of t, finished before returning (usable inside forward and backward). */
-export function allReduceSync(t: Tensor, group: ProcessGroup, call: string, op: ReduceOp = 'sum'): void {
+export function allReduceSync(t: Tensor, group: CollectiveGroup, call: string, op: ReduceOp = 'sum'): void {
   finish(group.allReduce(t, { op }), call, group);
 }
 
@@ -85,7 +86,7 @@ function chunksFirst(x: Tensor, dim: number, parts: number, call: string): Tenso
 }
 
 /** Every rank's x concatenated along `dim`, in group-rank order. */
-function gatherDim(x: Tensor, dim: number, group: ProcessGroup, call: string): Tensor {
+function gatherDim(x: Tensor, dim: number, group: CollectiveGroup, call: string): Tensor {
   const { outer, extent, inner } = around(x, dim, call);
   const n = group.size, width = extent * inner;
   const flat = emptyOn([n * x.size], x.dtype, x.deviceInfo);
@@ -99,7 +100,7 @@ function gatherDim(x: Tensor, dim: number, group: ProcessGroup, call: string): T
 }
 
 /** The sum over the group of x, of which this rank keeps its chunk along `dim`. */
-function reduceScatterDim(x: Tensor, dim: number, group: ProcessGroup, call: string): Tensor {
+function reduceScatterDim(x: Tensor, dim: number, group: CollectiveGroup, call: string): Tensor {
   const { chunk } = chunkOf(x, dim, group.size, call);
   const staged = chunksFirst(x, dim, group.size, call);
   const out = emptyOn(withDim(x.shape, dim, chunk), x.dtype, x.deviceInfo);
@@ -114,7 +115,7 @@ const lastDim = (x: Tensor, call: string): number => {
 };
 
 /** Identity forward, allReduce(sum) of the gradient backward: the input of a column-parallel region. */
-export function copyToRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function copyToRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = x.reshape(x.shape);
   if (!needsGrad(x)) return out;
   return record('copyToRegion', out, [x], (g) => {
@@ -125,7 +126,7 @@ export function copyToRegion(x: Tensor, group: ProcessGroup): Tensor {
 }
 
 /** allReduce(sum) forward, identity backward: the output of a row-parallel region. */
-export function reduceFromRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function reduceFromRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = x.clone();
   allReduceSync(out, group, 'reduceFromRegion');
   if (!needsGrad(x)) return out;
@@ -133,14 +134,14 @@ export function reduceFromRegion(x: Tensor, group: ProcessGroup): Tensor {
 }
 
 /** Keeps this rank's chunk of the last dimension forward; allGathers the gradient backward. */
-export function scatterToRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function scatterToRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = splitDim(x, lastDim(x, 'scatterToRegion'), group.size, group.rank, 'scatterToRegion');
   if (!needsGrad(x)) return out;
   return record('scatterToRegion', out, [x], (g) => [gatherDim(g, g.ndim - 1, group, 'scatterToRegion backward')]);
 }
 
 /** allGathers along the last dimension forward; keeps this rank's chunk of the gradient backward. */
-export function gatherFromRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function gatherFromRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = gatherDim(x, lastDim(x, 'gatherFromRegion'), group, 'gatherFromRegion');
   if (!needsGrad(x)) return out;
   return record('gatherFromRegion', out, [x], (g) => [splitDim(g, g.ndim - 1, group.size, group.rank, 'gatherFromRegion backward')]);
@@ -151,17 +152,17 @@ export function gatherFromRegion(x: Tensor, group: ProcessGroup): Tensor {
 // of [B, T, C]); T must divide by the group size (a ShapeError before any communication otherwise).
 
 /** Every rank's chunk x [B, T/size, ...] side by side along the sequence, outside autograd (for ops with their own backward). */
-export function allGatherSequence(x: Tensor, group: ProcessGroup, call: string): Tensor {
+export function allGatherSequence(x: Tensor, group: CollectiveGroup, call: string): Tensor {
   return gatherDim(x, SEQUENCE_DIM, group, call);
 }
 
 /** This rank's sequence chunk of the sum over the group of x [B, T, ...], outside autograd. */
-export function reduceScatterSequence(x: Tensor, group: ProcessGroup, call: string): Tensor {
+export function reduceScatterSequence(x: Tensor, group: CollectiveGroup, call: string): Tensor {
   return reduceScatterDim(x, SEQUENCE_DIM, group, call);
 }
 
 /** Keeps this rank's chunk of the sequence forward; allGathers the gradient's chunks backward. */
-export function scatterToSequenceRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function scatterToSequenceRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = splitDim(x, SEQUENCE_DIM, group.size, group.rank, 'scatterToSequenceRegion');
   if (!needsGrad(x)) return out;
   return record('scatterToSequenceRegion', out, [x], (g) => [gatherDim(g, SEQUENCE_DIM, group, 'scatterToSequenceRegion backward')]);
@@ -171,7 +172,7 @@ export function scatterToSequenceRegion(x: Tensor, group: ProcessGroup): Tensor 
  * allGathers the sequence forward; reduceScatters the gradient backward: the input of a
  * column-parallel region, whose ranks each hold a partial gradient of the whole sequence.
  */
-export function gatherFromSequenceRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function gatherFromSequenceRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = gatherDim(x, SEQUENCE_DIM, group, 'gatherFromSequenceRegion');
   if (!needsGrad(x)) return out;
   return record('gatherFromSequenceRegion', out, [x], (g) => [reduceScatterDim(g, SEQUENCE_DIM, group, 'gatherFromSequenceRegion backward')]);
@@ -181,7 +182,7 @@ export function gatherFromSequenceRegion(x: Tensor, group: ProcessGroup): Tensor
  * reduceScatters along the sequence forward (the sum of the ranks' partial results, of which this
  * rank keeps its chunk); allGathers the gradient backward: the output of a row-parallel region.
  */
-export function reduceScatterToSequenceRegion(x: Tensor, group: ProcessGroup): Tensor {
+export function reduceScatterToSequenceRegion(x: Tensor, group: CollectiveGroup): Tensor {
   const out = reduceScatterDim(x, SEQUENCE_DIM, group, 'reduceScatterToSequenceRegion');
   if (!needsGrad(x)) return out;
   return record('reduceScatterToSequenceRegion', out, [x], (g) => [gatherDim(g, SEQUENCE_DIM, group, 'reduceScatterToSequenceRegion backward')]);

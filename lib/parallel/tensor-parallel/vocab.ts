@@ -12,7 +12,7 @@ import { mul } from '../../ops/elementwise.js';
 import { defaultGenerator, type Generator } from '../../random.js';
 import { fmtShape } from '../../shape.js';
 import type { Tensor } from '../../tensor.js';
-import type { ProcessGroup } from '../group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
 import { divisible, initAndTakeRows } from './layers.js';
 import { allReduceSync, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
 
@@ -23,7 +23,7 @@ export function vocabRange(vocabSize: number, rank: number, size: number, call =
 }
 
 export interface VocabParallelEmbeddingOptions {
-  group: ProcessGroup;
+  group: CollectiveGroup;
   device?: string;
   dtype?: string;
   generator?: Generator;
@@ -44,7 +44,7 @@ export interface VocabParallelEmbeddingOptions {
  */
 export class VocabParallelEmbedding extends Module {
   readonly weight: Parameter;
-  readonly group: ProcessGroup;
+  readonly group: CollectiveGroup;
   /** First vocabulary row held here. */
   readonly vocabStart: number;
   /** One past the last vocabulary row held here. */
@@ -111,7 +111,7 @@ const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's
  * then allReduce(sum) of exp(lse_r − max) packed with the target's terms, which one rank owns).
  * Backward: softmax(local) − onehot(local), times gradOut / (rows counted); no communication.
  */
-export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, group: ProcessGroup, opts: VocabParallelCrossEntropyOptions = {}): Tensor {
+export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, group: CollectiveGroup, opts: VocabParallelCrossEntropyOptions = {}): Tensor {
   const call = 'vocabParallelCrossEntropy';
   checkFloats(call, { localLogits });
   checkIndices(call, 'targets', targets);

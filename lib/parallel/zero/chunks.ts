@@ -10,7 +10,7 @@ import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import { copyElements, FlatLayout } from '../flat.js';
-import type { ProcessGroup } from '../group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
 
 /** Where one parameter's chunk lives: chunk `rank` of ceil(size/N) elements, zero-padded at the end. */
 export interface PartitionedParam {
@@ -49,13 +49,13 @@ export interface ShardRun {
 export abstract class ChunkedShards {
   /** This rank's chunks of each parameter group's parameters, back to back: what the inner optimizer updates. */
   readonly masters: Tensor[];
-  protected readonly group: ProcessGroup;
+  protected readonly group: CollectiveGroup;
   protected readonly parts = new Map<Tensor, PartitionedParam>();
   protected readonly paramDevice: Device;
   protected readonly call: string;
 
   /** Copies this rank's chunks into the masters (on the CPU with `offload`). */
-  constructor(groups: readonly Tensor[][], group: ProcessGroup, offload: boolean, call: string) {
+  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean, call: string) {
     this.group = group;
     this.call = call;
     const n = group.size;

@@ -1,8 +1,8 @@
-// ZeRO stages 1, 2 and 3 (DeepSpeed): each data-parallel rank keeps the optimizer state (and, at
-// stage 2, the gradients) of its chunks of every parameter (chunks.ts); the gradients are
-// reduce-scattered bucket by bucket as backward produces them (gradient-shards.ts), the step
-// updates the local chunks and allgathers the updated parameters. Stage 3 shards the parameters
-// too (stage3.ts): they are gathered unit by unit inside forward and backward.
+// ZeRO stages 1, 2 and 3 (DeepSpeed), the optimizer users create: each data-parallel rank keeps the
+// optimizer state (and, at stage 2, the gradients) of its chunks of every parameter (chunks.ts);
+// at stages 1 and 2 the gradients are reduce-scattered bucket by bucket as backward produces them
+// (stage1-2.ts), the step updates the local chunks and allgathers the updated parameters. Stage 3
+// shards the parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
 import { dtypeCode } from '../../dtype.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { tensor } from '../../creation.js';
@@ -10,10 +10,10 @@ import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
 import type { Optimizer } from '../../optim/optimizer.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
-import type { ProcessGroup } from '../group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
 import { copyElements } from '../flat.js';
-import { DEFAULT_BUCKET_BYTES } from '../data-parallel/buffer.js';
-import { GradientShards, type ReduceStats } from './gradient-shards.js';
+import { DEFAULT_BUCKET_BYTES } from '../buckets.js';
+import { GradientShards, type ReduceStats } from './stage1-2.js';
 import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
 import type { Module } from '../../nn/module.js';
 
@@ -21,7 +21,7 @@ export type ZeroStage = 1 | 2 | 3;
 
 export interface ZeroOptions {
   /** The data-parallel group the state is sharded over. */
-  group: ProcessGroup;
+  group: CollectiveGroup;
   stage: ZeroStage;
   /**
    * Keep the shard (master copy, its gradient, the optimizer state; at stage 3 the parameter
@@ -69,7 +69,7 @@ export interface GradNormScope {
   /** Parameters whose gradient another rank counts (a tensor-parallel replica, the tied embedding's second copy). */
   skip?: Iterable<Tensor>;
   /** Further groups holding the model's other parts: the sum of squares is summed over each in turn. */
-  groups?: readonly ProcessGroup[];
+  groups?: readonly CollectiveGroup[];
 }
 
 /** Bytes held on one rank, by kind (what the ZeRO paper's formula predicts). */
@@ -84,7 +84,7 @@ export interface ZeroMemoryBytes {
 export class ZeroOptimizer<H extends { lr: number }> {
   readonly inner: Optimizer<H>;
   readonly stage: ZeroStage;
-  readonly group: ProcessGroup;
+  readonly group: CollectiveGroup;
   readonly offload: boolean;
   readonly #shards: GradientShards | null;
   readonly #partition: ParameterPartition | null;

@@ -36,7 +36,7 @@ import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
 import { Module } from '../../nn/module.js';
 import { emptyOn, Tensor } from '../../tensor.js';
-import type { ProcessGroup, Work } from '../group.js';
+import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
 import { ChunkedShards, type ShardRun } from './chunks.js';
 
 /** A module whose parameters are gathered together: its slots are the parameters only it uses. */
@@ -46,7 +46,7 @@ interface Unit extends ShardRun {
   module: Module;
   gathered: boolean;
   /** A gather started before it was needed: its receive buffer and Work. */
-  inFlight: { work: Work; full: Tensor; local: Tensor } | null;
+  inFlight: { work: CollectiveWork; full: Tensor; local: Tensor } | null;
   /** The module's own `forward` property before attach (undefined: the prototype's). */
   ownForward: PropertyDescriptor | undefined;
 }
@@ -70,7 +70,7 @@ export interface GatherStats {
 
 const CALL = 'ZeroOptimizer(stage 3)';
 
-function finishSync(work: Work, group: ProcessGroup): void {
+function finishSync(work: CollectiveWork, group: CollectiveGroup): void {
   if (!work.waitSync) {
     throw new StateError(`${CALL}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync); ` +
       'parameters are gathered inside forward and backward, which cannot await. Use a Gloo group or fileWorld');
@@ -100,14 +100,14 @@ export class ParameterPartition extends ChunkedShards {
   /** The last unit whose forward ran inside a forward pass; released when another one starts. */
   #lastForward: Unit | null = null;
   /** The reduce-scatter in flight (at most one: it overlaps the next unit's backward). */
-  #reducing: { unit: Unit; work: Work; input: Tensor; out: Tensor } | null = null;
+  #reducing: { unit: Unit; work: CollectiveWork; input: Tensor; out: Tensor } | null = null;
   #gatheredBytes = 0;
   /** Whether the parameters gave up their bytes (a refused construction leaves them whole). */
   #evicted = false;
   readonly stats: GatherStats = { prefetched: 0, onDemand: 0, unused: 0, reduceScatters: 0, peakGatheredBytes: 0 };
 
   /** Copies this rank's chunks into the masters; the parameters keep their bytes until evictParameters(). */
-  constructor(groups: readonly Tensor[][], group: ProcessGroup, offload: boolean) {
+  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean) {
     super(groups, group, offload, CALL);
   }
 
@@ -245,7 +245,7 @@ export class ParameterPartition extends ChunkedShards {
     const local = keep(this.localShard(unit));
     const full = keep(emptyOn([this.group.size * unit.shardCount], 'f32', this.paramDevice));
     this.#countGathered(full.nbytes);
-    let work: Work;
+    let work: CollectiveWork;
     try {
       work = this.group.allGather(full, local);
     } catch (e) {

@@ -1,0 +1,281 @@
+// ParallelTrainer: the training step of one rank of any TP × PP × DP layout (layout.ts checks the
+// layout): micro-batches through the pipeline schedule, data-parallel gradient averaging (GradBuffer,
+// or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
+// the norm of the whole model's gradient, the update.
+import { ArgumentError } from '../errors.js';
+import { scope } from '../memory.js';
+import { scale, slice } from '../ops/index.js';
+import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
+import type { Optimizer } from '../optim/optimizer.js';
+import type { Parameter } from '../nn/module.js';
+import { emptyOn, type Tensor } from '../tensor.js';
+import { tensor } from '../creation.js';
+import type { CollectiveGroup } from '../distributed/group.js';
+import { GradBuffer } from './data-parallel/buffer.js';
+import type { PipelineScheduleName } from './layout.js';
+import { rangeAcrossRanks, type ParallelState } from './mesh.js';
+import type { PipelineModule } from './pipeline/gpt-stage.js';
+import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
+import { tensorParallelParameters } from './tensor-parallel/gpt.js';
+import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+
+export interface ParallelTrainerOptions<H extends { lr: number }> {
+  /** The mesh; null trains in one process (plain optimizer, no communication). */
+  mesh: ParallelState | null;
+  /**
+   * ZeRO stage over the data-parallel group (default 0: every replica holds the whole optimizer
+   * state). At 3 the trainer attaches ZeroOptimizer to the model: its blocks are the units gathered
+   * for their forward and backward, the rest (embeddings, final norm) is gathered for the step.
+   */
+  zero?: 0 | 1 | 2 | 3;
+  offload?: boolean;
+  /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
+  microBatches?: number;
+  /** The pipeline schedule (default 1f1b; both give the same numbers, 1F1B holds fewer activations). */
+  schedule?: PipelineScheduleName;
+  /** Clip the global gradient norm (of the whole model's averaged gradient) to this value. */
+  maxGradNorm?: number;
+  /** Target bytes per gradient bucket (data-parallel allreduce, ZeRO 1/2 reduce-scatter; default 25 MiB). */
+  bucketBytes?: number;
+  createOptimizer: InnerOptimizerFactory<H>;
+}
+
+export interface TrainerStepResult {
+  /** The loss of the whole global batch, on every rank. */
+  loss: number;
+  /** The global gradient norm before clipping (when maxGradNorm is set), on every rank. */
+  gradNorm?: number;
+}
+
+/**
+ * One rank's training step for any TP × PP × DP layout: micro-batches through the pipeline schedule
+ * (a single stage runs them one after the other), data-parallel gradient averaging (GradBuffer, or
+ * ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by the
+ * norm of the whole model's gradient, the update. Create with `await ParallelTrainer.create(...)`.
+ */
+export class ParallelTrainer<H extends { lr: number }> {
+  readonly #model: PipelineModule;
+  readonly #mesh: ParallelState | null;
+  readonly #maxGradNorm: number | undefined;
+  readonly #microBatches: number;
+  readonly #schedule: PipelineScheduleName;
+  readonly #optimizer: Optimizer<H> | null;
+  readonly #zero: ZeroOptimizer<H> | null;
+  readonly #grads: GradBuffer | null;
+  /** Parameters whose gradient another rank counts in the norm. */
+  readonly #countedElsewhere: Set<Parameter>;
+
+  private constructor(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>) {
+    const mesh = options.mesh;
+    this.#model = model;
+    this.#mesh = mesh;
+    this.#maxGradNorm = options.maxGradNorm;
+    this.#microBatches = options.microBatches ?? 1;
+    this.#schedule = options.schedule ?? '1f1b';
+    const zero = options.zero ?? 0;
+    this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
+    // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
+    if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
+    const bucketing = options.bucketBytes ? { bucketBytes: options.bucketBytes } : {};
+    if (zero !== 0) {
+      // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
+      // out of the reduce-scatters that start during backward.
+      const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
+      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, {
+        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
+      });
+      if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
+      this.#optimizer = null;
+      this.#grads = null;
+    } else {
+      this.#zero = null;
+      this.#optimizer = options.createOptimizer(paramGroups);
+      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...bucketing }) : null;
+    }
+  }
+
+  /**
+   * Checks the options and that the parameter groups hold every parameter of the model exactly once,
+   * then builds the trainer. Collective over the mesh's world: when any rank's check fails, every
+   * rank throws an ArgumentError (this rank's problem, or a pointer to the other rank's).
+   */
+  static async create<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): Promise<ParallelTrainer<H>> {
+    const groups = paramGroups.map((g) => ({ ...g, params: [...g.params] }));
+    let problem: string | null = null;
+    try { checkTrainerSetup(model, groups, options); } catch (e) {
+      if (!(e instanceof ArgumentError)) throw e;
+      problem = e.message;
+    }
+    if (options.mesh && options.mesh.world.size > 1) {
+      const seen = await rangeAcrossRanks(options.mesh.world, [problem ? 1 : 0]);
+      if (!problem && seen) problem = 'ParallelTrainer: another rank rejected its model or optimizer (see its error); every rank stops';
+    }
+    if (problem) throw new ArgumentError(problem);
+    return new ParallelTrainer(model, groups, options);
+  }
+
+  /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. */
+  get zero(): ZeroOptimizer<H> | null { return this.#zero; }
+
+  /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded). */
+  get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }
+
+  /**
+   * Forward and backward of this rank's rows of the global batch (inputs on the first stage, targets
+   * on the last; other stages may pass the same tensors), in micro-batches through the pipeline;
+   * gradient synchronization, clipping, update.
+   */
+  async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<TrainerStepResult> {
+    return scope(async () => {
+      const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
+      const losses = await run(this.#pipelineStage(inputs, targets, true), this.#microBatches);
+      if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
+      let gradNorm: number | undefined;
+      if (this.#zero) {
+        // ZeRO reduce-scatters the tied embedding's gradient (deferred) inside its step, so the stages' sum comes first.
+        await this.#sumTiedGrads();
+        const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
+        ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope }));
+        this.#zero.zeroGrad();
+      } else {
+        // finishGradSync writes the averaged buckets back into .grad, after which the stages sum.
+        if (this.#grads) await this.#grads.finishGradSync();
+        await this.#sumTiedGrads();
+        if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
+        this.#optimizer!.step();
+        this.#optimizer!.zeroGrad();
+      }
+      const loss = await this.#globalLoss(losses);
+      return gradNorm === undefined ? { loss } : { loss, gradNorm };
+    });
+  }
+
+  /** The loss of this rank's rows without gradients, through the pipeline, as a global-batch mean on every rank. */
+  async evaluate(inputs: Tensor, targets: Tensor): Promise<number> {
+    const wasTraining = this.#model.training;
+    this.#model.eval();
+    try {
+      return await scope(async () => this.#globalLoss(await forwardOnly(this.#pipelineStage(inputs, targets, false), this.#microBatches)));
+    } finally {
+      this.#model.train(wasTraining);
+    }
+  }
+
+  #pipelineStage(inputs: Tensor, targets: Tensor, training: boolean): PipelineStage {
+    const model = this.#model, m = this.#microBatches;
+    const [rows, seqLen] = inputs.shape as [number, number];
+    if (inputs.ndim !== 2 || rows % m !== 0) throw new ArgumentError(`ParallelTrainer: inputs must be [B, T] with B divisible by the ${m} micro-batches, got ${inputs.describe()}`);
+    const rowsPer = rows / m;
+    const microBatch = (t: Tensor, i: number) => (m === 1 ? t : slice(t, 0, i * rowsPer, (i + 1) * rowsPer));
+    const pp = this.#mesh && this.#mesh.ppSize > 1 ? this.#mesh.ppGroup : undefined;
+    // Gradient communication held back on non-final micro-batches: data parallel (GradBuffer) and
+    // ZeRO-1 communicate once per step; ZeRO-2 reduce-scatters every micro-batch (its gradients are
+    // sharded as they are produced); ZeRO-3 as each unit's backward ends.
+    const grads = !training ? null : this.#grads ?? (this.#zero?.stage === 1 ? this.#zero : null);
+    return {
+      ...(pp ? { group: pp } : {}),
+      device: inputs.deviceInfo,
+      inputShape: () => model.activationShape(rowsPer, seqLen),
+      forwardStep: (i, input) => {
+        const out = model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
+        // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
+        return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
+      },
+      runBackward: (_i, final, go) => (grads && !final ? grads.noSync(go) : go()),
+    };
+  }
+
+  /** The first and last stage each hold the tied embedding; both apply the sum of their gradients. */
+  async #sumTiedGrads(): Promise<void> {
+    const group = this.#mesh?.embeddingGroup;
+    if (!group) return;
+    for (const p of this.#model.tiedParameters) {
+      if (!p.grad) p.grad = emptyOn(p.shape, p.dtype, p.deviceInfo, true);
+      await group.allReduce(p.grad, { op: 'sum' });
+    }
+  }
+
+  /** The groups over which the model is split: tensor-parallel, then pipeline (those with more than one rank). */
+  #modelParallelGroups(): CollectiveGroup[] {
+    const mesh = this.#mesh;
+    return mesh ? [mesh.tpGroup, mesh.ppGroup].filter((g) => g.size > 1) : [];
+  }
+
+  // The norm of the whole model's gradient: each rank's parameters that no other rank counts, summed
+  // over the model-parallel groups (data-parallel replicas hold the same averaged gradient).
+  async #clipGradNorm(maxGradNorm: number): Promise<number> {
+    const params = this.#model.parameters();
+    let sumSquares = gradSumSquares(params.filter((p) => !this.#countedElsewhere.has(p)));
+    const groups = this.#modelParallelGroups();
+    if (groups.length > 0) {
+      using total = tensor(new Float32Array([sumSquares]), [1]);
+      for (const g of groups) await g.allReduce(total, { op: 'sum' });
+      sumSquares = total.toArraySync()[0]!;
+    }
+    const norm = Math.sqrt(sumSquares);
+    const factor = clipFactor(norm, maxGradNorm);
+    if (factor < 1) scaleGrads(params, factor);
+    return norm;
+  }
+
+  /** The last stage's micro-batch losses (each already weighted 1/m) → the global batch mean, on every rank. */
+  async #globalLoss(losses: number[]): Promise<number> {
+    const local = losses.reduce((a, b) => a + b, 0);
+    const mesh = this.#mesh;
+    if (!mesh || (mesh.ppSize === 1 && mesh.dpSize === 1)) return local;
+    using t = tensor(new Float32Array([local]), [1]);
+    // Only the last stage holds a loss (the others add zeros); then the data-parallel mean.
+    if (mesh.ppSize > 1) await mesh.ppGroup.allReduce(t, { op: 'sum' });
+    if (mesh.dpSize > 1) await mesh.dpGroup.allReduce(t, { op: 'avg' });
+    return t.toArraySync()[0]!;
+  }
+
+  /**
+   * Every parameter of this rank's model (stage) as a new tensor, in model.parameters() order (the
+   * caller owns them). Collective over the data-parallel group under ZeRO 3, where the parameters
+   * hold no values between steps.
+   */
+  async fullParameters(): Promise<Tensor[]> {
+    const params = this.#model.parameters();
+    if (!this.#zero) return params.map((p) => p.clone());
+    const values = await this.#zero.fullParameters();
+    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
+    return params.map((p) => byParam.get(p)!);
+  }
+
+  dispose(): void {
+    this.#zero?.dispose();
+    this.#optimizer?.dispose();
+    this.#grads?.dispose();
+  }
+}
+
+/** The trainer's local checks; throws an ArgumentError naming every problem. */
+function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): void {
+  const problems: string[] = [];
+  const { mesh } = options;
+  const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
+  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
+  if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
+  if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
+  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
+  if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
+    problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
+  }
+  if (mesh && mesh.tpSize > 1 && tensorParallelParameters(model).sharded.length === 0) {
+    problems.push(`tp = ${mesh.tpSize}, but the model has no tensor-parallel layers (every rank would hold and train the whole model)`);
+  }
+  const named = new Map(model.namedParameters().map(([n, p]) => [p, n] as const));
+  const listed = new Set<Tensor>();
+  for (const g of paramGroups) {
+    for (const p of g.params) {
+      if (listed.has(p)) problems.push(`${named.get(p as Parameter) ?? p.describe()} is in the parameter groups twice`);
+      else if (!named.has(p as Parameter)) problems.push(`the parameter groups hold ${p.describe()}, which is not one of the model's parameters`);
+      listed.add(p);
+    }
+  }
+  const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);
+  if (missing.length > 0) problems.push(`the model's parameter(s) ${missing.join(', ')} are in no parameter group, so the optimizer would never update them`);
+  if (problems.length > 0) throw new ArgumentError(`ParallelTrainer: ${problems.join('; ')}`);
+}
