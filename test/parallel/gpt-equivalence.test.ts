@@ -2,13 +2,13 @@
 // PP (GPipe, 1F1B), TP and their combinations matches the plain single-process run step by step (losses,
 // gradient norms) and in its final parameters, compared per parameter on the ranks that hold it;
 // bad layouts and misuse fail on every rank before training.
-import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
+import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
@@ -30,33 +30,31 @@ interface RankResult {
 }
 interface Trained { code: number | null; output: string; ranks: RankResult[] }
 
+/** Each launcher run's own limit (from its start, not its queueing): far above the few seconds it takes. */
+const RUN_LIMIT_MS = 240_000;
+const pool = new JobPool();
+
 function train(name: string, nproc: number, flags: string[]): Promise<Trained> {
   const out = join(work, name);
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...flags], {
-      cwd: root, stdio: ['ignore', 'pipe', 'pipe'],
+  return pool.run(async () => {
+    const { code, output } = await runProcess(process.execPath,
+      ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...flags], { cwd: root, limitMs: RUN_LIMIT_MS });
+    const ranks = code !== 0 ? [] : Array.from({ length: nproc }, (_, r) => {
+      const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
+      const bytes = readFileSync(join(out, `params-${r}.f32`));
+      const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+      const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
+      let at = 0;
+      for (const { name: n, shape } of res.params) {
+        const size = shape.reduce((a, b) => a * b, 1);
+        params.set(n, flat.subarray(at, at + size));
+        shapes.set(n, shape);
+        at += size;
+      }
+      expect(at).toBe(flat.length);
+      return { ...res, params, shapes };
     });
-    let output = '';
-    child.stdout.on('data', (d: Buffer) => { output += d.toString(); });
-    child.stderr.on('data', (d: Buffer) => { output += d.toString(); });
-    child.on('close', (code) => {
-      const ranks = code !== 0 ? [] : Array.from({ length: nproc }, (_, r) => {
-        const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
-        const bytes = readFileSync(join(out, `params-${r}.f32`));
-        const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-        const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
-        let at = 0;
-        for (const { name: n, shape } of res.params) {
-          const size = shape.reduce((a, b) => a * b, 1);
-          params.set(n, flat.subarray(at, at + size));
-          shapes.set(n, shape);
-          at += size;
-        }
-        expect(at).toBe(flat.length);
-        return { ...res, params, shapes };
-      });
-      resolve({ code, output, ranks });
-    });
+    return { code, output, ranks };
   });
 }
 
@@ -105,7 +103,7 @@ function tensorParallelSlice(name: string, full: Float32Array, shape: number[], 
   return full;
 }
 
-// All launches start at once (they are mostly process start-up), each into its own output folder.
+// Every launch is queued at once, each into its own output folder; the pool runs a few at a time.
 function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
   mkdirSync(join(work, name));
   return train(name, nproc, flags);
@@ -155,7 +153,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     expect(Math.abs(losses[0]! - Math.log(64))).toBeLessThan(1);
     expect(losses[2]!).toBeLessThan(losses[0]!);
     expect(gradNorms.every((n) => n > 0 && Number.isFinite(n))).toBe(true);
-  }, 120_000);
+  }, QUEUED_TEST_TIMEOUT_MS);
 
   it.each(Object.keys(layouts))('%s matches the single process step by step', async (name) => {
     const [ref, run] = await Promise.all([single, layouts[name as keyof typeof layouts]]);
@@ -190,7 +188,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
     expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
-  }, 180_000);
+  }, QUEUED_TEST_TIMEOUT_MS);
 
   it('ZeRO 1 and 2 reduce-scatter every gradient bucket from the hooks during backward: stage 1 once per step, stage 2 once per micro-batch', async () => {
     const cases: [keyof typeof layouts, 1 | 2, number][] = [
@@ -216,7 +214,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
         else expect(s.peakFullGradBytes, name).toBeGreaterThanOrEqual(s.modelBytes);
       }
     }
-  }, 180_000);
+  }, QUEUED_TEST_TIMEOUT_MS);
 
   it('pipeline stages hold their own layers: embeddings first, LayerNorm and tied head last', async () => {
     const run = await layouts['PP2 GPipe, 2 micro-batches'];
@@ -225,7 +223,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     // partitionLayers(3, 2): layers 0 and 1 on the first stage, layer 2 on the last.
     expect(first!.filter((n) => !/^h\.[01]\./.test(n))).toEqual(['wte.weight', 'wpe.weight']);
     expect(last!.filter((n) => !n.startsWith('h.2.'))).toEqual(['wte.weight', 'lnF.weight', 'lnF.bias']);
-  }, 180_000);
+  }, QUEUED_TEST_TIMEOUT_MS);
 
   const misuse = {
     'a layout the job does not fit': { flags: ['--dp', '2', '--tp', '2'], everyRank: /tp·pp·dp = 2·1·2 = 4 but the job has 2 processes/, oneRank: null },
@@ -246,7 +244,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     }
     if (oneRank) expect(bad.output).toMatch(oneRank);
     expect(bad.output).not.toMatch(/result-/);
-  }, 180_000);
+  }, QUEUED_TEST_TIMEOUT_MS);
 });
 
 describe('training layout validation', () => {
