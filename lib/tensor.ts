@@ -55,6 +55,12 @@ export interface TensorOptions {
   requiresGrad?: boolean;
 }
 
+/** What a tensor holds of the autograd node that produced it (lib/autograd/engine.ts implements it). */
+export interface GradNode {
+  /** The output that referenced the node is gone; the node frees its saved tensors when nothing else needs them. */
+  unref(): void;
+}
+
 export class Tensor {
   /** Dimensions; [] for a scalar. */
   readonly shape: readonly number[];
@@ -66,7 +72,7 @@ export class Tensor {
   /** Accumulated gradient, set by backward(). */
   grad: Tensor | null = null;
   /** The autograd node that produced this tensor (null for leaves). Managed by lib/autograd. */
-  gradFn: unknown = null;
+  gradFn: GradNode | null = null;
   /** Optional name (parameters carry theirs). */
   name?: string;
 
@@ -113,7 +119,11 @@ export class Tensor {
     untrack(this, this.#device);
     s.release();
     if (this.grad) { this.grad.dispose(); this.grad = null; }
+    // Dropping the output's hold on its graph node lets forward passes that never reach backward
+    // (evaluation without noGrad) free the tensors the node saved.
+    const fn = this.gradFn;
     this.gradFn = null;
+    fn?.unref();
   }
   [Symbol.dispose](): void { this.dispose(); }
 

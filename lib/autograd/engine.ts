@@ -2,18 +2,18 @@
 // order, accumulates gradients into leaves, runs the leaves' grad-ready hooks as each leaf's gradient
 // becomes final, and frees each node's saved tensors.
 import { dtypeCode, isFloating } from '../dtype.js';
-import { BINARY } from '../ops/codes.js';
+import { BINARY } from '../kernel-codes.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { checkTensor, emptyOn, Tensor } from '../tensor.js';
+import { checkTensor, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
 
 /** A recorded op: its backward, the edges to its inputs and the tensors it saved. */
-export class Node {
+export class Node implements GradNode {
   /** Per input: the node that produced it, the leaf to accumulate into, or nothing. */
   readonly edges: (Node | Tensor | null)[];
   #backward: BackwardFn | null;
@@ -385,16 +385,6 @@ export function zeroGrad(params: Iterable<Tensor>): void {
     if (p.grad) { p.grad.dispose(); p.grad = null; }
   }
 }
-
-// Disposing an op's output drops its hold on the graph, so forward passes that never reach
-// backward (evaluation without noGrad) free their saved tensors too.
-const disposeStorage = Tensor.prototype.dispose;
-Tensor.prototype.dispose = function (this: Tensor) {
-  if (this.disposed) return;
-  const fn = this.gradFn;
-  disposeStorage.call(this);
-  if (fn instanceof Node) fn.unref();
-};
 
 declare module '../tensor.js' {
   interface Tensor {

@@ -20,7 +20,7 @@ import { GradBuffer } from '../parallel/data-parallel/buffer.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { ZeroOptimizer, zeroMemoryFormula, type ZeroMemoryBytes, type ZeroStage } from '../parallel/zero/optimizer.js';
 import type { Tensor } from '../tensor.js';
-import { TRAIN_CONFIGS, type TrainBenchConfig } from './train.js';
+import { selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson, type Options } from './util.js';
 
 /** The parallel layout a bench run asks for. */
@@ -218,12 +218,6 @@ function bucketBytesOf(o: Options): number {
   const mb = (o['bucket-mb'] as number | undefined) ?? DEFAULT_BUCKET_BYTES / 2 ** 20;
   if (!(mb > 0)) throw new ArgumentError(`bench train: --bucket-mb must be > 0, got ${mb}`);
   return Math.round(mb * 2 ** 20);
-}
-
-function selectConfigs(which = 'tiny'): TrainBenchConfig[] {
-  const configs = which === 'all' ? TRAIN_CONFIGS : TRAIN_CONFIGS.filter((c) => c.name === which);
-  if (configs.length === 0) throw new ArgumentError(`bench train: unknown --config ${which} (${TRAIN_CONFIGS.map((c) => c.name).join(', ')}, all)`);
-  return configs;
 }
 
 function overlapVariants(mode = 'both'): boolean[] {

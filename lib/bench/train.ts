@@ -6,28 +6,20 @@
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { tensor } from '../creation.js';
-import { ArgumentError } from '../errors.js';
 import { info } from '../info.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { packageRoot } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
+import { selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
 
-/** A GPT shape and batch the training benches run. */
-export interface TrainBenchConfig { name: string; layers: number; heads: number; width: number; ctx: number; batch: number; vocab: number }
-type BenchConfig = TrainBenchConfig;
-
-export const TRAIN_CONFIGS: TrainBenchConfig[] = [
-  { name: 'tiny', layers: 4, heads: 4, width: 128, ctx: 128, batch: 8, vocab: 50257 },
-  { name: 'small', layers: 6, heads: 6, width: 384, ctx: 256, batch: 4, vocab: 50257 },
-];
 
 interface Measurement { msPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number }
 
 /** Times `steps` training steps after `warmup` and records the highest allocation above the resident set. */
-function measure(c: BenchConfig, recompute: boolean, warmup: number, steps: number): Measurement {
+function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps: number): Measurement {
   const config: GPTConfig = { vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true, recompute };
   const model = new GPT(config, { seed: 0 });
   const opt = new AdamW(model.parameters(), { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 });
@@ -52,7 +44,7 @@ function measure(c: BenchConfig, recompute: boolean, warmup: number, steps: numb
   return { msPerStep, tokensPerSec: (c.batch * c.ctx) / (msPerStep / 1000), peakStepBytes, loss };
 }
 
-function torchPeer(c: BenchConfig, warmup: number, steps: number, threads: number): { msPerStep: number; tokensPerSec: number; torch: string } | { error: string } {
+function torchPeer(c: TrainBenchConfig, warmup: number, steps: number, threads: number): { msPerStep: number; tokensPerSec: number; torch: string } | { error: string } {
   const script = join(packageRoot, 'scripts', 'bench', 'torch_train.py');
   const args = [script, '--layers', c.layers, '--heads', c.heads, '--width', c.width, '--ctx', c.ctx, '--batch', c.batch, '--vocab', c.vocab,
     '--steps', steps, '--warmup', warmup, '--threads', threads].map(String);
@@ -77,9 +69,7 @@ export async function main(argv: string[]): Promise<number> {
     console.log(usage);
     return 0;
   }
-  const which = (o.config as string | undefined) ?? 'tiny';
-  const configs = which === 'all' ? TRAIN_CONFIGS : TRAIN_CONFIGS.filter((c) => c.name === which);
-  if (configs.length === 0) throw new ArgumentError(`bench train: unknown --config ${which} (tiny, small, all)`);
+  const configs = selectConfigs(o.config as string | undefined);
   const steps = (o.steps as number | undefined) ?? 5, warmup = (o.warmup as number | undefined) ?? 2;
   const threads = info().backends.cpu.blasThreads as number;
   console.log(`# nodetron bench train — ${warmup} warm-up + ${steps} timed steps, f32 on cpu, ${threads} BLAS threads (PyTorch gets the same)\n`);
@@ -96,7 +86,7 @@ export async function main(argv: string[]): Promise<number> {
     results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: peer });
   }
   printTable(['config', 'ms/step', 'tok/s', 'torch ms/step', 'torch/ours', 'recompute ms/step', 'peak MiB', 'recompute peak MiB'], rows);
-  for (const r of results) if ('error' in (r.pytorch as object)) console.log(`# PyTorch peer for ${(r.config as BenchConfig).name}: ${(r.pytorch as { error: string }).error}`);
+  for (const r of results) if ('error' in (r.pytorch as object)) console.log(`# PyTorch peer for ${(r.config as TrainBenchConfig).name}: ${(r.pytorch as { error: string }).error}`);
   writeJson(o.json as string | undefined, { bench: 'train', machine: machineRecord(), warmup, steps, threads, results });
   return 0;
 }

@@ -5,7 +5,7 @@ import { ArgumentError } from '../errors.js';
 import { defaultGenerator, DRAW, Generator } from '../random.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { BINARY, UNARY } from './codes.js';
+import { BINARY, UNARY } from '../kernel-codes.js';
 import { checkFloats, code, emptyLike } from './common.js';
 import { binaryRaw } from './elementwise.js';
 import { transpose } from './shape.js';

@@ -4,7 +4,7 @@ import { needsGrad, record, save } from '../autograd/engine.js';
 import { ArgumentError } from '../errors.js';
 import { broadcastShapes, sameShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { BINARY, UNARY, type UnaryName } from './codes.js';
+import { BINARY, UNARY, type UnaryName } from '../kernel-codes.js';
 import { checkFloats, code, contiguousStrides, emptyLike } from './common.js';
 
 /** A tensor or a number (numbers broadcast as scalars of the tensor's dtype). */

@@ -3,7 +3,7 @@
 import { alias, needsGrad, own, record } from '../autograd/engine.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { UNARY } from './codes.js';
+import { UNARY } from '../kernel-codes.js';
 import { checkFloats, code, dimsProduct, emptyLike } from './common.js';
 import { sumTo, unaryRaw } from './elementwise.js';
 

@@ -1,4 +1,4 @@
-// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO, and test groups.
+// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO.
 // Where each thing lives (lib/parallel/…):
 //   mesh.ts                    the TP × PP × DP mesh and its process groups (Megatron's parallel_state)
 //   layout.ts                  checking a layout request (--tp/--pp/--dp/--zero…) and joining the job with it
@@ -15,7 +15,7 @@
 //   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
 //   flat buffers               flat.ts: parameters packed back to back, bucket splitting
 // The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
-// ProcessGroup implements it.
+// ProcessGroup implements it; the in-process and file-backed groups for tests are in lib/testing (nodetron/testing).
 export {
   MeshLayout, ParallelState, initializeParallel, rangeAcrossRanks, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
@@ -23,14 +23,12 @@ export {
 } from './mesh.js';
 export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 export type { ReduceOp } from '../distributed/collectives.js';
-export { localWorld, runLocalRanks, LOCAL_TIMEOUT_MS } from './local-group.js';
 export { DEFAULT_BUCKET_BYTES } from './buckets.js';
 export { GradBuffer, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
 export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
 export type { ReduceStats } from './zero/stage1-2.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
-export { fileWorld } from './file-group.js';
 export {
   copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion,
   scatterToSequenceRegion, gatherFromSequenceRegion, reduceScatterToSequenceRegion, SEQUENCE_DIM,

@@ -2,21 +2,13 @@
 // through the Redis store, with MASTER_PORT pointing nowhere to prove the TCP store is not used.
 // Skipped, with the reason printed, when redis-server is not installed.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { distributed } from '../../lib/index.js';
 import { runRanks } from './spawn-ranks.js';
+import { freePort } from '../helpers/net.js';
 
 const haveRedis = spawnSync('redis-server', ['--version']).status === 0;
 if (!haveRedis) console.warn('redis rendezvous tests skipped: redis-server is not installed (apt-get install -y redis-server)');
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 describe.skipIf(!haveRedis)('Gloo rendezvous through Redis', () => {
   let redis: ChildProcess;

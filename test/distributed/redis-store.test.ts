@@ -1,22 +1,14 @@
 // Tests of RedisStore against a redis-server this file starts on a random loopback port; skipped,
 // with the reason printed, when the redis-server binary is not installed (apt-get install redis-server).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CommError, distributed, TimeoutError } from '../../lib/index.js';
+import { freePort } from '../helpers/net.js';
 
 const { RedisStore, PrefixStore, createStore } = distributed;
 
 const haveRedis = spawnSync('redis-server', ['--version']).status === 0;
 if (!haveRedis) console.warn('redis-store tests skipped: redis-server is not installed (apt-get install -y redis-server)');
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 const text = (b: Uint8Array) => new TextDecoder().decode(b);
 

@@ -4,6 +4,7 @@ import { connect, createServer } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ArgumentError, CommError, distributed, TimeoutError } from '../../lib/index.js';
 import { encodeFrame, Op, Status } from '../../lib/distributed/store-wire.js';
+import { freePort } from '../helpers/net.js';
 
 const { StoreServer, TCPStore, PrefixStore, createStore } = distributed;
 
@@ -25,14 +26,6 @@ function rawExchange(port: number, bytes: Buffer, ms = 300): Promise<Buffer> {
 }
 
 /** A port nothing listens on: bind an ephemeral one, then release it. */
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
-
 const text = (b: Uint8Array) => new TextDecoder().decode(b);
 
 describe('TCPStore + StoreServer', () => {

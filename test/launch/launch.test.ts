@@ -2,12 +2,12 @@
 // environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
 // on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
 import { spawn, spawnSync } from 'node:child_process';
-import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ArgumentError, distributed } from '../../lib/index.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
+import { freePort } from '../helpers/net.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
@@ -52,14 +52,6 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
 }
 
 const run = (args: string[], env?: NodeJS.ProcessEnv) => launch(args, env).done;
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 const alive = (pid: number) => {
   try {

@@ -4,7 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { GradBuffer } from '../../lib/parallel/data-parallel/buffer.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { runLocalRanks } from '../../lib/testing/index.js';
 import { ALL, CHAIN_SHAPES, chainLoss, countingGroup, leafParams, maxAbsDiff, meanOverRanks, randomArray, randomTensor } from './helpers.js';
 
 function makeParams(): nt.Tensor[] {

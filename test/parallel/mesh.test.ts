@@ -2,7 +2,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { MeshLayout, initializeParallel, rangeAcrossRanks, destroyParallel, parallelState, tpRank, dpGroup, type ParallelDim } from '../../lib/parallel/mesh.js';
-import { localWorld, runLocalRanks } from '../../lib/parallel/local-group.js';
+import { localWorld, runLocalRanks } from '../../lib/testing/index.js';
 
 afterEach(() => destroyParallel());
 

@@ -3,7 +3,7 @@
 // forward-only evaluation and the backward hook; GPT stages against the whole GPT; trainer set-up checks.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { runLocalRanks } from '../../lib/testing/index.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, partitionLayers } from '../../lib/parallel/pipeline/schedules.js';
 import { maxAbsDiff, randomArray } from './helpers.js';
 

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { runLocalRanks } from '../../lib/testing/index.js';
 import { runRanks } from '../distributed/spawn-ranks.js';
 
 describe('sequence-parallel mappings (multi-process)', () => {

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { fileWorld, runLocalRanks } from '../../lib/testing/index.js';
 import { runRanks } from '../distributed/spawn-ranks.js';
 
 const tiny: nt.nn.GPTConfig = { vocabSize: 96, blockSize: 8, nLayer: 2, nHead: 4, nEmbd: 16, dropout: 0, bias: true };
@@ -70,7 +70,7 @@ describe('tensor-parallel GPT (in process)', () => {
   it('a group of one gives the plain GPT: same weights, logits, loss and gradients', () => {
     const dir = mkdtempSync(join(tmpdir(), 'nt-tpgpt1-'));
     try {
-      const group = nt.parallel.fileWorld(dir, 0, 1);
+      const group = fileWorld(dir, 0, 1);
       const config = { ...tiny, vocabSize: 50 };
       const ref = new nt.nn.GPT(config, { seed: 4 });
       const par = new nt.nn.GPT(config, { seed: 4, ...nt.parallel.tensorParallelGPTOptions(group) });
@@ -97,7 +97,7 @@ describe('tensor-parallel GPT (in process)', () => {
   it('the plain and the tensor-parallel linear factories draw the same numbers from the generator', () => {
     const dir = mkdtempSync(join(tmpdir(), 'nt-tpgen-'));
     try {
-      const group = nt.parallel.fileWorld(dir, 0, 1);
+      const group = fileWorld(dir, 0, 1);
       const build = (factory: nt.nn.LinearFactory, role: nt.nn.LinearRole) => {
         const generator = new nt.Generator(9);
         const l = factory(16, 48, { role, bias: true, std: 0.02, layer: { generator }, config: tiny });

@@ -5,7 +5,7 @@
 // parameters, overlap off); misuse fails clearly and leaves the optimizer usable.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { runLocalRanks } from '../../lib/testing/index.js';
 import { ZeroOptimizer, type ZeroOptions } from '../../lib/parallel/zero/optimizer.js';
 import type { CollectiveGroup } from '../../lib/distributed/group.js';
 import { ALL, chainLoss, leafParams, maxAbsDiff, meanOverRanks } from './helpers.js';

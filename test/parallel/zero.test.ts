@@ -7,7 +7,7 @@ import { AdamW } from '../../lib/optim/adamw.js';
 import { Lamb } from '../../lib/optim/lamb.js';
 import type { Optimizer } from '../../lib/optim/optimizer.js';
 import { SGD } from '../../lib/optim/sgd.js';
-import { runLocalRanks } from '../../lib/parallel/local-group.js';
+import { runLocalRanks } from '../../lib/testing/index.js';
 import { ZeroOptimizer, zeroMemoryFormula } from '../../lib/parallel/zero/optimizer.js';
 import { maxAbsDiff, randomArray, randomTensor } from './helpers.js';
 

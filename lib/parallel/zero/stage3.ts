@@ -73,7 +73,7 @@ const CALL = 'ZeroOptimizer(stage 3)';
 function finishSync(work: CollectiveWork, group: CollectiveGroup): void {
   if (!work.waitSync) {
     throw new StateError(`${CALL}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync); ` +
-      'parameters are gathered inside forward and backward, which cannot await. Use a Gloo group or fileWorld');
+      'parameters are gathered inside forward and backward, which cannot await. Use a process group from nt.distributed (Gloo or NCCL)');
   }
   work.waitSync();
 }

@@ -6,7 +6,7 @@ import { mkdirSync, readFileSync, renameSync, writeFileSync, existsSync } from '
 import { join } from 'node:path';
 import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import type { CollectiveGroup as ProcessGroup, CollectiveWork as Work, WorldGroup } from '../distributed/group.js';
+import type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 import type { ReduceOp } from '../distributed/collectives.js';
 import { hostArrayFor, readData, reduceInRankOrder, writeData } from './host-data.js';
 import type { TypedArray } from '../dtype.js';
@@ -14,7 +14,7 @@ import type { TypedArray } from '../dtype.js';
 const sleeper = new Int32Array(new SharedArrayBuffer(4));
 
 /** An already finished collective: the file exchange completed before the call returned. */
-class CompletedWork implements Work {
+class CompletedWork implements CollectiveWork {
   wait(): Promise<void> { return Promise.resolve(); }
   waitSync(): void {}
   then<A = void, B = never>(ok?: ((v: unknown) => A | PromiseLike<A>) | null, bad?: ((e: unknown) => B | PromiseLike<B>) | null): PromiseLike<A | B> {
@@ -24,7 +24,7 @@ class CompletedWork implements Work {
 
 interface Header { op: string; count: number; args: string }
 
-class FileGroup implements ProcessGroup {
+class FileGroup implements CollectiveGroup {
   #seq = 0;
   readonly #p2pSeq = new Map<string, number>();
   constructor(readonly dir: string, readonly name: string, readonly rank: number, readonly ranks: readonly number[], readonly timeoutMs: number) {}
@@ -71,12 +71,12 @@ class FileGroup implements ProcessGroup {
     return parts;
   }
 
-  allReduce(t: Tensor, opts: { op?: ReduceOp } = {}): Work {
+  allReduce(t: Tensor, opts: { op?: ReduceOp } = {}): CollectiveWork {
     const op = opts.op ?? 'sum';
     writeData(t, reduceInRankOrder(this.#exchange('allReduce', t.size, readData(t), op), op));
     return new CompletedWork();
   }
-  allGather(out: Tensor, input: Tensor): Work {
+  allGather(out: Tensor, input: Tensor): CollectiveWork {
     if (out.size !== input.size * this.size) throw new ArgumentError(`allGather: output has ${out.size} elements, expected ${this.size}·${input.size}`);
     const parts = this.#exchange('allGather', input.size, readData(input));
     const full = hostArrayFor(out);
@@ -84,26 +84,26 @@ class FileGroup implements ProcessGroup {
     writeData(out, full);
     return new CompletedWork();
   }
-  reduceScatter(out: Tensor, input: Tensor, opts: { op?: ReduceOp } = {}): Work {
+  reduceScatter(out: Tensor, input: Tensor, opts: { op?: ReduceOp } = {}): CollectiveWork {
     if (input.size !== out.size * this.size) throw new ArgumentError(`reduceScatter: input has ${input.size} elements, expected ${this.size}·${out.size}`);
     const op = opts.op ?? 'sum';
     const red = reduceInRankOrder(this.#exchange('reduceScatter', out.size, readData(input), op), op);
     writeData(out, red.subarray(this.rank * out.size, (this.rank + 1) * out.size));
     return new CompletedWork();
   }
-  broadcast(t: Tensor, opts: { root?: number } = {}): Work {
+  broadcast(t: Tensor, opts: { root?: number } = {}): CollectiveWork {
     const root = opts.root ?? 0;
     if (!Number.isInteger(root) || root < 0 || root >= this.size) throw new ArgumentError(`broadcast: root ${root} is outside [0, ${this.size})`);
     writeData(t, this.#exchange('broadcast', t.size, readData(t), String(root))[root]!);
     return new CompletedWork();
   }
   // A send publishes and returns (the file is the buffer); a recv blocks until the matching file exists.
-  send(t: Tensor, dst: number): Work {
+  send(t: Tensor, dst: number): CollectiveWork {
     this.#checkPeer('send', dst);
     this.#publish(this.#p2pPath(this.rank, dst), { op: 'p2p', count: t.size, args: '' }, readData(t));
     return new CompletedWork();
   }
-  recv(t: Tensor, src: number): Work {
+  recv(t: Tensor, src: number): CollectiveWork {
     this.#checkPeer('recv', src);
     const { header, body } = this.#await(this.#p2pPath(src, this.rank), `recv from ${src}`);
     if (header.count !== t.size) throw new CommError(`${this.name}: recv of ${t.size} elements matched a send of ${header.count}`);
@@ -125,7 +125,7 @@ class FileGroup implements ProcessGroup {
 
 class FileWorld extends FileGroup implements WorldGroup {
   #created = 0;
-  newGroup(ranks: readonly number[]): ProcessGroup {
+  newGroup(ranks: readonly number[]): CollectiveGroup {
     const name = `g${this.#created++}`;
     return new FileGroup(this.dir, name, ranks.indexOf(this.rank), [...ranks], this.timeoutMs);
   }
@@ -133,7 +133,7 @@ class FileWorld extends FileGroup implements WorldGroup {
 
 /**
  * This process's world over `dir` (shared by all ranks, empty at the start of the job). Every
- * collective returns a completed Work with waitSync(), so autograd backward can use it.
+ * collective returns a completed CollectiveWork with waitSync(), so autograd backward can use it.
  */
 export function fileWorld(dir: string, rank: number, size: number, timeoutMs = 60_000): WorldGroup {
   if (!Number.isInteger(size) || size < 1 || !Number.isInteger(rank) || rank < 0 || rank >= size) throw new ArgumentError(`fileWorld: rank ${rank} of size ${size} is not valid`);

@@ -5,14 +5,14 @@
 import { type TypedArray } from '../dtype.js';
 import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import type { CollectiveGroup as ProcessGroup, CollectiveWork as Work, WorldGroup } from '../distributed/group.js';
+import type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 import type { ReduceOp } from '../distributed/collectives.js';
 import { hostArrayFor, readData, reduceInRankOrder, writeData } from './host-data.js';
 
 /** How long a collective waits for the other members before failing (a deadlock in a test becomes an error). */
 export const LOCAL_TIMEOUT_MS = 20_000;
 
-class LocalWork implements Work {
+class LocalWork implements CollectiveWork {
   readonly #promise: Promise<void>;
   constructor(promise: Promise<void>) { this.#promise = promise; }
   wait(): Promise<void> { return this.#promise; }
@@ -110,14 +110,14 @@ class LocalGroupCore {
   }
 }
 
-class LocalGroup implements ProcessGroup {
+class LocalGroup implements CollectiveGroup {
   #seq = 0;
   readonly size: number;
   constructor(readonly core: LocalGroupCore, readonly rank: number, readonly timeoutMs: number) { this.size = core.ranks.length; }
   get ranks(): readonly number[] { return this.core.ranks; }
   get name(): string { return this.core.name; }
 
-  #start(op: string, count: number, data: TypedArray, out: Tensor, args = ''): Work {
+  #start(op: string, count: number, data: TypedArray, out: Tensor, args = ''): CollectiveWork {
     const seq = this.#seq++;
     return new LocalWork(this.#timed(`${op} #${seq} (${count} elements)`, (finish) => this.core.arrive(seq, this.rank, { op, count, data, out, finish, args })));
   }
@@ -129,28 +129,28 @@ class LocalGroup implements ProcessGroup {
     });
   }
 
-  allReduce(t: Tensor, opts: { op?: ReduceOp } = {}): Work {
+  allReduce(t: Tensor, opts: { op?: ReduceOp } = {}): CollectiveWork {
     return this.#start('allReduce', t.size, readData(t), t, opts.op ?? 'sum');
   }
-  allGather(out: Tensor, input: Tensor): Work {
+  allGather(out: Tensor, input: Tensor): CollectiveWork {
     if (out.size !== input.size * this.size) throw new ArgumentError(`allGather: output has ${out.size} elements, expected ${this.size}·${input.size}`);
     return this.#start('allGather', input.size, readData(input), out);
   }
-  reduceScatter(out: Tensor, input: Tensor, opts: { op?: ReduceOp } = {}): Work {
+  reduceScatter(out: Tensor, input: Tensor, opts: { op?: ReduceOp } = {}): CollectiveWork {
     if (input.size !== out.size * this.size) throw new ArgumentError(`reduceScatter: input has ${input.size} elements, expected ${this.size}·${out.size}`);
     return this.#start('reduceScatter', out.size, readData(input), out, opts.op ?? 'sum');
   }
-  broadcast(t: Tensor, opts: { root?: number } = {}): Work {
+  broadcast(t: Tensor, opts: { root?: number } = {}): CollectiveWork {
     const root = opts.root ?? 0;
     if (!Number.isInteger(root) || root < 0 || root >= this.size) throw new ArgumentError(`broadcast: root ${root} is outside [0, ${this.size})`);
     return this.#start('broadcast', t.size, readData(t), t, String(root));
   }
-  send(t: Tensor, dst: number): Work {
+  send(t: Tensor, dst: number): CollectiveWork {
     this.#checkPeer('send', dst);
     const data = readData(t);
     return new LocalWork(this.#timed(`send to ${dst}`, (finish) => this.core.send(this.rank, dst, data, finish)));
   }
-  recv(t: Tensor, src: number): Work {
+  recv(t: Tensor, src: number): CollectiveWork {
     this.#checkPeer('recv', src);
     return new LocalWork(this.#timed(`recv from ${src}`, (finish) => this.core.recv(src, this.rank, t, finish)));
   }
@@ -162,7 +162,7 @@ class LocalGroup implements ProcessGroup {
 class LocalWorld extends LocalGroup implements WorldGroup {
   #created = 0;
   constructor(core: LocalGroupCore, rank: number, timeoutMs: number, readonly registry: LocalGroupCore[]) { super(core, rank, timeoutMs); }
-  newGroup(ranks: readonly number[]): ProcessGroup {
+  newGroup(ranks: readonly number[]): CollectiveGroup {
     const index = this.#created++;
     let core = this.registry[index];
     if (!core) { core = new LocalGroupCore([...ranks], `group${index}[${ranks.join(',')}]`); this.registry[index] = core; }
