@@ -1,6 +1,7 @@
 // The only module that touches the native addons: loads the cpu addon (choosing OpenBLAS's kernel
 // for this CPU first), registers the typed-error factory, and loads the cuda addon lazily.
-import { existsSync, readFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -127,7 +128,8 @@ let cudaAddon: BackendAddon | undefined;
 let cudaFailure: BackendUnavailableError | undefined;
 
 function cudaAddonPath(): string | undefined {
-  for (const p of ['build/Release/nodetron_cuda.node', 'build/Debug/nodetron_cuda.node', 'prebuilds/linux-x64/nodetron_cuda.node']) {
+  // The prebuilt cuda addon sits in a folder of its own, so node-gyp-build never takes it for the cpu addon.
+  for (const p of ['build/Release/nodetron_cuda.node', 'build/Debug/nodetron_cuda.node', `prebuilds/${process.platform}-${process.arch}/cuda/nodetron_cuda.node`]) {
     const full = join(packageRoot, p);
     if (existsSync(full)) return full;
   }
@@ -145,13 +147,72 @@ function cudaBuildStatus(): string {
 
 /** Turns a dlopen failure into what to install. */
 export function explainCudaLoadFailure(message: string): string {
-  const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message)?.[1];
+  const all = [...message.matchAll(/(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/g)].map((m) => m[1]!);
+  if (all.length > 1) return all.map((m) => explainCudaLoadFailure(`${m}: cannot open shared object file`)).join('; ');
+  const missing = all[0];
   if (!missing) return message;
   if (missing.startsWith('libcublas')) return `${missing} (cuBLAS/cuBLASLt) was not found: \`pip install nvidia-cublas\` or add its directory to LD_LIBRARY_PATH`;
   if (missing.startsWith('libnccl')) return `${missing} (NCCL) was not found: \`pip install nvidia-nccl-cu13\` or set NCCL_HOME and LD_LIBRARY_PATH`;
   if (missing.startsWith('libcudart')) return `${missing} (the CUDA runtime) was not found: install the CUDA 13 toolkit or runtime`;
   if (missing.startsWith('libcuda.')) return `${missing} (the NVIDIA driver) was not found: install the NVIDIA driver (580 or newer for CUDA 13)`;
   return `${missing} was not found`;
+}
+
+/** The shared libraries the cuda addon links besides the system's, and where each comes from. */
+const CUDA_LIBRARIES = [
+  { soname: 'libcublasLt.so.13', wheel: 'cu13', home: 'CUDA_HOME' },
+  { soname: 'libnccl.so.2', wheel: 'nccl', home: 'NCCL_HOME' },
+] as const;
+
+/** Folders that may hold the CUDA libraries on this machine: the nvidia pip wheels' and the toolkit's. */
+export function cudaLibraryDirs(env: NodeJS.ProcessEnv = process.env): string[] {
+  const dirs: string[] = [];
+  for (const v of ['CUDA_HOME', 'CUDA_PATH', 'NCCL_HOME']) if (env[v]) dirs.push(join(env[v]!, 'lib64'), join(env[v]!, 'lib'));
+  dirs.push('/usr/local/cuda/lib64', '/usr/local/cuda/targets/x86_64-linux/lib');
+  // The nvidia wheels: ask each python on PATH where its `nvidia` package is, then look where pip installs.
+  for (const py of ['python3', 'python']) {
+    const r = spawnSync(py, ['-c', 'import nvidia,os;print("\\n".join(os.path.join(p,d,"lib") for p in nvidia.__path__ for d in os.listdir(p)))'],
+      { encoding: 'utf8', timeout: 10_000, stdio: ['ignore', 'pipe', 'ignore'] });
+    if (r.status === 0) dirs.push(...r.stdout.split('\n').filter(Boolean));
+  }
+  const sitePackages = [
+    ...[env.VIRTUAL_ENV, env.CONDA_PREFIX].filter((p): p is string => !!p).map((p) => join(p, 'lib')),
+    join(env.HOME ?? '/root', '.local', 'lib'), '/usr/local/lib', '/usr/lib', '/opt/conda/lib',
+  ];
+  for (const base of sitePackages) {
+    for (const py of safeReaddir(base).filter((d) => /^python3/.test(d))) {
+      for (const kind of ['site-packages', 'dist-packages']) {
+        const nv = join(base, py, kind, 'nvidia');
+        for (const d of safeReaddir(nv)) dirs.push(join(nv, d, 'lib'));
+      }
+    }
+  }
+  return [...new Set(dirs)].filter((d) => existsSync(d));
+}
+
+function safeReaddir(dir: string): string[] {
+  try { return readdirSync(dir); } catch { return []; }
+}
+
+/**
+ * Makes the cuda addon's libraries loadable wherever they are: each is tried by soname first
+ * (LD_LIBRARY_PATH, the system's paths), then by absolute path in cudaLibraryDirs(); the first that
+ * loads is bound for the addon (RTLD_GLOBAL). Returns what it could not find.
+ */
+function preloadCudaLibraries(): string[] {
+  const addon = cpu();
+  const missing: string[] = [];
+  let dirs: string[] | undefined;
+  for (const lib of CUDA_LIBRARIES) {
+    try { addon.dlopenGlobal(lib.soname); continue; } catch { /* not on the loader's paths */ }
+    dirs ??= cudaLibraryDirs();
+    const found = dirs.map((d) => join(d, lib.soname)).find((p) => {
+      if (!existsSync(p)) return false;
+      try { addon.dlopenGlobal(p); return true; } catch { return false; }
+    });
+    if (!found) missing.push(lib.soname);
+  }
+  return missing;
 }
 
 /** The cuda addon; throws BackendUnavailableError saying exactly what is missing. */
@@ -171,6 +232,10 @@ export function cuda(): BackendAddon {
   }
   let addon: BackendAddon;
   try {
+    const missing = preloadCudaLibraries();
+    if (missing.length) {
+      throw new Error(missing.map((m) => `${m}: cannot open shared object file`).join('; '));
+    }
     addon = require(path) as BackendAddon;
   } catch (e) {
     cudaFailure = new BackendUnavailableError(`the cuda backend cannot load: ${explainCudaLoadFailure((e as Error).message)}`, 'loadCuda');

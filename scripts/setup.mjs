@@ -1,10 +1,13 @@
 #!/usr/bin/env node
 // Brings a machine to the point where nodetron runs: Debian packages (apt when root, else the exact
 // line to run), the CUDA wheels for the cuda backend (pip, where nvcc and pip are present), npm
-// packages, the native build (cmake-js) and the TypeScript build. Each step is skipped when done.
-//   node scripts/setup.mjs [--force]      (also runs as the package's install script)
+// packages, the native build (cmake-js), the TypeScript build and the prebuilt binaries `npm pack`
+// ships (scripts/prebuild.mjs). Each step is skipped when done.
+//   node scripts/setup.mjs [--force]      (in a checkout of the repository; scripts/install.mjs is what
+//                                         `npm install nodetron` runs in a user's project)
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -80,7 +83,10 @@ function cudaWheels() {
   ].join('\n')], { stdio: 'ignore' });
   if (probe.status === 0) return;
   log('installing the CUDA wheels nvidia-cublas and nvidia-nccl-cu13 with pip (headers and libraries for the cuda backend)');
-  if (!run('python3', ['-m', 'pip', 'install', '--quiet', 'nvidia-cublas', 'nvidia-nccl-cu13'])) {
+  // Local wheels (pip's find-links) first, without touching the network; then the index, once, briefly.
+  const wheels = ['nvidia-cublas', 'nvidia-nccl-cu13'];
+  if (!run('python3', ['-m', 'pip', 'install', '--quiet', '--no-index', ...wheels], { stdio: ['ignore', 'ignore', 'ignore'] }) &&
+    !run('python3', ['-m', 'pip', 'install', '--quiet', '--retries', '0', '--timeout', '15', ...wheels])) {
     log('pip could not install the CUDA wheels: the cuda backend will not be built');
   }
 }
@@ -100,11 +106,20 @@ function nativeBuild() {
   const sources = newest(['native', 'CMakeLists.txt']);
   if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
   log('building the native addons (cmake-js)');
-  const cmakeJs = join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
+  const cmakeJs = createRequire(join(root, 'package.json')).resolve('cmake-js/bin/cmake-js');
   const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, availableParallelism()));
   if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
     throw new Error('the native build failed (see the compiler output above)');
   }
+}
+
+// 6. Prebuilt binaries: what `npm pack` ships (scripts/prebuild.mjs; copies, no second build) -----
+function prebuilds() {
+  const out = join(root, 'prebuilds', `${process.platform}-${process.arch}`, 'nodetron.napi.node');
+  const addon = join(root, 'build', 'Release', 'nodetron.node');
+  if (!force && existsSync(out) && statSync(out).mtimeMs >= statSync(addon).mtimeMs) return;
+  log('collecting the prebuilt binaries (scripts/prebuild.mjs)');
+  if (!run(process.execPath, [join(root, 'scripts', 'prebuild.mjs')])) throw new Error('collecting the prebuilt binaries failed');
 }
 
 // 5. TypeScript -----------------------------------------------------------------------------------
@@ -123,6 +138,7 @@ try {
   npmPackages();
   nativeBuild();
   typescriptBuild();
+  prebuilds();
 } catch (e) {
   log(`error: ${e.message}`);
   process.exit(1);

@@ -1,0 +1,33 @@
+// Where the cuda addon's libraries are looked for when it is a prebuilt binary (its RUNPATH names
+// the build machine's folders): CUDA_HOME/NCCL_HOME, the toolkit, the nvidia pip wheels; and what a
+// user is told when one is missing.
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { cudaLibraryDirs, explainCudaLoadFailure } from '../../lib/native.js';
+
+const work = mkdtempSync(join(tmpdir(), 'nt-cudalibs-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+describe('finding cuBLASLt and NCCL for the cuda addon', () => {
+  it('looks in CUDA_HOME, NCCL_HOME and a virtualenv\'s nvidia wheels, keeping only folders that exist', () => {
+    const cudaHome = join(work, 'cuda'), ncclHome = join(work, 'nccl'), venv = join(work, 'venv');
+    mkdirSync(join(cudaHome, 'lib64'), { recursive: true });
+    mkdirSync(join(ncclHome, 'lib'), { recursive: true });
+    const wheel = join(venv, 'lib', 'python3.12', 'site-packages', 'nvidia', 'cu13', 'lib');
+    mkdirSync(wheel, { recursive: true });
+    const dirs = cudaLibraryDirs({ CUDA_HOME: cudaHome, NCCL_HOME: ncclHome, VIRTUAL_ENV: venv, HOME: work, PATH: process.env.PATH });
+    expect(dirs).toContain(join(cudaHome, 'lib64'));
+    expect(dirs).toContain(join(ncclHome, 'lib'));
+    expect(dirs).toContain(wheel);
+    expect(dirs).not.toContain(join(cudaHome, 'lib'));
+    expect(new Set(dirs).size).toBe(dirs.length);
+  });
+
+  it('names every missing library and how to get it', () => {
+    const why = explainCudaLoadFailure('libcublasLt.so.13: cannot open shared object file; libnccl.so.2: cannot open shared object file');
+    expect(why).toMatch(/libcublasLt\.so\.13 \(cuBLAS\/cuBLASLt\) was not found: `pip install nvidia-cublas`/);
+    expect(why).toMatch(/libnccl\.so\.2 \(NCCL\) was not found: `pip install nvidia-nccl-cu13`/);
+  });
+});
