@@ -57,7 +57,7 @@ function sourceBuild(why) {
     process.exit(1);
   }
   const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, availableParallelism()));
-  const r = spawnSync(process.execPath, [cmakeJs, 'compile', '--out', 'build'], {
+  const r = spawnSync(process.execPath, [cmakeJs, 'compile', '--out', 'build', '--CDNT_TESTING=OFF'], {
     stdio: 'inherit', cwd: root, env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs },
   });
   if (r.status !== 0) {

@@ -2,7 +2,7 @@
 // the cpu addon): packing, best fit, splitting, merging, stream separation, cross-stream frees, OOM.
 import { describe, expect, it } from 'vitest';
 import { OutOfMemoryError, ArgumentError } from '../../lib/index.js';
-import { cpu } from '../../lib/native.js';
+import { testingAddon } from '../../lib/testing/native.js';
 
 const MiB = 1 << 20;
 interface Block { offsetBytes: number; bytes: number; allocated: boolean }
@@ -17,7 +17,7 @@ interface Sim {
   stats(): Record<string, number>;
   segments(): Segment[];
 }
-const newSim = (capacityBytes: number): Sim => new (cpu().HostAllocatorSim)(capacityBytes) as Sim;
+const newSim = (capacityBytes: number): Sim => new (testingAddon().HostAllocatorSim)(capacityBytes) as Sim;
 
 // Invariants that must hold after every operation.
 function checkInvariants(sim: Sim): void {

@@ -1,4 +1,4 @@
-// C++ client of nodetron's rendezvous store (wire protocol: /work/briefs/store-protocol.md), as a
+// C++ client of nodetron's rendezvous store (wire protocol: docs/store-protocol.md), as a
 // gloo::rendezvous::Store so Gloo's connectFullMesh rendezvouses through the launcher's store.
 #pragma once
 

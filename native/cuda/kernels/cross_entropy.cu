@@ -1,0 +1,135 @@
+// Fused softmax + cross-entropy over a vocabulary on the cuda backend (native/cpu/kernels/
+// cross_entropy.cc is the reference): the forward keeps one log-sum-exp per row instead of the
+// probability matrix; the backward recomputes softmax(logits) - onehot(target) on the fly.
+#include "softmax.cuh"
+
+namespace nt::cuda {
+
+template <typename T>
+__global__ void crossEntropyForwardKernel(const T* logits, const int32_t* targets, float* losses, float* lse, int64_t vocab,
+                                          int32_t ignoreIndex) {
+  __shared__ float scratch[32];
+  int64_t r = blockIdx.x;
+  const T* row = logits + r * vocab;
+  float l = rowLogSumExp(row, vocab, scratch);
+  if (threadIdx.x == 0) {
+    int32_t t = targets[r];
+    lse[r] = l;
+    // Targets outside [0, vocab) other than ignoreIndex read as NaN loss rather than out of bounds.
+    losses[r] = t == ignoreIndex ? 0.0f : (t < 0 || t >= vocab) ? NAN : l - toF32(row[t]);
+  }
+}
+
+// dloss[r * dlossStride] * scale is row r's loss gradient (stride 0: one gradient of the reduced loss).
+template <typename T, typename G>
+__global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targets, const float* lse, const G* dloss,
+                                           T* dlogits, int64_t vocab, int32_t ignoreIndex, int64_t dlossStride, float scale) {
+  int64_t r = blockIdx.x;
+  int32_t t = targets[r];
+  float g = t == ignoreIndex ? 0.0f : toF32(dloss[r * dlossStride]) * scale;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float p = expf(toF32(logits[r * vocab + j]) - lse[r]);
+    dlogits[r * vocab + j] = fromF32<T>(g * (p - (j == t ? 1.0f : 0.0f)));
+  }
+}
+
+// crossEntropyForward(logits, targets (i32), losses (f32 [rows]), lse (f32 [rows]), dtype, rows, vocab, ignoreIndex)
+static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "crossEntropyForward");
+  k.args.count(8);
+  DType dt = k.args.dtype(4);
+  int64_t rows = k.args.size(5), vocab = k.args.size(6);
+  int32_t ignore = int32_t(k.args.int64(7));
+  void* logits = k.data(0, dt, rows * vocab);
+  int32_t* targets = k.data<int32_t>(1, DType::I32, rows);
+  float* losses = k.data<float>(2, DType::F32, rows);
+  float* lse = k.data<float>(3, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  if (vocab == 0) fail(Err::Shape, "crossEntropyForward: vocabulary of size 0");
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "crossEntropyForward", T,
+                    crossEntropyForwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
+                        static_cast<const T*>(logits), targets, losses, lse, vocab, ignore));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("crossEntropyForward", CrossEntropyForward);
+
+// crossEntropyBackward(logits, targets, lse, dloss (f32 [rows]), dlogits, dtype, rows, vocab, ignoreIndex)
+static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "crossEntropyBackward");
+  k.args.count(9);
+  DType dt = k.args.dtype(5);
+  int64_t rows = k.args.size(6), vocab = k.args.size(7);
+  int32_t ignore = int32_t(k.args.int64(8));
+  void* logits = k.data(0, dt, rows * vocab);
+  int32_t* targets = k.data<int32_t>(1, DType::I32, rows);
+  float* lse = k.data<float>(2, DType::F32, rows);
+  float* dloss = k.data<float>(3, DType::F32, rows);
+  void* dlogits = k.data(4, dt, rows * vocab);
+  if (rows == 0 || vocab == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "crossEntropyBackward", T,
+                    crossEntropyBackwardKernel<T, float><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
+                        static_cast<const T*>(logits), targets, lse, dloss, static_cast<T*>(dlogits), vocab, ignore, 1, 1.0f));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("crossEntropyBackward", CrossEntropyBackward);
+
+// ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
+
+// cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
+//   Targets outside the vocabulary give a NaN loss (the cpu kernel throws; a kernel cannot without a sync).
+static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "cross_entropy_forward";
+  KernelCall k(info, call);
+  k.args.count(8);
+  int64_t rows = k.args.size(4), vocab = k.args.size(5), ignore = k.args.int64(6);
+  DType dt = k.args.dtype(7);
+  if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
+  void* x = k.data(0, dt, rows * vocab);
+  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
+  float* loss = k.data<float>(2, DType::F32, rows);
+  float* lse = k.data<float>(3, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    crossEntropyForwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(static_cast<const T*>(x), t, loss, lse,
+                                                                                              vocab, int32_t(ignore)));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);
+
+// cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss (1 element, logits' dtype), gradLogits,
+//   rows, vocab, ignoreIndex, scale, dtype), and cross_entropy_shard_backward with the same arguments for a
+//   vocabulary slice (vocabulary-parallel cross-entropy): lse is over the whole vocabulary and a target outside
+//   [0, vocab) belongs to another slice, which the kernel's j == t test already leaves as softmax only.
+static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call) {
+  KernelCall k(info, call);
+  k.args.count(10);
+  int64_t rows = k.args.size(5), vocab = k.args.size(6), ignore = k.args.int64(7);
+  float scale = float(k.args.number(8));
+  DType dt = k.args.dtype(9);
+  void* x = k.data(0, dt, rows * vocab);
+  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
+  float* lse = k.data<float>(2, DType::F32, rows);
+  void* gl = k.data(3, dt, 1);
+  void* gx = k.data(4, dt, rows * vocab);
+  if (rows * vocab == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    crossEntropyBackwardKernel<T, T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
+                        static_cast<const T*>(x), t, lse, static_cast<const T*>(gl), static_cast<T*>(gx), vocab, int32_t(ignore), 0, scale));
+  k.launched();
+  return info.Env().Undefined();
+}
+static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) { return crossEntropyBackwardBody(info, "cross_entropy_backward"); }
+NT_EXPORT("cross_entropy_backward", CrossEntropyBackwardAbi);
+static Napi::Value CrossEntropyShardBackward(const Napi::CallbackInfo& info) {
+  return crossEntropyBackwardBody(info, "cross_entropy_shard_backward");
+}
+NT_EXPORT("cross_entropy_shard_backward", CrossEntropyShardBackward);
+
+}  // namespace nt::cuda
