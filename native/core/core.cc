@@ -34,55 +34,6 @@ const char* dtypeName(DType t) {
   return "?";
 }
 
-float f16ToF32(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {  // subnormal: normalize
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400) == 0) {
-        mant <<= 1;
-        exp--;
-      }
-      mant &= 0x3ff;
-      u = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t f32ToF16(float f) {  // round to nearest even, with subnormals, overflow to inf
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (absu < 0x38800000u) {  // subnormal or zero in f16
-    if (absu < 0x33000000u) return static_cast<uint16_t>(sign);
-    uint32_t exp = absu >> 23;
-    uint32_t mant = (absu & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - exp;  // 113 + 13 - exp
-    uint32_t halfMant = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (halfMant & 1))) halfMant++;
-    return static_cast<uint16_t>(sign | halfMant);
-  }
-  uint32_t rounded = absu + 0xfffu + ((absu >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
-
 // ---- errors ------------------------------------------------------------------------------------
 static Napi::FunctionReference& errorFactory() {
   static Napi::FunctionReference ref;

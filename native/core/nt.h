@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include "half.h"
 
 namespace nt {
 
@@ -18,21 +19,7 @@ enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, U8 = 4 };
 size_t dtypeSize(DType t);
 const char* dtypeName(DType t);
 
-inline float bf16ToF32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32ToBf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float f16ToF32(uint16_t h);
-uint16_t f32ToF16(float f);
+// bf16/f16 conversions: half.h (shared with the cuda kernels).
 
 // ---- typed errors ------------------------------------------------------------------------------
 // Codes mirror lib/errors.ts. The JS side registers a factory that builds the right NodetronError

@@ -1,5 +1,6 @@
 // Shared pieces of the cuda kernel files: element types with the cpu backend's exact rounding
-// (bf16/f16 bit conversions, so both backends store identical bits), dtype dispatch and launch sizes.
+// (bf16/f16 bit conversions from native/core/half.h, so both backends store identical bits), dtype
+// dispatch and launch sizes.
 #pragma once
 
 #include <cstdint>
@@ -20,48 +21,17 @@ struct f16 {
 __device__ __forceinline__ float toF32(float v) { return v; }
 __device__ __forceinline__ float toF32(int32_t v) { return float(v); }
 __device__ __forceinline__ float toF32(uint8_t v) { return float(v); }
-__device__ __forceinline__ float toF32(bf16 v) { return __uint_as_float(uint32_t(v.bits) << 16); }
-__device__ __forceinline__ float toF32(f16 v) {
-  uint32_t h = v.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  if (exp == 0) {
-    if (mant == 0) return __uint_as_float(sign);
-    exp = 127 - 15 + 1;
-    while ((mant & 0x400) == 0) {
-      mant <<= 1;
-      exp--;
-    }
-    return __uint_as_float(sign | (exp << 23) | ((mant & 0x3ff) << 13));
-  }
-  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
-  return __uint_as_float(sign | ((exp + 127 - 15) << 23) | (mant << 13));
-}
+__device__ __forceinline__ float toF32(bf16 v) { return ::nt::bf16ToF32(v.bits); }
+__device__ __forceinline__ float toF32(f16 v) { return ::nt::f16ToF32(v.bits); }
 
 template <typename T>
 __device__ __forceinline__ T fromF32(float v);
 template <>
 __device__ __forceinline__ float fromF32<float>(float v) { return v; }
 template <>
-__device__ __forceinline__ bf16 fromF32<bf16>(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{uint16_t(u >> 16)};
-}
+__device__ __forceinline__ bf16 fromF32<bf16>(float f) { return bf16{::nt::f32ToBf16(f)}; }
 template <>
-__device__ __forceinline__ f16 fromF32<f16>(float f) {  // round to nearest even, subnormals, overflow to inf
-  uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};
-  if (absu >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};
-  if (absu < 0x38800000u) {
-    if (absu < 0x33000000u) return f16{uint16_t(sign)};
-    uint32_t exp = absu >> 23, mant = (absu & 0x7fffffu) | 0x800000u, shift = 126 - exp;
-    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half & 1))) half++;
-    return f16{uint16_t(sign | half)};
-  }
-  uint32_t rounded = absu + 0xfffu + ((absu >> 13) & 1u);
-  return f16{uint16_t(sign | ((rounded - 0x38000000u) >> 13))};
-}
+__device__ __forceinline__ f16 fromF32<f16>(float f) { return f16{::nt::f32ToF16(f)}; }
 template <>
 __device__ __forceinline__ int32_t fromF32<int32_t>(float v) {  // toward zero, saturated, NaN -> 0
   if (v != v) return 0;
