@@ -5,11 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define NT_HD __host__ __device__ __forceinline__
-#else
-#define NT_HD inline
-#endif
+#include "hd.h"
 
 namespace nt::philox {
 
