@@ -146,7 +146,7 @@ function randomTensor(call: string, shape: Shape, opts: RandomOptions | undefine
   const out = emptyOn(s, dtype, device);
   const base = gen.reserve(out.size, draw.perBlock);
   const [hi, lo] = gen.seedHalves();
-  out.backend.randomFill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
+  out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
   if (opts?.requiresGrad) out.requiresGrad = true;
   return out;
 }
@@ -178,6 +178,6 @@ export function randomShard(kind: 'uniform' | 'normal', shape: Shape, first: num
   const base = gen.reserve(total, draw.perBlock);
   const [hi, lo] = gen.seedHalves();
   const [a, b] = kind === 'normal' ? [opts?.mean ?? 0, opts?.std ?? 1] : [0, 1];
-  out.backend.randomFill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
+  out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
   return out;
 }

@@ -19,24 +19,88 @@ export interface NativeStorage {
   dispose(): void;
 }
 
-/** Functions every backend addon exports with the same signatures (kernels add more by name). */
-export interface BackendAddon {
+type S = NativeStorage;
+type Ints = Int32Array;
+type Lists = [storages: S[], counts: number[], dtypes: number[]];
+
+/**
+ * The one kernel interface: every function both addons export, with one signature (native/cpu and
+ * native/cuda implement each; lib/ops and lib/optim call them the same way on either device). Kernels
+ * are snake_case, runtime calls camelCase. Dtypes are native codes (lib/dtype.ts), sizes are element
+ * counts unless a name says bytes. test/core/kernel-interface.test.ts checks both addons against it.
+ */
+export interface BackendKernels {
   Storage: new (bytes: number, zero: boolean, device?: number) => NativeStorage;
   setErrorFactory(f: (code: string, message: string, call: string) => Error): void;
   memoryStats(device?: number): { allocated: number; reserved: number; peak: number; allocations: number; [k: string]: number };
   resetPeakMemory(device?: number): void;
-  read(s: NativeStorage, offsetBytes: number, out: ArrayBufferView): void;
-  write(s: NativeStorage, offsetBytes: number, src: ArrayBufferView): void;
-  copy(dst: NativeStorage, dstOffsetBytes: number, src: NativeStorage, srcOffsetBytes: number, bytes: number): void;
-  cast(src: NativeStorage, srcDtype: number, dst: NativeStorage, dstDtype: number, n: number): void;
-  fill(s: NativeStorage, dtype: number, n: number, value: number): void;
-  arange(s: NativeStorage, dtype: number, n: number, start: number, step: number): void;
-  randomFill(s: NativeStorage, dtype: number, n: number, kind: number, seedHi: number, seedLo: number, baseBlock: number, firstElement: number, a: number, b: number): void;
-  gemm(a: NativeStorage, b: NativeStorage, c: NativeStorage, dtype: number, batch: number, m: number, n: number, k: number,
-    transA: boolean, transB: boolean, alpha: number, beta: number, strideA: number, strideB: number, strideC: number): void;
+  emptyCache(device?: number): void;
   noop(): void;
-  // Kernel families register further functions by name (see native/*/kernels); ops reach them here.
-  [kernel: string]: any;
+  read(s: S, offsetBytes: number, out: ArrayBufferView): void;
+  write(s: S, offsetBytes: number, src: ArrayBufferView): void;
+  copy(dst: S, dstOffsetBytes: number, src: S, srcOffsetBytes: number, bytes: number): void;
+  cast(src: S, srcDtype: number, dst: S, dstDtype: number, n: number): void;
+  fill(s: S, dtype: number, n: number, value: number): void;
+  arange(s: S, dtype: number, n: number, start: number, step: number): void;
+  random_fill(s: S, dtype: number, n: number, kind: number, seedHi: number, seedLo: number, baseBlock: number, firstElement: number, a: number, b: number): void;
+  gemm(a: S, b: S, c: S, dtype: number, batch: number, m: number, n: number, k: number,
+    transA: boolean, transB: boolean, alpha: number, beta: number, strideA: number, strideB: number, strideC: number): void;
+  binary(op: number, a: S, b: S, out: S, dtype: number, outShape: Ints, aStrides: Ints, bStrides: Ints): void;
+  unary(op: number, inp: S, out: S, n: number, dtype: number, p: number): void;
+  unary_backward(op: number, inp: S, out: S, gradOut: S, gradIn: S, n: number, dtype: number, p: number): void;
+  sum_to(inp: S, out: S, dtype: number, inShape: Ints, outStrides: Ints, outCount: number): void;
+  max_dim(inp: S, out: S, argmax: S, outer: number, red: number, inner: number, dtype: number): void;
+  max_dim_backward(gradOut: S, argmax: S, gradIn: S, outer: number, red: number, inner: number, dtype: number): void;
+  copy_strided(src: S, dst: S, dtype: number, shape: Ints, srcStrides: Ints, srcOffset: number, dstStrides: Ints, dstOffset: number): void;
+  gelu_forward(inp: S, out: S, n: number, dtype: number): void;
+  gelu_backward(inp: S, gradOut: S, gradIn: S, n: number, dtype: number): void;
+  softmax_forward(inp: S, out: S, rows: number, cols: number, dtype: number, log: boolean): void;
+  softmax_backward(out: S, gradOut: S, gradIn: S, rows: number, cols: number, dtype: number, log: boolean): void;
+  cross_entropy_forward(logits: S, targets: S, losses: S, lse: S, rows: number, vocab: number, ignoreIndex: number, dtype: number): void;
+  cross_entropy_backward(logits: S, targets: S, lse: S, gradLoss: S, gradLogits: S, rows: number, vocab: number, ignoreIndex: number, scale: number, dtype: number): void;
+  cross_entropy_shard_backward(logits: S, targets: S, lse: S, gradLoss: S, gradLogits: S, rows: number, vocab: number, ignoreIndex: number, scale: number, dtype: number): void;
+  attention_softmax_forward(scores: S, probs: S, batch: number, tq: number, tk: number, scale: number, causal: boolean, window: number, dtype: number): void;
+  attention_softmax_backward(probs: S, gradProbs: S, gradScores: S, batch: number, tq: number, tk: number, scale: number, dtype: number): void;
+  embedding_forward(ids: S, weight: S, out: S, n: number, vocab: number, dim: number, dtype: number): void;
+  embedding_backward(ids: S, gradOut: S, gradWeight: S, n: number, vocab: number, dim: number, dtype: number): void;
+  layernorm_forward(x: S, weight: S, bias: S | null, out: S, mean: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
+  layernorm_backward(x: S, weight: S, mean: S, rstd: S, gradOut: S, gradX: S, gradW: S, gradB: S | null, rows: number, cols: number, dtype: number): void;
+  rmsnorm_forward(x: S, weight: S, out: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
+  rmsnorm_backward(x: S, weight: S, rstd: S, gradOut: S, gradX: S, gradW: S, rows: number, cols: number, dtype: number): void;
+  adamw_step(params: S[], grads: S[], expAvg: S[], expAvgSq: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
+    lr: number, beta1: number, beta2: number, eps: number, weightDecay: number, step: number, gradScale: number, biasCorrection?: boolean): void;
+  lamb_step(params: S[], grads: S[], expAvg: S[], expAvgSq: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
+    lr: number, beta1: number, beta2: number, eps: number, weightDecay: number, step: number, gradScale: number, biasCorrection?: boolean): Float64Array;
+  sgd_step(params: S[], grads: S[], momentumBufs: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
+    lr: number, momentum: number, dampening: number, weightDecay: number, nesterov: boolean, firstStep: boolean, gradScale: number): void;
+  sum_squares(...lists: Lists): Float64Array;
+  scale_in_place(...args: [...Lists, alpha: number]): void;
+}
+
+/** The names of BackendKernels as a runtime list; `satisfies` keeps it equal to the interface's keys. */
+export const BACKEND_KERNELS = Object.keys({
+  Storage: 1, setErrorFactory: 1, memoryStats: 1, resetPeakMemory: 1, emptyCache: 1, noop: 1, read: 1, write: 1, copy: 1,
+  cast: 1, fill: 1, arange: 1, random_fill: 1, gemm: 1, binary: 1, unary: 1, unary_backward: 1, sum_to: 1, max_dim: 1, max_dim_backward: 1,
+  copy_strided: 1, gelu_forward: 1, gelu_backward: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
+  cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
+  embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,
+  adamw_step: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
+} satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];
+
+/** What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, host-storage leaks, the library preloader. */
+export const CPU_ONLY_EXPORTS = [
+  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'dlopenGlobal', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads', 'setKernelThreads',
+] as const;
+/** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
+export const CUDA_ONLY_EXPORTS = [
+  'NcclComm', 'currentStream', 'deviceCount', 'deviceInfo', 'driverStatus', 'eventCreate', 'eventDestroy', 'eventElapsedMs', 'eventQuery',
+  'eventRecord', 'eventSynchronize', 'gemm_epilogue', 'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
+  'setMatmulTf32', 'streamCreate', 'streamDestroy', 'streamQuery', 'streamSynchronize', 'streamWaitEvent', 'synchronize',
+] as const;
+
+/** A loaded addon: the shared kernels, and its own calls (CPU_ONLY_EXPORTS / CUDA_ONLY_EXPORTS) by name. */
+export interface BackendAddon extends BackendKernels {
+  [own: string]: any;
 }
 
 // ---- OpenBLAS kernel choice ----------------------------------------------------------------------

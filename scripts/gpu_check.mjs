@@ -50,7 +50,7 @@ check('fill/arange', () => {
     compare('arange ' + dtype, dtype, host(nt.arange(0, 50, 0.25, { dtype, device: 'cuda' })), host(nt.arange(0, 50, 0.25, { dtype })), 0);
   }
 });
-check('randomFill', () => {
+check('random_fill', () => {
   compare('rand', 'f32', host(nt.rand([10007], { seed: 3, device: 'cuda' })), host(nt.rand([10007], { seed: 3 })), 0);
   compare('randn', 'f32', host(nt.randn([10007], { seed: 3, device: 'cuda' })), host(nt.randn([10007], { seed: 3 })), 1e-5);
 });
@@ -68,10 +68,10 @@ for (const dtype of ['f32', 'bf16', 'f16']) {
     }
   });
 }
-check('gemmEpilogue bias+gelu', () => {
+check('gemm_epilogue bias+gelu', () => {
   const [M, N, K] = [64, 96, 80];
   const a = randn([M, K]), b = randn([K, N]), bias = randn([N]), c = zerosLike([M, N], 'f32'), aux = zerosLike([M, N], 'f32');
-  G.gemmEpilogue(a.storage, b.storage, c.storage, 0, 1, M, N, K, false, false, 1, 0, 0, 0, 0, bias.storage, 3, aux.storage);
+  G.gemm_epilogue(a.storage, b.storage, c.storage, 0, 1, M, N, K, false, false, 1, 0, 0, 0, 0, bias.storage, 3, aux.storage);
   const A = host(a), Bm = host(b), bi = host(bias), want = new Float64Array(M * N), pre = new Float64Array(M * N);
   for (let i = 0; i < M; i++) for (let j = 0; j < N; j++) {
     let s = bi[j];
@@ -79,15 +79,15 @@ check('gemmEpilogue bias+gelu', () => {
     pre[i * N + j] = s;
     want[i * N + j] = 0.5 * s * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (s + 0.044715 * s ** 3)));
   }
-  compare('gemmEpilogue gelu_bias', 'f32', host(c), want, 1e-3);
-  compare('gemmEpilogue aux', 'f32', host(aux), pre, 1e-3);
+  compare('gemm_epilogue gelu_bias', 'f32', host(c), want, 1e-3);
+  compare('gemm_epilogue aux', 'f32', host(aux), pre, 1e-3);
 });
 for (const dtype of ['f32', 'bf16']) {
   check(`layernorm ${dtype}`, () => {
     const [R, D] = [37, 769];
     const x = randn([R, D], dtype, 'cuda', 3), w = randn([D], dtype), b = randn([D], dtype);
     const y = zerosLike([R, D], dtype), mean = zerosLike([R], 'f32'), rstd = zerosLike([R], 'f32');
-    G.layernormForward(x.storage, w.storage, b.storage, y.storage, mean.storage, rstd.storage, DT[dtype], R, D, 1e-5);
+    G.layernorm_forward(x.storage, w.storage, b.storage, y.storage, mean.storage, rstd.storage, R, D, 1e-5, DT[dtype]);
     const X = host(x), W = host(w), Bb = host(b), want = new Float64Array(R * D);
     for (let r = 0; r < R; r++) {
       let m = 0, v = 0;
@@ -97,14 +97,14 @@ for (const dtype of ['f32', 'bf16']) {
       const rs = 1 / Math.sqrt(v / D + 1e-5);
       for (let j = 0; j < D; j++) want[r * D + j] = (X[r * D + j] - m) * rs * W[j] + Bb[j];
     }
-    compare(`layernormForward ${dtype}`, dtype, host(y), want, dtype === 'f32' ? 1e-4 : 3e-2);
+    compare(`layernorm_forward ${dtype}`, dtype, host(y), want, dtype === 'f32' ? 1e-4 : 3e-2);
   });
   check(`softmax cross-entropy ${dtype}`, () => {
     const [R, V] = [19, 50257];
     const logits = randn([R, V], dtype, 'cuda', 2);
     const targets = nt.tensor(Int32Array.from({ length: R }, (_, i) => (i * 7919) % V), [R], { device: 'cuda' });
     const losses = zerosLike([R], 'f32'), lse = zerosLike([R], 'f32');
-    G.crossEntropyForward(logits.storage, targets.storage, losses.storage, lse.storage, DT[dtype], R, V, -100);
+    G.cross_entropy_forward(logits.storage, targets.storage, losses.storage, lse.storage, R, V, -100, DT[dtype]);
     const L = host(logits), want = new Float64Array(R);
     for (let r = 0; r < R; r++) {
       let mx = -Infinity, s = 0;
@@ -112,7 +112,7 @@ for (const dtype of ['f32', 'bf16']) {
       for (let j = 0; j < V; j++) s += Math.exp(L[r * V + j] - mx);
       want[r] = mx + Math.log(s) - L[r * V + ((r * 7919) % V)];
     }
-    compare(`crossEntropyForward ${dtype}`, 'f32', host(losses), want, 1e-4);
+    compare(`cross_entropy_forward ${dtype}`, 'f32', host(losses), want, 1e-4);
   });
 }
 check('attention forward (causal, window)', () => {
@@ -133,10 +133,11 @@ check('attention forward (causal, window)', () => {
 });
 check('adamw multi-tensor', () => {
   const sizes = [1, 1000, 70001];
-  const ps = sizes.map((n) => randn([n])), gs = sizes.map((n) => randn([n])), ms = sizes.map((n) => zerosLike([n], 'f32')), vs = sizes.map((n) => zerosLike([n], 'f32'));
+  const ps = sizes.map((n) => new nt.nn.Parameter(randn([n]))), gs = sizes.map((n) => randn([n]));
   const P0 = ps.map(host), G0 = gs.map(host);
   const [lr, b1, b2, eps, wd] = [1e-3, 0.9, 0.95, 1e-8, 0.1];
-  G.adamw(ps.map((t) => t.storage), gs.map((t) => t.storage), ms.map((t) => t.storage), vs.map((t) => t.storage), 0, 0, lr, b1, b2, eps, wd, 1, 1);
+  ps.forEach((p, i) => { p.grad = gs[i]; });
+  new nt.optim.AdamW(ps, { lr, betas: [b1, b2], eps, weightDecay: wd }).step();
   ps.forEach((p, t) => {
     const want = P0[t].map((w, i) => {
       const g = G0[t][i], m = (1 - b1) * g, v = (1 - b2) * g * g;
@@ -274,9 +275,9 @@ else results.bench.push({ name: 'torch.matmul', error: torch.stderr.slice(-500) 
   const x = randn([R, D], 'bf16'), y = zerosLike([R, D], 'bf16'), w = randn([D], 'bf16'), bb = randn([D], 'bf16');
   const mean = zerosLike([R], 'f32'), rstd = zerosLike([R], 'f32');
   const copy = timeCuda(() => G.copy(y.storage, 0, x.storage, 0, bytes), 50);
-  const ln = timeCuda(() => G.layernormForward(x.storage, w.storage, bb.storage, y.storage, mean.storage, rstd.storage, DT.bf16, R, D, 1e-5), 50);
-  const gelu = timeCuda(() => G.geluForward(x.storage, bb.storage, y.storage, DT.bf16, R, D), 50);
-  for (const [name, ms] of [['d2d copy', copy], ['layernormForward', ln], ['geluForward', gelu]]) {
+  const ln = timeCuda(() => G.layernorm_forward(x.storage, w.storage, bb.storage, y.storage, mean.storage, rstd.storage, R, D, 1e-5, DT.bf16), 50);
+  const gelu = timeCuda(() => G.gelu_forward(x.storage, y.storage, R * D, DT.bf16), 50);
+  for (const [name, ms] of [['d2d copy', copy], ['layernorm_forward', ln], ['gelu_forward', gelu]]) {
     results.bench.push({ name: `${name} bf16 ${R}x${D}`, ms, gbps: (2 * bytes) / ms / 1e6 });
   }
 }

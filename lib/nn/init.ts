@@ -7,7 +7,7 @@ function draw(t: Tensor, kind: 'uniform' | 'normal', a: number, b: number, gen: 
   const d = DRAW[kind];
   const base = gen.reserve(t.size, d.perBlock);
   const [hi, lo] = gen.seedHalves();
-  t.backend.randomFill(t.storage, dtypeCode(t.dtype), t.size, d.kind, hi, lo, base, 0, a, b);
+  t.backend.random_fill(t.storage, dtypeCode(t.dtype), t.size, d.kind, hi, lo, base, 0, a, b);
 }
 
 /** Fills with U[low, high). */

@@ -76,7 +76,7 @@ function fillMask(mask: Tensor, keepProb: number, gen: Generator, part: DropoutO
   const draw = DRAW.bernoulli;
   if (part === undefined) {
     const base = gen.reserve(mask.size, draw.perBlock);
-    mask.backend.randomFill(mask.storage, code(mask), mask.size, draw.kind, hi, lo, base, 0, keepProb, 0);
+    mask.backend.random_fill(mask.storage, code(mask), mask.size, draw.kind, hi, lo, base, 0, keepProb, 0);
     return;
   }
   const { dim, start, extent } = part;
@@ -93,7 +93,7 @@ function fillMask(mask: Tensor, keepProb: number, gen: Generator, part: DropoutO
   const row = emptyLike(mask, [run]);
   try {
     for (let o = 0; o < outer; o++) {
-      row.backend.randomFill(row.storage, code(row), run, draw.kind, hi, lo, base, (o * extent + start) * inner, keepProb, 0);
+      row.backend.random_fill(row.storage, code(row), run, draw.kind, hi, lo, base, (o * extent + start) * inner, keepProb, 0);
       row.backend.copy_strided(row.storage, mask.storage, code(mask), new Int32Array([run]), new Int32Array([1]), 0, new Int32Array([1]), o * run);
     }
   } finally {

@@ -24,7 +24,7 @@ export class AdamW extends Optimizer<AdamWOptions> {
     for (const [step, ps] of byNextStep(params, (p) => this.stateOf(p))) {
       const b = this.batch(ps);
       const states = ps.map((p) => this.stateOf(p).tensors);
-      ps[0]!.backend.adamwStep(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
+      ps[0]!.backend.adamw_step(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
         b.counts, b.paramDtypes, b.gradDtypes, o.lr, o.betas[0], o.betas[1], o.eps, o.weightDecay, step, this.gradScale);
     }
   }

@@ -19,7 +19,7 @@ function gradsByDevice(params: Iterable<Tensor>): Tensor[][] {
 export function gradSumSquares(params: Iterable<Tensor>): number {
   let total = 0;
   for (const gs of gradsByDevice(params)) {
-    const sums = gs[0]!.backend.sumSquares(gs.map((g) => g.storage), gs.map((g) => g.size), gs.map((g) => dtypeCode(g.dtype))) as Float64Array;
+    const sums = gs[0]!.backend.sum_squares(gs.map((g) => g.storage), gs.map((g) => g.size), gs.map((g) => dtypeCode(g.dtype))) as Float64Array;
     for (const s of sums) total += s;
   }
   return total;
@@ -28,7 +28,7 @@ export function gradSumSquares(params: Iterable<Tensor>): number {
 /** Multiplies every gradient by factor in place. */
 export function scaleGrads(params: Iterable<Tensor>, factor: number): void {
   for (const gs of gradsByDevice(params)) {
-    gs[0]!.backend.scaleInPlace(gs.map((g) => g.storage), gs.map((g) => g.size), gs.map((g) => dtypeCode(g.dtype)), factor);
+    gs[0]!.backend.scale_in_place(gs.map((g) => g.storage), gs.map((g) => g.size), gs.map((g) => dtypeCode(g.dtype)), factor);
   }
 }
 

@@ -26,7 +26,7 @@ export class Lamb extends Optimizer<LambOptions> {
     for (const [step, ps] of byNextStep(params, (p) => this.stateOf(p))) {
       const b = this.batch(ps);
       const states = ps.map((p) => this.stateOf(p).tensors);
-      const ratios = ps[0]!.backend.lambStep(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
+      const ratios = ps[0]!.backend.lamb_step(b.storages.params, b.storages.grads, states.map((s) => s.expAvg!.storage), states.map((s) => s.expAvgSq!.storage),
         b.counts, b.paramDtypes, b.gradDtypes, o.lr, o.betas[0], o.betas[1], o.eps, o.weightDecay, step, this.gradScale, o.biasCorrection) as Float64Array;
       ps.forEach((p, i) => this.lastTrustRatios.set(p, ratios[i]!));
     }

@@ -3,6 +3,7 @@
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { keep } from '../memory.js';
+import type { NativeStorage } from '../native.js';
 import { emptyOn, Tensor } from '../tensor.js';
 
 /** A set of parameters sharing hyperparameters (e.g. no weight decay for biases and norms). */
@@ -29,7 +30,7 @@ export interface ParamState {
 /** Native arguments for a fused step over a list of parameters. */
 export interface FusedBatch {
   params: Tensor[];
-  storages: { params: unknown[]; grads: unknown[] };
+  storages: { params: NativeStorage[]; grads: NativeStorage[] };
   counts: number[];
   paramDtypes: number[];
   gradDtypes: number[];

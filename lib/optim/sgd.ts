@@ -36,7 +36,7 @@ export class SGD extends Optimizer<SGDOptions> {
       if (ps.length === 0) continue;
       const b = this.batch(ps);
       const bufs = o.momentum !== 0 ? ps.map((p) => this.stateOf(p).tensors.momentumBuffer!.storage) : [];
-      ps[0]!.backend.sgdStep(b.storages.params, b.storages.grads, bufs, b.counts, b.paramDtypes, b.gradDtypes,
+      ps[0]!.backend.sgd_step(b.storages.params, b.storages.grads, bufs, b.counts, b.paramDtypes, b.gradDtypes,
         o.lr, o.momentum, o.dampening, o.weightDecay, o.nesterov, first, this.gradScale);
       for (const p of ps) this.stateOf(p).step++;
     }

@@ -37,7 +37,7 @@ const names = backendCalls();
 
 describe('kernel names lib/ calls on a backend', () => {
   it('are found in the sources (the scan sees the ops and optimizers)', () => {
-    for (const n of ['gemm', 'binary', 'unary', 'sum_to', 'copy_strided', 'attention_softmax_forward', 'adamwStep', 'sumSquares'])
+    for (const n of ['gemm', 'binary', 'unary', 'sum_to', 'copy_strided', 'attention_softmax_forward', 'adamw_step', 'sum_squares'])
       expect(names).toContain(n);
     for (const n of names) expect(typeof cpu()[n], `cpu ${n}`).toBe('function');
   });

@@ -219,7 +219,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
         const shardGrad = master.grad!;
         using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
         copyElements(run, 0, shardGrad, offset, c);
-        local += (run.backend.sumSquares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
+        local += (run.backend.sum_squares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
       });
     }
     using total = tensor(new Float32Array([local]), [1], { device: this.params[0]!.device });

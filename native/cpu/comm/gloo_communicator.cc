@@ -222,6 +222,22 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     return std::chrono::milliseconds(ms);
   }
 
+  // The collectives whose send and recv buffers both hold n elements (allReduce, broadcast, reduce):
+  // the Work from the trailing (seq, timeoutMs) arguments at `seqArg`, both buffers kept alive by it,
+  // the ranks' agreement on (op, dtype, root, n), and `body` queued on the communicator's thread.
+  template <typename Body>
+  Napi::Value sameSizeCollective(const Napi::CallbackInfo& info, const Args& a, DType dt, size_t n, size_t seqArg, std::string op, int root,
+                                 Body body) {
+    auto w = newWork(info, a.call, a.int64(seqArg));
+    auto timeout = timeoutArg(a, seqArg + 1);
+    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
+    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
+    w->op = std::move(op);
+    w->bytes = n * dtypeSize(dt);
+    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout,
+                           [=](CommState& s, uint32_t tag) { body(s, in, out, tag, timeout); });
+  }
+
   // connect(): Promise<void> — rendezvous through the store and connect the full mesh.
   Napi::Value Connect(const Napi::CallbackInfo& info) { return guard(info, "connect", &GlooCommunicator::ConnectBody); }
   Napi::Value ConnectBody(const Napi::CallbackInfo& info) {
@@ -254,15 +270,10 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     DType dt = a.dtype(2);
     size_t n = size_t(a.size(3));
     RedOp op = parseRedOp(a.int64(4), a.call);
-    auto w = newWork(info, "allReduce", a.int64(5));
-    auto timeout = timeoutArg(a, 6);
-    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
-    w->op = std::string("allReduce(") + redOpName(op) + ")";
-    w->bytes = n * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
-      allReduce(s, in, out, dt, n, op, tag, timeout);
-    });
+    return sameSizeCollective(info, a, dt, n, 5, std::string("allReduce(") + redOpName(op) + ")", -1,
+                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+                                allReduce(s, in, out, dt, n, op, tag, timeout);
+                              });
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
@@ -274,14 +285,10 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     DType dt = a.dtype(2);
     size_t n = size_t(a.size(3));
     int root = rankArg(a, 4, "root");
-    auto w = newWork(info, "broadcast", a.int64(5));
-    auto timeout = timeoutArg(a, 6);
-    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
-    w->bytes = n * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
-      broadcast(s, in, out, dt, n, root, tag, timeout);
-    });
+    return sameSizeCollective(info, a, dt, n, 5, "broadcast", root,
+                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+                                broadcast(s, in, out, dt, n, root, tag, timeout);
+                              });
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
@@ -294,15 +301,10 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     size_t n = size_t(a.size(3));
     RedOp op = parseRedOp(a.int64(4), a.call);
     int root = rankArg(a, 5, "root");
-    auto w = newWork(info, "reduce", a.int64(6));
-    auto timeout = timeoutArg(a, 7);
-    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
-    w->op = std::string("reduce(") + redOpName(op) + ")";
-    w->bytes = n * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout, [=](CommState& s, uint32_t tag) {
-      reduce(s, in, out, dt, n, op, root, tag, timeout);
-    });
+    return sameSizeCollective(info, a, dt, n, 6, std::string("reduce(") + redOpName(op) + ")", root,
+                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+                                reduce(s, in, out, dt, n, op, root, tag, timeout);
+                              });
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)

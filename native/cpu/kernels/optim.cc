@@ -56,12 +56,12 @@ ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, 
 
 }  // namespace
 
-// adamwStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+// adamw_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //           lr, beta1, beta2, eps, weightDecay, step, gradScale)
 // Decoupled weight decay (p *= 1 - lr*wd), then the bias-corrected Adam update; grads are multiplied
 // by gradScale first (how clipping or loss-scale unscaling folds into the same pass).
 static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
-  const char* call = "adamwStep";
+  const char* call = "adamw_step";
   Args a{info, call};
   a.count(14);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
@@ -70,7 +70,7 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
   int64_t step = a.int64(12);
   float scale = float(a.number(13));
-  if (step < 1) fail(Err::Argument, "adamwStep: step must be >= 1");
+  if (step < 1) fail(Err::Argument, "adamw_step: step must be >= 1");
   const float decay = float(1.0 - lr * wd);
   const float stepSize = float(lr / (1.0 - std::pow(b1, double(step))));
   const float invSqrtBc2 = float(1.0 / std::sqrt(1.0 - std::pow(b2, double(step))));
@@ -95,14 +95,14 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   }
   return info.Env().Undefined();
 }
-NT_EXPORT("adamwStep", AdamwStep);
+NT_EXPORT("adamw_step", AdamwStep);
 
-// lambStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+// lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //          lr, beta1, beta2, eps, weightDecay, step, gradScale, biasCorrection) -> Float64Array of trust ratios
 // Per tensor: u = m^/(sqrt(v^)+eps) + wd*p, then p -= lr * (||p|| / ||u||) * u (ratio 1 when a norm is 0).
 // Two passes over each tensor (norms, then update) so no update buffer is needed.
 static Napi::Value LambStep(const Napi::CallbackInfo& info) {
-  const char* call = "lambStep";
+  const char* call = "lamb_step";
   Args a{info, call};
   a.count(15);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
@@ -112,7 +112,7 @@ static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   int64_t step = a.int64(12);
   float scale = float(a.number(13));
   bool biasCorrection = a.boolean(14);
-  if (step < 1) fail(Err::Argument, "lambStep: step must be >= 1");
+  if (step < 1) fail(Err::Argument, "lamb_step: step must be >= 1");
   const float invBc1 = biasCorrection ? float(1.0 / (1.0 - std::pow(b1, double(step)))) : 1.0f;
   const float invBc2 = biasCorrection ? float(1.0 / (1.0 - std::pow(b2, double(step)))) : 1.0f;
   const float fb1 = float(b1), fb2 = float(b2), feps = float(eps), fwd = float(wd);
@@ -145,14 +145,14 @@ static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   }
   return ratios;
 }
-NT_EXPORT("lambStep", LambStep);
+NT_EXPORT("lamb_step", LambStep);
 
-// sgdStep(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[],
+// sgd_step(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[],
 //         lr, momentum, dampening, weightDecay, nesterov, firstStep, gradScale)
 // PyTorch's SGD: d = g + wd*p; with momentum, buf = d on the first step, else momentum*buf + (1-dampening)*d,
 // and d = nesterov ? d + momentum*buf : buf; then p -= lr*d. momentumBufs is [] when momentum is 0.
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
-  const char* call = "sgdStep";
+  const char* call = "sgd_step";
   Args a{info, call};
   a.count(13);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 3);
@@ -181,11 +181,11 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   }
   return info.Env().Undefined();
 }
-NT_EXPORT("sgdStep", SgdStep);
+NT_EXPORT("sgd_step", SgdStep);
 
-// sumSquares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
+// sum_squares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
-  const char* call = "sumSquares";
+  const char* call = "sum_squares";
   Args a{info, call};
   a.count(3);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
@@ -201,11 +201,11 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   }
   return out;
 }
-NT_EXPORT("sumSquares", SumSquares);
+NT_EXPORT("sum_squares", SumSquares);
 
-// scaleInPlace(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
+// scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
-  const char* call = "scaleInPlace";
+  const char* call = "scale_in_place";
   Args a{info, call};
   a.count(4);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
@@ -220,6 +220,6 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   }
   return info.Env().Undefined();
 }
-NT_EXPORT("scaleInPlace", ScaleInPlace);
+NT_EXPORT("scale_in_place", ScaleInPlace);
 
 }  // namespace nt::cpu

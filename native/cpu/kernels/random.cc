@@ -9,11 +9,11 @@ static uint64_t seedArg(const Args& a, size_t i) {
   return (uint64_t(a.size(i)) << 32) | uint64_t(a.size(i + 1));
 }
 
-// randomFill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b)
+// random_fill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b)
 //   element i of the storage is element firstElement + i of the draw that starts at baseBlock
 //   kind 0: uniform in [a, b); kind 1: normal with mean a and std b; kind 2: bernoulli(p=a) as 0/1
 static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
-  Args a{info, "randomFill"};
+  Args a{info, "random_fill"};
   a.count(10);
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
@@ -22,8 +22,8 @@ static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
   uint64_t base = uint64_t(a.size(6));
   uint64_t first = uint64_t(a.size(7));
   float p0 = float(a.number(8)), p1 = float(a.number(9));
-  if (kind < 0 || kind > 2) fail(Err::Argument, "randomFill: unknown distribution " + std::to_string(kind));
-  uint8_t* d = storageData(info, 0, "randomFill", dt, n);
+  if (kind < 0 || kind > 2) fail(Err::Argument, "random_fill: unknown distribution " + std::to_string(kind));
+  uint8_t* d = storageData(info, 0, "random_fill", dt, n);
   F32View out(d, dt, n, false);
   float* o = out.data();
   if (kind == 0) {
@@ -36,6 +36,6 @@ static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
   out.commit();
   return info.Env().Undefined();
 }
-NT_EXPORT("randomFill", RandomFill);
+NT_EXPORT("random_fill", RandomFill);
 
 }  // namespace nt::cpu

@@ -33,49 +33,6 @@ __global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targe
   }
 }
 
-// crossEntropyForward(logits, targets (i32), losses (f32 [rows]), lse (f32 [rows]), dtype, rows, vocab, ignoreIndex)
-static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "crossEntropyForward");
-  k.args.count(8);
-  DType dt = k.args.dtype(4);
-  int64_t rows = k.args.size(5), vocab = k.args.size(6);
-  int32_t ignore = int32_t(k.args.int64(7));
-  void* logits = k.data(0, dt, rows * vocab);
-  int32_t* targets = k.data<int32_t>(1, DType::I32, rows);
-  float* losses = k.data<float>(2, DType::F32, rows);
-  float* lse = k.data<float>(3, DType::F32, rows);
-  if (rows == 0) return info.Env().Undefined();
-  if (vocab == 0) fail(Err::Shape, "crossEntropyForward: vocabulary of size 0");
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "crossEntropyForward", T,
-                    crossEntropyForwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
-                        static_cast<const T*>(logits), targets, losses, lse, vocab, ignore));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("crossEntropyForward", CrossEntropyForward);
-
-// crossEntropyBackward(logits, targets, lse, dloss (f32 [rows]), dlogits, dtype, rows, vocab, ignoreIndex)
-static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "crossEntropyBackward");
-  k.args.count(9);
-  DType dt = k.args.dtype(5);
-  int64_t rows = k.args.size(6), vocab = k.args.size(7);
-  int32_t ignore = int32_t(k.args.int64(8));
-  void* logits = k.data(0, dt, rows * vocab);
-  int32_t* targets = k.data<int32_t>(1, DType::I32, rows);
-  float* lse = k.data<float>(2, DType::F32, rows);
-  float* dloss = k.data<float>(3, DType::F32, rows);
-  void* dlogits = k.data(4, dt, rows * vocab);
-  if (rows == 0 || vocab == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "crossEntropyBackward", T,
-                    crossEntropyBackwardKernel<T, float><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
-                        static_cast<const T*>(logits), targets, lse, dloss, static_cast<T*>(dlogits), vocab, ignore, 1, 1.0f));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("crossEntropyBackward", CrossEntropyBackward);
 
 // ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
 

@@ -23,43 +23,6 @@ __global__ void embeddingBackwardKernel(const T* dout, const int32_t* ids, float
   }
 }
 
-// embeddingForward(weight, ids (i32), out, dtype, n, dim, vocab)
-static Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "embeddingForward");
-  k.args.count(7);
-  DType dt = k.args.dtype(3);
-  int64_t n = k.args.size(4), dim = k.args.size(5), vocab = k.args.size(6);
-  void* w = k.data(0, dt, vocab * dim);
-  int32_t* ids = k.data<int32_t>(1, DType::I32, n);
-  void* out = k.data(2, dt, n * dim);
-  if (n * dim == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "embeddingForward", T,
-                    embeddingForwardKernel<T><<<gridFor(n * dim), kThreads, 0, st>>>(static_cast<const T*>(w), ids,
-                                                                                    static_cast<T*>(out), n, dim, vocab));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("embeddingForward", EmbeddingForward);
-
-// embeddingBackward(dout, ids, dweight (f32, accumulated into), dtype, n, dim, vocab)
-static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "embeddingBackward");
-  k.args.count(7);
-  DType dt = k.args.dtype(3);
-  int64_t n = k.args.size(4), dim = k.args.size(5), vocab = k.args.size(6);
-  void* dout = k.data(0, dt, n * dim);
-  int32_t* ids = k.data<int32_t>(1, DType::I32, n);
-  float* dw = k.data<float>(2, DType::F32, vocab * dim);
-  if (n * dim == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "embeddingBackward", T,
-                    embeddingBackwardKernel<T><<<gridFor(n * dim), kThreads, 0, st>>>(static_cast<const T*>(dout), ids, dw, n,
-                                                                                     dim, vocab));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("embeddingBackward", EmbeddingBackward);
 
 // embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype): the cpu signature.
 static Napi::Value EmbeddingForwardAbi(const Napi::CallbackInfo& info) {

@@ -29,44 +29,6 @@ __global__ void geluBackwardKernel(const T* dy, const T* x, const T* bias, T* dx
   }
 }
 
-// geluForward(x, bias|null, y, dtype, rows, cols)
-static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "geluForward");
-  k.args.count(6);
-  DType dt = k.args.dtype(3);
-  int64_t rows = k.args.size(4), cols = k.args.size(5), n = rows * cols;
-  void* x = k.data(0, dt, n);
-  void* b = k.optional(1, dt, cols);
-  void* y = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "geluForward", T,
-                    geluForwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(b),
-                                                                          static_cast<T*>(y), n, cols));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("geluForward", GeluForward);
-
-// geluBackward(dy, x, bias|null, dx, dtype, rows, cols): x is the forward input (before the bias)
-static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "geluBackward");
-  k.args.count(7);
-  DType dt = k.args.dtype(4);
-  int64_t rows = k.args.size(5), cols = k.args.size(6), n = rows * cols;
-  void* dy = k.data(0, dt, n);
-  void* x = k.data(1, dt, n);
-  void* b = k.optional(2, dt, cols);
-  void* dx = k.data(3, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "geluBackward", T,
-                    geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
-                                                                           static_cast<const T*>(b), static_cast<T*>(dx), n, cols));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("geluBackward", GeluBackward);
 
 // gelu_forward(inp, out, n, dtype) and gelu_backward(inp, gradOut, gradIn, n, dtype): the cpu
 // backend's signatures (no bias) over the same kernels.

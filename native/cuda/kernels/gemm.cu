@@ -85,7 +85,7 @@ __global__ void scaleKernel(T* c, float beta, int64_t n) {
 
 enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3 };
 
-// Shared by gemm and gemmEpilogue: argument layout of the cpu gemm, then (bias, epilogue, aux).
+// Shared by gemm and gemm_epilogue: argument layout of the cpu gemm, then (bias, epilogue, aux).
 static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, bool withEpilogue) {
   KernelCall k(info, call);
   k.args.count(withEpilogue ? 18 : 15);
@@ -166,11 +166,11 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
 static Napi::Value Gemm(const Napi::CallbackInfo& info) { return runGemm(info, "gemm", false); }
 NT_EXPORT("gemm", Gemm);
 
-// gemmEpilogue(...gemm arguments, bias, epilogue, aux): epilogue 0 none, 1 +bias[N] per row,
+// gemm_epilogue(...gemm arguments, bias, epilogue, aux): epilogue 0 none, 1 +bias[N] per row,
 // 2 gelu, 3 gelu(. + bias); aux (optional, like C) receives the pre-GELU values for the backward.
 // GELU is cuBLASLt's tanh approximation.
-static Napi::Value GemmEpilogue(const Napi::CallbackInfo& info) { return runGemm(info, "gemmEpilogue", true); }
-NT_EXPORT("gemmEpilogue", GemmEpilogue);
+static Napi::Value GemmEpilogue(const Napi::CallbackInfo& info) { return runGemm(info, "gemm_epilogue", true); }
+NT_EXPORT("gemm_epilogue", GemmEpilogue);
 
 // setMatmulTf32(allow): f32 GEMMs may use TF32 tensor cores (setFloat32MatmulPrecision('high')).
 static Napi::Value SetMatmulTf32(const Napi::CallbackInfo& info) {
@@ -179,10 +179,5 @@ static Napi::Value SetMatmulTf32(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 NT_EXPORT("setMatmulTf32", SetMatmulTf32);
-
-static Napi::Value CublasLtVersion(const Napi::CallbackInfo& info) {
-  return Napi::Number::New(info.Env(), double(cublasLtGetVersion()));
-}
-NT_EXPORT("cublasLtVersion", CublasLtVersion);
 
 }  // namespace nt::cuda

@@ -1,5 +1,5 @@
-// LayerNorm and RMSNorm on the cuda backend (forward, backward, and a forward fused with the
-// residual add), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
+// LayerNorm and RMSNorm on the cuda backend (forward and backward; the forward kernel can also fuse
+// a residual add, unused by the bindings yet), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
 // by a second kernel (one thread per column), so they are deterministic.
 #include "common.cuh"
 
@@ -89,79 +89,6 @@ __global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, 
 
 static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : 64; }
 
-template <bool kRms>
-static Napi::Value forward(const Napi::CallbackInfo& info, const char* call, bool fused) {
-  // layernormForward(x, weight|null, bias|null, out, mean, rstd, dtype, rows, cols, eps)
-  // rmsnormForward(x, weight|null, out, rstd, dtype, rows, cols, eps)
-  // addLayernormForward(x, residual, weight|null, bias|null, sum, out, mean, rstd, dtype, rows, cols, eps)
-  KernelCall k(info, call);
-  size_t base = fused ? 1 : 0;
-  size_t iw = base + 1, ib = kRms ? 0 : base + 2, is = fused ? 4 : 0;
-  size_t iy = kRms ? 2 : (fused ? 5 : 3), im = kRms ? 0 : iy + 1, ir = kRms ? 3 : iy + 2, id = ir + 1;
-  k.args.count(id + 4);
-  DType dt = k.args.dtype(id);
-  int64_t rows = k.args.size(id + 1), cols = k.args.size(id + 2);
-  float eps = float(k.args.number(id + 3));
-  int64_t n = rows * cols;
-  void* x = k.data(0, dt, n);
-  void* res = fused ? k.data(1, dt, n) : nullptr;
-  void* w = k.optional(iw, dt, cols);
-  void* b = kRms ? nullptr : k.optional(ib, dt, cols);
-  void* sum = fused ? k.data(is, dt, n) : nullptr;
-  void* y = k.data(iy, dt, n);
-  float* mean = kRms ? nullptr : k.data<float>(im, DType::F32, rows);
-  float* rstd = k.data<float>(ir, DType::F32, rows);
-  if (rows == 0) return info.Env().Undefined();
-  if (cols == 0) fail(Err::Shape, std::string(call) + ": rows of length 0");
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    normForwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-                        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const T*>(w),
-                        static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, cols, eps));
-  k.launched();
-  return info.Env().Undefined();
-}
-
-template <bool kRms>
-static Napi::Value backward(const Napi::CallbackInfo& info, const char* call) {
-  // layernormBackward(dy, x, weight|null, mean, rstd, dx, dweight|null (f32), dbias|null (f32), dtype, rows, cols)
-  // rmsnormBackward(dy, x, weight|null, rstd, dx, dweight|null (f32), dtype, rows, cols)
-  KernelCall k(info, call);
-  size_t ir = kRms ? 3 : 4, idx = ir + 1, idw = idx + 1, idb = kRms ? 0 : idw + 1, id = kRms ? idw + 1 : idb + 1;
-  k.args.count(id + 3);
-  DType dt = k.args.dtype(id);
-  int64_t rows = k.args.size(id + 1), cols = k.args.size(id + 2), n = rows * cols;
-  void* dy = k.data(0, dt, n);
-  void* x = k.data(1, dt, n);
-  void* w = k.optional(2, dt, cols);
-  float* mean = kRms ? nullptr : k.data<float>(3, DType::F32, rows);
-  float* rstd = k.data<float>(ir, DType::F32, rows);
-  void* dx = k.data(idx, dt, n);
-  float* dw = k.optional<float>(idw, DType::F32, cols);
-  float* db = kRms ? nullptr : k.optional<float>(idb, DType::F32, cols);
-  if (rows == 0 || cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T, {
-    normBackwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), cols);
-    if (dw || db)
-      normParamGradKernel<T, kRms><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean,
-                                                                        rstd, dw, db, rows, cols);
-  });
-  k.launched();
-  return info.Env().Undefined();
-}
-
-static Napi::Value LayernormForward(const Napi::CallbackInfo& info) { return forward<false>(info, "layernormForward", false); }
-static Napi::Value AddLayernormForward(const Napi::CallbackInfo& info) { return forward<false>(info, "addLayernormForward", true); }
-static Napi::Value RmsnormForward(const Napi::CallbackInfo& info) { return forward<true>(info, "rmsnormForward", false); }
-static Napi::Value LayernormBackward(const Napi::CallbackInfo& info) { return backward<false>(info, "layernormBackward"); }
-static Napi::Value RmsnormBackward(const Napi::CallbackInfo& info) { return backward<true>(info, "rmsnormBackward"); }
-NT_EXPORT("layernormForward", LayernormForward);
-NT_EXPORT("addLayernormForward", AddLayernormForward);
-NT_EXPORT("rmsnormForward", RmsnormForward);
-NT_EXPORT("layernormBackward", LayernormBackward);
-NT_EXPORT("rmsnormBackward", RmsnormBackward);
 
 // ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
 

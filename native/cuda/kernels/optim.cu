@@ -140,48 +140,6 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
   deviceFree(device, table);  // stream-ordered: reused only by later work on this stream
 }
 
-// adamw|lamb(params[], grads[], expAvg[], expAvgSq[], paramDtype, gradDtype, lr, beta1, beta2, eps,
-//            weightDecay, step, gradScale): moments are f32; element counts come from the params.
-static Napi::Value multiTensor(const Napi::CallbackInfo& info, const char* call, bool lamb) {
-  Args a{info, call};
-  a.count(13);
-  Napi::Array ps = storageList(info, 0, call), gs = storageList(info, 1, call), ms = storageList(info, 2, call),
-              vs = storageList(info, 3, call);
-  DType pt = a.dtype(4), gt = a.dtype(5);
-  uint32_t count = ps.Length();
-  if (gs.Length() != count || ms.Length() != count || vs.Length() != count)
-    fail(Err::Argument, std::string(call) + ": params, grads and both moment lists must have the same length");
-  double step = a.number(11);
-  if (!(step >= 1)) fail(Err::Argument, std::string(call) + ": step counts from 1");
-  Hyper h{float(a.number(6)), float(a.number(7)), float(a.number(8)), float(a.number(9)), float(a.number(10)),
-          float(a.number(12)), 0.0f, 0.0f};
-  h.bias1 = float(1.0 - std::pow(double(h.beta1), step));
-  h.bias2 = float(1.0 - std::pow(double(h.beta2), step));
-  std::vector<TensorEntry> tensors(count);
-  int device = -1;
-  for (uint32_t t = 0; t < count; t++) {
-    DeviceStorage* p = DeviceStorage::From(ps.Get(t), call, 0);
-    int64_t n = int64_t(p->bytes() / dtypeSize(pt));
-    DeviceStorage* parts[4] = {p, DeviceStorage::From(gs.Get(t), call, 1), DeviceStorage::From(ms.Get(t), call, 2),
-                               DeviceStorage::From(vs.Get(t), call, 3)};
-    if (device < 0) device = p->device();
-    for (DeviceStorage* s : parts)
-      if (s->device() != device) fail(Err::Device, std::string(call) + ": all tensors must be on one device");
-    parts[1]->checkRange(0, size_t(n) * dtypeSize(gt), call);
-    parts[2]->checkRange(0, size_t(n) * 4, call);
-    parts[3]->checkRange(0, size_t(n) * 4, call);
-    tensors[t] = {p->data(), parts[1]->data(), reinterpret_cast<float*>(parts[2]->data()),
-                  reinterpret_cast<float*>(parts[3]->data()), n};
-  }
-  launchMultiTensor(device, tensors, pt, gt, h, lamb, nullptr, call);
-  return info.Env().Undefined();
-}
-
-static Napi::Value Adamw(const Napi::CallbackInfo& info) { return multiTensor(info, "adamw", false); }
-static Napi::Value Lamb(const Napi::CallbackInfo& info) { return multiTensor(info, "lamb", true); }
-NT_EXPORT("adamw", Adamw);
-NT_EXPORT("lamb", Lamb);
-
 // ---- the cpu backend's signatures (lib/optim calls both backends the same way) --------------------
 
 // A JS array of device storages on one device (`device`, -1 until the first), each holding counts[k]
@@ -204,9 +162,9 @@ static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size
   return out;
 }
 
-// adamwStep / lambStep(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
+// adamw_step / lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //   lr, beta1, beta2, eps, weightDecay, step, gradScale[, biasCorrection]): one multi-tensor launch per
-//   (param dtype, grad dtype) pair. lambStep returns the trust ratios (Float64Array), so it waits for the stream.
+//   (param dtype, grad dtype) pair. lamb_step returns the trust ratios (Float64Array), so it waits for the stream.
 static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* call, bool lamb) {
   Args a{info, call};
   a.count(lamb ? 15 : 14);
@@ -246,10 +204,10 @@ static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* ca
   if (lamb) return ratios;
   return info.Env().Undefined();
 }
-static Napi::Value AdamwStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "adamwStep", false); }
-static Napi::Value LambStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "lambStep", true); }
-NT_EXPORT("adamwStep", AdamwStep);
-NT_EXPORT("lambStep", LambStep);
+static Napi::Value AdamwStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "adamw_step", false); }
+static Napi::Value LambStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "lamb_step", true); }
+NT_EXPORT("adamw_step", AdamwStep);
+NT_EXPORT("lamb_step", LambStep);
 
 template <typename P, typename G>
 __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, float momentum, float keep, float weightDecay,
@@ -265,10 +223,10 @@ __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, flo
   }
 }
 
-// sgdStep(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[], lr, momentum, dampening,
+// sgd_step(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[], lr, momentum, dampening,
 //   weightDecay, nesterov, firstStep, gradScale): PyTorch's SGD, one launch per tensor.
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
-  const char* call = "sgdStep";
+  const char* call = "sgd_step";
   Args a{info, call};
   a.count(13);
   std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
@@ -298,7 +256,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
   return info.Env().Undefined();
 }
-NT_EXPORT("sgdStep", SgdStep);
+NT_EXPORT("sgd_step", SgdStep);
 
 // Adds the sum of squares of x into *out (block partial sums in f32, combined in f64).
 template <typename T>
@@ -318,9 +276,9 @@ __global__ void scaleKernel(T* x, int64_t n, float alpha) {
   NT_GRID_STRIDE(i, n) x[i] = fromF32<T>(toF32(x[i]) * alpha);
 }
 
-// sumSquares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
+// sum_squares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
-  const char* call = "sumSquares";
+  const char* call = "sum_squares";
   Args a{info, call};
   a.count(3);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
@@ -345,11 +303,11 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   return out;
 }
-NT_EXPORT("sumSquares", SumSquares);
+NT_EXPORT("sum_squares", SumSquares);
 
-// scaleInPlace(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
+// scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
-  const char* call = "scaleInPlace";
+  const char* call = "scale_in_place";
   Args a{info, call};
   a.count(4);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
@@ -369,6 +327,6 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
   return info.Env().Undefined();
 }
-NT_EXPORT("scaleInPlace", ScaleInPlace);
+NT_EXPORT("scale_in_place", ScaleInPlace);
 
 }  // namespace nt::cuda

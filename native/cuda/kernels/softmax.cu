@@ -15,44 +15,6 @@ __global__ void softmaxForwardKernel(const T* x, T* y, int64_t cols, bool logSof
   }
 }
 
-// softmaxForward(x, y, dtype, rows, cols, log)
-static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "softmaxForward");
-  k.args.count(6);
-  DType dt = k.args.dtype(2);
-  int64_t rows = k.args.size(3), cols = k.args.size(4);
-  bool logSoftmax = k.args.boolean(5);
-  void* x = k.data(0, dt, rows * cols);
-  void* y = k.data(1, dt, rows * cols);
-  if (rows == 0 || cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "softmaxForward", T,
-                    softmaxForwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(static_cast<const T*>(x),
-                                                                                         static_cast<T*>(y), cols, logSoftmax));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("softmaxForward", SoftmaxForward);
-
-// softmaxBackward(y, dy, dx, dtype, rows, cols, log): y is the forward output
-static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "softmaxBackward");
-  k.args.count(7);
-  DType dt = k.args.dtype(3);
-  int64_t rows = k.args.size(4), cols = k.args.size(5);
-  bool logSoftmax = k.args.boolean(6);
-  void* y = k.data(0, dt, rows * cols);
-  void* dy = k.data(1, dt, rows * cols);
-  void* dx = k.data(2, dt, rows * cols);
-  if (rows == 0 || cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "softmaxBackward", T,
-                    softmaxBackwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-                        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), cols, logSoftmax));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("softmaxBackward", SoftmaxBackward);
 
 // ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
 
