@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// On a GPU machine (bundle recipe: shared/gpu/README.md): checks every cuda kernel on random inputs
+// On a GPU machine (with the build, dist/ and node carried there): checks every cuda kernel on random inputs
 // against the cpu backend or a float64 reference, then times GEMM (next to torch.matmul), memory-bound
 // kernels (next to a device-to-device copy) and per-op dispatch. Prints a table, writes JSON.
 //   node scripts/gpu_check.mjs [--out DIR]     (needs `npx tsc` output in dist/)
