@@ -286,8 +286,7 @@ static int deviceArg(const Args& a, size_t i) {
 // write(storage, offsetBytes, typedArray): host -> device, ordered on the current stream. Returns
 // once the data sits in a staging buffer, so the caller may reuse its array at once.
 static Napi::Value Write(const Napi::CallbackInfo& info) {
-  Args a{info, "write"};
-  a.count(3);
+  Args a = kernelArgs(info, "write");
   DeviceStorage* s = DeviceStorage::From(info[0], "write", 0);
   size_t off = size_t(a.size(1));
   RawBytes src = typedArrayBytes(info[2], "write", 2);
@@ -308,8 +307,7 @@ NT_EXPORT("write", Write);
 
 // read(storage, offsetBytes, typedArray): device -> host; waits for the current stream.
 static Napi::Value Read(const Napi::CallbackInfo& info) {
-  Args a{info, "read"};
-  a.count(3);
+  Args a = kernelArgs(info, "read");
   DeviceStorage* s = DeviceStorage::From(info[0], "read", 0);
   size_t off = size_t(a.size(1));
   RawBytes dst = typedArrayBytes(info[2], "read", 2);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../core/nt.h"
+#include "../core/signatures.h"
 #include "allocator.h"
 
 namespace nt::cuda {
@@ -66,7 +67,8 @@ class DeviceStorage : public Napi::ObjectWrap<DeviceStorage> {
 // device's current stream. launched() turns a failed launch into a typed error.
 class KernelCall {
  public:
-  KernelCall(const Napi::CallbackInfo& info, const char* call) : info_(info), call_(call), args{info, call} {}
+  // Checks the call against the kernel's signature (native/core/signatures.h) first.
+  KernelCall(const Napi::CallbackInfo& info, const char* call) : info_(info), call_(call), args{kernelArgs(info, call)} {}
   // Pointer of storage argument i holding at least `count` elements of dtype (offset in elements).
   template <typename T = void>
   T* data(size_t i, DType dtype, int64_t count, int64_t offset = 0) {

@@ -223,18 +223,30 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   }
 
   // The collectives whose send and recv buffers both hold n elements (allReduce, broadcast, reduce):
-  // the Work from the trailing (seq, timeoutMs) arguments at `seqArg`, both buffers kept alive by it,
-  // the ranks' agreement on (op, dtype, root, n), and `body` queued on the communicator's thread.
+  // (send, recv, dtype, count, ...their own arguments..., seq, timeoutMs). open() checks the call and
+  // reads the shared leading arguments; run() makes the Work from the trailing (seq, timeoutMs) at
+  // `seqArg`, keeps both buffers alive with it, and queues `body` behind the ranks' agreement on
+  // (op, dtype, root, n).
+  struct SameSize {
+    Args a;
+    DType dt;
+    size_t n;
+  };
+  SameSize openSameSize(const Napi::CallbackInfo& info, const char* call, size_t argc) {
+    Args a{info, call};
+    a.count(argc);
+    checkUsable(call);
+    return {a, a.dtype(2), size_t(a.size(3))};
+  }
   template <typename Body>
-  Napi::Value sameSizeCollective(const Napi::CallbackInfo& info, const Args& a, DType dt, size_t n, size_t seqArg, std::string op, int root,
-                                 Body body) {
-    auto w = newWork(info, a.call, a.int64(seqArg));
-    auto timeout = timeoutArg(a, seqArg + 1);
-    const uint8_t* in = buffer(info, 0, a.call, dt, n, *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, n, *w);
+  Napi::Value runSameSize(const Napi::CallbackInfo& info, const SameSize& c, size_t seqArg, std::string op, int root, Body body) {
+    auto w = newWork(info, c.a.call, c.a.int64(seqArg));
+    auto timeout = timeoutArg(c.a, seqArg + 1);
+    const uint8_t* in = buffer(info, 0, c.a.call, c.dt, c.n, *w);
+    uint8_t* out = buffer(info, 1, c.a.call, c.dt, c.n, *w);
     w->op = std::move(op);
-    w->bytes = n * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, root, n, {}}, timeout,
+    w->bytes = c.n * dtypeSize(c.dt);
+    return queueCollective(info, std::move(w), Agreement{w->op, c.dt, root, c.n, {}}, timeout,
                            [=](CommState& s, uint32_t tag) { body(s, in, out, tag, timeout); });
   }
 
@@ -264,47 +276,32 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   // allReduce(send, recv, dtype, count, op, seq, timeoutMs)
   Napi::Value AllReduce(const Napi::CallbackInfo& info) { return guard(info, "allReduce", &GlooCommunicator::AllReduceBody); }
   Napi::Value AllReduceBody(const Napi::CallbackInfo& info) {
-    Args a{info, "allReduce"};
-    a.count(7);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
-    size_t n = size_t(a.size(3));
-    RedOp op = parseRedOp(a.int64(4), a.call);
-    return sameSizeCollective(info, a, dt, n, 5, std::string("allReduce(") + redOpName(op) + ")", -1,
-                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
-                                allReduce(s, in, out, dt, n, op, tag, timeout);
-                              });
+    auto c = openSameSize(info, "allReduce", 7);
+    RedOp op = parseRedOp(c.a.int64(4), c.a.call);
+    return runSameSize(info, c, 5, std::string("allReduce(") + redOpName(op) + ")", -1, [op, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+      allReduce(s, in, out, dt, n, op, tag, timeout);
+    });
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
   Napi::Value Broadcast(const Napi::CallbackInfo& info) { return guard(info, "broadcast", &GlooCommunicator::BroadcastBody); }
   Napi::Value BroadcastBody(const Napi::CallbackInfo& info) {
-    Args a{info, "broadcast"};
-    a.count(7);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
-    size_t n = size_t(a.size(3));
-    int root = rankArg(a, 4, "root");
-    return sameSizeCollective(info, a, dt, n, 5, "broadcast", root,
-                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
-                                broadcast(s, in, out, dt, n, root, tag, timeout);
-                              });
+    auto c = openSameSize(info, "broadcast", 7);
+    int root = rankArg(c.a, 4, "root");
+    return runSameSize(info, c, 5, "broadcast", root, [root, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+      broadcast(s, in, out, dt, n, root, tag, timeout);
+    });
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
   Napi::Value Reduce(const Napi::CallbackInfo& info) { return guard(info, "reduce", &GlooCommunicator::ReduceBody); }
   Napi::Value ReduceBody(const Napi::CallbackInfo& info) {
-    Args a{info, "reduce"};
-    a.count(8);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
-    size_t n = size_t(a.size(3));
-    RedOp op = parseRedOp(a.int64(4), a.call);
-    int root = rankArg(a, 5, "root");
-    return sameSizeCollective(info, a, dt, n, 6, std::string("reduce(") + redOpName(op) + ")", root,
-                              [=](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
-                                reduce(s, in, out, dt, n, op, root, tag, timeout);
-                              });
+    auto c = openSameSize(info, "reduce", 8);
+    RedOp op = parseRedOp(c.a.int64(4), c.a.call);
+    int root = rankArg(c.a, 5, "root");
+    return runSameSize(info, c, 6, std::string("reduce(") + redOpName(op) + ")", root, [op, root, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+      reduce(s, in, out, dt, n, op, root, tag, timeout);
+    });
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)

@@ -9,8 +9,7 @@ namespace nt::cpu {
 //   (!causal || j <= i + tk - tq) and (window == 0 || j > i + tk - tq - window). Masked → 0.
 static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
   const char* call = "attention_softmax_forward";
-  Args a{info, call};
-  a.count(9);
+  Args a = kernelArgs(info, call);
   int64_t batch = a.size(2), tq = a.size(3), tk = a.size(4);
   float scale = float(a.number(5));
   bool causal = a.boolean(6);
@@ -45,8 +44,7 @@ NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
 //   gradScores = scale · softmax'(probs)·gradProbs; masked entries (probs 0) get 0.
 static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
   const char* call = "attention_softmax_backward";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   int64_t batch = a.size(3), tq = a.size(4), tk = a.size(5);
   float scale = float(a.number(6));
   DType dt = a.dtype(7);

@@ -81,8 +81,7 @@ void F32View::commit() {
 
 // cast(src, srcDtype, dst, dstDtype, n): element conversion through f32 (i32 -> i32 copies exactly).
 static Napi::Value Cast(const Napi::CallbackInfo& info) {
-  Args a{info, "cast"};
-  a.count(5);
+  Args a = kernelArgs(info, "cast");
   DType st = a.dtype(1), dt = a.dtype(3);
   int64_t n = a.size(4);
   uint8_t* src = storageData(info, 0, "cast", st, n);
@@ -110,8 +109,7 @@ NT_EXPORT("cast", Cast);
 
 // write(storage, offsetBytes, typedArray): copies the typed array's bytes into the storage.
 static Napi::Value Write(const Napi::CallbackInfo& info) {
-  Args a{info, "write"};
-  a.count(3);
+  Args a = kernelArgs(info, "write");
   Storage* s = Storage::From(info[0], "write", 0);
   int64_t off = a.size(1);
   RawBytes src = typedArrayBytes(info[2], "write", 2);
@@ -123,8 +121,7 @@ NT_EXPORT("write", Write);
 
 // read(storage, offsetBytes, typedArray): copies storage bytes into the typed array (its length).
 static Napi::Value Read(const Napi::CallbackInfo& info) {
-  Args a{info, "read"};
-  a.count(3);
+  Args a = kernelArgs(info, "read");
   Storage* s = Storage::From(info[0], "read", 0);
   int64_t off = a.size(1);
   RawBytes dst = typedArrayBytes(info[2], "read", 2);
@@ -136,8 +133,7 @@ NT_EXPORT("read", Read);
 
 // copy(dst, dstOffsetBytes, src, srcOffsetBytes, bytes)
 static Napi::Value Copy(const Napi::CallbackInfo& info) {
-  Args a{info, "copy"};
-  a.count(5);
+  Args a = kernelArgs(info, "copy");
   Storage* d = Storage::From(info[0], "copy", 0);
   int64_t doff = a.size(1);
   Storage* s = Storage::From(info[2], "copy", 2);
@@ -152,8 +148,7 @@ NT_EXPORT("copy", Copy);
 
 // fill(storage, dtype, n, value)
 static Napi::Value Fill(const Napi::CallbackInfo& info) {
-  Args a{info, "fill"};
-  a.count(4);
+  Args a = kernelArgs(info, "fill");
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   double v = a.number(3);
@@ -185,8 +180,7 @@ NT_EXPORT("fill", Fill);
 
 // arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
 static Napi::Value Arange(const Napi::CallbackInfo& info) {
-  Args a{info, "arange"};
-  a.count(5);
+  Args a = kernelArgs(info, "arange");
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   double start = a.number(3), step = a.number(4);

@@ -1,6 +1,7 @@
 // Element conversion between storage dtypes and f32, shared by the cpu kernels that compute in f32.
 #pragma once
 #include "../../core/nt.h"
+#include "../../core/signatures.h"
 
 namespace nt::cpu {
 

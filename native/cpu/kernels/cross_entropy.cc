@@ -42,8 +42,7 @@ NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const floa
 //   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)
 static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
   const char* call = "cross_entropy_forward";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(4), vocab = a.size(5), ignore = a.int64(6);
   DType dt = a.dtype(7);
   int64_t n = rows * vocab;
@@ -64,8 +63,7 @@ NT_EXPORT("cross_entropy_forward", CrossEntropyForward);
 // rows 0. gradLoss is the one-element gradient of the reduced loss (dtype of logits); scale is 1 (sum) or
 // 1/count (mean). `whole` binds check every target against the vocabulary.
 static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call, bool whole) {
-  Args a{info, call};
-  a.count(10);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(5), vocab = a.size(6), ignore = a.int64(7);
   float scale = float(a.number(8));
   DType dt = a.dtype(9);

@@ -41,8 +41,7 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
 //   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   const char* call = "binary";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   int64_t op = a.int64(0);
   DType dt = a.dtype(4);
   auto shape = intList(info, 5, call);
@@ -72,8 +71,7 @@ NT_EXPORT("binary", Binary);
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
 static Napi::Value Unary(const Napi::CallbackInfo& info) {
   const char* call = "unary";
-  Args a{info, call};
-  a.count(6);
+  Args a = kernelArgs(info, call);
   int64_t op = a.int64(0), n = a.size(3);
   DType dt = a.dtype(4);
   float p = float(a.number(5));
@@ -105,8 +103,7 @@ NT_EXPORT("unary", Unary);
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
 static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   const char* call = "unary_backward";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   int64_t op = a.int64(0), n = a.size(5);
   DType dt = a.dtype(6);
   float p = float(a.number(7));

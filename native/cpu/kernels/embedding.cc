@@ -13,8 +13,7 @@ static void checkIds(const int32_t* ids, int64_t n, int64_t vocab, const char* c
 // embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype)
 static Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
   const char* call = "embedding_forward";
-  Args a{info, call};
-  a.count(7);
+  Args a = kernelArgs(info, call);
   int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
   DType dt = a.dtype(6);
   const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
@@ -31,8 +30,7 @@ NT_EXPORT("embedding_forward", EmbeddingForward);
 //   gradWeight is overwritten: zero, then gradOut rows added at their ids.
 static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
   const char* call = "embedding_backward";
-  Args a{info, call};
-  a.count(7);
+  Args a = kernelArgs(info, call);
   int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
   DType dt = a.dtype(6);
   const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));

@@ -27,8 +27,7 @@ NT_SIMD_CLONES static void geluBackwardRange(const float* x, const float* g, flo
 // gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   const char* call = "gelu_forward";
-  Args a{info, call};
-  a.count(4);
+  Args a = kernelArgs(info, call);
   int64_t n = a.size(2);
   DType dt = a.dtype(3);
   F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
@@ -43,8 +42,7 @@ NT_EXPORT("gelu_forward", GeluForward);
 // gelu_backward(inp, gradOut, gradIn, n, dtype): gradIn = gradOut · gelu'(inp)
 static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
   const char* call = "gelu_backward";
-  Args a{info, call};
-  a.count(5);
+  Args a = kernelArgs(info, call);
   int64_t n = a.size(3);
   DType dt = a.dtype(4);
   F32View I(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);

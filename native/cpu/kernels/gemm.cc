@@ -18,8 +18,7 @@ namespace nt::cpu {
 // Row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], op(A) is M x K, op(B) is K x N.
 // Batch strides are in elements; 0 broadcasts one matrix across the batch.
 static Napi::Value Gemm(const Napi::CallbackInfo& info) {
-  Args a{info, "gemm"};
-  a.count(15);
+  Args a = kernelArgs(info, "gemm");
   DType dt = a.dtype(3);
   int64_t batch = a.size(4), M = a.size(5), N = a.size(6), K = a.size(7);
   bool ta = a.boolean(8), tb = a.boolean(9);

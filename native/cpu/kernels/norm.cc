@@ -8,8 +8,7 @@ namespace nt::cpu {
 //   out = (x − mean)·rstd·weight + bias per row of [rows, cols]
 static Napi::Value LayerNormForward(const Napi::CallbackInfo& info) {
   const char* call = "layernorm_forward";
-  Args a{info, call};
-  a.count(10);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(6), cols = a.size(7);
   float eps = float(a.number(8));
   DType dt = a.dtype(9);
@@ -76,8 +75,7 @@ static void normBackward(const float* x, const float* w, const float* mean, cons
 //   gradW and gradB are overwritten (not accumulated).
 static Napi::Value LayerNormBackward(const Napi::CallbackInfo& info) {
   const char* call = "layernorm_backward";
-  Args a{info, call};
-  a.count(11);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(8), cols = a.size(9);
   DType dt = a.dtype(10);
   int64_t n = rows * cols;
@@ -100,8 +98,7 @@ NT_EXPORT("layernorm_backward", LayerNormBackward);
 //   rstd = 1/√(mean(x²) + eps)
 static Napi::Value RmsNormForward(const Napi::CallbackInfo& info) {
   const char* call = "rmsnorm_forward";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(4), cols = a.size(5);
   float eps = float(a.number(6));
   DType dt = a.dtype(7);
@@ -127,8 +124,7 @@ NT_EXPORT("rmsnorm_forward", RmsNormForward);
 // rmsnorm_backward(x, weight, rstd, gradOut, gradX, gradW, rows, cols, dtype); gradW overwritten
 static Napi::Value RmsNormBackward(const Napi::CallbackInfo& info) {
   const char* call = "rmsnorm_backward";
-  Args a{info, call};
-  a.count(9);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(6), cols = a.size(7);
   DType dt = a.dtype(8);
   int64_t n = rows * cols;

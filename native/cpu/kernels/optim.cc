@@ -62,8 +62,7 @@ ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, 
 // by gradScale first (how clipping or loss-scale unscaling folds into the same pass).
 static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   const char* call = "adamw_step";
-  Args a{info, call};
-  a.count(14);
+  Args a = kernelArgs(info, call);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
   std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
@@ -103,8 +102,7 @@ NT_EXPORT("adamw_step", AdamwStep);
 // Two passes over each tensor (norms, then update) so no update buffer is needed.
 static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   const char* call = "lamb_step";
-  Args a{info, call};
-  a.count(15);
+  Args a = kernelArgs(info, call);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
   std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
   std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
@@ -153,8 +151,7 @@ NT_EXPORT("lamb_step", LambStep);
 // and d = nesterov ? d + momentum*buf : buf; then p -= lr*d. momentumBufs is [] when momentum is 0.
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgd_step";
-  Args a{info, call};
-  a.count(13);
+  Args a = kernelArgs(info, call);
   auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 3);
   double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
   bool nesterov = a.boolean(10), first = a.boolean(11);
@@ -186,8 +183,7 @@ NT_EXPORT("sgd_step", SgdStep);
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
-  Args a{info, call};
-  a.count(3);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
   std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
@@ -206,8 +202,7 @@ NT_EXPORT("sum_squares", SumSquares);
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
-  Args a{info, call};
-  a.count(4);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
   std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);

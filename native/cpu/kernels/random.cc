@@ -13,8 +13,7 @@ static uint64_t seedArg(const Args& a, size_t i) {
 //   element i of the storage is element firstElement + i of the draw that starts at baseBlock
 //   kind 0: uniform in [a, b); kind 1: normal with mean a and std b; kind 2: bernoulli(p=a) as 0/1
 static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
-  Args a{info, "random_fill"};
-  a.count(10);
+  Args a = kernelArgs(info, "random_fill");
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   int64_t kind = a.int64(3);

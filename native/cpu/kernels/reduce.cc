@@ -9,8 +9,7 @@ namespace nt::cpu {
 //   summed dims. Accumulates in double so long sums stay exact to f32 rounding.
 static Napi::Value SumTo(const Napi::CallbackInfo& info) {
   const char* call = "sum_to";
-  Args a{info, call};
-  a.count(6);
+  Args a = kernelArgs(info, call);
   DType dt = a.dtype(2);
   auto shape = intList(info, 3, call);
   auto so = intList(info, 4, call, int64_t(shape.size()));
@@ -55,8 +54,7 @@ NT_EXPORT("sum_to", SumTo);
 //   inp viewed as [outer, red, inner]; out[o, i] = max_r inp[o, r, i], argmax the first r reaching it.
 static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
   const char* call = "max_dim";
-  Args a{info, call};
-  a.count(7);
+  Args a = kernelArgs(info, call);
   int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
   DType dt = a.dtype(6);
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
@@ -86,8 +84,7 @@ NT_EXPORT("max_dim", MaxDim);
 //   gradIn[o, argmax[o, i], i] = gradOut[o, i]; every other element 0.
 static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
   const char* call = "max_dim_backward";
-  Args a{info, call};
-  a.count(7);
+  Args a = kernelArgs(info, call);
   int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
   DType dt = a.dtype(6);
   int64_t n = outer * red * inner, m = outer * inner;

@@ -9,8 +9,7 @@ namespace nt::cpu {
 //   (element offsets and strides; bytes copied as they are, no conversion).
 static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
   const char* call = "copy_strided";
-  Args a{info, call};
-  a.count(8);
+  Args a = kernelArgs(info, call);
   DType dt = a.dtype(2);
   auto shape = intList(info, 3, call);
   auto ss = intList(info, 4, call, int64_t(shape.size()));

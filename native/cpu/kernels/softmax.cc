@@ -14,8 +14,7 @@ NT_SIMD_CLONES static void softmaxRowsBackward(const float* y, const float* g, f
 // softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
 static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
   const char* call = "softmax_forward";
-  Args a{info, call};
-  a.count(6);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(2), cols = a.size(3);
   DType dt = a.dtype(4);
   bool log = a.boolean(5);
@@ -34,8 +33,7 @@ NT_EXPORT("softmax_forward", SoftmaxForward);
 // softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log): from the forward's output
 static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
   const char* call = "softmax_backward";
-  Args a{info, call};
-  a.count(7);
+  Args a = kernelArgs(info, call);
   int64_t rows = a.size(3), cols = a.size(4);
   DType dt = a.dtype(5);
   bool log = a.boolean(6);

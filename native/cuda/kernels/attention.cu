@@ -30,7 +30,6 @@ __global__ void attentionSoftmaxKernel(const T* scores, T* probs, int64_t tq, in
 static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
   const char* call = "attention_softmax_forward";
   KernelCall k(info, call);
-  k.args.count(9);
   int64_t batch = k.args.size(2), tq = k.args.size(3), tk = k.args.size(4);
   float scale = float(k.args.number(5));
   bool causal = k.args.boolean(6);
@@ -54,7 +53,6 @@ NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
 static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
   const char* call = "attention_softmax_backward";
   KernelCall k(info, call);
-  k.args.count(8);
   int64_t batch = k.args.size(3), tq = k.args.size(4), tk = k.args.size(5);
   float scale = float(k.args.number(6));
   DType dt = k.args.dtype(7);

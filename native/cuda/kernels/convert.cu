@@ -27,7 +27,6 @@ __global__ void arangeI32Kernel(int32_t* dst, double start, double step, int64_t
 // cast(src, srcDtype, dst, dstDtype, n)
 static Napi::Value Cast(const Napi::CallbackInfo& info) {
   KernelCall k(info, "cast");
-  k.args.count(5);
   DType st = k.args.dtype(1), dt = k.args.dtype(3);
   int64_t n = k.args.size(4);
   void* src = k.data(0, st, n);
@@ -50,7 +49,6 @@ NT_EXPORT("cast", Cast);
 // fill(storage, dtype, n, value): the value is converted on the host exactly as the cpu fill does.
 static Napi::Value Fill(const Napi::CallbackInfo& info) {
   KernelCall k(info, "fill");
-  k.args.count(4);
   DType dt = k.args.dtype(1);
   int64_t n = k.args.size(2);
   double v = k.args.number(3);
@@ -91,7 +89,6 @@ NT_EXPORT("fill", Fill);
 // arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
 static Napi::Value Arange(const Napi::CallbackInfo& info) {
   KernelCall k(info, "arange");
-  k.args.count(5);
   DType dt = k.args.dtype(1);
   int64_t n = k.args.size(2);
   double start = k.args.number(3), step = k.args.number(4);

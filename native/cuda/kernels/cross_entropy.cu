@@ -41,7 +41,6 @@ __global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targe
 static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
   const char* call = "cross_entropy_forward";
   KernelCall k(info, call);
-  k.args.count(8);
   int64_t rows = k.args.size(4), vocab = k.args.size(5), ignore = k.args.int64(6);
   DType dt = k.args.dtype(7);
   if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
@@ -65,7 +64,6 @@ NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);
 //   [0, vocab) belongs to another slice, which the kernel's j == t test already leaves as softmax only.
 static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call) {
   KernelCall k(info, call);
-  k.args.count(10);
   int64_t rows = k.args.size(5), vocab = k.args.size(6), ignore = k.args.int64(7);
   float scale = float(k.args.number(8));
   DType dt = k.args.dtype(9);

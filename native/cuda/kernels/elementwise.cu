@@ -76,7 +76,6 @@ __global__ void unaryBackwardKernel(int op, const T* x, const T* y, const T* g, 
 //   backend), 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "binary");
-  k.args.count(8);
   int64_t op = k.args.int64(0);
   if (op < kAdd || op > kPow) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   DType dt = k.args.dtype(4);
@@ -101,7 +100,6 @@ NT_EXPORT("binary", Binary);
 //   8 p−x, 9 p/x. out may alias inp.
 static Napi::Value Unary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "unary");
-  k.args.count(6);
   int64_t op = k.args.int64(0), n = k.args.size(3);
   DType dt = k.args.dtype(4);
   float p = float(k.args.number(5));
@@ -122,7 +120,6 @@ NT_EXPORT("unary", Unary);
 static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   const char* call = "unary_backward";
   KernelCall k(info, call);
-  k.args.count(8);
   int64_t op = k.args.int64(0), n = k.args.size(5);
   DType dt = k.args.dtype(6);
   float p = float(k.args.number(7));

@@ -28,7 +28,6 @@ __global__ void embeddingBackwardKernel(const T* dout, const int32_t* ids, float
 static Napi::Value EmbeddingForwardAbi(const Napi::CallbackInfo& info) {
   const char* call = "embedding_forward";
   KernelCall k(info, call);
-  k.args.count(7);
   int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5);
   DType dt = k.args.dtype(6);
   int32_t* ids = k.data<int32_t>(0, DType::I32, n);
@@ -49,7 +48,6 @@ NT_EXPORT("embedding_forward", EmbeddingForwardAbi);
 static Napi::Value EmbeddingBackwardAbi(const Napi::CallbackInfo& info) {
   const char* call = "embedding_backward";
   KernelCall k(info, call);
-  k.args.count(7);
   int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5), m = vocab * dim;
   DType dt = k.args.dtype(6);
   int32_t* ids = k.data<int32_t>(0, DType::I32, n);

@@ -34,7 +34,6 @@ __global__ void geluBackwardKernel(const T* dy, const T* x, const T* bias, T* dx
 // backend's signatures (no bias) over the same kernels.
 static Napi::Value GeluForwardAbi(const Napi::CallbackInfo& info) {
   KernelCall k(info, "gelu_forward");
-  k.args.count(4);
   int64_t n = k.args.size(2);
   DType dt = k.args.dtype(3);
   void* x = k.data(0, dt, n);
@@ -50,7 +49,6 @@ NT_EXPORT("gelu_forward", GeluForwardAbi);
 
 static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
   KernelCall k(info, "gelu_backward");
-  k.args.count(5);
   int64_t n = k.args.size(3);
   DType dt = k.args.dtype(4);
   void* x = k.data(0, dt, n);

@@ -88,7 +88,6 @@ enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3 };
 // Shared by gemm and gemm_epilogue: argument layout of the cpu gemm, then (bias, epilogue, aux).
 static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, bool withEpilogue) {
   KernelCall k(info, call);
-  k.args.count(withEpilogue ? 18 : 15);
   DType dt = k.args.dtype(3);
   int64_t batch = k.args.size(4), M = k.args.size(5), N = k.args.size(6), K = k.args.size(7);
   bool ta = k.args.boolean(8), tb = k.args.boolean(9);

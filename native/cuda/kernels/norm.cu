@@ -98,7 +98,6 @@ template <bool kRms>
 static Napi::Value forwardAbi(const Napi::CallbackInfo& info, const char* call) {
   KernelCall k(info, call);
   size_t io = kRms ? 2 : 3, ir = kRms ? 3 : 5, id = ir + 1;
-  k.args.count(id + 4);
   int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
   float eps = float(k.args.number(id + 2));
   DType dt = k.args.dtype(id + 3);
@@ -124,7 +123,6 @@ template <bool kRms>
 static Napi::Value backwardAbi(const Napi::CallbackInfo& info, const char* call) {
   KernelCall k(info, call);
   size_t ir = kRms ? 2 : 3, ig = ir + 1, idx = ig + 1, idw = idx + 1, id = kRms ? idw + 1 : idw + 2;
-  k.args.count(id + 3);
   int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
   DType dt = k.args.dtype(id + 2);
   void* x = k.data(0, dt, n);

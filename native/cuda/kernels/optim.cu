@@ -166,8 +166,7 @@ static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size
 //   lr, beta1, beta2, eps, weightDecay, step, gradScale[, biasCorrection]): one multi-tensor launch per
 //   (param dtype, grad dtype) pair. lamb_step returns the trust ratios (Float64Array), so it waits for the stream.
 static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* call, bool lamb) {
-  Args a{info, call};
-  a.count(lamb ? 15 : 14);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
   std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
   std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
@@ -227,8 +226,7 @@ __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, flo
 //   weightDecay, nesterov, firstStep, gradScale): PyTorch's SGD, one launch per tensor.
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgd_step";
-  Args a{info, call};
-  a.count(13);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
   std::vector<DType> pdt = floatDtypeArray(info, 4, call, "paramDtypes", counts.size());
   std::vector<DType> gdt = floatDtypeArray(info, 5, call, "gradDtypes", counts.size());
@@ -279,8 +277,7 @@ __global__ void scaleKernel(T* x, int64_t n, float alpha) {
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
-  Args a{info, call};
-  a.count(3);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
   std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   int device = -1;
@@ -308,8 +305,7 @@ NT_EXPORT("sum_squares", SumSquares);
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
-  Args a{info, call};
-  a.count(4);
+  Args a = kernelArgs(info, call);
   std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
   std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
   int device = -1;

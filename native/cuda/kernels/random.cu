@@ -20,7 +20,6 @@ __global__ void randomKernel(T* out, int64_t n, int kind, uint64_t seed, uint64_
 // random_fill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b): see the cpu one.
 static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
   KernelCall k(info, "random_fill");
-  k.args.count(10);
   DType dt = k.args.dtype(1);
   int64_t n = k.args.size(2);
   int64_t kind = k.args.int64(3);

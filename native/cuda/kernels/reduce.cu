@@ -27,7 +27,6 @@ __global__ void sumToKernel(const T* x, T* out, int64_t keptCount, Strides kept,
 static Napi::Value SumTo(const Napi::CallbackInfo& info) {
   const char* call = "sum_to";
   KernelCall k(info, call);
-  k.args.count(6);
   DType dt = k.args.dtype(2);
   std::vector<int64_t> shape = intList(info, 3, call);
   std::vector<int64_t> so = intList(info, 4, call, int64_t(shape.size()));
@@ -84,7 +83,6 @@ __global__ void maxDimBackwardKernel(const T* g, const int32_t* arg, T* gi, int6
 static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
   const char* call = "max_dim";
   KernelCall k(info, call);
-  k.args.count(7);
   int64_t outer = k.args.size(3), red = k.args.size(4), inner = k.args.size(5);
   DType dt = k.args.dtype(6);
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
@@ -105,7 +103,6 @@ NT_EXPORT("max_dim", MaxDim);
 static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
   const char* call = "max_dim_backward";
   KernelCall k(info, call);
-  k.args.count(7);
   int64_t outer = k.args.size(3), red = k.args.size(4), inner = k.args.size(5);
   DType dt = k.args.dtype(6);
   int64_t n = outer * red * inner, m = outer * inner;

@@ -19,7 +19,6 @@ __global__ void copyStridedKernel(const E* src, E* dst, int64_t n, Strides s, in
 static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
   const char* call = "copy_strided";
   KernelCall k(info, call);
-  k.args.count(8);
   DType dt = k.args.dtype(2);
   std::vector<int64_t> shape = intList(info, 3, call);
   std::vector<int64_t> ss = intList(info, 4, call, int64_t(shape.size()));

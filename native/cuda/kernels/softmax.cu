@@ -22,7 +22,6 @@ __global__ void softmaxForwardKernel(const T* x, T* y, int64_t cols, bool logSof
 static Napi::Value SoftmaxForwardAbi(const Napi::CallbackInfo& info) {
   const char* call = "softmax_forward";
   KernelCall k(info, call);
-  k.args.count(6);
   int64_t rows = k.args.size(2), cols = k.args.size(3);
   DType dt = k.args.dtype(4);
   bool log = k.args.boolean(5);
@@ -41,7 +40,6 @@ NT_EXPORT("softmax_forward", SoftmaxForwardAbi);
 static Napi::Value SoftmaxBackwardAbi(const Napi::CallbackInfo& info) {
   const char* call = "softmax_backward";
   KernelCall k(info, call);
-  k.args.count(7);
   int64_t rows = k.args.size(3), cols = k.args.size(4);
   DType dt = k.args.dtype(5);
   bool log = k.args.boolean(6);

@@ -1,0 +1,69 @@
+// One declarative signature per kernel, shared by the cpu and cuda bindings: each kernel's arguments
+// in order, as `name:kind` pairs. kernelArgs() checks a call against its signature (how many
+// arguments, and what kind each is) before a binding reads them by position, so both backends accept
+// and reject exactly the same calls and the table is the one place a kernel's arguments are declared
+// (the TypeScript side declares the same interface in lib/native.ts). Kinds:
+//   s storage   o storage or null   n size (integer >= 0)   i integer   f number   b boolean
+//   d dtype code   I Int32Array   t typed array   S array of storages   A array of numbers
+// Arguments after a `?` are optional.
+#pragma once
+#include "nt.h"
+
+namespace nt {
+
+struct KernelSignature {
+  const char* name;
+  const char* args;
+};
+
+// The kernels of both backends (gemm_epilogue is the cuda addon's only).
+inline constexpr KernelSignature kKernelSignatures[] = {
+    {"read", "storage:s offsetBytes:n out:t"},
+    {"write", "storage:s offsetBytes:n src:t"},
+    {"copy", "dst:s dstOffsetBytes:n src:s srcOffsetBytes:n bytes:n"},
+    {"cast", "src:s srcDtype:d dst:s dstDtype:d n:n"},
+    {"fill", "storage:s dtype:d n:n value:f"},
+    {"arange", "storage:s dtype:d n:n start:f step:f"},
+    {"random_fill", "storage:s dtype:d n:n kind:i seedHi:n seedLo:n baseBlock:n firstElement:n a:f b:f"},
+    {"gemm", "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n"},
+    {"gemm_epilogue",
+     "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n bias:o epilogue:i aux:o"},
+    {"binary", "op:i a:s b:s out:s dtype:d outShape:I aStrides:I bStrides:I"},
+    {"unary", "op:i inp:s out:s n:n dtype:d p:f"},
+    {"unary_backward", "op:i inp:o out:o gradOut:s gradIn:s n:n dtype:d p:f"},
+    {"sum_to", "inp:s out:s dtype:d inShape:I outStrides:I outCount:n"},
+    {"max_dim", "inp:s out:s argmax:s outer:n red:n inner:n dtype:d"},
+    {"max_dim_backward", "gradOut:s argmax:s gradIn:s outer:n red:n inner:n dtype:d"},
+    {"copy_strided", "src:s dst:s dtype:d shape:I srcStrides:I srcOffset:n dstStrides:I dstOffset:n"},
+    {"gelu_forward", "inp:s out:s n:n dtype:d"},
+    {"gelu_backward", "inp:s gradOut:s gradIn:s n:n dtype:d"},
+    {"softmax_forward", "inp:s out:s rows:n cols:n dtype:d log:b"},
+    {"softmax_backward", "out:s gradOut:s gradIn:s rows:n cols:n dtype:d log:b"},
+    {"cross_entropy_forward", "logits:s targets:s losses:s lse:s rows:n vocab:n ignoreIndex:i dtype:d"},
+    {"cross_entropy_backward", "logits:s targets:s lse:s gradLoss:s gradLogits:s rows:n vocab:n ignoreIndex:i scale:f dtype:d"},
+    {"cross_entropy_shard_backward", "logits:s targets:s lse:s gradLoss:s gradLogits:s rows:n vocab:n ignoreIndex:i scale:f dtype:d"},
+    {"attention_softmax_forward", "scores:s probs:s batch:n tq:n tk:n scale:f causal:b window:n dtype:d"},
+    {"attention_softmax_backward", "probs:s gradProbs:s gradScores:s batch:n tq:n tk:n scale:f dtype:d"},
+    {"embedding_forward", "ids:s weight:s out:s n:n vocab:n dim:n dtype:d"},
+    {"embedding_backward", "ids:s gradOut:s gradWeight:s n:n vocab:n dim:n dtype:d"},
+    {"layernorm_forward", "x:s weight:s bias:o out:s mean:s rstd:s rows:n cols:n eps:f dtype:d"},
+    {"layernorm_backward", "x:s weight:s mean:s rstd:s gradOut:s gradX:s gradW:s gradB:o rows:n cols:n dtype:d"},
+    {"rmsnorm_forward", "x:s weight:s out:s rstd:s rows:n cols:n eps:f dtype:d"},
+    {"rmsnorm_backward", "x:s weight:s rstd:s gradOut:s gradX:s gradW:s rows:n cols:n dtype:d"},
+    {"adamw_step",
+     "params:S grads:S expAvg:S expAvgSq:S counts:A paramDtypes:A gradDtypes:A lr:f beta1:f beta2:f eps:f weightDecay:f step:i gradScale:f"},
+    {"lamb_step",
+     "params:S grads:S expAvg:S expAvgSq:S counts:A paramDtypes:A gradDtypes:A lr:f beta1:f beta2:f eps:f weightDecay:f step:i gradScale:f "
+     "biasCorrection:b"},
+    {"sgd_step",
+     "params:S grads:S momentumBufs:S counts:A paramDtypes:A gradDtypes:A lr:f momentum:f dampening:f weightDecay:f nesterov:b firstStep:b "
+     "gradScale:f"},
+    {"sum_squares", "storages:S counts:A dtypes:A"},
+    {"scale_in_place", "storages:S counts:A dtypes:A alpha:f"},
+};
+
+// Args for kernel `name`, after checking the call against its signature (a typed error naming the
+// kernel, the argument and what it must be). A name without a signature is an internal error.
+Args kernelArgs(const Napi::CallbackInfo& info, const char* name);
+
+}  // namespace nt
