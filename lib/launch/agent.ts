@@ -220,6 +220,9 @@ export class LaunchAgent {
           }
         }
 
+        // Every worker's exit callback has run once localDone is set, but a failure may have arrived
+        // while this pass awaited the store: go round again rather than announce a failed node done.
+        if (localDone && localFailure.value) continue;
         if (localDone && !announcedDone) {
           await agentStore.set(`done/${nodeRank}`, '1');
           announcedDone = true;
