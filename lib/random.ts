@@ -25,6 +25,19 @@ export class Generator {
     this.offsetBlocks += Math.ceil(count / elementsPerBlock);
     return base;
   }
+  /** The generator's position, JSON-serializable (checkpoints save it). */
+  state(): { seed: string; offsetBlocks: number } {
+    return { seed: this.seed.toString(), offsetBlocks: this.offsetBlocks };
+  }
+  /** Restores a position that state() returned. */
+  loadState(s: { seed: string; offsetBlocks: number }): this {
+    if (!s || typeof s.seed !== 'string' || !/^\d+$/.test(s.seed) || !Number.isSafeInteger(s.offsetBlocks) || s.offsetBlocks < 0) {
+      throw new ArgumentError(`Generator.loadState: expected { seed: decimal string, offsetBlocks: integer >= 0 }, got ${JSON.stringify(s)}`);
+    }
+    this.seed = toSeed(BigInt(s.seed));
+    this.offsetBlocks = s.offsetBlocks;
+    return this;
+  }
   /** Seed as the two 32-bit halves the native kernels take. */
   seedHalves(): [number, number] {
     return [Number(this.seed >> 32n), Number(this.seed & 0xffffffffn)];

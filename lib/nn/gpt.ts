@@ -249,11 +249,14 @@ export class GPT extends Module {
   readonly config: Readonly<GPTConfig>;
   readonly vocabLayout: VocabLayout;
   readonly sequenceLayout: SequenceLayout;
+  /** The generator of the initialization and of dropout (checkpoints save its position). */
+  readonly generator: Generator;
 
   constructor(config: GPTConfig, opts: GPTOptions = {}) {
     super();
     this.config = checkConfig(config);
     const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+    this.generator = generator;
     const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
     const factory = opts.linearFactory ?? defaultLinearFactory;
     this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;

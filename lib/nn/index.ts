@@ -1,5 +1,5 @@
 // Layers and models: Module/Parameter, Linear, Embedding, LayerNorm, Dropout, GPT-2, initializers.
-export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult } from './module.js';
+export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult, type TensorSplit } from './module.js';
 export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
   GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,

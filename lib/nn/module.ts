@@ -4,15 +4,30 @@ import { ShapeError, StateError } from '../errors.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { Tensor } from '../tensor.js';
 
+/**
+ * Where a parameter held in parts (a tensor-parallel slice) sits in the whole one: the local tensor is
+ * the concatenation, along `dim`, of the whole tensor's runs [start, start + count) of that dimension.
+ */
+export interface TensorSplit {
+  /** The whole parameter's shape. */
+  fullShape: number[];
+  dim: number;
+  runs: Array<[number, number]>;
+}
+
 /** A tensor that a Module owns and an optimizer updates: requiresGrad is on. */
 export class Parameter extends Tensor {
+  /** Set when this is a slice of a larger parameter (tensor parallelism); null when held whole. Checkpoints use it. */
+  partOf: TensorSplit | null = null;
+
   /** Takes over `data`'s storage (data is released; the parameter holds the only reference). */
-  constructor(data: Tensor) {
+  constructor(data: Tensor, split: TensorSplit | null = null) {
     const ref = data.storageRef;
     ref.refs++;
     super(ref, data.shape, data.dtype);
     data.dispose();
     this.requiresGrad = true;
+    this.partOf = split;
   }
 }
 

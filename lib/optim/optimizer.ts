@@ -81,6 +81,15 @@ export abstract class Optimizer<H extends { lr: number }> {
 
   protected abstract stepGroup(params: Tensor[], options: H): void;
 
+  /** The state of a parameter, created (zero-filled f32 buffers) if it has none yet: what a checkpoint loads into. */
+  ensureState(p: Tensor): ParamState {
+    if (!this.paramGroups.some((g) => g.params.includes(p))) throw new ArgumentError(`ensureState: ${p.describe()} is not a parameter of this optimizer`);
+    return this.stateOf(p);
+  }
+
+  /** The names of each parameter's state tensors (AdamW: exp_avg, exp_avg_sq). */
+  get stateTensorNames(): readonly string[] { return this.stateNames; }
+
   /** The state of a parameter, created (zero-filled f32 buffers) on first use. */
   protected stateOf(p: Tensor): ParamState {
     let s = this.state.get(p);

@@ -17,6 +17,7 @@ import { rangeAcrossRanks, type ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
+import { plainState, zeroState, type RankState } from '../ckpt/parts.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
 export interface ParallelTrainerOptions<H extends { lr: number }> {
@@ -242,6 +243,19 @@ export class ParallelTrainer<H extends { lr: number }> {
     const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
     return params.map((p) => byParam.get(p)!);
   }
+
+  /**
+   * This rank's training state as parts of the global tensors (what lib/ckpt saves and loads): the
+   * parameters and optimizer state it holds, each saved by exactly one rank of the job.
+   */
+  checkpointState(opts: { forLoad?: boolean } = {}): RankState {
+    const skip = this.#countedElsewhere;
+    if (this.#zero) return zeroState(this.#model, this.#zero, { skip, ...opts });
+    return plainState(this.#model, this.#optimizer, { skip, saveReplicas: (this.#mesh?.dpRank ?? 0) === 0, ...opts });
+  }
+
+  /** The job's world (null in one process): checkpoints coordinate their ranks over it. */
+  get world(): CollectiveGroup | null { return this.#mesh?.world ?? null; }
 
   dispose(): void {
     this.#zero?.dispose();

@@ -82,7 +82,8 @@ export function initAndTakeRows(rows: number, cols: number, runs: [number, numbe
   const width = Math.max(cols, 1);
   let at = 0;
   for (const [start, c] of runs) { copyElements(local, at * width, full, start * width, c * width); at += c; }
-  return new Parameter(local);
+  const whole = runs.length === 1 && runs[0]![0] === 0 && runs[0]![1] === rows;
+  return new Parameter(local, whole ? null : { fullShape: [...full.shape], dim: 0, runs: runs.map(([s, c]) => [s, c]) });
 }
 
 /**
@@ -148,7 +149,7 @@ export class RowParallelLinear extends Module {
     const w = emptyOn([outFeatures, local], dtype, device);
     full.backend.copy_strided(full.storage, w.storage, dtypeCode(dtype), new Int32Array([outFeatures, local]), new Int32Array([inFeatures, 1]), r * local,
       new Int32Array([local, 1]), 0);
-    this.weight = new Parameter(w);
+    this.weight = new Parameter(w, n === 1 ? null : { fullShape: [outFeatures, inFeatures], dim: 1, runs: [[r * local, local]] });
     this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, [[0, outFeatures]], opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
   }
   forward(x: Tensor): Tensor {

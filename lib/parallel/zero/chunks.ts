@@ -22,6 +22,9 @@ export interface PartitionedParam {
   masterOffset: number;
 }
 
+/** This rank's chunk of one parameter: where it is in the masters and which elements of the parameter it holds. */
+export interface LocalChunk { param: Tensor; master: number; masterOffset: number; start: number; count: number }
+
 /** A parameter inside a run's per-rank shard. */
 export interface ShardSlot {
   part: PartitionedParam;
@@ -114,6 +117,19 @@ export abstract class ChunkedShards {
       const { count } = this.rangeOf(part);
       if (count > 0) fn(part.param, this.masters[part.master]!, part.masterOffset, count);
     }
+  }
+
+  /**
+   * Where this rank's chunk of every parameter is (padding-only chunks left out): the parameter, its
+   * master (group) and offset there, and the elements [start, start + count) of the parameter it holds.
+   */
+  localChunks(): LocalChunk[] {
+    const out: LocalChunk[] = [];
+    for (const part of this.parts.values()) {
+      const { start, count } = this.rangeOf(part);
+      if (count > 0) out.push({ param: part.param, master: part.master, masterOffset: part.masterOffset, start, count });
+    }
+    return out;
   }
 
   /** This rank's chunks of the run's parameters, from the masters, on the parameters' device: its part of the run's allGather. */

@@ -13,6 +13,7 @@ import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { copyElements } from '../flat.js';
 import { DEFAULT_BUCKET_BYTES } from '../buckets.js';
+import type { LocalChunk } from './chunks.js';
 import { GradientShards, type ReduceStats } from './stage1-2.js';
 import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
 import type { Module } from '../../nn/module.js';
@@ -181,6 +182,12 @@ export class ZeroOptimizer<H extends { lr: number }> {
 
   /** The tensors the inner optimizer updates: this rank's chunks, one tensor per parameter group. */
   get #masters(): Tensor[] { return this.#chunks.masters; }
+
+  /** The masters: this rank's chunks of each parameter group, back to back (what the inner optimizer updates). */
+  get masters(): readonly Tensor[] { return this.#masters; }
+
+  /** Where this rank's chunk of each parameter lives in the masters (checkpoints save and load through it). */
+  localChunks(): LocalChunk[] { return this.#chunks.localChunks(); }
 
   zeroGrad(): void {
     this.#chunks.zeroGrad();

@@ -1,0 +1,556 @@
+// Sharded checkpoints of a training run under any layout, loadable under any other.
+//
+// A save is collective: every rank writes one safetensors file of the global-tensor parts it holds
+// (each tensor part named `<key>@<first element>`), then a small rank-<r>.json (its parts, the file's
+// size and CRC-32, its random generators). Rank 0 waits for all of them, checks that the parts tile
+// every tensor exactly once, writes manifest.json and renames the directory from .tmp-step-N to
+// step-N: a directory without a manifest is never taken for a checkpoint, so a crash mid-save leaves
+// nothing that looks whole. Saves are two-stage (MegaScale, PyTorch DCP's async save): stage 1
+// copies this rank's parts into host buffers (the only stall), stage 2 writes them from a worker
+// thread while training goes on. One save is in flight at a time.
+//
+// A load reads the manifest, verifies the files it needs (size, CRC-32) before touching any tensor,
+// and fills each local part from whichever saved parts cover its elements (lib/ckpt/intervals.ts),
+// so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
+import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { crc32 } from 'node:zlib';
+import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.js';
+import { dtypeSize, type DType } from '../dtype.js';
+import { tensor } from '../creation.js';
+import { copyElements } from '../parallel/flat.js';
+import type { Module } from '../nn/module.js';
+import type { Optimizer } from '../optim/optimizer.js';
+import type { Generator } from '../random.js';
+import type { GradScaler, MasterWeights } from '../amp.js';
+import type { CollectiveGroup } from '../distributed/group.js';
+import { encodeHeader, SafetensorsFile, SAFETENSORS_DTYPE_OF, type SafetensorsDType } from '../io/safetensors.js';
+import { checkSplit, cover, coverageProblem, partIntervals, type Interval, type Source } from './intervals.js';
+import { plainState, type RankState, type StatePart } from './parts.js';
+import { FileWriter } from './writer.js';
+import type { TensorSplit } from '../nn/module.js';
+
+/** Anything whose position a checkpoint keeps: a data loader, a learning-rate schedule. */
+export interface Stateful {
+  state(): unknown;
+  loadState(state: never): void;
+}
+
+/** A model that knows its own layout: ParallelTrainer (any TP × PP × DP × ZeRO layout). */
+export interface ShardedTrainingState {
+  checkpointState(opts?: { forLoad?: boolean }): RankState;
+  readonly world: CollectiveGroup | null;
+}
+
+/** What a checkpoint holds. Everything but `model` is optional. */
+export interface CheckpointItems {
+  /** A ParallelTrainer (its model and optimizer, as this rank holds them), or a Module in one process. */
+  model: Module | ShardedTrainingState;
+  /** The optimizer of a Module (a trainer brings its own). */
+  optimizer?: Optimizer<{ lr: number }>;
+  loader?: Stateful;
+  scheduler?: Stateful;
+  scaler?: GradScaler;
+  /** Random generators by name (the model's dropout generator, nt.defaultGenerator...): each rank's own are saved. */
+  rng?: Record<string, Generator>;
+  /** bf16/f16 compute copies, refreshed from the loaded f32 masters after a load. */
+  masterWeights?: MasterWeights;
+  /** Anything JSON-serializable (saved from rank 0, returned by load). */
+  extra?: unknown;
+  /** The layout, for the record (`nodetron` reads it back in messages). */
+  layout?: unknown;
+}
+
+export interface ManifestPart { file: string; name: string; split: TensorSplit | null; start: number; count: number }
+export interface ManifestTensor { shape: number[]; dtype: SafetensorsDType; parts: ManifestPart[] }
+export interface Manifest {
+  format: 'nodetron-checkpoint';
+  version: 1;
+  step: number;
+  saveId: string;
+  worldSize: number;
+  createdAt: string;
+  layout: unknown;
+  files: Array<{ file: string; size: number; crc32: number }>;
+  tensors: Record<string, ManifestTensor>;
+  optimizer: { groups: Array<Record<string, unknown>> | null; steps: Record<string, number> };
+  state: { loader?: unknown; scheduler?: unknown; scaler?: unknown; extra?: unknown };
+  /** Per rank: its random generators. */
+  ranks: Array<{ rng: Record<string, { seed: string; offsetBlocks: number }> }>;
+}
+
+interface RankRecord {
+  saveId: string;
+  rank: number;
+  file: string;
+  size: number;
+  crc32: number;
+  parts: Array<{ key: string; name: string; shape: number[]; dtype: SafetensorsDType; split: TensorSplit | null; start: number; count: number }>;
+  steps: Record<string, number>;
+  rng: Record<string, { seed: string; offsetBlocks: number }>;
+}
+
+export interface SaveResult {
+  step: number;
+  /** Where the checkpoint will be once complete. */
+  dir: string;
+  /** Milliseconds training was held: waiting for the previous save, plus copying this rank's state to host memory. */
+  stallMs: number;
+  /** Resolves when the checkpoint is complete on disk (on rank 0: committed; elsewhere: this rank's part written). */
+  done: Promise<void>;
+}
+
+export interface LoadResult {
+  step: number;
+  dir: string;
+  extra: unknown;
+  /** Whether the optimizer state was loaded (false when the checkpoint has none: the optimizer starts fresh). */
+  optimizerLoaded: boolean;
+}
+
+export interface CheckpointerOptions {
+  /** Complete checkpoints kept (older ones are deleted after each commit); default: all. */
+  keep?: number;
+  /** Write in the background (default true); false makes save() return after the commit. */
+  async?: boolean;
+  /** How long rank 0 waits for the other ranks' files before giving the save up (default 10 minutes). */
+  commitTimeoutMs?: number;
+  /** Verify files' CRC-32 on load (default true); false checks sizes only. */
+  verify?: boolean;
+}
+
+const STEP_DIR = /^step-(\d+)$/;
+const MANIFEST = 'manifest.json';
+export const stepDirName = (step: number) => `step-${String(step).padStart(8, '0')}`;
+
+const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16', I32: 'i32', U8: 'u8' };
+
+/**
+ * Saves and loads the checkpoints of one run under a root directory (`root/step-00000042/`).
+ * Every rank creates one with the same root and calls save()/load() at the same points.
+ */
+export class Checkpointer {
+  readonly root: string;
+  readonly keep: number;
+  readonly async: boolean;
+  readonly commitTimeoutMs: number;
+  readonly verify: boolean;
+  readonly #writer = new FileWriter();
+  #inflight: Promise<void> | null = null;
+  #failure: Error | null = null;
+  #saves = 0;
+  /** Stall of each save so far (ms). */
+  readonly stalls: number[] = [];
+
+  constructor(root: string, opts: CheckpointerOptions = {}) {
+    if (typeof root !== 'string' || root === '') throw new ArgumentError('Checkpointer: root must be a directory path');
+    if (opts.keep !== undefined && !(Number.isInteger(opts.keep) && opts.keep >= 1)) throw new ArgumentError(`Checkpointer: keep must be an integer >= 1, got ${opts.keep}`);
+    this.root = root;
+    this.keep = opts.keep ?? Infinity;
+    this.async = opts.async ?? true;
+    this.commitTimeoutMs = opts.commitTimeoutMs ?? 600_000;
+    this.verify = opts.verify ?? true;
+  }
+
+  /**
+   * Saves `items` as the checkpoint of `step`. Collective: every rank calls it. Returns once this
+   * rank's state is copied to host memory (stage 1); the write goes on in the background (stage 2)
+   * unless `async` is false. A failed background save is thrown by the next save() or wait().
+   */
+  async save(step: number, items: CheckpointItems): Promise<SaveResult> {
+    if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint save: step must be an integer >= 0, got ${step}`);
+    const t0 = performance.now();
+    await this.wait();
+    const world = worldOf(items);
+    const rank = world?.rank ?? 0, worldSize = world?.size ?? 1;
+    const saveId = await agreeOnId(world, ++this.#saves);
+    const state = rankState(items, false);
+
+    // Stage 1: this rank's parts into host buffers.
+    const parts: RankRecord['parts'] = [];
+    const buffers: ArrayBuffer[] = [];
+    for (const p of state.parts) {
+      if (!p.save || p.count === 0) continue;
+      const dtype = SAFETENSORS_DTYPE_OF[p.tensor.dtype];
+      if (!dtype) throw new ArgumentError(`checkpoint save: ${p.key} is ${p.tensor.dtype}, which checkpoints do not store`);
+      const size = dtypeSize(p.tensor.dtype);
+      const bytes = new Uint8Array(p.count * size);
+      p.tensor.backend.read(p.tensor.storage, p.offset * size, bytes);
+      buffers.push(bytes.buffer);
+      parts.push({ key: p.key, name: `${p.key}@${p.start}`, shape: p.fullShape, dtype, split: p.split, start: p.start, count: p.count });
+    }
+    const steps: Record<string, number> = {};
+    for (const s of state.steps) { const n = s.get(); if (n !== null) steps[s.name] = n; }
+    const rng = Object.fromEntries(Object.entries(items.rng ?? {}).map(([k, g]) => [k, g.state()]));
+    const common = rank === 0 ? sharedState(items, state) : null;
+    const stallMs = performance.now() - t0;
+    this.stalls.push(stallMs);
+
+    const dir = join(this.root, stepDirName(step));
+    const tmp = join(this.root, `.tmp-${stepDirName(step)}`);
+    mkdirSync(tmp, { recursive: true });
+    const file = `rank-${String(rank).padStart(5, '0')}.safetensors`;
+    const { header } = encodeHeader(parts.map((p) => ({ name: p.name, dtype: p.dtype, shape: [p.count] })),
+      parts.map((p) => p.count * dtypeSize(NT_DTYPE_OF[p.dtype]!)), { format: 'nodetron', step: String(step), rank: String(rank) });
+
+    // Stage 2: the file, this rank's record, and on rank 0 the commit.
+    const done = (async () => {
+      const written = await this.#writer.write(join(tmp, file), header, buffers);
+      const record: RankRecord = { saveId, rank, file, size: written.size, crc32: written.crc32, parts, steps, rng };
+      writeJsonDurably(join(tmp, `rank-${String(rank).padStart(5, '0')}.json`), record);
+      if (rank === 0) {
+        await commit(this.root, tmp, dir, { step, saveId, worldSize, common: common!, timeoutMs: this.commitTimeoutMs });
+        if (Number.isFinite(this.keep)) prune(this.root, this.keep);
+      }
+    })();
+    const tracked = done.catch((e: Error) => { this.#failure = e; });
+    this.#inflight = tracked.finally(() => { if (this.#inflight === tracked) this.#inflight = null; });
+    if (!this.async) await this.wait();
+    return { step, dir, stallMs, done };
+  }
+
+  /** Waits for the save in flight; throws if a background save failed (once). */
+  async wait(): Promise<void> {
+    if (this.#inflight) await this.#inflight;
+    const failure = this.#failure;
+    this.#failure = null;
+    if (failure) throw failure;
+  }
+
+  /** The complete checkpoints under the root, newest first (manifest present, files of the right size). */
+  list(): Array<{ step: number; dir: string }> { return listCheckpoints(this.root); }
+
+  /**
+   * Loads the newest complete checkpoint that every rank can read (a truncated or corrupt one is
+   * skipped, and the one before it used). Collective. Returns null when there is none.
+   */
+  async loadLatest(items: CheckpointItems): Promise<LoadResult | null> {
+    const world = worldOf(items);
+    for (const { dir } of this.list()) {
+      let problem: Error | null = null;
+      let result: LoadResult | null = null;
+      try { result = loadCheckpoint(dir, items, { verify: this.verify }); } catch (e) {
+        if (!(e instanceof StateError || e instanceof ShapeError)) throw e;
+        problem = e;
+      }
+      if (world && world.size > 1) {
+        using flag = tensor(new Float32Array([problem ? 1 : 0]), [1]);
+        await world.allReduce(flag, { op: 'max' });
+        if (!problem && flag.item() > 0) problem = new StateError(`${dir}: another rank could not read it`);
+      }
+      if (!problem) return result;
+      if (problem instanceof ShapeError) throw problem; // a layout that does not fit will not fit the older ones either
+      process.stderr.write(`[nodetron checkpoint] skipping ${dir}: ${problem.message}\n`);
+    }
+    return null;
+  }
+
+  /** Loads the checkpoint in `dir` (a step directory). Every rank calls it; nothing is exchanged. */
+  async load(dir: string, items: CheckpointItems): Promise<LoadResult> {
+    return loadCheckpoint(dir, items, { verify: this.verify });
+  }
+
+  /** Finishes the save in flight and stops the writer thread. */
+  async close(): Promise<void> {
+    try { await this.wait(); } finally { await this.#writer.close(); }
+  }
+}
+
+/** Saves one checkpoint into `root` and waits until it is complete. */
+export async function save(root: string, step: number, items: CheckpointItems, opts: Omit<CheckpointerOptions, 'async'> = {}): Promise<SaveResult> {
+  const c = new Checkpointer(root, { ...opts, async: false });
+  try { return await c.save(step, items); } finally { await c.close(); }
+}
+
+/** Loads the checkpoint in `dir` (a step directory, or a root: its newest complete checkpoint). */
+export async function load(dir: string, items: CheckpointItems, opts: { verify?: boolean } = {}): Promise<LoadResult> {
+  if (existsSync(join(dir, MANIFEST))) return loadCheckpoint(dir, items, opts);
+  const c = new Checkpointer(dir, opts);
+  const r = await c.loadLatest(items);
+  if (!r) throw new StateError(`checkpoint load: ${dir} holds no complete checkpoint (no step-N directory with a manifest)`);
+  return r;
+}
+
+/** The complete checkpoints under `root`, newest first. */
+export function listCheckpoints(root: string): Array<{ step: number; dir: string }> {
+  if (!existsSync(root)) return [];
+  return readdirSync(root)
+    .map((name) => ({ m: STEP_DIR.exec(name), name }))
+    .filter(({ m, name }) => m && existsSync(join(root, name, MANIFEST)))
+    .map(({ m, name }) => ({ step: Number(m![1]), dir: join(root, name) }))
+    .sort((a, b) => b.step - a.step);
+}
+
+/** The newest complete checkpoint under `root` (its manifest present), or null. */
+export function latest(root: string): { step: number; dir: string } | null {
+  return listCheckpoints(root)[0] ?? null;
+}
+
+/** Reads and checks a checkpoint's manifest. */
+export function readManifest(dir: string): Manifest {
+  const path = join(dir, MANIFEST);
+  let m: Manifest;
+  try { m = JSON.parse(readFileSync(path, 'utf8')) as Manifest; } catch (e) { throw new StateError(`checkpoint: cannot read ${path}: ${(e as Error).message}`); }
+  if (m?.format !== 'nodetron-checkpoint' || m.version !== 1 || typeof m.tensors !== 'object' || !Array.isArray(m.files)) {
+    throw new StateError(`checkpoint: ${path} is not a nodetron checkpoint manifest (version 1)`);
+  }
+  return m;
+}
+
+/**
+ * One global tensor of a checkpoint, whole, as a Float32Array (f32/bf16/f16 saved) — for tools and
+ * tests; training loads through load().
+ */
+export function readTensor(dir: string, key: string): { shape: number[]; data: Float32Array } {
+  const m = readManifest(dir);
+  const t = m.tensors[key];
+  if (!t) throw new StateError(`checkpoint ${dir}: no tensor '${key}'`);
+  const size = t.shape.reduce((a, b) => a * b, 1);
+  const out = new Float32Array(size);
+  const wanted: Interval[] = [{ global: 0, local: 0, length: size }];
+  const files = new Map<string, SafetensorsFile>();
+  try {
+    for (const piece of cover(wanted, sourcesOf(t, key), `checkpoint ${dir}: '${key}'`)) {
+      const f = files.get(piece.item.file) ?? SafetensorsFile.open(join(dir, piece.item.file));
+      files.set(piece.item.file, f);
+      const raw = readElements(f, piece.item.name, t.dtype, piece.from, piece.length);
+      out.set(decodeToF32(raw, t.dtype, `'${key}'`), piece.to);
+    }
+  } finally {
+    for (const f of files.values()) f.close();
+  }
+  return { shape: t.shape, data: out };
+}
+
+// ---- saving --------------------------------------------------------------------------------------
+
+function worldOf(items: CheckpointItems): CollectiveGroup | null {
+  const m = items.model as Partial<ShardedTrainingState>;
+  return typeof m.checkpointState === 'function' ? (m.world ?? null) : null;
+}
+
+function rankState(items: CheckpointItems, forLoad: boolean): RankState {
+  const m = items.model as Partial<ShardedTrainingState>;
+  if (typeof m.checkpointState === 'function') {
+    if (items.optimizer) throw new ArgumentError('checkpoint: a trainer brings its own optimizer; pass optimizer only with a Module');
+    return m.checkpointState({ forLoad });
+  }
+  return plainState(items.model as Module, items.optimizer ?? null, { forLoad });
+}
+
+/** Rank 0's part of the manifest: what every rank holds the same. */
+function sharedState(items: CheckpointItems, state: RankState): Pick<Manifest, 'optimizer' | 'state' | 'layout'> {
+  const groups = state.optimizer ? state.optimizer.paramGroups.map((g) => ({ ...(g.options as unknown as Record<string, unknown>) })) : null;
+  const json = (v: unknown) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v)) as unknown);
+  return {
+    optimizer: { groups, steps: {} },
+    state: { loader: json(items.loader?.state()), scheduler: json(items.scheduler?.state()), scaler: json(items.scaler?.stateDict()), extra: json(items.extra) },
+    layout: json(items.layout) ?? null,
+  };
+}
+
+/** A save's id, the same on every rank (rank 0's, broadcast), so a rank's leftovers from a crashed save are never mistaken for this one's. */
+async function agreeOnId(world: CollectiveGroup | null, count: number): Promise<string> {
+  let id = Math.floor(Math.random() * 2 ** 24);
+  if (world && world.size > 1) {
+    using t = tensor(new Float32Array([id]), [1]);
+    await world.broadcast(t, { root: 0 });
+    id = t.item();
+  }
+  return `${process.pid.toString(36)}-${count}-${id}`;
+}
+
+function writeJsonDurably(path: string, value: unknown): void {
+  const tmp = `${path}.tmp`;
+  writeFileSync(tmp, JSON.stringify(value));
+  const fd = openSync(tmp, 'r');
+  try { fsyncSync(fd); } finally { closeSync(fd); }
+  renameSync(tmp, path);
+}
+
+function fsyncDir(path: string): void {
+  try {
+    const fd = openSync(path, 'r');
+    try { fsyncSync(fd); } finally { closeSync(fd); }
+  } catch { /* some filesystems refuse fsync on directories */ }
+}
+
+/** Rank 0: waits for every rank's record of this save, checks coverage, writes the manifest last, renames. */
+async function commit(root: string, tmp: string, dir: string,
+  o: { step: number; saveId: string; worldSize: number; common: Pick<Manifest, 'optimizer' | 'state' | 'layout'>; timeoutMs: number }): Promise<void> {
+  const records: RankRecord[] = [];
+  const deadline = Date.now() + o.timeoutMs;
+  for (let r = 0; r < o.worldSize; r++) {
+    const path = join(tmp, `rank-${String(r).padStart(5, '0')}.json`);
+    for (;;) {
+      let rec: RankRecord | null = null;
+      try { rec = JSON.parse(readFileSync(path, 'utf8')) as RankRecord; } catch { rec = null; }
+      if (rec && rec.saveId === o.saveId) { records.push(rec); break; }
+      if (Date.now() > deadline) throw new TimeoutError(`checkpoint save of step ${o.step}: rank ${r} did not finish writing within ${o.timeoutMs} ms; the checkpoint stays incomplete in ${tmp}`, 'checkpoint');
+      await new Promise((res) => setTimeout(res, 20));
+    }
+  }
+  const tensors: Record<string, ManifestTensor> = {};
+  const steps: Record<string, number> = {};
+  for (const rec of records) {
+    Object.assign(steps, rec.steps);
+    for (const p of rec.parts) {
+      const t = (tensors[p.key] ??= { shape: p.shape, dtype: p.dtype, parts: [] });
+      if (t.shape.join() !== p.shape.join() || t.dtype !== p.dtype) {
+        throw new StateError(`checkpoint save of step ${o.step}: ranks disagree on '${p.key}' ([${t.shape}] ${t.dtype} vs [${p.shape}] ${p.dtype})`);
+      }
+      t.parts.push({ file: rec.file, name: p.name, split: p.split, start: p.start, count: p.count });
+    }
+  }
+  for (const [key, t] of Object.entries(tensors)) {
+    const size = t.shape.reduce((a, b) => a * b, 1);
+    const problem = coverageProblem(size, t.parts.flatMap((p) => partIntervals(t.shape, p)));
+    if (problem) throw new StateError(`checkpoint save of step ${o.step}: the ranks' parts of '${key}' do not tile it: ${problem}`);
+  }
+  const manifest: Manifest = {
+    format: 'nodetron-checkpoint', version: 1, step: o.step, saveId: o.saveId, worldSize: o.worldSize, createdAt: new Date().toISOString(),
+    layout: o.common.layout,
+    files: records.map((r) => ({ file: r.file, size: r.size, crc32: r.crc32 })),
+    tensors,
+    optimizer: { groups: o.common.optimizer.groups, steps },
+    state: o.common.state,
+    ranks: records.map((r) => ({ rng: r.rng })),
+  };
+  writeJsonDurably(join(tmp, MANIFEST), manifest);
+  fsyncDir(tmp);
+  if (existsSync(dir)) rmSync(dir, { recursive: true, force: true });
+  renameSync(tmp, dir);
+  fsyncDir(root);
+  // Leftovers of saves that never completed (a crash mid-save) go once a newer save is whole.
+  for (const name of readdirSync(root)) if (name.startsWith('.tmp-step-')) rmSync(join(root, name), { recursive: true, force: true });
+}
+
+function prune(root: string, keep: number): void {
+  for (const { dir } of listCheckpoints(root).slice(keep)) rmSync(dir, { recursive: true, force: true });
+}
+
+// ---- loading -------------------------------------------------------------------------------------
+
+function sourcesOf(t: ManifestTensor, key: string): Source<ManifestPart>[] {
+  return t.parts.map((p) => {
+    checkSplit(t.shape, p.split, `checkpoint tensor '${key}'`);
+    return { item: p, intervals: partIntervals(t.shape, p) };
+  });
+}
+
+function readElements(f: SafetensorsFile, name: string, dtype: SafetensorsDType, from: number, count: number): Uint8Array {
+  const size = dtypeSize(NT_DTYPE_OF[dtype]!);
+  return f.readBytes(name, from * size, count * size);
+}
+
+function decodeToF32(raw: Uint8Array, dtype: SafetensorsDType, what: string): Float32Array {
+  const aligned = raw.byteOffset % 4 === 0 ? raw : raw.slice();
+  if (dtype === 'F32') return new Float32Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
+  if (dtype === 'BF16') {
+    const u16 = new Uint16Array(raw.slice().buffer);
+    const u32 = new Uint32Array(u16.length);
+    for (let i = 0; i < u16.length; i++) u32[i] = u16[i]! << 16;
+    return new Float32Array(u32.buffer);
+  }
+  throw new StateError(`checkpoint: ${what} is saved as ${dtype}, which cannot be converted here`);
+}
+
+function verifyFile(dir: string, entry: Manifest['files'][number], checksum: boolean): void {
+  const path = join(dir, entry.file);
+  let size: number;
+  try { size = statSync(path).size; } catch { throw new StateError(`checkpoint ${dir}: ${entry.file} is missing`); }
+  if (size !== entry.size) throw new StateError(`checkpoint ${dir}: ${entry.file} has ${size} bytes, the manifest says ${entry.size} (truncated or overwritten)`);
+  if (!checksum) return;
+  const fd = openSync(path, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(8 << 20);
+    let crc = 0, at = 0;
+    for (;;) {
+      const n = readSync(fd, buf, 0, buf.length, at);
+      if (n === 0) break;
+      crc = crc32(buf.subarray(0, n), crc);
+      at += n;
+    }
+    if (crc >>> 0 !== entry.crc32) throw new StateError(`checkpoint ${dir}: ${entry.file} fails its checksum (CRC-32 ${(crc >>> 0).toString(16)}, the manifest says ${entry.crc32.toString(16)})`);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: boolean }): LoadResult {
+  const m = readManifest(dir);
+  const state = rankState(items, true);
+  const hasOptimizerState = Object.keys(m.tensors).some((k) => k.startsWith('optim/'));
+  const parts = state.parts.filter((p) => hasOptimizerState || !p.key.startsWith('optim/'));
+
+  // Everything checked before any tensor is written: a failed load leaves the run as it was.
+  const plans: Array<{ part: StatePart; t: ManifestTensor; pieces: ReturnType<typeof cover<ManifestPart>> }> = [];
+  const sources = new Map<string, Source<ManifestPart>[]>();
+  for (const part of parts) {
+    const t = m.tensors[part.key];
+    if (!t) throw new StateError(`checkpoint ${dir}: it has no '${part.key}'${part.key.startsWith('optim/') ? ' (the optimizer state of a parameter the checkpoint does not know)' : ''}`);
+    if (t.shape.join() !== part.fullShape.join()) {
+      throw new ShapeError(`checkpoint ${dir}: '${part.key}' was saved with shape [${t.shape.join(', ')}], this model's is [${part.fullShape.join(', ')}]`);
+    }
+    if (!sources.has(part.key)) sources.set(part.key, sourcesOf(t, part.key));
+    const wanted = partIntervals(part.fullShape, part);
+    plans.push({ part, t, pieces: cover(wanted, sources.get(part.key)!, `checkpoint ${dir}: '${part.key}'`) });
+  }
+  const needed = new Set(plans.flatMap((p) => p.pieces.map((x) => x.item.file)));
+  const byFile = new Map(m.files.map((f) => [f.file, f]));
+  for (const file of needed) {
+    const entry = byFile.get(file);
+    if (!entry) throw new StateError(`checkpoint ${dir}: the manifest names ${file} among the parts but not among the files`);
+    verifyFile(dir, entry, opts.verify ?? true);
+  }
+
+  const files = new Map<string, SafetensorsFile>();
+  try {
+    for (const { part, t, pieces } of plans) {
+      const size = dtypeSize(NT_DTYPE_OF[t.dtype] ?? 'f32');
+      const host = new Uint8Array(part.count * size);
+      for (const piece of pieces) {
+        let f = files.get(piece.item.file);
+        if (!f) { f = SafetensorsFile.open(join(dir, piece.item.file)); files.set(piece.item.file, f); }
+        f.readBytes(piece.item.name, piece.from * size, piece.length * size, host.subarray(piece.to * size - part.start * size, (piece.to - part.start + piece.length) * size));
+      }
+      writePart(part, host, t.dtype, dir);
+    }
+  } finally {
+    for (const f of files.values()) f.close();
+  }
+
+  if (hasOptimizerState) {
+    for (const s of state.steps) { const n = m.optimizer.steps[s.name]; if (n !== undefined) s.set(n); }
+    const groups = m.optimizer.groups;
+    if (state.optimizer && groups && groups.length === state.optimizer.paramGroups.length) {
+      state.optimizer.paramGroups.forEach((g, i) => Object.assign(g.options as object, groups[i]));
+    }
+  }
+  if (items.loader && m.state.loader !== undefined) items.loader.loadState(m.state.loader as never);
+  if (items.scheduler && m.state.scheduler !== undefined) items.scheduler.loadState(m.state.scheduler as never);
+  if (items.scaler && m.state.scaler !== undefined) items.scaler.loadStateDict(m.state.scaler as { scale: number; growthTracker: number });
+  if (items.rng) {
+    const world = worldOf(items);
+    const rank = world?.rank ?? 0;
+    // The same layout: each rank its own generators; another layout: rank 0's (draws then differ from an uninterrupted run).
+    const saved = m.ranks[m.worldSize === (world?.size ?? 1) ? rank : 0]?.rng ?? {};
+    for (const [name, g] of Object.entries(items.rng)) if (saved[name]) g.loadState(saved[name]);
+  }
+  items.masterWeights?.refresh();
+  return { step: m.step, dir, extra: m.state.extra, optimizerLoaded: hasOptimizerState };
+}
+
+/** Writes a part's bytes (saved as `dtype`) into its tensor, converting when the dtypes differ. */
+function writePart(part: StatePart, host: Uint8Array, dtype: SafetensorsDType, dir: string): void {
+  const t = part.tensor;
+  if (NT_DTYPE_OF[dtype] === t.dtype) {
+    t.backend.write(t.storage, part.offset * dtypeSize(t.dtype), host);
+    return;
+  }
+  const f32 = decodeToF32(host, dtype, `checkpoint ${dir}: '${part.key}'`);
+  using wide = tensor(f32, [part.count]);
+  using conv = wide.to({ dtype: t.dtype, device: t.device });
+  if (conv.dtype !== t.dtype) throw new StateError(`checkpoint ${dir}: cannot convert '${part.key}' to ${t.dtype}`);
+  copyElements(t, part.offset, conv, 0, part.count);
+}

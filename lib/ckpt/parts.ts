@@ -1,0 +1,98 @@
+// What a rank saves and loads: its training state as parts of global tensors. A model's parameters
+// are `model/<name>` (a tensor-parallel slice says where it sits through Parameter.partOf), the
+// optimizer's state `optim/<state>/<name>` (same shape as the parameter); under ZeRO both come from
+// the masters, each rank holding a flat range of every parameter. Replicas (data-parallel copies,
+// tensor-parallel copies of norms and biases, the tied embedding's second copy) load but do not save.
+import { ArgumentError } from '../errors.js';
+import type { Module, Parameter, TensorSplit } from '../nn/module.js';
+import type { Optimizer } from '../optim/optimizer.js';
+import type { Tensor } from '../tensor.js';
+import type { LocalChunk } from '../parallel/zero/chunks.js';
+
+/** `count` elements at `offset` of `tensor` are elements [start, start + count) of the (split) global tensor `key`. */
+export interface StatePart {
+  key: string;
+  fullShape: number[];
+  split: TensorSplit | null;
+  start: number;
+  count: number;
+  tensor: Tensor;
+  offset: number;
+  /** This rank writes the part (false for a replica another rank writes). */
+  save: boolean;
+}
+
+/** An optimizer state's step count, per parameter name. */
+export interface StepCounter {
+  name: string;
+  get(): number | null;
+  set(step: number): void;
+}
+
+/** A rank's training state for a checkpoint. */
+export interface RankState {
+  parts: StatePart[];
+  steps: StepCounter[];
+  /** The optimizer whose group hyperparameters are saved and restored (group by group). */
+  optimizer: Optimizer<{ lr: number }> | null;
+}
+
+const fullShapeOf = (p: Tensor) => ((p as Parameter).partOf ? [...(p as Parameter).partOf!.fullShape] : [...p.shape]);
+const splitOf = (p: Tensor) => (p as Parameter).partOf ?? null;
+
+/**
+ * A whole model and (optionally) its optimizer in one process, or one rank of a model-parallel job
+ * without ZeRO. `skip`: parameters another rank saves; `saveReplicas` false on data-parallel ranks
+ * other than the first. With `forLoad`, the optimizer's state is created where missing (zero-filled).
+ */
+export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> | null,
+  opts: { skip?: ReadonlySet<Tensor>; saveReplicas?: boolean; forLoad?: boolean } = {}): RankState {
+  const named = model.namedParameters();
+  const write = (p: Tensor) => (opts.saveReplicas ?? true) && !opts.skip?.has(p);
+  const parts: StatePart[] = named.map(([name, p]) => ({
+    key: `model/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: write(p),
+  }));
+  const steps: StepCounter[] = [];
+  if (optimizer) {
+    const inOptimizer = new Set(optimizer.paramGroups.flatMap((g) => g.params));
+    for (const [name, p] of named) {
+      if (!inOptimizer.has(p)) continue;
+      if (opts.forLoad) optimizer.ensureState(p);
+      const s = optimizer.state.get(p);
+      steps.push({ name, get: () => optimizer.state.get(p)?.step ?? null, set: (n) => { optimizer.ensureState(p).step = n; } });
+      if (!s) continue;
+      for (const [stateName, t] of Object.entries(s.tensors)) {
+        parts.push({ key: `optim/${stateName}/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: t, offset: 0, save: write(p) });
+      }
+    }
+  }
+  return { parts, steps, optimizer };
+}
+
+/**
+ * One rank of a ZeRO-sharded job: parameters and optimizer state from the masters (this rank's flat
+ * chunk of every parameter). At stages 1 and 2 the parameters themselves are whole on every rank,
+ * so a load fills them too (from the checkpoint: no collective needed).
+ */
+export function zeroState(model: Module, zero: { stage: number; inner: Optimizer<{ lr: number }>; masters: readonly Tensor[]; localChunks(): LocalChunk[] },
+  opts: { skip?: ReadonlySet<Tensor>; forLoad?: boolean } = {}): RankState {
+  const names = new Map<Tensor, string>(model.namedParameters().map(([n, p]) => [p, n]));
+  const parts: StatePart[] = [];
+  const steps: StepCounter[] = [];
+  const inner = zero.inner;
+  if (opts.forLoad) for (const m of zero.masters) inner.ensureState(m);
+  for (const c of zero.localChunks()) {
+    const name = names.get(c.param);
+    if (name === undefined) throw new ArgumentError(`checkpoint: a parameter of the ZeRO optimizer (${c.param.describe()}) is not one of the model's`);
+    const base = { fullShape: fullShapeOf(c.param), split: splitOf(c.param), start: c.start, count: c.count, offset: c.masterOffset, save: !opts.skip?.has(c.param) };
+    const master = zero.masters[c.master]!;
+    parts.push({ ...base, key: `model/${name}`, tensor: master });
+    const s = inner.state.get(master);
+    steps.push({ name, get: () => inner.state.get(master)?.step ?? null, set: (n) => { inner.ensureState(master).step = n; } });
+    if (s) for (const [stateName, t] of Object.entries(s.tensors)) parts.push({ ...base, key: `optim/${stateName}/${name}`, tensor: t });
+  }
+  if (opts.forLoad && zero.stage !== 3) {
+    for (const [p, name] of names) parts.push({ key: `model/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: false });
+  }
+  return { parts, steps, optimizer: inner };
+}

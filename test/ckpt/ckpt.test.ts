@@ -1,0 +1,157 @@
+// Checkpoints in one process: exact resume (stopped at step 3 of 6, resumed in a fresh model and
+// optimizer: bit-identical losses and parameters), the parts arithmetic behind resharding, atomic
+// commits, keep-K, and each kind of damage detected with the previous checkpoint used instead.
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import * as nt from '../../lib/index.js';
+import { cover, coverageProblem, partIntervals } from '../../lib/ckpt/intervals.js';
+
+const work = mkdtempSync(join(tmpdir(), 'nt-ckpt-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+const config: nt.nn.GPTConfig = { vocabSize: 64, blockSize: 16, nLayer: 2, nHead: 2, nEmbd: 32, dropout: 0.1, bias: true };
+const B = 4, T = 16;
+
+function batch(step: number): { x: nt.Tensor; y: nt.Tensor } {
+  let s = (step + 1) * 7919;
+  const seq = new Int32Array(B * (T + 1)).map(() => { s = (s * 1103515245 + 12345) % 2147483648; return s % 64; });
+  const x = new Int32Array(B * T), y = new Int32Array(B * T);
+  for (let b = 0; b < B; b++) { x.set(seq.subarray(b * (T + 1), b * (T + 1) + T), b * T); y.set(seq.subarray(b * (T + 1) + 1, (b + 1) * (T + 1)), b * T); }
+  return { x: nt.tensor(x, [B, T]), y: nt.tensor(y, [B, T]) };
+}
+
+class Schedule implements nt.ckpt.Stateful {
+  calls = 0;
+  lr(): number { this.calls++; return 1e-2 * Math.min(1, this.calls / 4); }
+  state() { return { calls: this.calls }; }
+  loadState(s: { calls: number }) { this.calls = s.calls; }
+}
+
+function setup() {
+  const model = new nt.nn.GPT(config, { seed: 5 });
+  const optimizer = new nt.optim.AdamW(model.parameters(), { lr: 1e-2, weightDecay: 0.1 });
+  return { model, optimizer, schedule: new Schedule() };
+}
+type Run = ReturnType<typeof setup>;
+function train(run: Run, from: number, to: number): number[] {
+  const losses: number[] = [];
+  for (let step = from; step < to; step++) {
+    const { x, y } = batch(step);
+    losses.push(nt.trainStep(run.model, run.optimizer, x, y, { lr: run.schedule.lr(), maxGradNorm: 1 }).loss);
+    x.dispose(); y.dispose();
+  }
+  return losses;
+}
+const items = (run: Run) => ({ model: run.model, optimizer: run.optimizer, scheduler: run.schedule, rng: { model: run.model.generator } });
+const bits = (ps: nt.Tensor[]) => ps.map((p) => Array.from(new Uint32Array(p.toArraySync().buffer)));
+
+describe('checkpoint parts arithmetic', () => {
+  it('a column slice, a flat chunk of it, and full coverage', () => {
+    // [4, 6] split on dim 1 into runs [1, 2) and [4, 6): local [4, 3].
+    const split = { fullShape: [4, 6], dim: 1, runs: [[1, 1], [4, 2]] as Array<[number, number]> };
+    const all = partIntervals([4, 6], { split, start: 0, count: 12 });
+    expect(all[0]).toEqual({ global: 1, local: 0, length: 1 });
+    expect(all[1]).toEqual({ global: 4, local: 1, length: 2 });
+    expect(all.reduce((s, iv) => s + iv.length, 0)).toBe(12);
+    const chunk = partIntervals([4, 6], { split, start: 2, count: 4 }); // local elements 2..5
+    expect(chunk).toEqual([{ global: 5, local: 2, length: 1 }, { global: 7, local: 3, length: 1 }, { global: 10, local: 4, length: 2 }]);
+    // The complementary runs tile the tensor; one left out is named.
+    const other = { fullShape: [4, 6], dim: 1, runs: [[0, 1], [2, 2]] as Array<[number, number]> };
+    const tiles = [...all, ...partIntervals([4, 6], { split: other, start: 0, count: 12 })];
+    expect(coverageProblem(24, tiles)).toBeNull();
+    expect(coverageProblem(24, all)).toMatch(/in no part/);
+    expect(coverageProblem(24, [...tiles, { global: 3, local: 0, length: 1 }])).toMatch(/two parts/);
+    // A rank's flat chunk of the whole tensor, filled from the two column slices.
+    const pieces = cover(partIntervals([4, 6], { split: null, start: 5, count: 8 }), [
+      { item: 'a', intervals: all }, { item: 'b', intervals: partIntervals([4, 6], { split: other, start: 0, count: 12 }) },
+    ], 'test');
+    expect(pieces.reduce((s, p) => s + p.length, 0)).toBe(8);
+    expect(pieces[0]).toEqual({ item: 'a', from: 2, to: 5, length: 1 });
+    expect(() => cover([{ global: 0, local: 0, length: 24 }], [{ item: 'a', intervals: all }], 'x')).toThrow(/element 0 is in no saved part/);
+  });
+});
+
+describe('checkpoints in one process', () => {
+  it('resumes bit-exactly: 3 steps, save, 3 steps in fresh objects = 6 steps uninterrupted', async () => {
+    const straight = setup();
+    const expected = train(straight, 0, 6);
+    const root = join(work, 'resume');
+    const first = setup();
+    const before = train(first, 0, 3);
+    expect(before).toEqual(expected.slice(0, 3));
+    const saved = await nt.ckpt.save(root, 3, items(first));
+    expect(saved.dir).toBe(join(root, 'step-00000003'));
+    first.model.dispose(); first.optimizer.dispose();
+    const second = setup();
+    const r = await nt.ckpt.load(root, items(second));
+    expect(r.step).toBe(3);
+    expect(r.optimizerLoaded).toBe(true);
+    expect(second.schedule.calls).toBe(3);
+    const after = train(second, 3, 6);
+    expect(after).toEqual(expected.slice(3));
+    expect(bits(second.model.parameters())).toEqual(bits(straight.model.parameters()));
+    // The manifest: one file, every parameter and both AdamW states, whole.
+    const m = nt.ckpt.readManifest(saved.dir);
+    expect(m.files).toHaveLength(1);
+    expect(Object.keys(m.tensors).filter((k) => k.startsWith('model/'))).toHaveLength(second.model.parameters().length);
+    expect(m.tensors['optim/expAvg/wte.weight']!.shape).toEqual([64, 32]);
+    expect(nt.ckpt.readTensor(saved.dir, 'model/wte.weight').data.length).toBe(64 * 32);
+  });
+
+  it('keeps the last K, writes atomically, and names a model that does not fit', async () => {
+    const root = join(work, 'keep');
+    const run = setup();
+    const c = new nt.ckpt.Checkpointer(root, { keep: 2 });
+    for (const step of [1, 2, 3]) {
+      train(run, step - 1, step);
+      const r = await c.save(step, items(run));
+      expect(r.stallMs).toBeGreaterThanOrEqual(0);
+    }
+    await c.close();
+    expect(c.list().map((x) => x.step)).toEqual([3, 2]);
+    expect(readdirSync(root).filter((n) => n.startsWith('.tmp'))).toEqual([]);
+    // A crash mid-save: a directory without a manifest is not a checkpoint.
+    mkdirSync(join(root, '.tmp-step-00000004'));
+    mkdirSync(join(root, 'step-00000005'));
+    expect(nt.ckpt.latest(root)!.step).toBe(3);
+    const wider = new nt.nn.GPT({ ...config, vocabSize: 96 }, { seed: 5 });
+    await expect(nt.ckpt.load(join(root, 'step-00000003'), { model: wider })).rejects.toThrow(/'model\/wte.weight' was saved with shape \[64, 32\], this model's is \[96, 32\]/);
+  });
+
+  const damage: Array<[string, (dir: string) => void, RegExp]> = [
+    ['a truncated shard', (dir) => truncateSync(join(dir, 'rank-00000.safetensors'), 100), /truncated/],
+    ['a checksum mismatch', (dir) => { const p = join(dir, 'rank-00000.safetensors'); const b = readFileSync(p); b[b.length - 3] ^= 0xff; writeFileSync(p, b); }, /checksum/],
+    ['a missing manifest', (dir) => unlinkSync(join(dir, 'manifest.json')), /./],
+  ];
+  it.each(damage)('detects %s and resumes from the previous checkpoint', async (_what, hurt, message) => {
+    const root = join(work, `damage-${_what.replace(/ /g, '-')}`);
+    const run = setup();
+    train(run, 0, 1);
+    await nt.ckpt.save(root, 1, items(run));
+    const atOne = bits(run.model.parameters());
+    train(run, 1, 2);
+    await nt.ckpt.save(root, 2, items(run));
+    hurt(join(root, 'step-00000002'));
+    const fresh = setup();
+    const warnings: string[] = [];
+    const write = process.stderr.write.bind(process.stderr);
+    process.stderr.write = ((s: string) => { warnings.push(String(s)); return true; }) as typeof process.stderr.write;
+    let r: nt.ckpt.LoadResult | null;
+    try { r = await new nt.ckpt.Checkpointer(root).loadLatest(items(fresh)); } finally { process.stderr.write = write; }
+    expect(r!.step).toBe(1);
+    expect(bits(fresh.model.parameters())).toEqual(atOne);
+    if (existsSync(join(root, 'step-00000002', 'manifest.json'))) expect(warnings.join('')).toMatch(message);
+  });
+
+  it('a model without optimizer state loads the weights and reports it', async () => {
+    const root = join(work, 'weights-only');
+    const run = setup();
+    await nt.ckpt.save(root, 0, { model: run.model });
+    const fresh = setup();
+    const r = await nt.ckpt.load(root, { model: fresh.model, optimizer: fresh.optimizer });
+    expect(r.optimizerLoaded).toBe(false);
+    expect(bits(fresh.model.parameters())).toEqual(bits(run.model.parameters()));
+  });
+});
