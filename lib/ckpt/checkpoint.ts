@@ -313,7 +313,7 @@ export function readTensor(dir: string, key: string): { shape: number[]; data: F
     for (const piece of cover(wanted, sourcesOf(t, key), `checkpoint ${dir}: '${key}'`)) {
       const f = files.get(piece.item.file) ?? SafetensorsFile.open(join(dir, piece.item.file));
       files.set(piece.item.file, f);
-      const raw = readElements(f, piece.item.name, t.dtype, piece.from, piece.length);
+      const raw = readElements(f, piece.item.name, t.dtype, piece.from - piece.item.start, piece.length);
       out.set(decodeToF32(raw, t.dtype, `'${key}'`), piece.to);
     }
   } finally {
@@ -351,13 +351,14 @@ function sharedState(items: CheckpointItems, state: RankState): Pick<Manifest, '
 
 /** A save's id, the same on every rank (rank 0's, broadcast), so a rank's leftovers from a crashed save are never mistaken for this one's. */
 async function agreeOnId(world: CollectiveGroup | null, count: number): Promise<string> {
-  let id = Math.floor(Math.random() * 2 ** 24);
+  // Two 24-bit draws (exact in f32) from rank 0.
+  const draws = new Float32Array([Math.floor(Math.random() * 2 ** 24), Math.floor(Math.random() * 2 ** 24)]);
   if (world && world.size > 1) {
-    using t = tensor(new Float32Array([id]), [1]);
+    using t = tensor(draws, [2]);
     await world.broadcast(t, { root: 0 });
-    id = t.item();
+    draws.set(t.toArraySync());
   }
-  return `${process.pid.toString(36)}-${count}-${id}`;
+  return `${count}-${draws[0]!.toString(36)}${draws[1]!.toString(36)}`;
 }
 
 function writeJsonDurably(path: string, value: unknown): void {
@@ -512,7 +513,7 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
       for (const piece of pieces) {
         let f = files.get(piece.item.file);
         if (!f) { f = SafetensorsFile.open(join(dir, piece.item.file)); files.set(piece.item.file, f); }
-        f.readBytes(piece.item.name, piece.from * size, piece.length * size, host.subarray(piece.to * size - part.start * size, (piece.to - part.start + piece.length) * size));
+        f.readBytes(piece.item.name, (piece.from - piece.item.start) * size, piece.length * size, host.subarray(piece.to * size - part.start * size, (piece.to - part.start + piece.length) * size));
       }
       writePart(part, host, t.dtype, dir);
     }

@@ -1,0 +1,106 @@
+// Checkpoints across processes, through the real launcher and Gloo: exact resume on the same layout
+// (DP2 ZeRO-2, TP2×PP2: stopped at step 3 of 6 and resumed = uninterrupted, bit for bit), resharding
+// (saved under TP2×PP2×DP2 ZeRO-1, loaded in one process, under DP3 ZeRO-3 and under TP3: the state
+// re-saved there equals the source exactly, and the next step agrees across layouts), and a rank
+// killed under `launch --max-restarts 1` finishing where an uninterrupted run does.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+import * as nt from '../../lib/index.js';
+import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
+const script = join(root, 'test', 'fixtures', 'ckpt', 'train.ts');
+const work = mkdtempSync(join(tmpdir(), 'nt-ckpt-mp-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+const pool = new JobPool();
+
+interface Result { code: number | null; output: string; losses: Record<number, number>; start: number }
+function launch(name: string, nproc: number, flags: string[], launchFlags: string[] = []): Promise<Result> {
+  const out = join(work, `out-${name}`);
+  return pool.run(async () => {
+    const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), ...launchFlags, script, '--out', out, ...flags],
+      { cwd: root, limitMs: 240_000 });
+    if (code !== 0) return { code, output, losses: {}, start: -1 };
+    const r = JSON.parse(readFileSync(join(out, 'result-0.json'), 'utf8')) as { losses: Record<number, number>; start: number };
+    return { code, output, ...r };
+  });
+}
+const ckpt = (name: string) => join(work, `ckpt-${name}`);
+const at = (name: string, step: number) => join(ckpt(name), nt.ckpt.stepDirName(step));
+
+/** Every tensor of checkpoint a equals b's, bit for bit. */
+function expectSameState(a: string, b: string): void {
+  const ma = nt.ckpt.readManifest(a), mb = nt.ckpt.readManifest(b);
+  expect(Object.keys(ma.tensors).sort()).toEqual(Object.keys(mb.tensors).sort());
+  for (const key of Object.keys(ma.tensors)) {
+    const ta = nt.ckpt.readTensor(a, key), tb = nt.ckpt.readTensor(b, key);
+    expect(ta.shape, key).toEqual(tb.shape);
+    const ua = new Uint32Array(ta.data.buffer), ub = new Uint32Array(tb.data.buffer);
+    let diff = -1;
+    for (let i = 0; i < ua.length && diff < 0; i++) if (ua[i] !== ub[i]) diff = i;
+    expect(diff, `${key} differs at element ${diff}: ${ta.data[diff]} vs ${tb.data[diff]}`).toBe(-1);
+  }
+  expect(ma.optimizer.steps).toEqual(mb.optimizer.steps);
+}
+
+const resumeLayouts: Record<string, [number, string[]]> = {
+  'DP2 ZeRO-2': [2, ['--zero', '2']],
+  'TP2×PP2': [4, ['--tp', '2', '--pp', '2']],
+};
+const resumeRuns = Object.fromEntries(Object.entries(resumeLayouts).map(([name, [n, flags]], i) => {
+  const straight = launch(`straight${i}`, n, [...flags, '--steps', '6', '--save', ckpt(`straight${i}`)]);
+  const resumed = launch(`stop${i}`, n, [...flags, '--steps', '3', '--save', ckpt(`stop${i}`)])
+    .then((first) => (first.code !== 0 ? first : launch(`resume${i}`, n, [...flags, '--steps', '6', '--resume', ckpt(`stop${i}`), '--save', ckpt(`resume${i}`)])));
+  return [name, { i, straight, resumed }];
+}));
+
+const source = launch('source', 8, ['--tp', '2', '--pp', '2', '--zero', '1', '--dropout', '0', '--steps', '3', '--save', ckpt('source')]);
+const targets: Record<string, [number, string[]]> = {
+  'one process': [1, []],
+  'DP3 ZeRO-3': [3, ['--zero', '3']],
+  'TP3': [3, ['--tp', '3']],
+};
+const targetRuns = Object.fromEntries(Object.entries(targets).map(([name, [n, flags]], i) => [name, source.then((s) => (s.code !== 0 ? s
+  : launch(`target${i}`, n, [...flags, '--dropout', '0', '--steps', '4', '--resume', ckpt('source'), '--save-loaded', '--save', ckpt(`target${i}`)])))]));
+
+const killed = launch('killed', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('killed'), '--save-every', '2', '--sync', '--resume', ckpt('killed'), '--kill-at', '4', '--kill-rank', '1'], ['--max-restarts', '1']);
+const unkilled = launch('unkilled', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('unkilled')]);
+
+describe('sharded checkpoints (launcher + Gloo)', () => {
+  it.each(Object.keys(resumeLayouts))('%s: stopped at step 3 and resumed is bit-identical to an uninterrupted run', async (name) => {
+    const { i, straight, resumed } = resumeRuns[name]!;
+    const [a, b] = await Promise.all([straight, resumed]);
+    expect(a.code, a.output).toBe(0);
+    expect(b.code, b.output).toBe(0);
+    expect(b.start).toBe(3);
+    expect([3, 4, 5].map((s) => b.losses[s])).toEqual([3, 4, 5].map((s) => a.losses[s]));
+    expectSameState(at(`resume${i}`, 6), at(`straight${i}`, 6));
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it.each(Object.keys(targets))('TP2×PP2×DP2 ZeRO-1 → %s: the loaded state equals the saved one, and training goes on', async (name) => {
+    const i = Object.keys(targets).indexOf(name);
+    const s = await source;
+    expect(s.code, s.output).toBe(0);
+    const t = await targetRuns[name]!;
+    expect(t.code, t.output).toBe(0);
+    expect(t.start).toBe(3);
+    expectSameState(at(`target${i}`, 3), at('source', 3));
+    // The step after the load agrees with the single process's to f32 tolerance.
+    const single = await targetRuns['one process']!;
+    expect(Math.abs(t.losses[3]! - single.losses[3]!)).toBeLessThan(1e-5 * Math.abs(single.losses[3]!));
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('a rank killed mid-run under --max-restarts 1 resumes from the last checkpoint and ends where an uninterrupted run does', async () => {
+    const [k, u] = await Promise.all([killed, unkilled]);
+    expect(u.code, u.output).toBe(0);
+    expect(k.code, k.output).toBe(0);
+    expect(k.output).toMatch(/was killed by SIGKILL/);
+    expect(k.output).toMatch(/restarting the group/);
+    expect([2, 4]).toContain(k.start);
+    expectSameState(at('killed', 6), at('unkilled', 6));
+  }, QUEUED_TEST_TIMEOUT_MS);
+});
