@@ -7,11 +7,12 @@ const usage = `usage: nodetron <command> [options]
 commands:
   info [--json]                  version, backends, libraries, devices (and why not)
   launch [options] script.ts     start one process per GPU (or N on CPU), torchrun-style
-  bench gemm|comm|train|ops [...] benchmarks; each prints a table, --json F writes JSON
+  bench gemm|comm|train|ops|checkpoint [...]
+                                 benchmarks; each prints a table, --json F writes JSON
 
 run \`nodetron <command> --help\` for a command's options.`;
 
-const BENCHES = ['gemm', 'comm', 'train', 'ops'];
+const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint'];
 
 interface Command { main(argv: string[]): Promise<number> }
 

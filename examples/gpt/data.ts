@@ -65,6 +65,12 @@ export class BatchSampler {
     this.#state = x;
     return x / 2 ** 32;
   }
+  /** The sampler's position (checkpoints keep it, so a resumed run draws the windows an uninterrupted one would). */
+  state(): { xorshift: number } { return { xorshift: this.#state }; }
+  loadState(s: { xorshift: number }): void {
+    if (!Number.isInteger(s?.xorshift) || s.xorshift <= 0) throw new Error(`BatchSampler.loadState: bad state ${JSON.stringify(s)}`);
+    this.#state = s.xorshift;
+  }
   next(): { x: Int32Array; y: Int32Array } {
     const { batch, ctx, tokens } = this;
     const x = new Int32Array(batch * ctx), y = new Int32Array(batch * ctx);

@@ -1,7 +1,7 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
 // any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under `nodetron launch`.
-// Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--help]
+// Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--save DIR --resume auto] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 import * as nt from '../../lib/index.js';
@@ -27,6 +27,12 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --parallel-block     MegaScale parallel attention+MLP block
   --window W           sliding-window attention over W positions
   --generate N         tokens to generate at the end (default 60)
+Checkpoints (sharded: one file per rank; loadable under any other layout):
+  --save DIR           save checkpoints under DIR (DIR/step-N/), in the background while training goes on
+  --save-every N       steps between checkpoints (default 50; the last step is always saved)
+  --keep K             complete checkpoints kept (default 3)
+  --resume auto|DIR    start from the newest complete checkpoint under DIR (auto: under --save);
+                       a damaged one is skipped for the one before it; none found: start fresh
 Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
@@ -46,6 +52,7 @@ async function main(argv: string[]): Promise<number> {
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     recompute: 'boolean', 'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean',
     tp: 'number', pp: 'number', dp: 'number', sp: 'boolean', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
+    save: 'string', 'save-every': 'number', keep: 'number', resume: 'string',
   });
   if (o.help) { console.log(HELP); return 0; }
   const steps = (o.steps as number | undefined) ?? 150;
@@ -128,12 +135,27 @@ async function main(argv: string[]): Promise<number> {
     return total / evalBatches;
   };
 
-  log(`step 0: val loss ${(await valLoss()).toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
+  // Checkpoints: the trainer (model and optimizer as this rank holds them), the data position, the layout for the record.
+  const ckptItems = { model: trainer, loader: train, rng: { model: full.generator }, layout };
+  const resumeFrom = o.resume === 'auto' ? (o.save as string | undefined) : (o.resume as string | undefined);
+  if (o.resume === 'auto' && !o.save) { console.error('train.ts: --resume auto resumes from the --save directory; give --save DIR'); return 2; }
+  let first = 0;
+  if (resumeFrom) {
+    const loaded = await new nt.ckpt.Checkpointer(resumeFrom).loadLatest(ckptItems);
+    if (loaded) {
+      first = loaded.step;
+      log(`resumed from ${loaded.dir} (step ${loaded.step}${loaded.optimizerLoaded ? '' : ', no optimizer state'})`);
+    } else log(`no complete checkpoint under ${resumeFrom}: starting from step 0`);
+  }
+  const saveEvery = (o['save-every'] as number | undefined) ?? 50;
+  const checkpointer = o.save ? new nt.ckpt.Checkpointer(o.save as string, { keep: (o.keep as number | undefined) ?? 3 }) : null;
+
+  if (first === 0) log(`step 0: val loss ${(await valLoss()).toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
   // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
   nt.resetPeakMemory(device);
   const t0 = performance.now();
   let smoothed: number | undefined;
-  for (let step = 0; step < steps; step++) {
+  for (let step = first; step < steps; step++) {
     const { inputs, targets } = rowsOf(train.next());
     const lr = nt.optim.cosineWithWarmup(step, schedule);
     const { loss, gradNorm } = await trainer.step(inputs, targets, { lr });
@@ -141,8 +163,8 @@ async function main(argv: string[]): Promise<number> {
     const avg: number = smoothed === undefined ? loss : 0.9 * smoothed + 0.1 * loss;
     smoothed = avg;
     const elapsedS = (performance.now() - t0) / 1000;
-    const tokPerS = ((step + 1) * batch * ctx) / elapsedS;
-    const etaS = (elapsedS / (step + 1)) * (steps - step - 1);
+    const tokPerS = ((step + 1 - first) * batch * ctx) / elapsedS;
+    const etaS = (elapsedS / (step + 1 - first)) * (steps - step - 1);
     if (step % 10 === 0 || step === steps - 1) {
       log(`step ${String(step + 1).padStart(4)}/${steps}  loss ${loss.toFixed(4)} (avg ${avg.toFixed(4)})  ` +
         `norm ${gradNorm!.toFixed(2)}  lr ${lr.toExponential(2)}  ${Math.round(tokPerS)} tok/s  ETA ${etaS.toFixed(0)} s`);
@@ -151,7 +173,12 @@ async function main(argv: string[]): Promise<number> {
       const v = await valLoss();
       log(`step ${step + 1}: val loss ${v.toFixed(4)}`);
     }
+    if (checkpointer && ((step + 1) % saveEvery === 0 || step === steps - 1)) {
+      const saved = await checkpointer.save(step + 1, ckptItems);
+      log(`checkpoint step ${step + 1}: training held ${saved.stallMs.toFixed(1)} ms, writing ${saved.dir} in the background`);
+    }
   }
+  await checkpointer?.close();
 
   // What stays allocated between steps is weights, gradients and optimizer state; the rest of the peak is
   // the step's activations and temporaries (what sequence parallelism and recomputation shrink).

@@ -94,8 +94,12 @@ export interface SaveResult {
   step: number;
   /** Where the checkpoint will be once complete. */
   dir: string;
-  /** Milliseconds training was held: waiting for the previous save, plus copying this rank's state to host memory. */
+  /** Milliseconds training was held: waitMs + copyMs. */
   stallMs: number;
+  /** Of the stall: waiting for the previous save to finish (one save in flight at a time). */
+  waitMs: number;
+  /** Of the stall: copying this rank's state into host memory (stage 1). */
+  copyMs: number;
   /** Resolves when the checkpoint is complete on disk (on rank 0: committed; elsewhere: this rank's part written). */
   done: Promise<void>;
 }
@@ -139,6 +143,8 @@ export class Checkpointer {
   #inflight: Promise<void> | null = null;
   #failure: Error | null = null;
   #saves = 0;
+  /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
+  #staging: SharedArrayBuffer | null = null;
   /** Stall of each save so far (ms). */
   readonly stalls: number[] = [];
 
@@ -161,23 +167,26 @@ export class Checkpointer {
     if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint save: step must be an integer >= 0, got ${step}`);
     const t0 = performance.now();
     await this.wait();
+    const waitMs = performance.now() - t0;
     const world = worldOf(items);
     const rank = world?.rank ?? 0, worldSize = world?.size ?? 1;
     const saveId = await agreeOnId(world, ++this.#saves);
     const state = rankState(items, false);
 
-    // Stage 1: this rank's parts into host buffers.
+    // Stage 1: this rank's parts into the host staging buffer (kept from save to save: a fresh buffer's
+    // first touch costs page faults that would stall training far longer than the copy itself).
+    const saved = state.parts.filter((p) => p.save && p.count > 0);
+    for (const p of saved) if (!SAFETENSORS_DTYPE_OF[p.tensor.dtype]) throw new ArgumentError(`checkpoint save: ${p.key} is ${p.tensor.dtype}, which checkpoints do not store`);
+    const length = saved.reduce((s, p) => s + p.count * dtypeSize(p.tensor.dtype), 0);
+    if (!this.#staging || this.#staging.byteLength < length) this.#staging = new SharedArrayBuffer(Math.max(length, 8));
+    const staging = this.#staging;
     const parts: RankRecord['parts'] = [];
-    const buffers: ArrayBuffer[] = [];
-    for (const p of state.parts) {
-      if (!p.save || p.count === 0) continue;
-      const dtype = SAFETENSORS_DTYPE_OF[p.tensor.dtype];
-      if (!dtype) throw new ArgumentError(`checkpoint save: ${p.key} is ${p.tensor.dtype}, which checkpoints do not store`);
+    let at = 0;
+    for (const p of saved) {
       const size = dtypeSize(p.tensor.dtype);
-      const bytes = new Uint8Array(p.count * size);
-      p.tensor.backend.read(p.tensor.storage, p.offset * size, bytes);
-      buffers.push(bytes.buffer);
-      parts.push({ key: p.key, name: `${p.key}@${p.start}`, shape: p.fullShape, dtype, split: p.split, start: p.start, count: p.count });
+      p.tensor.backend.read(p.tensor.storage, p.offset * size, new Uint8Array(staging, at, p.count * size));
+      at += p.count * size;
+      parts.push({ key: p.key, name: `${p.key}@${p.start}`, shape: p.fullShape, dtype: SAFETENSORS_DTYPE_OF[p.tensor.dtype]!, split: p.split, start: p.start, count: p.count });
     }
     const steps: Record<string, number> = {};
     for (const s of state.steps) { const n = s.get(); if (n !== null) steps[s.name] = n; }
@@ -195,7 +204,7 @@ export class Checkpointer {
 
     // Stage 2: the file, this rank's record, and on rank 0 the commit.
     const done = (async () => {
-      const written = await this.#writer.write(join(tmp, file), header, buffers);
+      const written = await this.#writer.write(join(tmp, file), header, staging, length);
       const record: RankRecord = { saveId, rank, file, size: written.size, crc32: written.crc32, parts, steps, rng };
       writeJsonDurably(join(tmp, `rank-${String(rank).padStart(5, '0')}.json`), record);
       if (rank === 0) {
@@ -206,7 +215,7 @@ export class Checkpointer {
     const tracked = done.catch((e: Error) => { this.#failure = e; });
     this.#inflight = tracked.finally(() => { if (this.#inflight === tracked) this.#inflight = null; });
     if (!this.async) await this.wait();
-    return { step, dir, stallMs, done };
+    return { step, dir, stallMs, waitMs, copyMs: stallMs - waitMs, done };
   }
 
   /** Waits for the save in flight; throws if a background save failed (once). */
@@ -252,7 +261,10 @@ export class Checkpointer {
 
   /** Finishes the save in flight and stops the writer thread. */
   async close(): Promise<void> {
-    try { await this.wait(); } finally { await this.#writer.close(); }
+    try { await this.wait(); } finally {
+      this.#staging = null;
+      await this.#writer.close();
+    }
   }
 }
 
@@ -506,10 +518,12 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
   }
 
   const files = new Map<string, SafetensorsFile>();
+  // One scratch buffer for every part (fresh buffers would page-fault on every load).
+  const scratch = new Uint8Array(Math.max(8, ...plans.map(({ part, t }) => part.count * dtypeSize(NT_DTYPE_OF[t.dtype] ?? 'f32'))));
   try {
     for (const { part, t, pieces } of plans) {
       const size = dtypeSize(NT_DTYPE_OF[t.dtype] ?? 'f32');
-      const host = new Uint8Array(part.count * size);
+      const host = scratch.subarray(0, part.count * size);
       for (const piece of pieces) {
         let f = files.get(piece.item.file);
         if (!f) { f = SafetensorsFile.open(join(dir, piece.item.file)); files.set(piece.item.file, f); }

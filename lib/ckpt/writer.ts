@@ -1,5 +1,5 @@
 // The background half of an asynchronous save: a worker thread that writes a rank's file (header,
-// then the snapshot buffers handed over without copying), computes its CRC-32 on the way, fsyncs
+// then the host staging buffer it shares with the main thread), computes its CRC-32 on the way, fsyncs
 // and reports. Training goes on in the main thread meanwhile. The worker's code is plain
 // JavaScript evaluated in the thread, so it runs the same from the TypeScript sources and from dist.
 import { Worker } from 'node:worker_threads';
@@ -14,8 +14,7 @@ parentPort.on('message', (job) => {
   try {
     fd = fs.openSync(job.path, 'w');
     let position = 0, crc = 0;
-    for (const buffer of [job.header, ...job.buffers]) {
-      const bytes = new Uint8Array(buffer);
+    for (const bytes of [new Uint8Array(job.header), new Uint8Array(job.staging, 0, job.length)]) {
       let done = 0;
       while (done < bytes.length) done += fs.writeSync(fd, bytes, done, Math.min(bytes.length - done, 1 << 30), position + done);
       position += bytes.length;
@@ -67,15 +66,18 @@ export class FileWriter {
     }
   }
 
-  /** Writes header + buffers to `path`; the buffers are transferred (unusable here afterwards). */
-  write(path: string, header: Uint8Array, buffers: ArrayBuffer[]): Promise<WrittenFile> {
+  /**
+   * Writes header + the first `length` bytes of `staging` to `path`. The staging buffer is shared
+   * with the thread, not copied: the caller must not change it until the promise settles.
+   */
+  write(path: string, header: Uint8Array, staging: SharedArrayBuffer, length: number): Promise<WrittenFile> {
     const w = this.#start();
     w.ref();
     const id = this.#next++;
-    const head = header.buffer.byteLength === header.byteLength && header.byteOffset === 0 ? header.buffer as ArrayBuffer : header.slice().buffer;
+    const head = header.slice().buffer;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject, path });
-      w.postMessage({ id, path, header: head, buffers }, [head, ...buffers]);
+      w.postMessage({ id, path, header: head, staging, length }, [head]);
     });
   }
 

@@ -332,9 +332,17 @@ uint8_t* storageData(const Napi::CallbackInfo& info, size_t i, const char* call,
 
 RawBytes typedArrayBytes(const Napi::Value& v, const char* call, size_t argIndex) {
   if (v.IsTypedArray()) {
+    // The C call gives the data pointer of views on a SharedArrayBuffer too (Napi::ArrayBuffer refuses those).
     Napi::TypedArray t = v.As<Napi::TypedArray>();
-    Napi::ArrayBuffer buf = t.ArrayBuffer();
-    return {static_cast<uint8_t*>(buf.Data()) + t.ByteOffset(), t.ByteLength()};
+    napi_typedarray_type type;
+    size_t length = 0, offset = 0;
+    void* data = nullptr;
+    napi_value buffer;
+    if (napi_get_typedarray_info(v.Env(), v, &type, &length, &data, &buffer, &offset) != napi_ok) {
+      fail(Err::Argument, std::string(call) + ": argument " + std::to_string(argIndex) + " is a typed array whose memory cannot be read");
+    }
+    if (t.ByteLength() == 0) return {nullptr, 0};
+    return {static_cast<uint8_t*>(data), t.ByteLength()};
   }
   if (v.IsArrayBuffer()) {
     Napi::ArrayBuffer buf = v.As<Napi::ArrayBuffer>();
