@@ -23,3 +23,4 @@ export * as optim from './optim/index.js';
 export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './training.js';
 export * as parallel from './parallel/index.js';
 export * as ckpt from './ckpt/index.js';
+export * as interop from './interop/index.js';

@@ -1,0 +1,157 @@
+// What the Hugging Face and llm.c converters share: the check that a nodetron GPT is a plain GPT-2
+// (the one model both formats describe), the names and shapes of its parameters for a config, moves
+// of raw bytes between parameters and files (dtype casts on the parameter's device, host-side
+// transposes), and files written under a temporary name and renamed into place.
+import { openSync, readSync, renameSync, rmSync } from 'node:fs';
+import { parseDevice } from '../device.js';
+import { type DType, dtypeSize } from '../dtype.js';
+import { ArgumentError, StateError } from '../errors.js';
+import { GPT, type GPTConfig } from '../nn/gpt.js';
+import type { Parameter } from '../nn/module.js';
+import { fmtShape, sameShape } from '../shape.js';
+import { emptyOn, type Tensor } from '../tensor.js';
+
+/** The LayerNorm epsilon of nodetron's GPT (and of GPT-2). */
+export const GPT2_LAYER_NORM_EPS = 1e-5;
+
+/** The parameters of one block, in nodetron's names (relative to `h.<i>.`) and order. */
+export const BLOCK_PARAMS = [
+  'ln1.weight', 'ln1.bias', 'attn.qkv.weight', 'attn.qkv.bias', 'attn.proj.weight', 'attn.proj.bias',
+  'ln2.weight', 'ln2.bias', 'mlp.fc.weight', 'mlp.fc.bias', 'mlp.proj.weight', 'mlp.proj.bias',
+] as const;
+export type BlockParam = (typeof BLOCK_PARAMS)[number];
+
+/** The shape of a block parameter for embedding width c (Linear weights [out, in]). */
+export function blockParamShape(p: BlockParam, c: number): number[] {
+  switch (p) {
+    case 'attn.qkv.weight': return [3 * c, c];
+    case 'attn.qkv.bias': return [3 * c];
+    case 'attn.proj.weight': return [c, c];
+    case 'mlp.fc.weight': return [4 * c, c];
+    case 'mlp.fc.bias': return [4 * c];
+    case 'mlp.proj.weight': return [c, 4 * c];
+    default: return [c];
+  }
+}
+
+/** Every parameter of a GPT-2 of this config, in nodetron's names and namedParameters() order. */
+export function gpt2Params(c: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd'>): Array<{ name: string; shape: number[] }> {
+  const out = [{ name: 'wte.weight', shape: [c.vocabSize, c.nEmbd] }, { name: 'wpe.weight', shape: [c.blockSize, c.nEmbd] }];
+  for (let i = 0; i < c.nLayer; i++) for (const p of BLOCK_PARAMS) out.push({ name: `h.${i}.${p}`, shape: blockParamShape(p, c.nEmbd) });
+  out.push({ name: 'lnF.weight', shape: [c.nEmbd] }, { name: 'lnF.bias', shape: [c.nEmbd] });
+  return out;
+}
+
+/**
+ * Checks that `model` is a GPT-2 the formats can hold (biases, a LayerNorm before attention and one
+ * before the MLP, full causal attention, every parameter whole) and returns its parameters by name.
+ */
+export function checkGPT2(model: unknown, call: string): Map<string, Parameter> {
+  if (!(model instanceof GPT)) throw new ArgumentError(`${call}: model must be an nn.GPT`);
+  const c = model.config;
+  if (!c.bias) throw new ArgumentError(`${call}: GPT-2 has biases in every Linear and LayerNorm; the model was built with bias: false`);
+  if (c.parallelBlock) throw new ArgumentError(`${call}: GPT-2 has two LayerNorms per block; the model uses the parallel block (parallelBlock: true)`);
+  if (c.window !== undefined && c.window < c.blockSize) throw new ArgumentError(`${call}: GPT-2 attends to every earlier position; the model uses a sliding window of ${c.window} < blockSize ${c.blockSize}`);
+  const own = new Map(model.namedParameters());
+  const problems: string[] = [];
+  for (const { name, shape } of gpt2Params(c)) {
+    const p = own.get(name);
+    if (!p) problems.push(`${name} is missing`);
+    else if (!sameShape(p.shape, shape)) problems.push(`${name} is ${fmtShape(p.shape)}, expected ${fmtShape(shape)}`);
+    own.delete(name);
+  }
+  for (const name of own.keys()) problems.push(`${name} is not a GPT-2 parameter`);
+  if (problems.length > 0) {
+    throw new ArgumentError(`${call}: the model is not a whole GPT-2 (${problems.join('; ')}); a tensor- or vocabulary-parallel model holds slices: build one with the default layouts and load the full state dict into it`);
+  }
+  return new Map(model.namedParameters());
+}
+
+/** A tensor's bytes in `dtype` (cast on its device when it holds another), copied to the host. */
+export function bytesOf(t: Tensor, dtype: DType): Uint8Array {
+  const src = t.dtype === dtype ? t : t.to({ dtype });
+  try {
+    const out = new Uint8Array(src.nbytes);
+    src.backend.read(src.storage, 0, out);
+    return out;
+  } finally {
+    if (src !== t) src.dispose();
+  }
+}
+
+/** Overwrites a parameter with `bytes` holding its elements as `dtype` (cast on its device when that differs from its own). */
+export function loadBytes(p: Tensor, bytes: Uint8Array, dtype: DType): void {
+  if (bytes.byteLength !== p.size * dtypeSize(dtype)) {
+    throw new StateError(`loadBytes: ${bytes.byteLength} bytes do not hold ${fmtShape(p.shape)} ${dtype}`);
+  }
+  if (dtype === p.dtype) {
+    p.backend.write(p.storage, 0, bytes);
+    return;
+  }
+  using staged = emptyOn(p.shape, dtype, p.deviceInfo);
+  staged.backend.write(staged.storage, 0, bytes);
+  using cast = staged.to({ dtype: p.dtype });
+  p.backend.copy(p.storage, 0, cast.storage, 0, p.nbytes);
+}
+
+/** The elements of `bytes` (of `dtype`, on the host) as f32 values. */
+export function valuesOf(bytes: Uint8Array, shape: readonly number[], dtype: DType): Float32Array {
+  using t = emptyOn(shape, dtype, parseDevice('cpu'));
+  t.backend.write(t.storage, 0, bytes);
+  return t.toArraySync() as Float32Array;
+}
+
+/** The row-major [cols, rows] transpose of a [rows, cols] matrix of elemSize-byte elements. */
+export function transposeBytes(bytes: Uint8Array, rows: number, cols: number, elemSize: number): Uint8Array {
+  const n = rows * cols;
+  if (bytes.byteLength !== n * elemSize) throw new ArgumentError(`transposeBytes: ${bytes.byteLength} bytes do not hold [${rows}, ${cols}] of ${elemSize}-byte elements`);
+  // Typed views need aligned offsets; a subarray of a pooled Buffer may not be.
+  const src = bytes.byteOffset % elemSize === 0 ? bytes : bytes.slice();
+  const out = new Uint8Array(bytes.byteLength);
+  const view = (b: Uint8Array) => (elemSize === 4 ? new Uint32Array(b.buffer, b.byteOffset, n)
+    : elemSize === 2 ? new Uint16Array(b.buffer, b.byteOffset, n) : null);
+  const s = view(src), d = view(out);
+  if (!s || !d) throw new ArgumentError(`transposeBytes: elements of ${elemSize} bytes are not supported`);
+  // Blocks of 32 × 32 keep both the reads and the writes within a few cache lines.
+  const B = 32;
+  for (let r0 = 0; r0 < rows; r0 += B) {
+    const r1 = Math.min(r0 + B, rows);
+    for (let c0 = 0; c0 < cols; c0 += B) {
+      const c1 = Math.min(c0 + B, cols);
+      for (let r = r0; r < r1; r++) for (let c = c0; c < c1; c++) d[c * rows + r] = s[r * cols + c]!;
+    }
+  }
+  return out;
+}
+
+/** Writes `path` through `write(tmp)` to a temporary name beside it, then renames it into place (a reader never sees half a file). */
+export function writeAtomically(path: string, write: (tmp: string) => void): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  try {
+    write(tmp);
+    renameSync(tmp, path);
+  } catch (e) {
+    rmSync(tmp, { force: true });
+    throw e;
+  }
+}
+
+/** Reads exactly into.length bytes at `position` of an open file; a StateError names the file when it ends first. */
+export function readAt(fd: number, into: Uint8Array, position: number, what: string): Uint8Array {
+  let done = 0;
+  while (done < into.length) {
+    const n = readSync(fd, into, done, Math.min(into.length - done, 1 << 30), position + done);
+    if (n === 0) throw new StateError(`${what}: unexpected end of file at byte ${position + done}`);
+    done += n;
+  }
+  return into;
+}
+
+/** Opens a file for reading; a StateError names it when it cannot be opened. */
+export function openForRead(path: string, call: string): number {
+  try {
+    return openSync(path, 'r');
+  } catch (e) {
+    throw new StateError(`${call}: cannot open ${path}: ${(e as Error).message}`);
+  }
+}
