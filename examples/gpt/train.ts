@@ -33,6 +33,8 @@ Checkpoints (sharded: one file per rank; loadable under any other layout):
   --keep K             complete checkpoints kept (default 3)
   --resume auto|DIR    start from the newest complete checkpoint under DIR (auto: under --save);
                        a damaged one is skipped for the one before it; none found: start fresh
+  --export-hf DIR      at the end, write the model as a Hugging Face GPT-2 directory (model.safetensors +
+                       config.json, loadable by transformers' GPT2LMHeadModel.from_pretrained)
 Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
@@ -52,7 +54,7 @@ async function main(argv: string[]): Promise<number> {
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     recompute: 'boolean', 'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean',
     tp: 'number', pp: 'number', dp: 'number', sp: 'boolean', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
-    save: 'string', 'save-every': 'number', keep: 'number', resume: 'string',
+    save: 'string', 'save-every': 'number', keep: 'number', resume: 'string', 'export-hf': 'string',
   });
   if (o.help) { console.log(HELP); return 0; }
   const steps = (o.steps as number | undefined) ?? 150;
@@ -199,6 +201,14 @@ async function main(argv: string[]): Promise<number> {
     log(`--- sample ---\n${enc.decode(out!.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
   } else if (newTokens > 0 && !sampleFrom) {
     log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
+  }
+  if (o['export-hf']) {
+    const whole = layout.zero === 3 && model.model ? await gatheredCopy() : model.model;
+    if (whole && layout.tp === 1 && par.rank === 0) {
+      nt.interop.exportHF(whole, o['export-hf'] as string);
+      log(`exported the model to ${o['export-hf'] as string} (Hugging Face GPT-2 layout)`);
+    } else if (par.rank === 0) log('(no export: --export-hf needs the whole model in one process: no --pp or --tp)');
+    if (whole !== model.model) whole?.dispose();
   }
   if (sampleFrom !== model.model) sampleFrom?.dispose();
 
