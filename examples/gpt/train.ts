@@ -1,4 +1,4 @@
-// Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE tokens, AdamW with a cosine schedule and
+// Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE token shards read by nt.data.TokenLoader, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
 // any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under `nodetron launch`.
 // Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--save DIR --resume auto] [--help]
@@ -6,7 +6,7 @@
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 import * as nt from '../../lib/index.js';
 import { parseOptions } from '../../lib/bench/util.js';
-import { BatchSampler, GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
+import { GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
 
 // nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
 // tensor-parallel split for any power-of-two tp up to 64); the padded ids never occur in the data.
@@ -110,30 +110,29 @@ async function main(argv: string[]): Promise<number> {
     if (mesh) await nt.distributed.destroy();
     return 2;
   }
-  // Every rank draws the same global batch and trains its rows of it.
+  // Each data-parallel replica trains its rows of every global batch.
   const slice = nt.parallel.batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
   const schedule = { warmup: Math.max(1, Math.floor(steps / 10)), maxSteps: steps, maxLr, minLr: maxLr / 10 };
   log(`GPT: ${config.nLayer} layers, ${config.nHead} heads, width ${config.nEmbd}, ctx ${ctx}, vocab ${config.vocabSize}; ` +
     `${(model.numParameters() / 1e6).toFixed(2)}M parameters${layout.tp * layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${device}; ` +
-    `${shards.train.length} train / ${shards.val.length} val tokens`);
+    `${shards.trainTokens} train / ${shards.valTokens} val tokens`);
   log(`layout ${nt.parallel.describeLayout(layout)}: ${layout.tp * layout.pp * layout.dp} process(es), ${slice.count} sequences per replica per step` +
     (layout.pp > 1 ? `, layers ${model.layers[0]}..${model.layers[1] - 1} on rank 0` : ''));
 
-  const train = new BatchSampler(shards.train, batch, ctx, seed);
-  // This replica's rows of a global batch.
-  const rowsOf = (b: { x: Int32Array; y: Int32Array }) => {
-    const rows = (a: Int32Array) => a.subarray(slice.start * ctx, (slice.start + slice.count) * ctx);
-    return { inputs: nt.tensor(rows(b.x), [slice.count, ctx], { device }), targets: nt.tensor(rows(b.y), [slice.count, ctx], { device }) };
-  };
+  // This replica's rows of each global batch, in a seeded order over the train shard's windows; one
+  // reader per tensor-parallel group. Its position is part of every checkpoint.
+  const loaderOptions = { batchSize: slice.count, seqLen: ctx, dpRank: mesh?.dpRank ?? 0, dpSize: layout.dp, tpGroup: mesh?.tpGroup ?? null, device };
+  const train = new nt.data.TokenLoader({ ...loaderOptions, files: [shards.train], seed });
   // Collective: every rank runs its part of the pipeline; the mean comes back on every rank.
   const valLoss = async (): Promise<number> => {
-    // The same validation windows every time, so the curve compares like with like.
-    const sampler = new BatchSampler(shards.val, batch, ctx, 7);
+    // The same validation windows every time (a fresh loader, fixed seed), so the curve compares like with like.
+    const val = new nt.data.TokenLoader({ ...loaderOptions, files: [shards.val], seed: 7 });
     let total = 0;
     for (let i = 0; i < evalBatches; i++) {
-      const { inputs, targets } = rowsOf(sampler.next());
+      const { inputs, targets } = await val.next();
       try { total += await trainer.evaluate(inputs, targets); } finally { inputs.dispose(); targets.dispose(); }
     }
+    val.close();
     return total / evalBatches;
   };
 
@@ -158,7 +157,7 @@ async function main(argv: string[]): Promise<number> {
   const t0 = performance.now();
   let smoothed: number | undefined;
   for (let step = first; step < steps; step++) {
-    const { inputs, targets } = rowsOf(train.next());
+    const { inputs, targets } = await train.next();
     const lr = nt.optim.cosineWithWarmup(step, schedule);
     const { loss, gradNorm } = await trainer.step(inputs, targets, { lr });
     inputs.dispose(); targets.dispose();
@@ -181,6 +180,7 @@ async function main(argv: string[]): Promise<number> {
     }
   }
   await checkpointer?.close();
+  train.close();
 
   // What stays allocated between steps is weights, gradients and optimizer state; the rest of the peak is
   // the step's activations and temporaries (what sequence parallelism and recomputation shrink).

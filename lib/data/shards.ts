@@ -1,0 +1,91 @@
+// Token shards in llm.c's format (also modded-nanogpt's): a header of 256 little-endian int32
+// (magic 20240520, version 1, token count), then the tokens as uint16. Written to a temporary name,
+// fsynced and renamed; read with positional reads of the windows asked for, never whole.
+import { closeSync, fstatSync, fsyncSync, openSync, readSync, renameSync, writeSync } from 'node:fs';
+import { ArgumentError, StateError } from '../errors.js';
+
+export const TOKEN_SHARD_MAGIC = 20240520;
+export const TOKEN_SHARD_VERSION = 1;
+const HEADER_BYTES = 256 * 4;
+
+/** Writes `tokens` as a shard at `path` (atomically: a reader never sees half a file). */
+export function writeTokenShard(path: string, tokens: Uint16Array): void {
+  if (!(tokens instanceof Uint16Array)) throw new ArgumentError('writeTokenShard: tokens must be a Uint16Array');
+  if (tokens.length >= 2 ** 31) throw new ArgumentError(`writeTokenShard: ${tokens.length} tokens do not fit the header's int32 count`);
+  const header = new Int32Array(256);
+  header[0] = TOKEN_SHARD_MAGIC;
+  header[1] = TOKEN_SHARD_VERSION;
+  header[2] = tokens.length;
+  const tmp = `${path}.tmp-${process.pid}`;
+  const fd = openSync(tmp, 'w');
+  try {
+    let at = 0;
+    for (const part of [new Uint8Array(header.buffer), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)]) {
+      let done = 0;
+      while (done < part.length) done += writeSync(fd, part, done, part.length - done, at + done);
+      at += part.length;
+    }
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+}
+
+/** An open shard: its token count and positional reads of token ranges. */
+export class TokenShard {
+  readonly tokens: number;
+  #fd: number | null;
+  private constructor(readonly path: string, fd: number) {
+    this.#fd = fd;
+    try {
+      const size = fstatSync(fd).size;
+      if (size < HEADER_BYTES) throw new StateError(`${path}: ${size} bytes is shorter than the 1024-byte header of a token shard`);
+      const header = new Int32Array(256);
+      readFully(fd, new Uint8Array(header.buffer), 0, path);
+      if (header[0] !== TOKEN_SHARD_MAGIC) throw new StateError(`${path}: not a token shard (magic ${header[0]}, expected ${TOKEN_SHARD_MAGIC})`);
+      if (header[1] !== TOKEN_SHARD_VERSION) throw new StateError(`${path}: token shard version ${header[1]}, this reader knows ${TOKEN_SHARD_VERSION}`);
+      const n = header[2]!;
+      if (n < 0 || size !== HEADER_BYTES + 2 * n) {
+        throw new StateError(`${path}: the header says ${n} tokens (${HEADER_BYTES + 2 * n} bytes) but the file has ${size} bytes (${size < HEADER_BYTES + 2 * n ? 'truncated' : 'trailing bytes'})`);
+      }
+      this.tokens = n;
+    } catch (e) {
+      closeSync(fd);
+      this.#fd = null;
+      throw e;
+    }
+  }
+
+  static open(path: string): TokenShard {
+    let fd: number;
+    try { fd = openSync(path, 'r'); } catch (e) { throw new StateError(`token shard ${path}: ${(e as Error).message}`); }
+    return new TokenShard(path, fd);
+  }
+
+  /** Tokens [start, start + count) into `into` (allocated when omitted). */
+  read(start: number, count: number, into?: Uint16Array): Uint16Array {
+    if (!(Number.isSafeInteger(start) && Number.isSafeInteger(count) && start >= 0 && count >= 0 && start + count <= this.tokens)) {
+      throw new ArgumentError(`${this.path}: tokens [${start}, ${start + count}) are outside the shard's ${this.tokens}`);
+    }
+    if (this.#fd === null) throw new StateError(`${this.path}: the shard is closed`);
+    const out = into ?? new Uint16Array(count);
+    readFully(this.#fd, new Uint8Array(out.buffer, out.byteOffset, count * 2), HEADER_BYTES + 2 * start, this.path);
+    return out;
+  }
+
+  close(): void {
+    if (this.#fd !== null) closeSync(this.#fd);
+    this.#fd = null;
+  }
+  [Symbol.dispose](): void { this.close(); }
+}
+
+function readFully(fd: number, into: Uint8Array, position: number, path: string): void {
+  let done = 0;
+  while (done < into.length) {
+    const n = readSync(fd, into, done, into.length - done, position + done);
+    if (n === 0) throw new StateError(`${path}: unexpected end of file`);
+    done += n;
+  }
+}
