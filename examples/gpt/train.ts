@@ -6,7 +6,7 @@
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 import * as nt from '../../lib/index.js';
 import { parseOptions } from '../../lib/bench/util.js';
-import { GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
+import { datasetShards, GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
 
 // nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
 // tensor-parallel split for any power-of-two tp up to 64); the padded ids never occur in the data.
@@ -27,6 +27,8 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --parallel-block     MegaScale parallel attention+MLP block
   --window W           sliding-window attention over W positions
   --generate N         tokens to generate at the end (default 60)
+  --data DIR           train on the shards \`nodetron data tokenize\` wrote in DIR (*_train_*.bin, and
+                       *_val_*.bin for validation) instead of the bundled Moby-Dick
 Checkpoints (sharded: one file per rank; loadable under any other layout):
   --save DIR           save checkpoints under DIR (DIR/step-N/), in the background while training goes on
   --save-every N       steps between checkpoints (default 50; the last step is always saved)
@@ -54,7 +56,7 @@ async function main(argv: string[]): Promise<number> {
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     recompute: 'boolean', 'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean',
     tp: 'number', pp: 'number', dp: 'number', sp: 'boolean', zero: 'number', offload: 'boolean', 'micro-batches': 'number', schedule: 'string',
-    save: 'string', 'save-every': 'number', keep: 'number', resume: 'string', 'export-hf': 'string',
+    save: 'string', 'save-every': 'number', keep: 'number', resume: 'string', 'export-hf': 'string', data: 'string',
   });
   if (o.help) { console.log(HELP); return 0; }
   const steps = (o.steps as number | undefined) ?? 150;
@@ -88,7 +90,7 @@ async function main(argv: string[]): Promise<number> {
   const { layout, mesh } = par;
   // Rank 0 (first stage, first replica) reports; every rank trains.
   const log = par.rank === 0 ? console.log : () => {};
-  const shards = loadShards(log);
+  const shards = o.data ? datasetShards(o.data as string) : loadShards(log);
   // Every rank builds the model from the seed (its tensor-parallel slices) and keeps its pipeline stage of it.
   const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
   const full = new nt.nn.GPT(config, { seed, device, ...tensorParallel });
@@ -122,11 +124,11 @@ async function main(argv: string[]): Promise<number> {
   // This replica's rows of each global batch, in a seeded order over the train shard's windows; one
   // reader per tensor-parallel group. Its position is part of every checkpoint.
   const loaderOptions = { batchSize: slice.count, seqLen: ctx, dpRank: mesh?.dpRank ?? 0, dpSize: layout.dp, tpGroup: mesh?.tpGroup ?? null, device };
-  const train = new nt.data.TokenLoader({ ...loaderOptions, files: [shards.train], seed });
+  const train = new nt.data.TokenLoader({ ...loaderOptions, files: shards.train, seed });
   // Collective: every rank runs its part of the pipeline; the mean comes back on every rank.
   const valLoss = async (): Promise<number> => {
     // The same validation windows every time (a fresh loader, fixed seed), so the curve compares like with like.
-    const val = new nt.data.TokenLoader({ ...loaderOptions, files: [shards.val], seed: 7 });
+    const val = new nt.data.TokenLoader({ ...loaderOptions, files: shards.val, seed: 7 });
     let total = 0;
     for (let i = 0; i < evalBatches; i++) {
       const { inputs, targets } = await val.next();

@@ -37,7 +37,7 @@ export async function main(argv: string[]): Promise<number> {
     progress: ({ bytes, totalBytes, tokens, documents, seconds }) => {
       const frac = totalBytes > 0 ? Math.min(1, bytes / totalBytes) : 1;
       const bar = '#'.repeat(Math.round(frac * 30)).padEnd(30, '.');
-      const line = `[${bar}] ${(100 * frac).toFixed(1)}%  ${fmt(tokens)} tokens  ${documents} docs  ${(bytes / 1e6).toFixed(1)}/${(totalBytes / 1e6).toFixed(1)} MB  ${fmt(tokens / Math.max(seconds, 1e-3))} tok/s`;
+      const line = `[${bar}] ${(100 * frac).toFixed(1)}%  ${fmt(tokens)} tokens  ${documents} docs  ${fmt(bytes)}B/${fmt(totalBytes)}B  ${fmt(tokens / Math.max(seconds, 1e-3))} tok/s`;
       if (tty) process.stderr.write(`\r${line}`);
       else if (seconds - lastLine >= 5 || frac === 1) { lastLine = seconds; process.stderr.write(`${line}\n`); }
     },
