@@ -1,5 +1,5 @@
 // The background half of an asynchronous save: a worker thread that writes a rank's file (header,
-// then the host staging buffer it shares with the main thread), computes its CRC-32 on the way, fsyncs
+// then the host staging buffer it shares with the main thread, in concurrent chunks), computes its CRC-32 meanwhile, fsyncs
 // and reports. Training goes on in the main thread meanwhile. The worker's code is plain
 // JavaScript evaluated in the thread, so it runs the same from the TypeScript sources and from dist.
 import { Worker } from 'node:worker_threads';
@@ -9,21 +9,29 @@ const WORKER_SOURCE = `
 const { parentPort } = require('node:worker_threads');
 const fs = require('node:fs');
 const zlib = require('node:zlib');
-parentPort.on('message', (job) => {
+const CHUNK = 16 << 20;
+function writeAt(fd, bytes, position) {
+  return new Promise((resolve, reject) => fs.write(fd, bytes, 0, bytes.length, position, (e, n) => {
+    if (e) reject(e);
+    else if (n < bytes.length) writeAt(fd, bytes.subarray(n), position + n).then(resolve, reject);
+    else resolve();
+  }));
+}
+parentPort.on('message', async (job) => {
   let fd = null;
   try {
     fd = fs.openSync(job.path, 'w');
-    let position = 0, crc = 0;
-    for (const bytes of [new Uint8Array(job.header), new Uint8Array(job.staging, 0, job.length)]) {
-      let done = 0;
-      while (done < bytes.length) done += fs.writeSync(fd, bytes, done, Math.min(bytes.length - done, 1 << 30), position + done);
-      position += bytes.length;
-      crc = zlib.crc32(bytes, crc);
-    }
+    const header = new Uint8Array(job.header), body = new Uint8Array(job.staging, 0, job.length);
+    // Chunks written concurrently by libuv's threads (filling the page cache is the slow part),
+    // while this thread computes the CRC-32 of the same bytes.
+    const writes = [writeAt(fd, header, 0)];
+    for (let at = 0; at < body.length; at += CHUNK) writes.push(writeAt(fd, body.subarray(at, Math.min(at + CHUNK, body.length)), header.length + at));
+    const crc = zlib.crc32(body, zlib.crc32(header));
+    await Promise.all(writes);
     fs.fsyncSync(fd);
     fs.closeSync(fd);
     fd = null;
-    parentPort.postMessage({ id: job.id, ok: true, size: position, crc32: crc >>> 0 });
+    parentPort.postMessage({ id: job.id, ok: true, size: header.length + body.length, crc32: crc >>> 0 });
   } catch (e) {
     if (fd !== null) try { fs.closeSync(fd); } catch {}
     parentPort.postMessage({ id: job.id, ok: false, error: String((e && e.message) || e) });
