@@ -123,6 +123,9 @@ export interface CheckpointerOptions {
   verify?: boolean;
 }
 
+/** A checkpoint whose files are missing, truncated or corrupt: loadLatest skips it for an older one. */
+export class DamagedCheckpointError extends StateError {}
+
 const STEP_DIR = /^step-(\d+)$/;
 const MANIFEST = 'manifest.json';
 export const stepDirName = (step: number) => `step-${String(step).padStart(8, '0')}`;
@@ -140,7 +143,8 @@ export class Checkpointer {
   readonly commitTimeoutMs: number;
   readonly verify: boolean;
   readonly #writer = new FileWriter();
-  #inflight: Promise<void> | null = null;
+  /** Settles when the last save (both stages) is over: one save in flight at a time. */
+  #lock: Promise<void> = Promise.resolve();
   #failure: Error | null = null;
   #saves = 0;
   /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
@@ -166,8 +170,24 @@ export class Checkpointer {
   async save(step: number, items: CheckpointItems): Promise<SaveResult> {
     if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint save: step must be an integer >= 0, got ${step}`);
     const t0 = performance.now();
-    await this.wait();
+    // Taken before anything else, so saves called without awaiting each other queue up.
+    const previous = this.#lock;
+    let unlock!: () => void;
+    this.#lock = new Promise<void>((r) => { unlock = r; });
+    try { await previous; } catch { /* reported through #failure */ }
+    const failure = this.#failure;
+    this.#failure = null;
+    if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;
+    try {
+      return await this.#save(step, items, t0, waitMs, unlock);
+    } catch (e) {
+      unlock();
+      throw e;
+    }
+  }
+
+  async #save(step: number, items: CheckpointItems, t0: number, waitMs: number, unlock: () => void): Promise<SaveResult> {
     const world = worldOf(items);
     const rank = world?.rank ?? 0, worldSize = world?.size ?? 1;
     const saveId = await agreeOnId(world, ++this.#saves);
@@ -209,24 +229,25 @@ export class Checkpointer {
       writeJsonDurably(join(tmp, `rank-${String(rank).padStart(5, '0')}.json`), record);
       if (rank === 0) {
         await commit(this.root, tmp, dir, { step, saveId, worldSize, common: common!, timeoutMs: this.commitTimeoutMs });
-        if (Number.isFinite(this.keep)) prune(this.root, this.keep);
+        if (Number.isFinite(this.keep)) prune(this.root, this.keep, step);
       }
     })();
-    const tracked = done.catch((e: Error) => { this.#failure = e; });
-    this.#inflight = tracked.finally(() => { if (this.#inflight === tracked) this.#inflight = null; });
-    if (!this.async) await this.wait();
+    // A background save's failure is thrown by the next save() or wait(); a synchronous save throws it here.
+    const failed = done.then(() => null, (e: Error) => e);
+    void failed.then((e) => { if (e && this.async) this.#failure = e; }).finally(unlock);
+    if (!this.async) { const e = await failed; if (e) throw e; }
     return { step, dir, stallMs, waitMs, copyMs: stallMs - waitMs, done };
   }
 
   /** Waits for the save in flight; throws if a background save failed (once). */
   async wait(): Promise<void> {
-    if (this.#inflight) await this.#inflight;
+    await this.#lock;
     const failure = this.#failure;
     this.#failure = null;
     if (failure) throw failure;
   }
 
-  /** The complete checkpoints under the root, newest first (manifest present, files of the right size). */
+  /** The complete checkpoints under the root, newest first (those with a manifest; load() verifies their files). */
   list(): Array<{ step: number; dir: string }> { return listCheckpoints(this.root); }
 
   /**
@@ -234,28 +255,34 @@ export class Checkpointer {
    * skipped, and the one before it used). Collective. Returns null when there is none.
    */
   async loadLatest(items: CheckpointItems): Promise<LoadResult | null> {
+    await this.wait();
     const world = worldOf(items);
     for (const { dir } of this.list()) {
-      let problem: Error | null = null;
+      // 0: loaded; 1: damaged here (try an older one); 2: anything else (incompatible model, bad
+      // state): every rank stops, so no rank waits on a collective the others never reach.
+      let problem: Error | null = null, code = 0;
       let result: LoadResult | null = null;
       try { result = loadCheckpoint(dir, items, { verify: this.verify }); } catch (e) {
-        if (!(e instanceof StateError || e instanceof ShapeError)) throw e;
-        problem = e;
+        problem = e as Error;
+        code = e instanceof DamagedCheckpointError ? 1 : 2;
       }
       if (world && world.size > 1) {
-        using flag = tensor(new Float32Array([problem ? 1 : 0]), [1]);
+        using flag = tensor(new Float32Array([code]), [1], { device: commDevice(world) });
         await world.allReduce(flag, { op: 'max' });
-        if (!problem && flag.item() > 0) problem = new StateError(`${dir}: another rank could not read it`);
+        const worst = flag.item();
+        if (worst === 2 && code !== 2) throw new StateError(`checkpoint ${dir}: another rank could not load it (see its error); every rank stops`);
+        if (worst === 1 && code === 0) { problem = new DamagedCheckpointError(`${dir}: another rank found it damaged`); code = 1; }
       }
-      if (!problem) return result;
-      if (problem instanceof ShapeError) throw problem; // a layout that does not fit will not fit the older ones either
-      process.stderr.write(`[nodetron checkpoint] skipping ${dir}: ${problem.message}\n`);
+      if (code === 0) return result;
+      if (code === 2) throw problem!;
+      process.stderr.write(`[nodetron checkpoint] skipping ${dir}: ${problem!.message}\n`);
     }
     return null;
   }
 
   /** Loads the checkpoint in `dir` (a step directory). Every rank calls it; nothing is exchanged. */
   async load(dir: string, items: CheckpointItems): Promise<LoadResult> {
+    await this.wait();
     return loadCheckpoint(dir, items, { verify: this.verify });
   }
 
@@ -302,9 +329,9 @@ export function latest(root: string): { step: number; dir: string } | null {
 export function readManifest(dir: string): Manifest {
   const path = join(dir, MANIFEST);
   let m: Manifest;
-  try { m = JSON.parse(readFileSync(path, 'utf8')) as Manifest; } catch (e) { throw new StateError(`checkpoint: cannot read ${path}: ${(e as Error).message}`); }
+  try { m = JSON.parse(readFileSync(path, 'utf8')) as Manifest; } catch (e) { throw new DamagedCheckpointError(`checkpoint: cannot read ${path}: ${(e as Error).message}`); }
   if (m?.format !== 'nodetron-checkpoint' || m.version !== 1 || typeof m.tensors !== 'object' || !Array.isArray(m.files)) {
-    throw new StateError(`checkpoint: ${path} is not a nodetron checkpoint manifest (version 1)`);
+    throw new DamagedCheckpointError(`checkpoint: ${path} is not a nodetron checkpoint manifest (version 1)`);
   }
   return m;
 }
@@ -366,11 +393,17 @@ async function agreeOnId(world: CollectiveGroup | null, count: number): Promise<
   // Two 24-bit draws (exact in f32) from rank 0.
   const draws = new Float32Array([Math.floor(Math.random() * 2 ** 24), Math.floor(Math.random() * 2 ** 24)]);
   if (world && world.size > 1) {
-    using t = tensor(draws, [2]);
+    using t = tensor(draws, [2], { device: commDevice(world) });
     await world.broadcast(t, { root: 0 });
     draws.set(t.toArraySync());
   }
   return `${count}-${draws[0]!.toString(36)}${draws[1]!.toString(36)}`;
+}
+
+/** A device the group communicates on (cpu when it can: an NCCL-only group takes cuda tensors). */
+function commDevice(group: CollectiveGroup): string {
+  const devices = (group as { devices?: string[] }).devices;
+  return !devices || devices.includes('cpu') ? 'cpu' : devices[0]!;
 }
 
 function writeJsonDurably(path: string, value: unknown): void {
@@ -431,15 +464,29 @@ async function commit(root: string, tmp: string, dir: string,
   };
   writeJsonDurably(join(tmp, MANIFEST), manifest);
   fsyncDir(tmp);
-  if (existsSync(dir)) rmSync(dir, { recursive: true, force: true });
+  // Saving a step again: the old copy goes aside first, so a crash never leaves the step without one.
+  const old = existsSync(dir) ? join(root, `.old-${stepDirName(o.step)}-${o.saveId}`) : null;
+  if (old) renameSync(dir, old);
   renameSync(tmp, dir);
   fsyncDir(root);
-  // Leftovers of saves that never completed (a crash mid-save) go once a newer save is whole.
-  for (const name of readdirSync(root)) if (name.startsWith('.tmp-step-')) rmSync(join(root, name), { recursive: true, force: true });
+  if (old) rmSync(old, { recursive: true, force: true });
+  // Leftovers of earlier saves that never completed (a crash mid-save) go once a later one is whole.
+  for (const name of readdirSync(root)) {
+    const m = /^\.(tmp|old)-step-(\d+)/.exec(name);
+    if (m && Number(m[2]) <= o.step && join(root, name) !== tmp) rmSync(join(root, name), { recursive: true, force: true });
+  }
 }
 
-function prune(root: string, keep: number): void {
-  for (const { dir } of listCheckpoints(root).slice(keep)) rmSync(dir, { recursive: true, force: true });
+/**
+ * Keeps the checkpoint just committed and the keep - 1 newest before it. Newer steps (from a run
+ * that was resumed from an older checkpoint) are left alone. The manifest goes first, so a pruned
+ * directory never looks complete half-way.
+ */
+function prune(root: string, keep: number, committed: number): void {
+  for (const { dir } of listCheckpoints(root).filter((c) => c.step < committed).slice(keep - 1)) {
+    rmSync(join(dir, MANIFEST), { force: true });
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 // ---- loading -------------------------------------------------------------------------------------
@@ -465,14 +512,27 @@ function decodeToF32(raw: Uint8Array, dtype: SafetensorsDType, what: string): Fl
     for (let i = 0; i < u16.length; i++) u32[i] = u16[i]! << 16;
     return new Float32Array(u32.buffer);
   }
+  if (dtype === 'F16') {
+    const u16 = new Uint16Array(raw.slice().buffer);
+    const out = new Float32Array(u16.length);
+    for (let i = 0; i < u16.length; i++) out[i] = halfToFloat(u16[i]!);
+    return out;
+  }
   throw new StateError(`checkpoint: ${what} is saved as ${dtype}, which cannot be converted here`);
+}
+
+function halfToFloat(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1, exp = (h >> 10) & 0x1f, frac = h & 0x3ff;
+  if (exp === 0) return sign * frac * 2 ** -24;
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
 function verifyFile(dir: string, entry: Manifest['files'][number], checksum: boolean): void {
   const path = join(dir, entry.file);
   let size: number;
-  try { size = statSync(path).size; } catch { throw new StateError(`checkpoint ${dir}: ${entry.file} is missing`); }
-  if (size !== entry.size) throw new StateError(`checkpoint ${dir}: ${entry.file} has ${size} bytes, the manifest says ${entry.size} (truncated or overwritten)`);
+  try { size = statSync(path).size; } catch { throw new DamagedCheckpointError(`checkpoint ${dir}: ${entry.file} is missing`); }
+  if (size !== entry.size) throw new DamagedCheckpointError(`checkpoint ${dir}: ${entry.file} has ${size} bytes, the manifest says ${entry.size} (truncated or overwritten)`);
   if (!checksum) return;
   const fd = openSync(path, 'r');
   try {
@@ -484,7 +544,7 @@ function verifyFile(dir: string, entry: Manifest['files'][number], checksum: boo
       crc = crc32(buf.subarray(0, n), crc);
       at += n;
     }
-    if (crc >>> 0 !== entry.crc32) throw new StateError(`checkpoint ${dir}: ${entry.file} fails its checksum (CRC-32 ${(crc >>> 0).toString(16)}, the manifest says ${entry.crc32.toString(16)})`);
+    if (crc >>> 0 !== entry.crc32) throw new DamagedCheckpointError(`checkpoint ${dir}: ${entry.file} fails its checksum (CRC-32 ${(crc >>> 0).toString(16)}, the manifest says ${entry.crc32.toString(16)})`);
   } finally {
     closeSync(fd);
   }
@@ -501,7 +561,12 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
   const sources = new Map<string, Source<ManifestPart>[]>();
   for (const part of parts) {
     const t = m.tensors[part.key];
-    if (!t) throw new StateError(`checkpoint ${dir}: it has no '${part.key}'${part.key.startsWith('optim/') ? ' (the optimizer state of a parameter the checkpoint does not know)' : ''}`);
+    // A parameter the optimizer had not updated yet when the checkpoint was saved starts fresh.
+    if (!t && part.key.startsWith('optim/')) continue;
+    if (!t) throw new StateError(`checkpoint ${dir}: it has no '${part.key}' (saved from another model?)`);
+    if (!NT_DTYPE_OF[t.dtype] || (t.dtype !== 'F32' && t.dtype !== 'BF16' && t.dtype !== 'F16' && NT_DTYPE_OF[t.dtype] !== part.tensor.dtype)) {
+      throw new StateError(`checkpoint ${dir}: '${part.key}' is saved as ${t.dtype}, which cannot be loaded into ${part.tensor.dtype}`);
+    }
     if (t.shape.join() !== part.fullShape.join()) {
       throw new ShapeError(`checkpoint ${dir}: '${part.key}' was saved with shape [${t.shape.join(', ')}], this model's is [${part.fullShape.join(', ')}]`);
     }
@@ -516,6 +581,10 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
     if (!entry) throw new StateError(`checkpoint ${dir}: the manifest names ${file} among the parts but not among the files`);
     verifyFile(dir, entry, opts.verify ?? true);
   }
+  // The non-tensor state next: a loader or schedule that refuses its state fails before any tensor changes.
+  if (items.loader && m.state.loader !== undefined) items.loader.loadState(m.state.loader as never);
+  if (items.scheduler && m.state.scheduler !== undefined) items.scheduler.loadState(m.state.scheduler as never);
+  if (items.scaler && m.state.scaler !== undefined) items.scaler.loadStateDict(m.state.scaler as { scale: number; growthTracker: number });
 
   const files = new Map<string, SafetensorsFile>();
   // One scratch buffer for every part (fresh buffers would page-fault on every load).
@@ -526,7 +595,10 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
       const host = scratch.subarray(0, part.count * size);
       for (const piece of pieces) {
         let f = files.get(piece.item.file);
-        if (!f) { f = SafetensorsFile.open(join(dir, piece.item.file)); files.set(piece.item.file, f); }
+        if (!f) {
+          try { f = SafetensorsFile.open(join(dir, piece.item.file)); } catch (e) { throw new DamagedCheckpointError((e as Error).message); }
+          files.set(piece.item.file, f);
+        }
         f.readBytes(piece.item.name, (piece.from - piece.item.start) * size, piece.length * size, host.subarray(piece.to * size - part.start * size, (piece.to - part.start + piece.length) * size));
       }
       writePart(part, host, t.dtype, dir);
@@ -542,14 +614,12 @@ function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
       state.optimizer.paramGroups.forEach((g, i) => Object.assign(g.options as object, groups[i]));
     }
   }
-  if (items.loader && m.state.loader !== undefined) items.loader.loadState(m.state.loader as never);
-  if (items.scheduler && m.state.scheduler !== undefined) items.scheduler.loadState(m.state.scheduler as never);
-  if (items.scaler && m.state.scaler !== undefined) items.scaler.loadStateDict(m.state.scaler as { scale: number; growthTracker: number });
   if (items.rng) {
     const world = worldOf(items);
     const rank = world?.rank ?? 0;
     // The same layout: each rank its own generators; another layout: rank 0's (draws then differ from an uninterrupted run).
-    const saved = m.ranks[m.worldSize === (world?.size ?? 1) ? rank : 0]?.rng ?? {};
+    const sameLayout = m.worldSize === (world?.size ?? 1) && JSON.stringify(m.layout ?? null) === JSON.stringify(items.layout ?? null);
+    const saved = m.ranks[sameLayout ? rank : 0]?.rng ?? {};
     for (const [name, g] of Object.entries(items.rng)) if (saved[name]) g.loadState(saved[name]);
   }
   items.masterWeights?.refresh();

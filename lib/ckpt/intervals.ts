@@ -113,6 +113,7 @@ export function cover<T>(wanted: readonly Interval[], sources: readonly Source<T
     while (g < end) {
       if (k < 0 || k >= flat.length) throw new StateError(`${what}: element ${g} is in no saved part`);
       const { item, iv } = flat[k]!;
+      if (iv.global > g) throw new StateError(`${what}: element ${g} is in no saved part`);
       if (iv.global + iv.length <= g) {
         if (k + 1 < flat.length && flat[k + 1]!.iv.global <= g) { k++; continue; }
         throw new StateError(`${what}: element ${g} is in no saved part`);

@@ -145,6 +145,55 @@ describe('checkpoints in one process', () => {
     if (existsSync(join(root, 'step-00000002', 'manifest.json'))) expect(warnings.join('')).toMatch(message);
   });
 
+  it('queues saves made without awaiting each other, replaces a step saved again, and prunes only older steps', async () => {
+    const root = join(work, 'queue');
+    const run = setup();
+    const c = new nt.ckpt.Checkpointer(root, { keep: 2 });
+    train(run, 0, 1);
+    const first = c.save(1, items(run));
+    const second = c.save(2, items(run)); // not awaited in between: waits for the first
+    const [a, b] = await Promise.all([first, second]);
+    await Promise.all([a.done, b.done]);
+    expect(c.list().map((x) => x.step)).toEqual([2, 1]);
+    // A run resumed from step 1 saves step 2 again: the new copy replaces the old one whole.
+    const before = nt.ckpt.readManifest(b.dir).saveId;
+    train(run, 1, 2);
+    const again = await c.save(2, items(run));
+    await again.done;
+    expect(nt.ckpt.readManifest(again.dir).saveId).not.toBe(before);
+    const saved = nt.ckpt.readTensor(again.dir, 'model/wte.weight').data;
+    expect(Array.from(new Uint32Array(saved.buffer, saved.byteOffset, saved.length))).toEqual(bits([run.model.wte.weight])[0]);
+    // Steps newer than the one just committed (left by the run before a resume) are not pruned.
+    await (await c.save(7, items(run))).done;
+    await (await c.save(3, items(run))).done;
+    await c.close();
+    expect(c.list().map((x) => x.step)).toEqual([7, 3, 2]);
+    expect(readdirSync(root).filter((n) => n.startsWith('.'))).toEqual([]);
+  });
+
+  it('a synchronous save throws its own failure, and the checkpointer stays usable', async () => {
+    const root = join(work, 'sync-failure');
+    const run = setup();
+    writeFileSync(root, 'a file where the root directory should be');
+    const c = new nt.ckpt.Checkpointer(root, { async: false });
+    await expect(c.save(1, items(run))).rejects.toThrow();
+    unlinkSync(root);
+    const r = await c.save(2, items(run));
+    expect(existsSync(join(r.dir, 'manifest.json'))).toBe(true);
+    await c.close();
+  });
+
+  it('loadLatest stops on a checkpoint this model cannot take instead of falling back to an older one', async () => {
+    const root = join(work, 'incompatible');
+    const run = setup();
+    const c = new nt.ckpt.Checkpointer(root);
+    await c.save(1, items(run));
+    await c.save(2, items(run));
+    await c.close();
+    const wider = new nt.nn.GPT({ ...config, vocabSize: 96 }, { seed: 5 });
+    await expect(new nt.ckpt.Checkpointer(root).loadLatest({ model: wider })).rejects.toThrow(/'model\/wte.weight' was saved with shape/);
+  });
+
   it('a model without optimizer state loads the weights and reports it', async () => {
     const root = join(work, 'weights-only');
     const run = setup();
