@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine without Node.js needs to run scripts/gpu/run.mjs; builds nothing (run
+# `node scripts/setup.mjs` first). Into .device/bundle.tar.xz (.device/ is git-ignored):
+#   runtime/node           this machine's node, stripped
+#   runtime/lib/           the addons' non-system libraries (OpenBLAS, Gloo and their deps; the CUDA
+#                          libraries come from the device's own driver and pip wheels)
+#   runtime/env.sh         sourced on the device: PATH, LD_LIBRARY_PATH, the commit, an ldd/glibc preflight
+#   runtime/COMMIT         the git commit (with "-dirty" when the tree has changes)
+#   project/               build/ (addons only), prebuilds/, dist/ and the node_modules needed at run time
+#                          (runtime dependencies, tsx for the launcher's .ts fixtures, vitest for test/cuda)
+# On the GPU machine, from a copy of the repository that includes .device/ (see docs/gpu.md):
+#   mkdir -p /tmp/ntb && tar -xJf .device/bundle.tar.xz -C /tmp/ntb && source /tmp/ntb/runtime/env.sh
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+[ -d dist ] && ls build/Release/*.node >/dev/null 2>&1 || { echo "bundle.sh: build/Release/*.node or dist/ missing: run node scripts/setup.mjs first" >&2; exit 1; }
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/runtime/lib" "$stage/project/build/Release"
+
+cp "$(command -v node)" "$stage/runtime/node"
+strip "$stage/runtime/node" 2>/dev/null || true
+
+# Addons: build/Release/*.node and prebuilds/, plus build/cuda-status.txt (lib/native.ts reads it).
+cp -a build/Release/*.node "$stage/project/build/Release/"
+[ -f build/cuda-status.txt ] && cp build/cuda-status.txt "$stage/project/build/"
+[ -d prebuilds ] && cp -a prebuilds "$stage/project/"
+cp -a dist "$stage/project/"
+
+# Non-system libraries the addons link, resolved here. The CUDA driver/runtime, cuBLASLt and NCCL stay out.
+mapfile -t addons < <(find build/Release prebuilds -name '*.node' -type f 2>/dev/null)
+for addon in "${addons[@]}"; do
+  ldd "$addon" | awk '/=> \//{print $3}' |
+    grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+    grep -vE '/(libcuda|libcudart|libnccl|libcublas|libcublasLt|libnvrtc|libnvJitLink)\.so' |
+    while read -r lib; do cp -Ln "$lib" "$stage/runtime/lib/" 2>/dev/null || true; done || true
+done
+
+# node_modules needed at run time: the production dependency tree (less the build-only packages) and
+# the trees of tsx and vitest, as npm resolves them.
+mods=$( { npm ls --omit=dev --all --parseable 2>/dev/null; npm ls tsx vitest --all --parseable 2>/dev/null; } |
+  grep '/node_modules/' | sed "s|^$root/||" | sort -u |
+  grep -vE '^node_modules/(cmake-js|node-addon-api|@stdlib)(/|$)' || true)
+# A package's folder holds its nested node_modules too: copy top-level ones and let nesting follow.
+printf '%s\n' $mods | awk '{ keep=1; for (p in seen) if (index($0, p "/") == 1) keep=0; if (keep) { print; seen[$0]=1 } }' |
+  while read -r m; do mkdir -p "$stage/project/$(dirname "$m")"; cp -a "$m" "$stage/project/$m"; done
+cp package.json "$stage/project/"
+
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+echo "$commit" >"$stage/runtime/COMMIT"
+
+cat >"$stage/runtime/env.sh" <<'ENV'
+# Sourced on the GPU machine from the repository root: node on PATH, the packed project files
+# restored here, the bundled and the device's CUDA wheel libraries on LD_LIBRARY_PATH, a preflight.
+_ntb=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PATH="$_ntb:$PATH"
+export NODETRON_COMMIT="$(cat "$_ntb/COMMIT")"
+cp -a "$_ntb/../project/." .
+# The nvidia wheels' lib folders: where pip puts them (venvs, conda, system and user site-packages)
+# first, then whatever python imports `nvidia` (the first python3 on PATH may not be the one with torch).
+_nv=""
+for _d in ${VIRTUAL_ENV:+$VIRTUAL_ENV/lib} ${CONDA_PREFIX:+$CONDA_PREFIX/lib} /opt/conda/lib /opt/*/lib /usr/local/lib /usr/lib \
+          "$HOME"/.local/lib "$HOME"/.venv/lib /workspace/*/lib; do
+  for _l in "$_d"/python3*/*-packages/nvidia/*/lib; do [ -d "$_l" ] && _nv="$_nv:$_l"; done
+done
+if [ -z "$_nv" ]; then
+  for _py in python3 python /usr/bin/python3 /opt/conda/bin/python; do
+    command -v "$_py" >/dev/null 2>&1 || continue
+    _nv=$("$_py" -c 'import nvidia,os;print(":".join(os.path.join(b,d,"lib") for b in nvidia.__path__ for d in sorted(os.listdir(b)) if os.path.isdir(os.path.join(b,d,"lib"))))' 2>/dev/null) && [ -n "$_nv" ] && break
+  done
+fi
+_nv=${_nv#:}
+export LD_LIBRARY_PATH="$_ntb/lib${_nv:+:$_nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "node $(node --version) from the bundle (commit $NODETRON_COMMIT); CUDA wheel libs: ${_nv:-none found}"
+# Preflight: libraries ldd cannot resolve, and the glibc/libstdc++ versions the addons need vs have.
+echo "glibc here: $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}'); GLIBCXX here: $(strings "$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')" 2>/dev/null | grep -E '^GLIBCXX_3' | sort -V | tail -1)"
+for _a in $(find build/Release prebuilds -name '*.node' 2>/dev/null); do
+  _miss=$(ldd "$_a" 2>&1 | grep -E 'not found|GLIBC' || true)
+  [ -z "$_miss" ] || echo "preflight: $_a: $_miss"
+  _need=$(objdump -T "$_a" 2>/dev/null | grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -uV | awk -F_ '{v[$1]=$0} END {for (k in v) printf "%s ", v[k]}')
+  [ -z "$_need" ] || echo "preflight: $_a needs at most: $_need"
+done
+ENV
+
+mkdir -p .device
+tar -C "$stage" -cf - runtime project | xz -T2 -6 >.device/bundle.tar.xz
+size=$(du -m .device/bundle.tar.xz | cut -f1)
+echo "wrote .device/bundle.tar.xz (${size} MiB, commit $commit; the tree that travels must stay under 64 MiB)"
+echo "addons: ${addons[*]}; libraries: $(ls "$stage/runtime/lib" | tr '\n' ' ')"
+echo "node_modules: $(ls "$stage/project/node_modules" | wc -l) packages, $(du -sm "$stage/project/node_modules" | cut -f1) MiB before compression"

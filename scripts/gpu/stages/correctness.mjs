@@ -1,0 +1,370 @@
+// Stage 1: every kernel lib/ops and lib/optim call, forward and backward, in f32/bf16/f16, on cuda against
+// the cpu backend at training shapes (1024+ rows, vocabulary 50257, T = 1024, sizes past one grid);
+// the raw kernels (casts, GEMM in every transpose, the GEMM epilogue, the vocabulary-parallel loss);
+// every kernel of the interface is called at least once (counted); the allocator on real streams;
+// streams and events; AMP; OOM as a typed error with the process usable after; NCCL on a one-rank
+// communicator (every collective); a GPT step; a subset under compute-sanitizer.
+// NODETRON_GPU_RUN_DRY=1 (hidden, for developing this file without a GPU) runs the device-neutral
+// checks with cpu as the "device" at small shapes.
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { relErr, root } from '../common.mjs';
+
+const DRY = process.env.NODETRON_GPU_RUN_DRY === '1';
+const DT = { f32: 0, f16: 1, bf16: 2, i32: 3, u8: 4 };
+const TOL = { f32: 1e-4, bf16: 3e-2, f16: 1e-2 };
+
+export async function run(rec, nt, noGpu) {
+  if (noGpu && !DRY) return rec.skip(noGpu);
+  const { cpu, cuda, BACKEND_KERNELS } = await import('../../../dist/native.js');
+  const DEV = DRY ? 'cpu' : 'cuda';
+  const C = cpu(), G = DRY ? cpu() : cuda();
+  const big = (n, small) => (DRY ? small : n);
+
+  // Count every kernel call on the device addon (the interface's names), to prove coverage at the end.
+  const calls = new Map();
+  if (!DRY) for (const k of BACKEND_KERNELS) {
+    const f = G[k];
+    if (typeof f !== 'function' || k === 'Storage') continue;
+    G[k] = function (...a) { calls.set(k, (calls.get(k) ?? 0) + 1); return f.apply(this, a); };
+  }
+
+  // A leaf copy on device (never the same tensor, so cpu-vs-cpu runs keep their gradients apart).
+  const fresh = (t, device) => (device === 'cpu' && t.device === 'cpu' ? t.clone() : t.to(device));
+  const host = (t) => Float64Array.from(t.to('cpu').toArraySync());
+  const compare = (name, dtype, got, want, tol = TOL[dtype] ?? 0, extra = {}) => {
+    const { maxRelErr, bad } = relErr(got, want, tol);
+    rec.check({ name, dtype, n: want.length, maxRelErr, tol, bad, ok: bad === 0, ...extra });
+  };
+  const check = async (name, fn) => {
+    const t0 = Date.now();
+    try { await nt.scope(fn); } catch (e) { rec.check({ name, ok: false, error: String(e?.stack ?? e) }); }
+    console.log(`${name} (${Date.now() - t0} ms)`);
+  };
+  let seed = 1;
+  const randn = (shape, dtype = 'f32', device = 'cpu', std = 1) => nt.randn(shape, { seed: seed++, dtype, device, std });
+
+  // ---- lib/ops forward and backward against cpu ---------------------------------------------------
+  const R = big(1024, 64), D = big(768, 48), T = big(1024, 32), V = big(50257, 1001), H = big(12, 2), HD = 64;
+  const cases = [
+    { name: `add/sub/mul/div broadcast [${R},${D}]`, shapes: [[R, D], [D]], run: ([a, b]) => nt.sub(nt.div(nt.mul(a, b), nt.add(nt.mul(b, b), 1)), nt.add(a, b)) },
+    { name: `exp/tanh/pow/scale/neg [${R},${D}]`, shapes: [[R, D]], std: 0.5, run: ([a]) => nt.add(nt.tanh(nt.exp(nt.scale(a, 0.3))), nt.neg(nt.pow(a, 3))) },
+    { name: `log/sqrt [${R},${D}]`, shapes: [[R, D]], positive: true, run: ([a]) => nt.add(nt.log(a), nt.sqrt(a)) },
+    { name: `sum/mean/max [8,${R / 8},${D}]`, shapes: [[8, R / 8, D]], run: ([a]) => nt.add(nt.add(nt.sum(a, 1), nt.mean(a, 1)), nt.max(a, 1)) },
+    { name: `gelu [${R},${4 * D}]`, shapes: [[R, 4 * D]], run: ([a]) => nt.gelu(a) },
+    { name: `softmax/logSoftmax [${R},${T}]`, shapes: [[R, T]], run: ([a]) => nt.add(nt.softmax(a), nt.logSoftmax(a)) },
+    { name: `layerNorm [${R},${D}]`, shapes: [[R, D], [D], [D]], run: ([x, w, b]) => nt.layerNorm(x, w, b) },
+    { name: `rmsNorm [${R},${D}]`, shapes: [[R, D], [D]], run: ([x, w]) => nt.rmsNorm(x, w) },
+    { name: `linear [2,${R / 2},${D}]x[${3 * D},${D}]`, shapes: [[2, R / 2, D], [3 * D, D], [3 * D]], std: 1 / Math.sqrt(D), run: ([x, w, b]) => nt.linear(x, w, b) },
+    { name: `matmul batched [${H},${R},${HD}]x[${H},${HD},${R}]`, shapes: [[H, R, HD], [H, HD, R]], std: 0.3, run: ([a, b]) => nt.matmul(a, b) },
+    { name: `permute/slice/cat/transpose [4,${R / 4},${D}]`, shapes: [[4, R / 4, D]], run: ([a]) => nt.cat([nt.permute(a, [2, 0, 1]), nt.slice(nt.permute(a, [2, 0, 1]), 1, 1, 3)], 1) },
+    { name: `attention causal [1,${H},${T},${HD}]`, shapes: [[1, H, T, HD], [1, H, T, HD], [1, H, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    { name: `attention window 128 [1,2,${T},${HD}]`, shapes: [[1, 2, T, HD], [1, 2, T, HD], [1, 2, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true, window: 128 }) },
+  ];
+  for (const dtype of ['f32', 'bf16', 'f16']) {
+    for (const c of cases) {
+      await check(`${c.name} ${dtype}`, () => {
+        const inputs = c.shapes.map((s) => {
+          const r = randn(s, dtype, 'cpu', c.std ?? 1);
+          return c.positive ? nt.add(nt.mul(r, r), 0.5) : r;
+        });
+        let gy;
+        const onDevice = (device) => {
+          const xs = inputs.map((t) => { const d = fresh(t, device); d.requiresGrad = true; return d; });
+          const y = c.run(xs);
+          gy ??= randn(y.shape, dtype);
+          nt.sum(nt.mul(y, gy.to(device))).backward();
+          return { y, grads: xs.map((x) => x.grad) };
+        };
+        const want = onDevice('cpu'), got = onDevice(DEV);
+        compare(`${c.name} ${dtype} forward`, dtype, host(got.y), host(want.y));
+        got.grads.forEach((g, i) => compare(`${c.name} ${dtype} grad ${i}`, dtype, host(g), host(want.grads[i]), TOL[dtype] * 4));
+      });
+    }
+    await check(`embedding [${R}] of ${V}x${D} + crossEntropy [${R},${V}] ${dtype}`, () => {
+      const ids = nt.tensor(Int32Array.from({ length: R }, (_, i) => (i * 7919) % V), [R]);
+      const targets = nt.tensor(Int32Array.from({ length: R }, (_, i) => (i % 97 === 3 ? -100 : (i * 104729) % V)), [R]);
+      const table = randn([V, D], dtype), logits = randn([R, V], dtype, 'cpu', 2);
+      const on = (device) => {
+        const w = fresh(table, device), l = fresh(logits, device);
+        w.requiresGrad = true; l.requiresGrad = true;
+        const e = nt.embedding(ids.to(device), w);
+        const loss = nt.add(nt.crossEntropy(l, targets.to(device)), nt.mean(nt.mul(e, e)));
+        loss.backward();
+        return { loss, gw: w.grad, gl: l.grad, e };
+      };
+      const want = on('cpu'), got = on(DEV);
+      compare(`embedding forward ${dtype}`, dtype, host(got.e), host(want.e), 0);
+      compare(`crossEntropy loss ${dtype}`, 'f32', host(got.loss), host(want.loss), 1e-4);
+      compare(`embedding grad ${dtype}`, dtype, host(got.gw), host(want.gw), TOL[dtype] * 4);
+      compare(`crossEntropy grad ${dtype}`, dtype, host(got.gl), host(want.gl), TOL[dtype] * 4);
+    });
+  }
+  // Sizes past one grid (grid-stride loops) and odd sizes (vector tails).
+  for (const n of [big((1 << 26) + 7, 100003), 1, 3, 4097]) {
+    await check(`grid-stride exp/gelu/add/cast n=${n}`, () => {
+      const x = randn([n], 'f32', 'cpu', 0.5), d = x.to(DEV);
+      compare(`exp n=${n}`, 'f32', host(nt.exp(d)), host(nt.exp(x)), 1e-5);
+      compare(`gelu bf16 n=${n}`, 'bf16', host(nt.gelu(d.to('bf16'))), host(nt.gelu(x.to('bf16'))));
+      compare(`add n=${n}`, 'f32', host(nt.add(d, d)), host(nt.add(x, x)), 0);
+      compare(`sum n=${n}`, 'f32', host(nt.sum(d)), host(nt.sum(x)), 1e-4);
+    });
+  }
+
+  // ---- raw kernels --------------------------------------------------------------------------------
+  for (const dtype of ['f32', 'bf16', 'f16', 'i32', 'u8']) {
+    await check(`cast f32->${dtype}`, () => {
+      const x = nt.randn([4099], { seed: 9, std: 100 });
+      compare(`cast f32->${dtype}`, dtype, host(x.to({ dtype, device: DEV })), host(x.to(dtype)), 0);
+    });
+  }
+  await check('fill/arange', () => {
+    for (const dtype of ['f32', 'bf16', 'f16', 'i32']) {
+      compare(`fill ${dtype}`, dtype, host(nt.full([1000], 3.3, { dtype, device: DEV })), host(nt.full([1000], 3.3, { dtype })), 0);
+      compare(`arange ${dtype}`, dtype, host(nt.arange(0, 50, 0.25, { dtype, device: DEV })), host(nt.arange(0, 50, 0.25, { dtype })), 0);
+    }
+  });
+  await check('random_fill', () => {
+    compare('rand (same stream as cpu)', 'f32', host(nt.rand([10007], { seed: 3, device: DEV })), host(nt.rand([10007], { seed: 3 })), 0);
+    compare('randn (same stream as cpu)', 'f32', host(nt.randn([10007], { seed: 3, device: DEV })), host(nt.randn([10007], { seed: 3 })), 1e-5);
+  });
+  const gemmShapes = [[3, 67, 45, 129], [1, big(1024, 64), big(2304, 96), big(768, 48)], [1, big(1024, 64), big(768, 48), big(3072, 96)]];
+  for (const dtype of ['f32', 'bf16', 'f16']) {
+    for (const [B, M, N, K] of gemmShapes) {
+      await check(`gemm ${dtype} ${B}x${M}x${N}x${K}`, () => {
+        for (const [ta, tb] of [[false, false], [true, false], [false, true], [true, true]]) {
+          const a = randn([B, M, K], dtype, 'cpu', 1 / Math.sqrt(K)), b = randn([B, K, N], dtype);
+          const cc = nt.zeros([B, M, N], { dtype }), gc = nt.zeros([B, M, N], { dtype, device: DEV });
+          const ga = a.to(DEV), gb = b.to(DEV);
+          const args = [DT[dtype], B, M, N, K, ta, tb, 1, 0, M * K, K * N, M * N];
+          C.gemm(a.storage, b.storage, cc.storage, ...args);
+          G.gemm(ga.storage, gb.storage, gc.storage, ...args);
+          compare(`gemm ${dtype} ${B}x${M}x${N}x${K} tA=${ta} tB=${tb}`, dtype, host(gc), host(cc), dtype === 'f32' ? 1e-4 : TOL[dtype] * 2);
+        }
+      });
+    }
+  }
+  if (!DRY) await check('gemm_epilogue bias+gelu (+aux)', () => {
+    const [M, N, K] = [256, 384, 192];
+    const a = randn([M, K], 'f32', DEV), b = randn([K, N], 'f32', DEV), bias = randn([N], 'f32', DEV);
+    const c = nt.zeros([M, N], { device: DEV }), aux = nt.zeros([M, N], { device: DEV });
+    G.gemm_epilogue(a.storage, b.storage, c.storage, 0, 1, M, N, K, false, false, 1, 0, 0, 0, 0, bias.storage, 3, aux.storage);
+    const pre = nt.add(nt.matmul(a.to('cpu'), b.to('cpu')), bias.to('cpu'));
+    compare('gemm_epilogue gelu_bias', 'f32', host(c), host(nt.gelu(pre)), 1e-3);
+    compare('gemm_epilogue aux (pre-activation)', 'f32', host(aux), host(pre), 1e-3);
+  });
+  for (const dtype of ['f32', 'bf16']) {
+    await check(`cross_entropy_shard_backward ${dtype} [${R},${big(25152, 500)}]`, () => {
+      const [rows, vocab] = [R, big(25152, 500)];
+      const logits = randn([rows, vocab], dtype, 'cpu', 2);
+      const targets = nt.tensor(Int32Array.from({ length: rows }, (_, i) => (i % 5 === 0 ? -100 : (i * 31) % (2 * vocab) - (i % 3 ? 0 : vocab))), [rows]);
+      const lse = nt.add(randn([rows], 'f32', 'cpu', 0.1), 9), gl = randn([rows], 'f32');
+      const outC = nt.zeros([rows, vocab], { dtype }), outG = nt.zeros([rows, vocab], { dtype, device: DEV });
+      C.cross_entropy_shard_backward(logits.storage, targets.storage, lse.storage, gl.storage, outC.storage, rows, vocab, -100, 0.5, DT[dtype]);
+      const [l2, t2, s2, g2] = [logits, targets, lse, gl].map((t) => t.to(DEV));
+      G.cross_entropy_shard_backward(l2.storage, t2.storage, s2.storage, g2.storage, outG.storage, rows, vocab, -100, 0.5, DT[dtype]);
+      compare(`cross_entropy_shard_backward ${dtype}`, dtype, host(outG), host(outC));
+    });
+  }
+  // ---- optimizers (multi-tensor kernels), clipping, GradScaler -------------------------------------
+  for (const Opt of ['AdamW', 'Lamb', 'SGD']) {
+    for (const pdtype of ['f32', 'bf16']) {
+      await check(`${Opt} ${pdtype} params, 3 steps, clipGradNorm`, () => {
+        const sizes = [1, 1000, 70001, big((1 << 22) + 1, 5003)];
+        const init = sizes.map((n) => randn([n], pdtype));
+        const gradsPerStep = [0, 1, 2].map(() => sizes.map((n) => randn([n], pdtype)));
+        const go = (device) => {
+          const ps = init.map((t) => new nt.nn.Parameter(fresh(t, device)));
+          const opt = Opt === 'AdamW' ? new nt.optim.AdamW(ps, { lr: 1e-3, weightDecay: 0.1 })
+            : Opt === 'Lamb' ? new nt.optim.Lamb(ps, { lr: 1e-3, weightDecay: 0.1 }) : new nt.optim.SGD(ps, { lr: 1e-2, momentum: 0.9, nesterov: true });
+          const norms = [];
+          for (const gs of gradsPerStep) {
+            ps.forEach((p, i) => { p.grad = fresh(gs[i], device); });
+            norms.push(nt.optim.clipGradNorm(ps, 50));
+            opt.step();
+          }
+          return { ps, norms };
+        };
+        const want = go('cpu'), got = go(DEV);
+        compare(`${Opt} ${pdtype} grad norms`, 'f32', got.norms, want.norms, 1e-4);
+        got.ps.forEach((p, i) => compare(`${Opt} ${pdtype} param ${i} (n=${sizes[i]})`, pdtype, host(p), host(want.ps[i]), pdtype === 'f32' ? 1e-5 : 1e-2));
+      });
+    }
+  }
+  await check('AMP: autocast bf16/f16 linear + GradScaler f16 steps', () => {
+    for (const dtype of ['bf16', 'f16']) {
+      const x = randn([R, D], 'f32', 'cpu', 1), w = randn([D, D], 'f32', 'cpu', 1 / Math.sqrt(D));
+      const on = (device) => nt.autocast({ dtype }, () => nt.linear(x.to(device), w.to(device)));
+      const yg = on(DEV), yc = on('cpu');
+      rec.info(`autocast ${dtype} linear output dtype (device / cpu)`, `${yg.dtype} / ${yc.dtype}`);
+      compare(`autocast ${dtype} linear`, dtype, host(yg), host(yc));
+    }
+    const cfg = { vocabSize: 64, blockSize: 32, nLayer: 2, nHead: 4, nEmbd: 64, dropout: 0, bias: true };
+    const ids = (k) => nt.tensor(Int32Array.from({ length: 128 }, (_, i) => (i * 7 + k * 13 + ((i * i) % 5)) % 64), [4, 32]);
+    const result = {};
+    for (const device of ['cpu', DEV]) {
+      const model = new nt.nn.GPT(cfg, { seed: 1, device });
+      const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-3 });
+      const scaler = new nt.GradScaler({ initScale: 2 ** 16, growthInterval: 2 });
+      const x = ids(1).to(device), y = ids(2).to(device), losses = [], scales = [];
+      for (let s = 0; s < 4; s++) {
+        nt.scope(() => {
+          const { loss } = nt.autocast({ dtype: 'f16' }, () => model.forward(x, y));
+          nt.scale(loss, scaler.scale).backward();
+          losses.push(loss.item());
+          scaler.step(model.parameters().map((p) => p.grad), () => opt.step());
+          scaler.update();
+          scales.push(scaler.scale);
+          opt.zeroGrad();
+        });
+      }
+      result[device] = { losses, scales };
+      opt.dispose(); model.dispose();
+    }
+    compare('GradScaler f16 GPT losses', 'f32', result[DEV].losses, result.cpu.losses, 2e-2);
+    rec.check({ name: 'GradScaler scales agree', ok: JSON.stringify(result[DEV].scales) === JSON.stringify(result.cpu.scales), error: JSON.stringify(result) });
+  });
+  await check('GPT step (f32) losses and grad norms on device = cpu', () => {
+    const cfg = { vocabSize: 64, blockSize: 32, nLayer: 2, nHead: 4, nEmbd: 64, dropout: 0, bias: true };
+    const ids = (k) => nt.tensor(Int32Array.from({ length: 128 }, (_, i) => (i * 7 + k * 13 + ((i * i) % 5)) % 64), [4, 32]);
+    const out = {};
+    for (const device of ['cpu', DEV]) {
+      const model = new nt.nn.GPT(cfg, { seed: 1, device });
+      const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-3 });
+      const x = ids(1).to(device), y = ids(2).to(device);
+      out[device] = [0, 1, 2].map(() => nt.trainStep(model, opt, x, y, { maxGradNorm: 1 })).flatMap((r) => [r.loss, r.gradNorm]);
+      opt.dispose(); model.dispose();
+    }
+    compare('GPT step losses, grad norms', 'f32', out[DEV], out.cpu, 1e-3);
+  });
+  if (DRY) return;
+
+  // ---- streams, events, the allocator on real streams -----------------------------------------------
+  await check('streams/events: ordering, query, timing', () => {
+    const s1 = nt.cuda.newStream(), s2 = nt.cuda.newStream();
+    const x = randn([4096, 4096], 'f32', DEV);
+    let y;
+    const done = new nt.cuda.Event(0);
+    nt.cuda.withStream(s1, () => { for (let i = 0; i < 4; i++) y = nt.matmul(x, x); done.record(s1); });
+    s2.waitEvent(done);
+    const z = nt.cuda.withStream(s2, () => nt.scale(y, 2));
+    s2.synchronize();
+    rec.check({ name: 'event completed after s2 waited on it', ok: done.query() && s1.query() && s2.query() });
+    compare('stream-ordered result (s2 after s1)', 'f32', host(z), host(y).map((v) => 2 * v), 1e-6);
+    const a = new nt.cuda.Event(0, { timing: true }), b = new nt.cuda.Event(0, { timing: true });
+    a.record(); nt.matmul(x, x); b.record(); b.synchronize();
+    const ms = a.elapsedMs(b);
+    rec.check({ name: 'event timing positive', ok: ms > 0 && ms < 10_000, maxRelErr: ms });
+    a.destroy(); b.destroy(); done.destroy(); s1.destroy(); s2.destroy();
+  });
+  await check('allocator on real streams: reuse, cross-stream free, stats, emptyCache', () => {
+    nt.cuda.synchronize();
+    nt.emptyCache('cuda');
+    const base = nt.memoryStats('cuda');
+    const s = nt.cuda.newStream();
+    const MiB = 1 << 20;
+    const made = nt.cuda.withStream(s, () => Array.from({ length: 8 }, (_, i) => nt.zeros([(i + 1) * MiB], { device: DEV })));
+    const mid = nt.memoryStats('cuda');
+    rec.check({ name: 'allocated grew by the tensors (36 MiB f32 x4 bytes)', ok: mid.allocated - base.allocated >= 36 * 4 * MiB, error: JSON.stringify({ base, mid }) });
+    // Used on the default stream, then freed: the block may not be reused by s before that work ends.
+    const sums = made.map((t) => nt.sum(nt.add(t, 1)));
+    made.forEach((t) => t.dispose());
+    const again = nt.cuda.withStream(s, () => nt.full([8 * MiB], 2, { device: DEV }));
+    compare('sums of freed cross-stream tensors', 'f32', sums.map((t) => t.item()), made.map((_, i) => (i + 1) * MiB), 0);
+    compare('reused block holds new data', 'f32', host(nt.sum(again)), [16 * MiB], 0);
+    again.dispose(); sums.forEach((t) => t.dispose());
+    nt.cuda.synchronize();
+    nt.emptyCache('cuda');
+    const end = nt.memoryStats('cuda');
+    rec.check({ name: 'memory returns to the baseline; emptyCache releases', ok: end.allocated <= base.allocated && end.reserved <= mid.reserved, error: JSON.stringify({ base, mid, end }) });
+    s.destroy();
+  });
+  await check('OOM: typed error, process usable after', () => {
+    const total = G.deviceInfo()[0].totalMemory;
+    let e1;
+    try { new G.Storage(total * 2, false, 0); } catch (e) { e1 = e; }
+    rec.check({ name: 'one allocation of 2x device memory: OutOfMemoryError', ok: e1 instanceof nt.OutOfMemoryError, error: String(e1) });
+    const held = [];
+    let e2;
+    try { for (let i = 0; i < 4096; i++) held.push(nt.zeros([1 << 28], { dtype: 'u8', device: DEV })); } catch (e) { e2 = e; }
+    rec.check({ name: `exhausting memory in 256 MiB tensors: OutOfMemoryError after ${held.length}`, ok: e2 instanceof nt.OutOfMemoryError, error: String(e2) });
+    held.forEach((t) => t.dispose());
+    nt.emptyCache('cuda');
+    const x = randn([513, 257], 'f32');
+    compare('an op after OOM', 'f32', host(nt.gelu(x.to(DEV))), host(nt.gelu(x)), 1e-5);
+  });
+
+  // ---- NCCL: one rank (one GPU cannot host two NCCL ranks); multi-rank algorithms are checked on cpu ---
+  await check('NCCL raw NcclComm (1 rank): allReduce and typed errors', () => {
+    const comm = new G.NcclComm(G.ncclUniqueId(), 0, 1, 0);
+    const deadline = Date.now() + 30_000;
+    while (comm.asyncError() === 'inProgress' && Date.now() < deadline);
+    const n = 1 << 16, x = randn([n], 'f32', DEV), y = nt.zeros([n], { device: DEV });
+    const ev = comm.allReduce(x.storage, 0, y.storage, 0, n, 0, 0);
+    comm.synchronize(ev, 30_000);
+    G.eventDestroy(ev);
+    compare('nccl raw allReduce', 'f32', host(y), host(x), 0);
+    const expectThrow = (name, cls, fn) => { let e; try { fn(); } catch (err) { e = err; } rec.check({ name, ok: e instanceof cls, error: e instanceof cls ? undefined : `expected ${cls.name}, got ${e}` }); };
+    expectThrow('nccl raw: count past the buffer', nt.NodetronError, () => comm.allReduce(x.storage, 0, y.storage, 0, n + 1, 0, 0));
+    expectThrow('nccl raw: unknown reduce op', nt.ArgumentError, () => comm.allReduce(x.storage, 0, y.storage, 0, 16, 0, 9));
+    expectThrow('nccl raw: cpu storage', nt.NodetronError, () => comm.allReduce(nt.zeros([16]).storage, 0, y.storage, 0, 16, 0, 0));
+    comm.destroy();
+    expectThrow('nccl raw: op after destroy', nt.CommError, () => comm.allReduce(x.storage, 0, y.storage, 0, 16, 0, 0));
+  });
+  await check('NCCL ProcessGroup (1 rank): every collective, every dtype and op', async () => {
+    const { world } = await nt.distributed.init({ backend: 'nccl', timeoutMs: 30_000, env: nt.distributed.readLaunchEnv({}) });
+    const n = 4099;
+    for (const dtype of ['f32', 'bf16', 'f16', 'i32', 'u8']) {
+      const src = dtype === 'i32' || dtype === 'u8' ? nt.rand([n], { seed: 4 }).mul(60).to(dtype).to(DEV) : randn([n], dtype, DEV);
+      const want = host(src);
+      for (const op of ['sum', 'avg', 'max', 'min', 'prod']) {
+        const x = src.clone(), out = nt.zeros([n], { dtype, device: DEV });
+        await world.allReduce(x, { op, out });
+        compare(`nccl allReduce ${op} ${dtype} out-of-place`, dtype, host(out), want, 0);
+        world.allReduce(x, { op }).waitSync();
+        compare(`nccl allReduce ${op} ${dtype} in-place`, dtype, host(x), want, 0);
+      }
+      const b = src.clone(); await world.broadcast(b); compare(`nccl broadcast ${dtype}`, dtype, host(b), want, 0);
+      const r = src.clone(); await world.reduce(r, { op: 'sum' }); compare(`nccl reduce ${dtype}`, dtype, host(r), want, 0);
+      const g = nt.zeros([n], { dtype, device: DEV }); await world.allGather(g, src); compare(`nccl allGather ${dtype}`, dtype, host(g), want, 0);
+      const gl = [nt.zeros([n], { dtype, device: DEV })]; await world.allGather(gl, src); compare(`nccl allGather list ${dtype}`, dtype, host(gl[0]), want, 0);
+      const rs = nt.zeros([n], { dtype, device: DEV }); await world.reduceScatter(rs, src); compare(`nccl reduceScatter ${dtype}`, dtype, host(rs), want, 0);
+      const a2a = nt.zeros([n], { dtype, device: DEV }); await world.allToAll(a2a, src); compare(`nccl allToAll ${dtype}`, dtype, host(a2a), want, 0);
+    }
+    await world.barrier();
+    const a = randn([1000], 'f32', DEV), c = randn([777], 'bf16', DEV), wa = host(a), wc = host(c);
+    await Promise.all(world.batch(() => [world.allReduce(a), world.allReduce(c, { op: 'max' })]));
+    compare('nccl batch allReduce f32 (then compute)', 'f32', host(nt.scale(a, 2)), wa.map((v) => 2 * v), 0);
+    compare('nccl batch allReduce bf16', 'bf16', host(c), wc, 0);
+    const expectThrow = (name, cls, fn) => { let e; try { fn(); } catch (err) { e = err; } rec.check({ name, ok: e instanceof cls, error: e instanceof cls ? undefined : `expected ${cls.name}, got ${e}` }); };
+    expectThrow('nccl group: cpu tensor', nt.ArgumentError, () => world.allReduce(nt.zeros([4])));
+    const d = nt.zeros([4], { device: DEV }); d.dispose();
+    expectThrow('nccl group: disposed tensor', nt.DisposedError, () => world.allReduce(d));
+    expectThrow('nccl group: wrong out size', nt.ShapeError, () => world.allReduce(nt.zeros([4], { device: DEV }), { out: nt.zeros([5], { device: DEV }) }));
+    expectThrow('nccl group: wrong out dtype', nt.DTypeError, () => world.allReduce(nt.zeros([4], { device: DEV }), { out: nt.zeros([4], { dtype: 'bf16', device: DEV }) }));
+    const after = randn([333], 'f32', DEV), wAfter = host(after);
+    await world.allReduce(after);
+    compare('nccl allReduce after errors', 'f32', host(after), wAfter, 0);
+    await nt.distributed.destroy();
+    expectThrow('nccl group: op after destroy', nt.StateError, () => world.allReduce(after));
+  });
+
+  // ---- coverage: every kernel of the interface ran on cuda -------------------------------------------
+  const skipNames = new Set(['Storage', 'setErrorFactory', 'memoryStats', 'resetPeakMemory', 'emptyCache', 'noop', 'read', 'write', 'copy']);
+  const missed = BACKEND_KERNELS.filter((k) => !skipNames.has(k) && !calls.has(k));
+  rec.check({ name: `every interface kernel called on cuda (${calls.size} seen)`, ok: missed.length === 0, error: missed.length ? `never called: ${missed.join(', ')}` : undefined });
+  rec.info('kernelCalls', Object.fromEntries(calls));
+
+  // ---- compute-sanitizer on a small subset ----------------------------------------------------------
+  const cs = ['compute-sanitizer', '/usr/local/cuda/bin/compute-sanitizer', ...(process.env.CUDA_HOME ? [join(process.env.CUDA_HOME, 'bin', 'compute-sanitizer')] : [])]
+    .find((p) => spawnSync(p, ['--version'], { stdio: 'ignore' }).status === 0);
+  if (!cs) { rec.info('computeSanitizer', 'not found: skipped'); return; }
+  for (const tool of ['memcheck', 'racecheck']) {
+    const t0 = Date.now();
+    const r = spawnSync(cs, ['--tool', tool, '--error-exitcode', '9', '--target-processes', 'all', process.execPath, join(root, 'scripts', 'gpu', 'stages', 'sanitize-subset.mjs')],
+      { encoding: 'utf8', timeout: 150_000, cwd: root, maxBuffer: 64 << 20 });
+    const summary = (r.stdout + r.stderr).match(/ERROR SUMMARY: \d+ errors?/)?.[0];
+    rec.check({ name: `compute-sanitizer ${tool} on the subset`, ok: r.status === 0 && /ERROR SUMMARY: 0 errors/.test(r.stdout + r.stderr), error: r.status === 0 ? summary : `exit ${r.status}${r.error ? ' ' + r.error : ''}: ${(r.stdout + r.stderr).slice(-1500)}`, wallS: (Date.now() - t0) / 1000 });
+  }
+}

@@ -1,0 +1,21 @@
+// The small subset stage 1 runs under compute-sanitizer (memcheck, racecheck): one of each kernel
+// family at small, odd sizes, forward and backward, and an optimizer step. Exits 0 when it ran.
+const nt = await import('../../../dist/index.js');
+const r = (s, dtype = 'f32') => { const t = nt.randn(s, { seed: s.length + s[0], dtype, device: 'cuda' }); t.requiresGrad = true; return t; };
+for (const dtype of ['f32', 'bf16']) {
+  nt.scope(() => {
+    const x = r([37, 96], dtype), w = r([80, 96], dtype), b = r([80], dtype), g = r([80], dtype), lb = r([80], dtype);
+    const h = nt.layerNorm(nt.gelu(nt.linear(x, w, b)), g, lb);
+    const q = r([1, 2, 33, 40], dtype), att = nt.attention(q, q, q, { causal: true });
+    const logits = nt.linear(h, r([1001, 80], dtype));
+    const loss = nt.add(nt.crossEntropy(logits, nt.tensor(Int32Array.from({ length: 37 }, (_, i) => (i * 13) % 1001), [37], { device: 'cuda' })), nt.mean(nt.softmax(att)));
+    loss.backward();
+    nt.optim.clipGradNorm([x, w, b, g, lb, q], 1);
+    console.log(dtype, loss.item());
+  });
+}
+const ps = [new nt.nn.Parameter(nt.randn([1001], { seed: 1, device: 'cuda' }))];
+ps[0].grad = nt.randn([1001], { seed: 2, device: 'cuda' });
+new nt.optim.AdamW(ps, { lr: 1e-3 }).step();
+nt.cuda.synchronize();
+console.log('subset done');
