@@ -3,7 +3,7 @@
 import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError } from '../errors.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, sleep,
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, sleep, SocketStoreClient,
   waitTimeoutError, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
 import { toBytes } from './store-wire.js';
@@ -79,26 +79,12 @@ const POLL_MAX_MS = 100;
 
 const decoder = new TextDecoder();
 
-export class RedisStore implements Store {
-  private readonly pending: { resolve(v: RespValue): void; reject(e: Error): void }[] = [];
+export class RedisStore extends SocketStoreClient<RespValue> implements Store {
   private received: Buffer = Buffer.alloc(0);
-  private failure: Error | undefined;
 
-  private constructor(
-    private readonly socket: Socket,
-    readonly host: string,
-    readonly port: number,
-    readonly timeoutMs: number,
-  ) {
+  private constructor(socket: Socket, host: string, port: number, timeoutMs: number) {
+    super(socket, host, port, timeoutMs, 'redis', 'RedisStore');
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
-    socket.on('error', (e: NodeJS.ErrnoException) =>
-      this.fail(new CommError(`connection to redis at ${this.address} failed: ${e.code ?? e.message}`, 'RedisStore')),
-    );
-    socket.on('close', () => this.fail(new CommError(`connection to redis at ${this.address} was closed`, 'RedisStore')));
-  }
-
-  get address(): string {
-    return `${this.host}:${this.port}`;
   }
 
   /** Connects (retrying until `timeoutMs` while Redis comes up) and checks it answers PING. */
@@ -142,12 +128,6 @@ export class RedisStore implements Store {
       return;
     }
     this.received = this.received.subarray(at);
-  }
-
-  private fail(error: Error): void {
-    if (!this.failure) this.failure = error;
-    for (const p of this.pending.splice(0)) p.reject(error);
-    this.socket.destroy();
   }
 
   /** Sends one command; a Redis error reply becomes a CommError naming `call`. */

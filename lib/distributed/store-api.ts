@@ -110,6 +110,41 @@ function openSocket(host: string, port: number, timeoutMs: number): Promise<Sock
 
 export const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
+
+/**
+ * What the socket store clients (TCPStore, RedisStore) share: one connection to host:port with requests
+ * answered in order, and a first failure that rejects every pending request and ends the connection.
+ * `peer` names the server in errors ('the rendezvous store', 'redis'), `call` the client class.
+ */
+export abstract class SocketStoreClient<Reply> {
+  protected readonly pending: { resolve(reply: Reply): void; reject(error: Error): void }[] = [];
+  protected failure: Error | undefined;
+
+  protected constructor(
+    protected readonly socket: Socket,
+    readonly host: string,
+    readonly port: number,
+    readonly timeoutMs: number,
+    peer: string,
+    call: string,
+  ) {
+    socket.on('error', (e: NodeJS.ErrnoException) =>
+      this.fail(new CommError(`connection to ${peer} at ${this.address} failed: ${e.code ?? e.message}`, call)),
+    );
+    socket.on('close', () => this.fail(new CommError(`connection to ${peer} at ${this.address} was closed`, call)));
+  }
+
+  /** `host:port` of the server. */
+  get address(): string {
+    return `${this.host}:${this.port}`;
+  }
+
+  protected fail(error: Error): void {
+    if (!this.failure) this.failure = error;
+    for (const p of this.pending.splice(0)) p.reject(error);
+    this.socket.destroy();
+  }
+}
 /**
  * Opens a TCP connection to a store server and runs `handshake` on it, retrying with backoff until
  * `timeoutMs` has passed (ranks often start before the master listens). Throws CommError naming

@@ -4,7 +4,7 @@ import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError, TimeoutError } from '../errors.js';
 import { RedisStore } from './redis-store.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, waitTimeoutError,
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, SocketStoreClient, waitTimeoutError,
   type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
 import { ArgReader, encodeFrame, FrameSplitter, Op, Status, type WireArg } from './store-wire.js';
@@ -18,22 +18,11 @@ interface Reply {
   status: number;
   result: ArgReader;
 }
-interface Pending {
-  resolve(reply: Reply): void;
-  reject(error: Error): void;
-}
 
 /** The client of a StoreServer: one TCP connection, requests pipelined and answered in order. */
-export class TCPStore implements Store {
-  private readonly pending: Pending[] = [];
-  private failure: Error | undefined;
-
-  private constructor(
-    private readonly socket: Socket,
-    readonly host: string,
-    readonly port: number,
-    readonly timeoutMs: number,
-  ) {
+export class TCPStore extends SocketStoreClient<Reply> implements Store {
+  private constructor(socket: Socket, host: string, port: number, timeoutMs: number) {
+    super(socket, host, port, timeoutMs, 'the rendezvous store', 'TCPStore');
     const splitter = new FrameSplitter();
     socket.on('data', (chunk: Buffer) => {
       let bodies: Buffer[];
@@ -52,15 +41,6 @@ export class TCPStore implements Store {
         p.resolve({ status: body.readUInt8(0), result: new ArgReader(body.subarray(1)) });
       }
     });
-    socket.on('error', (e: NodeJS.ErrnoException) =>
-      this.fail(new CommError(`connection to the rendezvous store at ${this.address} failed: ${e.code ?? e.message}`, 'TCPStore')),
-    );
-    socket.on('close', () => this.fail(new CommError(`connection to the rendezvous store at ${this.address} was closed`, 'TCPStore')));
-  }
-
-  /** `host:port` of the server. */
-  get address(): string {
-    return `${this.host}:${this.port}`;
   }
 
   /**
@@ -74,12 +54,6 @@ export class TCPStore implements Store {
       await store.ping(remainingMs);
       return store;
     });
-  }
-
-  private fail(error: Error): void {
-    if (!this.failure) this.failure = error;
-    for (const p of this.pending.splice(0)) p.reject(error);
-    this.socket.destroy();
   }
 
   private request(op: number, args: WireArg[] = []): Promise<Reply> {

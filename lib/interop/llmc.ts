@@ -5,9 +5,10 @@
 // [maxT, C], then each block tensor stacked over the layers ([L, ...]: ln1w, ln1b, qkvw, qkvb,
 // attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb), then lnfw and lnfb. Linear weights are
 // [out, in], as in nodetron, so nothing is transposed; every tensor has the file's dtype.
-import { closeSync, fstatSync, fsyncSync, openSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, fsyncSync, openSync } from 'node:fs';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
+import { writeAll } from '../io/files.js';
 import { GPT, type GPTConfig, padVocab } from '../nn/gpt.js';
 import { BLOCK_PARAMS, blockParamShape, bytesOf, checkGPT2, loadBytes, openForRead, readAt, writeAtomically } from './gpt2.js';
 
@@ -101,9 +102,9 @@ export function writeLlmc(model: GPT, path: string, opts: WriteLlmcOptions = {})
   writeAtomically(path, (tmp) => {
     const fd = openSync(tmp, 'w');
     try {
-      let at = writeFully(fd, new Uint8Array(header.buffer), 0);
+      let at = writeAll(fd, new Uint8Array(header.buffer), 0);
       for (const s of slots) {
-        at += writeFully(fd, bytesOf(params.get(s.name)!, dtype), at);
+        at += writeAll(fd, bytesOf(params.get(s.name)!, dtype), at);
         if (s.name === 'wte.weight') at += writeZeros(fd, wtePadBytes, at);
       }
       fsyncSync(fd);
@@ -113,15 +114,9 @@ export function writeLlmc(model: GPT, path: string, opts: WriteLlmcOptions = {})
   });
 }
 
-function writeFully(fd: number, bytes: Uint8Array, position: number): number {
-  let done = 0;
-  while (done < bytes.length) done += writeSync(fd, bytes, done, Math.min(bytes.length - done, 1 << 30), position + done);
-  return bytes.length;
-}
-
 function writeZeros(fd: number, n: number, position: number): number {
   const zeros = new Uint8Array(Math.min(n, 1 << 20));
-  for (let done = 0; done < n; done += Math.min(zeros.length, n - done)) writeFully(fd, zeros.subarray(0, Math.min(zeros.length, n - done)), position + done);
+  for (let done = 0; done < n; done += Math.min(zeros.length, n - done)) writeAll(fd, zeros.subarray(0, Math.min(zeros.length, n - done)), position + done);
   return n;
 }
 

@@ -3,8 +3,9 @@
 // here for checkpoints and model export; read with positional reads, so a reader takes only the
 // byte ranges it needs and never a whole file. The header is checked as strictly as the reference
 // implementation: ranges in order, contiguous, inside the file, sized by shape × dtype.
-import { closeSync, fstatSync, fsyncSync, openSync, readSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, fsyncSync, openSync, readSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
+import { writeAll } from './files.js';
 
 /** The dtypes safetensors names (the subset nodetron reads and writes). */
 export const SAFETENSORS_DTYPES = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U64: 8, U32: 4, U16: 2, U8: 1, BOOL: 1 } as const;
@@ -94,12 +95,6 @@ export function writeSafetensors(path: string, tensors: readonly SafetensorsTens
   } finally {
     closeSync(fd);
   }
-}
-
-function writeAll(fd: number, bytes: Uint8Array, position: number): number {
-  let done = 0;
-  while (done < bytes.length) done += writeSync(fd, bytes, done, Math.min(bytes.length - done, 1 << 30), position + done);
-  return bytes.length;
 }
 
 /** Reads and checks the header of an open file. */

@@ -1,5 +1,5 @@
 // List arguments shared by the cpu and cuda kernels (one parser, so both backends accept and reject
-// the same calls): Int32Array shapes/strides, JS arrays of sizes and floating dtype codes.
+// the same calls): Int32Array shapes/strides, JS arrays of sizes and floating dtype codes, arrays of storages.
 #pragma once
 #include <cmath>
 #include <cstring>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nt.h"
+#include "signatures.h"
 
 namespace nt {
 
@@ -69,6 +70,42 @@ inline std::vector<DType> floatDtypeArray(const Napi::CallbackInfo& info, size_t
     out[k] = DType(codes[k]);
   }
   return out;
+}
+
+// The tensor-list calls (sum_squares, scale_in_place): the call checked against its signature, then
+// counts[] at argument 1 and a floating dtypes[] of as many entries at argument 2.
+struct TensorListArgs {
+  Args a;
+  std::vector<int64_t> counts;
+  std::vector<DType> dtypes;
+};
+inline TensorListArgs tensorListArgs(const Napi::CallbackInfo& info, const char* call) {
+  Args a = kernelArgs(info, call);
+  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
+  std::vector<DType> dtypes = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  return TensorListArgs{a, std::move(counts), std::move(dtypes)};
+}
+
+// The optimizer steps' counts[], paramDtypes[] and gradDtypes[] from argument i on.
+struct ParamGradDtypes {
+  std::vector<int64_t> counts;
+  std::vector<DType> pdt, gdt;
+};
+inline ParamGradDtypes paramGradDtypes(const Napi::CallbackInfo& info, size_t i, const char* call) {
+  ParamGradDtypes l;
+  l.counts = sizeArray(info, i, call, "counts");
+  l.pdt = floatDtypeArray(info, i + 1, call, "paramDtypes", l.counts.size());
+  l.gdt = floatDtypeArray(info, i + 2, call, "gradDtypes", l.counts.size());
+  return l;
+}
+
+// Argument i as a JS array of `n` storages (each then checked by the backend).
+inline Napi::Array storageArray(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what, size_t n) {
+  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of storages");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  if (arr.Length() != n)
+    fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) + " storages, expected " + std::to_string(n));
+  return arr;
 }
 
 }  // namespace nt

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <vector>
 
+#include "../core/alloc_stats.h"
+
 namespace nt::cuda {
 
 void check(cudaError_t status, const char* call) {
@@ -379,41 +381,27 @@ static Napi::Value DeviceInfo(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("deviceInfo", DeviceInfo);
 
-static Napi::Value MemoryStats(const Napi::CallbackInfo& info) {
-  Args a{info, "memoryStats"};
+// The caching allocator of the device at argument 0 (default 0), which must exist.
+static alloc::CachingAllocator& allocatorArg(const Napi::CallbackInfo& info, const char* call) {
+  Args a{info, call};
   int d = deviceArg(a, 0);
-  requireDevice(d, "memoryStats");
-  alloc::AllocatorStats s = allocator(d).stats();
-  Napi::Object o = Napi::Object::New(info.Env());
-  o.Set("allocated", double(s.allocated));
-  o.Set("reserved", double(s.reserved));
-  o.Set("peak", double(s.peak));
-  o.Set("allocations", double(s.allocations));
-  o.Set("requested", double(s.requested));
-  o.Set("cacheHits", double(s.cacheHits));
-  o.Set("segments", double(s.segments));
-  o.Set("deviceAllocations", double(s.deviceAllocations));
-  o.Set("cacheFlushes", double(s.cacheFlushes));
-  o.Set("ooms", double(s.ooms));
-  o.Set("pendingFrees", double(s.pendingFrees));
-  return o;
+  requireDevice(d, call);
+  return allocator(d);
+}
+
+static Napi::Value MemoryStats(const Napi::CallbackInfo& info) {
+  return allocatorStatsObject(info.Env(), allocatorArg(info, "memoryStats").stats());
 }
 NT_EXPORT("memoryStats", MemoryStats);
 
 static Napi::Value ResetPeakMemory(const Napi::CallbackInfo& info) {
-  Args a{info, "resetPeakMemory"};
-  int d = deviceArg(a, 0);
-  requireDevice(d, "resetPeakMemory");
-  allocator(d).resetPeak();
+  allocatorArg(info, "resetPeakMemory").resetPeak();
   return info.Env().Undefined();
 }
 NT_EXPORT("resetPeakMemory", ResetPeakMemory);
 
 static Napi::Value EmptyCache(const Napi::CallbackInfo& info) {
-  Args a{info, "emptyCache"};
-  int d = deviceArg(a, 0);
-  requireDevice(d, "emptyCache");
-  allocator(d).emptyCache();
+  allocatorArg(info, "emptyCache").emptyCache();
   return info.Env().Undefined();
 }
 NT_EXPORT("emptyCache", EmptyCache);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 
+#include "../core/alloc_stats.h"
 #include "../core/caching_allocator.h"
 
 namespace nt::cpu {
@@ -140,19 +141,7 @@ class HostAllocatorSim : public Napi::ObjectWrap<HostAllocatorSim> {
   }
   Napi::Value Stats(const Napi::CallbackInfo& info) {
     return run(info, "stats", [&](const Args&) {
-      alloc::AllocatorStats s = allocator_->stats();
-      Napi::Object o = Napi::Object::New(info.Env());
-      o.Set("allocated", double(s.allocated));
-      o.Set("requested", double(s.requested));
-      o.Set("reserved", double(s.reserved));
-      o.Set("peak", double(s.peak));
-      o.Set("allocations", double(s.allocations));
-      o.Set("cacheHits", double(s.cacheHits));
-      o.Set("segments", double(s.segments));
-      o.Set("deviceAllocations", double(s.deviceAllocations));
-      o.Set("cacheFlushes", double(s.cacheFlushes));
-      o.Set("ooms", double(s.ooms));
-      o.Set("pendingFrees", double(s.pendingFrees));
+      Napi::Object o = allocatorStatsObject(info.Env(), allocator_->stats());
       o.Set("deviceBytesUsed", double(memory_->used()));
       o.Set("eventsDestroyed", double(memory_->destroyedEvents()));
       return o;

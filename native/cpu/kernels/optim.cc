@@ -13,10 +13,7 @@ namespace {
 // A JS array of storages, each checked to hold counts[k] elements of dtypes[k].
 std::vector<uint8_t*> storageList(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
                                   const std::vector<int64_t>& counts, const std::vector<DType>& dtypes) {
-  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of storages");
-  Napi::Array arr = info[i].As<Napi::Array>();
-  if (arr.Length() != counts.size())
-    fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) + " storages, expected " + std::to_string(counts.size()));
+  Napi::Array arr = storageArray(info, i, call, what, counts.size());
   std::vector<uint8_t*> out(counts.size());
   for (uint32_t k = 0; k < arr.Length(); k++) {
     Storage* s = Storage::From(arr.Get(k), call, i);
@@ -45,13 +42,44 @@ struct ParamGradLists {
 };
 
 ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, size_t countsAt) {
+  ParamGradDtypes d = paramGradDtypes(info, countsAt, call);
+  std::vector<uint8_t*> params = storageList(info, 0, call, "params", d.counts, d.pdt);
+  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", d.counts, d.gdt);
+  return ParamGradLists{std::move(d.counts), std::move(d.pdt), std::move(d.gdt), std::move(params), std::move(grads)};
+}
+
+// Runs body(k, n, p, g) over each parameter as f32 (p, g: converted copies for bf16/f16), then stores p back.
+template <typename Body>
+void eachParam(const ParamGradLists& l, Body body) {
+  for (size_t k = 0; k < l.counts.size(); k++) {
+    int64_t n = l.counts[k];
+    F32View P(l.params[k], l.pdt[k], n, true);
+    F32View G(l.grads[k], l.gdt[k], n, true);
+    body(k, n, P.data(), static_cast<const float*>(G.data()));
+    P.commit();
+  }
+}
+
+// What adamw_step and lamb_step read the same way: the lists, the f32 moments (expAvg, expAvgSq at
+// arguments 2 and 3), lr, beta1, beta2, eps, weightDecay, step and gradScale (arguments 7 to 13).
+struct AdamArgs {
+  Args a;
   ParamGradLists l;
-  l.counts = sizeArray(info, countsAt, call, "counts");
-  l.pdt = floatDtypeArray(info, countsAt + 1, call, "paramDtypes", l.counts.size());
-  l.gdt = floatDtypeArray(info, countsAt + 2, call, "gradDtypes", l.counts.size());
-  l.params = storageList(info, 0, call, "params", l.counts, l.pdt);
-  l.grads = storageList(info, 1, call, "grads", l.counts, l.gdt);
-  return l;
+  std::vector<float*> ms, vs;
+  double lr, b1, b2, eps, wd;
+  int64_t step;
+  float scale;
+};
+
+AdamArgs adamArgs(const Napi::CallbackInfo& info, const char* call) {
+  Args a = kernelArgs(info, call);
+  ParamGradLists l = paramGradLists(info, call, 4);
+  std::vector<float*> ms = stateList(info, 2, call, "expAvg", l.counts);
+  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", l.counts);
+  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
+  int64_t step = a.int64(12);
+  float scale = float(a.number(13));
+  return AdamArgs{a, std::move(l), std::move(ms), std::move(vs), lr, b1, b2, eps, wd, step, scale};
 }
 
 }  // namespace
@@ -61,27 +89,15 @@ ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, 
 // Decoupled weight decay (p *= 1 - lr*wd), then the bias-corrected Adam update; grads are multiplied
 // by gradScale first (how clipping or loss-scale unscaling folds into the same pass).
 static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
-  const char* call = "adamw_step";
-  Args a = kernelArgs(info, call);
-  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
-  std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
-  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
-  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
-  int64_t step = a.int64(12);
-  float scale = float(a.number(13));
-  if (step < 1) fail(Err::Argument, "adamw_step: step must be >= 1");
-  const float decay = float(1.0 - lr * wd);
-  const float stepSize = float(lr / (1.0 - std::pow(b1, double(step))));
-  const float invSqrtBc2 = float(1.0 / std::sqrt(1.0 - std::pow(b2, double(step))));
-  const float fb1 = float(b1), fb2 = float(b2), feps = float(eps);
-  for (size_t k = 0; k < counts.size(); k++) {
-    int64_t n = counts[k];
-    F32View P(params[k], pdt[k], n, true);
-    F32View G(grads[k], gdt[k], n, true);
-    float* p = P.data();
-    const float* g = G.data();
-    float* m = ms[k];
-    float* v = vs[k];
+  AdamArgs A = adamArgs(info, "adamw_step");
+  if (A.step < 1) fail(Err::Argument, "adamw_step: step must be >= 1");
+  const float decay = float(1.0 - A.lr * A.wd);
+  const float stepSize = float(A.lr / (1.0 - std::pow(A.b1, double(A.step))));
+  const float invSqrtBc2 = float(1.0 / std::sqrt(1.0 - std::pow(A.b2, double(A.step))));
+  const float fb1 = float(A.b1), fb2 = float(A.b2), feps = float(A.eps), scale = A.scale;
+  eachParam(A.l, [&](size_t k, int64_t n, float* p, const float* g) {
+    float* m = A.ms[k];
+    float* v = A.vs[k];
     for (int64_t i = 0; i < n; i++) {
       float gi = g[i] * scale;
       float mi = fb1 * m[i] + (1.0f - fb1) * gi;
@@ -90,8 +106,7 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
       v[i] = vi;
       p[i] = p[i] * decay - stepSize * mi / (std::sqrt(vi) * invSqrtBc2 + feps);
     }
-    P.commit();
-  }
+  });
   return info.Env().Undefined();
 }
 NT_EXPORT("adamw_step", AdamwStep);
@@ -101,28 +116,17 @@ NT_EXPORT("adamw_step", AdamwStep);
 // Per tensor: u = m^/(sqrt(v^)+eps) + wd*p, then p -= lr * (||p|| / ||u||) * u (ratio 1 when a norm is 0).
 // Two passes over each tensor (norms, then update) so no update buffer is needed.
 static Napi::Value LambStep(const Napi::CallbackInfo& info) {
-  const char* call = "lamb_step";
-  Args a = kernelArgs(info, call);
-  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 4);
-  std::vector<float*> ms = stateList(info, 2, call, "expAvg", counts);
-  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", counts);
-  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
-  int64_t step = a.int64(12);
-  float scale = float(a.number(13));
-  bool biasCorrection = a.boolean(14);
-  if (step < 1) fail(Err::Argument, "lamb_step: step must be >= 1");
-  const float invBc1 = biasCorrection ? float(1.0 / (1.0 - std::pow(b1, double(step)))) : 1.0f;
-  const float invBc2 = biasCorrection ? float(1.0 / (1.0 - std::pow(b2, double(step)))) : 1.0f;
-  const float fb1 = float(b1), fb2 = float(b2), feps = float(eps), fwd = float(wd);
-  Napi::Float64Array ratios = Napi::Float64Array::New(info.Env(), counts.size());
-  for (size_t k = 0; k < counts.size(); k++) {
-    int64_t n = counts[k];
-    F32View P(params[k], pdt[k], n, true);
-    F32View G(grads[k], gdt[k], n, true);
-    float* p = P.data();
-    const float* g = G.data();
-    float* m = ms[k];
-    float* v = vs[k];
+  AdamArgs A = adamArgs(info, "lamb_step");
+  bool biasCorrection = A.a.boolean(14);
+  if (A.step < 1) fail(Err::Argument, "lamb_step: step must be >= 1");
+  const float invBc1 = biasCorrection ? float(1.0 / (1.0 - std::pow(A.b1, double(A.step)))) : 1.0f;
+  const float invBc2 = biasCorrection ? float(1.0 / (1.0 - std::pow(A.b2, double(A.step)))) : 1.0f;
+  const float fb1 = float(A.b1), fb2 = float(A.b2), feps = float(A.eps), fwd = float(A.wd), scale = A.scale;
+  const double lr = A.lr;
+  Napi::Float64Array ratios = Napi::Float64Array::New(info.Env(), A.l.counts.size());
+  eachParam(A.l, [&](size_t k, int64_t n, float* p, const float* g) {
+    float* m = A.ms[k];
+    float* v = A.vs[k];
     double pNormSq = 0, uNormSq = 0;
     for (int64_t i = 0; i < n; i++) {
       float gi = g[i] * scale;
@@ -139,8 +143,7 @@ static Napi::Value LambStep(const Napi::CallbackInfo& info) {
       float u = (m[i] * invBc1) / (std::sqrt(v[i] * invBc2) + feps) + fwd * p[i];
       p[i] -= stepSize * u;
     }
-    P.commit();
-  }
+  });
   return ratios;
 }
 NT_EXPORT("lamb_step", LambStep);
@@ -152,19 +155,14 @@ NT_EXPORT("lamb_step", LambStep);
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgd_step";
   Args a = kernelArgs(info, call);
-  auto [counts, pdt, gdt, params, grads] = paramGradLists(info, call, 3);
+  ParamGradLists l = paramGradLists(info, call, 3);
   double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
   bool nesterov = a.boolean(10), first = a.boolean(11);
   float scale = float(a.number(12));
   std::vector<float*> bufs;
-  if (mom != 0) bufs = stateList(info, 2, call, "momentumBufs", counts);
+  if (mom != 0) bufs = stateList(info, 2, call, "momentumBufs", l.counts);
   const float flr = float(lr), fmom = float(mom), fdamp = float(1.0 - damp), fwd = float(wd);
-  for (size_t k = 0; k < counts.size(); k++) {
-    int64_t n = counts[k];
-    F32View P(params[k], pdt[k], n, true);
-    F32View G(grads[k], gdt[k], n, true);
-    float* p = P.data();
-    const float* g = G.data();
+  eachParam(l, [&](size_t k, int64_t n, float* p, const float* g) {
     float* buf = mom != 0 ? bufs[k] : nullptr;
     for (int64_t i = 0; i < n; i++) {
       float d = g[i] * scale + fwd * p[i];
@@ -174,8 +172,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
       }
       p[i] -= flr * d;
     }
-    P.commit();
-  }
+  });
   return info.Env().Undefined();
 }
 NT_EXPORT("sgd_step", SgdStep);
@@ -183,9 +180,7 @@ NT_EXPORT("sgd_step", SgdStep);
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
-  Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
-  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  auto [a, counts, dts] = tensorListArgs(info, call);
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
   Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
   for (size_t k = 0; k < counts.size(); k++) {
@@ -202,9 +197,7 @@ NT_EXPORT("sum_squares", SumSquares);
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
-  Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
-  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  auto [a, counts, dts] = tensorListArgs(info, call);
   std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
   float alpha = float(a.number(3));
   for (size_t k = 0; k < counts.size(); k++) {

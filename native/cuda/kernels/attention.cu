@@ -40,11 +40,8 @@ static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
   void* s = k.data(0, dt, n);
   void* p = k.data(1, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    attentionSoftmaxKernel<T><<<unsigned(batch * tq), rowThreads(tk), 0, st>>>(static_cast<const T*>(s), static_cast<T*>(p),
-                                                                                              tq, tk, scale, causal, window));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, attentionSoftmaxKernel, unsigned(batch * tq), rowThreads(tk),
+                  static_cast<const T*>(s), static_cast<T*>(p), tq, tk, scale, causal, window);
   return info.Env().Undefined();
 }
 NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
@@ -61,11 +58,8 @@ static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
   void* g = k.data(1, dt, n);
   void* o = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    softmaxBackwardKernel<T><<<unsigned(batch * tq), rowThreads(tk), 0, st>>>(
-                        static_cast<const T*>(p), static_cast<const T*>(g), static_cast<T*>(o), tk, false, scale));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, softmaxBackwardKernel, unsigned(batch * tq), rowThreads(tk),
+                  static_cast<const T*>(p), static_cast<const T*>(g), static_cast<T*>(o), tk, false, scale);
   return info.Env().Undefined();
 }
 NT_EXPORT("attention_softmax_backward", AttentionSoftmaxBackward);

@@ -124,6 +124,16 @@ inline unsigned gridFor(int64_t n, int threads = kThreads) {
 #define NT_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
+// The launch most kernel bindings end with: on the KernelCall's current stream, `kernel<T>` over
+// grid x threads with T bound to dt's storage type (f32, bf16, f16; the arguments may name T), then the
+// launch checked (a failure names the call).
+#define NT_LAUNCH_FLOAT(k, dt, kernel, grid, threads, ...)                                  \
+  do {                                                                                        \
+    cudaStream_t ntLaunchStream = (k).stream();                                               \
+    NT_DISPATCH_FLOAT(dt, (k).name(), T, kernel<T><<<grid, threads, 0, ntLaunchStream>>>(__VA_ARGS__)); \
+    (k).launched();                                                                           \
+  } while (0)
+
 // Warp and block sums/maxes for row kernels (block size a multiple of 32, at most 1024).
 __device__ __forceinline__ float warpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -49,11 +49,8 @@ static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
   float* loss = k.data<float>(2, DType::F32, rows);
   float* lse = k.data<float>(3, DType::F32, rows);
   if (rows == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    crossEntropyForwardKernel<T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(static_cast<const T*>(x), t, loss, lse,
-                                                                                              vocab, int32_t(ignore)));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, crossEntropyForwardKernel, unsigned(rows), rowThreads(vocab),
+                  static_cast<const T*>(x), t, loss, lse, vocab, int32_t(ignore));
   return info.Env().Undefined();
 }
 NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);

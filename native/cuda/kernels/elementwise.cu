@@ -87,11 +87,8 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
   void* a = k.data(1, dt, extentA);
   void* b = k.data(2, dt, extentB);
   void* out = k.data(3, dt, n);
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "binary", T,
-                    binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                     static_cast<T*>(out), n, s));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, binaryKernel, gridFor(n), kThreads,
+                  int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, s);
   return info.Env().Undefined();
 }
 NT_EXPORT("binary", Binary);
@@ -107,10 +104,7 @@ static Napi::Value Unary(const Napi::CallbackInfo& info) {
   void* x = k.data(1, dt, n);
   void* out = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "unary", T,
-                    unaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(x), static_cast<T*>(out), n, p));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, unaryKernel, gridFor(n), kThreads, int(op), static_cast<const T*>(x), static_cast<T*>(out), n, p);
   return info.Env().Undefined();
 }
 NT_EXPORT("unary", Unary);
@@ -131,11 +125,8 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   void* g = k.data(3, dt, n);
   void* gi = k.data(4, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    unaryBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(x), static_cast<const T*>(y),
-                                                                            static_cast<const T*>(g), static_cast<T*>(gi), n, p));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, unaryBackwardKernel, gridFor(n), kThreads,
+                  int(op), static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(g), static_cast<T*>(gi), n, p);
   return info.Env().Undefined();
 }
 NT_EXPORT("unary_backward", UnaryBackward);

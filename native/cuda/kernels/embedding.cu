@@ -34,11 +34,8 @@ static Napi::Value EmbeddingForwardAbi(const Napi::CallbackInfo& info) {
   void* w = k.data(1, dt, vocab * dim);
   void* out = k.data(2, dt, n * dim);
   if (n * dim == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    embeddingForwardKernel<T><<<gridFor(n * dim), kThreads, 0, st>>>(static_cast<const T*>(w), ids, static_cast<T*>(out), n,
-                                                                                    dim, vocab));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, embeddingForwardKernel, gridFor(n * dim), kThreads,
+                  static_cast<const T*>(w), ids, static_cast<T*>(out), n, dim, vocab);
   return info.Env().Undefined();
 }
 NT_EXPORT("embedding_forward", EmbeddingForwardAbi);

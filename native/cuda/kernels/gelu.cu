@@ -39,10 +39,7 @@ static Napi::Value GeluForwardAbi(const Napi::CallbackInfo& info) {
   void* x = k.data(0, dt, n);
   void* y = k.data(1, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "gelu_forward", T,
-                    geluForwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(x), nullptr, static_cast<T*>(y), n, 1));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, geluForwardKernel, gridFor(n), kThreads, static_cast<const T*>(x), nullptr, static_cast<T*>(y), n, 1);
   return info.Env().Undefined();
 }
 NT_EXPORT("gelu_forward", GeluForwardAbi);
@@ -55,11 +52,8 @@ static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
   void* dy = k.data(1, dt, n);
   void* dx = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "gelu_backward", T,
-                    geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), nullptr,
-                                                                           static_cast<T*>(dx), n, 1));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, geluBackwardKernel, gridFor(n), kThreads,
+                  static_cast<const T*>(dy), static_cast<const T*>(x), nullptr, static_cast<T*>(dx), n, 1);
   return info.Env().Undefined();
 }
 NT_EXPORT("gelu_backward", GeluBackwardAbi);

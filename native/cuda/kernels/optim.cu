@@ -89,11 +89,6 @@ __global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks,
   }
 }
 
-static Napi::Array storageList(const Napi::CallbackInfo& info, size_t i, const char* call) {
-  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be an array of storages");
-  return info[i].As<Napi::Array>();
-}
-
 // Runs AdamW (or LAMB) over `tensors` (all with parameter dtype pt, gradient dtype gt) on the device's
 // current stream. For LAMB, `norms` (when given) receives each tensor's squared weight and update norms,
 // which makes the call wait for the stream.
@@ -146,11 +141,7 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
 // elements of dtypes[k].
 static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
                                             const std::vector<int64_t>& counts, const std::vector<DType>& dtypes, int& device) {
-  if (!info[i].IsArray()) fail(Err::Argument, std::string(call) + ": " + what + " must be an array of storages");
-  Napi::Array arr = info[i].As<Napi::Array>();
-  if (arr.Length() != counts.size())
-    fail(Err::Argument, std::string(call) + ": " + what + " has " + std::to_string(arr.Length()) + " storages, expected " +
-                            std::to_string(counts.size()));
+  Napi::Array arr = storageArray(info, i, call, what, counts.size());
   std::vector<uint8_t*> out(counts.size());
   for (uint32_t k = 0; k < arr.Length(); k++) {
     DeviceStorage* s = DeviceStorage::From(arr.Get(k), call, i);
@@ -167,9 +158,7 @@ static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size
 //   (param dtype, grad dtype) pair. lamb_step returns the trust ratios (Float64Array), so it waits for the stream.
 static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* call, bool lamb) {
   Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 4, call, "counts");
-  std::vector<DType> pdt = floatDtypeArray(info, 5, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = floatDtypeArray(info, 6, call, "gradDtypes", counts.size());
+  auto [counts, pdt, gdt] = paramGradDtypes(info, 4, call);
   std::vector<DType> f32(counts.size(), DType::F32);
   int device = -1;
   std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
@@ -227,9 +216,7 @@ __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, flo
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   const char* call = "sgd_step";
   Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 3, call, "counts");
-  std::vector<DType> pdt = floatDtypeArray(info, 4, call, "paramDtypes", counts.size());
-  std::vector<DType> gdt = floatDtypeArray(info, 5, call, "gradDtypes", counts.size());
+  auto [counts, pdt, gdt] = paramGradDtypes(info, 3, call);
   int device = -1;
   std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
   std::vector<uint8_t*> grads = deviceStorages(info, 1, call, "grads", counts, gdt, device);
@@ -277,9 +264,7 @@ __global__ void scaleKernel(T* x, int64_t n, float alpha) {
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
-  Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
-  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  auto [a, counts, dts] = tensorListArgs(info, call);
   int device = -1;
   std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
   Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
@@ -305,9 +290,7 @@ NT_EXPORT("sum_squares", SumSquares);
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
-  Args a = kernelArgs(info, call);
-  std::vector<int64_t> counts = sizeArray(info, 1, call, "counts");
-  std::vector<DType> dts = floatDtypeArray(info, 2, call, "dtypes", counts.size());
+  auto [a, counts, dts] = tensorListArgs(info, call);
   int device = -1;
   std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
   float alpha = float(a.number(3));

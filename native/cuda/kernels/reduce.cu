@@ -91,10 +91,7 @@ static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
   void* out = k.data(1, dt, m);
   int32_t* arg = k.data<int32_t>(2, DType::I32, m);
   if (m == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    maxDimKernel<T><<<gridFor(m), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<T*>(out), arg, outer, red, inner));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, maxDimKernel, gridFor(m), kThreads, static_cast<const T*>(x), static_cast<T*>(out), arg, outer, red, inner);
   return info.Env().Undefined();
 }
 NT_EXPORT("max_dim", MaxDim);

@@ -28,10 +28,7 @@ static Napi::Value SoftmaxForwardAbi(const Napi::CallbackInfo& info) {
   void* x = k.data(0, dt, rows * cols);
   void* y = k.data(1, dt, rows * cols);
   if (rows * cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    softmaxForwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(static_cast<const T*>(x), static_cast<T*>(y), cols, log));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, softmaxForwardKernel, unsigned(rows), rowThreads(cols), static_cast<const T*>(x), static_cast<T*>(y), cols, log);
   return info.Env().Undefined();
 }
 NT_EXPORT("softmax_forward", SoftmaxForwardAbi);
@@ -47,11 +44,8 @@ static Napi::Value SoftmaxBackwardAbi(const Napi::CallbackInfo& info) {
   void* dy = k.data(1, dt, rows * cols);
   void* dx = k.data(2, dt, rows * cols);
   if (rows * cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    softmaxBackwardKernel<T><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-                        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), cols, log));
-  k.launched();
+  NT_LAUNCH_FLOAT(k, dt, softmaxBackwardKernel, unsigned(rows), rowThreads(cols),
+                  static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), cols, log);
   return info.Env().Undefined();
 }
 NT_EXPORT("softmax_backward", SoftmaxBackwardAbi);
