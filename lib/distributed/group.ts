@@ -142,7 +142,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     const comm = this.comms.get(x.device);
     if (!comm) {
       throw new ArgumentError(`${call}: tensor is on ${x.device} but group '${this.name}' communicates on ${this.devices.join(', ')}` +
-        (x.device.startsWith('cuda') ? ' (cuda tensors need the nccl backend, which init() picks on a machine with a GPU per local rank)' : ''));
+        (x.device.startsWith('cuda') ? ' (cuda tensors go through NCCL when every local rank has its own GPU, else through Gloo in host memory; neither is set up here)' : ''));
     }
     return comm;
   }

@@ -1,9 +1,12 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
+import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
 import { ArgumentError, StateError } from '../errors.js';
+import { cpu, cuda } from '../native.js';
 import { type CommBackend, createGlooBackend } from './backend.js';
+import { HostStagedBackend } from './host-staging.js';
 import { createNcclBackend, loadNcclAddon, ncclUsableDevices } from './nccl-backend.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
@@ -90,6 +93,16 @@ function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: strin
   return { deviceHost: host, deviceIface: iface };
 }
 
+/** GPUs whose tensors a Gloo-only group moves through host memory (0 without a driver: no cuda addon load). */
+function stagedCudaDevices(): number {
+  if (!existsSync('/dev/nvidiactl') && !existsSync('/dev/dxg')) return 0;
+  try {
+    return cuda().deviceCount() as number;
+  } catch {
+    return 0;
+  }
+}
+
 async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory = rt.sharedMemory): Promise<ProcessGroup> {
   const rank = globalRanks.indexOf(rt.env.rank);
   const comms = new Map<string, CommBackend>();
@@ -110,6 +123,16 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
         verifySizes: rt.verifySizes,
         sharedMemory,
       }));
+    }
+    const gloo = comms.get('cpu');
+    if (gloo && process.env.NODETRON_TEST_HOST_STAGING === '1') {
+      // Test hook: cpu tensors take the host-staged path (cpu storages as the "device"), so the
+      // staging is exercised by every collective test on a machine without a GPU.
+      comms.set('cpu', new HostStagedBackend(gloo, cpu(), true));
+    }
+    if (gloo && !rt.backends.nccl) {
+      // Without NCCL, cuda tensors go through Gloo in host memory (ranks sharing a GPU, or backend 'gloo').
+      for (let d = 0; d < stagedCudaDevices(); d++) comms.set(`cuda:${d}`, new HostStagedBackend(gloo, cuda()));
     }
     if (rt.backends.nccl) {
       comms.set(`cuda:${rt.env.localRank}`, await createNcclBackend({

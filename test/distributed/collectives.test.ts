@@ -28,6 +28,16 @@ describe('gloo collectives across processes', () => {
     }
   });
 
+  it('the host-staged path (device tensors through Gloo in host memory) agrees with the reference on 3 ranks', async () => {
+    // NODETRON_TEST_HOST_STAGING=1 routes cpu tensors through the staging a cuda tensor takes without NCCL.
+    const results = await runRanks('collectives.mjs', 3, [], { ...quiet, NODETRON_TEST_HOST_STAGING: '1' });
+    for (const r of results) {
+      expect(r.code, `rank ${r.rank} stderr: ${r.stderr.slice(-2000)}`).toBe(0);
+      expect(r.result.wrong).toEqual({});
+      expect(r.result.stagedOps).toBeGreaterThan(200);
+    }
+  });
+
   it('check mode passes when all ranks run the same collectives', async () => {
     const results = await runRanks('collectives.mjs', 2, [], { ...quiet, NODETRON_COMM_CHECK: '1' });
     for (const r of results) {
