@@ -450,11 +450,15 @@ static Napi::Value StreamDestroy(const Napi::CallbackInfo& info) {
       if (c == id) fail(Err::Argument, "streamDestroy: stream " + std::to_string(id) + " is a device's current stream");
   }
   useDevice(d);
-  // The allocator may still cache blocks of this stream; synchronizing first keeps them valid.
+  // Synchronizing first means the stream has no work left: the allocator then needs no event for
+  // blocks recorded on it, and releases its segments once they are free (ids are never reused).
   check(cudaStreamSynchronize(streams[size_t(id)].stream), "cudaStreamSynchronize");
   check(cudaStreamDestroy(streams[size_t(id)].stream), "cudaStreamDestroy");
-  std::lock_guard<std::mutex> lock(streamsMutex);
-  streams[size_t(id)].stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(streamsMutex);
+    streams[size_t(id)].stream = nullptr;
+  }
+  allocator(d).streamDestroyed(alloc::StreamId(id));
   return info.Env().Undefined();
 }
 NT_EXPORT("streamDestroy", StreamDestroy);
