@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -61,8 +62,12 @@ void requireDevice(int device, const char* call) {
          call);
 }
 
+// The device the running call used last (for the debug synchronization below).
+static thread_local int touchedDevice = -1;
+
 void useDevice(int device) {
   thread_local int current = -1;
+  touchedDevice = device;
   if (current == device) return;
   check(cudaSetDevice(device), "cudaSetDevice");
   current = device;
@@ -277,6 +282,35 @@ void KernelCall::launched() {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail(Err::Native, std::string(call_) + ": kernel launch failed: " + cudaGetErrorString(e), call_);
 }
+
+// ---- debug synchronization (NODETRON_CUDA_SYNC=1) ---------------------------------------------
+// Kernels and cuBLASLt calls run asynchronously: a fault they cause (an illegal address, a trap)
+// surfaces at some later call that has nothing to do with it. In this mode every registered call
+// that used a device waits for that device's current stream before it returns, so the fault
+// becomes a typed error under the op that queued it.
+static std::string asyncFaultMessage(const char* call, int device, cudaError_t status) {
+  return std::string(call) + ": asynchronous CUDA error on cuda:" + std::to_string(device) +
+         " right after this call (NODETRON_CUDA_SYNC=1): " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) +
+         "). This call, or work queued on its stream just before it, caused it; the CUDA context may now be unusable";
+}
+
+static void syncAfterCall(const char* call) {
+  int d = touchedDevice;
+  touchedDevice = -1;
+  if (d < 0) return;
+  cudaError_t e = cudaStreamSynchronize(currentStream(d));
+  if (e != cudaSuccess) fail(Err::Native, asyncFaultMessage(call, d, e), call);
+}
+
+static const bool debugSync = [] {
+  bool on = envFlag(std::getenv("NODETRON_CUDA_SYNC"));
+  if (on) setAfterCallHook(syncAfterCall);
+  return on;
+}();
+
+// debugSync() -> whether NODETRON_CUDA_SYNC turned the synchronization on when the addon loaded.
+static Napi::Value DebugSync(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), debugSync); }
+NT_EXPORT("debugSync", DebugSync);
 
 // ---- exported functions ------------------------------------------------------------------------
 static int deviceArg(const Args& a, size_t i) {
