@@ -3,6 +3,7 @@
 import { type DeviceLike, parseDevice } from '../device.js';
 import { DeviceError, StateError } from '../errors.js';
 import { cuda } from '../native.js';
+import type { Tensor } from '../tensor.js';
 
 function cudaIndex(device: DeviceLike | undefined, call: string): number {
   const dev = parseDevice(device ?? 'cuda', call);
@@ -27,6 +28,8 @@ export class Stream {
     const e = new Event(this.device);
     try { e.record(other); this.waitEvent(e); } finally { e.destroy(); }
   }
+  /** Whether destroy() was called on this handle. */
+  get destroyed(): boolean { return this.#destroyed; }
   /** Frees a stream made by newStream() (the default stream cannot be destroyed). */
   destroy(): void {
     if (this.#destroyed || this.id === 0) return;
@@ -105,6 +108,23 @@ export function withStream<T>(stream: Stream, fn: () => T | Promise<T>): T | Pro
   if (result instanceof Promise) return result.finally(() => setStream(prev));
   setStream(prev);
   return result;
+}
+
+/**
+ * Declares that `tensor`'s memory is used by work queued on `stream`, a stream other than the one
+ * it was allocated on (PyTorch's Tensor.record_stream). The caching allocator otherwise reuses a
+ * freed block for later work on its own stream at once; after recordStream it waits, when the
+ * tensor is freed, until the work queued on `stream` by then has finished. Call it for every
+ * tensor an op on a side stream reads or writes and that may be freed before that op finishes.
+ * Views share their storage, so recording one records them all. A stream destroyed later needs
+ * nothing more (streamDestroy synchronizes it first).
+ */
+export function recordStream(tensor: Tensor, stream: Stream): void {
+  const dev = tensor.deviceInfo;
+  if (dev.type !== 'cuda') throw new DeviceError(`recordStream: the tensor is on ${dev.name}, not a cuda device`);
+  if (dev.index !== stream.device) throw new DeviceError(`recordStream: the tensor is on ${dev.name}, the stream on cuda:${stream.device}`);
+  if (stream.destroyed) throw new StateError(`recordStream: stream ${stream.id} was destroyed`);
+  cuda().recordStream(tensor.storage, stream.id);
 }
 
 /** Blocks the host until all work on `device` (default 'cuda') has finished. */

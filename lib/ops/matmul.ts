@@ -138,12 +138,18 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   }
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
   const out = emptyLike(x, plan.outShape);
-  if (bias) {
+  if (bias && x.deviceInfo.type === 'cuda' && plan.k > 0 && plan.m > 0 && plan.n > 0) {
+    // cuBLASLt adds the bias in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS): no broadcast pass.
+    x.backend.gemm_epilogue(x.storage, weight.storage, out.storage, dtypeCode(x.dtype), plan.batch, plan.m, plan.n, plan.k,
+      false, true, 1, 0, plan.strideA, plan.strideB, plan.m * plan.n, bias.storage, 1, null);
+  } else if (bias) {
     // Start from the bias in every row, then let the GEMM accumulate (beta = 1): no second pass.
     const rows = out.size / Math.max(outF, 1);
     out.backend.copy_strided(bias.storage, out.storage, dtypeCode(bias.dtype), new Int32Array([rows, outF]), new Int32Array([0, 1]), 0, new Int32Array([outF, 1]), 0);
+    gemmInto(out, x, weight, plan, false, true, 1, 1);
+  } else {
+    gemmInto(out, x, weight, plan, false, true, 1, 0);
   }
-  gemmInto(out, x, weight, plan, false, true, 1, bias ? 1 : 0);
   if (!needsGrad(x, weight, bias)) return out;
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);

@@ -17,6 +17,9 @@
 //   fragmentation of the large pool.
 // - A freed block merges with free neighbours of its segment, so a segment whose blocks are all free
 //   is one block again and can be released.
+// - A destroyed stream (the runtime synchronizes it first) has no work left and gets none later:
+//   streamDestroyed() forgets it in every block's recorded streams (no event is needed for it), and
+//   releases its segments, which no later request can use, as soon as they are fully free.
 // - When the device refuses a segment, every fully free cached segment is released and the request
 //   retried once; if that fails too, OutOfMemoryError carries the allocator's statistics.
 #pragma once
@@ -138,32 +141,62 @@ class CachingAllocator {
     return b->ptr;
   }
 
-  // Returns a block to the cache (after the streams it was recorded on have caught up).
+  // Returns a block to the cache (after the streams it was recorded on have caught up). If an event
+  // cannot be recorded the call throws and the block stays live: the books never lose it.
   void free(void* p) {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mutex_);
     Block* b = liveBlock(p, "free");
+    std::vector<EventId> events;
+    try {
+      for (StreamId s : b->usedOn)
+        if (!dead_.count(s)) events.push_back(raw_.recordEvent(s));
+    } catch (...) {
+      for (EventId e : events) raw_.destroyEvent(e);
+      throw;
+    }
     live_.erase(b->ptr);
     stats_.allocated -= int64_t(b->size);
     stats_.requested -= int64_t(b->requested);
-    if (b->usedOn.empty()) {
+    b->usedOn.clear();
+    if (events.empty()) {
       toCache(b);
       return;
     }
-    for (StreamId s : b->usedOn) b->events.push_back(raw_.recordEvent(s));
-    b->usedOn.clear();
+    b->events = std::move(events);
     pending_.push_back(b);
     stats_.pendingFrees++;
   }
 
-  // Declares that a live block is also used by work on `stream`.
+  // Declares that a live block is also used by work on `stream` (a destroyed stream has none).
   void recordStream(void* p, StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     Block* b = liveBlock(p, "recordStream");
-    if (stream == b->stream) return;
+    if (stream == b->stream || dead_.count(stream)) return;
     for (StreamId s : b->usedOn)
       if (s == stream) return;
     b->usedOn.push_back(stream);
+  }
+
+  // `stream` was destroyed after all its work finished (ids are never reused). Blocks recorded as
+  // used on it no longer wait for it; its segments are released once fully free (now, or when their
+  // last block is freed), since no later request can be served from them.
+  void streamDestroyed(StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dead_.insert(stream);
+    for (auto& [ptr, b] : live_) {
+      auto& u = b->usedOn;
+      for (size_t i = 0; i < u.size();) {
+        if (u[i] == stream) {
+          u[i] = u.back();
+          u.pop_back();
+        } else {
+          i++;
+        }
+      }
+    }
+    processEventsLocked();
+    releaseCached(&stream);
   }
 
   // Caches blocks whose cross-stream events have completed.
@@ -285,7 +318,20 @@ class CachingAllocator {
       if (n->next) n->next->prev = b;
       delete n;
     }
+    if (!b->prev && !b->next && dead_.count(b->stream)) {  // a dead stream's segment, now fully free
+      releaseSegment(b);
+      return;
+    }
     pool.insert(b);
+  }
+
+  // Gives a segment that is one free block, not in any pool, back to the device.
+  void releaseSegment(Block* b) {
+    segments_.erase(b->ptr);
+    raw_.release(b->ptr, b->size);
+    stats_.reserved -= int64_t(b->size);
+    stats_.segments--;
+    delete b;
   }
 
   void processEventsLocked() {
@@ -306,20 +352,17 @@ class CachingAllocator {
     }
   }
 
-  void releaseCached() {
+  // Releases every fully free cached segment (only those of *onlyStream when given).
+  void releaseCached(const StreamId* onlyStream = nullptr) {
     for (std::set<Block*, BlockLess>* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (b->prev || b->next) {
+        if (b->prev || b->next || (onlyStream && b->stream != *onlyStream)) {
           ++it;
           continue;
         }
         it = pool->erase(it);
-        segments_.erase(b->ptr);
-        raw_.release(b->ptr, b->size);
-        stats_.reserved -= int64_t(b->size);
-        stats_.segments--;
-        delete b;
+        releaseSegment(b);
       }
     }
   }
@@ -331,6 +374,7 @@ class CachingAllocator {
   std::unordered_map<char*, Block*> live_;
   std::unordered_map<char*, Block*> segments_;  // base -> first block
   std::vector<Block*> pending_;
+  std::set<StreamId> dead_;  // destroyed streams
   AllocatorStats stats_;
 };
 

@@ -1,6 +1,7 @@
 // Implementation of the addon core: error factory, export registry, argument checks, host storage.
 #include "nt.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <atomic>
@@ -91,10 +92,22 @@ static std::vector<ClassInit>& classInits() {
 Registration::Registration(const char* name, Fn fn) { entries().push_back({name, fn}); }
 ClassRegistration::ClassRegistration(ClassInit init) { classInits().push_back(init); }
 
+static AfterCall afterCallHook = nullptr;
+void setAfterCallHook(AfterCall hook) { afterCallHook = hook; }
+
+bool envFlag(const char* value) {
+  if (!value) return false;
+  std::string v(value);
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
 Napi::Value guarded(const char* name, Fn fn, const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   try {
-    return fn(info);
+    Napi::Value result = fn(info);
+    if (afterCallHook) afterCallHook(name);
+    return result;
   } catch (const Error& e) {
     makeError(env, e.code, e.message, e.call.empty() ? name : e.call).ThrowAsJavaScriptException();
   } catch (const std::bad_alloc&) {

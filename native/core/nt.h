@@ -50,6 +50,15 @@ struct ClassRegistration {
   explicit ClassRegistration(ClassInit init);
 };
 Napi::Value guarded(const char* name, Fn fn, const Napi::CallbackInfo& info);
+// Runs after every registered call that returned normally, inside guarded(), so what it throws
+// becomes that call's typed error. Unset by default; the cuda addon's debug mode
+// (NODETRON_CUDA_SYNC=1) synchronizes there.
+using AfterCall = void (*)(const char* name);
+void setAfterCallHook(AfterCall hook);
+
+// An on/off environment flag's value: "1", "true", "yes", "on" (any case) are on; unset, empty and
+// anything else are off.
+bool envFlag(const char* value);
 
 #define NT_CONCAT_(a, b) a##b
 #define NT_CONCAT(a, b) NT_CONCAT_(a, b)

@@ -47,12 +47,25 @@ NT_HD float uniform(uint64_t seed, uint64_t base, uint64_t e) {
 }
 
 // Standard normal by Box-Muller, two elements per block: element e uses lanes (2(e&1), 2(e&1)+1).
+// The cuda kernels are compiled with --use_fast_math, which would turn logf/cosf/sqrtf into
+// approximations (__logf loses all relative accuracy near u1 = 1, i.e. for normals near 0) and
+// let products fuse. Device code therefore takes log and cos in double (fast math only touches
+// single precision) rounded once to float, and the IEEE round-to-nearest intrinsics for sqrt and
+// products: each step then matches the cpu's float step to within its libm's rounding (<= 1 ulp),
+// so the two streams agree to a few ulp. The host code is unchanged (the cpu stream is the reference).
 NT_HD float normal(uint64_t seed, uint64_t base, uint64_t e) {
   U4 b = block(seed, base + (e >> 1));
   unsigned h = unsigned(e & 1) * 2;
-  float u1 = (float(lane(b, h) >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
-  float u2 = float(lane(b, h + 1) >> 8) * (1.0f / 16777216.0f);
+  float u1 = (float(lane(b, h) >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1], exact
+  float u2 = float(lane(b, h + 1) >> 8) * (1.0f / 16777216.0f);           // [0, 1), exact
+#ifdef __CUDA_ARCH__
+  float logU1 = float(::log(double(u1)));
+  float angle = __fmul_rn(6.283185307179586f, u2);
+  float c = float(::cos(double(angle)));
+  return __fmul_rn(__fsqrt_rn(__fmul_rn(-2.0f, logU1)), c);
+#else
   return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+#endif
 }
 
 }  // namespace nt::philox

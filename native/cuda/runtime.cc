@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -63,8 +64,12 @@ void requireDevice(int device, const char* call) {
          call);
 }
 
+// The device the running call used last (for the debug synchronization below).
+static thread_local int touchedDevice = -1;
+
 void useDevice(int device) {
   thread_local int current = -1;
+  touchedDevice = device;
   if (current == device) return;
   check(cudaSetDevice(device), "cudaSetDevice");
   current = device;
@@ -280,6 +285,35 @@ void KernelCall::launched() {
   if (e != cudaSuccess) fail(Err::Native, std::string(call_) + ": kernel launch failed: " + cudaGetErrorString(e), call_);
 }
 
+// ---- debug synchronization (NODETRON_CUDA_SYNC=1) ---------------------------------------------
+// Kernels and cuBLASLt calls run asynchronously: a fault they cause (an illegal address, a trap)
+// surfaces at some later call that has nothing to do with it. In this mode every registered call
+// that used a device waits for that device's current stream before it returns, so the fault
+// becomes a typed error under the op that queued it.
+static std::string asyncFaultMessage(const char* call, int device, cudaError_t status) {
+  return std::string(call) + ": asynchronous CUDA error on cuda:" + std::to_string(device) +
+         " right after this call (NODETRON_CUDA_SYNC=1): " + cudaGetErrorString(status) + " (" + cudaGetErrorName(status) +
+         "). This call, or work queued on its stream just before it, caused it; the CUDA context may now be unusable";
+}
+
+static void syncAfterCall(const char* call) {
+  int d = touchedDevice;
+  touchedDevice = -1;
+  if (d < 0) return;
+  cudaError_t e = cudaStreamSynchronize(currentStream(d));
+  if (e != cudaSuccess) fail(Err::Native, asyncFaultMessage(call, d, e), call);
+}
+
+static const bool debugSync = [] {
+  bool on = envFlag(std::getenv("NODETRON_CUDA_SYNC"));
+  if (on) setAfterCallHook(syncAfterCall);
+  return on;
+}();
+
+// debugSync() -> whether NODETRON_CUDA_SYNC turned the synchronization on when the addon loaded.
+static Napi::Value DebugSync(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), debugSync); }
+NT_EXPORT("debugSync", DebugSync);
+
 // ---- exported functions ------------------------------------------------------------------------
 static int deviceArg(const Args& a, size_t i) {
   return a.info.Length() > i && !a.info[i].IsUndefined() ? int(a.size(i)) : 0;
@@ -438,11 +472,15 @@ static Napi::Value StreamDestroy(const Napi::CallbackInfo& info) {
       if (c == id) fail(Err::Argument, "streamDestroy: stream " + std::to_string(id) + " is a device's current stream");
   }
   useDevice(d);
-  // The allocator may still cache blocks of this stream; synchronizing first keeps them valid.
+  // Synchronizing first means the stream has no work left: the allocator then needs no event for
+  // blocks recorded on it, and releases its segments once they are free (ids are never reused).
   check(cudaStreamSynchronize(streams[size_t(id)].stream), "cudaStreamSynchronize");
   check(cudaStreamDestroy(streams[size_t(id)].stream), "cudaStreamDestroy");
-  std::lock_guard<std::mutex> lock(streamsMutex);
-  streams[size_t(id)].stream = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(streamsMutex);
+    streams[size_t(id)].stream = nullptr;
+  }
+  allocator(d).streamDestroyed(alloc::StreamId(id));
   return info.Env().Undefined();
 }
 NT_EXPORT("streamDestroy", StreamDestroy);

@@ -31,6 +31,8 @@ class SimMemory : public alloc::RawMemory {
     live_.erase(it);
   }
   alloc::EventId recordEvent(alloc::StreamId stream) override {
+    // Like the cuda runtime, which no longer knows a destroyed stream's id.
+    if (unknown_.count(stream)) fail(Err::Argument, "recordEvent: unknown or destroyed stream " + std::to_string(stream));
     alloc::EventId e = ++lastEvent_;
     if (busy_.count(stream)) eventsOn_[stream].insert(e);
     return e;
@@ -49,6 +51,8 @@ class SimMemory : public alloc::RawMemory {
       eventsOn_.erase(s);
     }
   }
+  // The stream is gone: recording an event on it fails from now on.
+  void forget(alloc::StreamId s) { unknown_.insert(s); }
   size_t used() const { return used_; }
   int64_t destroyedEvents() const { return destroyed_; }
 
@@ -57,7 +61,7 @@ class SimMemory : public alloc::RawMemory {
   size_t used_ = 0;
   uintptr_t next_ = uintptr_t(1) << 32;
   std::map<uintptr_t, size_t> live_;
-  std::set<alloc::StreamId> busy_;
+  std::set<alloc::StreamId> busy_, unknown_;
   std::map<alloc::StreamId, std::set<alloc::EventId>> eventsOn_;
   alloc::EventId lastEvent_ = 0;
   int64_t destroyed_ = 0;
@@ -71,6 +75,7 @@ class HostAllocatorSim : public Napi::ObjectWrap<HostAllocatorSim> {
                                      InstanceMethod("free", &HostAllocatorSim::Free),
                                      InstanceMethod("recordStream", &HostAllocatorSim::RecordStream),
                                      InstanceMethod("setStreamBusy", &HostAllocatorSim::SetStreamBusy),
+                                     InstanceMethod("destroyStream", &HostAllocatorSim::DestroyStream),
                                      InstanceMethod("emptyCache", &HostAllocatorSim::EmptyCache),
                                      InstanceMethod("resetPeak", &HostAllocatorSim::ResetPeak),
                                      InstanceMethod("stats", &HostAllocatorSim::Stats),
@@ -124,6 +129,19 @@ class HostAllocatorSim : public Napi::ObjectWrap<HostAllocatorSim> {
   Napi::Value SetStreamBusy(const Napi::CallbackInfo& info) {
     return run(info, "setStreamBusy", [&](const Args& a) {
       memory_->setBusy(alloc::StreamId(a.size(0)), a.boolean(1));
+      return info.Env().Undefined();
+    });
+  }
+  // destroyStream(stream, notify = true): what the cuda runtime's streamDestroy does: the stream is
+  // synchronized (its events complete), destroyed (the device forgets it), and, unless notify is
+  // false (to test the allocator without the notification), the allocator is told.
+  Napi::Value DestroyStream(const Napi::CallbackInfo& info) {
+    return run(info, "destroyStream", [&](const Args& a) {
+      alloc::StreamId s = alloc::StreamId(a.size(0));
+      bool notify = info.Length() < 2 || info[1].IsUndefined() || a.boolean(1);
+      memory_->setBusy(s, false);
+      memory_->forget(s);
+      if (notify) allocator_->streamDestroyed(s);
       return info.Env().Undefined();
     });
   }

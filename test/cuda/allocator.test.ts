@@ -12,6 +12,7 @@ interface Sim {
   free(p: number): void;
   recordStream(p: number, stream: number): void;
   setStreamBusy(stream: number, busy: boolean): void;
+  destroyStream(stream: number, notify?: boolean): void;
   emptyCache(): void;
   resetPeak(): void;
   stats(): Record<string, number>;
@@ -109,6 +110,59 @@ describe('caching allocator (host simulation)', () => {
     expect(sim.allocate(4096, 0)).toBe(p);  // event done: block back in the cache
     expect(sim.stats().pendingFrees).toBe(0);
     expect(sim.stats().eventsDestroyed).toBe(1);
+    checkInvariants(sim);
+  });
+
+  it('a block recorded on a stream that was then destroyed frees without throwing and goes back to the cache', () => {
+    const sim = newSim(64 * MiB);
+    const p = sim.allocate(4096, 0);
+    sim.setStreamBusy(7, true);
+    sim.recordStream(p, 7);
+    sim.destroyStream(7);  // synchronized, destroyed, allocator told
+    expect(() => sim.free(p)).not.toThrow();
+    expect(sim.stats().pendingFrees).toBe(0);
+    expect(sim.allocate(4096, 0)).toBe(p);
+    sim.recordStream(p, 7);  // a dead stream has no work: nothing to wait for
+    sim.free(p);
+    expect(sim.stats()).toMatchObject({ pendingFrees: 0, allocated: 0 });
+    checkInvariants(sim);
+  });
+
+  it('a pending free waiting on a stream completes when that stream is destroyed', () => {
+    const sim = newSim(64 * MiB);
+    const p = sim.allocate(4096, 0);
+    sim.setStreamBusy(3, true);
+    sim.recordStream(p, 3);
+    sim.free(p);
+    expect(sim.stats().pendingFrees).toBe(1);
+    sim.destroyStream(3);
+    expect(sim.stats().pendingFrees).toBe(0);
+    expect(sim.stats().eventsDestroyed).toBe(1);
+    expect(sim.allocate(4096, 0)).toBe(p);
+    checkInvariants(sim);
+  });
+
+  it("a destroyed stream's segments go back to the device once fully free, not leaked in its pool", () => {
+    const sim = newSim(64 * MiB);
+    const a = sim.allocate(4096, 5), b = sim.allocate(4096, 5);
+    const c = sim.allocate(12 * MiB, 5);
+    sim.free(c);  // a fully free cached segment of stream 5
+    sim.free(b);
+    expect(sim.stats().segments).toBe(2);
+    sim.destroyStream(5);
+    expect(sim.stats().segments).toBe(1);  // the free large segment went back at once
+    sim.free(a);  // the last block of the small segment: released too
+    expect(sim.stats()).toMatchObject({ segments: 0, reserved: 0, deviceBytesUsed: 0, allocated: 0 });
+    checkInvariants(sim);
+  });
+
+  it('a free whose event cannot be recorded throws typed and keeps the block live (books intact)', () => {
+    const sim = newSim(64 * MiB);
+    const p = sim.allocate(4096, 0);
+    sim.recordStream(p, 9);
+    sim.destroyStream(9, false);  // the device forgets the stream but the allocator is not told
+    expect(() => sim.free(p)).toThrow(ArgumentError);
+    expect(sim.stats()).toMatchObject({ allocated: 4096, pendingFrees: 0, eventsDestroyed: 0 });
     checkInvariants(sim);
   });
 

@@ -45,6 +45,12 @@ describe('cuda without a GPU', () => {
     if (!hasGpu) expect(info.backends.cuda.reason).toBe(addon.driverStatus());
   });
 
+  it('recordStream checks its tensor and stream before reaching the addon', () => {
+    const t = nt.zeros([2]);
+    expect(() => nt.cuda.recordStream(t, new nt.cuda.Stream(0, 1))).toThrow(nt.DeviceError);
+    t.dispose();
+  });
+
   it('setFloat32MatmulPrecision validates its argument', () => {
     expect(() => nt.cuda.setFloat32MatmulPrecision('medium' as 'high')).toThrow(nt.ArgumentError);
     expect(nt.cuda.getFloat32MatmulPrecision()).toBe('highest');
