@@ -1,0 +1,73 @@
+// One rank of `nodetron plan --calibrate` (run under the launcher): builds the example's GPT (GPT-2
+// blocks, tied head) at a small size with the public pieces (initParallelTraining, GPTStage,
+// ParallelTrainer), trains a few steps of one layout on random tokens, and writes what the allocator
+// saw to <out>/rank-<rank>.json: the peak of the steps after the first (the first creates the
+// optimizer state) and the bytes held between steps.
+import { writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { join } from 'node:path';
+import * as nt from '../index.js';
+import { parseOptions } from '../bench/util.js';
+import { cpu } from '../native.js';
+
+/** What one calibration rank measured. */
+export interface CalibrationRankResult {
+  rank: number;
+  tpRank: number;
+  ppRank: number;
+  dpRank: number;
+  /** memoryStats().peak over the measured steps (bytes, the allocator's size classes). */
+  peak: number;
+  /** memoryStats().allocated after the last step (parameters, gradients, optimizer state). */
+  allocated: number;
+  /** Parameters this rank's stage holds (its tensor-parallel slices, before ZeRO sharding). */
+  numParams: number;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const o = parseOptions(argv, {
+    layers: 'number', heads: 'number', width: 'number', ctx: 'number', batch: 'number', vocab: 'number',
+    tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', recompute: 'boolean',
+    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string',
+  });
+  const n = (k: string, d: number) => (o[k] as number | undefined) ?? d;
+  const ctx = n('ctx', 64), batch = n('batch', 8), steps = Math.max(2, n('steps', 3));
+  const config: nt.nn.GPTConfig = {
+    vocabSize: n('vocab', 50304), blockSize: ctx, nLayer: n('layers', 2), nHead: n('heads', 4), nEmbd: n('width', 128),
+    dropout: 0, bias: true, recompute: Boolean(o.recompute),
+  };
+  const localWorld = Number(process.env.LOCAL_WORLD_SIZE ?? 1);
+  cpu().setBlasThreads(Math.max(1, Math.floor(cpus().length / localWorld)));
+  const par = await nt.parallel.initParallelTraining({
+    tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
+    sequenceParallel: o.sp as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
+  }, config, batch);
+  const { layout, mesh } = par;
+  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
+  const model = new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 1, ...tensorParallel }), mesh?.ppRank ?? 0, layout.pp);
+  const trainer = await nt.parallel.ParallelTrainer.create<nt.optim.AdamWOptions>(model, [{ params: model.parameters() }], {
+    mesh, zero: layout.zero, microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
+    createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
+  });
+  const slice = nt.parallel.batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
+  let x = 12345 + (mesh?.dpRank ?? 0);
+  const ids = () => Int32Array.from({ length: slice.count * ctx }, () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x % config.vocabSize; });
+  for (let step = 0; step < steps; step++) {
+    if (step === 1) nt.resetPeakMemory();
+    const inputs = nt.tensor(ids(), [slice.count, ctx], { dtype: 'i32' }), targets = nt.tensor(ids(), [slice.count, ctx], { dtype: 'i32' });
+    await trainer.step(inputs, targets);
+    inputs.dispose(); targets.dispose();
+  }
+  const mem = nt.memoryStats();
+  const result: CalibrationRankResult = {
+    rank: par.rank, tpRank: mesh?.tpRank ?? 0, ppRank: mesh?.ppRank ?? 0, dpRank: mesh?.dpRank ?? 0,
+    peak: mem.peak, allocated: mem.allocated, numParams: model.numParameters(),
+  };
+  writeFileSync(join(o.out as string, `rank-${par.rank}.json`), JSON.stringify(result));
+  trainer.dispose();
+  model.dispose();
+  if (mesh) await nt.distributed.destroy();
+  return 0;
+}
+
+main(process.argv.slice(2)).then((code) => { process.exitCode = code; }, (e) => { console.error(e); process.exitCode = 1; });

@@ -1,0 +1,212 @@
+// Per-rank memory of a training layout: parameters, gradients and optimizer state (ZeRO's split),
+// activations (Korthikanti et al. 2022 for 16-bit training; nodetron's own f32 tensors, calibrated
+// on its CPU allocator, for f32), logits, communication buckets, ZeRO-3's gathered layers.
+import { ArgumentError } from '../errors.js';
+import { largestLayerParams, stageLayers, stageParams, type PlanModel } from './models.js';
+
+/** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
+export type Recompute = 'none' | 'selective' | 'full';
+
+/** One candidate layout: the mesh, ZeRO, recomputation, sequence parallelism and the pipeline schedule. */
+export interface PlanLayout {
+  dp: number;
+  tp: number;
+  pp: number;
+  /** ZeRO stage over the data-parallel group. */
+  zero: 0 | 1 | 2 | 3;
+  /** Optimizer state (and ZeRO 2/3 gradient shards) in host memory. */
+  offload: boolean;
+  recompute: Recompute;
+  sequenceParallel: boolean;
+  /** Micro-batches per step on each data-parallel replica. */
+  microBatches: number;
+  schedule: 'gpipe' | '1f1b';
+}
+
+/** Training precision: bf16 mixed precision (16-bit weights, fp32 master and Adam moments) or plain f32 (nodetron on CPU). */
+export type PlanDType = 'bf16' | 'f32';
+
+export interface MemoryOptions {
+  /** Sequence length. */
+  seq: number;
+  /** Sequences per micro-batch on one data-parallel replica. */
+  microBatchSize: number;
+  dtype: PlanDType;
+  /** Gradient bucket bytes (nodetron's default 25 MiB). */
+  bucketBytes?: number;
+  /**
+   * bf16: factor on the total for the caching allocator's fragmentation and the CUDA context's
+   * workspaces (default 1.1: an assumption, not a measurement). f32 ignores it: its model rounds
+   * each large tensor to the CPU allocator's size class instead.
+   */
+  overhead?: number;
+  /** Optimizer state bytes per parameter beside the weights (K): 12 for mixed-precision Adam (fp32 master, m, v), 8 for f32 Adam (m, v). */
+  optimizerBytesPerParam?: number;
+}
+
+/** Bytes one rank holds at its peak, by kind. */
+export interface MemoryEstimate {
+  /** The pipeline stage of this estimate (the worst one for estimateMemory). */
+  stage: number;
+  /** Parameters this rank's stage holds before ZeRO sharding (its tensor-parallel slices). */
+  numParams: number;
+  params: number;
+  grads: number;
+  optimizerState: number;
+  activations: number;
+  logits: number;
+  /** Communication buckets (gradient buckets in flight; ZeRO-3's gathered layers). */
+  buffers: number;
+  /** Allocator overhead (bf16: the overhead factor; f32: included in the size classes of the other kinds). */
+  overhead: number;
+  total: number;
+  /** Bytes kept in host memory (offloaded optimizer state and gradient shards). */
+  hostBytes: number;
+  /** Micro-batches whose activations this stage holds at once. */
+  inFlight: number;
+}
+
+/** nodetron's CPU allocator size classes (native/core/core.cc sizeClass): 64-byte steps below 64 KiB, else eight steps per power of two. */
+export function sizeClass(bytes: number): number {
+  if (bytes <= 0) return 0;
+  if (bytes < 65536) return Math.ceil(bytes / 64) * 64;
+  const p = 2 ** Math.floor(Math.log2(bytes));
+  const step = p / 8;
+  return Math.ceil(bytes / step) * step;
+}
+
+/**
+ * Korthikanti et al. 2022 (Table 2), bytes of one layer's activations in 16-bit training for a
+ * micro-batch of b sequences of s tokens: sbh(34 + 5as/h) without parallelism; with tensor
+ * parallelism t sbh(10 + 24/t + 5as/(ht)); with sequence parallelism too sbh(34/t + 5as/(ht));
+ * selective recomputation drops the 5as/h attention-core term; full recomputation keeps 2sbh (the
+ * layer's input; /t under sequence parallelism). The MLP's share (16 of 24) scales with ffn/(4h),
+ * ×1.5 for a gated MLP, as Megatron's theoretical_memory_usage.py scales 18 + 4·ffn/h.
+ */
+export function korthikantiLayerBytes(m: PlanModel, s: number, b: number, t: number, sp: boolean, recompute: Recompute): number {
+  const h = m.nEmbd, a = m.nHead;
+  const mlp = 16 * (m.ffn / (4 * h)) * (m.gated ? 1.5 : 1);
+  const split = 8 + mlp, replicated = 10;
+  const sbh = s * b * h;
+  if (recompute === 'full') return (2 * sbh) / (sp ? t : 1);
+  const core = recompute === 'selective' ? 0 : (5 * a * s) / (h * t);
+  return sbh * ((sp ? replicated / t : replicated) + split / t + core);
+}
+
+// ---- nodetron's f32 training on CPU: what its ops keep, measured (test/plan/calibration.test.ts) ----
+/**
+ * f32 elements of s·b·h a GPT block keeps for backward, measured by holding one forward's tensors
+ * (allocated after forward minus before, per extra layer): 25 in all, of which F32_BLOCK_SPLIT lie in
+ * tensor-parallel tensors (QKV output and its per-head q/k/v copies, attention output and its
+ * merged copy, MLP hidden and its GELU: 18) and the rest (LayerNorm inputs and outputs, residual
+ * sums, projection outputs: 7) in tensors every tensor-parallel rank holds whole (1/tp of them
+ * under sequence parallelism).
+ */
+export const F32_BLOCK_REPLICATED = 7;
+export const F32_BLOCK_SPLIT = 18;
+/** Attention probabilities kept per layer: one f32 [b, heads/tp, s, s] (the T×T scores are materialized). */
+export const F32_SCORES = 1;
+/** s·b·h f32 tensors outside the blocks kept for backward: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
+export const F32_EMBEDDING = 3;
+
+function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
+
+/** Micro-batches whose activations stage `stage` holds at once: 1F1B min(pp − stage, m), GPipe all m; one at a time without a pipeline. */
+export function inFlightMicroBatches(layout: PlanLayout, stage: number): number {
+  if (layout.pp === 1) return 1;
+  return layout.schedule === 'gpipe' ? layout.microBatches : Math.min(layout.pp - stage, layout.microBatches);
+}
+
+function checkLayout(m: PlanModel, l: PlanLayout, o: MemoryOptions): void {
+  const bad: string[] = [];
+  for (const k of ['dp', 'tp', 'pp', 'microBatches'] as const) if (!Number.isInteger(l[k]) || l[k] < 1) bad.push(`${k} must be an integer >= 1`);
+  if (!Number.isInteger(o.seq) || o.seq < 1 || !Number.isInteger(o.microBatchSize) || o.microBatchSize < 1) bad.push('seq and microBatchSize must be integers >= 1');
+  if (l.pp > m.nLayer) bad.push(`pp ${l.pp} exceeds the ${m.nLayer} layers`);
+  if (bad.length) throw new ArgumentError(`estimateMemory: ${bad.join('; ')}`);
+}
+
+/** The memory of one pipeline stage's rank (tensor-parallel rank 0, data-parallel rank 0). */
+export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: MemoryOptions, stage: number): MemoryEstimate {
+  checkLayout(m, layout, opts);
+  const { tp: t, pp, dp, zero } = layout;
+  const sp = layout.sequenceParallel && t > 1;
+  const sp_ = stageParams(m, t, pp, stage);
+  const psi = sp_.total;
+  const first = stage === 0, last = stage === pp - 1;
+  const nLayers = stageLayers(m.nLayer, pp)[stage]!;
+  const s = opts.seq, b = opts.microBatchSize, h = m.nEmbd;
+  const inFlight = inFlightMicroBatches(layout, stage);
+  const shard = Math.ceil(psi / dp);
+  const f32 = opts.dtype === 'f32';
+  const w = f32 ? 4 : 2;
+  const K = opts.optimizerBytesPerParam ?? (f32 ? 8 : 12);
+  // ZeRO (Rajbhandari et al. 2020): (2 + 2 + K)Ψ, sharding K from stage 1, gradients from 2, weights at 3.
+  const params = w * (zero === 3 ? shard : psi);
+  let grads = w * (zero >= 2 ? shard : psi);
+  let optimizerState = K * (zero >= 1 ? shard : psi);
+  let hostBytes = 0;
+  if (layout.offload && zero > 0) {
+    hostBytes = optimizerState + (zero >= 2 ? grads : 0);
+    optimizerState = 0;
+    if (zero >= 2) grads = 0;
+  }
+  let activations: number, logits = 0, buffers = 0;
+  const logitElems = (s * b * m.vocabSize) / t;
+  if (!f32) {
+    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute);
+    // Megatron (theoretical_memory_usage.py): the embedding's dropout output sbh·2 bytes per in-flight micro-batch,
+    // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
+    activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
+    if (layout.recompute === 'full' && nLayers > 0) activations += korthikantiLayerBytes(m, s, b, t, sp, 'none');
+    // The last stage's logits: 16-bit logits, their 16-bit gradient and the fp32 copy the loss computes in.
+    if (last) logits = logitElems * (2 + 2 + 4);
+    if (dp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
+    // ZeRO-3 gathers a layer before use and prefetches the next: DeepSpeed counts 4 bytes per parameter of the largest layer.
+    if (zero === 3) buffers += 4 * Math.min(largestLayerParams(m), psi) / t;
+    const subtotal = params + grads + optimizerState + activations + logits + buffers;
+    const overhead = subtotal * ((opts.overhead ?? 1.1) - 1);
+    return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead, total: subtotal + overhead, hostBytes, inFlight };
+  }
+  // f32 on nodetron's CPU allocator (measured with `nodetron plan --calibrate`). Two moments compete
+  // for the peak: the head's backward on the last stage (every stored activation, the logits the loss
+  // kept, their gradient and the head's [V/tp, h] weight gradient) and the embedding's backward on
+  // the first stage (every gradient, and the token table's dense [V/tp, h] gradient before it is added).
+  const sc = sizeClass;
+  const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
+  const scores = 4 * b * (m.nHead / t) * s * s;
+  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
+  const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
+  // Measured: under a pipeline nodetron keeps every micro-batch's stored tensors (and the last stage's
+  // logits) until the step ends, on both schedules; without one, micro-batches run one at a time.
+  const held = pp > 1 ? layout.microBatches : 1;
+  activations = held * (nLayers * storedLayer + F32_EMBEDDING * sc(unitRep));
+  // Gradients exist at the peak only when an earlier micro-batch made them (accumulation); a single
+  // micro-batch's are created after the head's backward. ZeRO 1/2 keep an fp32 master shard.
+  const accumulating = pp > 1 || layout.microBatches > 1;
+  grads = accumulating ? 4 * (zero >= 2 ? shard : psi) : 0;
+  if (zero === 1 || zero === 2) buffers += 4 * shard;
+  // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
+  const table = (4 * m.vocabSize * h) / t;
+  if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
+  const tableGrad = sc(table);
+  const headPhase = last ? held * sc(4 * logitElems) + sc(4 * logitElems) + tableGrad : 0;
+  const embedPhase = first && pp > 1 ? tableGrad : 0;
+  logits = last ? held * sc(4 * logitElems) + sc(4 * logitElems) : 0;
+  const transient = Math.max(headPhase - logits, embedPhase) ;
+  // Full recomputation: one layer's activations rebuilt in its backward (after the logits are freed).
+  const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
+  activations += recomputeExtra;
+  buffers += transient;
+  const total = sc(params) + grads + optimizerState + activations + logits + buffers;
+  return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead: sc(params) - params, total, hostBytes, inFlight: held };
+}
+
+/** The memory of every pipeline stage's rank. */
+export function estimateStages(m: PlanModel, layout: PlanLayout, opts: MemoryOptions): MemoryEstimate[] {
+  return Array.from({ length: layout.pp }, (_, s) => estimateStageMemory(m, layout, opts, s));
+}
+
+/** The per-rank memory of a layout: its most loaded pipeline stage. */
+export function estimateMemory(m: PlanModel, layout: PlanLayout, opts: MemoryOptions): MemoryEstimate {
+  return estimateStages(m, layout, opts).reduce((a, e) => (e.total > a.total ? e : a));
+}

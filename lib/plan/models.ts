@@ -1,0 +1,133 @@
+// The model shapes `nodetron plan` knows (GPT-2 sizes, Llama-2 7B/13B/70B), reading a config.json
+// (Hugging Face GPT-2 or Llama keys, or the planner's own), and counting the parameters each
+// pipeline stage and tensor-parallel rank holds.
+import { readFileSync } from 'node:fs';
+import { ArgumentError } from '../errors.js';
+
+/** A decoder-only transformer's shape, as the planner sees it. */
+export interface PlanModel {
+  name: string;
+  nLayer: number;
+  nHead: number;
+  /** Key/value heads (grouped-query attention); default nHead. */
+  nKvHead?: number;
+  nEmbd: number;
+  /** MLP hidden width (GPT-2: 4·nEmbd). */
+  ffn: number;
+  vocabSize: number;
+  /** Gated MLP (SwiGLU: three matrices, no biases, RMSNorm, rotary positions) instead of GPT-2's GELU MLP. */
+  gated: boolean;
+  /** The LM head shares the token embedding's table (GPT-2) instead of holding its own (Llama). */
+  tied: boolean;
+  /** Biases in linear layers and LayerNorms (GPT-2). */
+  bias: boolean;
+  /** Learned position table rows (GPT-2's wpe; 0 for rotary positions). */
+  positions: number;
+  /** The sequence length the model is usually trained at (the plan's default --seq). */
+  seqLen: number;
+}
+
+const gpt2 = (name: string, nLayer: number, nHead: number, nEmbd: number): PlanModel => ({
+  // The vocabulary padded to 50304 as nanoGPT and the GPT example do (it divides by any tp up to 64).
+  name, nLayer, nHead, nEmbd, ffn: 4 * nEmbd, vocabSize: 50304, gated: false, tied: true, bias: true, positions: 1024, seqLen: 1024,
+});
+const llama = (name: string, nLayer: number, nHead: number, nEmbd: number, ffn: number, nKvHead = nHead): PlanModel => ({
+  name, nLayer, nHead, nKvHead, nEmbd, ffn, vocabSize: 32000, gated: true, tied: false, bias: false, positions: 0, seqLen: 4096,
+});
+
+/** The named models: GPT-2's four sizes (Radford et al. 2019) and Llama 2's 7B, 13B and 70B (Touvron et al. 2023). */
+export const PLAN_MODELS: Readonly<Record<string, PlanModel>> = {
+  gpt2: gpt2('gpt2', 12, 12, 768),
+  'gpt2-medium': gpt2('gpt2-medium', 24, 16, 1024),
+  'gpt2-large': gpt2('gpt2-large', 36, 20, 1280),
+  'gpt2-xl': gpt2('gpt2-xl', 48, 25, 1600),
+  '7b': llama('7b', 32, 32, 4096, 11008),
+  '13b': llama('13b', 40, 40, 5120, 13824),
+  '70b': llama('70b', 80, 64, 8192, 28672, 8),
+};
+
+/**
+ * A named model, or a config.json: Hugging Face GPT-2 keys (n_layer, n_head, n_embd, vocab_size,
+ * n_positions), Llama keys (num_hidden_layers, num_attention_heads, num_key_value_heads,
+ * hidden_size, intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings) or the
+ * PlanModel fields themselves. An unknown name, an unreadable file or missing keys throw an ArgumentError.
+ */
+export function resolveModel(spec: string): PlanModel {
+  const named = PLAN_MODELS[spec];
+  if (named) return { ...named };
+  if (!spec.endsWith('.json')) throw new ArgumentError(`plan: unknown model ${JSON.stringify(spec)} (${Object.keys(PLAN_MODELS).join(', ')}, or a config.json)`);
+  let c: Record<string, unknown>;
+  try { c = JSON.parse(readFileSync(spec, 'utf8')) as Record<string, unknown>; } catch (e) {
+    throw new ArgumentError(`plan: cannot read the model config ${spec}: ${(e as Error).message}`);
+  }
+  return modelFromConfig(c, spec);
+}
+
+/** A PlanModel from a parsed config object (see resolveModel for the keys). */
+export function modelFromConfig(c: Record<string, unknown>, name = 'config'): PlanModel {
+  const num = (...keys: string[]): number | undefined => {
+    for (const k of keys) if (typeof c[k] === 'number') return c[k] as number;
+    return undefined;
+  };
+  const nLayer = num('nLayer', 'n_layer', 'num_hidden_layers'), nHead = num('nHead', 'n_head', 'num_attention_heads');
+  const nEmbd = num('nEmbd', 'n_embd', 'hidden_size'), vocabSize = num('vocabSize', 'vocab_size');
+  const missing = Object.entries({ layers: nLayer, heads: nHead, width: nEmbd, vocabulary: vocabSize }).filter(([, v]) => !(Number.isInteger(v) && v! > 0)).map(([k]) => k);
+  if (missing.length) throw new ArgumentError(`plan: the model config ${name} lacks a positive integer ${missing.join(', ')} (n_layer/num_hidden_layers, n_head/num_attention_heads, n_embd/hidden_size, vocab_size)`);
+  const llamaLike = typeof c.intermediate_size === 'number' || c.model_type === 'llama' || c.gated === true;
+  const gated = typeof c.gated === 'boolean' ? c.gated : llamaLike;
+  const ffn = num('ffn', 'intermediate_size', 'n_inner') ?? 4 * nEmbd!;
+  const positions = num('positions') ?? (gated ? 0 : num('n_positions', 'max_position_embeddings') ?? 1024);
+  const seqLen = num('seqLen', 'n_positions', 'max_position_embeddings', 'n_ctx') ?? 1024;
+  return {
+    name, nLayer: nLayer!, nHead: nHead!, nKvHead: num('nKvHead', 'num_key_value_heads') ?? nHead!, nEmbd: nEmbd!, ffn, vocabSize: vocabSize!,
+    gated, tied: typeof c.tied === 'boolean' ? c.tied : typeof c.tie_word_embeddings === 'boolean' ? c.tie_word_embeddings : !gated,
+    bias: typeof c.bias === 'boolean' ? c.bias : !gated, positions, seqLen,
+  };
+}
+
+/** Parameters of one transformer layer held by one of tp tensor-parallel ranks. */
+export function layerParams(m: PlanModel, tp = 1): number {
+  const h = m.nEmbd, hd = h / m.nHead, kv = (m.nKvHead ?? m.nHead) * hd;
+  const b = m.bias ? 1 : 0;
+  const qkv = (h * (h + 2 * kv) + b * (h + 2 * kv)) / tp;
+  const proj = (h * h) / tp + b * h; // row-parallel: the bias is replicated
+  const mlpIn = ((m.gated ? 2 : 1) * (h * m.ffn + b * m.ffn)) / tp;
+  const mlpOut = (m.ffn * h) / tp + b * h;
+  const norms = 2 * h * (m.bias ? 2 : 1); // LayerNorm weight+bias, or RMSNorm weight
+  return qkv + proj + mlpIn + mlpOut + norms;
+}
+
+/** The parameters of one pipeline stage on one tensor-parallel rank, by part. */
+export interface StageParams { layers: number; layerParams: number; embedding: number; head: number; total: number }
+
+/** Layer ranges per stage, as nodetron's partitionLayers splits them (the first stages take the remainder). */
+export function stageLayers(nLayer: number, pp: number): number[] {
+  const base = Math.floor(nLayer / pp), extra = nLayer % pp;
+  return Array.from({ length: pp }, (_, s) => base + (s < extra ? 1 : 0));
+}
+
+/**
+ * Parameters pipeline stage `stage` of `pp` holds on one of `tp` ranks: its layers, the token (and
+ * position) embedding on the first stage, the final norm and the head on the last (a tied head is
+ * the last stage's own copy of the token table when pp > 1, as GPTStage keeps it).
+ */
+export function stageParams(m: PlanModel, tp: number, pp: number, stage: number): StageParams {
+  const layers = stageLayers(m.nLayer, pp)[stage]!;
+  const table = (m.vocabSize * m.nEmbd) / tp;
+  const first = stage === 0, last = stage === pp - 1;
+  const embedding = first ? table + m.positions * m.nEmbd : 0;
+  const head = last ? (m.bias ? 2 : 1) * m.nEmbd + (m.tied ? (first ? 0 : table) : table) : 0;
+  const lp = layers * layerParams(m, tp);
+  return { layers, layerParams: lp, embedding, head, total: lp + embedding + head };
+}
+
+/** All parameters of the model (a tied table counted once). */
+export function totalParams(m: PlanModel): number {
+  return stageParams(m, 1, 1, 0).total;
+}
+
+/** The largest single module's parameters (DeepSpeed's largest_layer_params: here the token table, or one layer's MLP input matrix if larger). */
+export function largestLayerParams(m: PlanModel): number {
+  const b = m.bias ? 1 : 0;
+  return Math.max(m.vocabSize * m.nEmbd, (m.gated ? 2 : 1) * (m.nEmbd * m.ffn + b * m.ffn));
+}

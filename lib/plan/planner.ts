@@ -1,0 +1,112 @@
+// Candidate layouts for a model on N devices: every TP × PP × DP split, ZeRO stage, offload,
+// recomputation, sequence parallelism and micro-batch size, each with its per-rank memory, whether it
+// fits, its predicted step time and the `nodetron launch` command that runs it; ranked.
+import { ArgumentError } from '../errors.js';
+import { estimateMemory, type MemoryEstimate, type PlanDType, type PlanLayout, type Recompute } from './memory.js';
+import type { PlanModel } from './models.js';
+import { predictStepTime, type PlanDevice, type StepTime } from './time.js';
+
+export interface PlanOptions {
+  gpus: number;
+  nodes?: number;
+  /** Bytes of memory per device. */
+  gpuMemory: number;
+  seq: number;
+  /** Sequences per step over all replicas. */
+  globalBatch: number;
+  /** Fix the micro-batch size (default: try 1, 2, 4, 8). */
+  microBatchSize?: number;
+  dtype: PlanDType;
+  device: PlanDevice;
+  overhead?: number;
+}
+
+/** One candidate: its layout, memory, time and command, or why it was skipped. */
+export interface PlanCandidate {
+  layout: PlanLayout;
+  microBatchSize: number;
+  /** Set when the layout cannot run this model; nothing else but the layout is then meaningful. */
+  skipped?: string;
+  memory?: MemoryEstimate;
+  fits?: boolean;
+  time?: StepTime;
+  command?: string;
+}
+
+const divisors = (n: number) => Array.from({ length: n }, (_, i) => i + 1).filter((d) => n % d === 0);
+
+/** Why a layout cannot run the model (heads, width, vocabulary, layers, batch), or null. */
+export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBatch: number, b: number): string | null {
+  if (m.nHead % l.tp) return `${m.nHead} heads do not divide by tp ${l.tp}`;
+  if ((m.nKvHead ?? m.nHead) % l.tp) return `${m.nKvHead} key/value heads do not divide by tp ${l.tp}`;
+  if (m.vocabSize % l.tp) return `vocabulary ${m.vocabSize} does not divide by tp ${l.tp}`;
+  if (m.ffn % l.tp) return `MLP width ${m.ffn} does not divide by tp ${l.tp}`;
+  if (l.pp > m.nLayer) return `pp ${l.pp} exceeds the ${m.nLayer} layers`;
+  if (l.sequenceParallel && seq % l.tp) return `sequence ${seq} does not divide by tp ${l.tp}`;
+  if (globalBatch % (l.dp * b)) return `global batch ${globalBatch} does not divide into dp ${l.dp} × micro-batch size ${b}`;
+  return null;
+}
+
+/** The `nodetron launch` command that trains a layout with the GPT example. */
+export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; globalBatch: number; nodes: number; gpusPerNode: number; cpu: boolean }): string {
+  const parts = [`nodetron launch --nproc-per-node ${o.gpusPerNode}`];
+  if (o.nodes > 1) parts.push(`--nnodes ${o.nodes} --node-rank R --master-addr HOST`);
+  parts.push(`examples/gpt/train.ts --layers ${m.nLayer} --heads ${m.nHead} --width ${m.nEmbd} --ctx ${o.seq} --batch ${o.globalBatch}`);
+  parts.push(`--tp ${l.tp} --pp ${l.pp} --dp ${l.dp} --zero ${l.zero}`);
+  if (l.offload) parts.push('--offload');
+  if (l.sequenceParallel) parts.push('--sp');
+  if (l.recompute === 'full') parts.push('--recompute');
+  if (l.microBatches > 1) parts.push(`--micro-batches ${l.microBatches}`);
+  if (l.pp > 1) parts.push(`--schedule ${l.schedule}`);
+  if (!o.cpu) parts.push('--device cuda');
+  return parts.join(' ');
+}
+
+/**
+ * Every candidate layout, ranked: those that fit first, then by predicted step time (skipped ones
+ * last). Bad input (devices not a multiple of nodes, non-positive sizes) is an ArgumentError.
+ */
+export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
+  const nodes = o.nodes ?? 1;
+  const bad: string[] = [];
+  if (!Number.isInteger(o.gpus) || o.gpus < 1) bad.push(`--gpus must be an integer >= 1, got ${o.gpus}`);
+  if (!Number.isInteger(nodes) || nodes < 1) bad.push(`--nodes must be an integer >= 1, got ${nodes}`);
+  else if (o.gpus % nodes) bad.push(`--gpus ${o.gpus} does not divide over --nodes ${nodes}`);
+  if (!(o.gpuMemory > 0)) bad.push('--gpu-memory must be > 0');
+  if (!Number.isInteger(o.seq) || o.seq < 1) bad.push(`--seq must be an integer >= 1, got ${o.seq}`);
+  if (!Number.isInteger(o.globalBatch) || o.globalBatch < 1) bad.push(`--batch must be an integer >= 1, got ${o.globalBatch}`);
+  if (o.microBatchSize !== undefined && (!Number.isInteger(o.microBatchSize) || o.microBatchSize < 1)) bad.push(`--micro-batch-size must be an integer >= 1, got ${o.microBatchSize}`);
+  if (bad.length) throw new ArgumentError(`plan: ${bad.join('; ')}`);
+  const gpusPerNode = o.gpus / nodes;
+  const cpu = o.device.name === 'cpu';
+  const sizes = o.microBatchSize ? [o.microBatchSize] : [1, 2, 4, 8];
+  // nodetron recomputes whole blocks; selective recomputation is modelled for 16-bit training (Megatron's).
+  const recomputes: Recompute[] = o.dtype === 'f32' ? ['none', 'full'] : ['none', 'selective', 'full'];
+  const out: PlanCandidate[] = [];
+  for (const tp of divisors(gpusPerNode)) for (const pp of divisors(o.gpus / tp)) {
+    const dp = o.gpus / (tp * pp);
+    for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
+      if (zero > 0 && dp === 1) continue;
+      for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe'] as const : ['1f1b'] as const) {
+        const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
+        const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule };
+        const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
+        if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
+        const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead });
+        const time = predictStepTime(m, layout, o.device, { seq: o.seq, microBatchSize: b, dtype: o.dtype, gpusPerNode });
+        out.push({ layout, microBatchSize: b, memory, fits: memory.total <= o.gpuMemory, time,
+          command: launchCommand(m, layout, { seq: o.seq, globalBatch: o.globalBatch, nodes, gpusPerNode, cpu }) });
+      }
+    }
+  }
+  // Skipped layouts repeat per micro-batch size and ZeRO stage: keep one of each reason per mesh.
+  const seen = new Set<string>();
+  const kept = out.filter((c) => {
+    if (!c.skipped) return true;
+    const key = `${c.layout.tp}/${c.layout.pp}/${c.layout.dp}/${c.microBatchSize}/${c.skipped}`;
+    if (seen.has(key)) return false;
+    seen.add(key); return true;
+  });
+  const rank = (c: PlanCandidate) => (c.skipped ? 2 : c.fits ? 0 : 1);
+  return kept.sort((a, b) => rank(a) - rank(b) || (a.time?.total ?? 0) - (b.time?.total ?? 0) || (a.memory?.total ?? 0) - (b.memory?.total ?? 0));
+}

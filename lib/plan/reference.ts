@@ -1,0 +1,59 @@
+// Published memory formulas, re-derived so tests can pin the planner to them: DeepSpeed's model-state
+// estimates (runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py) and Megatron-LM's theoretical
+// memory (megatron/training/theoretical_memory_usage.py, for sequence parallelism with selective recomputation).
+
+/** DeepSpeed's estimate_zero2_model_states_mem_needs: [cpu bytes, gpu bytes] per node / per GPU. */
+export function deepspeedZero2Estimate(totalParams: number, gpusPerNode = 1, nodes = 1, cpuOffload = true, bufferFactor = 1.5): { cpu: number; gpu: number } {
+  const totalGpus = nodes * gpusPerNode;
+  if (cpuOffload) return { gpu: Math.trunc(2 * totalParams), cpu: Math.trunc(totalParams * Math.max(4 * totalGpus, 16) * bufferFactor) };
+  return { gpu: Math.trunc(4 * totalParams + Math.trunc((16 * totalParams) / totalGpus)), cpu: Math.trunc(totalParams * 4 * gpusPerNode * bufferFactor) };
+}
+
+/** DeepSpeed's estimate_zero3_model_states_mem_needs: per-GPU bytes are 4 × the largest layer plus 18Ψ/N (offload: less). */
+export function deepspeedZero3Estimate(totalParams: number, largestLayerParams: number, gpusPerNode = 1, nodes = 1,
+  opts: { cpuOffload?: boolean; cpuOffloadParams?: boolean; zeroInit?: boolean; bufferFactor?: number } = {}): { cpu: number; gpu: number } {
+  const { cpuOffload = true, cpuOffloadParams = true, zeroInit = true, bufferFactor = 1.5 } = opts;
+  const totalGpus = nodes * gpusPerNode, gpusFactor = 1 / nodes, largest = 4 * largestLayerParams;
+  let gpu: number, cpu: number;
+  if (cpuOffload) {
+    if (cpuOffloadParams) {
+      gpu = largest;
+      cpu = totalParams * (zeroInit ? 18 * gpusFactor : Math.max(4 * gpusPerNode, 18 * gpusFactor)) * bufferFactor;
+    } else {
+      gpu = largest + Math.trunc((2 * totalParams) / totalGpus);
+      cpu = totalParams * (zeroInit ? 16 * gpusFactor : Math.max(4 * gpusPerNode, 16 * gpusFactor)) * bufferFactor;
+    }
+  } else {
+    gpu = largest + Math.trunc((18 * totalParams) / totalGpus);
+    cpu = (zeroInit ? largestLayerParams : totalParams) * 4 * gpusPerNode * bufferFactor;
+  }
+  return { cpu: Math.trunc(cpu), gpu: Math.trunc(gpu) };
+}
+
+/** The Megatron arguments its theoretical memory reads. */
+export interface MegatronArgs {
+  numLayers: number; hiddenSize: number; numAttentionHeads: number; ffnHiddenSize: number; paddedVocabSize: number;
+  seqLength: number; microBatchSize: number; tensorParallel: number; pipelineParallel: number; dataParallel: number;
+  useDistributedOptimizer: boolean; untieEmbeddings?: boolean; swiglu?: boolean; numQueryGroups?: number;
+}
+
+/** Megatron's compute_weight_and_optimizer_memory: the most loaded shard's parameters × 18 bytes (6 + 12/dp with the distributed optimizer). */
+export function megatronWeightAndOptimizerBytes(a: MegatronArgs): number {
+  const groups = a.numQueryGroups ?? a.numAttentionHeads;
+  const gated = a.swiglu ? 1.5 : 1;
+  const layers = 2 * a.numLayers * a.hiddenSize * a.hiddenSize * ((1 + groups / a.numAttentionHeads) + (a.ffnHiddenSize / a.hiddenSize) * gated + 2 / a.hiddenSize + 1 / (a.numLayers * a.hiddenSize));
+  const embedding = a.hiddenSize * a.paddedVocabSize;
+  let shard = (layers / a.pipelineParallel + embedding) / a.tensorParallel;
+  if (a.untieEmbeddings && a.pipelineParallel === 1) shard += embedding / a.tensorParallel;
+  return shard * (a.useDistributedOptimizer ? 6 + 12 / a.dataParallel : 18);
+}
+
+/** Megatron's compute_activation_memory (first stage, sequence parallel + selective recomputation, non-interleaved). */
+export function megatronActivationBytes(a: MegatronArgs, numMicrobatches?: number): number {
+  const s = a.seqLength, b = a.microBatchSize, h = a.hiddenSize, p = a.pipelineParallel;
+  let act = s * b * h * (18 + 4 * (a.ffnHiddenSize / h)) * a.numLayers;
+  act += 8 * s * b * p + s * b * h * p;
+  if (p > 1 && numMicrobatches !== undefined) act *= Math.min(1, numMicrobatches / p);
+  if (p === 1) act += s * b * h * 4 * (1 + a.paddedVocabSize / h);
+  return act / a.tensorParallel;
+}

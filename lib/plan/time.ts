@@ -1,0 +1,100 @@
+// Predicted step time of a layout: GEMM throughput (named GPUs' dense peak × an achievable
+// fraction, or a measured figure) and bus bandwidth for the tensor-, pipeline- and data-parallel traffic.
+import { readFileSync } from 'node:fs';
+import { ArgumentError } from '../errors.js';
+import type { PlanLayout, PlanDType } from './memory.js';
+import { stageLayers, type PlanModel } from './models.js';
+
+/** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
+export interface PlanDevice {
+  name: string;
+  /** Dense peak FLOP/s per dtype. */
+  peakFlops: Record<PlanDType, number>;
+  /** Fraction of the peak a training step's GEMMs achieve (model FLOPs utilization). */
+  efficiency: number;
+  /** Bus bandwidth (nccl-tests' busbw, bytes/s) of a collective inside one node. */
+  intraNodeBusBw: number;
+  /** Bus bandwidth per GPU between nodes. */
+  interNodeBusBw: number;
+  /** Memory per device in bytes (the default --gpu-memory). */
+  memoryBytes: number;
+}
+
+const G = 1e9, T = 1e12, GiB = 2 ** 30;
+/**
+ * Vendor datasheet peaks (dense, no sparsity): H100 SXM 989 TFLOP/s bf16 and 67 fp32, NVLink 4 900 GB/s
+ * (busbw ~360 GB/s achieved), 400 Gb/s InfiniBand per GPU; A100 SXM 312 / 19.5, NVLink 3 600 GB/s
+ * (~230 GB/s busbw), 200 Gb/s per GPU. The 0.45 efficiency is a typical large-model MFU, an assumption.
+ */
+export const PLAN_DEVICES: Readonly<Record<string, PlanDevice>> = {
+  h100: { name: 'h100', peakFlops: { bf16: 989 * T, f32: 67 * T }, efficiency: 0.45, intraNodeBusBw: 360 * G, interNodeBusBw: 45 * G, memoryBytes: 80 * GiB },
+  h200: { name: 'h200', peakFlops: { bf16: 989 * T, f32: 67 * T }, efficiency: 0.45, intraNodeBusBw: 360 * G, interNodeBusBw: 45 * G, memoryBytes: 141 * GiB },
+  a100: { name: 'a100', peakFlops: { bf16: 312 * T, f32: 19.5 * T }, efficiency: 0.45, intraNodeBusBw: 230 * G, interNodeBusBw: 22 * G, memoryBytes: 80 * GiB },
+  'a100-40g': { name: 'a100-40g', peakFlops: { bf16: 312 * T, f32: 19.5 * T }, efficiency: 0.45, intraNodeBusBw: 230 * G, interNodeBusBw: 22 * G, memoryBytes: 40 * GiB },
+  l40s: { name: 'l40s', peakFlops: { bf16: 362 * T, f32: 91.6 * T }, efficiency: 0.4, intraNodeBusBw: 20 * G, interNodeBusBw: 10 * G, memoryBytes: 48 * GiB },
+};
+
+/** A named device (an unknown name is an ArgumentError listing the choices). */
+export function resolveDevice(name: string): PlanDevice {
+  const d = PLAN_DEVICES[name];
+  if (!d) throw new ArgumentError(`plan: unknown --gpu ${JSON.stringify(name)} (${Object.keys(PLAN_DEVICES).join(', ')}, cpu)`);
+  return { ...d, peakFlops: { ...d.peakFlops } };
+}
+
+/** The highest GFLOP/s in a `nodetron bench gemm --json` file (any row field whose name mentions gflops). */
+export function gemmFlopsFromJson(path: string): number {
+  const j = JSON.parse(readFileSync(path, 'utf8')) as { rows?: Record<string, unknown>[] };
+  let best = 0;
+  for (const r of j.rows ?? []) for (const [k, v] of Object.entries(r)) if (/gflops/i.test(k) && typeof v === 'number' && v > best) best = v;
+  if (!(best > 0)) throw new ArgumentError(`plan: ${path} holds no GFLOP/s rows (expected \`nodetron bench gemm --json\` output)`);
+  return best * G;
+}
+
+/** The average bus bandwidth (GB/s → bytes/s) of a `nodetron bench comm --json` file. */
+export function busBwFromJson(path: string): number {
+  const j = JSON.parse(readFileSync(path, 'utf8')) as { avgBusbw?: number };
+  if (!(typeof j.avgBusbw === 'number' && j.avgBusbw > 0)) throw new ArgumentError(`plan: ${path} has no avgBusbw (expected \`nodetron bench comm --json\` output)`);
+  return j.avgBusbw * G;
+}
+
+export interface TimeOptions { seq: number; microBatchSize: number; dtype: PlanDType; gpusPerNode: number }
+
+/** The parts of a predicted step time, in seconds. */
+export interface StepTime { compute: number; bubble: number; tensorParallel: number; pipeline: number; dataParallel: number; total: number; flops: number }
+
+/**
+ * Narayanan et al. 2021 (eq. 3): training FLOPs of one step, 72·B·s·L·h²·(1 + s/(6h) + V/(12hL)) with
+ * full recomputation's extra forward (96 instead of 72 on the layer part); the MLP term scaled by ffn/(4h).
+ */
+export function stepFlops(m: PlanModel, globalBatch: number, seq: number, recompute: 'none' | 'selective' | 'full'): number {
+  const h = m.nEmbd, L = m.nLayer;
+  const mlpScale = (m.ffn / (4 * h)) * (m.gated ? 1.5 : 1);
+  const layer = 24 * globalBatch * seq * L * h * h * ((1 + 2 * mlpScale) / 3 + seq / (6 * h));
+  const head = 6 * globalBatch * seq * h * m.vocabSize;
+  return layer * (recompute === 'full' ? 4 : 3) + head;
+}
+
+/** Predicted time of one step: compute / (devices · FLOP/s) with the pipeline bubble, plus the communication not hidden behind it. */
+export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o: TimeOptions): StepTime {
+  const world = l.dp * l.tp * l.pp;
+  const globalBatch = o.microBatchSize * l.microBatches * l.dp;
+  const flops = stepFlops(m, globalBatch, o.seq, l.recompute);
+  const compute = flops / (world * dev.peakFlops[o.dtype] * dev.efficiency);
+  const bubble = compute * ((l.pp - 1) / l.microBatches);
+  const w = o.dtype === 'f32' ? 4 : 2;
+  // Ranks are placed tp fastest, then pp, then dp (nodetron's mesh order): a group stays in one node when its span fits.
+  const bw = (span: number) => (span <= o.gpusPerNode ? dev.intraNodeBusBw : dev.interNodeBusBw);
+  const act = o.seq * o.microBatchSize * m.nEmbd * w;
+  const layers = stageLayers(m.nLayer, l.pp)[0]!;
+  // Megatron TP: 2 all-reduces in forward and 2 in backward per layer (+2 when recomputing); ring cost 2(t−1)/t per byte.
+  const tpCalls = l.recompute === 'full' ? 6 : 4;
+  const tensorParallel = l.tp > 1 ? (l.microBatches * layers * tpCalls * act * (2 * (l.tp - 1)) / l.tp) / bw(l.tp) : 0;
+  const pipeline = l.pp > 1 ? (2 * l.microBatches * act) / bw(l.tp * l.pp) : 0;
+  // Gradients all-reduced (or reduce-scattered + all-gathered) over dp; ZeRO 3 gathers the weights once more in backward.
+  const gradBytes = ((m.nLayer * 12 * m.nEmbd * m.nEmbd) / (l.tp * l.pp) + (m.vocabSize * m.nEmbd) / l.tp) * w;
+  const dpVolume = l.dp > 1 ? (gradBytes * 2 * (l.dp - 1)) / l.dp * (l.zero === 3 ? 1.5 : 1) : 0;
+  // Backward (two thirds of the compute) hides the bucketed data-parallel traffic; what exceeds it shows.
+  const dataParallel = Math.max(0, dpVolume / bw(world) - (2 / 3) * compute);
+  const total = compute + bubble + tensorParallel + pipeline + dataParallel;
+  return { compute, bubble, tensorParallel, pipeline, dataParallel, total, flops };
+}
