@@ -7,6 +7,7 @@ const usage = `usage: nodetron <command> [options]
 commands:
   info [--json]                  version, backends, libraries, devices (and why not)
   launch [options] script.ts     start one process per GPU (or N on CPU), torchrun-style
+  plan --model M --gpus N [...]  ranked parallel layouts: memory per rank, fit, step time, command
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
   bench gemm|comm|train|ops|checkpoint [...]
                                  benchmarks; each prints a table, --json F writes JSON
@@ -30,6 +31,8 @@ export async function main(argv: string[]): Promise<number> {
         return (await import('./cli/info.js')).main(rest);
       case 'data':
         return (await import('./cli/data.js')).main(rest);
+      case 'plan':
+        return (await import('./cli/plan.js')).main(rest);
       case 'launch':
         return (await importCommand('./launch/cli.js')).main(rest);
       case 'bench': {

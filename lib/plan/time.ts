@@ -60,7 +60,7 @@ export function busBwFromJson(path: string): number {
 export interface TimeOptions { seq: number; microBatchSize: number; dtype: PlanDType; gpusPerNode: number }
 
 /** The parts of a predicted step time, in seconds. */
-export interface StepTime { compute: number; bubble: number; tensorParallel: number; pipeline: number; dataParallel: number; total: number; flops: number }
+export interface StepTime { compute: number; bubble: number; tensorParallel: number; pipeline: number; dataParallel: number; offload: number; total: number; flops: number }
 
 /**
  * Narayanan et al. 2021 (eq. 3): training FLOPs of one step, 72·B·s·L·h²·(1 + s/(6h) + V/(12hL)) with
@@ -94,7 +94,12 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
   const gradBytes = ((m.nLayer * 12 * m.nEmbd * m.nEmbd) / (l.tp * l.pp) + (m.vocabSize * m.nEmbd) / l.tp) * w;
   const dpVolume = l.dp > 1 ? (gradBytes * 2 * (l.dp - 1)) / l.dp * (l.zero === 3 ? 1.5 : 1) : 0;
   // Backward (two thirds of the compute) hides the bucketed data-parallel traffic; what exceeds it shows.
-  const dataParallel = Math.max(0, dpVolume / bw(world) - (2 / 3) * compute);
-  const total = compute + bubble + tensorParallel + pipeline + dataParallel;
-  return { compute, bubble, tensorParallel, pipeline, dataParallel, total, flops };
+  // The last bucket's collective always shows (25 MiB).
+  const dataParallel = l.dp > 1 ? Math.max(dpVolume / bw(world) - (2 / 3) * compute, (25 * 2 ** 20 * (l.zero === 3 ? 3 : 2)) / bw(world)) : 0;
+  // Offload: the gradient shard goes to the host and the updated weight shard comes back over PCIe
+  // (~25 GB/s, PCIe 4/5 x16 achieved), and the host runs Adam over the shard (~2 GB/s of state per device, an assumption).
+  const shard = gradBytes / l.dp;
+  const offload = l.offload ? (2 * shard) / 25e9 + (shard * (o.dtype === 'f32' ? 3 : 6)) / 2e9 : 0;
+  const total = compute + bubble + tensorParallel + pipeline + dataParallel + offload;
+  return { compute, bubble, tensorParallel, pipeline, dataParallel, offload, total, flops };
 }

@@ -1,0 +1,115 @@
+// `nodetron plan`: ranked training layouts for a model on N devices (per-rank memory, fit, predicted
+// step time, the launch command), and `--calibrate`: predicted against measured peak memory on this machine.
+import { cpus } from 'node:os';
+import { ArgumentError } from '../errors.js';
+import { parseOptions, printTable, writeJson, machineRecord } from '../bench/util.js';
+import { matmul } from '../ops/index.js';
+import { randn } from '../creation.js';
+import { scope } from '../memory.js';
+import { resolveModel, totalParams } from '../plan/models.js';
+import { planLayouts, type PlanCandidate } from '../plan/planner.js';
+import { busBwFromJson, gemmFlopsFromJson, resolveDevice, type PlanDevice } from '../plan/time.js';
+import { calibrateLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE } from '../plan/calibrate.js';
+
+const usage = `usage: nodetron plan --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|13b|70b|config.json --gpus N [options]
+  --gpu-memory M       memory per device: 80G, 40GiB, 24000M (default: the --gpu's)
+  --nodes K            nodes (default 1; --gpus is the total)
+  --seq S              sequence length (default the model's)
+  --batch B            global batch in sequences (default 8 per device)
+  --micro-batch-size b fix the micro-batch size (default: try 1, 2, 4, 8)
+  --dtype bf16|f32     mixed precision (default) or f32 (nodetron on CPU)
+  --gpu NAME           h100 (default), h200, a100, a100-40g, l40s or cpu (a quick GEMM probe here)
+  --gemm-json F        GEMM FLOP/s from \`nodetron bench gemm --json\`;  --comm-json F  bus bandwidth from \`bench comm --json\`
+  --top K              layouts printed (default 10);  --json F  write every candidate
+  --calibrate [--layouts a;b]  run small layouts here (CPU, f32) and print predicted vs measured peak per rank`;
+
+/** Reads 80G, 80GB, 80GiB, 40000M, 1.5T (powers of 1024). */
+export function parseMemory(text: string): number {
+  const m = /^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$/i.exec(text.trim());
+  if (!m) throw new ArgumentError(`plan: cannot read --gpu-memory ${JSON.stringify(text)} (e.g. 80G, 40GiB, 24000M)`);
+  return Number(m[1]) * 1024 ** ' KMGT'.indexOf((m[2] || ' ').toUpperCase());
+}
+
+const gib = (b: number) => (b / 2 ** 30).toFixed(2);
+const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+
+/** GEMM FLOP/s of this machine: a few 512³ f32 matmuls. */
+function probeCpuFlops(): number {
+  return scope(() => {
+    const n = 512, a = randn([n, n]), b = randn([n, n]);
+    matmul(a, b).dispose();
+    const t0 = performance.now();
+    const reps = 8;
+    for (let i = 0; i < reps; i++) matmul(a, b).dispose();
+    return (2 * n ** 3 * reps) / ((performance.now() - t0) / 1000);
+  });
+}
+
+function cpuDevice(o: Record<string, unknown>): PlanDevice {
+  const flops = o['gemm-json'] ? gemmFlopsFromJson(o['gemm-json'] as string) : probeCpuFlops();
+  // Shared-memory allreduce busbw measured on this project's 2-core machine (README: ~5 GB/s); --comm-json replaces it.
+  const bus = o['comm-json'] ? busBwFromJson(o['comm-json'] as string) : 5e9;
+  return { name: 'cpu', peakFlops: { bf16: flops, f32: flops }, efficiency: 1 / Math.max(1, cpus().length), intraNodeBusBw: bus, interNodeBusBw: 1e9, memoryBytes: 16 * 2 ** 30 };
+}
+
+async function calibrate(o: Record<string, unknown>): Promise<number> {
+  const layouts = o.layouts ? String(o.layouts).split(';') : DEFAULT_CALIBRATION_LAYOUTS;
+  const rows = [];
+  for (const l of layouts) rows.push(await calibrateLayout(l));
+  console.log(`\ncalibration: GPT ${CALIBRATION_SHAPE.layers} layers, width ${CALIBRATION_SHAPE.width}, ${CALIBRATION_SHAPE.heads} heads, ctx ${CALIBRATION_SHAPE.ctx}, batch ${CALIBRATION_SHAPE.batch}, vocab ${CALIBRATION_SHAPE.vocab} (f32, cpu)`);
+  printTable(['layout', 'rank', 'stage', 'predicted MiB', 'measured MiB', 'error'],
+    rows.flatMap((r) => r.ranks.map((k) => [r.layout, k.rank, k.ppRank, mib(k.predicted), mib(k.peak), `${(100 * k.error).toFixed(1)}%`])));
+  const worst = Math.max(...rows.map((r) => r.maxError));
+  console.log(`largest error ${(100 * worst).toFixed(1)}% over ${rows.length} layouts`);
+  writeJson(o.json as string | undefined, { bench: 'plan-calibration', machine: machineRecord(), shape: CALIBRATION_SHAPE, rows });
+  return 0;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  try { return await run(argv); } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    console.error(`nodetron plan: ${e.message}`);
+    return 2;
+  }
+}
+
+async function run(argv: string[]): Promise<number> {
+  let o;
+  try {
+    o = parseOptions(argv, {
+      model: 'string', gpus: 'number', 'gpu-memory': 'string', nodes: 'number', seq: 'number', batch: 'number', 'micro-batch-size': 'number',
+      dtype: 'string', gpu: 'string', 'gemm-json': 'string', 'comm-json': 'string', top: 'number', json: 'string', calibrate: 'boolean', layouts: 'string', help: 'boolean',
+    });
+  } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    console.error(`nodetron plan: ${e.message}\n\n${usage}`);
+    return 2;
+  }
+  if (o.help) { console.log(usage); return 0; }
+  if (o.calibrate) return calibrate(o);
+  if (!o.model || o.gpus === undefined) { console.error(`nodetron plan: give --model and --gpus\n\n${usage}`); return 2; }
+  const model = resolveModel(o.model as string);
+  const dtype = (o.dtype as string | undefined) ?? 'bf16';
+  if (dtype !== 'bf16' && dtype !== 'f32') throw new ArgumentError(`plan: --dtype must be bf16 or f32, got ${dtype}`);
+  const gpuName = (o.gpu as string | undefined) ?? 'h100';
+  const device = gpuName === 'cpu' ? cpuDevice(o) : resolveDevice(gpuName);
+  if (gpuName !== 'cpu' && o['gemm-json']) device.peakFlops[dtype] = gemmFlopsFromJson(o['gemm-json'] as string), device.efficiency = 1;
+  if (gpuName !== 'cpu' && o['comm-json']) device.intraNodeBusBw = busBwFromJson(o['comm-json'] as string);
+  const gpus = o.gpus as number;
+  const gpuMemory = o['gpu-memory'] ? parseMemory(o['gpu-memory'] as string) : device.memoryBytes;
+  const seq = (o.seq as number | undefined) ?? model.seqLen;
+  const globalBatch = (o.batch as number | undefined) ?? 8 * gpus;
+  const candidates = planLayouts(model, { gpus, nodes: o.nodes as number | undefined, gpuMemory, seq, globalBatch, microBatchSize: o['micro-batch-size'] as number | undefined, dtype, device });
+  const ok = candidates.filter((c) => !c.skipped);
+  const top = ok.slice(0, (o.top as number | undefined) ?? 10);
+  console.log(`${model.name}: ${(totalParams(model) / 1e9).toFixed(2)}B parameters, ${model.nLayer} layers, width ${model.nEmbd}, ${model.nHead} heads, vocab ${model.vocabSize}; ` +
+    `${gpus} × ${device.name} (${gib(gpuMemory)} GiB) on ${(o.nodes as number | undefined) ?? 1} node(s), ${dtype}, seq ${seq}, global batch ${globalBatch}`);
+  console.log(`${ok.filter((c) => c.fits).length} of ${ok.length} layouts fit (${candidates.length - ok.length} skipped: see --json)\n`);
+  const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''} pp${c.layout.pp} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
+    `b${c.microBatchSize}×${c.layout.microBatches}${c.layout.pp > 1 ? ` ${c.layout.schedule}` : ''}`;
+  printTable(['#', 'layout', 'params', 'grads', 'optim', 'activ', 'logits', 'buffers', 'total GiB', 'fits', 'step s'],
+    top.map((c, i) => { const m = c.memory!; return [i + 1, desc(c), gib(m.params), gib(m.grads), gib(m.optimizerState), gib(m.activations), gib(m.logits), gib(m.buffers + m.overhead), gib(m.total), c.fits ? 'yes' : 'NO', c.time!.total.toFixed(3)]; }));
+  if (top[0]) console.log(`\nbest: ${top[0].command}`);
+  writeJson(o.json as string | undefined, { command: 'plan', model, gpus, gpuMemory, dtype, device, seq, globalBatch, candidates });
+  return 0;
+}

@@ -1,0 +1,105 @@
+// The planner pinned to published formulas: the ZeRO paper's split, Korthikanti et al.'s activations,
+// DeepSpeed's model-state estimates, Megatron's theoretical memory, the 7B figures; and the CLI's errors.
+import { describe, expect, it } from 'vitest';
+import * as nt from '../../lib/index.js';
+import { main } from '../../lib/cli.js';
+
+const { plan } = nt;
+const GB = 1e9, GiB = 2 ** 30;
+const base: nt.plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+
+describe('published formulas', () => {
+  it('DeepSpeed zero2 (t5-3b, 2851M params, 8 GPUs: 5.31 / 15.93 GB per GPU, 127.48 GB per CPU)', () => {
+    const off = plan.deepspeedZero2Estimate(2851e6, 8, 1, true), on = plan.deepspeedZero2Estimate(2851e6, 8, 1, false);
+    expect((off.gpu / GiB).toFixed(2)).toBe('5.31');
+    expect((on.gpu / GiB).toFixed(2)).toBe('15.93');
+    expect(Math.abs(off.cpu / GiB - 127.48)).toBeLessThan(0.1);
+  });
+  it('DeepSpeed zero3 (t5-small: 60506624 params, largest layer 16449536, 1 GPU): 0.06 / 0.17 / 1.08 GB per GPU', () => {
+    const f = (o: object) => plan.deepspeedZero3Estimate(60506624, 16449536, 1, 1, o);
+    expect((f({ cpuOffload: true, cpuOffloadParams: true }).gpu / GiB).toFixed(2)).toBe('0.06');
+    expect((f({ cpuOffload: true, cpuOffloadParams: false }).gpu / GiB).toFixed(2)).toBe('0.17');
+    expect((f({ cpuOffload: false }).gpu / GiB).toFixed(2)).toBe('1.08');
+    expect((f({ cpuOffload: true, cpuOffloadParams: true }).cpu / GiB).toFixed(2)).toBe('1.52');
+    expect((f({ cpuOffload: false }).cpu / GiB).toFixed(2)).toBe('0.09');
+  });
+  it('the planner\'s ZeRO-3 model states are DeepSpeed\'s less its fp32 gradient partition (2Ψ/N) and gathered layer', () => {
+    const m = plan.PLAN_MODELS['7b']!, N = 8, psi = plan.totalParams(m);
+    const e = plan.estimateMemory(m, { ...base, dp: N, zero: 3 }, { seq: 4096, microBatchSize: 1, dtype: 'bf16' });
+    const ds = plan.deepspeedZero3Estimate(psi, plan.largestLayerParams(m), N, 1, { cpuOffload: false });
+    expect(e.params + e.grads + e.optimizerState).toBeCloseTo(ds.gpu - 4 * plan.largestLayerParams(m) - 2 * psi / N, -3);
+  });
+  it('ZeRO paper split (2 + 2 + 12)Ψ by stage, and f32 (4 + 4 + 8)Ψ equal to zeroMemoryFormula', () => {
+    const m = plan.PLAN_MODELS.gpt2!, psi = plan.totalParams(m), o = { seq: 1024, microBatchSize: 1 };
+    for (const zero of [0, 1, 2, 3] as const) {
+      const e = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, dtype: 'bf16' });
+      const sh = Math.ceil(psi / 4);
+      expect([e.params, e.grads, e.optimizerState]).toEqual([2 * (zero === 3 ? sh : psi), 2 * (zero >= 2 ? sh : psi), 12 * (zero >= 1 ? sh : psi)]);
+      const f = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, dtype: 'f32' });
+      const z = nt.parallel.zeroMemoryFormula(psi, 4, zero);
+      expect([f.params, f.optimizerState]).toEqual([z.params, z.optimizerState]);
+    }
+  });
+  it('7B: 14 GB of bf16 weights, 56 GB of Adam moments (2 × fp32), 84 GB with the fp32 master (12 bytes/param)', () => {
+    const psi = 7e9;
+    const m = { ...plan.PLAN_MODELS['7b']! };
+    const e = plan.estimateMemory(m, base, { seq: 1, microBatchSize: 1, dtype: 'bf16', optimizerBytesPerParam: 12 });
+    const real = plan.totalParams(m);
+    expect(e.params).toBe(2 * real);
+    expect(2 * psi / GB).toBe(14);
+    expect(8 * psi / GB).toBe(56); // the moments alone: K = 8 (what "56 GB of Adam state" counts)
+    expect(12 * psi / GB).toBe(84); // K = 12: master weights + moments (the ZeRO paper's K)
+    expect(e.optimizerState).toBe(12 * real);
+    expect(real / 1e9).toBeCloseTo(6.74, 2);
+  });
+  it('Korthikanti et al. Table 2 per layer', () => {
+    const m = plan.PLAN_MODELS['7b']!, s = 2048, b = 1, h = 4096, a = 32, t = 8;
+    expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, 1, false, 'none')).toBeCloseTo(s * b * h * (34 + 5 * a * s / h));
+    expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, t, false, 'none')).toBeCloseTo(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)));
+    expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, t, true, 'none')).toBeCloseTo(s * b * h * (34 / t + 5 * a * s / (h * t)));
+    expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, t, true, 'selective')).toBeCloseTo(s * b * h * 34 / t);
+    expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, 1, false, 'full')).toBeCloseTo(2 * s * b * h);
+  });
+  it('Megatron theoretical memory (GPT-3 175B, Korthikanti et al.: t8 p8, s2048, b1, SP + selective)', () => {
+    const args: nt.plan.MegatronArgs = { numLayers: 96, hiddenSize: 12288, numAttentionHeads: 96, ffnHiddenSize: 4 * 12288, paddedVocabSize: 51200,
+      seqLength: 2048, microBatchSize: 1, tensorParallel: 8, pipelineParallel: 8, dataParallel: 1, useDistributedOptimizer: false };
+    const m: nt.plan.PlanModel = { name: 'gpt3', nLayer: 96, nHead: 96, nEmbd: 12288, ffn: 4 * 12288, vocabSize: 51200, gated: false, tied: true, bias: true, positions: 2048, seqLen: 2048 };
+    // Weights + optimizer: the most loaded shard × 18 bytes = 2 + 4 + 12 (Megatron keeps fp32 grads: the planner's bf16 grads + 2 bytes).
+    const shard = (plan.stageParams(m, 8, 8, 0).layerParams + 51200 * 12288 / 8);
+    expect(plan.megatronWeightAndOptimizerBytes(args) / shard).toBeCloseTo(18, 1);
+    // Activations: the planner's first stage (8 in flight under 1F1B) per layer = Megatron's per layer (34 sbh/t).
+    const e = plan.estimateStageMemory(m, { ...base, tp: 8, pp: 8, sequenceParallel: true, recompute: 'selective', microBatches: 64 }, { seq: 2048, microBatchSize: 1, dtype: 'bf16' }, 0);
+    const megatron = plan.megatronActivationBytes(args, 64);
+    expect(Math.abs(e.activations - megatron) / megatron).toBeLessThan(0.01);
+  });
+});
+
+describe('planner', () => {
+  const dev = plan.resolveDevice('h100');
+  it('ranks fitting layouts first by step time, skips heads not divisible by tp with a reason', () => {
+    const c = plan.planLayouts(plan.PLAN_MODELS['gpt2-xl']!, { gpus: 8, gpuMemory: 80 * GiB, seq: 1024, globalBatch: 64, dtype: 'bf16', device: dev });
+    const ok = c.filter((x) => !x.skipped);
+    expect(ok[0]!.fits).toBe(true);
+    for (let i = 1; i < ok.length && ok[i]!.fits; i++) expect(ok[i]!.time!.total).toBeGreaterThanOrEqual(ok[i - 1]!.time!.total);
+    expect(c.some((x) => x.skipped?.includes('25 heads do not divide by tp 2'))).toBe(true);
+    expect(ok[0]!.command).toMatch(/^nodetron launch --nproc-per-node 8 examples\/gpt\/train\.ts .*--tp \d+ --pp \d+ --dp \d+ --zero \d/);
+  });
+  it('70B does not fit one 80G GPU; fits 64 with sharding', () => {
+    const m = plan.PLAN_MODELS['70b']!;
+    expect(plan.planLayouts(m, { gpus: 1, gpuMemory: 80 * GiB, seq: 4096, globalBatch: 8, dtype: 'bf16', device: dev }).some((c) => c.fits)).toBe(false);
+    expect(plan.planLayouts(m, { gpus: 64, nodes: 8, gpuMemory: 80 * GiB, seq: 4096, globalBatch: 512, microBatchSize: 1, dtype: 'bf16', device: dev })[0]!.fits).toBe(true);
+  });
+  it('errors: unknown model, gpus not divisible by nodes, unparsable memory', async () => {
+    expect(() => plan.resolveModel('gpt5')).toThrow(/unknown model "gpt5"/);
+    expect(() => plan.planLayouts(plan.PLAN_MODELS.gpt2!, { gpus: 6, nodes: 4, gpuMemory: 1, seq: 8, globalBatch: 8, dtype: 'bf16', device: dev })).toThrow(/does not divide over --nodes 4/);
+    const err: string[] = [];
+    const orig = console.error;
+    console.error = (s: string) => err.push(s);
+    try {
+      expect(await main(['plan', '--model', 'gpt2', '--gpus', '8', '--gpu-memory', 'lots'])).toBe(2);
+      expect(await main(['plan', '--model', 'nope', '--gpus', '8'])).toBe(2);
+    } finally { console.error = orig; }
+    expect(err.join('\n')).toMatch(/cannot read --gpu-memory "lots"/);
+    expect(err.join('\n')).toMatch(/unknown model "nope"/);
+  });
+});
