@@ -25,3 +25,4 @@ export * as parallel from './parallel/index.js';
 export * as ckpt from './ckpt/index.js';
 export * as interop from './interop/index.js';
 export * as data from './data/index.js';
+export * as train from './train/index.js';
