@@ -26,3 +26,4 @@ export * as ckpt from './ckpt/index.js';
 export * as interop from './interop/index.js';
 export * as data from './data/index.js';
 export * as plan from './plan/index.js';
+export * as train from './train/index.js';

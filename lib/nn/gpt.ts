@@ -126,6 +126,8 @@ export interface GPTOptions extends LayerOptions {
   linearFactory?: LinearFactory;
   vocabLayout?: VocabLayout;
   sequenceLayout?: SequenceLayout;
+  /** Recompute each block's activations in backward; overrides config.recompute when given. */
+  recompute?: boolean;
 }
 
 /**
@@ -254,7 +256,7 @@ export class GPT extends Module {
 
   constructor(config: GPTConfig, opts: GPTOptions = {}) {
     super();
-    this.config = checkConfig(config);
+    this.config = checkConfig(opts.recompute === undefined ? config : { ...config, recompute: opts.recompute });
     const generator = opts.generator ?? new Generator(opts.seed ?? 0);
     this.generator = generator;
     const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };

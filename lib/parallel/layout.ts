@@ -36,13 +36,21 @@ export interface LayoutModelShape {
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
 export interface LayoutFlags {
+  /** Tensor-parallel ranks (`--tp`, default 1). */
   tp?: number;
+  /** Pipeline stages (`--pp`, default 1). */
   pp?: number;
+  /** Data-parallel ranks (`--dp`, default: the world size / (tp·pp)). */
   dp?: number;
+  /** Sequence parallelism (`--sp`; needs tp > 1). */
   sequenceParallel?: boolean;
+  /** ZeRO stage 0-3 (`--zero`, default 0). */
   zero?: number;
+  /** ZeRO shards in host memory (`--offload`). */
   offload?: boolean;
+  /** Micro-batches per step (`--micro-batches`, default 1). */
   microBatches?: number;
+  /** Pipeline schedule, gpipe or 1f1b (`--schedule`, default 1f1b). */
   schedule?: string;
 }
 

@@ -1,0 +1,138 @@
+// Layout flags from the command line and the environment (`--tp 2 --pp 2 --zero 1 --sp --micro-batches 4
+// --schedule 1f1b --offload --recompute`, or NODETRON_TP=2 …), so one training script runs as one
+// process or under `nodetron launch` with any layout; and a strict parser for a script's own options
+// together with the layout flags.
+import { ArgumentError } from '../errors.js';
+import { parseOptions } from '../bench/util.js';
+import type { LayoutFlags } from '../parallel/layout.js';
+
+/** The layout flags of a training run: a parallel layout (checked later against the model and the world) and recomputation. */
+export interface LayoutArgs extends LayoutFlags {
+  /** Recompute each block's activations in backward (`--recompute`). */
+  recompute?: boolean;
+}
+
+/** A parsed command line: each option's value by name, and the positional arguments in `_`. */
+export type ParsedOptions = {
+  [name: string]: string | number | boolean | string[] | undefined;
+  /** Positional arguments, in order. */
+  _: string[];
+};
+
+/** The kind of value an option takes (`--name value`, or a `--flag` for booleans). */
+export type OptionKind = 'string' | 'number' | 'boolean';
+
+/** The layout flags (command-line names) and their kinds. */
+export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
+  tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
+  'micro-batches': 'number', schedule: 'string',
+});
+
+/** Each layout flag's environment variable (the command line wins when both are given). */
+export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
+  tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
+  recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
+});
+
+/** Usage text of the layout flags, for a script's `--help`. */
+export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
+also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
+NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE):
+  --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
+  --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
+  --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
+                       overlaps them, and one process accumulates their gradients
+  --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
+  --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
+  --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
+  --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
+                       (N must divide the heads, the width and the vocabulary)
+  --sp                 sequence parallelism (needs --tp > 1 dividing the context): LayerNorms, residuals and
+                       embeddings hold ctx/tp positions per tensor-parallel rank, which cuts their activations
+  --recompute          recompute each block's activations in backward`;
+
+function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
+  const out: LayoutArgs = {};
+  const num = (k: string) => values[k] as number | undefined;
+  const bool = (k: string) => values[k] as boolean | undefined;
+  if (num('tp') !== undefined) out.tp = num('tp');
+  if (num('pp') !== undefined) out.pp = num('pp');
+  if (num('dp') !== undefined) out.dp = num('dp');
+  if (num('zero') !== undefined) out.zero = num('zero');
+  if (num('micro-batches') !== undefined) out.microBatches = num('micro-batches');
+  if (values.schedule !== undefined) out.schedule = String(values.schedule);
+  if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
+  if (bool('offload') !== undefined) out.offload = bool('offload');
+  if (bool('recompute') !== undefined) out.recompute = bool('recompute');
+  return out;
+}
+
+/** A layout flag's value from its environment variable (undefined when unset or empty). */
+function fromEnv(flag: string, kind: OptionKind, env: NodeJS.ProcessEnv): string | number | boolean | undefined {
+  const name = LAYOUT_ENV[flag]!;
+  const raw = env[name]?.trim();
+  if (raw === undefined || raw === '') return undefined;
+  if (kind === 'number') {
+    const n = Number(raw);
+    if (!Number.isFinite(n)) throw new ArgumentError(`environment variable ${name}=${JSON.stringify(raw)} must be a number`);
+    return n;
+  }
+  if (kind === 'boolean') {
+    if (/^(1|true|yes|on)$/i.test(raw)) return true;
+    if (/^(0|false|no|off)$/i.test(raw)) return false;
+    throw new ArgumentError(`environment variable ${name}=${JSON.stringify(raw)} must be 1/true/yes/on or 0/false/no/off`);
+  }
+  return raw;
+}
+
+/**
+ * The layout flags in `argv` (other options are skipped over, not checked: see {@link parseArgs} for
+ * a strict parse) over those in the environment. Throws an ArgumentError for a flag without a value
+ * or with a value of the wrong kind.
+ */
+export function layoutFromArgs(argv: readonly string[] = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): LayoutArgs {
+  const values: Record<string, string | number | boolean | undefined> = {};
+  for (const [flag, kind] of Object.entries(LAYOUT_FLAGS)) values[flag] = fromEnv(flag, kind, env);
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '--') break;
+    if (!a.startsWith('--')) continue;
+    const [key, inline] = a.slice(2).split('=', 2) as [string, string | undefined];
+    const kind = LAYOUT_FLAGS[key];
+    if (!kind) continue;
+    const sub = parseOptions(kind === 'boolean' || inline !== undefined ? [a] : [a, ...(argv[i + 1] === undefined ? [] : [argv[i + 1]!])], { [key]: kind });
+    if (kind !== 'boolean' && inline === undefined) i++;
+    values[key] = sub[key] as string | number | boolean;
+  }
+  return toLayout(values);
+}
+
+/**
+ * A script's command line: its own options (`spec`: each name and the kind of value it takes) and the
+ * layout flags together. Unknown options are an ArgumentError naming the known ones. The layout
+ * flags' environment variables fill in what the command line leaves out.
+ */
+export function parseArgs(argv: readonly string[], spec: Record<string, OptionKind>, env: NodeJS.ProcessEnv = process.env): {
+  /** The script's own options (layout flags removed). */
+  options: ParsedOptions;
+  /** The layout flags, command line over environment. */
+  layout: LayoutArgs;
+} {
+  for (const k of Object.keys(spec)) {
+    if (LAYOUT_FLAGS[k]) throw new ArgumentError(`parseArgs: --${k} is a layout flag (parsed for you); leave it out of the script's options`);
+  }
+  let options: ParsedOptions;
+  try {
+    options = parseOptions([...argv], { ...spec, ...LAYOUT_FLAGS });
+  } catch (e) {
+    if (!(e instanceof ArgumentError) || !/^unknown option/.test(e.message)) throw e;
+    const known = [...Object.keys(spec), ...Object.keys(LAYOUT_FLAGS)].map((k) => `--${k}`).join(' ');
+    throw new ArgumentError(`${e.message} (known options: ${known})`);
+  }
+  const values: Record<string, string | number | boolean | undefined> = {};
+  for (const [flag, kind] of Object.entries(LAYOUT_FLAGS)) {
+    values[flag] = options[flag] !== undefined ? options[flag] as string | number | boolean : fromEnv(flag, kind, env);
+    delete options[flag];
+  }
+  return { options, layout: toLayout(values) };
+}

@@ -1,0 +1,10 @@
+// nt.train: one entry point for training a GPT under any layout (setup → TrainingRun), the layout flags
+// from the command line and the environment, and the progress line's arithmetic (model FLOPs, MFU).
+export {
+  setup, main, TrainingRun,
+  type TrainSetupOptions, type ModelShard, type Batch, type TokenData, type BatchSource, type CheckpointOptions, type LearningRate, type StepResult,
+} from './setup.js';
+export { layoutFromArgs, parseArgs, LAYOUT_FLAGS, LAYOUT_ENV, LAYOUT_HELP, type LayoutArgs, type OptionKind, type ParsedOptions } from './flags.js';
+export {
+  gptParameterCount, gptFlopsPerToken, detectPeakFlops, formatProgress, formatDuration, type ProgressOptions, type ProgressSample,
+} from './progress.js';
