@@ -79,74 +79,55 @@ function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, re
   const owned: Tensor[] = [];
   const keep = <T extends Tensor>(t: T): T => { owned.push(t); return t; };
   const dispose = (): void => { for (const t of owned) t.dispose(); };
+  // A plan with both forms whose check puts the inputs back (`reset`), runs the form and counts the
+  // elements of result(inPlace) that differ from expected(inPlace, i).
+  const bothForms = (run: (inPlace: boolean) => PromiseLike<unknown>, reset: (inPlace: boolean) => void,
+    result: (inPlace: boolean) => Tensor, expected: (inPlace: boolean, i: number) => number): Plan => ({
+    run, dispose, supports: { outOfPlace: true, inPlace: true },
+    async check(ip) {
+      reset(ip);
+      await run(ip);
+      return countWrong(result(ip), (i) => expected(ip, i), dtype);
+    },
+  });
   switch (op) {
     case 'all_reduce': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
       const run = (ip: boolean) => (ip ? g.allReduce(x, { op: redop }) : g.allReduce(x, { op: redop, out }));
-      return {
-        run, dispose, supports: { outOfPlace: true, inPlace: true },
-        async check(ip) {
-          refill(x, rank);
-          await run(ip);
-          return countWrong(ip ? x : out, (i) => reduceRef(redop, i, n, dtype), dtype);
-        },
-      };
+      return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (_ip, i) => reduceRef(redop, i, n, dtype));
     }
     case 'broadcast': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
       const run = (ip: boolean) => (ip ? g.broadcast(x, { root: 0 }) : g.broadcast(x, { root: 0, out }));
-      return {
-        run, dispose, supports: { outOfPlace: true, inPlace: true },
-        async check(ip) {
-          refill(x, rank);
-          await run(ip);
-          return countWrong(ip ? x : out, (i) => valueAt(0, i), dtype);
-        },
-      };
+      return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (_ip, i) => valueAt(0, i));
     }
     case 'all_gather': {
       // In place (nccl-tests): this rank's block of out is the input.
       const per = count / n;
       const x = keep(filled(per, dtype, rank)), out = keep(zeros([count], { dtype }));
       const run = (ip: boolean) => (ip ? g.allGather(out, out) : g.allGather(out, x));
-      return {
-        run, dispose, supports: { outOfPlace: true, inPlace: true },
-        async check(ip) {
-          out.backend.fill(out.storage, dtypeCode(dtype), count, 0);
-          if (ip) out.backend.copy(out.storage, rank * per * esize, x.storage, 0, x.nbytes);
-          await run(ip);
-          return countWrong(out, (i) => valueAt(Math.floor(i / per), i % per), dtype);
-        },
+      const reset = (ip: boolean) => {
+        out.backend.fill(out.storage, dtypeCode(dtype), count, 0);
+        if (ip) out.backend.copy(out.storage, rank * per * esize, x.storage, 0, x.nbytes);
       };
+      return bothForms(run, reset, () => out, (_ip, i) => valueAt(Math.floor(i / per), i % per));
     }
     case 'reduce_scatter': {
       // In place (nccl-tests): the output is this rank's block of the input.
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([per], { dtype }));
       const run = (ip: boolean) => (ip ? g.reduceScatter(x, x, { op: redop }) : g.reduceScatter(out, x, { op: redop }));
-      return {
-        run, dispose, supports: { outOfPlace: true, inPlace: true },
-        async check(ip) {
-          refill(x, rank);
-          await run(ip);
-          const got = ip ? x : out, offset = ip ? rank * per : 0;
-          return countWrong(got, (i) => (ip && (i < offset || i >= offset + per) ? valueAt(rank, i) : reduceRef(redop, rank * per + i - offset, n, dtype)), dtype);
-        },
-      };
+      return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (ip, i) => {
+        const offset = ip ? rank * per : 0;
+        return ip && (i < offset || i >= offset + per) ? valueAt(rank, i) : reduceRef(redop, rank * per + i - offset, n, dtype);
+      });
     }
     case 'all_to_all': {
       const per = count / n;
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
       const run = (ip: boolean) => (ip ? g.allToAll(x, x) : g.allToAll(out, x));
-      return {
-        run, dispose, supports: { outOfPlace: true, inPlace: true },
-        // Block j of the output is block `rank` of rank j's input.
-        async check(ip) {
-          refill(x, rank);
-          await run(ip);
-          return countWrong(ip ? x : out, (i) => valueAt(Math.floor(i / per), rank * per + (i % per)), dtype);
-        },
-      };
+      // Block j of the output is block `rank` of rank j's input.
+      return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (_ip, i) => valueAt(Math.floor(i / per), rank * per + (i % per)));
     }
     case 'sendrecv': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));

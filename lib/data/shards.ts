@@ -3,6 +3,7 @@
 // fsynced and renamed; read with positional reads of the windows asked for, never whole.
 import { closeSync, fstatSync, fsyncSync, openSync, readSync, renameSync, writeSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
+import { closeOnThrow, openForReading } from '../io/files.js';
 
 export const TOKEN_SHARD_MAGIC = 20240520;
 export const TOKEN_SHARD_VERSION = 1;
@@ -38,7 +39,7 @@ export class TokenShard {
   #fd: number | null;
   private constructor(readonly path: string, fd: number) {
     this.#fd = fd;
-    try {
+    this.tokens = closeOnThrow(fd, () => {
       const size = fstatSync(fd).size;
       if (size < HEADER_BYTES) throw new StateError(`${path}: ${size} bytes is shorter than the 1024-byte header of a token shard`);
       const header = new Int32Array(256);
@@ -49,18 +50,12 @@ export class TokenShard {
       if (n < 0 || size !== HEADER_BYTES + 2 * n) {
         throw new StateError(`${path}: the header says ${n} tokens (${HEADER_BYTES + 2 * n} bytes) but the file has ${size} bytes (${size < HEADER_BYTES + 2 * n ? 'truncated' : 'trailing bytes'})`);
       }
-      this.tokens = n;
-    } catch (e) {
-      closeSync(fd);
-      this.#fd = null;
-      throw e;
-    }
+      return n;
+    });
   }
 
   static open(path: string): TokenShard {
-    let fd: number;
-    try { fd = openSync(path, 'r'); } catch (e) { throw new StateError(`token shard ${path}: ${(e as Error).message}`); }
-    return new TokenShard(path, fd);
+    return new TokenShard(path, openForReading(path, (reason) => `token shard ${path}: ${reason}`));
   }
 
   /** Tokens [start, start + count) into `into` (allocated when omitted). */

@@ -30,6 +30,14 @@ export function checkSize(call: string, t: Tensor, expected: number, what: strin
   if (t.size !== expected) throw new ShapeError(`${call}: ${what} must hold ${expected} elements, got ${t.size} (${t.describe()})`);
 }
 
+/** options.out of an op whose output matches its input `t` (device, dtype, size); `t` itself when there is none. */
+export function outLike(call: string, t: Tensor, out: unknown): Tensor {
+  const o = out === undefined ? t : checkCommTensor(out, call, 'out', t.device);
+  checkSameDType(call, t, o, 'tensor', 'out');
+  checkSize(call, o, t.size, 'out');
+  return o;
+}
+
 /** A group-local rank; ArgumentError when outside [0, size). */
 export function checkRank(r: unknown, size: number, call: string, what: string): number {
   if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r >= size) {

@@ -7,7 +7,7 @@ import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
 import type { CommBackend, CommPromise } from './backend.js';
 import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
-  checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
+  checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, outLike, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
 } from './collectives.js';
 import type { Store } from './store.js';
 import { Work, type WorkOp } from './work.js';
@@ -202,9 +202,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     const call = 'allReduce';
     this.live(call);
     const comm = this.commFor(t, call);
-    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
-    checkSameDType(call, t, out, 'tensor', 'out');
-    checkSize(call, out, t.size, 'out');
+    const out = outLike(call, t, options.out);
     const op = parseReduceOp(options.op, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     return this.start({ op: `allReduce(${op})`, dtype: t.dtype, count: t.size }, timeoutMs, out, [t, out], (seq) =>
@@ -216,9 +214,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     const call = 'broadcast';
     this.live(call);
     const comm = this.commFor(t, call);
-    const out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
-    checkSameDType(call, t, out, 'tensor', 'out');
-    checkSize(call, out, t.size, 'out');
+    const out = outLike(call, t, options.out);
     const root = checkRank(options.root ?? 0, this.size, call, 'root');
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
     return this.start({ op: 'broadcast', dtype: t.dtype, count: t.size, root }, timeoutMs, out, [t, out], (seq) =>
@@ -236,9 +232,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     let out: Tensor;
     let scratch: Tensor | undefined;
     if (this.rank === root) {
-      out = options.out === undefined ? t : checkCommTensor(options.out, call, 'out', t.device);
-      checkSameDType(call, t, out, 'tensor', 'out');
-      checkSize(call, out, t.size, 'out');
+      out = outLike(call, t, options.out);
     } else {
       // Gloo uses the output as scratch on non-roots; keep the caller's tensor intact.
       scratch = emptyOn(t.shape, t.dtype, t.deviceInfo);
@@ -361,26 +355,23 @@ export class ProcessGroup implements Group, CollectiveGroup {
 
   /** Sends `t` to group rank `dst`; not a collective (no sequence number, not checked). */
   send(t: Tensor, dst: number, options: P2POptions = {}): Work {
-    const call = 'send';
-    this.live(call);
-    const comm = this.commFor(t, call);
-    checkRank(dst, this.size, call, 'dst');
-    if (dst === this.rank) throw new ArgumentError(`${call}: rank ${dst} cannot send to itself`);
-    const tag = checkTag(options.tag, call);
-    const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return new Work(comm.send(t.storage, dtypeCode(t.dtype), t.size, dst, tag, timeoutMs), t, [t]);
+    return this.pointToPoint('send', t, dst, options);
   }
 
   /** Receives into `t` from group rank `src`. */
   recv(t: Tensor, src: number, options: P2POptions = {}): Work {
-    const call = 'recv';
+    return this.pointToPoint('recv', t, src, options);
+  }
+
+  /** send / recv: checks the peer, tag and timeout, then posts the op on t's communicator. */
+  private pointToPoint(call: 'send' | 'recv', t: Tensor, peer: number, options: P2POptions): Work {
     this.live(call);
     const comm = this.commFor(t, call);
-    checkRank(src, this.size, call, 'src');
-    if (src === this.rank) throw new ArgumentError(`${call}: rank ${src} cannot receive from itself`);
+    checkRank(peer, this.size, call, call === 'send' ? 'dst' : 'src');
+    if (peer === this.rank) throw new ArgumentError(`${call}: rank ${peer} cannot ${call === 'send' ? 'send to' : 'receive from'} itself`);
     const tag = checkTag(options.tag, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return new Work(comm.recv(t.storage, dtypeCode(t.dtype), t.size, src, tag, timeoutMs), t, [t]);
+    return new Work(comm[call](t.storage, dtypeCode(t.dtype), t.size, peer, tag, timeoutMs), t, [t]);
   }
 
   /** Waits until every member has reached it (on the group's first communicator: Gloo when the group has one). */

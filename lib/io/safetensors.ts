@@ -5,7 +5,7 @@
 // implementation: ranges in order, contiguous, inside the file, sized by shape × dtype.
 import { closeSync, fstatSync, fsyncSync, openSync, readSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
-import { writeAll } from './files.js';
+import { closeOnThrow, openForReading, writeAll } from './files.js';
 
 /** The dtypes safetensors names (the subset nodetron reads and writes). */
 export const SAFETENSORS_DTYPES = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U64: 8, U32: 4, U16: 2, U8: 1, BOOL: 1 } as const;
@@ -163,19 +163,11 @@ export class SafetensorsFile {
   #fd: number | null;
   private constructor(readonly path: string, fd: number) {
     this.#fd = fd;
-    try {
-      this.header = readHeaderFd(fd, path);
-    } catch (e) {
-      closeSync(fd);
-      this.#fd = null;
-      throw e;
-    }
+    this.header = closeOnThrow(fd, () => readHeaderFd(fd, path));
   }
 
   static open(path: string): SafetensorsFile {
-    let fd: number;
-    try { fd = openSync(path, 'r'); } catch (e) { throw new StateError(`safetensors: cannot open ${path}: ${(e as Error).message}`); }
-    return new SafetensorsFile(path, fd);
+    return new SafetensorsFile(path, openForReading(path, (reason) => `safetensors: cannot open ${path}: ${reason}`));
   }
 
   get names(): string[] { return [...this.header.tensors.keys()]; }

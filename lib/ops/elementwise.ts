@@ -130,39 +130,40 @@ function reduceDispose(full: Tensor, shape: readonly number[]): Tensor {
   return r;
 }
 
+// a op b for the four arithmetic ops: two tensors go through the binary kernel; a number operand
+// through a unary op instead, numberB(a, b) when b is the number, numberA(b, a) when a is.
+function arithmetic(call: 'add' | 'sub' | 'mul' | 'div', a: Operand, b: Operand,
+  numberB: (t: Tensor, s: number) => Tensor, numberA: (t: Tensor, s: number) => Tensor): Tensor {
+  asTensorPair(call, a, b);
+  if (typeof b === 'number') return numberB(a as Tensor, b);
+  if (typeof a === 'number') return numberA(b, a);
+  return binaryOp(call, BINARY[call], a, b);
+}
+
 /** a + b (broadcasting; either may be a number). */
 export function add(a: Operand, b: Operand): Tensor {
-  asTensorPair('add', a, b);
-  if (typeof b === 'number') return unaryOp('add', 'addScalar', a as Tensor, b, false, false);
-  if (typeof a === 'number') return unaryOp('add', 'addScalar', b, a, false, false);
-  return binaryOp('add', BINARY.add, a, b);
+  const addScalar = (t: Tensor, s: number) => unaryOp('add', 'addScalar', t, s, false, false);
+  return arithmetic('add', a, b, addScalar, addScalar);
 }
 
 /** a − b (broadcasting; either may be a number). */
 export function sub(a: Operand, b: Operand): Tensor {
-  asTensorPair('sub', a, b);
-  if (typeof b === 'number') return unaryOp('sub', 'addScalar', a as Tensor, -b, false, false);
-  if (typeof a === 'number') return unaryOp('sub', 'rsub', b, a, false, false);
-  return binaryOp('sub', BINARY.sub, a, b);
+  return arithmetic('sub', a, b, (t, s) => unaryOp('sub', 'addScalar', t, -s, false, false),
+    (t, s) => unaryOp('sub', 'rsub', t, s, false, false));
 }
 
 /** a · b elementwise (broadcasting; either may be a number). */
 export function mul(a: Operand, b: Operand): Tensor {
-  asTensorPair('mul', a, b);
-  if (typeof b === 'number') return unaryOp('mul', 'scale', a as Tensor, b, false, false);
-  if (typeof a === 'number') return unaryOp('mul', 'scale', b, a, false, false);
-  return binaryOp('mul', BINARY.mul, a, b);
+  const scaleBy = (t: Tensor, s: number) => unaryOp('mul', 'scale', t, s, false, false);
+  return arithmetic('mul', a, b, scaleBy, scaleBy);
 }
 
 /** a / b elementwise (broadcasting; either may be a number). */
 export function div(a: Operand, b: Operand): Tensor {
-  asTensorPair('div', a, b);
-  if (typeof b === 'number') {
-    if (b === 0) throw new ArgumentError('div: division by the number 0');
-    return unaryOp('div', 'scale', a as Tensor, 1 / b, false, false);
-  }
-  if (typeof a === 'number') return unaryOp('div', 'rdiv', b, a, true, false);
-  return binaryOp('div', BINARY.div, a, b);
+  return arithmetic('div', a, b, (t, s) => {
+    if (s === 0) throw new ArgumentError('div: division by the number 0');
+    return unaryOp('div', 'scale', t, 1 / s, false, false);
+  }, (t, s) => unaryOp('div', 'rdiv', t, s, true, false));
 }
 
 /** x · s for a number s. */

@@ -322,15 +322,7 @@ Napi::Value Storage::Dispose(const Napi::CallbackInfo& info) {
 Napi::Value Storage::Bytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(bytes_)); }
 Napi::Value Storage::Disposed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), disposed()); }
 
-Storage* Storage::From(const Napi::Value& v, const char* call, size_t argIndex) {
-  if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(ctor.Value()))
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(argIndex) + " must be a cpu Storage");
-  Storage* s = Napi::ObjectWrap<Storage>::Unwrap(v.As<Napi::Object>());
-  if (s->disposed()) fail(Err::Disposed, std::string(call) + ": argument " + std::to_string(argIndex) + " was disposed");
-  return s;
-}
-
-void Storage::checkRange(size_t offsetBytes, size_t nbytes, const char* call) const {
+void StorageBytes::checkRange(size_t offsetBytes, size_t nbytes, const char* call) const {
   if (offsetBytes > bytes_ || nbytes > bytes_ - offsetBytes)
     fail(Err::Argument, std::string(call) + ": range [" + std::to_string(offsetBytes) + ", " +
                             std::to_string(offsetBytes + nbytes) + ") lies outside a storage of " +

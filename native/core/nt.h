@@ -94,21 +94,45 @@ void emptyHostCache();
 // Storages the garbage collector reclaimed without dispose() (the leak backstop).
 int64_t leakedStorageCount();
 
-class Storage : public Napi::ObjectWrap<Storage> {
+// The bytes behind a JS Storage object, shared by the cpu Storage and the cuda DeviceStorage: the
+// pointer, the size, and whether it was disposed (an empty storage is live until released).
+class StorageBytes {
  public:
-  static Napi::FunctionReference ctor;
-  static void Init(Napi::Env env, Napi::Object exports);
-  static Storage* From(const Napi::Value& v, const char* call, size_t argIndex);
-  explicit Storage(const Napi::CallbackInfo& info);
-  ~Storage() override;
-
   uint8_t* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   bool disposed() const { return data_ == nullptr && !empty_; }
-  void release();
-
   // Checks that [offsetBytes, offsetBytes + nbytes) lies inside the storage.
   void checkRange(size_t offsetBytes, size_t nbytes, const char* call) const;
+
+ protected:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool empty_ = false;
+};
+
+// Argument argIndex of `call` as a live storage of class S (JS class `ctor`), or a typed error
+// saying it is not a `kind` Storage ("cpu", "cuda") or was disposed.
+template <class S>
+S* liveStorage(const Napi::FunctionReference& ctor, const Napi::Value& v, const char* call, size_t argIndex,
+               const char* kind) {
+  if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(ctor.Value()))
+    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(argIndex) + " must be a " + kind + " Storage");
+  S* s = Napi::ObjectWrap<S>::Unwrap(v.As<Napi::Object>());
+  if (s->disposed()) fail(Err::Disposed, std::string(call) + ": argument " + std::to_string(argIndex) + " was disposed");
+  return s;
+}
+
+class Storage : public Napi::ObjectWrap<Storage>, public StorageBytes {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports);
+  static Storage* From(const Napi::Value& v, const char* call, size_t argIndex) {
+    return liveStorage<Storage>(ctor, v, call, argIndex, "cpu");
+  }
+  explicit Storage(const Napi::CallbackInfo& info);
+  ~Storage() override;
+
+  void release();
 
   template <typename T>
   T* as() const { return reinterpret_cast<T*>(data_); }
@@ -118,9 +142,6 @@ class Storage : public Napi::ObjectWrap<Storage> {
   Napi::Value Bytes(const Napi::CallbackInfo& info);
   Napi::Value Disposed(const Napi::CallbackInfo& info);
 
-  uint8_t* data_ = nullptr;
-  size_t bytes_ = 0;
-  bool empty_ = false;
   int64_t reportedExternal_ = 0;
   napi_env env_ = nullptr;
 };

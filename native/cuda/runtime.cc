@@ -248,21 +248,6 @@ Napi::Value DeviceStorage::Bytes(const Napi::CallbackInfo& info) { return Napi::
 Napi::Value DeviceStorage::Disposed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), disposed()); }
 Napi::Value DeviceStorage::Device(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), device_); }
 
-DeviceStorage* DeviceStorage::From(const Napi::Value& v, const char* call, size_t argIndex) {
-  if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(ctor.Value()))
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(argIndex) + " must be a cuda Storage");
-  DeviceStorage* s = Napi::ObjectWrap<DeviceStorage>::Unwrap(v.As<Napi::Object>());
-  if (s->disposed()) fail(Err::Disposed, std::string(call) + ": argument " + std::to_string(argIndex) + " was disposed");
-  return s;
-}
-
-void DeviceStorage::checkRange(size_t offsetBytes, size_t nbytes, const char* call) const {
-  if (offsetBytes > bytes_ || nbytes > bytes_ - offsetBytes)
-    fail(Err::Argument, std::string(call) + ": range [" + std::to_string(offsetBytes) + ", " +
-                            std::to_string(offsetBytes + nbytes) + ") lies outside a storage of " +
-                            std::to_string(bytes_) + " bytes");
-}
-
 // ---- KernelCall --------------------------------------------------------------------------------
 uint8_t* KernelCall::bytesOf(size_t i, DType dtype, int64_t count, int64_t offset) {
   DeviceStorage* s = DeviceStorage::From(info_[i], call_, i);
@@ -280,10 +265,12 @@ cudaStream_t KernelCall::stream() {
   return currentStream(device());
 }
 
-void KernelCall::launched() {
+void checkLaunch(const char* call) {
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail(Err::Native, std::string(call_) + ": kernel launch failed: " + cudaGetErrorString(e), call_);
+  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e), call);
 }
+
+void KernelCall::launched() { checkLaunch(call_); }
 
 // ---- debug synchronization (NODETRON_CUDA_SYNC=1) ---------------------------------------------
 // Kernels and cuBLASLt calls run asynchronously: a fault they cause (an illegal address, a trap)

@@ -14,6 +14,8 @@ namespace nt::cuda {
 
 // Turns a failed CUDA status into a typed error naming the call ("cudaMalloc: out of memory").
 void check(cudaError_t status, const char* call);
+// Turns a failed kernel launch (cudaGetLastError) into a typed error naming `call`.
+void checkLaunch(const char* call);
 
 // Number of usable GPUs; 0 when there is no driver or no device (driverStatus() says why).
 int deviceCount();
@@ -36,19 +38,17 @@ int64_t eventCreateId(int device, bool timing);
 cudaEvent_t eventHandle(int64_t id, const char* call);
 
 // Device memory held by a JS Storage object: new Storage(bytes, zero, deviceIndex).
-class DeviceStorage : public Napi::ObjectWrap<DeviceStorage> {
+class DeviceStorage : public Napi::ObjectWrap<DeviceStorage>, public StorageBytes {
  public:
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports);
-  static DeviceStorage* From(const Napi::Value& v, const char* call, size_t argIndex);
+  static DeviceStorage* From(const Napi::Value& v, const char* call, size_t argIndex) {
+    return liveStorage<DeviceStorage>(ctor, v, call, argIndex, "cuda");
+  }
   explicit DeviceStorage(const Napi::CallbackInfo& info);
   ~DeviceStorage() override;
 
-  uint8_t* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
   int device() const { return device_; }
-  bool disposed() const { return data_ == nullptr && !empty_; }
-  void checkRange(size_t offsetBytes, size_t nbytes, const char* call) const;
   void release();
 
  private:
@@ -57,10 +57,7 @@ class DeviceStorage : public Napi::ObjectWrap<DeviceStorage> {
   Napi::Value Disposed(const Napi::CallbackInfo& info);
   Napi::Value Device(const Napi::CallbackInfo& info);
 
-  uint8_t* data_ = nullptr;
-  size_t bytes_ = 0;
   int device_ = 0;
-  bool empty_ = false;
 };
 
 // Argument helper of a kernel call: storages must live on one device; the call runs on that

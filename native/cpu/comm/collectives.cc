@@ -43,6 +43,26 @@ void withElement(DType dt, F&& f) {
 template <typename T>
 T* typed(const uint8_t* p) { return reinterpret_cast<T*>(const_cast<uint8_t*>(p)); }
 
+// Points o's output (and its input, when withInput) at out and in as dtype's element type; the
+// counts are whatever the options take (an element count or per-rank counts).
+template <typename Options, typename InCount, typename OutCount>
+void setBuffers(Options& o, DType dt, const uint8_t* in, const InCount& inCount, uint8_t* out, const OutCount& outCount,
+                bool withInput = true) {
+  withElement(dt, [&](auto* t) {
+    using T = std::remove_pointer_t<decltype(t)>;
+    if (withInput) o.setInput(typed<T>(in), inCount);
+    o.setOutput(typed<T>(out), outCount);
+  });
+}
+
+// Gives o the collective's tag and timeout and runs Gloo's `algorithm` on it.
+template <typename Options, typename Algorithm>
+void runTagged(Options& o, Algorithm algorithm, uint32_t tag, std::chrono::milliseconds timeout) {
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  algorithm(o);
+}
+
 // Agreement exchanges use tags with a high bit set, apart from the collective's own (its sequence
 // number, below 2^30).
 constexpr uint32_t kAgreementTagBit = 0x80000000u;
@@ -68,9 +88,7 @@ void allReduceMax(CommState& s, std::vector<int64_t>& v, uint32_t tag, std::chro
   gloo::AllreduceOptions o(s.context);
   o.setOutput(v.data(), v.size());
   o.setReduceFunction(maxInt64);
-  o.setTag(tag);
-  o.setTimeout(timeout);
-  gloo::allreduce(o);
+  runTagged(o, gloo::allreduce, tag, timeout);
 }
 
 std::string listCounts(const std::vector<size_t>& counts) {
@@ -180,15 +198,9 @@ void allReduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t c
     onShm(s, [&](ShmSegment& shm) { shm.allReduce(in, out, dt, count, op, timeout); });
   } else if (count > 0 && s.size > 1) {
     gloo::AllreduceOptions o(s.context);
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      if (in != out) o.setInput(typed<T>(in), count);
-      o.setOutput(typed<T>(out), count);
-    });
+    setBuffers(o, dt, in, count, out, count, in != out);
     o.setReduceFunction(reduceFunction(dt, op));
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::allreduce(o);
+    runTagged(o, gloo::allreduce, tag, timeout);
   } else if (in != out) {
     std::memcpy(out, in, count * dtypeSize(dt));
   }
@@ -203,31 +215,19 @@ void broadcast(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t c
     return;
   }
   gloo::BroadcastOptions o(s.context);
-  withElement(dt, [&](auto* t) {
-    using T = std::remove_pointer_t<decltype(t)>;
-    if (s.rank == root && in != out) o.setInput(typed<T>(in), count);
-    o.setOutput(typed<T>(out), count);
-  });
+  setBuffers(o, dt, in, count, out, count, s.rank == root && in != out);
   o.setRoot(root);
-  o.setTag(tag);
-  o.setTimeout(timeout);
-  gloo::broadcast(o);
+  runTagged(o, gloo::broadcast, tag, timeout);
 }
 
 void reduce(CommState& s, const uint8_t* in, uint8_t* out, DType dt, size_t count, RedOp op, int root, uint32_t tag,
             std::chrono::milliseconds timeout) {
   if (count > 0 && s.size > 1) {
     gloo::ReduceOptions o(s.context);
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      if (in != out) o.setInput(typed<T>(in), count);
-      o.setOutput(typed<T>(out), count);
-    });
+    setBuffers(o, dt, in, count, out, count, in != out);
     o.setReduceFunction(reduceFunction(dt, op));
     o.setRoot(root);
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::reduce(o);
+    runTagged(o, gloo::reduce, tag, timeout);
   } else if (in != out) {
     std::memcpy(out, in, count * dtypeSize(dt));
   }
@@ -247,24 +247,12 @@ void allGather(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const st
   bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
   if (equal) {
     gloo::AllgatherOptions o(s.context);
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      if (!inPlace) o.setInput(typed<T>(in), counts[0]);
-      o.setOutput(typed<T>(out), total);
-    });
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::allgather(o);
+    setBuffers(o, dt, in, counts[0], out, total, !inPlace);
+    runTagged(o, gloo::allgather, tag, timeout);
   } else {
     gloo::AllgathervOptions o(s.context);
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      if (!inPlace) o.setInput(typed<T>(in), counts[size_t(s.rank)]);
-      o.setOutput(typed<T>(out), counts);
-    });
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::allgatherv(o);
+    setBuffers(o, dt, in, counts[size_t(s.rank)], out, counts, !inPlace);
+    runTagged(o, gloo::allgatherv, tag, timeout);
   }
 }
 
@@ -331,34 +319,20 @@ void allToAll(CommState& s, const uint8_t* in, uint8_t* out, DType dt, const std
   if (equal) {
     if (sendTotal == 0) return;
     gloo::AlltoallOptions o(s.context);
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), sendTotal);
-      o.setOutput(typed<T>(out), recvTotal);
-    });
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::alltoall(o);
+    setBuffers(o, dt, in, sendTotal, out, recvTotal);
+    runTagged(o, gloo::alltoall, tag, timeout);
   } else {
     gloo::AlltoallvOptions o(s.context);
     std::vector<int64_t> sc(sendCounts.begin(), sendCounts.end()), rc(recvCounts.begin(), recvCounts.end());
-    withElement(dt, [&](auto* t) {
-      using T = std::remove_pointer_t<decltype(t)>;
-      o.setInput(typed<T>(in), sc);
-      o.setOutput(typed<T>(out), rc);
-    });
-    o.setTag(tag);
-    o.setTimeout(timeout);
-    gloo::alltoallv(o);
+    setBuffers(o, dt, in, sc, out, rc);
+    runTagged(o, gloo::alltoallv, tag, timeout);
   }
 }
 
 void barrier(CommState& s, uint32_t tag, std::chrono::milliseconds timeout) {
   if (s.size == 1) return;
   gloo::BarrierOptions o(s.context);
-  o.setTag(tag);
-  o.setTimeout(timeout);
-  gloo::barrier(o);
+  runTagged(o, gloo::barrier, tag, timeout);
 }
 
 // Slot bits: prefix (63..56) | tag (55..32, 24 bits) | byte count (31..0, folded above 4 GiB).

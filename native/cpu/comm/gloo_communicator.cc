@@ -18,17 +18,17 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
  public:
   static void Init(Napi::Env env, Napi::Object exports) {
     Napi::Function fn = DefineClass(env, "GlooCommunicator",
-                                    {InstanceMethod("connect", &GlooCommunicator::Connect),
-                                     InstanceMethod("allReduce", &GlooCommunicator::AllReduce),
-                                     InstanceMethod("broadcast", &GlooCommunicator::Broadcast),
-                                     InstanceMethod("reduce", &GlooCommunicator::Reduce),
-                                     InstanceMethod("allGather", &GlooCommunicator::AllGather),
-                                     InstanceMethod("reduceScatter", &GlooCommunicator::ReduceScatter),
-                                     InstanceMethod("allToAll", &GlooCommunicator::AllToAll),
-                                     InstanceMethod("barrier", &GlooCommunicator::Barrier),
-                                     InstanceMethod("send", &GlooCommunicator::Send),
-                                     InstanceMethod("recv", &GlooCommunicator::Recv),
-                                     InstanceMethod("destroy", &GlooCommunicator::Destroy),
+                                    {method<&GlooCommunicator::Connect>("connect"),
+                                     method<&GlooCommunicator::AllReduce>("allReduce"),
+                                     method<&GlooCommunicator::Broadcast>("broadcast"),
+                                     method<&GlooCommunicator::Reduce>("reduce"),
+                                     method<&GlooCommunicator::AllGather>("allGather"),
+                                     method<&GlooCommunicator::ReduceScatter>("reduceScatter"),
+                                     method<&GlooCommunicator::AllToAll>("allToAll"),
+                                     method<&GlooCommunicator::Barrier>("barrier"),
+                                     method<&GlooCommunicator::Send>("send"),
+                                     method<&GlooCommunicator::Recv>("recv"),
+                                     method<&GlooCommunicator::Destroy>("destroy"),
                                      InstanceAccessor("rank", &GlooCommunicator::Rank, nullptr),
                                      InstanceAccessor("size", &GlooCommunicator::Size, nullptr),
                                      InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr),
@@ -97,9 +97,16 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     pointToPoint_.reset();
   }
 
-  // Wraps a binding so nt::Error thrown while validating becomes a typed JS exception.
+  // A JS method named `name` running `body`: nt::Error thrown while validating
+  // becomes a typed JS exception naming the call. The name rides along as the method's data.
   using Body = Napi::Value (GlooCommunicator::*)(const Napi::CallbackInfo&);
-  Napi::Value guard(const Napi::CallbackInfo& info, const char* name, Body body) {
+  template <Body body>
+  static Napi::ClassPropertyDescriptor<GlooCommunicator> method(const char* name) {
+    return InstanceMethod(name, &GlooCommunicator::guarded<body>, napi_default, const_cast<char*>(name));
+  }
+  template <Body body>
+  Napi::Value guarded(const Napi::CallbackInfo& info) {
+    const char* name = static_cast<const char*>(info.Data());
     try {
       return (this->*body)(info);
     } catch (const Error& e) {
@@ -222,37 +229,45 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     return std::chrono::milliseconds(ms);
   }
 
-  // The collectives whose send and recv buffers both hold n elements (allReduce, broadcast, reduce):
-  // (send, recv, dtype, count, ...their own arguments..., seq, timeoutMs). open() checks the call and
-  // reads the shared leading arguments; run() makes the Work from the trailing (seq, timeoutMs) at
-  // `seqArg`, keeps both buffers alive with it, and queues `body` behind the ranks' agreement on
-  // (op, dtype, root, n).
-  struct SameSize {
+  // The collectives that take (send, recv, dtype, ...their own arguments..., seq, timeoutMs).
+  // open() checks the call and reads the dtype; queueBuffers() makes the Work from the trailing
+  // (seq, timeoutMs) at `seqArg`, keeps send (inCount elements) and recv (outCount) alive with it,
+  // names it after the agreement's op and queues body(s, in, out, tag, timeout) behind the ranks'
+  // agreement (it moves agreement.count elements).
+  struct Opened {
     Args a;
     DType dt;
-    size_t n;
   };
-  SameSize openSameSize(const Napi::CallbackInfo& info, const char* call, size_t argc) {
+  Opened open(const Napi::CallbackInfo& info, const char* call, size_t argc) {
     Args a{info, call};
     a.count(argc);
     checkUsable(call);
-    return {a, a.dtype(2), size_t(a.size(3))};
+    return {a, a.dtype(2)};
   }
-  template <typename Body>
-  Napi::Value runSameSize(const Napi::CallbackInfo& info, const SameSize& c, size_t seqArg, std::string op, int root, Body body) {
+  template <typename F>
+  Napi::Value queueBuffers(const Napi::CallbackInfo& info, const Opened& c, size_t seqArg, size_t inCount,
+                           size_t outCount, Agreement agreement, F body) {
     auto w = newWork(info, c.a.call, c.a.int64(seqArg));
     auto timeout = timeoutArg(c.a, seqArg + 1);
-    const uint8_t* in = buffer(info, 0, c.a.call, c.dt, c.n, *w);
-    uint8_t* out = buffer(info, 1, c.a.call, c.dt, c.n, *w);
-    w->op = std::move(op);
-    w->bytes = c.n * dtypeSize(c.dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, c.dt, root, c.n, {}}, timeout,
+    const uint8_t* in = buffer(info, 0, c.a.call, c.dt, inCount, *w);
+    uint8_t* out = buffer(info, 1, c.a.call, c.dt, outCount, *w);
+    w->op = agreement.op;
+    w->bytes = agreement.count * dtypeSize(c.dt);
+    return queueCollective(info, std::move(w), std::move(agreement), timeout,
                            [=](CommState& s, uint32_t tag) { body(s, in, out, tag, timeout); });
   }
+  // allReduce, broadcast, reduce: both buffers hold n elements (count, argument 3).
+  template <typename F>
+  Napi::Value queueSameSize(const Napi::CallbackInfo& info, const Opened& c, size_t n, size_t seqArg, std::string op, int root,
+                            F body) {
+    return queueBuffers(info, c, seqArg, n, n, Agreement{std::move(op), c.dt, root, n, {}}, body);
+  }
+  // allGather, reduceScatter: counts[size] (argument 3), one block per rank.
+  std::vector<size_t> perRank(const Opened& c) { return counts(c.a.info[3], c.a.call, "counts", size_t(state_->size)); }
+  static size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t(0)); }
 
   // connect(): Promise<void> — rendezvous through the store and connect the full mesh.
-  Napi::Value Connect(const Napi::CallbackInfo& info) { return guard(info, "connect", &GlooCommunicator::ConnectBody); }
-  Napi::Value ConnectBody(const Napi::CallbackInfo& info) {
+  Napi::Value Connect(const Napi::CallbackInfo& info) {
     checkUsable("connect", false);
     if (connectRequested_) fail(Err::Comm, "connect: already called for group '" + state_->group + "'");
     connectRequested_ = true;
@@ -274,89 +289,68 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   }
 
   // allReduce(send, recv, dtype, count, op, seq, timeoutMs)
-  Napi::Value AllReduce(const Napi::CallbackInfo& info) { return guard(info, "allReduce", &GlooCommunicator::AllReduceBody); }
-  Napi::Value AllReduceBody(const Napi::CallbackInfo& info) {
-    auto c = openSameSize(info, "allReduce", 7);
+  Napi::Value AllReduce(const Napi::CallbackInfo& info) {
+    auto c = open(info, "allReduce", 7);
+    size_t n = size_t(c.a.size(3));
     RedOp op = parseRedOp(c.a.int64(4), c.a.call);
-    return runSameSize(info, c, 5, std::string("allReduce(") + redOpName(op) + ")", -1, [op, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+    return queueSameSize(info, c, n, 5, std::string("allReduce(") + redOpName(op) + ")", -1, [op, dt = c.dt, n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
       allReduce(s, in, out, dt, n, op, tag, timeout);
     });
   }
 
   // broadcast(send, recv, dtype, count, root, seq, timeoutMs)
-  Napi::Value Broadcast(const Napi::CallbackInfo& info) { return guard(info, "broadcast", &GlooCommunicator::BroadcastBody); }
-  Napi::Value BroadcastBody(const Napi::CallbackInfo& info) {
-    auto c = openSameSize(info, "broadcast", 7);
+  Napi::Value Broadcast(const Napi::CallbackInfo& info) {
+    auto c = open(info, "broadcast", 7);
+    size_t n = size_t(c.a.size(3));
     int root = rankArg(c.a, 4, "root");
-    return runSameSize(info, c, 5, "broadcast", root, [root, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+    return queueSameSize(info, c, n, 5, "broadcast", root, [root, dt = c.dt, n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
       broadcast(s, in, out, dt, n, root, tag, timeout);
     });
   }
 
   // reduce(send, recv, dtype, count, op, root, seq, timeoutMs)
-  Napi::Value Reduce(const Napi::CallbackInfo& info) { return guard(info, "reduce", &GlooCommunicator::ReduceBody); }
-  Napi::Value ReduceBody(const Napi::CallbackInfo& info) {
-    auto c = openSameSize(info, "reduce", 8);
+  Napi::Value Reduce(const Napi::CallbackInfo& info) {
+    auto c = open(info, "reduce", 8);
+    size_t n = size_t(c.a.size(3));
     RedOp op = parseRedOp(c.a.int64(4), c.a.call);
     int root = rankArg(c.a, 5, "root");
-    return runSameSize(info, c, 6, std::string("reduce(") + redOpName(op) + ")", root, [op, root, dt = c.dt, n = c.n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+    return queueSameSize(info, c, n, 6, std::string("reduce(") + redOpName(op) + ")", root, [op, root, dt = c.dt, n](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
       reduce(s, in, out, dt, n, op, root, tag, timeout);
     });
   }
 
   // allGather(send, recv, dtype, counts[size], seq, timeoutMs)
-  Napi::Value AllGather(const Napi::CallbackInfo& info) { return guard(info, "allGather", &GlooCommunicator::AllGatherBody); }
-  Napi::Value AllGatherBody(const Napi::CallbackInfo& info) {
-    Args a{info, "allGather"};
-    a.count(6);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
-    std::vector<size_t> c = counts(info[3], a.call, "counts", size_t(state_->size));
-    size_t total = std::accumulate(c.begin(), c.end(), size_t(0));
-    auto w = newWork(info, "allGather", a.int64(4));
-    auto timeout = timeoutArg(a, 5);
-    const uint8_t* in = buffer(info, 0, a.call, dt, c[size_t(state_->rank)], *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, total, *w);
-    w->bytes = total * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
-      allGather(s, in, out, dt, c, tag, timeout);
+  Napi::Value AllGather(const Napi::CallbackInfo& info) {
+    auto c = open(info, "allGather", 6);
+    std::vector<size_t> counts = perRank(c);
+    size_t total = sum(counts);
+    return queueBuffers(info, c, 4, counts[size_t(state_->rank)], total, Agreement{"allGather", c.dt, -1, total, counts},
+                        [counts, dt = c.dt](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+      allGather(s, in, out, dt, counts, tag, timeout);
     });
   }
 
   // reduceScatter(send, recv, dtype, counts[size], op, seq, timeoutMs)
   Napi::Value ReduceScatter(const Napi::CallbackInfo& info) {
-    return guard(info, "reduceScatter", &GlooCommunicator::ReduceScatterBody);
-  }
-  Napi::Value ReduceScatterBody(const Napi::CallbackInfo& info) {
-    Args a{info, "reduceScatter"};
-    a.count(7);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
-    std::vector<size_t> c = counts(info[3], a.call, "counts", size_t(state_->size));
-    size_t total = std::accumulate(c.begin(), c.end(), size_t(0));
-    RedOp op = parseRedOp(a.int64(4), a.call);
-    auto w = newWork(info, "reduceScatter", a.int64(5));
-    auto timeout = timeoutArg(a, 6);
-    const uint8_t* in = buffer(info, 0, a.call, dt, total, *w);
-    uint8_t* out = buffer(info, 1, a.call, dt, c[size_t(state_->rank)], *w);
-    w->op = std::string("reduceScatter(") + redOpName(op) + ")";
-    w->bytes = total * dtypeSize(dt);
-    return queueCollective(info, std::move(w), Agreement{w->op, dt, -1, total, c}, timeout, [=](CommState& s, uint32_t tag) {
-      reduceScatter(s, in, out, dt, c, op, tag, timeout);
+    auto c = open(info, "reduceScatter", 7);
+    std::vector<size_t> counts = perRank(c);
+    size_t total = sum(counts);
+    RedOp op = parseRedOp(c.a.int64(4), c.a.call);
+    return queueBuffers(info, c, 5, total, counts[size_t(state_->rank)],
+                        Agreement{std::string("reduceScatter(") + redOpName(op) + ")", c.dt, -1, total, counts},
+                        [counts, op, dt = c.dt](CommState& s, const uint8_t* in, uint8_t* out, uint32_t tag, std::chrono::milliseconds timeout) {
+      reduceScatter(s, in, out, dt, counts, op, tag, timeout);
     });
   }
 
   // allToAll(send, recv, dtype, sendCounts[size], recvCounts[size], seq, timeoutMs)
-  Napi::Value AllToAll(const Napi::CallbackInfo& info) { return guard(info, "allToAll", &GlooCommunicator::AllToAllBody); }
-  Napi::Value AllToAllBody(const Napi::CallbackInfo& info) {
-    Args a{info, "allToAll"};
-    a.count(7);
-    checkUsable(a.call);
-    DType dt = a.dtype(2);
+  Napi::Value AllToAll(const Napi::CallbackInfo& info) {
+    auto c = open(info, "allToAll", 7);
+    const Args& a = c.a;
+    DType dt = c.dt;
     std::vector<size_t> sc = counts(info[3], a.call, "sendCounts", size_t(state_->size));
     std::vector<size_t> rc = counts(info[4], a.call, "recvCounts", size_t(state_->size));
-    size_t sendTotal = std::accumulate(sc.begin(), sc.end(), size_t(0));
-    size_t recvTotal = std::accumulate(rc.begin(), rc.end(), size_t(0));
+    size_t sendTotal = sum(sc), recvTotal = sum(rc);
     if (state_->size == 1 && sendTotal != recvTotal)
       fail(Err::Argument, "allToAll: a group of one must receive what it sends");
     auto w = newWork(info, "allToAll", a.int64(5));
@@ -373,8 +367,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   }
 
   // barrier(seq, timeoutMs)
-  Napi::Value Barrier(const Napi::CallbackInfo& info) { return guard(info, "barrier", &GlooCommunicator::BarrierBody); }
-  Napi::Value BarrierBody(const Napi::CallbackInfo& info) {
+  Napi::Value Barrier(const Napi::CallbackInfo& info) {
     Args a{info, "barrier"};
     a.count(2);
     checkUsable(a.call);
@@ -388,10 +381,8 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   // send(storage, dtype, count, dst, tag, timeoutMs) / recv(storage, dtype, count, src, tag, timeoutMs):
   // posted now (so a send and a recv issued back to back on both ranks cannot deadlock), waited for
   // on the point-to-point thread.
-  Napi::Value Send(const Napi::CallbackInfo& info) { return guard(info, "send", &GlooCommunicator::SendBody); }
-  Napi::Value SendBody(const Napi::CallbackInfo& info) { return pointToPoint(info, true); }
-  Napi::Value Recv(const Napi::CallbackInfo& info) { return guard(info, "recv", &GlooCommunicator::RecvBody); }
-  Napi::Value RecvBody(const Napi::CallbackInfo& info) { return pointToPoint(info, false); }
+  Napi::Value Send(const Napi::CallbackInfo& info) { return pointToPoint(info, true); }
+  Napi::Value Recv(const Napi::CallbackInfo& info) { return pointToPoint(info, false); }
 
   Napi::Value pointToPoint(const Napi::CallbackInfo& info, bool isSend) {
     Args a{info, isSend ? "send" : "recv"};
@@ -433,8 +424,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
 
   // destroy(): Promise<void> — resolves once queued ops have finished; the communicator is
   // unusable afterwards (ops throw).
-  Napi::Value Destroy(const Napi::CallbackInfo& info) { return guard(info, "destroy", &GlooCommunicator::DestroyBody); }
-  Napi::Value DestroyBody(const Napi::CallbackInfo& info) {
+  Napi::Value Destroy(const Napi::CallbackInfo& info) {
     if (!collectives_) {
       auto d = Napi::Promise::Deferred::New(info.Env());
       d.Resolve(info.Env().Undefined());

@@ -17,7 +17,7 @@ static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
   DType dt = a.dtype(8);
   if (tq > tk && causal) fail(Err::Shape, "attention_softmax_forward: causal attention needs tq <= tk");
   int64_t n = batch * tq * tk;
-  F32View S(storageData(info, 0, call, dt, n), dt, n, true), P(storageData(info, 1, call, dt, n), dt, n, false);
+  F32View S(info, 0, call, dt, n, true), P(info, 1, call, dt, n, false);
   const float* s = S.data();
   float* p = P.data();
   int64_t shift = tk - tq;
@@ -49,8 +49,8 @@ static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
   float scale = float(a.number(6));
   DType dt = a.dtype(7);
   int64_t n = batch * tq * tk;
-  F32View P(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);
-  F32View O(storageData(info, 2, call, dt, n), dt, n, false);
+  F32View P(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
+  F32View O(info, 2, call, dt, n, false);
   const float *p = P.data(), *g = G.data();
   float* o = O.data();
   parallelRows(batch * tq, tk * 4, [&](int64_t b, int64_t e) {

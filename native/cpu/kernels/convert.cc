@@ -107,26 +107,33 @@ static Napi::Value Cast(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("cast", Cast);
 
+// The arguments of write and read (storage, offsetBytes, typedArray): the typed array's bytes and
+// the storage bytes from offsetBytes that match them, checked to lie inside the storage.
+struct TypedArrayRange {
+  uint8_t* storage;
+  RawBytes array;
+};
+static TypedArrayRange typedArrayRange(const Napi::CallbackInfo& info, const char* call) {
+  Args a = kernelArgs(info, call);
+  Storage* s = Storage::From(info[0], call, 0);
+  int64_t off = a.size(1);
+  RawBytes array = typedArrayBytes(info[2], call, 2);
+  s->checkRange(size_t(off), array.bytes, call);
+  return {s->data() + off, array};
+}
+
 // write(storage, offsetBytes, typedArray): copies the typed array's bytes into the storage.
 static Napi::Value Write(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "write");
-  Storage* s = Storage::From(info[0], "write", 0);
-  int64_t off = a.size(1);
-  RawBytes src = typedArrayBytes(info[2], "write", 2);
-  s->checkRange(size_t(off), src.bytes, "write");
-  if (src.bytes) std::memcpy(s->data() + off, src.data, src.bytes);
+  TypedArrayRange r = typedArrayRange(info, "write");
+  if (r.array.bytes) std::memcpy(r.storage, r.array.data, r.array.bytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("write", Write);
 
 // read(storage, offsetBytes, typedArray): copies storage bytes into the typed array (its length).
 static Napi::Value Read(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "read");
-  Storage* s = Storage::From(info[0], "read", 0);
-  int64_t off = a.size(1);
-  RawBytes dst = typedArrayBytes(info[2], "read", 2);
-  s->checkRange(size_t(off), dst.bytes, "read");
-  if (dst.bytes) std::memcpy(dst.data, s->data() + off, dst.bytes);
+  TypedArrayRange r = typedArrayRange(info, "read");
+  if (r.array.bytes) std::memcpy(r.array.data, r.storage, r.array.bytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("read", Read);

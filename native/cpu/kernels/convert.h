@@ -15,6 +15,11 @@ void fromF32(const float* src, uint8_t* dst, DType dtype, int64_t n);
 class F32View {
  public:
   F32View(uint8_t* data, DType dtype, int64_t n, bool load);
+  // The storage at argument i of a kernel call, checked to hold n elements (storageData); an empty
+  // view, with no argument read, when !present.
+  F32View(const Napi::CallbackInfo& info, size_t i, const char* call, DType dtype, int64_t n, bool load,
+          bool present = true)
+      : F32View(present ? storageData(info, i, call, dtype, n) : nullptr, dtype, present ? n : 0, load) {}
   ~F32View();
   F32View(const F32View&) = delete;
   F32View& operator=(const F32View&) = delete;

@@ -47,7 +47,7 @@ static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
   DType dt = a.dtype(7);
   int64_t n = rows * vocab;
   if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
-  F32View X(storageData(info, 0, call, dt, n), dt, n, true);
+  F32View X(info, 0, call, dt, n, true);
   const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
   float* loss = reinterpret_cast<float*>(storageData(info, 2, call, DType::F32, rows));
   float* lse = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
@@ -68,11 +68,11 @@ static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, cons
   float scale = float(a.number(8));
   DType dt = a.dtype(9);
   int64_t n = rows * vocab;
-  F32View X(storageData(info, 0, call, dt, n), dt, n, true);
+  F32View X(info, 0, call, dt, n, true);
   const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
   const float* lse = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
-  F32View GL(storageData(info, 3, call, dt, 1), dt, 1, true);
-  F32View O(storageData(info, 4, call, dt, n), dt, n, false);
+  F32View GL(info, 3, call, dt, 1, true);
+  F32View O(info, 4, call, dt, n, false);
   if (whole) checkTargets(t, rows, vocab, ignore, call);
   float k = GL.data()[0] * scale;
   const float* x = X.data();

@@ -67,16 +67,25 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("binary", Binary);
 
+// The arguments unary and unary_backward share: op (argument 0), then n, dtype and p at `nArg` on.
+struct UnaryArgs {
+  int64_t op, n;
+  DType dt;
+  float p;
+};
+static UnaryArgs unaryArgs(const Napi::CallbackInfo& info, const char* call, size_t nArg) {
+  Args a = kernelArgs(info, call);
+  UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
+  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(call) + ": unknown op " + std::to_string(u.op));
+  return u;
+}
+
 // unary(op, inp, out, n, dtype, p)
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
 static Napi::Value Unary(const Napi::CallbackInfo& info) {
   const char* call = "unary";
-  Args a = kernelArgs(info, call);
-  int64_t op = a.int64(0), n = a.size(3);
-  DType dt = a.dtype(4);
-  float p = float(a.number(5));
-  if (op < 0 || op > 9) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
-  F32View I(storageData(info, 1, call, dt, n), dt, n, true), O(storageData(info, 2, call, dt, n), dt, n, false);
+  auto [op, n, dt, p] = unaryArgs(info, call, 3);
+  F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   switch (op) {
@@ -103,16 +112,12 @@ NT_EXPORT("unary", Unary);
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
 static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   const char* call = "unary_backward";
-  Args a = kernelArgs(info, call);
-  int64_t op = a.int64(0), n = a.size(5);
-  DType dt = a.dtype(6);
-  float p = float(a.number(7));
-  if (op < 0 || op > 9) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  auto [op, n, dt, p] = unaryArgs(info, call, 5);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
-  F32View X(needX ? storageData(info, 1, call, dt, n) : nullptr, dt, needX ? n : 0, true);
-  F32View Y(needY ? storageData(info, 2, call, dt, n) : nullptr, dt, needY ? n : 0, true);
-  F32View G(storageData(info, 3, call, dt, n), dt, n, true), O(storageData(info, 4, call, dt, n), dt, n, false);
+  F32View X(info, 1, call, dt, n, true, needX);
+  F32View Y(info, 2, call, dt, n, true, needY);
+  F32View G(info, 3, call, dt, n, true), O(info, 4, call, dt, n, false);
   const float *x = X.data(), *y = Y.data(), *g = G.data();
   float* o = O.data();
   switch (op) {

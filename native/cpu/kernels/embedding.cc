@@ -34,8 +34,8 @@ static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
   int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
   DType dt = a.dtype(6);
   const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
-  F32View G(storageData(info, 1, call, dt, n * dim), dt, n * dim, true);
-  F32View W(storageData(info, 2, call, dt, vocab * dim), dt, vocab * dim, false);
+  F32View G(info, 1, call, dt, n * dim, true);
+  F32View W(info, 2, call, dt, vocab * dim, false);
   checkIds(ids, n, vocab, call);
   float* w = W.data();
   const float* g = G.data();

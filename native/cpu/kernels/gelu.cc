@@ -30,7 +30,7 @@ static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   Args a = kernelArgs(info, call);
   int64_t n = a.size(2);
   DType dt = a.dtype(3);
-  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
+  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   parallelRows(n, 20, [&](int64_t b, int64_t e) { geluRange(x, o, b, e); });
@@ -45,8 +45,8 @@ static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
   Args a = kernelArgs(info, call);
   int64_t n = a.size(3);
   DType dt = a.dtype(4);
-  F32View I(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);
-  F32View O(storageData(info, 2, call, dt, n), dt, n, false);
+  F32View I(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
+  F32View O(info, 2, call, dt, n, false);
   const float *x = I.data(), *g = G.data();
   float* o = O.data();
   parallelRows(n, 30, [&](int64_t b, int64_t e) { geluBackwardRange(x, g, o, b, e); });

@@ -16,7 +16,7 @@ static Napi::Value SumTo(const Napi::CallbackInfo& info) {
   int64_t nOut = a.size(5);
   int64_t n = product(shape);
   if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
-  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, nOut), dt, nOut, false);
+  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, nOut, false);
   std::vector<double> acc(static_cast<size_t>(nOut), 0.0);
   const float* x = I.data();
   size_t rank = shape.size();
@@ -59,7 +59,7 @@ static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
   DType dt = a.dtype(6);
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
   int64_t n = outer * red * inner, m = outer * inner;
-  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, m), dt, m, false);
+  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, m, false);
   int32_t* arg = reinterpret_cast<int32_t*>(storageData(info, 2, call, DType::I32, m));
   const float* x = I.data();
   float* o = O.data();
@@ -88,7 +88,7 @@ static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
   int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
   DType dt = a.dtype(6);
   int64_t n = outer * red * inner, m = outer * inner;
-  F32View G(storageData(info, 0, call, dt, m), dt, m, true), O(storageData(info, 2, call, dt, n), dt, n, false);
+  F32View G(info, 0, call, dt, m, true), O(info, 2, call, dt, n, false);
   const int32_t* arg = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, m));
   for (int64_t k = 0; k < m; k++)
     if (arg[k] < 0 || arg[k] >= red) fail(Err::Argument, "max_dim_backward: argmax index out of range");

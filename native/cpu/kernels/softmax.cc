@@ -19,7 +19,7 @@ static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
   DType dt = a.dtype(4);
   bool log = a.boolean(5);
   int64_t n = rows * cols;
-  F32View I(storageData(info, 0, call, dt, n), dt, n, true), O(storageData(info, 1, call, dt, n), dt, n, false);
+  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
@@ -38,8 +38,8 @@ static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
   DType dt = a.dtype(5);
   bool log = a.boolean(6);
   int64_t n = rows * cols;
-  F32View Y(storageData(info, 0, call, dt, n), dt, n, true), G(storageData(info, 1, call, dt, n), dt, n, true);
-  F32View O(storageData(info, 2, call, dt, n), dt, n, false);
+  F32View Y(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
+  F32View O(info, 2, call, dt, n, false);
   const float *y = Y.data(), *g = G.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {

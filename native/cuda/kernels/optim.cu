@@ -122,8 +122,7 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
         lambApplyKernel<P><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, normsDev);
       }
     }));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+    checkLaunch(call);
     if (lamb && norms) {
       check(cudaMemcpyAsync(norms->data(), normsDev, normBytes, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
       check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
@@ -237,8 +236,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
                                                       float(lr), float(mom), float(1.0 - damp), float(wd), nesterov, first, scale);
     }));
   }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+  checkLaunch(call);
   return info.Env().Undefined();
 }
 NT_EXPORT("sgd_step", SgdStep);
@@ -261,27 +259,48 @@ __global__ void scaleKernel(T* x, int64_t n, float alpha) {
   NT_GRID_STRIDE(i, n) x[i] = fromF32<T>(toF32(x[i]) * alpha);
 }
 
+// The tensors of sum_squares and scale_in_place: (storages[], counts[], dtypes[], ...) on one
+// device (-1 when the list is empty).
+struct DeviceTensorList {
+  Args a;
+  std::vector<int64_t> counts;
+  std::vector<DType> dts;
+  std::vector<uint8_t*> data;
+  int device = -1;
+};
+static DeviceTensorList deviceTensorList(const Napi::CallbackInfo& info, const char* call) {
+  auto [a, counts, dts] = tensorListArgs(info, call);
+  DeviceTensorList l{a, std::move(counts), std::move(dts), {}};
+  l.data = deviceStorages(info, 0, call, "storages", l.counts, l.dts, l.device);
+  return l;
+}
+// Calls launch(k) for each non-empty tensor k, then checks the launches.
+template <typename F>
+static void launchEach(const DeviceTensorList& l, const char* call, F launch) {
+  for (size_t k = 0; k < l.counts.size(); k++) {
+    if (l.counts[k] == 0) continue;
+    launch(k);
+  }
+  checkLaunch(call);
+}
+
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
-  auto [a, counts, dts] = tensorListArgs(info, call);
-  int device = -1;
-  std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
-  Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
-  if (device < 0) return out;
-  useDevice(device);
-  cudaStream_t st = currentStream(device);
-  DeviceScratch sums(device, counts.size() * sizeof(double), call);
-  check(cudaMemsetAsync(sums.as<double>(), 0, counts.size() * sizeof(double), st), "cudaMemsetAsync");
-  for (size_t k = 0; k < counts.size(); k++) {
-    if (counts[k] == 0) continue;
-    NT_DISPATCH_FLOAT(dts[k], call, T,
-                      sumSquaresKernel<T><<<gridFor(counts[k]), kThreads, 0, st>>>(reinterpret_cast<const T*>(data[k]), counts[k],
-                                                                                  sums.as<double>() + k));
-  }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
-  check(cudaMemcpyAsync(out.Data(), sums.as<double>(), counts.size() * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+  DeviceTensorList l = deviceTensorList(info, call);
+  const size_t count = l.counts.size();
+  Napi::Float64Array out = Napi::Float64Array::New(info.Env(), count);
+  if (l.device < 0) return out;
+  useDevice(l.device);
+  cudaStream_t st = currentStream(l.device);
+  DeviceScratch sums(l.device, count * sizeof(double), call);
+  check(cudaMemsetAsync(sums.as<double>(), 0, count * sizeof(double), st), "cudaMemsetAsync");
+  launchEach(l, call, [&](size_t k) {
+    NT_DISPATCH_FLOAT(l.dts[k], call, T,
+                      sumSquaresKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<const T*>(l.data[k]),
+                                                                                    l.counts[k], sums.as<double>() + k));
+  });
+  check(cudaMemcpyAsync(out.Data(), sums.as<double>(), count * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   return out;
 }
@@ -290,20 +309,15 @@ NT_EXPORT("sum_squares", SumSquares);
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
-  auto [a, counts, dts] = tensorListArgs(info, call);
-  int device = -1;
-  std::vector<uint8_t*> data = deviceStorages(info, 0, call, "storages", counts, dts, device);
-  float alpha = float(a.number(3));
-  if (device < 0) return info.Env().Undefined();
-  useDevice(device);
-  cudaStream_t st = currentStream(device);
-  for (size_t k = 0; k < counts.size(); k++) {
-    if (counts[k] == 0) continue;
-    NT_DISPATCH_FLOAT(dts[k], call, T,
-                      scaleKernel<T><<<gridFor(counts[k]), kThreads, 0, st>>>(reinterpret_cast<T*>(data[k]), counts[k], alpha));
-  }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail(Err::Native, std::string(call) + ": kernel launch failed: " + cudaGetErrorString(e));
+  DeviceTensorList l = deviceTensorList(info, call);
+  float alpha = float(l.a.number(3));
+  if (l.device < 0) return info.Env().Undefined();
+  useDevice(l.device);
+  cudaStream_t st = currentStream(l.device);
+  launchEach(l, call, [&](size_t k) {
+    NT_DISPATCH_FLOAT(l.dts[k], call, T,
+                      scaleKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<T*>(l.data[k]), l.counts[k], alpha));
+  });
   return info.Env().Undefined();
 }
 NT_EXPORT("scale_in_place", ScaleInPlace);
