@@ -95,15 +95,16 @@ export function korthikantiLayerBytes(m: PlanModel, s: number, b: number, t: num
 
 // ---- nodetron's f32 training on CPU: what its ops keep, measured (test/plan/calibration.test.ts) ----
 /**
- * f32 elements of s·b·h a GPT block keeps for backward, measured by holding one forward's tensors
- * (allocated after forward minus before, per extra layer): 25 in all, of which F32_BLOCK_SPLIT lie in
- * tensor-parallel tensors (QKV output and its per-head q/k/v copies, attention output and its
- * merged copy, MLP hidden and its GELU: 18) and the rest (LayerNorm inputs and outputs, residual
- * sums, projection outputs: 7) in tensors every tensor-parallel rank holds whole (1/tp of them
- * under sequence parallelism).
+ * f32 elements of s·b·h a GPT block keeps for backward (its autograd graph's saved tensors; the
+ * intermediates nothing saves are released when the micro-batch's forward ends), measured as the
+ * peak's growth per extra layer (`nodetron plan --calibrate`, 2 against 4 layers): 16 in all without
+ * tensor parallelism, 10 per rank at tp 2 and 8 with sequence parallelism too, beside the attention
+ * probabilities. Solving those: 12 lie in tensor-parallel tensors (QKV output and its per-head
+ * q/k/v, attention output, MLP hidden and its GELU) and 4 in tensors every tensor-parallel rank
+ * holds whole (LayerNorm inputs and outputs; 1/tp of them under sequence parallelism).
  */
-export const F32_BLOCK_REPLICATED = 7;
-export const F32_BLOCK_SPLIT = 18;
+export const F32_BLOCK_REPLICATED = 4;
+export const F32_BLOCK_SPLIT = 12;
 /** Attention probabilities kept per layer: one f32 [b, heads/tp, s, s] (the T×T scores are materialized). */
 export const F32_SCORES = 1;
 /** s·b·h f32 tensors outside the blocks kept for backward: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
@@ -176,9 +177,8 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const scores = 4 * b * (m.nHead / t) * s * s;
   const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
-  // Measured: under a pipeline nodetron keeps every micro-batch's stored tensors (and the last stage's
-  // logits) until the step ends, on both schedules; without one, micro-batches run one at a time.
-  const held = pp > 1 ? layout.microBatches : 1;
+  // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one).
+  const held = inFlightMicroBatches(layout, stage);
   activations = held * (nLayers * storedLayer + F32_EMBEDDING * sc(unitRep));
   // Gradients exist at the peak only when an earlier micro-batch made them (accumulation); a single
   // micro-batch's are created after the head's backward. ZeRO 1/2 keep an fp32 master shard.
@@ -188,17 +188,27 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
-  const tableGrad = sc(table);
-  const headPhase = last ? held * sc(4 * logitElems) + sc(4 * logitElems) + tableGrad : 0;
+  const tableGrad = sc(table), logitBytes = sc(4 * logitElems);
+  // The last stage's head backward: the in-flight micro-batches' logits (saved by the loss) and this
+  // one's logits gradient; once the loss has used its logits, the head's [V/tp, h] weight gradient.
+  // The first backward of a step meets no gradients yet; later ones do, with GPipe one logits fewer.
+  const headWork = Math.max(logitBytes, tableGrad);
+  const headFirst = held * logitBytes + headWork;
+  const laterHeld = pp > 1 && layout.schedule === 'gpipe' ? held - 1 : held;
+  const headLater = accumulating ? laterHeld * logitBytes + headWork + grads : 0;
+  const laterWins = headLater >= headFirst;
+  const headPhase = !last ? 0 : laterWins ? headLater - grads : headFirst;
   const embedPhase = first && pp > 1 ? tableGrad : 0;
-  logits = last ? held * sc(4 * logitElems) + sc(4 * logitElems) : 0;
-  const transient = Math.max(headPhase - logits, embedPhase) ;
+  logits = last ? held * logitBytes : 0;
+  // Gradients are counted in the total only where the peak meets them.
+  const gradsAtPeak = !last || laterWins ? grads : 0;
+  const transient = Math.max(headPhase - logits, embedPhase);
   // Full recomputation: one layer's activations rebuilt in its backward (after the logits are freed).
   const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
   activations += recomputeExtra;
   buffers += transient;
-  const total = sc(params) + grads + optimizerState + activations + logits + buffers;
-  return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead: sc(params) - params, total, hostBytes, inFlight: held };
+  const total = sc(params) + gradsAtPeak + optimizerState + activations + logits + buffers;
+  return { stage, numParams: psi, params, grads: gradsAtPeak, optimizerState, activations, logits, buffers, overhead: sc(params) - params, total, hostBytes, inFlight: held };
 }
 
 /** The memory of every pipeline stage's rank. */

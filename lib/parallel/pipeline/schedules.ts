@@ -2,6 +2,7 @@
 // forward and their gradients backward by point-to-point send/recv in the pipeline group.
 import { backward, noGrad } from '../../autograd/index.js';
 import { ArgumentError, StateError } from '../../errors.js';
+import { scope } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import { parseDevice, type Device } from '../../device.js';
 import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
@@ -65,7 +66,10 @@ class StageRunner {
       await g.recv(input, g.rank - 1);
       input.requiresGrad = keepForBackward;
     }
-    const output = this.stage.forwardStep(m, input);
+    // The micro-batch's intermediate tensors go when its forward ends: what backward needs the graph
+    // holds (saved aliases), and the rest would otherwise live until the step's scope closes, so every
+    // micro-batch's activations would pile up and 1F1B would hold as much as GPipe.
+    const output = scope(() => this.stage.forwardStep(m, input));
     if (this.last) {
       if (output.size !== 1) throw new StateError(`pipeline: the last stage must return a scalar loss, got ${output.describe()}`);
       this.losses[m] = output.item();
