@@ -54,6 +54,7 @@ export function softmax(x: Tensor, dim = -1): Tensor { return softmaxLike('softm
 /** Log-softmax over `dim` (default: the last). */
 export function logSoftmax(x: Tensor, dim = -1): Tensor { return softmaxLike('logSoftmax', x, dim, true); }
 
+/** Options of {@link dropout}. */
 export interface DropoutOptions {
   /** Drop only while training (default true); in eval mode dropout is the identity. */
   training?: boolean;
@@ -67,7 +68,14 @@ export interface DropoutOptions {
    * the whole tensor. This is how a process holding a chunk of the sequence (sequence parallelism)
    * drops exactly what one process holding all of it would.
    */
-  part?: { dim: number; start: number; extent: number };
+  part?: {
+    /** The dimension x is a part of. */
+    dim: number;
+    /** Index of x's first entry in the whole tensor along `dim`. */
+    start: number;
+    /** Size of the whole tensor along `dim`. */
+    extent: number;
+  };
 }
 
 /** Fills mask with the Bernoulli(keepProb) draw at `base`, or with opts.part's entries of the whole tensor's draw. */
