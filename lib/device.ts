@@ -6,7 +6,7 @@ export type DeviceType = 'cpu' | 'cuda';
 /** Where a tensor lives: 'cpu', 'cuda' (the current cuda device) or 'cuda:N'. */
 export type DeviceLike = string;
 
-/** A parsed device. Equal names give the same (cached) object. */
+/** A parsed device (see parseDevice). */
 export interface Device {
   /** 'cpu' or 'cuda'. */
   readonly type: DeviceType;

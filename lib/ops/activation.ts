@@ -68,14 +68,7 @@ export interface DropoutOptions {
    * the whole tensor. This is how a process holding a chunk of the sequence (sequence parallelism)
    * drops exactly what one process holding all of it would.
    */
-  part?: {
-    /** The dimension x is a part of. */
-    dim: number;
-    /** Index of x's first entry in the whole tensor along `dim`. */
-    start: number;
-    /** Size of the whole tensor along `dim`. */
-    extent: number;
-  };
+  part?: { dim: number; start: number; extent: number };
 }
 
 /** Fills mask with the Bernoulli(keepProb) draw at `base`, or with opts.part's entries of the whole tensor's draw. */

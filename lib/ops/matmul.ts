@@ -22,17 +22,17 @@ export interface MatmulOptions {
 export interface GemmPlan {
   /** Shape of the product. */
   outShape: number[];
-  /** Number of matrix products (1 when unbatched or when the batch folds into m). */
+  /** Number of GEMMs (1 when unbatched or when the batch folds into m). */
   batch: number;
-  /** Rows of the product (per batch entry). */
+  /** Rows of each GEMM (batch × M when the batch folds into m). */
   m: number;
   /** Columns of the product. */
   n: number;
   /** The contracted dimension. */
   k: number;
-  /** Elements between consecutive batch entries of a (0 when shared). */
+  /** Elements between consecutive batch entries of a (0 when a has no batch dimensions or the batch is folded). */
   strideA: number;
-  /** Elements between consecutive batch entries of b (0 when shared). */
+  /** Elements between consecutive batch entries of b (0 when b has no batch dimensions). */
   strideB: number;
 }
 
