@@ -14,6 +14,7 @@ export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
   'softmax', 'logSoftmax', 'crossEntropy', 'layerNorm', 'rmsNorm', 'sum', 'mean', 'norm', 'exp', 'log', 'pow',
 ]);
 
+/** The 16-bit float dtypes autocast and master weights compute in. */
 export type LowPrecision = 'bf16' | 'f16';
 interface AutocastState { dtype: LowPrecision; enabled: boolean }
 const autocastStore = new AsyncLocalStorage<AutocastState>();
@@ -38,7 +39,12 @@ export function autocastDtypeFor(op: string): DType | undefined {
 }
 
 /** Whether autocast is on here, and with which dtype. */
-export function autocastState(): { enabled: boolean; dtype: LowPrecision | undefined } {
+export function autocastState(): {
+  /** Whether autocast is on in the current async context. */
+  enabled: boolean;
+  /** The autocast dtype, or undefined when autocast is off. */
+  dtype: LowPrecision | undefined;
+} {
   const s = autocastStore.getStore();
   return { enabled: !!s?.enabled, dtype: s?.enabled ? s.dtype : undefined };
 }
@@ -48,21 +54,30 @@ export function autocastState(): { enabled: boolean; dtype: LowPrecision | undef
  * refresh() re-casts them into `compute` (same storage reused, no allocation per step).
  */
 export class MasterWeights {
+  /** The low-precision copies, one per master tensor, in `dtype`; refresh() rewrites them. */
   readonly compute: Tensor[];
+  /**
+   * Copies `master` (f32 tensors; DTypeError otherwise) into new `dtype` tensors on the same devices.
+   * @param master The f32 weights the optimizer updates.
+   * @param dtype The compute dtype (default 'bf16').
+   */
   constructor(readonly master: Tensor[], readonly dtype: LowPrecision = 'bf16') {
     for (const m of master) if (m.dtype !== 'f32') throw new DTypeError(`MasterWeights: master weights must be f32, got ${m.describe()}`);
     this.compute = master.map((m) => emptyOn(m.shape, dtype, m.deviceInfo));
     this.refresh();
   }
+  /** Re-casts every master tensor into its compute copy (call after each optimizer step). */
   refresh(): void {
     this.master.forEach((m, i) => {
       const c = this.compute[i]!;
       m.backend.cast(m.storage, dtypeCode('f32'), c.storage, dtypeCode(this.dtype), m.size);
     });
   }
+  /** Frees the compute copies (the master tensors stay with their owner). */
   dispose(): void { for (const c of this.compute) c.dispose(); }
 }
 
+/** Options of {@link GradScaler}. */
 export interface GradScalerOptions {
   /** Starting loss scale (default 2^16). */
   initScale?: number;
@@ -85,9 +100,13 @@ export class GradScaler {
   #scale: number;
   #growthTracker = 0;
   #foundInf: boolean | undefined;
+  /** Scale multiplier after growthInterval clean steps (default 2). */
   readonly growthFactor: number;
+  /** Scale multiplier after an overflow (default 0.5). */
   readonly backoffFactor: number;
+  /** Overflow-free steps before the scale grows (default 2000). */
   readonly growthInterval: number;
+  /** false: the scaler is a no-op with scale 1. */
   readonly enabled: boolean;
 
   constructor(opts: GradScalerOptions = {}) {
@@ -155,9 +174,16 @@ export class GradScaler {
     }
   }
 
-  stateDict(): { scale: number; growthTracker: number } {
+  /** The scale and the count of clean steps since the last change, for checkpoints. */
+  stateDict(): {
+    /** The current loss scale. */
+    scale: number;
+    /** Overflow-free steps since the scale last changed. */
+    growthTracker: number;
+  } {
     return { scale: this.#scale, growthTracker: this.#growthTracker };
   }
+  /** Restores what stateDict() returned. Throws ArgumentError for a non-positive scale or a bad tracker. */
   loadStateDict(s: { scale: number; growthTracker: number }): void {
     if (!(s.scale > 0) || !Number.isInteger(s.growthTracker) || s.growthTracker < 0) throw new ArgumentError('GradScaler.loadStateDict: bad state');
     this.#scale = s.scale;

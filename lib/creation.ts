@@ -100,6 +100,7 @@ export function full(shape: Shape, value: number, opts?: TensorOptions): Tensor 
   return out;
 }
 
+/** A tensor filled with zeros. */
 export function zeros(shape: Shape, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'zeros');
   const { dtype, device } = resolveOptions(opts, 'zeros');
@@ -108,6 +109,7 @@ export function zeros(shape: Shape, opts?: TensorOptions): Tensor {
   return out;
 }
 
+/** A tensor filled with ones. */
 export function ones(shape: Shape, opts?: TensorOptions): Tensor {
   return full(shape, 1, opts);
 }
@@ -135,7 +137,9 @@ export function arange(a: number, b?: number | TensorOptions, c?: number | Tenso
 
 /** Options of random creation: a seed (a fresh generator at offset 0) or a generator to advance. */
 export interface RandomOptions extends TensorOptions {
+  /** Seed of a fresh generator for this draw (the global generator is not advanced). */
   seed?: number | bigint;
+  /** Generator to draw from and advance (default: the global one, see manualSeed). */
   generator?: Generator;
 }
 

@@ -6,8 +6,11 @@ export type DeviceType = 'cpu' | 'cuda';
 /** Where a tensor lives: 'cpu', 'cuda' (the current cuda device) or 'cuda:N'. */
 export type DeviceLike = string;
 
+/** A parsed device (see parseDevice). */
 export interface Device {
+  /** 'cpu' or 'cuda'. */
   readonly type: DeviceType;
+  /** Device ordinal: 0 for cpu; the CUDA device index for cuda. */
   readonly index: number;
   /** Canonical name: 'cpu' or 'cuda:N'. */
   readonly name: string;
@@ -23,6 +26,11 @@ export function setCudaDevice(index: number): void {
   cache.delete('cuda');
 }
 
+/**
+ * Parses 'cpu', 'cuda' (the device set by setCudaDevice, default 0) or 'cuda:N' into a Device; undefined means cpu and
+ * a Device passes through. Throws DeviceError for anything else (including 'cpu:1'). `call` names the caller in the
+ * error message.
+ */
 export function parseDevice(d: DeviceLike | Device | undefined, call = 'device'): Device {
   if (d === undefined) return parseDevice('cpu');
   if (typeof d === 'object' && d !== null && 'type' in d) return d;

@@ -1,7 +1,9 @@
 // Dtypes: names, native codes (shared with native/core/nt.h), sizes and the typed arrays that hold them.
 import { DTypeError } from './errors.js';
 
+/** Element types: 32-bit float, IEEE half, bfloat16, 32-bit signed integer, unsigned byte. */
 export type DType = 'f32' | 'f16' | 'bf16' | 'i32' | 'u8';
+/** Every supported dtype, in native-code order. */
 export const DTYPES: readonly DType[] = ['f32', 'f16', 'bf16', 'i32', 'u8'];
 
 const codes: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, i32: 3, u8: 4 };
@@ -15,7 +17,9 @@ export type ArrayFor<D extends DType> = D extends 'i32' ? Int32Array : D extends
 export type TypedArray = Float32Array | Int32Array | Uint8Array;
 
 export function dtypeCode(d: DType): number { return codes[d]; }
+/** Bytes per element of a dtype (f32/i32: 4, f16/bf16: 2, u8: 1). */
 export function dtypeSize(d: DType): number { return sizes[d]; }
+/** Whether a dtype is a floating-point type (f32, f16, bf16). */
 export function isFloating(d: DType): boolean { return d === 'f32' || d === 'f16' || d === 'bf16'; }
 
 /** Accepts 'f32' and PyTorch-style aliases ('float32', 'bfloat16'); throws DTypeError otherwise. */

@@ -1,6 +1,7 @@
 // The typed errors of nodetron. Native code builds these through the factory registered in
 // lib/native.ts, so an error from C++ carries the caller's JS stack and names the failed call.
 
+/** Stable machine-readable codes of {@link NodetronError}, one per error class. */
 export type ErrorCode =
   | 'ERR_ARGUMENT'
   | 'ERR_SHAPE'
@@ -17,7 +18,9 @@ export type ErrorCode =
 
 /** Base class of every error nodetron raises on purpose. `code` is stable; `call` names the native call that failed, when one did. */
 export class NodetronError extends Error {
+  /** Stable code of the error class (e.g. 'ERR_SHAPE'); safe to branch on. */
   readonly code: ErrorCode;
+  /** The native (C++/library) call that failed, when one did; undefined for errors raised in TypeScript. */
   readonly call?: string;
   constructor(code: ErrorCode, message: string, call?: string) {
     super(message);
@@ -49,6 +52,7 @@ export class DisposedError extends NodetronError {
 }
 /** An allocation that cannot be satisfied. `stats` holds the device's memory statistics when known. */
 export class OutOfMemoryError extends NodetronError {
+  /** The device's memory statistics (bytes by counter) when the backend reported them; undefined otherwise. */
   stats?: Record<string, number>;
   constructor(message: string, call?: string, stats?: Record<string, number>) {
     super('ERR_OUT_OF_MEMORY', message, call);

@@ -11,13 +11,37 @@ export interface BackendInfo {
   [detail: string]: unknown;
 }
 
+/** What {@link info} reports: versions, the host and which backends and collectives are usable here. */
 export interface Info {
+  /** nodetron's package version. */
   version: string;
+  /** Node.js version (process.version). */
   node: string;
+  /** Platform and architecture, e.g. 'linux-x64'. */
   platform: string;
-  cpu: { model: string; cores: number; avx512: boolean };
-  backends: { cpu: BackendInfo; cuda: BackendInfo };
-  collectives: { gloo: BackendInfo; nccl: BackendInfo };
+  /** The host CPU. */
+  cpu: {
+    /** CPU model name as the OS reports it ('unknown' when it does not). */
+    model: string;
+    /** Logical CPU count. */
+    cores: number;
+    /** Whether the CPU has AVX-512F. */
+    avx512: boolean;
+  };
+  /** The compute backends: availability, the reason when unavailable, and their details. */
+  backends: {
+    /** The cpu backend (OpenBLAS). */
+    cpu: BackendInfo;
+    /** The cuda backend (CUDA runtime, cuBLASLt). */
+    cuda: BackendInfo;
+  };
+  /** The collective libraries: availability and the reason when unavailable. */
+  collectives: {
+    /** Gloo, for cpu tensors. */
+    gloo: BackendInfo;
+    /** NCCL, for cuda tensors. */
+    nccl: BackendInfo;
+  };
 }
 
 function cudaInfo(): { cuda: BackendInfo; nccl: BackendInfo } {

@@ -126,7 +126,9 @@ export function keep<T extends Disposable | Disposable[]>(t: T): T {
   return t;
 }
 
+/** Memory counters of one device, from {@link memoryStats}. */
 export interface MemoryStats {
+  /** Canonical device name: 'cpu' or 'cuda:N'. */
   device: string;
   /** Bytes held by live tensors. */
   allocated: number;

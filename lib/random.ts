@@ -8,12 +8,15 @@ const DEFAULT_SEED = 67280421310721n;
 
 /** A generator: a 64-bit seed and an offset in Philox blocks (4 x 32-bit outputs each). */
 export class Generator {
+  /** The 64-bit seed. */
   seed: bigint;
+  /** Philox blocks (4 x 32-bit outputs each) consumed since seeding. */
   offsetBlocks: number;
   constructor(seed: number | bigint = DEFAULT_SEED) {
     this.seed = toSeed(seed);
     this.offsetBlocks = 0;
   }
+  /** Reseeds and rewinds to offset 0; returns this. */
   manualSeed(seed: number | bigint): this {
     this.seed = toSeed(seed);
     this.offsetBlocks = 0;
@@ -26,7 +29,12 @@ export class Generator {
     return base;
   }
   /** The generator's position, JSON-serializable (checkpoints save it). */
-  state(): { seed: string; offsetBlocks: number } {
+  state(): {
+    /** The seed as a decimal string (a bigint does not survive JSON). */
+    seed: string;
+    /** Philox blocks consumed since seeding. */
+    offsetBlocks: number;
+  } {
     return { seed: this.seed.toString(), offsetBlocks: this.offsetBlocks };
   }
   /** Restores a position that state() returned. */

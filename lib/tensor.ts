@@ -50,8 +50,11 @@ export class StorageRef {
 
 /** Options accepted by creation functions. */
 export interface TensorOptions {
+  /** Element type (default 'f32'; aliases such as 'float32' accepted). */
   dtype?: DType | string;
+  /** Device (default 'cpu'). */
   device?: DeviceLike;
+  /** Mark the result as a leaf that autograd tracks (default false). */
   requiresGrad?: boolean;
 }
 
@@ -61,9 +64,15 @@ export interface GradNode {
   unref(): void;
 }
 
+/**
+ * An n-dimensional array on a device, with autograd. Create tensors with tensor(), zeros(), randn(), ...; free them
+ * with dispose() (or `using`, or scope()). Op methods (add, matmul, ...) are the functions of the same name in the ops
+ * module.
+ */
 export class Tensor {
   /** Dimensions; [] for a scalar. */
   readonly shape: readonly number[];
+  /** Element type. */
   readonly dtype: DType;
   /** Number of elements. */
   readonly size: number;
@@ -91,9 +100,13 @@ export class Tensor {
 
   /** Canonical device name: 'cpu' or 'cuda:N'. */
   get device(): string { return this.#device.name; }
+  /** The parsed device (type and index). */
   get deviceInfo(): Device { return this.#device; }
+  /** Number of dimensions. */
   get ndim(): number { return this.shape.length; }
+  /** Size of the data in bytes (size × bytes per element). */
   get nbytes(): number { return this.size * dtypeSize(this.dtype); }
+  /** Whether dispose() has been called. */
   get disposed(): boolean { return this.#storage === null; }
 
   /** The native storage, for kernels. Throws DisposedError after dispose(). */
@@ -125,11 +138,14 @@ export class Tensor {
     this.gradFn = null;
     fn?.unref();
   }
+  /** dispose(), for `using` declarations. */
   [Symbol.dispose](): void { this.dispose(); }
 
+  /** A short description: shape, dtype, device and name, e.g. '[2, 3] f32 on cpu (w)'. */
   describe(): string {
     return `${fmtShape(this.shape)} ${this.dtype} on ${this.#device.name}${this.name ? ` (${this.name})` : ''}`;
   }
+  /** 'Tensor(<describe()>)', with ', disposed' after dispose(). */
   toString(): string { return `Tensor(${this.describe()}${this.disposed ? ', disposed' : ''})`; }
 
   /** Copies the data out (waits for the device). bf16 and f16 read back as Float32Array. */

@@ -10,9 +10,14 @@ import type { Tensor } from './tensor.js';
 
 /** A model that maps (inputs, targets) to a scalar loss. */
 export interface LossModel extends Module {
-  forward(inputs: Tensor, targets: Tensor): { loss: Tensor | null };
+  /** Runs the model on a batch and returns the scalar loss against `targets`. */
+  forward(inputs: Tensor, targets: Tensor): {
+    /** The scalar loss; null when the model computes none (trainStep then throws StateError). */
+    loss: Tensor | null;
+  };
 }
 
+/** Options of {@link trainStep}. */
 export interface TrainStepOptions {
   /** Clip the global gradient norm to this value (off when undefined). */
   maxGradNorm?: number;
@@ -20,7 +25,9 @@ export interface TrainStepOptions {
   lr?: number;
 }
 
+/** What {@link trainStep} returns. */
 export interface TrainStepResult {
+  /** The step's loss, read back to the host. */
   loss: number;
   /** The gradient norm before clipping, when clipping is on. */
   gradNorm?: number;

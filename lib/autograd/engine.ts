@@ -27,12 +27,20 @@ export class Node implements GradNode {
    * them so their grad-ready hooks wait for this node.
    */
   hiddenLeaves: readonly Tensor[] = [];
+  /**
+   * Records an op. Takes a hold on each input's node.
+   * @param name The op's name (in error messages).
+   * @param inputs The op's inputs; each becomes an edge to its node, to itself as a leaf requiring grad, or null.
+   * @param backward Computes the inputs' gradients.
+   * @param saved Tensors backward needs; disposed when the node is released.
+   */
   constructor(readonly name: string, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[]) {
     this.edges = inputs.map((t) => (t.gradFn instanceof Node ? t.gradFn : t.requiresGrad ? t : null));
     for (const e of this.edges) if (e instanceof Node) e.#refs++;
     this.#backward = backward;
     this.#saved = saved;
   }
+  /** Adds one holder (an output tensor or a consuming node); see unref(). */
   ref(): void { this.#refs++; }
   /** Drops one holder; releases this node, and transitively its inputs, when none is left. */
   unref(): void {
@@ -44,7 +52,12 @@ export class Node implements GradNode {
       for (const e of n.edges) if (e instanceof Node) stack.push(e);
     }
   }
+  /** Whether release() has run (the saved tensors are gone; apply() throws). */
   get released(): boolean { return this.#backward === null; }
+  /**
+   * Runs the backward function: the gradients of the inputs (null for an input that needs none) given the output's
+   * gradient. Throws AutogradError once the node was released.
+   */
   apply(gradOut: Tensor): (Tensor | null)[] {
     if (this.#backward === null) {
       throw new AutogradError(`backward through '${this.name}' a second time: its saved tensors were freed by the first backward (pass { retainGraph: true } to the first call)`);
@@ -68,7 +81,12 @@ let leafCollector: Set<Tensor> | null = null;
  * Runs fn and returns, besides its result, the leaves requiring grad that its ops took as inputs
  * (with or without grad mode): what checkpoint() needs to know which parameters its re-run feeds.
  */
-export function collectLeaves<T>(fn: () => T): { result: T; leaves: Set<Tensor> } {
+export function collectLeaves<T>(fn: () => T): {
+  /** What fn returned. */
+  result: T;
+  /** The leaves requiring grad that fn's ops took as inputs. */
+  leaves: Set<Tensor>;
+} {
   const outer = leafCollector, leaves = new Set<Tensor>();
   leafCollector = leaves;
   try {
@@ -124,6 +142,7 @@ export type PostAccumulateGradHook = (leaf: Tensor) => void;
 
 /** What a hook registration returns: `remove()` unregisters it (a second call does nothing). */
 export interface RemovableHandle {
+  /** Unregisters the hook; later calls do nothing. */
   remove(): void;
 }
 
@@ -223,6 +242,7 @@ class HookPass {
 let activePass: HookPass | null = null;
 let backwardDepth = 0;
 
+/** Options of {@link backward}. */
 export interface BackwardOptions {
   /** Keep the graph (and its saved tensors) for another backward. */
   retainGraph?: boolean;
@@ -388,7 +408,9 @@ export function zeroGrad(params: Iterable<Tensor>): void {
 
 declare module '../tensor.js' {
   interface Tensor {
+    /** Reverse-mode differentiation from this tensor; see {@link backward}. */
     backward(grad?: Tensor, opts?: BackwardOptions): void;
+    /** A tensor sharing this one's data, with no graph and requiresGrad false; see {@link detach}. */
     detach(): Tensor;
     /** See registerPostAccumulateGradHook. */
     registerPostAccumulateGradHook(hook: PostAccumulateGradHook): RemovableHandle;

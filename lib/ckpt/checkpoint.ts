@@ -32,13 +32,20 @@ import type { TensorSplit } from '../nn/module.js';
 
 /** Anything whose position a checkpoint keeps: a data loader, a learning-rate schedule. */
 export interface Stateful {
+  /** The position to save (JSON-serializable). */
   state(): unknown;
+  /** Restores a position that state() returned. */
   loadState(state: never): void;
 }
 
 /** A model that knows its own layout: ParallelTrainer (any TP × PP × DP × ZeRO layout). */
 export interface ShardedTrainingState {
+  /**
+   * This rank's training state as parts of global tensors; with `forLoad`, optimizer state is created where missing so
+   * it can be loaded into.
+   */
   checkpointState(opts?: { forLoad?: boolean }): RankState;
+  /** The group of all ranks taking part in the checkpoint (null in one process). */
   readonly world: CollectiveGroup | null;
 }
 
@@ -48,8 +55,11 @@ export interface CheckpointItems {
   model: Module | ShardedTrainingState;
   /** The optimizer of a Module (a trainer brings its own). */
   optimizer?: Optimizer<{ lr: number }>;
+  /** A data loader whose position is saved (e.g. a TokenLoader). */
   loader?: Stateful;
+  /** A learning-rate schedule whose position is saved. */
   scheduler?: Stateful;
+  /** A loss scaler whose scale is saved. */
   scaler?: GradScaler;
   /** Random generators by name (the model's dropout generator, nt.defaultGenerator...): each rank's own are saved. */
   rng?: Record<string, Generator>;
@@ -61,22 +71,83 @@ export interface CheckpointItems {
   layout?: unknown;
 }
 
-export interface ManifestPart { file: string; name: string; split: TensorSplit | null; start: number; count: number }
-export interface ManifestTensor { shape: number[]; dtype: SafetensorsDType; parts: ManifestPart[] }
+/** One saved part of a global tensor: where it is stored and which elements it holds. */
+export interface ManifestPart {
+  /** The rank file (safetensors) holding it. */
+  file: string;
+  /** Its tensor name in that file (`<key>@<first element>`). */
+  name: string;
+  /** The tensor-parallel split it is a slice of, or null for the whole tensor. */
+  split: TensorSplit | null;
+  /** First element of the (split) tensor held. */
+  start: number;
+  /** Number of elements held. */
+  count: number;
+}
+/** A saved global tensor: its shape, dtype and the parts that tile it. */
+export interface ManifestTensor {
+  /** Shape of the whole tensor. */
+  shape: number[];
+  /** The dtype it is stored in. */
+  dtype: SafetensorsDType;
+  /** The parts, which together hold every element exactly once. */
+  parts: ManifestPart[];
+}
+/** The manifest.json of a complete checkpoint. */
 export interface Manifest {
+  /** Format marker. */
   format: 'nodetron-checkpoint';
+  /** Format version. */
   version: 1;
+  /** The training step saved. */
   step: number;
+  /** Random id shared by every rank's files of one save. */
   saveId: string;
+  /** Number of ranks that saved. */
   worldSize: number;
+  /** When the checkpoint was committed (ISO 8601). */
   createdAt: string;
+  /** The saving run's layout, as given in CheckpointItems.layout. */
   layout: unknown;
-  files: Array<{ file: string; size: number; crc32: number }>;
+  /** The rank files, with their sizes (bytes) and CRC-32s. */
+  files: Array<{
+    /** File name within the checkpoint directory. */
+    file: string;
+    /** Size in bytes. */
+    size: number;
+    /** CRC-32 of the whole file. */
+    crc32: number;
+  }>;
+  /** Every saved global tensor by key (`model/<name>`, `optim/<state>/<name>`). */
   tensors: Record<string, ManifestTensor>;
-  optimizer: { groups: Array<Record<string, unknown>> | null; steps: Record<string, number> };
-  state: { loader?: unknown; scheduler?: unknown; scaler?: unknown; extra?: unknown };
+  /** Optimizer hyperparameters and step counts. */
+  optimizer: {
+    /** Each parameter group's hyperparameters (null: no optimizer saved). */
+    groups: Array<Record<string, unknown>> | null;
+    /** Step count of each parameter's optimizer state, by parameter name. */
+    steps: Record<string, number>;
+  };
+  /** The JSON state of the loader, schedule, scaler and `extra`. */
+  state: {
+    /** The data loader's state(). */
+    loader?: unknown;
+    /** The schedule's state(). */
+    scheduler?: unknown;
+    /** The GradScaler's stateDict(). */
+    scaler?: unknown;
+    /** CheckpointItems.extra. */
+    extra?: unknown;
+  };
   /** Per rank: its random generators. */
-  ranks: Array<{ rng: Record<string, { seed: string; offsetBlocks: number }> }>;
+  ranks: Array<{
+    /** Generator states (Generator.state()) by name. */
+    rng: Record<string, {
+      /** The seed, as a decimal string. */
+      seed: string;
+      /** Philox blocks consumed. */
+      offsetBlocks: number;
+    }>;
+  }>;
 }
 
 interface RankRecord {
@@ -90,7 +161,9 @@ interface RankRecord {
   rng: Record<string, { seed: string; offsetBlocks: number }>;
 }
 
+/** What {@link Checkpointer.save} returns. */
 export interface SaveResult {
+  /** The step saved. */
   step: number;
   /** Where the checkpoint will be once complete. */
   dir: string;
@@ -104,14 +177,19 @@ export interface SaveResult {
   done: Promise<void>;
 }
 
+/** What a load returns. */
 export interface LoadResult {
+  /** The step of the checkpoint loaded. */
   step: number;
+  /** The checkpoint's directory. */
   dir: string;
+  /** The `extra` saved with it. */
   extra: unknown;
   /** Whether the optimizer state was loaded (false when the checkpoint has none: the optimizer starts fresh). */
   optimizerLoaded: boolean;
 }
 
+/** Options of {@link Checkpointer}. */
 export interface CheckpointerOptions {
   /** Complete checkpoints kept (older ones are deleted after each commit); default: all. */
   keep?: number;
@@ -128,6 +206,7 @@ export class DamagedCheckpointError extends StateError {}
 
 const STEP_DIR = /^step-(\d+)$/;
 const MANIFEST = 'manifest.json';
+/** The directory name of a step's checkpoint: `step-` and the step zero-padded to 8 digits. */
 export const stepDirName = (step: number) => `step-${String(step).padStart(8, '0')}`;
 
 const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16', I32: 'i32', U8: 'u8' };
@@ -137,10 +216,15 @@ const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16
  * Every rank creates one with the same root and calls save()/load() at the same points.
  */
 export class Checkpointer {
+  /** The directory holding the checkpoints. */
   readonly root: string;
+  /** Complete checkpoints kept (Infinity: all). */
   readonly keep: number;
+  /** Whether saves write in the background. */
   readonly async: boolean;
+  /** How long rank 0 waits for the other ranks' files at commit (ms; default 600 000). */
   readonly commitTimeoutMs: number;
+  /** Whether loads verify the files' CRC-32. */
   readonly verify: boolean;
   readonly #writer = new FileWriter();
   /** Settles when the last save (both stages) is over: one save in flight at a time. */
@@ -248,7 +332,12 @@ export class Checkpointer {
   }
 
   /** The complete checkpoints under the root, newest first (those with a manifest; load() verifies their files). */
-  list(): Array<{ step: number; dir: string }> { return listCheckpoints(this.root); }
+  list(): Array<{
+    /** The checkpoint's step. */
+    step: number;
+    /** Its directory. */
+    dir: string;
+  }> { return listCheckpoints(this.root); }
 
   /**
    * Loads the newest complete checkpoint that every rank can read (a truncated or corrupt one is
@@ -311,7 +400,12 @@ export async function load(dir: string, items: CheckpointItems, opts: { verify?:
 }
 
 /** The complete checkpoints under `root`, newest first. */
-export function listCheckpoints(root: string): Array<{ step: number; dir: string }> {
+export function listCheckpoints(root: string): Array<{
+  /** The checkpoint's step. */
+  step: number;
+  /** Its directory. */
+  dir: string;
+}> {
   if (!existsSync(root)) return [];
   return readdirSync(root)
     .map((name) => ({ m: STEP_DIR.exec(name), name }))
@@ -321,7 +415,12 @@ export function listCheckpoints(root: string): Array<{ step: number; dir: string
 }
 
 /** The newest complete checkpoint under `root` (its manifest present), or null. */
-export function latest(root: string): { step: number; dir: string } | null {
+export function latest(root: string): {
+  /** The checkpoint's step. */
+  step: number;
+  /** Its directory. */
+  dir: string;
+} | null {
   return listCheckpoints(root)[0] ?? null;
 }
 
@@ -340,7 +439,12 @@ export function readManifest(dir: string): Manifest {
  * One global tensor of a checkpoint, whole, as a Float32Array (f32/bf16/f16 saved) — for tools and
  * tests; training loads through load().
  */
-export function readTensor(dir: string, key: string): { shape: number[]; data: Float32Array } {
+export function readTensor(dir: string, key: string): {
+  /** Shape of the whole tensor. */
+  shape: number[];
+  /** Its elements, row-major, widened to f32. */
+  data: Float32Array;
+} {
   const m = readManifest(dir);
   const t = m.tensors[key];
   if (!t) throw new StateError(`checkpoint ${dir}: no tensor '${key}'`);

@@ -6,13 +6,22 @@ import { ArgumentError, StateError } from '../errors.js';
 import type { TensorSplit } from '../nn/module.js';
 
 /** `length` elements at `global` in the whole tensor are at `local` in the part. */
-export interface Interval { global: number; local: number; length: number }
+export interface Interval {
+  /** Row-major element index in the whole tensor. */
+  global: number;
+  /** Element index in the part. */
+  local: number;
+  /** Number of consecutive elements. */
+  length: number;
+}
 
 /** How a part is described in a manifest: a split (or none: the whole tensor) and a flat range of it. */
 export interface PartSpec {
+  /** The tensor-parallel split of the part, or null for the whole tensor. */
   split: TensorSplit | null;
   /** First element of the (split) local tensor held, and how many. */
   start: number;
+  /** Number of elements held. */
   count: number;
 }
 

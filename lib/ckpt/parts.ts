@@ -11,12 +11,19 @@ import type { LocalChunk } from '../parallel/zero/chunks.js';
 
 /** `count` elements at `offset` of `tensor` are elements [start, start + count) of the (split) global tensor `key`. */
 export interface StatePart {
+  /** Name of the global tensor: `model/<name>` or `optim/<state>/<name>`. */
   key: string;
+  /** The global tensor's shape. */
   fullShape: number[];
+  /** The tensor-parallel split this part is a slice of, or null for the whole tensor. */
   split: TensorSplit | null;
+  /** First element of the (split) global tensor held here. */
   start: number;
+  /** Number of elements. */
   count: number;
+  /** The local tensor holding the elements. */
   tensor: Tensor;
+  /** Element offset of the part in `tensor`. */
   offset: number;
   /** This rank writes the part (false for a replica another rank writes). */
   save: boolean;
@@ -24,14 +31,19 @@ export interface StatePart {
 
 /** An optimizer state's step count, per parameter name. */
 export interface StepCounter {
+  /** The parameter's name. */
   name: string;
+  /** The state's step count, or null when the parameter has no state yet. */
   get(): number | null;
+  /** Sets the step count (creating the state if needed). */
   set(step: number): void;
 }
 
 /** A rank's training state for a checkpoint. */
 export interface RankState {
+  /** The tensors saved and loaded. */
   parts: StatePart[];
+  /** The step counts of the optimizer state, per parameter. */
   steps: StepCounter[];
   /** The optimizer whose group hyperparameters are saved and restored (group by group). */
   optimizer: Optimizer<{ lr: number }> | null;

@@ -40,6 +40,7 @@ export function setFloat32MatmulPrecision(precision: 'highest' | 'high'): void {
 }
 let float32Precision: 'highest' | 'high' = 'highest';
 
+/** The current f32 matmul precision on cuda (see setFloat32MatmulPrecision). */
 export function getFloat32MatmulPrecision(): 'highest' | 'high' {
   return float32Precision;
 }

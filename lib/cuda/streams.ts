@@ -14,7 +14,11 @@ function cudaIndex(device: DeviceLike | undefined, call: string): number {
 /** A queue of GPU work on one device. Stream 0 is the device's default stream. */
 export class Stream {
   #destroyed = false;
-  /** Internal: wraps an addon stream id. Use newStream() or currentStream(). */
+  /**
+   * Internal: wraps an addon stream id. Use newStream() or currentStream().
+   * @param device CUDA device index.
+   * @param id The addon's stream id (0: the default stream).
+   */
   constructor(readonly device: number, readonly id: number) {}
 
   /** Waits on the host until all work queued on this stream has finished. */
@@ -44,8 +48,14 @@ export class Stream {
 
 /** A marker in a stream: record it, make other streams wait on it, wait for it, time between two. */
 export class Event {
+  /** The addon's event id. */
   readonly id: number;
   #destroyed = false;
+  /**
+   * Creates an event on a device.
+   * @param device CUDA device index.
+   * @param opts `timing: true` makes elapsedMs() usable (default false: cheaper events).
+   */
   constructor(readonly device: number, opts: { timing?: boolean } = {}) {
     this.id = cuda().eventCreate(device, opts.timing ?? false) as number;
   }
@@ -62,11 +72,13 @@ export class Event {
   query(): boolean { return cuda().eventQuery(this.live('query')) as boolean; }
   /** Milliseconds from this event to `end` (both recorded, created with { timing: true }). */
   elapsedMs(end: Event): number { return cuda().eventElapsedMs(this.live('elapsedMs'), end.live('elapsedMs')) as number; }
+  /** Frees the event. Idempotent; other methods throw StateError afterwards. */
   destroy(): void {
     if (this.#destroyed) return;
     cuda().eventDestroy(this.id);
     this.#destroyed = true;
   }
+  /** destroy(), for `using` declarations. */
   [Symbol.dispose](): void { this.destroy(); }
   private live(call: string): number {
     if (this.#destroyed) throw new StateError(`Event.${call}: event ${this.id} was destroyed`);

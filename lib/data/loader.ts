@@ -14,15 +14,19 @@ import { parseDevice } from '../device.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { TokenShard } from './shards.js';
 
+/** Options of {@link TokenLoader}. */
 export interface TokenLoaderOptions {
   /** Shard files (llm.c's format), in order. */
   files: string[];
   /** Rows per data-parallel rank per batch. */
   batchSize: number;
+  /** Tokens per row; each row reads a window of seqLen + 1 tokens. */
   seqLen: number;
   /** Seed of the order (default 0). */
   seed?: number;
+  /** This rank's data-parallel rank (default 0). */
   dpRank?: number;
+  /** Number of data-parallel ranks (default 1). */
   dpSize?: number;
   /** The tensor-parallel group: its rank 0 reads and broadcasts the batch to the others. */
   tpGroup?: CollectiveGroup | null;
@@ -34,27 +38,59 @@ export interface TokenLoaderOptions {
 
 /** A loader's position: JSON, saved in checkpoints. */
 export interface LoaderState {
+  /** Format version of the state. */
   version: 1;
+  /** Seed of the order. */
   seed: number;
+  /** Epochs completed (0 during the first). */
   epoch: number;
   /** Global batches already taken from this epoch. */
   batch: number;
+  /** Tokens per row. */
   seqLen: number;
+  /** Rows per global batch (rows per rank × data-parallel ranks). */
   globalBatch: number;
+  /** Whether windows are shuffled each epoch. */
   shuffle: boolean;
-  files: Array<{ name: string; tokens: number }>;
+  /** The shards, by file name and token count; loadState() requires the same. */
+  files: Array<{
+    /** File name (without directory). */
+    name: string;
+    /** Tokens in the shard. */
+    tokens: number;
+  }>;
+}
+/** One batch: int32 [batchSize, seqLen] tokens and the same tokens shifted by one. */
+export interface TokenBatch {
+  /** Input tokens, int32 [batchSize, seqLen]. */
+  inputs: Tensor;
+  /** Next-token targets: the inputs shifted by one, int32 [batchSize, seqLen]. */
+  targets: Tensor;
 }
 
-export interface TokenBatch { inputs: Tensor; targets: Tensor }
 
+/**
+ * Training windows from token shards for any data-parallel layout, in a seeded order, resumable. Rank d of dpSize
+ * takes rows [d·B, (d+1)·B) of each global batch, so the ranks read disjoint windows and together see what one process
+ * with batch B·dpSize would; with a tensor-parallel group only its rank 0 reads and broadcasts. Throws ArgumentError
+ * for bad options or shards too small for one global batch.
+ */
 export class TokenLoader {
+  /** Rows per data-parallel rank per batch. */
   readonly batchSize: number;
+  /** Tokens per row. */
   readonly seqLen: number;
+  /** Seed of the order. */
   readonly seed: number;
+  /** This rank's data-parallel rank. */
   readonly dpRank: number;
+  /** Number of data-parallel ranks. */
   readonly dpSize: number;
+  /** Whether the windows are shuffled each epoch. */
   readonly shuffle: boolean;
+  /** Canonical device name of the batches. */
   readonly device: string;
+  /** The tensor-parallel group the batch is broadcast over (null when none, or of size 1). */
   readonly tpGroup: CollectiveGroup | null;
   /** Windows in each shard, and where each shard's windows start in the global numbering. */
   readonly #windows: number[];
@@ -105,6 +141,7 @@ export class TokenLoader {
   get windows(): number { return this.#windows.reduce((a, b) => a + b, 0); }
   /** Global batches per epoch (the remainder of an epoch is dropped). */
   get batchesPerEpoch(): number { return Math.floor(this.windows / this.globalBatch); }
+  /** Epochs completed (0 during the first). */
   get epoch(): number { return this.#epoch; }
   /** Global batches taken in this epoch. */
   get batch(): number { return this.#batch; }
@@ -154,6 +191,7 @@ export class TokenLoader {
     return [lo, (w - this.#firstWindow[lo]!) * this.seqLen];
   }
 
+  /** The position (epoch, batch) and what fixes the order, for checkpoints. */
   state(): LoaderState {
     return { version: 1, seed: this.seed, epoch: this.#epoch, batch: this.#batch, seqLen: this.seqLen, globalBatch: this.globalBatch, shuffle: this.shuffle, files: this.#files.map((f) => ({ ...f })) };
   }
@@ -179,6 +217,7 @@ export class TokenLoader {
     this.#batch = s.batch;
   }
 
+  /** Closes the shard files. */
   close(): void { for (const s of this.#shards ?? []) s.close(); }
 }
 

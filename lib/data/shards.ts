@@ -5,7 +5,9 @@ import { closeSync, fstatSync, fsyncSync, openSync, readSync, renameSync, writeS
 import { ArgumentError, StateError } from '../errors.js';
 import { closeOnThrow, openForReading } from '../io/files.js';
 
+/** Magic number in the first int32 of a token shard (llm.c's). */
 export const TOKEN_SHARD_MAGIC = 20240520;
+/** Format version in the second int32 of a token shard. */
 export const TOKEN_SHARD_VERSION = 1;
 const HEADER_BYTES = 256 * 4;
 
@@ -35,8 +37,10 @@ export function writeTokenShard(path: string, tokens: Uint16Array): void {
 
 /** An open shard: its token count and positional reads of token ranges. */
 export class TokenShard {
+  /** Tokens in the shard. */
   readonly tokens: number;
   #fd: number | null;
+  /** @param path The shard's file path. */
   private constructor(readonly path: string, fd: number) {
     this.#fd = fd;
     this.tokens = closeOnThrow(fd, () => {
@@ -54,6 +58,7 @@ export class TokenShard {
     });
   }
 
+  /** Opens a shard and validates its header and size. Throws StateError for a file that is not a valid shard. */
   static open(path: string): TokenShard {
     return new TokenShard(path, openForReading(path, (reason) => `token shard ${path}: ${reason}`));
   }
@@ -69,10 +74,12 @@ export class TokenShard {
     return out;
   }
 
+  /** Closes the file. Idempotent; read() throws StateError afterwards. */
   close(): void {
     if (this.#fd !== null) closeSync(this.#fd);
     this.#fd = null;
   }
+  /** close(), for `using` declarations. */
   [Symbol.dispose](): void { this.close(); }
 }
 

@@ -22,7 +22,9 @@ export function gpt2Tokenizer(): Tiktoken {
   return encoder;
 }
 
+/** Options of {@link tokenize}. */
 export interface TokenizeOptions {
+  /** Output directory (created if missing). */
   out: string;
   /** Shard name prefix (default 'data'). */
   name?: string;
@@ -36,13 +38,27 @@ export interface TokenizeOptions {
   progress?: (p: { bytes: number; totalBytes: number; tokens: number; documents: number; seconds: number }) => void;
 }
 
+/** What {@link tokenize} returns (and writes to tokenize.json in the output directory). */
 export interface TokenizeSummary {
+  /** The input files, in the order read. */
   inputs: string[];
+  /** Documents tokenized. */
   documents: number;
+  /** Tokens written, <|endoftext|> separators included. */
   tokens: number;
+  /** Input text bytes (UTF-8) read. */
   bytes: number;
+  /** Wall time taken, in seconds. */
   seconds: number;
-  shards: Array<{ file: string; split: 'val' | 'train'; tokens: number }>;
+  /** The shards written. */
+  shards: Array<{
+    /** Path of the shard file. */
+    file: string;
+    /** Whether it is the validation shard or a train shard. */
+    split: 'val' | 'train';
+    /** Tokens in the shard. */
+    tokens: number;
+  }>;
 }
 
 /** The input files: files as given, directories walked (sorted), keeping .txt and .jsonl. */

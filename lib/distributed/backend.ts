@@ -20,17 +20,33 @@ import type { Store } from './store-api.js';
  * (`streamOrdered`, NCCL) it blocks nothing: it orders the device's current stream after the op, and
  * failures surface through the promise and the communicator's later ops.
  */
-export type CommPromise = Promise<void> & { waitSync(): void; streamOrdered?: true };
+export type CommPromise = Promise<void> & {
+  /** Host: blocks until the op has finished on this rank (throws its error). Device: orders the current stream after the op. */
+  waitSync(): void;
+  /** Set when the op runs on a device stream (NCCL): waitSync() then blocks nothing. */
+  streamOrdered?: true;
+};
 
+/**
+ * The communicator interface a process group drives: the cpu addon's GlooCommunicator implements it natively; {@link
+ * NcclBackend} adapts the cuda addon's NcclComm to it. Ranks are group-local; counts are elements; dtype is the native
+ * dtype code; op is a REDUCE_OP_CODES value; seq is the group's sequence number; timeoutMs >= 1; the same storage as
+ * send and recv means in place. Ops settle when finished on this rank, rejecting with CommError or TimeoutError.
+ */
 export interface CommBackend {
+  /** This rank in the group. */
   readonly rank: number;
+  /** Number of ranks in the group. */
   readonly size: number;
   /** Ops in flight. */
   readonly pending: number;
   /** Gloo: whether this group's ranks share a host and allreduce goes through shared memory (known after connect). */
   readonly sharedMemory?: boolean;
+  /** Meets the peers and sets up the connections; ops may be issued once it resolves. */
   connect(): Promise<void>;
+  /** Reduces `count` elements of send over all ranks with `op` into recv on every rank. */
   allReduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, seq: number, timeoutMs: number): CommPromise;
+  /** Copies `count` elements of root's send into recv on every rank. */
   broadcast(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, root: number, seq: number, timeoutMs: number): CommPromise;
   /** recv is written on root; other ranks pass scratch of count elements. */
   reduce(send: NativeStorage, recv: NativeStorage, dtype: number, count: number, op: number, root: number, seq: number, timeoutMs: number): CommPromise;
@@ -38,21 +54,30 @@ export interface CommBackend {
   allGather(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], seq: number, timeoutMs: number): CommPromise;
   /** send holds sum(counts); rank r receives counts[r] reduced elements. send === recv: in place (into block r of send, the rest unchanged). */
   reduceScatter(send: NativeStorage, recv: NativeStorage, dtype: number, counts: number[], op: number, seq: number, timeoutMs: number): CommPromise;
+  /**
+   * Rank r sends sendCounts[j] elements to rank j (blocks in rank order) and receives recvCounts[j] from rank j into
+   * recv.
+   */
   allToAll(send: NativeStorage, recv: NativeStorage, dtype: number, sendCounts: number[], recvCounts: number[], seq: number, timeoutMs: number): CommPromise;
+  /** Resolves once every rank of the group has called it. */
   barrier(seq: number, timeoutMs: number): CommPromise;
   /** tag in [0, 2^24): matches a send with the recv of the same tag between the same pair. */
   send(buf: NativeStorage, dtype: number, count: number, dst: number, tag: number, timeoutMs: number): CommPromise;
+  /** Receives `count` elements from rank `src` into buf, matching the send with the same tag. */
   recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): CommPromise;
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
   /** Batching (NCCL group calls): ops between groupStart and groupEnd are issued as one. Absent: ops run one by one. */
   groupStart?(): void;
+  /** Issues the ops queued since groupStart() as one. */
   groupEnd?(): void;
 }
 
 /** Where a Gloo communicator meets its peers: the store's address and the key namespace of the group. */
 export interface GlooEndpoint {
+  /** Host of the rendezvous TCP store. */
   storeHost: string;
+  /** Port of the rendezvous TCP store. */
   storePort: number;
   /**
    * Meet through this store instead of the TCP store at storeHost:storePort (the Redis store of a
@@ -61,8 +86,11 @@ export interface GlooEndpoint {
   store?: Store;
   /** Store key prefix of this group (unique per group and launch attempt; relative to `store` when given). */
   prefix: string;
+  /** This rank in the group. */
   rank: number;
+  /** Number of ranks in the group. */
   size: number;
+  /** Timeout of the rendezvous and of every op (ms). */
   timeoutMs: number;
   /** Address this rank's TCP device binds to (resolvable by its peers). */
   deviceHost: string;

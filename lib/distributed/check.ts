@@ -5,13 +5,19 @@ import type { Store } from './store.js';
 
 /** What a rank is about to run; every field must match across the group. */
 export interface CollectiveDescription {
+  /** The group's sequence number of the collective. */
   seq: number;
+  /** The collective's name (allReduce, broadcast, ...). */
   op: string;
+  /** The tensor's dtype. */
   dtype: string;
+  /** Elements. */
   count: number;
+  /** The root rank, for rooted collectives. */
   root?: number;
 }
 
+/** One-line description of a collective for error messages, e.g. '#3 allReduce dtype=f32 count=1024'. */
 export function describeCollective(d: CollectiveDescription): string {
   return `#${d.seq} ${d.op} dtype=${d.dtype} count=${d.count}${d.root === undefined ? '' : ` root=${d.root}`}`;
 }

@@ -3,6 +3,7 @@
 import { ArgumentError, DTypeError, ShapeError } from '../errors.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 
+/** How a reduction combines the ranks' values: sum, average, maximum, minimum or product. */
 export type ReduceOp = 'sum' | 'avg' | 'max' | 'min' | 'prod';
 /** Native codes of the reduce ops (native/cpu/comm/reduce_ops.h RedOp). */
 export const REDUCE_OP_CODES: Readonly<Record<ReduceOp, number>> = { sum: 0, avg: 1, max: 2, min: 3, prod: 4 };

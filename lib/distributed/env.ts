@@ -3,14 +3,21 @@
 import { ArgumentError } from '../errors.js';
 import { createStore, PrefixStore, type Store } from './store.js';
 
+/** The launch environment of this rank (torchrun's variables), as readLaunchEnv() reads it. */
 export interface LaunchEnv {
+  /** Global rank (RANK; 0 when unset). */
   rank: number;
+  /** Rank on this node (LOCAL_RANK; default rank % localWorldSize); selects the cuda device. */
   localRank: number;
+  /** Number of ranks in the job (WORLD_SIZE; 1 when unset). */
   worldSize: number;
+  /** Number of ranks on this node (LOCAL_WORLD_SIZE; default worldSize). */
   localWorldSize: number;
   /** The node's index among the job's nodes (GROUP_RANK). */
   groupRank: number;
+  /** Host of rank 0's rendezvous store (MASTER_ADDR; default 127.0.0.1). */
   masterAddr: string;
+  /** Port of rank 0's rendezvous store (MASTER_PORT; default 29500). */
   masterPort: number;
   /** How many times the launcher has restarted the group (0 on the first attempt). */
   restartCount: number;

@@ -12,21 +12,27 @@ import {
 import type { Store } from './store.js';
 import { Work, type WorkOp } from './work.js';
 
+/** Options every collective takes. */
 export interface CollectiveOptions {
   /** Per-call timeout; default: the group's. */
   timeoutMs?: number;
 }
+/** Options of reducing collectives. */
 export interface ReduceOptions extends CollectiveOptions {
+  /** How values combine (default 'sum'). */
   op?: ReduceOp;
 }
+/** Options of {@link ProcessGroup.allReduce}. */
 export interface AllReduceOptions extends ReduceOptions {
   /** Write the result here instead of in place. */
   out?: Tensor;
 }
+/** Options of rooted collectives (broadcast, reduce). */
 export interface RootOptions extends CollectiveOptions {
   /** Group-local rank of the root; default 0. */
   root?: number;
 }
+/** Options of point-to-point send and recv. */
 export interface P2POptions extends CollectiveOptions {
   /** Matches a send with the recv of the same tag (default 0), in [0, 2^24). */
   tag?: number;
@@ -48,7 +54,12 @@ export interface GroupContext {
  * communication runs off the JS thread can offer.
  */
 export interface CollectiveWork extends PromiseLike<unknown> {
+  /** Resolves when the collective's result is in its output tensors. */
   wait(): Promise<unknown>;
+  /**
+   * Finishes the collective before returning (host communicators) or orders the device stream after it; only groups
+   * whose communication runs off the JS thread offer it.
+   */
   waitSync?(): void;
 }
 
@@ -62,9 +73,11 @@ export interface CollectiveWork extends PromiseLike<unknown> {
 export interface CollectiveGroup {
   /** This process's index inside the group. */
   readonly rank: number;
+  /** Number of members. */
   readonly size: number;
   /** Global (world) ranks of the members, in group-rank order. */
   readonly ranks: readonly number[];
+  /** The group's name (in error messages). */
   readonly name: string;
   /** In place: every member's `t` becomes the reduction of all members' `t`. */
   allReduce(t: Tensor, opts?: { op?: ReduceOp }): CollectiveWork;
@@ -76,38 +89,63 @@ export interface CollectiveGroup {
   broadcast(t: Tensor, opts: { root?: number }): CollectiveWork;
   /** Point to point, by group rank. A send completes when the receiver has the data. */
   send(t: Tensor, dst: number): CollectiveWork;
+  /** Receives into `t` from group rank `src`; completes when the data is in `t`. */
   recv(t: Tensor, src: number): CollectiveWork;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */
 export interface WorldGroup extends CollectiveGroup {
+  /** Creates a subgroup of the given world ranks (collective over the world). */
   newGroup(ranks: readonly number[]): CollectiveGroup | Promise<CollectiveGroup>;
 }
 
 /** The methods every group handle has; a non-member's throw StateError. */
 export interface Group {
+  /** The group's name (in error messages). */
   readonly name: string;
   /** This process's rank in the group (-1 for a non-member). */
   readonly rank: number;
+  /** Number of members (0 for a non-member). */
   readonly size: number;
   /** Global ranks of the members, in group-rank order. */
   readonly ranks: readonly number[];
+  /** Whether this process belongs to the group. */
   readonly isMember: boolean;
+  /** Reduces `t` across the group, in place (or into options.out). */
   allReduce(t: Tensor, options?: AllReduceOptions): Work;
+  /** Copies root's `t` into `t` on every rank (or into options.out, leaving `t` unchanged). */
   broadcast(t: Tensor, options?: RootOptions & { out?: Tensor }): Work;
+  /** Reduces `t` onto root (in place there, or into options.out); other ranks' tensors are left unchanged. */
   reduce(t: Tensor, options?: RootOptions & ReduceOptions & { out?: Tensor }): Work;
+  /** Gathers every rank's `t` into `out`: one tensor of size × t.size elements (rank order), or one tensor per rank. */
   allGather(out: Tensor | Tensor[], t: Tensor, options?: CollectiveOptions): Work<Tensor | Tensor[]>;
+  /**
+   * Reduces `t` (block r of counts[r] elements for rank r; equal blocks by default) and leaves block `rank` of the
+   * result in `out`.
+   */
   reduceScatter(out: Tensor, t: Tensor, options?: ReduceOptions & { counts?: number[] }): Work;
+  /**
+   * Sends block i of `t` to rank i and receives block j of `out` from rank j (equal blocks unless counts are given).
+   */
   allToAll(out: Tensor, t: Tensor, options?: CollectiveOptions & { sendCounts?: number[]; recvCounts?: number[] }): Work;
+  /** Sends `t` to group rank `dst` (not a collective). */
   send(t: Tensor, dst: number, options?: P2POptions): Work;
+  /** Receives into `t` from group rank `src`. */
   recv(t: Tensor, src: number, options?: P2POptions): Work;
+  /** Resolves once every member has reached it. */
   barrier(options?: CollectiveOptions): Work<void>;
+  /**
+   * Splits the group collectively: ranks with the same color form a new group, ordered by (key, rank); color null
+   * gives a non-member handle.
+   */
   split(color: number | null, key?: number): Promise<Group>;
+  /** Finishes queued ops and releases the communicators; later ops throw StateError. */
   destroy(): Promise<void>;
 }
 
 /** A group this process belongs to. Group ranks are local: 0..size-1, in the order of `ranks`. */
 export class ProcessGroup implements Group, CollectiveGroup {
+  /** Always true: this process is a member. */
   readonly isMember = true;
   #seq = 0;
   #splits = 0;
@@ -118,6 +156,10 @@ export class ProcessGroup implements Group, CollectiveGroup {
   /**
    * Internal (init.ts builds groups). `comms` maps a device name ('cpu', 'cuda:0') to the
    * communicator that moves tensors on it; a collective goes to its input's device's communicator.
+   * @param name The group's name (in error messages).
+   * @param rank This process's rank in the group.
+   * @param ranks Global ranks of the members, in group-rank order.
+   * @param timeoutMs Default timeout of the group's ops (ms).
    */
   constructor(
     readonly name: string,
@@ -130,6 +172,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     if (comms.size === 0) throw new ArgumentError(`group '${name}' needs at least one communicator`);
   }
 
+  /** Number of members. */
   get size(): number { return this.ranks.length; }
   /** Whether this group's cpu collectives go through shared memory (all ranks on this host; see InitOptions.sharedMemory). */
   get sharedMemory(): boolean { return [...this.comms.values()].some((c) => c.sharedMemory === true); }
@@ -428,23 +471,37 @@ function checkTag(tag: unknown, call: string): number {
 
 /** The handle a process gets for a group it is not in: every op throws StateError. */
 export class NonMemberGroup implements Group {
+  /** Always false. */
   readonly isMember = false;
   readonly rank = -1;
+  /** Always 0. */
   readonly size = 0;
   readonly ranks: readonly number[] = [];
+  /** @param name The group's name (in error messages). */
   constructor(readonly name: string) {}
   private fail(call: string): never {
     throw new StateError(`${call}: this process is not a member of group '${this.name}'`);
   }
+  /** Throws StateError: this process is not a member. */
   allReduce(): Work { return this.fail('allReduce'); }
+  /** Throws StateError: this process is not a member. */
   broadcast(): Work { return this.fail('broadcast'); }
+  /** Throws StateError: this process is not a member. */
   reduce(): Work { return this.fail('reduce'); }
+  /** Throws StateError: this process is not a member. */
   allGather(): Work<Tensor | Tensor[]> { return this.fail('allGather'); }
+  /** Throws StateError: this process is not a member. */
   reduceScatter(): Work { return this.fail('reduceScatter'); }
+  /** Throws StateError: this process is not a member. */
   allToAll(): Work { return this.fail('allToAll'); }
+  /** Throws StateError: this process is not a member. */
   send(): Work { return this.fail('send'); }
+  /** Throws StateError: this process is not a member. */
   recv(): Work { return this.fail('recv'); }
+  /** Throws StateError: this process is not a member. */
   barrier(): Work<void> { return this.fail('barrier'); }
+  /** Rejects with StateError: this process is not a member. */
   split(): Promise<Group> { return Promise.reject(new StateError(`split: this process is not a member of group '${this.name}'`)); }
+  /** Does nothing (there is nothing to release). */
   async destroy(): Promise<void> {}
 }

@@ -15,6 +15,7 @@ import { type Store, StoreServer } from './store.js';
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
 export type BackendChoice = 'auto' | 'gloo' | 'nccl';
 
+/** Options of {@link init}. */
 export interface InitOptions {
   /**
    * 'auto' (the default): Gloo for cpu tensors, plus NCCL for cuda tensors when NCCL can give every
@@ -43,6 +44,7 @@ export interface InitOptions {
   env?: LaunchEnv;
 }
 
+/** Default timeout of collectives and of the rendezvous: 300 000 ms (5 minutes). */
 export const DEFAULT_COMM_TIMEOUT_MS = 300_000;
 
 interface Runtime {
@@ -153,7 +155,14 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
 }
 
 /** Joins the job started by `nodetron launch` (or a world of one without it) and builds the world group. */
-export async function init(options: InitOptions = {}): Promise<{ world: ProcessGroup; rank: number; worldSize: number }> {
+export async function init(options: InitOptions = {}): Promise<{
+  /** The group of every rank. */
+  world: ProcessGroup;
+  /** This process's global rank. */
+  rank: number;
+  /** Number of ranks in the job. */
+  worldSize: number;
+}> {
   if (runtime) throw new StateError('init: the distributed runtime is already initialized (call destroy() first)');
   const timeoutMs = options.timeoutMs ?? DEFAULT_COMM_TIMEOUT_MS;
   if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);

@@ -10,22 +10,34 @@ import type { Store } from './store.js';
 
 /** The NcclComm methods this backend calls (see native/cuda/nccl.cc); offsets and counts in elements. */
 export interface NcclNativeComm {
+  /** This rank in the communicator. */
   readonly rank: number;
+  /** Number of ranks in the communicator. */
   readonly size: number;
+  /** The cuda device index the communicator runs on. */
   readonly device: number;
   /**
    * Each op returns the id of an event recorded after it on the communication stream, 0 inside a
    * group, or NCCL_PENDING when NCCL is still enqueueing it (see recordCompletion).
    */
   allReduce(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, op: number): number;
+  /** Copies `count` elements from root's send into recv on every rank. */
   broadcast(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, root: number): number;
+  /** Reduces `count` elements over the ranks with `op` into root's recv. */
   reduce(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, count: number, dtype: number, op: number, root: number): number;
+  /** Gathers `sendCount` elements from every rank into recv, in rank order. */
   allGather(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, sendCount: number, dtype: number): number;
+  /** Reduces send (recvCount elements per rank) and leaves block r of the result in rank r's recv. */
   reduceScatter(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, recvCount: number, dtype: number, op: number): number;
+  /** Sends block j (countPerRank elements) of send to rank j and receives rank j's block into block j of recv. */
   allToAll(send: NativeStorage, sendOff: number, recv: NativeStorage, recvOff: number, countPerRank: number, dtype: number): number;
+  /** Sends `count` elements to rank `peer`. */
   send(buf: NativeStorage, off: number, count: number, dtype: number, peer: number): number;
+  /** Receives `count` elements from rank `peer`. */
   recv(buf: NativeStorage, off: number, count: number, dtype: number, peer: number): number;
+  /** Starts an NCCL group: the following ops are issued together at groupEnd(). */
   groupStart(): void;
+  /** Ends the NCCL group and issues its ops; returns the completion event (as the ops do). */
   groupEnd(): number;
   /** 'ok', 'inProgress' (init or the last call not finished) or the failure's message. */
   asyncError(): string;
@@ -33,17 +45,31 @@ export interface NcclNativeComm {
   recordCompletion(): number;
   /** Whether the event's operation has finished; throws CommError on an asynchronous NCCL failure. */
   query(eventId: number): boolean;
+  /** Aborts the communicator (in-flight ops are cancelled; later calls fail). */
   abort(): void;
+  /** Frees the communicator after its work is done. */
   destroy(): void;
 }
 
 /** What the backend needs from the cuda addon (injectable, so the mechanics are testable on a host). */
 export interface NcclAddon {
+  /** A fresh NCCL unique id (rank 0 creates it and shares it through the store). */
   ncclUniqueId(): Uint8Array;
-  NcclComm: new (id: Uint8Array, rank: number, size: number, device: number) => NcclNativeComm;
-  Storage: new (bytes: number, zero: boolean, device?: number) => NativeStorage;
+  /** The native communicator class. */
+  NcclComm: {
+    /** Creates a communicator: rank `rank` of `size` on cuda device `device`, from the shared unique id. */
+    new (id: Uint8Array, rank: number, size: number, device: number): NcclNativeComm;
+  };
+  /** The cuda storage class. */
+  Storage: {
+    /** Allocates `bytes` of device memory (zero-filled when `zero`) on cuda device `device`. */
+    new (bytes: number, zero: boolean, device?: number): NativeStorage;
+  };
+  /** The id of the device's current stream. */
   currentStream(device: number): number;
+  /** Makes a stream wait for an event (no host block). */
   streamWaitEvent(device: number, streamId: number, eventId: number): void;
+  /** Frees an event. */
   eventDestroy(eventId: number): void;
 }
 
@@ -55,7 +81,9 @@ export interface NcclEndpoint {
   prefix: string;
   /** The group's name, for errors. */
   group: string;
+  /** This rank in the group. */
   rank: number;
+  /** Number of ranks in the group. */
   size: number;
   /** The cuda device index this rank's communicator runs on. */
   device: number;
@@ -169,6 +197,13 @@ export class NcclBackend implements CommBackend {
   #timer: ReturnType<typeof setTimeout> | undefined;
   #barrierBuf: NativeStorage | undefined;
 
+  /**
+   * Wraps a native communicator. Use createNcclBackend() to create one.
+   * @param group The group's name, for errors.
+   * @param rank This rank in the group.
+   * @param size Number of ranks in the group.
+   * @param device The cuda device index of the communicator.
+   */
   constructor(private readonly native: NcclNativeComm, private readonly addon: NcclAddon, readonly group: string,
     readonly rank: number, readonly size: number, readonly device: number, private readonly pollMs: number) {}
 

@@ -6,8 +6,10 @@ import { ArgumentError, CommError, TimeoutError } from '../errors.js';
 /** How long blocking calls (connect, get, wait) wait when no timeout is given: 5 minutes, as torch's store. */
 export const DEFAULT_STORE_TIMEOUT_MS = 300_000;
 
+/** A stored value: bytes, or a string stored as UTF-8. */
 export type StoreValue = Uint8Array | string;
 
+/** Options of blocking store reads (get, getString, wait). */
 export interface StoreWaitOptions {
   /** How long to wait for missing keys; default: the store's timeout. */
   timeoutMs?: number;
@@ -15,6 +17,7 @@ export interface StoreWaitOptions {
 
 /** A key-value store shared by every rank of a job. Keys are strings; values are bytes (strings are stored as UTF-8). */
 export interface Store {
+  /** Sets `key` to `value`, replacing any previous value (and waking ranks waiting for it). */
   set(key: string, value: StoreValue): Promise<void>;
   /** The value of `key`, waiting until it exists; TimeoutError naming the key after `timeoutMs`. */
   get(key: string, options?: StoreWaitOptions): Promise<Uint8Array>;
@@ -40,9 +43,11 @@ export interface Store {
   close(): Promise<void>;
 }
 
+/** Where a store client connects. */
 export interface StoreConnectOptions {
   /** Host of the store server (the master); default 127.0.0.1. */
   host?: string;
+  /** Port of the store server. */
   port: number;
   /** How long to keep retrying the connection while the server comes up, and the default for get/wait. */
   timeoutMs?: number;
@@ -117,9 +122,24 @@ export const sleep = (ms: number): Promise<void> => new Promise((resolve) => set
  * `peer` names the server in errors ('the rendezvous store', 'redis'), `call` the client class.
  */
 export abstract class SocketStoreClient<Reply> {
-  protected readonly pending: { resolve(reply: Reply): void; reject(error: Error): void }[] = [];
+  /** The requests sent and not yet answered, in order. */
+  protected readonly pending: {
+    /** Settles the request with the server's reply. */
+    resolve(reply: Reply): void;
+    /** Fails the request. */
+    reject(error: Error): void;
+  }[] = [];
+  /** The first connection failure; later requests fail with it. */
   protected failure: Error | undefined;
 
+  /**
+   * @param socket The connection to the server.
+   * @param host Host of the server.
+   * @param port Port of the server.
+   * @param timeoutMs Default timeout of blocking calls (ms).
+   * @param peer Names the server in errors.
+   * @param call Names the client class in errors.
+   */
   protected constructor(
     protected readonly socket: Socket,
     readonly host: string,
@@ -139,6 +159,7 @@ export abstract class SocketStoreClient<Reply> {
     return `${this.host}:${this.port}`;
   }
 
+  /** Records the first failure, rejects every pending request with it and closes the socket. */
   protected fail(error: Error): void {
     if (!this.failure) this.failure = error;
     for (const p of this.pending.splice(0)) p.reject(error);

@@ -4,6 +4,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import { ArgumentError, CommError } from '../errors.js';
 import { ArgReader, encodeFrame, FrameSplitter, MalformedFrame, Op, Status, type WireArg } from './store-wire.js';
 
+/** Options of {@link StoreServer.start}. */
 export interface StoreServerOptions {
   /** Interface to listen on; default 127.0.0.1 (use 0.0.0.0 for multi-host jobs). */
   host?: string;
@@ -28,12 +29,20 @@ const INTEGER_TEXT = /^[+-]?\d+$/;
 const keyOf = (b: Buffer): string => b.toString('latin1');
 const keyBytes = (k: string): Buffer => Buffer.from(k, 'latin1');
 
+/**
+ * The rendezvous store's server: an in-memory key-value map served over TCP (docs/store-protocol.md). The launcher on
+ * node 0 runs one; every rank's TCPStore (and Gloo's C++ client) talks to it. Create with start().
+ */
 export class StoreServer {
   private readonly data = new Map<string, Buffer>();
   private readonly waiters = new Map<string, Set<Waiter>>();
   private readonly sockets = new Set<Socket>();
   private closed = false;
 
+  /**
+   * @param host The interface it listens on.
+   * @param port The port it listens on (the one the OS chose when 0 was asked for).
+   */
   private constructor(private readonly server: Server, readonly host: string, readonly port: number) {}
 
   /** Starts listening; resolves once the port is bound. Throws CommError when it cannot bind. */

@@ -181,6 +181,11 @@ export class TCPStore extends SocketStoreClient<Reply> implements Store {
  * store only when the view owns it (`ownsStore`), so several views can share one connection.
  */
 export class PrefixStore implements Store {
+  /**
+   * @param store The underlying store.
+   * @param prefix Prepended to every key as `<prefix>/`.
+   * @param ownsStore Whether close() also closes `store` (default false).
+   */
   constructor(
     readonly store: Store,
     readonly prefix: string,

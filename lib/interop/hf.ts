@@ -18,11 +18,13 @@ import { bytesOf, checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, loadBytes, transpo
 /** The dtypes a Hugging Face export can hold. */
 export type HFDType = 'f32' | 'bf16' | 'f16';
 
+/** Options of {@link exportHF}. */
 export interface ExportHFOptions {
   /** The dtype of the saved tensors (default: the model's, f32 when it is not one of these). */
   dtype?: HFDType;
 }
 
+/** Options of {@link importHF}. */
 export interface ImportHFOptions {
   /** Device of the model (default cpu). */
   device?: string;

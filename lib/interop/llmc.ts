@@ -29,7 +29,9 @@ const OTHER_MAGICS: Record<number, string> = {
 
 /** What the header of an llm.c model file says. */
 export interface LlmcHeader {
+  /** File format version: 3 (f32 weights) or 5 (bf16 weights). */
   version: number;
+  /** The weights' dtype. */
   dtype: 'f32' | 'bf16';
   /** Longest context (the positions table's rows): GPTConfig.blockSize. */
   maxT: number;
@@ -37,11 +39,15 @@ export interface LlmcHeader {
   vocabSize: number;
   /** The token table's rows in the file (vocabSize padded). */
   paddedVocabSize: number;
+  /** Transformer blocks. */
   nLayer: number;
+  /** Attention heads. */
   nHead: number;
+  /** Embedding width. */
   nEmbd: number;
 }
 
+/** Options of {@link writeLlmc}. */
 export interface WriteLlmcOptions {
   /** 'f32' (version 3, the default) or 'bf16' (version 5). */
   dtype?: 'f32' | 'bf16';
@@ -49,6 +55,7 @@ export interface WriteLlmcOptions {
   paddedVocabSize?: number;
 }
 
+/** Options of {@link readLlmc}. */
 export interface ReadLlmcOptions {
   /** Device of the model (default cpu). */
   device?: string;

@@ -15,13 +15,19 @@ import { constant, normal } from './init.js';
 import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
 
+/** The shape and options of a GPT model. */
 export interface GPTConfig {
+  /** Vocabulary size (rows of the token table and of the tied LM head). */
   vocabSize: number;
   /** Longest context (positions table size). */
   blockSize: number;
+  /** Number of transformer blocks. */
   nLayer: number;
+  /** Attention heads per block (must divide nEmbd). */
   nHead: number;
+  /** Embedding width (channels). */
   nEmbd: number;
+  /** Dropout probability of the embeddings, attention output and MLP output (0: none). */
   dropout: number;
   /** Biases in Linear and LayerNorm layers. */
   bias: boolean;
@@ -38,7 +44,9 @@ export type LinearRole = 'attn.qkv' | 'attn.proj' | 'mlp.fc' | 'mlp.proj';
 
 /** What a block needs of a linear layer: its weight (for the local shape) and forward. */
 export interface LinearLike extends Module {
+  /** The layer's weight [outFeatures, inFeatures] as held here (a tensor-parallel layer holds a slice). */
   readonly weight: Parameter;
+  /** x [..., inFeatures] → [..., outFeatures] (a parallel layer may gather or split the sequence). */
   forward(x: Tensor): Tensor;
 }
 
@@ -51,6 +59,7 @@ export interface LinearLike extends Module {
 export type LinearFactory = (inFeatures: number, outFeatures: number,
   opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions; config: Readonly<GPTConfig> }) => LinearLike;
 
+/** The default LinearFactory: a plain Linear with weights N(0, std) and zero biases. */
 export const defaultLinearFactory: LinearFactory = (inF, outF, { bias, std, layer }) => {
   const l = new Linear(inF, outF, { ...layer, bias, initialize: false });
   normal(l.weight, 0, std, layer.generator);
@@ -60,6 +69,7 @@ export const defaultLinearFactory: LinearFactory = (inF, outF, { bias, std, laye
 
 /** What the model needs of its token embedding: the table it ties to the LM head, and the lookup. */
 export interface TokenEmbedding extends Module {
+  /** The token table [vocabSize, nEmbd] (or the part held here), tied to the LM head. */
   readonly weight: Parameter;
   /** ids: i32 [B, T] → [B, T, nEmbd]. */
   forward(ids: Tensor): Tensor;
@@ -123,8 +133,11 @@ export const wholeSequence: SequenceLayout = {
 export interface GPTOptions extends LayerOptions {
   /** Seed of the initialization (used when no generator is given); default 0. */
   seed?: number | bigint;
+  /** Builds the blocks' linear layers (default: defaultLinearFactory; tensor parallelism substitutes its own). */
   linearFactory?: LinearFactory;
+  /** Where the vocabulary lives (default: defaultVocabLayout, all of it here). */
   vocabLayout?: VocabLayout;
+  /** How the sequence is held between the linear layers (default: wholeSequence). */
   sequenceLayout?: SequenceLayout;
   /** Recompute each block's activations in backward; overrides config.recompute when given. */
   recompute?: boolean;
@@ -154,12 +167,27 @@ export function padVocab(vocabSize: number, multiple: number): number {
 
 const INIT_STD = 0.02;
 
+/**
+ * Causal multi-head self-attention: a fused QKV projection, attention (sliding-window when config.window is set),
+ * output projection and dropout.
+ */
 export class CausalSelfAttention extends Module {
+  /** The fused query/key/value projection, C → 3C. */
   readonly qkv: LinearLike;
+  /** The output projection, C → C. */
   readonly proj: LinearLike;
+  /** Dropout of the output. */
   readonly dropout: Dropout;
+  /** Channels per head: nEmbd / nHead. */
   readonly headDim: number;
   readonly #sequence: SequenceLayout;
+  /**
+   * Builds the layer's linear layers through `factory`.
+   * @param config The model's config.
+   * @param layer Device, dtype and generator of the parameters.
+   * @param factory Builds the linear layers.
+   * @param sequence How the sequence is held (default: wholeSequence).
+   */
   constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
     super();
     this.#sequence = sequence;
@@ -182,9 +210,13 @@ export class CausalSelfAttention extends Module {
   }
 }
 
+/** The feed-forward block: C → 4C, GELU, 4C → C, dropout. */
 export class MLP extends Module {
+  /** The expanding projection, C → 4C. */
   readonly fc: LinearLike;
+  /** The contracting projection, 4C → C. */
   readonly proj: LinearLike;
+  /** Dropout of the output. */
   readonly dropout: Dropout;
   readonly #sequence: SequenceLayout;
   constructor(config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
@@ -195,17 +227,33 @@ export class MLP extends Module {
     this.proj = factory(4 * c, c, { role: 'mlp.proj', bias, std: INIT_STD / Math.sqrt(2 * nLayer), layer, config });
     this.dropout = new Dropout(config.dropout, layer.generator);
   }
+  /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
     return dropChunk(this.dropout, this.proj.forward(gelu(this.fc.forward(x))), this.#sequence);
   }
 }
 
+/**
+ * A transformer block: pre-LayerNorm attention and MLP with residuals, or MegaScale's parallel block (one LayerNorm, x
+ * + attn(ln(x)) + mlp(ln(x))) when config.parallelBlock.
+ */
 export class Block extends Module {
+  /** LayerNorm before attention (before both branches in the parallel block). */
   readonly ln1: LayerNorm;
+  /** The attention layer. */
   readonly attn: CausalSelfAttention;
+  /** LayerNorm before the MLP; null in the parallel block. */
   readonly ln2: LayerNorm | null;
+  /** The MLP. */
   readonly mlp: MLP;
   readonly #sequence: SequenceLayout;
+  /**
+   * Builds the block's layers.
+   * @param config The model's config.
+   * @param layer Device, dtype and generator of the parameters.
+   * @param factory Builds the linear layers.
+   * @param sequence How the sequence is held (default: wholeSequence).
+   */
   constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
     super();
     this.#sequence = sequence;
@@ -214,6 +262,7 @@ export class Block extends Module {
     this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
     this.mlp = new MLP(config, layer, factory, sequence);
   }
+  /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
     const seq = this.#sequence;
     if (this.ln2 === null) {
@@ -225,6 +274,7 @@ export class Block extends Module {
   }
 }
 
+/** What {@link GPT.forward} returns. */
 export interface GPTOutput {
   /**
    * [B, T, vocabSize]; under a vocabulary-parallel layout [B, T, vocabSize / tp], this rank's
@@ -235,21 +285,36 @@ export interface GPTOutput {
   loss: Tensor | null;
 }
 
+/** Options of {@link GPT.generate}. */
 export interface GenerateOptions {
+  /** Divides the logits before sampling (default 1; must be > 0). */
   temperature?: number;
   /** Sample only among the k most likely tokens. */
   topK?: number;
+  /** Seed of the sampling draws (default 0). */
   seed?: number | bigint;
 }
 
+/**
+ * GPT-2: token and learned position embeddings, a stack of blocks, a final LayerNorm and an LM head tied to the token
+ * table; GPT-2/nanoGPT initialization.
+ */
 export class GPT extends Module {
+  /** Token embedding (tied to the LM head). */
   readonly wte: TokenEmbedding;
+  /** Position embedding [blockSize, nEmbd]. */
   readonly wpe: Embedding;
+  /** Dropout of the embedding sum. */
   readonly drop: Dropout;
+  /** The transformer blocks. */
   readonly h: Block[];
+  /** The final LayerNorm. */
   readonly lnF: LayerNorm;
+  /** The checked config (recompute as overridden by the options). */
   readonly config: Readonly<GPTConfig>;
+  /** Where the vocabulary lives. */
   readonly vocabLayout: VocabLayout;
+  /** How the sequence is held. */
   readonly sequenceLayout: SequenceLayout;
   /** The generator of the initialization and of dropout (checkpoints save its position). */
   readonly generator: Generator;

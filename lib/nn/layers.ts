@@ -8,8 +8,11 @@ import { Module, Parameter } from './module.js';
 
 /** Where a layer's parameters live and which generator initializes them. */
 export interface LayerOptions {
+  /** Device (default cpu). */
   device?: string;
+  /** Parameter dtype (default f32). */
   dtype?: string;
+  /** Generator of the initialization (default: the global one). */
   generator?: Generator;
 }
 
@@ -36,8 +39,17 @@ export interface InitOption {
 
 /** y = x W^T + b with W [out, in]; init U(-1/sqrt(in), 1/sqrt(in)) for both, as PyTorch. */
 export class Linear extends Module {
+  /** Weight [outFeatures, inFeatures]. */
   readonly weight: Parameter;
+  /** Bias [outFeatures], or null when created with `bias: false`. */
   readonly bias: Parameter | null;
+  /**
+   * Creates the layer and draws its initialization (unless `initialize: false`). Throws ArgumentError for a
+   * non-positive size.
+   * @param inFeatures Size of the input's last dimension.
+   * @param outFeatures Size of the output's last dimension.
+   * @param opts Device, dtype, generator, `initialize`, and `bias` (default true).
+   */
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: LayerOptions & InitOption & { bias?: boolean } = {}) {
     super();
     positiveInt(inFeatures, 'Linear', 'inFeatures');
@@ -48,12 +60,21 @@ export class Linear extends Module {
     this.weight = init(newParameter([outFeatures, inFeatures], opts, 'Linear'));
     this.bias = opts.bias === false ? null : init(newParameter([outFeatures], opts, 'Linear'));
   }
+  /** x [..., inFeatures] → [..., outFeatures]. */
   forward(x: Tensor): Tensor { return linear(x, this.weight, this.bias ?? undefined); }
 }
 
 /** A lookup table [numEmbeddings, dim]; init N(0, 1) as PyTorch. */
 export class Embedding extends Module {
+  /** The table [numEmbeddings, embeddingDim]. */
   readonly weight: Parameter;
+  /**
+   * Creates the table and draws its initialization (unless `initialize: false`). Throws ArgumentError for a
+   * non-positive size.
+   * @param numEmbeddings Rows of the table (vocabulary size).
+   * @param embeddingDim Width of each row.
+   * @param opts Device, dtype, generator, `initialize`.
+   */
   constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: LayerOptions & InitOption = {}) {
     super();
     positiveInt(numEmbeddings, 'Embedding', 'numEmbeddings');
@@ -67,9 +88,17 @@ export class Embedding extends Module {
 
 /** Normalization over the last dimension with a learned scale (ones) and shift (zeros, optional). */
 export class LayerNorm extends Module {
+  /** Scale [normalizedShape], initialized to ones. */
   readonly weight: Parameter;
+  /** Shift [normalizedShape] (zeros), or null when created with `bias: false`. */
   readonly bias: Parameter | null;
+  /** Added to the variance for numerical stability (default 1e-5). */
   readonly eps: number;
+  /**
+   * Creates the layer. Throws ArgumentError for a non-positive size or eps <= 0.
+   * @param normalizedShape Size of the normalized (last) dimension.
+   * @param opts Device, dtype, `eps` (default 1e-5), `bias` (default true).
+   */
   constructor(readonly normalizedShape: number, opts: LayerOptions & { eps?: number; bias?: boolean } = {}) {
     super();
     positiveInt(normalizedShape, 'LayerNorm', 'normalizedShape');
@@ -78,11 +107,17 @@ export class LayerNorm extends Module {
     this.weight = constant(newParameter([normalizedShape], opts, 'LayerNorm'), 1) as Parameter;
     this.bias = opts.bias === false ? null : (constant(newParameter([normalizedShape], opts, 'LayerNorm'), 0) as Parameter);
   }
+  /** Normalizes x [..., normalizedShape] over its last dimension, then scales and shifts. */
   forward(x: Tensor): Tensor { return layerNorm(x, this.weight, this.bias ?? undefined, this.eps); }
 }
 
 /** Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval. */
 export class Dropout extends Module {
+  /**
+   * Throws ArgumentError unless 0 <= p < 1.
+   * @param p Probability of zeroing an element.
+   * @param generator Generator of the masks (default: the global one).
+   */
   constructor(readonly p: number, readonly generator: Generator = defaultGenerator) {
     super();
     if (typeof p !== 'number' || !(p >= 0 && p < 1)) throw new ArgumentError(`Dropout: p must be in [0, 1), got ${p}`);

@@ -11,7 +11,9 @@ import { Tensor } from '../tensor.js';
 export interface TensorSplit {
   /** The whole parameter's shape. */
   fullShape: number[];
+  /** The split dimension. */
   dim: number;
+  /** The runs [start, count] of that dimension held, concatenated in order. */
   runs: Array<[number, number]>;
 }
 
@@ -31,16 +33,24 @@ export class Parameter extends Tensor {
   }
 }
 
+/** Options of {@link Module.loadStateDict}. */
 export interface LoadStateDictOptions {
   /** Missing or unexpected names are errors (default true). Shape mismatches always are. */
   strict?: boolean;
 }
 
+/** What {@link Module.loadStateDict} returns. */
 export interface LoadStateDictResult {
+  /** The module's parameter names absent from the state dict (not loaded). */
   missing: string[];
+  /** State dict names that are not parameters of the module (ignored). */
   unexpected: string[];
 }
 
+/**
+ * A neural-network module: its parameters and submodules are its own fields (Parameters, Modules and arrays of
+ * Modules), found in assignment order. Subclasses add a forward().
+ */
 export abstract class Module {
   /** Whether the module is in training mode (dropout active). */
   training = true;
@@ -76,6 +86,7 @@ export abstract class Module {
     return out;
   }
 
+  /** Every parameter, in namedParameters() order. */
   parameters(): Parameter[] { return this.namedParameters().map(([, p]) => p); }
 
   /** Total number of parameter elements. */
@@ -124,6 +135,7 @@ export abstract class Module {
     return this;
   }
 
+  /** Sets evaluation mode (train(false)). */
   eval(): this { return this.train(false); }
 
   /** Drops every parameter's gradient. */
@@ -135,5 +147,6 @@ export abstract class Module {
   dispose(): void {
     for (const p of this.parameters()) p.dispose();
   }
+  /** dispose(), for `using` declarations. */
   [Symbol.dispose](): void { this.dispose(); }
 }

@@ -54,6 +54,7 @@ export function softmax(x: Tensor, dim = -1): Tensor { return softmaxLike('softm
 /** Log-softmax over `dim` (default: the last). */
 export function logSoftmax(x: Tensor, dim = -1): Tensor { return softmaxLike('logSoftmax', x, dim, true); }
 
+/** Options of {@link dropout}. */
 export interface DropoutOptions {
   /** Drop only while training (default true); in eval mode dropout is the identity. */
   training?: boolean;

@@ -6,6 +6,7 @@ import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { checkFloats, code, emptyLike } from './common.js';
 
+/** Options of {@link attention}. */
 export interface AttentionOptions {
   /** Query i sees only keys j <= i (default true). */
   causal?: boolean;

@@ -19,33 +19,61 @@ export { reshape, view, squeeze, unsqueeze, permute, transpose, slice, split, ch
 
 declare module '../tensor.js' {
   interface Tensor {
+    /** this + other (broadcasting; other may be a number). See {@link add}. */
     add(other: Operand): Tensor;
+    /** this − other (broadcasting; other may be a number). See {@link sub}. */
     sub(other: Operand): Tensor;
+    /** this · other elementwise (broadcasting; other may be a number). See {@link mul}. */
     mul(other: Operand): Tensor;
+    /** this / other elementwise (broadcasting; other may be a number). See {@link div}. */
     div(other: Operand): Tensor;
+    /** −this. See {@link neg}. */
     neg(): Tensor;
+    /** eˣ elementwise. See {@link exp}. */
     exp(): Tensor;
+    /** Natural logarithm elementwise. See {@link log}. */
     log(): Tensor;
+    /** Square root elementwise. See {@link sqrt}. */
     sqrt(): Tensor;
+    /** Hyperbolic tangent elementwise. See {@link tanh}. */
     tanh(): Tensor;
+    /** thisᵖ elementwise for a number p. See {@link pow}. */
     pow(p: number): Tensor;
+    /** this · s for a number s. See {@link scale}. */
     scale(s: number): Tensor;
+    /** Matrix product this @ other. See {@link matmul}. */
     matmul(other: Tensor, opts?: MatmulOptions): Tensor;
+    /** this·Wᵀ + bias with weight [out, in] and optional bias [out]. See {@link linear}. */
     linear(weight: Tensor, bias?: Tensor | null): Tensor;
+    /** Sum of all elements, or over `dim`. See {@link sum}. */
     sum(dim?: number, opts?: ReduceOptions): Tensor;
+    /** Mean of all elements, or over `dim`. See {@link mean}. */
     mean(dim?: number, opts?: ReduceOptions): Tensor;
+    /** Maximum of all elements, or over `dim`. See {@link max}. */
     max(dim?: number, opts?: ReduceOptions): Tensor;
+    /** GELU (tanh approximation). See {@link gelu}. */
     gelu(): Tensor;
+    /** Softmax over `dim` (default: the last). See {@link softmax}. */
     softmax(dim?: number): Tensor;
+    /** Log-softmax over `dim` (default: the last). See {@link logSoftmax}. */
     logSoftmax(dim?: number): Tensor;
+    /** Dropout with drop probability p. See {@link dropout}. */
     dropout(p: number, opts?: DropoutOptions): Tensor;
+    /** Same data in a new shape (one dimension may be -1); shares storage, records autograd. See {@link view}. */
     view(shape: readonly number[]): Tensor;
+    /** Removes size-1 dimensions (all, or only `dim`). See {@link squeeze}. */
     squeeze(dim?: number): Tensor;
+    /** Inserts a size-1 dimension at `dim`. See {@link unsqueeze}. */
     unsqueeze(dim: number): Tensor;
+    /** Reorders dimensions: out.shape[i] = this.shape[dims[i]]. Copies. See {@link permute}. */
     permute(dims: readonly number[]): Tensor;
+    /** Swaps two dimensions. Copies. See {@link transpose}. */
     transpose(dim0: number, dim1: number): Tensor;
+    /** Elements start..end (exclusive) along `dim`. Copies. See {@link slice}. */
     slice(dim: number, start: number, end?: number): Tensor;
+    /** Splits along `dim` (default 0) into pieces of `size` or of the listed sizes. See {@link split}. */
     split(size: number | readonly number[], dim?: number): Tensor[];
+    /** Splits along `dim` (default 0) into `chunks` nearly equal pieces. See {@link chunk}. */
     chunk(chunks: number, dim?: number): Tensor[];
   }
 }

@@ -6,6 +6,7 @@ import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 
+/** Options of {@link crossEntropy}. */
 export interface CrossEntropyOptions {
   /** Targets equal to this contribute no loss and no gradient (default −100, as PyTorch). */
   ignoreIndex?: number;

@@ -8,6 +8,7 @@ import type { Tensor } from '../tensor.js';
 import { checkFloats, emptyLike } from './common.js';
 import { sumTo } from './elementwise.js';
 
+/** Options of {@link matmul}. */
 export interface MatmulOptions {
   /** Use the transpose of a's last two dimensions. */
   transA?: boolean;
@@ -19,12 +20,19 @@ export interface MatmulOptions {
 
 /** The shape of a product and the GEMM parameters that compute it. */
 export interface GemmPlan {
+  /** Shape of the product. */
   outShape: number[];
+  /** Number of GEMMs (1 when unbatched or when the batch folds into m). */
   batch: number;
+  /** Rows of each GEMM (batch × M when the batch folds into m). */
   m: number;
+  /** Columns of the product. */
   n: number;
+  /** The contracted dimension. */
   k: number;
+  /** Elements between consecutive batch entries of a (0 when a has no batch dimensions or the batch is folded). */
   strideA: number;
+  /** Elements between consecutive batch entries of b (0 when b has no batch dimensions). */
   strideB: number;
 }
 

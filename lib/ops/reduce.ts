@@ -7,6 +7,7 @@ import { UNARY } from '../kernel-codes.js';
 import { checkFloats, code, dimsProduct, emptyLike } from './common.js';
 import { sumTo, unaryRaw } from './elementwise.js';
 
+/** Options of {@link sum}, {@link mean} and {@link max}. */
 export interface ReduceOptions {
   /** Keep the reduced dimension with size 1. */
   keepdim?: boolean;

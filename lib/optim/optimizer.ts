@@ -8,22 +8,38 @@ import { emptyOn, Tensor } from '../tensor.js';
 
 /** A set of parameters sharing hyperparameters (e.g. no weight decay for biases and norms). */
 export interface ParamGroup<H> {
+  /** The parameters of the group. */
   params: Tensor[];
+  /** The group's hyperparameters: the optimizer's defaults overridden by the group's own. */
   options: H;
 }
 
 /** Parameters as a flat list, or as groups whose options override the optimizer's defaults. */
-export type ParamsInput<H> = Iterable<Tensor> | Array<{ params: Iterable<Tensor> } & Partial<H>>;
+export type ParamsInput<H> = Iterable<Tensor> | Array<{
+  /** The group's parameters. */
+  params: Iterable<Tensor>;
+} & Partial<H>>;
 
 /** What stateDict() returns: the step of each parameter's state and its state tensors, by parameter index. */
 export interface OptimizerStateDict {
+  /** Each group's hyperparameters, in group order. */
   groups: Array<Record<string, number | boolean>>;
-  state: Array<{ step: number; tensors: Record<string, Tensor> } | null>;
+  /**
+   * Each parameter's state, in parameter order (null for a parameter without state yet); tensors are live references.
+   */
+  state: Array<{
+    /** Updates the parameter has received. */
+    step: number;
+    /** State tensors by name. */
+    tensors: Record<string, Tensor>;
+  } | null>;
 }
 
 /** Per-parameter state: the number of updates it has received and its buffers (f32, parameter-shaped). */
 export interface ParamState {
+  /** Updates the parameter has received. */
   step: number;
+  /** State tensors by name (f32, parameter-shaped). */
   tensors: Record<string, Tensor>;
 }
 
@@ -36,11 +52,25 @@ export interface FusedBatch {
   gradDtypes: number[];
 }
 
+/**
+ * The optimizer base: parameter groups with per-group hyperparameters, per-parameter state held in f32 tensors (so
+ * ZeRO can shard it and checkpoints can save it), zeroGrad, stateDict/loadStateDict. Subclasses implement stepGroup().
+ */
 export abstract class Optimizer<H extends { lr: number }> {
+  /** The parameter groups (a flat parameter list makes one group). */
   readonly paramGroups: ParamGroup<H>[];
+  /** Per-parameter state, created on a parameter's first update (or by ensureState()). */
   readonly state = new Map<Tensor, ParamState>();
+  /** Names of the state tensors each parameter gets. */
   protected abstract readonly stateNames: readonly string[];
 
+  /**
+   * Groups the parameters and checks them. Throws ArgumentError for an empty list, a non-Tensor, a parameter listed
+   * twice or a bad hyperparameter.
+   * @param params A flat parameter list, or groups whose fields override `defaults`.
+   * @param defaults Hyperparameters of groups that do not override them.
+   * @param call The subclass's name, for error messages.
+   */
   constructor(params: ParamsInput<H>, readonly defaults: H, call: string) {
     const list = Array.from(params as Iterable<unknown>);
     if (list.length === 0) throw new ArgumentError(`${call}: got an empty parameter list`);
@@ -79,6 +109,7 @@ export abstract class Optimizer<H extends { lr: number }> {
     }
   }
 
+  /** Updates `params` (the group's parameters that have a gradient) with the group's hyperparameters. */
   protected abstract stepGroup(params: Tensor[], options: H): void;
 
   /** The state of a parameter, created (zero-filled f32 buffers) if it has none yet: what a checkpoint loads into. */

@@ -1,12 +1,15 @@
 // Learning-rate schedules as pure functions of the step.
 import { ArgumentError } from '../errors.js';
 
+/** Options of {@link cosineWithWarmup}. */
 export interface CosineWithWarmupOptions {
   /** Steps of linear warm-up from maxLr/warmup to maxLr. */
   warmup: number;
   /** Step at which the cosine reaches minLr; later steps stay at minLr. */
   maxSteps: number;
+  /** Peak learning rate, reached at the end of warm-up. */
   maxLr: number;
+  /** Final learning rate (>= 0, <= maxLr). */
   minLr: number;
 }
 

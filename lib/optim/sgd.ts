@@ -3,19 +3,27 @@ import { ArgumentError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
 import { Optimizer, type ParamsInput } from './optimizer.js';
 
+/** Hyperparameters of {@link SGD} (PyTorch's definitions). */
 export interface SGDOptions {
+  /** Learning rate (required). */
   lr: number;
+  /** Momentum factor (default 0: none). */
   momentum: number;
+  /** Dampening of the momentum (default 0). */
   dampening: number;
+  /** Coupled (L2) weight decay (default 0). */
   weightDecay: number;
+  /** Nesterov momentum (default false; needs momentum > 0 and dampening 0). */
   nesterov: boolean;
 }
 
 /** SGD. State (with momentum): momentumBuffer (f32). */
 export class SGD extends Optimizer<SGDOptions> {
+  /** momentumBuffer when any group has momentum, else none. */
   protected get stateNames(): readonly string[] {
     return this.paramGroups.some((g) => g.options.momentum !== 0) ? ['momentumBuffer'] : [];
   }
+  /** Multiplies every gradient inside the fused step (clipping or loss-scale unscaling at no extra pass). */
   gradScale = 1;
 
   constructor(params: ParamsInput<SGDOptions>, options: Partial<SGDOptions> & { lr: number }) {
@@ -28,6 +36,7 @@ export class SGD extends Optimizer<SGDOptions> {
     }
   }
 
+  /** One native SGD call per group, first steps (which seed the momentum buffer) separate from later ones. */
   protected stepGroup(params: Tensor[], o: SGDOptions): void {
     // The first step of a parameter seeds its buffer with the gradient, so first and later steps are separate calls.
     const fresh = params.filter((p) => this.stateOf(p).step === 0);

@@ -4,21 +4,35 @@ import { ArgumentError, DTypeError } from '../errors.js';
 import { dtypeSize, type DType } from '../dtype.js';
 import type { Tensor } from '../tensor.js';
 
+/** Where one parameter sits in a flat buffer. */
 export interface FlatEntry {
+  /** The parameter. */
   param: Tensor;
   /** First element of the parameter inside the flat buffer. */
   offset: number;
+  /** Its number of elements. */
   count: number;
 }
 
 /** Parameters packed back to back (in the given order), the total padded to a multiple of `padTo`. */
 export class FlatLayout {
+  /** The parameters' entries, in the given order. */
   readonly entries: FlatEntry[];
   readonly #index = new Map<Tensor, FlatEntry>();
+  /** Elements of all parameters together. */
   readonly count: number;
+  /** `count` rounded up to a multiple of padTo. */
   readonly paddedCount: number;
+  /** The parameters' common dtype. */
   readonly dtype: DType;
 
+  /**
+   * Lays the parameters out. Throws DTypeError or ArgumentError unless they share one dtype and device and none
+   * repeats.
+   * @param params The parameters, in buffer order.
+   * @param padTo The padded total is a multiple of this (default 1).
+   * @param call Names the caller in errors.
+   */
   constructor(params: readonly Tensor[], padTo = 1, call = 'FlatLayout') {
     if (params.length === 0) throw new ArgumentError(`${call}: got no parameters`);
     this.dtype = params[0]!.dtype;
@@ -36,8 +50,11 @@ export class FlatLayout {
     this.paddedCount = Math.ceil(offset / padTo) * padTo;
   }
 
+  /** The entry of a parameter, or undefined when it is not in the layout. */
   entry(p: Tensor): FlatEntry | undefined { return this.#index.get(p); }
+  /** Whether a parameter is in the layout. */
   has(p: Tensor): boolean { return this.#index.has(p); }
+  /** Bytes per element of the dtype. */
   get elementBytes(): number { return dtypeSize(this.dtype); }
 }
 

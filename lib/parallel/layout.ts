@@ -7,11 +7,19 @@ import { ArgumentError } from '../errors.js';
 import { initializeParallel, rangeAcrossRanks, type ParallelState } from './mesh.js';
 import { checkTensorParallelConfig } from './tensor-parallel/gpt.js';
 
+/** The pipeline schedules: GPipe (all forwards, then all backwards) or 1F1B (one forward, one backward). */
 export type PipelineScheduleName = 'gpipe' | '1f1b';
 
+/**
+ * A checked training layout: how the world splits into tensor-, pipeline- and data-parallel ranks, and how each rank
+ * trains.
+ */
 export interface TrainingLayout {
+  /** Tensor-parallel ranks. */
   tp: number;
+  /** Pipeline stages. */
   pp: number;
+  /** Data-parallel ranks. */
   dp: number;
   /** Sequence parallelism: the regions between tensor-parallel layers hold 1/tp of the sequence (needs tp > 1). */
   sequenceParallel: boolean;
@@ -21,14 +29,19 @@ export interface TrainingLayout {
   offload: boolean;
   /** Micro-batches each rank's batch is split into per step (pipeline schedule, gradient accumulation). */
   microBatches: number;
+  /** The pipeline schedule. */
   schedule: PipelineScheduleName;
 }
 
 /** The model dimensions a layout must divide. */
 export interface LayoutModelShape {
+  /** Transformer blocks. */
   nLayer: number;
+  /** Attention heads. */
   nHead: number;
+  /** Embedding width. */
   nEmbd: number;
+  /** Vocabulary size. */
   vocabSize: number;
   /** The sequence length trained on (a GPTConfig's context): sequence parallelism needs it to divide by tp. */
   blockSize?: number;
@@ -96,7 +109,12 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
-export function batchSlice(globalBatch: number, dpRank: number, dpSize: number): { start: number; count: number } {
+export function batchSlice(globalBatch: number, dpRank: number, dpSize: number): {
+  /** First row. */
+  start: number;
+  /** Number of rows (globalBatch / dpSize). */
+  count: number;
+} {
   if (!Number.isInteger(globalBatch) || globalBatch % dpSize !== 0) throw new ArgumentError(`batchSlice: the batch of ${globalBatch} does not split over ${dpSize} data-parallel ranks`);
   if (!Number.isInteger(dpRank) || dpRank < 0 || dpRank >= dpSize) throw new ArgumentError(`batchSlice: dpRank ${dpRank} is outside [0, ${dpSize})`);
   const count = globalBatch / dpSize;
@@ -108,7 +126,9 @@ export function describeLayout(l: TrainingLayout): string {
   return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
 }
 
+/** A joined training job: its layout, this rank and the mesh. */
 export interface ParallelTraining {
+  /** The checked layout. */
   layout: TrainingLayout;
   /** The world rank (0 without a launcher). */
   rank: number;

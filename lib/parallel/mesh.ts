@@ -5,16 +5,22 @@ import * as dist from '../distributed/init.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { CollectiveGroup, WorldGroup } from '../distributed/group.js';
 
+/** A mesh dimension: tensor-, pipeline- or data-parallel. */
 export type ParallelDim = 'tp' | 'pp' | 'dp';
 
+/** The sizes of a TP × PP × DP mesh. */
 export interface ParallelLayout {
+  /** Tensor-parallel ranks. */
   tp: number;
+  /** Pipeline stages. */
   pp: number;
+  /** Data-parallel ranks. */
   dp: number;
   /** Dimensions from fastest- to slowest-varying rank; default 'tp-pp-dp' (TP groups are contiguous ranks). */
   order?: string;
 }
 
+/** A rank's coordinate along each mesh dimension. */
 export type MeshCoords = Record<ParallelDim, number>;
 
 const DIMS: readonly ParallelDim[] = ['tp', 'pp', 'dp'];
@@ -28,13 +34,24 @@ function parseOrder(order: string): ParallelDim[] {
 
 /** Pure rank arithmetic of a mesh: no communication, so it is the same on every rank and testable anywhere. */
 export class MeshLayout {
+  /** Tensor-parallel ranks. */
   readonly tp: number;
+  /** Pipeline stages. */
   readonly pp: number;
+  /** Data-parallel ranks. */
   readonly dp: number;
+  /** Dimensions from fastest- to slowest-varying rank. */
   readonly order: readonly ParallelDim[];
+  /** tp · pp · dp. */
   readonly worldSize: number;
   readonly #stride: MeshCoords;
 
+  /**
+   * Checks the sizes and the order. Throws ArgumentError for a size < 1, a bad order, or a worldSize other than tp ·
+   * pp · dp.
+   * @param layout The sizes and order.
+   * @param worldSize When given, must equal tp · pp · dp.
+   */
   constructor(layout: ParallelLayout, worldSize?: number) {
     for (const d of DIMS) {
       const v = layout[d];
@@ -52,8 +69,10 @@ export class MeshLayout {
     this.#stride = stride;
   }
 
+  /** The size of a dimension. */
   sizeOf(dim: ParallelDim): number { return this[dim]; }
 
+  /** The mesh coordinates of a world rank. Throws ArgumentError for a rank outside the mesh. */
   coords(rank: number): MeshCoords {
     this.#checkRank(rank);
     const c = { tp: 0, pp: 0, dp: 0 };
@@ -61,6 +80,7 @@ export class MeshLayout {
     return c;
   }
 
+  /** The world rank at mesh coordinates. Throws ArgumentError for a coordinate outside the mesh. */
   rankOf(c: MeshCoords): number {
     let r = 0;
     for (const d of DIMS) {
@@ -104,27 +124,44 @@ export class MeshLayout {
 /** One rank's view of an initialized mesh: its coordinates and its groups along each dimension. */
 export class ParallelState {
   /**
+   * @param layout The mesh's rank arithmetic.
+   * @param rank This process's world rank.
+   * @param world The group of every rank.
+   * @param groups This rank's group along each dimension.
    * @param embeddingGroup this rank's embedding group (first and last pipeline stage of its (tp, dp)
    *   coordinate), or null when pp = 1 or the rank is on a middle stage.
    */
   constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: CollectiveGroup,
     readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null) {}
+  /** This rank's mesh coordinates. */
   get coords(): MeshCoords { return this.layout.coords(this.rank); }
+  /** This rank's tensor-parallel rank. */
   get tpRank(): number { return this.coords.tp; }
+  /** This rank's pipeline stage. */
   get ppRank(): number { return this.coords.pp; }
+  /** This rank's data-parallel rank. */
   get dpRank(): number { return this.coords.dp; }
+  /** Tensor-parallel ranks. */
   get tpSize(): number { return this.layout.tp; }
+  /** Pipeline stages. */
   get ppSize(): number { return this.layout.pp; }
+  /** Data-parallel ranks. */
   get dpSize(): number { return this.layout.dp; }
+  /** This rank's tensor-parallel group. */
   get tpGroup(): CollectiveGroup { return this.groups.tp; }
+  /** This rank's pipeline group (its stages, in order). */
   get ppGroup(): CollectiveGroup { return this.groups.pp; }
+  /** This rank's data-parallel group. */
   get dpGroup(): CollectiveGroup { return this.groups.dp; }
+  /** Whether this rank is on the first pipeline stage. */
   get isFirstStage(): boolean { return this.ppRank === 0; }
+  /** Whether this rank is on the last pipeline stage. */
   get isLastStage(): boolean { return this.ppRank === this.layout.pp - 1; }
 }
 
 let current: ParallelState | null = null;
 
+/** Options of {@link initializeParallel}. */
 export interface InitializeParallelOptions {
   /** The world to build the mesh over; default: nt.distributed's (after nt.distributed.init()). */
   world?: WorldGroup;
@@ -190,7 +227,12 @@ async function checkSameLayoutEverywhere(world: CollectiveGroup, mesh: MeshLayou
  * member passed the same values, else their elementwise minimum and maximum. Every member must
  * pass as many values, and every member learns the outcome, so all of them can fail together.
  */
-export async function rangeAcrossRanks(group: CollectiveGroup, values: readonly number[]): Promise<{ min: number[]; max: number[] } | null> {
+export async function rangeAcrossRanks(group: CollectiveGroup, values: readonly number[]): Promise<{
+  /** Elementwise minimum over the members. */
+  min: number[];
+  /** Elementwise maximum over the members. */
+  max: number[];
+} | null> {
   if (values.some((v) => !Number.isInteger(v) || Math.abs(v) > 0x7fffffff)) throw new ArgumentError(`rangeAcrossRanks: values must be 32-bit integers, got [${values.join(',')}]`);
   using hi = tensor(new Int32Array(values), [values.length], { dtype: 'i32' });
   using lo = tensor(new Int32Array(values.map((v) => -v)), [values.length], { dtype: 'i32' });
@@ -206,17 +248,27 @@ export function parallelState(): ParallelState {
   return current;
 }
 
+/** Whether a mesh is installed (initializeParallel() ran and destroyParallel() did not). */
 export function isParallelInitialized(): boolean { return current !== null; }
 
 /** Forgets the installed mesh (its groups belong to the distributed package and stay open). */
 export function destroyParallel(): void { current = null; }
 
+/** The installed mesh's tensor-parallel rank of this process; StateError before initializeParallel(). */
 export const tpRank = (): number => parallelState().tpRank;
+/** The installed mesh's tensor-parallel size; StateError before initializeParallel(). */
 export const tpSize = (): number => parallelState().tpSize;
+/** This process's tensor-parallel group; StateError before initializeParallel(). */
 export const tpGroup = (): CollectiveGroup => parallelState().tpGroup;
+/** This process's pipeline stage; StateError before initializeParallel(). */
 export const ppRank = (): number => parallelState().ppRank;
+/** The installed mesh's number of pipeline stages; StateError before initializeParallel(). */
 export const ppSize = (): number => parallelState().ppSize;
+/** This process's pipeline group; StateError before initializeParallel(). */
 export const ppGroup = (): CollectiveGroup => parallelState().ppGroup;
+/** This process's data-parallel rank; StateError before initializeParallel(). */
 export const dpRank = (): number => parallelState().dpRank;
+/** The installed mesh's data-parallel size; StateError before initializeParallel(). */
 export const dpSize = (): number => parallelState().dpSize;
+/** This process's data-parallel group; StateError before initializeParallel(). */
 export const dpGroup = (): CollectiveGroup => parallelState().dpGroup;

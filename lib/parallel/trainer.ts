@@ -20,6 +20,7 @@ import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { plainState, zeroState, type RankState } from '../ckpt/parts.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
+/** Options of {@link ParallelTrainer.create}. */
 export interface ParallelTrainerOptions<H extends { lr: number }> {
   /** The mesh; null trains in one process (plain optimizer, no communication). */
   mesh: ParallelState | null;
@@ -29,6 +30,7 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
    * for their forward and backward, the rest (embeddings, final norm) is gathered for the step.
    */
   zero?: 0 | 1 | 2 | 3;
+  /** Keep the ZeRO shards and their update in host memory (needs zero >= 1; default false). */
   offload?: boolean;
   /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
   microBatches?: number;
@@ -38,9 +40,11 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   maxGradNorm?: number;
   /** Target bytes per gradient bucket (data-parallel allreduce, ZeRO 1/2 reduce-scatter; default 25 MiB). */
   bucketBytes?: number;
+  /** Builds the optimizer over the parameter groups it is given (the local parameters, or ZeRO's shards of them). */
   createOptimizer: InnerOptimizerFactory<H>;
 }
 
+/** What a training step returns. */
 export interface TrainerStepResult {
   /** The loss of the whole global batch, on every rank. */
   loss: number;
@@ -257,6 +261,7 @@ export class ParallelTrainer<H extends { lr: number }> {
   /** The job's world (null in one process): checkpoints coordinate their ranks over it. */
   get world(): CollectiveGroup | null { return this.#mesh?.world ?? null; }
 
+  /** Frees the trainer's optimizer, ZeRO shards and gradient buffers (the model stays with its owner). */
   dispose(): void {
     this.#zero?.dispose();
     this.#optimizer?.dispose();

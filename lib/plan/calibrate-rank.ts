@@ -12,9 +12,13 @@ import { cpu } from '../native.js';
 
 /** What one calibration rank measured. */
 export interface CalibrationRankResult {
+  /** World rank. */
   rank: number;
+  /** Tensor-parallel rank. */
   tpRank: number;
+  /** Pipeline stage. */
   ppRank: number;
+  /** Data-parallel rank. */
   dpRank: number;
   /** memoryStats().peak over the measured steps (bytes, the allocator's size classes). */
   peak: number;

@@ -11,8 +11,22 @@ import type { PlanModel } from './models.js';
 import type { CalibrationRankResult } from './calibrate-rank.js';
 
 /** The small model calibration trains: the GPT example's block and padded GPT-2 vocabulary at 4 layers, width 128, 4 heads. */
-export interface CalibrationShape { layers: number; heads: number; width: number; ctx: number; batch: number; vocab: number }
+export interface CalibrationShape {
+  /** Transformer layers. */
+  layers: number;
+  /** Attention heads. */
+  heads: number;
+  /** Embedding width. */
+  width: number;
+  /** Context (sequence) length. */
+  ctx: number;
+  /** Sequences per batch. */
+  batch: number;
+  /** Vocabulary size. */
+  vocab: number;
+}
 
+/** The calibration model: 4 layers, 4 heads, width 128, context 64, batch 8, vocabulary 50 304. */
 export const CALIBRATION_SHAPE: Readonly<CalibrationShape> = { layers: 4, heads: 4, width: 128, ctx: 64, batch: 8, vocab: 50304 };
 
 /** The layouts `--calibrate` runs by default: DP, ZeRO 1-3, TP, TP+SP, PP with 1F1B and GPipe, recomputation. */
@@ -47,10 +61,18 @@ export function calibrationModel(c: CalibrationShape = CALIBRATION_SHAPE): PlanM
 }
 
 /** One rank's measured and predicted peak. */
-export interface CalibrationRank extends CalibrationRankResult { predicted: number; error: number }
+export interface CalibrationRank extends CalibrationRankResult {
+  /** The planner's predicted peak (bytes). */
+  predicted: number;
+  /** (predicted − measured) / measured. */
+  error: number;
+}
 
+/** One calibrated layout: every rank's measured and predicted peak. */
 export interface CalibrationRow {
+  /** The layout spec (parseLayoutSpec's format). */
   layout: string;
+  /** Each rank's measured and predicted peak. */
   ranks: CalibrationRank[];
   /** The largest |predicted − measured| / measured over the ranks. */
   maxError: number;

@@ -9,28 +9,36 @@ export type Recompute = 'none' | 'selective' | 'full';
 
 /** One candidate layout: the mesh, ZeRO, recomputation, sequence parallelism and the pipeline schedule. */
 export interface PlanLayout {
+  /** Data-parallel ranks. */
   dp: number;
+  /** Tensor-parallel ranks. */
   tp: number;
+  /** Pipeline stages. */
   pp: number;
   /** ZeRO stage over the data-parallel group. */
   zero: 0 | 1 | 2 | 3;
   /** Optimizer state (and ZeRO 2/3 gradient shards) in host memory. */
   offload: boolean;
+  /** Activation recomputation. */
   recompute: Recompute;
+  /** Sequence parallelism (the regions between tensor-parallel layers hold 1/tp of the sequence). */
   sequenceParallel: boolean;
   /** Micro-batches per step on each data-parallel replica. */
   microBatches: number;
+  /** The pipeline schedule. */
   schedule: 'gpipe' | '1f1b';
 }
 
 /** Training precision: bf16 mixed precision (16-bit weights, fp32 master and Adam moments) or plain f32 (nodetron on CPU). */
 export type PlanDType = 'bf16' | 'f32';
 
+/** Options of {@link estimateMemory}. */
 export interface MemoryOptions {
   /** Sequence length. */
   seq: number;
   /** Sequences per micro-batch on one data-parallel replica. */
   microBatchSize: number;
+  /** Training precision. */
   dtype: PlanDType;
   /** Gradient bucket bytes (nodetron's default 25 MiB). */
   bucketBytes?: number;
@@ -50,15 +58,21 @@ export interface MemoryEstimate {
   stage: number;
   /** Parameters this rank's stage holds before ZeRO sharding (its tensor-parallel slices). */
   numParams: number;
+  /** Parameter bytes. */
   params: number;
+  /** Gradient bytes. */
   grads: number;
+  /** Optimizer state bytes on the device (0 for the part offloaded to the host). */
   optimizerState: number;
+  /** Activation bytes kept for backward. */
   activations: number;
+  /** Bytes of the last stage's logits, their gradient and the loss's f32 copy (0 on other stages). */
   logits: number;
   /** Communication buckets (gradient buckets in flight; ZeRO-3's gathered layers). */
   buffers: number;
   /** Allocator overhead (bf16: the overhead factor; f32: included in the size classes of the other kinds). */
   overhead: number;
+  /** The sum of the above, in bytes. */
   total: number;
   /** Bytes kept in host memory (offloaded optimizer state and gradient shards). */
   hostBytes: number;
@@ -104,6 +118,7 @@ export function korthikantiLayerBytes(m: PlanModel, s: number, b: number, t: num
  * holds whole (LayerNorm inputs and outputs; 1/tp of them under sequence parallelism).
  */
 export const F32_BLOCK_REPLICATED = 4;
+/** f32 elements of s·b·h a GPT block keeps in tensor-parallel tensors (see F32_BLOCK_REPLICATED). */
 export const F32_BLOCK_SPLIT = 12;
 /** Attention probabilities kept per layer: one f32 [b, heads/tp, s, s] (the T×T scores are materialized). */
 export const F32_SCORES = 1;

@@ -6,14 +6,19 @@ import { ArgumentError } from '../errors.js';
 
 /** A decoder-only transformer's shape, as the planner sees it. */
 export interface PlanModel {
+  /** The model's name (as `nodetron plan` shows it). */
   name: string;
+  /** Transformer layers. */
   nLayer: number;
+  /** Attention heads. */
   nHead: number;
   /** Key/value heads (grouped-query attention); default nHead. */
   nKvHead?: number;
+  /** Embedding width. */
   nEmbd: number;
   /** MLP hidden width (GPT-2: 4·nEmbd). */
   ffn: number;
+  /** Vocabulary size. */
   vocabSize: number;
   /** Gated MLP (SwiGLU: three matrices, no biases, RMSNorm, rotary positions) instead of GPT-2's GELU MLP. */
   gated: boolean;
@@ -98,7 +103,18 @@ export function layerParams(m: PlanModel, tp = 1): number {
 }
 
 /** The parameters of one pipeline stage on one tensor-parallel rank, by part. */
-export interface StageParams { layers: number; layerParams: number; embedding: number; head: number; total: number }
+export interface StageParams {
+  /** Transformer layers of the stage. */
+  layers: number;
+  /** Parameters of those layers. */
+  layerParams: number;
+  /** Token and position embedding parameters (first stage only). */
+  embedding: number;
+  /** Final norm and LM head parameters (last stage only; a tied head counts its table when pp > 1). */
+  head: number;
+  /** The sum of the above. */
+  total: number;
+}
 
 /** Layer ranges per stage, as nodetron's partitionLayers splits them (the first stages take the remainder). */
 export function stageLayers(nLayer: number, pp: number): number[] {

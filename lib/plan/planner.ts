@@ -6,30 +6,43 @@ import { estimateMemory, type MemoryEstimate, type PlanDType, type PlanLayout, t
 import type { PlanModel } from './models.js';
 import { predictStepTime, type PlanDevice, type StepTime } from './time.js';
 
+/** Options of {@link planLayouts}. */
 export interface PlanOptions {
+  /** Number of devices. */
   gpus: number;
+  /** Number of nodes (default 1); the devices split evenly over them. */
   nodes?: number;
   /** Bytes of memory per device. */
   gpuMemory: number;
+  /** Sequence length. */
   seq: number;
   /** Sequences per step over all replicas. */
   globalBatch: number;
   /** Fix the micro-batch size (default: try 1, 2, 4, 8). */
   microBatchSize?: number;
+  /** Training precision. */
   dtype: PlanDType;
+  /** The device's compute, links and memory. */
   device: PlanDevice;
+  /** bf16: factor on the memory total for allocator fragmentation and workspaces (default 1.1). */
   overhead?: number;
 }
 
 /** One candidate: its layout, memory, time and command, or why it was skipped. */
 export interface PlanCandidate {
+  /** The layout. */
   layout: PlanLayout;
+  /** Sequences per micro-batch on one data-parallel replica. */
   microBatchSize: number;
   /** Set when the layout cannot run this model; nothing else but the layout is then meaningful. */
   skipped?: string;
+  /** Per-rank memory at the peak (absent when skipped). */
   memory?: MemoryEstimate;
+  /** Whether the memory total fits gpuMemory (absent when skipped). */
   fits?: boolean;
+  /** Predicted step time (absent when skipped). */
   time?: StepTime;
+  /** The `nodetron launch` command that trains this layout with the GPT example (absent when skipped). */
   command?: string;
 }
 

@@ -3,7 +3,12 @@
 // memory (megatron/training/theoretical_memory_usage.py, for sequence parallelism with selective recomputation).
 
 /** DeepSpeed's estimate_zero2_model_states_mem_needs: [cpu bytes, gpu bytes] per node / per GPU. */
-export function deepspeedZero2Estimate(totalParams: number, gpusPerNode = 1, nodes = 1, cpuOffload = true, bufferFactor = 1.5): { cpu: number; gpu: number } {
+export function deepspeedZero2Estimate(totalParams: number, gpusPerNode = 1, nodes = 1, cpuOffload = true, bufferFactor = 1.5): {
+  /** Host bytes per node. */
+  cpu: number;
+  /** Device bytes per GPU. */
+  gpu: number;
+} {
   const totalGpus = nodes * gpusPerNode;
   if (cpuOffload) return { gpu: Math.trunc(2 * totalParams), cpu: Math.trunc(totalParams * Math.max(4 * totalGpus, 16) * bufferFactor) };
   return { gpu: Math.trunc(4 * totalParams + Math.trunc((16 * totalParams) / totalGpus)), cpu: Math.trunc(totalParams * 4 * gpusPerNode * bufferFactor) };
@@ -11,7 +16,12 @@ export function deepspeedZero2Estimate(totalParams: number, gpusPerNode = 1, nod
 
 /** DeepSpeed's estimate_zero3_model_states_mem_needs: per-GPU bytes are 4 × the largest layer plus 18Ψ/N (offload: less). */
 export function deepspeedZero3Estimate(totalParams: number, largestLayerParams: number, gpusPerNode = 1, nodes = 1,
-  opts: { cpuOffload?: boolean; cpuOffloadParams?: boolean; zeroInit?: boolean; bufferFactor?: number } = {}): { cpu: number; gpu: number } {
+  opts: { cpuOffload?: boolean; cpuOffloadParams?: boolean; zeroInit?: boolean; bufferFactor?: number } = {}): {
+  /** Host bytes per node. */
+  cpu: number;
+  /** Device bytes per GPU. */
+  gpu: number;
+} {
   const { cpuOffload = true, cpuOffloadParams = true, zeroInit = true, bufferFactor = 1.5 } = opts;
   const totalGpus = nodes * gpusPerNode, gpusFactor = 1 / nodes, largest = 4 * largestLayerParams;
   let gpu: number, cpu: number;
@@ -32,9 +42,34 @@ export function deepspeedZero3Estimate(totalParams: number, largestLayerParams: 
 
 /** The Megatron arguments its theoretical memory reads. */
 export interface MegatronArgs {
-  numLayers: number; hiddenSize: number; numAttentionHeads: number; ffnHiddenSize: number; paddedVocabSize: number;
-  seqLength: number; microBatchSize: number; tensorParallel: number; pipelineParallel: number; dataParallel: number;
-  useDistributedOptimizer: boolean; untieEmbeddings?: boolean; swiglu?: boolean; numQueryGroups?: number;
+  /** Transformer layers (--num-layers). */
+  numLayers: number;
+  /** Hidden width (--hidden-size). */
+  hiddenSize: number;
+  /** Attention heads (--num-attention-heads). */
+  numAttentionHeads: number;
+  /** MLP hidden width (--ffn-hidden-size). */
+  ffnHiddenSize: number;
+  /** Vocabulary size after padding. */
+  paddedVocabSize: number;
+  /** Sequence length (--seq-length). */
+  seqLength: number;
+  /** Sequences per micro-batch (--micro-batch-size). */
+  microBatchSize: number;
+  /** Tensor-parallel size. */
+  tensorParallel: number;
+  /** Pipeline-parallel size. */
+  pipelineParallel: number;
+  /** Data-parallel size. */
+  dataParallel: number;
+  /** The distributed optimizer (optimizer state sharded over dp, as ZeRO 1). */
+  useDistributedOptimizer: boolean;
+  /** A separate LM head instead of one tied to the embedding. */
+  untieEmbeddings?: boolean;
+  /** SwiGLU MLP (three matrices). */
+  swiglu?: boolean;
+  /** Key/value head groups (grouped-query attention); default numAttentionHeads. */
+  numQueryGroups?: number;
 }
 
 /** Megatron's compute_weight_and_optimizer_memory: the most loaded shard's parameters × 18 bytes (6 + 12/dp with the distributed optimizer). */

@@ -7,6 +7,7 @@ import { stageLayers, type PlanModel } from './models.js';
 
 /** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
 export interface PlanDevice {
+  /** The device's name (the --gpu value). */
   name: string;
   /** Dense peak FLOP/s per dtype. */
   peakFlops: Record<PlanDType, number>;
@@ -57,10 +58,37 @@ export function busBwFromJson(path: string): number {
   return j.avgBusbw * G;
 }
 
-export interface TimeOptions { seq: number; microBatchSize: number; dtype: PlanDType; gpusPerNode: number }
+/** Options of {@link predictStepTime}. */
+export interface TimeOptions {
+  /** Sequence length. */
+  seq: number;
+  /** Sequences per micro-batch on one data-parallel replica. */
+  microBatchSize: number;
+  /** Training precision. */
+  dtype: PlanDType;
+  /** Devices per node (groups spanning more use the inter-node bandwidth). */
+  gpusPerNode: number;
+}
 
 /** The parts of a predicted step time, in seconds. */
-export interface StepTime { compute: number; bubble: number; tensorParallel: number; pipeline: number; dataParallel: number; offload: number; total: number; flops: number }
+export interface StepTime {
+  /** GEMM time: the step's FLOPs over every device's achieved FLOP/s. */
+  compute: number;
+  /** Pipeline bubble: compute × (pp − 1) / micro-batches. */
+  bubble: number;
+  /** Tensor-parallel all-reduces. */
+  tensorParallel: number;
+  /** Pipeline activation sends. */
+  pipeline: number;
+  /** Data-parallel gradient traffic not hidden behind backward. */
+  dataParallel: number;
+  /** Host transfers and the host optimizer step under offload. */
+  offload: number;
+  /** The sum of the above. */
+  total: number;
+  /** Training FLOPs of the step (not seconds). */
+  flops: number;
+}
 
 /**
  * Narayanan et al. 2021 (eq. 3): training FLOPs of one step, 72·B·s·L·h²·(1 + s/(6h) + V/(12hL)) with

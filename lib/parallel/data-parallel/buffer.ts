@@ -9,7 +9,9 @@ import type { CollectiveGroup } from '../../distributed/group.js';
 import { DEFAULT_BUCKET_BYTES, GradientBuckets, type Bucket, type BucketSync } from '../buckets.js';
 import { copyElements, FlatLayout } from '../flat.js';
 
+/** Options of {@link GradBuffer}. */
 export interface GradBufferOptions {
+  /** The data-parallel group the gradients are averaged over. */
   group: CollectiveGroup;
   /** Target bytes per bucket (a parameter never straddles two buckets). */
   bucketBytes?: number;
@@ -69,8 +71,11 @@ function allReduceSync(group: CollectiveGroup, average: boolean): BucketSync<Fla
  * DDP's "marked ready twice").
  */
 export class GradBuffer {
+  /** The data-parallel group. */
   readonly group: CollectiveGroup;
+  /** Whether the summed gradients are divided by the group size. */
   readonly average: boolean;
+  /** Whether buckets communicate during backward (from the post-accumulate-grad hooks). */
   readonly overlap: boolean;
   readonly #buckets: GradientBuckets<FlatLayout>;
 
@@ -103,6 +108,7 @@ export class GradBuffer {
    */
   noSync<T>(fn: () => T | Promise<T>): Promise<T> { return this.#buckets.noSync(fn); }
 
+  /** False inside noSync(): gradients are not communicated. */
   get syncEnabled(): boolean { return this.#buckets.syncEnabled; }
 
   /**

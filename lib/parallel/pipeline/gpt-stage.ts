@@ -8,7 +8,9 @@ import { partitionLayers } from './schedules.js';
 
 /** What the parallel trainer runs: a model, or one pipeline stage of it, that ends in a loss on the last stage. */
 export interface PipelineModule extends Module {
+  /** Whether this is the first pipeline stage (it takes token ids). */
   readonly isFirstStage: boolean;
+  /** Whether this is the last pipeline stage (it computes the loss). */
   readonly isLastStage: boolean;
   /**
    * Token ids i32 [B, T] on the first stage, the previous stage's activation elsewhere → the
@@ -33,11 +35,15 @@ export interface PipelineModule extends Module {
  * whichever stage holds layer 3), in the GPT's order.
  */
 export class GPTStage extends Module implements PipelineModule {
+  /** This stage's index. */
   readonly stage: number;
+  /** Number of pipeline stages. */
   readonly stages: number;
   /** The global layer range [start, end) this stage runs. */
   readonly layers: readonly [number, number];
+  /** Whether this is the first stage (it holds the embeddings). */
   readonly isFirstStage: boolean;
+  /** Whether this is the last stage (it holds the final LayerNorm and the tied head). */
   readonly isLastStage: boolean;
   readonly tiedParameters: readonly Parameter[];
   readonly tiedCountedElsewhere: readonly Parameter[];

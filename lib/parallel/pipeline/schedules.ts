@@ -18,6 +18,7 @@ export function partitionLayers(numLayers: number, stages: number): [number, num
   return out;
 }
 
+/** One rank's stage as the pipeline schedules run it. */
 export interface PipelineStage {
   /** The pipeline group; its rank is the stage index. Absent: a single stage (no communication). */
   group?: CollectiveGroup;
@@ -29,7 +30,9 @@ export interface PipelineStage {
   forwardStep(m: number, input: Tensor | null): Tensor;
   /** Shape of the activation this stage receives (not called on the first stage). */
   inputShape(m: number): readonly number[];
+  /** Dtype of the activations received (default f32). */
   dtype?: Tensor['dtype'];
+  /** Device of the activations received (default cpu). */
   device?: Device;
   /**
    * Runs one micro-batch's backward (`run`); `final` is true for the last backward of the schedule

@@ -129,7 +129,12 @@ export function tensorParallelGPT(config: GPTConfig, opts: GPTOptions & TensorPa
  * column-parallel weights and biases, row-parallel weights, the vocabulary-parallel table) and
  * `replicated` (the same values and gradients on every rank: norms, positions, row-parallel biases).
  */
-export function tensorParallelParameters(model: Module): { sharded: Parameter[]; replicated: Parameter[] } {
+export function tensorParallelParameters(model: Module): {
+  /** Parameters each rank holds a different slice of. */
+  sharded: Parameter[];
+  /** Parameters every rank holds whole, with the same values and gradients. */
+  replicated: Parameter[];
+} {
   const sharded = new Set<Parameter>();
   for (const [, m] of model.namedModules()) {
     if (m instanceof ColumnParallelLinear) { sharded.add(m.weight); if (m.bias) sharded.add(m.bias); }

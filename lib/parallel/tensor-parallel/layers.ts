@@ -16,11 +16,17 @@ import { copyElements } from '../flat.js';
 import { dtypeCode } from '../../dtype.js';
 import { allGatherSequence, copyToRegion, gatherFromRegion, reduceFromRegion, reduceScatterSequence, reduceScatterToSequenceRegion, scatterToRegion } from './mappings.js';
 
+/** Options of the tensor-parallel linear layers. */
 export interface ParallelLinearOptions {
+  /** The tensor-parallel group the layer is split over. */
   group: CollectiveGroup;
+  /** Whether the layer has a bias (default true). */
   bias?: boolean;
+  /** Device (default cpu). */
   device?: string;
+  /** Parameter dtype (default f32). */
   dtype?: string;
+  /** Generator of the initialization (default: the global one). */
   generator?: Generator;
   /** Fills the full-size weight [out, in] before it is split (default: U(±1/√in), as Linear). */
   initWeight?: (full: Tensor, generator: Generator) => void;
@@ -94,11 +100,23 @@ export function initAndTakeRows(rows: number, cols: number, runs: [number, numbe
  * gatherOutput.
  */
 export class ColumnParallelLinear extends Module {
+  /** This rank's rows of the weight: [outFeatures / size, inFeatures]. */
   readonly weight: Parameter;
+  /** This rank's rows of the bias, or null without bias. */
   readonly bias: Parameter | null;
+  /** Whether forward gathers the output's last dimension from every rank. */
   readonly gatherOutput: boolean;
+  /** Whether the input holds a chunk of the sequence (gathered before the GEMM). */
   readonly sequenceParallel: boolean;
+  /** The tensor-parallel group. */
   readonly group: CollectiveGroup;
+  /**
+   * Draws the full-size weight (and bias) and keeps this rank's rows. Throws ArgumentError when the group size (times
+   * interleave) does not divide outFeatures, or for gatherOutput with interleave.
+   * @param inFeatures Size of the input's last dimension.
+   * @param outFeatures Size of the whole output's last dimension.
+   * @param opts The group, parameter options, `gatherOutput` (default false) and `interleave` (default 1).
+   */
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { gatherOutput?: boolean; interleave?: number }) {
     super();
     const call = 'ColumnParallelLinear';
@@ -116,6 +134,7 @@ export class ColumnParallelLinear extends Module {
     this.weight = initAndTakeRows(outFeatures, inFeatures, runs, opts.initWeight ?? defaultInit(inFeatures), gen, opts, call);
     this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, runs, opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
   }
+  /** x [..., inFeatures] → this rank's [..., outFeatures / size] (the whole [..., outFeatures] with gatherOutput). */
   forward(x: Tensor): Tensor {
     const y = this.sequenceParallel ? sequenceGatheredLinear(x, this.weight, this.bias, this.group)
       : linear(copyToRegion(x, this.group), this.weight, this.bias ?? undefined);
@@ -129,11 +148,25 @@ export class ColumnParallelLinear extends Module {
  * the layer first keeps its own chunk of x's last dimension.
  */
 export class RowParallelLinear extends Module {
+  /** This rank's columns of the weight: [outFeatures, inFeatures / size]. */
   readonly weight: Parameter;
+  /** The bias [outFeatures], held whole on every rank, or null without bias. */
   readonly bias: Parameter | null;
+  /**
+   * Whether the input is already split along its last dimension (default true); false: the layer takes its own chunk.
+   */
   readonly inputIsParallel: boolean;
+  /** Whether the output is reduce-scattered to sequence chunks instead of allReduced. */
   readonly sequenceParallel: boolean;
+  /** The tensor-parallel group. */
   readonly group: CollectiveGroup;
+  /**
+   * Draws the full-size weight and keeps this rank's columns. Throws ArgumentError when the group size does not divide
+   * inFeatures.
+   * @param inFeatures Size of the whole input's last dimension.
+   * @param outFeatures Size of the output's last dimension.
+   * @param opts The group, parameter options and `inputIsParallel` (default true).
+   */
   constructor(readonly inFeatures: number, readonly outFeatures: number, opts: ParallelLinearOptions & { inputIsParallel?: boolean }) {
     super();
     const call = 'RowParallelLinear';
@@ -152,6 +185,10 @@ export class RowParallelLinear extends Module {
     this.weight = new Parameter(w, n === 1 ? null : { fullShape: [outFeatures, inFeatures], dim: 1, runs: [[r * local, local]] });
     this.bias = opts.bias === false ? null : initAndTakeRows(outFeatures, 0, [[0, outFeatures]], opts.initBias ?? defaultInit(inFeatures), gen, opts, call);
   }
+  /**
+   * x [..., inFeatures / size] (or the whole input when not inputIsParallel) → [..., outFeatures], summed over the
+   * group.
+   */
   forward(x: Tensor): Tensor {
     const xLocal = this.inputIsParallel ? x : scatterToRegion(x, this.group);
     const partial = linear(xLocal, this.weight);

@@ -17,15 +17,25 @@ import { divisible, initAndTakeRows } from './layers.js';
 import { allReduceSync, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
 
 /** The vocabulary rows [start, end) that group rank `rank` holds when `vocabSize` is split `size` ways. */
-export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): { start: number; end: number } {
+export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): {
+  /** First row held. */
+  start: number;
+  /** One past the last row held. */
+  end: number;
+} {
   const local = divisible('the vocabulary size', vocabSize, size, call);
   return { start: rank * local, end: (rank + 1) * local };
 }
 
+/** Options of {@link VocabParallelEmbedding}. */
 export interface VocabParallelEmbeddingOptions {
+  /** The tensor-parallel group the table is split over. */
   group: CollectiveGroup;
+  /** Device (default cpu). */
   device?: string;
+  /** Parameter dtype (default f32). */
   dtype?: string;
+  /** Generator of the initialization (default: the global one). */
   generator?: Generator;
   /** Fills the full-size table [numEmbeddings, dim] before it is split (default N(0, 1), as Embedding). */
   initWeight?: (full: Tensor, generator: Generator) => void;
@@ -43,13 +53,23 @@ export interface VocabParallelEmbeddingOptions {
  * sequenceParallel the sum is reduce-scattered instead: each rank gets its chunk of the sequence.
  */
 export class VocabParallelEmbedding extends Module {
+  /** This rank's rows of the table: [numEmbeddings / size, embeddingDim]. */
   readonly weight: Parameter;
+  /** The tensor-parallel group. */
   readonly group: CollectiveGroup;
   /** First vocabulary row held here. */
   readonly vocabStart: number;
   /** One past the last vocabulary row held here. */
   readonly vocabEnd: number;
+  /** Whether forward returns this rank's chunk of the sequence (reduce-scatter instead of allReduce). */
   readonly sequenceParallel: boolean;
+  /**
+   * Draws the full-size table and keeps this rank's rows. Throws ArgumentError when the group size does not divide
+   * numEmbeddings, or for a non-positive embeddingDim.
+   * @param numEmbeddings Rows of the whole table (vocabulary size).
+   * @param embeddingDim Width of each row.
+   * @param opts The group and parameter options.
+   */
   constructor(readonly numEmbeddings: number, readonly embeddingDim: number, opts: VocabParallelEmbeddingOptions) {
     super();
     const call = 'VocabParallelEmbedding';
@@ -92,6 +112,7 @@ export class VocabParallelEmbedding extends Module {
   }
 }
 
+/** Options of {@link vocabParallelCrossEntropy}. */
 export interface VocabParallelCrossEntropyOptions {
   /** Targets equal to this contribute no loss and no gradient (default −100, as crossEntropy). */
   ignoreIndex?: number;

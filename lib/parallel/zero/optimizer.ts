@@ -18,11 +18,14 @@ import { GradientShards, type ReduceStats } from './stage1-2.js';
 import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
 import type { Module } from '../../nn/module.js';
 
+/** ZeRO stage: 1 shards the optimizer state, 2 also the gradients, 3 also the parameters. */
 export type ZeroStage = 1 | 2 | 3;
 
+/** Options of {@link ZeroOptimizer}. */
 export interface ZeroOptions {
   /** The data-parallel group the state is sharded over. */
   group: CollectiveGroup;
+  /** The ZeRO stage. */
   stage: ZeroStage;
   /**
    * Keep the shard (master copy, its gradient, the optimizer state; at stage 3 the parameter
@@ -60,7 +63,10 @@ export interface ZeroAttachOptions {
 }
 
 /** A parameter group as the caller's optimizer would take it: parameters plus option overrides. */
-export type ZeroParamGroup<H> = { params: Iterable<Tensor> } & Partial<H>;
+export type ZeroParamGroup<H> = {
+  /** The group's parameters. */
+  params: Iterable<Tensor>;
+} & Partial<H>;
 
 /** Builds the inner optimizer over the shard tensors (one per parameter group, with that group's options). */
 export type InnerOptimizerFactory<H extends { lr: number }> = (groups: ZeroParamGroup<H>[]) => Optimizer<H>;
@@ -75,17 +81,32 @@ export interface GradNormScope {
 
 /** Bytes held on one rank, by kind (what the ZeRO paper's formula predicts). */
 export interface ZeroMemoryBytes {
+  /** Parameter bytes. */
   params: number;
+  /** Gradient bytes (full gradients and the shard's). */
   grads: number;
+  /** Optimizer state bytes. */
   optimizerState: number;
+  /** Bytes of the f32 master shard (0 at stage 3, where it is the parameter shard). */
   masterShard: number;
+  /** The sum of the above. */
   total: number;
 }
 
+/**
+ * ZeRO stages 1-3 over a data-parallel group: each rank keeps f32 master chunks of every parameter (and the inner
+ * optimizer's state for them), gradients are reduce-scattered to their chunk's owner, and the updated chunks are
+ * allgathered back (at stage 3 they stay chunks until the next forward gathers them). Throws ArgumentError for a bad
+ * stage, a LAMB inner optimizer, or a factory that does not build over the given shard groups.
+ */
 export class ZeroOptimizer<H extends { lr: number }> {
+  /** The optimizer that updates this rank's master chunks. */
   readonly inner: Optimizer<H>;
+  /** The ZeRO stage. */
   readonly stage: ZeroStage;
+  /** The data-parallel group the state is sharded over. */
   readonly group: CollectiveGroup;
+  /** Whether the shards and their update live in host memory. */
   readonly offload: boolean;
   readonly #shards: GradientShards | null;
   readonly #partition: ParameterPartition | null;
@@ -189,6 +210,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
   /** Where this rank's chunk of each parameter lives in the masters (checkpoints save and load through it). */
   localChunks(): LocalChunk[] { return this.#chunks.localChunks(); }
 
+  /** Drops the gradients of the parameters and of this rank's shards. */
   zeroGrad(): void {
     this.#chunks.zeroGrad();
   }
@@ -200,7 +222,10 @@ export class ZeroOptimizer<H extends { lr: number }> {
    * the next forward gathers them). Every rank of the group calls it. Returns the global gradient
    * norm before clipping when `maxGradNorm` is given.
    */
-  async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{ gradNorm?: number }> {
+  async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{
+    /** The global gradient norm before clipping, when maxGradNorm was given. */
+    gradNorm?: number;
+  }> {
     const { maxGradNorm } = options;
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);

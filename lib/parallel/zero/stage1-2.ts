@@ -42,6 +42,7 @@ export interface GradientShardOptions {
 export interface ReduceStats {
   /** Buckets reduce-scattered from the hooks (or in step() without overlap), and the deferred ones reduce-scattered in step(). */
   buckets: number;
+  /** Buckets deferred to step() (parameters whose gradient the caller completes after backward). */
   deferredBuckets: number;
   /** Rounds: launches of every (non-deferred) bucket, one per backward with sync on, or one in step(). */
   rounds: number;

@@ -59,6 +59,7 @@ export interface GatherStats {
   onDemand: number;
   /** Prefetched gathers released before any use (wasted communication). */
   unused: number;
+  /** Gradient reduce-scatters run. */
   reduceScatters: number;
   /**
    * Largest number of bytes of gathered parameters seen at once: restored parameter storages plus
