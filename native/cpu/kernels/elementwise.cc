@@ -39,9 +39,7 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
 //   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
 //   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
-static Napi::Value Binary(const Napi::CallbackInfo& info) {
-  const char* call = "binary";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("binary", Binary) {
   int64_t op = a.int64(0);
   DType dt = a.dtype(4);
   auto shape = intList(info, 5, call);
@@ -63,9 +61,7 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
     default: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("binary", Binary);
 
 // The arguments unary and unary_backward share: op (argument 0), then n, dtype and p at `nArg` on.
 struct UnaryArgs {
@@ -73,18 +69,16 @@ struct UnaryArgs {
   DType dt;
   float p;
 };
-static UnaryArgs unaryArgs(const Napi::CallbackInfo& info, const char* call, size_t nArg) {
-  Args a = kernelArgs(info, call);
+static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
   UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
-  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(call) + ": unknown op " + std::to_string(u.op));
+  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
   return u;
 }
 
 // unary(op, inp, out, n, dtype, p)
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
-static Napi::Value Unary(const Napi::CallbackInfo& info) {
-  const char* call = "unary";
-  auto [op, n, dt, p] = unaryArgs(info, call, 3);
+NT_KERNEL("unary", Unary) {
+  auto [op, n, dt, p] = unaryArgs(a, 3);
   F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
   const float* x = I.data();
   float* o = O.data();
@@ -104,15 +98,12 @@ static Napi::Value Unary(const Napi::CallbackInfo& info) {
     default: for (int64_t i = 0; i < n; i++) o[i] = p / x[i]; break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("unary", Unary);
 
 // unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p)
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
-static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
-  const char* call = "unary_backward";
-  auto [op, n, dt, p] = unaryArgs(info, call, 5);
+NT_KERNEL("unary_backward", UnaryBackward) {
+  auto [op, n, dt, p] = unaryArgs(a, 5);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
   F32View X(info, 1, call, dt, n, true, needX);
@@ -135,8 +126,6 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
     default: for (int64_t i = 0; i < n; i++) o[i] = -g[i] * p / (x[i] * x[i]); break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("unary_backward", UnaryBackward);
 
 }  // namespace nt::cpu
