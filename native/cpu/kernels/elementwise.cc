@@ -15,25 +15,15 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
   if (total == 0) return;
   if (rank == 0) { o[0] = f(a[0], b[0]); return; }
   int64_t inner = shape[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1];
-  std::vector<int64_t> idx(rank, int64_t(0));
-  int64_t offA = 0, offB = 0;
-  for (int64_t base = 0; base < total; base += inner) {
+  forEachStridedRow<2>(shape, {&sa, &sb}, {0, 0}, [&](int64_t base, const std::array<int64_t, 2>& off) {
     float* oo = o + base;
-    const float* aa = a + offA;
-    const float* bb = b + offB;
+    const float* aa = a + off[0];
+    const float* bb = b + off[1];
     if (ia == 1 && ib == 1) for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], bb[j]);
     else if (ia == 1 && ib == 0) { float y = bb[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], y); }
     else if (ia == 0 && ib == 1) { float x = aa[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(x, bb[j]); }
     else for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j * ia], bb[j * ib]);
-    for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {  // advance the outer index like an odometer
-      offA += sa[size_t(d)];
-      offB += sb[size_t(d)];
-      if (++idx[size_t(d)] < shape[size_t(d)]) break;
-      offA -= sa[size_t(d)] * shape[size_t(d)];
-      offB -= sb[size_t(d)] * shape[size_t(d)];
-      idx[size_t(d)] = 0;
-    }
-  }
+  });
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
