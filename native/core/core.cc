@@ -126,10 +126,14 @@ void Args::count(size_t n) const {
     fail(Err::Argument, std::string(call) + ": expected " + std::to_string(n) + " arguments, got " +
                             std::to_string(info.Length()));
 }
+// Argument i of a.call when it is there and passes `is`, else "<call>: argument i must be <what>".
+static Napi::Value argOfKind(const Args& a, size_t i, bool (Napi::Value::*is)() const, const char* what) {
+  if (i >= a.info.Length() || !(a.info[i].*is)())
+    fail(Err::Argument, std::string(a.call) + ": argument " + std::to_string(i) + " must be " + what);
+  return a.info[i];
+}
 double Args::number(size_t i) const {
-  if (i >= info.Length() || !info[i].IsNumber())
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be a number");
-  return info[i].As<Napi::Number>().DoubleValue();
+  return argOfKind(*this, i, &Napi::Value::IsNumber, "a number").As<Napi::Number>().DoubleValue();
 }
 int64_t Args::int64(size_t i) const {
   double d = number(i);
@@ -144,9 +148,7 @@ int64_t Args::size(size_t i) const {
   return v;
 }
 bool Args::boolean(size_t i) const {
-  if (i >= info.Length() || !info[i].IsBoolean())
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be a boolean");
-  return info[i].As<Napi::Boolean>().Value();
+  return argOfKind(*this, i, &Napi::Value::IsBoolean, "a boolean").As<Napi::Boolean>().Value();
 }
 DType Args::dtype(size_t i) const {
   int64_t v = int64(i);
@@ -154,9 +156,7 @@ DType Args::dtype(size_t i) const {
   return static_cast<DType>(v);
 }
 std::string Args::string(size_t i) const {
-  if (i >= info.Length() || !info[i].IsString())
-    fail(Err::Argument, std::string(call) + ": argument " + std::to_string(i) + " must be a string");
-  return info[i].As<Napi::String>().Utf8Value();
+  return argOfKind(*this, i, &Napi::Value::IsString, "a string").As<Napi::String>().Utf8Value();
 }
 
 // ---- host memory -------------------------------------------------------------------------------

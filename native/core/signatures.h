@@ -66,4 +66,36 @@ inline constexpr KernelSignature kKernelSignatures[] = {
 // kernel, the argument and what it must be). A name without a signature is an internal error.
 Args kernelArgs(const Napi::CallbackInfo& info, const char* name);
 
+// A kernel binding that owns the call's name, the check against its signature and the return:
+//   NT_KERNEL("gelu_forward", GeluForward) { ...views and math... }
+// defines GeluForward(info, a, call) with `a` = kernelArgs(info, call) and `call` the kernel's name,
+// registers the binding with NT_EXPORT and returns undefined to JS after the body.
+#define NT_KERNEL(name, Fn)                                                          \
+  static void Fn(const Napi::CallbackInfo& info, const ::nt::Args& a, const char* call); \
+  static Napi::Value NT_CONCAT(Fn, Binding)(const Napi::CallbackInfo& info) {        \
+    Fn(info, ::nt::kernelArgs(info, name), name);                                    \
+    return info.Env().Undefined();                                                   \
+  }                                                                                  \
+  NT_EXPORT(name, NT_CONCAT(Fn, Binding));                                           \
+  static void Fn(const Napi::CallbackInfo& info, const ::nt::Args& a, const char* call)
+
+// The arguments of write and read (storage, offsetBytes, typedArray) on storage class S (Storage,
+// DeviceStorage): the storage, the offset and the typed array's bytes, checked against the
+// signature and to lie inside the storage.
+template <class S>
+struct TypedArrayRange {
+  S* storage;
+  size_t offset;
+  RawBytes array;
+};
+template <class S>
+TypedArrayRange<S> typedArrayRange(const Napi::CallbackInfo& info, const char* call) {
+  Args a = kernelArgs(info, call);
+  S* s = S::From(info[0], call, 0);
+  size_t off = size_t(a.size(1));
+  RawBytes array = typedArrayBytes(info[2], call, 2);
+  s->checkRange(off, array.bytes, call);
+  return {s, off, array};
+}
+
 }  // namespace nt

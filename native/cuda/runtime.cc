@@ -309,11 +309,7 @@ static int deviceArg(const Args& a, size_t i) {
 // write(storage, offsetBytes, typedArray): host -> device, ordered on the current stream. Returns
 // once the data sits in a staging buffer, so the caller may reuse its array at once.
 static Napi::Value Write(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "write");
-  DeviceStorage* s = DeviceStorage::From(info[0], "write", 0);
-  size_t off = size_t(a.size(1));
-  RawBytes src = typedArrayBytes(info[2], "write", 2);
-  s->checkRange(off, src.bytes, "write");
+  auto [s, off, src] = typedArrayRange<DeviceStorage>(info, "write");
   useDevice(s->device());
   cudaStream_t st = currentStream(s->device());
   for (size_t done = 0; done < src.bytes;) {
@@ -330,11 +326,7 @@ NT_EXPORT("write", Write);
 
 // read(storage, offsetBytes, typedArray): device -> host; waits for the current stream.
 static Napi::Value Read(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "read");
-  DeviceStorage* s = DeviceStorage::From(info[0], "read", 0);
-  size_t off = size_t(a.size(1));
-  RawBytes dst = typedArrayBytes(info[2], "read", 2);
-  s->checkRange(off, dst.bytes, "read");
+  auto [s, off, dst] = typedArrayRange<DeviceStorage>(info, "read");
   useDevice(s->device());
   cudaStream_t st = currentStream(s->device());
   for (size_t done = 0; done < dst.bytes;) {

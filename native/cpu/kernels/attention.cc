@@ -7,9 +7,7 @@ namespace nt::cpu {
 // attention_softmax_forward(scores, probs, batch, tq, tk, scale, causal, window, dtype)
 //   scores/probs [batch, tq, tk]; query i (aligned to the last tq keys) sees key j iff
 //   (!causal || j <= i + tk - tq) and (window == 0 || j > i + tk - tq - window). Masked → 0.
-static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
-  const char* call = "attention_softmax_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("attention_softmax_forward", AttentionSoftmaxForward) {
   int64_t batch = a.size(2), tq = a.size(3), tk = a.size(4);
   float scale = float(a.number(5));
   bool causal = a.boolean(6);
@@ -36,15 +34,11 @@ static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
     }
   });
   P.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
 
 // attention_softmax_backward(probs, gradProbs, gradScores, batch, tq, tk, scale, dtype)
 //   gradScores = scale · softmax'(probs)·gradProbs; masked entries (probs 0) get 0.
-static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
-  const char* call = "attention_softmax_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("attention_softmax_backward", AttentionSoftmaxBackward) {
   int64_t batch = a.size(3), tq = a.size(4), tk = a.size(5);
   float scale = float(a.number(6));
   DType dt = a.dtype(7);
@@ -60,8 +54,6 @@ static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
     }
   });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("attention_softmax_backward", AttentionSoftmaxBackward);
 
 }  // namespace nt::cpu

@@ -80,12 +80,11 @@ void F32View::commit() {
 }
 
 // cast(src, srcDtype, dst, dstDtype, n): element conversion through f32 (i32 -> i32 copies exactly).
-static Napi::Value Cast(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "cast");
+NT_KERNEL("cast", Cast) {
   DType st = a.dtype(1), dt = a.dtype(3);
   int64_t n = a.size(4);
-  uint8_t* src = storageData(info, 0, "cast", st, n);
-  uint8_t* dst = storageData(info, 2, "cast", dt, n);
+  uint8_t* src = storageData(info, 0, call, st, n);
+  uint8_t* dst = storageData(info, 2, call, dt, n);
   if (st == dt) {
     std::memmove(dst, src, size_t(n) * dtypeSize(st));
   } else if (st == DType::I32 && dt == DType::U8) {
@@ -103,63 +102,42 @@ static Napi::Value Cast(const Napi::CallbackInfo& info) {
       fromF32(tmp, dst + i * dtypeSize(dt), dt, m);
     }
   }
-  return info.Env().Undefined();
-}
-NT_EXPORT("cast", Cast);
-
-// The arguments of write and read (storage, offsetBytes, typedArray): the typed array's bytes and
-// the storage bytes from offsetBytes that match them, checked to lie inside the storage.
-struct TypedArrayRange {
-  uint8_t* storage;
-  RawBytes array;
-};
-static TypedArrayRange typedArrayRange(const Napi::CallbackInfo& info, const char* call) {
-  Args a = kernelArgs(info, call);
-  Storage* s = Storage::From(info[0], call, 0);
-  int64_t off = a.size(1);
-  RawBytes array = typedArrayBytes(info[2], call, 2);
-  s->checkRange(size_t(off), array.bytes, call);
-  return {s->data() + off, array};
 }
 
 // write(storage, offsetBytes, typedArray): copies the typed array's bytes into the storage.
 static Napi::Value Write(const Napi::CallbackInfo& info) {
-  TypedArrayRange r = typedArrayRange(info, "write");
-  if (r.array.bytes) std::memcpy(r.storage, r.array.data, r.array.bytes);
+  TypedArrayRange<Storage> r = typedArrayRange<Storage>(info, "write");
+  if (r.array.bytes) std::memcpy(r.storage->data() + r.offset, r.array.data, r.array.bytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("write", Write);
 
 // read(storage, offsetBytes, typedArray): copies storage bytes into the typed array (its length).
 static Napi::Value Read(const Napi::CallbackInfo& info) {
-  TypedArrayRange r = typedArrayRange(info, "read");
-  if (r.array.bytes) std::memcpy(r.array.data, r.storage, r.array.bytes);
+  TypedArrayRange<Storage> r = typedArrayRange<Storage>(info, "read");
+  if (r.array.bytes) std::memcpy(r.array.data, r.storage->data() + r.offset, r.array.bytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("read", Read);
 
 // copy(dst, dstOffsetBytes, src, srcOffsetBytes, bytes)
-static Napi::Value Copy(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "copy");
-  Storage* d = Storage::From(info[0], "copy", 0);
+NT_KERNEL("copy", Copy) {
+  Storage* d = Storage::From(info[0], call, 0);
   int64_t doff = a.size(1);
-  Storage* s = Storage::From(info[2], "copy", 2);
+  Storage* s = Storage::From(info[2], call, 2);
   int64_t soff = a.size(3);
   int64_t bytes = a.size(4);
-  d->checkRange(size_t(doff), size_t(bytes), "copy");
-  s->checkRange(size_t(soff), size_t(bytes), "copy");
+  d->checkRange(size_t(doff), size_t(bytes), call);
+  s->checkRange(size_t(soff), size_t(bytes), call);
   if (bytes) std::memmove(d->data() + doff, s->data() + soff, size_t(bytes));
-  return info.Env().Undefined();
 }
-NT_EXPORT("copy", Copy);
 
 // fill(storage, dtype, n, value)
-static Napi::Value Fill(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "fill");
+NT_KERNEL("fill", Fill) {
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   double v = a.number(3);
-  uint8_t* d = storageData(info, 0, "fill", dt, n);
+  uint8_t* d = storageData(info, 0, call, dt, n);
   switch (dt) {
     case DType::F32: {
       float f = float(v);
@@ -181,17 +159,14 @@ static Napi::Value Fill(const Napi::CallbackInfo& info) {
       for (int64_t i = 0; i < n; i++) p[i] = h;
     }
   }
-  return info.Env().Undefined();
 }
-NT_EXPORT("fill", Fill);
 
 // arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
-static Napi::Value Arange(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "arange");
+NT_KERNEL("arange", Arange) {
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   double start = a.number(3), step = a.number(4);
-  uint8_t* d = storageData(info, 0, "arange", dt, n);
+  uint8_t* d = storageData(info, 0, call, dt, n);
   if (dt == DType::I32) {
     auto p = reinterpret_cast<int32_t*>(d);
     for (int64_t i = 0; i < n; i++) p[i] = int32_t(start + double(i) * step);
@@ -204,8 +179,6 @@ static Napi::Value Arange(const Napi::CallbackInfo& info) {
       fromF32(tmp, d + i * dtypeSize(dt), dt, m);
     }
   }
-  return info.Env().Undefined();
 }
-NT_EXPORT("arange", Arange);
 
 }  // namespace nt::cpu

@@ -40,9 +40,7 @@ NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const floa
 
 // cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
 //   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)
-static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
-  const char* call = "cross_entropy_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("cross_entropy_forward", CrossEntropyForward) {
   int64_t rows = a.size(4), vocab = a.size(5), ignore = a.int64(6);
   DType dt = a.dtype(7);
   int64_t n = rows * vocab;
@@ -54,9 +52,7 @@ static Napi::Value CrossEntropyForward(const Napi::CallbackInfo& info) {
   checkTargets(t, rows, vocab, ignore, call);
   const float* x = X.data();
   parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { lossRows(x, t, loss, lse, b, e, vocab, ignore); });
-  return info.Env().Undefined();
 }
-NT_EXPORT("cross_entropy_forward", CrossEntropyForward);
 
 // Both backward bindings take (logits, targets: i32, lse: f32, gradLoss, gradLogits, rows, vocab, ignoreIndex,
 // scale, dtype): gradLogits[r, j] = gradLoss[0]·scale·(exp(logits[r, j] − lse[r]) − [j == target[r]]), ignored

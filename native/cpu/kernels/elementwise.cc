@@ -15,33 +15,21 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
   if (total == 0) return;
   if (rank == 0) { o[0] = f(a[0], b[0]); return; }
   int64_t inner = shape[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1];
-  std::vector<int64_t> idx(rank, int64_t(0));
-  int64_t offA = 0, offB = 0;
-  for (int64_t base = 0; base < total; base += inner) {
+  forEachStridedRow<2>(shape, {&sa, &sb}, {0, 0}, [&](int64_t base, const std::array<int64_t, 2>& off) {
     float* oo = o + base;
-    const float* aa = a + offA;
-    const float* bb = b + offB;
+    const float* aa = a + off[0];
+    const float* bb = b + off[1];
     if (ia == 1 && ib == 1) for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], bb[j]);
     else if (ia == 1 && ib == 0) { float y = bb[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j], y); }
     else if (ia == 0 && ib == 1) { float x = aa[0]; for (int64_t j = 0; j < inner; j++) oo[j] = f(x, bb[j]); }
     else for (int64_t j = 0; j < inner; j++) oo[j] = f(aa[j * ia], bb[j * ib]);
-    for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {  // advance the outer index like an odometer
-      offA += sa[size_t(d)];
-      offB += sb[size_t(d)];
-      if (++idx[size_t(d)] < shape[size_t(d)]) break;
-      offA -= sa[size_t(d)] * shape[size_t(d)];
-      offB -= sb[size_t(d)] * shape[size_t(d)];
-      idx[size_t(d)] = 0;
-    }
-  }
+  });
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
 //   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
 //   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
-static Napi::Value Binary(const Napi::CallbackInfo& info) {
-  const char* call = "binary";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("binary", Binary) {
   int64_t op = a.int64(0);
   DType dt = a.dtype(4);
   auto shape = intList(info, 5, call);
@@ -63,9 +51,7 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
     default: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("binary", Binary);
 
 // The arguments unary and unary_backward share: op (argument 0), then n, dtype and p at `nArg` on.
 struct UnaryArgs {
@@ -73,18 +59,16 @@ struct UnaryArgs {
   DType dt;
   float p;
 };
-static UnaryArgs unaryArgs(const Napi::CallbackInfo& info, const char* call, size_t nArg) {
-  Args a = kernelArgs(info, call);
+static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
   UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
-  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(call) + ": unknown op " + std::to_string(u.op));
+  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
   return u;
 }
 
 // unary(op, inp, out, n, dtype, p)
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
-static Napi::Value Unary(const Napi::CallbackInfo& info) {
-  const char* call = "unary";
-  auto [op, n, dt, p] = unaryArgs(info, call, 3);
+NT_KERNEL("unary", Unary) {
+  auto [op, n, dt, p] = unaryArgs(a, 3);
   F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
   const float* x = I.data();
   float* o = O.data();
@@ -104,15 +88,12 @@ static Napi::Value Unary(const Napi::CallbackInfo& info) {
     default: for (int64_t i = 0; i < n; i++) o[i] = p / x[i]; break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("unary", Unary);
 
 // unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p)
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
-static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
-  const char* call = "unary_backward";
-  auto [op, n, dt, p] = unaryArgs(info, call, 5);
+NT_KERNEL("unary_backward", UnaryBackward) {
+  auto [op, n, dt, p] = unaryArgs(a, 5);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
   F32View X(info, 1, call, dt, n, true, needX);
@@ -135,8 +116,6 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
     default: for (int64_t i = 0; i < n; i++) o[i] = -g[i] * p / (x[i] * x[i]); break;
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("unary_backward", UnaryBackward);
 
 }  // namespace nt::cpu

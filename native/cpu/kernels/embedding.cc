@@ -11,9 +11,7 @@ static void checkIds(const int32_t* ids, int64_t n, int64_t vocab, const char* c
 }
 
 // embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype)
-static Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
-  const char* call = "embedding_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("embedding_forward", EmbeddingForward) {
   int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
   DType dt = a.dtype(6);
   const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
@@ -22,15 +20,11 @@ static Napi::Value EmbeddingForward(const Napi::CallbackInfo& info) {
   checkIds(ids, n, vocab, call);
   size_t rowBytes = size_t(dim) * dtypeSize(dt);
   for (int64_t i = 0; i < n; i++) std::memcpy(o + size_t(i) * rowBytes, w + size_t(ids[i]) * rowBytes, rowBytes);
-  return info.Env().Undefined();
 }
-NT_EXPORT("embedding_forward", EmbeddingForward);
 
 // embedding_backward(ids: i32 [n], gradOut [n, dim], gradWeight [vocab, dim], n, vocab, dim, dtype)
 //   gradWeight is overwritten: zero, then gradOut rows added at their ids.
-static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
-  const char* call = "embedding_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("embedding_backward", EmbeddingBackward) {
   int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
   DType dt = a.dtype(6);
   const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
@@ -46,8 +40,6 @@ static Napi::Value EmbeddingBackward(const Napi::CallbackInfo& info) {
     for (int64_t j = 0; j < dim; j++) row[j] += gr[j];
   }
   W.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("embedding_backward", EmbeddingBackward);
 
 }  // namespace nt::cpu

@@ -25,9 +25,7 @@ NT_SIMD_CLONES static void geluBackwardRange(const float* x, const float* g, flo
 }
 
 // gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
-static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
-  const char* call = "gelu_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("gelu_forward", GeluForward) {
   int64_t n = a.size(2);
   DType dt = a.dtype(3);
   F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
@@ -35,14 +33,10 @@ static Napi::Value GeluForward(const Napi::CallbackInfo& info) {
   float* o = O.data();
   parallelRows(n, 20, [&](int64_t b, int64_t e) { geluRange(x, o, b, e); });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("gelu_forward", GeluForward);
 
 // gelu_backward(inp, gradOut, gradIn, n, dtype): gradIn = gradOut · gelu'(inp)
-static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
-  const char* call = "gelu_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("gelu_backward", GeluBackward) {
   int64_t n = a.size(3);
   DType dt = a.dtype(4);
   F32View I(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
@@ -51,8 +45,6 @@ static Napi::Value GeluBackward(const Napi::CallbackInfo& info) {
   float* o = O.data();
   parallelRows(n, 30, [&](int64_t b, int64_t e) { geluBackwardRange(x, g, o, b, e); });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("gelu_backward", GeluBackward);
 
 }  // namespace nt::cpu

@@ -17,8 +17,7 @@ namespace nt::cpu {
 // gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
 // Row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], op(A) is M x K, op(B) is K x N.
 // Batch strides are in elements; 0 broadcasts one matrix across the batch.
-static Napi::Value Gemm(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "gemm");
+NT_KERNEL("gemm", Gemm) {
   DType dt = a.dtype(3);
   int64_t batch = a.size(4), M = a.size(5), N = a.size(6), K = a.size(7);
   bool ta = a.boolean(8), tb = a.boolean(9);
@@ -28,10 +27,10 @@ static Napi::Value Gemm(const Napi::CallbackInfo& info) {
     fail(Err::DType, std::string("gemm: dtype ") + dtypeName(dt) + " is not supported (f32, bf16, f16)");
   auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
   int64_t nA = extent(sA, M * K), nB = extent(sB, K * N), nC = extent(sC, M * N);
-  uint8_t* pa = storageData(info, 0, "gemm", dt, nA);
-  uint8_t* pb = storageData(info, 1, "gemm", dt, nB);
-  uint8_t* pc = storageData(info, 2, "gemm", dt, nC);
-  if (batch == 0 || M == 0 || N == 0) return info.Env().Undefined();
+  uint8_t* pa = storageData(info, 0, call, dt, nA);
+  uint8_t* pb = storageData(info, 1, call, dt, nB);
+  uint8_t* pc = storageData(info, 2, call, dt, nC);
+  if (batch == 0 || M == 0 || N == 0) return;
   F32View A(pa, dt, nA, true), B(pb, dt, nB, true), C(pc, dt, nC, beta != 0.0f);
   int lda = int(ta ? M : K), ldb = int(tb ? K : N), ldc = int(N);
   for (int64_t b = 0; b < batch; b++) {
@@ -44,9 +43,7 @@ static Napi::Value Gemm(const Napi::CallbackInfo& info) {
                 alpha, A.data() + b * sA, lda > 0 ? lda : 1, B.data() + b * sB, ldb > 0 ? ldb : 1, beta, c, ldc);
   }
   C.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("gemm", Gemm);
 
 // Calls cblas_sgemm directly on f32 storages: the yardstick of `nodetron bench gemm`.
 // cblasSgemm(A, B, C, M, N, K, iterations) -> seconds of the loop

@@ -6,9 +6,7 @@ namespace nt::cpu {
 
 // layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype)
 //   out = (x − mean)·rstd·weight + bias per row of [rows, cols]
-static Napi::Value LayerNormForward(const Napi::CallbackInfo& info) {
-  const char* call = "layernorm_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("layernorm_forward", LayerNormForward) {
   int64_t rows = a.size(6), cols = a.size(7);
   float eps = float(a.number(8));
   DType dt = a.dtype(9);
@@ -38,9 +36,7 @@ static Napi::Value LayerNormForward(const Napi::CallbackInfo& info) {
     }
   });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("layernorm_forward", LayerNormForward);
 
 // Shared backward of both norms: dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂)) (LayerNorm,
 // centered) or without the first mean (RMSNorm); dW = Σ_rows g·x̂, dB = Σ_rows g.
@@ -73,9 +69,7 @@ static void normBackward(const float* x, const float* w, const float* mean, cons
 
 // layernorm_backward(x, weight, mean, rstd, gradOut, gradX, gradW, gradB|null, rows, cols, dtype)
 //   gradW and gradB are overwritten (not accumulated).
-static Napi::Value LayerNormBackward(const Napi::CallbackInfo& info) {
-  const char* call = "layernorm_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("layernorm_backward", LayerNormBackward) {
   int64_t rows = a.size(8), cols = a.size(9);
   DType dt = a.dtype(10);
   int64_t n = rows * cols;
@@ -90,15 +84,11 @@ static Napi::Value LayerNormBackward(const Napi::CallbackInfo& info) {
   DX.commit();
   DW.commit();
   DB.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("layernorm_backward", LayerNormBackward);
 
 // rmsnorm_forward(x, weight, out, rstd: f32, rows, cols, eps, dtype): out = x·rstd·weight,
 //   rstd = 1/√(mean(x²) + eps)
-static Napi::Value RmsNormForward(const Napi::CallbackInfo& info) {
-  const char* call = "rmsnorm_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("rmsnorm_forward", RmsNormForward) {
   int64_t rows = a.size(4), cols = a.size(5);
   float eps = float(a.number(6));
   DType dt = a.dtype(7);
@@ -117,14 +107,10 @@ static Napi::Value RmsNormForward(const Napi::CallbackInfo& info) {
     for (int64_t j = 0; j < cols; j++) o[r * cols + j] = xr[j] * rs * w[j];
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("rmsnorm_forward", RmsNormForward);
 
 // rmsnorm_backward(x, weight, rstd, gradOut, gradX, gradW, rows, cols, dtype); gradW overwritten
-static Napi::Value RmsNormBackward(const Napi::CallbackInfo& info) {
-  const char* call = "rmsnorm_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("rmsnorm_backward", RmsNormBackward) {
   int64_t rows = a.size(6), cols = a.size(7);
   DType dt = a.dtype(8);
   int64_t n = rows * cols;
@@ -135,8 +121,6 @@ static Napi::Value RmsNormBackward(const Napi::CallbackInfo& info) {
   normBackward(X.data(), W.data(), nullptr, rstd, G.data(), DX.data(), DW.data(), nullptr, rows, cols, false);
   DX.commit();
   DW.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("rmsnorm_backward", RmsNormBackward);
 
 }  // namespace nt::cpu

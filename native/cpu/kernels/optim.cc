@@ -152,9 +152,7 @@ NT_EXPORT("lamb_step", LambStep);
 //         lr, momentum, dampening, weightDecay, nesterov, firstStep, gradScale)
 // PyTorch's SGD: d = g + wd*p; with momentum, buf = d on the first step, else momentum*buf + (1-dampening)*d,
 // and d = nesterov ? d + momentum*buf : buf; then p -= lr*d. momentumBufs is [] when momentum is 0.
-static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
-  const char* call = "sgd_step";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("sgd_step", SgdStep) {
   ParamGradLists l = paramGradLists(info, call, 3);
   double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
   bool nesterov = a.boolean(10), first = a.boolean(11);
@@ -173,9 +171,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
       p[i] -= flr * d;
     }
   });
-  return info.Env().Undefined();
 }
-NT_EXPORT("sgd_step", SgdStep);
 
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: each tensor's sum of squares, accumulated in f64.
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {

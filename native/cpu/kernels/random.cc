@@ -12,8 +12,7 @@ static uint64_t seedArg(const Args& a, size_t i) {
 // random_fill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b)
 //   element i of the storage is element firstElement + i of the draw that starts at baseBlock
 //   kind 0: uniform in [a, b); kind 1: normal with mean a and std b; kind 2: bernoulli(p=a) as 0/1
-static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
-  Args a = kernelArgs(info, "random_fill");
+NT_KERNEL("random_fill", RandomFill) {
   DType dt = a.dtype(1);
   int64_t n = a.size(2);
   int64_t kind = a.int64(3);
@@ -22,7 +21,7 @@ static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
   uint64_t first = uint64_t(a.size(7));
   float p0 = float(a.number(8)), p1 = float(a.number(9));
   if (kind < 0 || kind > 2) fail(Err::Argument, "random_fill: unknown distribution " + std::to_string(kind));
-  uint8_t* d = storageData(info, 0, "random_fill", dt, n);
+  uint8_t* d = storageData(info, 0, call, dt, n);
   F32View out(d, dt, n, false);
   float* o = out.data();
   if (kind == 0) {
@@ -33,8 +32,6 @@ static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
     for (int64_t i = 0; i < n; i++) o[i] = philox::uniform(seed, base, first + uint64_t(i)) < p0 ? 1.0f : 0.0f;
   }
   out.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("random_fill", RandomFill);
 
 }  // namespace nt::cpu

@@ -7,9 +7,7 @@ namespace nt::cpu {
 // sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)
 //   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on the
 //   summed dims. Accumulates in double so long sums stay exact to f32 rounding.
-static Napi::Value SumTo(const Napi::CallbackInfo& info) {
-  const char* call = "sum_to";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("sum_to", SumTo) {
   DType dt = a.dtype(2);
   auto shape = intList(info, 3, call);
   auto so = intList(info, 4, call, int64_t(shape.size()));
@@ -23,38 +21,26 @@ static Napi::Value SumTo(const Napi::CallbackInfo& info) {
   if (n > 0 && rank == 0) acc[0] = x[0];
   if (n > 0 && rank > 0) {
     int64_t inner = shape[rank - 1], io = so[rank - 1];
-    std::vector<int64_t> idx(rank, int64_t(0));
-    int64_t off = 0;
-    for (int64_t base = 0; base < n; base += inner) {
+    forEachStridedRow<1>(shape, {&so}, {0}, [&](int64_t base, const std::array<int64_t, 1>& off) {
       const float* xx = x + base;
       if (io == 0) {
         double s = 0;
         for (int64_t j = 0; j < inner; j++) s += xx[j];
-        acc[size_t(off)] += s;
+        acc[size_t(off[0])] += s;
       } else {
-        double* d = acc.data() + off;
+        double* d = acc.data() + off[0];
         for (int64_t j = 0; j < inner; j++) d[j * io] += xx[j];
       }
-      for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {
-        off += so[size_t(d)];
-        if (++idx[size_t(d)] < shape[size_t(d)]) break;
-        off -= so[size_t(d)] * shape[size_t(d)];
-        idx[size_t(d)] = 0;
-      }
-    }
+    });
   }
   float* o = O.data();
   for (int64_t i = 0; i < nOut; i++) o[i] = float(acc[size_t(i)]);
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("sum_to", SumTo);
 
 // max_dim(inp, out, argmax: i32, outer, red, inner, dtype)
 //   inp viewed as [outer, red, inner]; out[o, i] = max_r inp[o, r, i], argmax the first r reaching it.
-static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
-  const char* call = "max_dim";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("max_dim", MaxDim) {
   int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
   DType dt = a.dtype(6);
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
@@ -76,15 +62,11 @@ static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
     }
   }
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("max_dim", MaxDim);
 
 // max_dim_backward(gradOut, argmax: i32, gradIn, outer, red, inner, dtype)
 //   gradIn[o, argmax[o, i], i] = gradOut[o, i]; every other element 0.
-static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
-  const char* call = "max_dim_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("max_dim_backward", MaxDimBackward) {
   int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
   DType dt = a.dtype(6);
   int64_t n = outer * red * inner, m = outer * inner;
@@ -97,8 +79,6 @@ static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
   for (int64_t b = 0; b < outer; b++)
     for (int64_t i = 0; i < inner; i++) o[(b * red + arg[b * inner + i]) * inner + i] = G.data()[b * inner + i];
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("max_dim_backward", MaxDimBackward);
 
 }  // namespace nt::cpu

@@ -7,9 +7,7 @@ namespace nt::cpu {
 // copy_strided(src, dst, dtype, shape: Int32Array, srcStrides: Int32Array, srcOffset, dstStrides: Int32Array, dstOffset)
 //   dst[dstOffset + Σ idx·dstStrides] = src[srcOffset + Σ idx·srcStrides] for idx over shape
 //   (element offsets and strides; bytes copied as they are, no conversion).
-static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
-  const char* call = "copy_strided";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("copy_strided", CopyStrided) {
   DType dt = a.dtype(2);
   auto shape = intList(info, 3, call);
   auto ss = intList(info, 4, call, int64_t(shape.size()));
@@ -17,16 +15,15 @@ static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
   auto ds = intList(info, 6, call, int64_t(shape.size()));
   int64_t dOff = a.size(7);
   int64_t n = product(shape);
-  if (n == 0) return info.Env().Undefined();
+  if (n == 0) return;
   uint8_t* src = storageData(info, 0, call, dt, so + stridedExtent(shape, ss, call));
   uint8_t* dst = storageData(info, 1, call, dt, dOff + stridedExtent(shape, ds, call));
   size_t es = dtypeSize(dt);
   size_t rank = shape.size();
-  if (rank == 0) { std::memcpy(dst + dOff * es, src + so * es, es); return info.Env().Undefined(); }
+  if (rank == 0) { std::memcpy(dst + dOff * es, src + so * es, es); return; }
   int64_t inner = shape[rank - 1], si = ss[rank - 1], di = ds[rank - 1];
-  std::vector<int64_t> idx(rank, int64_t(0));
-  int64_t offS = so, offD = dOff;
-  for (int64_t base = 0; base < n; base += inner) {
+  forEachStridedRow<2>(shape, {&ss, &ds}, {so, dOff}, [&](int64_t, const std::array<int64_t, 2>& off) {
+    int64_t offS = off[0], offD = off[1];
     if (si == 1 && di == 1) {
       std::memcpy(dst + offD * es, src + offS * es, size_t(inner) * es);
     } else if (es == 4) {
@@ -36,17 +33,7 @@ static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
     } else {
       for (int64_t j = 0; j < inner; j++) std::memcpy(dst + (offD + j * di) * es, src + (offS + j * si) * es, es);
     }
-    for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {
-      offS += ss[size_t(d)];
-      offD += ds[size_t(d)];
-      if (++idx[size_t(d)] < shape[size_t(d)]) break;
-      offS -= ss[size_t(d)] * shape[size_t(d)];
-      offD -= ds[size_t(d)] * shape[size_t(d)];
-      idx[size_t(d)] = 0;
-    }
-  }
-  return info.Env().Undefined();
+  });
 }
-NT_EXPORT("copy_strided", CopyStrided);
 
 }  // namespace nt::cpu

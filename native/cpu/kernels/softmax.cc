@@ -12,9 +12,7 @@ NT_SIMD_CLONES static void softmaxRowsBackward(const float* y, const float* g, f
 }
 
 // softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
-static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
-  const char* call = "softmax_forward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("softmax_forward", SoftmaxForward) {
   int64_t rows = a.size(2), cols = a.size(3);
   DType dt = a.dtype(4);
   bool log = a.boolean(5);
@@ -26,14 +24,10 @@ static Napi::Value SoftmaxForward(const Napi::CallbackInfo& info) {
     softmaxRows(x, o, b, e, cols, log);
   });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("softmax_forward", SoftmaxForward);
 
 // softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log): from the forward's output
-static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
-  const char* call = "softmax_backward";
-  Args a = kernelArgs(info, call);
+NT_KERNEL("softmax_backward", SoftmaxBackward) {
   int64_t rows = a.size(3), cols = a.size(4);
   DType dt = a.dtype(5);
   bool log = a.boolean(6);
@@ -46,8 +40,6 @@ static Napi::Value SoftmaxBackward(const Napi::CallbackInfo& info) {
     softmaxRowsBackward(y, g, o, b, e, cols, log);
   });
   O.commit();
-  return info.Env().Undefined();
 }
-NT_EXPORT("softmax_backward", SoftmaxBackward);
 
 }  // namespace nt::cpu

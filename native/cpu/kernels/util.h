@@ -2,6 +2,7 @@
 // extents, a vectorizable exp, and a split of row ranges over a few threads.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -65,6 +66,26 @@ inline float maxLanes(const float* x, int64_t n) {
   for (; j < n; j++) m = x[j] > m ? x[j] : m;
   for (int u = 0; u < L; u++) m = acc[u] > m ? acc[u] : m;
   return m;
+}
+
+// Walks a non-empty shape of rank >= 1 row by row, in row-major order: fn(base, off) for each run of
+// the last dimension, where base is the run's first element and off[k] its offset under strides[k]
+// (starting from start[k]); the outer index advances like an odometer.
+template <size_t K, class F>
+inline void forEachStridedRow(const std::vector<int64_t>& shape, const std::array<const std::vector<int64_t>*, K>& strides,
+                              std::array<int64_t, K> off, F fn) {
+  size_t rank = shape.size();
+  int64_t total = product(shape), inner = shape[rank - 1];
+  std::vector<int64_t> idx(rank, int64_t(0));
+  for (int64_t base = 0; base < total; base += inner) {
+    fn(base, off);
+    for (int64_t d = int64_t(rank) - 2; d >= 0; d--) {
+      for (size_t k = 0; k < K; k++) off[k] += (*strides[k])[size_t(d)];
+      if (++idx[size_t(d)] < shape[size_t(d)]) break;
+      for (size_t k = 0; k < K; k++) off[k] -= (*strides[k])[size_t(d)] * shape[size_t(d)];
+      idx[size_t(d)] = 0;
+    }
+  }
 }
 
 // Runs fn(begin, end) over [0, rows) split across up to `threads` threads when the work is large
