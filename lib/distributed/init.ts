@@ -8,6 +8,7 @@ import { cpu, cuda } from '../native.js';
 import { type CommBackend, createGlooBackend } from './backend.js';
 import { HostStagedBackend } from './host-staging.js';
 import { createNcclBackend, loadNcclAddon, ncclUsableDevices } from './nccl-backend.js';
+import { installFlightSignal } from './flight.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
@@ -180,6 +181,7 @@ export async function init(options: InitOptions = {}): Promise<{ world: ProcessG
     throw e;
   }
   runtime = rt;
+  installFlightSignal();
   return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
 }
 
