@@ -1,9 +1,12 @@
 // The launcher's per-node agent, torchrun's elastic agent as a small state machine:
 // rendezvous (nodes meet in the store) → start (spawn local ranks) → monitor (exits, the job's
 // failure key, heartbeats) → restart (new attempt, new store namespace) or stop (report, exit code).
-import { hostname } from 'node:os';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { CommError, TimeoutError } from '../errors.js';
 import { PrefixStore, type Store } from '../distributed/store.js';
+import { analyzeFlight, readFlightDumps } from './flight-analysis.js';
 import { scriptCommand, WorkerGroup, type WorkerExit, type WorkerSpec } from './workers.js';
 
 export interface AgentConfig {
@@ -80,12 +83,13 @@ export class LaunchAgent {
       const agentStore = new PrefixStore(attemptStore, 'agent');
       let outcome: Outcome;
       let group: WorkerGroup | undefined;
+      const flight = this.flightDir(attempt);
       try {
         this.state = 'rendezvous';
         const nodes = await this.rendezvous(agentStore);
         this.state = 'running';
         const firstFailure: { value?: FailureRecord } = {};
-        group = this.start(attempt, nodes, (exit, tail) => {
+        group = this.start(attempt, nodes, flight?.dir, (exit, tail) => {
           if (firstFailure.value || exit.stopped || (exit.exitCode === 0 && !exit.signal)) return;
           firstFailure.value = this.failureOf(exit, tail);
           this.wakeMonitor?.();
@@ -101,11 +105,14 @@ export class LaunchAgent {
       }
       if (outcome.ok) {
         this.state = 'succeeded';
+        if (flight?.temporary) rmSync(flight.dir, { recursive: true, force: true });
         return 0;
       }
       this.state = 'stopping';
+      const stopped = group && flight && !this.interrupted ? await this.requestDumps(group, flight.dir) : undefined;
       await group?.stop(this.config.stopGraceMs);
       this.report(attempt, outcome.failure);
+      if (group && flight && stopped) this.reportFlight(group, flight.dir, stopped);
       if (this.interrupted) return 128 + (this.interrupted === 'SIGINT' ? 2 : 15);
       if (outcome.fatal || attempt >= this.config.maxRestarts) {
         this.state = 'failed';
@@ -134,7 +141,7 @@ export class LaunchAgent {
   }
 
   // ---- start: one process per local rank, with the environment contract -----------------------
-  private start(attempt: number, nodes: NodeInfo[], onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
+  private start(attempt: number, nodes: NodeInfo[], flightDir: string | undefined, onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
     const { nodeRank, masterAddr, masterPort, runId, rdzvUrl, script, scriptArgs } = this.config;
     const worldSize = nodes.reduce((n, node) => n + node.localWorldSize, 0);
     const rankOffset = nodes.slice(0, nodeRank).reduce((n, node) => n + node.localWorldSize, 0);
@@ -154,6 +161,7 @@ export class LaunchAgent {
         NODETRON_RESTART_COUNT: String(attempt),
         NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
         ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
+        ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
       },
     }));
     if (nodeRank === 0 || attempt > 0) {
@@ -259,6 +267,61 @@ export class LaunchAgent {
     await agentStore.wait(keys, { timeoutMs: joinTimeoutMs }).catch(() => undefined);
   }
 
+  // ---- flight recorder: where ranks dump, asking them to, and the analysis ----------------------
+  /** This attempt's dump directory (under NODETRON_FLIGHT_DIR when set, else a new temp dir); undefined when the recorder is off. */
+  private flightDir(attempt: number): { dir: string; temporary: boolean } | undefined {
+    if (process.env.NODETRON_FLIGHT_RECORDER === '0') return undefined;
+    const base = process.env.NODETRON_FLIGHT_DIR;
+    try {
+      if (base) {
+        const dir = join(base, `node${this.config.nodeRank}-attempt${attempt}`);
+        rmSync(dir, { recursive: true, force: true });
+        mkdirSync(dir, { recursive: true });
+        return { dir, temporary: false };
+      }
+      return { dir: mkdtempSync(join(tmpdir(), `nodetron-flight-${this.config.nodeRank}-${attempt}-`)), temporary: true };
+    } catch (e) {
+      this.log(`flight recorder off: cannot create its directory (${(e as Error).message})`);
+      return undefined;
+    }
+  }
+
+  /**
+   * Sends SIGUSR2 to every running worker that registered the flight recorder's handler and waits
+   * (briefly) for their dumps; returns the ranks whose process is stopped (SIGSTOP: they cannot dump).
+   */
+  private async requestDumps(group: WorkerGroup, dir: string): Promise<Set<number>> {
+    const stopped = new Set<number>();
+    const asked: { rank: number; path: string }[] = [];
+    const t0 = Date.now();
+    for (const w of group.running()) {
+      if (w.pid === undefined || !existsSync(join(dir, `rank-${w.rank}.pid`))) continue;
+      if (processState(w.pid) === 'T') { stopped.add(w.rank); continue; }
+      try {
+        process.kill(w.pid, 'SIGUSR2');
+        asked.push({ rank: w.rank, path: join(dir, `rank-${w.rank}.json`) });
+      } catch { /* it just exited */ }
+    }
+    const fresh = (p: string) => { try { return statSync(p).mtimeMs >= t0 - 5; } catch { return false; } };
+    const deadline = t0 + Math.min(3000, Math.max(500, this.config.stopGraceMs));
+    while (asked.some((a) => !fresh(a.path)) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+      // A rank blocked in a synchronous wait runs the handler late or never; one that exits meanwhile is done.
+      for (let i = asked.length - 1; i >= 0; i--) if (!group.running().some((w) => w.rank === asked[i]!.rank)) asked.splice(i, 1);
+    }
+    return stopped;
+  }
+
+  private reportFlight(group: WorkerGroup, dir: string, stopped: Set<number>): void {
+    const dumps = readFlightDumps(dir);
+    const registered = readdirSync(dir).filter((f) => f.endsWith('.pid')).length;
+    if (dumps.size === 0 && registered === 0) return;  // the workers do not use nt.distributed
+    const worldSize = [...dumps.values()][0]?.worldSize ?? group.ranks.length;
+    const lines = analyzeFlight(dumps, { worldSize, localRanks: group.ranks, stopped });
+    this.log(`flight recorder (dumps in ${dir}):`);
+    for (const l of lines) this.log(`  ${l}`);
+  }
+
   private report(attempt: number, failure: FailureRecord): void {
     const lines = [`attempt ${attempt} failed: ${failure.reason}`];
     if (failure.node !== this.config.nodeRank && failure.rank !== undefined) lines.push(`(the failure was on node ${failure.node}; this node stopped its workers)`);
@@ -269,5 +332,15 @@ export class LaunchAgent {
       lines.push(`rank ${failure.rank} wrote nothing to stderr`);
     }
     for (const l of lines) this.log(l);
+  }
+}
+
+/** A process's state letter from /proc (R, S, T = stopped, Z, ...), or undefined off Linux or once it is gone. */
+function processState(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).charAt(0);
+  } catch {
+    return undefined;
   }
 }
