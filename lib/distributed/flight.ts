@@ -11,6 +11,7 @@ import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CommError, TimeoutError } from '../errors.js';
+import { setTraceCoords, traceEnabled, traceOp } from './trace.js';
 
 export type FlightState = 'issued' | 'started' | 'completed' | 'failed';
 
@@ -34,6 +35,8 @@ export interface FlightOp {
   startedAt?: number;
   endedAt?: number;
   error?: string;
+  /** This process's global rank. */
+  self?: number;
   /** The captured (lazily formatted) stack; written as a string array in dumps. */
   stackHolder?: { stack?: string };
 }
@@ -71,8 +74,9 @@ let signalInstalled = false;
 /** Stack frames kept per op (the top ones are the group's own and are dropped when written). */
 const STACK_FRAMES = 8;
 
-/** Whether ops are recorded (checked on the hot path: one branch when off). */
-export const flightEnabled = FLIGHT_SIZE > 0;
+const ringOn = FLIGHT_SIZE > 0;
+/** Whether ops are observed, by the ring or the trace (checked on the hot path: one branch when both are off). */
+export const flightEnabled = ringOn || traceEnabled;
 
 /** Records an op as issued; undefined when the recorder is off. */
 export function opIssued(g: GroupInfo, op: string, seq: number, bytes: number, dtype: string,
@@ -90,18 +94,22 @@ export function opIssued(g: GroupInfo, op: string, seq: number, bytes: number, d
     info.entered = seq;
     info.lastOp = op;
   }
-  const holder: { stack?: string } = {};
-  const limit = Error.stackTraceLimit;
-  Error.stackTraceLimit = STACK_FRAMES;
-  Error.captureStackTrace(holder);  // formatted only if the op is ever written
-  Error.stackTraceLimit = limit;
+  let holder: { stack?: string } | undefined;
+  if (ringOn) {
+    holder = {};
+    const limit = Error.stackTraceLimit;
+    Error.stackTraceLimit = STACK_FRAMES;
+    Error.captureStackTrace(holder);  // formatted only if the op is ever written
+    Error.stackTraceLimit = limit;
+  }
   const entry: FlightOp = { id: nextId, group: g.name, seq, op, p2p, bytes, dtype, state: 'issued', issuedAt: now(), stackHolder: holder };
+  entry.self = g.ranks[g.rank]!;
   if (extra) {
     if (extra.peer !== undefined) entry.peer = extra.peer;
     if (extra.root !== undefined) entry.root = g.ranks[extra.root];
     if (extra.tag !== undefined) entry.tag = extra.tag;
   }
-  ring[nextId % FLIGHT_SIZE] = entry;
+  if (ringOn) ring[nextId % FLIGHT_SIZE] = entry;
   nextId++;
   return entry;
 }
@@ -123,10 +131,12 @@ export function opSettled(e: FlightOp | undefined, failed: boolean, error?: unkn
       const info = groups.get(e.group);
       if (info && e.seq > info.completed) info.completed = e.seq;
     }
+    if (traceEnabled) traceOp(e, e.self ?? 0);
     return;
   }
   e.state = 'failed';
   e.error = error instanceof Error ? error.message : String(error);
+  if (traceEnabled) traceOp(e, e.self ?? 0);
   if (error instanceof CommError || error instanceof TimeoutError) {
     dumpFlightRecord(`${e.op} #${e.seq} in group '${e.group}' failed: ${e.error}`);
   }
@@ -136,6 +146,7 @@ export function opSettled(e: FlightOp | undefined, failed: boolean, error?: unkn
 export function setFlightMesh(all: readonly Record<string, number>[], rank: number, dims: Record<string, string>): void {
   if (!flightEnabled) return;
   coords = { ...all[rank] };
+  if (traceEnabled) setTraceCoords(coords);
   meshCoords = all.map((c) => ({ ...c }));
   for (const [dim, name] of Object.entries(dims)) {
     const info = groups.get(name);
@@ -185,7 +196,7 @@ export function flightSnapshot(reason: string): FlightDump {
 
 /** Writes the ring (synchronously: the process may be about to exit) to `<dir>/rank-<R>.json`; returns the path, or undefined when off or on a write error. */
 export function dumpFlightRecord(reason: string): string | undefined {
-  if (!flightEnabled) return undefined;
+  if (!ringOn) return undefined;
   try {
     const dir = flightDir();
     mkdirSync(dir, { recursive: true });
@@ -208,7 +219,7 @@ export function dumpFlightRecord(reason: string): string | undefined {
  * path dumps by itself).
  */
 export function installFlightSignal(): void {
-  if (!flightEnabled || signalInstalled || !process.env.NODETRON_FLIGHT_DIR) return;
+  if (!ringOn || signalInstalled || !process.env.NODETRON_FLIGHT_DIR) return;
   signalInstalled = true;
   process.on('SIGUSR2', () => { dumpFlightRecord('requested by the launcher (SIGUSR2)'); });
   try {
