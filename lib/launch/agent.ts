@@ -113,6 +113,8 @@ export class LaunchAgent {
       await group?.stop(this.config.stopGraceMs);
       this.report(attempt, outcome.failure);
       if (group && flight && stopped) this.reportFlight(group, flight.dir, stopped);
+      // Nothing was recorded (the workers do not use nt.distributed): leave no empty temp dir behind.
+      if (flight?.temporary && readdirSync(flight.dir).length === 0) rmSync(flight.dir, { recursive: true, force: true });
       if (this.interrupted) return 128 + (this.interrupted === 'SIGINT' ? 2 : 15);
       if (outcome.fatal || attempt >= this.config.maxRestarts) {
         this.state = 'failed';
