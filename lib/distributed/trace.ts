@@ -25,7 +25,8 @@ const events: TraceEvent[] = [];
 let clockOffsetUs = 0;
 let coords: Record<string, number> | undefined;
 let exitHook = false;
-const rank = (): number => Number(process.env.RANK ?? 0);
+const RANK = Number(process.env.RANK ?? 0);
+const rank = (): number => RANK;
 /** Microseconds since the epoch (the trace's clock). */
 export const traceNowUs = (): number => (performance.timeOrigin + performance.now()) * 1000;
 
