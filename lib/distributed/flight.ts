@@ -71,6 +71,13 @@ const p2pCounters = new Map<string, number>();
 let coords: Record<string, number> | undefined;
 let meshCoords: Record<string, number>[] | undefined;
 let signalInstalled = false;
+// Under the launcher: a file whose mtime says when this rank last completed an op (its hang check).
+let progressPath: string | undefined;
+let lastProgress = 0;
+function touchProgress(at: number): void {
+  lastProgress = at;
+  try { writeFileSync(progressPath!, String(nextId)); } catch { progressPath = undefined; }
+}
 /** Stack frames kept per op (the top ones are the group's own and are dropped when written). */
 const STACK_FRAMES = 8;
 
@@ -132,6 +139,7 @@ export function opSettled(e: FlightOp | undefined, failed: boolean, error?: unkn
       if (info && e.seq > info.completed) info.completed = e.seq;
     }
     if (traceEnabled) traceOp(e, e.self ?? 0);
+    if (progressPath && e.endedAt - lastProgress >= 1000) touchProgress(e.endedAt);
     return;
   }
   e.state = 'failed';
@@ -225,6 +233,7 @@ export function installFlightSignal(): void {
   try {
     mkdirSync(flightDir(), { recursive: true });
     writeFileSync(join(flightDir(), `rank-${process.env.RANK ?? 0}.pid`), String(process.pid));
+    progressPath = join(flightDir(), `rank-${process.env.RANK ?? 0}.progress`);
   } catch { /* the launcher then just does not signal this rank */ }
 }
 

@@ -25,6 +25,8 @@ export interface AgentConfig {
   heartbeatTimeoutMs: number;
   /** SIGTERM → SIGKILL grace period when stopping workers. */
   stopGraceMs: number;
+  /** Stop the job when no local rank has completed a collective for this long (flight recorder progress files); 0 or absent: off. */
+  hangTimeoutMs?: number;
   /** Namespace of this job in the store (matters when a Redis store is shared). */
   runId: string;
   /** redis://host:port when rendezvous goes through Redis. */
@@ -94,7 +96,7 @@ export class LaunchAgent {
           firstFailure.value = this.failureOf(exit, tail);
           this.wakeMonitor?.();
         });
-        outcome = await this.monitor(agentStore, group, firstFailure);
+        outcome = await this.monitor(agentStore, group, firstFailure, flight?.dir);
       } catch (e) {
         // The store failed or a node never joined: there is nothing to coordinate a restart with.
         if (!(e instanceof CommError || e instanceof TimeoutError)) {
@@ -187,8 +189,9 @@ export class LaunchAgent {
   }
 
   // ---- monitor: local exits, the job's failure key, heartbeats; until success or a failure -----
-  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }): Promise<Outcome> {
+  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }, flightDir?: string): Promise<Outcome> {
     const { nnodes, nodeRank, monitorIntervalMs, heartbeatTimeoutMs } = this.config;
+    const hangMs = this.config.hangTimeoutMs ?? 0;
     let localDone = false;
     void group.wait().then(() => {
       localDone = true;
@@ -211,6 +214,12 @@ export class LaunchAgent {
         const remote = await agentStore.tryGet('failed');
         if (remote) return { ok: false, failure: JSON.parse(new TextDecoder().decode(remote)) as FailureRecord };
 
+        const hang = hangMs > 0 && flightDir ? stalled(group, flightDir, hangMs) : undefined;
+        if (hang) {
+          const failure: FailureRecord = { node: nodeRank, reason: hang, stderrTail: [] };
+          const published = await agentStore.compareSet('failed', '', encodeJson(failure));
+          return { ok: false, failure: JSON.parse(new TextDecoder().decode(published)) as FailureRecord };
+        }
         await agentStore.set(`heartbeat/${nodeRank}`, String(beat++));
         const now = Date.now();
         for (let r = 0; r < nnodes; r++) {
@@ -345,4 +354,25 @@ function processState(pid: number): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Whether this node's job stopped progressing: every running rank that has completed a collective
+ * (its flight recorder touches `rank-R.progress` at most once a second) last did so more than
+ * `limitMs` ago. Returns the reason, or undefined.
+ */
+function stalled(group: WorkerGroup, dir: string, limitMs: number): string | undefined {
+  const running = group.running();
+  if (running.length === 0) return undefined;
+  const now = Date.now();
+  let newest = 0;
+  for (const w of running) {
+    try {
+      newest = Math.max(newest, statSync(join(dir, `rank-${w.rank}.progress`)).mtimeMs);
+    } catch {
+      return undefined;  // a rank that has not completed its first collective yet (start-up) is not judged
+    }
+  }
+  const idle = now - newest;
+  return idle > limitMs ? `the job stopped progressing: no rank of this node completed a collective for ${Math.round(idle)} ms (--hang-timeout-ms ${limitMs})` : undefined;
 }

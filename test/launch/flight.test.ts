@@ -13,11 +13,11 @@ const pool = new JobPool();
 const dirs: string[] = [];
 afterAll(() => { for (const d of dirs) rmSync(d, { recursive: true, force: true }); });
 
-function launch(nproc: number, env: NodeJS.ProcessEnv) {
+function launch(nproc: number, env: NodeJS.ProcessEnv, flags: string[] = []) {
   const dir = mkdtempSync(join(tmpdir(), 'nodetron-flight-test-'));
   dirs.push(dir);
   return pool.run(async () => {
-    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', String(nproc), '--stop-grace-ms', '2000',
+    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', String(nproc), '--stop-grace-ms', '2000', ...flags,
       join(fixtures, 'flight.ts')], { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_FLIGHT_DIR: dir, ...env } });
     return { ...r, dir };
   });
@@ -47,5 +47,16 @@ describe('flight recorder', () => {
     expect(r.output).toMatch(/rank 2 \(tp 0, pp 0, dp 2\) never reached allReduce\(sum\) #3 in group '\w+' that rank\(s\) 0, 1 wait in \(frozen: its process is stopped \(SIGSTOP\), no dump\)/);
     expect(r.output).toMatch(/group '\w+' \(dp\) \[ranks 0, 1, 2\]: rank\(s\) 0, 1 wait in allReduce\(sum\) #3/);
     expect(r.output).toContain('dumps from rank(s) 0, 1 of 3; none from 2');
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('--hang-timeout-ms: a job that stops progressing is stopped long before the collective timeout, the frozen rank named', async () => {
+    // The ranks' own timeout is 10 minutes: only the launcher's hang check can end this job in time.
+    const r = await launch(3, { FLIGHT_MODE: 'stop', BAD_RANK: '2', BAD_STEP: '3', OP_TIMEOUT_MS: '600000' }, ['--hang-timeout-ms', '4000']);
+    expect(r.timedOut).toBe(false);
+    expect(r.code).toBe(1);
+    expect(r.output).toMatch(/attempt 0 failed: the job stopped progressing: no rank of this node completed a collective for \d+ ms \(--hang-timeout-ms 4000\)/);
+    // The waiting ranks answered SIGUSR2 from inside their pending allReduce.
+    expect(r.output).toMatch(/rank 2 never reached allReduce\(sum\) #4 in group 'world' that rank\(s\) 0, 1 wait in \(frozen: its process is stopped \(SIGSTOP\), no dump\)/);
+    expect(r.output).toMatch(/rank 0, pid \d+: dumped because requested by the launcher \(SIGUSR2\)/);
   }, QUEUED_TEST_TIMEOUT_MS);
 });
