@@ -9,6 +9,7 @@ import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
   checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, outLike, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
 } from './collectives.js';
+import { flightEnabled, flightGroup, opIssued, opSettled, opStarted, type FlightOp } from './flight.js';
 import type { Store } from './store.js';
 import { Work, type WorkOp } from './work.js';
 
@@ -170,6 +171,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     private readonly ctx: GroupContext,
   ) {
     if (comms.size === 0) throw new ArgumentError(`group '${name}' needs at least one communicator`);
+    if (flightEnabled) flightGroup(this);
   }
 
   /** Number of members. */
@@ -220,16 +222,26 @@ export class ProcessGroup implements Group, CollectiveGroup {
   private start<T>(desc: Omit<CollectiveDescription, 'seq'>, timeoutMs: number, result: T, pinned: Tensor[],
     run: (seq: number) => CommPromise, finish?: () => void): Work<T> {
     const seq = this.#seq++;
+    // The flight recorder (flight.ts): one branch when it is off.
+    const rec: FlightOp | undefined = flightEnabled
+      ? opIssued(this, desc.op, seq, pinned[0]?.nbytes ?? 0, desc.dtype, desc.root !== undefined ? { root: desc.root } : undefined) : undefined;
+    const observe = rec ? (failed: boolean, error?: unknown) => opSettled(rec, failed, error) : undefined;
     if (!this.ctx.check) {
       try {
-        return new Work(run(seq), result, pinned, finish);
+        const native = run(seq);
+        opStarted(rec);
+        return new Work(native, result, pinned, finish, observe);
       } catch (e) {
         this.#seq--;  // the op never started; the next one must reuse the tag the peers expect
+        if (rec) opSettled(rec, true, e);
         throw e;
       }
     }
     const d = { ...desc, seq };
-    const chained = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => run(seq));
+    const chained = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => {
+      opStarted(rec);
+      return run(seq);
+    });
     this.#submitted = chained.catch(() => {});
     // The store exchange needs the event loop, which a blocked JS thread cannot run.
     const op: WorkOp = Object.assign(chained, {
@@ -237,7 +249,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
         throw new StateError(`${desc.op}: waitSync is unavailable in check mode (NODETRON_COMM_CHECK), which verifies collectives through the store asynchronously; await the Work instead`);
       },
     });
-    return new Work(op, result, pinned, finish);
+    return new Work(op, result, pinned, finish, observe);
   }
 
   /** Reduces `t` across the group, in place (or into options.out). */
@@ -414,7 +426,17 @@ export class ProcessGroup implements Group, CollectiveGroup {
     if (peer === this.rank) throw new ArgumentError(`${call}: rank ${peer} cannot ${call === 'send' ? 'send to' : 'receive from'} itself`);
     const tag = checkTag(options.tag, call);
     const timeoutMs = checkTimeoutMs(options.timeoutMs, this.timeoutMs, call);
-    return new Work(comm[call](t.storage, dtypeCode(t.dtype), t.size, peer, tag, timeoutMs), t, [t]);
+    if (!flightEnabled) return new Work(comm[call](t.storage, dtypeCode(t.dtype), t.size, peer, tag, timeoutMs), t, [t]);
+    const rec = opIssued(this, call, -1, t.nbytes, t.dtype, { peer: this.ranks[peer]!, tag, send: call === 'send' });
+    let native: WorkOp;
+    try {
+      native = comm[call](t.storage, dtypeCode(t.dtype), t.size, peer, tag, timeoutMs);
+    } catch (e) {
+      opSettled(rec, true, e);
+      throw e;
+    }
+    opStarted(rec);
+    return new Work(native, t, [t], undefined, (failed, error) => opSettled(rec, failed, error));
   }
 
   /** Waits until every member has reached it (on the group's first communicator: Gloo when the group has one). */

@@ -8,6 +8,8 @@ import { cpu, cuda } from '../native.js';
 import { type CommBackend, createGlooBackend } from './backend.js';
 import { HostStagedBackend } from './host-staging.js';
 import { createNcclBackend, loadNcclAddon, ncclUsableDevices } from './nccl-backend.js';
+import { installFlightSignal } from './flight.js';
+import { alignTraceClock, traceEnabled } from './trace.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
@@ -189,6 +191,9 @@ export async function init(options: InitOptions = {}): Promise<{
     throw e;
   }
   runtime = rt;
+  installFlightSignal();
+  // Tracing: measure this rank's clock offset to rank 0 so `nodetron trace merge` can align the ranks.
+  if (traceEnabled) await alignTraceClock(rt.world);
   return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
 }
 

@@ -20,14 +20,16 @@ export class Work<T = Tensor> implements PromiseLike<T> {
   readonly #finish: (() => void) | undefined;
   readonly #blockingWait: (() => void) | undefined;
   readonly #streamOrdered: boolean;
+  readonly #observe: ((failed: boolean, error?: unknown) => void) | undefined;
 
   /**
    * Internal. `pinned` tensors' storages stay allocated until the op settles, even if the caller
    * disposes a tensor meanwhile (the bytes are still being read or written by the communicator).
    * `finish` runs once after the op succeeds, before the output is handed out (a failure in it
-   * becomes the op's failure).
+   * becomes the op's failure). `observe` hears the outcome once (the flight recorder, flight.ts).
    */
-  constructor(op: WorkOp, result: T, pinned: readonly Tensor[], finish?: () => void) {
+  constructor(op: WorkOp, result: T, pinned: readonly Tensor[], finish?: () => void, observe?: (failed: boolean, error?: unknown) => void) {
+    this.#observe = observe;
     this.#result = result;
     this.#refs = pinned.map((t) => t.storageRef);
     for (const r of this.#refs) r.refs++;
@@ -53,6 +55,7 @@ export class Work<T = Tensor> implements PromiseLike<T> {
     }
     this.#outcome = failed ? { failed: true, error } : { failed: false };
     for (const r of this.#refs) r.release();
+    this.#observe?.(failed, error);
   }
 
   #value(): T {

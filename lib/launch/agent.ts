@@ -1,9 +1,12 @@
 // The launcher's per-node agent, torchrun's elastic agent as a small state machine:
 // rendezvous (nodes meet in the store) → start (spawn local ranks) → monitor (exits, the job's
 // failure key, heartbeats) → restart (new attempt, new store namespace) or stop (report, exit code).
-import { hostname } from 'node:os';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { CommError, TimeoutError } from '../errors.js';
 import { PrefixStore, type Store } from '../distributed/store.js';
+import { analyzeFlight, readFlightDumps } from './flight-analysis.js';
 import { scriptCommand, WorkerGroup, type WorkerExit, type WorkerSpec } from './workers.js';
 
 export interface AgentConfig {
@@ -22,6 +25,8 @@ export interface AgentConfig {
   heartbeatTimeoutMs: number;
   /** SIGTERM → SIGKILL grace period when stopping workers. */
   stopGraceMs: number;
+  /** Stop the job when no local rank has completed a collective for this long (flight recorder progress files); 0 or absent: off. */
+  hangTimeoutMs?: number;
   /** Namespace of this job in the store (matters when a Redis store is shared). */
   runId: string;
   /** redis://host:port when rendezvous goes through Redis. */
@@ -80,17 +85,18 @@ export class LaunchAgent {
       const agentStore = new PrefixStore(attemptStore, 'agent');
       let outcome: Outcome;
       let group: WorkerGroup | undefined;
+      const flight = this.flightDir(attempt);
       try {
         this.state = 'rendezvous';
         const nodes = await this.rendezvous(agentStore);
         this.state = 'running';
         const firstFailure: { value?: FailureRecord } = {};
-        group = this.start(attempt, nodes, (exit, tail) => {
+        group = this.start(attempt, nodes, flight?.dir, (exit, tail) => {
           if (firstFailure.value || exit.stopped || (exit.exitCode === 0 && !exit.signal)) return;
           firstFailure.value = this.failureOf(exit, tail);
           this.wakeMonitor?.();
         });
-        outcome = await this.monitor(agentStore, group, firstFailure);
+        outcome = await this.monitor(agentStore, group, firstFailure, flight?.dir);
       } catch (e) {
         // The store failed or a node never joined: there is nothing to coordinate a restart with.
         if (!(e instanceof CommError || e instanceof TimeoutError)) {
@@ -101,11 +107,16 @@ export class LaunchAgent {
       }
       if (outcome.ok) {
         this.state = 'succeeded';
+        if (flight?.temporary) rmSync(flight.dir, { recursive: true, force: true });
         return 0;
       }
       this.state = 'stopping';
+      const stopped = group && flight && !this.interrupted ? await this.requestDumps(group, flight.dir) : undefined;
       await group?.stop(this.config.stopGraceMs);
       this.report(attempt, outcome.failure);
+      if (group && flight && stopped) this.reportFlight(group, flight.dir, stopped);
+      // Nothing was recorded (the workers do not use nt.distributed): leave no empty temp dir behind.
+      if (flight?.temporary && readdirSync(flight.dir).length === 0) rmSync(flight.dir, { recursive: true, force: true });
       if (this.interrupted) return 128 + (this.interrupted === 'SIGINT' ? 2 : 15);
       if (outcome.fatal || attempt >= this.config.maxRestarts) {
         this.state = 'failed';
@@ -134,7 +145,7 @@ export class LaunchAgent {
   }
 
   // ---- start: one process per local rank, with the environment contract -----------------------
-  private start(attempt: number, nodes: NodeInfo[], onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
+  private start(attempt: number, nodes: NodeInfo[], flightDir: string | undefined, onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
     const { nodeRank, masterAddr, masterPort, runId, rdzvUrl, script, scriptArgs } = this.config;
     const worldSize = nodes.reduce((n, node) => n + node.localWorldSize, 0);
     const rankOffset = nodes.slice(0, nodeRank).reduce((n, node) => n + node.localWorldSize, 0);
@@ -154,6 +165,7 @@ export class LaunchAgent {
         NODETRON_RESTART_COUNT: String(attempt),
         NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
         ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
+        ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
       },
     }));
     if (nodeRank === 0 || attempt > 0) {
@@ -177,8 +189,9 @@ export class LaunchAgent {
   }
 
   // ---- monitor: local exits, the job's failure key, heartbeats; until success or a failure -----
-  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }): Promise<Outcome> {
+  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }, flightDir?: string): Promise<Outcome> {
     const { nnodes, nodeRank, monitorIntervalMs, heartbeatTimeoutMs } = this.config;
+    const hangMs = this.config.hangTimeoutMs ?? 0;
     let localDone = false;
     void group.wait().then(() => {
       localDone = true;
@@ -201,6 +214,12 @@ export class LaunchAgent {
         const remote = await agentStore.tryGet('failed');
         if (remote) return { ok: false, failure: JSON.parse(new TextDecoder().decode(remote)) as FailureRecord };
 
+        const hang = hangMs > 0 && flightDir ? stalled(group, flightDir, hangMs) : undefined;
+        if (hang) {
+          const failure: FailureRecord = { node: nodeRank, reason: hang, stderrTail: [] };
+          const published = await agentStore.compareSet('failed', '', encodeJson(failure));
+          return { ok: false, failure: JSON.parse(new TextDecoder().decode(published)) as FailureRecord };
+        }
         await agentStore.set(`heartbeat/${nodeRank}`, String(beat++));
         const now = Date.now();
         for (let r = 0; r < nnodes; r++) {
@@ -259,6 +278,61 @@ export class LaunchAgent {
     await agentStore.wait(keys, { timeoutMs: joinTimeoutMs }).catch(() => undefined);
   }
 
+  // ---- flight recorder: where ranks dump, asking them to, and the analysis ----------------------
+  /** This attempt's dump directory (under NODETRON_FLIGHT_DIR when set, else a new temp dir); undefined when the recorder is off. */
+  private flightDir(attempt: number): { dir: string; temporary: boolean } | undefined {
+    if (process.env.NODETRON_FLIGHT_RECORDER === '0') return undefined;
+    const base = process.env.NODETRON_FLIGHT_DIR;
+    try {
+      if (base) {
+        const dir = join(base, `node${this.config.nodeRank}-attempt${attempt}`);
+        rmSync(dir, { recursive: true, force: true });
+        mkdirSync(dir, { recursive: true });
+        return { dir, temporary: false };
+      }
+      return { dir: mkdtempSync(join(tmpdir(), `nodetron-flight-${this.config.nodeRank}-${attempt}-`)), temporary: true };
+    } catch (e) {
+      this.log(`flight recorder off: cannot create its directory (${(e as Error).message})`);
+      return undefined;
+    }
+  }
+
+  /**
+   * Sends SIGUSR2 to every running worker that registered the flight recorder's handler and waits
+   * (briefly) for their dumps; returns the ranks whose process is stopped (SIGSTOP: they cannot dump).
+   */
+  private async requestDumps(group: WorkerGroup, dir: string): Promise<Set<number>> {
+    const stopped = new Set<number>();
+    const asked: { rank: number; path: string }[] = [];
+    const t0 = Date.now();
+    for (const w of group.running()) {
+      if (w.pid === undefined || !existsSync(join(dir, `rank-${w.rank}.pid`))) continue;
+      if (processState(w.pid) === 'T') { stopped.add(w.rank); continue; }
+      try {
+        process.kill(w.pid, 'SIGUSR2');
+        asked.push({ rank: w.rank, path: join(dir, `rank-${w.rank}.json`) });
+      } catch { /* it just exited */ }
+    }
+    const fresh = (p: string) => { try { return statSync(p).mtimeMs >= t0 - 5; } catch { return false; } };
+    const deadline = t0 + Math.min(3000, Math.max(500, this.config.stopGraceMs));
+    while (asked.some((a) => !fresh(a.path)) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+      // A rank blocked in a synchronous wait runs the handler late or never; one that exits meanwhile is done.
+      for (let i = asked.length - 1; i >= 0; i--) if (!group.running().some((w) => w.rank === asked[i]!.rank)) asked.splice(i, 1);
+    }
+    return stopped;
+  }
+
+  private reportFlight(group: WorkerGroup, dir: string, stopped: Set<number>): void {
+    const dumps = readFlightDumps(dir);
+    const registered = readdirSync(dir).filter((f) => f.endsWith('.pid')).length;
+    if (dumps.size === 0 && registered === 0) return;  // the workers do not use nt.distributed
+    const worldSize = [...dumps.values()][0]?.worldSize ?? group.ranks.length;
+    const lines = analyzeFlight(dumps, { worldSize, localRanks: group.ranks, stopped });
+    this.log(`flight recorder (dumps in ${dir}):`);
+    for (const l of lines) this.log(`  ${l}`);
+  }
+
   private report(attempt: number, failure: FailureRecord): void {
     const lines = [`attempt ${attempt} failed: ${failure.reason}`];
     if (failure.node !== this.config.nodeRank && failure.rank !== undefined) lines.push(`(the failure was on node ${failure.node}; this node stopped its workers)`);
@@ -270,4 +344,35 @@ export class LaunchAgent {
     }
     for (const l of lines) this.log(l);
   }
+}
+
+/** A process's state letter from /proc (R, S, T = stopped, Z, ...), or undefined off Linux or once it is gone. */
+function processState(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).charAt(0);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether this node's job stopped progressing: every running rank that has completed a collective
+ * (its flight recorder touches `rank-R.progress` at most once a second) last did so more than
+ * `limitMs` ago. Returns the reason, or undefined.
+ */
+function stalled(group: WorkerGroup, dir: string, limitMs: number): string | undefined {
+  const running = group.running();
+  if (running.length === 0) return undefined;
+  const now = Date.now();
+  let newest = 0;
+  for (const w of running) {
+    try {
+      newest = Math.max(newest, statSync(join(dir, `rank-${w.rank}.progress`)).mtimeMs);
+    } catch {
+      return undefined;  // a rank that has not completed its first collective yet (start-up) is not judged
+    }
+  }
+  const idle = now - newest;
+  return idle > limitMs ? `the job stopped progressing: no rank of this node completed a collective for ${Math.round(idle)} ms (--hang-timeout-ms ${limitMs})` : undefined;
 }

@@ -34,7 +34,9 @@ options:
   --monitor-interval-ms MS   how often the launcher checks workers, the store and heartbeats [200]
   --join-timeout-ms MS       how long nodes wait for each other at rendezvous                [60000]
   --heartbeat-timeout-ms MS  a node silent this long is reported and the job stopped         [30000]
-  --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]`;
+  --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]
+  --hang-timeout-ms MS       stop the job (with the flight recorder's analysis) when no local rank has
+                             completed a collective for this long; 0: off (ranks' own timeouts only) [0]`;
 
 interface LaunchOptions extends Omit<AgentConfig, 'masterPort' | 'nprocPerNode'> {
   masterPort: number | undefined;
@@ -50,6 +52,7 @@ const INT_OPTIONS: Record<string, keyof LaunchOptions> = {
   '--join-timeout-ms': 'joinTimeoutMs',
   '--heartbeat-timeout-ms': 'heartbeatTimeoutMs',
   '--stop-grace-ms': 'stopGraceMs',
+  '--hang-timeout-ms': 'hangTimeoutMs',
 };
 
 function parseInt10(flag: string, text: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
@@ -74,6 +77,7 @@ export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
     joinTimeoutMs: 60_000,
     heartbeatTimeoutMs: 30_000,
     stopGraceMs: 3000,
+    hangTimeoutMs: 0,
     runId: 'nodetron',
   };
   for (let i = 0; i < argv.length; i++) {

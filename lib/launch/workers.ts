@@ -113,6 +113,16 @@ export class WorkerGroup {
     }
   }
 
+  /** Global ranks of the workers, in local-rank order. */
+  get ranks(): number[] {
+    return this.workers.map((w) => w.spec.rank);
+  }
+
+  /** The workers that have not exited. */
+  running(): { rank: number; pid: number | undefined }[] {
+    return this.workers.filter((w) => !w.exit && w.child.exitCode === null && w.child.signalCode === null).map((w) => ({ rank: w.spec.rank, pid: w.child.pid }));
+  }
+
   get pids(): (number | undefined)[] {
     return this.workers.map((w) => w.child.pid);
   }

@@ -2,6 +2,7 @@
 // process groups built once from it, and accessors that fail loudly before initialization.
 import { tensor } from '../creation.js';
 import * as dist from '../distributed/init.js';
+import { setFlightMesh } from '../distributed/flight.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { CollectiveGroup, WorldGroup } from '../distributed/group.js';
 
@@ -193,7 +194,10 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
     if (ranks.includes(world.rank)) embeddingGroup = g;
   }
   const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup);
-  if (install) current = state;
+  if (install) {
+    current = state;
+    setFlightMesh(Array.from({ length: mesh.worldSize }, (_, r) => mesh.coords(r)), world.rank, Object.fromEntries(Object.entries(groups).map(([d, g]) => [d, g.name])));
+  }
   return state;
 }
 

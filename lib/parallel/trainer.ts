@@ -11,6 +11,7 @@ import type { Parameter } from '../nn/module.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
+import { traceSpan } from '../distributed/trace.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
 import { rangeAcrossRanks, type ParallelState } from './mesh.js';
@@ -133,21 +134,21 @@ export class ParallelTrainer<H extends { lr: number }> {
   async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<TrainerStepResult> {
     return scope(async () => {
       const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
-      const losses = await run(this.#pipelineStage(inputs, targets, true), this.#microBatches);
+      const losses = await traceSpan('forward+backward', () => run(this.#pipelineStage(inputs, targets, true), this.#microBatches));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
       let gradNorm: number | undefined;
       if (this.#zero) {
         // ZeRO reduce-scatters the tied embedding's gradient (deferred) inside its step, so the stages' sum comes first.
         await this.#sumTiedGrads();
         const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
-        ({ gradNorm } = await this.#zero.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope }));
+        ({ gradNorm } = await traceSpan('optimizer (ZeRO)', () => this.#zero!.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope })));
         this.#zero.zeroGrad();
       } else {
         // finishGradSync writes the averaged buckets back into .grad, after which the stages sum.
-        if (this.#grads) await this.#grads.finishGradSync();
+        if (this.#grads) await traceSpan('grad sync', () => this.#grads!.finishGradSync());
         await this.#sumTiedGrads();
         if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
-        this.#optimizer!.step();
+        traceSpan('optimizer', () => this.#optimizer!.step());
         this.#optimizer!.zeroGrad();
       }
       const loss = await this.#globalLoss(losses);
@@ -182,11 +183,11 @@ export class ParallelTrainer<H extends { lr: number }> {
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input) => {
-        const out = model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
+        const out = traceSpan('forward', () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null), 'compute', { microBatch: i });
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
         return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
       },
-      runBackward: (_i, final, go) => (grads && !final ? grads.noSync(go) : go()),
+      runBackward: (i, final, go) => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i }),
     };
   }
 
