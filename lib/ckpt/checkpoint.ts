@@ -259,8 +259,17 @@ export class Checkpointer {
     let unlock!: () => void;
     this.#lock = new Promise<void>((r) => { unlock = r; });
     try { await previous; } catch { /* reported through #failure */ }
-    const failure = this.#failure;
+    let failure = this.#failure;
     this.#failure = null;
+    // A previous save that failed on one rank stops every rank here, before any collective of this one.
+    const world = worldOf(items);
+    if (world && world.size > 1) {
+      try {
+        if ((await agreeWorst(world, failure ? 2 : 0)) === 2 && !failure) {
+          failure = new StateError(`checkpoint save of step ${step}: another rank's previous save failed (see its error); every rank stops`);
+        }
+      } catch (e) { failure ??= e as Error; }
+    }
     if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;
     try {
@@ -344,9 +353,28 @@ export class Checkpointer {
    * skipped, and the one before it used). Collective. Returns null when there is none.
    */
   async loadLatest(items: CheckpointItems): Promise<LoadResult | null> {
-    await this.wait();
     const world = worldOf(items);
-    for (const { dir } of this.list()) {
+    const multi = world !== null && world.size > 1;
+    // A background save that failed on this rank is reported through the same agreement as a bad
+    // load, so no rank waits in a collective the others skip.
+    let failure: Error | null = null;
+    try { await this.wait(); } catch (e) { failure = e as Error; }
+    if (multi && (await agreeWorst(world, failure ? 2 : 0)) === 2 && !failure) {
+      failure = new StateError('checkpoint loadLatest: another rank\'s last save failed (see its error); every rank stops');
+    }
+    if (failure) throw failure;
+    // Rank 0 chooses each candidate, newest first (its save has committed; another rank may list
+    // before the last commit lands), so every rank tries the same step.
+    const candidates = !multi || world.rank === 0 ? (recoverAsideCopies(this.root), this.list()) : [];
+    for (let i = 0; ; i++) {
+      let step = i < candidates.length ? candidates[i]!.step : -1;
+      if (multi) {
+        using t = tensor(new Int32Array([step]), [1], { dtype: 'i32', device: commDevice(world) });
+        await world.broadcast(t, { root: 0 });
+        step = t.item();
+      }
+      if (step < 0) return null;
+      const dir = join(this.root, stepDirName(step));
       // 0: loaded; 1: damaged here (try an older one); 2: anything else (incompatible model, bad
       // state): every rank stops, so no rank waits on a collective the others never reach.
       let problem: Error | null = null, code = 0;
@@ -355,10 +383,8 @@ export class Checkpointer {
         problem = e as Error;
         code = e instanceof DamagedCheckpointError ? 1 : 2;
       }
-      if (world && world.size > 1) {
-        using flag = tensor(new Float32Array([code]), [1], { device: commDevice(world) });
-        await world.allReduce(flag, { op: 'max' });
-        const worst = flag.item();
+      if (multi) {
+        const worst = await agreeWorst(world, code);
         if (worst === 2 && code !== 2) throw new StateError(`checkpoint ${dir}: another rank could not load it (see its error); every rank stops`);
         if (worst === 1 && code === 0) { problem = new DamagedCheckpointError(`${dir}: another rank found it damaged`); code = 1; }
       }
@@ -366,7 +392,6 @@ export class Checkpointer {
       if (code === 2) throw problem!;
       process.stderr.write(`[nodetron checkpoint] skipping ${dir}: ${problem!.message}\n`);
     }
-    return null;
   }
 
   /** Loads the checkpoint in `dir` (a step directory). Every rank calls it; nothing is exchanged. */
@@ -502,6 +527,26 @@ async function agreeOnId(world: CollectiveGroup | null, count: number): Promise<
     draws.set(t.toArraySync());
   }
   return `${count}-${draws[0]!.toString(36)}${draws[1]!.toString(36)}`;
+}
+
+/** The largest of every rank's code (a max allReduce). */
+async function agreeWorst(world: CollectiveGroup, code: number): Promise<number> {
+  using flag = tensor(new Float32Array([code]), [1], { device: commDevice(world) });
+  await world.allReduce(flag, { op: 'max' });
+  return flag.item();
+}
+
+/**
+ * Puts back a step's previous copy that a save moved aside (`.old-step-N-*`) when a crash came before
+ * the new copy was renamed into place, so the step is not lost. Run by one rank only.
+ */
+function recoverAsideCopies(root: string): void {
+  if (!existsSync(root)) return;
+  for (const name of readdirSync(root)) {
+    const m = /^\.old-(step-\d+)-/.exec(name);
+    if (!m || existsSync(join(root, m[1]!)) || !existsSync(join(root, name, MANIFEST))) continue;
+    try { renameSync(join(root, name), join(root, m[1]!)); } catch { /* another process got there first */ }
+  }
 }
 
 /** A device the group communicates on (cpu when it can: an NCCL-only group takes cuda tensors). */

@@ -51,7 +51,13 @@ export class HostStagedBackend implements CommBackend {
     HostStagedBackend.stagedOps++;
     const inPlace = send !== null && send === recv;
     const hs = send ? this.#stage(send, inPlace ? Math.max(sendBytes, recvBytes) : sendBytes, true) : null;
-    const hr = recv ? (inPlace ? hs : this.#stage(recv, recvBytes, false)) : null;
+    let hr: NativeStorage | null;
+    try {
+      hr = recv ? (inPlace ? hs : this.#stage(recv, recvBytes, false)) : null;
+    } catch (e) {
+      hs?.dispose();
+      throw e;
+    }
     let settled = false;
     const finish = (ok: boolean) => {
       if (settled) return;
@@ -74,7 +80,10 @@ export class HostStagedBackend implements CommBackend {
     try {
       inner = op(hs, hr);
     } catch (e) {
-      finish(false);
+      // The host op never started: nothing touches the host copies.
+      settled = true;
+      hs?.dispose();
+      if (hr !== hs) hr?.dispose();
       throw e;
     }
     const promise = inner.then(() => finish(true), (e: unknown) => { finish(false); throw e; });

@@ -22,7 +22,8 @@ export interface InitOptions {
   /**
    * 'auto' (the default): Gloo for cpu tensors, plus NCCL for cuda tensors when NCCL can give every
    * local rank its own GPU (LOCAL_WORLD_SIZE <= GPUs), as PyTorch's "cpu:gloo,cuda:nccl".
-   * 'gloo': cpu tensors only. 'nccl': cuda tensors only, BackendUnavailableError when NCCL cannot run.
+   * Without NCCL, cuda tensors go through Gloo in host memory (two copies per op).
+   * 'gloo': Gloo only (cuda tensors through host memory). 'nccl': cuda tensors only, BackendUnavailableError when NCCL cannot run.
    * With NCCL, rank r's GPU is cuda:LOCAL_RANK, which also becomes the default 'cuda' device.
    */
   backend?: BackendChoice;

@@ -1,7 +1,7 @@
 // Checkpoints in one process: exact resume (stopped at step 3 of 6, resumed in a fresh model and
 // optimizer: bit-identical losses and parameters), the parts arithmetic behind resharding, atomic
 // commits, keep-K, and each kind of damage detected with the previous checkpoint used instead.
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -192,6 +192,18 @@ describe('checkpoints in one process', () => {
     await c.close();
     const wider = new nt.nn.GPT({ ...config, vocabSize: 96 }, { seed: 5 });
     await expect(new nt.ckpt.Checkpointer(root).loadLatest({ model: wider })).rejects.toThrow(/'model\/wte.weight' was saved with shape/);
+  });
+
+  it('a step whose old copy was moved aside by a save that then crashed is found again', async () => {
+    const root = join(work, 'aside');
+    const run = setup();
+    await nt.ckpt.save(root, 1, items(run));
+    // The crash window of saving step 1 again: the old copy renamed aside, the new one not yet in place.
+    renameSync(join(root, 'step-00000001'), join(root, '.old-step-00000001-1-abc'));
+    const fresh = setup();
+    const r = await new nt.ckpt.Checkpointer(root).loadLatest(items(fresh));
+    expect(r?.step).toBe(1);
+    expect(bits(fresh.model.parameters())).toEqual(bits(run.model.parameters()));
   });
 
   it('a model without optimizer state loads the weights and reports it', async () => {

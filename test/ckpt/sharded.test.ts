@@ -103,4 +103,13 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
     expect([2, 4]).toContain(k.start);
     expectSameState(at('killed', 6), at('unkilled', 6));
   }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('loadLatest right after background saves: every rank loads the same, newest step', async () => {
+    const fixture = join(root, 'test', 'fixtures', 'ckpt', 'save-then-load.ts');
+    const r = await pool.run(() => runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', '2', fixture, '--root', ckpt('save-then-load')],
+      { cwd: root, limitMs: 240_000 }));
+    expect(r.code, r.output).toBe(0);
+    const loaded = [...r.output.matchAll(/LOADED rank=(\d) step=(\S+)/g)].map((m) => `${m[1]}:${m[2]}`).sort();
+    expect(loaded, r.output).toEqual(['0:2', '1:2']);
+  }, QUEUED_TEST_TIMEOUT_MS);
 });
