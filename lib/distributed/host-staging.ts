@@ -58,6 +58,10 @@ export class HostStagedBackend implements CommBackend {
       hs?.dispose();
       throw e;
     }
+    const release = () => {
+      hs?.dispose();
+      if (hr !== hs) hr?.dispose();
+    };
     let settled = false;
     const finish = (ok: boolean) => {
       if (settled) return;
@@ -70,10 +74,7 @@ export class HostStagedBackend implements CommBackend {
         }
       } finally {
         // After a failure (a timeout) the host op may still touch them: left to the garbage collector.
-        if (ok) {
-          hs?.dispose();
-          if (hr !== hs) hr?.dispose();
-        }
+        if (ok) release();
       }
     };
     let inner: CommPromise;
@@ -82,8 +83,7 @@ export class HostStagedBackend implements CommBackend {
     } catch (e) {
       // The host op never started: nothing touches the host copies.
       settled = true;
-      hs?.dispose();
-      if (hr !== hs) hr?.dispose();
+      release();
       throw e;
     }
     const promise = inner.then(() => finish(true), (e: unknown) => { finish(false); throw e; });

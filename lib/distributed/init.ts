@@ -1,13 +1,12 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
-import { existsSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { cpu, cuda } from '../native.js';
 import { type CommBackend, createGlooBackend } from './backend.js';
 import { HostStagedBackend } from './host-staging.js';
-import { createNcclBackend, loadNcclAddon, ncclUsableDevices } from './nccl-backend.js';
+import { createNcclBackend, loadNcclAddon, ncclUsableDevices, nvidiaDeviceNodePresent } from './nccl-backend.js';
 import { installFlightSignal } from './flight.js';
 import { alignTraceClock, traceEnabled } from './trace.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
@@ -100,7 +99,7 @@ function deviceAddress(env: LaunchEnv): { deviceHost: string; deviceIface: strin
 
 /** GPUs whose tensors a Gloo-only group moves through host memory (0 without a driver: no cuda addon load). */
 function stagedCudaDevices(): number {
-  if (!existsSync('/dev/nvidiactl') && !existsSync('/dev/dxg')) return 0;
+  if (!nvidiaDeviceNodePresent()) return 0;
   try {
     return cuda().deviceCount() as number;
   } catch {
@@ -137,7 +136,8 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
     }
     if (gloo && !rt.backends.nccl) {
       // Without NCCL, cuda tensors go through Gloo in host memory (ranks sharing a GPU, or backend 'gloo').
-      for (let d = 0; d < stagedCudaDevices(); d++) comms.set(`cuda:${d}`, new HostStagedBackend(gloo, cuda()));
+      const gpus = stagedCudaDevices();
+      for (let d = 0; d < gpus; d++) comms.set(`cuda:${d}`, new HostStagedBackend(gloo, cuda()));
     }
     if (rt.backends.nccl) {
       comms.set(`cuda:${rt.env.localRank}`, await createNcclBackend({

@@ -119,12 +119,17 @@ export function loadNcclAddon(device = 0): NcclAddon {
   return addon as unknown as NcclAddon;
 }
 
+/** Whether this machine has an NVIDIA device node (checked before loading the ~150 MiB cuda addon). */
+export function nvidiaDeviceNodePresent(): boolean {
+  return existsSync('/dev/nvidiactl') || existsSync('/dev/dxg');
+}
+
 /**
  * How many GPUs NCCL can use here (0 when the cuda build, NCCL, the driver or a GPU is missing).
  * Without an NVIDIA device node it answers 0 without loading the cuda addon (~150 MiB per process).
  */
 export function ncclUsableDevices(): number {
-  if (!existsSync('/dev/nvidiactl') && !existsSync('/dev/dxg')) return 0;
+  if (!nvidiaDeviceNodePresent()) return 0;
   try {
     loadNcclAddon(0);
     return cuda().deviceCount() as number;
