@@ -19,6 +19,7 @@ import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.j
 import { dtypeSize, type DType } from '../dtype.js';
 import { tensor } from '../creation.js';
 import { copyElements } from '../parallel/flat.js';
+import { valuesOf } from '../interop/gpt2.js';
 import type { Module } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Generator } from '../random.js';
@@ -262,14 +263,9 @@ export class Checkpointer {
     let failure = this.#failure;
     this.#failure = null;
     // A previous save that failed on one rank stops every rank here, before any collective of this one.
-    const world = worldOf(items);
-    if (world && world.size > 1) {
-      try {
-        if ((await agreeWorst(world, failure ? 2 : 0)) === 2 && !failure) {
-          failure = new StateError(`checkpoint save of step ${step}: another rank's previous save failed (see its error); every rank stops`);
-        }
-      } catch (e) { failure ??= e as Error; }
-    }
+    try {
+      failure = await agreeOnFailure(worldOf(items), failure, `checkpoint save of step ${step}: another rank's previous save failed`);
+    } catch (e) { failure ??= e as Error; }
     if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;
     try {
@@ -359,9 +355,7 @@ export class Checkpointer {
     // load, so no rank waits in a collective the others skip.
     let failure: Error | null = null;
     try { await this.wait(); } catch (e) { failure = e as Error; }
-    if (multi && (await agreeWorst(world, failure ? 2 : 0)) === 2 && !failure) {
-      failure = new StateError('checkpoint loadLatest: another rank\'s last save failed (see its error); every rank stops');
-    }
+    failure = await agreeOnFailure(world, failure, 'checkpoint loadLatest: another rank\'s last save failed');
     if (failure) throw failure;
     // Rank 0 chooses each candidate, newest first (its save has committed; another rank may list
     // before the last commit lands), so every rank tries the same step.
@@ -537,6 +531,16 @@ async function agreeWorst(world: CollectiveGroup, code: number): Promise<number>
 }
 
 /**
+ * Every rank learns whether any rank failed: this rank's own error, a StateError (`what`) when only
+ * another rank's failed, or null. In one process, `failure` as it is.
+ */
+async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | null, what: string): Promise<Error | null> {
+  if (!world || world.size === 1) return failure;
+  const worst = await agreeWorst(world, failure ? 2 : 0);
+  return failure ?? (worst === 2 ? new StateError(`${what} (see its error); every rank stops`) : null);
+}
+
+/**
  * Puts back a step's previous copy that a save moved aside (`.old-step-N-*`) when a crash came before
  * the new copy was renamed into place, so the step is not lost. Run by one rank only.
  */
@@ -653,28 +657,13 @@ function readElements(f: SafetensorsFile, name: string, dtype: SafetensorsDType,
 }
 
 function decodeToF32(raw: Uint8Array, dtype: SafetensorsDType, what: string): Float32Array {
-  const aligned = raw.byteOffset % 4 === 0 ? raw : raw.slice();
-  if (dtype === 'F32') return new Float32Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
-  if (dtype === 'BF16') {
-    const u16 = new Uint16Array(raw.slice().buffer);
-    const u32 = new Uint32Array(u16.length);
-    for (let i = 0; i < u16.length; i++) u32[i] = u16[i]! << 16;
-    return new Float32Array(u32.buffer);
+  if (dtype === 'F32') {
+    const aligned = raw.byteOffset % 4 === 0 ? raw : raw.slice();
+    return new Float32Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
   }
-  if (dtype === 'F16') {
-    const u16 = new Uint16Array(raw.slice().buffer);
-    const out = new Float32Array(u16.length);
-    for (let i = 0; i < u16.length; i++) out[i] = halfToFloat(u16[i]!);
-    return out;
-  }
+  // bf16 and f16 widen through the cpu backend's cast (native/core/half.h), as model imports do.
+  if (dtype === 'BF16' || dtype === 'F16') return valuesOf(raw, [raw.byteLength / 2], NT_DTYPE_OF[dtype]!);
   throw new StateError(`checkpoint: ${what} is saved as ${dtype}, which cannot be converted here`);
-}
-
-function halfToFloat(h: number): number {
-  const sign = h & 0x8000 ? -1 : 1, exp = (h >> 10) & 0x1f, frac = h & 0x3ff;
-  if (exp === 0) return sign * frac * 2 ** -24;
-  if (exp === 31) return frac ? NaN : sign * Infinity;
-  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
 function verifyFile(dir: string, entry: Manifest['files'][number], checksum: boolean): void {
