@@ -1,7 +1,9 @@
 // Reads the environment `nodetron launch` gives each rank (torchrun's contract, see lib/launch/cli.ts),
-// validating every variable; with none set, the process is a single rank of a world of one.
+// or that Slurm's srun / Open MPI's mpirun give (lib/distributed/cluster-env.ts), validating every
+// variable; explicit variables win over the cluster's. With none set, the process is a world of one.
 import { ArgumentError } from '../errors.js';
-import { createStore, PrefixStore, type Store } from './store.js';
+import { readClusterEnv } from './cluster-env.js';
+import { createStore, PrefixStore, tokenFromEnv, type Store } from './store.js';
 
 /** The launch environment of this rank (torchrun's variables), as readLaunchEnv() reads it. */
 export interface LaunchEnv {
@@ -28,6 +30,14 @@ export interface LaunchEnv {
    * restart, so a restarted group never reads its predecessor's keys.
    */
   storePrefix: string;
+  /**
+   * Set when the layout came (at least in part) from a cluster launcher rather than from RANK and
+   * WORLD_SIZE: 'slurm' (srun) or 'mpi' (mpirun). Then no nodetron launcher serves the store, and
+   * rank 0's init() serves it on MASTER_ADDR:MASTER_PORT.
+   */
+  cluster?: 'slurm' | 'mpi';
+  /** The job token store clients present (NODETRON_STORE_TOKEN); undefined when none was given. */
+  storeToken?: string;
 }
 
 const DEFAULT_MASTER_ADDR = '127.0.0.1';
@@ -43,16 +53,21 @@ function intVar(env: NodeJS.ProcessEnv, name: string, fallback: number, min: num
 }
 
 /**
- * The launch environment of this process (or of `env`). Throws ArgumentError naming the variable when
- * one is malformed or the set is inconsistent (RANK >= WORLD_SIZE, ...).
+ * The launch environment of this process (or of `env`). Each value comes from the explicit variable
+ * (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) when set,
+ * else from Open MPI's or Slurm's variables (readClusterEnv), else the default. Throws ArgumentError
+ * naming the variable when one is malformed or the set is inconsistent (RANK >= WORLD_SIZE, ...).
  */
 export function readLaunchEnv(env: NodeJS.ProcessEnv = process.env): LaunchEnv {
-  const worldSize = intVar(env, 'WORLD_SIZE', 1, 1);
-  const rank = intVar(env, 'RANK', 0, 0);
-  const localWorldSize = intVar(env, 'LOCAL_WORLD_SIZE', worldSize, 1);
-  const localRank = intVar(env, 'LOCAL_RANK', rank % localWorldSize, 0);
-  const groupRank = intVar(env, 'GROUP_RANK', Math.floor(rank / localWorldSize), 0);
-  const masterPort = intVar(env, 'MASTER_PORT', DEFAULT_MASTER_PORT, 1);
+  const has = (name: string) => env[name] !== undefined && env[name] !== '';
+  const explicit = has('RANK') && has('WORLD_SIZE');
+  const c = explicit ? undefined : readClusterEnv(env);
+  const worldSize = intVar(env, 'WORLD_SIZE', c?.worldSize ?? 1, 1);
+  const rank = intVar(env, 'RANK', c?.rank ?? 0, 0);
+  const localWorldSize = intVar(env, 'LOCAL_WORLD_SIZE', c?.localWorldSize ?? worldSize, 1);
+  const localRank = intVar(env, 'LOCAL_RANK', c?.localRank ?? rank % localWorldSize, 0);
+  const groupRank = intVar(env, 'GROUP_RANK', c?.nodeRank ?? Math.floor(rank / localWorldSize), 0);
+  const masterPort = intVar(env, 'MASTER_PORT', c?.masterPort ?? DEFAULT_MASTER_PORT, 1);
   const restartCount = intVar(env, 'NODETRON_RESTART_COUNT', 0, 0);
   if (rank >= worldSize) throw new ArgumentError(`environment variable RANK=${rank} must be < WORLD_SIZE=${worldSize}`);
   if (localWorldSize > worldSize) {
@@ -62,13 +77,23 @@ export function readLaunchEnv(env: NodeJS.ProcessEnv = process.env): LaunchEnv {
     throw new ArgumentError(`environment variable LOCAL_RANK=${localRank} must be < LOCAL_WORLD_SIZE=${localWorldSize}`);
   }
   if (masterPort > 65535) throw new ArgumentError(`environment variable MASTER_PORT=${masterPort} must be <= 65535`);
-  const masterAddr = env.MASTER_ADDR?.trim() || DEFAULT_MASTER_ADDR;
+  const masterAddr = env.MASTER_ADDR?.trim() || c?.masterAddr || DEFAULT_MASTER_ADDR;
+  if (c && !env.MASTER_ADDR?.trim() && c.masterAddr === undefined) {
+    throw new ArgumentError(
+      `${c.kind === 'mpi' ? 'mpirun' : 'srun'} started ${c.worldSize} processes over ${c.nnodes} nodes but nothing says where rank 0 serves the store: ` +
+        'set MASTER_ADDR to the first node (e.g. mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...)',
+    );
+  }
   const rdzvUrl = env.NODETRON_RDZV?.trim() || undefined;
   if (rdzvUrl !== undefined && !/^(tcp|redis):\/\/.+:\d+\/?$/.test(rdzvUrl)) {
     throw new ArgumentError(`environment variable NODETRON_RDZV=${JSON.stringify(rdzvUrl)} must look like redis://host:port or tcp://host:port`);
   }
   const storePrefix = env.NODETRON_STORE_PREFIX?.trim() || `attempt${restartCount}`;
-  return { rank, localRank, worldSize, localWorldSize, groupRank, masterAddr, masterPort, restartCount, storePrefix, ...(rdzvUrl ? { rdzvUrl } : {}) };
+  const storeToken = tokenFromEnv(env);
+  return {
+    rank, localRank, worldSize, localWorldSize, groupRank, masterAddr, masterPort, restartCount, storePrefix,
+    ...(rdzvUrl ? { rdzvUrl } : {}), ...(c ? { cluster: c.kind } : {}), ...(storeToken !== undefined ? { storeToken } : {}),
+  };
 }
 
 /**
@@ -77,5 +102,6 @@ export function readLaunchEnv(env: NodeJS.ProcessEnv = process.env): LaunchEnv {
  */
 export async function connectLaunchStore(env: LaunchEnv = readLaunchEnv(), options: { timeoutMs?: number } = {}): Promise<Store> {
   const url = env.rdzvUrl ?? `tcp://${env.masterAddr.includes(':') ? `[${env.masterAddr}]` : env.masterAddr}:${env.masterPort}`;
-  return new PrefixStore(await createStore(url, options), env.storePrefix, true);
+  const token = env.rdzvUrl === undefined || env.rdzvUrl.startsWith('tcp:') ? env.storeToken : undefined;
+  return new PrefixStore(await createStore(url, { ...options, ...(token !== undefined ? { token } : {}) }), env.storePrefix, true);
 }

@@ -1,5 +1,6 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
+import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
 import { ArgumentError, StateError } from '../errors.js';
@@ -12,6 +13,7 @@ import { alignTraceClock, traceEnabled } from './trace.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
+import { isLoopbackHost } from './store-api.js';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
 export type BackendChoice = 'auto' | 'gloo' | 'nccl';
@@ -112,9 +114,10 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
   const comms = new Map<string, CommBackend>();
   try {
     if (rt.backends.gloo) {
-      // Gloo meets through the job's store: Redis when launched with --rdzv (its calls forwarded from
-      // the communicator's thread), else natively through the TCP store node 0's launcher serves.
-      const viaJobStore = rt.env.rdzvUrl !== undefined;
+      // Gloo meets through the job's store connection (its calls forwarded from the communicator's
+      // thread) when that is Redis (--rdzv) or a TCP store that wants the job token, which Gloo's
+      // native client does not present; else natively through the TCP store node 0's launcher serves.
+      const viaJobStore = rt.env.rdzvUrl !== undefined || rt.env.storeToken !== undefined;
       comms.set('cpu', await createGlooBackend({
         storeHost: rt.env.masterAddr,
         storePort: rt.env.masterPort,
@@ -157,7 +160,46 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
   return group;
 }
 
-/** Joins the job started by `nodetron launch` (or a world of one without it) and builds the world group. */
+/**
+ * The store server this process must run itself, if any: a world of one started without a launcher
+ * serves a private one on loopback (with a random token); under srun or mpirun (no nodetron launcher)
+ * rank 0 serves the job's on MASTER_PORT, on loopback when MASTER_ADDR is loopback (one node), else
+ * on every interface, which needs the job token (NODETRON_STORE_TOKEN). Throws ArgumentError without
+ * one, AddressInUseError when the port is taken.
+ */
+async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer; env: Partial<LaunchEnv> } | undefined> {
+  if (env.rdzvUrl !== undefined) return undefined;
+  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.cluster === undefined) {
+    const storeToken = env.storeToken ?? randomBytes(32).toString('hex');
+    const server = await StoreServer.start({ host: '127.0.0.1', port: 0, token: storeToken });
+    return { server, env: { masterAddr: '127.0.0.1', masterPort: server.port, storeToken } };
+  }
+  if (env.cluster === undefined || env.rank !== 0) return undefined;
+  const loopback = isLoopbackHost(env.masterAddr);
+  if (!loopback && env.storeToken === undefined) {
+    throw new ArgumentError(
+      `init: rank 0 would serve the rendezvous store on every interface (MASTER_ADDR=${env.masterAddr}, port ${env.masterPort}) without a job token, ` +
+        'so anyone who can reach it could read, overwrite or stop the job; export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) ' +
+        '(the same value for every task, e.g. in the batch file before srun)',
+    );
+  }
+  if (env.storeToken === undefined) {
+    console.warn(
+      `nodetron: the rendezvous store on ${env.masterAddr}:${env.masterPort} has no job token: any process on this machine can use it ` +
+        '(export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) before srun/mpirun to require one)',
+    );
+  }
+  const server = await StoreServer.start({
+    host: loopback ? env.masterAddr : '0.0.0.0', port: env.masterPort, ...(env.storeToken !== undefined ? { token: env.storeToken } : {}),
+  });
+  return { server, env: {} };
+}
+
+/**
+ * Joins the job started by `nodetron launch`, by srun or mpirun (rank 0 then serves the store), or a
+ * world of one without any, and builds the world group. Throws AddressInUseError when rank 0 must
+ * serve the store and its port is taken.
+ */
 export async function init(options: InitOptions = {}): Promise<{
   /** The group of every rank. */
   world: ProcessGroup;
@@ -176,19 +218,21 @@ export async function init(options: InitOptions = {}): Promise<{
   const check = options.check ?? process.env.NODETRON_COMM_CHECK === '1';
   const verifySizes = options.verifySizes ?? process.env.NODETRON_COMM_VERIFY_SIZES !== '0';
   const sharedMemory = options.sharedMemory ?? process.env.NODETRON_COMM_SHM !== '0';
-  // A world of one started without a launcher still needs a store: it serves one itself.
-  let ownServer: StoreServer | undefined;
-  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.rdzvUrl === undefined) {
-    ownServer = await StoreServer.start({ host: '127.0.0.1', port: 0 });
-    env = { ...env, masterAddr: '127.0.0.1', masterPort: ownServer.port };
+  const ownServer = await serveStoreIfNeeded(env);
+  if (ownServer) env = { ...env, ...ownServer.env };
+  let store: Store;
+  try {
+    store = await connectLaunchStore(env, { timeoutMs });
+  } catch (e) {
+    await ownServer?.server.close();
+    throw e;
   }
-  const store = await connectLaunchStore(env, { timeoutMs });
-  const rt: Runtime = { env, store, ownServer, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends };
+  const rt: Runtime = { env, store, ownServer: ownServer?.server, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
   } catch (e) {
     await store.close();
-    await ownServer?.close();
+    await ownServer?.server.close();
     throw e;
   }
   runtime = rt;
@@ -225,12 +269,23 @@ export async function newGroup(ranks: readonly number[], options: { sharedMemory
   return buildGroup(rt, name, ranks, options.sharedMemory ?? rt.sharedMemory);
 }
 
-/** Destroys every group and closes the store connection. */
+/**
+ * Destroys every group and closes the store connection. Under srun/mpirun, rank 0 (which serves the
+ * store) first waits up to 30 s for every rank to reach destroy().
+ */
 export async function destroy(): Promise<void> {
   const rt = runtime;
   if (!rt) return;
   runtime = undefined;
   for (const g of rt.groups) await g.destroy();
+  if (rt.env.cluster !== undefined && rt.env.rdzvUrl === undefined) {
+    // Under srun/mpirun rank 0 serves the store: it waits (a while) for every rank to be done with it.
+    await rt.store.set(`left/${rt.env.rank}`, '1').catch(() => undefined);
+    if (rt.ownServer) {
+      const keys = Array.from({ length: rt.env.worldSize }, (_, r) => `left/${r}`);
+      await rt.store.wait(keys, { timeoutMs: Math.min(rt.timeoutMs, 30_000) }).catch(() => undefined);
+    }
+  }
   await rt.store.close();
   await rt.ownServer?.close();
 }

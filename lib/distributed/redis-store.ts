@@ -3,7 +3,7 @@
 import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError } from '../errors.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, sleep, SocketStoreClient,
+  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, sleep, SocketStoreClient, StoreAuthError,
   waitTimeoutError, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
 import { toBytes } from './store-wire.js';
@@ -87,9 +87,15 @@ export class RedisStore extends SocketStoreClient<RespValue> implements Store {
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
   }
 
-  /** Connects (retrying until `timeoutMs` while Redis comes up) and checks it answers PING. */
+  /**
+   * Connects (retrying until `timeoutMs` while Redis comes up), authenticates with Redis's own AUTH
+   * when `options.token` (the password; `options.username` for an ACL user) is given, and checks it
+   * answers PING. A refused password is a StoreAuthError at once. (The launcher's job token does not
+   * apply to Redis: protect a Redis server with its requirepass / ACLs and a bind address.)
+   */
   static async connect(options: StoreConnectOptions): Promise<RedisStore> {
     const { host, port, timeoutMs } = resolveConnectOptions('RedisStore.connect', options);
+    const auth = options.token !== undefined ? (options.username ? ['AUTH', options.username, options.token] : ['AUTH', options.token]) : undefined;
     return connectWithRetry('redis store', host, port, timeoutMs, async (socket, remainingMs) => {
       const store = new RedisStore(socket, host, port, timeoutMs);
       let timer: NodeJS.Timeout | undefined;
@@ -101,7 +107,17 @@ export class RedisStore extends SocketStoreClient<RespValue> implements Store {
         }, remainingMs);
       });
       try {
-        const pong = await Promise.race([store.command('RedisStore.connect', ['PING']), timedOut]);
+        // A Redis error reply (not a lost connection) to AUTH or PING means the password is wrong or missing.
+        const refused = (e: unknown, what: string): Error => {
+          if (store.failure) return e as Error;
+          const err = new StoreAuthError(`redis at ${store.address} refused ${what}: ${(e as Error).message}`, 'RedisStore.connect');
+          store.fail(err);
+          return err;
+        };
+        if (auth) await Promise.race([store.command('RedisStore.connect', auth), timedOut]).catch((e) => { throw refused(e, 'AUTH (check the password in the redis:// URL)'); });
+        const pong = await Promise.race([store.command('RedisStore.connect', ['PING']), timedOut]).catch((e) => {
+          throw /NOAUTH/.test((e as Error).message) ? refused(e, 'this client: it needs a password (redis://:password@host:port)') : e;
+        });
         if (!(pong instanceof Buffer) || pong.toString() !== 'PONG') throw new CommError(`redis at ${store.address} did not answer PING with PONG`, 'RedisStore.connect');
       } finally {
         clearTimeout(timer);

@@ -51,6 +51,64 @@ export interface StoreConnectOptions {
   port: number;
   /** How long to keep retrying the connection while the server comes up, and the default for get/wait. */
   timeoutMs?: number;
+  /**
+   * TCPStore: the job token presented in the connection's first frame (default: NODETRON_STORE_TOKEN,
+   * when set). RedisStore: the password sent with AUTH (Redis's own authentication, `requirepass` or an ACL user).
+   */
+  token?: string;
+  /** RedisStore: the ACL user name sent with AUTH (with `token` as its password). */
+  username?: string;
+}
+
+/**
+ * The rendezvous store could not listen because its address is taken (another job, or a previous run
+ * still holding the port). The message is one line naming the address and what to do.
+ */
+export class AddressInUseError extends CommError {
+  /**
+   * @param host The interface the store tried to listen on.
+   * @param port The port that is in use.
+   */
+  constructor(readonly host: string, readonly port: number) {
+    super(
+      `the rendezvous store cannot listen on ${host}:${port}: the port is already in use (another job or an earlier run holds it); ` +
+        'choose another --master-port / MASTER_PORT, or stop the process that holds it',
+      'StoreServer.start',
+    );
+  }
+}
+
+/** The store refused this client's job token (missing or wrong): retrying cannot help. */
+export class StoreAuthError extends CommError {}
+
+/** Whether a listen address reaches only this machine. */
+export function isLoopbackHost(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/** The error of a failed listen: AddressInUseError for a taken port, else a CommError with the system's code. */
+export function listenError(e: NodeJS.ErrnoException, host: string, port: number): CommError {
+  if (e.code === 'EADDRINUSE') return new AddressInUseError(host, port);
+  return new CommError(`the rendezvous store could not listen on ${host}:${port}: ${e.code ?? e.message}`, 'StoreServer.start');
+}
+
+/** Checks a job token: a string of 16 to 256 bytes. Throws ArgumentError saying how to make one. */
+export function checkToken(call: string, token: unknown): string {
+  const bytes = typeof token === 'string' ? Buffer.byteLength(token) : -1;
+  if (typeof token !== 'string' || token.length < 16 || bytes > 256) {
+    throw new ArgumentError(
+      `${call}: the job token must be a string of 16 to 256 bytes, got ${typeof token === 'string' ? `${token.length} characters` : typeof token}; ` +
+        'make one with e.g. `openssl rand -hex 32` and export it as NODETRON_STORE_TOKEN on every node',
+    );
+  }
+  return token;
+}
+
+/** The job token the environment gives (NODETRON_STORE_TOKEN), checked; undefined when unset or empty. */
+export function tokenFromEnv(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const token = env.NODETRON_STORE_TOKEN;
+  if (token === undefined || token === '') return undefined;
+  return checkToken('environment variable NODETRON_STORE_TOKEN', token);
 }
 
 
@@ -187,6 +245,8 @@ export async function connectWithRetry<T>(
       // A handshake keeps a listener that does not speak the protocol (a wrong port) from hanging the caller.
       return await handshake(socket, Math.max(deadline - Date.now(), 1000));
     } catch (e) {
+      // A refused token stays refused: fail at once with the server's reason.
+      if (e instanceof StoreAuthError || e instanceof ArgumentError) throw e;
       lastError = (e as NodeJS.ErrnoException).code ?? (e as Error).message;
     }
     if (Date.now() + backoffMs > deadline) break;

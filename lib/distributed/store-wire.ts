@@ -12,13 +12,17 @@ export const Op = {
   NUMKEYS: 8,
   PING: 9,
   KEYS: 10,
+  AUTH: 11,
 } as const;
 export type OpCode = (typeof Op)[keyof typeof Op];
 
 export const Status = { OK: 0, TIMEOUT: 1, NOT_FOUND: 2, ERROR: 3 } as const;
 export type StatusCode = (typeof Status)[keyof typeof Status];
 
-/** Largest frame body either side accepts; a larger length prefix is a protocol error. */
+/**
+ * Largest reply frame body a client accepts (the server is trusted; a larger length prefix means a
+ * confused peer). Requests have the much smaller limits of {@link StoreLimits}.
+ */
 export const MAX_FRAME_BYTES = 1 << 30;
 
 const encoder = new TextEncoder();
@@ -108,6 +112,10 @@ export class ArgReader {
     this.at += n;
     return v;
   }
+  /** Bytes of the body not read yet. */
+  get remaining(): number {
+    return this.body.length - this.at;
+  }
   /** Throws unless every byte of the body was consumed (trailing bytes mean a confused peer). */
   end(): void {
     if (this.at !== this.body.length) {
@@ -118,30 +126,55 @@ export class ArgReader {
 
 /**
  * Splits a byte stream into frame bodies. Chunks are only joined once a whole frame has arrived, so a
- * large value costs one copy, not one per chunk.
+ * large value costs one copy, not one per chunk. Nothing is allocated from a length prefix: the
+ * splitter only holds bytes the peer has sent, and a prefix over the limit is refused before the
+ * body's bytes are waited for.
  */
 export class FrameSplitter {
   private chunks: Buffer[] = [];
-  private buffered = 0;
+  /** Bytes received and not yet returned as a body (a partial frame, or frames not taken yet). */
+  buffered = 0;
+
+  /** @param limit Largest body accepted; a larger length prefix throws MalformedFrame. */
+  constructor(private readonly limit = MAX_FRAME_BYTES) {}
 
   /** Adds bytes and returns every complete frame body; throws MalformedFrame on a bad length prefix. */
   push(chunk: Buffer): Buffer[] {
+    this.append(chunk);
+    const bodies: Buffer[] = [];
+    for (let body = this.next(); body; body = this.next()) bodies.push(body);
+    return bodies;
+  }
+
+  /** Adds bytes without taking frames out (see next). */
+  append(chunk: Buffer): void {
+    if (chunk.length === 0) return;
     this.chunks.push(chunk);
     this.buffered += chunk.length;
-    const bodies: Buffer[] = [];
-    for (;;) {
-      if (this.buffered < 4) break;
-      const head = this.peekHeader();
-      if (head > MAX_FRAME_BYTES) throw new MalformedFrame(`frame of ${head} bytes exceeds the ${MAX_FRAME_BYTES}-byte limit`);
-      if (head === 0) throw new MalformedFrame('empty frame (no opcode)');
-      if (this.buffered < 4 + head) break;
-      const all = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks, this.buffered);
-      bodies.push(all.subarray(4, 4 + head));
-      const rest = all.subarray(4 + head);
-      this.chunks = rest.length ? [rest] : [];
-      this.buffered = rest.length;
-    }
-    return bodies;
+  }
+
+  /**
+   * The next complete frame body, or undefined while it has not fully arrived. `limit` (default: the
+   * splitter's) bounds this frame's length prefix: a larger one throws MalformedFrame at once.
+   */
+  next(limit = this.limit): Buffer | undefined {
+    if (this.buffered < 4) return undefined;
+    const head = this.peekHeader();
+    if (head > limit) throw new MalformedFrame(`frame of ${head} bytes exceeds the ${limit}-byte limit`);
+    if (head === 0) throw new MalformedFrame('empty frame (no opcode)');
+    if (this.buffered < 4 + head) return undefined;
+    const all = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks, this.buffered);
+    const rest = all.subarray(4 + head);
+    this.chunks = rest.length ? [rest] : [];
+    this.buffered = rest.length;
+    return all.subarray(4, 4 + head);
+  }
+
+  /** The first bytes received and not yet taken (up to n), e.g. to recognize an HTTP request. */
+  peek(n: number): Buffer {
+    const first = this.chunks[0];
+    if (!first) return Buffer.alloc(0);
+    return first.length >= n || this.chunks.length === 1 ? first.subarray(0, n) : Buffer.concat(this.chunks, this.buffered).subarray(0, n);
   }
 
   private peekHeader(): number {

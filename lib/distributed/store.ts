@@ -4,13 +4,15 @@ import type { Socket } from 'node:net';
 import { ArgumentError, CommError, StateError, TimeoutError } from '../errors.js';
 import { RedisStore } from './redis-store.js';
 import {
-  checkKey, checkKeys, checkTimeout, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, SocketStoreClient, waitTimeoutError,
-  type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
+  checkKey, checkKeys, checkTimeout, checkToken, checkValue, connectWithRetry, resolveConnectOptions, getTimeoutError, SocketStoreClient, StoreAuthError,
+  tokenFromEnv, waitTimeoutError, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions,
 } from './store-api.js';
 import { ArgReader, encodeFrame, FrameSplitter, Op, Status, type WireArg } from './store-wire.js';
 
-export { StoreServer, type StoreServerOptions } from './store-server.js';
-export { DEFAULT_STORE_TIMEOUT_MS, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions } from './store-api.js';
+export {
+  StoreServer, DEFAULT_STORE_LIMITS, storeLimitsFromEnv, type StoreLimits, type StoreRefusals, type StoreServerOptions,
+} from './store-server.js';
+export { AddressInUseError, StoreAuthError, tokenFromEnv, DEFAULT_STORE_TIMEOUT_MS, type Store, type StoreConnectOptions, type StoreValue, type StoreWaitOptions } from './store-api.js';
 
 const decoder = new TextDecoder();
 
@@ -45,15 +47,45 @@ export class TCPStore extends SocketStoreClient<Reply> implements Store {
 
   /**
    * Connects to a StoreServer, retrying while it is not up yet (ranks often start before the master
-   * listens). Throws CommError naming host:port and the timeout when it cannot reach it in time.
+   * listens), and presents the job token (`options.token`, else NODETRON_STORE_TOKEN) when there is one.
+   * Throws CommError naming host:port and the timeout when it cannot reach it in time, StoreAuthError
+   * at once when the server refuses the token (or needs one and none was given).
    */
   static async connect(options: StoreConnectOptions): Promise<TCPStore> {
     const { host, port, timeoutMs } = resolveConnectOptions('TCPStore.connect', options);
+    const token = options.token !== undefined ? checkToken('TCPStore.connect', options.token) : tokenFromEnv();
     return connectWithRetry('rendezvous store', host, port, timeoutMs, async (socket, remainingMs) => {
       const store = new TCPStore(socket, host, port, timeoutMs);
-      await store.ping(remainingMs);
+      try {
+        if (token !== undefined) await store.roundTrip(Op.AUTH, [{ bytes: token }], remainingMs, 'authenticate');
+        else await store.roundTrip(Op.PING, [], remainingMs, 'answer a ping');
+      } catch (e) {
+        store.fail(e as Error);
+        throw e;
+      }
       return store;
     });
+  }
+
+  /** One request with a time limit, its ERROR reply thrown (StoreAuthError when the server refused the token). */
+  private async roundTrip(op: number, args: WireArg[], timeoutMs: number, what: string): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new TimeoutError(`the rendezvous store at ${this.address} did not ${what} within ${timeoutMs} ms`, 'TCPStore.connect')), timeoutMs);
+    });
+    try {
+      const reply = await Promise.race([this.request(op, args), timedOut]);
+      if (reply.status === Status.ERROR) {
+        const message = decoder.decode(reply.result.bytes());
+        if (message.startsWith('authentication')) {
+          const hint = op === Op.AUTH ? 'check that every node has the same NODETRON_STORE_TOKEN' : 'set NODETRON_STORE_TOKEN to the job token (nodetron launch sets it for its ranks)';
+          throw new StoreAuthError(`the rendezvous store at ${this.address} refused this client (${message}); ${hint}`, 'TCPStore.connect');
+        }
+      }
+      this.expectOk('TCPStore.connect', reply);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private request(op: number, args: WireArg[] = []): Promise<Reply> {
@@ -238,10 +270,11 @@ export class PrefixStore implements Store {
 }
 
 /**
- * Connects to the store a URL names: `tcp://host:port` (a StoreServer) or `redis://host:port`
- * (a Redis server, for jobs too large for one process to serve).
+ * Connects to the store a URL names: `tcp://host:port` (a StoreServer; `options.token` or
+ * NODETRON_STORE_TOKEN is the job token) or `redis://[[user]:password@]host:port` (a Redis server,
+ * for jobs too large for one process to serve; the password and user go to Redis's AUTH).
  */
-export async function createStore(url: string, options: { timeoutMs?: number } = {}): Promise<Store> {
+export async function createStore(url: string, options: { timeoutMs?: number; token?: string } = {}): Promise<Store> {
   let parsed: URL;
   try {
     parsed = new URL(url);
@@ -249,15 +282,18 @@ export async function createStore(url: string, options: { timeoutMs?: number } =
     throw new ArgumentError(`createStore: ${JSON.stringify(url)} is not a URL (expected tcp://host:port or redis://host:port)`);
   }
   const host = parsed.hostname.replace(/^\[(.*)\]$/, '$1');
+  // redis://[user]:password@host:port: Redis's own authentication (requirepass or an ACL user).
+  const username = decodeURIComponent(parsed.username) || undefined;
+  const password = decodeURIComponent(parsed.password) || undefined;
   const port = Number(parsed.port);
   if (!host || !parsed.port || !Number.isInteger(port)) {
     throw new ArgumentError(`createStore: ${JSON.stringify(url)} must name a host and a port`);
   }
   switch (parsed.protocol) {
     case 'tcp:':
-      return TCPStore.connect({ host, port, timeoutMs: options.timeoutMs });
+      return TCPStore.connect({ host, port, timeoutMs: options.timeoutMs, ...(options.token !== undefined ? { token: options.token } : {}) });
     case 'redis:':
-      return RedisStore.connect({ host, port, timeoutMs: options.timeoutMs });
+      return RedisStore.connect({ host, port, timeoutMs: options.timeoutMs, ...(password !== undefined ? { token: password } : {}), ...(username ? { username } : {}) });
     default:
       throw new ArgumentError(`createStore: unsupported scheme ${JSON.stringify(parsed.protocol)} in ${JSON.stringify(url)} (tcp: or redis:)`);
   }

@@ -31,6 +31,8 @@ export interface AgentConfig {
   runId: string;
   /** redis://host:port when rendezvous goes through Redis. */
   rdzvUrl?: string;
+  /** The job token the workers' store clients present (NODETRON_STORE_TOKEN in their environment). */
+  storeToken?: string;
 }
 
 /** The first failure of an attempt, as published in the store for every node to report. */
@@ -57,6 +59,9 @@ type Outcome = { ok: true } | { ok: false; failure: FailureRecord; fatal?: boole
 type State = 'rendezvous' | 'running' | 'stopping' | 'restarting' | 'succeeded' | 'failed';
 
 const encodeJson = (v: unknown) => JSON.stringify(v);
+
+/** Characters of one stderr line kept in a failure record (20 lines stay far below the store's value limit). */
+const MAX_TAIL_LINE_CHARS = 2000;
 
 export class LaunchAgent {
   state: State = 'rendezvous';
@@ -165,6 +170,7 @@ export class LaunchAgent {
         NODETRON_RESTART_COUNT: String(attempt),
         NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
         ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
+        ...(this.config.storeToken !== undefined ? { NODETRON_STORE_TOKEN: this.config.storeToken } : {}),
         ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
       },
     }));
@@ -184,7 +190,8 @@ export class LaunchAgent {
       exitCode: exit.exitCode,
       signal: exit.signal,
       reason: `rank ${exit.rank} (node ${this.config.nodeRank}, local rank ${exit.localRank}, pid ${exit.pid}) ${how}`,
-      stderrTail: [...stderrTail],
+      // Published in the store for every node to report: long lines are cut to fit its value limit.
+      stderrTail: stderrTail.map((l) => (l.length > MAX_TAIL_LINE_CHARS ? `${l.slice(0, MAX_TAIL_LINE_CHARS)}… (${l.length - MAX_TAIL_LINE_CHARS} more characters)` : l)),
     };
   }
 

@@ -11,13 +11,18 @@
 //   NODETRON_RESTART_COUNT  0 on the first attempt, k on the k-th restart (--max-restarts)
 //   NODETRON_STORE_PREFIX   key prefix of this attempt's ranks in the store (new per attempt)
 //   NODETRON_RDZV           redis://host:port when the launchers meet through Redis (--rdzv)
+//   NODETRON_STORE_TOKEN    the job token every store client presents (from the environment, or made
+//                           here for a single-node job; docs/store-protocol.md)
 // and the launcher's own environment otherwise. lib/distributed/env.ts reads it (readLaunchEnv).
 //
 // Behaviour: output lines are prefixed `[rank N]`; when a rank exits non-zero or is killed, every
 // rank of every node is stopped (SIGTERM, then SIGKILL after --stop-grace-ms) and the first failure is
 // reported with its stderr tail; with --max-restarts K the whole job restarts up to K times.
+import { randomBytes } from 'node:crypto';
 import { ArgumentError } from '../errors.js';
-import { createStore, StoreServer, TCPStore, type Store } from '../distributed/store.js';
+import { readSlurmEnv } from '../distributed/cluster-env.js';
+import { createStore, StoreServer, TCPStore, tokenFromEnv, type Store } from '../distributed/store.js';
+import { isLoopbackHost } from '../distributed/store-api.js';
 import { LaunchAgent, type AgentConfig } from './agent.js';
 
 const usage = `usage: nodetron launch [options] script.(ts|js|mjs) [script args]
@@ -36,7 +41,11 @@ options:
   --heartbeat-timeout-ms MS  a node silent this long is reported and the job stopped         [30000]
   --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]
   --hang-timeout-ms MS       stop the job (with the flight recorder's analysis) when no local rank has
-                             completed a collective for this long; 0: off (ranks' own timeouts only) [0]`;
+                             completed a collective for this long; 0: off (ranks' own timeouts only) [0]
+
+Under srun (one task per node), --nnodes, --node-rank and --master-addr default to SLURM_NNODES,
+SLURM_NODEID and the first host of SLURM_NODELIST, and --master-port to MASTER_PORT or one derived from
+SLURM_JOB_ID. A job over several nodes needs NODETRON_STORE_TOKEN (the same secret on every node).`;
 
 interface LaunchOptions extends Omit<AgentConfig, 'masterPort' | 'nprocPerNode'> {
   masterPort: number | undefined;
@@ -62,8 +71,14 @@ function parseInt10(flag: string, text: string, min: number, max = Number.MAX_SA
   return n;
 }
 
-/** Parses the launcher's options; the first argument that is not an option is the script, and the rest are its arguments. */
-export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
+/**
+ * Parses the launcher's options; the first argument that is not an option is the script, and the rest
+ * are its arguments. Under an srun step (`env` holds SLURM_PROCID), the node count, node rank, master
+ * address and port default to Slurm's (readSlurmEnv), MASTER_ADDR/MASTER_PORT from `env` win over
+ * those, and flags win over everything.
+ */
+export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process.env): LaunchOptions | 'help' {
+  const given = new Set<string>();
   const o: LaunchOptions = {
     script: '',
     scriptArgs: [],
@@ -90,6 +105,7 @@ export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
     }
     const eq = arg.indexOf('=');
     const flag = eq >= 0 ? arg.slice(0, eq) : arg;
+    given.add(flag);
     let value = eq >= 0 ? arg.slice(eq + 1) : argv[++i];
     if (value === undefined) throw new ArgumentError(`${flag} needs a value`);
     value = value.trim();
@@ -112,11 +128,67 @@ export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
     }
   }
   if (!o.script) throw new ArgumentError('no script given');
+  applyClusterDefaults(o, given, env);
   if (o.nodeRank >= o.nnodes) throw new ArgumentError(`--node-rank ${o.nodeRank} must be < --nnodes ${o.nnodes}`);
   if (o.nnodes > 1 && o.masterPort === undefined) {
     throw new ArgumentError('--master-port is required with --nnodes > 1 (every node must know where node 0 serves the store)');
   }
   return o;
+}
+
+/** Fills --nnodes, --node-rank, --master-addr and --master-port not given as flags from the environment (Slurm, MASTER_ADDR/MASTER_PORT). */
+function applyClusterDefaults(o: LaunchOptions, given: Set<string>, env: NodeJS.ProcessEnv): void {
+  const slurm = readSlurmEnv(env);
+  if (slurm) {
+    if (!given.has('--nnodes') && !given.has('--node-rank')) {
+      // One launcher per node: srun --ntasks-per-node=1. More tasks than nodes means srun started the ranks themselves.
+      if (slurm.worldSize !== slurm.nnodes) {
+        throw new ArgumentError(
+          `under srun, nodetron launch runs as one task per node, but Slurm started ${slurm.worldSize} tasks on ${slurm.nnodes} node(s); ` +
+            'use srun --ntasks-per-node=1 nodetron launch ..., or start the script itself with srun (one task per GPU), or pass --nnodes/--node-rank',
+        );
+      }
+      o.nnodes = slurm.nnodes;
+      o.nodeRank = slurm.nodeRank;
+    }
+    if (!given.has('--master-addr') && slurm.masterAddr !== undefined) o.masterAddr = slurm.masterAddr;
+    if (!given.has('--master-port') && o.nnodes > 1 && slurm.masterPort !== undefined) o.masterPort = slurm.masterPort;
+  }
+  if (!given.has('--master-addr') && env.MASTER_ADDR?.trim()) o.masterAddr = env.MASTER_ADDR.trim();
+  if (!given.has('--master-port') && env.MASTER_PORT?.trim() && (slurm || o.nnodes > 1)) {
+    o.masterPort = parseInt10('MASTER_PORT', env.MASTER_PORT.trim(), 1, 65535);
+  }
+}
+
+/**
+ * The job token of this launch and where node 0's store listens: the token from NODETRON_STORE_TOKEN,
+ * else a random one for a single-node job; several nodes need a shared one unless every node is on
+ * loopback (then none, with a warning). Throws ArgumentError saying how to set one.
+ */
+export function storeSecurity(o: Pick<LaunchOptions, 'nnodes' | 'masterAddr'>, env: NodeJS.ProcessEnv = process.env): {
+  /** The token every client presents, or undefined (loopback multi-node test setups only). */
+  token: string | undefined;
+  /** Interface node 0's store listens on. */
+  listenHost: string;
+  /** A line for the log when the store runs without a token. */
+  warning?: string;
+} {
+  const fromEnv = tokenFromEnv(env);
+  const loopback = isLoopbackHost(o.masterAddr);
+  // Node 0 listens where the others reach it: every interface across hosts, else loopback only.
+  const listenHost = o.nnodes > 1 && !loopback ? '0.0.0.0' : loopback && o.masterAddr !== 'localhost' ? o.masterAddr : '127.0.0.1';
+  if (fromEnv !== undefined) return { token: fromEnv, listenHost };
+  if (o.nnodes === 1) return { token: randomBytes(32).toString('hex'), listenHost };
+  if (loopback) {
+    return {
+      token: undefined, listenHost,
+      warning: 'no NODETRON_STORE_TOKEN: the store accepts any client on this machine (export the same token on every node to require one)',
+    };
+  }
+  throw new ArgumentError(
+    `a job over ${o.nnodes} nodes serves its rendezvous store on every interface of node 0 (${o.masterAddr}), so it needs a job token: ` +
+      'export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) with the same value on every node (e.g. in the batch file) before nodetron launch',
+  );
 }
 
 /** GPUs on this machine when the cuda backend loads; 1 otherwise (one CPU process). */
@@ -143,16 +215,28 @@ export async function main(argv: string[]): Promise<number> {
     console.log(usage);
     return 0;
   }
+  let security: ReturnType<typeof storeSecurity>;
+  try {
+    security = storeSecurity(parsed);
+  } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    console.error(`nodetron launch: ${e.message}`);
+    return 2;
+  }
   const nprocPerNode = parsed.nprocPerNode === 'auto' ? await detectNprocPerNode() : parsed.nprocPerNode;
 
   // Node 0 serves the store the ranks use (Gloo's rendezvous speaks its protocol), even when the
-  // launchers themselves meet through Redis.
+  // launchers themselves meet through Redis. A taken port is an AddressInUseError (one line).
   let server: StoreServer | undefined;
   if (parsed.nodeRank === 0) {
-    server = await StoreServer.start({ host: parsed.nnodes > 1 ? '0.0.0.0' : '127.0.0.1', port: parsed.masterPort ?? 0 });
+    server = await StoreServer.start({
+      host: security.listenHost, port: parsed.masterPort ?? 0, ...(security.token !== undefined ? { token: security.token } : {}),
+    });
   }
+  if (security.warning && parsed.nodeRank === 0) process.stderr.write(`[nodetron launch node 0] ${security.warning}\n`);
   const masterPort = server?.port ?? parsed.masterPort!;
-  const config: AgentConfig = { ...parsed, nprocPerNode, masterPort };
+  const config: AgentConfig = { ...parsed, nprocPerNode, masterPort, ...(security.token !== undefined ? { storeToken: security.token } : {}) };
+  const token = security.token !== undefined ? { token: security.token } : {};
   let store: Store | undefined;
   const signals: NodeJS.Signals[] = ['SIGINT', 'SIGTERM'];
   let agent: LaunchAgent | undefined;
@@ -161,8 +245,8 @@ export async function main(argv: string[]): Promise<number> {
     store = config.rdzvUrl
       ? await createStore(config.rdzvUrl, { timeoutMs: config.joinTimeoutMs })
       : server
-        ? await TCPStore.connect({ host: '127.0.0.1', port: masterPort, timeoutMs: config.joinTimeoutMs })
-        : await TCPStore.connect({ host: config.masterAddr, port: masterPort, timeoutMs: config.joinTimeoutMs });
+        ? await TCPStore.connect({ host: isLoopbackHost(security.listenHost) ? security.listenHost : '127.0.0.1', port: masterPort, timeoutMs: config.joinTimeoutMs, ...token })
+        : await TCPStore.connect({ host: config.masterAddr, port: masterPort, timeoutMs: config.joinTimeoutMs, ...token });
     agent = new LaunchAgent(config, store);
     for (const s of signals) process.on(s, onSignal);
     return await agent.run();
