@@ -15,7 +15,7 @@ commands:
 
 run \`nodetron <command> --help\` for a command's options.`;
 
-const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint'];
+const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start'];
 
 interface Command { main(argv: string[]): Promise<number> }
 
