@@ -169,7 +169,7 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
  */
 async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer; env: Partial<LaunchEnv> } | undefined> {
   if (env.rdzvUrl !== undefined) return undefined;
-  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined && env.cluster === undefined) {
+  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined) {
     const storeToken = env.storeToken ?? randomBytes(32).toString('hex');
     const server = await StoreServer.start({ host: '127.0.0.1', port: 0, token: storeToken });
     return { server, env: { masterAddr: '127.0.0.1', masterPort: server.port, storeToken } };

@@ -59,14 +59,8 @@ const LIMIT_VARS: Record<keyof StoreLimits, string> = {
   frameTimeoutMs: 'NODETRON_STORE_FRAME_TIMEOUT_MS',
 };
 
-/** Largest AUTH frame body: opcode, length and a token of at most MAX_TOKEN_BYTES. */
+/** Largest frame body accepted before authentication: an AUTH frame (opcode, length, a token of at most 256 bytes). */
 const PRE_AUTH_FRAME_BYTES = 1 + 4 + 256;
-/** Longest job token accepted. */
-export const MAX_TOKEN_BYTES = 256;
-/** Shortest job token accepted: 16 characters (the launcher's are 64 hex digits). */
-export const MIN_TOKEN_CHARS = 16;
-/** The most bytes the pre-authentication limit lets in: an AUTH frame. */
-export const PRE_AUTH_LIMIT_BYTES = PRE_AUTH_FRAME_BYTES;
 /** The largest any limit may be set to: the wire's own frame limit. */
 const LIMIT_CAP = 1 << 30;
 
