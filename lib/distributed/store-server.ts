@@ -275,7 +275,7 @@ export class StoreServer {
     if (!authed) arm('auth', this.limits.authTimeoutMs);
 
     // Set once the stream has lost its framing (or was never ours): nothing after that point can be
-    // trusted, so reading stops; requests that completed before it are still answered, then this
+    // trusted, so later bytes are dropped unread; requests that completed before it are still answered, then this
     // message, then the connection is closed.
     let closing: string | undefined;
     const refuse = (message: string, counter: 'malformed' | 'unauthenticated'): void => {
@@ -283,7 +283,11 @@ export class StoreServer {
       broken = true;
       closing = message;
       disarm();
-      socket.pause();
+      // Reading goes on (and drops the bytes): a peer's unread bytes would turn the close into a
+      // reset that can discard the ERROR frame before the peer reads it.
+      if (socket.isPaused()) socket.resume();
+      // Answers still owed (a WAIT queued before the bad frame) get the frame deadline, no more.
+      setTimeout(() => socket.destroy(), this.limits.frameTimeoutMs).unref();
       void pump();
     };
 
