@@ -206,6 +206,41 @@ describe('nodetron launch', () => {
     expect(r.stderr).toContain('node(s) 1 of 2 did not join within 400 ms');
   });
 
+  it('nodes must share the job token: a node with another token is refused at once, naming the variable', async () => {
+    const port = String(await freePort());
+    const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '1', '--join-timeout-ms', '20000'];
+    const node0 = launch([...common, '--node-rank', '0', join(fixtures, 'env.mjs')], { NODETRON_STORE_TOKEN: 'the-right-token-0123456789' });
+    const r1 = await run([...common, '--node-rank', '1', join(fixtures, 'env.mjs')], { NODETRON_STORE_TOKEN: 'a-wrong-token-0123456789' });
+    expect(r1.code).toBe(1);
+    expect(r1.stderr).toContain(`StoreAuthError: the rendezvous store at 127.0.0.1:${port} refused this client (authentication failed: wrong job token)`);
+    expect(r1.stderr).toContain('same NODETRON_STORE_TOKEN');
+    expect(r1.ms).toBeLessThan(15_000);
+    // Node 0 is still in rendezvous, waiting for node 1 (no ranks started): nothing is left behind.
+    node0.signal('SIGKILL');
+    await node0.done;
+  });
+
+  it('a busy master port is an AddressInUseError naming the address before anything starts', async () => {
+    const { main } = await import('../../lib/launch/cli.js');
+    const blocker = await distributed.StoreServer.start();
+    try {
+      const err = await main(['--master-port', String(blocker.port), '--nproc-per-node', '1', join(fixtures, 'env.mjs')]).catch((e) => e);
+      expect(err).toBeInstanceOf(distributed.AddressInUseError);
+      expect(err.message).toBe(
+        `the rendezvous store cannot listen on 127.0.0.1:${blocker.port}: the port is already in use (another job or an earlier run holds it); ` +
+          'choose another --master-port / MASTER_PORT, or stop the process that holds it',
+      );
+    } finally {
+      await blocker.close();
+    }
+  });
+
+  it('the ranks get the job token and the store refuses clients without it', async () => {
+    const r = await run(['--nproc-per-node', '1', join(fixtures, 'token.ts')]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^\[rank 0\] TOKEN length=64 refused=StoreAuthError$/m);
+  });
+
   it('SIGTERM to the launcher stops its ranks', async () => {
     const l = launch(['--nproc-per-node', '2', join(fixtures, 'fail.mjs')], { FAIL_RANK: '-1' });
     await l.stdoutMatches(/sleeping pid/, 2);
