@@ -146,6 +146,8 @@ class LimitExceeded extends Error {}
 // Requests queued behind a blocking one: reading pauses at QUEUE_PAUSE and resumes below QUEUE_RESUME.
 const QUEUE_PAUSE = 256;
 const QUEUE_RESUME = 64;
+// How long a connection being closed waits for its last ERROR frame to be flushed before it is destroyed.
+const CLOSE_GRACE_MS = 5000;
 
 const digest = (token: string | Buffer): Buffer => createHash('sha256').update(token).digest();
 
@@ -262,8 +264,7 @@ export class StoreServer {
         this.refusals.stalled++;
         broken = true;
         const why = what === 'auth' ? `no authentication within ${ms} ms` : `a frame did not complete within ${ms} ms`;
-        socket.end(error(`${why}; closing the connection`));
-        socket.destroySoon();
+        closeWith(`${why}; closing the connection`);
       }, ms);
       timer.unref();
     };
@@ -273,6 +274,18 @@ export class StoreServer {
       timerFor = undefined;
     };
     if (!authed) arm('auth', this.limits.authTimeoutMs);
+    // Bounds how long a connection being closed may linger (a peer that does not read its ERROR frame).
+    let killTimer: NodeJS.Timeout | undefined;
+    const killAfter = (ms: number): void => {
+      if (killTimer) return;
+      killTimer = setTimeout(() => socket.destroy(), ms);
+      killTimer.unref();
+    };
+    const closeWith = (message: string): void => {
+      socket.end(error(message));
+      socket.destroySoon();
+      killAfter(CLOSE_GRACE_MS);
+    };
 
     // Set once the stream has lost its framing (or was never ours): nothing after that point can be
     // trusted, so later bytes are dropped unread; requests that completed before it are still answered, then this
@@ -287,7 +300,7 @@ export class StoreServer {
       // reset that can discard the ERROR frame before the peer reads it.
       if (socket.isPaused()) socket.resume();
       // Answers still owed (a WAIT queued before the bad frame) get the frame deadline, no more.
-      setTimeout(() => socket.destroy(), this.limits.frameTimeoutMs).unref();
+      killAfter(this.limits.frameTimeoutMs);
       void pump();
     };
 
@@ -297,13 +310,13 @@ export class StoreServer {
       while (queue.length && !socket.destroyed) {
         const reply = this.handle(queue.shift()!, cancels);
         socket.write(reply instanceof Promise ? await reply : reply);
-        if (!broken && queue.length < QUEUE_RESUME && socket.isPaused()) socket.resume();
+        if (!broken && queue.length < QUEUE_RESUME && socket.isPaused()) {
+          socket.resume();
+          if (splitter.buffered > 0) arm('frame', this.limits.frameTimeoutMs);
+        }
       }
       busy = false;
-      if (closing !== undefined && !socket.destroyed) {
-        socket.end(error(closing));
-        socket.destroySoon();
-      }
+      if (closing !== undefined && !socket.destroyed) closeWith(closing);
     };
 
     socket.on('data', (chunk: Buffer) => {
@@ -345,11 +358,16 @@ export class StoreServer {
         else if (completed || timerFor !== 'frame') arm('frame', this.limits.frameTimeoutMs);
       }
       // A client that pipelines faster than blocked requests are answered is read no further for now.
-      if (queue.length >= QUEUE_PAUSE) socket.pause();
+      // (A partial frame is not timed while the server itself holds the connection back.)
+      if (queue.length >= QUEUE_PAUSE) {
+        socket.pause();
+        if (timerFor === 'frame') disarm();
+      }
       void pump();
     });
     socket.on('close', () => {
       disarm();
+      clearTimeout(killTimer);
       if (!authed) this.unauthenticated--;
       authed = true;
       this.sockets.delete(socket);

@@ -201,6 +201,26 @@ describe('StoreServer with a job token', () => {
     await store.close();
   });
 
+  it('a client pipelining hundreds of requests behind a blocked WAIT is held back, then answered in order', async () => {
+    const { socket, replies } = await authedSocket(server.port);
+    const pings = 700;
+    socket.write(Buffer.concat([
+      encodeFrame(Op.WAIT, [{ u32: 1 }, { bytes: 'gate' }, { i64: 30_000 }]),
+      ...Array.from({ length: pings }, () => encodeFrame(Op.PING)),
+    ]));
+    await sleep(300);
+    expect(Buffer.concat(replies).length).toBe(0);  // everything waits behind the WAIT
+    const store = await TCPStore.connect({ port: server.port, timeoutMs: 5000, token: TOKEN });
+    await store.set('gate', 'open');
+    const deadline = Date.now() + 20_000;
+    while (Buffer.concat(replies).length < 5 * (pings + 1) && Date.now() < deadline) await sleep(20);
+    const all = Buffer.concat(replies);
+    expect(all.length).toBe(5 * (pings + 1));
+    for (let i = 0; i <= pings; i++) expect(all[5 * i + 4]).toBe(Status.OK);
+    socket.destroy();
+    await store.close();
+  });
+
   it('a key count the body cannot hold is refused before any key is read', async () => {
     const { socket, replies } = await authedSocket(server.port);
     // Claims 900 keys (under the limit) in a body that holds none.
