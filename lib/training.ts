@@ -1,12 +1,12 @@
 // One optimization step of a language model (forward, backward, optional clipping, update), shared by the
 // example, `nodetron bench train` and the tests, so all three measure and check the same thing.
 import { noGrad } from './autograd/index.js';
-import { StateError } from './errors.js';
+import { ArgumentError, StateError } from './errors.js';
 import { scope } from './memory.js';
 import type { Module } from './nn/module.js';
 import { clipGradNorm } from './optim/clip.js';
 import type { Optimizer } from './optim/optimizer.js';
-import type { Tensor } from './tensor.js';
+import { checkTensor, type Tensor } from './tensor.js';
 
 /** A model that maps (inputs, targets) to a scalar loss. */
 export interface LossModel extends Module {
@@ -35,6 +35,15 @@ export interface TrainStepResult {
 
 /** Forward, backward, clip, update, zeroGrad; every intermediate tensor is released before it returns. */
 export function trainStep(model: LossModel, optimizer: Optimizer<{ lr: number }>, inputs: Tensor, targets: Tensor, opts: TrainStepOptions = {}): TrainStepResult {
+  if (model === null || typeof model !== 'object' || typeof model.forward !== 'function' || typeof model.parameters !== 'function') {
+    throw new ArgumentError('trainStep: model must have forward(inputs, targets) returning { loss } and parameters() (a GPT or another nn.Module)');
+  }
+  if (optimizer === null || typeof optimizer !== 'object' || typeof optimizer.step !== 'function' || typeof optimizer.zeroGrad !== 'function') {
+    throw new ArgumentError('trainStep: optimizer must be an nt.optim optimizer (AdamW, SGD, Lamb) with step() and zeroGrad()');
+  }
+  checkTensor(inputs, 'trainStep', 'inputs');
+  checkTensor(targets, 'trainStep', 'targets');
+  if (opts === null || typeof opts !== 'object') throw new ArgumentError('trainStep: options must be an object like { maxGradNorm, lr }');
   return scope(() => {
     const { loss } = model.forward(inputs, targets);
     if (!loss) throw new StateError('trainStep: the model returned no loss (were targets passed?)');

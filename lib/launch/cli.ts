@@ -96,9 +96,9 @@ export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
     if (flag in INT_OPTIONS) {
       const key = INT_OPTIONS[flag]!;
       const min = key === 'nnodes' || key === 'monitorIntervalMs' || key === 'masterPort' ? 1 : 0;
-      (o as unknown as Record<string, number>)[key] = parseInt10(flag, value, min, key === 'masterPort' ? 65535 : undefined);
+      (o as unknown as Record<string, number>)[key] = parseInt10(flag, value, min, key === 'masterPort' ? 65535 : key === 'nnodes' ? 65536 : undefined);
     } else if (flag === '--nproc-per-node') {
-      o.nprocPerNode = value === 'auto' ? 'auto' : parseInt10(flag, value, 1);
+      o.nprocPerNode = value === 'auto' ? 'auto' : parseInt10(flag, value, 1, 1024);
     } else if (flag === '--master-addr') {
       o.masterAddr = value;
     } else if (flag === '--rdzv') {

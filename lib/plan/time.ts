@@ -37,7 +37,7 @@ export const PLAN_DEVICES: Readonly<Record<string, PlanDevice>> = {
 
 /** A named device (an unknown name is an ArgumentError listing the choices). */
 export function resolveDevice(name: string): PlanDevice {
-  const d = PLAN_DEVICES[name];
+  const d = typeof name === 'string' && Object.hasOwn(PLAN_DEVICES, name) ? PLAN_DEVICES[name] : undefined;
   if (!d) throw new ArgumentError(`plan: unknown --gpu ${JSON.stringify(name)} (${Object.keys(PLAN_DEVICES).join(', ')}, cpu)`);
   return { ...d, peakFlops: { ...d.peakFlops } };
 }

@@ -53,6 +53,12 @@ NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE)
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches']) {
+    const v = values[k];
+    if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
+  }
+  if (values.zero !== undefined && ![0, 1, 2, 3].includes(values.zero as number)) throw new ArgumentError(`--zero must be 0, 1, 2 or 3, got ${String(values.zero)}`);
+  if (values.schedule !== undefined && values.schedule !== 'gpipe' && values.schedule !== '1f1b') throw new ArgumentError(`--schedule must be gpipe or 1f1b, got ${JSON.stringify(values.schedule)}`);
   const num = (k: string) => values[k] as number | undefined;
   const bool = (k: string) => values[k] as boolean | undefined;
   if (num('tp') !== undefined) out.tp = num('tp');
@@ -98,7 +104,7 @@ export function layoutFromArgs(argv: readonly string[] = process.argv.slice(2), 
     if (a === '--') break;
     if (!a.startsWith('--')) continue;
     const [key, inline] = a.slice(2).split('=', 2) as [string, string | undefined];
-    const kind = LAYOUT_FLAGS[key];
+    const kind = Object.hasOwn(LAYOUT_FLAGS, key) ? LAYOUT_FLAGS[key] : undefined;
     if (!kind) continue;
     const sub = parseOptions(kind === 'boolean' || inline !== undefined ? [a] : [a, ...(argv[i + 1] === undefined ? [] : [argv[i + 1]!])], { [key]: kind });
     if (kind !== 'boolean' && inline === undefined) i++;
@@ -119,7 +125,7 @@ export function parseArgs(argv: readonly string[], spec: Record<string, OptionKi
   layout: LayoutArgs;
 } {
   for (const k of Object.keys(spec)) {
-    if (LAYOUT_FLAGS[k]) throw new ArgumentError(`parseArgs: --${k} is a layout flag (parsed for you); leave it out of the script's options`);
+    if (Object.hasOwn(LAYOUT_FLAGS, k)) throw new ArgumentError(`parseArgs: --${k} is a layout flag (parsed for you); leave it out of the script's options`);
   }
   let options: ParsedOptions;
   try {
