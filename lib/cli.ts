@@ -85,8 +85,9 @@ export async function main(argv: string[]): Promise<number> {
     return await dispatch(command, rest);
   } catch (e) {
     if (e instanceof ArgumentError) {
-      const where = name && !name.startsWith('-') && name !== 'help' && name !== 'version' ? `nodetron ${name}` : 'nodetron';
-      console.error(`${where}: ${oneLine(e.message)}`);
+      const known = ['info', 'launch', 'plan', 'data', 'trace', 'bench'].includes(command ?? '');
+      const where = known ? `nodetron ${name}` : 'nodetron';
+      console.error(`${where}: ${withoutPrefix(oneLine(e.message), name)}`);
       console.error(`run \`${where === 'nodetron' ? 'nodetron --help' : `${where} --help`}\` for usage`);
       return 2;
     }
@@ -96,6 +97,12 @@ export async function main(argv: string[]): Promise<number> {
     }
     throw e;
   }
+}
+
+/** The message without a leading 'plan: ' or 'tokenize: ' that repeats the command's name. */
+function withoutPrefix(message: string, name: string): string {
+  for (const w of [name, ...name.split(' ')]) if (w && message.startsWith(`${w}: `)) return message.slice(w.length + 2);
+  return message;
 }
 
 /** A message on one line (multi-line messages joined), as the CLI prints errors. */

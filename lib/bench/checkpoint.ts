@@ -111,7 +111,7 @@ function ddBandwidth(dir: string, bytes: number): number | null {
 
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
-    layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'string', 'compare-torch': 'boolean', help: 'boolean',
+    layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'outfile', 'compare-torch': 'boolean', help: 'boolean',
   }, { h: 'help' });
   if (o.help) {
     console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout dp2,zero3] [--saves 3] [--dir D] [--compare-torch] [--json F]

@@ -375,7 +375,7 @@ export async function main(argv: string[]): Promise<number> {
   const a = parseOptions(argv, {
     op: { kind: 'string', choices: OPS }, minbytes: 'bytes', maxbytes: 'bytes', stepfactor: { kind: 'number', min: 1.01, max: 1024 }, iters: { kind: 'positive', max: 1e6 },
     warmup_iters: { kind: 'count', max: 1e6 }, datatype: { kind: 'string', choices: DTYPES }, redop: { kind: 'string', choices: ['sum', 'avg', 'max', 'min', 'prod'] },
-    check: { kind: 'string', choices: ['0', '1'] }, json: 'string', plot: 'string', np: { kind: 'positive', max: 256 }, 'compare-torch': 'boolean', repeat: { kind: 'positive', max: 1000 },
+    check: { kind: 'string', choices: ['0', '1'] }, json: 'outfile', plot: 'outfile', np: { kind: 'positive', max: 256 }, 'compare-torch': 'boolean', repeat: { kind: 'positive', max: 1000 },
     transport: { kind: 'string', choices: ['shm', 'tcp', 'both'] }, help: 'boolean',
   }, { b: 'minbytes', e: 'maxbytes', f: 'stepfactor', n: 'iters', w: 'warmup_iters', d: 'datatype', o: 'redop', h: 'help' });
   if (a.help) { console.log(usage); return 0; }

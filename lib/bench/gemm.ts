@@ -72,7 +72,7 @@ function openblasOwnChoice(): { coreType: string; gflops: number } | undefined {
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { json: 'string', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' }, { h: 'help' });
+  const o = parseOptions(argv, { json: 'outfile', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' }, { h: 'help' });
   if (o.help) {
     console.log('usage: nodetron bench gemm [--json F] [--quick] [--bf16]\n  f32 GEMM GFLOP/s beside cblas_sgemm direct, and tiny-op dispatch cost');
     return 0;

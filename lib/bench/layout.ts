@@ -233,7 +233,7 @@ const fmtMs = (v: number | undefined) => (v === undefined ? '-' : v.toFixed(0));
 export async function layoutMain(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     layout: 'string', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'positive', max: 1e6 },
-    overlap: { kind: 'string', choices: ['on', 'off', 'both'] }, 'bucket-mb': { kind: 'number', min: 1 / 1024, max: 1 << 16 }, json: 'string', help: 'boolean',
+    overlap: { kind: 'string', choices: ['on', 'off', 'both'] }, 'bucket-mb': { kind: 'number', min: 1 / 1024, max: 1 << 16 }, json: 'outfile', help: 'boolean',
   });
   if (o._.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(o._[0])}`);
   const layout = parseLayout(o.layout as string);

@@ -58,7 +58,7 @@ function torchPeer(threads: number | undefined): { torch: string; threads: numbe
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const opts = parseOptions(argv, { json: 'string', 'no-torch': 'boolean', threads: { kind: 'positive', max: 1024 }, help: 'boolean' }, { h: 'help' });
+  const opts = parseOptions(argv, { json: 'outfile', 'no-torch': 'boolean', threads: { kind: 'positive', max: 1024 }, help: 'boolean' }, { h: 'help' });
   if (opts.help) {
     console.log('usage: nodetron bench ops [--threads N] [--no-torch] [--json F]\n  fused and plain ops (forward + backward) beside PyTorch on the same threads');
     return 0;

@@ -66,7 +66,7 @@ export async function main(argv: string[]): Promise<number> {
     return (await import('./layout.js')).layoutMain(argv);
   }
   const o = parseOptions(argv, {
-    json: 'string', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
+    json: 'outfile', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
   }, { h: 'help' });
   if (o.help) {
     console.log(usage);

@@ -2,17 +2,21 @@
 // scripts' flags, lib/train/flags.ts): `--name value`, `--name=value`, `--flag`, short aliases, values
 // checked by kind (numbers, counts, sizes, choices) before a command runs. Every problem is a
 // UsageError, which the CLI prints as one line with a hint to --help and exit code 2.
+import { existsSync, statSync } from 'node:fs';
 import { totalmem } from 'node:os';
+import { dirname, resolve } from 'node:path';
 import { UsageError } from '../errors.js';
 
 /**
  * The kind of value an option takes:
  * - 'string', 'boolean' (`--flag`, or `--flag=true|false`), 'number' (any finite decimal number);
  * - 'count': an integer >= 0; 'positive': an integer >= 1;
- * - 'bytes': a size such as 8, 64K, 128M, 1G (powers of 1024), at least 1 byte and at most this machine's memory.
+ * - 'bytes': a size such as 8, 64K, 128M, 1G (powers of 1024), at least 1 byte and at most this machine's memory;
+ * - 'infile': an existing file to read; 'outfile': a file to write (`-` for standard output) in an existing
+ *   directory, checked before a command runs rather than after its work.
  * An object adds bounds or choices to a kind.
  */
-export type ArgKind = 'string' | 'number' | 'boolean' | 'count' | 'positive' | 'bytes';
+export type ArgKind = 'string' | 'number' | 'boolean' | 'count' | 'positive' | 'bytes' | 'infile' | 'outfile';
 
 /** An option with bounds (`min`, `max`, for numbers, counts and sizes) or a fixed set of `choices` (strings). */
 export interface ArgSpec {
@@ -43,6 +47,17 @@ const fmtBytes = (b: number) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(1)} GiB
 /** Checks one option's text against its kind and bounds and returns its value. */
 function value(flag: string, text: string, spec: ArgSpec): string | number | boolean {
   const { kind } = spec;
+  if (kind === 'infile') {
+    if (!existsSync(text) || !statSync(text).isFile()) throw new UsageError(`${flag}: ${text} is not a file`);
+    return text;
+  }
+  if (kind === 'outfile') {
+    if (text === '-') return text;
+    const parent = dirname(resolve(text));
+    if (text === '' || (existsSync(text) && statSync(text).isDirectory())) throw new UsageError(`${flag}: ${JSON.stringify(text)} is a directory, not a file to write`);
+    if (!existsSync(parent) || !statSync(parent).isDirectory()) throw new UsageError(`${flag}: cannot write ${text}: the directory ${parent} does not exist`);
+    return text;
+  }
   if (kind === 'string') {
     if (spec.choices && !spec.choices.includes(text)) throw new UsageError(`${flag} must be one of ${spec.choices.join(', ')}; got ${JSON.stringify(text)}`);
     return text;
@@ -91,7 +106,9 @@ export function parseOptions(argv: readonly string[], spec: Readonly<Record<stri
       throw new UsageError(`unknown option ${a.split('=', 1)[0]} (options: ${Object.keys(spec).map((k) => `--${k}`).join(' ')})`);
     }
     const s: ArgSpec = typeof raw === 'string' ? { kind: raw } : raw;
-    const flag = `--${key}`;
+    // Messages name the option as typed (-e), with its long name when that differs (-e (--maxbytes)).
+    const typed = a.slice(0, eq >= 0 ? eq : undefined);
+    const flag = typed === `--${key}` ? typed : `${typed} (--${key})`;
     if (s.kind === 'boolean' && inline === undefined) { out[key] = true; continue; }
     let text = inline;
     if (text === undefined) {

@@ -84,7 +84,7 @@ export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     model: 'string', gpus: { kind: 'positive', max: 1 << 20 }, 'gpu-memory': 'string', nodes: { kind: 'positive', max: 1 << 16 }, seq: { kind: 'positive', max: 1 << 24 },
     batch: { kind: 'positive', max: 1 << 30 }, 'micro-batch-size': { kind: 'positive', max: 1 << 20 }, dtype: { kind: 'string', choices: ['bf16', 'f32'] }, gpu: 'string',
-    'gemm-json': 'string', 'comm-json': 'string', top: 'positive', json: 'string', calibrate: 'boolean', layouts: 'string', help: 'boolean',
+    'gemm-json': 'infile', 'comm-json': 'infile', top: 'positive', json: 'outfile', calibrate: 'boolean', layouts: 'string', help: 'boolean',
   }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   expectPositionals(o, 'nothing', 0);

@@ -52,7 +52,7 @@ export async function main(argv: string[]): Promise<number> {
   if (sub === '--help' || sub === '-h') { console.log(usage); return 0; }
   if (sub === undefined) throw new UsageError('missing subcommand (merge)');
   if (sub !== 'merge') throw new UsageError(`unknown subcommand ${JSON.stringify(sub)} (merge)`);
-  const o = parseOptions(rest, { out: 'string', help: 'boolean' }, { h: 'help' });
+  const o = parseOptions(rest, { out: 'outfile', help: 'boolean' }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   const [dir] = expectPositionals(o, 'the trace directory DIR', 1) as [string];
   const file = (o.out as string | undefined) ?? join(dir, 'merged.trace.json');
