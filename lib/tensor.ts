@@ -1,7 +1,7 @@
 // Tensor: a shape, a dtype and a device over reference-counted contiguous storage. Ops live in
 // lib/ops/* and attach methods to Tensor.prototype; this file holds what every op stands on.
 import { backendOf, type Device, type DeviceLike, parseDevice } from './device.js';
-import { type ArrayFor, checkValuesFit, type DType, dtypeCode, dtypeSize, isFloating, parseDType, readArrayFor, type TypedArray } from './dtype.js';
+import { type ArrayFor, type DType, dtypeCode, dtypeSize, isFloating, parseDType, readArrayFor, type TypedArray } from './dtype.js';
 import { ArgumentError, AutogradError, DeviceError, DisposedError, StateError } from './errors.js';
 import { track, untrack } from './memory.js';
 import type { BackendAddon, NativeStorage } from './native.js';
@@ -208,7 +208,10 @@ export class Tensor {
     return out;
   }
 
-  /** Converts to a dtype and/or moves to a device; returns a new tensor (a copy even when nothing changes). */
+  /**
+   * Converts to a dtype and/or moves to a device; returns a new tensor (a copy even when nothing changes).
+   * Casts into an integer dtype truncate toward zero and saturate at its range (f32 300 → u8 255, NaN → 0).
+   */
   to(target: DType | DeviceLike | { dtype?: DType | string; device?: DeviceLike }): Tensor {
     void this.storage;  // DisposedError before anything is allocated
     let dtype: DType = this.dtype;
@@ -221,10 +224,6 @@ export class Tensor {
       if (target.device !== undefined) device = parseDevice(target.device, 'to');
     } else {
       throw new ArgumentError(`to(): expected a dtype, a device or { dtype, device }`);
-    }
-    if ((dtype === 'i32' && isFloating(this.dtype)) || (dtype === 'u8' && this.dtype !== 'u8')) {
-      // A cast into an integer dtype would wrap (or be undefined) for values it cannot hold: check them first.
-      checkValuesFit(this.toArraySync(), dtype, `to(${dtype})`, true);
     }
     const src: Tensor = device.name === this.#device.name ? this : transfer(this, device);
     if (dtype === src.dtype) return src === this ? this.clone() : src;

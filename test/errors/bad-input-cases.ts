@@ -141,10 +141,6 @@ const tensorMethods: BadInput[] = [
   { name: 'to: number', run: withT(() => f32(), (t) => t.to(3 as never)), error: A, message: /expected a dtype/ },
   { name: 'to: null', run: withT(() => f32(), (t) => t.to(null as never)), error: A, message: /expected a dtype/ },
   { name: 'to: prototype-key dtype', run: withT(() => f32(), (t) => t.to('hasOwnProperty' as never)), error: D, message: /unknown dtype/ },
-  { name: 'to: f32 to i32 out of range', run: withT(() => nt.tensor([3e9]), (t) => t.to('i32')), error: A, message: /out of range for i32/ },
-  { name: 'to: f32 to u8 negative', run: withT(() => nt.tensor([-3]), (t) => t.to('u8')), error: A, message: /out of range for u8/ },
-  { name: 'to: f32 NaN to i32', run: withT(() => nt.tensor([NaN]), (t) => t.to('i32')), error: A, message: /not an integer/ },
-  { name: 'to: i32 to u8 out of range', run: withT(() => nt.tensor([1000], { dtype: 'i32' }), (t) => t.to('u8')), error: A, message: /out of range for u8/ },
   { name: 'to: disposed', run: () => disposed().to('f16'), error: Dis, message: /disposed/ },
 ];
 
