@@ -113,7 +113,7 @@ export function parseOptions(argv: readonly string[], spec: Readonly<Record<stri
     let text = inline;
     if (text === undefined) {
       const next = argv[i + 1];
-      if (next === undefined || (next.startsWith('--') && next.length > 2)) throw new UsageError(`${flag} needs a value`);
+      if (next === undefined || (next.startsWith('--') && next.length > 2)) throw new UsageError(`option ${flag} needs a value`);
       text = next;
       i++;
     }

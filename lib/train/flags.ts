@@ -58,7 +58,6 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
   if (values.zero !== undefined && ![0, 1, 2, 3].includes(values.zero as number)) throw new ArgumentError(`--zero must be 0, 1, 2 or 3, got ${String(values.zero)}`);
-  if (values.schedule !== undefined && values.schedule !== 'gpipe' && values.schedule !== '1f1b') throw new ArgumentError(`--schedule must be gpipe or 1f1b, got ${JSON.stringify(values.schedule)}`);
   const num = (k: string) => values[k] as number | undefined;
   const bool = (k: string) => values[k] as boolean | undefined;
   if (num('tp') !== undefined) out.tp = num('tp');
@@ -131,9 +130,10 @@ export function parseArgs(argv: readonly string[], spec: Record<string, OptionKi
   try {
     options = parseOptions([...argv], { ...spec, ...LAYOUT_FLAGS });
   } catch (e) {
-    if (!(e instanceof ArgumentError) || !/^unknown option/.test(e.message)) throw e;
+    const unknown = e instanceof ArgumentError ? /^unknown option (\S+)/.exec(e.message) : null;
+    if (!unknown) throw e;
     const known = [...Object.keys(spec), ...Object.keys(LAYOUT_FLAGS)].map((k) => `--${k}`).join(' ');
-    throw new ArgumentError(`${e.message} (known options: ${known})`);
+    throw new ArgumentError(`unknown option ${unknown[1]} (known options: ${known})`);
   }
   const values: Record<string, string | number | boolean | undefined> = {};
   for (const [flag, kind] of Object.entries(LAYOUT_FLAGS)) {
