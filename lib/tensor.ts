@@ -102,6 +102,7 @@ export class Tensor {
    * can require grad: setting true on an i32 or u8 tensor throws AutogradError, a non-boolean ArgumentError.
    */
   get requiresGrad(): boolean { return this.#requiresGrad; }
+  /** Turns recording on or off; true only on floating-point tensors (AutogradError otherwise). */
   set requiresGrad(v: boolean) {
     if (typeof v !== 'boolean') throw new ArgumentError(`requiresGrad must be a boolean, got ${typeof v}`);
     if (v) checkCanRequireGrad(this.dtype, 'requiresGrad');
