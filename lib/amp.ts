@@ -165,6 +165,7 @@ export class GradScaler {
 
   /** Unscales (unless done), then runs optimizerStep only if every gradient is finite. Returns whether it ran. */
   step(grads: readonly Tensor[], optimizerStep: () => void): boolean {
+    if (typeof optimizerStep !== 'function') throw new ArgumentError(`GradScaler.step: optimizerStep must be a function (e.g. () => opt.step()), got ${typeof optimizerStep}`);
     const foundInf = this.unscale(grads);
     if (!foundInf) optimizerStep();
     return !foundInf;

@@ -60,6 +60,12 @@ export function trainStep(model: LossModel, optimizer: Optimizer<{ lr: number }>
 
 /** Mean loss over batches without gradients (model in eval mode for the duration). */
 export function evaluate(model: LossModel, batches: Iterable<{ inputs: Tensor; targets: Tensor }>): number {
+  if (model === null || typeof model !== 'object' || typeof model.forward !== 'function' || typeof model.eval !== 'function') {
+    throw new ArgumentError('evaluate: model must have forward(inputs, targets) returning { loss } and eval() (a GPT or another nn.Module)');
+  }
+  if (batches === null || typeof batches !== 'object' || typeof (batches as Iterable<unknown>)[Symbol.iterator] !== 'function') {
+    throw new ArgumentError('evaluate: batches must be an iterable of { inputs, targets }');
+  }
   const wasTraining = model.training;
   model.eval();
   let total = 0, n = 0;

@@ -427,5 +427,51 @@ const higher: BadInput[] = [
   { name: 'trainStep: model not a module', run: () => nt.trainStep({} as never, {} as never, {} as never), error: A, message: /./ },
 ];
 
+const shard = join(dir, 'tokens.bin');
+nt.data.writeTokenShard(shard, Uint16Array.from({ length: 18 }, (_, i) => i + 1));
+const smallGPT = () => new nt.nn.GPT({ vocabSize: 16, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4, dropout: 0 });
+/** Runs fn with a small GPT, disposed after. */
+const withGPT = (fn: (m: nt.nn.GPT) => unknown) => () => { const m = smallGPT(); try { return nt.scope(() => fn(m)); } finally { m.dispose(); } };
+const ids = (values: number[][]) => nt.tensor(values, { dtype: 'i32' });
+
+const more: BadInput[] = [
+  { name: 'cuda.recordStream: not a tensor', run: () => nt.cuda.recordStream(3 as never, undefined as never), error: A, message: /tensor must be a Tensor/ },
+  { name: 'cuda.recordStream: not a stream', run: withT(() => f32(), (t) => nt.cuda.recordStream(t, {} as never)), error: A, message: /must be an nt.cuda.Stream/ },
+  { name: 'cuda.setFloat32MatmulPrecision: medium', run: () => nt.cuda.setFloat32MatmulPrecision('medium' as never), error: A, message: /'highest' or 'high'/ },
+  { name: 'cuda.synchronize: unknown device', run: () => nt.cuda.synchronize('tpu' as never), error: Dev, message: /unknown device "tpu"/ },
+  { name: 'setCudaDevice: -1', run: () => nt.setCudaDevice(-1), error: Dev, message: /bad device index -1/ },
+  { name: 'ones: device cuda:x', run: () => nt.ones([2], { device: 'cuda:x' }), error: Dev, message: /unknown device "cuda:x"/ },
+  { name: 'GradScaler.step: optimizerStep not a function', run: () => new nt.GradScaler().step([], 3 as never), error: A, message: /optimizerStep must be a function/ },
+  { name: 'Generator.reserve: NaN count', run: () => new nt.Generator().reserve(NaN, 4), error: A, message: /count must be an integer/ },
+  { name: 'evaluate: model not a module', run: () => nt.evaluate({} as never, []), error: A, message: /model must have forward/ },
+  { name: 'evaluate: batches not iterable', run: withGPT((m) => nt.evaluate(m, 3 as never)), error: A, message: /batches must be an iterable/ },
+  { name: 'trainStep: optimizer not an optimizer', run: withGPT((m) => nt.trainStep(m, {} as never, ids([[1]]), ids([[2]]))), error: A, message: /optimizer must be/ },
+  { name: 'GPT.generate: maxNewTokens -1', run: withGPT((m) => m.generate(ids([[1]]), -1)), error: A, message: /maxNewTokens/ },
+  { name: 'GPT.generate: temperature -1', run: withGPT((m) => m.generate(ids([[1]]), 1, { temperature: -1 })), error: A, message: /temperature must be > 0/ },
+  { name: 'GPT.generate: topK 0', run: withGPT((m) => m.generate(ids([[1]]), 1, { topK: 0 })), error: A, message: /topK/ },
+  { name: 'GPT.forward: f32 ids', run: withGPT((m) => m.forward(nt.zeros([1, 2]))), error: A, message: /idx must be i32/ },
+  { name: 'GPT.forward: longer than blockSize', run: withGPT((m) => m.forward(nt.zeros([1, 9], { dtype: 'i32' }))), error: S, message: /exceeds blockSize 4/ },
+  { name: 'GPT.forward: id outside the vocabulary', run: withGPT((m) => m.forward(nt.full([1, 2], 99, { dtype: 'i32' }))), error: A, message: /outside \[0, 16\)/ },
+  { name: 'GPT: dropout missing', run: () => new nt.nn.GPT({ vocabSize: 16, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4 } as never), error: A, message: /dropout must be in \[0, 1\)/ },
+  { name: 'TokenShard.read: past the end', run: () => { using s = nt.data.TokenShard.open(shard); return s.read(10, 100); }, error: A, message: /outside the shard's 18/ },
+  { name: 'TokenShard.read: negative start', run: () => { using s = nt.data.TokenShard.open(shard); return s.read(-1, 2); }, error: A, message: /outside the shard/ },
+  { name: 'TokenLoader: dpRank outside dpSize', run: () => new nt.data.TokenLoader({ files: [shard], batchSize: 1, seqLen: 2, dpRank: 2, dpSize: 2 }), error: A, message: /dpRank 2 is not a rank of dpSize 2/ },
+  { name: 'TokenLoader: batch larger than the data', run: () => new nt.data.TokenLoader({ files: [shard], batchSize: 1e9, seqLen: 2 }), error: A, message: /fewer than one global batch/ },
+  { name: 'TokenLoader: files not an array', run: () => new nt.data.TokenLoader({ files: shard as never, batchSize: 1, seqLen: 2 }), error: A, message: /files must list/ },
+  { name: 'TokenLoader.loadState: null', run: () => new nt.data.TokenLoader({ files: [shard], batchSize: 1, seqLen: 2 }).loadState(null as never), error: A, message: /not a loader state/ },
+  { name: 'Checkpointer: keep 0', run: () => new nt.ckpt.Checkpointer(dir, { keep: 0 }), error: A, message: /keep must be an integer >= 1/ },
+  { name: 'Checkpointer: root not a string', run: () => new nt.ckpt.Checkpointer(3 as never), error: A, message: /root must be a directory path/ },
+  { name: 'ckpt.load: no checkpoint there', run: withGPT((m) => nt.ckpt.load(join(dir, 'no-ckpt'), { model: m })), error: St, message: /holds no complete checkpoint/ },
+  { name: 'ckpt.save: negative step', run: withGPT((m) => nt.ckpt.save(join(dir, 'ck2'), -1, { model: m })), error: A, message: /step must be an integer >= 0/ },
+  { name: 'ckpt.save: model not a module', run: () => nt.ckpt.save(join(dir, 'ck3'), 0, { model: {} as never }), error: A, message: /items.model must be a Module/ },
+  { name: 'plan.estimateMemory: dp 0', run: () => nt.plan.estimateMemory(nt.plan.resolveModel('gpt2'), { dp: 0 } as never, {} as never), error: A, message: /layout.dp must be an integer >= 1/ },
+  { name: 'plan.modelFromConfig: empty config', run: () => nt.plan.modelFromConfig({} as never, 'x'), error: A, message: /lacks a positive integer/ },
+  { name: 'distributed.readLaunchEnv: negative RANK', run: () => nt.distributed.readLaunchEnv({ RANK: '-1', WORLD_SIZE: '2', LOCAL_RANK: '0', MASTER_ADDR: 'a', MASTER_PORT: '1' }), error: A, message: /RANK="-1"/ },
+  { name: 'parallel.initializeParallel: before init', run: () => nt.parallel.initializeParallel({ tp: 2 } as never), error: St, message: /call nt.distributed.init\(\) first/ },
+  { name: 'train.layoutFromArgs: zero 5', run: () => nt.train.layoutFromArgs(['--zero', '5'], {}), error: A, message: /--zero must be 0, 1, 2 or 3/ },
+  { name: 'train.layoutFromArgs: pp missing value', run: () => nt.train.layoutFromArgs(['--pp'], {}), error: A, message: /option --pp needs a value/ },
+  { name: 'train.parseArgs: --sp=maybe', run: () => nt.train.parseArgs(['--sp=maybe'], {}, {}), error: A, message: /--sp is a flag/ },
+];
+
 /** Every case, by area. */
-export const BAD_INPUTS: Record<string, BadInput[]> = { creation, tensorMethods, ops, autograd, memory, amp, optim, nn, ioData, higher };
+export const BAD_INPUTS: Record<string, BadInput[]> = { creation, tensorMethods, ops, autograd, memory, amp, optim, nn, ioData, higher, more };
