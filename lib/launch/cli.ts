@@ -136,7 +136,9 @@ export async function main(argv: string[]): Promise<number> {
     parsed = parseLaunchArgs(argv);
   } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
-    console.error(`nodetron launch: ${e.message}\n\n${usage}`);
+    // One line and a hint, as every nodetron command prints a usage error (lib/cli.ts).
+    console.error(`nodetron launch: ${e.message}`);
+    console.error('run `nodetron launch --help` for usage');
     return 2;
   }
   if (parsed === 'help') {
