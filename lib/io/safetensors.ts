@@ -127,7 +127,7 @@ export function readHeaderFd(fd: number, what: string): SafetensorsHeader {
     }
     const e = v as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     const dtype = e?.dtype as SafetensorsDType;
-    if (typeof dtype !== 'string' || !(dtype in SAFETENSORS_DTYPES)) throw new StateError(`${what}: tensor '${name}' has an unknown dtype ${JSON.stringify(e?.dtype)}`);
+    if (typeof dtype !== 'string' || !Object.hasOwn(SAFETENSORS_DTYPES, dtype)) throw new StateError(`${what}: tensor '${name}' has an unknown dtype ${JSON.stringify(e?.dtype)}`);
     const shape = e.shape;
     if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new StateError(`${what}: tensor '${name}' has a bad shape`);
     const offs = e.data_offsets;

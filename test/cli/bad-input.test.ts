@@ -73,7 +73,7 @@ const CASES: Array<[string[], RegExp]> = [
   [['plan', '--model', 'gpt2', '--gpus', '8', '--json', join(dir, 'no', 'such', 'dir', 'x.json')], /does not exist/],
   [['plan', '--model', 'gpt2', '--gpus', '8', '--json', dir], /is a directory/],
   [['plan', '--calibrate', '--layouts', 'dp64'], /needs 64 ranks/],
-  [['plan', '--calibrate', '--layouts', 'dp=x'], /./],
+  [['plan', '--calibrate', '--layouts', 'dp=x'], /cannot read "dp=x" \(dpN, tpN/],
   [['plan', '--calibrate', '--layouts', ';'], /at least one layout/],
   [['plan', '--calibrate', '--layouts', 'zero9'], /zero must be 0..3/],
   [['plan', '--help=maybe'], /--help is a flag/],
