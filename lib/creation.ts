@@ -3,7 +3,7 @@ import { checkValuesFit, type DType, dtypeCode, dtypeOfArray, isFloating } from 
 import { ArgumentError, DTypeError, ShapeError } from './errors.js';
 import { DRAW, type Generator, generatorFrom } from './random.js';
 import { checkShape, fmtShape, numel, type Shape } from './shape.js';
-import { emptyOn, resolveOptions, type Tensor, type TensorOptions } from './tensor.js';
+import { emptyOn, resolveOptions, type Tensor, TENSOR_OPTIONS, type TensorOptions } from './tensor.js';
 
 type Nested = number | boolean | readonly Nested[];
 
@@ -69,7 +69,7 @@ export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | T
   if (numel(finalShape) !== values.length) {
     throw new ShapeError(`${call}: shape ${fmtShape(finalShape)} needs ${numel(finalShape)} elements, the data has ${values.length}`);
   }
-  const { dtype, device, requiresGrad } = resolveOptions(opts, call, natural);
+  const { dtype, device, requiresGrad } = resolveOptions(opts, call, natural, TENSOR_OPTIONS);
   checkValuesFit(values, dtype, call);
   const out = emptyOn(finalShape, dtype, device);
   // Upload in the narrowest array that holds the values exactly, then convert on the device.
@@ -97,7 +97,7 @@ export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | T
 export function full(shape: Shape, value: number, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'full');
   if (typeof value !== 'number') throw new ArgumentError(`full: value must be a number, got ${typeof value}`);
-  const { dtype, device, requiresGrad } = resolveOptions(opts, 'full');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'full', 'f32', TENSOR_OPTIONS);
   checkValuesFit([value], dtype, 'full');
   const out = emptyOn(s, dtype, device);
   out.backend.fill(out.storage, dtypeCode(dtype), out.size, value);
@@ -108,7 +108,7 @@ export function full(shape: Shape, value: number, opts?: TensorOptions): Tensor 
 /** A tensor filled with zeros. */
 export function zeros(shape: Shape, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'zeros');
-  const { dtype, device, requiresGrad } = resolveOptions(opts, 'zeros');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'zeros', 'f32', TENSOR_OPTIONS);
   const out = emptyOn(s, dtype, device, true);
   if (requiresGrad) out.requiresGrad = true;
   return out;
@@ -135,7 +135,7 @@ export function arange(a: number, b?: number | TensorOptions, c?: number | Tenso
   const n = Math.max(0, Math.ceil((end - start) / step));
   if (!Number.isSafeInteger(n)) throw new ArgumentError(`arange: [${start}, ${end}) in steps of ${step} has ${n} elements, more than 2^53`);
   const allInt = Number.isInteger(start) && Number.isInteger(end) && Number.isInteger(step);
-  const { dtype, device, requiresGrad } = resolveOptions(opts, 'arange', allInt ? 'i32' : 'f32');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'arange', allInt ? 'i32' : 'f32', TENSOR_OPTIONS);
   if (n > 0) checkValuesFit([start, start + (n - 1) * step], dtype, 'arange');
   const out = emptyOn([n], dtype, device);
   out.backend.arange(out.storage, dtypeCode(dtype), n, start, step);
@@ -153,7 +153,7 @@ export interface RandomOptions extends TensorOptions {
 
 /** Checks a random draw's options (floating dtype, generator, mean and std) before anything is allocated or drawn. */
 function resolveRandom(call: string, opts: (RandomOptions & { mean?: number; std?: number }) | undefined, normal: boolean) {
-  const resolved = resolveOptions(opts, call);
+  const resolved = resolveOptions(opts, call, 'f32', [...TENSOR_OPTIONS, 'seed', 'generator', ...(normal ? ['mean', 'std'] : [])]);
   if (!isFloating(resolved.dtype)) throw new DTypeError(`${call}: random values are floating point (f32, bf16, f16), not ${resolved.dtype}`);
   const gen = generatorFrom(opts, call);
   let a = 0, b = 1;

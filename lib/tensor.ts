@@ -221,6 +221,7 @@ export class Tensor {
       if (/^(cpu|cuda)(:\d+)?$/.test(target)) device = parseDevice(target, 'to');
       else dtype = parseDType(target, 'to');
     } else if (target && typeof target === 'object') {
+      for (const k of Object.keys(target)) if (k !== 'dtype' && k !== 'device') throw new ArgumentError(`to(): unknown option ${JSON.stringify(k)} (options: dtype, device)`);
       if (target.dtype !== undefined) dtype = parseDType(target.dtype, 'to');
       if (target.device !== undefined) device = parseDevice(target.device, 'to');
     } else {
@@ -255,6 +256,9 @@ export function emptyOn(shape: readonly number[], dtype: DType, device: Device, 
   return new Tensor(new StorageRef(native, device, bytes), shape, dtype);
 }
 
+/** The options of tensor creation functions. */
+export const TENSOR_OPTIONS: readonly string[] = ['dtype', 'device', 'requiresGrad'];
+
 /** Throws AutogradError unless tensors of `dtype` can require grad (floating point only). */
 export function checkCanRequireGrad(dtype: DType, call: string): void {
   if (!isFloating(dtype)) {
@@ -266,9 +270,13 @@ export function checkCanRequireGrad(dtype: DType, call: string): void {
  * Resolves creation options to a dtype, a device and requiresGrad, before anything is allocated:
  * options must be an object, requiresGrad a boolean, and requiresGrad only on a floating dtype.
  */
-export function resolveOptions(opts: TensorOptions | undefined, call: string, defaultDtype: DType = 'f32'): { dtype: DType; device: Device; requiresGrad: boolean } {
+export function resolveOptions(opts: TensorOptions | undefined, call: string, defaultDtype: DType = 'f32', allowed?: readonly string[]): { dtype: DType; device: Device; requiresGrad: boolean } {
   if (opts !== undefined && (typeof opts !== 'object' || opts === null || Array.isArray(opts))) {
     throw new ArgumentError(`${call}: options must be an object like { dtype, device, requiresGrad }, got ${opts === null ? 'null' : Array.isArray(opts) ? 'an array' : typeof opts}`);
+  }
+  if (allowed && opts) {
+    // A misspelt option (dtyp) would otherwise be ignored silently.
+    for (const k of Object.keys(opts)) if (!allowed.includes(k)) throw new ArgumentError(`${call}: unknown option ${JSON.stringify(k)} (options: ${allowed.join(', ')})`);
   }
   const dtype = opts?.dtype === undefined ? defaultDtype : parseDType(opts.dtype, call);
   const device = parseDevice(opts?.device, call);
@@ -281,7 +289,7 @@ export function resolveOptions(opts: TensorOptions | undefined, call: string, de
 /** An uninitialized tensor. */
 export function empty(shape: Shape, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'empty');
-  const { dtype, device, requiresGrad } = resolveOptions(opts, 'empty');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'empty', 'f32', TENSOR_OPTIONS);
   const t = emptyOn(s, dtype, device);
   if (requiresGrad) t.requiresGrad = true;
   return t;

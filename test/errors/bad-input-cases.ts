@@ -77,6 +77,10 @@ const creation: BadInput[] = [
   { name: 'tensor: dtype toString', run: () => nt.tensor([1], { dtype: 'toString' }), error: D, message: /unknown dtype/ },
   { name: 'tensor: dtype number', run: () => nt.tensor([1], { dtype: 0 as never }), error: D, message: /unknown dtype/ },
   { name: 'tensor: unknown device', run: () => nt.tensor([1], { device: 'tpu' }), error: Dev, message: /tpu/ },
+  { name: 'tensor: misspelt option', run: () => nt.tensor([1], { dtyp: 'i32' } as never), error: A, message: /unknown option "dtyp" \(options: dtype, device, requiresGrad\)/ },
+  { name: 'zeros: misspelt option', run: () => nt.zeros([1], { requiresgrad: true } as never), error: A, message: /unknown option "requiresgrad"/ },
+  { name: 'rand: mean is for randn', run: () => nt.rand([1], { mean: 1 } as never), error: A, message: /unknown option "mean"/ },
+  { name: 'randn: misspelt seed', run: () => nt.randn([1], { sead: 1 } as never), error: A, message: /unknown option "sead"/ },
   { name: 'tensor: options not an object', run: () => nt.tensor([1], 'f32' as never), error: A, message: /options must be an object/ },
   { name: 'tensor: requiresGrad on i32', run: () => nt.tensor([1, 2], { dtype: 'i32', requiresGrad: true }), error: Ag, message: /floating-point/ },
   { name: 'tensor: requiresGrad on u8', run: () => nt.tensor(new Uint8Array([1]), { requiresGrad: true }), error: Ag, message: /floating-point/ },
@@ -150,6 +154,7 @@ const tensorMethods: BadInput[] = [
   { name: 'to: number', run: withT(() => f32(), (t) => t.to(3 as never)), error: A, message: /expected a dtype/ },
   { name: 'to: null', run: withT(() => f32(), (t) => t.to(null as never)), error: A, message: /expected a dtype/ },
   { name: 'to: prototype-key dtype', run: withT(() => f32(), (t) => t.to('hasOwnProperty' as never)), error: D, message: /unknown dtype/ },
+  { name: 'to: misspelt option', run: withT(() => f32(), (t) => t.to({ dtyp: 'bf16' } as never)), error: A, message: /unknown option "dtyp" \(options: dtype, device\)/ },
   { name: 'to: disposed', run: () => disposed().to('f16'), error: Dis, message: /disposed/ },
 ];
 
