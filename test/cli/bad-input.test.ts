@@ -257,5 +257,5 @@ describe.skipIf(!existsSync(join(__dirname, '..', '..', 'dist', 'cli.js')))('bad
       expect(r.stderr.split('\n')[0]).toMatch(message);
       expect(r.stderr).not.toMatch(/^\s+at /m);
     });
-  });
+  }, 300_000);
 });
