@@ -5,7 +5,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { tensor } from './creation.js';
 import { type DType, dtypeCode } from './dtype.js';
 import { ArgumentError, DTypeError } from './errors.js';
-import { emptyOn, type Tensor } from './tensor.js';
+import { checkTensorList, emptyOn, type Tensor } from './tensor.js';
 
 /** Ops that run in the autocast dtype: their cost is in tensor-core GEMMs that accumulate in f32. */
 export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue']);
@@ -24,13 +24,17 @@ const autocastStore = new AsyncLocalStorage<AutocastState>();
  * AUTOCAST_F32_OPS in f32, the rest in their inputs' dtype. Nests; works across await.
  */
 export function autocast<T>(opts: { dtype?: LowPrecision; enabled?: boolean }, fn: () => T): T {
+  if (opts === null || typeof opts !== 'object') throw new ArgumentError(`autocast: options must be an object like { dtype: 'bf16' }, got ${opts === null ? 'null' : typeof opts}`);
   const dtype = opts.dtype ?? 'bf16';
   if (dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`autocast: dtype must be 'bf16' or 'f16', got ${String(dtype)}`);
+  if (opts.enabled !== undefined && typeof opts.enabled !== 'boolean') throw new ArgumentError(`autocast: enabled must be a boolean, got ${typeof opts.enabled}`);
+  if (typeof fn !== 'function') throw new ArgumentError(`autocast: fn must be a function, got ${fn === null ? 'null' : typeof fn}`);
   return autocastStore.run({ dtype, enabled: opts.enabled ?? true }, fn);
 }
 
 /** The dtype an op should compute in under the current autocast, or undefined for "as its inputs". */
 export function autocastDtypeFor(op: string): DType | undefined {
+  if (typeof op !== 'string') throw new ArgumentError(`autocastDtypeFor: the op name must be a string, got ${typeof op}`);
   const s = autocastStore.getStore();
   if (!s || !s.enabled) return undefined;
   if (AUTOCAST_LOW_PRECISION_OPS.has(op)) return s.dtype;
@@ -62,6 +66,8 @@ export class MasterWeights {
    * @param dtype The compute dtype (default 'bf16').
    */
   constructor(readonly master: Tensor[], readonly dtype: LowPrecision = 'bf16') {
+    checkTensorList(master, 'MasterWeights', 'master');
+    if (dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`MasterWeights: the compute dtype must be 'bf16' or 'f16', got ${String(dtype)}`);
     for (const m of master) if (m.dtype !== 'f32') throw new DTypeError(`MasterWeights: master weights must be f32, got ${m.describe()}`);
     this.compute = master.map((m) => emptyOn(m.shape, dtype, m.deviceInfo));
     this.refresh();
@@ -110,6 +116,8 @@ export class GradScaler {
   readonly enabled: boolean;
 
   constructor(opts: GradScalerOptions = {}) {
+    if (opts === null || typeof opts !== 'object') throw new ArgumentError(`GradScaler: options must be an object like { initScale, growthInterval }, got ${opts === null ? 'null' : typeof opts}`);
+    if (opts.enabled !== undefined && typeof opts.enabled !== 'boolean') throw new ArgumentError(`GradScaler: enabled must be a boolean, got ${typeof opts.enabled}`);
     this.enabled = opts.enabled ?? true;
     this.#scale = this.enabled ? (opts.initScale ?? 2 ** 16) : 1;
     this.growthFactor = opts.growthFactor ?? 2;
@@ -130,6 +138,9 @@ export class GradScaler {
    * optimizers that take a gradient scale (the fused AdamW/LAMB) avoid the round trip.
    */
   unscale(grads: readonly Tensor[]): boolean {
+    for (const g of checkTensorList(grads, 'GradScaler.unscale', 'grads')) {
+      if (g.dtype !== 'f32' && g.dtype !== 'bf16' && g.dtype !== 'f16') throw new DTypeError(`GradScaler.unscale: gradients are floating point (f32, bf16, f16), got ${g.describe()}`);
+    }
     if (!this.enabled) return (this.#foundInf = false);
     if (this.#foundInf !== undefined) return this.#foundInf;  // once per step
     const inv = 1 / this.#scale;
@@ -154,6 +165,7 @@ export class GradScaler {
 
   /** Unscales (unless done), then runs optimizerStep only if every gradient is finite. Returns whether it ran. */
   step(grads: readonly Tensor[], optimizerStep: () => void): boolean {
+    if (typeof optimizerStep !== 'function') throw new ArgumentError(`GradScaler.step: optimizerStep must be a function (e.g. () => opt.step()), got ${typeof optimizerStep}`);
     const foundInf = this.unscale(grads);
     if (!foundInf) optimizerStep();
     return !foundInf;

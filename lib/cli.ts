@@ -1,6 +1,6 @@
 // The nodetron CLI: `nodetron info`, `nodetron launch`, `nodetron bench <name>`. Each command lives
 // in its own module and is imported only when used, so `nodetron info` stays fast.
-import { NodetronError } from './errors.js';
+import { ArgumentError, NodetronError, UsageError } from './errors.js';
 
 const usage = `usage: nodetron <command> [options]
 
@@ -24,47 +24,88 @@ async function importCommand(path: string): Promise<Command> {
   return (await import(path)) as Command;
 }
 
+/** The command's name as the user typed it ('bench comm', 'data tokenize'), for messages. */
+function commandName(argv: readonly string[]): string {
+  const [command, sub] = argv;
+  if ((command === 'bench' && sub !== undefined && BENCHES.includes(sub)) || ((command === 'data' || command === 'trace') && sub !== undefined && !sub.startsWith('-'))) {
+    return `${command} ${sub}`;
+  }
+  return command ?? '';
+}
+
+async function dispatch(command: string | undefined, rest: string[]): Promise<number> {
+  switch (command) {
+    case 'info':
+      return await (await import('./cli/info.js')).main(rest);
+    case 'data':
+      return await (await import('./cli/data.js')).main(rest);
+    case 'plan':
+      return await (await import('./cli/plan.js')).main(rest);
+    case 'trace':
+      return await (await import('./cli/trace.js')).main(rest);
+    case 'launch':
+      return await (await importCommand('./launch/cli.js')).main(rest);
+    case 'bench': {
+      const [name, ...args] = rest;
+      if (name === '--help' || name === '-h') { console.log(usage); return 0; }
+      if (!name || !BENCHES.includes(name)) throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')} (${BENCHES.join(', ')})`);
+      return await (await importCommand(`./bench/${name}.js`)).main(args);
+    }
+    case undefined:
+      console.error(usage);
+      return 2;
+    case '-h':
+    case '--help':
+    case 'help':
+      if (rest.length > 0) throw new UsageError(`${command} takes no arguments; run \`nodetron <command> --help\` for a command's options`);
+      console.log(usage);
+      return 0;
+    case '--version':
+    case '-v':
+    case 'version':
+      if (rest.length > 0) throw new UsageError(`${command} takes no arguments`);
+      console.log((await import('./version.js')).version);
+      return 0;
+    default:
+      throw new UsageError(`unknown command ${JSON.stringify(command)} (info, launch, plan, data, trace, bench, help, version)`);
+  }
+}
+
+/**
+ * Runs one `nodetron` command and returns its exit code: 0 success; 1 a runtime failure (a
+ * NodetronError, printed on one line); 2 a usage error (an ArgumentError: an unknown command or
+ * option, a missing or malformed value, a count or size out of range), printed on one line with a hint
+ * to `--help`. Only an unexpected internal error propagates (with its stack).
+ */
 export async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
+  const name = commandName(argv);
   try {
-    switch (command) {
-      case 'info':
-        return (await import('./cli/info.js')).main(rest);
-      case 'data':
-        return (await import('./cli/data.js')).main(rest);
-      case 'plan':
-        return (await import('./cli/plan.js')).main(rest);
-      case 'trace':
-        return (await import('./cli/trace.js')).main(rest);
-      case 'launch':
-        return (await importCommand('./launch/cli.js')).main(rest);
-      case 'bench': {
-        const [name, ...args] = rest;
-        if (!name || !BENCHES.includes(name)) {
-          console.error(`nodetron bench: unknown benchmark ${JSON.stringify(name ?? '')} (${BENCHES.join(', ')})`);
-          return 2;
-        }
-        return (await importCommand(`./bench/${name}.js`)).main(args);
-      }
-      case undefined:
-      case '-h':
-      case '--help':
-      case 'help':
-        console.log(usage);
-        return command === undefined ? 2 : 0;
-      case '--version':
-      case 'version':
-        console.log((await import('./version.js')).version);
-        return 0;
-      default:
-        console.error(`nodetron: unknown command ${JSON.stringify(command)}\n\n${usage}`);
-        return 2;
-    }
+    // Awaited inside the try: a command's rejected promise is handled here like a synchronous throw.
+    return await dispatch(command, rest);
   } catch (e) {
+    if (e instanceof ArgumentError) {
+      const known = ['info', 'launch', 'plan', 'data', 'trace', 'bench'].includes(command ?? '');
+      const where = known ? `nodetron ${name}` : 'nodetron';
+      console.error(`${where}: ${withoutPrefix(oneLine(e.message), name)}`);
+      console.error(`run \`${where === 'nodetron' ? 'nodetron --help' : `${where} --help`}\` for usage`);
+      return 2;
+    }
     if (e instanceof NodetronError) {
-      console.error(`nodetron ${command}: ${e.name}: ${e.message}`);
+      console.error(`nodetron ${name}: ${e.name}: ${oneLine(e.message)}`);
       return 1;
     }
     throw e;
   }
+}
+
+/** The message without a leading 'plan: ' or 'tokenize: ' that repeats the command's name. */
+function withoutPrefix(message: string, name: string): string {
+  for (const w of [name, ...name.split(' ')]) if (w && message.startsWith(`${w}: `)) return message.slice(w.length + 2);
+  return message;
+}
+
+/** A message on one line (multi-line messages joined), as the CLI prints errors. */
+function oneLine(message: string): string {
+  return message.split('\n').map((l) => l.trim()).filter(Boolean).join(' ');
 }

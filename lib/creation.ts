@@ -1,9 +1,9 @@
 // Creation functions: tensor() from typed or nested arrays, zeros/ones/full/arange, rand/randn.
-import { type DType, dtypeCode, dtypeOfArray } from './dtype.js';
+import { checkValuesFit, type DType, dtypeCode, dtypeOfArray, isFloating } from './dtype.js';
 import { ArgumentError, DTypeError, ShapeError } from './errors.js';
-import { DRAW, defaultGenerator, Generator } from './random.js';
+import { DRAW, type Generator, generatorFrom } from './random.js';
 import { checkShape, fmtShape, numel, type Shape } from './shape.js';
-import { emptyOn, resolveOptions, type Tensor, type TensorOptions } from './tensor.js';
+import { emptyOn, resolveOptions, type Tensor, TENSOR_OPTIONS, type TensorOptions } from './tensor.js';
 
 type Nested = number | boolean | readonly Nested[];
 
@@ -50,6 +50,8 @@ export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | T
   if (typeof data === 'number' || typeof data === 'boolean') {
     values = [Number(data)];
     inferred = [];
+  } else if (data instanceof DataView) {
+    throw new ArgumentError(`${call}: a DataView has no element type; pass a typed array (e.g. new Float32Array(view.buffer, view.byteOffset, n))`);
   } else if (ArrayBuffer.isView(data)) {
     values = data as unknown as ArrayLike<number>;
     inferred = [values.length];
@@ -62,11 +64,13 @@ export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | T
   } else {
     throw new ArgumentError(`${call}: data must be a typed array, an array or a number, got ${data === null ? 'null' : typeof data}`);
   }
+  if (shape !== undefined && !Array.isArray(shape)) throw new ArgumentError(`${call}: shape must be an array of integers`);
   const finalShape = shape === undefined ? inferred : checkShape(shape, call);
   if (numel(finalShape) !== values.length) {
     throw new ShapeError(`${call}: shape ${fmtShape(finalShape)} needs ${numel(finalShape)} elements, the data has ${values.length}`);
   }
-  const { dtype, device } = resolveOptions(opts, call, natural);
+  const { dtype, device, requiresGrad } = resolveOptions(opts, call, natural, TENSOR_OPTIONS);
+  checkValuesFit(values, dtype, call);
   const out = emptyOn(finalShape, dtype, device);
   // Upload in the narrowest array that holds the values exactly, then convert on the device.
   const src = natural === dtype && ArrayBuffer.isView(values) && !(values instanceof Float64Array) ? (values as unknown as ArrayBufferView)
@@ -85,27 +89,28 @@ export function tensor(data: ArrayLike<number> | Nested, shapeOrOpts?: Shape | T
       staging.dispose();
     }
   }
-  if (opts?.requiresGrad) out.requiresGrad = true;
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }
 
-/** A tensor filled with one value. */
+/** A tensor filled with one value (which must fit the dtype: an integer in range for i32 and u8). */
 export function full(shape: Shape, value: number, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'full');
   if (typeof value !== 'number') throw new ArgumentError(`full: value must be a number, got ${typeof value}`);
-  const { dtype, device } = resolveOptions(opts, 'full');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'full', 'f32', TENSOR_OPTIONS);
+  checkValuesFit([value], dtype, 'full');
   const out = emptyOn(s, dtype, device);
   out.backend.fill(out.storage, dtypeCode(dtype), out.size, value);
-  if (opts?.requiresGrad) out.requiresGrad = true;
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }
 
 /** A tensor filled with zeros. */
 export function zeros(shape: Shape, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'zeros');
-  const { dtype, device } = resolveOptions(opts, 'zeros');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'zeros', 'f32', TENSOR_OPTIONS);
   const out = emptyOn(s, dtype, device, true);
-  if (opts?.requiresGrad) out.requiresGrad = true;
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }
 
@@ -128,10 +133,13 @@ export function arange(a: number, b?: number | TensorOptions, c?: number | Tenso
   }
   if (step === 0) throw new ArgumentError('arange: step must not be 0');
   const n = Math.max(0, Math.ceil((end - start) / step));
+  if (!Number.isSafeInteger(n)) throw new ArgumentError(`arange: [${start}, ${end}) in steps of ${step} has ${n} elements, more than 2^53`);
   const allInt = Number.isInteger(start) && Number.isInteger(end) && Number.isInteger(step);
-  const { dtype, device } = resolveOptions(opts, 'arange', allInt ? 'i32' : 'f32');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'arange', allInt ? 'i32' : 'f32', TENSOR_OPTIONS);
+  if (n > 0) checkValuesFit([start, start + (n - 1) * step], dtype, 'arange');
   const out = emptyOn([n], dtype, device);
   out.backend.arange(out.storage, dtypeCode(dtype), n, start, step);
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }
 
@@ -143,26 +151,44 @@ export interface RandomOptions extends TensorOptions {
   generator?: Generator;
 }
 
-function randomTensor(call: string, shape: Shape, opts: RandomOptions | undefined, draw: (typeof DRAW)[keyof typeof DRAW], a: number, b: number): Tensor {
+/** Checks a random draw's options (floating dtype, generator, mean and std) before anything is allocated or drawn. */
+function resolveRandom(call: string, opts: (RandomOptions & { mean?: number; std?: number }) | undefined, normal: boolean) {
+  const resolved = resolveOptions(opts, call, 'f32', [...TENSOR_OPTIONS, 'seed', 'generator', ...(normal ? ['mean', 'std'] : [])]);
+  if (!isFloating(resolved.dtype)) throw new DTypeError(`${call}: random values are floating point (f32, bf16, f16), not ${resolved.dtype}`);
+  const gen = generatorFrom(opts, call);
+  let a = 0, b = 1;
+  if (normal) {
+    a = opts?.mean ?? 0; b = opts?.std ?? 1;
+    if (typeof a !== 'number' || !Number.isFinite(a)) throw new ArgumentError(`${call}: mean must be a finite number, got ${String(a)}`);
+    if (typeof b !== 'number' || !Number.isFinite(b) || b < 0) throw new ArgumentError(`${call}: std must be a finite number >= 0, got ${String(b)}`);
+  }
+  return { ...resolved, gen, a, b };
+}
+
+function randomTensor(call: string, shape: Shape, opts: (RandomOptions & { mean?: number; std?: number }) | undefined, draw: (typeof DRAW)[keyof typeof DRAW]): Tensor {
   const s = checkShape(shape, call);
-  const { dtype, device } = resolveOptions(opts, call);
-  const gen = opts?.seed !== undefined ? new Generator(opts.seed) : (opts?.generator ?? defaultGenerator);
+  const { dtype, device, requiresGrad, gen, a, b } = resolveRandom(call, opts, draw === DRAW.normal);
   const out = emptyOn(s, dtype, device);
-  const base = gen.reserve(out.size, draw.perBlock);
-  const [hi, lo] = gen.seedHalves();
-  out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
-  if (opts?.requiresGrad) out.requiresGrad = true;
+  try {
+    const base = gen.reserve(out.size, draw.perBlock);
+    const [hi, lo] = gen.seedHalves();
+    out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
+  } catch (e) {
+    out.dispose();
+    throw e;
+  }
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }
 
 /** Uniform in [0, 1) from the seeded Philox generator. */
 export function rand(shape: Shape, opts?: RandomOptions): Tensor {
-  return randomTensor('rand', shape, opts, DRAW.uniform, 0, 1);
+  return randomTensor('rand', shape, opts, DRAW.uniform);
 }
 
 /** Standard normal (mean 0, std 1) from the seeded Philox generator. */
 export function randn(shape: Shape, opts?: RandomOptions & { mean?: number; std?: number }): Tensor {
-  return randomTensor('randn', shape, opts, DRAW.normal, opts?.mean ?? 0, opts?.std ?? 1);
+  return randomTensor('randn', shape, opts, DRAW.normal);
 }
 
 /**
@@ -171,17 +197,22 @@ export function randn(shape: Shape, opts?: RandomOptions & { mean?: number; std?
  * Advances the generator as the full draw would (by `total` elements).
  */
 export function randomShard(kind: 'uniform' | 'normal', shape: Shape, first: number, total: number, opts?: RandomOptions & { mean?: number; std?: number }): Tensor {
+  if (kind !== 'uniform' && kind !== 'normal') throw new ArgumentError(`randomShard: kind must be 'uniform' or 'normal', got ${typeof kind === 'string' ? JSON.stringify(kind) : typeof kind}`);
   const s = checkShape(shape, 'randomShard');
-  if (!Number.isInteger(first) || !Number.isInteger(total) || first < 0 || first + numel(s) > total) {
-    throw new ArgumentError(`randomShard: elements [${first}, ${first + numel(s)}) do not lie inside a draw of ${total}`);
+  if (!Number.isSafeInteger(first) || !Number.isSafeInteger(total) || first < 0 || first + numel(s) > total) {
+    throw new ArgumentError(`randomShard: elements [${first}, ${first + numel(s)}) do not lie inside a draw of ${total} (first and total are integers, 0 <= first, first + shard size <= total)`);
   }
-  const { dtype, device } = resolveOptions(opts, 'randomShard');
   const draw = DRAW[kind];
-  const gen = opts?.seed !== undefined ? new Generator(opts.seed) : (opts?.generator ?? defaultGenerator);
+  const { dtype, device, requiresGrad, gen, a, b } = resolveRandom('randomShard', opts, kind === 'normal');
   const out = emptyOn(s, dtype, device);
-  const base = gen.reserve(total, draw.perBlock);
-  const [hi, lo] = gen.seedHalves();
-  const [a, b] = kind === 'normal' ? [opts?.mean ?? 0, opts?.std ?? 1] : [0, 1];
-  out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
+  try {
+    const base = gen.reserve(total, draw.perBlock);
+    const [hi, lo] = gen.seedHalves();
+    out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
+  } catch (e) {
+    out.dispose();
+    throw e;
+  }
+  if (requiresGrad) out.requiresGrad = true;
   return out;
 }

@@ -34,6 +34,12 @@ export class NodetronError extends Error {
 export class ArgumentError extends NodetronError {
   constructor(message: string, call?: string) { super('ERR_ARGUMENT', message, call); }
 }
+/**
+ * A command-line usage error: an unknown option, a missing or malformed value, a count or size out of
+ * range. The `nodetron` command prints its message on one line with a hint to `--help` and exits with
+ * code 2 (every ArgumentError reaching the command line is treated the same way).
+ */
+export class UsageError extends ArgumentError {}
 /** Shapes that do not fit together. */
 export class ShapeError extends NodetronError {
   constructor(message: string, call?: string) { super('ERR_SHAPE', message, call); }

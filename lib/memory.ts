@@ -3,6 +3,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { type Device, backendOf, parseDevice, type DeviceLike } from './device.js';
 import { cpu } from './native.js';
+import { ArgumentError } from './errors.js';
 
 /** Anything a scope can release. */
 export interface Disposable {
@@ -97,6 +98,7 @@ function close(frame: ScopeFrame, result: unknown): void {
 export function scope<T>(fn: () => Promise<T>): Promise<T>;
 export function scope<T>(fn: () => T): T;
 export function scope<T>(fn: () => T | Promise<T>): T | Promise<T> {
+  if (typeof fn !== 'function') throw new ArgumentError(`scope: fn must be a function (sync or async), got ${fn === null ? 'null' : typeof fn}`);
   const frame: ScopeFrame = { owned: new Set(), kept: new WeakSet(), parent: frames.getStore() };
   let result: T | Promise<T>;
   try {
@@ -119,6 +121,11 @@ export function scope<T>(fn: () => T | Promise<T>): T | Promise<T> {
 export function keep<T extends Disposable | Disposable[]>(t: T): T {
   let frame = frames.getStore();
   const items = Array.isArray(t) ? t : [t];
+  for (const x of items) {
+    if (x === null || typeof x !== 'object' || typeof (x as Disposable).dispose !== 'function') {
+      throw new ArgumentError(`keep: expected a Tensor (or anything with dispose()) or an array of them, got ${x === null ? 'null' : typeof x}`);
+    }
+  }
   while (frame) {
     for (const x of items) frame.kept.add(x);
     frame = frame.parent;

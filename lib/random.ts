@@ -24,6 +24,10 @@ export class Generator {
   }
   /** Reserves the blocks of a draw of `count` elements and returns its base block. */
   reserve(count: number, elementsPerBlock: number): number {
+    // A bad count would leave offsetBlocks NaN and every later draw of this generator garbage.
+    if (!Number.isSafeInteger(count) || count < 0 || !Number.isSafeInteger(elementsPerBlock) || elementsPerBlock < 1) {
+      throw new ArgumentError(`Generator.reserve: count must be an integer >= 0 and elementsPerBlock an integer >= 1, got ${count} and ${elementsPerBlock}`);
+    }
     const base = this.offsetBlocks;
     this.offsetBlocks += Math.ceil(count / elementsPerBlock);
     return base;
@@ -54,11 +58,25 @@ export class Generator {
 
 function toSeed(seed: number | bigint): bigint {
   if (typeof seed === 'number') {
-    if (!Number.isSafeInteger(seed) || seed < 0) throw new ArgumentError(`seed must be a non-negative safe integer, got ${seed}`);
+    if (!Number.isSafeInteger(seed) || seed < 0) throw new ArgumentError(`seed must be an integer in [0, 2^53) or a bigint in [0, 2^64), got ${seed}`);
     return BigInt(seed);
   }
-  if (typeof seed !== 'bigint' || seed < 0n || seed >= 1n << 64n) throw new ArgumentError(`seed must be a 64-bit unsigned integer`);
+  if (typeof seed !== 'bigint' || seed < 0n || seed >= 1n << 64n) {
+    throw new ArgumentError(`seed must be an integer in [0, 2^53) or a bigint in [0, 2^64), got ${typeof seed === 'bigint' ? `${seed}n` : typeof seed === 'string' ? JSON.stringify(seed) : typeof seed}`);
+  }
   return seed;
+}
+
+/** Checks that a value is a Generator (an options field, a layer's argument); ArgumentError otherwise. */
+export function checkGenerator(g: unknown, call: string): Generator {
+  if (!(g instanceof Generator)) throw new ArgumentError(`${call}: generator must be a Generator (new nt.Generator(seed)), got ${g === null ? 'null' : typeof g}`);
+  return g;
+}
+
+/** The generator of a draw: a fresh one for `seed`, else `generator`, else the default one; checks both. */
+export function generatorFrom(opts: { seed?: number | bigint; generator?: Generator } | undefined, call: string): Generator {
+  if (opts?.seed !== undefined) return new Generator(opts.seed);
+  return opts?.generator === undefined ? defaultGenerator : checkGenerator(opts.generator, call);
 }
 
 /** The generator behind calls that pass no seed. */

@@ -1,8 +1,8 @@
 // Tensor: a shape, a dtype and a device over reference-counted contiguous storage. Ops live in
 // lib/ops/* and attach methods to Tensor.prototype; this file holds what every op stands on.
 import { backendOf, type Device, type DeviceLike, parseDevice } from './device.js';
-import { type ArrayFor, type DType, dtypeCode, dtypeSize, parseDType, readArrayFor, type TypedArray } from './dtype.js';
-import { ArgumentError, DeviceError, DisposedError, StateError } from './errors.js';
+import { type ArrayFor, type DType, dtypeCode, dtypeSize, isFloating, parseDType, readArrayFor, type TypedArray } from './dtype.js';
+import { ArgumentError, AutogradError, DeviceError, DisposedError, StateError } from './errors.js';
 import { track, untrack } from './memory.js';
 import type { BackendAddon, NativeStorage } from './native.js';
 import { checkShape, fmtShape, inferShape, numel, type Shape } from './shape.js';
@@ -76,8 +76,7 @@ export class Tensor {
   readonly dtype: DType;
   /** Number of elements. */
   readonly size: number;
-  /** Whether autograd records operations on this tensor. */
-  requiresGrad = false;
+  #requiresGrad = false;
   /** Accumulated gradient, set by backward(). */
   grad: Tensor | null = null;
   /** The autograd node that produced this tensor (null for leaves). Managed by lib/autograd. */
@@ -96,6 +95,18 @@ export class Tensor {
     this.dtype = dtype;
     this.size = numel(shape);
     track(this, this.#device);
+  }
+
+  /**
+   * Whether autograd records operations on this tensor. Only floating-point tensors (f32, bf16, f16)
+   * can require grad: setting true on an i32 or u8 tensor throws AutogradError, a non-boolean ArgumentError.
+   */
+  get requiresGrad(): boolean { return this.#requiresGrad; }
+  /** Turns recording on or off; true only on floating-point tensors (AutogradError otherwise). */
+  set requiresGrad(v: boolean) {
+    if (typeof v !== 'boolean') throw new ArgumentError(`requiresGrad must be a boolean, got ${typeof v}`);
+    if (v) checkCanRequireGrad(this.dtype, 'requiresGrad');
+    this.#requiresGrad = v;
   }
 
   /** Canonical device name: 'cpu' or 'cuda:N'. */
@@ -166,6 +177,7 @@ export class Tensor {
 
   /** The single value of a one-element tensor. */
   item(): number {
+    void this.storage;  // DisposedError first
     if (this.size !== 1) throw new ArgumentError(`item(): tensor ${this.describe()} has ${this.size} elements, not 1`);
     return this.toArraySync()[0]!;
   }
@@ -191,19 +203,25 @@ export class Tensor {
 
   /** A copy with its own storage. */
   clone(): Tensor {
+    const src = this.storage;
     const out = emptyOn(this.shape, this.dtype, this.#device);
-    this.backend.copy(out.storage, 0, this.storage, 0, this.nbytes);
+    this.backend.copy(out.storage, 0, src, 0, this.nbytes);
     return out;
   }
 
-  /** Converts to a dtype and/or moves to a device; returns a new tensor (a copy even when nothing changes). */
+  /**
+   * Converts to a dtype and/or moves to a device; returns a new tensor (a copy even when nothing changes).
+   * Casts into an integer dtype truncate toward zero and saturate at its range (f32 300 → u8 255, NaN → 0).
+   */
   to(target: DType | DeviceLike | { dtype?: DType | string; device?: DeviceLike }): Tensor {
+    void this.storage;  // DisposedError before anything is allocated
     let dtype: DType = this.dtype;
     let device: Device = this.#device;
     if (typeof target === 'string') {
       if (/^(cpu|cuda)(:\d+)?$/.test(target)) device = parseDevice(target, 'to');
       else dtype = parseDType(target, 'to');
     } else if (target && typeof target === 'object') {
+      for (const k of Object.keys(target)) if (k !== 'dtype' && k !== 'device') throw new ArgumentError(`to(): unknown option ${JSON.stringify(k)} (options: dtype, device)`);
       if (target.dtype !== undefined) dtype = parseDType(target.dtype, 'to');
       if (target.device !== undefined) device = parseDevice(target.device, 'to');
     } else {
@@ -230,26 +248,50 @@ function transfer(t: Tensor, device: Device): Tensor {
 /** Internal: an uninitialized tensor on a device. */
 export function emptyOn(shape: readonly number[], dtype: DType, device: Device, zero = false): Tensor {
   const bytes = numel(shape) * dtypeSize(dtype);
+  if (!Number.isSafeInteger(bytes) || bytes < 0) {
+    throw new ArgumentError(`cannot allocate a ${fmtShape(shape)} ${dtype} tensor: ${numel(shape)} elements is more than 2^53 bytes`);
+  }
   const addon = backendOf(device);
   const native = new addon.Storage(bytes, zero, device.index);
   return new Tensor(new StorageRef(native, device, bytes), shape, dtype);
 }
 
-/** Resolves creation options to a dtype and device. */
-export function resolveOptions(opts: TensorOptions | undefined, call: string, defaultDtype: DType = 'f32'): { dtype: DType; device: Device } {
-  if (opts !== undefined && (typeof opts !== 'object' || opts === null)) throw new ArgumentError(`${call}: options must be an object`);
-  return {
-    dtype: opts?.dtype === undefined ? defaultDtype : parseDType(opts.dtype, call),
-    device: parseDevice(opts?.device, call),
-  };
+/** The options of tensor creation functions. */
+export const TENSOR_OPTIONS: readonly string[] = ['dtype', 'device', 'requiresGrad'];
+
+/** Throws AutogradError unless tensors of `dtype` can require grad (floating point only). */
+export function checkCanRequireGrad(dtype: DType, call: string): void {
+  if (!isFloating(dtype)) {
+    throw new AutogradError(`${call}: only floating-point tensors (f32, bf16, f16) can require grad, not ${dtype} (integer tensors have no gradient)`);
+  }
+}
+
+/**
+ * Resolves creation options to a dtype, a device and requiresGrad, before anything is allocated:
+ * options must be an object, requiresGrad a boolean, and requiresGrad only on a floating dtype.
+ */
+export function resolveOptions(opts: TensorOptions | undefined, call: string, defaultDtype: DType = 'f32', allowed?: readonly string[]): { dtype: DType; device: Device; requiresGrad: boolean } {
+  if (opts !== undefined && (typeof opts !== 'object' || opts === null || Array.isArray(opts))) {
+    throw new ArgumentError(`${call}: options must be an object like { dtype, device, requiresGrad }, got ${opts === null ? 'null' : Array.isArray(opts) ? 'an array' : typeof opts}`);
+  }
+  if (allowed && opts) {
+    // A misspelt option (dtyp) would otherwise be ignored silently.
+    for (const k of Object.keys(opts)) if (!allowed.includes(k)) throw new ArgumentError(`${call}: unknown option ${JSON.stringify(k)} (options: ${allowed.join(', ')})`);
+  }
+  const dtype = opts?.dtype === undefined ? defaultDtype : parseDType(opts.dtype, call);
+  const device = parseDevice(opts?.device, call);
+  const requiresGrad = opts?.requiresGrad ?? false;
+  if (typeof requiresGrad !== 'boolean') throw new ArgumentError(`${call}: requiresGrad must be a boolean, got ${typeof requiresGrad}`);
+  if (requiresGrad) checkCanRequireGrad(dtype, call);
+  return { dtype, device, requiresGrad };
 }
 
 /** An uninitialized tensor. */
 export function empty(shape: Shape, opts?: TensorOptions): Tensor {
   const s = checkShape(shape, 'empty');
-  const { dtype, device } = resolveOptions(opts, 'empty');
+  const { dtype, device, requiresGrad } = resolveOptions(opts, 'empty', 'f32', TENSOR_OPTIONS);
   const t = emptyOn(s, dtype, device);
-  if (opts?.requiresGrad) t.requiresGrad = true;
+  if (requiresGrad) t.requiresGrad = true;
   return t;
 }
 
@@ -258,6 +300,19 @@ export function checkTensor(t: unknown, call: string, arg = 'argument'): Tensor 
   if (!(t instanceof Tensor)) throw new ArgumentError(`${call}: ${arg} must be a Tensor, got ${t === null ? 'null' : typeof t}`);
   if (t.disposed) throw new DisposedError(`${call}: ${arg} ${t.describe()} was disposed`);
   return t;
+}
+
+/**
+ * Checks an iterable of live tensors (a parameter list, gradients) and returns it as an array; names
+ * the argument and the bad element in the error.
+ */
+export function checkTensorList(list: unknown, call: string, arg = 'tensors'): Tensor[] {
+  if (list === null || typeof list !== 'object' || typeof (list as Iterable<unknown>)[Symbol.iterator] !== 'function') {
+    throw new ArgumentError(`${call}: ${arg} must be an iterable of Tensors (an array), got ${list === null ? 'null' : typeof list}`);
+  }
+  const out = Array.from(list as Iterable<unknown>);
+  out.forEach((t, i) => checkTensor(t, call, `${arg}[${i}]`));
+  return out as Tensor[];
 }
 
 /** Checks that tensors share a device; throws DeviceError naming both. */

@@ -2,7 +2,8 @@
 // rebuild the graph in backward to get the gradients (trading compute for memory).
 import { scope } from '../memory.js';
 import { defaultGenerator } from '../random.js';
-import type { Tensor } from '../tensor.js';
+import { ArgumentError } from '../errors.js';
+import { checkTensor, Tensor } from '../tensor.js';
 import { alias, backward, collectLeaves, needsGrad, Node, record, save } from './engine.js';
 import { enableGrad, isGradEnabled, noGrad } from './grad-mode.js';
 
@@ -12,11 +13,14 @@ import { enableGrad, isGradEnabled, noGrad } from './grad-mode.js';
  * generator is rewound for the re-run, so dropout inside fn draws the same mask.
  */
 export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
+  if (typeof fn !== 'function') throw new ArgumentError(`checkpoint: fn must be a function of the input tensors returning one Tensor, got ${fn === null ? 'null' : typeof fn}`);
+  inputs.forEach((t, i) => checkTensor(t, 'checkpoint', `input ${i}`));
   if (!isGradEnabled()) return fn(...inputs);
   const offset = defaultGenerator.offsetBlocks;
   // Scopes release fn's intermediates at once, in the forward and in the re-run. The leaves fn's
   // ops see are the parameters the re-run will accumulate into (grad-ready hooks wait for them).
   const { result: out, leaves } = collectLeaves(() => noGrad(() => scope(() => fn(...inputs))));
+  checkResult(out, inputs);
   const wants = inputs.map((t) => needsGrad(t));
   const saved = inputs.map(save);
   for (const t of inputs) leaves.delete(t);
@@ -27,6 +31,7 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
     let y: Tensor;
     try {
       y = fn(...xs);
+      checkResult(y, xs);
     } finally {
       defaultGenerator.offsetBlocks = resume;
     }
@@ -41,4 +46,17 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
   })), saved);
   (recorded.gradFn as Node).hiddenLeaves = [...leaves];
   return recorded;
+}
+
+/** fn's result must be one new Tensor (its graph node is the checkpoint's); anything else is disposed and reported. */
+function checkResult(out: unknown, inputs: readonly Tensor[]): asserts out is Tensor {
+  if (out instanceof Tensor && !inputs.includes(out)) return;
+  const what = out instanceof Tensor ? 'one of its inputs' : Array.isArray(out) ? 'an array' : out === null ? 'null' : typeof out;
+  // Tensors in a returned array or object survived fn's scope: free them.
+  if (Array.isArray(out)) for (const t of out) if (t instanceof Tensor) t.dispose();
+  if (out instanceof Tensor && !inputs.includes(out)) out.dispose();
+  if (out instanceof Tensor) {
+    throw new ArgumentError('checkpoint: fn returned one of its inputs; it must return a new Tensor computed from them (return x.mul(1) or a view if you mean identity)');
+  }
+  throw new ArgumentError(`checkpoint: fn must return a Tensor, it returned ${what}`);
 }

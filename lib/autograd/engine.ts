@@ -6,7 +6,7 @@ import { BINARY } from '../kernel-codes.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { checkTensor, emptyOn, Tensor, type GradNode } from '../tensor.js';
+import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
@@ -279,6 +279,8 @@ export function accumulateInto(a: Tensor, b: Tensor): void {
  */
 export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): void {
   checkTensor(t, 'backward', 'tensor');
+  if (opts === null || typeof opts !== 'object') throw new ArgumentError(`backward: options must be an object like { retainGraph }, got ${opts === null ? 'null' : typeof opts}`);
+  if (opts.retainGraph !== undefined && typeof opts.retainGraph !== 'boolean') throw new ArgumentError(`backward: retainGraph must be a boolean, got ${typeof opts.retainGraph}`);
   if (!isFloating(t.dtype)) throw new AutogradError(`backward: ${t.describe()} is not a floating-point tensor; only f32, bf16 and f16 have gradients`);
   if (!(t.gradFn instanceof Node)) {
     if (t.requiresGrad) {
@@ -401,7 +403,7 @@ export function detach(t: Tensor): Tensor {
 
 /** Clears the gradients of the given tensors (disposes them). */
 export function zeroGrad(params: Iterable<Tensor>): void {
-  for (const p of params) {
+  for (const p of checkTensorList(params, 'zeroGrad', 'params')) {
     if (p.grad) { p.grad.dispose(); p.grad = null; }
   }
 }

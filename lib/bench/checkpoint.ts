@@ -21,6 +21,7 @@ import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { Checkpointer, readManifest } from '../ckpt/checkpoint.js';
 import { selectConfigs } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { expectPositionals } from '../cli/args.js';
 
 const LAYOUTS: Record<string, { zero: 0 | 3 }> = { dp2: { zero: 0 }, zero3: { zero: 3 } };
 const SAVE_INTERVAL = 20;
@@ -110,8 +111,8 @@ function ddBandwidth(dir: string, bytes: number): number | null {
 
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
-    layout: 'string', config: 'string', saves: 'number', dir: 'string', out: 'string', json: 'string', 'compare-torch': 'boolean', help: 'boolean',
-  });
+    layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'outfile', 'compare-torch': 'boolean', help: 'boolean',
+  }, { h: 'help' });
   if (o.help) {
     console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout dp2,zero3] [--saves 3] [--dir D] [--compare-torch] [--json F]
   Saves a GPT's training state (weights + AdamW state) under each layout on 2 ranks, in the background
@@ -119,7 +120,8 @@ export async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const layouts = ((o.layout as string | undefined) ?? 'dp2,zero3').split(',').map((s) => s.trim());
-  for (const l of layouts) if (!LAYOUTS[l]) throw new ArgumentError(`bench checkpoint: unknown --layout ${l} (${Object.keys(LAYOUTS).join(', ')})`);
+  expectPositionals(o, 'nothing', 0);
+  for (const l of layouts) if (!Object.hasOwn(LAYOUTS, l)) throw new ArgumentError(`bench checkpoint: unknown --layout ${l} (${Object.keys(LAYOUTS).join(', ')})`);
   const config = (o.config as string | undefined) ?? 'small';
   selectConfigs(config);
   const base = (o.dir as string | undefined) ?? tmpdir();

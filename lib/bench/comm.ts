@@ -8,11 +8,12 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { full, tensor, zeros } from '../creation.js';
 import { DTYPES, dtypeCode, dtypeSize, type DType } from '../dtype.js';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, UsageError } from '../errors.js';
 import * as dist from '../distributed/index.js';
 import type { ReduceOp } from '../distributed/index.js';
 import type { Tensor } from '../tensor.js';
 import { machineRecord, parseBytes, parseOptions, printTable, writeJson } from './util.js';
+import { expectPositionals } from '../cli/args.js';
 
 const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv'] as const;
 type BenchOp = (typeof OPS)[number];
@@ -370,12 +371,15 @@ async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rank
 }
 
 export async function main(argv: string[]): Promise<number> {
+  // Sizes are buffers every rank allocates (several of them): at most this machine's memory; counts are bounded too.
   const a = parseOptions(argv, {
-    op: 'string', minbytes: 'string', maxbytes: 'string', stepfactor: 'number', iters: 'number', warmup_iters: 'number', datatype: 'string',
-    redop: 'string', check: 'number', json: 'string', plot: 'string', np: 'number', 'compare-torch': 'boolean', repeat: 'number',
-    transport: 'string', help: 'boolean',
+    op: { kind: 'string', choices: OPS }, minbytes: 'bytes', maxbytes: 'bytes', stepfactor: { kind: 'number', min: 1.01, max: 1024 }, iters: { kind: 'positive', max: 1e6 },
+    warmup_iters: { kind: 'count', max: 1e6 }, datatype: { kind: 'string', choices: DTYPES }, redop: { kind: 'string', choices: ['sum', 'avg', 'max', 'min', 'prod'] },
+    check: { kind: 'string', choices: ['0', '1'] }, json: 'outfile', plot: 'outfile', np: { kind: 'positive', max: 256 }, 'compare-torch': 'boolean', repeat: { kind: 'positive', max: 1000 },
+    transport: { kind: 'string', choices: ['shm', 'tcp', 'both'] }, help: 'boolean',
   }, { b: 'minbytes', e: 'maxbytes', f: 'stepfactor', n: 'iters', w: 'warmup_iters', d: 'datatype', o: 'redop', h: 'help' });
   if (a.help) { console.log(usage); return 0; }
+  expectPositionals(a, 'nothing', 0);
   const op = (a.op as string | undefined) ?? 'all_reduce';
   if (!(OPS as readonly string[]).includes(op)) throw new ArgumentError(`bench comm: --op must be one of ${OPS.join(', ')}`);
   const dtype = (a.datatype as string | undefined) ?? 'f32';
@@ -384,11 +388,12 @@ export async function main(argv: string[]): Promise<number> {
   if (!['shm', 'tcp', 'both'].includes(transport)) throw new ArgumentError('bench comm: --transport must be shm, tcp or both');
   const o: CommBenchOptions = {
     op: op as BenchOp, dtype: dtype as DType, redop: ((a.redop as string | undefined) ?? 'sum') as ReduceOp,
-    minBytes: parseBytes(String(a.minbytes ?? '8')), maxBytes: parseBytes(String(a.maxbytes ?? '128M')),
+    minBytes: (a.minbytes as number | undefined) ?? 8, maxBytes: (a.maxbytes as number | undefined) ?? parseBytes('128M'),
     factor: (a.stepfactor as number | undefined) ?? 2, iters: (a.iters as number | undefined) ?? 20,
-    warmup: (a.warmup_iters as number | undefined) ?? 5, check: ((a.check as number | undefined) ?? 1) !== 0,
+    warmup: (a.warmup_iters as number | undefined) ?? 5, check: ((a.check as string | undefined) ?? '1') !== '0',
   };
   if (!(o.factor > 1)) throw new ArgumentError('bench comm: -f must be > 1');
+  if (o.minBytes > o.maxBytes) throw new UsageError(`-b (${o.minBytes} bytes) must not exceed -e (${o.maxBytes} bytes)`);
   if (process.env.WORLD_SIZE) return rankMain(o, transport as Transport | 'both', a.json as string | undefined, a.plot as string | undefined);
   // The ranks get the sweep's options; the orchestrator keeps --json, --plot, --np, --repeat, --compare-torch.
   const own = new Set(['--json', '--plot', '--np', '--repeat']);

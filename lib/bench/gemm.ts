@@ -7,6 +7,7 @@ import { randn } from '../creation.js';
 import { blasKernelChoice, cpu, packageRoot } from '../native.js';
 import { add, gelu, matmul } from '../ops/index.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
+import { expectPositionals } from '../cli/args.js';
 import { info } from '../info.js';
 
 const SHAPES: [string, number, number, number][] = [
@@ -71,11 +72,12 @@ function openblasOwnChoice(): { coreType: string; gflops: number } | undefined {
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { json: 'string', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' });
+  const o = parseOptions(argv, { json: 'outfile', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' }, { h: 'help' });
   if (o.help) {
     console.log('usage: nodetron bench gemm [--json F] [--quick] [--bf16]\n  f32 GEMM GFLOP/s beside cblas_sgemm direct, and tiny-op dispatch cost');
     return 0;
   }
+  expectPositionals(o, 'nothing', 0);
   if (o['blas-only']) {
     const [row] = gemmRows([['square 2048', 2048, 2048, 2048]], ['f32']);
     console.log(JSON.stringify({ coreType: info().backends.cpu.blasCoreType, gflops: row!.cblasGflops }));

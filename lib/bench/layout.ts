@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { tensor } from '../creation.js';
 import * as dist from '../distributed/init.js';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, UsageError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { cpu } from '../native.js';
 import { GPT } from '../nn/gpt.js';
@@ -231,7 +231,11 @@ const fmtMs = (v: number | undefined) => (v === undefined ? '-' : v.toFixed(0));
 
 /** Launches the ranks, collects their results, prints the table and writes the JSON. Returns the exit code. */
 export async function layoutMain(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { layout: 'string', config: 'string', steps: 'number', warmup: 'number', overlap: 'string', 'bucket-mb': 'number', json: 'string', help: 'boolean' });
+  const o = parseOptions(argv, {
+    layout: 'string', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'positive', max: 1e6 },
+    overlap: { kind: 'string', choices: ['on', 'off', 'both'] }, 'bucket-mb': { kind: 'number', min: 1 / 1024, max: 1 << 16 }, json: 'outfile', help: 'boolean',
+  });
+  if (o._.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(o._[0])}`);
   const layout = parseLayout(o.layout as string);
   const bucketBytes = bucketBytesOf(o);
   selectConfigs(o.config as string | undefined);

@@ -8,6 +8,7 @@ import { cpu, packageRoot } from '../native.js';
 import { attention, crossEntropy, gelu, layerNorm, linear, ones, zeros } from '../index.js';
 import type { Tensor } from '../tensor.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
+import { expectPositionals } from '../cli/args.js';
 
 const N = 1024, V = 50257, C = 128, B = 8, H = 4, T = 128, D = 32;
 
@@ -57,7 +58,12 @@ function torchPeer(threads: number | undefined): { torch: string; threads: numbe
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const opts = parseOptions(argv, { json: 'string', 'no-torch': 'boolean', threads: 'number' });
+  const opts = parseOptions(argv, { json: 'outfile', 'no-torch': 'boolean', threads: { kind: 'positive', max: 1024 }, help: 'boolean' }, { h: 'help' });
+  if (opts.help) {
+    console.log('usage: nodetron bench ops [--threads N] [--no-torch] [--json F]\n  fused and plain ops (forward + backward) beside PyTorch on the same threads');
+    return 0;
+  }
+  expectPositionals(opts, 'nothing', 0);
   const threads = opts.threads as number | undefined;
   if (threads !== undefined) {
     // One thread count for every engine in the comparison: OpenBLAS, nodetron's kernels, PyTorch.

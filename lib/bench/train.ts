@@ -14,6 +14,7 @@ import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { expectPositionals } from '../cli/args.js';
 
 
 interface Measurement { msPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number }
@@ -64,11 +65,14 @@ export async function main(argv: string[]): Promise<number> {
     if (argv.includes('--help')) { console.log(usage); return 0; }
     return (await import('./layout.js')).layoutMain(argv);
   }
-  const o = parseOptions(argv, { json: 'string', config: 'string', steps: 'number', warmup: 'number', 'no-torch': 'boolean', help: 'boolean' });
+  const o = parseOptions(argv, {
+    json: 'outfile', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
+  }, { h: 'help' });
   if (o.help) {
     console.log(usage);
     return 0;
   }
+  expectPositionals(o, 'nothing', 0);
   const configs = selectConfigs(o.config as string | undefined);
   const steps = (o.steps as number | undefined) ?? 5, warmup = (o.warmup as number | undefined) ?? 2;
   const threads = info().backends.cpu.blasThreads as number;

@@ -2,39 +2,9 @@
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { info } from '../info.js';
-import { ArgumentError } from '../errors.js';
 
-/** Parses `--name value` and `--flag` options; `spec` maps long and short names to kinds. */
-export type Options = { [key: string]: string | number | boolean | string[] | undefined; _: string[] };
-
-export function parseOptions(argv: string[], spec: Record<string, 'string' | 'number' | 'boolean'>, aliases: Record<string, string> = {}): Options {
-  const out: Options = { _: [] };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (!a.startsWith('-') || a === '-') { out._.push(a); continue; }
-    let [key, inline] = a.replace(/^--?/, '').split('=', 2) as [string, string | undefined];
-    key = aliases[key] ?? key;
-    const kind = spec[key];
-    if (!kind) throw new ArgumentError(`unknown option ${a}`);
-    if (kind === 'boolean') { out[key] = inline === undefined ? true : inline !== 'false'; continue; }
-    const v = inline ?? argv[++i];
-    if (v === undefined) throw new ArgumentError(`option ${a} needs a value`);
-    if (kind === 'number') {
-      const n = Number(v);
-      if (!Number.isFinite(n)) throw new ArgumentError(`option ${a} needs a number, got ${JSON.stringify(v)}`);
-      out[key] = n;
-    } else out[key] = v;
-  }
-  return out;
-}
-
-/** Parses sizes like 8, 64K, 128M, 1G (powers of 1024). */
-export function parseBytes(s: string): number {
-  const m = /^(\d+(?:\.\d+)?)([KMG]?)B?$/i.exec(s.trim());
-  if (!m) throw new ArgumentError(`cannot read ${JSON.stringify(s)} as a size (e.g. 8, 64K, 128M)`);
-  const mult = { '': 1, K: 1024, M: 1024 ** 2, G: 1024 ** 3 }[m[2]!.toUpperCase() as '' | 'K' | 'M' | 'G'];
-  return Math.round(Number(m[1]) * mult);
-}
+// Option parsing is shared with every CLI command: lib/cli/args.ts.
+export { parseOptions, parseBytes, type Options, type ArgKind, type ArgSpec } from '../cli/args.js';
 
 /** Seconds per call of fn: runs for at least minSeconds after warm-up, returns the median of rounds. */
 export function timeIt(fn: () => void, opts: { minSeconds?: number; rounds?: number; warmup?: number } = {}): number {

@@ -208,7 +208,10 @@ export class DamagedCheckpointError extends StateError {}
 const STEP_DIR = /^step-(\d+)$/;
 const MANIFEST = 'manifest.json';
 /** The directory name of a step's checkpoint: `step-` and the step zero-padded to 8 digits. */
-export const stepDirName = (step: number) => `step-${String(step).padStart(8, '0')}`;
+export const stepDirName = (step: number): string => {
+  if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint: step must be an integer >= 0, got ${String(step)}`);
+  return `step-${String(step).padStart(8, '0')}`;
+};
 
 const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16', I32: 'i32', U8: 'u8' };
 
@@ -254,6 +257,7 @@ export class Checkpointer {
    */
   async save(step: number, items: CheckpointItems): Promise<SaveResult> {
     if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint save: step must be an integer >= 0, got ${step}`);
+    if (items === null || typeof items !== 'object') throw new ArgumentError(`checkpoint save: items must be an object like { model, optimizer, ... }, got ${items === null ? 'null' : typeof items}`);
     const t0 = performance.now();
     // Taken before anything else, so saves called without awaiting each other queue up.
     const previous = this.#lock;
@@ -425,6 +429,7 @@ export function listCheckpoints(root: string): Array<{
   /** Its directory. */
   dir: string;
 }> {
+  if (typeof root !== 'string' || root === '') throw new ArgumentError(`checkpoint: root must be a directory path, got ${typeof root}`);
   if (!existsSync(root)) return [];
   return readdirSync(root)
     .map((name) => ({ m: STEP_DIR.exec(name), name }))
@@ -486,12 +491,23 @@ export function readTensor(dir: string, key: string): {
 
 // ---- saving --------------------------------------------------------------------------------------
 
+/** The items must name a model: a Module, or a trainer's sharded state. */
+function checkItems(items: CheckpointItems): void {
+  if (items === null || typeof items !== 'object') throw new ArgumentError(`checkpoint: items must be an object like { model, optimizer, ... }, got ${items === null ? 'null' : typeof items}`);
+  const m = items.model as unknown;
+  if (m === null || typeof m !== 'object' || (typeof (m as Partial<ShardedTrainingState>).checkpointState !== 'function' && typeof (m as Partial<Module>).namedParameters !== 'function')) {
+    throw new ArgumentError('checkpoint: items.model must be a Module (e.g. a GPT) or a ParallelTrainer');
+  }
+}
+
 function worldOf(items: CheckpointItems): CollectiveGroup | null {
+  checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
   return typeof m.checkpointState === 'function' ? (m.world ?? null) : null;
 }
 
 function rankState(items: CheckpointItems, forLoad: boolean): RankState {
+  checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
   if (typeof m.checkpointState === 'function') {
     if (items.optimizer) throw new ArgumentError('checkpoint: a trainer brings its own optimizer; pass optimizer only with a Module');

@@ -1,7 +1,7 @@
 // `nodetron data tokenize <files or directories> --out DIR`: GPT-2 token shards in llm.c's format,
 // with a progress line and a summary.
-import { ArgumentError } from '../errors.js';
-import { parseOptions } from '../bench/util.js';
+import { UsageError } from '../errors.js';
+import { parseOptions } from './args.js';
 import { tokenize } from '../data/tokenize.js';
 
 const usage = `usage: nodetron data tokenize <.txt/.jsonl files or directories...> --out DIR [options]
@@ -13,22 +13,18 @@ Each .txt file is one document, each .jsonl line one; every document is preceded
 
 const fmt = (n: number) => (n >= 1e9 ? `${(n / 1e9).toFixed(2)}G` : n >= 1e6 ? `${(n / 1e6).toFixed(2)}M` : n >= 1e3 ? `${(n / 1e3).toFixed(1)}K` : String(n));
 
+/** `nodetron data tokenize ...`; returns the exit code (usage errors are thrown as UsageError). */
 export async function main(argv: string[]): Promise<number> {
   const [sub, ...rest] = argv;
-  if (sub !== 'tokenize') {
-    console.error(sub === undefined || sub === '--help' ? usage : `nodetron data: unknown subcommand ${JSON.stringify(sub)}\n\n${usage}`);
-    return sub === '--help' ? 0 : 2;
-  }
-  let o;
-  try {
-    o = parseOptions(rest, { out: 'string', name: 'string', 'shard-tokens': 'number', 'val-tokens': 'number', field: 'string', help: 'boolean' });
-  } catch (e) {
-    if (!(e instanceof ArgumentError)) throw e;
-    console.error(`nodetron data tokenize: ${e.message}\n\n${usage}`);
-    return 2;
-  }
+  if (sub === '--help' || sub === '-h') { console.log(usage); return 0; }
+  if (sub === undefined) throw new UsageError('missing subcommand (tokenize)');
+  if (sub !== 'tokenize') throw new UsageError(`unknown subcommand ${JSON.stringify(sub)} (tokenize)`);
+  const o = parseOptions(rest, {
+    out: 'string', name: 'string', 'shard-tokens': { kind: 'positive', min: 2, max: 2 ** 31 - 1 }, 'val-tokens': { kind: 'count', max: 2 ** 31 - 1 }, field: 'string', help: 'boolean',
+  }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
-  if (!o.out || o._.length === 0) { console.error(`nodetron data tokenize: give input files and --out DIR\n\n${usage}`); return 2; }
+  if (o._.length === 0) throw new UsageError('give the input files or directories');
+  if (!o.out) throw new UsageError('give the output directory with --out DIR');
   const tty = process.stderr.isTTY;
   let lastLine = 0;
   const summary = await tokenize(o._, {

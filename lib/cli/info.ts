@@ -1,13 +1,17 @@
 // `nodetron info [--json]`: what this installation can do, and why not where it cannot.
 import { info } from '../info.js';
+import { expectPositionals, parseOptions } from './args.js';
 
+/** `nodetron info [--json]`; returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
-  if (argv.includes('--help')) {
+  const o = parseOptions(argv, { json: 'boolean', help: 'boolean' }, { h: 'help' });
+  if (o.help) {
     console.log('usage: nodetron info [--json]');
     return 0;
   }
+  expectPositionals(o, 'nothing', 0);
   const i = info();
-  if (argv.includes('--json')) {
+  if (o.json) {
     console.log(JSON.stringify(i, null, 2));
     return 0;
   }

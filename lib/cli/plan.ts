@@ -1,15 +1,19 @@
 // `nodetron plan`: ranked training layouts for a model on N devices (per-rank memory, fit, predicted
 // step time, the launch command), and `--calibrate`: predicted against measured peak memory on this machine.
 import { cpus } from 'node:os';
-import { ArgumentError } from '../errors.js';
-import { parseOptions, printTable, writeJson, machineRecord } from '../bench/util.js';
+import { ArgumentError, UsageError } from '../errors.js';
+import { printTable, writeJson, machineRecord } from '../bench/util.js';
+import { expectPositionals, parseOptions } from './args.js';
 import { matmul } from '../ops/index.js';
 import { randn } from '../creation.js';
 import { scope } from '../memory.js';
 import { resolveModel, totalParams } from '../plan/models.js';
 import { planLayouts, type PlanCandidate } from '../plan/planner.js';
 import { busBwFromJson, gemmFlopsFromJson, resolveDevice, type PlanDevice } from '../plan/time.js';
-import { calibrateLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE } from '../plan/calibrate.js';
+import { calibrateLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE, parseLayoutSpec } from '../plan/calibrate.js';
+
+/** The most ranks one `--calibrate` layout may start on this machine. */
+const MAX_CALIBRATION_RANKS = 16;
 
 const usage = `usage: nodetron plan --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|7b|13b|70b|config.json --gpus N [options]
   --gpu-memory M       memory per device: 80G, 40GiB, 24000M (default: the --gpu's)
@@ -27,7 +31,9 @@ const usage = `usage: nodetron plan --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|
 export function parseMemory(text: string): number {
   const m = /^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$/i.exec(text.trim());
   if (!m) throw new ArgumentError(`plan: cannot read --gpu-memory ${JSON.stringify(text)} (e.g. 80G, 40GiB, 24000M)`);
-  return Number(m[1]) * 1024 ** ' KMGT'.indexOf((m[2] || ' ').toUpperCase());
+  const bytes = Number(m[1]) * 1024 ** ' KMGT'.indexOf((m[2] || ' ').toUpperCase());
+  if (!(bytes >= 2 ** 20) || bytes > 2 ** 50) throw new ArgumentError(`plan: --gpu-memory ${JSON.stringify(text)} is not a device's memory (1M to 1024T)`);
+  return bytes;
 }
 
 const gib = (b: number) => (b / 2 ** 30).toFixed(2);
@@ -53,7 +59,14 @@ function cpuDevice(o: Record<string, unknown>): PlanDevice {
 }
 
 async function calibrate(o: Record<string, unknown>): Promise<number> {
-  const layouts = o.layouts ? String(o.layouts).split(';') : DEFAULT_CALIBRATION_LAYOUTS;
+  const layouts = o.layouts ? String(o.layouts).split(';').map((l) => l.trim()).filter(Boolean) : DEFAULT_CALIBRATION_LAYOUTS;
+  if (layouts.length === 0) throw new UsageError('--layouts needs at least one layout, e.g. "dp2;tp2,sp"');
+  // Every layout is checked before the first one runs (each starts its ranks as processes on this machine).
+  for (const l of layouts) {
+    const p = parseLayoutSpec(l);
+    const ranks = p.dp * p.tp * p.pp;
+    if (ranks > MAX_CALIBRATION_RANKS) throw new UsageError(`--layouts ${JSON.stringify(l)} needs ${ranks} ranks; calibration runs them as processes here, at most ${MAX_CALIBRATION_RANKS}`);
+  }
   const rows = [];
   for (const l of layouts) rows.push(await calibrateLayout(l));
   console.log(`\ncalibration: GPT ${CALIBRATION_SHAPE.layers} layers, width ${CALIBRATION_SHAPE.width}, ${CALIBRATION_SHAPE.heads} heads, ctx ${CALIBRATION_SHAPE.ctx}, batch ${CALIBRATION_SHAPE.batch}, vocab ${CALIBRATION_SHAPE.vocab} (f32, cpu)`);
@@ -65,32 +78,22 @@ async function calibrate(o: Record<string, unknown>): Promise<number> {
   return 0;
 }
 
+/** `nodetron plan ...`; returns the exit code (usage errors are thrown as UsageError). */
 export async function main(argv: string[]): Promise<number> {
-  try { return await run(argv); } catch (e) {
-    if (!(e instanceof ArgumentError)) throw e;
-    console.error(`nodetron plan: ${e.message}`);
-    return 2;
-  }
-}
-
-async function run(argv: string[]): Promise<number> {
-  let o;
-  try {
-    o = parseOptions(argv, {
-      model: 'string', gpus: 'number', 'gpu-memory': 'string', nodes: 'number', seq: 'number', batch: 'number', 'micro-batch-size': 'number',
-      dtype: 'string', gpu: 'string', 'gemm-json': 'string', 'comm-json': 'string', top: 'number', json: 'string', calibrate: 'boolean', layouts: 'string', help: 'boolean',
-    });
-  } catch (e) {
-    if (!(e instanceof ArgumentError)) throw e;
-    console.error(`nodetron plan: ${e.message}\n\n${usage}`);
-    return 2;
-  }
+  // Counts have generous but finite bounds: a typo (--gpus 80000000) is an error, not an hours-long enumeration.
+  const o = parseOptions(argv, {
+    model: 'string', gpus: { kind: 'positive', max: 1 << 20 }, 'gpu-memory': 'string', nodes: { kind: 'positive', max: 1 << 16 }, seq: { kind: 'positive', max: 1 << 24 },
+    batch: { kind: 'positive', max: 1 << 30 }, 'micro-batch-size': { kind: 'positive', max: 1 << 20 }, dtype: { kind: 'string', choices: ['bf16', 'f32'] }, gpu: 'string',
+    'gemm-json': 'infile', 'comm-json': 'infile', top: 'positive', json: 'outfile', calibrate: 'boolean', layouts: 'string', help: 'boolean',
+  }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
+  expectPositionals(o, 'nothing', 0);
   if (o.calibrate) return calibrate(o);
-  if (!o.model || o.gpus === undefined) { console.error(`nodetron plan: give --model and --gpus\n\n${usage}`); return 2; }
+  if (!o.model) throw new UsageError('give --model (gpt2, gpt2-medium, gpt2-large, gpt2-xl, 7b, 13b, 70b or a config.json)');
+  if (o.gpus === undefined) throw new UsageError('give --gpus N, the total number of devices');
+  if (o.nodes !== undefined && (o.gpus as number) % (o.nodes as number) !== 0) throw new UsageError(`--gpus ${o.gpus} must be a multiple of --nodes ${o.nodes}`);
   const model = resolveModel(o.model as string);
-  const dtype = (o.dtype as string | undefined) ?? 'bf16';
-  if (dtype !== 'bf16' && dtype !== 'f32') throw new ArgumentError(`plan: --dtype must be bf16 or f32, got ${dtype}`);
+  const dtype = ((o.dtype as string | undefined) ?? 'bf16') as 'bf16' | 'f32';
   const gpuName = (o.gpu as string | undefined) ?? 'h100';
   const device = gpuName === 'cpu' ? cpuDevice(o) : resolveDevice(gpuName);
   if (gpuName !== 'cpu' && o['gemm-json']) device.peakFlops[dtype] = gemmFlopsFromJson(o['gemm-json'] as string), device.efficiency = 1;

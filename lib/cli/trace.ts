@@ -3,7 +3,10 @@
 // rank shifted by the clock offset it measured at init, one process per rank, named tracks.
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { existsSync, statSync } from 'node:fs';
 import { TRACKS } from '../distributed/trace.js';
+import { ArgumentError, UsageError } from '../errors.js';
+import { expectPositionals, parseOptions } from './args.js';
 
 interface RankTrace {
   traceEvents: Array<{ ts: number; pid: number; tid: number; ph: string; [k: string]: unknown }>;
@@ -12,9 +15,17 @@ interface RankTrace {
 
 /** The merged trace of every `rank-R.trace.json` in `dir`. */
 export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents']; displayTimeUnit: string; otherData: Record<string, unknown> } {
+  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new ArgumentError(`${dir} is not a directory (give the NODETRON_TRACE=DIR of a traced job)`);
   const files = readdirSync(dir).filter((f) => /^rank-\d+\.trace\.json$/.test(f));
-  if (files.length === 0) throw new Error(`no rank-R.trace.json in ${dir} (run the job with NODETRON_TRACE=${dir})`);
-  const traces = files.map((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')) as RankTrace).sort((a, b) => a.otherData.rank - b.otherData.rank);
+  if (files.length === 0) throw new ArgumentError(`no rank-R.trace.json in ${dir} (run the job with NODETRON_TRACE=${dir})`);
+  const traces = files.map((f) => {
+    let t: RankTrace;
+    try { t = JSON.parse(readFileSync(join(dir, f), 'utf8')) as RankTrace; } catch (e) { throw new ArgumentError(`${join(dir, f)} is not a trace: ${(e as Error).message}`); }
+    if (!t || !Array.isArray(t.traceEvents) || typeof t.otherData?.rank !== 'number' || typeof t.otherData.clockOffsetUs !== 'number') {
+      throw new ArgumentError(`${join(dir, f)} is not a nodetron rank trace (traceEvents and otherData.rank, clockOffsetUs)`);
+    }
+    return t;
+  }).sort((a, b) => a.otherData.rank - b.otherData.rank);
   let t0 = Infinity;
   for (const t of traces) for (const e of t.traceEvents) t0 = Math.min(t0, e.ts + t.otherData.clockOffsetUs);
   const out: RankTrace['traceEvents'] = [];
@@ -33,14 +44,18 @@ export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents'
   };
 }
 
+const usage = 'usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]\n  joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing';
+
+/** `nodetron trace merge DIR [--out F]`; returns the exit code (usage errors are thrown as UsageError). */
 export async function main(argv: string[]): Promise<number> {
-  const [sub, dir, ...rest] = argv;
-  if (sub !== 'merge' || !dir || argv.includes('--help')) {
-    console.log('usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]\n  joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing');
-    return argv.includes('--help') ? 0 : 2;
-  }
-  const o = rest.indexOf('--out');
-  const file = o >= 0 && rest[o + 1] ? rest[o + 1]! : join(dir, 'merged.trace.json');
+  const [sub, ...rest] = argv;
+  if (sub === '--help' || sub === '-h') { console.log(usage); return 0; }
+  if (sub === undefined) throw new UsageError('missing subcommand (merge)');
+  if (sub !== 'merge') throw new UsageError(`unknown subcommand ${JSON.stringify(sub)} (merge)`);
+  const o = parseOptions(rest, { out: 'outfile', help: 'boolean' }, { h: 'help' });
+  if (o.help) { console.log(usage); return 0; }
+  const [dir] = expectPositionals(o, 'the trace directory DIR', 1) as [string];
+  const file = (o.out as string | undefined) ?? join(dir, 'merged.trace.json');
   const merged = mergeTraces(dir);
   writeFileSync(file, JSON.stringify(merged));
   console.log(`${file}: ${merged.traceEvents.length} events from rank(s) ${(merged.otherData.ranks as number[]).join(', ')}`);

@@ -1,9 +1,9 @@
 // CUDA streams and events for TypeScript: the current stream per device, new streams, events to
 // order streams without blocking the host, and timing. Thin handles over the cuda addon's ids.
 import { type DeviceLike, parseDevice } from '../device.js';
-import { DeviceError, StateError } from '../errors.js';
+import { ArgumentError, DeviceError, StateError } from '../errors.js';
 import { cuda } from '../native.js';
-import type { Tensor } from '../tensor.js';
+import { checkTensor, type Tensor } from '../tensor.js';
 
 function cudaIndex(device: DeviceLike | undefined, call: string): number {
   const dev = parseDevice(device ?? 'cuda', call);
@@ -132,6 +132,8 @@ export function withStream<T>(stream: Stream, fn: () => T | Promise<T>): T | Pro
  * nothing more (streamDestroy synchronizes it first).
  */
 export function recordStream(tensor: Tensor, stream: Stream): void {
+  checkTensor(tensor, 'recordStream', 'tensor');
+  if (!(stream instanceof Stream)) throw new ArgumentError(`recordStream: stream must be an nt.cuda.Stream, got ${stream === null ? 'null' : typeof stream}`);
   const dev = tensor.deviceInfo;
   if (dev.type !== 'cuda') throw new DeviceError(`recordStream: the tensor is on ${dev.name}, not a cuda device`);
   if (dev.index !== stream.device) throw new DeviceError(`recordStream: the tensor is on ${dev.name}, the stream on cuda:${stream.device}`);

@@ -102,6 +102,7 @@ export class TokenLoader {
   #order: Uint32Array | null = null;
 
   constructor(opts: TokenLoaderOptions) {
+    if (opts === null || typeof opts !== 'object') throw new ArgumentError(`TokenLoader: options must be an object { files, batchSize, seqLen, ... }, got ${opts === null ? 'null' : typeof opts}`);
     const { files, batchSize, seqLen } = opts;
     this.seed = opts.seed ?? 0;
     this.dpRank = opts.dpRank ?? 0;
@@ -223,6 +224,9 @@ export class TokenLoader {
 
 /** A seeded permutation of [0, n) (Fisher–Yates over a 32-bit mixing generator of seed and epoch). */
 export function permutation(n: number, seed: number, epoch: number): Uint32Array {
+  if (!Number.isSafeInteger(n) || n < 0 || n >= 2 ** 32) throw new ArgumentError(`permutation: n must be an integer in [0, 2^32), got ${String(n)}`);
+  if (!Number.isSafeInteger(seed) || seed < 0) throw new ArgumentError(`permutation: seed must be an integer >= 0, got ${String(seed)}`);
+  if (!Number.isSafeInteger(epoch) || epoch < 0) throw new ArgumentError(`permutation: epoch must be an integer >= 0, got ${String(epoch)}`);
   const out = new Uint32Array(n);
   for (let i = 0; i < n; i++) out[i] = i;
   let state = (Math.imul(seed ^ 0x5bd1e995, 0x9e3779b1) ^ Math.imul(epoch + 1, 0x85ebca6b) ^ Math.floor(seed / 2 ** 32)) >>> 0;

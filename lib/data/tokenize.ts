@@ -63,6 +63,7 @@ export interface TokenizeSummary {
 
 /** The input files: files as given, directories walked (sorted), keeping .txt and .jsonl. */
 export function listInputs(paths: string[]): string[] {
+  if (!Array.isArray(paths) || paths.some((p) => typeof p !== 'string')) throw new ArgumentError(`tokenize: the inputs must be an array of file or directory paths`);
   const out: string[] = [];
   const walk = (p: string, explicit: boolean) => {
     let st;
@@ -79,6 +80,9 @@ export function listInputs(paths: string[]): string[] {
 
 /** Tokenizes the inputs into shards under opts.out; returns (and writes as tokenize.json) a summary. */
 export async function tokenize(paths: string[], opts: TokenizeOptions): Promise<TokenizeSummary> {
+  if (opts === null || typeof opts !== 'object' || typeof opts.out !== 'string' || opts.out === '') {
+    throw new ArgumentError(`tokenize: options must give out, the output directory (a non-empty string)`);
+  }
   const name = opts.name ?? 'data', field = opts.field ?? 'text';
   const shardTokens = opts.shardTokens ?? 100_000_000, valTokens = opts.valTokens ?? 0;
   if (!(Number.isInteger(shardTokens) && shardTokens >= 2 && shardTokens < 2 ** 31)) throw new ArgumentError(`tokenize: --shard-tokens must be an integer in [2, 2^31), got ${shardTokens}`);

@@ -10,7 +10,7 @@ export const REDUCE_OP_CODES: Readonly<Record<ReduceOp, number>> = { sum: 0, avg
 
 export function parseReduceOp(op: unknown, call: string): ReduceOp {
   if (op === undefined) return 'sum';
-  if (typeof op !== 'string' || !(op in REDUCE_OP_CODES)) {
+  if (typeof op !== 'string' || !Object.hasOwn(REDUCE_OP_CODES, op)) {
     throw new ArgumentError(`${call}: op must be one of ${Object.keys(REDUCE_OP_CODES).join(', ')}, got ${String(op)}`);
   }
   return op as ReduceOp;

@@ -9,7 +9,7 @@
 import { existsSync, fsyncSync, mkdirSync, openSync, closeSync, readFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
-import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
 import { SafetensorsFile, type SafetensorsDType, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { fmtShape, sameShape } from '../shape.js';
@@ -73,6 +73,8 @@ export function isConv1D(name: string): boolean {
 
 /** The config.json of a GPT2LMHeadModel holding this GPT config, with its tensors saved as `dtype`. */
 export function hfConfig(c: Readonly<GPTConfig>, dtype: HFDType = 'f32'): Record<string, unknown> {
+  if (dtype !== 'f32' && dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`hfConfig: dtype must be f32, bf16 or f16, got ${String(dtype)}`);
+  if (c === null || typeof c !== 'object') throw new ArgumentError(`hfConfig: config must be a GPT config object`);
   const eot = c.vocabSize > GPT2_EOT ? GPT2_EOT : null;
   return {
     activation_function: 'gelu_new',
@@ -227,11 +229,14 @@ const BUFFER = /^h\.\d+\.attn\.(bias|masked_bias)$/;
  */
 export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
   if (typeof dir !== 'string' || dir === '') throw new ArgumentError(`importHF: dir must be a non-empty path`);
+  if (opts === null || typeof opts !== 'object') throw new ArgumentError(`importHF: options must be an object like { dtype: 'bf16' }`);
+  // Options are checked before any file is read.
+  const dtype = parseDType(opts.dtype ?? 'f32', 'importHF');
+  if (dtype !== 'f32' && dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`importHF: dtype must be f32, bf16 or f16, got ${dtype}`);
   const configPath = join(dir, 'config.json');
   if (!existsSync(configPath)) throw new StateError(`importHF: ${dir} has no config.json`);
   const raw = readJSON(configPath) as Record<string, unknown>;
   const config = configFromHF(raw, configPath, opts.dropout);
-  const dtype = parseDType(opts.dtype ?? 'f32', 'importHF');
   const ckpt = new Checkpoint(dir);
   try {
     // Stored name → the name without its prefix; two spellings of one tensor are refused.

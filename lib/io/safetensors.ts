@@ -60,9 +60,9 @@ export function encodeHeader(tensors: readonly Omit<SafetensorsTensor, 'data'>[]
   tensors.forEach((t, i) => {
     if (!t.name || t.name === '__metadata__' || seen.has(t.name)) throw new ArgumentError(`safetensors: tensor name ${JSON.stringify(t.name)} is empty, reserved or repeated`);
     seen.add(t.name);
-    const size = SAFETENSORS_DTYPES[t.dtype];
-    if (size === undefined) throw new ArgumentError(`safetensors: unknown dtype ${String(t.dtype)} for '${t.name}'`);
-    if (!t.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new ArgumentError(`safetensors: '${t.name}' has a bad shape [${t.shape.join(', ')}]`);
+    const size = typeof t.dtype === 'string' && Object.hasOwn(SAFETENSORS_DTYPES, t.dtype) ? SAFETENSORS_DTYPES[t.dtype] : undefined;
+    if (size === undefined) throw new ArgumentError(`safetensors: unknown dtype ${JSON.stringify(t.dtype)} for '${t.name}' (${Object.keys(SAFETENSORS_DTYPES).join(', ')})`);
+    if (!Array.isArray(t.shape) || !t.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new ArgumentError(`safetensors: '${t.name}' has a bad shape [${t.shape.join(', ')}]`);
     const expect = elementsOf(t.shape) * size;
     if (byteLengths[i] !== expect) throw new ArgumentError(`safetensors: '${t.name}' has ${byteLengths[i]} bytes, its shape [${t.shape.join(', ')}] of ${t.dtype} needs ${expect}`);
     json[t.name] = { dtype: t.dtype, shape: [...t.shape], data_offsets: [at, at + expect] };
@@ -85,6 +85,11 @@ const bytesOf = (v: ArrayBufferView) => new Uint8Array(v.buffer, v.byteOffset, v
  * true). Returns the file's size.
  */
 export function writeSafetensors(path: string, tensors: readonly SafetensorsTensor[], metadata: Record<string, string> = {}, { sync = true } = {}): number {
+  if (typeof path !== 'string' || path === '') throw new ArgumentError(`safetensors: path must be a non-empty string, got ${typeof path}`);
+  if (!Array.isArray(tensors)) throw new ArgumentError(`safetensors: tensors must be an array of { name, dtype, shape, data }`);
+  tensors.forEach((t, i) => {
+    if (t === null || typeof t !== 'object' || !ArrayBuffer.isView(t.data)) throw new ArgumentError(`safetensors: tensor ${i} must be { name, dtype, shape, data: a typed array }`);
+  });
   const { header } = encodeHeader(tensors, tensors.map((t) => t.data.byteLength), metadata);
   const fd = openSync(path, 'w');
   try {
@@ -122,7 +127,7 @@ export function readHeaderFd(fd: number, what: string): SafetensorsHeader {
     }
     const e = v as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     const dtype = e?.dtype as SafetensorsDType;
-    if (typeof dtype !== 'string' || !(dtype in SAFETENSORS_DTYPES)) throw new StateError(`${what}: tensor '${name}' has an unknown dtype ${JSON.stringify(e?.dtype)}`);
+    if (typeof dtype !== 'string' || !Object.hasOwn(SAFETENSORS_DTYPES, dtype)) throw new StateError(`${what}: tensor '${name}' has an unknown dtype ${JSON.stringify(e?.dtype)}`);
     const shape = e.shape;
     if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) throw new StateError(`${what}: tensor '${name}' has a bad shape`);
     const offs = e.data_offsets;
@@ -167,6 +172,7 @@ export class SafetensorsFile {
   }
 
   static open(path: string): SafetensorsFile {
+    if (typeof path !== 'string' || path === '') throw new ArgumentError(`safetensors: path must be a non-empty string, got ${typeof path}`);
     return new SafetensorsFile(path, openForReading(path, (reason) => `safetensors: cannot open ${path}: ${reason}`));
   }
 

@@ -112,9 +112,9 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
     if (flag in INT_OPTIONS) {
       const key = INT_OPTIONS[flag]!;
       const min = key === 'nnodes' || key === 'monitorIntervalMs' || key === 'masterPort' ? 1 : 0;
-      (o as unknown as Record<string, number>)[key] = parseInt10(flag, value, min, key === 'masterPort' ? 65535 : undefined);
+      (o as unknown as Record<string, number>)[key] = parseInt10(flag, value, min, key === 'masterPort' ? 65535 : key === 'nnodes' ? 65536 : undefined);
     } else if (flag === '--nproc-per-node') {
-      o.nprocPerNode = value === 'auto' ? 'auto' : parseInt10(flag, value, 1);
+      o.nprocPerNode = value === 'auto' ? 'auto' : parseInt10(flag, value, 1, 1024);
     } else if (flag === '--master-addr') {
       o.masterAddr = value;
     } else if (flag === '--rdzv') {
@@ -210,7 +210,9 @@ export async function main(argv: string[]): Promise<number> {
     parsed = parseLaunchArgs(argv);
   } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
-    console.error(`nodetron launch: ${e.message}\n\n${usage}`);
+    // One line and a hint, as every nodetron command prints a usage error (lib/cli.ts).
+    console.error(`nodetron launch: ${e.message}`);
+    console.error('run `nodetron launch --help` for usage');
     return 2;
   }
   if (parsed === 'help') {

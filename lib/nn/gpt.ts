@@ -460,6 +460,7 @@ export function sample(logits: Float32Array, temperature: number, topK: number |
 }
 
 function checkConfig(c: GPTConfig): GPTConfig {
+  if (c === null || typeof c !== 'object') throw new ArgumentError(`GPTConfig: the config must be an object { vocabSize, blockSize, nLayer, nHead, nEmbd, ... }, got ${c === null ? 'null' : typeof c}`);
   for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new ArgumentError(`GPTConfig: ${k} must be a positive integer, got ${c[k]}`);
   }

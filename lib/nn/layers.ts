@@ -1,7 +1,8 @@
 // The basic layers: Linear, Embedding, LayerNorm, Dropout (PyTorch layouts and default inits).
-import { ArgumentError } from '../errors.js';
+import { isFloating } from '../dtype.js';
+import { ArgumentError, DTypeError } from '../errors.js';
 import { dropout, embedding, layerNorm, linear, type DropoutOptions } from '../ops/index.js';
-import { type Generator, defaultGenerator } from '../random.js';
+import { checkGenerator, type Generator, defaultGenerator } from '../random.js';
 import { emptyOn, resolveOptions, type Tensor } from '../tensor.js';
 import { constant, normal, uniform } from './init.js';
 import { Module, Parameter } from './module.js';
@@ -24,6 +25,8 @@ function positiveInt(v: number, call: string, what: string): number {
 /** An uninitialized parameter of a shape, on the layer's device and dtype. */
 export function newParameter(shape: number[], opts: LayerOptions, call: string): Parameter {
   const { dtype, device } = resolveOptions(opts, call);
+  if (!isFloating(dtype)) throw new DTypeError(`${call}: parameters are floating point (f32, bf16, f16), not ${dtype}`);
+  if (opts.generator !== undefined) checkGenerator(opts.generator, call);
   return new Parameter(emptyOn(shape, dtype, device));
 }
 
@@ -121,6 +124,7 @@ export class Dropout extends Module {
   constructor(readonly p: number, readonly generator: Generator = defaultGenerator) {
     super();
     if (typeof p !== 'number' || !(p >= 0 && p < 1)) throw new ArgumentError(`Dropout: p must be in [0, 1), got ${p}`);
+    checkGenerator(generator, 'Dropout');
   }
   /** With `part`, x is part of a larger tensor and gets that part of the larger tensor's mask (see the dropout op). */
   forward(x: Tensor, part?: DropoutOptions['part']): Tensor {

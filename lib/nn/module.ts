@@ -1,8 +1,8 @@
 // Module and Parameter: named parameters found by walking a module's own fields (Parameters, Modules and
 // arrays of Modules, in assignment order), state dicts with strict checking, train/eval, dispose.
-import { ShapeError, StateError } from '../errors.js';
+import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { Tensor } from '../tensor.js';
+import { checkCanRequireGrad, checkTensor, Tensor } from '../tensor.js';
 
 /**
  * Where a parameter held in parts (a tensor-parallel slice) sits in the whole one: the local tensor is
@@ -24,6 +24,8 @@ export class Parameter extends Tensor {
 
   /** Takes over `data`'s storage (data is released; the parameter holds the only reference). */
   constructor(data: Tensor, split: TensorSplit | null = null) {
+    checkTensor(data, 'Parameter', 'data');
+    checkCanRequireGrad(data.dtype, 'Parameter');
     const ref = data.storageRef;
     ref.refs++;
     super(ref, data.shape, data.dtype);
@@ -101,13 +103,21 @@ export abstract class Module {
    * Copies values into the parameters by name (converting dtype and device as needed). Every problem
    * is collected and reported in one StateError (missing, unexpected) or ShapeError (misshaped).
    */
-  loadStateDict(sd: Record<string, Tensor>, { strict = true }: LoadStateDictOptions = {}): LoadStateDictResult {
+  loadStateDict(sd: Record<string, Tensor>, options: LoadStateDictOptions = {}): LoadStateDictResult {
+    const call = `${this.constructor.name}.loadStateDict`;
+    if (sd === null || typeof sd !== 'object' || Array.isArray(sd) || sd instanceof Tensor) {
+      throw new ArgumentError(`${call}: the state dict must be an object of name → Tensor (as stateDict() returns), got ${sd === null ? 'null' : Array.isArray(sd) ? 'an array' : sd instanceof Tensor ? 'a Tensor' : typeof sd}`);
+    }
+    if (options === null || typeof options !== 'object') throw new ArgumentError(`${call}: options must be an object like { strict: false }`);
+    const { strict = true } = options;
+    if (typeof strict !== 'boolean') throw new ArgumentError(`${call}: strict must be a boolean, got ${typeof strict}`);
+    for (const [name, t] of Object.entries(sd)) checkTensor(t, call, `'${name}'`);
     const own = new Map(this.namedParameters());
-    const missing = [...own.keys()].filter((k) => !(k in sd));
+    const missing = [...own.keys()].filter((k) => !Object.hasOwn(sd, k));
     const unexpected = Object.keys(sd).filter((k) => !own.has(k));
     const misshaped: string[] = [];
     for (const [name, p] of own) {
-      const t = sd[name];
+      const t = Object.hasOwn(sd, name) ? sd[name] : undefined;
       if (t && !sameShape(t.shape, p.shape)) misshaped.push(`${name} (expected ${fmtShape(p.shape)}, got ${fmtShape(t.shape)})`);
     }
     if (misshaped.length > 0) throw new ShapeError(`loadStateDict: shape mismatch for ${misshaped.join(', ')}`);
@@ -118,7 +128,7 @@ export abstract class Module {
       throw new StateError(`loadStateDict: ${parts.join('; ')}`);
     }
     for (const [name, p] of own) {
-      const src = sd[name];
+      const src = Object.hasOwn(sd, name) ? sd[name] : undefined;
       if (!src) continue;
       if (src.dtype === p.dtype && src.device === p.device) p.backend.copy(p.storage, 0, src.storage, 0, p.nbytes);
       else {
@@ -131,6 +141,7 @@ export abstract class Module {
 
   /** Sets training mode on this module and every submodule. */
   train(mode = true): this {
+    if (typeof mode !== 'boolean') throw new ArgumentError(`train: mode must be a boolean, got ${typeof mode}`);
     for (const [, m] of this.namedModules()) m.training = mode;
     return this;
   }

@@ -2,11 +2,11 @@
 // and dropout seeded from the Philox generator.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError } from '../errors.js';
-import { defaultGenerator, DRAW, Generator } from '../random.js';
+import { checkGenerator, defaultGenerator, DRAW, Generator } from '../random.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { BINARY, UNARY } from '../kernel-codes.js';
-import { checkFloats, code, emptyLike } from './common.js';
+import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { binaryRaw } from './elementwise.js';
 import { transpose } from './shape.js';
 
@@ -109,9 +109,11 @@ function fillMask(mask: Tensor, keepProb: number, gen: Generator, part: DropoutO
  */
 export function dropout(x: Tensor, p: number, opts: DropoutOptions = {}): Tensor {
   checkFloats('dropout', { x });
-  if (typeof p !== 'number' || !(p >= 0 && p <= 1)) throw new ArgumentError(`dropout: p must be in [0, 1], got ${p}`);
+  // p = 1 would scale the (all-zero) result by 1/0.
+  if (typeof p !== 'number' || !(p >= 0 && p < 1)) throw new ArgumentError(`dropout: p must be a number in [0, 1), got ${typeof p === 'number' ? p : typeof p}`);
+  checkOptions('dropout', opts, { training: 'boolean', generator: 'any', seed: 'any', part: 'any' });
+  const gen = opts.generator !== undefined ? checkGenerator(opts.generator, 'dropout') : opts.seed !== undefined ? new Generator(opts.seed) : defaultGenerator;
   if (opts.training === false || p === 0) return x;
-  const gen = opts.generator ?? (opts.seed !== undefined ? new Generator(opts.seed) : defaultGenerator);
   const keepProb = 1 - p;
   const mask = emptyLike(x);
   try {

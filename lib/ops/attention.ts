@@ -4,7 +4,7 @@ import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { checkFloats, code, emptyLike } from './common.js';
+import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 
 /** Options of {@link attention}. */
 export interface AttentionOptions {
@@ -27,6 +27,7 @@ function bmm(out: Tensor, a: Tensor, b: Tensor, batch: number, m: number, n: num
  */
 export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): Tensor {
   checkFloats('attention', { q, k, v });
+  checkOptions('attention', opts, { causal: 'boolean', window: 'integer', scale: 'number' });
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new ShapeError(`attention: q, k, v must be [B, H, T, D], got ${fmtShape(q.shape)}, ${fmtShape(k.shape)}, ${fmtShape(v.shape)}`);
   const [B, H, T, D] = q.shape as [number, number, number, number];
   const Tk = k.shape[2]!;

@@ -1,7 +1,7 @@
 // Argument checks and allocation shared by the ops: every op validates its tensors here so that
 // bad input becomes the same typed error everywhere, before any native call.
 import { dtypeCode, isFloating } from '../dtype.js';
-import { DTypeError } from '../errors.js';
+import { ArgumentError, DTypeError } from '../errors.js';
 import { checkSameDevice, checkTensor, emptyOn, type Tensor } from '../tensor.js';
 
 /**
@@ -51,4 +51,33 @@ export function dimsProduct(shape: readonly number[], from = 0, to = shape.lengt
   let n = 1;
   for (let i = from; i < to; i++) n *= shape[i]!;
   return n;
+}
+
+/** What an option of an op may hold: a boolean, a finite number, an integer, or anything (checked by the op). */
+export type OptionKind = 'boolean' | 'number' | 'integer' | 'any';
+
+/**
+ * Checks an op's options argument: undefined or an object whose keys the op knows, each of its kind.
+ * Returns the options ({} for undefined). Every op with options calls this first, so a typo
+ * (`{ keepDim: true }`) or a wrong type is an ArgumentError naming the op, the option and what is allowed.
+ */
+export function checkOptions<T extends object>(call: string, opts: T | undefined, spec: Readonly<Record<string, OptionKind>>): T {
+  if (opts === undefined) return {} as T;
+  if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) {
+    throw new ArgumentError(`${call}: options must be an object (${Object.keys(spec).join(', ')}), got ${opts === null ? 'null' : Array.isArray(opts) ? 'an array' : typeof opts}`);
+  }
+  for (const [k, v] of Object.entries(opts)) {
+    const kind = Object.hasOwn(spec, k) ? spec[k] : undefined;
+    if (kind === undefined) throw new ArgumentError(`${call}: unknown option ${JSON.stringify(k)} (options: ${Object.keys(spec).join(', ')})`);
+    if (v === undefined || kind === 'any') continue;
+    if (kind === 'boolean' && typeof v !== 'boolean') throw new ArgumentError(`${call}: option ${k} must be a boolean, got ${typeof v}`);
+    if (kind === 'number' && (typeof v !== 'number' || !Number.isFinite(v))) throw new ArgumentError(`${call}: option ${k} must be a finite number, got ${String(v)}`);
+    if (kind === 'integer' && !Number.isSafeInteger(v)) throw new ArgumentError(`${call}: option ${k} must be an integer, got ${String(v)}`);
+  }
+  return opts;
+}
+
+/** Checks an optional dimension argument (undefined or a number; the range is checked against the rank by normDim). */
+export function checkDimArg(call: string, dim: unknown): void {
+  if (dim !== undefined && typeof dim !== 'number') throw new ArgumentError(`${call}: dim must be an integer, got ${typeof dim}`);
 }

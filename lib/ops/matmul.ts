@@ -5,7 +5,7 @@ import { dtypeCode } from '../dtype.js';
 import { ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { checkFloats, emptyLike } from './common.js';
+import { checkFloats, checkOptions, emptyLike } from './common.js';
 import { sumTo } from './elementwise.js';
 
 /** Options of {@link matmul}. */
@@ -84,6 +84,7 @@ export function gemmInto(out: Tensor, a: Tensor, b: Tensor, plan: GemmPlan, tran
 /** Matrix product without autograd: checks, plans and runs the GEMM. */
 export function matmulForward(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
   checkFloats('matmul', { a, b });
+  checkOptions('matmul', opts, MATMUL_OPTIONS);
   const transA = !!opts.transA, transB = !!opts.transB;
   const plan = planMatmul(a.shape, b.shape, transA, transB);
   const out = emptyLike(a, plan.outShape);
@@ -122,6 +123,8 @@ function emptyOn0(like: Tensor, zero: boolean): Tensor {
   if (zero) t.backend.fill(t.storage, dtypeCode(t.dtype), t.size, 0);
   return t;
 }
+
+const MATMUL_OPTIONS = { transA: 'boolean', transB: 'boolean', alpha: 'number' } as const;
 
 /** Matrix product a @ b (2-D, batched, or with a shared operand; optional transposes and scale). */
 export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {

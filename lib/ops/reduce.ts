@@ -4,7 +4,7 @@ import { alias, needsGrad, own, record } from '../autograd/engine.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { UNARY } from '../kernel-codes.js';
-import { checkFloats, code, dimsProduct, emptyLike } from './common.js';
+import { checkDimArg, checkFloats, checkOptions, code, dimsProduct, emptyLike } from './common.js';
 import { sumTo, unaryRaw } from './elementwise.js';
 
 /** Options of {@link sum}, {@link mean} and {@link max}. */
@@ -46,6 +46,8 @@ function contiguous(shape: readonly number[]): Int32Array {
 
 function sumLike(call: string, x: Tensor, dim: number | undefined, opts: ReduceOptions, mean: boolean): Tensor {
   checkFloats(call, { x });
+  checkDimArg(call, dim);
+  checkOptions(call, opts, { keepdim: 'boolean' });
   const { keep, out: outShape } = reducedShapes(x, dim, !!opts.keepdim, call);
   const count = x.size / Math.max(dimsProduct(keep), 1);
   const summed = sumTo(x, keep);
@@ -70,6 +72,8 @@ export function mean(x: Tensor, dim?: number, opts: ReduceOptions = {}): Tensor 
 /** Maximum of all elements, or over `dim`; the gradient flows to the first maximal element. */
 export function max(x: Tensor, dim?: number, opts: ReduceOptions = {}): Tensor {
   checkFloats('max', { x });
+  checkDimArg('max', dim);
+  checkOptions('max', opts, { keepdim: 'boolean' });
   const d = dim === undefined ? undefined : normDim(dim, x.ndim, 'max');
   const { out: outShape } = reducedShapes(x, d, !!opts.keepdim, 'max');
   const outer = d === undefined ? 1 : dimsProduct(x.shape, 0, d);

@@ -1,6 +1,6 @@
 // AdamW (Loshchilov & Hutter): Adam with decoupled weight decay, one fused native call per group.
 import type { Tensor } from '../tensor.js';
-import { Optimizer, type ParamsInput } from './optimizer.js';
+import { Optimizer, type ParamsInput, withDefaults } from './optimizer.js';
 
 /** Hyperparameters of {@link AdamW}. */
 export interface AdamWOptions {
@@ -22,7 +22,7 @@ export class AdamW extends Optimizer<AdamWOptions> {
   gradScale = 1;
 
   constructor(params: ParamsInput<AdamWOptions>, options: Partial<AdamWOptions> = {}) {
-    super(params, { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, ...options }, 'AdamW');
+    super(params, withDefaults<AdamWOptions>('AdamW', { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01 }, options), 'AdamW');
   }
 
   /** One fused native AdamW call per group of parameters at the same step. */

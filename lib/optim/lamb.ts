@@ -2,7 +2,7 @@
 // trust ratio ||p|| / ||update||, one fused native call per group.
 import type { Tensor } from '../tensor.js';
 import { byNextStep } from './adamw.js';
-import { Optimizer, type ParamsInput } from './optimizer.js';
+import { Optimizer, type ParamsInput, withDefaults } from './optimizer.js';
 
 /** Hyperparameters of {@link Lamb}. */
 export interface LambOptions {
@@ -28,7 +28,7 @@ export class Lamb extends Optimizer<LambOptions> {
   readonly lastTrustRatios = new Map<Tensor, number>();
 
   constructor(params: ParamsInput<LambOptions>, options: Partial<LambOptions> = {}) {
-    super(params, { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-6, weightDecay: 0.01, biasCorrection: true, ...options }, 'Lamb');
+    super(params, withDefaults<LambOptions>('Lamb', { lr: 1e-3, betas: [0.9, 0.999], eps: 1e-6, weightDecay: 0.01, biasCorrection: true }, options), 'Lamb');
   }
 
   /** One fused native LAMB call per group of parameters at the same step; records the trust ratios. */

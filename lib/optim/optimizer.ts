@@ -1,10 +1,10 @@
 // The optimizer base: parameter groups with per-group hyperparameters, per-parameter state held in
 // tensors (so ZeRO can shard it and checkpoints can save it), zeroGrad, stateDict/loadStateDict.
 import { dtypeCode } from '../dtype.js';
-import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
 import { keep } from '../memory.js';
 import type { NativeStorage } from '../native.js';
-import { emptyOn, Tensor } from '../tensor.js';
+import { checkTensor, emptyOn, Tensor } from '../tensor.js';
 
 /** A set of parameters sharing hyperparameters (e.g. no weight decay for biases and norms). */
 export interface ParamGroup<H> {
@@ -72,20 +72,32 @@ export abstract class Optimizer<H extends { lr: number }> {
    * @param call The subclass's name, for error messages.
    */
   constructor(params: ParamsInput<H>, readonly defaults: H, call: string) {
+    if (params === null || typeof params !== 'object' || typeof (params as Iterable<unknown>)[Symbol.iterator] !== 'function') {
+      throw new ArgumentError(`${call}: params must be an iterable of Tensors or an array of groups { params, ...options }, got ${params === null ? 'null' : typeof params}`);
+    }
     const list = Array.from(params as Iterable<unknown>);
     if (list.length === 0) throw new ArgumentError(`${call}: got an empty parameter list`);
+    const known = Object.keys(defaults);
     const grouped = list.every((g) => g !== null && typeof g === 'object' && !(g instanceof Tensor) && 'params' in (g as object));
     const groups = grouped
-      ? (list as Array<{ params: Iterable<Tensor> } & Partial<H>>).map(({ params: ps, ...over }) => ({ params: Array.from(ps), options: { ...defaults, ...over } as H }))
+      ? (list as Array<{ params: Iterable<Tensor> } & Partial<H>>).map(({ params: ps, ...over }, i) => {
+        for (const k of Object.keys(over)) if (!known.includes(k)) throw new ArgumentError(`${call}: group ${i} has unknown option ${JSON.stringify(k)} (options: ${known.join(', ')})`);
+        if (ps === null || typeof ps !== 'object' || typeof (ps as Iterable<unknown>)[Symbol.iterator] !== 'function') throw new ArgumentError(`${call}: group ${i}'s params must be an iterable of Tensors`);
+        const groupParams = Array.from(ps);
+        if (groupParams.length === 0) throw new ArgumentError(`${call}: group ${i} has no parameters`);
+        return { params: groupParams, options: { ...defaults, ...over } as H };
+      })
       : [{ params: list as Tensor[], options: { ...defaults } }];
     const seen = new Set<Tensor>();
     for (const g of groups) {
       for (const p of g.params) {
-        if (!(p instanceof Tensor)) throw new ArgumentError(`${call}: parameters must be Tensors`);
+        if (!(p instanceof Tensor)) throw new ArgumentError(`${call}: parameters must be Tensors, got ${p === null ? 'null' : typeof p}`);
+        checkTensor(p, call, 'parameter');
+        if (p.dtype !== 'f32' && p.dtype !== 'bf16' && p.dtype !== 'f16') throw new DTypeError(`${call}: parameter ${p.describe()} is not floating point (f32, bf16, f16); integer tensors have no gradient to follow`);
         if (seen.has(p)) throw new ArgumentError(`${call}: parameter ${p.describe()} appears more than once`);
         seen.add(p);
       }
-      checkHyper(g.options, call);
+      checkHyper(g.options, call, defaults);
     }
     this.paramGroups = groups;
   }
@@ -164,18 +176,36 @@ export abstract class Optimizer<H extends { lr: number }> {
   /** Restores hyperparameters and state (copied in); shapes and counts must match. */
   loadStateDict(sd: OptimizerStateDict): void {
     const all = this.paramGroups.flatMap((g) => g.params);
+    const call = `${this.constructor.name}.loadStateDict`;
+    if (sd === null || typeof sd !== 'object' || Array.isArray(sd) || !Array.isArray(sd.groups) || !Array.isArray(sd.state)) {
+      throw new StateError(`${call}: not an optimizer state dict: expected { groups: [...], state: [...] } as stateDict() returns, got ${sd === null ? 'null' : Array.isArray(sd) ? 'an array' : typeof sd === 'object' ? `an object with keys [${Object.keys(sd).join(', ')}]` : typeof sd}`);
+    }
     if (sd.groups.length !== this.paramGroups.length || sd.state.length !== all.length) {
       throw new StateError(`loadStateDict: the state has ${sd.groups.length} groups and ${sd.state.length} parameters, the optimizer ${this.paramGroups.length} and ${all.length}`);
     }
+    // Everything is checked before anything changes: a bad state dict leaves the optimizer as it was.
+    sd.groups.forEach((g, i) => {
+      if (g === null || typeof g !== 'object' || Array.isArray(g)) throw new StateError(`${call}: group ${i} must be an object of hyperparameters, got ${g === null ? 'null' : typeof g}`);
+      const own = this.paramGroups[i]!.options as Record<string, unknown>;
+      for (const k of Object.keys(g)) if (!Object.hasOwn(own, k)) throw new StateError(`${call}: group ${i} has unknown hyperparameter ${JSON.stringify(k)} (this optimizer's: ${Object.keys(own).join(', ')})`);
+      checkHyper({ ...own, ...g }, `${call}: group ${i}`, this.defaults);
+    });
     sd.state.forEach((entry, i) => {
+      if (entry === null) return;
+      if (typeof entry !== 'object' || entry.tensors === null || typeof entry.tensors !== 'object') {
+        throw new StateError(`${call}: state ${i} must be null or { step, tensors }, got ${typeof entry === 'object' ? `keys [${Object.keys(entry).join(', ')}]` : typeof entry}`);
+      }
+      if (!Number.isSafeInteger(entry.step) || entry.step < 0) throw new StateError(`${call}: state ${i} has step ${String(entry.step)}; a step is an integer >= 0`);
       const p = all[i]!;
-      if (entry === null) { this.dropState(p); return; }
       for (const name of this.stateNames) {
         const t = entry.tensors[name];
-        if (!t) throw new StateError(`loadStateDict: parameter ${i} lacks state '${name}'`);
-        if (t.size !== p.size) throw new ShapeError(`loadStateDict: state '${name}' of parameter ${i} has ${t.size} elements, the parameter ${p.size}`);
+        if (t === undefined || t === null) throw new StateError(`${call}: parameter ${i} lacks state '${name}'`);
+        checkTensor(t, call, `state '${name}' of parameter ${i}`);
+        if (!(t.dtype === 'f32' || t.dtype === 'bf16' || t.dtype === 'f16')) throw new DTypeError(`${call}: state '${name}' of parameter ${i} is ${t.dtype}; optimizer state is floating point`);
+        if (t.size !== p.size) throw new ShapeError(`${call}: state '${name}' of parameter ${i} has ${t.size} elements, the parameter ${p.size}`);
       }
     });
+    sd.state.forEach((entry, i) => { if (entry === null) this.dropState(all[i]!); });
     this.paramGroups.forEach((g, i) => Object.assign(g.options, sd.groups[i]));
     sd.state.forEach((entry, i) => {
       if (entry === null) return;
@@ -207,14 +237,38 @@ export abstract class Optimizer<H extends { lr: number }> {
   }
 }
 
-function checkHyper(options: object, call: string): void {
+/**
+ * Checks a subclass's options argument (an object whose keys the optimizer knows, values of the
+ * defaults' types) and returns the defaults overridden by it. `required` keys have no default.
+ */
+export function withDefaults<H extends object>(call: string, defaults: Omit<H, 'lr'> & Partial<H>, options: unknown, required: readonly string[] = []): H {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new ArgumentError(`${call}: options must be an object like { lr: 1e-3 }, got ${options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options}`);
+  }
+  const known = [...required, ...Object.keys(defaults)];
+  for (const k of Object.keys(options)) if (!known.includes(k)) throw new ArgumentError(`${call}: unknown option ${JSON.stringify(k)} (options: ${known.join(', ')})`);
+  for (const [k, v] of Object.entries(options)) {
+    const d = (defaults as Record<string, unknown>)[k];
+    if (d !== undefined && v !== undefined && typeof d !== typeof v) throw new ArgumentError(`${call}: ${k} must be a ${typeof d}, got ${typeof v}`);
+  }
+  const out = { ...defaults } as Record<string, unknown>;
+  for (const k of required) out[k] = undefined;
+  return { ...out, ...options } as H;
+}
+
+function checkHyper(options: object, call: string, defaults?: object): void {
   for (const [k, v] of Object.entries(options)) {
     if (typeof v === 'number' && !Number.isFinite(v)) throw new ArgumentError(`${call}: ${k} must be finite, got ${v}`);
+    const d = defaults ? (defaults as Record<string, unknown>)[k] : undefined;
+    if (d !== undefined && v !== undefined && typeof d !== typeof v) throw new ArgumentError(`${call}: ${k} must be a ${typeof d}, got ${typeof v}`);
   }
   const o = options as Record<string, unknown>;
-  if (typeof o.lr !== 'number' || o.lr < 0) throw new ArgumentError(`${call}: lr must be a number >= 0, got ${String(o.lr)}`);
+  if (typeof o.lr !== 'number' || o.lr < 0) throw new ArgumentError(`${call}: lr must be a finite number >= 0, got ${String(o.lr)}`);
   if (o.weightDecay !== undefined && (typeof o.weightDecay !== 'number' || o.weightDecay < 0)) throw new ArgumentError(`${call}: weightDecay must be >= 0`);
   if (o.eps !== undefined && (typeof o.eps !== 'number' || o.eps < 0)) throw new ArgumentError(`${call}: eps must be >= 0`);
+  for (const k of ['momentum', 'dampening'] as const) {
+    if (o[k] !== undefined && (typeof o[k] !== 'number' || (o[k] as number) < 0)) throw new ArgumentError(`${call}: ${k} must be a finite number >= 0, got ${String(o[k])}`);
+  }
   const betas = o.betas as unknown;
   if (betas !== undefined) {
     if (!Array.isArray(betas) || betas.length !== 2 || betas.some((b) => typeof b !== 'number' || !(b >= 0 && b < 1))) {

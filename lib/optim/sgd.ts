@@ -1,7 +1,7 @@
 // SGD with momentum, dampening, Nesterov and (coupled) weight decay, as PyTorch defines them.
 import { ArgumentError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
-import { Optimizer, type ParamsInput } from './optimizer.js';
+import { Optimizer, type ParamsInput, withDefaults } from './optimizer.js';
 
 /** Hyperparameters of {@link SGD} (PyTorch's definitions). */
 export interface SGDOptions {
@@ -27,7 +27,7 @@ export class SGD extends Optimizer<SGDOptions> {
   gradScale = 1;
 
   constructor(params: ParamsInput<SGDOptions>, options: Partial<SGDOptions> & { lr: number }) {
-    super(params, { momentum: 0, dampening: 0, weightDecay: 0, nesterov: false, ...options }, 'SGD');
+    super(params, withDefaults<SGDOptions>('SGD', { momentum: 0, dampening: 0, weightDecay: 0, nesterov: false }, options, ['lr']), 'SGD');
     for (const g of this.paramGroups) {
       if (g.options.momentum < 0) throw new ArgumentError('SGD: momentum must be >= 0');
       if (g.options.nesterov && (g.options.momentum <= 0 || g.options.dampening !== 0)) {

@@ -233,5 +233,9 @@ export function estimateStages(m: PlanModel, layout: PlanLayout, opts: MemoryOpt
 
 /** The per-rank memory of a layout: its most loaded pipeline stage. */
 export function estimateMemory(m: PlanModel, layout: PlanLayout, opts: MemoryOptions): MemoryEstimate {
+  for (const k of ['dp', 'tp', 'pp', 'microBatches'] as const) {
+    const v = layout?.[k];
+    if (!Number.isSafeInteger(v) || v < 1) throw new ArgumentError(`estimateMemory: layout.${k} must be an integer >= 1, got ${String(v)}`);
+  }
   return estimateStages(m, layout, opts).reduce((a, e) => (e.total > a.total ? e : a));
 }

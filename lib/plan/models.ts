@@ -58,8 +58,8 @@ export const PLAN_MODELS: Readonly<Record<string, PlanModel>> = {
  * PlanModel fields themselves. An unknown name, an unreadable file or missing keys throw an ArgumentError.
  */
 export function resolveModel(spec: string): PlanModel {
-  const named = PLAN_MODELS[spec];
-  if (named) return { ...named };
+  if (typeof spec !== 'string') throw new ArgumentError(`plan: the model must be a name (${Object.keys(PLAN_MODELS).join(', ')}) or a config.json path, got ${typeof spec}`);
+  if (Object.hasOwn(PLAN_MODELS, spec)) return { ...PLAN_MODELS[spec]! };
   if (!spec.endsWith('.json')) throw new ArgumentError(`plan: unknown model ${JSON.stringify(spec)} (${Object.keys(PLAN_MODELS).join(', ')}, or a config.json)`);
   let c: Record<string, unknown>;
   try { c = JSON.parse(readFileSync(spec, 'utf8')) as Record<string, unknown>; } catch (e) {

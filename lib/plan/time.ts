@@ -37,14 +37,23 @@ export const PLAN_DEVICES: Readonly<Record<string, PlanDevice>> = {
 
 /** A named device (an unknown name is an ArgumentError listing the choices). */
 export function resolveDevice(name: string): PlanDevice {
-  const d = PLAN_DEVICES[name];
+  const d = typeof name === 'string' && Object.hasOwn(PLAN_DEVICES, name) ? PLAN_DEVICES[name] : undefined;
   if (!d) throw new ArgumentError(`plan: unknown --gpu ${JSON.stringify(name)} (${Object.keys(PLAN_DEVICES).join(', ')}, cpu)`);
   return { ...d, peakFlops: { ...d.peakFlops } };
 }
 
+/** A JSON object from a file a flag names; ArgumentError when it cannot be read or is not an object. */
+function readJson(path: string, flag: string): Record<string, unknown> {
+  let j: unknown;
+  try { j = JSON.parse(readFileSync(path, 'utf8')); } catch (e) { throw new ArgumentError(`plan: cannot read ${flag} ${path}: ${(e as Error).message}`); }
+  if (j === null || typeof j !== 'object' || Array.isArray(j)) throw new ArgumentError(`plan: ${flag} ${path} is not a JSON object`);
+  return j as Record<string, unknown>;
+}
+
 /** The highest GFLOP/s in a `nodetron bench gemm --json` file (any row field whose name mentions gflops). */
 export function gemmFlopsFromJson(path: string): number {
-  const j = JSON.parse(readFileSync(path, 'utf8')) as { rows?: Record<string, unknown>[] };
+  const j = readJson(path, '--gemm-json') as { rows?: Record<string, unknown>[] };
+  if (!Array.isArray(j.rows)) throw new ArgumentError(`plan: ${path} has no rows (expected \`nodetron bench gemm --json\` output)`);
   let best = 0;
   for (const r of j.rows ?? []) for (const [k, v] of Object.entries(r)) if (/gflops/i.test(k) && typeof v === 'number' && v > best) best = v;
   if (!(best > 0)) throw new ArgumentError(`plan: ${path} holds no GFLOP/s rows (expected \`nodetron bench gemm --json\` output)`);
@@ -53,7 +62,7 @@ export function gemmFlopsFromJson(path: string): number {
 
 /** The average bus bandwidth (GB/s → bytes/s) of a `nodetron bench comm --json` file. */
 export function busBwFromJson(path: string): number {
-  const j = JSON.parse(readFileSync(path, 'utf8')) as { avgBusbw?: number };
+  const j = readJson(path, '--comm-json') as { avgBusbw?: number };
   if (!(typeof j.avgBusbw === 'number' && j.avgBusbw > 0)) throw new ArgumentError(`plan: ${path} has no avgBusbw (expected \`nodetron bench comm --json\` output)`);
   return j.avgBusbw * G;
 }

@@ -53,6 +53,11 @@ NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE)
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches']) {
+    const v = values[k];
+    if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
+  }
+  if (values.zero !== undefined && ![0, 1, 2, 3].includes(values.zero as number)) throw new ArgumentError(`--zero must be 0, 1, 2 or 3, got ${String(values.zero)}`);
   const num = (k: string) => values[k] as number | undefined;
   const bool = (k: string) => values[k] as boolean | undefined;
   if (num('tp') !== undefined) out.tp = num('tp');
@@ -98,7 +103,7 @@ export function layoutFromArgs(argv: readonly string[] = process.argv.slice(2), 
     if (a === '--') break;
     if (!a.startsWith('--')) continue;
     const [key, inline] = a.slice(2).split('=', 2) as [string, string | undefined];
-    const kind = LAYOUT_FLAGS[key];
+    const kind = Object.hasOwn(LAYOUT_FLAGS, key) ? LAYOUT_FLAGS[key] : undefined;
     if (!kind) continue;
     const sub = parseOptions(kind === 'boolean' || inline !== undefined ? [a] : [a, ...(argv[i + 1] === undefined ? [] : [argv[i + 1]!])], { [key]: kind });
     if (kind !== 'boolean' && inline === undefined) i++;
@@ -119,15 +124,16 @@ export function parseArgs(argv: readonly string[], spec: Record<string, OptionKi
   layout: LayoutArgs;
 } {
   for (const k of Object.keys(spec)) {
-    if (LAYOUT_FLAGS[k]) throw new ArgumentError(`parseArgs: --${k} is a layout flag (parsed for you); leave it out of the script's options`);
+    if (Object.hasOwn(LAYOUT_FLAGS, k)) throw new ArgumentError(`parseArgs: --${k} is a layout flag (parsed for you); leave it out of the script's options`);
   }
   let options: ParsedOptions;
   try {
     options = parseOptions([...argv], { ...spec, ...LAYOUT_FLAGS });
   } catch (e) {
-    if (!(e instanceof ArgumentError) || !/^unknown option/.test(e.message)) throw e;
+    const unknown = e instanceof ArgumentError ? /^unknown option (\S+)/.exec(e.message) : null;
+    if (!unknown) throw e;
     const known = [...Object.keys(spec), ...Object.keys(LAYOUT_FLAGS)].map((k) => `--${k}`).join(' ');
-    throw new ArgumentError(`${e.message} (known options: ${known})`);
+    throw new ArgumentError(`unknown option ${unknown[1]} (known options: ${known})`);
   }
   const values: Record<string, string | number | boolean | undefined> = {};
   for (const [flag, kind] of Object.entries(LAYOUT_FLAGS)) {

@@ -86,7 +86,7 @@ describe('nodetron data tokenize', () => {
     const field = spawnSync(process.execPath, [bin, 'data', 'tokenize', bad, '--out', join(work, 'tok-bad'), '--field', 'body'], { encoding: 'utf8' });
     expect(field.stderr).toMatch(/bad\.jsonl:1: no string field 'body'/);
     const missing = spawnSync(process.execPath, [bin, 'data', 'tokenize', join(work, 'nope.txt'), '--out', join(work, 'tok-bad')], { encoding: 'utf8' });
-    expect(missing.status).toBe(1);
+    expect(missing.status).toBe(2);  // a usage error: the argument names no file
     expect(missing.stderr).toMatch(/does not exist/);
     expect(spawnSync(process.execPath, [bin, 'data', 'tokenize'], { encoding: 'utf8' }).status).toBe(2);
   });
