@@ -300,6 +300,14 @@ export interface GPTOutput {
   loss: Tensor | null;
 }
 
+/** What {@link GPT.forward} returns without targets: the logits, and no loss. */
+export interface GPTLogitsOutput extends GPTOutput {
+  /** [B, T, vocabSize] (this rank's vocabulary slice under a vocabulary-parallel layout). */
+  logits: Tensor;
+  /** No targets, no loss. */
+  loss: null;
+}
+
 /** Options of {@link GPT.generate}. */
 export interface GenerateOptions {
   /** Divides the logits before sampling (default 1; must be > 0). */
@@ -356,7 +364,7 @@ export class GPT extends Module {
    * (vocabulary-sharded under a parallel VocabLayout). With targets: the mean loss, computed by the
    * fused head without logits unless config.fusedHead is false.
    */
-  forward(idx: Tensor): GPTOutput & { logits: Tensor; loss: null };
+  forward(idx: Tensor): GPTLogitsOutput;
   forward(idx: Tensor, targets?: Tensor): GPTOutput;
   forward(idx: Tensor, targets?: Tensor): GPTOutput {
     return this.head(this.forwardBlocks(this.embed(idx)), targets);
@@ -393,7 +401,7 @@ export class GPT extends Module {
    * logits cover the whole sequence); the mean cross-entropy when targets are given, from the fused
    * head (no logits) unless config.fusedHead is false.
    */
-  head(x: Tensor): GPTOutput & { logits: Tensor; loss: null };
+  head(x: Tensor): GPTLogitsOutput;
   head(x: Tensor, targets?: Tensor): GPTOutput;
   head(x: Tensor, targets?: Tensor): GPTOutput {
     const layout = this.vocabLayout;
