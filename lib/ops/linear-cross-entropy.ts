@@ -109,6 +109,8 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, extra: read
     if (one) one.backend.fill(one.storage, code(one), 1, 1);
     if (needX) dx = emptyLike(x);
     if (needW) dw = emptyLike(weight);
+    // No rows: no GEMM writes the weight's gradient.
+    if (dw && N === 0) dw.backend.fill(dw.storage, code(dw), dw.size, 0);
     for (let c = 0, start = 0; start < N; c++, start += rows) {
       const m = Math.min(rows, N - start);
       if (!whole) copyRows(xc, x, start, m, C);

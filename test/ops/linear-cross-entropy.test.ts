@@ -128,6 +128,14 @@ describe('linearCrossEntropy against linear + crossEntropy', () => {
       sum.backward();
       expect(maxAbs(x.grad!.toArraySync())).toBe(0);
       expect(maxAbs(w.grad!.toArraySync())).toBe(0);
+      // No rows at all: a zero weight gradient (no GEMM writes it), as the unfused path gives.
+      const x0 = nt.zeros([0, 4]), w0 = nt.randn([6, 4], { seed: 3 });
+      x0.requiresGrad = true; w0.requiresGrad = true;
+      const none = nt.linearCrossEntropy(x0, w0, nt.tensor(new Int32Array(0), [0]), { reduction: 'sum' });
+      none.backward();
+      expect(none.item()).toBe(0);
+      expect(x0.grad!.shape).toEqual([0, 4]);
+      expect(maxAbs(w0.grad!.toArraySync())).toBe(0);
     });
   });
 });
