@@ -8,12 +8,15 @@ import { alias, needsGrad, own, record } from '../autograd/engine.js';
 import { dtypeCode, dtypeSize } from '../dtype.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
+import { BINARY } from '../kernel-codes.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 import type { CrossEntropyOptions } from './loss.js';
 
 /** Options of {@link linearCrossEntropy}. */
 export interface LinearCrossEntropyOptions extends CrossEntropyOptions {
+  /** A bias [V] added to every row's logits (linear's bias); it gets a gradient like x and weight. */
+  bias?: Tensor | null;
   /**
    * Rows of x per chunk (default: as many as keep one chunk's logits within
    * {@link LINEAR_CE_CHUNK_BYTES}, split evenly). Only memory and speed depend on it, not the result
@@ -81,40 +84,46 @@ function gemm(c: Tensor, a: Tensor, b: Tensor, m: number, n: number, k: number, 
  * dW are made during the forward and handed to the first backward (scaled by its upstream gradient);
  * a second backward through the same graph throws AutogradError.
  */
-export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, extra: readonly Tensor[], rule: HeadChunkRule,
+export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tensor | null, extra: readonly Tensor[], rule: HeadChunkRule,
   reduction: 'mean' | 'sum', chunkRows?: number): Tensor {
   const call = rule.call;
   const [N, C] = x.shape as [number, number];
   const V = weight.shape[0]!;
-  const grad = needsGrad(x, weight);
+  const grad = needsGrad(x, weight, bias);
   const wants = (t: Tensor) => t.requiresGrad || t.gradFn !== null;
-  const needX = grad && wants(x), needW = grad && wants(weight);
+  const needX = grad && wants(x), needW = grad && wants(weight), needB = grad && bias !== null && wants(bias);
   const rows = chunkRows ?? linearCrossEntropyChunkRows(N, V, dtypeSize(x.dtype));
   const chunks = Math.max(1, Math.ceil(N / rows));
   const whole = chunks === 1;
-  // 16-bit weights accumulate their gradient over chunks in f32 (one rounding, as one GEMM would do).
-  const wide = needW && !whole && x.dtype !== 'f32';
+  // 16-bit weights (and bias) accumulate their gradient over chunks in f32 (one rounding, as one GEMM would do).
+  const wide = (needW || needB) && !whole && x.dtype !== 'f32';
   const scale = reduction === 'sum' ? 1 : rule.counted > 0 ? 1 / rule.counted : 0;
   const temps: Tensor[] = [];
   const temp = (shape: number[], dtype = x.dtype) => { const t = emptyOn(shape, dtype, x.deviceInfo); temps.push(t); return t; };
-  let dx: Tensor | null = null, dw: Tensor | null = null;
+  let dx: Tensor | null = null, dw: Tensor | null = null, db: Tensor | null = null;
   let total = 0;
   try {
     const block = temp([Math.min(rows, N), V]);
     const xc = whole ? x : temp([rows, C]);
     const dxc = needX && !whole ? temp([rows, C]) : null;
     const blockF32 = wide ? temp([rows, V], 'f32') : null, xcF32 = wide ? temp([rows, C], 'f32') : null;
-    const dwF32 = wide ? temp([V, C], 'f32') : null;
+    const dwF32 = wide && needW ? temp([V, C], 'f32') : null;
+    const dbAcc = needB ? (wide ? temp([V], 'f32') : null) : null, dbChunk = needB && !whole ? temp([V], wide ? 'f32' : x.dtype) : null;
     const one = grad ? temp([1]) : null;
     if (one) one.backend.fill(one.storage, code(one), 1, 1);
     if (needX) dx = emptyLike(x);
     if (needW) dw = emptyLike(weight);
-    // No rows: no GEMM writes the weight's gradient.
-    if (dw && N === 0) dw.backend.fill(dw.storage, code(dw), dw.size, 0);
+    if (needB) db = emptyLike(bias!);
+    // No rows: no GEMM writes the weight's gradient, no sum the bias's.
+    for (const t of N === 0 ? [dw, db] : []) if (t) t.backend.fill(t.storage, code(t), t.size, 0);
     for (let c = 0, start = 0; start < N; c++, start += rows) {
       const m = Math.min(rows, N - start);
       if (!whole) copyRows(xc, x, start, m, C);
-      gemm(block, xc, weight, m, V, C, false, true);
+      if (bias) {
+        // Every row starts from the bias; the GEMM accumulates onto it (as linear does).
+        block.backend.copy_strided(bias.storage, block.storage, code(bias), new Int32Array([m, V]), new Int32Array([0, 1]), 0, new Int32Array([V, 1]), 0);
+      }
+      gemm(block, xc, weight, m, V, C, false, true, bias !== null);
       const r = rule.rows(block, start, m);
       try {
         total += r.loss;
@@ -133,19 +142,27 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, extra: read
           dx.backend.copy(dx.storage, start * C * b, dxc!.storage, 0, m * C * b);
         }
       }
+      if (wide) block.backend.cast(block.storage, code(block), blockF32!.storage, dtypeCode('f32'), m * V);
       if (dw) {
         if (wide) {
-          block.backend.cast(block.storage, code(block), blockF32!.storage, dtypeCode('f32'), m * V);
           xc.backend.cast(xc.storage, code(xc), xcF32!.storage, dtypeCode('f32'), m * C);
           gemm(dwF32!, blockF32!, xcF32!, V, C, m, true, false, c > 0);
         } else {
           gemm(dw, block, xc, V, C, m, true, false, c > 0);
         }
       }
+      if (db) {
+        // The bias's gradient: the column sums of the logits' gradient, added up over the chunks.
+        const src = wide ? blockF32! : block, acc = wide ? dbAcc! : db;
+        const into = c === 0 ? acc : dbChunk!;
+        src.backend.sum_to(src.storage, into.storage, code(src), new Int32Array([m, V]), new Int32Array([0, 1]), V);
+        if (c > 0) acc.backend.binary(BINARY.add, acc.storage, into.storage, acc.storage, code(acc), new Int32Array([V]), new Int32Array([1]), new Int32Array([1]));
+      }
     }
     if (dw && wide) dw.backend.cast(dwF32!.storage, dtypeCode('f32'), dw.storage, code(dw), V * C);
+    if (db && wide) db.backend.cast(dbAcc!.storage, dtypeCode('f32'), db.storage, code(db), V);
   } catch (e) {
-    dx?.dispose(); dw?.dispose();
+    dx?.dispose(); dw?.dispose(); db?.dispose();
     throw e;
   } finally {
     for (const t of temps) t.dispose();
@@ -154,8 +171,9 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, extra: read
   const out = emptyLike(x, []);
   out.backend.fill(out.storage, code(out), 1, value);
   if (!grad) return out;
-  const saved = [dx, dw].filter((t): t is Tensor => t !== null).map((t) => own(t));
-  return record(call, out, [x, weight, ...extra], (g) => {
+  const saved = [dx, dw, db].filter((t): t is Tensor => t !== null).map((t) => own(t));
+  const inputs = bias ? [x, weight, bias, ...extra] : [x, weight, ...extra];
+  return record(call, out, inputs, (g) => {
     if (saved.some((t) => t.disposed)) {
       throw new AutogradError(`backward through '${call}' a second time: its gradients were computed in forward and handed to the first backward (run the forward again to differentiate again)`);
     }
@@ -168,7 +186,7 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, extra: read
       t.dispose();
       return moved;
     };
-    return [handOver(dx), handOver(dw), ...extra.map(() => null)];
+    return [handOver(dx), handOver(dw), ...(bias ? [handOver(db)] : []), ...extra.map(() => null)];
   }, saved);
 }
 
@@ -232,6 +250,11 @@ export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, o
   [x, targets] = flattenRows(call, x, targets);
   const { n, v } = checkHeadShapes(call, x, weight, targets);
   const { reduction, ignoreIndex, chunkRows } = checkHeadOptions(call, opts);
+  const bias = opts.bias ?? null;
+  if (bias !== null) {
+    checkFloats(call, { x, weight }, { bias });
+    if (bias.ndim !== 1 || bias.shape[0] !== v) throw new ShapeError(`${call}: bias must be [${v}], got ${fmtShape(bias.shape)}`);
+  }
   const t = targets.toArraySync() as Int32Array;
   let counted = 0;
   for (let i = 0; i < n; i++) {
@@ -259,5 +282,5 @@ export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, o
       }
     },
   };
-  return chunkedLinearCrossEntropy(x, weight, [targets], rule, reduction, chunkRows);
+  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows);
 }

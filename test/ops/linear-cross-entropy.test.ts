@@ -1,7 +1,7 @@
 // The fused LM head (linearCrossEntropy) against the unfused linear + crossEntropy: loss and both
 // gradients over odd sizes and chunkings, ignored rows, sum reduction, an upstream gradient; a
 // float64 reference and finite differences; no gradient work without grad; 16-bit inputs; the
-// logits never allocated whole; typed errors.
+// logits never allocated whole; typed errors; an optional bias.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { expectClose, gradcheck, randomArray, rng } from '../helpers/gradcheck.js';
@@ -236,5 +236,49 @@ describe('linearCrossEntropy: what it computes and keeps', () => {
     expect(nt.linearCrossEntropyChunkRows(10, 100, 4)).toBe(10);
     expect(nt.linearCrossEntropyChunkRows(10, 100, 4, 4 * 100 * 3)).toBe(3);   // 4 chunks of 3, 3, 3, 1 → balanced 3
     expect(nt.linearCrossEntropyChunkRows(5, 10 ** 9, 4)).toBe(1);
+  });
+});
+
+describe('linearCrossEntropy with a bias', () => {
+  function withBias(fused: boolean, dtype: 'f32' | 'bf16', chunkRows?: number) {
+    const c = { n: 23, c: 6, v: 29, seed: 16, ignore: [4] };
+    const { x, w, t } = data(c);
+    const b = Float32Array.from(randomArray(c.v, rng(17), -2, 2));
+    return nt.scope(() => {
+      const xt = nt.tensor(x, [c.n, c.c]).to(dtype), wt = nt.tensor(w, [c.v, c.c]).to(dtype), bt = nt.tensor(b, [c.v]).to(dtype);
+      for (const p of [xt, wt, bt]) p.requiresGrad = true;
+      const tt = nt.tensor(t, [c.n]);
+      const loss = fused ? nt.linearCrossEntropy(xt, wt, tt, { bias: bt, chunkRows }) : nt.crossEntropy(nt.linear(xt, wt, bt), tt);
+      nt.scale(loss, 0.75).backward();
+      return { loss: loss.to('f32').item(), grads: [xt, wt, bt].map((p) => p.grad!.to('f32').toArraySync()) };
+    });
+  }
+  it('loss and the gradients of x, weight and bias equal linear(x, w, b) + crossEntropy, in chunks or not', () => {
+    const ref = withBias(false, 'f32');
+    for (const chunkRows of [undefined, 4, 1]) {
+      const got = withBias(true, 'f32', chunkRows);
+      expect(Math.abs(got.loss - ref.loss)).toBeLessThan(2e-6 * Math.abs(ref.loss));
+      got.grads.forEach((g, i) => expectClose(g, ref.grads[i]!, 1e-6 * Math.max(1, maxAbs(ref.grads[i]!)), 1e-4, `grad ${i} (chunkRows ${chunkRows})`));
+    }
+    expect(maxAbs(ref.grads[2]!)).toBeGreaterThan(1e-3);
+  });
+  it('bf16: close to the f32 values (bias gradient summed in f32 over chunks)', () => {
+    const ref = withBias(true, 'f32', 4), got = withBias(true, 'bf16', 4);
+    expect(Math.abs(got.loss - ref.loss)).toBeLessThan(2e-2 * Math.abs(ref.loss));
+    got.grads.forEach((g, i) => expectClose(g, ref.grads[i]!, 2e-2 * maxAbs(ref.grads[i]!), 2e-2, `bf16 grad ${i}`));
+  });
+  it('a finite-difference check of all three inputs', () => {
+    const r = rng(18);
+    const t = nt.tensor(Int32Array.from([1, 4, -100, 0, 2]), [5]);
+    gradcheck((x, w, b) => nt.linearCrossEntropy(x!, w!, t, { bias: b!, chunkRows: 2 }),
+      [{ data: randomArray(5 * 3, r), shape: [5, 3] }, { data: randomArray(6 * 3, r), shape: [6, 3] }, { data: randomArray(6, r), shape: [6] }]);
+  });
+  it('a bias of the wrong shape or dtype is a typed error', () => {
+    nt.scope(() => {
+      const x = nt.zeros([2, 3]), w = nt.zeros([4, 3]), t = nt.tensor(Int32Array.from([0, 1]), [2]);
+      expect(() => nt.linearCrossEntropy(x, w, t, { bias: nt.zeros([5]) })).toThrow(nt.ShapeError);
+      expect(() => nt.linearCrossEntropy(x, w, t, { bias: nt.zeros([4, 1]) })).toThrow(nt.ShapeError);
+      expect(() => nt.linearCrossEntropy(x, w, t, { bias: nt.zeros([4]).to('bf16') })).toThrow(nt.DTypeError);
+    });
   });
 });

@@ -232,7 +232,7 @@ export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, 
 }
 
 /** Options of {@link vocabParallelLinearCrossEntropy}. */
-export interface VocabParallelLinearCrossEntropyOptions extends LinearCrossEntropyOptions {
+export interface VocabParallelLinearCrossEntropyOptions extends Omit<LinearCrossEntropyOptions, 'bias'> {
   /**
    * x is this rank's chunk [B, T/size, C] of the sequence (sequence parallelism): the chunks are
    * gathered along the sequence first (and the gradient reduce-scattered back), and targets are
@@ -275,5 +275,5 @@ export function vocabParallelLinearCrossEntropy(x: Tensor, weight: Tensor, targe
       return { loss: total, lse: lseT, targets: tensor(bwd, [count], { dtype: 'i32', device }), ignore: IGNORED, shard: true };
     },
   };
-  return chunkedLinearCrossEntropy(rows, weight, [flatTargets], rule, reduction, chunkRows);
+  return chunkedLinearCrossEntropy(rows, weight, null, [flatTargets], rule, reduction, chunkRows);
 }
