@@ -13,10 +13,11 @@ import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
 const usage = `usage: nodetron bench head [--config tiny|small|all] [--rows 64,128,256,512,1024] [--rounds N (5)] [--json F]
   LM head + cross-entropy of the bench configs' shapes (N = batch·ctx rows, width C, vocabulary V):
   unfused linear + crossEntropy against linearCrossEntropy with the default chunking and with --rows rows per chunk;
-  min and median ms of forward + backward and of forward alone (no grad), peak MiB above the inputs`;
+  min and median ms of forward + backward (and its least CPU time, all threads: steadier on a loaded machine)
+  and of forward alone (no grad), peak MiB above the inputs`;
 
 interface Variant { name: string; rows: number | null }
-interface Result { variant: string; chunkRows: number | null; trainMs: number[]; evalMs: number[]; trainPeak: number; evalPeak: number; loss: number }
+interface Result { variant: string; chunkRows: number | null; trainMs: number[]; trainCpuMs: number[]; evalMs: number[]; trainPeak: number; evalPeak: number; loss: number }
 
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, { json: 'string', config: 'string', rows: 'string', rounds: 'number', help: 'boolean' });
@@ -36,12 +37,12 @@ export async function main(argv: string[]): Promise<number> {
       ...rowList.filter((r) => Number.isInteger(r) && r > 0).map((r) => ({ name: `fused ${r} rows`, rows: r }))];
     const head = (v: Variant): Tensor => (v.rows === null ? crossEntropy(linear(x, w), targets)
       : linearCrossEntropy(x, w, targets, v.rows === 0 ? {} : { chunkRows: v.rows }));
-    const results: Result[] = variants.map((v) => ({ variant: v.name, chunkRows: v.rows, trainMs: [], evalMs: [], trainPeak: 0, evalPeak: 0, loss: NaN }));
+    const results: Result[] = variants.map((v) => ({ variant: v.name, chunkRows: v.rows, trainMs: [], trainCpuMs: [], evalMs: [], trainPeak: 0, evalPeak: 0, loss: NaN }));
     const once = (v: Variant, r: Result, train: boolean, timed: boolean) => {
       x.grad?.dispose(); w.grad?.dispose(); x.grad = null; w.grad = null;
       const before = memoryStats().allocated;
       resetPeakMemory();
-      const t0 = performance.now();
+      const t0 = performance.now(), cpu0 = process.cpuUsage();
       if (train) {
         const loss = head(v);
         loss.backward();
@@ -50,10 +51,11 @@ export async function main(argv: string[]): Promise<number> {
       } else {
         noGrad(() => head(v)).dispose();
       }
-      const ms = performance.now() - t0;
+      const ms = performance.now() - t0, cpu = process.cpuUsage(cpu0);
       const peak = memoryStats().peak - before;
       if (!timed) return;
       (train ? r.trainMs : r.evalMs).push(ms);
+      if (train) r.trainCpuMs.push((cpu.user + cpu.system) / 1000);
       if (train) r.trainPeak = Math.max(r.trainPeak, peak); else r.evalPeak = Math.max(r.evalPeak, peak);
     };
     for (let round = 0; round <= rounds; round++) {
@@ -65,11 +67,12 @@ export async function main(argv: string[]): Promise<number> {
     const stat = (a: number[]) => { const s = [...a].sort((p, q) => p - q); return { min: s[0]!, median: s[s.length >> 1]! }; };
     for (const r of results) {
       const t = stat(r.trainMs), e = stat(r.evalMs);
-      table.push([c.name, r.variant, t.min.toFixed(1), t.median.toFixed(1), mib(r.trainPeak), e.min.toFixed(1), e.median.toFixed(1), mib(r.evalPeak), r.loss.toFixed(5)]);
-      out.push({ config: c, ...r, train: t, eval: e });
+      const cpu = stat(r.trainCpuMs);
+      table.push([c.name, r.variant, t.min.toFixed(1), t.median.toFixed(1), cpu.min.toFixed(1), mib(r.trainPeak), e.min.toFixed(1), e.median.toFixed(1), mib(r.evalPeak), r.loss.toFixed(5)]);
+      out.push({ config: c, ...r, train: t, trainCpu: cpu, eval: e });
     }
   }
-  printTable(['config', 'head', 'fwd+bwd min ms', 'median', 'peak MiB', 'fwd min ms', 'median', 'peak MiB', 'loss'], table);
+  printTable(['config', 'head', 'fwd+bwd min ms', 'median', 'min CPU ms', 'peak MiB', 'fwd min ms', 'median', 'peak MiB', 'loss'], table);
   writeJson(o.json as string | undefined, { bench: 'head', machine: machineRecord(), rounds, results: out });
   return 0;
 }
