@@ -10,12 +10,12 @@ commands:
   plan --model M --gpus N [...]  ranked parallel layouts: memory per rank, fit, step time, command
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
   trace merge DIR                one timeline from the per-rank traces of NODETRON_TRACE=DIR
-  bench gemm|comm|train|ops|checkpoint [...]
+  bench gemm|comm|train|ops|checkpoint|start|head [...]
                                  benchmarks; each prints a table, --json F writes JSON
 
 run \`nodetron <command> --help\` for a command's options.`;
 
-const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start'];
+const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start', 'head'];
 
 interface Command { main(argv: string[]): Promise<number> }
 

@@ -7,7 +7,7 @@
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, attention, crossEntropy, embedding, gelu, layerNorm, linear } from '../ops/index.js';
+import { add, attention, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -37,6 +37,12 @@ export interface GPTConfig {
   window?: number;
   /** Recompute each block's activations in backward instead of storing them. */
   recompute?: boolean;
+  /**
+   * With targets, compute the loss with the fused head (linearCrossEntropy, or the vocabulary-parallel
+   * one): the [B·T, V] logits and their gradient never exist whole, and forward returns no logits.
+   * Default true; false computes the logits, then the loss, and returns both.
+   */
+  fusedHead?: boolean;
 }
 
 /** The role of a linear layer in a block, which tells a tensor-parallel factory how to split it. */
@@ -89,6 +95,12 @@ export interface VocabLayout {
   loss(logits: Tensor, targets: Tensor): Tensor;
   /** Full-vocabulary logits [..., vocabSize] from the output of `logits`. */
   gather(logits: Tensor): Tensor;
+  /**
+   * The fused head: the mean cross-entropy of the logits of x [B, T', C] (final hidden states, the
+   * sequence layout's chunk) and the tied table against targets i32 [B, T], without materializing
+   * the logits. A layout without it gets `loss(logits(x, table), targets)`.
+   */
+  headLoss?(x: Tensor, table: Tensor, targets: Tensor): Tensor;
 }
 
 /** The whole vocabulary in this process: an Embedding, a plain tied linear head and crossEntropy. */
@@ -101,6 +113,7 @@ export const defaultVocabLayout: VocabLayout = {
   logits: (x, table) => linear(x, table),
   loss: (logits, targets) => crossEntropy(logits, targets),
   gather: (logits) => logits,
+  headLoss: (x, table, targets) => linearCrossEntropy(x, table, targets),
 };
 
 /**
@@ -278,11 +291,21 @@ export class Block extends Module {
 export interface GPTOutput {
   /**
    * [B, T, vocabSize]; under a vocabulary-parallel layout [B, T, vocabSize / tp], this rank's
-   * contiguous slice of the vocabulary (GPT.gatherLogits gives the full rows).
+   * contiguous slice of the vocabulary (GPT.gatherLogits gives the full rows). Null when targets
+   * were given and the fused head computed the loss (config.fusedHead, the default): call forward
+   * without targets for logits.
    */
-  logits: Tensor;
+  logits: Tensor | null;
   /** Mean cross-entropy over all positions, when targets were given. */
   loss: Tensor | null;
+}
+
+/** What {@link GPT.forward} returns without targets: the logits, and no loss. */
+export interface GPTLogitsOutput extends GPTOutput {
+  /** [B, T, vocabSize] (this rank's vocabulary slice under a vocabulary-parallel layout). */
+  logits: Tensor;
+  /** No targets, no loss. */
+  loss: null;
 }
 
 /** Options of {@link GPT.generate}. */
@@ -336,7 +359,13 @@ export class GPT extends Module {
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 
-  /** idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). Logits are vocabulary-sharded under a parallel VocabLayout. */
+  /**
+   * idx: i32 [B, T] token ids; targets: i32 [B, T] (optional). Without targets: the logits
+   * (vocabulary-sharded under a parallel VocabLayout). With targets: the mean loss, computed by the
+   * fused head without logits unless config.fusedHead is false.
+   */
+  forward(idx: Tensor): GPTLogitsOutput;
+  forward(idx: Tensor, targets?: Tensor): GPTOutput;
   forward(idx: Tensor, targets?: Tensor): GPTOutput {
     return this.head(this.forwardBlocks(this.embed(idx)), targets);
   }
@@ -369,20 +398,25 @@ export class GPT extends Module {
 
   /**
    * Final LayerNorm and the tied LM head over x [B, T, C] (T: the sequence layout's chunk; the
-   * logits cover the whole sequence); the mean cross-entropy when targets are given.
+   * logits cover the whole sequence); the mean cross-entropy when targets are given, from the fused
+   * head (no logits) unless config.fusedHead is false.
    */
+  head(x: Tensor): GPTLogitsOutput;
+  head(x: Tensor, targets?: Tensor): GPTOutput;
   head(x: Tensor, targets?: Tensor): GPTOutput {
-    const logits = this.vocabLayout.logits(normalize(this.lnF, x, this.sequenceLayout), this.wte.weight);
-    const [b, t] = logits.shape as [number, number, number];
-    let loss: Tensor | null = null;
+    const layout = this.vocabLayout;
+    const hidden = normalize(this.lnF, x, this.sequenceLayout);
+    const b = x.shape[0]!, t = x.shape[1]! * this.sequenceLayout.parts;
     if (targets !== undefined) {
       checkTensor(targets, 'GPT.forward', 'targets');
       if (targets.dtype !== 'i32' || targets.ndim !== 2 || targets.shape[0] !== b || targets.shape[1] !== t) {
         throw new ShapeError(`GPT.forward: targets must be i32 [${b}, ${t}], got ${targets.describe()}`);
       }
-      loss = this.vocabLayout.loss(logits.reshape([b * t, logits.shape[2]!]), targets.reshape([b * t]));
+      if (this.config.fusedHead !== false && layout.headLoss) return { logits: null, loss: layout.headLoss(hidden, this.wte.weight, targets) };
     }
-    return { logits, loss };
+    const logits = layout.logits(hidden, this.wte.weight);
+    if (targets === undefined) return { logits, loss: null };
+    return { logits, loss: layout.loss(logits.reshape([b * t, logits.shape[2]!]), targets.reshape([b * t])) };
   }
 
   /** Full-vocabulary logits [B, T, vocabSize] from forward's (gathered across the group under a vocabulary-parallel layout). */

@@ -3,7 +3,7 @@ export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult,
 export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
   GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
-  type GPTConfig, type GPTOptions, type GPTOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
+  type GPTConfig, type GPTOptions, type GPTOutput, type GPTLogitsOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
   type TokenEmbedding, type VocabLayout, type SequenceLayout,
 } from './gpt.js';
 export * as init from './init.js';

@@ -15,6 +15,7 @@ export { layerNorm, rmsNorm } from './norm.js';
 export { attention, type AttentionOptions } from './attention.js';
 export { embedding } from './embedding.js';
 export { crossEntropy, type CrossEntropyOptions } from './loss.js';
+export { linearCrossEntropy, linearCrossEntropyChunkRows, LINEAR_CE_CHUNK_BYTES, type LinearCrossEntropyOptions } from './linear-cross-entropy.js';
 export { reshape, view, squeeze, unsqueeze, permute, transpose, slice, split, chunk, cat } from './shape.js';
 
 declare module '../tensor.js' {

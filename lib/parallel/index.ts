@@ -35,8 +35,8 @@ export {
 } from './tensor-parallel/mappings.js';
 export { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear, type ParallelLinearOptions } from './tensor-parallel/layers.js';
 export {
-  VocabParallelEmbedding, vocabParallelCrossEntropy, vocabRange,
-  type VocabParallelEmbeddingOptions, type VocabParallelCrossEntropyOptions,
+  VocabParallelEmbedding, vocabParallelCrossEntropy, vocabParallelLinearCrossEntropy, vocabRange,
+  type VocabParallelEmbeddingOptions, type VocabParallelCrossEntropyOptions, type VocabParallelLinearCrossEntropyOptions,
 } from './tensor-parallel/vocab.js';
 export {
   checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, sequenceParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,

@@ -1,7 +1,9 @@
 // Per-rank memory of a training layout: parameters, gradients and optimizer state (ZeRO's split),
 // activations (Korthikanti et al. 2022 for 16-bit training; nodetron's own f32 tensors, calibrated
-// on its CPU allocator, for f32), logits, communication buckets, ZeRO-3's gathered layers.
+// on its CPU allocator, for f32), the fused LM head's chunk of logits and its gradients, communication
+// buckets, ZeRO-3's gathered layers.
 import { ArgumentError } from '../errors.js';
+import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, stageLayers, stageParams, type PlanModel } from './models.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
@@ -66,7 +68,10 @@ export interface MemoryEstimate {
   optimizerState: number;
   /** Activation bytes kept for backward. */
   activations: number;
-  /** Bytes of the last stage's logits, their gradient and the loss's f32 copy (0 on other stages). */
+  /**
+   * Bytes of the last stage's logits: the fused head (linearCrossEntropy) holds one chunk of rows
+   * of them at a time, never the whole [B·T, V/tp] nor its gradient (0 on other stages).
+   */
   logits: number;
   /** Communication buckets (gradient buckets in flight; ZeRO-3's gathered layers). */
   buffers: number;
@@ -122,6 +127,16 @@ export const F32_BLOCK_REPLICATED = 4;
 export const F32_BLOCK_SPLIT = 12;
 /** Attention probabilities kept per layer: one f32 [b, heads/tp, s, s] (the T×T scores are materialized). */
 export const F32_SCORES = 1;
+/**
+ * f32 elements of s·b·h a GPT block's forward makes that nothing saves (permuted copies, the
+ * projections' outputs before their residual add): alive until the micro-batch's forward ends, so
+ * at the fused head, which runs inside the forward. Measured as the growth per extra layer of what
+ * is allocated when the head starts, beyond the saved tensors: 9 in all, taken as 7 in
+ * tensor-parallel tensors and 2 in whole ones (the two projections' outputs).
+ */
+export const F32_BLOCK_TRANSIENT_SPLIT = 7;
+/** f32 elements of s·b·h a block's forward leaves unsaved in tensors every tensor-parallel rank holds whole (see F32_BLOCK_TRANSIENT_SPLIT). */
+export const F32_BLOCK_TRANSIENT_REPLICATED = 2;
 /** s·b·h f32 tensors outside the blocks kept for backward: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
 export const F32_EMBEDDING = 3;
 
@@ -167,15 +182,19 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     if (zero >= 2) grads = 0;
   }
   let activations: number, logits = 0, buffers = 0;
-  const logitElems = (s * b * m.vocabSize) / t;
+  // The fused head sees every row of the micro-batch (sequence parallelism gathers them) over the
+  // vocabulary held here, LINEAR_CE_CHUNK_BYTES of logits at a time.
+  const localVocab = m.vocabSize / t;
+  const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
   if (!f32) {
     const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute);
     // Megatron (theoretical_memory_usage.py): the embedding's dropout output sbh·2 bytes per in-flight micro-batch,
     // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
     activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
     if (layout.recompute === 'full' && nLayers > 0) activations += korthikantiLayerBytes(m, s, b, t, sp, 'none');
-    // The last stage's logits: 16-bit logits, their 16-bit gradient and the fp32 copy the loss computes in.
-    if (last) logits = logitElems * (2 + 2 + 4);
+    // The last stage's fused head: one chunk of 16-bit logits (overwritten by its gradient), its fp32
+    // copy for the weight gradient, which accumulates over the chunks in an fp32 [V/t, h] buffer.
+    if (last) logits = chunkElems(2) * (2 + 4) + 4 * localVocab * h;
     if (dp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
     // ZeRO-3 gathers a layer before use and prefetches the next: DeepSpeed counts 4 bytes per parameter of the largest layer.
     if (zero === 3) buffers += 4 * Math.min(largestLayerParams(m), psi) / t;
@@ -184,9 +203,11 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead, total: subtotal + overhead, hostBytes, inFlight };
   }
   // f32 on nodetron's CPU allocator (measured with `nodetron plan --calibrate`). Two moments compete
-  // for the peak: the head's backward on the last stage (every stored activation, the logits the loss
-  // kept, their gradient and the head's [V/tp, h] weight gradient) and the embedding's backward on
-  // the first stage (every gradient, and the token table's dense [V/tp, h] gradient before it is added).
+  // for the peak: the fused head on the last stage (every stored activation, one chunk of logits, and
+  // the head's gradients it makes in the forward: the [V/tp, h] table's and the input's, held until
+  // the micro-batch's backward) and the end of the backward (every gradient, and the token table's
+  // dense [V/tp, h] gradient before it is added; on the first stage of a pipeline, with the
+  // activations of the micro-batches still in flight).
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
   const scores = 4 * b * (m.nHead / t) * s * s;
@@ -195,35 +216,48 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one).
   const held = inFlightMicroBatches(layout, stage);
   activations = held * (nLayers * storedLayer + F32_EMBEDDING * sc(unitRep));
-  // Gradients exist at the peak only when an earlier micro-batch made them (accumulation); a single
-  // micro-batch's are created after the head's backward. ZeRO 1/2 keep an fp32 master shard.
+  // Gradients exist at the head only when an earlier micro-batch made them (accumulation). ZeRO 1/2
+  // keep an fp32 master shard.
   const accumulating = pp > 1 || layout.microBatches > 1;
-  grads = accumulating ? 4 * (zero >= 2 ? shard : psi) : 0;
+  const allGrads = 4 * (zero >= 2 ? shard : psi);
+  grads = accumulating ? allGrads : 0;
   if (zero === 1 || zero === 2) buffers += 4 * shard;
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
-  const tableGrad = sc(table), logitBytes = sc(4 * logitElems);
-  // The last stage's head backward: the in-flight micro-batches' logits (saved by the loss) and this
-  // one's logits gradient; once the loss has used its logits, the head's [V/tp, h] weight gradient.
-  // The first backward of a step meets no gradients yet; later ones do, with GPipe one logits fewer.
-  const headWork = Math.max(logitBytes, tableGrad);
-  const headFirst = held * logitBytes + headWork;
-  const laterHeld = pp > 1 && layout.schedule === 'gpipe' ? held - 1 : held;
-  const headLater = accumulating ? laterHeld * logitBytes + headWork + grads : 0;
-  const laterWins = headLater >= headFirst;
-  const headPhase = !last ? 0 : laterWins ? headLater - grads : headFirst;
-  const embedPhase = first && pp > 1 ? tableGrad : 0;
-  logits = last ? held * logitBytes : 0;
-  // Gradients are counted in the total only where the peak meets them.
-  const gradsAtPeak = !last || laterWins ? grads : 0;
-  const transient = Math.max(headPhase - logits, embedPhase);
-  // Full recomputation: one layer's activations rebuilt in its backward (after the logits are freed).
+  const tableGrad = sc(table), chunk = sc(4 * chunkElems(4));
+  // The head's forward: each micro-batch whose head ran and whose backward has not holds its table
+  // and input gradients; the one running holds a chunk of logits. Under GPipe every forward comes
+  // before any backward (no gradients yet); under 1F1B or accumulation later heads meet them.
+  const headGrads = tableGrad + sc(unitRep * (sp ? t : 1));
+  // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
+  // (a recomputed block keeps none).
+  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit));
+  const headPhase = last ? held * headGrads + chunk + transient : 0;
+  const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
+  logits = last ? chunk : 0;
+  // The end of the backward: every gradient and the embedding's dense table gradient (the first
+  // stage; without a pipeline the only stage, whose activations are then freed).
+  const embedPhase = first ? allGrads + tableGrad + (pp > 1 ? activations : 0) : 0;
+  const headTotal = activations + headPhase + (laterHead ? grads : 0);
+  const embedWins = embedPhase > headTotal;
+  // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
   const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
+  let gradsAtPeak: number;
+  if (embedWins) {
+    gradsAtPeak = allGrads;
+    activations = pp > 1 ? activations : 0;
+    logits = 0;
+    buffers += tableGrad;
+  } else {
+    gradsAtPeak = laterHead ? grads : 0;
+    buffers += headPhase - logits;
+  }
   activations += recomputeExtra;
-  buffers += transient;
-  const total = sc(params) + gradsAtPeak + optimizerState + activations + logits + buffers;
-  return { stage, numParams: psi, params, grads: gradsAtPeak, optimizerState, activations, logits, buffers, overhead: sc(params) - params, total, hostBytes, inFlight: held };
+  // The allocator's size classes round the weights and each of Adam's two moments.
+  const overhead = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0);
+  const total = params + gradsAtPeak + optimizerState + activations + logits + buffers + overhead;
+  return { stage, numParams: psi, params, grads: gradsAtPeak, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held };
 }
 
 /** The memory of every pipeline stage's rank. */

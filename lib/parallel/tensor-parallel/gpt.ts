@@ -14,7 +14,7 @@ import type { Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear } from './layers.js';
 import { copyToRegion, gatherFromRegion } from './mappings.js';
-import { VocabParallelEmbedding, vocabParallelCrossEntropy } from './vocab.js';
+import { VocabParallelEmbedding, vocabParallelCrossEntropy, vocabParallelLinearCrossEntropy } from './vocab.js';
 
 /**
  * Throws one ArgumentError listing every reason a GPT cannot be split `tp` ways: the attention
@@ -68,7 +68,8 @@ export function tensorParallelLinearFactory(group: CollectiveGroup, { sequencePa
 /**
  * The vocabulary split by rows across `group`: a VocabParallelEmbedding, a head whose input is
  * copied into the region (its gradient is summed over the vocabulary slices) and gives this rank's
- * slice of the logits, vocabParallelCrossEntropy, and gatherFromRegion for full rows. Under
+ * slice of the logits, vocabParallelCrossEntropy, gatherFromRegion for full rows, and the fused
+ * head vocabParallelLinearCrossEntropy for training. Under
  * sequenceParallel the embedding gives this rank's chunk of the sequence and the head gathers the
  * chunks (a column-parallel layer over the vocabulary), so the logits cover the whole sequence.
  */
@@ -79,6 +80,7 @@ export function vocabParallelLayout(group: CollectiveGroup, { sequenceParallel =
     logits: (x, table) => (sequenceParallel ? sequenceGatheredLinear(x, table, null, group) : linear(copyToRegion(x, group), table)),
     loss: (logits, targets) => vocabParallelCrossEntropy(logits, targets, group),
     gather: (logits) => gatherFromRegion(logits, group),
+    headLoss: (x, table, targets) => vocabParallelLinearCrossEntropy(x, table, targets, group, { sequenceParallel }),
   };
 }
 

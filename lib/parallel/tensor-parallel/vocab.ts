@@ -14,7 +14,8 @@ import { fmtShape } from '../../shape.js';
 import type { Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { divisible, initAndTakeRows } from './layers.js';
-import { allReduceSync, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
+import { allReduceSync, copyToRegion, gatherFromSequenceRegion, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
+import { checkHeadOptions, checkHeadShapes, chunkedLinearCrossEntropy, flattenRows, type HeadChunkRule, type LinearCrossEntropyOptions } from '../../ops/linear-cross-entropy.js';
 
 /** The vocabulary rows [start, end) that group rank `rank` holds when `vocabSize` is split `size` ways. */
 export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): {
@@ -124,6 +125,69 @@ const IGNORED = -1;    // backward: the row has no loss, its gradient is zero
 const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's gradient is softmax only
 
 /**
+ * Full-vocabulary targets as the kernels of this rank's slice read them: forward, the target's
+ * column here or NOT_HERE; backward, that column, ELSEWHERE, or IGNORED for ignoreIndex (whose rows
+ * are not counted). An ArgumentError for a target outside the vocabulary.
+ */
+function encodeShardTargets(call: string, targets: Tensor, ignoreIndex: number, localVocab: number, group: CollectiveGroup): {
+  fwdTargets: Int32Array; bwdTargets: Int32Array; counted: number;
+} {
+  const vocab = localVocab * group.size, start = group.rank * localVocab;
+  const N = targets.size;
+  const t = targets.toArraySync() as Int32Array;
+  const fwdTargets = new Int32Array(N), bwdTargets = new Int32Array(N);
+  let counted = 0;
+  for (let i = 0; i < N; i++) {
+    const id = t[i]!;
+    if (id === ignoreIndex) { fwdTargets[i] = NOT_HERE; bwdTargets[i] = IGNORED; continue; }
+    if (id < 0 || id >= vocab) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${vocab})`);
+    counted++;
+    const owned = id >= start && id < start + localVocab;
+    fwdTargets[i] = owned ? id - start : NOT_HERE;
+    bwdTargets[i] = owned ? id - start : ELSEWHERE;
+  }
+  return { fwdTargets, bwdTargets, counted };
+}
+
+/**
+ * The cross-entropy forward of `rows` rows of logits [rows, localVocab] (a prefix of `logits`) whose
+ * vocabulary is split across the group, combined across it: each row's logsumexp over the whole
+ * vocabulary and the sum of the counted rows' losses (the same on every rank). fwdTargets (and its
+ * host copy `here`) holds each row's target column in this slice or NOT_HERE; bwdTargets[i] is
+ * IGNORED for rows without loss.
+ * Two allReduces: the max of the slices' logsumexps, then one sum of three values per row.
+ */
+function combineShardRows(logits: Tensor, fwdTargets: Tensor, here: ArrayLike<number>, bwdTargets: ArrayLike<number>, rows: number,
+  localVocab: number, group: CollectiveGroup, call: string): { lse: Float32Array; total: number } {
+  using shardLoss = emptyLike(logits, [rows], 'f32');
+  using shardLse = emptyLike(logits, [rows], 'f32');
+  logits.backend.cross_entropy_forward(logits.storage, fwdTargets.storage, shardLoss.storage, shardLse.storage, rows, localVocab, NOT_HERE, code(logits));
+  const lossHere = shardLoss.toArraySync() as Float32Array, lseHere = shardLse.toArraySync() as Float32Array;
+  // The largest slice logsumexp of each row bounds the exponents below. One sum then carries
+  // Σ_r exp(lse_r − max), and from the target's owner its slice loss lse_r − x[target] and lse_r − max,
+  // so that loss = slice loss + log Σ − (lse_r − max) adds small numbers only (no cancellation of
+  // two large logits in f32).
+  allReduceSync(shardLse, group, `${call} (max)`, 'max');
+  const rowMax = shardLse.toArraySync() as Float32Array;
+  const packed = new Float32Array(3 * rows);
+  for (let i = 0; i < rows; i++) {
+    packed[i] = Math.exp(lseHere[i]! - rowMax[i]!);
+    if (here[i] !== NOT_HERE) { packed[rows + i] = lossHere[i]!; packed[2 * rows + i] = lseHere[i]! - rowMax[i]!; }
+  }
+  using sums = tensor(packed, [3 * rows], { device: logits.device });
+  allReduceSync(sums, group, `${call} (sum)`);
+  const summed = sums.toArraySync() as Float32Array;
+  const lse = new Float32Array(rows);
+  let total = 0;
+  for (let i = 0; i < rows; i++) {
+    const logSum = Math.log(summed[i]!);
+    lse[i] = rowMax[i]! + logSum;
+    if (bwdTargets[i] !== IGNORED) total += summed[rows + i]! + logSum - summed[2 * rows + i]!;
+  }
+  return { lse, total };
+}
+
+/**
  * Mean cross-entropy of logits whose vocabulary dimension is split across the group: localLogits
  * [..., V/tp] holds this rank's contiguous slice of every row, targets (i32 [...], the same on every
  * rank) index the full vocabulary. One autograd op; the loss is the same scalar on every rank.
@@ -145,50 +209,13 @@ export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, 
   if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer`);
   const localVocab = localLogits.shape[localLogits.ndim - 1]!;
   if (localVocab === 0) throw new ShapeError(`${call}: empty vocabulary slice`);
-  const vocab = localVocab * group.size, start = group.rank * localVocab;
   const N = targets.size;
-  const t = targets.toArraySync() as Int32Array;
-  const fwdTargets = new Int32Array(N), bwdTargets = new Int32Array(N);
-  let counted = 0;
-  for (let i = 0; i < N; i++) {
-    const id = t[i]!;
-    if (id === ignoreIndex) { fwdTargets[i] = NOT_HERE; bwdTargets[i] = IGNORED; continue; }
-    if (id < 0 || id >= vocab) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${vocab})`);
-    counted++;
-    const owned = id >= start && id < start + localVocab;
-    fwdTargets[i] = owned ? id - start : NOT_HERE;
-    bwdTargets[i] = owned ? id - start : ELSEWHERE;
-  }
+  const { fwdTargets, bwdTargets, counted } = encodeShardTargets(call, targets, ignoreIndex, localVocab, group);
   const device = localLogits.device;
 
   // This slice's logsumexp per row, and lse − x[target] where the target is here (0 elsewhere).
   using fwdT = tensor(fwdTargets, [N], { dtype: 'i32', device });
-  using shardLoss = emptyLike(localLogits, [N], 'f32');
-  using shardLse = emptyLike(localLogits, [N], 'f32');
-  localLogits.backend.cross_entropy_forward(localLogits.storage, fwdT.storage, shardLoss.storage, shardLse.storage, N, localVocab, NOT_HERE, code(localLogits));
-  const lossHere = shardLoss.toArraySync() as Float32Array, lseHere = shardLse.toArraySync() as Float32Array;
-
-  // The largest slice logsumexp of each row bounds the exponents below. One sum then carries
-  // Σ_r exp(lse_r − max), and from the target's owner its slice loss lse_r − x[target] and lse_r − max,
-  // so that loss = slice loss + log Σ − (lse_r − max) adds small numbers only (no cancellation of
-  // two large logits in f32).
-  allReduceSync(shardLse, group, `${call} (max)`, 'max');
-  const rowMax = shardLse.toArraySync() as Float32Array;
-  const packed = new Float32Array(3 * N);
-  for (let i = 0; i < N; i++) {
-    packed[i] = Math.exp(lseHere[i]! - rowMax[i]!);
-    if (fwdTargets[i] !== NOT_HERE) { packed[N + i] = lossHere[i]!; packed[2 * N + i] = lseHere[i]! - rowMax[i]!; }
-  }
-  using sums = tensor(packed, [3 * N], { device });
-  allReduceSync(sums, group, `${call} (sum)`);
-  const summed = sums.toArraySync() as Float32Array;
-  const lse = new Float32Array(N);
-  let total = 0;
-  for (let i = 0; i < N; i++) {
-    const logSum = Math.log(summed[i]!);
-    lse[i] = rowMax[i]! + logSum;
-    if (bwdTargets[i] !== IGNORED) total += summed[N + i]! + logSum - summed[2 * N + i]!;
-  }
+  const { lse, total } = combineShardRows(localLogits, fwdT, fwdTargets, bwdTargets, N, localVocab, group, call);
   const out = emptyLike(localLogits, []);
   out.backend.fill(out.storage, code(out), 1, counted > 0 ? total / counted : Number.NaN);
   if (!needsGrad(localLogits)) return out;
@@ -202,4 +229,51 @@ export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, 
     g.backend.cross_entropy_shard_backward(ls.storage, bwdT.storage, lseT.storage, g.storage, gl.storage, N, localVocab, IGNORED, scale, code(g));
     return [gl, null];
   }, [ls, lseT, bwdT]);
+}
+
+/** Options of {@link vocabParallelLinearCrossEntropy}. */
+export interface VocabParallelLinearCrossEntropyOptions extends Omit<LinearCrossEntropyOptions, 'bias'> {
+  /**
+   * x is this rank's chunk [B, T/size, C] of the sequence (sequence parallelism): the chunks are
+   * gathered along the sequence first (and the gradient reduce-scattered back), and targets are
+   * the whole sequence [B, T]. Default false: x [..., C] is the same on every rank.
+   */
+  sequenceParallel?: boolean;
+}
+
+/**
+ * The vocabulary-parallel LM head fused with its loss: cross-entropy of the logits x·weightᵀ, where
+ * weight [V/size, C] is this rank's contiguous slice of the vocabulary (a VocabParallelEmbedding's
+ * table), against full-vocabulary targets; equal to `vocabParallelCrossEntropy(linear(x, weight),
+ * targets, group)` up to float rounding, and the same scalar on every rank. The logits exist one
+ * chunk of rows at a time, as in linearCrossEntropy: per chunk, the rows' maxima and
+ * [sum of exps, target terms] are combined across the group (two allReduces), and the gradients of
+ * both inputs are made in the same pass. x's gradient is summed over the group in backward (each
+ * slice contributes its part); under opts.sequenceParallel it is reduce-scattered to the chunks.
+ */
+export function vocabParallelLinearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, group: CollectiveGroup,
+  opts: VocabParallelLinearCrossEntropyOptions = {}): Tensor {
+  const call = 'vocabParallelLinearCrossEntropy';
+  const { reduction, ignoreIndex, chunkRows } = checkHeadOptions(call, opts);
+  checkFloats(call, { x, weight });
+  if (opts.sequenceParallel && x.ndim !== 3) throw new ShapeError(`${call}: under sequence parallelism x must be this rank's chunk [B, T/${group.size}, C], got ${x.describe()}`);
+  // Every rank's slice needs the whole input; its gradient is the sum of the slices' parts.
+  const input = opts.sequenceParallel ? gatherFromSequenceRegion(x, group) : copyToRegion(x, group);
+  const [rows, flatTargets] = flattenRows(call, input, targets);
+  const { n, v: localVocab } = checkHeadShapes(call, rows, weight, flatTargets);
+  const { fwdTargets, bwdTargets, counted } = encodeShardTargets(call, flatTargets, ignoreIndex, localVocab, group);
+  const device = x.device;
+  using fwdAll = tensor(fwdTargets, [n], { dtype: 'i32', device });
+  const rule: HeadChunkRule = {
+    call, counted,
+    rows(logits, start, count) {
+      using fwdT = emptyLike(fwdAll, [count]);
+      fwdT.backend.copy(fwdT.storage, 0, fwdAll.storage, start * 4, count * 4);
+      const bwd = bwdTargets.subarray(start, start + count);
+      const { lse, total } = combineShardRows(logits, fwdT, fwdTargets.subarray(start, start + count), bwd, count, localVocab, group, call);
+      const lseT = tensor(lse, [count], { device });
+      return { loss: total, lse: lseT, targets: tensor(bwd, [count], { dtype: 'i32', device }), ignore: IGNORED, shard: true };
+    },
+  };
+  return chunkedLinearCrossEntropy(rows, weight, null, [flatTargets], rule, reduction, chunkRows);
 }
