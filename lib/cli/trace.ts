@@ -1,9 +1,13 @@
 // `nodetron trace merge DIR [--out F]`: joins the per-rank traces NODETRON_TRACE=DIR wrote
 // (lib/distributed/trace.ts) into one Chrome trace-event file for Perfetto / chrome://tracing, each
 // rank shifted by the clock offset it measured at init, one process per rank, named tracks.
+// `nodetron trace stragglers DIR`: the straggler score of every rank from the per-step metrics the
+// job wrote there (lib/distributed/metrics.ts), as a table.
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { TRACKS } from '../distributed/trace.js';
+import { formatStragglers, readMetrics, stragglerScores } from '../distributed/metrics.js';
+import { ArgumentError } from '../errors.js';
 
 interface RankTrace {
   traceEvents: Array<{ ts: number; pid: number; tid: number; ph: string; [k: string]: unknown }>;
@@ -13,7 +17,7 @@ interface RankTrace {
 /** The merged trace of every `rank-R.trace.json` in `dir`. */
 export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents']; displayTimeUnit: string; otherData: Record<string, unknown> } {
   const files = readdirSync(dir).filter((f) => /^rank-\d+\.trace\.json$/.test(f));
-  if (files.length === 0) throw new Error(`no rank-R.trace.json in ${dir} (run the job with NODETRON_TRACE=${dir})`);
+  if (files.length === 0) throw new ArgumentError(`no rank-R.trace.json in ${dir} (run the job with NODETRON_TRACE=${dir})`);
   const traces = files.map((f) => JSON.parse(readFileSync(join(dir, f), 'utf8')) as RankTrace).sort((a, b) => a.otherData.rank - b.otherData.rank);
   let t0 = Infinity;
   for (const t of traces) for (const e of t.traceEvents) t0 = Math.min(t0, e.ts + t.otherData.clockOffsetUs);
@@ -33,16 +37,44 @@ export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents'
   };
 }
 
+const usage = `usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]
+         joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing
+       nodetron trace stragglers DIR [--threshold X (1.15)] [--skip N (1)] [--metric compute|step] [--json]
+         each rank's median compute time per step (without waits in collectives) against the ranks' median,
+         from the metrics a job run with NODETRON_TRACE=DIR or NODETRON_METRICS=DIR wrote; names ranks at or above X`;
+
+/** Runs `nodetron trace merge|stragglers`; returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
   const [sub, dir, ...rest] = argv;
-  if (sub !== 'merge' || !dir || argv.includes('--help')) {
-    console.log('usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]\n  joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing');
-    return argv.includes('--help') ? 0 : 2;
-  }
+  if (argv.includes('--help') || argv.includes('-h')) { console.log(usage); return 0; }
+  if ((sub !== 'merge' && sub !== 'stragglers') || !dir) { console.error(usage); return 2; }
+  if (sub === 'stragglers') return stragglersMain(dir, rest);
   const o = rest.indexOf('--out');
   const file = o >= 0 && rest[o + 1] ? rest[o + 1]! : join(dir, 'merged.trace.json');
   const merged = mergeTraces(dir);
   writeFileSync(file, JSON.stringify(merged));
   console.log(`${file}: ${merged.traceEvents.length} events from rank(s) ${(merged.otherData.ranks as number[]).join(', ')}`);
+  return 0;
+}
+
+function stragglersMain(dir: string, rest: string[]): number {
+  const opts: { threshold?: number; skip?: number; metric?: 'computeMs' | 'stepMs' } = {};
+  let json = false;
+  for (let i = 0; i < rest.length; i++) {
+    const a = rest[i]!, v = rest[i + 1];
+    if (a === '--json') { json = true; continue; }
+    if (v === undefined) throw new ArgumentError(`trace stragglers: ${a} needs a value`);
+    i++;
+    if (a === '--threshold') opts.threshold = Number(v);
+    else if (a === '--skip') opts.skip = Number(v);
+    else if (a === '--metric') {
+      if (v !== 'compute' && v !== 'step') throw new ArgumentError(`trace stragglers: --metric must be compute or step, got ${JSON.stringify(v)}`);
+      opts.metric = v === 'compute' ? 'computeMs' : 'stepMs';
+    } else throw new ArgumentError(`trace stragglers: unknown option ${a}`);
+  }
+  const metrics = readMetrics(dir);
+  if (metrics.size === 0) throw new ArgumentError(`trace stragglers: no rank-R.metrics.jsonl in ${dir} (run the job with NODETRON_TRACE=${dir} or NODETRON_METRICS=${dir})`);
+  const report = stragglerScores(metrics, opts);
+  console.log(json ? JSON.stringify(report, null, 2) : formatStragglers(report));
   return 0;
 }
