@@ -9,7 +9,8 @@ commands:
   launch [options] script.ts     start one process per GPU (or N on CPU), torchrun-style
   plan --model M --gpus N [...]  ranked parallel layouts: memory per rank, fit, step time, command
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
-  trace merge DIR                one timeline from the per-rank traces of NODETRON_TRACE=DIR
+  trace merge|stragglers DIR     one timeline from the per-rank traces of NODETRON_TRACE=DIR; straggler scores
+  dashboard [DIR] [--port P]     web page: loss, throughput, rank × step heat-map, stragglers, memory
   bench gemm|comm|train|ops|checkpoint [...]
                                  benchmarks; each prints a table, --json F writes JSON
 
@@ -36,6 +37,8 @@ export async function main(argv: string[]): Promise<number> {
         return (await import('./cli/plan.js')).main(rest);
       case 'trace':
         return (await import('./cli/trace.js')).main(rest);
+      case 'dashboard':
+        return (await import('./cli/dashboard.js')).main(rest);
       case 'launch':
         return (await importCommand('./launch/cli.js')).main(rest);
       case 'bench': {
