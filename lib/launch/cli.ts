@@ -36,11 +36,16 @@ options:
   --heartbeat-timeout-ms MS  a node silent this long is reported and the job stopped         [30000]
   --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]
   --hang-timeout-ms MS       stop the job (with the flight recorder's analysis) when no local rank has
-                             completed a collective for this long; 0: off (ranks' own timeouts only) [0]`;
+                             completed a collective for this long; 0: off (ranks' own timeouts only) [0]
+  --self-check[=strict]      before training (inside distributed.init): an allreduce and an exchange between
+                             every pair of ranks, timed; rank 0 prints a summary naming a failed or slow link,
+                             rank or host; a failed link stops the job (strict: a slow one too). Give it on every node`;
 
 interface LaunchOptions extends Omit<AgentConfig, 'masterPort' | 'nprocPerNode'> {
   masterPort: number | undefined;
   nprocPerNode: number | 'auto';
+  /** --self-check: NODETRON_SELF_CHECK for the ranks (1, or strict). */
+  selfCheck?: '1' | 'strict';
 }
 
 const INT_OPTIONS: Record<string, keyof LaunchOptions> = {
@@ -90,6 +95,12 @@ export function parseLaunchArgs(argv: string[]): LaunchOptions | 'help' {
     }
     const eq = arg.indexOf('=');
     const flag = eq >= 0 ? arg.slice(0, eq) : arg;
+    if (flag === '--self-check') {
+      const mode = eq >= 0 ? arg.slice(eq + 1) : '1';
+      if (mode !== '1' && mode !== 'strict') throw new ArgumentError(`--self-check takes no value or =strict, got ${JSON.stringify(mode)}`);
+      o.selfCheck = mode;
+      continue;
+    }
     let value = eq >= 0 ? arg.slice(eq + 1) : argv[++i];
     if (value === undefined) throw new ArgumentError(`${flag} needs a value`);
     value = value.trim();
@@ -152,7 +163,10 @@ export async function main(argv: string[]): Promise<number> {
     server = await StoreServer.start({ host: parsed.nnodes > 1 ? '0.0.0.0' : '127.0.0.1', port: parsed.masterPort ?? 0 });
   }
   const masterPort = server?.port ?? parsed.masterPort!;
-  const config: AgentConfig = { ...parsed, nprocPerNode, masterPort };
+  const { selfCheck, ...agentOptions } = parsed;
+  // The ranks inherit the launcher's environment; init() runs the check when it sees the variable.
+  if (selfCheck) process.env.NODETRON_SELF_CHECK = selfCheck;
+  const config: AgentConfig = { ...agentOptions, nprocPerNode, masterPort };
   let store: Store | undefined;
   const signals: NodeJS.Signals[] = ['SIGINT', 'SIGTERM'];
   let agent: LaunchAgent | undefined;
