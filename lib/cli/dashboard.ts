@@ -9,7 +9,7 @@ import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { ArgumentError } from '../errors.js';
-import { readMetrics, stragglerScores, type StepMetrics, type StragglerReport } from '../distributed/metrics.js';
+import { METRIC_LABEL, readMetrics, stragglerScores, type StepMetrics, type StragglerMetric, type StragglerReport } from '../distributed/metrics.js';
 
 /** What the page shows (also the JSON of /api/data). */
 export interface DashboardData {
@@ -25,8 +25,10 @@ export interface DashboardData {
   loss: Array<[number, number]>;
   /** Global tokens per second per step (the first rank's record). */
   throughput: Array<[number, number]>;
-  /** Compute time (ms) per rank (rows, in `ranks` order) and step (columns, in `steps` order); null where missing. */
-  computeMs: Array<Array<number | null>>;
+  /** The scored time (ms; `stragglers.metric`) per rank (rows, in `ranks` order) and step (columns, in `steps` order); null where missing. */
+  scoredMs: Array<Array<number | null>>;
+  /** How the scored time is named. */
+  scoredLabel: string;
   /** Step time (ms), the same layout. */
   stepMs: Array<Array<number | null>>;
   /** Straggler scores of the ranks. */
@@ -45,7 +47,7 @@ export function dashboardData(dir: string, opts: { threshold?: number; skip?: nu
   for (const rows of metrics.values()) for (const r of rows) stepSet.add(r.step);
   const steps = [...stepSet].sort((a, b) => a - b);
   const col = new Map(steps.map((s, i) => [s, i]));
-  const grid = (key: 'computeMs' | 'stepMs') => ranks.map((rank) => {
+  const grid = (key: StragglerMetric) => ranks.map((rank) => {
     const row: Array<number | null> = steps.map(() => null);
     for (const r of metrics.get(rank)!) row[col.get(r.step)!] = r[key];
     return row;
@@ -55,11 +57,12 @@ export function dashboardData(dir: string, opts: { threshold?: number; skip?: nu
     const last = metrics.get(rank)!.at(-1);
     return last ? [{ rank, device: last.device, allocatedBytes: last.allocatedBytes, peakBytes: last.peakBytes, rssBytes: last.rssBytes }] : [];
   });
+  const stragglers = stragglerScores(metrics, opts);
   const traceFiles = existsSync(dir) ? readdirSync(dir).filter((f) => /^rank-\d+\.trace\.json$/.test(f)).length : 0;
   return {
     dir: resolve(dir), readAt: Date.now(), ranks, steps,
     loss: first.map((r) => [r.step, r.loss]), throughput: first.map((r) => [r.step, r.tokensPerSec]),
-    computeMs: grid('computeMs'), stepMs: grid('stepMs'), stragglers: stragglerScores(metrics, opts), memory, traceFiles,
+    scoredMs: grid(stragglers.metric), scoredLabel: METRIC_LABEL[stragglers.metric].replace('median ', ''), stepMs: grid('stepMs'), stragglers, memory, traceFiles,
   };
 }
 
@@ -182,7 +185,7 @@ svg text { font: 11px system-ui, sans-serif; fill: #5b6475; }
 <div class="grid">
   <div class="card"><h2>Loss</h2><svg id="loss" width="560" height="220"></svg></div>
   <div class="card"><h2>Throughput (global tokens/s)</h2><svg id="tput" width="560" height="220"></svg></div>
-  <div class="card wide"><h2>Compute time per rank and step (ms, without waits in collectives; colour: against the step's median rank)</h2>
+  <div class="card wide"><h2 id="heat-title">Compute time per rank and step</h2>
     <div id="verdict"></div><svg id="heat" width="1160" height="200"></svg></div>
   <div class="card"><h2>Straggler scores</h2><table id="scores"></table></div>
   <div class="card"><h2>Memory per rank (latest step)</h2><svg id="mem" width="560" height="200"></svg></div>
@@ -235,15 +238,15 @@ function heatmap(svg, d) {
   size(svg, H);
   if (d.steps.length === 0) { el('text', { x: L, y: 20 }, svg, 'no steps yet'); return; }
   const cw = (W - L - 10) / d.steps.length;
-  const medians = d.steps.map((_, j) => median(d.computeMs.map((row) => row[j]).filter((v) => v !== null)));
+  const medians = d.steps.map((_, j) => median(d.scoredMs.map((row) => row[j]).filter((v) => v !== null)));
   const named = new Set(d.stragglers.stragglers);
   d.ranks.forEach((rank, i) => {
     const label = el('text', { x: L - 8, y: T + i * rowH + rowH / 2 + 4, 'text-anchor': 'end' }, svg, 'rank ' + rank);
     if (named.has(rank)) { label.setAttribute('style', 'fill:#b3261e;font-weight:700'); }
     d.steps.forEach((step, j) => {
-      const v = d.computeMs[i][j];
+      const v = d.scoredMs[i][j];
       const r = el('rect', { x: L + j * cw, y: T + i * rowH, width: Math.max(1, cw - 1), height: rowH - 2, fill: v === null ? '#e5e7eb' : heatColor(v / medians[j]) }, svg);
-      el('title', {}, r, 'rank ' + rank + ', step ' + step + ': ' + (v === null ? 'no record' : v.toFixed(1) + ' ms compute, ' + d.stepMs[i][j].toFixed(1) + ' ms step'));
+      el('title', {}, r, 'rank ' + rank + ', step ' + step + ': ' + (v === null ? 'no record' : v.toFixed(1) + ' ms ' + d.scoredLabel + ', ' + d.stepMs[i][j].toFixed(1) + ' ms step'));
     });
   });
   const y = T + rowH * d.ranks.length + 16;
@@ -251,10 +254,11 @@ function heatmap(svg, d) {
   el('text', { x: W - 10, y, 'text-anchor': 'end' }, svg, 'step ' + d.steps[d.steps.length - 1]);
   el('text', { x: (L + W) / 2, y, 'text-anchor': 'middle' }, svg, 'blue: faster than the step\\'s median rank · white: median · red: slower (full red at +50%)');
 }
+let LABEL = '';
 function scores(table, rep) {
   table.innerHTML = '';
   const head = table.insertRow();
-  for (const h of ['rank', 'steps', 'median compute ms', 'median step ms', 'score', '']) { const th = document.createElement('th'); th.textContent = h; head.appendChild(th); }
+  for (const h of ['rank', 'steps', 'median ' + LABEL, 'median step ms', 'score', '']) { const th = document.createElement('th'); th.textContent = h; head.appendChild(th); }
   for (const r of rep.ranks) {
     const tr = table.insertRow();
     if (r.straggler) tr.className = 'straggler';
@@ -280,6 +284,8 @@ function memory(svg, mem) {
 }
 function render(d) {
   const rep = d.stragglers;
+  LABEL = d.scoredLabel;
+  document.getElementById('heat-title').textContent = 'Per rank and step: ' + d.scoredLabel + ' (without waits in collectives; colour against the step\'s median rank)';
   document.getElementById('sub').textContent = d.dir + ' · ' + d.ranks.length + ' rank(s) · ' + d.steps.length + ' step(s)' +
     (d.loss.length ? ' · last loss ' + d.loss[d.loss.length - 1][1].toFixed(4) : '') + ' · ' + (LIVE ? 'live, read ' : 'read ') + new Date(d.readAt).toLocaleTimeString() +
     (d.traceFiles ? ' · ' + d.traceFiles + ' trace file(s): nodetron trace merge DIR' : '');

@@ -6,7 +6,7 @@
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { TRACKS } from '../distributed/trace.js';
-import { formatStragglers, readMetrics, stragglerScores } from '../distributed/metrics.js';
+import { formatStragglers, readMetrics, stragglerScores, type StragglerOptions } from '../distributed/metrics.js';
 import { ArgumentError } from '../errors.js';
 
 interface RankTrace {
@@ -39,8 +39,9 @@ export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents'
 
 const usage = `usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]
          joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing
-       nodetron trace stragglers DIR [--threshold X (1.15)] [--skip N (1)] [--metric compute|step] [--json]
-         each rank's median compute time per step (without waits in collectives) against the ranks' median,
+       nodetron trace stragglers DIR [--threshold X (1.15)] [--skip N (1)] [--metric auto|cpu|compute|step] [--json]
+         each rank's median compute time per step (without waits in collectives; auto: CPU time on cpu devices,
+         wall time on GPUs) against the ranks' median,
          from the metrics a job run with NODETRON_TRACE=DIR or NODETRON_METRICS=DIR wrote; names ranks at or above X`;
 
 /** Runs `nodetron trace merge|stragglers`; returns the exit code. */
@@ -58,7 +59,7 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 function stragglersMain(dir: string, rest: string[]): number {
-  const opts: { threshold?: number; skip?: number; metric?: 'computeMs' | 'stepMs' } = {};
+  const opts: StragglerOptions = {};
   let json = false;
   for (let i = 0; i < rest.length; i++) {
     const a = rest[i]!, v = rest[i + 1];
@@ -68,8 +69,9 @@ function stragglersMain(dir: string, rest: string[]): number {
     if (a === '--threshold') opts.threshold = Number(v);
     else if (a === '--skip') opts.skip = Number(v);
     else if (a === '--metric') {
-      if (v !== 'compute' && v !== 'step') throw new ArgumentError(`trace stragglers: --metric must be compute or step, got ${JSON.stringify(v)}`);
-      opts.metric = v === 'compute' ? 'computeMs' : 'stepMs';
+      const metric = ({ auto: 'auto', cpu: 'cpuMs', compute: 'computeMs', step: 'stepMs' } as const)[v as 'auto'];
+      if (!metric) throw new ArgumentError(`trace stragglers: --metric must be auto, cpu, compute or step, got ${JSON.stringify(v)}`);
+      opts.metric = metric;
     } else throw new ArgumentError(`trace stragglers: unknown option ${a}`);
   }
   const metrics = readMetrics(dir);

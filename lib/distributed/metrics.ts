@@ -6,8 +6,10 @@
 // detector and of MegaScale's per-rank timing: in a synchronous job every rank's step time is that
 // of the slowest, so only the time a rank spends computing tells which rank is slow. The dashboard
 // (lib/cli/dashboard.ts) and `nodetron trace stragglers` both use it.
-// NODETRON_DEBUG_SLOW_RANK=R[:F] makes rank R compute (1 + F) times as long (default F 0.3) by a
-// sleep after each backward: the test hook for the straggler detector and the self-check.
+// On cpu devices the score uses the CPU time of those phases: wall time there mostly measures how the
+// OS shares the cores (a loaded machine would hide or invent stragglers); on GPUs, wall time.
+// NODETRON_DEBUG_SLOW_RANK=R[:F] makes rank R compute (1 + F) times as long (default F 0.3) by a busy
+// wait after each backward: the test hook for the straggler detector (and, as a delay of its sends, for the self-check).
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { ArgumentError } from '../errors.js';
@@ -28,8 +30,10 @@ export interface StepMetrics {
   time: number;
   /** Wall time of the whole step (ms). */
   stepMs: number;
-  /** Time computing: forward, backward and the optimizer, without waits in collectives (ms). */
+  /** Time computing: forward, backward and the optimizer, without waits in collectives (wall ms). */
   computeMs: number;
+  /** The process's CPU time (every thread) over the same phases (ms): what the score uses on cpu devices. */
+  cpuMs: number;
   /** The global batch's loss. */
   loss: number;
   /** Tokens of the global batch. */
@@ -91,9 +95,16 @@ export interface StragglerOptions {
   skip?: number;
   /** A rank whose score is at least this is named a straggler (default 1.15: 15% slower than the typical rank). */
   threshold?: number;
-  /** Which time is scored (default 'computeMs'; 'stepMs' is the same on every rank of a synchronous job). */
-  metric?: 'computeMs' | 'stepMs';
+  /**
+   * Which time is scored: 'cpuMs' (CPU time of the compute phases), 'computeMs' (their wall time), or
+   * 'stepMs' (the same on every rank of a synchronous job). Default 'auto': cpuMs when every record
+   * is from a cpu device, computeMs otherwise.
+   */
+  metric?: StragglerMetric | 'auto';
 }
+
+/** A time per step that straggler scores can use. */
+export type StragglerMetric = 'computeMs' | 'cpuMs' | 'stepMs';
 
 /** The score of one rank. */
 export interface RankScore {
@@ -122,7 +133,7 @@ export interface StragglerReport {
   /** The threshold used. */
   threshold: number;
   /** The metric scored. */
-  metric: 'computeMs' | 'stepMs';
+  metric: StragglerMetric;
 }
 
 /** The median of a list (the lower middle element for an even count); NaN for none. */
@@ -139,11 +150,14 @@ export function lowerMedian(xs: readonly number[]): number {
  * cannot move it; a rank at or above `threshold` is named.
  */
 export function stragglerScores(metrics: Map<number, StepMetrics[]> | Record<number, StepMetrics[]>, opts: StragglerOptions = {}): StragglerReport {
-  const skip = opts.skip ?? 1, threshold = opts.threshold ?? 1.15, metric = opts.metric ?? 'computeMs';
+  const skip = opts.skip ?? 1, threshold = opts.threshold ?? 1.15, asked = opts.metric ?? 'auto';
   if (!Number.isInteger(skip) || skip < 0) throw new ArgumentError(`stragglerScores: skip must be an integer >= 0, got ${skip}`);
   if (!(threshold > 0)) throw new ArgumentError(`stragglerScores: threshold must be > 0, got ${threshold}`);
-  if (metric !== 'computeMs' && metric !== 'stepMs') throw new ArgumentError(`stragglerScores: metric must be 'computeMs' or 'stepMs', got ${String(metric)}`);
+  if (!['auto', 'computeMs', 'cpuMs', 'stepMs'].includes(asked)) throw new ArgumentError(`stragglerScores: metric must be 'auto', 'cpuMs', 'computeMs' or 'stepMs', got ${String(asked)}`);
   const entries = metrics instanceof Map ? [...metrics] : Object.entries(metrics).map(([r, m]) => [Number(r), m] as [number, StepMetrics[]]);
+  const all = entries.flatMap(([, rows]) => rows);
+  const metric: StragglerMetric = asked !== 'auto' ? asked
+    : all.length > 0 && all.every((r) => r.device.startsWith('cpu') && typeof r.cpuMs === 'number') ? 'cpuMs' : 'computeMs';
   const per = entries.map(([rank, rows]) => {
     // A rank with fewer steps than skip + 1 is scored on what it has.
     const used = rows.length > skip ? rows.slice(skip) : rows;
@@ -158,9 +172,12 @@ export function stragglerScores(metrics: Map<number, StepMetrics[]> | Record<num
   return { ranks, referenceMs, stragglers, threshold, metric };
 }
 
+/** How each metric is named in tables. */
+export const METRIC_LABEL: Record<StragglerMetric, string> = { cpuMs: 'median compute CPU ms', computeMs: 'median compute ms', stepMs: 'median step ms' };
+
 /** The report as a table (one row per rank) and a closing line naming the stragglers. */
 export function formatStragglers(r: StragglerReport): string {
-  const head = ['rank', 'steps', r.metric === 'computeMs' ? 'median compute ms' : 'median step ms', 'median step ms', 'score', ''];
+  const head = ['rank', 'steps', METRIC_LABEL[r.metric], 'median step ms', 'score', ''];
   const rows = r.ranks.map((x) => [String(x.rank), String(x.steps), x.medianMs.toFixed(1), x.medianStepMs.toFixed(1), x.score.toFixed(2), x.straggler ? 'STRAGGLER' : '']);
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
   const line = (cells: string[]) => cells.map((c, i) => c.padStart(widths[i]!)).join('  ').trimEnd();
@@ -182,8 +199,20 @@ export function debugSlowdown(rank: number): number {
   return Number(m[1]) === rank ? Number(m[2] ?? 0.3) : 0;
 }
 
-const sleeper = new Int32Array(new SharedArrayBuffer(4));
-/** Blocks the thread for `ms` (a stand-in for slower compute: nothing else runs meanwhile). */
-export function sleepSync(ms: number): void {
-  if (ms > 0) Atomics.wait(sleeper, 0, 0, ms);
+/** The process's CPU time so far (user + system, every thread; ms). */
+export function cpuNowMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+}
+
+/**
+ * Keeps this thread busy until the process has used `ms` more CPU time: a stand-in for slower
+ * compute (the debug slowdown), visible both in wall time and in CPU time, whatever the machine's load.
+ */
+export function busyWaitCpu(ms: number): void {
+  if (!(ms > 0)) return;
+  const until = cpuNowMs() + ms;
+  let x = 0;
+  while (cpuNowMs() < until) for (let i = 0; i < 10_000; i++) x = (x * 1103515245 + 12345) % 2147483648;
+  if (x === -1) process.stderr.write('');
 }

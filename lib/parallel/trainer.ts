@@ -12,7 +12,7 @@ import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { traceSpan } from '../distributed/trace.js';
-import { debugSlowdown, metricsEnabled, recordStepMetrics, sleepSync } from '../distributed/metrics.js';
+import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../distributed/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
 import { rangeAcrossRanks, type ParallelState } from './mesh.js';
@@ -75,6 +75,8 @@ export class ParallelTrainer<H extends { lr: number }> {
   #steps = 0;
   /** This step's time in forward, backward and the optimizer so far (ms; waits in collectives left out). */
   #computeMs = 0;
+  /** The process's CPU time over the same phases (ms). */
+  #cpuMs = 0;
   /** NODETRON_DEBUG_SLOW_RANK's extra compute fraction for this rank (0: none). */
   readonly #slowdown: number;
 
@@ -142,11 +144,12 @@ export class ParallelTrainer<H extends { lr: number }> {
   async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<TrainerStepResult> {
     const t0 = performance.now();
     this.#computeMs = 0;
+    this.#cpuMs = 0;
     const result = await scope(async () => {
       const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
       const losses = await traceSpan('forward+backward', () => run(this.#pipelineStage(inputs, targets, true), this.#microBatches));
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
-      if (this.#slowdown > 0) traceSpan('debug slowdown', () => { const ms = this.#computeMs * this.#slowdown; sleepSync(ms); this.#computeMs += ms; });
+      if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
       let gradNorm: number | undefined;
       if (this.#zero) {
@@ -160,9 +163,7 @@ export class ParallelTrainer<H extends { lr: number }> {
         if (this.#grads) await traceSpan('grad sync', () => this.#grads!.finishGradSync());
         await this.#sumTiedGrads();
         if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
-        const o0 = performance.now();
-        traceSpan('optimizer', () => this.#optimizer!.step());
-        this.#computeMs += performance.now() - o0;
+        this.#timed(() => traceSpan('optimizer', () => this.#optimizer!.step()));
         this.#optimizer!.zeroGrad();
       }
       const loss = await this.#globalLoss(losses);
@@ -179,17 +180,18 @@ export class ParallelTrainer<H extends { lr: number }> {
     const tokens = inputs.size * (mesh?.dpSize ?? 1);
     const mem = memoryStats(inputs.device);
     recordStepMetrics({
-      step: this.#steps, rank: mesh?.world.rank ?? Number(process.env.RANK ?? 0), time: Date.now(), stepMs, computeMs: this.#computeMs, loss,
+      step: this.#steps, rank: mesh?.world.rank ?? Number(process.env.RANK ?? 0), time: Date.now(), stepMs, computeMs: this.#computeMs, cpuMs: this.#cpuMs, loss,
       tokens, tokensPerSec: tokens / (stepMs / 1000), allocatedBytes: mem.allocated, peakBytes: mem.peak, rssBytes: process.memoryUsage.rss(), device: inputs.device,
     });
   }
 
-  /** Runs fn (sync, or async until it settles) and adds its time to this step's compute time. */
+  /** Runs fn (sync, or async until it settles) and adds its wall and CPU time to this step's compute time. */
   #timed<T>(fn: () => T): T {
-    const t = performance.now();
+    const t = performance.now(), c = cpuNowMs();
+    const done = () => { this.#computeMs += performance.now() - t; this.#cpuMs += cpuNowMs() - c; };
     const out = fn();
-    if (out instanceof Promise) return out.finally(() => { this.#computeMs += performance.now() - t; }) as T;
-    this.#computeMs += performance.now() - t;
+    if (out instanceof Promise) return out.finally(done) as T;
+    done();
     return out;
   }
 
