@@ -285,7 +285,7 @@ function memory(svg, mem) {
 function render(d) {
   const rep = d.stragglers;
   LABEL = d.scoredLabel;
-  document.getElementById('heat-title').textContent = 'Per rank and step: ' + d.scoredLabel + ' (without waits in collectives; colour against the step\'s median rank)';
+  document.getElementById('heat-title').textContent = 'Per rank and step: ' + d.scoredLabel + ' (without waits in collectives; colour: against the median rank of each step)';
   document.getElementById('sub').textContent = d.dir + ' · ' + d.ranks.length + ' rank(s) · ' + d.steps.length + ' step(s)' +
     (d.loss.length ? ' · last loss ' + d.loss[d.loss.length - 1][1].toFixed(4) : '') + ' · ' + (LIVE ? 'live, read ' : 'read ') + new Date(d.readAt).toLocaleTimeString() +
     (d.traceFiles ? ' · ' + d.traceFiles + ' trace file(s): nodetron trace merge DIR' : '');
@@ -296,7 +296,7 @@ function render(d) {
   if (rep.ranks.length === 0) { v.textContent = 'waiting for the first steps'; v.className = ''; }
   else if (rep.stragglers.length) {
     v.textContent = 'Slowest: ' + rep.stragglers.map((r) => 'rank ' + r + ' (score ' + rep.ranks.find((x) => x.rank === r).score.toFixed(2) + ')').join(', ') +
-      ' — at or above ' + rep.threshold + '× the median rank\\'s compute time';
+      ' — at or above ' + rep.threshold + ' × the median rank (' + d.scoredLabel + ')';
     v.className = 'bad';
   } else {
     const slow = rep.ranks.slice().sort((a, b) => b.score - a.score)[0];
