@@ -11,12 +11,12 @@ commands:
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
   trace merge|stragglers DIR     one timeline from the per-rank traces of NODETRON_TRACE=DIR; straggler scores
   dashboard [DIR] [--port P]     web page: loss, throughput, rank × step heat-map, stragglers, memory
-  bench gemm|comm|train|ops|checkpoint [...]
+  bench gemm|comm|train|ops|checkpoint|trace [...]
                                  benchmarks; each prints a table, --json F writes JSON
 
 run \`nodetron <command> --help\` for a command's options.`;
 
-const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint'];
+const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'trace'];
 
 interface Command { main(argv: string[]): Promise<number> }
 
