@@ -6,11 +6,12 @@
 // detector and of MegaScale's per-rank timing: in a synchronous job every rank's step time is that
 // of the slowest, so only the time a rank spends computing tells which rank is slow. The dashboard
 // (lib/cli/dashboard.ts) and `nodetron trace stragglers` both use it.
-// On cpu devices the score uses the CPU time of those phases: wall time there mostly measures how the
-// OS shares the cores (a loaded machine would hide or invent stragglers); on GPUs, wall time.
+// On cpu devices the score uses the main thread's CPU time in those phases: wall time there mostly
+// measures how the OS shares the cores (a loaded machine would hide or invent stragglers), and the
+// process's CPU time counts the communicator thread's work on overlapped gradient buckets; on GPUs, wall time.
 // NODETRON_DEBUG_SLOW_RANK=R[:F] makes rank R compute (1 + F) times as long (default F 0.3) by a busy
 // wait after each backward: the test hook for the straggler detector (and, as a delay of its sends, for the self-check).
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { ArgumentError } from '../errors.js';
 import { TRACE_DIR } from './trace.js';
@@ -32,7 +33,7 @@ export interface StepMetrics {
   stepMs: number;
   /** Time computing: forward, backward and the optimizer, without waits in collectives (wall ms). */
   computeMs: number;
-  /** The process's CPU time (every thread) over the same phases (ms): what the score uses on cpu devices. */
+  /** CPU time of the main thread (where the kernels run on cpu) over the same phases (ms): what the score uses on cpu devices. */
   cpuMs: number;
   /** The global batch's loss. */
   loss: number;
@@ -199,15 +200,32 @@ export function debugSlowdown(rank: number): number {
   return Number(m[1]) === rank ? Number(m[2] ?? 0.3) : 0;
 }
 
-/** The process's CPU time so far (user + system, every thread; ms). */
+// The main thread's CPU time: Node >= 23.9's process.threadCpuUsage; on Linux the thread's
+// schedstat (ns of CPU time, read through one kept descriptor: microseconds per read); else the
+// whole process's (which also counts the communicator's thread and so blurs the score).
+let schedstat: number | null | undefined;
+const schedBuf = Buffer.alloc(96);
+/** CPU time of the main thread so far (ms; where the platform cannot tell, the whole process's). */
 export function cpuNowMs(): number {
+  const thread = (process as unknown as { threadCpuUsage?: () => NodeJS.CpuUsage }).threadCpuUsage;
+  if (thread) { const u = thread.call(process); return (u.user + u.system) / 1000; }
+  if (schedstat === undefined) {
+    try { schedstat = openSync(`/proc/self/task/${process.pid}/schedstat`, 'r'); } catch { schedstat = null; }
+  }
+  if (schedstat !== null) {
+    try {
+      const n = readSync(schedstat, schedBuf, 0, schedBuf.length, 0);
+      const ns = Number.parseInt(schedBuf.toString('latin1', 0, n), 10);
+      if (Number.isFinite(ns)) return ns / 1e6;
+    } catch { /* fall through */ }
+  }
   const u = process.cpuUsage();
   return (u.user + u.system) / 1000;
 }
 
 /**
- * Keeps this thread busy until the process has used `ms` more CPU time: a stand-in for slower
- * compute (the debug slowdown), visible both in wall time and in CPU time, whatever the machine's load.
+ * Keeps this thread busy until it has used `ms` more CPU time: a stand-in for slower compute (the
+ * debug slowdown), visible both in wall time and in CPU time, whatever the machine's load.
  */
 export function busyWaitCpu(ms: number): void {
   if (!(ms > 0)) return;
