@@ -1,5 +1,6 @@
-// Regenerates docs/dashboard.png: trains the GPT example (examples/gpt/train.ts, Moby-Dick) with 4
-// data-parallel ranks on cpu, rank 2 made 30% slower (NODETRON_DEBUG_SLOW_RANK=2), recording with
+// Regenerates docs/dashboard.png: trains a small GPT (4 layers, width 128, context 128, vocabulary
+// 256, on a synthetic token shard: test/fixtures/launch/train-metrics.ts through nt.train.setup) with
+// 4 data-parallel ranks on cpu, rank 2 made 30% slower (NODETRON_DEBUG_SLOW_RANK=2), recording with
 // NODETRON_TRACE; then serves `nodetron dashboard` over the directory and has headless chromium
 // (Debian's `chromium` package) take the screenshot.
 // Run: npx tsx scripts/dashboard-screenshot.ts [--steps N (30)] [--out FILE (docs/dashboard.png)] [--dir DIR (a temporary one)]
@@ -20,7 +21,8 @@ const dir = resolve(arg('--dir', mkdtempSync(join(tmpdir(), 'nodetron-dashboard-
 
 // One BLAS thread per rank (4 ranks share the machine's cores); rank 2 computes 30% longer.
 Object.assign(process.env, { NODETRON_TRACE: dir, NODETRON_DEBUG_SLOW_RANK: '2', OPENBLAS_NUM_THREADS: '1' });
-const code = await launch(['--nproc-per-node', '4', join(root, 'examples', 'gpt', 'train.ts'), '--steps', steps, '--progress-every', '10', '--generate', '0']);
+const code = await launch(['--nproc-per-node', '4', join(root, 'test', 'fixtures', 'launch', 'train-metrics.ts'), '--steps', steps,
+  '--layers', '4', '--width', '128', '--ctx', '128', '--data', join(dir, 'data')]);
 if (code !== 0) process.exit(code);
 const server = await startDashboard(dir, { port: 0 });
 try {
