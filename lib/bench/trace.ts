@@ -1,14 +1,16 @@
 // `nodetron bench trace`: what tracing costs. Launches the same data-parallel GPT job (the small
 // configuration of lib/bench/configs.ts under DP2 by default) alternately without and with
 // NODETRON_TRACE (which also records the per-step metrics), several runs each; each rank times its
-// steps after warm-up. Prints per run the median step time (the slowest rank's), and the overhead:
-// the median over "with" runs against the median over "without" runs. Writes JSON with --json.
+// steps after warm-up. Prints per run the median step time (the slowest rank's) and the main thread's
+// CPU time per step (the work tracing adds, less blurred by a loaded machine), and the overheads: the
+// median over "with" runs against the median over "without" runs. Writes JSON with --json.
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { tensor } from '../creation.js';
 import { destroy } from '../distributed/init.js';
+import { cpuNowMs } from '../distributed/metrics.js';
 import { ArgumentError } from '../errors.js';
 import { cpu } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
@@ -21,8 +23,8 @@ import { slice } from '../ops/index.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
 
-/** One launch: each rank's step times (ms, after warm-up). */
-interface RunResult { traced: boolean; stepMs: number[][]; traceBytes?: number; traceEvents?: number }
+/** One launch: each rank's step times and its main thread's CPU time per step (ms, after warm-up). */
+interface RunResult { traced: boolean; stepMs: number[][]; cpuMs: number[][]; traceBytes?: number; traceEvents?: number }
 
 const usage = `usage: nodetron bench trace [--config tiny|small (small)] [--dp N (2)] [--steps N (6)] [--warmup N (2)] [--runs R (3)] [--json F]
   launches the GPT job R times without and R times with NODETRON_TRACE, alternating; per run, the median over the
@@ -51,15 +53,15 @@ async function rankMain(argv: string[]): Promise<number> {
   const { start, count } = batchSlice(globalBatch, mesh?.dpRank ?? 0, dp);
   using xs = slice(inputs, 0, start, start + count);
   using ys = slice(targets, 0, start, start + count);
-  const times: number[] = [];
+  const times: number[] = [], cpuTimes: number[] = [];
   for (let i = 0; i < warmup + steps; i++) {
-    const t0 = performance.now();
+    const t0 = performance.now(), c0 = cpuNowMs();
     await trainer.step(xs, ys);
-    if (i >= warmup) times.push(performance.now() - t0);
+    if (i >= warmup) { times.push(performance.now() - t0); cpuTimes.push(cpuNowMs() - c0); }
   }
   trainer.dispose();
   stage.dispose();
-  writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify(times));
+  writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify({ times, cpuTimes }));
   await destroy();
   return 0;
 }
@@ -93,8 +95,8 @@ export async function main(argv: string[]): Promise<number> {
           if (saved === undefined) delete process.env.NODETRON_TRACE; else process.env.NODETRON_TRACE = saved;
         }
         if (code !== 0) return code;
-        const stepMs = Array.from({ length: dp }, (_, r) => JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as number[]);
-        const result: RunResult = { traced, stepMs };
+        const ranks = Array.from({ length: dp }, (_, r) => JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as { times: number[]; cpuTimes: number[] });
+        const result: RunResult = { traced, stepMs: ranks.map((x) => x.times), cpuMs: ranks.map((x) => x.cpuTimes) };
         if (traced) {
           const files = readdirSync(traceDir).filter((f) => f.endsWith('.trace.json'));
           result.traceBytes = files.reduce((s, f) => s + statSync(join(traceDir, f)).size, 0);
@@ -108,19 +110,24 @@ export async function main(argv: string[]): Promise<number> {
   }
   // Per run: each timed step's slowest rank, then the median over steps.
   const runMedian = (r: RunResult) => median(r.stepMs[0]!.map((_, i) => Math.max(...r.stepMs.map((ranks) => ranks[i]!))));
+  // CPU time of the main thread per step, mean over ranks: what tracing adds to the work, less blurred by the machine's load.
+  const runCpu = (r: RunResult) => median(r.cpuMs[0]!.map((_, i) => r.cpuMs.reduce((s, ranks) => s + ranks[i]!, 0) / r.cpuMs.length));
   const off = results.filter((r) => !r.traced).map(runMedian), on = results.filter((r) => r.traced).map(runMedian);
   const offMs = median(off), onMs = median(on), overhead = onMs / offMs - 1;
+  const offCpu = median(results.filter((r) => !r.traced).map(runCpu)), onCpu = median(results.filter((r) => r.traced).map(runCpu)), cpuOverhead = onCpu / offCpu - 1;
   console.log(`\n# nodetron bench trace: GPT ${c.name} (${c.layers} layers, width ${c.width}, ctx ${c.ctx}, batch ${c.batch} per replica) under DP${dp} on cpu;`);
   console.log(`# ${runs} run(s) each without and with NODETRON_TRACE, alternating; ${warmup} warm-up + ${steps} timed steps per run\n`);
-  printTable(['run', 'tracing', 'median step ms (slowest rank)', 'trace events', 'trace MiB'], results.map((r, i) => [
-    Math.floor(i / 2) + 1, r.traced ? 'on' : 'off', runMedian(r).toFixed(1), r.traceEvents ?? '-', r.traceBytes === undefined ? '-' : (r.traceBytes / 2 ** 20).toFixed(2),
+  printTable(['run', 'tracing', 'median step ms (slowest rank)', 'main-thread CPU ms/step', 'trace events', 'trace MiB'], results.map((r, i) => [
+    Math.floor(i / 2) + 1, r.traced ? 'on' : 'off', runMedian(r).toFixed(1), runCpu(r).toFixed(1), r.traceEvents ?? '-', r.traceBytes === undefined ? '-' : (r.traceBytes / 2 ** 20).toFixed(2),
   ]));
   const load = (l: number[]) => l.map((v) => v.toFixed(1)).join(' ');
   console.log(`\n# median step: ${offMs.toFixed(1)} ms without, ${onMs.toFixed(1)} ms with tracing: overhead ${(overhead * 100).toFixed(2)}% (target <= 2%)`);
+  console.log(`# main-thread CPU per step: ${offCpu.toFixed(1)} ms without, ${onCpu.toFixed(1)} ms with tracing: ${(cpuOverhead * 100).toFixed(2)}%`);
+  console.log(`# trace events per rank and step: ${(results.filter((r) => r.traced).reduce((s, r) => s + r.traceEvents!, 0) / (runs * dp * (warmup + steps))).toFixed(1)}`);
   console.log(`# load average (1, 5, 15 min) at start: ${load(loadAtStart)}; at end: ${load(loadavg())} on ${cpus().length} cores (a loaded machine makes this indicative only)`);
   writeJson(o.json as string | undefined, {
     bench: 'trace', machine: machineRecord(), config: c, dp, steps, warmup, runs,
-    medianStepMs: { off: offMs, on: onMs }, overhead, runMedians: { off, on }, results, loadAverage: { atStart: loadAtStart, atEnd: loadavg() },
+    medianStepMs: { off: offMs, on: onMs }, overhead, medianCpuMs: { off: offCpu, on: onCpu }, cpuOverhead, runMedians: { off, on }, results, loadAverage: { atStart: loadAtStart, atEnd: loadavg() },
   });
   return 0;
 }
