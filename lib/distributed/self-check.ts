@@ -32,7 +32,7 @@ export interface SelfCheckOptions {
 }
 
 /** One link's result. */
-export interface LinkResult {
+export interface SelfCheckLink {
   /** The lower rank. */
   a: number;
   /** The higher rank. */
@@ -50,7 +50,7 @@ export interface LinkResult {
 }
 
 /** One rank's result. */
-export interface RankResult {
+export interface SelfCheckRank {
   /** Global rank. */
   rank: number;
   /** Its host name. */
@@ -67,12 +67,19 @@ export interface SelfCheckReport {
   worldSize: number;
   /** Bytes per exchange. */
   bytes: number;
-  /** The allreduce: median ms and bus bandwidth (2(n-1)/n · bytes / time, GB/s). */
-  allReduce: { ms: number; busGbps: number; error?: string };
+  /** The allreduce over the world. */
+  allReduce: {
+    /** Median time (ms). */
+    ms: number;
+    /** Bus bandwidth, 2(n-1)/n · bytes / time (GB/s). */
+    busGbps: number;
+    /** Why it failed. */
+    error?: string;
+  };
   /** Every pair of ranks. */
-  links: LinkResult[];
+  links: SelfCheckLink[];
   /** Every rank. */
-  ranks: RankResult[];
+  ranks: SelfCheckRank[];
   /** Ranks named slow, slowest first. */
   slowRanks: number[];
   /** Hosts all of whose ranks are slow (jobs over more than one host). */
@@ -101,7 +108,19 @@ export function tournamentRounds(n: number): Array<Array<[number, number]>> {
   return rounds;
 }
 
-interface RankRecord { rank: number; host: string; allReduceMs: number; allReduceError?: string; links: Record<string, { ms: number; error?: string }> }
+/** What one rank measured (shared through the store; the input of {@link analyzeSelfCheck}). */
+export interface SelfCheckRankRecord {
+  /** Global rank. */
+  rank: number;
+  /** Its host name. */
+  host: string;
+  /** Median allreduce time (ms; NaN when it failed). */
+  allReduceMs: number;
+  /** Why the allreduce (or a barrier between rounds) failed. */
+  allReduceError?: string;
+  /** Per link `a-b` (a < b) this rank took part in: median exchange time (ms), or the error. */
+  links: Record<string, { ms: number; error?: string }>;
+}
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -115,7 +134,7 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
   const n = world.size, me = world.rank;
   const slowdown = debugSlowdown(me);
   const count = Math.max(1, Math.floor(bytes / 4));
-  const record: RankRecord = { rank: me, host: hostname(), allReduceMs: NaN, links: {} };
+  const record: SelfCheckRankRecord = { rank: me, host: hostname(), allReduceMs: NaN, links: {} };
   using buf = zeros([count]);
   using out = zeros([count]);
   using inb = zeros([count]);
@@ -165,8 +184,8 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
   await store.set(key(me), JSON.stringify(record));
   let report: SelfCheckReport;
   if (me === 0) {
-    const records: RankRecord[] = [];
-    for (let r = 0; r < n; r++) records.push(JSON.parse(await store.getString(key(r), { timeoutMs: timeoutMs * (n + 2) })) as RankRecord);
+    const records: SelfCheckRankRecord[] = [];
+    for (let r = 0; r < n; r++) records.push(JSON.parse(await store.getString(key(r), { timeoutMs: timeoutMs * (n + 2) })) as SelfCheckRankRecord);
     report = analyzeSelfCheck(records, { bytes: count * 4, threshold, elapsedMs: performance.now() - t0 });
     await store.set('self-check/report', JSON.stringify(report));
     (opts.log ?? ((s: string) => process.stderr.write(`${s}\n`)))(formatSelfCheck(report, threshold));
@@ -178,11 +197,11 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
 }
 
 /** The report from every rank's measurements (exported for tests). */
-export function analyzeSelfCheck(records: RankRecord[], o: { bytes: number; threshold: number; elapsedMs: number }): SelfCheckReport {
+export function analyzeSelfCheck(records: SelfCheckRankRecord[], o: { bytes: number; threshold: number; elapsedMs: number }): SelfCheckReport {
   const n = records.length;
   const arMs = lowerMedian(records.map((r) => r.allReduceMs).filter((x) => Number.isFinite(x)));
   const arError = records.find((r) => r.allReduceError)?.allReduceError;
-  const links: LinkResult[] = [];
+  const links: SelfCheckLink[] = [];
   for (let a = 0; a < n; a++) {
     for (let b = a + 1; b < n; b++) {
       const ends = [records[a]!.links[`${a}-${b}`], records[b]!.links[`${a}-${b}`]];
@@ -194,7 +213,7 @@ export function analyzeSelfCheck(records: RankRecord[], o: { bytes: number; thre
   const okLinks = links.filter((l) => !l.error);
   const med = lowerMedian(okLinks.map((l) => l.ms));
   for (const l of okLinks) l.ratio = l.ms / med;
-  const ranks: RankResult[] = records.map((r) => {
+  const ranks: SelfCheckRank[] = records.map((r) => {
     const mine = okLinks.filter((l) => l.a === r.rank || l.b === r.rank).map((l) => l.ms);
     const others = okLinks.filter((l) => l.a !== r.rank && l.b !== r.rank).map((l) => l.ms);
     const score = mine.length && others.length ? lowerMedian(mine) / lowerMedian(others) : NaN;
