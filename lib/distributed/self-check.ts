@@ -7,7 +7,8 @@
 // init() on every rank (CommError, so the launcher stops the job with a non-zero exit); a slow rank
 // or link is a warning, or a CommError too in strict mode. MegaScale's pre-flight network tests are
 // the model. The results meet through the rendezvous store, so a broken link cannot hide them.
-// NODETRON_DEBUG_SLOW_RANK=R[:F] delays rank R's sends by F times the link's longest exchange (tests).
+// NODETRON_DEBUG_SLOW_RANK=R[:F] delays rank R's sends by F times the link's longest exchange, and
+// NODETRON_DEBUG_SELF_CHECK_DROP=A-B makes rank A never send to B (tests).
 import { hostname } from 'node:os';
 import { zeros } from '../creation.js';
 import { ArgumentError, CommError } from '../errors.js';
@@ -45,6 +46,8 @@ export interface SelfCheckLink {
   ratio: number;
   /** Why the link failed (its ranks' errors). */
   error?: string;
+  /** Neither rank got to it: the check stopped after another failure. */
+  untested?: boolean;
   /** Named slow (and not explained by a slow rank). */
   slow: boolean;
 }
@@ -80,6 +83,8 @@ export interface SelfCheckReport {
   links: SelfCheckLink[];
   /** Every rank. */
   ranks: SelfCheckRank[];
+  /** Ranks that stopped early because another rank gave up (after a failure elsewhere). */
+  stoppedRanks: number[];
   /** Ranks named slow, slowest first. */
   slowRanks: number[];
   /** Hosts all of whose ranks are slow (jobs over more than one host). */
@@ -88,6 +93,15 @@ export interface SelfCheckReport {
   verdict: 'ok' | 'slow' | 'failed';
   /** The whole check (ms). */
   elapsedMs: number;
+}
+
+/** NODETRON_DEBUG_SELF_CHECK_DROP=A-B: rank A never sends to rank B in the self-check (a failed link, for tests); the peer A drops, or -1. */
+function debugDroppedPeer(rank: number): number {
+  const v = process.env.NODETRON_DEBUG_SELF_CHECK_DROP;
+  if (!v) return -1;
+  const m = /^(\d+)-(\d+)$/.exec(v.trim());
+  if (!m) throw new ArgumentError(`NODETRON_DEBUG_SELF_CHECK_DROP must be A-B (rank A never sends to rank B), got ${JSON.stringify(v)}`);
+  return Number(m[1]) === rank ? Number(m[2]) : -1;
 }
 
 /** The rounds of a round-robin tournament over n ranks: each round, pairs [a, b] with every rank in at most one. */
@@ -116,8 +130,10 @@ export interface SelfCheckRankRecord {
   host: string;
   /** Median allreduce time (ms; NaN when it failed). */
   allReduceMs: number;
-  /** Why the allreduce (or a barrier between rounds) failed. */
+  /** Why the allreduce failed. */
   allReduceError?: string;
+  /** Why this rank stopped between rounds (a barrier failed: another rank gave up). */
+  stopped?: string;
   /** Per link `a-b` (a < b) this rank took part in: median exchange time (ms), or the error. */
   links: Record<string, { ms: number; error?: string }>;
 }
@@ -133,6 +149,7 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
   const bytes = opts.bytes ?? 4 * 2 ** 20, reps = opts.reps ?? 5, threshold = opts.threshold ?? 2, timeoutMs = opts.timeoutMs ?? 60_000;
   const n = world.size, me = world.rank;
   const slowdown = debugSlowdown(me);
+  const drop = debugDroppedPeer(me);
   const count = Math.max(1, Math.floor(bytes / 4));
   const record: SelfCheckRankRecord = { rank: me, host: hostname(), allReduceMs: NaN, links: {} };
   using buf = zeros([count]);
@@ -155,7 +172,7 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
   let broken = record.allReduceError !== undefined;
   for (const round of tournamentRounds(n)) {
     if (broken) break;
-    try { await world.barrier({ timeoutMs }); } catch (e) { broken = true; record.allReduceError ??= `barrier: ${(e as Error).message}`; break; }
+    try { await world.barrier({ timeoutMs }); } catch (e) { broken = true; record.stopped = `a barrier between rounds failed: ${(e as Error).message}`; break; }
     const pair = round.find(([a, b]) => a === me || b === me);
     if (!pair) continue;
     const peer = pair[0] === me ? pair[1] : pair[0];
@@ -168,7 +185,8 @@ export async function selfCheck(world: ProcessGroup, store: Store, opts: SelfChe
         // The debug slowdown: this rank's sends leave late (by F times the longest exchange so far, the delays left out).
         const slept = slowdown > 0 && i > 0 ? slowdown * longest : 0;
         if (slept > 0) await sleep(slept);
-        await Promise.all([world.send(out, peer, { timeoutMs }), recv]);
+        // The debug failure: this rank never sends to that peer (its recv there times out).
+        await Promise.all([drop === peer ? undefined : world.send(out, peer, { timeoutMs }), recv]);
         const dt = performance.now() - s;
         longest = Math.max(longest, dt - slept);
         if (i > 0) times.push(dt);
@@ -205,12 +223,13 @@ export function analyzeSelfCheck(records: SelfCheckRankRecord[], o: { bytes: num
   for (let a = 0; a < n; a++) {
     for (let b = a + 1; b < n; b++) {
       const ends = [records[a]!.links[`${a}-${b}`], records[b]!.links[`${a}-${b}`]];
-      const errors = ends.map((e, i) => (e === undefined ? `rank ${i === 0 ? a : b} did not test it` : e.error ? `rank ${i === 0 ? a : b}: ${e.error}` : '')).filter(Boolean);
+      if (ends[0] === undefined && ends[1] === undefined) { links.push({ a, b, ms: NaN, gbps: 0, ratio: NaN, untested: true, slow: false }); continue; }
+      const errors = ends.map((e, i) => (e === undefined ? `rank ${i === 0 ? a : b} did not get to it` : e.error ? `rank ${i === 0 ? a : b}: ${e.error}` : '')).filter(Boolean);
       const ms = errors.length ? NaN : Math.max(ends[0]!.ms, ends[1]!.ms);
       links.push({ a, b, ms, gbps: errors.length ? 0 : o.bytes / (ms / 1000) / 1e9, ratio: NaN, ...(errors.length ? { error: errors.join('; ') } : {}), slow: false });
     }
   }
-  const okLinks = links.filter((l) => !l.error);
+  const okLinks = links.filter((l) => !l.error && !l.untested);
   const med = lowerMedian(okLinks.map((l) => l.ms));
   for (const l of okLinks) l.ratio = l.ms / med;
   const ranks: SelfCheckRank[] = records.map((r) => {
@@ -223,12 +242,13 @@ export function analyzeSelfCheck(records: SelfCheckRankRecord[], o: { bytes: num
   for (const l of okLinks) l.slow = l.ratio >= o.threshold && !slowSet.has(l.a) && !slowSet.has(l.b);
   const hosts = [...new Set(ranks.map((r) => r.host))];
   const slowHosts = hosts.length > 1 ? hosts.filter((h) => ranks.filter((r) => r.host === h).every((r) => r.slow)) : [];
-  const failed = arError !== undefined || links.some((l) => l.error);
+  const stopped = records.filter((r) => r.stopped).map((r) => r.rank);
+  const failed = arError !== undefined || links.some((l) => l.error) || stopped.length > 0;
   const slow = slowSet.size > 0 || okLinks.some((l) => l.slow);
   return {
     worldSize: n, bytes: o.bytes,
     allReduce: { ms: arMs, busGbps: n > 1 && arMs > 0 ? ((2 * (n - 1)) / n) * o.bytes / (arMs / 1000) / 1e9 : 0, ...(arError ? { error: arError } : {}) },
-    links, ranks, slowRanks: ranks.filter((r) => r.slow).sort((x, y) => y.score - x.score).map((r) => r.rank), slowHosts,
+    links, ranks, stoppedRanks: stopped, slowRanks: ranks.filter((r) => r.slow).sort((x, y) => y.score - x.score).map((r) => r.rank), slowHosts,
     verdict: failed ? 'failed' : slow ? 'slow' : 'ok', elapsedMs: o.elapsedMs,
   };
 }
@@ -237,6 +257,9 @@ function verdictLine(r: SelfCheckReport, threshold: number): string {
   const parts: string[] = [];
   if (r.allReduce.error) parts.push(`the allreduce failed (${r.allReduce.error})`);
   for (const l of r.links.filter((x) => x.error)) parts.push(`link ${l.a}-${l.b} failed (${l.error})`);
+  const untested = r.links.filter((x) => x.untested).length;
+  if (untested > 0) parts.push(`${untested} link(s) untested: the check stopped after the failure`);
+  if (r.stoppedRanks.length > 0 && !r.links.some((x) => x.error)) parts.push(`rank(s) ${r.stoppedRanks.join(', ')} stopped: another rank gave up`);
   for (const h of r.slowHosts) parts.push(`host ${h} is slow (all its ranks)`);
   for (const k of r.slowRanks) {
     const x = r.ranks.find((y) => y.rank === k)!;
@@ -253,10 +276,11 @@ export function formatSelfCheck(r: SelfCheckReport, threshold = 2): string {
   lines.push(`  allreduce: ${r.allReduce.error ? `FAILED (${r.allReduce.error})` : `${r.allReduce.ms.toFixed(2)} ms, bus ${r.allReduce.busGbps.toFixed(2)} GB/s`}`);
   lines.push('  rank  host                  score  (its links / the others\')');
   for (const x of r.ranks) lines.push(`  ${String(x.rank).padStart(4)}  ${x.host.slice(0, 20).padEnd(20)}  ${Number.isFinite(x.score) ? x.score.toFixed(2).padStart(5) : '    -'}${x.slow ? '  SLOW' : ''}`);
-  const shown = [...r.links].sort((x, y) => (y.error ? Infinity : y.ratio) - (x.error ? Infinity : x.ratio)).slice(0, Math.max(6, r.links.filter((l) => l.slow || l.error).length));
+  const rankOf = (l: SelfCheckLink) => (l.error ? Infinity : l.untested ? -Infinity : l.ratio);
+  const shown = [...r.links].sort((x, y) => rankOf(y) - rankOf(x)).slice(0, Math.max(6, r.links.filter((l) => l.slow || l.error).length));
   lines.push('  link      ms     GB/s   x median');
   for (const l of shown) {
-    lines.push(`  ${`${l.a}-${l.b}`.padEnd(6)} ${l.error ? `FAILED: ${l.error}` : `${l.ms.toFixed(2).padStart(7)}  ${l.gbps.toFixed(2).padStart(7)}  ${l.ratio.toFixed(2).padStart(8)}${l.slow ? '  SLOW' : ''}`}`);
+    lines.push(`  ${`${l.a}-${l.b}`.padEnd(6)} ${l.error ? `FAILED: ${l.error}` : l.untested ? 'not tested' : `${l.ms.toFixed(2).padStart(7)}  ${l.gbps.toFixed(2).padStart(7)}  ${l.ratio.toFixed(2).padStart(8)}${l.slow ? '  SLOW' : ''}`}`);
   }
   if (shown.length < r.links.length) lines.push(`  (${r.links.length - shown.length} faster links not shown)`);
   lines.push(`  verdict: ${r.verdict.toUpperCase()}: ${verdictLine(r, threshold)}`);
@@ -265,14 +289,17 @@ export function formatSelfCheck(r: SelfCheckReport, threshold = 2): string {
 
 /**
  * The self-check init() runs when NODETRON_SELF_CHECK is set (1: warn on slow ranks and links;
- * strict: fail on them too). NODETRON_SELF_CHECK_MB sets the bytes per exchange and
- * NODETRON_SELF_CHECK_THRESHOLD the threshold.
+ * strict: fail on them too). NODETRON_SELF_CHECK_MB sets the bytes per exchange,
+ * NODETRON_SELF_CHECK_THRESHOLD the threshold, NODETRON_SELF_CHECK_TIMEOUT_MS each exchange's timeout.
  */
 export async function selfCheckFromEnv(world: ProcessGroup, store: Store): Promise<SelfCheckReport | undefined> {
   const v = process.env.NODETRON_SELF_CHECK;
   if (!v || v === '0') return undefined;
   if (v !== '1' && v !== 'strict') throw new ArgumentError(`NODETRON_SELF_CHECK must be 1 or strict, got ${JSON.stringify(v)}`);
   const mb = Number(process.env.NODETRON_SELF_CHECK_MB ?? 4), threshold = Number(process.env.NODETRON_SELF_CHECK_THRESHOLD ?? 2);
-  if (!(mb > 0) || !(threshold > 1)) throw new ArgumentError(`NODETRON_SELF_CHECK_MB must be > 0 and NODETRON_SELF_CHECK_THRESHOLD > 1, got ${mb} and ${threshold}`);
-  return selfCheck(world, store, { bytes: Math.round(mb * 2 ** 20), threshold, strict: v === 'strict' });
+  const timeoutMs = Number(process.env.NODETRON_SELF_CHECK_TIMEOUT_MS ?? 60_000);
+  if (!(mb > 0) || !(threshold > 1) || !(timeoutMs >= 1)) {
+    throw new ArgumentError(`NODETRON_SELF_CHECK_MB must be > 0, NODETRON_SELF_CHECK_THRESHOLD > 1 and NODETRON_SELF_CHECK_TIMEOUT_MS >= 1; got ${mb}, ${threshold} and ${timeoutMs}`);
+  }
+  return selfCheck(world, store, { bytes: Math.round(mb * 2 ** 20), threshold, strict: v === 'strict', timeoutMs });
 }

@@ -67,8 +67,14 @@ describe('self-check', () => {
     expect(host.slowHosts).toEqual(['h1']);
   });
 
-  it('fails on a failed link, naming it', () => {
-    const r = analyzeSelfCheck(records(4, () => 5, [1, 3]), opts);
+  it('fails on a failed link, naming it; links nobody got to are untested, not failed', () => {
+    const recs = records(4, () => 5, [1, 3]);
+    delete recs[0]!.links['0-2']; delete recs[2]!.links['0-2'];
+    recs[0]!.stopped = 'a barrier between rounds failed';
+    const r = analyzeSelfCheck(recs, opts);
+    expect(r.links.find((x) => x.a === 0 && x.b === 2)!.untested).toBe(true);
+    expect(r.stoppedRanks).toEqual([0]);
+    expect(formatSelfCheck(r)).toMatch(/1 link\(s\) untested/);
     expect(r.verdict).toBe('failed');
     const l = r.links.find((x) => x.a === 1 && x.b === 3)!;
     expect(l.error).toContain('timed out');

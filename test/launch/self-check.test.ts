@@ -1,7 +1,8 @@
 // `nodetron launch --self-check` through the launcher: a healthy 4-rank job passes init after rank 0
 // prints the summary; with rank 2's sends delayed (NODETRON_DEBUG_SLOW_RANK=2:3, its links about 4x
 // as long) the summary names rank 2 and only it, as a warning; --self-check=strict stops the job with
-// a non-zero exit and a CommError naming rank 2.
+// a non-zero exit and a CommError naming rank 2; a link that fails (rank 1 never sends to rank 3,
+// NODETRON_DEBUG_SELF_CHECK_DROP=1-3) stops the job before training with a CommError naming it.
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -42,5 +43,13 @@ describe('nodetron launch --self-check', () => {
     expect(strict.code, strict.output).not.toBe(0);
     expect(strict.output).toMatch(/CommError: self-check: rank 2 \(\S+\) is slow/);
     expect(strict.output).not.toContain('past init');
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('stops the job on a failed link, naming it', async () => {
+    const r = await launch('--self-check', { NODETRON_DEBUG_SELF_CHECK_DROP: '1-3', NODETRON_SELF_CHECK_TIMEOUT_MS: '3000' });
+    expect(r.code, r.output).not.toBe(0);
+    expect(r.output).toMatch(/\[rank 0\]   1-3\s+FAILED: rank 1: recv from rank 3/);
+    expect(r.output).toMatch(/CommError: self-check: link 1-3 failed \(rank 1: recv from rank 3 .*timed out/i);
+    expect(r.output).not.toContain('past init');
   }, QUEUED_TEST_TIMEOUT_MS);
 });
