@@ -3,7 +3,10 @@
 // NODETRON_TRACE (which also records the per-step metrics), several runs each; each rank times its
 // steps after warm-up. Prints per run the median step time (the slowest rank's) and the main thread's
 // CPU time per step (the work tracing adds, less blurred by a loaded machine), and the overheads: the
-// median over "with" runs against the median over "without" runs. Writes JSON with --json.
+// median over "with" runs against the median over "without" runs; and, measured in a traced child
+// process, the instrumentation's cost per span and per backward node, times the events of a step: a
+// bound on what tracing adds that a loaded machine cannot hide. Writes JSON with --json.
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -66,6 +69,27 @@ async function rankMain(argv: string[]): Promise<number> {
   return 0;
 }
 
+/**
+ * The instrumentation's own cost, measured in a process with tracing on (run as `--micro`): ns per
+ * traceSpan, per traceLayer and per backward node (BackwardRegions.at), the rest of the work nil.
+ * Load inflates these too, but they bound what tracing can add to a step: events × cost.
+ */
+async function microMain(): Promise<number> {
+  const { traceSpan, traceLayer, BackwardRegions, traceEnabled } = await import('../distributed/trace.js');
+  if (!traceEnabled) throw new ArgumentError('bench trace --micro: run with NODETRON_TRACE set');
+  const per = (n: number, fn: () => void) => { fn(); const t = performance.now(); for (let i = 0; i < n; i++) fn(); return ((performance.now() - t) / n) * 1e6; };
+  const n = 20_000;
+  const span = per(n, () => traceSpan('span', () => 0));
+  const layer = per(n, () => traceLayer('block', 1, () => 0));
+  const regions = new BackwardRegions();
+  let k = 0;
+  // One region change every 20 nodes, as in a block's backward.
+  const node = per(n * 10, () => regions.at((k++ % 20) === 0 ? `block ${k}` : `block ${k - (k % 20)}`));
+  regions.end();
+  console.log(JSON.stringify({ spanNs: span, layerNs: layer, backwardNodeNs: node }));
+  process.exit(0);
+}
+
 /** Runs the alternating launches, prints the table, writes the JSON. Returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, { config: 'string', dp: 'number', steps: 'number', warmup: 'number', runs: 'number', json: 'string', help: 'boolean' });
@@ -79,6 +103,12 @@ export async function main(argv: string[]): Promise<number> {
   }
   const { main: launch } = await import('../launch/cli.js');
   const results: RunResult[] = [];
+  // The per-call costs, in a traced child process (this one's tracing was decided at import).
+  const microDir = mkdtempSync(join(tmpdir(), 'nt-bench-trace-micro-'));
+  const child = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), '--micro'], { encoding: 'utf8', env: { ...process.env, NODETRON_TRACE: microDir } });
+  rmSync(microDir, { recursive: true, force: true });
+  if (child.status !== 0) throw new Error(`bench trace: the cost measurement failed: ${child.stderr}`);
+  const micro = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { spanNs: number; layerNs: number; backwardNodeNs: number };
   const loadAtStart = loadavg();
   const work = mkdtempSync(join(tmpdir(), 'nt-bench-trace-'));
   try {
@@ -123,16 +153,20 @@ export async function main(argv: string[]): Promise<number> {
   const load = (l: number[]) => l.map((v) => v.toFixed(1)).join(' ');
   console.log(`\n# median step: ${offMs.toFixed(1)} ms without, ${onMs.toFixed(1)} ms with tracing: overhead ${(overhead * 100).toFixed(2)}% (target <= 2%)`);
   console.log(`# main-thread CPU per step: ${offCpu.toFixed(1)} ms without, ${onCpu.toFixed(1)} ms with tracing: ${(cpuOverhead * 100).toFixed(2)}%`);
-  console.log(`# trace events per rank and step: ${(results.filter((r) => r.traced).reduce((s, r) => s + r.traceEvents!, 0) / (runs * dp * (warmup + steps))).toFixed(1)}`);
+  const eventsPerStep = results.filter((r) => r.traced).reduce((s, r) => s + r.traceEvents!, 0) / (runs * dp * (warmup + steps));
+  // Backward nodes per step: a few tens per block (the ops of attention, MLP, norms, residuals) plus the head; 60 per layer bounds it.
+  const boundMs = (eventsPerStep * Math.max(micro.spanNs, micro.layerNs) + 60 * c.layers * micro.backwardNodeNs) / 1e6;
+  console.log(`# trace events per rank and step: ${eventsPerStep.toFixed(1)}; in-process cost: ${micro.spanNs.toFixed(0)} ns per span, ${micro.layerNs.toFixed(0)} ns per layer span, ` +
+    `${micro.backwardNodeNs.toFixed(0)} ns per backward node; bound per step: ${boundMs.toFixed(3)} ms = ${((boundMs / offMs) * 100).toFixed(4)}% of the step`);
   console.log(`# load average (1, 5, 15 min) at start: ${load(loadAtStart)}; at end: ${load(loadavg())} on ${cpus().length} cores (a loaded machine makes this indicative only)`);
   writeJson(o.json as string | undefined, {
     bench: 'trace', machine: machineRecord(), config: c, dp, steps, warmup, runs,
-    medianStepMs: { off: offMs, on: onMs }, overhead, medianCpuMs: { off: offCpu, on: onCpu }, cpuOverhead, runMedians: { off, on }, results, loadAverage: { atStart: loadAtStart, atEnd: loadavg() },
+    medianStepMs: { off: offMs, on: onMs }, overhead, perCallNs: micro, eventsPerRankStep: eventsPerStep, instrumentationBoundMs: boundMs, medianCpuMs: { off: offCpu, on: onCpu }, cpuOverhead, runMedians: { off, on }, results, loadAverage: { atStart: loadAtStart, atEnd: loadavg() },
   });
   return 0;
 }
 
 // Launched as a rank script by main (through the launcher).
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  rankMain(process.argv.slice(2)).then((code) => process.exit(code), (e: unknown) => { console.error(e); process.exit(1); });
+  (process.argv[2] === '--micro' ? microMain() : rankMain(process.argv.slice(2))).then((code) => process.exit(code), (e: unknown) => { console.error(e); process.exit(1); });
 }
