@@ -90,6 +90,16 @@ async function microMain(): Promise<number> {
   process.exit(0);
 }
 
+/** This process's module-loader options (`--import tsx` when run from the sources), without -e/-p and their code. */
+function loaderArgs(): string[] {
+  const out: string[] = [], a = process.execArgv;
+  for (let i = 0; i < a.length; i++) {
+    if (['--import', '--loader', '--experimental-loader', '--require', '-r'].includes(a[i]!) && a[i + 1] !== undefined) out.push(a[i]!, a[++i]!);
+    else if (/^--(import|loader|experimental-loader|require)=/.test(a[i]!)) out.push(a[i]!);
+  }
+  return out;
+}
+
 /** Runs the alternating launches, prints the table, writes the JSON. Returns the exit code. */
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, { config: 'string', dp: 'number', steps: 'number', warmup: 'number', runs: 'number', json: 'string', help: 'boolean' });
@@ -105,7 +115,7 @@ export async function main(argv: string[]): Promise<number> {
   const results: RunResult[] = [];
   // The per-call costs, in a traced child process (this one's tracing was decided at import).
   const microDir = mkdtempSync(join(tmpdir(), 'nt-bench-trace-micro-'));
-  const child = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), '--micro'], { encoding: 'utf8', env: { ...process.env, NODETRON_TRACE: microDir } });
+  const child = spawnSync(process.execPath, [...loaderArgs(), fileURLToPath(import.meta.url), '--micro'], { encoding: 'utf8', env: { ...process.env, NODETRON_TRACE: microDir } });
   rmSync(microDir, { recursive: true, force: true });
   if (child.status !== 0) throw new Error(`bench trace: the cost measurement failed: ${child.stderr}`);
   const micro = JSON.parse(child.stdout.trim().split('\n').at(-1)!) as { spanNs: number; layerNs: number; backwardNodeNs: number };
