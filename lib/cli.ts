@@ -9,13 +9,14 @@ commands:
   launch [options] script.ts     start one process per GPU (or N on CPU), torchrun-style
   plan --model M --gpus N [...]  ranked parallel layouts: memory per rank, fit, step time, command
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
-  trace merge DIR                one timeline from the per-rank traces of NODETRON_TRACE=DIR
-  bench gemm|comm|train|ops|checkpoint|start|head [...]
+  trace merge|stragglers DIR     one timeline from the per-rank traces of NODETRON_TRACE=DIR; straggler scores
+  dashboard [DIR] [--port P]     web page: loss, throughput, rank × step heat-map, stragglers, memory
+  bench gemm|comm|train|ops|checkpoint|start|head|trace [...]
                                  benchmarks; each prints a table, --json F writes JSON
 
 run \`nodetron <command> --help\` for a command's options.`;
 
-const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start', 'head'];
+const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start', 'head', 'trace'];
 
 interface Command { main(argv: string[]): Promise<number> }
 
@@ -43,6 +44,8 @@ async function dispatch(command: string | undefined, rest: string[]): Promise<nu
       return await (await import('./cli/plan.js')).main(rest);
     case 'trace':
       return await (await import('./cli/trace.js')).main(rest);
+    case 'dashboard':
+      return await (await import('./cli/dashboard.js')).main(rest);
     case 'launch':
       return await (await importCommand('./launch/cli.js')).main(rest);
     case 'bench': {

@@ -8,6 +8,7 @@ import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
+import { BackwardRegions, gradRegion, traceEnabled } from '../distributed/trace.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
@@ -27,6 +28,8 @@ export class Node implements GradNode {
    * them so their grad-ready hooks wait for this node.
    */
   hiddenLeaves: readonly Tensor[] = [];
+  /** The traced layer whose forward recorded this node (NODETRON_TRACE; null otherwise). */
+  readonly region: string | null = gradRegion;
   /**
    * Records an op. Takes a hold on each input's node.
    * @param name The op's name (in error messages).
@@ -300,12 +303,15 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass(order) : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
+  // Tracing: per-layer backward spans of the outermost call (a checkpoint's re-run is inside its node's span).
+  const regions = traceEnabled && backwardDepth === 0 ? new BackwardRegions() : null;
   try {
     runPass(pass, () => {
       for (const node of order) {
         const g = grads.get(node);
         if (!g) { pass?.nodeDone(node); continue; }
         grads.delete(node);
+        regions?.at(node.region);
         const inputGrads = noGrad(() => node.apply(g));
         const owned = new Set<Tensor>([g]);
         node.edges.forEach((edge, i) => {
@@ -327,6 +333,7 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
         if (pass) pass.nodeDone(node);
         if (!opts.retainGraph) node.release();
       }
+      regions?.end();
     });
   } finally {
     for (const g of grads.values()) g.dispose();

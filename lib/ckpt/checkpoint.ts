@@ -12,6 +12,7 @@
 // A load reads the manifest, verifies the files it needs (size, CRC-32) before touching any tensor,
 // and fills each local part from whichever saved parts cover its elements (lib/ckpt/intervals.ts),
 // so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
+import { traceSpan } from '../distributed/trace.js';
 import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
@@ -295,12 +296,14 @@ export class Checkpointer {
     const staging = this.#staging;
     const parts: RankRecord['parts'] = [];
     let at = 0;
-    for (const p of saved) {
-      const size = dtypeSize(p.tensor.dtype);
-      p.tensor.backend.read(p.tensor.storage, p.offset * size, new Uint8Array(staging, at, p.count * size));
-      at += p.count * size;
-      parts.push({ key: p.key, name: `${p.key}@${p.start}`, shape: p.fullShape, dtype: SAFETENSORS_DTYPE_OF[p.tensor.dtype]!, split: p.split, start: p.start, count: p.count });
-    }
+    traceSpan('checkpoint snapshot', () => {
+      for (const p of saved) {
+        const size = dtypeSize(p.tensor.dtype);
+        p.tensor.backend.read(p.tensor.storage, p.offset * size, new Uint8Array(staging, at, p.count * size));
+        at += p.count * size;
+        parts.push({ key: p.key, name: `${p.key}@${p.start}`, shape: p.fullShape, dtype: SAFETENSORS_DTYPE_OF[p.tensor.dtype]!, split: p.split, start: p.start, count: p.count });
+      }
+    }, 'checkpoint', { step, bytes: length });
     const steps: Record<string, number> = {};
     for (const s of state.steps) { const n = s.get(); if (n !== null) steps[s.name] = n; }
     const rng = Object.fromEntries(Object.entries(items.rng ?? {}).map(([k, g]) => [k, g.state()]));
@@ -317,11 +320,11 @@ export class Checkpointer {
 
     // Stage 2: the file, this rank's record, and on rank 0 the commit.
     const done = (async () => {
-      const written = await this.#writer.write(join(tmp, file), header, staging, length);
+      const written = await traceSpan('checkpoint write', () => this.#writer.write(join(tmp, file), header, staging, length), 'checkpoint', { step, bytes: length });
       const record: RankRecord = { saveId, rank, file, size: written.size, crc32: written.crc32, parts, steps, rng };
       writeJsonDurably(join(tmp, `rank-${String(rank).padStart(5, '0')}.json`), record);
       if (rank === 0) {
-        await commit(this.root, tmp, dir, { step, saveId, worldSize, common: common!, timeoutMs: this.commitTimeoutMs });
+        await traceSpan('checkpoint commit', () => commit(this.root, tmp, dir, { step, saveId, worldSize, common: common!, timeoutMs: this.commitTimeoutMs }), 'checkpoint', { step });
         if (Number.isFinite(this.keep)) prune(this.root, this.keep, step);
       }
     })();
@@ -705,6 +708,10 @@ function verifyFile(dir: string, entry: Manifest['files'][number], checksum: boo
 }
 
 function loadCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: boolean }): LoadResult {
+  return traceSpan('checkpoint load', () => readCheckpoint(dir, items, opts), 'checkpoint', { dir });
+}
+
+function readCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: boolean }): LoadResult {
   const m = readManifest(dir);
   const state = rankState(items, true);
   const hasOptimizerState = Object.keys(m.tensors).some((k) => k.startsWith('optim/'));

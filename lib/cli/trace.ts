@@ -1,10 +1,13 @@
 // `nodetron trace merge DIR [--out F]`: joins the per-rank traces NODETRON_TRACE=DIR wrote
 // (lib/distributed/trace.ts) into one Chrome trace-event file for Perfetto / chrome://tracing, each
 // rank shifted by the clock offset it measured at init, one process per rank, named tracks.
+// `nodetron trace stragglers DIR`: the straggler score of every rank from the per-step metrics the
+// job wrote there (lib/distributed/metrics.ts), as a table.
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { existsSync, statSync } from 'node:fs';
 import { TRACKS } from '../distributed/trace.js';
+import { formatStragglers, readMetrics, stragglerScores, type StragglerOptions } from '../distributed/metrics.js';
 import { ArgumentError, UsageError } from '../errors.js';
 import { expectPositionals, parseOptions } from './args.js';
 
@@ -44,14 +47,20 @@ export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents'
   };
 }
 
-const usage = 'usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]\n  joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing';
+const usage = `usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]
+         joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing
+       nodetron trace stragglers DIR [--threshold X (1.15)] [--skip N (1)] [--metric auto|cpu|compute|step] [--json]
+         each rank's median compute time per step (without waits in collectives; auto: CPU time on cpu devices,
+         wall time on GPUs) against the ranks' median,
+         from the metrics a job run with NODETRON_TRACE=DIR or NODETRON_METRICS=DIR wrote; names ranks at or above X`;
 
-/** `nodetron trace merge DIR [--out F]`; returns the exit code (usage errors are thrown as UsageError). */
+/** Runs `nodetron trace merge|stragglers`; returns the exit code (usage errors are thrown as UsageError). */
 export async function main(argv: string[]): Promise<number> {
   const [sub, ...rest] = argv;
   if (sub === '--help' || sub === '-h') { console.log(usage); return 0; }
-  if (sub === undefined) throw new UsageError('missing subcommand (merge)');
-  if (sub !== 'merge') throw new UsageError(`unknown subcommand ${JSON.stringify(sub)} (merge)`);
+  if (sub === undefined) throw new UsageError('missing subcommand (merge, stragglers)');
+  if (sub !== 'merge' && sub !== 'stragglers') throw new UsageError(`unknown subcommand ${JSON.stringify(sub)} (merge, stragglers)`);
+  if (sub === 'stragglers') return stragglersMain(rest);
   const o = parseOptions(rest, { out: 'outfile', help: 'boolean' }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   const [dir] = expectPositionals(o, 'the trace directory DIR', 1) as [string];
@@ -59,5 +68,23 @@ export async function main(argv: string[]): Promise<number> {
   const merged = mergeTraces(dir);
   writeFileSync(file, JSON.stringify(merged));
   console.log(`${file}: ${merged.traceEvents.length} events from rank(s) ${(merged.otherData.ranks as number[]).join(', ')}`);
+  return 0;
+}
+
+function stragglersMain(argv: string[]): number {
+  const o = parseOptions(argv, {
+    threshold: { kind: 'number', min: 1 }, skip: 'count', metric: { kind: 'string', choices: ['auto', 'cpu', 'compute', 'step'] }, json: 'boolean', help: 'boolean',
+  }, { h: 'help' });
+  if (o.help) { console.log(usage); return 0; }
+  const [dir] = expectPositionals(o, 'the metrics directory DIR', 1) as [string];
+  const opts: StragglerOptions = {};
+  if (o.threshold !== undefined) opts.threshold = o.threshold as number;
+  if (o.skip !== undefined) opts.skip = o.skip as number;
+  if (o.metric !== undefined) opts.metric = ({ auto: 'auto', cpu: 'cpuMs', compute: 'computeMs', step: 'stepMs' } as const)[o.metric as 'auto'];
+  const json = o.json === true;
+  const metrics = readMetrics(dir);
+  if (metrics.size === 0) throw new ArgumentError(`trace stragglers: no rank-R.metrics.jsonl in ${dir} (run the job with NODETRON_TRACE=${dir} or NODETRON_METRICS=${dir})`);
+  const report = stragglerScores(metrics, opts);
+  console.log(json ? JSON.stringify(report, null, 2) : formatStragglers(report));
   return 0;
 }

@@ -12,6 +12,7 @@ import { tensor } from '../creation.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { parseDevice } from '../device.js';
 import type { CollectiveGroup } from '../distributed/group.js';
+import { traceSpan } from '../distributed/trace.js';
 import { TokenShard } from './shards.js';
 
 /** Options of {@link TokenLoader}. */
@@ -149,6 +150,10 @@ export class TokenLoader {
 
   /** The next batch: int32 [batchSize, seqLen] inputs and targets. Collective over tpGroup when given. */
   async next(): Promise<TokenBatch> {
+    return traceSpan('load batch', () => this.#next(), 'data');
+  }
+
+  async #next(): Promise<TokenBatch> {
     if (this.#batch >= this.batchesPerEpoch) { this.#epoch++; this.#batch = 0; this.#order = null; }
     const first = this.#batch * this.globalBatch + this.dpRank * this.batchSize;
     this.#batch++;

@@ -13,3 +13,8 @@ export {
   NcclBackend, createNcclBackend, loadNcclAddon, ncclUsableDevices, NCCL_UNIQUE_ID_KEY, NCCL_PENDING, type NcclAddon, type NcclEndpoint, type NcclNativeComm,
 } from './nccl-backend.js';
 export { verifyCollective, describeCollective, type CollectiveDescription } from './check.js';
+export {
+  recordStepMetrics, readMetrics, stragglerScores, formatStragglers, METRICS_DIR, metricsEnabled,
+  type StepMetrics, type StragglerOptions, type StragglerReport, type RankScore, type StragglerMetric,
+} from './metrics.js';
+export { selfCheck, type SelfCheckOptions, type SelfCheckReport, type SelfCheckLink, type SelfCheckRank } from './self-check.js';

@@ -10,6 +10,7 @@ import { HostStagedBackend } from './host-staging.js';
 import { createNcclBackend, loadNcclAddon, ncclUsableDevices, nvidiaDeviceNodePresent } from './nccl-backend.js';
 import { installFlightSignal } from './flight.js';
 import { alignTraceClock, traceEnabled } from './trace.js';
+import { selfCheckFromEnv } from './self-check.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
@@ -237,6 +238,8 @@ export async function init(options: InitOptions = {}): Promise<{
   }
   runtime = rt;
   installFlightSignal();
+  // `nodetron launch --self-check`: every link timed before training; a failed one fails init on every rank.
+  if (process.env.NODETRON_SELF_CHECK) await selfCheckFromEnv(rt.world, rt.store).catch(async (e: unknown) => { await destroy(); throw e; });
   // Tracing: measure this rank's clock offset to rank 0 so `nodetron trace merge` can align the ranks.
   if (traceEnabled) await alignTraceClock(rt.world);
   return { world: rt.world, rank: env.rank, worldSize: env.worldSize };

@@ -5,6 +5,10 @@
 // micro-batch, gradient sync, optimizer step). `nodetron trace merge DIR` shifts every rank by its
 // clock offset (measured at init by alignTraceClock) and writes one file for Perfetto / chrome://tracing.
 // Collectives reach it through the flight recorder's hook (flight.ts): one place observes ProcessGroup.
+// Layers: traceLayer wraps a transformer block's forward in a span and names the autograd region its
+// nodes are recorded in; the outermost backward() (lib/autograd/engine.ts) emits one span per
+// contiguous run of nodes of one region (BackwardRegions). Checkpoint stages and data loading go on
+// their own tracks. With tracing off every entry point is one boolean check.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -87,6 +91,58 @@ export function traceSpan<T>(name: string, fn: () => T, track: Track = 'compute'
   if (out instanceof Promise) return out.finally(done) as T;
   done();
   return out;
+}
+
+/** Records a finished slice with times measured elsewhere (µs since the epoch, as {@link traceNowUs}). */
+export function traceSlice(name: string, ts: number, dur: number, track: Track = 'compute', args?: Record<string, unknown>): void {
+  if (!traceEnabled) return;
+  hook();
+  events.push({ name, ph: 'X', ts, dur: Math.max(dur, 0), pid: rank(), tid: TRACKS[track], ...(args ? { args } : {}) });
+}
+
+/**
+ * The layer whose forward is running (set by {@link traceLayer} while tracing); autograd nodes
+ * remember it, so backward can say which layer it is in. Null outside any layer, or when tracing is off.
+ */
+export let gradRegion: string | null = null;
+
+/**
+ * Runs a layer's forward (`fn`) as a span `forward <kind> <index>` on the compute track and tags the
+ * autograd nodes it records, so the backward pass shows `backward <kind> <index>` spans too. With
+ * tracing off it only calls `fn` (the name is not even built).
+ */
+export function traceLayer<T>(kind: string, index: number, fn: () => T): T {
+  if (!traceEnabled) return fn();
+  const outer = gradRegion, name = `${kind} ${index}`;
+  gradRegion = name;
+  try {
+    return traceSpan(`forward ${name}`, fn, 'compute', { layer: name });
+  } finally {
+    gradRegion = outer;
+  }
+}
+
+/**
+ * The backward spans of one backward() call: `at(region)` before each node runs closes the span of
+ * the previous region when the region changes; `end()` closes the last. Nodes outside any layer
+ * (the head's loss, the embeddings) get no span of their own.
+ */
+export class BackwardRegions {
+  #region: string | null = null;
+  #start = 0;
+  /** Called before a node of `region` runs its backward. */
+  at(region: string | null): void {
+    if (region === this.#region) return;
+    const now = traceNowUs();
+    this.#close(now);
+    this.#region = region;
+    this.#start = now;
+  }
+  /** Closes the open span (after the last node). */
+  end(): void { this.#close(traceNowUs()); this.#region = null; }
+  #close(now: number): void {
+    if (this.#region !== null) traceSlice(`backward ${this.#region}`, this.#start, now - this.#start, 'compute', { layer: this.#region });
+  }
 }
 
 /** Notes this rank's mesh coordinates (shown in the merged trace's process names). */

@@ -42,6 +42,9 @@ options:
   --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]
   --hang-timeout-ms MS       stop the job (with the flight recorder's analysis) when no local rank has
                              completed a collective for this long; 0: off (ranks' own timeouts only) [0]
+  --self-check[=strict]      before training (inside distributed.init): an allreduce and an exchange between
+                             every pair of ranks, timed; rank 0 prints a summary naming a failed or slow link,
+                             rank or host; a failed link stops the job (strict: a slow one too). Give it on every node
 
 Under srun (one task per node), --nnodes, --node-rank and --master-addr default to SLURM_NNODES,
 SLURM_NODEID and the first host of SLURM_NODELIST, and --master-port to MASTER_PORT or one derived from
@@ -50,6 +53,8 @@ SLURM_JOB_ID. A job over several nodes needs NODETRON_STORE_TOKEN (the same secr
 interface LaunchOptions extends Omit<AgentConfig, 'masterPort' | 'nprocPerNode'> {
   masterPort: number | undefined;
   nprocPerNode: number | 'auto';
+  /** --self-check: NODETRON_SELF_CHECK for the ranks (1, or strict). */
+  selfCheck?: '1' | 'strict';
 }
 
 const INT_OPTIONS: Record<string, keyof LaunchOptions> = {
@@ -106,6 +111,12 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
     const eq = arg.indexOf('=');
     const flag = eq >= 0 ? arg.slice(0, eq) : arg;
     given.add(flag);
+    if (flag === '--self-check') {
+      const mode = eq >= 0 ? arg.slice(eq + 1) : '1';
+      if (mode !== '1' && mode !== 'strict') throw new ArgumentError(`--self-check takes no value or =strict, got ${JSON.stringify(mode)}`);
+      o.selfCheck = mode;
+      continue;
+    }
     let value = eq >= 0 ? arg.slice(eq + 1) : argv[++i];
     if (value === undefined) throw new ArgumentError(`${flag} needs a value`);
     value = value.trim();
@@ -239,7 +250,10 @@ export async function main(argv: string[]): Promise<number> {
   }
   if (security.warning && parsed.nodeRank === 0) process.stderr.write(`[nodetron launch node 0] ${security.warning}\n`);
   const masterPort = server?.port ?? parsed.masterPort!;
-  const config: AgentConfig = { ...parsed, nprocPerNode, masterPort, ...(security.token !== undefined ? { storeToken: security.token } : {}) };
+  const { selfCheck, ...agentOptions } = parsed;
+  // The ranks inherit the launcher's environment; init() runs the check when it sees the variable.
+  if (selfCheck) process.env.NODETRON_SELF_CHECK = selfCheck;
+  const config: AgentConfig = { ...agentOptions, nprocPerNode, masterPort, ...(security.token !== undefined ? { storeToken: security.token } : {}) };
   const token = security.token !== undefined ? { token: security.token } : {};
   let store: Store | undefined;
   const signals: NodeJS.Signals[] = ['SIGINT', 'SIGTERM'];

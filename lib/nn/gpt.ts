@@ -14,6 +14,7 @@ import { checkTensor, type Tensor } from '../tensor.js';
 import { constant, normal } from './init.js';
 import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { traceLayer } from '../distributed/trace.js';
 
 /** The shape and options of a GPT model. */
 export interface GPTConfig {
@@ -390,8 +391,8 @@ export class GPT extends Module {
 
   /** Blocks [start, end) over x [B, T, C] (T: the sequence layout's chunk; recomputed in backward when config.recompute). */
   forwardBlocks(x: Tensor, start = 0, end = this.h.length): Tensor {
-    for (const block of this.h.slice(start, end)) {
-      x = this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x);
+    for (const [j, block] of this.h.slice(start, end).entries()) {
+      x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x)));
     }
     return x;
   }

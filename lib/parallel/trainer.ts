@@ -3,7 +3,7 @@
 // or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
 import { ArgumentError } from '../errors.js';
-import { scope } from '../memory.js';
+import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
@@ -12,6 +12,7 @@ import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { traceSpan } from '../distributed/trace.js';
+import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../distributed/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
 import { rangeAcrossRanks, type ParallelState } from './mesh.js';
@@ -70,6 +71,14 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #grads: GradBuffer | null;
   /** Parameters whose gradient another rank counts in the norm. */
   readonly #countedElsewhere: Set<Parameter>;
+  /** Steps taken (the per-step metrics' index). */
+  #steps = 0;
+  /** This step's time in forward, backward and the optimizer so far (ms; waits in collectives left out). */
+  #computeMs = 0;
+  /** The process's CPU time over the same phases (ms). */
+  #cpuMs = 0;
+  /** NODETRON_DEBUG_SLOW_RANK's extra compute fraction for this rank (0: none). */
+  readonly #slowdown: number;
 
   private constructor(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>) {
     const mesh = options.mesh;
@@ -79,6 +88,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#microBatches = options.microBatches ?? 1;
     this.#schedule = options.schedule ?? '1f1b';
     const zero = options.zero ?? 0;
+    this.#slowdown = debugSlowdown(mesh?.world.rank ?? Number(process.env.RANK ?? 0));
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
@@ -132,9 +142,14 @@ export class ParallelTrainer<H extends { lr: number }> {
    * gradient synchronization, clipping, update.
    */
   async step(inputs: Tensor, targets: Tensor, opts: { lr?: number } = {}): Promise<TrainerStepResult> {
-    return scope(async () => {
+    const t0 = performance.now();
+    this.#computeMs = 0;
+    this.#cpuMs = 0;
+    const result = await scope(async () => {
       const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
       const losses = await traceSpan('forward+backward', () => run(this.#pipelineStage(inputs, targets, true), this.#microBatches));
+      // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
+      if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
       let gradNorm: number | undefined;
       if (this.#zero) {
@@ -148,12 +163,36 @@ export class ParallelTrainer<H extends { lr: number }> {
         if (this.#grads) await traceSpan('grad sync', () => this.#grads!.finishGradSync());
         await this.#sumTiedGrads();
         if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
-        traceSpan('optimizer', () => this.#optimizer!.step());
+        this.#timed(() => traceSpan('optimizer', () => this.#optimizer!.step()));
         this.#optimizer!.zeroGrad();
       }
       const loss = await this.#globalLoss(losses);
       return gradNorm === undefined ? { loss } : { loss, gradNorm };
     });
+    this.#steps++;
+    if (metricsEnabled) this.#recordMetrics(inputs, performance.now() - t0, result.loss);
+    return result;
+  }
+
+  /** Appends this step's line to the rank's metrics file (NODETRON_METRICS / NODETRON_TRACE). */
+  #recordMetrics(inputs: Tensor, stepMs: number, loss: number): void {
+    const mesh = this.#mesh;
+    const tokens = inputs.size * (mesh?.dpSize ?? 1);
+    const mem = memoryStats(inputs.device);
+    recordStepMetrics({
+      step: this.#steps, rank: mesh?.world.rank ?? Number(process.env.RANK ?? 0), time: Date.now(), stepMs, computeMs: this.#computeMs, cpuMs: this.#cpuMs, loss,
+      tokens, tokensPerSec: tokens / (stepMs / 1000), allocatedBytes: mem.allocated, peakBytes: mem.peak, rssBytes: process.memoryUsage.rss(), device: inputs.device,
+    });
+  }
+
+  /** Runs fn (sync, or async until it settles) and adds its wall and CPU time to this step's compute time. */
+  #timed<T>(fn: () => T): T {
+    const t = performance.now(), c = cpuNowMs();
+    const done = () => { this.#computeMs += performance.now() - t; this.#cpuMs += cpuNowMs() - c; };
+    const out = fn();
+    if (out instanceof Promise) return out.finally(done) as T;
+    done();
+    return out;
   }
 
   /** The loss of this rank's rows without gradients, through the pipeline, as a global-batch mean on every rank. */
@@ -183,11 +222,11 @@ export class ParallelTrainer<H extends { lr: number }> {
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input) => {
-        const out = traceSpan('forward', () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null), 'compute', { microBatch: i });
+        const out = this.#timed(() => traceSpan('forward', () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null), 'compute', { microBatch: i }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
         return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
       },
-      runBackward: (i, final, go) => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i }),
+      runBackward: (i, final, go) => this.#timed(() => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i })),
     };
   }
 

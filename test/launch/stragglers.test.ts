@@ -1,0 +1,57 @@
+// The straggler detector on a real job: a 4-rank data-parallel GPT run where rank 2 computes 30%
+// longer (NODETRON_DEBUG_SLOW_RANK=2, a busy wait after each backward) writes per-step metrics
+// (NODETRON_METRICS); stragglerScores and `nodetron trace stragglers` name rank 2 and only it, the
+// other ranks scoring near 1 — while every rank's step time is about the same (the job is synchronous).
+// On cpu the score uses CPU time (wall time on a loaded machine measures the OS's sharing of the
+// cores); one BLAS thread per rank, as ranks sharing a machine's cores should have.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it, vi } from 'vitest';
+import { main as traceMain } from '../../lib/cli/trace.js';
+import { readMetrics, stragglerScores } from '../../lib/distributed/metrics.js';
+import { QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const fixtures = join(root, 'test', 'fixtures', 'launch');
+const dir = mkdtempSync(join(tmpdir(), 'nodetron-stragglers-test-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe('straggler scores', () => {
+  it('name the rank made 30% slower, and only it', async () => {
+    const metrics = join(dir, 'metrics');
+    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', '4', join(fixtures, 'train-metrics.ts'),
+      '--data', join(dir, 'data'), '--steps', '16', '--layers', '4', '--width', '128', '--ctx', '128'],
+    { cwd: root, limitMs: 300_000, env: { ...process.env, NODETRON_METRICS: metrics, NODETRON_DEBUG_SLOW_RANK: '2', OPENBLAS_NUM_THREADS: '1' } });
+    expect(r.code, r.output).toBe(0);
+    const m = readMetrics(metrics);
+    expect([...m.keys()]).toEqual([0, 1, 2, 3]);
+    for (const rows of m.values()) expect(rows.length).toBe(16);
+    // Two warm-up steps left out (allocation and first-touch on a loaded machine).
+    const report = stragglerScores(m, { skip: 2 });
+    expect(report.metric).toBe('cpuMs');
+    const scores = report.ranks.map((x) => x.score.toFixed(2)).join(', ');
+    expect(report.stragglers, scores).toEqual([2]);
+    // 30% more compute: the score sits near 1.3 (the sleep adds 0.3 of this rank's own compute time).
+    expect(report.ranks[2]!.score, scores).toBeGreaterThan(1.15);
+    expect(report.ranks[2]!.score, scores).toBeLessThan(1.8);
+    for (const k of [0, 1, 3]) {
+      expect(report.ranks[k]!.score, scores).toBeGreaterThan(0.85);
+      expect(report.ranks[k]!.score, scores).toBeLessThan(1.15);
+    }
+    // Step time cannot tell: every rank waits for the slowest at the gradient allreduce.
+    const steps = report.ranks.map((x) => x.medianStepMs);
+    expect(Math.max(...steps) / Math.min(...steps), steps.join(', ')).toBeLessThan(1.3);
+    const log = vi.spyOn(console, 'log').mockImplementation(() => {});
+    try {
+      expect(await traceMain(['stragglers', metrics, '--skip', '2'])).toBe(0);
+      const table = log.mock.calls.map((c) => String(c[0])).join('\n');
+      expect(table).toMatch(/^\s+2\s+14\s.*STRAGGLER$/m);
+      expect(table.match(/STRAGGLER/g)!.length).toBe(1);
+      expect(table).toContain('straggler(s): rank 2 (score');
+    } finally {
+      log.mockRestore();
+    }
+  }, QUEUED_TEST_TIMEOUT_MS);
+});
