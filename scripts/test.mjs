@@ -12,6 +12,20 @@ if (setup.status !== 0) {
   console.log('0 passed, 1 failed (setup failed)');
   process.exit(1);
 }
+// The dashboard's test renders its page in Debian's headless chromium. As root on a Debian-like
+// system, the test set-up installs it (best effort: without it that one test is skipped, saying so);
+// NODETRON_NO_BROWSER=1 leaves it out. `npm run demo` never installs it.
+const hasCmd = (c) => spawnSync('sh', ['-c', `command -v ${c}`], { stdio: 'ignore' }).status === 0;
+if (!process.env.NODETRON_NO_BROWSER && process.getuid?.() === 0 && hasCmd('apt-get')
+    && !['chromium', 'chromium-browser', 'google-chrome'].some(hasCmd)) {
+  console.log('[setup] installing chromium with apt (for the dashboard\'s headless-browser test; best effort)');
+  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
+  const apt = () => spawnSync('apt-get', ['install', '-y', '--no-install-recommends', 'chromium'], { stdio: 'inherit', env }).status === 0;
+  if (!apt()) {
+    spawnSync('apt-get', ['update'], { stdio: 'inherit', env });
+    if (!apt()) console.log('[setup] chromium could not be installed: the headless-browser test will be skipped');
+  }
+}
 mkdirSync(join(root, 'build'), { recursive: true });
 const report = join(root, 'build', 'test-report.json');
 const vitest = join(root, 'node_modules', 'vitest', 'vitest.mjs');
