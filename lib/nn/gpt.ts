@@ -7,7 +7,7 @@
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, attention, crossEntropy, embedding, gelu, layerNorm, linear } from '../ops/index.js';
+import { add, addLayerNorm, attention, crossEntropy, embedding, gelu, layerNorm, linear, linearGelu } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -229,7 +229,10 @@ export class MLP extends Module {
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    return dropChunk(this.dropout, this.proj.forward(gelu(this.fc.forward(x))), this.#sequence);
+    // A plain Linear (not a subclass with its own forward) runs its GEMM, bias and GELU as one op.
+    const fc = this.fc;
+    const hidden = fc instanceof Linear && fc.forward === Linear.prototype.forward ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
+    return dropChunk(this.dropout, this.proj.forward(hidden), this.#sequence);
   }
 }
 
@@ -269,8 +272,11 @@ export class Block extends Module {
       const h = normalize(this.ln1, x, seq);
       return add(add(x, this.attn.forward(h)), this.mlp.forward(h));
     }
-    const x1 = add(x, this.attn.forward(normalize(this.ln1, x, seq)));
-    return add(x1, this.mlp.forward(normalize(this.ln2, x1, seq)));
+    // The attention residual's add and ln2 run as one pass (addLayerNorm).
+    const ln2 = this.ln2;
+    const { sum: x1, out: h } = addLayerNorm(x, this.attn.forward(normalize(this.ln1, x, seq)), seq.replicated(ln2.weight),
+      ln2.bias ? seq.replicated(ln2.bias) : undefined, ln2.eps);
+    return add(x1, this.mlp.forward(h));
   }
 }
 

@@ -88,6 +88,24 @@ inline void forEachStridedRow(const std::vector<int64_t>& shape, const std::arra
   }
 }
 
+// Rounds x[0..n) to `dt` and back (nothing for f32): a fused kernel that stores a value and goes on
+// computing from it sees what the unfused ops would read back from storage.
+inline void roundThrough(float* x, int64_t n, DType dt) {
+  if (dt == DType::F32 || n == 0) return;
+  constexpr int64_t kChunk = 256;
+  uint16_t tmp[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    int64_t m = std::min(kChunk, n - i);
+    fromF32(x + i, reinterpret_cast<uint8_t*>(tmp), dt, m);
+    toF32(reinterpret_cast<const uint8_t*>(tmp), dt, x + i, m);
+  }
+}
+
+// Column sums of a [rows, cols] matrix into out[cols], in double, over fixed blocks of kSumBlockRows
+// rows that the pool runs in parallel and that are added in block order: the result does not depend
+// on the thread count. rowAt(r) returns row r (after whatever the caller computes into it).
+inline constexpr int64_t kSumBlockRows = 64;
+
 // Threads the row-parallel kernels use (setKernelThreads; default: the cores, at most 4).
 int64_t kernelThreads();
 
