@@ -93,6 +93,7 @@ export const BACKEND_KERNELS = Object.keys({
 /** What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, host-storage leaks, the library preloader. */
 export const CPU_ONLY_EXPORTS = [
   'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'dlopenGlobal', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads', 'setKernelThreads',
+  'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [

@@ -1,6 +1,7 @@
 // Optimizer kernels on the cpu backend: fused AdamW, LAMB and SGD steps over lists of parameters, and the
 // per-tensor sums of squares and in-place scaling that gradient clipping is built from. Policy (which
 // parameters, hyperparameters, schedules, clipping thresholds) lives in lib/optim.
+#include <chrono>
 #include <cmath>
 
 #include "../../core/arg_lists.h"
@@ -131,6 +132,32 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 NT_EXPORT("adamw_step", AdamwStep);
+
+NT_SIMD_CLONES static void triadRange(float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n) {
+  for (int64_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
+}
+
+// streamTriadLoop(a, b, c, n, iterations) -> seconds of the loop: a = b + 3·c over n f32 elements,
+// split over the pool in AdamW's blocks: the memory-bandwidth yardstick `nodetron bench ops` puts
+// AdamW's bytes per second beside (STREAM's triad, 12 bytes per element).
+static Napi::Value StreamTriadLoop(const Napi::CallbackInfo& info) {
+  Args a{info, "streamTriadLoop"};
+  a.count(5);
+  int64_t n = a.size(3), it = a.size(4);
+  float* A = reinterpret_cast<float*>(storageData(info, 0, "streamTriadLoop", DType::F32, n));
+  const float* B = reinterpret_cast<const float*>(storageData(info, 1, "streamTriadLoop", DType::F32, n));
+  const float* C = reinterpret_cast<const float*>(storageData(info, 2, "streamTriadLoop", DType::F32, n));
+  int64_t blocks = (n + kAdamBlock - 1) / kAdamBlock;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t k = 0; k < it; k++)
+    parallelBlocks(blocks, kAdamBlock * 8, [&](int64_t blk) {
+      int64_t i = blk * kAdamBlock;
+      triadRange(A + i, B + i, C + i, std::min(kAdamBlock, n - i));
+    });
+  auto t1 = std::chrono::steady_clock::now();
+  return Napi::Number::New(info.Env(), std::chrono::duration<double>(t1 - t0).count());
+}
+NT_EXPORT("streamTriadLoop", StreamTriadLoop);
 
 // lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //          lr, beta1, beta2, eps, weightDecay, step, gradScale, biasCorrection) -> Float64Array of trust ratios
