@@ -35,7 +35,10 @@ bool spinFor(P pred) {
   for (int i = 0;; i++) {
     if (pred()) return true;
     NT_CPU_RELAX();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() >= until) return pred();
+    if ((i & 63) == 63) {
+      if (std::chrono::steady_clock::now() >= until) return pred();
+      std::this_thread::yield();  // let a runnable thread (OpenBLAS's, another process's) have the core
+    }
   }
 }
 
