@@ -15,13 +15,11 @@ NT_SIMD_CLONES static void attentionRowForward(const float* __restrict x, float*
   softmaxRow(row + lo, y + lo, hi - lo, false);
 }
 
-// One query's score gradients: scale·softmax'(p)·g over the keys with nonzero probability [0, hi)
-// (causal rows end at hi; masked entries have p = 0 and get 0).
+// One query's score gradients: scale·softmax'(p)·g (masked entries have p = 0 and get 0).
 NT_SIMD_CLONES static void attentionRowBackward(const float* __restrict p, const float* __restrict g, float* __restrict o, int64_t tk,
-                                                int64_t hi, float scale) {
-  softmaxRowBackward(p, g, o, hi, false);
-  for (int64_t j = 0; j < hi; j++) o[j] *= scale;
-  for (int64_t j = hi; j < tk; j++) o[j] = 0.0f;
+                                                float scale) {
+  softmaxRowBackward(p, g, o, tk, false);
+  for (int64_t j = 0; j < tk; j++) o[j] *= scale;
 }
 
 // attention_softmax_forward(scores, probs, batch, tq, tk, scale, causal, window, dtype)
@@ -64,11 +62,7 @@ NT_KERNEL("attention_softmax_backward", AttentionSoftmaxBackward) {
   float* o = O.data();
   parallelRows(batch * tq, tk * 4, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) {
-      // A row's probabilities past its last nonzero are masked (causal): its gradient there is 0.
-      const float* pr = p + r * tk;
-      int64_t hi = tk;
-      while (hi > 0 && pr[hi - 1] == 0.0f) hi--;
-      attentionRowBackward(pr, g + r * tk, o + r * tk, tk, hi, scale);
+      attentionRowBackward(p + r * tk, g + r * tk, o + r * tk, tk, scale);
     }
   });
   O.commit();
