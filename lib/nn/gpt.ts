@@ -7,7 +7,7 @@
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, addLayerNorm, attention, crossEntropy, embedding, gelu, layerNorm, linear, linearGelu } from '../ops/index.js';
+import { add, addLayerNorm, attentionPacked, crossEntropy, embedding, gelu, layerNorm, linear, linearGelu } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -200,12 +200,9 @@ export class CausalSelfAttention extends Module {
   /** x [B, T, C] → [B, T, C] (under sequence parallelism, chunks of T: the QKV layer gathers the whole sequence). */
   forward(x: Tensor): Tensor {
     const qkvOut = this.qkv.forward(x);
-    const [b, t] = qkvOut.shape as [number, number, number];
     const localHeads = this.qkv.weight.shape[0]! / (3 * this.headDim);
-    const qkv = qkvOut.reshape([b, t, 3, localHeads, this.headDim]).permute([2, 0, 3, 1, 4]);
-    const [q, k, v] = qkv.chunk(3, 0).map((h) => h.reshape([b, localHeads, t, this.headDim]));
-    const y = attention(q!, k!, v!, { causal: true, window: this.config.window });
-    const merged = y.permute([0, 2, 1, 3]).reshape([b, t, localHeads * this.headDim]);
+    // Heads gathered from the packed projection and merged back in one op (no split/permute copies).
+    const merged = attentionPacked(qkvOut, localHeads, { causal: true, window: this.config.window });
     return dropChunk(this.dropout, this.proj.forward(merged), this.#sequence);
   }
 }

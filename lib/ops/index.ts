@@ -12,7 +12,7 @@ export { sum, mean, max, type ReduceOptions } from './reduce.js';
 export { matmul, linear, linearGelu, planMatmul, gemmInto, matmulForward, type MatmulOptions, type GemmPlan } from './matmul.js';
 export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
 export { layerNorm, rmsNorm, addLayerNorm, type AddLayerNormResult } from './norm.js';
-export { attention, type AttentionOptions } from './attention.js';
+export { attention, attentionPacked, type AttentionOptions } from './attention.js';
 export { embedding } from './embedding.js';
 export { crossEntropy, type CrossEntropyOptions } from './loss.js';
 export { reshape, view, squeeze, unsqueeze, permute, transpose, slice, split, chunk, cat } from './shape.js';

@@ -151,6 +151,47 @@ describe('addLayerNorm', () => {
   });
 });
 
+describe('attentionPacked', () => {
+  /** The composition the GPT block used: split qkv into heads, attention, merge the heads. */
+  function unpacked(qkv: nt.Tensor, heads: number, opts: nt.AttentionOptions): nt.Tensor {
+    const [b, t, w] = qkv.shape as [number, number, number];
+    const d = w / (3 * heads);
+    const [q, k, v] = qkv.reshape([b, t, 3, heads, d]).permute([2, 0, 3, 1, 4]).chunk(3, 0).map((h) => h.reshape([b, heads, t, d]));
+    return nt.attention(q!, k!, v!, opts).permute([0, 2, 1, 3]).reshape([b, t, heads * d]);
+  }
+
+  it('matches split, attention and merge bit for bit, values and gradients (f32, bf16; causal, window, non-causal)', () => {
+    for (const dtype of ['f32', 'bf16']) {
+      for (const [shape, heads, opts] of [[[2, 7, 3 * 3 * 5], 3, { causal: true }], [[3, 13, 3 * 2 * 8], 2, { causal: true, window: 4 }],
+        [[1, 9, 3 * 4 * 3], 4, { causal: false, scale: 0.7 }], [[2, 67, 3 * 5 * 16], 5, {}]] as [number[], number, nt.AttentionOptions][]) {
+        const run = (packed: boolean) => nt.scope(() => {
+          const qkv = input(shape, 71, dtype, -2, 2);
+          const y = packed ? nt.attentionPacked(qkv, heads, opts) : unpacked(qkv, heads, opts);
+          probe(y, 72).backward();
+          return { y: Array.from(y.to('f32').toArraySync()), shape: y.shape, g: grads(qkv)[0]! };
+        });
+        const a = run(true), b = run(false);
+        expect(a.shape).toEqual(b.shape);
+        expect(a.y, `${dtype} ${shape} y`).toEqual(b.y);
+        expect(a.g, `${dtype} ${shape} grad`).toEqual(b.g);
+      }
+    }
+  });
+
+  it('passes a finite-difference gradcheck', () => {
+    gradcheck((qkv) => nt.attentionPacked(qkv!, 2, { causal: true }), [{ data: randomArray(2 * 5 * 12, rng(73), -1, 1), shape: [2, 5, 12] }]);
+  });
+
+  it('rejects a qkv that does not split into the heads', () => {
+    nt.scope(() => {
+      expect(() => nt.attentionPacked(nt.randn([2, 5, 12]), 5)).toThrow(nt.ShapeError);
+      expect(() => nt.attentionPacked(nt.randn([10, 12]), 2)).toThrow(/\[B, T, 3·heads·D\]/);
+      expect(() => nt.attentionPacked(nt.randn([2, 5, 12]), 0)).toThrow(nt.ArgumentError);
+      expect(() => nt.attentionPacked(nt.randn([2, 5, 12]), 2, { window: -1 })).toThrow(/attentionPacked: window/);
+    });
+  });
+});
+
 describe('threaded cpu kernels', () => {
   it('give the same bits on 1 and 3 threads (norms, bias+GELU, adds, embedding backward, small batched GEMMs, AdamW)', () => {
     const run = () => nt.scope(() => {
