@@ -17,7 +17,7 @@ void openblas_set_num_threads(int);
 namespace nt::cpu {
 
 // Multiply-adds (M·N·K) up to which one GEMM of a batch is "small" (see Gemm).
-static constexpr int64_t kSmallGemm = int64_t(1) << 21;
+static constexpr int64_t kSmallGemm = int64_t(1) << 23;
 
 // gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
 // Row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], op(A) is M x K, op(B) is K x N.
