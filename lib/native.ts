@@ -54,6 +54,8 @@ export interface BackendKernels {
   copy_strided(src: S, dst: S, dtype: number, shape: Ints, srcStrides: Ints, srcOffset: number, dstStrides: Ints, dstOffset: number): void;
   gelu_forward(inp: S, out: S, n: number, dtype: number): void;
   gelu_backward(inp: S, gradOut: S, gradIn: S, n: number, dtype: number): void;
+  bias_gelu_forward(pre: S, bias: S | null, out: S, rows: number, cols: number, dtype: number): void;
+  bias_gelu_backward(pre: S, gradOut: S, gradPre: S, gradBias: S | null, rows: number, cols: number, dtype: number): void;
   softmax_forward(inp: S, out: S, rows: number, cols: number, dtype: number, log: boolean): void;
   softmax_backward(out: S, gradOut: S, gradIn: S, rows: number, cols: number, dtype: number, log: boolean): void;
   cross_entropy_forward(logits: S, targets: S, losses: S, lse: S, rows: number, vocab: number, ignoreIndex: number, dtype: number): void;
@@ -64,6 +66,7 @@ export interface BackendKernels {
   embedding_forward(ids: S, weight: S, out: S, n: number, vocab: number, dim: number, dtype: number): void;
   embedding_backward(ids: S, gradOut: S, gradWeight: S, n: number, vocab: number, dim: number, dtype: number): void;
   layernorm_forward(x: S, weight: S, bias: S | null, out: S, mean: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
+  add_layernorm_forward(x: S, residual: S, weight: S, bias: S | null, sum: S, out: S, mean: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
   layernorm_backward(x: S, weight: S, mean: S, rstd: S, gradOut: S, gradX: S, gradW: S, gradB: S | null, rows: number, cols: number, dtype: number): void;
   rmsnorm_forward(x: S, weight: S, out: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
   rmsnorm_backward(x: S, weight: S, rstd: S, gradOut: S, gradX: S, gradW: S, rows: number, cols: number, dtype: number): void;
@@ -81,15 +84,16 @@ export interface BackendKernels {
 export const BACKEND_KERNELS = Object.keys({
   Storage: 1, setErrorFactory: 1, memoryStats: 1, resetPeakMemory: 1, emptyCache: 1, noop: 1, read: 1, write: 1, copy: 1,
   cast: 1, fill: 1, arange: 1, random_fill: 1, gemm: 1, binary: 1, unary: 1, unary_backward: 1, sum_to: 1, max_dim: 1, max_dim_backward: 1,
-  copy_strided: 1, gelu_forward: 1, gelu_backward: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
+  copy_strided: 1, gelu_forward: 1, gelu_backward: 1, bias_gelu_forward: 1, bias_gelu_backward: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
   cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
-  embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,
+  embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, add_layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,
   adamw_step: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
 } satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];
 
 /** What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, host-storage leaks, the library preloader. */
 export const CPU_ONLY_EXPORTS = [
   'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'dlopenGlobal', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads', 'setKernelThreads',
+  'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [

@@ -1,11 +1,14 @@
 // `nodetron bench ops`: forward+backward time of the ops that dominate a small GPT step (LM head
 // GEMM, fused cross-entropy over a 50257 vocabulary, attention, layerNorm, gelu), beside PyTorch
-// on the same CPU in the same run (scripts/bench/ops_torch.py) when python3 with torch is found.
+// on the same CPU in the same run (scripts/bench/ops_torch.py) when python3 with torch is found;
+// then the GPT block's fused ops (linearGelu, addLayerNorm, attentionPacked) beside their unfused compositions, and
+// one AdamW step's bytes per second beside a STREAM triad on the same threads.
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { randn, tensor } from '../creation.js';
 import { cpu, packageRoot } from '../native.js';
-import { attention, crossEntropy, gelu, layerNorm, linear, ones, zeros } from '../index.js';
+import { add, addLayerNorm, attention, attentionPacked, crossEntropy, gelu, layerNorm, linear, linearGelu, ones, zeros } from '../index.js';
+import { AdamW } from '../optim/adamw.js';
 import type { Tensor } from '../tensor.js';
 import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
@@ -50,6 +53,50 @@ function cases(): [string, () => void, () => void][] {
   ];
 }
 
+/** The fused ops of a GPT block beside their unfused compositions, and one AdamW step over a tiny GPT's parameter count. */
+function fusedCases(): [string, () => void, () => void][] {
+  const x = leaf(randn([N, C], { seed: 9 })), w = leaf(randn([4 * C, C], { seed: 10 })), b = leaf(zeros([4 * C]));
+  const xr = leaf(randn([N, C], { seed: 11 })), r = leaf(randn([N, C], { seed: 12 })), wl = leaf(ones([C])), bl = leaf(zeros([C]));
+  const sumBoth = (o: { sum: Tensor; out: Tensor }) => { const s = add(o.sum, o.out); o.sum.dispose(); o.out.dispose(); return s; };
+  const qkv = leaf(randn([B, T, 3 * C], { seed: 15 }));
+  const unpacked = () => {
+    const r5 = qkv.reshape([B, T, 3, H, D]), p5 = r5.permute([2, 0, 3, 1, 4]), parts = p5.chunk(3, 0);
+    const [q, k, v] = parts.map((h) => h.reshape([B, H, T, D]));
+    const a = attention(q!, k!, v!), ap = a.permute([0, 2, 1, 3]), out = ap.reshape([B, T, C]);
+    for (const t of [r5, p5, ...parts, q!, k!, v!, a, ap]) if (t !== out) t.dispose();
+    return out;
+  };
+  const p = leaf(randn([ADAM_PARAMS], { seed: 13 }));
+  p.grad = randn([ADAM_PARAMS], { seed: 14 });
+  const opt = new AdamW([p], { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 });
+  const all = [x, w, b, xr, r, wl, bl, qkv];
+  const free = () => { clearGrads(...all, p); all.forEach((t) => t.dispose()); opt.dispose(); p.dispose(); };
+  return [
+    ['linearGelu fwd+bwd [1024,128]x[512,128] (fused)', fwdBwd([x, w, b], () => linearGelu(x, w, b)), () => {}],
+    ['linear+gelu fwd+bwd [1024,128]x[512,128] (unfused)', fwdBwd([x, w, b], () => { const h = linear(x, w, b); const y = gelu(h); h.dispose(); return y; }), () => {}],
+    ['addLayerNorm fwd+bwd [1024,128] (fused)', fwdBwd([xr, r, wl, bl], () => sumBoth(addLayerNorm(xr, r, wl, bl))), () => {}],
+    ['add+layerNorm fwd+bwd [1024,128] (unfused)', fwdBwd([xr, r, wl, bl], () => { const s = add(xr, r); return sumBoth({ sum: s, out: layerNorm(s, wl, bl) }); }), () => {}],
+    ['attentionPacked fwd+bwd [8,128,3x128] 4 heads (fused)', fwdBwd([qkv], () => attentionPacked(qkv, H)), () => {}],
+    ['split+attention+merge fwd+bwd [8,128,3x128] (unfused)', fwdBwd([qkv], unpacked), () => {}],
+    [ADAM_CASE, () => opt.step(), free],
+  ];
+}
+
+// A tiny GPT's parameter count (L4 C128 V50257 T128): AdamW reads p, g, m, v and writes p, m, v once.
+const ADAM_PARAMS = 7_323_904;
+const ADAM_CASE = 'AdamW step [7.3M params]';
+
+/** STREAM triad (a = b + 3c) over as many f32 as one AdamW step: bytes per second, the bandwidth AdamW is held to. */
+function triadBytesPerSecond(n: number): number {
+  const [a, b, c] = [0, 1, 2].map((s) => randn([n], { seed: 20 + s }));
+  try {
+    const sec = timeIt(() => cpu().streamTriadLoop(a!.storage, b!.storage, c!.storage, n, 1), { minSeconds: 0.5, rounds: 3 });
+    return (12 * n) / sec;
+  } finally {
+    [a, b, c].forEach((t) => t!.dispose());
+  }
+}
+
 function torchPeer(threads: number | undefined): { torch: string; threads: number; seconds: Record<string, number> } | string {
   const script = join(packageRoot, 'scripts', 'bench', 'ops_torch.py');
   const r = spawnSync('python3', [script, ...(threads ? [String(threads)] : [])], { encoding: 'utf8' });
@@ -71,7 +118,7 @@ export async function main(argv: string[]): Promise<number> {
     cpu().setKernelThreads(threads);
   }
   const mine: Record<string, number> = {};
-  for (const [name, fn, after] of cases()) {
+  for (const [name, fn, after] of [...cases(), ...fusedCases()]) {
     mine[name] = timeIt(fn, { minSeconds: 0.5, rounds: 3 });
     after();
   }
@@ -83,6 +130,9 @@ export async function main(argv: string[]): Promise<number> {
   printTable(['op', 'nodetron ms', 'torch ms', 'speedup'], rows);
   if (typeof peer === 'string') console.log(peer);
   else console.log(`torch ${peer.torch}, ${peer.threads} threads; nodetron ${cpu().kernelThreads()} kernel threads`);
-  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer });
+  const adamBytesPerSec = (28 * ADAM_PARAMS) / mine[ADAM_CASE]!, triad = triadBytesPerSecond(ADAM_PARAMS);
+  console.log(`AdamW: ${(adamBytesPerSec / 1e9).toFixed(1)} GB/s (28 bytes per parameter); STREAM triad on the same threads: ${(triad / 1e9).toFixed(1)} GB/s (12 bytes per element as STREAM counts them; the output's write-allocate moves 16); AdamW at ${((100 * adamBytesPerSec) / triad).toFixed(0)}% of it`);
+  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer,
+    adamw: { params: ADAM_PARAMS, bytesPerSecond: adamBytesPerSec, triadBytesPerSecond: triad } });
   return 0;
 }

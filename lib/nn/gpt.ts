@@ -7,7 +7,7 @@
 import { checkpoint, noGrad } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, attention, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy } from '../ops/index.js';
+import { add, addLayerNorm, attentionPacked, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy, linearGelu } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -214,12 +214,9 @@ export class CausalSelfAttention extends Module {
   /** x [B, T, C] → [B, T, C] (under sequence parallelism, chunks of T: the QKV layer gathers the whole sequence). */
   forward(x: Tensor): Tensor {
     const qkvOut = this.qkv.forward(x);
-    const [b, t] = qkvOut.shape as [number, number, number];
     const localHeads = this.qkv.weight.shape[0]! / (3 * this.headDim);
-    const qkv = qkvOut.reshape([b, t, 3, localHeads, this.headDim]).permute([2, 0, 3, 1, 4]);
-    const [q, k, v] = qkv.chunk(3, 0).map((h) => h.reshape([b, localHeads, t, this.headDim]));
-    const y = attention(q!, k!, v!, { causal: true, window: this.config.window });
-    const merged = y.permute([0, 2, 1, 3]).reshape([b, t, localHeads * this.headDim]);
+    // Heads gathered from the packed projection and merged back in one op (no split/permute copies).
+    const merged = attentionPacked(qkvOut, localHeads, { causal: true, window: this.config.window });
     return dropChunk(this.dropout, this.proj.forward(merged), this.#sequence);
   }
 }
@@ -243,7 +240,10 @@ export class MLP extends Module {
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    return dropChunk(this.dropout, this.proj.forward(gelu(this.fc.forward(x))), this.#sequence);
+    // A plain Linear (not a subclass with its own forward) runs its GEMM, bias and GELU as one op.
+    const fc = this.fc;
+    const hidden = fc instanceof Linear && fc.forward === Linear.prototype.forward ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
+    return dropChunk(this.dropout, this.proj.forward(hidden), this.#sequence);
   }
 }
 
@@ -283,8 +283,11 @@ export class Block extends Module {
       const h = normalize(this.ln1, x, seq);
       return add(add(x, this.attn.forward(h)), this.mlp.forward(h));
     }
-    const x1 = add(x, this.attn.forward(normalize(this.ln1, x, seq)));
-    return add(x1, this.mlp.forward(normalize(this.ln2, x1, seq)));
+    // The attention residual's add and ln2 run as one pass (addLayerNorm).
+    const ln2 = this.ln2;
+    const { sum: x1, out: h } = addLayerNorm(x, this.attn.forward(normalize(this.ln1, x, seq)), seq.replicated(ln2.weight),
+      ln2.bias ? seq.replicated(ln2.bias) : undefined, ln2.eps);
+    return add(x1, this.mlp.forward(h));
   }
 }
 

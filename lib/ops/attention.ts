@@ -1,5 +1,6 @@
 // Scaled dot-product self-attention with autograd: per (batch, head) GEMMs around a fused masked
-// softmax (causal and sliding-window masks), q/k/v laid out [B, H, T, D].
+// softmax (causal and sliding-window masks), q/k/v laid out [B, H, T, D]; and the same on a packed
+// QKV projection [B, T, 3·H·D] with the heads merged back (attentionPacked, a GPT block's layout).
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
@@ -34,34 +35,105 @@ export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
   if (k.shape[0] !== B || k.shape[1] !== H || k.shape[3] !== D || v.shape[0] !== B || v.shape[1] !== H || v.shape[2] !== Tk || v.shape[3] !== D) {
     throw new ShapeError(`attention: k ${fmtShape(k.shape)} and v ${fmtShape(v.shape)} do not match q ${fmtShape(q.shape)}`);
   }
-  const causal = opts.causal ?? true;
-  const window = opts.window ?? 0;
-  if (!Number.isInteger(window) || window < 0) throw new ArgumentError(`attention: window must be a non-negative integer, got ${window}`);
-  if (causal && T > Tk) throw new ShapeError(`attention: causal attention needs T <= Tk (${T} > ${Tk})`);
-  const scale = opts.scale ?? 1 / Math.sqrt(D);
-  if (!Number.isFinite(scale)) throw new ArgumentError(`attention: scale must be finite, got ${scale}`);
-  const batch = B * H;
+  const { causal, window, scale } = attentionOptions(opts, T, Tk, D);
+  const probs = attentionProbs(q, k, B * H, T, Tk, D, scale, causal, window);
+  const out = emptyLike(q, [B, H, T, D]);
+  bmm(out, probs, v, B * H, T, D, Tk, false, false);
+  if (!needsGrad(q, k, v)) { probs.dispose(); return out; }
+  const qs = save(q), ks = save(k), vs = save(v);
+  return record('attention', out, [q, k, v], (g) => attentionGrads(g, qs, ks, vs, probs, B * H, T, Tk, D, scale), [qs, ks, vs, own(probs)]);
+}
+
+/** softmax(q·kᵀ·scale + mask) for batch = B·H heads: [B, H, T, Tk]. */
+function attentionProbs(q: Tensor, k: Tensor, batch: number, T: number, Tk: number, D: number, scale: number, causal: boolean, window: number): Tensor {
+  const [B, H] = q.shape as [number, number];
   const scores = emptyLike(q, [B, H, T, Tk]);
   bmm(scores, q, k, batch, T, Tk, D, false, true);
   const probs = emptyLike(q, [B, H, T, Tk]);
-  q.backend.attention_softmax_forward(scores.storage, probs.storage, batch, T, Tk, scale, causal, window, code(q));
-  scores.dispose();
-  const out = emptyLike(q, [B, H, T, D]);
-  bmm(out, probs, v, batch, T, D, Tk, false, false);
-  if (!needsGrad(q, k, v)) { probs.dispose(); return out; }
-  const qs = save(q), ks = save(k), vs = save(v);
-  return record('attention', out, [q, k, v], (g) => {
-    const dProbs = emptyLike(g, [B, H, T, Tk]);
-    bmm(dProbs, g, vs, batch, T, Tk, D, false, true);
-    const dv = emptyLike(vs);
-    bmm(dv, probs, g, batch, Tk, D, T, true, false);
-    const dScores = emptyLike(g, [B, H, T, Tk]);
-    g.backend.attention_softmax_backward(probs.storage, dProbs.storage, dScores.storage, batch, T, Tk, scale, code(g));
-    dProbs.dispose();
-    const dq = emptyLike(qs), dk = emptyLike(ks);
-    bmm(dq, dScores, ks, batch, T, D, Tk, false, false);
-    bmm(dk, dScores, qs, batch, Tk, D, T, true, false);
-    dScores.dispose();
-    return [dq, dk, dv];
-  }, [qs, ks, vs, own(probs)]);
+  try {
+    q.backend.attention_softmax_forward(scores.storage, probs.storage, batch, T, Tk, scale, causal, window, code(q));
+  } catch (e) {
+    probs.dispose();
+    throw e;
+  } finally {
+    scores.dispose();
+  }
+  return probs;
+}
+
+/** [dq, dk, dv] of attention's output gradient g [B, H, T, D], from the saved q, k, v and probabilities. */
+function attentionGrads(g: Tensor, qs: Tensor, ks: Tensor, vs: Tensor, probs: Tensor, batch: number, T: number, Tk: number, D: number, scale: number): Tensor[] {
+  const [B, H] = qs.shape as [number, number];
+  const dProbs = emptyLike(g, [B, H, T, Tk]);
+  bmm(dProbs, g, vs, batch, T, Tk, D, false, true);
+  const dv = emptyLike(vs);
+  bmm(dv, probs, g, batch, Tk, D, T, true, false);
+  const dScores = emptyLike(g, [B, H, T, Tk]);
+  g.backend.attention_softmax_backward(probs.storage, dProbs.storage, dScores.storage, batch, T, Tk, scale, code(g));
+  dProbs.dispose();
+  const dq = emptyLike(qs), dk = emptyLike(ks);
+  bmm(dq, dScores, ks, batch, T, D, Tk, false, false);
+  bmm(dk, dScores, qs, batch, Tk, D, T, true, false);
+  dScores.dispose();
+  return [dq, dk, dv];
+}
+
+/**
+ * Moves a 4-D block between `dense` (contiguous, of `shape`) and `packed` (read or written with
+ * `packedStrides` from `packedOffset`): into dense, or into packed when `toPacked`.
+ */
+function move4(packed: Tensor, dense: Tensor, shape: readonly number[], packedStrides: readonly number[], packedOffset: number, toPacked: boolean): void {
+  const denseStrides = [shape[1]! * shape[2]! * shape[3]!, shape[2]! * shape[3]!, shape[3]!, 1];
+  const sh = new Int32Array(shape), ps = new Int32Array(packedStrides), ds = new Int32Array(denseStrides);
+  if (toPacked) dense.backend.copy_strided(dense.storage, packed.storage, code(dense), sh, ds, 0, ps, packedOffset);
+  else packed.backend.copy_strided(packed.storage, dense.storage, code(packed), sh, ps, packedOffset, ds, 0);
+}
+
+/**
+ * Causal self-attention on a packed projection, as a GPT block computes it: qkv [B, T, 3·H·D] holds
+ * the queries, keys and values of `heads` heads ([B, T, 3, H, D]); returns the heads' outputs merged
+ * back to [B, T, H·D]. Equals splitting qkv into q, k, v [B, H, T, D], {@link attention}, and merging
+ * the heads, but moves the data once each way: q, k and v are gathered straight from qkv, and
+ * backward writes their gradients straight into one gradient of qkv (no slice gradients to zero-fill
+ * and add up).
+ */
+export function attentionPacked(qkv: Tensor, heads: number, opts: AttentionOptions = {}): Tensor {
+  checkFloats('attentionPacked', { qkv });
+  if (!Number.isInteger(heads) || heads < 1) throw new ArgumentError(`attentionPacked: heads must be a positive integer, got ${heads}`);
+  if (qkv.ndim !== 3 || qkv.shape[2]! % (3 * heads) !== 0) {
+    throw new ShapeError(`attentionPacked: qkv must be [B, T, 3·heads·D] with ${heads} heads, got ${fmtShape(qkv.shape)}`);
+  }
+  const [B, T, W] = qkv.shape as [number, number, number];
+  const H = heads, D = W / (3 * H), C = H * D;
+  const { causal, window, scale } = attentionOptions(opts, T, T, D, 'attentionPacked');
+  const shape = [B, H, T, D], packedStrides = [T * W, D, W, 1];
+  const [q, k, v] = [0, 1, 2].map((i) => { const t = emptyLike(qkv, shape); move4(qkv, t, shape, packedStrides, i * C, false); return t; }) as [Tensor, Tensor, Tensor];
+  const probs = attentionProbs(q, k, B * H, T, T, D, scale, causal, window);
+  const heads4 = emptyLike(qkv, shape);
+  bmm(heads4, probs, v, B * H, T, D, T, false, false);
+  const out = emptyLike(qkv, [B, T, C]);
+  const mergedStrides = [T * C, D, C, 1];
+  move4(out, heads4, shape, mergedStrides, 0, true);
+  heads4.dispose();
+  if (!needsGrad(qkv)) { for (const t of [q, k, v, probs]) t.dispose(); return out; }
+  return record('attentionPacked', out, [qkv], (g) => {
+    const gHeads = emptyLike(g, shape);
+    move4(g, gHeads, shape, mergedStrides, 0, false);
+    const grads = attentionGrads(gHeads, q, k, v, probs, B * H, T, T, D, scale);
+    gHeads.dispose();
+    const dqkv = emptyLike(g, [B, T, W]);
+    grads.forEach((d, i) => { move4(dqkv, d, shape, packedStrides, i * C, true); d.dispose(); });
+    return [dqkv];
+  }, [own(q), own(k), own(v), own(probs)]);
+}
+
+/** The checked causal flag, window and scale of attention options for T queries over Tk keys of width D. */
+function attentionOptions(opts: AttentionOptions, T: number, Tk: number, D: number, call = 'attention'): { causal: boolean; window: number; scale: number } {
+  const causal = opts.causal ?? true;
+  const window = opts.window ?? 0;
+  if (!Number.isInteger(window) || window < 0) throw new ArgumentError(`${call}: window must be a non-negative integer, got ${window}`);
+  if (causal && T > Tk) throw new ShapeError(`${call}: causal attention needs T <= Tk (${T} > ${Tk})`);
+  const scale = opts.scale ?? 1 / Math.sqrt(D);
+  if (!Number.isFinite(scale)) throw new ArgumentError(`${call}: scale must be finite, got ${scale}`);
+  return { causal, window, scale };
 }

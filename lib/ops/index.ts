@@ -9,10 +9,10 @@ import { chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } fro
 
 export { add, sub, mul, div, neg, exp, log, sqrt, tanh, pow, scale, type Operand } from './elementwise.js';
 export { sum, mean, max, type ReduceOptions } from './reduce.js';
-export { matmul, linear, planMatmul, gemmInto, matmulForward, type MatmulOptions, type GemmPlan } from './matmul.js';
+export { matmul, linear, linearGelu, planMatmul, gemmInto, matmulForward, type MatmulOptions, type GemmPlan } from './matmul.js';
 export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
-export { layerNorm, rmsNorm } from './norm.js';
-export { attention, type AttentionOptions } from './attention.js';
+export { layerNorm, rmsNorm, addLayerNorm, type AddLayerNormResult } from './norm.js';
+export { attention, attentionPacked, type AttentionOptions } from './attention.js';
 export { embedding } from './embedding.js';
 export { crossEntropy, type CrossEntropyOptions } from './loss.js';
 export { linearCrossEntropy, linearCrossEntropyChunkRows, LINEAR_CE_CHUNK_BYTES, type LinearCrossEntropyOptions } from './linear-cross-entropy.js';

@@ -1,11 +1,11 @@
 // Matrix products with autograd: 2-D and batched, with transposes, on the device's GEMM (OpenBLAS /
 // cuBLASLt), and linear(x, W, b) = x·Wᵀ + b in PyTorch's weight layout.
-import { needsGrad, record, save } from '../autograd/engine.js';
+import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { dtypeCode } from '../dtype.js';
 import { ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
-import { checkFloats, checkOptions, emptyLike } from './common.js';
+import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { sumTo } from './elementwise.js';
 
 /** Options of {@link matmul}. */
@@ -165,6 +165,41 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
   return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws]);
+}
+
+/**
+ * gelu(x·Wᵀ + b) as one op (the MLP's expanding projection): the GEMM writes x·Wᵀ, then one pass
+ * adds the bias and applies GELU (tanh form, as {@link gelu}); backward takes GELU's gradient and
+ * the bias gradient (a column sum) in one pass before the two GEMMs of {@link linear}'s backward.
+ * Equals `gelu(linear(x, weight, bias))` up to rounding; weight [out, in], bias [out], x [..., in].
+ */
+export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  checkFloats('linearGelu', { x, weight }, { bias });
+  if (weight.ndim !== 2) throw new ShapeError(`linearGelu: weight must be [out, in], got ${fmtShape(weight.shape)}`);
+  const outF = weight.shape[0]!;
+  if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`linearGelu: bias must be [${outF}], got ${fmtShape(bias.shape)}`);
+  if (x.ndim === 0 || x.shape[x.ndim - 1] !== weight.shape[1]) {
+    throw new ShapeError(`linearGelu: input ${fmtShape(x.shape)} does not end in weight's in-features ${weight.shape[1]}`);
+  }
+  const plan = planMatmul(x.shape, weight.shape, false, true, 'linearGelu');
+  const pre = emptyLike(x, plan.outShape);
+  gemmInto(pre, x, weight, plan, false, true, 1, 0);
+  const rows = outF === 0 ? 0 : pre.size / outF;
+  const out = emptyLike(pre);
+  pre.backend.bias_gelu_forward(pre.storage, bias ? bias.storage : null, out.storage, rows, outF, code(pre));
+  if (!needsGrad(x, weight, bias)) { pre.dispose(); return out; }
+  const { needX, needW, needBias } = linearNeeds(x, weight, bias);
+  const xs = save(x), ws = save(weight);
+  return record('linearGelu', out, bias ? [x, weight, bias] : [x, weight], (g) => {
+    const dPre = emptyLike(g), db = needBias ? emptyLike(bias!) : null;
+    g.backend.bias_gelu_backward(pre.storage, g.storage, dPre.storage, db ? db.storage : null, rows, outF, code(g));
+    try {
+      const [dx, dw] = matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, needX, needW);
+      return [dx, dw, db];
+    } finally {
+      dPre.dispose();
+    }
+  }, [xs, ws, own(pre)]);
 }
 
 /** Which of a linear op's inputs want a gradient (those that require grad or come from a graph). */

@@ -1,7 +1,7 @@
 // Normalization over the last dimension with autograd: layerNorm (PyTorch's LayerNorm) and rmsNorm.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
-import { fmtShape } from '../shape.js';
+import { fmtShape, sameShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { checkFloats, code, emptyLike } from './common.js';
 
@@ -29,6 +29,41 @@ export function layerNorm(x: Tensor, weight: Tensor, bias?: Tensor | null, eps =
     g.backend.layernorm_backward(xs.storage, ws.storage, mean.storage, rstd.storage, g.storage, dx.storage, dw.storage, db ? db.storage : null, rows, cols, code(g));
     return [dx, dw, db];
   }, [xs, ws, own(mean), own(rstd)]);
+}
+
+/** What {@link addLayerNorm} returns. */
+export interface AddLayerNormResult {
+  /** x + residual (the residual stream after the add). */
+  sum: Tensor;
+  /** layerNorm(sum, weight, bias, eps). */
+  out: Tensor;
+}
+
+/**
+ * The pre-LayerNorm block's residual add and the next norm in one pass over the rows:
+ * `sum = x + residual`, `out = layerNorm(sum, weight, bias, eps)` (x and residual of one shape).
+ * Gradients flow as through the two ops (the norm's backward reads the stored sum).
+ */
+export function addLayerNorm(x: Tensor, residual: Tensor, weight: Tensor, bias?: Tensor | null, eps = 1e-5): AddLayerNormResult {
+  const cols = checkNorm('addLayerNorm', x, weight, bias, eps);
+  checkFloats('addLayerNorm', { x, residual });
+  if (!sameShape(x.shape, residual.shape)) throw new ShapeError(`addLayerNorm: x ${fmtShape(x.shape)} and residual ${fmtShape(residual.shape)} must have one shape`);
+  const rows = cols === 0 ? 0 : x.size / cols;
+  const sum = emptyLike(x), out = emptyLike(x);
+  const mean = emptyLike(x, [rows], 'f32'), rstd = emptyLike(x, [rows], 'f32');
+  x.backend.add_layernorm_forward(x.storage, residual.storage, weight.storage, bias ? bias.storage : null, sum.storage, out.storage,
+    mean.storage, rstd.storage, rows, cols, eps, code(x));
+  if (!needsGrad(x, residual, weight, bias)) { mean.dispose(); rstd.dispose(); return { sum, out }; }
+  const needX = x.requiresGrad || x.gradFn !== null, needR = residual.requiresGrad || residual.gradFn !== null;
+  // The sum's node passes its gradient to both addends (the same tensor, as add's backward does).
+  record('add', sum, [x, residual], (g) => [needX ? g : null, needR ? g : null]);
+  const ss = save(sum), ws = save(weight);
+  record('layerNorm', out, bias ? [sum, weight, bias] : [sum, weight], (g) => {
+    const dx = emptyLike(g), dw = emptyLike(ws), db = bias ? emptyLike(ws) : null;
+    g.backend.layernorm_backward(ss.storage, ws.storage, mean.storage, rstd.storage, g.storage, dx.storage, dw.storage, db ? db.storage : null, rows, cols, code(g));
+    return [dx, dw, db];
+  }, [ss, ws, own(mean), own(rstd)]);
+  return { sum, out };
 }
 
 /** x/√(mean(x²) + eps)·weight over the last dimension. */

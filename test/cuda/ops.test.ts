@@ -28,6 +28,8 @@ const cases: Case[] = [
   { name: 'layerNorm', shapes: [[9, 70], [70], [70]], run: ([x, w, b]) => nt.layerNorm(x!, w!, b!) },
   { name: 'rmsNorm', shapes: [[9, 70], [70]], run: ([x, w]) => nt.rmsNorm(x!, w!) },
   { name: 'linear', shapes: [[5, 3, 24], [17, 24], [17]], run: ([x, w, b]) => nt.linear(x!, w!, b!) },
+  { name: 'linearGelu', shapes: [[5, 3, 24], [17, 24], [17]], run: ([x, w, b]) => nt.linearGelu(x!, w!, b!) },
+  { name: 'addLayerNorm', shapes: [[9, 70], [9, 70], [70], [70]], run: ([x, r, w, b]) => { const o = nt.addLayerNorm(x!, r!, w!, b!); return nt.add(o.sum, o.out); } },
   { name: 'permute/slice/cat', shapes: [[4, 6, 5]], run: ([a]) => nt.cat([nt.permute(a!, [2, 0, 1]), nt.slice(nt.permute(a!, [2, 0, 1]), 1, 1, 3)], 1) },
   { name: 'attention causal', shapes: [[2, 3, 11, 8], [2, 3, 11, 8], [2, 3, 11, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!, { causal: true }) },
   { name: 'attention window', shapes: [[1, 2, 13, 8], [1, 2, 13, 8], [1, 2, 13, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!, { causal: true, window: 4 }) },

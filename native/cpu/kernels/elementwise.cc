@@ -14,6 +14,12 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
   int64_t total = product(shape);
   if (total == 0) return;
   if (rank == 0) { o[0] = f(a[0], b[0]); return; }
+  if (rank == 1 && sa[0] == 1 && sb[0] == 1) {  // same-shape operands (gradient accumulation): split over the pool
+    parallelRows(total, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; j++) o[j] = f(a[j], b[j]);
+    });
+    return;
+  }
   int64_t inner = shape[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1];
   forEachStridedRow<2>(shape, {&sa, &sb}, {0, 0}, [&](int64_t base, const std::array<int64_t, 2>& off) {
     float* oo = o + base;

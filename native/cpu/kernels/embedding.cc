@@ -33,12 +33,18 @@ NT_KERNEL("embedding_backward", EmbeddingBackward) {
   checkIds(ids, n, vocab, call);
   float* w = W.data();
   const float* g = G.data();
-  std::fill(w, w + vocab * dim, 0.0f);
-  for (int64_t i = 0; i < n; i++) {
-    float* row = w + int64_t(ids[i]) * dim;
-    const float* gr = g + i * dim;
-    for (int64_t j = 0; j < dim; j++) row[j] += gr[j];
-  }
+  parallelRows(vocab, dim, [&](int64_t b, int64_t e) { std::fill(w + b * dim, w + e * dim, 0.0f); });
+  // The scatter-add split by columns: each element still adds its rows in position order, so the
+  // result does not depend on the thread count (ids repeat, so rows cannot be split).
+  int64_t parts = std::max<int64_t>(1, std::min<int64_t>(kernelThreads(), dim / 16));
+  parallelBlocks(parts, n * dim / parts, [&](int64_t p) {
+    int64_t j0 = p * dim / parts, j1 = (p + 1) * dim / parts;
+    for (int64_t i = 0; i < n; i++) {
+      float* row = w + int64_t(ids[i]) * dim;
+      const float* gr = g + i * dim;
+      for (int64_t j = j0; j < j1; j++) row[j] += gr[j];
+    }
+  });
   W.commit();
 }
 

@@ -47,4 +47,74 @@ NT_KERNEL("gelu_backward", GeluBackward) {
   O.commit();
 }
 
+// y[j] = gelu(x[j] + b[j]) over one row, x updated to x + b (b may be null).
+NT_SIMD_CLONES static void biasGeluRow(float* __restrict x, const float* __restrict b, float* __restrict y, int64_t cols, DType dt) {
+  if (b) for (int64_t j = 0; j < cols; j++) x[j] += b[j];
+  roundThrough(x, cols, dt);  // gelu reads the pre-activation as stored (what backward reads)
+  for (int64_t j = 0; j < cols; j++) {
+    float v = x[j];
+    y[j] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+
+// bias_gelu_forward(pre, bias|null, out, rows, cols, dtype)
+//   pre [rows, cols] (a GEMM's output) += bias per column, in place; out = gelu(pre): the bias add
+//   and the activation in one pass (linearGelu's forward after its GEMM).
+NT_KERNEL("bias_gelu_forward", BiasGeluForward) {
+  int64_t rows = a.size(3), cols = a.size(4);
+  DType dt = a.dtype(5);
+  int64_t n = rows * cols;
+  bool hasBias = !info[1].IsNull() && !info[1].IsUndefined();
+  F32View X(info, 0, call, dt, n, true), B(info, 1, call, dt, cols, true, hasBias);
+  F32View O(info, 2, call, dt, n, false);
+  float *x = X.data(), *o = O.data();
+  const float* bb = B.data();
+  parallelRows(rows, cols * 24, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) biasGeluRow(x + r * cols, bb, o + r * cols, cols, dt);
+  });
+  if (hasBias) X.commit();
+  O.commit();
+}
+
+// gradPre row = gradOut · gelu'(pre), rounded as stored.
+NT_SIMD_CLONES static void geluGradRow(const float* __restrict x, const float* __restrict g, float* __restrict o, int64_t cols, DType dt) {
+  geluBackwardRange(x, g, o, 0, cols);
+  roundThrough(o, cols, dt);
+}
+
+// bias_gelu_backward(pre, gradOut, gradPre, gradBias|null, rows, cols, dtype)
+//   gradPre = gradOut · gelu'(pre); gradBias (overwritten) = Σ_rows gradPre, summed in double over
+//   fixed row blocks in a fixed order (the same on any thread count).
+NT_KERNEL("bias_gelu_backward", BiasGeluBackward) {
+  int64_t rows = a.size(4), cols = a.size(5);
+  DType dt = a.dtype(6);
+  int64_t n = rows * cols;
+  bool hasBias = !info[3].IsNull() && !info[3].IsUndefined();
+  F32View X(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
+  F32View O(info, 2, call, dt, n, false), DB(info, 3, call, dt, cols, false, hasBias);
+  const float *x = X.data(), *g = G.data();
+  float* o = O.data();
+  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
+  std::vector<double> partial(hasBias ? size_t(blocks * cols) : 0, 0.0);
+  parallelBlocks(blocks, kSumBlockRows * cols * 32, [&](int64_t blk) {
+    int64_t r0 = blk * kSumBlockRows, r1 = std::min(rows, r0 + kSumBlockRows);
+    double* acc = hasBias ? partial.data() + blk * cols : nullptr;
+    for (int64_t r = r0; r < r1; r++) {
+      float* orow = o + r * cols;
+      geluGradRow(x + r * cols, g + r * cols, orow, cols, dt);
+      if (acc) for (int64_t j = 0; j < cols; j++) acc[j] += double(orow[j]);
+    }
+  });
+  if (hasBias) {
+    float* db = DB.data();
+    for (int64_t j = 0; j < cols; j++) {
+      double s = 0;
+      for (int64_t blk = 0; blk < blocks; blk++) s += partial[size_t(blk * cols + j)];
+      db[j] = float(s);
+    }
+  }
+  O.commit();
+  DB.commit();
+}
+
 }  // namespace nt::cpu

@@ -2,8 +2,10 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <mutex>
 
 #include "convert.h"
+#include "util.h"
 
 extern "C" {
 char* openblas_get_config(void);
@@ -13,6 +15,9 @@ void openblas_set_num_threads(int);
 }
 
 namespace nt::cpu {
+
+// Multiply-adds (M·N·K) up to which one GEMM of a batch is "small" (see Gemm).
+static constexpr int64_t kSmallGemm = int64_t(1) << 23;
 
 // gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
 // Row-major: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], op(A) is M x K, op(B) is K x N.
@@ -33,14 +38,31 @@ NT_KERNEL("gemm", Gemm) {
   if (batch == 0 || M == 0 || N == 0) return;
   F32View A(pa, dt, nA, true), B(pb, dt, nB, true), C(pc, dt, nC, beta != 0.0f);
   int lda = int(ta ? M : K), ldb = int(tb ? K : N), ldc = int(N);
-  for (int64_t b = 0; b < batch; b++) {
+  auto one = [&](int64_t b) {
     float* c = C.data() + b * sC;
     if (K == 0) {  // OpenBLAS rejects k == 0 with lda < 1 on some paths; the product is beta * C
       for (int64_t i = 0; i < M * N; i++) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
-      continue;
+      return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
                 alpha, A.data() + b * sA, lda > 0 ? lda : 1, B.data() + b * sB, ldb > 0 ? ldb : 1, beta, c, ldc);
+  };
+  // A batch of small GEMMs (attention's per-head products) runs one GEMM per pool thread with
+  // OpenBLAS on one thread, instead of OpenBLAS splitting each small GEMM over its threads: the
+  // split costs more than such a GEMM. Batches that accumulate into one matrix (sC == 0) stay serial.
+  // OpenBLAS splits a GEMM by rows and columns of C, never along k, so every element is computed
+  // the same way on either path.
+  bool smallBatch = batch >= 2 && sC >= M * N && M * N * std::max<int64_t>(K, 1) <= kSmallGemm && kernelThreads() > 1;
+  // The OpenBLAS thread count is process-wide: one caller at a time changes it (others run serially).
+  static std::mutex blasThreadsLock;
+  std::unique_lock<std::mutex> lock(blasThreadsLock, std::defer_lock);
+  if (smallBatch && lock.try_lock()) {
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    parallelBlocks(batch, 2 * M * N * std::max<int64_t>(K, 1), one);
+    if (saved != 1) openblas_set_num_threads(saved);
+  } else {
+    for (int64_t b = 0; b < batch; b++) one(b);
   }
   C.commit();
 }

@@ -4,6 +4,23 @@
 
 namespace nt::cpu {
 
+// One row of LayerNorm: mean and 1/std of x (two passes: centered variance), then
+// o = (x − mean)·rstd·w (+ b).
+NT_SIMD_CLONES static void layerNormRow(const float* __restrict x, const float* __restrict w, const float* __restrict b,
+                                        float* __restrict o, float* mean, float* rstd, int64_t cols, float eps) {
+  float m = sumLanes(cols, [&](int64_t j) { return x[j]; }) / float(cols);
+  float v = sumLanes(cols, [&](int64_t j) { float d = x[j] - m; return d * d; });
+  float rs = 1.0f / std::sqrt(v / float(cols) + eps);
+  *mean = m;
+  *rstd = rs;
+  if (b) for (int64_t j = 0; j < cols; j++) o[j] = (x[j] - m) * rs * w[j] + b[j];
+  else for (int64_t j = 0; j < cols; j++) o[j] = (x[j] - m) * rs * w[j];
+}
+
+NT_SIMD_CLONES static void addRow(const float* __restrict x, const float* __restrict r, float* __restrict s, int64_t cols) {
+  for (int64_t j = 0; j < cols; j++) s[j] = x[j] + r[j];
+}
+
 // layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype)
 //   out = (x − mean)·rstd·weight + bias per row of [rows, cols]
 NT_KERNEL("layernorm_forward", LayerNormForward) {
@@ -20,21 +37,36 @@ NT_KERNEL("layernorm_forward", LayerNormForward) {
   const float *x = X.data(), *w = W.data(), *bb = B.data();
   float* o = O.data();
   parallelRows(rows, cols * 3, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) layerNormRow(x + r * cols, w, hasBias ? bb : nullptr, o + r * cols, mean + r, rstd + r, cols, eps);
+  });
+  O.commit();
+}
+
+// add_layernorm_forward(x, residual, weight, bias|null, sum, out, mean: f32, rstd: f32, rows, cols, eps, dtype)
+//   sum = x + residual and out = layerNorm(sum) in one pass over each row (the pre-LayerNorm block's
+//   residual add and the next norm): the norm reads the sum as stored, as layernorm_forward would.
+NT_KERNEL("add_layernorm_forward", AddLayerNormForward) {
+  int64_t rows = a.size(8), cols = a.size(9);
+  float eps = float(a.number(10));
+  DType dt = a.dtype(11);
+  int64_t n = rows * cols;
+  bool hasBias = !info[3].IsNull() && !info[3].IsUndefined();
+  F32View X(info, 0, call, dt, n, true), R(info, 1, call, dt, n, true), W(info, 2, call, dt, cols, true);
+  F32View B(info, 3, call, dt, cols, true, hasBias);
+  F32View S(info, 4, call, dt, n, false), O(info, 5, call, dt, n, false);
+  float* mean = reinterpret_cast<float*>(storageData(info, 6, call, DType::F32, rows));
+  float* rstd = reinterpret_cast<float*>(storageData(info, 7, call, DType::F32, rows));
+  const float *x = X.data(), *res = R.data(), *w = W.data(), *bb = B.data();
+  float *sum = S.data(), *o = O.data();
+  parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) {
-      const float* xr = x + r * cols;
-      float* orow = o + r * cols;
-      float s = 0;
-      for (int64_t j = 0; j < cols; j++) s += xr[j];
-      float m = s / float(cols);
-      float v = 0;
-      for (int64_t j = 0; j < cols; j++) { float d = xr[j] - m; v += d * d; }
-      float rs = 1.0f / std::sqrt(v / float(cols) + eps);
-      mean[r] = m;
-      rstd[r] = rs;
-      if (hasBias) for (int64_t j = 0; j < cols; j++) orow[j] = (xr[j] - m) * rs * w[j] + bb[j];
-      else for (int64_t j = 0; j < cols; j++) orow[j] = (xr[j] - m) * rs * w[j];
+      float* sr = sum + r * cols;
+      addRow(x + r * cols, res + r * cols, sr, cols);
+      roundThrough(sr, cols, dt);
+      layerNormRow(sr, w, hasBias ? bb : nullptr, o + r * cols, mean + r, rstd + r, cols, eps);
     }
   });
+  S.commit();
   O.commit();
 }
 
@@ -42,28 +74,39 @@ NT_KERNEL("layernorm_forward", LayerNormForward) {
 // centered) or without the first mean (RMSNorm); dW = Σ_rows g·x̂, dB = Σ_rows g.
 static void normBackward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
                          float* dx, float* dw, float* db, int64_t rows, int64_t cols, bool centered) {
-  std::vector<double> accW(static_cast<size_t>(cols), 0.0), accB(static_cast<size_t>(cols), 0.0);
-  for (int64_t r = 0; r < rows; r++) {
-    const float *xr = x + r * cols, *gr = g + r * cols;
-    float m = centered ? mean[r] : 0.0f, rs = rstd[r];
-    float sumGw = 0, sumGwX = 0;
-    for (int64_t j = 0; j < cols; j++) {
-      float xh = (xr[j] - m) * rs, gw = gr[j] * w[j];
-      sumGw += gw;
-      sumGwX += gw * xh;
-      accW[size_t(j)] += double(gr[j] * xh);
-      accB[size_t(j)] += double(gr[j]);
+  // dx row by row over the pool; dW and dB from per-block double partials added in block order, so
+  // the result is the same on any thread count.
+  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
+  std::vector<double> accW(size_t(blocks * cols), 0.0), accB(size_t(blocks * cols), 0.0);
+  parallelBlocks(blocks, kSumBlockRows * cols * 8, [&](int64_t blk) {
+    double* aw = accW.data() + blk * cols;
+    double* ab = accB.data() + blk * cols;
+    for (int64_t r = blk * kSumBlockRows, end = std::min(rows, r + kSumBlockRows); r < end; r++) {
+      const float *xr = x + r * cols, *gr = g + r * cols;
+      float m = centered ? mean[r] : 0.0f, rs = rstd[r];
+      float sumGw = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j]; });
+      float sumGwX = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j] * ((xr[j] - m) * rs); });
+      for (int64_t j = 0; j < cols; j++) {
+        float xh = (xr[j] - m) * rs;
+        aw[j] += double(gr[j] * xh);
+        ab[j] += double(gr[j]);
+      }
+      float mg = centered ? sumGw / float(cols) : 0.0f, mgx = sumGwX / float(cols);
+      float* dxr = dx + r * cols;
+      for (int64_t j = 0; j < cols; j++) {
+        float xh = (xr[j] - m) * rs;
+        dxr[j] = rs * (gr[j] * w[j] - mg - xh * mgx);
+      }
     }
-    float mg = centered ? sumGw / float(cols) : 0.0f, mgx = sumGwX / float(cols);
-    float* dxr = dx + r * cols;
-    for (int64_t j = 0; j < cols; j++) {
-      float xh = (xr[j] - m) * rs;
-      dxr[j] = rs * (gr[j] * w[j] - mg - xh * mgx);
-    }
-  }
+  });
   for (int64_t j = 0; j < cols; j++) {
-    dw[j] = float(accW[size_t(j)]);
-    if (db) db[j] = float(accB[size_t(j)]);
+    double sw = 0, sb = 0;
+    for (int64_t blk = 0; blk < blocks; blk++) {
+      sw += accW[size_t(blk * cols + j)];
+      sb += accB[size_t(blk * cols + j)];
+    }
+    dw[j] = float(sw);
+    if (db) db[j] = float(sb);
   }
 }
 
@@ -98,14 +141,15 @@ NT_KERNEL("rmsnorm_forward", RmsNormForward) {
   float* rstd = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
   const float *x = X.data(), *w = W.data();
   float* o = O.data();
-  for (int64_t r = 0; r < rows; r++) {
-    const float* xr = x + r * cols;
-    float s = 0;
-    for (int64_t j = 0; j < cols; j++) s += xr[j] * xr[j];
-    float rs = 1.0f / std::sqrt(s / float(cols) + eps);
-    rstd[r] = rs;
-    for (int64_t j = 0; j < cols; j++) o[r * cols + j] = xr[j] * rs * w[j];
-  }
+  parallelRows(rows, cols * 3, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; r++) {
+      const float* xr = x + r * cols;
+      float s = sumLanes(cols, [&](int64_t j) { return xr[j] * xr[j]; });
+      float rs = 1.0f / std::sqrt(s / float(cols) + eps);
+      rstd[r] = rs;
+      for (int64_t j = 0; j < cols; j++) o[r * cols + j] = xr[j] * rs * w[j];
+    }
+  });
   O.commit();
 }
 

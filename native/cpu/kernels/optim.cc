@@ -1,10 +1,12 @@
 // Optimizer kernels on the cpu backend: fused AdamW, LAMB and SGD steps over lists of parameters, and the
 // per-tensor sums of squares and in-place scaling that gradient clipping is built from. Policy (which
 // parameters, hyperparameters, schedules, clipping thresholds) lives in lib/optim.
+#include <chrono>
 #include <cmath>
 
 #include "../../core/arg_lists.h"
 #include "convert.h"
+#include "util.h"
 
 namespace nt::cpu {
 
@@ -84,6 +86,30 @@ AdamArgs adamArgs(const Napi::CallbackInfo& info, const char* call) {
 
 }  // namespace
 
+// AdamW's per-step constants, computed once per call: decoupled decay 1 − lr·wd, the step size
+// lr / (1 − β1ᵗ), 1/√(1 − β2ᵗ), the betas, eps and the gradient scale.
+struct AdamwConsts {
+  float decay, stepSize, invSqrtBc2, b1, b2, eps, scale;
+};
+
+// Elements per block of the threaded AdamW loop (a multiple of the vector width; 64 KiB per array).
+static constexpr int64_t kAdamBlock = 16384;
+
+// One pass over n elements: read p, g, m, v once, write p, m, v once. Distinct arrays (restrict) so
+// the loop vectorizes; AVX2+FMA and baseline clones (NT_SIMD_CLONES).
+NT_SIMD_CLONES static void adamwRange(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                                      int64_t n, const AdamwConsts c) {
+  const float omb1 = 1.0f - c.b1, omb2 = 1.0f - c.b2;
+  for (int64_t i = 0; i < n; i++) {
+    float gi = g[i] * c.scale;
+    float mi = c.b1 * m[i] + omb1 * gi;
+    float vi = c.b2 * v[i] + omb2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * c.decay - c.stepSize * mi / (std::sqrt(vi) * c.invSqrtBc2 + c.eps);
+  }
+}
+
 // adamw_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //           lr, beta1, beta2, eps, weightDecay, step, gradScale)
 // Decoupled weight decay (p *= 1 - lr*wd), then the bias-corrected Adam update; grads are multiplied
@@ -91,25 +117,47 @@ AdamArgs adamArgs(const Napi::CallbackInfo& info, const char* call) {
 static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
   AdamArgs A = adamArgs(info, "adamw_step");
   if (A.step < 1) fail(Err::Argument, "adamw_step: step must be >= 1");
-  const float decay = float(1.0 - A.lr * A.wd);
-  const float stepSize = float(A.lr / (1.0 - std::pow(A.b1, double(A.step))));
-  const float invSqrtBc2 = float(1.0 / std::sqrt(1.0 - std::pow(A.b2, double(A.step))));
-  const float fb1 = float(A.b1), fb2 = float(A.b2), feps = float(A.eps), scale = A.scale;
+  AdamwConsts c{float(1.0 - A.lr * A.wd), float(A.lr / (1.0 - std::pow(A.b1, double(A.step)))),
+                float(1.0 / std::sqrt(1.0 - std::pow(A.b2, double(A.step)))), float(A.b1), float(A.b2), float(A.eps), A.scale};
   eachParam(A.l, [&](size_t k, int64_t n, float* p, const float* g) {
     float* m = A.ms[k];
     float* v = A.vs[k];
-    for (int64_t i = 0; i < n; i++) {
-      float gi = g[i] * scale;
-      float mi = fb1 * m[i] + (1.0f - fb1) * gi;
-      float vi = fb2 * v[i] + (1.0f - fb2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * decay - stepSize * mi / (std::sqrt(vi) * invSqrtBc2 + feps);
-    }
+    // Fixed-size blocks over the pool: each element's update is the same whichever thread runs it.
+    int64_t blocks = (n + kAdamBlock - 1) / kAdamBlock;
+    parallelBlocks(blocks, kAdamBlock * 8, [&](int64_t b) {
+      int64_t i = b * kAdamBlock;
+      adamwRange(p + i, g + i, m + i, v + i, std::min(kAdamBlock, n - i), c);
+    });
   });
   return info.Env().Undefined();
 }
 NT_EXPORT("adamw_step", AdamwStep);
+
+NT_SIMD_CLONES static void triadRange(float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n) {
+  for (int64_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
+}
+
+// streamTriadLoop(a, b, c, n, iterations) -> seconds of the loop: a = b + 3·c over n f32 elements,
+// split over the pool in AdamW's blocks: the memory-bandwidth yardstick `nodetron bench ops` puts
+// AdamW's bytes per second beside (STREAM's triad, 12 bytes per element).
+static Napi::Value StreamTriadLoop(const Napi::CallbackInfo& info) {
+  Args a{info, "streamTriadLoop"};
+  a.count(5);
+  int64_t n = a.size(3), it = a.size(4);
+  float* A = reinterpret_cast<float*>(storageData(info, 0, "streamTriadLoop", DType::F32, n));
+  const float* B = reinterpret_cast<const float*>(storageData(info, 1, "streamTriadLoop", DType::F32, n));
+  const float* C = reinterpret_cast<const float*>(storageData(info, 2, "streamTriadLoop", DType::F32, n));
+  int64_t blocks = (n + kAdamBlock - 1) / kAdamBlock;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t k = 0; k < it; k++)
+    parallelBlocks(blocks, kAdamBlock * 8, [&](int64_t blk) {
+      int64_t i = blk * kAdamBlock;
+      triadRange(A + i, B + i, C + i, std::min(kAdamBlock, n - i));
+    });
+  auto t1 = std::chrono::steady_clock::now();
+  return Napi::Number::New(info.Env(), std::chrono::duration<double>(t1 - t0).count());
+}
+NT_EXPORT("streamTriadLoop", StreamTriadLoop);
 
 // lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //          lr, beta1, beta2, eps, weightDecay, step, gradScale, biasCorrection) -> Float64Array of trust ratios

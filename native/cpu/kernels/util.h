@@ -88,26 +88,67 @@ inline void forEachStridedRow(const std::vector<int64_t>& shape, const std::arra
   }
 }
 
-// Runs fn(begin, end) over [0, rows) split across up to `threads` threads when the work is large
-// enough to pay for starting them (2-core machines: threads == 2).
+// Rounds x[0..n) to `dt` and back (nothing for f32): a fused kernel that stores a value and goes on
+// computing from it sees what the unfused ops would read back from storage.
+inline void roundThrough(float* x, int64_t n, DType dt) {
+  if (dt == DType::F32 || n == 0) return;
+  constexpr int64_t kChunk = 256;
+  uint16_t tmp[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    int64_t m = std::min(kChunk, n - i);
+    fromF32(x + i, reinterpret_cast<uint8_t*>(tmp), dt, m);
+    toF32(reinterpret_cast<const uint8_t*>(tmp), dt, x + i, m);
+  }
+}
+
+// Column sums of a [rows, cols] matrix into out[cols], in double, over fixed blocks of kSumBlockRows
+// rows that the pool runs in parallel and that are added in block order: the result does not depend
+// on the thread count. rowAt(r) returns row r (after whatever the caller computes into it).
+inline constexpr int64_t kSumBlockRows = 64;
+
 // Threads the row-parallel kernels use (setKernelThreads; default: the cores, at most 4).
 int64_t kernelThreads();
 
+// Runs task(ctx, t) for t in [0, parts) on the kernel thread pool: the calling thread runs part 0 and
+// persistent workers (started once, then parked) run the rest, so a call spawns no thread. Returns
+// when every part is done. A call made from inside a pool task, or while another thread holds the
+// pool, runs the parts one after another on the calling thread (same results: callers split work so
+// that the split does not depend on which thread runs a part).
+void runOnPool(int64_t parts, void (*task)(void* ctx, int64_t part), void* ctx);
+
+// Work units (roughly: element operations) below which a kernel runs on one thread: waking a parked
+// worker costs a few microseconds, about this much work.
+inline constexpr int64_t kParallelMinWork = int64_t(1) << 17;
+
+// Runs fn(begin, end) over [0, rows) split into contiguous ranges, one per pool thread, when
+// rows · workPerRow is large enough to pay for the hand-off (kParallelMinWork); else on this thread.
+// Each row is computed the same way whichever range holds it, so results do not depend on the
+// thread count.
 template <class F>
 void parallelRows(int64_t rows, int64_t workPerRow, F fn) {
   int64_t threads = std::min<int64_t>(kernelThreads(), rows);
-  if (threads <= 1 || rows * workPerRow < (int64_t(1) << 18)) {
+  if (threads <= 1 || rows * workPerRow < kParallelMinWork) {
     fn(int64_t(0), rows);
     return;
   }
-  std::vector<std::thread> pool;
-  int64_t chunk = (rows + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; t++) {
-    int64_t b = t * chunk, e = std::min(rows, b + chunk);
-    if (b < e) pool.emplace_back([=] { fn(b, e); });
-  }
-  fn(int64_t(0), std::min(rows, chunk));
-  for (auto& th : pool) th.join();
+  struct Ctx {
+    F* fn;
+    int64_t rows, chunk;
+  } ctx{&fn, rows, (rows + threads - 1) / threads};
+  runOnPool(threads, [](void* p, int64_t t) {
+    auto* c = static_cast<Ctx*>(p);
+    int64_t b = t * c->chunk, e = std::min(c->rows, b + c->chunk);
+    if (b < e) (*c->fn)(b, e);
+  }, &ctx);
+}
+
+// Runs fn(block) for each of `blocks` independent blocks over the pool (blocks dealt out in
+// contiguous ranges, as parallelRows); `workPerBlock` as parallelRows' workPerRow.
+template <class F>
+void parallelBlocks(int64_t blocks, int64_t workPerBlock, F fn) {
+  parallelRows(blocks, workPerBlock, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; i++) fn(i);
+  });
 }
 
 }  // namespace nt::cpu

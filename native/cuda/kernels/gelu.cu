@@ -58,4 +58,66 @@ static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("gelu_backward", GeluBackwardAbi);
 
+// pre += bias per column (stored in pre's dtype), out = gelu(pre as stored).
+template <typename T>
+__global__ void biasGeluForwardKernel(T* pre, const T* bias, T* y, int64_t n, int64_t cols) {
+  NT_GRID_STRIDE(i, n) {
+    float v = toF32(pre[i]);
+    if (bias) {
+      T stored = fromF32<T>(v + toF32(bias[i % cols]));
+      pre[i] = stored;
+      v = toF32(stored);
+    }
+    y[i] = fromF32<T>(geluTanh(v));
+  }
+}
+
+// gradBias[j] = Σ_rows gradPre[r, j] (one thread per column, rows in order: deterministic).
+template <typename T>
+__global__ void columnSumKernel(const T* g, T* out, int64_t rows, int64_t cols) {
+  NT_GRID_STRIDE(j, cols) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; r++) s += toF32(g[r * cols + j]);
+    out[j] = fromF32<T>(s);
+  }
+}
+
+// bias_gelu_forward(pre, bias|null, out, rows, cols, dtype): pre += bias in place, out = gelu(pre).
+static Napi::Value BiasGeluForwardAbi(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "bias_gelu_forward");
+  int64_t rows = k.args.size(3), cols = k.args.size(4), n = rows * cols;
+  DType dt = k.args.dtype(5);
+  void* pre = k.data(0, dt, n);
+  void* bias = k.optional(1, dt, cols);
+  void* y = k.data(2, dt, n);
+  if (n == 0) return info.Env().Undefined();
+  NT_LAUNCH_FLOAT(k, dt, biasGeluForwardKernel, gridFor(n), kThreads, static_cast<T*>(pre), static_cast<const T*>(bias),
+                  static_cast<T*>(y), n, cols);
+  return info.Env().Undefined();
+}
+NT_EXPORT("bias_gelu_forward", BiasGeluForwardAbi);
+
+// bias_gelu_backward(pre, gradOut, gradPre, gradBias|null, rows, cols, dtype): gradPre = gradOut · gelu'(pre),
+// gradBias (overwritten) = column sums of gradPre as stored.
+static Napi::Value BiasGeluBackwardAbi(const Napi::CallbackInfo& info) {
+  KernelCall k(info, "bias_gelu_backward");
+  int64_t rows = k.args.size(4), cols = k.args.size(5), n = rows * cols;
+  DType dt = k.args.dtype(6);
+  void* pre = k.data(0, dt, n);
+  void* dy = k.data(1, dt, n);
+  void* dpre = k.data(2, dt, n);
+  void* dbias = k.optional(3, dt, cols);
+  if (cols == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "bias_gelu_backward", T, {
+    if (n > 0)
+      geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(pre), nullptr,
+                                                            static_cast<T*>(dpre), n, cols);
+    if (dbias) columnSumKernel<T><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dpre), static_cast<T*>(dbias), rows, cols);
+  });
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("bias_gelu_backward", BiasGeluBackwardAbi);
+
 }  // namespace nt::cuda

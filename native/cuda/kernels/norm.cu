@@ -1,5 +1,5 @@
-// LayerNorm and RMSNorm on the cuda backend (forward and backward; the forward kernel can also fuse
-// a residual add, unused by the bindings yet), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
+// LayerNorm and RMSNorm on the cuda backend (forward and backward; the forward kernel also fuses
+// the residual add of add_layernorm_forward), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
 // by a second kernel (one thread per column), so they are deterministic.
 #include "common.cuh"
 
@@ -151,6 +151,33 @@ static Napi::Value RmsnormForwardAbi(const Napi::CallbackInfo& info) { return fo
 static Napi::Value LayernormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<false>(info, "layernorm_backward"); }
 static Napi::Value RmsnormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<true>(info, "rmsnorm_backward"); }
 NT_EXPORT("layernorm_forward", LayernormForwardAbi);
+
+// add_layernorm_forward(x, residual, weight, bias|null, sum, out, mean: f32, rstd: f32, rows, cols, eps, dtype):
+// sum = x + residual and out = layerNorm(sum) by the forward kernel's fused residual path.
+static Napi::Value AddLayernormForwardAbi(const Napi::CallbackInfo& info) {
+  const char* call = "add_layernorm_forward";
+  KernelCall k(info, call);
+  int64_t rows = k.args.size(8), cols = k.args.size(9), n = rows * cols;
+  float eps = float(k.args.number(10));
+  DType dt = k.args.dtype(11);
+  void* x = k.data(0, dt, n);
+  void* res = k.data(1, dt, n);
+  void* w = k.data(2, dt, cols);
+  void* b = k.optional(3, dt, cols);
+  void* sum = k.data(4, dt, n);
+  void* y = k.data(5, dt, n);
+  float* mean = k.data<float>(6, DType::F32, rows);
+  float* rstd = k.data<float>(7, DType::F32, rows);
+  if (rows == 0) return info.Env().Undefined();
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    normForwardKernel<T, false><<<unsigned(rows), rowThreads(cols), 0, st>>>(
+                        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const T*>(w),
+                        static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, cols, eps));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("add_layernorm_forward", AddLayernormForwardAbi);
 NT_EXPORT("rmsnorm_forward", RmsnormForwardAbi);
 NT_EXPORT("layernorm_backward", LayernormBackwardAbi);
 NT_EXPORT("rmsnorm_backward", RmsnormBackwardAbi);
