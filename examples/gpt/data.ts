@@ -63,3 +63,73 @@ export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
   }
   return { train: [train], val: [val], trainTokens: tokensIn([train]), valTokens: tokensIn([val]) };
 }
+
+/** Every token of the shards, concatenated. */
+export function readTokens(files: string[]): Uint16Array {
+  const shards = files.map((p) => nt.data.TokenShard.open(p));
+  try {
+    const out = new Uint16Array(shards.reduce((n, s) => n + s.tokens, 0));
+    let at = 0;
+    for (const s of shards) { s.read(0, s.tokens, out.subarray(at, at + s.tokens)); at += s.tokens; }
+    return out;
+  } finally {
+    for (const s of shards) s.close();
+  }
+}
+
+/** The unigram (context-free) level a language model must beat, in nats per token. */
+export interface UnigramLevel {
+  /** Entropy of the training split's token frequencies: the loss of the best context-free model on its own training data. */
+  trainEntropy: number;
+  /** Cross-entropy of the validation tokens under the training frequencies (additively smoothed): the validation loss of that model. */
+  valCrossEntropy: number;
+  /** The smoothing pseudo-count per vocabulary entry that gave the lowest valCrossEntropy (so the bar is as high as it gets). */
+  alpha: number;
+}
+
+/**
+ * The loss of the best context-free model: token frequencies counted on `train` over a vocabulary of
+ * `vocabSize`, scored on `val`. Unseen tokens get probability through additive smoothing; the
+ * pseudo-count is chosen from a small grid to give the lowest validation cross-entropy.
+ */
+export function unigramLevel(train: ArrayLike<number>, val: ArrayLike<number>, vocabSize: number): UnigramLevel {
+  if (!Number.isInteger(vocabSize) || vocabSize < 1) throw new nt.ArgumentError(`unigramLevel: vocabSize must be an integer >= 1, got ${vocabSize}`);
+  if (train.length === 0 || val.length === 0) throw new nt.ArgumentError('unigramLevel: train and val must both have tokens');
+  const counts = new Float64Array(vocabSize);
+  for (let i = 0; i < train.length; i++) {
+    const t = train[i]!;
+    if (!(t >= 0 && t < vocabSize)) throw new nt.ArgumentError(`unigramLevel: train token ${t} at ${i} is outside the vocabulary [0, ${vocabSize})`);
+    counts[t]! += 1;
+  }
+  const n = train.length;
+  let trainEntropy = 0;
+  for (const c of counts) if (c > 0) trainEntropy -= (c / n) * Math.log(c / n);
+  // Validation counts per token, so each smoothing choice costs O(vocab) instead of O(tokens).
+  const valCounts = new Float64Array(vocabSize);
+  for (let i = 0; i < val.length; i++) {
+    const t = val[i]!;
+    if (!(t >= 0 && t < vocabSize)) throw new nt.ArgumentError(`unigramLevel: val token ${t} at ${i} is outside the vocabulary [0, ${vocabSize})`);
+    valCounts[t]! += 1;
+  }
+  let best = { valCrossEntropy: Infinity, alpha: NaN };
+  for (const alpha of [1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1]) {
+    const z = n + alpha * vocabSize;
+    let nll = 0;
+    for (let t = 0; t < vocabSize; t++) if (valCounts[t]! > 0) nll -= valCounts[t]! * Math.log((counts[t]! + alpha) / z);
+    const ce = nll / val.length;
+    if (ce < best.valCrossEntropy) best = { valCrossEntropy: ce, alpha };
+  }
+  return { trainEntropy, ...best };
+}
+
+/** Lower-case words (letters, with inner apostrophes or hyphens) of a text. */
+export function wordsOf(text: string): string[] {
+  return (text.toLowerCase().match(/[a-z]+(?:['’-][a-z]+)*/g) ?? []);
+}
+
+/** The share of `sample`'s words that occur in `vocabulary` (0 when the sample has no words), and the words that do not. */
+export function knownWordShare(sample: string, vocabulary: ReadonlySet<string>): { share: number; words: number; unknown: string[] } {
+  const words = wordsOf(sample);
+  const unknown = words.filter((w) => !vocabulary.has(w));
+  return { share: words.length === 0 ? 0 : 1 - unknown.length / words.length, words: words.length, unknown };
+}

@@ -66,7 +66,8 @@ function frame(series: readonly PlotSeries[], opts: PlotOptions, fn: string): Fr
   const clean = series.map((s, i) => {
     if (!s || typeof s.name !== 'string' || !Array.isArray(s.points)) throw new ArgumentError(`${fn}: series ${i} must be { name: string, points: [x, y][] }`);
     if (s.marker !== undefined && [...s.marker].length !== 1) throw new ArgumentError(`${fn}: series ${JSON.stringify(s.name)}: marker must be one character, got ${JSON.stringify(s.marker)}`);
-    return { s, pts: s.points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1])).map((p) => [p[0], p[1]] as [number, number]) };
+    const points = s.points as ReadonlyArray<readonly [number, number]>;
+    return { s, pts: points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1])).map((p): [number, number] => [p[0], p[1]]) };
   });
   const all = clean.flatMap((c) => c.pts);
   if (all.length === 0) throw new ArgumentError(`${fn}: no finite points in any series`);
