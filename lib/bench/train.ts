@@ -6,7 +6,6 @@
 // and PyTorch's (tensor bytes above the resident parameters and state).
 // With --layout it measures a data-parallel layout instead (lib/bench/layout.ts).
 import { spawnSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { tensor } from '../creation.js';
 import { ArgumentError } from '../errors.js';
@@ -17,7 +16,7 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
 
 
 interface Measurement { msPerStep: number; meanMsPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number; stepsMs: number[] }
@@ -59,47 +58,12 @@ interface PeerResult {
 }
 type Peer = (PeerResult & { allocator: string }) | { allocator: string; error: string };
 
-/**
- * The allocator settings the PyTorch peer is tried with. PyTorch's CPU tensors come from malloc, and
- * glibc's defaults hand large blocks back to the OS on free (mmap for blocks over the threshold, trim
- * of the heap top), so every step page-faults its activations in again; these keep the memory warm.
- */
-export const TORCH_ALLOCATORS: Array<{ name: string; env: Record<string, string>; needs?: string[] }> = [
-  { name: 'default', env: {} },
-  // glibc told to keep its memory: no mmap'd blocks, no trimming, 1 GiB of slack at each heap growth.
-  { name: 'glibc-kept', env: { MALLOC_MMAP_MAX_: '0', MALLOC_TRIM_THRESHOLD_: '68719476736', MALLOC_TOP_PAD_: '1073741824' } },
-  // jemalloc (Debian libjemalloc2) without returning dirty pages to the OS.
-  { name: 'jemalloc', env: { MALLOC_CONF: 'dirty_decay_ms:-1,muzzy_decay_ms:-1' }, needs: ['/usr/lib/x86_64-linux-gnu/libjemalloc.so.2', '/usr/lib/aarch64-linux-gnu/libjemalloc.so.2', '/usr/lib64/libjemalloc.so.2'] },
-  // tcmalloc (Debian libtcmalloc-minimal4) without releasing memory to the OS.
-  { name: 'tcmalloc', env: { TCMALLOC_RELEASE_RATE: '0' }, needs: ['/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4', '/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4', '/usr/lib64/libtcmalloc_minimal.so.4'] },
-];
-
-/** The environment of an allocator choice, or why it cannot be used here. */
-function allocatorEnv(name: string): Record<string, string> | string {
-  const a = TORCH_ALLOCATORS.find((x) => x.name === name);
-  if (!a) return `unknown allocator ${name}`;
-  if (!a.needs) return a.env;
-  const lib = a.needs.find((p) => existsSync(p));
-  if (!lib) return `${name}: not installed (none of ${a.needs.join(', ')})`;
-  return { ...a.env, LD_PRELOAD: [lib, process.env.LD_PRELOAD].filter(Boolean).join(':') };
-}
-
 function torchPeer(c: TrainBenchConfig, warmup: number, steps: number, threads: number, allocator: string, compile?: string): Peer {
-  const env = allocatorEnv(allocator);
-  if (typeof env === 'string') return { allocator, error: env };
   const script = join(packageRoot, 'scripts', 'bench', 'torch_train.py');
   const args = [script, '--layers', c.layers, '--heads', c.heads, '--width', c.width, '--ctx', c.ctx, '--batch', c.batch, '--vocab', c.vocab,
     '--steps', steps, '--warmup', warmup, '--threads', threads, ...(compile ? ['--compile', compile] : [])].map(String);
-  // Nothing of the caller's allocator settings leaks in: each choice starts from the same environment.
-  const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(MALLOC_|TCMALLOC_)/.test(k)));
-  const timeoutMs = compile ? 30 * 60_000 : 10 * 60_000;
-  const r = spawnSync('python3', args, { encoding: 'utf8', env: { ...base, ...env }, timeout: timeoutMs, maxBuffer: 64 * 2 ** 20 });
-  if (r.error) return { allocator, error: (r.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? `timed out after ${timeoutMs / 60_000} min` : `python3 not runnable: ${r.error.message}` };
-  if (r.status !== 0) {
-    const lines = (r.stderr || '').trim().split('\n');
-    return { allocator, error: lines.filter((l) => /Error|error:/.test(l)).at(-1)?.trim().slice(0, 300) ?? lines.at(-1) ?? `exit ${r.status}` };
-  }
-  return { allocator, ...(JSON.parse(r.stdout.trim().split('\n').at(-1)!) as PeerResult) };
+  const r = runTorchPeer(args, allocator, compile ? 30 * 60_000 : 10 * 60_000);
+  return 'error' in r ? { allocator, error: r.error } : { allocator, ...(r.result as unknown as PeerResult) };
 }
 
 const ok = (p: Peer | undefined): p is PeerResult & { allocator: string } => p !== undefined && !('error' in p);
