@@ -116,9 +116,10 @@ void nt.train.main('train.ts', async () => {
     trainCurve.push([last.step, last.loss]);
     if (last.valLoss !== undefined) valCurve.push([last.step, last.valLoss]);
     if (budget) {
-      // Seconds per step so far, the periodic validations included; the steps that fit in what is left.
+      // Seconds per step so far, the periodic validations included; the steps that fit in what is left,
+      // less the final validation and half a step of slack for a step slower than the average.
       const spent = elapsed(), done = run.stepsDone - first, perStep = (spent - trainStart) / done;
-      const fit = Math.floor((budget - spent - evalSeconds) / perStep);
+      const fit = Math.floor((budget - spent - evalSeconds) / perStep - 0.5);
       if (fit <= 0) planned = run.stepsDone;
       else if (done >= 3) { planned = Math.min(steps, run.stepsDone + fit); estimated = true; }
       // Each rank plans from its own clock; the ranks of a layout must stop together: the smallest plan wins.
