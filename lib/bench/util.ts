@@ -2,7 +2,7 @@
 // PyTorch peers' start (python3 with an allocator setting, one JSON line back).
 import { spawnSync } from 'node:child_process';
 import { existsSync, writeFileSync } from 'node:fs';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { info } from '../info.js';
 import { ArgumentError } from '../errors.js';
 
@@ -82,6 +82,8 @@ export function machineRecord(): Record<string, unknown> {
     cores: cpus().length,
     blas: i.backends.cpu.blasConfig,
     blasCoreType: i.backends.cpu.blasCoreType,
+    // 1, 5 and 15-minute load averages when the record was made: above the core count, other work shared the CPUs.
+    loadAverage: loadavg().map((l) => Number(l.toFixed(2))),
   };
 }
 
