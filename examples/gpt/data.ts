@@ -64,13 +64,18 @@ export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
   return { train: [train], val: [val], trainTokens: tokensIn([train]), valTokens: tokensIn([val]) };
 }
 
-/** Every token of the shards, concatenated. */
-export function readTokens(files: string[]): Uint16Array {
+/** The shards' tokens in order, concatenated: all of them, or the first `max`. */
+export function readTokens(files: string[], max = Infinity): Uint16Array {
   const shards = files.map((p) => nt.data.TokenShard.open(p));
   try {
-    const out = new Uint16Array(shards.reduce((n, s) => n + s.tokens, 0));
+    const out = new Uint16Array(Math.min(max, shards.reduce((n, s) => n + s.tokens, 0)));
     let at = 0;
-    for (const s of shards) { s.read(0, s.tokens, out.subarray(at, at + s.tokens)); at += s.tokens; }
+    for (const s of shards) {
+      const n = Math.min(s.tokens, out.length - at);
+      if (n <= 0) break;
+      s.read(0, n, out.subarray(at, at + n));
+      at += n;
+    }
     return out;
   } finally {
     for (const s of shards) s.close();

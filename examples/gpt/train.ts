@@ -95,10 +95,14 @@ void nt.train.main('train.ts', async () => {
     progress: { every: num('progress-every', 10), log, ...(o['peak-flops'] ? { peakFlops: o['peak-flops'] as number } : {}) },
   });
   run.log(`${shards.trainTokens} train / ${shards.valTokens} val tokens`);
-  // The bar to clear: a model that ignores context can do no better than the token frequencies.
-  const trainIds = run.isLogger ? readTokens(shards.train) : new Uint16Array(0);
-  const unigram = run.isLogger ? unigramLevel(trainIds, readTokens(shards.val), GPT2_VOCAB_SIZE) : undefined;
-  if (unigram) run.log(`unigram level (token frequencies of the training split, no context): ${unigram.valCrossEntropy.toFixed(4)} nats on val, entropy ${unigram.trainEntropy.toFixed(4)} on train`);
+  // The bar to clear: a model that ignores context can do no better than the token frequencies (counted
+  // on the first 50M training tokens of a large dataset, and scored on the first 5M validation tokens).
+  const trainIds = run.isLogger ? readTokens(shards.train, 50e6) : new Uint16Array(0);
+  const unigram = run.isLogger ? unigramLevel(trainIds, readTokens(shards.val, 5e6), GPT2_VOCAB_SIZE) : undefined;
+  if (unigram) {
+    run.log(`unigram level (token frequencies of the training split${trainIds.length < shards.trainTokens ? `'s first ${trainIds.length} tokens` : ''}, no context): ` +
+      `${unigram.valCrossEntropy.toFixed(4)} nats on val, entropy ${unigram.trainEntropy.toFixed(4)} on train`);
+  }
   const trainCurve: Array<[number, number]> = [], valCurve: Array<[number, number]> = [];
   // The cost of one validation, kept back from the budget for the one after the last step.
   let evalSeconds = 0;
@@ -122,8 +126,8 @@ void nt.train.main('train.ts', async () => {
       const fit = Math.floor((budget - spent - evalSeconds) / perStep - 0.5);
       if (fit <= 0) planned = run.stepsDone;
       else if (done >= 3) { planned = Math.min(steps, run.stepsDone + fit); estimated = true; }
-      // Each rank plans from its own clock; the ranks of a layout must stop together: the smallest plan wins.
-      if (run.mesh && run.worldSize > 1) planned = (await nt.parallel.rangeAcrossRanks(run.mesh.world, [planned]))?.min[0] ?? planned;
+      // The ranks of a layout must stop together: rank 0's plan (its clock, its measured validation) is everyone's.
+      if (run.mesh && run.worldSize > 1) planned = (await nt.parallel.rangeAcrossRanks(run.mesh.world, [run.rank === 0 ? planned : 0]))?.max[0] ?? planned;
     }
   }
   if (last && last.valLoss === undefined && run.stepsDone > first) {
@@ -169,7 +173,8 @@ void nt.train.main('train.ts', async () => {
       const text = gpt2Encoder().decode(out.filter((id) => id < GPT2_VOCAB_SIZE));
       run.log(`--- sample ---\n${text}\n---`);
       if (run.isLogger) {
-        const known = knownWordShare(text.slice(prompt.length), new Set(wordsOf(gpt2Encoder().decode(Array.from(trainIds)))));
+        // The words of the training text (its first 2M tokens for a large dataset).
+        const known = knownWordShare(text.slice(prompt.length), new Set(wordsOf(gpt2Encoder().decode(Array.from(trainIds.subarray(0, 2e6))))));
         run.log(`${(100 * known.share).toFixed(0)}% of the sample's ${known.words} generated words occur in the training text` +
           (known.unknown.length ? ` (not found: ${known.unknown.slice(0, 8).join(', ')})` : ''));
       }
