@@ -220,7 +220,8 @@ export function lineChartSvg(series: readonly PlotSeries[], opts: SvgPlotOptions
   for (const r of opts.references ?? []) {
     if (!Number.isFinite(r.y) || r.y < f.y0 || r.y > f.y1) continue;
     parts.push(`<line x1="${m.l}" y1="${n(sy(r.y))}" x2="${m.l + pw}" y2="${n(sy(r.y))}" stroke="#777" stroke-dasharray="6 4"/>`);
-    parts.push(`<text x="${m.l + pw - 4}" y="${n(sy(r.y) - 5)}" text-anchor="end" fill="#555">${esc(`${r.label} (${fmt(r.y)})`)}</text>`);
+    // Labelled at the left, under the line: a falling curve is well above it there.
+    parts.push(`<text x="${m.l + 6}" y="${n(sy(r.y) + 15)}" fill="#555">${esc(`${r.label} (${fmt(r.y)})`)}</text>`);
   }
   f.series.forEach(({ s, pts }, i) => {
     const color = esc(s.color ?? PALETTE[i % PALETTE.length]!);
@@ -231,9 +232,14 @@ export function lineChartSvg(series: readonly PlotSeries[], opts: SvgPlotOptions
     } else {
       parts.push(`<polyline fill="none" stroke="${color}" stroke-width="1.5" points="${inside.map(([x, y]) => `${n(sx(x))},${n(sy(y))}`).join(' ')}"/>`);
     }
-    const ly = height - 14, lx = m.l + i * 170;
+    const ly = height - 14, lx = m.l + i * 190;
     parts.push(`<line x1="${lx}" y1="${ly - 4}" x2="${lx + 24}" y2="${ly - 4}" stroke="${color}" stroke-width="2"/>`);
     parts.push(`<text x="${lx + 30}" y="${ly}">${esc(s.name)}</text>`);
+  });
+  (opts.references ?? []).forEach((r, k) => {
+    const ly = height - 14, lx = m.l + (f.series.length + k) * 190;
+    parts.push(`<line x1="${lx}" y1="${ly - 4}" x2="${lx + 24}" y2="${ly - 4}" stroke="#777" stroke-dasharray="6 4"/>`);
+    parts.push(`<text x="${lx + 30}" y="${ly}">${esc(r.label)}</text>`);
   });
   parts.push('</svg>');
   return `${parts.join('\n')}\n`;
