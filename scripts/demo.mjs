@@ -20,7 +20,7 @@ const DEMO_SETTINGS = {
   layers: 4, heads: 4, width: 128, // 0.8M parameters in the blocks, 6.4M in the (tied) GPT-2 token table
   ctx: 128, batch: 8, // 1024 tokens per step
   lr: 3e-3, warmup: 20, // peak learning rate, cosine to lr/10 over the steps the budget allows
-  'time-budget': 200, // seconds of training, validations included
+  'time-budget': 210, // seconds of training, validations included (about 10 s more for set-up, sampling and plots)
   'eval-interval': 25, 'eval-batches': 8, // a validation loss every 25 steps, on 8 × 1024 tokens
   'progress-every': 25,
   generate: 80, temperature: 0.7, 'top-k': 20, // the sample at the end
