@@ -6,7 +6,10 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { main as opsMain } from '../../lib/bench/ops.js';
+import { main as trainMain } from '../../lib/bench/train.js';
 import { runTorchPeer, TORCH_ALLOCATORS, torchAllocatorEnv } from '../../lib/bench/util.js';
+import { ArgumentError } from '../../lib/errors.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-torch-peer-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -25,6 +28,15 @@ describe('torch allocator settings', () => {
         expect((env as Record<string, string>).LD_PRELOAD.split(':')[0]).toBe(libs.find((p) => existsSync(p)));
       } else expect(env).toMatch(/not installed/);
     }
+  });
+});
+
+describe('bench train and bench ops options', () => {
+  it('reject an unknown allocator before measuring anything', async () => {
+    await expect(trainMain(['--torch-alloc', 'nope'])).rejects.toThrow(ArgumentError);
+    await expect(trainMain(['--torch-alloc', 'nope'])).rejects.toThrow(/unknown --torch-alloc nope \(auto, default, glibc-kept, jemalloc, tcmalloc\)/);
+    await expect(opsMain(['--torch-alloc', 'nope'])).rejects.toThrow(/bench ops: unknown --torch-alloc nope/);
+    await expect(trainMain(['--steps', '0'])).rejects.toThrow(/--steps must be an integer >= 1/);
   });
 });
 
