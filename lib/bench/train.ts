@@ -127,7 +127,7 @@ export async function main(argv: string[]): Promise<number> {
       } else notes.push(`# ${c.name}: PyTorch eager failed: ${eager.map((p) => `${p.allocator}: ${'error' in p ? p.error : ''}`).join('; ')}`);
       if (compiled) {
         notes.push(ok(compiled)
-          ? `# ${c.name}: torch.compile mode ${compiled.compileMode}, allocator ${compiled.allocator}: first step (compilation) ${compiled.firstStepSeconds?.toFixed(1)} s`
+          ? `# ${c.name}: torch.compile mode ${compiled.compileMode}, allocator ${compiled.allocator}: first step (compilation, or a hit in inductor's cache) ${compiled.firstStepSeconds?.toFixed(1)} s`
           : `# ${c.name}: torch.compile failed: ${compiled.error}`);
       }
     } else {
