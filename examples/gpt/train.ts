@@ -1,23 +1,32 @@
 // Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE token shards, AdamW with a cosine schedule and
-// gradient clipping, periodic validation loss, and a few generated lines at the end. One process, or
-// any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under `nodetron launch`:
-// nt.train.setup reads the layout flags and wires the model, trainer, data loader and checkpoints.
-// Run: npx tsx examples/gpt/train.ts [--steps 200] [--device cpu|cuda] [--save DIR --resume auto] [--help]
+// gradient clipping, periodic validation loss beside the unigram level (the best context-free model), a
+// fixed number of steps or as many as a time budget allows, and at the end the loss curve (terminal plot,
+// and loss.svg under --out) and a generated sample with the share of its words found in the training text.
+// One process, or any tensor × pipeline × data-parallel layout (micro-batches, ZeRO 1/2/3) under
+// `nodetron launch`: nt.train.setup reads the layout flags and wires the model, trainer, data loader and
+// checkpoints. `npm run demo` (scripts/demo.mjs) holds the demo's settings.
+// Run: npx tsx examples/gpt/train.ts [--steps 200 | --time-budget 180] [--out DIR] [--device cpu|cuda] [--save DIR --resume auto] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
-import { datasetShards, GPT2_VOCAB_SIZE, gpt2Encoder, loadShards } from './data.js';
+import { datasetShards, GPT2_VOCAB_SIZE, gpt2Encoder, knownWordShare, loadShards, readTokens, unigramLevel, wordsOf } from './data.js';
 
 // nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
 // tensor-parallel split for any power-of-two tp up to 64); the padded ids never occur in the data.
 const PADDED_VOCAB_SIZE = nt.nn.padVocab(GPT2_VOCAB_SIZE, 64);
 
 const HELP = `usage: npx tsx examples/gpt/train.ts [options]
-  --steps N            optimizer steps (default 150)
+  --steps N            optimizer steps (default 150; with --time-budget, the most steps)
+  --time-budget S      train for S seconds (from the end of set-up, validations included): the cosine
+                       schedule is planned for the steps that fit, re-estimated from the step times
+                       as training goes, and training stops at the deadline
+  --warmup N           learning-rate warm-up steps (default 10% of --steps; 20 with --time-budget)
   --batch B            sequences per step, over all data-parallel ranks (default 8)
   --ctx T              context length (default 64)
   --layers L --heads H --width C   model shape (default 2, 4, 128)
-  --lr X               peak learning rate (default 3e-3; cosine to lr/10 after 10% warm-up)
+  --lr X               peak learning rate (default 3e-3; cosine to lr/10 after the warm-up)
   --weight-decay X     AdamW weight decay (default 0.1)
   --seed N             initialization and data seed (default 1337)
   --eval-interval N    steps between validation losses (default 50)
@@ -26,6 +35,9 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --parallel-block     MegaScale parallel attention+MLP block
   --window W           sliding-window attention over W positions
   --generate N         tokens to generate at the end (default 60)
+  --prompt TEXT        the sample's prompt (default "Call me Ishmael.")
+  --temperature X --top-k K   sampling (default 0.8 and 40)
+  --out DIR            write the loss curve there (loss.svg, losses.json)
   --data DIR           train on the shards \`nodetron data tokenize\` wrote in DIR (*_train_*.bin, and
                        *_val_*.bin for validation) instead of the bundled Moby-Dick
   --progress-every N   steps between progress lines (default 10)
@@ -47,28 +59,84 @@ void nt.train.main('train.ts', async () => {
     'weight-decay': 'number', seed: 'number', 'eval-interval': 'number', 'eval-batches': 'number', device: 'string',
     'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean', 'progress-every': 'number', 'peak-flops': 'number',
     save: 'string', 'save-every': 'number', keep: 'number', resume: 'string', 'export-hf': 'string', data: 'string',
+    'time-budget': 'number', warmup: 'number', out: 'string', prompt: 'string', temperature: 'number', 'top-k': 'number',
   });
   if (o.help) { console.log(HELP); return 0; }
   const num = (name: string, fallback: number) => (o[name] as number | undefined) ?? fallback;
   const str = (name: string) => o[name] as string | undefined;
-  const steps = num('steps', 150), ctx = num('ctx', 64), maxLr = num('lr', 3e-3), device = str('device') ?? 'cpu';
+  const budget = o['time-budget'] as number | undefined;
+  if (budget !== undefined && !(budget > 0)) throw new nt.ArgumentError(`--time-budget must be a number of seconds > 0, got ${budget}`);
+  const steps = num('steps', budget ? 1_000_000 : 150), ctx = num('ctx', 64), maxLr = num('lr', 3e-3), device = str('device') ?? 'cpu';
+  const warmup = num('warmup', budget ? Math.min(20, steps) : Math.max(1, Math.floor(steps / 10)));
   const config: nt.nn.GPTConfig = {
     vocabSize: PADDED_VOCAB_SIZE, blockSize: ctx, nLayer: num('layers', 2), nHead: num('heads', 4), nEmbd: num('width', 128),
     dropout: 0, bias: true, parallelBlock: Boolean(o['parallel-block']), ...(o.window !== undefined ? { window: o.window as number } : {}),
   };
   const shards = str('data') ? datasetShards(str('data')!) : loadShards((process.env.RANK ?? '0') === '0' ? console.log : () => {});
 
+  // Under a time budget the number of steps is what fits: `planned` starts at the most allowed and is
+  // re-estimated from the measured step times; the cosine runs to it.
+  const started = performance.now();
+  const elapsed = () => (performance.now() - started) / 1000;
+  let planned = steps;
+  const lr: nt.train.LearningRate = budget
+    ? (step: number) => nt.optim.cosineWithWarmup(step, { warmup, maxSteps: Math.max(planned, warmup), maxLr, minLr: maxLr / 10 })
+    : { warmup, maxLr, minLr: maxLr / 10 };
+  let estimated = false;
+  const log = (line: string) => console.log(budget && / tok\/s/.test(line)
+    ? `${line}  (${nt.train.formatDuration(budget - elapsed())} of the budget left${estimated ? `, ~${planned} steps in all` : ''})` : line);
+
   const run = await nt.train.setup({
-    model: (shard) => new nt.nn.GPT(config, shard), layout, batchSize: num('batch', 8), steps, seed: num('seed', 1337), device, maxGradNorm: 1.0,
+    model: (shard) => new nt.nn.GPT(config, shard), layout, batchSize: num('batch', 8), ...(budget ? {} : { steps }), seed: num('seed', 1337), device, maxGradNorm: 1.0,
     optimizer: (groups) => new nt.optim.AdamW(groups, { lr: maxLr, betas: [0.9, 0.95], weightDecay: num('weight-decay', 0.1) }),
-    lr: { warmup: Math.max(1, Math.floor(steps / 10)), maxLr, minLr: maxLr / 10 },
+    lr,
     data: { train: shards.train, val: shards.val, evalEvery: num('eval-interval', 50), evalBatches: num('eval-batches', 4) },
     checkpoint: { dir: str('save'), every: num('save-every', 50), keep: num('keep', 3), resume: str('resume') },
-    progress: { every: num('progress-every', 10), ...(o['peak-flops'] ? { peakFlops: o['peak-flops'] as number } : {}) },
+    progress: { every: num('progress-every', 10), log, ...(o['peak-flops'] ? { peakFlops: o['peak-flops'] as number } : {}) },
   });
   run.log(`${shards.trainTokens} train / ${shards.valTokens} val tokens`);
-  if (run.stepsDone === 0) run.log(`step 0: val loss ${(await run.evaluate()).toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
-  while (run.stepsDone < steps) await run.step();
+  // The bar to clear: a model that ignores context can do no better than the token frequencies (counted
+  // on the first 50M training tokens of a large dataset, and scored on the first 5M validation tokens).
+  const trainIds = run.isLogger ? readTokens(shards.train, 50e6) : new Uint16Array(0);
+  const unigram = run.isLogger ? unigramLevel(trainIds, readTokens(shards.val, 5e6), GPT2_VOCAB_SIZE) : undefined;
+  if (unigram) {
+    run.log(`unigram level (token frequencies of the training split${trainIds.length < shards.trainTokens ? `'s first ${trainIds.length} tokens` : ''}, no context): ` +
+      `${unigram.valCrossEntropy.toFixed(4)} nats on val, entropy ${unigram.trainEntropy.toFixed(4)} on train`);
+  }
+  const trainCurve: Array<[number, number]> = [], valCurve: Array<[number, number]> = [];
+  // The cost of one validation, kept back from the budget for the one after the last step.
+  let evalSeconds = 0;
+  if (run.stepsDone === 0) {
+    const t0 = performance.now();
+    const v = await run.evaluate();
+    evalSeconds = (performance.now() - t0) / 1000;
+    valCurve.push([0, v]);
+    run.log(`step 0: val loss ${v.toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
+  }
+  const first = run.stepsDone, trainStart = elapsed();
+  let last: nt.train.StepResult | undefined;
+  while (run.stepsDone < planned) {
+    last = await run.step();
+    trainCurve.push([last.step, last.loss]);
+    if (last.valLoss !== undefined) valCurve.push([last.step, last.valLoss]);
+    if (budget) {
+      // Seconds per step so far, the periodic validations included; the steps that fit in what is left,
+      // less the final validation and half a step of slack for a step slower than the average.
+      const spent = elapsed(), done = run.stepsDone - first, perStep = (spent - trainStart) / done;
+      const fit = Math.floor((budget - spent - evalSeconds) / perStep - 0.5);
+      if (fit <= 0) planned = run.stepsDone;
+      else if (done >= 3) { planned = Math.min(steps, run.stepsDone + fit); estimated = true; }
+      // The ranks of a layout must stop together: rank 0's plan (its clock, its measured validation) is everyone's.
+      if (run.mesh && run.worldSize > 1) planned = (await nt.parallel.rangeAcrossRanks(run.mesh.world, [run.rank === 0 ? planned : 0]))?.max[0] ?? planned;
+    }
+  }
+  if (last && last.valLoss === undefined && run.stepsDone > first) {
+    const v = await run.evaluate();
+    valCurve.push([run.stepsDone, v]);
+    run.log(`step ${run.stepsDone}: val loss ${v.toFixed(4)}`);
+  }
+  if (budget && str('save') && last && !last.saved) await run.save();
+  if (budget) run.log(`trained ${run.stepsDone - first} steps in ${elapsed().toFixed(1)} s (budget ${budget} s)`);
 
   // What stays allocated between steps is weights, gradients and optimizer state; the rest of the peak is
   // the step's activations and temporaries (what sequence parallelism and recomputation shrink).
@@ -76,12 +144,41 @@ void nt.train.main('train.ts', async () => {
   run.log(`peak ${device} memory in training on rank 0: ${(mem.peak / MiB).toFixed(1)} MiB ` +
     `(${(mem.allocated / MiB).toFixed(1)} MiB held between steps, ${((mem.peak - mem.allocated) / MiB).toFixed(1)} MiB above it)`);
 
+  if (run.isLogger && unigram && trainCurve.length > 1) {
+    const series: nt.train.PlotSeries[] = [{ name: 'train loss', points: trainCurve }, { name: 'val loss', points: valCurve, marker: '●' }];
+    const plot = { xLabel: 'step', yLabel: 'loss (nats/token)', references: [{ y: unigram.valCrossEntropy, label: 'unigram level' }] };
+    run.log(`\n${nt.train.terminalPlot(series, { ...plot, title: 'loss' })}\n`);
+    const out = str('out');
+    if (out) {
+      mkdirSync(out, { recursive: true });
+      const c = config;
+      writeFileSync(join(out, 'loss.svg'), nt.train.lineChartSvg(series, { ...plot, title: `GPT ${c.nLayer}×${c.nEmbd}, ctx ${ctx}, on Moby-Dick: loss per step` }));
+      writeFileSync(join(out, 'losses.json'), `${JSON.stringify({ config: c, batch: num('batch', 8), unigram, train: trainCurve, val: valCurve }, null, 1)}\n`);
+      run.log(`wrote ${join(out, 'loss.svg')} and losses.json`);
+    }
+  }
+  const finalVal = valCurve.at(-1);
+  if (unigram && finalVal && finalVal[0] > 0) {
+    const gap = unigram.valCrossEntropy - finalVal[1];
+    run.log(`final val loss ${finalVal[1].toFixed(4)}: ${Math.abs(gap).toFixed(3)} nats ${gap >= 0 ? 'below' : 'above'} the unigram level ${unigram.valCrossEntropy.toFixed(4)} ` +
+      `(perplexity ${Math.exp(finalVal[1]).toFixed(0)} against ${Math.exp(unigram.valCrossEntropy).toFixed(0)})`);
+  }
+
   const newTokens = num('generate', 60);
   if (newTokens > 0) {
     // Collective: a tensor-parallel group samples together, ZeRO 3 gathers the parameters first.
-    const out = await run.generate(gpt2Encoder().encode('Call me Ishmael.'), newTokens, { temperature: 0.8, topK: 40 });
-    if (out) run.log(`--- sample ---\n${gpt2Encoder().decode(out.filter((id) => id < GPT2_VOCAB_SIZE))}\n---`);
-    else if (run.layout.pp > 1) run.log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
+    const prompt = str('prompt') ?? 'Call me Ishmael.';
+    const out = await run.generate(gpt2Encoder().encode(prompt), newTokens, { temperature: num('temperature', 0.8), topK: num('top-k', 40) });
+    if (out) {
+      const text = gpt2Encoder().decode(out.filter((id) => id < GPT2_VOCAB_SIZE));
+      run.log(`--- sample ---\n${text}\n---`);
+      if (run.isLogger) {
+        // The words of the training text (its first 2M tokens for a large dataset).
+        const known = knownWordShare(text.slice(prompt.length), new Set(wordsOf(gpt2Encoder().decode(Array.from(trainIds.subarray(0, 2e6))))));
+        run.log(`${(100 * known.share).toFixed(0)}% of the sample's ${known.words} generated words occur in the training text` +
+          (known.unknown.length ? ` (not found: ${known.unknown.slice(0, 8).join(', ')})` : ''));
+      }
+    } else if (run.layout.pp > 1) run.log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
   }
   const hf = str('export-hf');
   if (hf) run.log(await run.exportHF(hf) ? `exported the model to ${hf} (Hugging Face GPT-2 layout)` : '(no export: --export-hf needs the whole model in one process: no --pp or --tp)');

@@ -1,6 +1,7 @@
 // `nodetron bench ops`: forward+backward time of the ops that dominate a small GPT step (LM head
 // GEMM, fused cross-entropy over a 50257 vocabulary, attention, layerNorm, gelu), beside PyTorch
-// on the same CPU in the same run (scripts/bench/ops_torch.py) when python3 with torch is found;
+// on the same CPU in the same run (scripts/bench/ops_torch.py) when python3 with torch is found: eager
+// under each allocator setting installed here (the fastest in total compared) and torch.compile;
 // then the GPT block's fused ops (linearGelu, addLayerNorm, attentionPacked) beside their unfused compositions, and
 // one AdamW step's bytes per second beside a STREAM triad on the same threads.
 import { spawnSync } from 'node:child_process';
@@ -10,7 +11,8 @@ import { cpu, packageRoot } from '../native.js';
 import { add, addLayerNorm, attention, attentionPacked, crossEntropy, gelu, layerNorm, linear, linearGelu, ones, zeros } from '../index.js';
 import { AdamW } from '../optim/adamw.js';
 import type { Tensor } from '../tensor.js';
-import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
+import { ArgumentError } from '../errors.js';
+import { machineRecord, parseOptions, printTable, runTorchPeer, timeIt, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
 const N = 1024, V = 50257, C = 128, B = 8, H = 4, T = 128, D = 32;
@@ -97,21 +99,31 @@ function triadBytesPerSecond(n: number): number {
   }
 }
 
-function torchPeer(threads: number | undefined): { torch: string; threads: number; seconds: Record<string, number> } | string {
+/** What the PyTorch peer printed (scripts/bench/ops_torch.py), under one allocator setting. */
+interface OpsPeer { allocator: string; torch: string; threads: number; compileMode: string | null; allocatorEnv: Record<string, string>; seconds: Record<string, number>; firstCallSeconds: Record<string, number> }
+
+function torchPeer(threads: number | undefined, allocator: string, compile?: string): OpsPeer | string {
   const script = join(packageRoot, 'scripts', 'bench', 'ops_torch.py');
-  const r = spawnSync('python3', [script, ...(threads ? [String(threads)] : [])], { encoding: 'utf8' });
-  if (r.status !== 0) return `torch peer unavailable: ${(r.stderr || r.error?.message || '').trim().split('\n').pop()}`;
-  return JSON.parse(r.stdout.trim().split('\n').pop()!);
+  const r = runTorchPeer([script, ...(threads ? [String(threads)] : []), ...(compile ? ['--compile', compile] : [])], allocator, (compile ? 30 : 10) * 60_000);
+  return 'error' in r ? `${allocator}: ${r.error}` : { allocator, ...(r.result as unknown as Omit<OpsPeer, 'allocator'>) };
 }
 
+const total = (p: OpsPeer) => Object.values(p.seconds).reduce((a, b) => a + b, 0);
+
 export async function main(argv: string[]): Promise<number> {
-  const opts = parseOptions(argv, { json: 'outfile', 'no-torch': 'boolean', threads: { kind: 'positive', max: 1024 }, help: 'boolean' }, { h: 'help' });
+  const opts = parseOptions(argv, {
+    json: 'outfile', 'no-torch': 'boolean', threads: { kind: 'positive', max: 1024 }, 'torch-alloc': 'string', 'torch-compile': 'string', help: 'boolean',
+  }, { h: 'help' });
   if (opts.help) {
-    console.log('usage: nodetron bench ops [--threads N] [--no-torch] [--json F]\n  fused and plain ops (forward + backward) beside PyTorch on the same threads');
+    console.log('usage: nodetron bench ops [--threads N] [--no-torch] [--torch-alloc auto|default|glibc-kept|jemalloc|tcmalloc (auto)] [--torch-compile MODE|off (default)] [--json F]\n  fused and plain ops (forward + backward) beside PyTorch eager (under its fastest allocator setting) and torch.compile on the same threads');
     return 0;
   }
   expectPositionals(opts, 'nothing', 0);
   const threads = opts.threads as number | undefined;
+  const alloc = (opts['torch-alloc'] as string | undefined) ?? 'auto';
+  const names = TORCH_ALLOCATORS.map((a) => a.name);
+  if (alloc !== 'auto' && !names.includes(alloc)) throw new ArgumentError(`bench ops: unknown --torch-alloc ${alloc} (auto, ${names.join(', ')})`);
+  const compileMode = (opts['torch-compile'] as string | undefined) ?? 'default';
   if (threads !== undefined) {
     // One thread count for every engine in the comparison: OpenBLAS, nodetron's kernels, PyTorch.
     cpu().setBlasThreads(threads);
@@ -122,17 +134,33 @@ export async function main(argv: string[]): Promise<number> {
     mine[name] = timeIt(fn, { minSeconds: 0.5, rounds: 3 });
     after();
   }
-  const peer = opts['no-torch'] ? 'skipped (--no-torch)' : torchPeer(threads);
+  // PyTorch eager under each allocator setting installed here (its CPU memory comes from malloc); the
+  // setting with the lowest total is compared, and torch.compile runs under it.
+  let eager: Array<OpsPeer | string> = [], peer: OpsPeer | string = 'skipped (--no-torch)', compiled: OpsPeer | string | undefined;
+  if (!opts['no-torch']) {
+    eager = (alloc === 'auto' ? names : [alloc]).map((a) => torchPeer(threads, a));
+    const runs = eager.filter((p): p is OpsPeer => typeof p !== 'string');
+    peer = runs.length ? runs.reduce((a, b) => (total(b) < total(a) ? b : a)) : `torch peer unavailable: ${eager.join('; ')}`;
+    if (compileMode !== 'off' && typeof peer !== 'string') compiled = torchPeer(threads, peer.allocator, compileMode);
+  }
+  const ms = (s: number) => (Number.isFinite(s) ? (s * 1e3).toFixed(2) : '-');
   const rows = Object.entries(mine).map(([name, s]) => {
     const p = typeof peer === 'string' ? NaN : peer.seconds[name] ?? NaN;
-    return [name, (s * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p * 1e3).toFixed(2), Number.isNaN(p) ? '-' : (p / s).toFixed(2)];
+    const c = compiled === undefined || typeof compiled === 'string' ? NaN : compiled.seconds[name] ?? NaN;
+    return [name, ms(s), ms(p), Number.isNaN(p) ? '-' : (p / s).toFixed(2), ms(c), Number.isNaN(c) ? '-' : (c / s).toFixed(2)];
   });
-  printTable(['op', 'nodetron ms', 'torch ms', 'speedup'], rows);
+  printTable(['op', 'nodetron ms', 'torch eager ms', 'eager/ours', 'torch.compile ms', 'compile/ours'], rows);
   if (typeof peer === 'string') console.log(peer);
-  else console.log(`torch ${peer.torch}, ${peer.threads} threads; nodetron ${cpu().kernelThreads()} kernel threads`);
+  else {
+    const env = Object.entries(peer.allocatorEnv).map(([k, v]) => `${k}=${v}`).join(' ') || 'none';
+    console.log(`torch ${peer.torch}, ${peer.threads} threads, allocator ${peer.allocator} (env: ${env}; fastest in total of ${eager.map((p) => typeof p === 'string' ? p : `${p.allocator} ${(total(p) * 1e3).toFixed(1)} ms`).join(', ')}); ` +
+      `nodetron ${cpu().kernelThreads()} kernel threads`);
+    if (typeof compiled === 'string') console.log(`torch.compile failed: ${compiled}`);
+    else if (compiled) console.log(`torch.compile mode ${compiled.compileMode}: first calls (compilation, or hits in inductor's cache) ${Object.values(compiled.firstCallSeconds).map((s) => s.toFixed(1)).join(', ')} s`);
+  }
   const adamBytesPerSec = (28 * ADAM_PARAMS) / mine[ADAM_CASE]!, triad = triadBytesPerSecond(ADAM_PARAMS);
   console.log(`AdamW: ${(adamBytesPerSec / 1e9).toFixed(1)} GB/s (28 bytes per parameter); STREAM triad on the same threads: ${(triad / 1e9).toFixed(1)} GB/s (12 bytes per element as STREAM counts them; the output's write-allocate moves 16); AdamW at ${((100 * adamBytesPerSec) / triad).toFixed(0)}% of it`);
-  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer,
+  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer, torchEager: eager, torchCompile: compiled ?? null, torchAllocators: TORCH_ALLOCATORS,
     adamw: { params: ADAM_PARAMS, bytesPerSecond: adamBytesPerSec, triadBytesPerSecond: triad } });
   return 0;
 }

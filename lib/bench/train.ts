@@ -1,11 +1,14 @@
-// `nodetron bench train`: ms per GPT training step (forward + backward + AdamW) and tokens/s for the
-// tiny and small GPT-2 shapes, beside PyTorch eager on the same model with the same thread count in the
-// same run (scripts/bench/torch_train.py, when python3 has torch), and peak step memory with and
-// without activation recomputation (memoryStats peak above the resident parameters and state).
+// `nodetron bench train`: ms per GPT training step (forward + backward + AdamW, median) and tokens/s for
+// the tiny and small GPT-2 shapes, beside PyTorch on the same model, batch, optimizer and thread count
+// in the same run (scripts/bench/torch_train.py, when python3 has torch): eager with each allocator
+// setting found here (PyTorch's CPU memory comes from malloc; the fastest setting is compared) and
+// torch.compile with that one; and peak step memory, ours with and without activation recomputation
+// and PyTorch's (tensor bytes above the resident parameters and state).
 // With --layout it measures a data-parallel layout instead (lib/bench/layout.ts).
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { tensor } from '../creation.js';
+import { ArgumentError } from '../errors.js';
 import { info } from '../info.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { packageRoot } from '../native.js';
@@ -13,13 +16,15 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
 
-interface Measurement { msPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number }
+interface Measurement { msPerStep: number; meanMsPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number; stepsMs: number[] }
 
-/** Times `steps` training steps after `warmup` and records the highest allocation above the resident set. */
+const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2; };
+
+/** Times `steps` training steps after `warmup` (median ms per step) and records the highest allocation above the resident set. */
 function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps: number): Measurement {
   const config: GPTConfig = { vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true, recompute };
   const model = new GPT(config, { seed: 0 });
@@ -27,7 +32,8 @@ function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps:
   let x = 12345;
   const ids = () => Int32Array.from({ length: c.batch * c.ctx }, () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x % c.vocab; });
   const inputs = tensor(ids(), [c.batch, c.ctx], { dtype: 'i32' }), targets = tensor(ids(), [c.batch, c.ctx], { dtype: 'i32' });
-  let total = 0, loss = NaN, peakStepBytes = 0;
+  const stepsMs: number[] = [];
+  let loss = NaN, peakStepBytes = 0;
   try {
     for (let i = 0; i < warmup + steps; i++) {
       // After the first step the optimizer state exists, so the resident set is parameters + state.
@@ -36,26 +42,37 @@ function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps:
       const t0 = performance.now();
       loss = trainStep(model, opt, inputs, targets).loss;
       const dt = performance.now() - t0;
-      if (i >= warmup) { total += dt; peakStepBytes = Math.max(peakStepBytes, memoryStats().peak - resident); }
+      if (i >= warmup) { stepsMs.push(dt); peakStepBytes = Math.max(peakStepBytes, memoryStats().peak - resident); }
     }
   } finally {
     inputs.dispose(); targets.dispose(); opt.dispose(); model.dispose();
   }
-  const msPerStep = total / steps;
-  return { msPerStep, tokensPerSec: (c.batch * c.ctx) / (msPerStep / 1000), peakStepBytes, loss };
+  const msPerStep = median(stepsMs);
+  return { msPerStep, meanMsPerStep: stepsMs.reduce((a, b) => a + b, 0) / steps, tokensPerSec: (c.batch * c.ctx) / (msPerStep / 1000), peakStepBytes, loss, stepsMs };
 }
 
-function torchPeer(c: TrainBenchConfig, warmup: number, steps: number, threads: number): { msPerStep: number; tokensPerSec: number; torch: string } | { error: string } {
+/** What the PyTorch peer printed (scripts/bench/torch_train.py). */
+interface PeerResult {
+  impl: string; torch: string; threads: number; compileMode: string | null; mkldnn: boolean; allocatorEnv: Record<string, string>;
+  msPerStep: number; meanMsPerStep: number; tokensPerSec: number; peakStepBytes: number | null; peakKind: string | null; firstStepSeconds: number | null;
+  maxRssBytes: number | null; loss: number; params: number;
+}
+type Peer = (PeerResult & { allocator: string }) | { allocator: string; error: string };
+
+function torchPeer(c: TrainBenchConfig, warmup: number, steps: number, threads: number, allocator: string, compile?: string): Peer {
   const script = join(packageRoot, 'scripts', 'bench', 'torch_train.py');
   const args = [script, '--layers', c.layers, '--heads', c.heads, '--width', c.width, '--ctx', c.ctx, '--batch', c.batch, '--vocab', c.vocab,
-    '--steps', steps, '--warmup', warmup, '--threads', threads].map(String);
-  const r = spawnSync('python3', args, { encoding: 'utf8' });
-  if (r.error) return { error: `python3 not runnable: ${r.error.message}` };
-  if (r.status !== 0) return { error: (r.stderr || '').trim().split('\n').at(-1) ?? `exit ${r.status}` };
-  return JSON.parse(r.stdout.trim().split('\n').at(-1)!);
+    '--steps', steps, '--warmup', warmup, '--threads', threads, ...(compile ? ['--compile', compile] : [])].map(String);
+  const r = runTorchPeer(args, allocator, compile ? 30 * 60_000 : 10 * 60_000);
+  return 'error' in r ? { allocator, error: r.error } : { allocator, ...(r.result as unknown as PeerResult) };
 }
 
-const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (5)] [--warmup N (2)] [--no-torch] [--json F]
+const ok = (p: Peer | undefined): p is PeerResult & { allocator: string } => p !== undefined && !('error' in p);
+
+const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (7)] [--warmup N (3)] [--no-torch]
+         [--torch-alloc auto|default|glibc-kept|jemalloc|tcmalloc (auto)] [--torch-compile MODE|off (default)] [--json F]
+         PyTorch eager runs with every allocator setting installed here (auto) and the fastest is compared;
+         torch.compile (MODE: default, max-autotune-no-cudagraphs, ...) runs with that allocator
        nodetron bench train --layout dp=N[,zero=S|A..B] [--config tiny|small|all] [--overlap on|off|both] [--bucket-mb M (25)] [--steps N (4)] [--warmup N (1)] [--json F]
          launches N ranks; per rank and ZeRO stage: bytes of parameters, gradients and optimizer state beside the
          ZeRO formula, and ms/step with data-parallel gradient communication overlapped with backward and not`;
@@ -67,6 +84,7 @@ export async function main(argv: string[]): Promise<number> {
   }
   const o = parseOptions(argv, {
     json: 'outfile', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
+    'torch-alloc': 'string', 'torch-compile': 'string',
   }, { h: 'help' });
   if (o.help) {
     console.log(usage);
@@ -74,23 +92,55 @@ export async function main(argv: string[]): Promise<number> {
   }
   expectPositionals(o, 'nothing', 0);
   const configs = selectConfigs(o.config as string | undefined);
-  const steps = (o.steps as number | undefined) ?? 5, warmup = (o.warmup as number | undefined) ?? 2;
+  const steps = (o.steps as number | undefined) ?? 7, warmup = (o.warmup as number | undefined) ?? 3;
+  if (!Number.isInteger(steps) || steps < 1 || !Number.isInteger(warmup) || warmup < 0) throw new ArgumentError(`bench train: --steps must be an integer >= 1 and --warmup >= 0, got ${steps} and ${warmup}`);
+  const alloc = (o['torch-alloc'] as string | undefined) ?? 'auto';
+  const names = TORCH_ALLOCATORS.map((a) => a.name);
+  if (alloc !== 'auto' && !names.includes(alloc)) throw new ArgumentError(`bench train: unknown --torch-alloc ${alloc} (auto, ${names.join(', ')})`);
+  const compileMode = (o['torch-compile'] as string | undefined) ?? 'default';
   const threads = info().backends.cpu.blasThreads as number;
-  console.log(`# nodetron bench train — ${warmup} warm-up + ${steps} timed steps, f32 on cpu, ${threads} BLAS threads (PyTorch gets the same)\n`);
+  const torchOn = !o['no-torch'];
+  console.log(`# nodetron bench train — ${warmup} warm-up + ${steps} timed steps (median), f32 on cpu, ${threads} BLAS threads (PyTorch gets the same)`);
+  if (torchOn) {
+    console.log(`# PyTorch peer: the same model, batch and AdamW; eager with ${alloc === 'auto' ? `each allocator setting found here (${names.join(', ')}), the fastest compared` : `allocator ${alloc}`}` +
+      `${compileMode === 'off' ? '' : `; torch.compile (mode ${compileMode}) with that allocator`}\n`);
+  }
   const rows: (string | number)[][] = [];
   const results: Record<string, unknown>[] = [];
-  const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+  const notes: string[] = [];
+  const mib = (b: number | null | undefined) => (b === null || b === undefined ? '-' : (b / 2 ** 20).toFixed(1));
+  const ms = (p: Peer | undefined) => (ok(p) ? p.msPerStep.toFixed(1) : '-');
+  const ratio = (p: Peer | undefined, mine: number) => (ok(p) ? (p.msPerStep / mine).toFixed(2) : '-');
   for (const c of configs) {
     const plain = measure(c, false, warmup, steps);
     const recomputed = measure(c, true, warmup, steps);
-    const peer = o['no-torch'] ? { error: 'skipped (--no-torch)' } : torchPeer(c, warmup, steps, threads);
-    const torchMs = 'msPerStep' in peer ? peer.msPerStep : NaN;
-    rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), Number.isNaN(torchMs) ? '-' : torchMs.toFixed(1),
-      Number.isNaN(torchMs) ? '-' : (torchMs / plain.msPerStep).toFixed(2), recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), mib(recomputed.peakStepBytes)]);
-    results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: peer });
+    let eager: Peer[] = [], compiled: Peer | undefined;
+    if (torchOn) {
+      eager = (alloc === 'auto' ? names : [alloc]).map((a) => torchPeer(c, warmup, steps, threads, a));
+      const runs = eager.filter(ok);
+      const best = runs.length ? runs.reduce((a, b) => (b.msPerStep < a.msPerStep ? b : a)) : undefined;
+      if (compileMode !== 'off') compiled = torchPeer(c, warmup, steps, threads, best?.allocator ?? (alloc === 'auto' ? 'glibc-kept' : alloc), compileMode);
+      const bestEager = best as Peer | undefined;
+      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), ms(bestEager), ratio(bestEager, plain.msPerStep), ms(compiled), ratio(compiled, plain.msPerStep),
+        recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), mib(ok(bestEager) ? bestEager.peakStepBytes : null), mib(recomputed.peakStepBytes)]);
+      if (best) {
+        const env = Object.entries(best.allocatorEnv).map(([k, v]) => `${k}=${v}`).join(' ') || 'none';
+        notes.push(`# ${c.name}: PyTorch ${best.torch}, ${best.threads} threads, oneDNN ${best.mkldnn ? 'on' : 'off'}, fastest eager allocator ${best.allocator} (env: ${env}); ` +
+          `eager medians: ${eager.map((p) => `${p.allocator} ${ok(p) ? `${p.msPerStep.toFixed(1)} ms` : `(${p.error})`}`).join(', ')}`);
+      } else notes.push(`# ${c.name}: PyTorch eager failed: ${eager.map((p) => `${p.allocator}: ${'error' in p ? p.error : ''}`).join('; ')}`);
+      if (compiled) {
+        notes.push(ok(compiled)
+          ? `# ${c.name}: torch.compile mode ${compiled.compileMode}, allocator ${compiled.allocator}: first step (compilation, or a hit in inductor's cache) ${compiled.firstStepSeconds?.toFixed(1)} s`
+          : `# ${c.name}: torch.compile failed: ${compiled.error}`);
+      }
+    } else {
+      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), '-', '-', '-', '-', recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), '-', mib(recomputed.peakStepBytes)]);
+    }
+    results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: eager, pytorchCompile: compiled ?? null });
   }
-  printTable(['config', 'ms/step', 'tok/s', 'torch ms/step', 'torch/ours', 'recompute ms/step', 'peak MiB', 'recompute peak MiB'], rows);
-  for (const r of results) if ('error' in (r.pytorch as object)) console.log(`# PyTorch peer for ${(r.config as TrainBenchConfig).name}: ${(r.pytorch as { error: string }).error}`);
-  writeJson(o.json as string | undefined, { bench: 'train', machine: machineRecord(), warmup, steps, threads, results });
+  printTable(['config', 'ms/step', 'tok/s', 'torch eager ms', 'eager/ours', 'torch.compile ms', 'compile/ours', 'recompute ms/step', 'peak MiB', 'torch peak MiB', 'recompute peak MiB'], rows);
+  for (const n of notes) console.log(n);
+  console.log('# peak MiB: tensor bytes allocated above parameters + AdamW state during one step (nodetron: memoryStats; PyTorch: the profiler\'s memory events of an extra untimed step)');
+  writeJson(o.json as string | undefined, { bench: 'train', machine: machineRecord(), warmup, steps, threads, torchAllocators: TORCH_ALLOCATORS, torchCompileMode: compileMode, results });
   return 0;
 }

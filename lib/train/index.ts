@@ -8,3 +8,4 @@ export { layoutFromArgs, parseArgs, LAYOUT_FLAGS, LAYOUT_ENV, LAYOUT_HELP, type 
 export {
   gptParameterCount, gptFlopsPerToken, detectPeakFlops, formatProgress, formatDuration, type ProgressOptions, type ProgressSample,
 } from './progress.js';
+export { terminalPlot, lineChartSvg, niceTicks, type PlotSeries, type PlotReference, type PlotOptions, type TerminalPlotOptions, type SvgPlotOptions } from './plot.js';

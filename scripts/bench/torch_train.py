@@ -1,10 +1,18 @@
-# The PyTorch-eager peer of `nodetron bench train`: the same GPT (scripts/golden/gpt_golden.py's model, f32,
-# fused SDPA attention), one training step = forward + backward + AdamW, timed after warm-up.
-# Prints one JSON object. Usage: torch_train.py --layers L --heads H --width C --ctx T --batch B --vocab V
-#   --steps N --warmup W --threads K [--device cuda] [--dtype bf16 (autocast)] [--compile]
+# The PyTorch peer of `nodetron bench train`: the same GPT (scripts/golden/gpt_golden.py's model, f32,
+# fused SDPA attention), one training step = zero_grad + forward + backward + AdamW, timed after warm-up;
+# eager, or with the forward under torch.compile (--compile MODE; AOTAutograd compiles the backward too).
+# Prints one JSON object: median and mean ms per timed step, the configuration it ran with (torch
+# version, threads, the allocator environment it was started with, oneDNN, compile mode), and the step's
+# peak memory as PyTorch's own CPU allocator counts it (one extra, untimed step under the profiler's
+# memory events: bytes of tensors allocated above what is resident when the step starts, i.e. above
+# parameters + AdamW state; the same quantity nodetron's memoryStats peak gives).
+# Usage: torch_train.py --layers L --heads H --width C --ctx T --batch B --vocab V --steps N --warmup W
+#   --threads K [--device cuda] [--dtype bf16 (autocast)] [--compile [default|max-autotune-no-cudagraphs]]
+#   [--no-mkldnn] [--no-memory]
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -12,6 +20,22 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'golden'))
 from gpt_golden import forward, make_params  # noqa: E402
+
+ALLOC_ENV = ('LD_PRELOAD', 'MALLOC_MMAP_MAX_', 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_', 'MALLOC_ARENA_MAX', 'MALLOC_CONF',
+             'TCMALLOC_RELEASE_RATE')
+
+
+def step_peak_bytes(step):
+    """Peak bytes of live tensors above the starting point during step(), from the profiler's [memory] events."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == '[memory]')
+    live = peak = 0
+    for _, n in events:
+        live += n
+        peak = max(peak, live)
+    return peak
 
 
 def main():
@@ -21,45 +45,78 @@ def main():
         ap.add_argument('--' + k, type=int, default=d)
     ap.add_argument('--device', default='cpu')
     ap.add_argument('--dtype', default='f32', choices=['f32', 'bf16', 'f16'])
-    ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--compile', nargs='?', const='default', default=None,
+                    help='torch.compile the forward with this mode (default, max-autotune-no-cudagraphs, ...)')
+    ap.add_argument('--no-mkldnn', action='store_true', help='torch.backends.mkldnn.enabled = False')
+    ap.add_argument('--no-memory', action='store_true', help='skip the profiled peak-memory step')
     a = ap.parse_args()
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
+    if a.no_mkldnn:
+        torch.backends.mkldnn.enabled = False
     cfg = dict(vocabSize=a.vocab, blockSize=a.ctx, nLayer=a.layers, nHead=a.heads, nEmbd=a.width, dropout=0.0, bias=True)
     gen = torch.Generator().manual_seed(0)
     ps = make_params(cfg, gen)
     params = [p.detach().float().to(dev).requires_grad_(True) for p in ps.values()]
     ps = dict(zip(ps.keys(), params))
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=False, foreach=True)
+    # nodetron's AdamW: lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter; foreach
+    # is PyTorch's fastest CPU path (fused=True is CUDA/MPS-only for f32 on some versions).
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=False, foreach=True)
     idx = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
     targets = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
     fwd = lambda i, t: forward(ps, cfg, i, t, fused_attention=True)  # noqa: E731
     if a.compile:
-        fwd = torch.compile(fwd)
+        fwd = torch.compile(fwd, mode=None if a.compile == 'default' else a.compile)
     amp = dict(device_type=dev.type, dtype={'bf16': torch.bfloat16, 'f16': torch.float16}.get(a.dtype, torch.float32), enabled=a.dtype != 'f32')
     cuda = dev.type == 'cuda'
+    out = {}
+
+    def step():
+        with torch.autocast(**amp):
+            _, loss = fwd(idx, targets)
+        loss.backward()
+        opt.step()
+        out['loss'] = loss
+        opt.zero_grad(set_to_none=True)
+
     times = []
+    compile_s = None
     for i in range(a.warmup + a.steps):
         if cuda and i == a.warmup:
             torch.cuda.reset_peak_memory_stats()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(**amp):
-            _, loss = fwd(idx, targets)
-        loss.backward()
-        opt.step()
+        step()
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        if i == 0 and a.compile:
+            compile_s = dt
         if i >= a.warmup:
             times.append(dt)
-    ms = 1000 * sum(times) / len(times)
-    print(json.dumps({'impl': 'pytorch-compile' if a.compile else 'pytorch-eager', 'device': a.device, 'dtype': a.dtype,
-                      'peakBytes': torch.cuda.max_memory_allocated() if cuda else None, 'torch': torch.__version__, 'threads': a.threads, 'msPerStep': ms,
-                      'tokensPerSec': a.batch * a.ctx / (ms / 1000), 'loss': loss.item(),
-                      'params': sum(p.numel() for p in params)}))
+    peak = None
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    elif not a.no_memory:
+        peak = step_peak_bytes(step)
+    ms = 1000 * statistics.median(times)
+    print(json.dumps({
+        'impl': 'pytorch-compile' if a.compile else 'pytorch-eager', 'device': a.device, 'dtype': a.dtype,
+        'torch': torch.__version__, 'threads': torch.get_num_threads(), 'compileMode': a.compile, 'mkldnn': torch.backends.mkldnn.enabled,
+        'allocatorEnv': {k: os.environ[k] for k in ALLOC_ENV if k in os.environ},
+        'msPerStep': ms, 'meanMsPerStep': 1000 * statistics.fmean(times), 'stepsMs': [1000 * t for t in times],
+        'firstStepSeconds': compile_s, 'tokensPerSec': a.batch * a.ctx / (ms / 1000), 'loss': out['loss'].item(),
+        'peakStepBytes': peak, 'peakKind': 'cuda max_memory_allocated' if cuda else ('profiler: tensor bytes above parameters + AdamW state' if peak is not None else None),
+        'maxRssBytes': _max_rss(), 'params': sum(p.numel() for p in params)}))
+
+
+def _max_rss():
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:  # noqa: BLE001 (not on every platform)
+        return None
 
 
 if __name__ == '__main__':

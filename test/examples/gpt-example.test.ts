@@ -1,7 +1,9 @@
 // The example a user runs first (examples/gpt/train.ts, what `npm run demo` trains): it trains from
 // token shards through nt.data.TokenLoader, saves checkpoints in the background, resumes one under
-// another layout with the launcher (`--resume auto`), and exports a Hugging Face directory.
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+// another layout with the launcher (`--resume auto`), and exports a Hugging Face directory; under a
+// time budget it stops by itself and ends with the unigram level, the loss curve (terminal, SVG, JSON)
+// and a sample with its known-word share.
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -39,4 +41,28 @@ describe('examples/gpt/train.ts', () => {
     expect(Array.from(exported.lnF.weight.toArraySync())).toEqual(Array.from(saved));
     exported.dispose();
   }, 600_000);
+
+  it('trains within a time budget and ends with the unigram level, the loss curve and a sample', async () => {
+    const out = join(work, 'run');
+    const r = await runProcess(process.execPath, ['--import', 'tsx', example, ...small.filter((a) => a !== '--generate' && a !== '0'),
+      '--time-budget', '6', '--eval-interval', '5', '--progress-every', '5', '--generate', '16', '--out', out], { cwd: root, limitMs: 240_000 });
+    expect(r.code, r.output).toBe(0);
+    const unigram = Number(/unigram level \(.*\): ([\d.]+) nats on val/.exec(r.output)?.[1]);
+    expect(unigram).toBeGreaterThan(0);
+    const trained = /trained (\d+) steps in ([\d.]+) s \(budget 6 s\)/.exec(r.output);
+    expect(trained, r.output).not.toBeNull();
+    const steps = Number(trained![1]);
+    expect(steps).toBeGreaterThan(0);
+    // The run stops on its own clock (no fixed --steps): generous bound, the machine may be loaded.
+    expect(Number(trained![2])).toBeLessThan(6 + 120);
+    expect(r.output).toMatch(/⠤ train loss {3}● val loss {3}╌ unigram level/);
+    expect(r.output).toMatch(/final val loss [\d.]+: [\d.]+ nats (below|above) the unigram level/);
+    expect(r.output).toMatch(/\d+% of the sample's \d+ generated words occur in the training text/);
+    expect(readFileSync(join(out, 'loss.svg'), 'utf8')).toMatch(/^<\?xml[^]*<polyline[^]*<\/svg>\n$/);
+    const losses = JSON.parse(readFileSync(join(out, 'losses.json'), 'utf8')) as { train: [number, number][]; val: [number, number][]; unigram: { valCrossEntropy: number } };
+    expect(losses.train.map(([s]) => s)).toEqual(Array.from({ length: steps }, (_, i) => i + 1));
+    expect(losses.val[0]![0]).toBe(0);
+    expect(losses.val.at(-1)![0]).toBe(steps);
+    expect(losses.unigram.valCrossEntropy).toBeCloseTo(unigram, 4);
+  }, 300_000);
 });
