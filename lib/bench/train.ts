@@ -93,7 +93,6 @@ export async function main(argv: string[]): Promise<number> {
   expectPositionals(o, 'nothing', 0);
   const configs = selectConfigs(o.config as string | undefined);
   const steps = (o.steps as number | undefined) ?? 7, warmup = (o.warmup as number | undefined) ?? 3;
-  if (!Number.isInteger(steps) || steps < 1 || !Number.isInteger(warmup) || warmup < 0) throw new ArgumentError(`bench train: --steps must be an integer >= 1 and --warmup >= 0, got ${steps} and ${warmup}`);
   const alloc = (o['torch-alloc'] as string | undefined) ?? 'auto';
   const names = TORCH_ALLOCATORS.map((a) => a.name);
   if (alloc !== 'auto' && !names.includes(alloc)) throw new ArgumentError(`bench train: unknown --torch-alloc ${alloc} (auto, ${names.join(', ')})`);

@@ -36,7 +36,9 @@ describe('bench train and bench ops options', () => {
     await expect(trainMain(['--torch-alloc', 'nope'])).rejects.toThrow(ArgumentError);
     await expect(trainMain(['--torch-alloc', 'nope'])).rejects.toThrow(/unknown --torch-alloc nope \(auto, default, glibc-kept, jemalloc, tcmalloc\)/);
     await expect(opsMain(['--torch-alloc', 'nope'])).rejects.toThrow(/bench ops: unknown --torch-alloc nope/);
-    await expect(trainMain(['--steps', '0'])).rejects.toThrow(/--steps must be an integer >= 1/);
+    await expect(trainMain(['--steps', '0'])).rejects.toThrow(/--steps must be at least 1, got 0/);
+    await expect(trainMain(['--steps', '1.5'])).rejects.toThrow(ArgumentError);
+    await expect(opsMain(['--threads', '0'])).rejects.toThrow(/--threads must be at least 1/);
   });
 });
 
