@@ -14,6 +14,7 @@
 // so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
 import { traceSpan } from '../distributed/trace.js';
 import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, mkdirSync, writeFileSync } from 'node:fs';
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.js';
@@ -234,6 +235,8 @@ export class Checkpointer {
   readonly #writer = new FileWriter();
   /** Settles when the last save (both stages) is over: one save in flight at a time. */
   #lock: Promise<void> = Promise.resolve();
+  /** Deletion of pruned checkpoints, off the save's path (close() waits for it). */
+  #deleting: Promise<void> = Promise.resolve();
   #failure: Error | null = null;
   #saves = 0;
   /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
@@ -325,7 +328,12 @@ export class Checkpointer {
       writeJsonDurably(join(tmp, `rank-${String(rank).padStart(5, '0')}.json`), record);
       if (rank === 0) {
         await traceSpan('checkpoint commit', () => commit(this.root, tmp, dir, { step, saveId, worldSize, common: common!, timeoutMs: this.commitTimeoutMs }), 'checkpoint', { step });
-        if (Number.isFinite(this.keep)) prune(this.root, this.keep, step);
+        if (Number.isFinite(this.keep)) {
+          // Pruned steps stop being checkpoints at once (manifest removed, directory renamed aside);
+          // their bytes are deleted in the background, so a save does not wait for hundreds of MB of unlinks.
+          const doomed = prune(this.root, this.keep, step);
+          if (doomed.length) this.#deleting = this.#deleting.then(() => Promise.all(doomed.map((d) => rm(d, { recursive: true, force: true }))).then(() => undefined, () => undefined));
+        }
       }
     })();
     // A background save's failure is thrown by the next save() or wait(); a synchronous save throws it here.
@@ -406,6 +414,7 @@ export class Checkpointer {
     try { await this.wait(); } finally {
       this.#staging = null;
       await this.#writer.close();
+      await this.#deleting;
     }
   }
 }
@@ -566,6 +575,8 @@ async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | nu
 function recoverAsideCopies(root: string): void {
   if (!existsSync(root)) return;
   for (const name of readdirSync(root)) {
+    // A pruned step whose deletion a crash interrupted.
+    if (name.startsWith('.deleted-step-')) { rmSync(join(root, name), { recursive: true, force: true }); continue; }
     const m = /^\.old-(step-\d+)-/.exec(name);
     if (!m || existsSync(join(root, m[1]!)) || !existsSync(join(root, name, MANIFEST))) continue;
     try { renameSync(join(root, name), join(root, m[1]!)); } catch { /* another process got there first */ }
@@ -652,13 +663,17 @@ async function commit(root: string, tmp: string, dir: string,
 /**
  * Keeps the checkpoint just committed and the keep - 1 newest before it. Newer steps (from a run
  * that was resumed from an older checkpoint) are left alone. The manifest goes first, so a pruned
- * directory never looks complete half-way.
+ * directory never looks complete half-way; the directory is then renamed to `.deleted-step-N-*` and
+ * returned for the caller to delete (a crash before that leaves it for recoverAsideCopies to remove).
  */
-function prune(root: string, keep: number, committed: number): void {
-  for (const { dir } of listCheckpoints(root).filter((c) => c.step < committed).slice(keep - 1)) {
+function prune(root: string, keep: number, committed: number): string[] {
+  const doomed: string[] = [];
+  for (const { dir, step } of listCheckpoints(root).filter((c) => c.step < committed).slice(keep - 1)) {
     rmSync(join(dir, MANIFEST), { force: true });
-    rmSync(dir, { recursive: true, force: true });
+    const aside = join(root, `.deleted-${stepDirName(step)}-${process.pid}-${Date.now().toString(36)}`);
+    try { renameSync(dir, aside); doomed.push(aside); } catch { rmSync(dir, { recursive: true, force: true }); }
   }
+  return doomed;
 }
 
 // ---- loading -------------------------------------------------------------------------------------

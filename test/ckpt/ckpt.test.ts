@@ -111,7 +111,9 @@ describe('checkpoints in one process', () => {
     }
     await c.close();
     expect(c.list().map((x) => x.step)).toEqual([3, 2]);
-    expect(readdirSync(root).filter((n) => n.startsWith('.tmp'))).toEqual([]);
+    // The pruned step 1 is deleted off the save's path, and close() waits for it.
+    expect(readdirSync(root).filter((n) => n.startsWith('.'))).toEqual([]);
+    expect(readdirSync(root)).toEqual(['step-00000002', 'step-00000003']);
     // A crash mid-save: a directory without a manifest is not a checkpoint.
     mkdirSync(join(root, '.tmp-step-00000004'));
     mkdirSync(join(root, 'step-00000005'));
@@ -201,7 +203,11 @@ describe('checkpoints in one process', () => {
     // The crash window of saving step 1 again: the old copy renamed aside, the new one not yet in place.
     renameSync(join(root, 'step-00000001'), join(root, '.old-step-00000001-1-abc'));
     const fresh = setup();
+    // A pruned step whose background deletion a crash interrupted is removed when a run resumes.
+    mkdirSync(join(root, '.deleted-step-00000001-1-x'));
+    writeFileSync(join(root, '.deleted-step-00000001-1-x', 'rank-00000.safetensors'), 'left over');
     const r = await new nt.ckpt.Checkpointer(root).loadLatest(items(fresh));
+    expect(existsSync(join(root, '.deleted-step-00000001-1-x'))).toBe(false);
     expect(r?.step).toBe(1);
     expect(bits(fresh.model.parameters())).toEqual(bits(run.model.parameters()));
   });
