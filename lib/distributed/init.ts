@@ -196,6 +196,22 @@ async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer
   return { server, env: {} };
 }
 
+/** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later). */
+function checkEnv(env: unknown): LaunchEnv {
+  if (env === null || typeof env !== 'object' || Array.isArray(env)) throw new ArgumentError(`init: env must be a LaunchEnv object (rank, worldSize, localRank, localWorldSize, masterAddr, masterPort, ...), got ${env === null ? 'null' : Array.isArray(env) ? 'an array' : typeof env}`);
+  const e = env as Record<string, unknown>;
+  const int = (k: string, min: number) => {
+    if (typeof e[k] !== 'number' || !Number.isInteger(e[k]) || (e[k] as number) < min) throw new ArgumentError(`init: env.${k} must be an integer >= ${min}, got ${JSON.stringify(e[k]) ?? String(e[k])}`);
+  };
+  int('worldSize', 1); int('rank', 0); int('localWorldSize', 1); int('localRank', 0); int('masterPort', 0);
+  if ((e.rank as number) >= (e.worldSize as number)) throw new ArgumentError(`init: env.rank ${String(e.rank)} must be below env.worldSize ${String(e.worldSize)}`);
+  if ((e.localRank as number) >= (e.localWorldSize as number)) throw new ArgumentError(`init: env.localRank ${String(e.localRank)} must be below env.localWorldSize ${String(e.localWorldSize)}`);
+  if ((e.masterPort as number) > 65535) throw new ArgumentError(`init: env.masterPort must be at most 65535, got ${String(e.masterPort)}`);
+  if (typeof e.masterAddr !== 'string' || e.masterAddr === '') throw new ArgumentError(`init: env.masterAddr must be a host name or address, got ${JSON.stringify(e.masterAddr) ?? String(e.masterAddr)}`);
+  if (typeof e.storePrefix !== 'string') throw new ArgumentError(`init: env.storePrefix must be a string, got ${typeof e.storePrefix}`);
+  return env as LaunchEnv;
+}
+
 /**
  * Joins the job started by `nodetron launch`, by srun or mpirun (rank 0 then serves the store), or a
  * world of one without any, and builds the world group. Throws AddressInUseError when rank 0 must
@@ -212,7 +228,7 @@ export async function init(options: InitOptions = {}): Promise<{
   if (runtime) throw new StateError('init: the distributed runtime is already initialized (call destroy() first)');
   const timeoutMs = options.timeoutMs ?? DEFAULT_COMM_TIMEOUT_MS;
   if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);
-  let env = options.env ?? readLaunchEnv();
+  let env = options.env === undefined ? readLaunchEnv() : checkEnv(options.env);
   // Before any connection, so an unusable backend leaves nothing behind.
   const backends = selectBackends(options.backend, env);
   if (backends.nccl) setCudaDevice(env.localRank);

@@ -479,6 +479,10 @@ function uniformDraws(n: number, gen: Generator): Float32Array {
 
 /** Samples one token id from logits with temperature and top-k, using the uniform number u in [0, 1). */
 export function sample(logits: Float32Array, temperature: number, topK: number | undefined, u: number): number {
+  if (!(logits instanceof Float32Array) || logits.length === 0) throw new ArgumentError('sample: logits must be a non-empty Float32Array');
+  if (!(temperature > 0) || !Number.isFinite(temperature)) throw new ArgumentError(`sample: temperature must be a finite number > 0, got ${temperature}`);
+  if (topK !== undefined && (!Number.isInteger(topK) || topK < 1)) throw new ArgumentError(`sample: topK must be an integer >= 1, got ${topK}`);
+  if (!(u >= 0 && u < 1)) throw new ArgumentError(`sample: u must be a uniform number in [0, 1), got ${u}`);
   const scaled = Float64Array.from(logits, (x) => x / temperature);
   let threshold = -Infinity;
   if (topK !== undefined && topK < scaled.length) threshold = [...scaled].sort((a, b) => b - a)[topK - 1]!;

@@ -70,6 +70,39 @@ describe('bad input: the public API', () => {
   });
 });
 
+describe('bad input: init() and sample()', () => {
+  it('a malformed env is a typed error before anything connects; sample checks its arguments', async () => {
+    const good = nt.distributed.readLaunchEnv({});
+    const bad: Array<[unknown, RegExp]> = [
+      [null, /env must be a LaunchEnv object/], ['x', /env must be a LaunchEnv object/], [[], /got an array/],
+      [{}, /env.worldSize must be an integer >= 1/], [{ ...good, rank: -1 }, /env.rank must be an integer >= 0/],
+      [{ ...good, rank: 1 }, /env.rank 1 must be below env.worldSize 1/], [{ ...good, worldSize: 1.5 }, /env.worldSize must be an integer/],
+      [{ ...good, masterPort: 70000 }, /masterPort must be at most 65535/], [{ ...good, masterAddr: 7 }, /env.masterAddr must be a host name/],
+      [{ ...good, localRank: 2 }, /env.localRank 2 must be below env.localWorldSize 1/], [{ ...good, storePrefix: undefined }, /env.storePrefix must be a string/],
+    ];
+    for (const [env, message] of bad) {
+      const e = await nt.distributed.init({ env: env as never }).then(() => null, (x: unknown) => x);
+      expect(e, String(message)).toBeInstanceOf(nt.ArgumentError);
+      expect((e as Error).message).toMatch(message);
+    }
+    const logits = Float32Array.from([0, 1, 2]);
+    for (const [args, message] of [
+      [[logits, NaN, undefined, 0.5], /temperature must be a finite number > 0/], [[logits, 0, undefined, 0.5], /temperature/],
+      [[logits, Infinity, undefined, 0.5], /temperature/], [[logits, 1, 0, 0.5], /topK must be an integer >= 1/],
+      [[logits, 1, 1.5, 0.5], /topK/], [[logits, 1, undefined, 1], /u must be a uniform number in \[0, 1\)/],
+      [[logits, 1, undefined, NaN], /u must be/], [[new Float32Array(0), 1, undefined, 0.5], /non-empty Float32Array/],
+      [[[0, 1], 1, undefined, 0.5], /non-empty Float32Array/],
+    ] as Array<[unknown[], RegExp]>) {
+      expect(() => (nt.nn.sample as (...a: unknown[]) => number)(...args)).toThrow(nt.ArgumentError);
+      expect(() => (nt.nn.sample as (...a: unknown[]) => number)(...args)).toThrow(message);
+    }
+    // The process is healthy: a world of one still starts after the refusals.
+    const { world } = await nt.distributed.init({ timeoutMs: 5000, env: good });
+    expect(world.size).toBe(1);
+    await nt.distributed.destroy();
+  });
+});
+
 describe('bad input: collectives of a world of one', () => {
   afterAll(async () => { await nt.distributed.destroy(); });
 
