@@ -56,16 +56,18 @@ struct Pool {
   std::exception_ptr error;  // the first exception a worker's part threw (guarded by m)
   size_t nWorkers = 0;       // started workers; worker w runs part w + 1 (only grows)
 
+  // Called under `call`, before the call's generation is posted: a new worker starts at the current
+  // generation, so it waits for that post (it must not take an earlier, finished call for a new one).
   void start(size_t n) {
     while (nWorkers < n) {
       size_t w = nWorkers++;
-      std::thread([this, w] { loop(w); }).detach();  // the pool lives as long as the process
+      uint64_t g = gen.load(std::memory_order_acquire);
+      std::thread([this, w, g] { loop(w, g); }).detach();  // the pool lives as long as the process
     }
   }
 
-  void loop(size_t w) {
+  void loop(size_t w, uint64_t seen) {
     tInPool = true;
-    uint64_t seen = 0;
     for (;;) {
       auto fresh = [&] { return gen.load(std::memory_order_acquire) != seen; };
       if (!spinFor(fresh)) {
