@@ -79,6 +79,10 @@ export class ParallelTrainer<H extends { lr: number }> {
   #cpuMs = 0;
   /** NODETRON_DEBUG_SLOW_RANK's extra compute fraction for this rank (0: none). */
   readonly #slowdown: number;
+  /** This process's global rank (the metrics' and the debug slowdown's). */
+  readonly #rank: number;
+  /** Whether compute time is measured: only for the metrics or the debug slowdown (a clock read per phase otherwise wasted). */
+  readonly #measure: boolean;
 
   private constructor(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>) {
     const mesh = options.mesh;
@@ -88,7 +92,9 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#microBatches = options.microBatches ?? 1;
     this.#schedule = options.schedule ?? '1f1b';
     const zero = options.zero ?? 0;
-    this.#slowdown = debugSlowdown(mesh?.world.rank ?? Number(process.env.RANK ?? 0));
+    this.#rank = mesh?.world.rank ?? Number(process.env.RANK ?? 0);
+    this.#slowdown = debugSlowdown(this.#rank);
+    this.#measure = metricsEnabled || this.#slowdown > 0;
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
@@ -180,13 +186,14 @@ export class ParallelTrainer<H extends { lr: number }> {
     const tokens = inputs.size * (mesh?.dpSize ?? 1);
     const mem = memoryStats(inputs.device);
     recordStepMetrics({
-      step: this.#steps, rank: mesh?.world.rank ?? Number(process.env.RANK ?? 0), time: Date.now(), stepMs, computeMs: this.#computeMs, cpuMs: this.#cpuMs, loss,
+      step: this.#steps, rank: this.#rank, time: Date.now(), stepMs, computeMs: this.#computeMs, cpuMs: this.#cpuMs, loss,
       tokens, tokensPerSec: tokens / (stepMs / 1000), allocatedBytes: mem.allocated, peakBytes: mem.peak, rssBytes: process.memoryUsage.rss(), device: inputs.device,
     });
   }
 
   /** Runs fn (sync, or async until it settles) and adds its wall and CPU time to this step's compute time. */
   #timed<T>(fn: () => T): T {
+    if (!this.#measure) return fn();
     const t = performance.now(), c = cpuNowMs();
     const done = () => { this.#computeMs += performance.now() - t; this.#cpuMs += cpuNowMs() - c; };
     const out = fn();
