@@ -16,6 +16,9 @@ commands:
 
 run \`nodetron <command> --help\` for a command's options.`;
 
+/** The commands dispatch knows (usage errors are printed under their name). */
+const COMMANDS = ['info', 'launch', 'plan', 'data', 'trace', 'dashboard', 'bench'] as const;
+
 const BENCHES = ['gemm', 'comm', 'train', 'ops', 'checkpoint', 'start', 'head', 'trace'];
 
 interface Command { main(argv: string[]): Promise<number> }
@@ -70,7 +73,7 @@ async function dispatch(command: string | undefined, rest: string[]): Promise<nu
       console.log((await import('./version.js')).version);
       return 0;
     default:
-      throw new UsageError(`unknown command ${JSON.stringify(command)} (info, launch, plan, data, trace, bench, help, version)`);
+      throw new UsageError(`unknown command ${JSON.stringify(command)} (${COMMANDS.join(', ')}, help, version)`);
   }
 }
 
@@ -88,7 +91,7 @@ export async function main(argv: string[]): Promise<number> {
     return await dispatch(command, rest);
   } catch (e) {
     if (e instanceof ArgumentError) {
-      const known = ['info', 'launch', 'plan', 'data', 'trace', 'bench'].includes(command ?? '');
+      const known = (COMMANDS as readonly string[]).includes(command ?? '');
       const where = known ? `nodetron ${name}` : 'nodetron';
       console.error(`${where}: ${withoutPrefix(oneLine(e.message), name)}`);
       console.error(`run \`${where === 'nodetron' ? 'nodetron --help' : `${where} --help`}\` for usage`);

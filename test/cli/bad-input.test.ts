@@ -96,6 +96,7 @@ const CASES: Array<[string[], RegExp]> = [
   // trace
   [['trace'], /^nodetron trace: missing subcommand/],
   [['trace', 'frob'], /unknown subcommand "frob"/],
+  [['dashboard', '--frob'], /^nodetron dashboard: unknown option --frob/],
   [['trace', 'merge'], /missing the trace directory/],
   [['trace', 'merge', emptyDir, 'extra'], /unexpected argument "extra"/],
   [['trace', 'merge', join(dir, 'nope')], /is not a directory/],
