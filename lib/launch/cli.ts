@@ -162,13 +162,14 @@ function applyClusterDefaults(o: LaunchOptions, given: Set<string>, env: NodeJS.
       o.nnodes = slurm.nnodes;
       o.nodeRank = slurm.nodeRank;
     }
-    if (!given.has('--master-addr') && slurm.masterAddr !== undefined) o.masterAddr = slurm.masterAddr;
+    if (!given.has('--master-addr') && o.nnodes > 1 && slurm.masterAddr !== undefined) o.masterAddr = slurm.masterAddr;
     if (!given.has('--master-port') && o.nnodes > 1 && slurm.masterPort !== undefined) o.masterPort = slurm.masterPort;
   }
-  // MASTER_ADDR/MASTER_PORT from the environment only where they name another host's store (several
-  // nodes, or under Slurm); a single-node launch chooses its own, as before.
-  if (!given.has('--master-addr') && env.MASTER_ADDR?.trim() && (slurm || o.nnodes > 1)) o.masterAddr = env.MASTER_ADDR.trim();
-  if (!given.has('--master-port') && env.MASTER_PORT?.trim() && (slurm || o.nnodes > 1)) {
+  // MASTER_ADDR/MASTER_PORT (and Slurm's first host) from the environment only where they name another
+  // host's store (several nodes); a single-node launch serves its store on loopback and its ranks dial
+  // it there, whatever MASTER_ADDR a batch file exported.
+  if (!given.has('--master-addr') && env.MASTER_ADDR?.trim() && o.nnodes > 1) o.masterAddr = env.MASTER_ADDR.trim();
+  if (!given.has('--master-port') && env.MASTER_PORT?.trim() && o.nnodes > 1) {
     o.masterPort = parseInt10('MASTER_PORT', env.MASTER_PORT.trim(), 1, 65535);
   }
 }
