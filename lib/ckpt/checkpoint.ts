@@ -370,6 +370,7 @@ export class Checkpointer {
     // load, so no rank waits in a collective the others skip.
     let failure: Error | null = null;
     try { await this.wait(); } catch (e) { failure = e as Error; }
+    await this.#deleting; // recoverAsideCopies below removes .deleted-* directories this checkpointer may still be deleting
     failure = await agreeOnFailure(world, failure, 'checkpoint loadLatest: another rank\'s last save failed');
     if (failure) throw failure;
     // Rank 0 chooses each candidate, newest first (its save has committed; another rank may list
