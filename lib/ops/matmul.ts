@@ -138,15 +138,21 @@ export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
   return record('matmul', out, [a, b], (g) => matmulBackward(g, needB ? as : null, needA ? bs : null, as, bs, plan, transA, transB, alpha, needA, needB), [as, bs]);
 }
 
+/** The argument checks of linear and linearGelu (`call` names the op); returns the out-features. */
+function checkLinear(call: string, x: Tensor, weight: Tensor, bias: Tensor | null | undefined): number {
+  checkFloats(call, { x, weight }, { bias });
+  if (weight.ndim !== 2) throw new ShapeError(`${call}: weight must be [out, in], got ${fmtShape(weight.shape)}`);
+  const outF = weight.shape[0]!;
+  if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`${call}: bias must be [${outF}], got ${fmtShape(bias.shape)}`);
+  if (x.ndim === 0 || x.shape[x.ndim - 1] !== weight.shape[1]) {
+    throw new ShapeError(`${call}: input ${fmtShape(x.shape)} does not end in weight's in-features ${weight.shape[1]}`);
+  }
+  return outF;
+}
+
 /** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
-  checkFloats('linear', { x, weight }, { bias });
-  if (weight.ndim !== 2) throw new ShapeError(`linear: weight must be [out, in], got ${fmtShape(weight.shape)}`);
-  const outF = weight.shape[0]!;
-  if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`linear: bias must be [${outF}], got ${fmtShape(bias.shape)}`);
-  if (x.ndim === 0 || x.shape[x.ndim - 1] !== weight.shape[1]) {
-    throw new ShapeError(`linear: input ${fmtShape(x.shape)} does not end in weight's in-features ${weight.shape[1]}`);
-  }
+  const outF = checkLinear('linear', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
   const out = emptyLike(x, plan.outShape);
   if (bias && x.deviceInfo.type === 'cuda' && plan.k > 0 && plan.m > 0 && plan.n > 0) {
@@ -174,13 +180,7 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
  * Equals `gelu(linear(x, weight, bias))` up to rounding; weight [out, in], bias [out], x [..., in].
  */
 export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
-  checkFloats('linearGelu', { x, weight }, { bias });
-  if (weight.ndim !== 2) throw new ShapeError(`linearGelu: weight must be [out, in], got ${fmtShape(weight.shape)}`);
-  const outF = weight.shape[0]!;
-  if (bias && (bias.ndim !== 1 || bias.shape[0] !== outF)) throw new ShapeError(`linearGelu: bias must be [${outF}], got ${fmtShape(bias.shape)}`);
-  if (x.ndim === 0 || x.shape[x.ndim - 1] !== weight.shape[1]) {
-    throw new ShapeError(`linearGelu: input ${fmtShape(x.shape)} does not end in weight's in-features ${weight.shape[1]}`);
-  }
+  const outF = checkLinear('linearGelu', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linearGelu');
   const pre = emptyLike(x, plan.outShape);
   gemmInto(pre, x, weight, plan, false, true, 1, 0);
