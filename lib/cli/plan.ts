@@ -3,7 +3,7 @@
 import { cpus } from 'node:os';
 import { ArgumentError, UsageError } from '../errors.js';
 import { printTable, writeJson, machineRecord } from '../bench/util.js';
-import { expectPositionals, parseOptions } from './args.js';
+import { expectPositionals, parseBytes, parseOptions } from './args.js';
 import { matmul } from '../ops/index.js';
 import { randn } from '../creation.js';
 import { scope } from '../memory.js';
@@ -29,9 +29,8 @@ const usage = `usage: nodetron plan --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|
 
 /** Reads 80G, 80GB, 80GiB, 40000M, 1.5T (powers of 1024). */
 export function parseMemory(text: string): number {
-  const m = /^(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?$/i.exec(text.trim());
-  if (!m) throw new ArgumentError(`plan: cannot read --gpu-memory ${JSON.stringify(text)} (e.g. 80G, 40GiB, 24000M)`);
-  const bytes = Number(m[1]) * 1024 ** ' KMGT'.indexOf((m[2] || ' ').toUpperCase());
+  let bytes: number;
+  try { bytes = parseBytes(text, '--gpu-memory'); } catch { throw new ArgumentError(`plan: cannot read --gpu-memory ${JSON.stringify(text)} (e.g. 80G, 40GiB, 24000M)`); }
   if (!(bytes >= 2 ** 20) || bytes > 2 ** 50) throw new ArgumentError(`plan: --gpu-memory ${JSON.stringify(text)} is not a device's memory (1M to 1024T)`);
   return bytes;
 }
