@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ArgumentError } from '../errors.js';
 import { scriptCommand } from '../launch/workers.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 
 /** What one rank records, as epoch milliseconds. */
 interface RankTimes {
@@ -127,10 +127,6 @@ async function startRedis(binary: string): Promise<{ url: string; stop(): void }
   return { url: `redis://127.0.0.1:${port}`, stop: () => redis.kill('SIGTERM') };
 }
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 
 /** `nodetron bench start`. */
 export async function main(argv: string[]): Promise<number> {

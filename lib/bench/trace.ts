@@ -24,7 +24,7 @@ import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { slice } from '../ops/index.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 
 /** One launch: each rank's step times and its main thread's CPU time per step (ms, after warm-up). */
 interface RunResult { traced: boolean; stepMs: number[][]; cpuMs: number[][]; traceBytes?: number; traceEvents?: number }
@@ -33,7 +33,6 @@ const usage = `usage: nodetron bench trace [--config tiny|small (small)] [--dp N
   launches the GPT job R times without and R times with NODETRON_TRACE, alternating; per run, the median over the
   timed steps of the slowest rank's step time; the overhead is median(with) / median(without) - 1`;
 
-const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2; };
 
 /** One rank's part (run under the launcher): `steps` timed steps after `warmup`, written to <out>/rank-R.json. */
 async function rankMain(argv: string[]): Promise<number> {

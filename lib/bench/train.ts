@@ -16,13 +16,12 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
+import { machineRecord, median, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
 
 interface Measurement { msPerStep: number; meanMsPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number; stepsMs: number[] }
 
-const median = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2; };
 
 /** Times `steps` training steps after `warmup` (median ms per step) and records the highest allocation above the resident set. */
 function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps: number): Measurement {

@@ -109,3 +109,9 @@ export function runTorchPeer(args: string[], allocator: string, timeoutMs: numbe
     return { error: `unreadable output: ${r.stdout.trim().split('\n').at(-1)?.slice(0, 200)}` };
   }
 }
+
+/** The median of a list (the mean of the middle two for an even count). */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
