@@ -1,8 +1,8 @@
 // `nodetron bench checkpoint`: the cost of sharded checkpoints on a GPT under data parallelism
-// (DP2, every rank a replica: rank 0 writes the model) and ZeRO-3 (each rank writes its shard).
+// (DP2, every rank a replica: each writes half the state) and ZeRO-3 (each rank writes its shard).
 // Per layout: the training stall per save (waiting for the previous save + copying to host memory),
 // what it costs at one save per 20 steps, save bandwidth (bytes / time to the committed manifest),
-// load bandwidth; beside `dd` writing the same bytes to the same disk (fsynced) and, with
+// load bandwidth; beside `dd` writing the same bytes to the same disk (fsynced, round by round) and, with
 // --compare-torch, torch.distributed.checkpoint saving the same bytes per rank (scripts/bench/torch_dcp.py).
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -20,11 +20,13 @@ import { ParallelTrainer } from '../parallel/trainer.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { Checkpointer, readManifest } from '../ckpt/checkpoint.js';
 import { selectConfigs } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
 const LAYOUTS: Record<string, { zero: 0 | 3 }> = { dp2: { zero: 0 }, zero3: { zero: 3 } };
 const SAVE_INTERVAL = 20;
+/** Timed synchronous save rounds (each with a dd beside it), after one warm-up round. */
+const SYNC_ROUNDS = 7;
 
 interface RankRecord {
   layout: string;
@@ -33,6 +35,8 @@ interface RankRecord {
   saves: Array<{ waitMs: number; copyMs: number; totalMs: number }>;
   /** Synchronous saves (nothing else running): save() → committed, what the bandwidth is computed from. */
   syncMs: number[];
+  /** dd writing the checkpoint's bytes to the same directory, fsynced, right before each synchronous save (rank 0). */
+  ddMs: number[];
   bytes: number;
   loadMs: number;
 }
@@ -75,14 +79,27 @@ async function rankMain(argv: string[]): Promise<number> {
     lastDir = r.dir;
   }
   await ckpt.close();
-  const sync = new Checkpointer(join(o.dir as string, `${name}-sync`), { async: false, keep: 1 });
-  const syncMs: number[] = [];
-  for (let i = 0; i < 5; i++) {
+  await world.barrier();
+  const bytes = readManifest(lastDir).files.reduce((s, f) => s + f.size, 0);
+  // Synchronous saves, each beside a dd of the same bytes into the same directory right before it (the
+  // disk's speed drifts from second to second: rounds side by side compare the two under the same
+  // conditions). Round 0 is a warm-up (the new checkpointer's staging buffer is faulted in).
+  // Each round's checkpoint is deleted before the next dd (as dd's file is before the save), so neither
+  // overlaps the other's deletion.
+  const syncRoot = join(o.dir as string, `${name}-sync`);
+  const sync = new Checkpointer(syncRoot, { async: false });
+  const syncMs: number[] = [], ddMs: number[] = [];
+  for (let i = 0; i <= SYNC_ROUNDS; i++) {
+    await world.barrier();
+    if (rank === 0) rmSync(syncRoot, { recursive: true, force: true });
+    const dd = rank === 0 ? ddSeconds(o.dir as string, bytes) : 0;
     await world.barrier();
     const s0 = performance.now();
     await sync.save(i + 1, { model: trainer });
     await world.barrier();
+    if (i === 0) continue;
     syncMs.push(performance.now() - s0);
+    if (dd !== null) ddMs.push(dd * 1000);
   }
   await sync.close();
   await world.barrier();
@@ -90,23 +107,22 @@ async function rankMain(argv: string[]): Promise<number> {
   await ckpt.load(lastDir, { model: trainer });
   await world.barrier();
   const loadMs = performance.now() - l0;
-  const bytes = readManifest(lastDir).files.reduce((s, f) => s + f.size, 0);
-  writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify({ layout: name, stepMs, saves, syncMs, bytes, loadMs } satisfies RankRecord));
+  writeFileSync(join(o.out as string, `rank-${rank}.json`), JSON.stringify({ layout: name, stepMs, saves, syncMs, ddMs, bytes, loadMs } satisfies RankRecord));
   trainer.dispose();
   stage.dispose();
   await dist.destroy();
   return 0;
 }
 
-/** `dd` writing `bytes` (fsynced) into `dir`: the disk's sequential write bandwidth, bytes/s. */
-function ddBandwidth(dir: string, bytes: number): number | null {
+/** Seconds `dd` takes to write `bytes` (fsynced) into a new file in `dir` (null when dd fails). */
+function ddSeconds(dir: string, bytes: number): number | null {
   const path = join(dir, 'dd.bin');
-  const mib = Math.max(1, Math.round(bytes / 2 ** 20));
+  const blocks = Math.max(1, Math.ceil(bytes / 2 ** 20));
   const t0 = performance.now();
-  const r = spawnSync('dd', ['if=/dev/zero', `of=${path}`, 'bs=1M', `count=${mib}`, 'conv=fsync'], { stdio: 'ignore' });
-  const s = (performance.now() - t0) / 1000;
+  const r = spawnSync('dd', ['if=/dev/zero', `of=${path}`, 'bs=1M', `count=${blocks}`, 'conv=fsync'], { stdio: 'ignore' });
+  const s = ((performance.now() - t0) / 1000) * (bytes / (blocks * 2 ** 20));
   rmSync(path, { force: true });
-  return r.status === 0 ? (mib * 2 ** 20) / s : null;
+  return r.status === 0 ? s : null;
 }
 
 export async function main(argv: string[]): Promise<number> {
@@ -128,58 +144,51 @@ export async function main(argv: string[]): Promise<number> {
   mkdirSync(base, { recursive: true });
   const dir = mkdtempSync(join(base, 'nt-bench-ckpt-'));
   const { main: launch } = await import('../launch/cli.js');
-  const results: Array<RankRecord & { ddBytesPerS: number | null; ddBeforeBytesPerS: number | null; ddAfterBytesPerS: number | null; torch: unknown }> = [];
-  // The disk's speed depends on what the page cache holds (writing right after files were deleted is
-  // faster): dd runs before and after each layout, and the better of the two is the reference.
-  const estimate = 360e6;
+  const results: Array<RankRecord & { saveBytesPerS: number; ddBytesPerS: number | null; saveOverDd: number | null; saveOverDdBest: number | null; torch: unknown }> = [];
   try {
     for (const layout of layouts) {
       const out = join(dir, `out-${layout}`);
       mkdirSync(out);
-      const ddBefore = ddBandwidth(dir, estimate);
       const code = await launch(['--nproc-per-node', '2', fileURLToPath(import.meta.url), '--layout', layout, '--config', config,
         '--saves', String((o.saves as number | undefined) ?? 3), '--dir', dir, '--out', out]);
       if (code !== 0) return code;
       const r0 = JSON.parse(readFileSync(join(out, 'rank-0.json'), 'utf8')) as RankRecord;
       for (const d of [layout, `${layout}-sync`]) rmSync(join(dir, d), { recursive: true, force: true });
       let torch: unknown = null;
-      if (o['compare-torch']) torch = torchPeer(dir, r0.bytes, layout);
-      const ddAfter = ddBandwidth(dir, r0.bytes);
-      const dd = Math.max(ddBefore ?? 0, ddAfter ?? 0) || null;
-      results.push({ ...r0, ddBytesPerS: dd, ddBeforeBytesPerS: ddBefore, ddAfterBytesPerS: ddAfter, torch });
+      if (o['compare-torch']) torch = torchPeer(dir, r0.bytes);
+      const saveBytesPerS = r0.bytes / (median(r0.syncMs) / 1000);
+      const ddBytesPerS = r0.ddMs.length ? r0.bytes / (median(r0.ddMs) / 1000) : null;
+      results.push({ ...r0, saveBytesPerS, ddBytesPerS, saveOverDd: ddBytesPerS ? saveBytesPerS / ddBytesPerS : null,
+        saveOverDdBest: r0.ddMs.length ? Math.min(...r0.ddMs) / Math.min(...r0.syncMs) : null, torch });
     }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
   const MB = 1e6;
   console.log(`\n# nodetron bench checkpoint --config ${config}: 2 ranks, f32 AdamW; a save's stall = waiting for the previous save + copying to host memory`);
-  printTable(['layout', 'checkpoint MB', 'step ms', 'stall ms (wait+copy)', 'stall @1/20 steps', 'save MB/s', 'load MB/s', 'dd MB/s (before/after)', 'save/dd', 'torch dcp save MB/s', 'torch async stall ms'],
+  printTable(['layout', 'checkpoint MB', 'step ms', 'stall ms (wait+copy)', 'stall @1/20 steps', 'save MB/s', 'dd MB/s', 'save/dd (median; best)', 'load MB/s', 'torch dcp save MB/s', 'torch async stall ms'],
     results.map((r) => {
       const stall = median(r.saves.map((s) => s.waitMs + s.copyMs));
-      const save = r.bytes / (median(r.syncMs) / 1000);
       const t = r.torch as { saveS: number; asyncStallS: number } | null;
       return [r.layout, (r.bytes / MB).toFixed(1), r.stepMs.toFixed(0),
         `${stall.toFixed(1)} (${median(r.saves.map((s) => s.waitMs)).toFixed(1)}+${median(r.saves.map((s) => s.copyMs)).toFixed(1)})`,
-        `${((100 * stall) / (SAVE_INTERVAL * r.stepMs)).toFixed(2)}%`, (save / MB).toFixed(0), (r.bytes / (r.loadMs / 1000) / MB).toFixed(0),
-        `${r.ddBeforeBytesPerS ? (r.ddBeforeBytesPerS / MB).toFixed(0) : '-'}/${r.ddAfterBytesPerS ? (r.ddAfterBytesPerS / MB).toFixed(0) : '-'}`,
-        r.ddBytesPerS ? (save / r.ddBytesPerS).toFixed(2) : '-',
+        `${((100 * stall) / (SAVE_INTERVAL * r.stepMs)).toFixed(2)}%`, (r.saveBytesPerS / MB).toFixed(0),
+        r.ddBytesPerS ? (r.ddBytesPerS / MB).toFixed(0) : '-', r.saveOverDd ? `${r.saveOverDd.toFixed(2)}; ${r.saveOverDdBest!.toFixed(2)}` : '-',
+        (r.bytes / (r.loadMs / 1000) / MB).toFixed(0),
         t ? (r.bytes / t.saveS / MB).toFixed(0) : '-', t ? (t.asyncStallS * 1000).toFixed(1) : '-'];
     }));
-  console.log('stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of 5);\nload: every rank loads its parts (replicas read the whole model), files verified by CRC-32');
+  console.log(`stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of ${SYNC_ROUNDS});
+dd MB/s: dd writing the same bytes fsynced to the same directory right before each of those saves (median of ${SYNC_ROUNDS}); save/dd: the ratio of the two medians; best: of the fastest of each;
+dp2: the two replicas write half the state each; zero3: each rank its shard. load: every rank loads its parts (replicas read the whole model), files verified by CRC-32`);
   writeJson(o.json as string | undefined, { bench: 'checkpoint', config, machine: machineRecord(), results });
   return 0;
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
-}
-
 /** torch.distributed.checkpoint on 2 Gloo ranks saving the same bytes (split as this layout splits them). */
-function torchPeer(dir: string, bytes: number, layout: string): unknown {
+function torchPeer(dir: string, bytes: number): unknown {
   const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'bench', 'torch_dcp.py');
-  // dp2: rank 0 writes everything (a replica); zero3: each rank half.
-  const perRank = layout === 'dp2' ? [bytes, 0] : [bytes / 2, bytes / 2];
+  // Each rank writes half (dp2: each replica its share, as torch's planner deduplicates replicas; zero3: its shard).
+  const perRank = [bytes / 2, bytes / 2];
   try {
     const out = execFileSync('python3', [script, '--dir', join(dir, 'torch'), '--bytes', perRank.map((b) => String(Math.round(b))).join(',')], {
       encoding: 'utf8', env: { ...process.env, MALLOC_MMAP_MAX_: '0', MALLOC_TRIM_THRESHOLD_: '68719476736', MALLOC_TOP_PAD_: '1073741824' },

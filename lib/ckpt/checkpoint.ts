@@ -270,24 +270,25 @@ export class Checkpointer {
     try { await previous; } catch { /* reported through #failure */ }
     let failure = this.#failure;
     this.#failure = null;
-    // A previous save that failed on one rank stops every rank here, before any collective of this one.
+    // A previous save that failed on one rank stops every rank here, before any other collective of
+    // this one; the same collective agrees on the save's id.
+    let saveId = '';
     try {
-      failure = await agreeOnFailure(worldOf(items), failure, `checkpoint save of step ${step}: another rank's previous save failed`);
+      ({ failure, saveId } = await agreeOnSave(worldOf(items), failure, ++this.#saves, `checkpoint save of step ${step}: another rank's previous save failed`));
     } catch (e) { failure ??= e as Error; }
     if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;
     try {
-      return await this.#save(step, items, t0, waitMs, unlock);
+      return await this.#save(step, items, saveId, t0, waitMs, unlock);
     } catch (e) {
       unlock();
       throw e;
     }
   }
 
-  async #save(step: number, items: CheckpointItems, t0: number, waitMs: number, unlock: () => void): Promise<SaveResult> {
+  async #save(step: number, items: CheckpointItems, saveId: string, t0: number, waitMs: number, unlock: () => void): Promise<SaveResult> {
     const world = worldOf(items);
     const rank = world?.rank ?? 0, worldSize = world?.size ?? 1;
-    const saveId = await agreeOnId(world, ++this.#saves);
     const state = rankState(items, false);
 
     // Stage 1: this rank's parts into the host staging buffer (kept from save to save: a fresh buffer's
@@ -540,18 +541,6 @@ function sharedState(items: CheckpointItems, state: RankState): Pick<Manifest, '
   };
 }
 
-/** A save's id, the same on every rank (rank 0's, broadcast), so a rank's leftovers from a crashed save are never mistaken for this one's. */
-async function agreeOnId(world: CollectiveGroup | null, count: number): Promise<string> {
-  // Two 24-bit draws (exact in f32) from rank 0.
-  const draws = new Float32Array([Math.floor(Math.random() * 2 ** 24), Math.floor(Math.random() * 2 ** 24)]);
-  if (world && world.size > 1) {
-    using t = tensor(draws, [2], { device: commDevice(world) });
-    await world.broadcast(t, { root: 0 });
-    draws.set(t.toArraySync());
-  }
-  return `${count}-${draws[0]!.toString(36)}${draws[1]!.toString(36)}`;
-}
-
 /** The largest of every rank's code (a max allReduce). */
 async function agreeWorst(world: CollectiveGroup, code: number): Promise<number> {
   using flag = tensor(new Float32Array([code]), [1], { device: commDevice(world) });
@@ -567,6 +556,22 @@ async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | nu
   if (!world || world.size === 1) return failure;
   const worst = await agreeWorst(world, failure ? 2 : 0);
   return failure ?? (worst === 2 ? new StateError(`${what} (see its error); every rank stops`) : null);
+}
+
+/**
+ * agreeOnFailure and the save's id in one collective (a max allReduce of the failure code and two
+ * random 24-bit draws, exact in f32, from every rank): the id is the same on every rank, so a rank's
+ * leftovers from a crashed save are never mistaken for this one's.
+ */
+async function agreeOnSave(world: CollectiveGroup | null, failure: Error | null, count: number, what: string): Promise<{ failure: Error | null; saveId: string }> {
+  const values = new Float32Array([failure ? 2 : 0, Math.floor(Math.random() * 2 ** 24), Math.floor(Math.random() * 2 ** 24)]);
+  if (world && world.size > 1) {
+    using t = tensor(values, [3], { device: commDevice(world) });
+    await world.allReduce(t, { op: 'max' });
+    values.set(t.toArraySync());
+  }
+  const other = values[0] === 2 && !failure ? new StateError(`${what} (see its error); every rank stops`) : null;
+  return { failure: failure ?? other, saveId: `${count}-${values[1]!.toString(36)}${values[2]!.toString(36)}` };
 }
 
 /**

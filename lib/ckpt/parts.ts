@@ -2,7 +2,8 @@
 // are `model/<name>` (a tensor-parallel slice says where it sits through Parameter.partOf), the
 // optimizer's state `optim/<state>/<name>` (same shape as the parameter); under ZeRO both come from
 // the masters, each rank holding a flat range of every parameter. Replicas (data-parallel copies,
-// tensor-parallel copies of norms and biases, the tied embedding's second copy) load but do not save.
+// tensor-parallel copies of norms and biases, the tied embedding's second copy) load everything; of
+// data-parallel replicas each saves an even share of every tensor, of the other copies one saves.
 import { ArgumentError } from '../errors.js';
 import type { Module, Parameter, TensorSplit } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
@@ -53,17 +54,36 @@ const fullShapeOf = (p: Tensor) => ((p as Parameter).partOf ? [...(p as Paramete
 const splitOf = (p: Tensor) => (p as Parameter).partOf ?? null;
 
 /**
+ * Which elements of an n-element tensor `share` saves: share.index of share.count contiguous, even ranges
+ * (the whole tensor without a share).
+ */
+function sharedRange(n: number, share: { index: number; count: number } | undefined): { start: number; count: number } {
+  if (!share || share.count <= 1) return { start: 0, count: n };
+  const lo = Math.floor((n * share.index) / share.count), hi = Math.floor((n * (share.index + 1)) / share.count);
+  return { start: lo, count: hi - lo };
+}
+
+/**
  * A whole model and (optionally) its optimizer in one process, or one rank of a model-parallel job
- * without ZeRO. `skip`: parameters another rank saves; `saveReplicas` false on data-parallel ranks
- * other than the first. With `forLoad`, the optimizer's state is created where missing (zero-filled).
+ * without ZeRO. `skip`: parameters another rank saves. `share`: this rank is replica `index` of `count`
+ * identical copies (the data-parallel group), and saves only that share of every tensor, so the
+ * replicas write one copy of the state between them, each a 1/count of it, in parallel. With `forLoad`,
+ * every part is the whole tensor (a load fills everything; `share` is ignored) and the optimizer's state
+ * is created where missing (zero-filled).
  */
 export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> | null,
-  opts: { skip?: ReadonlySet<Tensor>; saveReplicas?: boolean; forLoad?: boolean } = {}): RankState {
+  opts: { skip?: ReadonlySet<Tensor>; share?: { index: number; count: number }; forLoad?: boolean } = {}): RankState {
+  const share = opts.forLoad ? undefined : opts.share;
+  if (share && !(Number.isInteger(share.count) && share.count >= 1 && Number.isInteger(share.index) && share.index >= 0 && share.index < share.count)) {
+    throw new ArgumentError(`checkpoint: replica share ${share.index} of ${share.count} is not a valid share`);
+  }
   const named = model.namedParameters();
-  const write = (p: Tensor) => (opts.saveReplicas ?? true) && !opts.skip?.has(p);
-  const parts: StatePart[] = named.map(([name, p]) => ({
-    key: `model/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: write(p),
-  }));
+  const write = (p: Tensor) => !opts.skip?.has(p);
+  const part = (key: string, p: Tensor, t: Tensor): StatePart => {
+    const { start, count } = sharedRange(p.size, share);
+    return { key, fullShape: fullShapeOf(p), split: splitOf(p), start, count, tensor: t, offset: start, save: write(p) };
+  };
+  const parts: StatePart[] = named.map(([name, p]) => part(`model/${name}`, p, p));
   const steps: StepCounter[] = [];
   if (optimizer) {
     const inOptimizer = new Set(optimizer.paramGroups.flatMap((g) => g.params));
@@ -74,7 +94,7 @@ export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> |
       steps.push({ name, get: () => optimizer.state.get(p)?.step ?? null, set: (n) => { optimizer.ensureState(p).step = n; } });
       if (!s) continue;
       for (const [stateName, t] of Object.entries(s.tensors)) {
-        parts.push({ key: `optim/${stateName}/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: t, offset: 0, save: write(p) });
+        parts.push(part(`optim/${stateName}/${name}`, p, t));
       }
     }
   }

@@ -302,7 +302,8 @@ export class ParallelTrainer<H extends { lr: number }> {
   checkpointState(opts: { forLoad?: boolean } = {}): RankState {
     const skip = this.#countedElsewhere;
     if (this.#zero) return zeroState(this.#model, this.#zero, { skip, ...opts });
-    return plainState(this.#model, this.#optimizer, { skip, saveReplicas: (this.#mesh?.dpRank ?? 0) === 0, ...opts });
+    const share = this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : undefined;
+    return plainState(this.#model, this.#optimizer, { skip, share, ...opts });
   }
 
   /** The job's world (null in one process): checkpoints coordinate their ranks over it. */

@@ -71,6 +71,28 @@ describe('checkpoint parts arithmetic', () => {
     expect(pieces[0]).toEqual({ item: 'a', from: 2, to: 5, length: 1 });
     expect(() => cover([{ global: 0, local: 0, length: 24 }], [{ item: 'a', intervals: all }], 'x')).toThrow(/element 0 is in no saved part/);
   });
+
+  it('data-parallel replicas save even shares that tile every tensor; a load asks for everything', () => {
+    const model = new nt.nn.Linear(5, 7, { seed: 1 }); // weight 35 elements, bias 7
+    const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-3 });
+    for (const p of model.parameters()) opt.ensureState(p);
+    for (const count of [1, 2, 3, 8]) {
+      const shares = Array.from({ length: count }, (_, index) => nt.ckpt.plainState(model, opt, { share: { index, count } }));
+      for (const key of shares[0]!.parts.map((p) => p.key)) {
+        const parts = shares.map((s) => s.parts.find((p) => p.key === key)!);
+        const size = parts[0]!.fullShape.reduce((a, b) => a * b, 1);
+        // Each replica's share is its own elements (offset = start), the shares differ by at most one element.
+        for (const p of parts) expect(p.offset).toBe(p.start);
+        const counts = parts.map((p) => p.count);
+        expect(Math.max(...counts) - Math.min(...counts), `${key} over ${count}`).toBeLessThanOrEqual(1);
+        expect(coverageProblem(size, parts.flatMap((p) => partIntervals(p.fullShape, p))), `${key} over ${count}`).toBeNull();
+      }
+    }
+    const load = nt.ckpt.plainState(model, opt, { share: { index: 1, count: 3 }, forLoad: true });
+    for (const p of load.parts) expect([p.start, p.count]).toEqual([0, p.tensor.size]);
+    expect(() => nt.ckpt.plainState(model, opt, { share: { index: 3, count: 3 } })).toThrow(/share 3 of 3/);
+    model.dispose();
+  });
 });
 
 describe('checkpoints in one process', () => {

@@ -1,6 +1,6 @@
 // Checkpoints across processes, through the real launcher and Gloo: exact resume on the same layout
 // (DP2 ZeRO-2, TP2×PP2: stopped at step 3 of 6 and resumed = uninterrupted, bit for bit), resharding
-// (saved under TP2×PP2×DP2 ZeRO-1, loaded in one process, under DP3 ZeRO-3 and under TP3: the state
+// (saved under TP2×PP2×DP2 ZeRO-1, loaded in one process, under DP3 ZeRO-3, TP3 and DP3 without ZeRO: the state
 // re-saved there equals the source exactly, and the next step agrees across layouts), and a rank
 // killed under `launch --max-restarts 1` finishing where an uninterrupted run does.
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -63,6 +63,8 @@ const targets: Record<string, [number, string[]]> = {
   'one process': [1, []],
   'DP3 ZeRO-3': [3, ['--zero', '3']],
   'TP3': [3, ['--tp', '3']],
+  // Plain data parallelism: each of 3 replicas writes a third of every tensor (uneven at the edges).
+  'DP3 (no ZeRO)': [3, []],
 };
 const targetRuns = Object.fromEntries(Object.entries(targets).map(([name, [n, flags]], i) => [name, source.then((s) => (s.code !== 0 ? s
   : launch(`target${i}`, n, [...flags, '--dropout', '0', '--steps', '4', '--resume', ckpt('source'), '--save-loaded', '--save', ckpt(`target${i}`)])))]));
