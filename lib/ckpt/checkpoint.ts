@@ -261,7 +261,7 @@ export class Checkpointer {
    */
   async save(step: number, items: CheckpointItems): Promise<SaveResult> {
     if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint save: step must be an integer >= 0, got ${step}`);
-    if (items === null || typeof items !== 'object') throw new ArgumentError(`checkpoint save: items must be an object like { model, optimizer, ... }, got ${items === null ? 'null' : typeof items}`);
+    checkItems(items);
     const t0 = performance.now();
     // Taken before anything else, so saves called without awaiting each other queue up.
     const previous = this.#lock;
