@@ -23,7 +23,8 @@ import { selectConfigs } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
-const LAYOUTS: Record<string, { zero: 0 | 3 }> = { dp2: { zero: 0 }, zero3: { zero: 3 } };
+/** The layouts measured: ranks (processes) and ZeRO stage. `one`: a single process writes everything. */
+const LAYOUTS: Record<string, { ranks: number; zero: 0 | 3 }> = { one: { ranks: 1, zero: 0 }, dp2: { ranks: 2, zero: 0 }, zero3: { ranks: 2, zero: 3 } };
 const SAVE_INTERVAL = 20;
 /** Timed synchronous save rounds (each with a dd beside it), after one warm-up round. */
 const SYNC_ROUNDS = 7;
@@ -130,12 +131,12 @@ export async function main(argv: string[]): Promise<number> {
     layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'outfile', 'compare-torch': 'boolean', help: 'boolean',
   }, { h: 'help' });
   if (o.help) {
-    console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout dp2,zero3] [--saves 3] [--dir D] [--compare-torch] [--json F]
-  Saves a GPT's training state (weights + AdamW state) under each layout on 2 ranks, in the background
+    console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout one,dp2,zero3] [--saves 3] [--dir D] [--compare-torch] [--json F]
+  Saves a GPT's training state (weights + AdamW state) under each layout (one: 1 process; dp2, zero3: 2 ranks), in the background
   while training goes on; reports the stall per save, save and load bandwidth, beside dd on the same disk.`);
     return 0;
   }
-  const layouts = ((o.layout as string | undefined) ?? 'dp2,zero3').split(',').map((s) => s.trim());
+  const layouts = ((o.layout as string | undefined) ?? 'one,dp2,zero3').split(',').map((s) => s.trim());
   expectPositionals(o, 'nothing', 0);
   for (const l of layouts) if (!Object.hasOwn(LAYOUTS, l)) throw new ArgumentError(`bench checkpoint: unknown --layout ${l} (${Object.keys(LAYOUTS).join(', ')})`);
   const config = (o.config as string | undefined) ?? 'small';
@@ -149,13 +150,13 @@ export async function main(argv: string[]): Promise<number> {
     for (const layout of layouts) {
       const out = join(dir, `out-${layout}`);
       mkdirSync(out);
-      const code = await launch(['--nproc-per-node', '2', fileURLToPath(import.meta.url), '--layout', layout, '--config', config,
+      const code = await launch(['--nproc-per-node', String(LAYOUTS[layout]!.ranks), fileURLToPath(import.meta.url), '--layout', layout, '--config', config,
         '--saves', String((o.saves as number | undefined) ?? 3), '--dir', dir, '--out', out]);
       if (code !== 0) return code;
       const r0 = JSON.parse(readFileSync(join(out, 'rank-0.json'), 'utf8')) as RankRecord;
       for (const d of [layout, `${layout}-sync`]) rmSync(join(dir, d), { recursive: true, force: true });
       let torch: unknown = null;
-      if (o['compare-torch']) torch = torchPeer(dir, r0.bytes);
+      if (o['compare-torch']) torch = torchPeer(dir, r0.bytes, LAYOUTS[layout]!.ranks);
       const saveBytesPerS = r0.bytes / (median(r0.syncMs) / 1000);
       const ddBytesPerS = r0.ddMs.length ? r0.bytes / (median(r0.ddMs) / 1000) : null;
       results.push({ ...r0, saveBytesPerS, ddBytesPerS, saveOverDd: ddBytesPerS ? saveBytesPerS / ddBytesPerS : null,
@@ -165,7 +166,7 @@ export async function main(argv: string[]): Promise<number> {
     rmSync(dir, { recursive: true, force: true });
   }
   const MB = 1e6;
-  console.log(`\n# nodetron bench checkpoint --config ${config}: 2 ranks, f32 AdamW; a save's stall = waiting for the previous save + copying to host memory`);
+  console.log(`\n# nodetron bench checkpoint --config ${config}: f32 AdamW; a save's stall = waiting for the previous save + copying to host memory`);
   printTable(['layout', 'checkpoint MB', 'step ms', 'stall ms (wait+copy)', 'stall @1/20 steps', 'save MB/s', 'dd MB/s', 'save/dd (median; best)', 'load MB/s', 'torch dcp save MB/s', 'torch async stall ms'],
     results.map((r) => {
       const stall = median(r.saves.map((s) => s.waitMs + s.copyMs));
@@ -179,16 +180,16 @@ export async function main(argv: string[]): Promise<number> {
     }));
   console.log(`stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of ${SYNC_ROUNDS});
 dd MB/s: dd writing the same bytes fsynced to the same directory right before each of those saves (median of ${SYNC_ROUNDS}); save/dd: the ratio of the two medians; best: of the fastest of each;
-dp2: the two replicas write half the state each; zero3: each rank its shard. load: every rank loads its parts (replicas read the whole model), files verified by CRC-32`);
+one: one process writes the whole state; dp2: the two replicas write half the state each; zero3: each rank its shard. load: every rank loads its parts (replicas read the whole model), files verified by CRC-32`);
   writeJson(o.json as string | undefined, { bench: 'checkpoint', config, machine: machineRecord(), results });
   return 0;
 }
 
-/** torch.distributed.checkpoint on 2 Gloo ranks saving the same bytes (split as this layout splits them). */
-function torchPeer(dir: string, bytes: number): unknown {
+/** torch.distributed.checkpoint on `ranks` Gloo ranks saving the same bytes (split as this layout splits them). */
+function torchPeer(dir: string, bytes: number, ranks: number): unknown {
   const script = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'scripts', 'bench', 'torch_dcp.py');
-  // Each rank writes half (dp2: each replica its share, as torch's planner deduplicates replicas; zero3: its shard).
-  const perRank = [bytes / 2, bytes / 2];
+  // Each rank writes an even share (dp2: each replica half, as torch's planner spreads replicated tensors over the ranks; zero3: its shard).
+  const perRank = Array.from({ length: ranks }, () => bytes / ranks);
   try {
     const out = execFileSync('python3', [script, '--dir', join(dir, 'torch'), '--bytes', perRank.map((b) => String(Math.round(b))).join(',')], {
       encoding: 'utf8', env: { ...process.env, MALLOC_MMAP_MAX_: '0', MALLOC_TRIM_THRESHOLD_: '68719476736', MALLOC_TOP_PAD_: '1073741824' },

@@ -1,4 +1,4 @@
-// `nodetron bench checkpoint` end to end on the tiny config: both layouts run on 2 ranks, every timed
+// `nodetron bench checkpoint` end to end on the tiny config: one process, and both 2-rank layouts; every timed
 // synchronous save has a dd of the same bytes beside it, and the JSON holds what the table prints.
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -14,14 +14,14 @@ afterAll(() => rmSync(work, { recursive: true, force: true }));
 interface Row { layout: string; bytes: number; syncMs: number[]; ddMs: number[]; saveBytesPerS: number; ddBytesPerS: number; saveOverDd: number; saveOverDdBest: number; loadMs: number }
 
 describe('nodetron bench checkpoint', () => {
-  it('saves under dp2 and zero3 beside dd, round by round, and writes its JSON', async () => {
+  it('saves in one process, under dp2 and zero3 beside dd, round by round, and writes its JSON', async () => {
     const json = join(work, 'out.json');
     const { code, output } = await new JobPool().run(() => runProcess(process.execPath, [join(root, 'bin', 'nodetron.js'), 'bench', 'checkpoint',
       '--config', 'tiny', '--saves', '1', '--dir', work, '--json', json], { cwd: root, limitMs: 300_000 }));
     expect(code, output).toBe(0);
     expect(output).toMatch(/save\/dd \(median; best\)/);
     const { results } = JSON.parse(readFileSync(json, 'utf8')) as { results: Row[] };
-    expect(results.map((r) => r.layout)).toEqual(['dp2', 'zero3']);
+    expect(results.map((r) => r.layout)).toEqual(['one', 'dp2', 'zero3']);
     for (const r of results) {
       // Weights + AdamW's two moments of the tiny GPT in f32, plus the safetensors headers.
       expect(r.bytes).toBeGreaterThan(3 * 4 * 7e6);
