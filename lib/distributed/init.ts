@@ -1,6 +1,5 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
-import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
 import { ArgumentError, StateError } from '../errors.js';
@@ -14,7 +13,7 @@ import { selfCheckFromEnv } from './self-check.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
-import { isLoopbackHost } from './store-api.js';
+import { storeSecurity } from './store-security.js';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
 export type BackendChoice = 'auto' | 'gloo' | 'nccl';
@@ -164,36 +163,21 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
 /**
  * The store server this process must run itself, if any: a world of one started without a launcher
  * serves a private one on loopback (with a random token); under srun or mpirun (no nodetron launcher)
- * rank 0 serves the job's on MASTER_PORT, on loopback when MASTER_ADDR is loopback (one node), else
- * on every interface, which needs the job token (NODETRON_STORE_TOKEN). Throws ArgumentError without
- * one, AddressInUseError when the port is taken.
+ * rank 0 serves the job's on MASTER_PORT, where storeSecurity says (the launcher's policy): on loopback
+ * when MASTER_ADDR is loopback (one node), else on every interface, which needs the job token
+ * (NODETRON_STORE_TOKEN). Throws ArgumentError without one, AddressInUseError when the port is taken.
  */
 async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer; env: Partial<LaunchEnv> } | undefined> {
   if (env.rdzvUrl !== undefined) return undefined;
-  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined) {
-    const storeToken = env.storeToken ?? randomBytes(32).toString('hex');
-    const server = await StoreServer.start({ host: '127.0.0.1', port: 0, token: storeToken });
-    return { server, env: { masterAddr: '127.0.0.1', masterPort: server.port, storeToken } };
-  }
-  if (env.cluster === undefined || env.rank !== 0) return undefined;
-  const loopback = isLoopbackHost(env.masterAddr);
-  if (!loopback && env.storeToken === undefined) {
-    throw new ArgumentError(
-      `init: rank 0 would serve the rendezvous store on every interface (MASTER_ADDR=${env.masterAddr}, port ${env.masterPort}) without a job token, ` +
-        'so anyone who can reach it could read, overwrite or stop the job; export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) ' +
-        '(the same value for every task, e.g. in the batch file before srun)',
-    );
-  }
-  if (env.storeToken === undefined) {
-    console.warn(
-      `nodetron: the rendezvous store on ${env.masterAddr}:${env.masterPort} has no job token: any process on this machine can use it ` +
-        '(export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) before srun/mpirun to require one)',
-    );
-  }
-  const server = await StoreServer.start({
-    host: loopback ? env.masterAddr : '0.0.0.0', port: env.masterPort, ...(env.storeToken !== undefined ? { token: env.storeToken } : {}),
+  const alone = env.worldSize === 1 && process.env.MASTER_PORT === undefined;
+  if (!alone && (env.cluster === undefined || env.rank !== 0)) return undefined;
+  const masterAddr = alone ? '127.0.0.1' : env.masterAddr;
+  const { token, listenHost, warning } = storeSecurity({
+    masterAddr, masterPort: alone ? undefined : env.masterPort, token: env.storeToken, makeToken: alone, server: 'init: rank 0', startedBy: 'srun/mpirun',
   });
-  return { server, env: {} };
+  if (warning) console.warn(`nodetron: ${warning}`);
+  const server = await StoreServer.start({ host: listenHost, port: alone ? 0 : env.masterPort, ...(token !== undefined ? { token } : {}) });
+  return { server, env: alone ? { masterAddr, masterPort: server.port, storeToken: token } : {} };
 }
 
 /** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later). */

@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ArgumentError, distributed } from '../../lib/index.js';
 import { expandHostlist, expandTasksPerNode, readClusterEnv } from '../../lib/distributed/cluster-env.js';
-import { parseLaunchArgs, storeSecurity } from '../../lib/launch/cli.js';
+import { launchStoreSecurity, parseLaunchArgs } from '../../lib/launch/cli.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -137,7 +137,7 @@ describe('nodetron launch under srun', () => {
     // One node: the store listens on loopback, so its ranks must dial loopback, whatever MASTER_ADDR a batch file exported.
     const oneNode = parseLaunchArgs(['s.js'], { ...slurmTask(0, 1, 1, 'gpu01', 1000), MASTER_ADDR: 'gpu01' });
     expect(oneNode).toMatchObject({ nnodes: 1, masterAddr: '127.0.0.1' });
-    expect(storeSecurity(oneNode, {}).listenHost).toBe(oneNode.masterAddr);
+    expect(launchStoreSecurity(oneNode, {}).listenHost).toBe(oneNode.masterAddr);
     // srun started one task per GPU: the launcher is the wrong tool there.
     expect(() => parseLaunchArgs(['s.js'], slurmTask(1, 16, 2, 'gpu[07-08]', 1000))).toThrow(/one task per node/);
     expect(parseLaunchArgs(['s.js'], {})).toMatchObject({ nnodes: 1, nodeRank: 0, masterAddr: '127.0.0.1', masterPort: undefined });
