@@ -10,6 +10,7 @@ import { createNcclBackend, loadNcclAddon, ncclUsableDevices, nvidiaDeviceNodePr
 import { installFlightSignal } from './flight.js';
 import { alignTraceClock, traceEnabled } from './trace.js';
 import { selfCheckFromEnv } from './self-check.js';
+import { checkLayout } from './cluster-env.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
@@ -180,17 +181,17 @@ async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer
   return { server, env: alone ? { masterAddr, masterPort: server.port, storeToken: token } : {} };
 }
 
-/** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later). */
+/** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later); its layout as readLaunchEnv checks one. */
 function checkEnv(env: unknown): LaunchEnv {
   if (env === null || typeof env !== 'object' || Array.isArray(env)) throw new ArgumentError(`init: env must be a LaunchEnv object (rank, worldSize, localRank, localWorldSize, masterAddr, masterPort, ...), got ${env === null ? 'null' : Array.isArray(env) ? 'an array' : typeof env}`);
   const e = env as Record<string, unknown>;
-  const int = (k: string, min: number) => {
-    if (typeof e[k] !== 'number' || !Number.isInteger(e[k]) || (e[k] as number) < min) throw new ArgumentError(`init: env.${k} must be an integer >= ${min}, got ${JSON.stringify(e[k]) ?? String(e[k])}`);
+  const int = (k: string, min: number, max = Number.MAX_SAFE_INTEGER) => {
+    const v = e[k];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < min) throw new ArgumentError(`init: env.${k} must be an integer >= ${min}, got ${JSON.stringify(v) ?? String(v)}`);
+    if (v > max) throw new ArgumentError(`init: env.${k} must be at most ${max}, got ${v}`);
   };
-  int('worldSize', 1); int('rank', 0); int('localWorldSize', 1); int('localRank', 0); int('masterPort', 0);
-  if ((e.rank as number) >= (e.worldSize as number)) throw new ArgumentError(`init: env.rank ${String(e.rank)} must be below env.worldSize ${String(e.worldSize)}`);
-  if ((e.localRank as number) >= (e.localWorldSize as number)) throw new ArgumentError(`init: env.localRank ${String(e.localRank)} must be below env.localWorldSize ${String(e.localWorldSize)}`);
-  if ((e.masterPort as number) > 65535) throw new ArgumentError(`init: env.masterPort must be at most 65535, got ${String(e.masterPort)}`);
+  int('worldSize', 1); int('rank', 0); int('localWorldSize', 1); int('localRank', 0); int('masterPort', 0, 65535);
+  checkLayout(env as LaunchEnv, (k) => `env.${k} ${String(e[k])}`, 'init: ');
   if (typeof e.masterAddr !== 'string' || e.masterAddr === '') throw new ArgumentError(`init: env.masterAddr must be a host name or address, got ${JSON.stringify(e.masterAddr) ?? String(e.masterAddr)}`);
   if (typeof e.storePrefix !== 'string') throw new ArgumentError(`init: env.storePrefix must be a string, got ${typeof e.storePrefix}`);
   return env as LaunchEnv;

@@ -318,7 +318,7 @@ describe('readLaunchEnv', () => {
     const bad: [NodeJS.ProcessEnv, RegExp][] = [
       [{ RANK: 'x' }, /RANK="x"/],
       [{ WORLD_SIZE: '0' }, /WORLD_SIZE=0/],
-      [{ RANK: '4', WORLD_SIZE: '4' }, /RANK=4 must be < WORLD_SIZE=4/],
+      [{ RANK: '4', WORLD_SIZE: '4' }, /environment variable RANK=4 must be below WORLD_SIZE=4/],
       [{ WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2', LOCAL_RANK: '2' }, /LOCAL_RANK=2/],
       [{ MASTER_PORT: '70000' }, /MASTER_PORT=70000/],
       [{ NODETRON_RESTART_COUNT: '-1' }, /NODETRON_RESTART_COUNT/],
@@ -329,5 +329,15 @@ describe('readLaunchEnv', () => {
       expect(() => distributed.readLaunchEnv(env)).toThrow(message);
     }
     expect(distributed.readLaunchEnv({ RANK: '3', WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2' })).toMatchObject({ localRank: 1, groupRank: 1 });
+  });
+
+  it('init() checks a LaunchEnv given to it by the same layout rules as the variables', async () => {
+    const good = distributed.readLaunchEnv({});
+    expect(() => distributed.readLaunchEnv({ WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '2' })).toThrow(/environment variable LOCAL_WORLD_SIZE=2 must be at most WORLD_SIZE=1/);
+    // More ranks on this node than in the job: refused before anything is served or connected.
+    const err = await distributed.init({ env: { ...good, localWorldSize: 2 } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ArgumentError);
+    expect((err as Error).message).toBe('init: env.localWorldSize 2 must be at most env.worldSize 1');
+    expect(distributed.isInitialized()).toBe(false);
   });
 });
