@@ -21,7 +21,7 @@
 // rank of every node is stopped (SIGTERM, then SIGKILL after --stop-grace-ms) and the first failure is
 // reported with its stderr tail; with --max-restarts K the whole job restarts up to K times.
 import { ArgumentError } from '../errors.js';
-import { readSlurmEnv } from '../distributed/cluster-env.js';
+import { intOf, readSlurmEnv } from '../distributed/cluster-env.js';
 import { createStore, StoreServer, TCPStore, tokenFromEnv, type Store } from '../distributed/store.js';
 import { isLoopbackHost } from '../distributed/store-api.js';
 import { storeSecurity, type StoreSecurity } from '../distributed/store-security.js';
@@ -171,9 +171,7 @@ function applyClusterDefaults(o: LaunchOptions, given: Set<string>, env: NodeJS.
   // host's store (several nodes); a single-node launch serves its store on loopback and its ranks dial
   // it there, whatever MASTER_ADDR a batch file exported.
   if (!given.has('--master-addr') && env.MASTER_ADDR?.trim() && o.nnodes > 1) o.masterAddr = env.MASTER_ADDR.trim();
-  if (!given.has('--master-port') && env.MASTER_PORT?.trim() && o.nnodes > 1) {
-    o.masterPort = parseInt10('MASTER_PORT', env.MASTER_PORT.trim(), 1, 65535);
-  }
+  if (!given.has('--master-port') && o.nnodes > 1) o.masterPort = intOf(env, 'MASTER_PORT', 1, 65535) ?? o.masterPort;
 }
 
 /**

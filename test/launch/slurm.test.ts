@@ -133,6 +133,9 @@ describe('nodetron launch under srun', () => {
     expect(parseLaunchArgs(['s.js'], env)).toMatchObject({ nnodes: 2, nodeRank: 1, masterAddr: 'gpu07', masterPort: 15000 + 1000 });
     expect(parseLaunchArgs(['--master-port', '2000', '--master-addr', 'h', 's.js'], env)).toMatchObject({ masterAddr: 'h', masterPort: 2000 });
     expect(parseLaunchArgs(['s.js'], { ...env, MASTER_ADDR: 'ib-gpu07', MASTER_PORT: '3000' })).toMatchObject({ masterAddr: 'ib-gpu07', masterPort: 3000 });
+    // MASTER_PORT is read as init() reads it (one reader of launch variables), naming the variable.
+    expect(() => parseLaunchArgs(['s.js'], { ...env, MASTER_PORT: '70000' })).toThrow(/^environment variable MASTER_PORT=70000 must be an integer in \[1, 65535\]$/);
+    expect(() => distributed.readLaunchEnv({ MASTER_PORT: '70000' })).toThrow(/^environment variable MASTER_PORT=70000 must be an integer in \[1, 65535\]$/);
     expect(parseLaunchArgs(['--nnodes', '1', 's.js'], env)).toMatchObject({ nnodes: 1, nodeRank: 0 });
     // One node: the store listens on loopback, so its ranks must dial loopback, whatever MASTER_ADDR a batch file exported.
     const oneNode = parseLaunchArgs(['s.js'], { ...slurmTask(0, 1, 1, 'gpu01', 1000), MASTER_ADDR: 'gpu01' });
