@@ -45,7 +45,7 @@ export function storeSecurity(o: StoreServing): StoreSecurity {
   const where = o.masterPort === undefined ? o.masterAddr : `${o.masterAddr}:${o.masterPort}`;
   const make = `export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) before ${o.startedBy}, the same value for every process of the job (e.g. in the batch file)`;
   if (loopback) {
-    return { token: undefined, listenHost, warning: `the rendezvous store on ${where} has no job token: any process on this machine can use it (${make} to require one)` };
+    return { token: undefined, listenHost, warning: `the rendezvous store on ${where} has no job token: any process on this machine can use it; to require one, ${make}` };
   }
   throw new ArgumentError(
     `${o.server} would serve the rendezvous store on every interface (clients dial ${where}) without a job token, ` +
