@@ -2,6 +2,7 @@
 // environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
 // on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
 import { spawn, spawnSync } from 'node:child_process';
+import { networkInterfaces } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -52,6 +53,9 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
 }
 
 const run = (args: string[], env?: NodeJS.ProcessEnv) => launch(args, env).done;
+
+/** An IPv4 address of this host beyond loopback, if it has one. */
+const hostAddress = Object.values(networkInterfaces()).flat().find((a) => a && !a.internal && a.family === 'IPv4')?.address;
 
 const alive = (pid: number) => {
   try {
@@ -233,6 +237,15 @@ describe('nodetron launch', () => {
     } finally {
       await blocker.close();
     }
+  });
+
+  // A one-node launch told to serve on this host's address (--master-addr): its ranks dial that address,
+  // so the store must listen there (with the token the launcher made), not on loopback only.
+  it.skipIf(hostAddress === undefined)('one node with --master-addr set to this host: the ranks reach the store there', async () => {
+    const r = await run(['--nproc-per-node', '2', '--master-addr', hostAddress!, join(fixtures, 'meet.ts')]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain('[rank 0] MEET rank=0 world=2 seen=2');
+    expect(r.stdout).toContain('[rank 1] MEET rank=1 world=2 seen=2');
   });
 
   it('the ranks get the job token and the store refuses clients without it', async () => {
