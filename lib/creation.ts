@@ -165,14 +165,23 @@ function resolveRandom(call: string, opts: (RandomOptions & { mean?: number; std
   return { ...resolved, gen, a, b };
 }
 
-function randomTensor(call: string, shape: Shape, opts: (RandomOptions & { mean?: number; std?: number }) | undefined, draw: (typeof DRAW)[keyof typeof DRAW]): Tensor {
+/**
+ * Elements [first, first + size) of a draw of `total` values, into a new tensor of `shape`: the one
+ * fill behind rand, randn (first 0, total their size) and randomShard. The generator advances by `total`.
+ */
+function randomTensor(call: string, shape: Shape, opts: (RandomOptions & { mean?: number; std?: number }) | undefined, draw: (typeof DRAW)[keyof typeof DRAW],
+  range?: { first: number; total: number }): Tensor {
   const s = checkShape(shape, call);
+  const first = range?.first ?? 0, total = range?.total ?? numel(s);
+  if (!Number.isSafeInteger(first) || !Number.isSafeInteger(total) || first < 0 || first + numel(s) > total) {
+    throw new ArgumentError(`${call}: elements [${first}, ${first + numel(s)}) do not lie inside a draw of ${total} (first and total are integers, 0 <= first, first + shard size <= total)`);
+  }
   const { dtype, device, requiresGrad, gen, a, b } = resolveRandom(call, opts, draw === DRAW.normal);
   const out = emptyOn(s, dtype, device);
   try {
-    const base = gen.reserve(out.size, draw.perBlock);
+    const base = gen.reserve(total, draw.perBlock);
     const [hi, lo] = gen.seedHalves();
-    out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, 0, a, b);
+    out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
   } catch (e) {
     out.dispose();
     throw e;
@@ -198,21 +207,5 @@ export function randn(shape: Shape, opts?: RandomOptions & { mean?: number; std?
  */
 export function randomShard(kind: 'uniform' | 'normal', shape: Shape, first: number, total: number, opts?: RandomOptions & { mean?: number; std?: number }): Tensor {
   if (kind !== 'uniform' && kind !== 'normal') throw new ArgumentError(`randomShard: kind must be 'uniform' or 'normal', got ${typeof kind === 'string' ? JSON.stringify(kind) : typeof kind}`);
-  const s = checkShape(shape, 'randomShard');
-  if (!Number.isSafeInteger(first) || !Number.isSafeInteger(total) || first < 0 || first + numel(s) > total) {
-    throw new ArgumentError(`randomShard: elements [${first}, ${first + numel(s)}) do not lie inside a draw of ${total} (first and total are integers, 0 <= first, first + shard size <= total)`);
-  }
-  const draw = DRAW[kind];
-  const { dtype, device, requiresGrad, gen, a, b } = resolveRandom('randomShard', opts, kind === 'normal');
-  const out = emptyOn(s, dtype, device);
-  try {
-    const base = gen.reserve(total, draw.perBlock);
-    const [hi, lo] = gen.seedHalves();
-    out.backend.random_fill(out.storage, dtypeCode(dtype), out.size, draw.kind, hi, lo, base, first, a, b);
-  } catch (e) {
-    out.dispose();
-    throw e;
-  }
-  if (requiresGrad) out.requiresGrad = true;
-  return out;
+  return randomTensor('randomShard', shape, opts, DRAW[kind], { first, total });
 }

@@ -119,13 +119,45 @@ export function expandTasksPerNode(text: string, what = 'SLURM_TASKS_PER_NODE'):
   return counts;
 }
 
-function intOf(env: NodeJS.ProcessEnv, name: string, min: number): number | undefined {
+/**
+ * An integer environment variable in [min, max], or undefined when it is unset or empty; an
+ * ArgumentError naming the variable and its text when it is anything else. Every launch variable
+ * (torchrun's, Slurm's, Open MPI's) is read through it.
+ */
+export function intOf(env: NodeJS.ProcessEnv, name: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
   const text = env[name]?.trim();
   if (text === undefined || text === '') return undefined;
-  if (!/^\d+$/.test(text) || !Number.isSafeInteger(Number(text)) || Number(text) < min) {
-    throw new ArgumentError(`environment variable ${name}=${JSON.stringify(env[name])} must be an integer >= ${min}`);
+  if (!/^\d+$/.test(text) || !Number.isSafeInteger(Number(text)) || Number(text) < min || Number(text) > max) {
+    const range = max === Number.MAX_SAFE_INTEGER ? `>= ${min}` : `in [${min}, ${max}]`;
+    throw new ArgumentError(`environment variable ${name}=${/^\d+$/.test(text) ? text : JSON.stringify(env[name])} must be an integer ${range}`);
   }
   return Number(text);
+}
+
+/** The numbers of a launch layout whose relations {@link checkLayout} checks. */
+export interface Layout {
+  /** Global rank. */
+  rank: number;
+  /** Ranks in the job. */
+  worldSize: number;
+  /** Rank on this node. */
+  localRank: number;
+  /** Ranks on this node. */
+  localWorldSize: number;
+}
+
+/**
+ * Checks the relations of a layout, for readLaunchEnv (from variables) and init() (a LaunchEnv given
+ * to it): rank below worldSize, localWorldSize at most worldSize, localRank below localWorldSize.
+ * `label` names a value as its source does (`RANK=4`, `env.rank 4`), `prefix` starts the message.
+ */
+export function checkLayout(l: Layout, label: (k: keyof Layout) => string, prefix: string): void {
+  const check = (ok: boolean, a: keyof Layout, relation: string, b: keyof Layout) => {
+    if (!ok) throw new ArgumentError(`${prefix}${label(a)} must be ${relation} ${label(b)}`);
+  };
+  check(l.rank < l.worldSize, 'rank', 'below', 'worldSize');
+  check(l.localWorldSize <= l.worldSize, 'localWorldSize', 'at most', 'worldSize');
+  check(l.localRank < l.localWorldSize, 'localRank', 'below', 'localWorldSize');
 }
 
 function required(env: NodeJS.ProcessEnv, name: string, min: number, because: string): number {

@@ -2,7 +2,7 @@
 // or that Slurm's srun / Open MPI's mpirun give (lib/distributed/cluster-env.ts), validating every
 // variable; explicit variables win over the cluster's. With none set, the process is a world of one.
 import { ArgumentError } from '../errors.js';
-import { readClusterEnv } from './cluster-env.js';
+import { checkLayout, intOf, readClusterEnv } from './cluster-env.js';
 import { createStore, PrefixStore, tokenFromEnv, type Store } from './store.js';
 
 /** The launch environment of this rank (torchrun's variables), as readLaunchEnv() reads it. */
@@ -43,14 +43,7 @@ export interface LaunchEnv {
 const DEFAULT_MASTER_ADDR = '127.0.0.1';
 const DEFAULT_MASTER_PORT = 29500;
 
-function intVar(env: NodeJS.ProcessEnv, name: string, fallback: number, min: number): number {
-  const text = env[name];
-  if (text === undefined || text === '') return fallback;
-  if (!/^\d+$/.test(text.trim())) throw new ArgumentError(`environment variable ${name}=${JSON.stringify(text)} is not a non-negative integer`);
-  const value = Number(text.trim());
-  if (!Number.isSafeInteger(value) || value < min) throw new ArgumentError(`environment variable ${name}=${text} must be an integer >= ${min}`);
-  return value;
-}
+const VARIABLES = { rank: 'RANK', worldSize: 'WORLD_SIZE', localRank: 'LOCAL_RANK', localWorldSize: 'LOCAL_WORLD_SIZE' } as const;
 
 /**
  * The launch environment of this process (or of `env`). Each value comes from the explicit variable
@@ -62,21 +55,15 @@ export function readLaunchEnv(env: NodeJS.ProcessEnv = process.env): LaunchEnv {
   const has = (name: string) => env[name] !== undefined && env[name] !== '';
   const explicit = has('RANK') && has('WORLD_SIZE');
   const c = explicit ? undefined : readClusterEnv(env);
-  const worldSize = intVar(env, 'WORLD_SIZE', c?.worldSize ?? 1, 1);
-  const rank = intVar(env, 'RANK', c?.rank ?? 0, 0);
-  const localWorldSize = intVar(env, 'LOCAL_WORLD_SIZE', c?.localWorldSize ?? worldSize, 1);
-  const localRank = intVar(env, 'LOCAL_RANK', c?.localRank ?? rank % localWorldSize, 0);
-  const groupRank = intVar(env, 'GROUP_RANK', c?.nodeRank ?? Math.floor(rank / localWorldSize), 0);
-  const masterPort = intVar(env, 'MASTER_PORT', c?.masterPort ?? DEFAULT_MASTER_PORT, 1);
-  const restartCount = intVar(env, 'NODETRON_RESTART_COUNT', 0, 0);
-  if (rank >= worldSize) throw new ArgumentError(`environment variable RANK=${rank} must be < WORLD_SIZE=${worldSize}`);
-  if (localWorldSize > worldSize) {
-    throw new ArgumentError(`environment variable LOCAL_WORLD_SIZE=${localWorldSize} must be <= WORLD_SIZE=${worldSize}`);
-  }
-  if (localRank >= localWorldSize) {
-    throw new ArgumentError(`environment variable LOCAL_RANK=${localRank} must be < LOCAL_WORLD_SIZE=${localWorldSize}`);
-  }
-  if (masterPort > 65535) throw new ArgumentError(`environment variable MASTER_PORT=${masterPort} must be <= 65535`);
+  const worldSize = intOf(env, 'WORLD_SIZE', 1) ?? c?.worldSize ?? 1;
+  const rank = intOf(env, 'RANK', 0) ?? c?.rank ?? 0;
+  const localWorldSize = intOf(env, 'LOCAL_WORLD_SIZE', 1) ?? c?.localWorldSize ?? worldSize;
+  const localRank = intOf(env, 'LOCAL_RANK', 0) ?? c?.localRank ?? rank % localWorldSize;
+  const groupRank = intOf(env, 'GROUP_RANK', 0) ?? c?.nodeRank ?? Math.floor(rank / localWorldSize);
+  const masterPort = intOf(env, 'MASTER_PORT', 1, 65535) ?? c?.masterPort ?? DEFAULT_MASTER_PORT;
+  const restartCount = intOf(env, 'NODETRON_RESTART_COUNT', 0) ?? 0;
+  const layout = { rank, worldSize, localRank, localWorldSize };
+  checkLayout(layout, (k) => `${VARIABLES[k]}=${layout[k]}`, 'environment variable ');
   const masterAddr = env.MASTER_ADDR?.trim() || c?.masterAddr || DEFAULT_MASTER_ADDR;
   if (c && !env.MASTER_ADDR?.trim() && c.masterAddr === undefined) {
     throw new ArgumentError(

@@ -5,7 +5,8 @@
 // dumps and prints which rank never reached the collective the others wait in (lib/launch/flight-analysis.ts).
 //
 // NODETRON_FLIGHT_RECORDER=N sets the ring size (default 2000, 0 turns it off); NODETRON_FLIGHT_DIR
-// is where dumps go (the launcher sets it to a fresh directory per attempt; else the temp dir).
+// is where dumps go (the launcher sets it to a fresh directory per attempt; else the temp dir), and
+// NODETRON_FLIGHT_PROGRESS=1 (set by the launcher under --hang-timeout-ms) adds a progress file there.
 // ProcessGroup reports ops through opIssued / FlightOp.started / FlightOp.settled: the one hook.
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
@@ -71,7 +72,7 @@ const p2pCounters = new Map<string, number>();
 let coords: Record<string, number> | undefined;
 let meshCoords: Record<string, number>[] | undefined;
 let signalInstalled = false;
-// Under the launcher: a file whose mtime says when this rank last completed an op (its hang check).
+// Under the launcher's hang check: a file whose mtime says when this rank last completed an op.
 let progressPath: string | undefined;
 let lastProgress = 0;
 function touchProgress(at: number): void {
@@ -233,7 +234,8 @@ export function installFlightSignal(): void {
   try {
     mkdirSync(flightDir(), { recursive: true });
     writeFileSync(join(flightDir(), `rank-${process.env.RANK ?? 0}.pid`), String(process.pid));
-    progressPath = join(flightDir(), `rank-${process.env.RANK ?? 0}.progress`);
+    // Only the launcher's hang check (--hang-timeout-ms) reads it: without one, no file is written.
+    if (process.env.NODETRON_FLIGHT_PROGRESS === '1') progressPath = join(flightDir(), `rank-${process.env.RANK ?? 0}.progress`);
   } catch { /* the launcher then just does not signal this rank */ }
 }
 

@@ -1,6 +1,5 @@
 // Initialization of the distributed runtime: reads the launcher's environment, connects the store,
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
-import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
 import { ArgumentError, StateError } from '../errors.js';
@@ -11,10 +10,11 @@ import { createNcclBackend, loadNcclAddon, ncclUsableDevices, nvidiaDeviceNodePr
 import { installFlightSignal } from './flight.js';
 import { alignTraceClock, traceEnabled } from './trace.js';
 import { selfCheckFromEnv } from './self-check.js';
+import { checkLayout } from './cluster-env.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
 import { type Store, StoreServer } from './store.js';
-import { isLoopbackHost } from './store-api.js';
+import { storeSecurity } from './store-security.js';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
 export type BackendChoice = 'auto' | 'gloo' | 'nccl';
@@ -164,49 +164,34 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
 /**
  * The store server this process must run itself, if any: a world of one started without a launcher
  * serves a private one on loopback (with a random token); under srun or mpirun (no nodetron launcher)
- * rank 0 serves the job's on MASTER_PORT, on loopback when MASTER_ADDR is loopback (one node), else
- * on every interface, which needs the job token (NODETRON_STORE_TOKEN). Throws ArgumentError without
- * one, AddressInUseError when the port is taken.
+ * rank 0 serves the job's on MASTER_PORT, where storeSecurity says (the launcher's policy): on loopback
+ * when MASTER_ADDR is loopback (one node), else on every interface, which needs the job token
+ * (NODETRON_STORE_TOKEN). Throws ArgumentError without one, AddressInUseError when the port is taken.
  */
 async function serveStoreIfNeeded(env: LaunchEnv): Promise<{ server: StoreServer; env: Partial<LaunchEnv> } | undefined> {
   if (env.rdzvUrl !== undefined) return undefined;
-  if (env.worldSize === 1 && process.env.MASTER_PORT === undefined) {
-    const storeToken = env.storeToken ?? randomBytes(32).toString('hex');
-    const server = await StoreServer.start({ host: '127.0.0.1', port: 0, token: storeToken });
-    return { server, env: { masterAddr: '127.0.0.1', masterPort: server.port, storeToken } };
-  }
-  if (env.cluster === undefined || env.rank !== 0) return undefined;
-  const loopback = isLoopbackHost(env.masterAddr);
-  if (!loopback && env.storeToken === undefined) {
-    throw new ArgumentError(
-      `init: rank 0 would serve the rendezvous store on every interface (MASTER_ADDR=${env.masterAddr}, port ${env.masterPort}) without a job token, ` +
-        'so anyone who can reach it could read, overwrite or stop the job; export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) ' +
-        '(the same value for every task, e.g. in the batch file before srun)',
-    );
-  }
-  if (env.storeToken === undefined) {
-    console.warn(
-      `nodetron: the rendezvous store on ${env.masterAddr}:${env.masterPort} has no job token: any process on this machine can use it ` +
-        '(export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) before srun/mpirun to require one)',
-    );
-  }
-  const server = await StoreServer.start({
-    host: loopback ? env.masterAddr : '0.0.0.0', port: env.masterPort, ...(env.storeToken !== undefined ? { token: env.storeToken } : {}),
+  const alone = env.worldSize === 1 && process.env.MASTER_PORT === undefined;
+  if (!alone && (env.cluster === undefined || env.rank !== 0)) return undefined;
+  const masterAddr = alone ? '127.0.0.1' : env.masterAddr;
+  const { token, listenHost, warning } = storeSecurity({
+    masterAddr, masterPort: alone ? undefined : env.masterPort, token: env.storeToken, makeToken: alone, server: 'init: rank 0', startedBy: 'srun/mpirun',
   });
-  return { server, env: {} };
+  if (warning) console.warn(`nodetron: ${warning}`);
+  const server = await StoreServer.start({ host: listenHost, port: alone ? 0 : env.masterPort, ...(token !== undefined ? { token } : {}) });
+  return { server, env: alone ? { masterAddr, masterPort: server.port, storeToken: token } : {} };
 }
 
-/** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later). */
+/** Checks a LaunchEnv given to init() (a typed error naming the bad field, not a TypeError later); its layout as readLaunchEnv checks one. */
 function checkEnv(env: unknown): LaunchEnv {
   if (env === null || typeof env !== 'object' || Array.isArray(env)) throw new ArgumentError(`init: env must be a LaunchEnv object (rank, worldSize, localRank, localWorldSize, masterAddr, masterPort, ...), got ${env === null ? 'null' : Array.isArray(env) ? 'an array' : typeof env}`);
   const e = env as Record<string, unknown>;
-  const int = (k: string, min: number) => {
-    if (typeof e[k] !== 'number' || !Number.isInteger(e[k]) || (e[k] as number) < min) throw new ArgumentError(`init: env.${k} must be an integer >= ${min}, got ${JSON.stringify(e[k]) ?? String(e[k])}`);
+  const int = (k: string, min: number, max = Number.MAX_SAFE_INTEGER) => {
+    const v = e[k];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < min) throw new ArgumentError(`init: env.${k} must be an integer >= ${min}, got ${JSON.stringify(v) ?? String(v)}`);
+    if (v > max) throw new ArgumentError(`init: env.${k} must be at most ${max}, got ${v}`);
   };
-  int('worldSize', 1); int('rank', 0); int('localWorldSize', 1); int('localRank', 0); int('masterPort', 0);
-  if ((e.rank as number) >= (e.worldSize as number)) throw new ArgumentError(`init: env.rank ${String(e.rank)} must be below env.worldSize ${String(e.worldSize)}`);
-  if ((e.localRank as number) >= (e.localWorldSize as number)) throw new ArgumentError(`init: env.localRank ${String(e.localRank)} must be below env.localWorldSize ${String(e.localWorldSize)}`);
-  if ((e.masterPort as number) > 65535) throw new ArgumentError(`init: env.masterPort must be at most 65535, got ${String(e.masterPort)}`);
+  int('worldSize', 1); int('rank', 0); int('localWorldSize', 1); int('localRank', 0); int('masterPort', 0, 65535);
+  checkLayout(env as LaunchEnv, (k) => `env.${k} ${String(e[k])}`, 'init: ');
   if (typeof e.masterAddr !== 'string' || e.masterAddr === '') throw new ArgumentError(`init: env.masterAddr must be a host name or address, got ${JSON.stringify(e.masterAddr) ?? String(e.masterAddr)}`);
   if (typeof e.storePrefix !== 'string') throw new ArgumentError(`init: env.storePrefix must be a string, got ${typeof e.storePrefix}`);
   return env as LaunchEnv;

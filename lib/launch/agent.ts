@@ -172,6 +172,8 @@ export class LaunchAgent {
         ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
         ...(this.config.storeToken !== undefined ? { NODETRON_STORE_TOKEN: this.config.storeToken } : {}),
         ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
+        // Progress files only for the hang check that reads them (one write a second per rank otherwise for nothing).
+        NODETRON_FLIGHT_PROGRESS: flightDir && (this.config.hangTimeoutMs ?? 0) > 0 ? '1' : '0',
       },
     }));
     if (nodeRank === 0 || attempt > 0) {

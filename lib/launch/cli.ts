@@ -13,16 +13,18 @@
 //   NODETRON_RDZV           redis://host:port when the launchers meet through Redis (--rdzv)
 //   NODETRON_STORE_TOKEN    the job token every store client presents (from the environment, or made
 //                           here for a single-node job; docs/store-protocol.md)
+//   NODETRON_FLIGHT_DIR     where the flight recorder dumps (lib/distributed/flight.ts), a directory per attempt
+//   NODETRON_FLIGHT_PROGRESS  1 under --hang-timeout-ms (ranks then touch a progress file the hang check reads), else 0
 // and the launcher's own environment otherwise. lib/distributed/env.ts reads it (readLaunchEnv).
 //
 // Behaviour: output lines are prefixed `[rank N]`; when a rank exits non-zero or is killed, every
 // rank of every node is stopped (SIGTERM, then SIGKILL after --stop-grace-ms) and the first failure is
 // reported with its stderr tail; with --max-restarts K the whole job restarts up to K times.
-import { randomBytes } from 'node:crypto';
 import { ArgumentError } from '../errors.js';
-import { readSlurmEnv } from '../distributed/cluster-env.js';
+import { intOf, readSlurmEnv } from '../distributed/cluster-env.js';
 import { createStore, StoreServer, TCPStore, tokenFromEnv, type Store } from '../distributed/store.js';
 import { isLoopbackHost } from '../distributed/store-api.js';
+import { storeSecurity, type StoreSecurity } from '../distributed/store-security.js';
 import { LaunchAgent, type AgentConfig } from './agent.js';
 
 const usage = `usage: nodetron launch [options] script.(ts|js|mjs) [script args]
@@ -169,40 +171,19 @@ function applyClusterDefaults(o: LaunchOptions, given: Set<string>, env: NodeJS.
   // host's store (several nodes); a single-node launch serves its store on loopback and its ranks dial
   // it there, whatever MASTER_ADDR a batch file exported.
   if (!given.has('--master-addr') && env.MASTER_ADDR?.trim() && o.nnodes > 1) o.masterAddr = env.MASTER_ADDR.trim();
-  if (!given.has('--master-port') && env.MASTER_PORT?.trim() && o.nnodes > 1) {
-    o.masterPort = parseInt10('MASTER_PORT', env.MASTER_PORT.trim(), 1, 65535);
-  }
+  if (!given.has('--master-port') && o.nnodes > 1) o.masterPort = intOf(env, 'MASTER_PORT', 1, 65535) ?? o.masterPort;
 }
 
 /**
- * The job token of this launch and where node 0's store listens: the token from NODETRON_STORE_TOKEN,
- * else a random one for a single-node job; several nodes need a shared one unless every node is on
- * loopback (then none, with a warning). Throws ArgumentError saying how to set one.
+ * The job token of this launch and where node 0's store listens (storeSecurity, the policy init() also
+ * follows): NODETRON_STORE_TOKEN from `env`, else a random one for a one-node job (the launcher hands
+ * it to its ranks); several nodes beyond loopback need a shared one (ArgumentError saying how to set it).
  */
-export function storeSecurity(o: Pick<LaunchOptions, 'nnodes' | 'masterAddr'>, env: NodeJS.ProcessEnv = process.env): {
-  /** The token every client presents, or undefined (loopback multi-node test setups only). */
-  token: string | undefined;
-  /** Interface node 0's store listens on. */
-  listenHost: string;
-  /** A line for the log when the store runs without a token. */
-  warning?: string;
-} {
-  const fromEnv = tokenFromEnv(env);
-  const loopback = isLoopbackHost(o.masterAddr);
-  // Node 0 listens where the others reach it: every interface across hosts, else loopback only.
-  const listenHost = o.nnodes > 1 && !loopback ? '0.0.0.0' : loopback && o.masterAddr !== 'localhost' ? o.masterAddr : '127.0.0.1';
-  if (fromEnv !== undefined) return { token: fromEnv, listenHost };
-  if (o.nnodes === 1) return { token: randomBytes(32).toString('hex'), listenHost };
-  if (loopback) {
-    return {
-      token: undefined, listenHost,
-      warning: 'no NODETRON_STORE_TOKEN: the store accepts any client on this machine (export the same token on every node to require one)',
-    };
-  }
-  throw new ArgumentError(
-    `a job over ${o.nnodes} nodes serves its rendezvous store on every interface of node 0 (${o.masterAddr}), so it needs a job token: ` +
-      'export NODETRON_STORE_TOKEN=$(openssl rand -hex 32) with the same value on every node (e.g. in the batch file) before nodetron launch',
-  );
+export function launchStoreSecurity(o: Pick<LaunchOptions, 'nnodes' | 'masterAddr' | 'masterPort'>, env: NodeJS.ProcessEnv = process.env): StoreSecurity {
+  return storeSecurity({
+    masterAddr: o.masterAddr, masterPort: o.masterPort, token: tokenFromEnv(env), makeToken: o.nnodes === 1,
+    server: "node 0's launcher", startedBy: 'nodetron launch on every node',
+  });
 }
 
 /** GPUs on this machine when the cuda backend loads; 1 otherwise (one CPU process). */
@@ -231,9 +212,9 @@ export async function main(argv: string[]): Promise<number> {
     console.log(usage);
     return 0;
   }
-  let security: ReturnType<typeof storeSecurity>;
+  let security: StoreSecurity;
   try {
-    security = storeSecurity(parsed);
+    security = launchStoreSecurity(parsed);
   } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
     console.error(`nodetron launch: ${e.message}`);

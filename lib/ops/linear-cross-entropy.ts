@@ -11,7 +11,7 @@ import { fmtShape } from '../shape.js';
 import { BINARY } from '../kernel-codes.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
-import type { CrossEntropyOptions } from './loss.js';
+import { checkLossInputs, checkLossOptions, countTargets, type CrossEntropyOptions } from './loss.js';
 
 /** Options of {@link linearCrossEntropy}. */
 export interface LinearCrossEntropyOptions extends CrossEntropyOptions {
@@ -212,13 +212,7 @@ export function checkHeadShapes(call: string, x: Tensor, weight: Tensor, targets
  * is not x's without its last dimension).
  */
 export function flattenRows(call: string, x: Tensor, targets: Tensor): [Tensor, Tensor] {
-  checkFloats(call, { x });
-  checkIndices(call, 'targets', targets);
-  if (x.ndim < 1) throw new ShapeError(`${call}: x must be [..., C], got a scalar`);
-  const lead = x.shape.slice(0, -1);
-  if (targets.ndim !== lead.length || targets.shape.some((d, i) => d !== lead[i])) {
-    throw new ShapeError(`${call}: targets ${fmtShape(targets.shape)} must match x ${fmtShape(x.shape)} without its last dimension`);
-  }
+  checkLossInputs(call, 'x', 'C', x, targets);
   if (x.ndim === 2) return [x, targets];
   const n = targets.size;
   return [x.reshape([n, x.shape[x.ndim - 1]!]), targets.reshape([n])];
@@ -226,10 +220,7 @@ export function flattenRows(call: string, x: Tensor, targets: Tensor): [Tensor, 
 
 /** Checks reduction, ignoreIndex and chunkRows of the heads' options. */
 export function checkHeadOptions(call: string, opts: LinearCrossEntropyOptions): { reduction: 'mean' | 'sum'; ignoreIndex: number; chunkRows: number | undefined } {
-  const reduction = opts.reduction ?? 'mean';
-  if (reduction !== 'mean' && reduction !== 'sum') throw new ArgumentError(`${call}: reduction must be 'mean' or 'sum', got ${String(reduction)}`);
-  const ignoreIndex = opts.ignoreIndex ?? -100;
-  if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer, got ${ignoreIndex}`);
+  const { reduction, ignoreIndex } = checkLossOptions(call, opts);
   const chunkRows = opts.chunkRows;
   if (chunkRows !== undefined && (!Number.isInteger(chunkRows) || chunkRows < 1)) {
     throw new ArgumentError(`${call}: chunkRows must be a positive integer, got ${chunkRows}`);
@@ -257,14 +248,7 @@ export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, o
     checkFloats(call, { x, weight }, { bias });
     if (bias.ndim !== 1 || bias.shape[0] !== v) throw new ShapeError(`${call}: bias must be [${v}], got ${fmtShape(bias.shape)}`);
   }
-  const t = targets.toArraySync() as Int32Array;
-  let counted = 0;
-  for (let i = 0; i < n; i++) {
-    const id = t[i]!;
-    if (id === ignoreIndex) continue;
-    if (id < 0 || id >= v) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${v}) (and is not ignoreIndex ${ignoreIndex})`);
-    counted++;
-  }
+  const counted = countTargets(call, targets.toArraySync() as Int32Array, ignoreIndex, v);
   const rule: HeadChunkRule = {
     call, counted,
     rows(logits, start, rows) {

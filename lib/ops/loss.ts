@@ -1,5 +1,6 @@
 // Fused cross-entropy with autograd: the forward keeps one logsumexp per row, the backward
-// recomputes softmax row by row directly into the logits' gradient.
+// recomputes softmax row by row directly into the logits' gradient. Also the argument checks every
+// cross-entropy shares (the fused heads', the vocabulary-parallel ones'): inputs, options, targets.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
@@ -15,22 +16,52 @@ export interface CrossEntropyOptions {
 }
 
 /**
+ * Checks a loss's inputs, for every cross-entropy (crossEntropy, the fused heads, the
+ * vocabulary-parallel ones): `scores` (named `name` in messages) a floating tensor [..., lastDim] and
+ * targets i32 of its shape without the last dimension. Returns the size of the last dimension.
+ */
+export function checkLossInputs(call: string, name: string, lastDim: string, scores: Tensor, targets: Tensor): number {
+  checkFloats(call, { [name]: scores });
+  checkIndices(call, 'targets', targets);
+  if (scores.ndim < 1) throw new ShapeError(`${call}: ${name} must be [..., ${lastDim}], got a scalar`);
+  const lead = scores.shape.slice(0, -1);
+  if (targets.ndim !== lead.length || targets.shape.some((d, i) => d !== lead[i])) {
+    throw new ShapeError(`${call}: targets ${fmtShape(targets.shape)} must match ${name} ${fmtShape(scores.shape)} without its last dimension`);
+  }
+  return scores.shape[scores.ndim - 1]!;
+}
+
+/** Checks a loss's reduction and ignoreIndex; returns them with their defaults ('mean', −100). */
+export function checkLossOptions(call: string, opts: CrossEntropyOptions): { reduction: 'mean' | 'sum'; ignoreIndex: number } {
+  const reduction = opts.reduction ?? 'mean';
+  if (reduction !== 'mean' && reduction !== 'sum') throw new ArgumentError(`${call}: reduction must be 'mean' or 'sum', got ${String(reduction)}`);
+  const ignoreIndex = opts.ignoreIndex ?? -100;
+  if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer, got ${String(ignoreIndex)}`);
+  return { reduction, ignoreIndex };
+}
+
+/**
+ * The rows whose loss counts (target not ignoreIndex); an ArgumentError naming the first target
+ * outside the vocabulary [0, vocab) that is not ignoreIndex.
+ */
+export function countTargets(call: string, targets: ArrayLike<number>, ignoreIndex: number, vocab: number): number {
+  let counted = 0;
+  for (let i = 0; i < targets.length; i++) {
+    const id = targets[i]!;
+    if (id === ignoreIndex) continue;
+    if (id < 0 || id >= vocab) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${vocab}) (and is not ignoreIndex ${ignoreIndex})`);
+    counted++;
+  }
+  return counted;
+}
+
+/**
  * Cross-entropy of logits [..., V] against i32 targets [...]: −log softmax(logits)[target],
  * reduced to a scalar. Never materializes the probability matrix apart from the gradient itself.
  */
 export function crossEntropy(logits: Tensor, targets: Tensor, opts: CrossEntropyOptions = {}): Tensor {
-  checkFloats('crossEntropy', { logits });
-  checkIndices('crossEntropy', 'targets', targets);
-  if (logits.ndim < 1) throw new ShapeError('crossEntropy: logits must have a vocabulary dimension');
-  const V = logits.shape[logits.ndim - 1]!;
-  const lead = logits.shape.slice(0, -1);
-  if (targets.ndim !== lead.length || targets.shape.some((d, i) => d !== lead[i])) {
-    throw new ShapeError(`crossEntropy: targets ${fmtShape(targets.shape)} must match logits ${fmtShape(logits.shape)} without its last dimension`);
-  }
-  const reduction = opts.reduction ?? 'mean';
-  if (reduction !== 'mean' && reduction !== 'sum') throw new ArgumentError(`crossEntropy: reduction must be 'mean' or 'sum', got ${String(reduction)}`);
-  const ignoreIndex = opts.ignoreIndex ?? -100;
-  if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`crossEntropy: ignoreIndex must be an integer`);
+  const V = checkLossInputs('crossEntropy', 'logits', 'V', logits, targets);
+  const { reduction, ignoreIndex } = checkLossOptions('crossEntropy', opts);
   const N = targets.size;
   const losses = emptyLike(logits, [N], 'f32'), lse = emptyLike(logits, [N], 'f32');
   logits.backend.cross_entropy_forward(logits.storage, targets.storage, losses.storage, lse.storage, N, V, ignoreIndex, code(logits));

@@ -11,7 +11,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ArgumentError, CommError, distributed } from '../../lib/index.js';
 import { encodeFrame, Op, Status } from '../../lib/distributed/store-wire.js';
-import { storeSecurity } from '../../lib/launch/cli.js';
+import { launchStoreSecurity } from '../../lib/launch/cli.js';
+import { storeSecurity } from '../../lib/distributed/store-security.js';
 import { freePort } from '../helpers/net.js';
 
 const { StoreServer, TCPStore, StoreAuthError, AddressInUseError, storeLimitsFromEnv, DEFAULT_STORE_LIMITS } = distributed;
@@ -301,17 +302,44 @@ describe('StoreServer limits and listening', () => {
   });
 
   it('the launcher makes a token for one node, needs a shared one across hosts, and takes NODETRON_STORE_TOKEN', () => {
-    const one = storeSecurity({ nnodes: 1, masterAddr: '127.0.0.1' }, {});
+    const one = launchStoreSecurity({ nnodes: 1, masterAddr: '127.0.0.1', masterPort: undefined }, {});
     expect(one.token).toMatch(/^[0-9a-f]{64}$/);
-    expect(storeSecurity({ nnodes: 1, masterAddr: '127.0.0.1' }, {}).token).not.toBe(one.token);
+    expect(launchStoreSecurity({ nnodes: 1, masterAddr: '127.0.0.1', masterPort: undefined }, {}).token).not.toBe(one.token);
     expect(one.listenHost).toBe('127.0.0.1');
-    expect(() => storeSecurity({ nnodes: 2, masterAddr: 'node0' }, {})).toThrow(/export NODETRON_STORE_TOKEN/);
-    const shared = storeSecurity({ nnodes: 2, masterAddr: 'node0' }, { NODETRON_STORE_TOKEN: TOKEN });
+    expect(() => launchStoreSecurity({ nnodes: 2, masterAddr: 'node0', masterPort: 29500 }, {})).toThrow(/node 0's launcher .*node0:29500.*export NODETRON_STORE_TOKEN=\$\(openssl rand -hex 32\) before nodetron launch/);
+    const shared = launchStoreSecurity({ nnodes: 2, masterAddr: 'node0', masterPort: 29500 }, { NODETRON_STORE_TOKEN: TOKEN });
     expect(shared).toEqual({ token: TOKEN, listenHost: '0.0.0.0' });
-    const loop = storeSecurity({ nnodes: 2, masterAddr: '127.0.0.1' }, {});
+    const loop = launchStoreSecurity({ nnodes: 2, masterAddr: '127.0.0.1', masterPort: 29500 }, {});
     expect(loop.token).toBeUndefined();
+    expect(loop.warning).toContain('127.0.0.1:29500 has no job token');
     expect(loop.warning).toContain('NODETRON_STORE_TOKEN');
-    expect(() => storeSecurity({ nnodes: 1, masterAddr: '127.0.0.1' }, { NODETRON_STORE_TOKEN: 'short' })).toThrow(ArgumentError);
+    expect(() => launchStoreSecurity({ nnodes: 1, masterAddr: '127.0.0.1', masterPort: undefined }, { NODETRON_STORE_TOKEN: 'short' })).toThrow(ArgumentError);
+    // A one-node launch whose ranks dial a host name (--master-addr given): the store listens where they
+    // dial, guarded by the token the launcher made (it listened on loopback only, out of their reach).
+    const named = launchStoreSecurity({ nnodes: 1, masterAddr: 'node0', masterPort: undefined }, {});
+    expect(named.listenHost).toBe('0.0.0.0');
+    expect(named.token).toMatch(/^[0-9a-f]{64}$/);
+    expect(launchStoreSecurity({ nnodes: 1, masterAddr: 'localhost', masterPort: undefined }, {}).listenHost).toBe('127.0.0.1');
+  });
+
+  it('one policy for the launcher and init(): the same address and token decisions, each naming its server', () => {
+    const cases = [
+      { masterAddr: '127.0.0.1', token: undefined }, { masterAddr: '127.0.0.2', token: TOKEN }, { masterAddr: 'localhost', token: undefined },
+      { masterAddr: '::1', token: TOKEN }, { masterAddr: 'node0', token: TOKEN }, { masterAddr: '10.0.0.1', token: undefined },
+    ];
+    for (const c of cases) {
+      const viaLaunch = () => launchStoreSecurity({ nnodes: 2, masterAddr: c.masterAddr, masterPort: 29500 }, c.token ? { NODETRON_STORE_TOKEN: c.token } : {});
+      const viaInit = () => storeSecurity({ ...c, masterPort: 29500, makeToken: false, server: 'init: rank 0', startedBy: 'srun/mpirun' });
+      if (c.token === undefined && c.masterAddr === '10.0.0.1') {
+        expect(viaLaunch).toThrow(/^node 0's launcher would serve the rendezvous store on every interface \(clients dial 10\.0\.0\.1:29500\) without a job token/);
+        expect(viaInit).toThrow(/^init: rank 0 would serve the rendezvous store on every interface .* before srun\/mpirun, the same value for every process/);
+        continue;
+      }
+      const a = viaLaunch(), b = viaInit();
+      expect({ token: a.token, listenHost: a.listenHost }, c.masterAddr).toEqual({ token: b.token, listenHost: b.listenHost });
+      expect(a.listenHost).toBe(c.masterAddr === 'localhost' ? '127.0.0.1' : c.masterAddr === 'node0' ? '0.0.0.0' : c.masterAddr);
+      expect(a.warning === undefined).toBe(c.token !== undefined);
+    }
   });
 });
 

@@ -35,6 +35,8 @@ describe('flight recorder', () => {
     // Every rank wrote a dump: the two that timed out by themselves, rank 1 on the launcher's SIGUSR2.
     const attempt = join(r.dir, 'node0-attempt0');
     expect(readdirSync(attempt).filter((f) => f.endsWith('.json')).sort()).toEqual(['rank-0.json', 'rank-1.json', 'rank-2.json']);
+    // No --hang-timeout-ms: nothing reads progress files, so the ranks write none.
+    expect(readdirSync(attempt).filter((f) => f.endsWith('.progress'))).toEqual([]);
     const dump = JSON.parse(readFileSync(join(attempt, 'rank-1.json'), 'utf8'));
     expect(dump.reason).toContain('SIGUSR2');
     expect(dump.ops.at(-1)).toMatchObject({ op: 'allReduce(sum)', group: 'world', seq: 5, state: 'completed', bytes: 1024, dtype: 'f32' });
@@ -58,5 +60,7 @@ describe('flight recorder', () => {
     // The waiting ranks answered SIGUSR2 from inside their pending allReduce.
     expect(r.output).toMatch(/rank 2 never reached allReduce\(sum\) #4 in group 'world' that rank\(s\) 0, 1 wait in \(frozen: its process is stopped \(SIGSTOP\), no dump\)/);
     expect(r.output).toMatch(/rank 0, pid \d+: dumped because requested by the launcher \(SIGUSR2\)/);
+    // The hang check read the progress files of the ranks that completed collectives (all three, before rank 2 froze).
+    expect(readdirSync(join(r.dir, 'node0-attempt0')).filter((f) => f.endsWith('.progress')).sort()).toEqual(['rank-0.progress', 'rank-1.progress', 'rank-2.progress']);
   }, QUEUED_TEST_TIMEOUT_MS);
 });

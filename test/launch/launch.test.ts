@@ -2,6 +2,7 @@
 // environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
 // on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
 import { spawn, spawnSync } from 'node:child_process';
+import { networkInterfaces } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
@@ -52,6 +53,9 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
 }
 
 const run = (args: string[], env?: NodeJS.ProcessEnv) => launch(args, env).done;
+
+/** An IPv4 address of this host beyond loopback, if it has one. */
+const hostAddress = Object.values(networkInterfaces()).flat().find((a) => a && !a.internal && a.family === 'IPv4')?.address;
 
 const alive = (pid: number) => {
   try {
@@ -235,6 +239,15 @@ describe('nodetron launch', () => {
     }
   });
 
+  // A one-node launch told to serve on this host's address (--master-addr): its ranks dial that address,
+  // so the store must listen there (with the token the launcher made), not on loopback only.
+  it.skipIf(hostAddress === undefined)('one node with --master-addr set to this host: the ranks reach the store there', async () => {
+    const r = await run(['--nproc-per-node', '2', '--master-addr', hostAddress!, join(fixtures, 'meet.ts')]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain('[rank 0] MEET rank=0 world=2 seen=2');
+    expect(r.stdout).toContain('[rank 1] MEET rank=1 world=2 seen=2');
+  });
+
   it('the ranks get the job token and the store refuses clients without it', async () => {
     const r = await run(['--nproc-per-node', '1', join(fixtures, 'token.ts')]);
     expect(r.code, r.stderr).toBe(0);
@@ -318,7 +331,7 @@ describe('readLaunchEnv', () => {
     const bad: [NodeJS.ProcessEnv, RegExp][] = [
       [{ RANK: 'x' }, /RANK="x"/],
       [{ WORLD_SIZE: '0' }, /WORLD_SIZE=0/],
-      [{ RANK: '4', WORLD_SIZE: '4' }, /RANK=4 must be < WORLD_SIZE=4/],
+      [{ RANK: '4', WORLD_SIZE: '4' }, /environment variable RANK=4 must be below WORLD_SIZE=4/],
       [{ WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2', LOCAL_RANK: '2' }, /LOCAL_RANK=2/],
       [{ MASTER_PORT: '70000' }, /MASTER_PORT=70000/],
       [{ NODETRON_RESTART_COUNT: '-1' }, /NODETRON_RESTART_COUNT/],
@@ -329,5 +342,15 @@ describe('readLaunchEnv', () => {
       expect(() => distributed.readLaunchEnv(env)).toThrow(message);
     }
     expect(distributed.readLaunchEnv({ RANK: '3', WORLD_SIZE: '4', LOCAL_WORLD_SIZE: '2' })).toMatchObject({ localRank: 1, groupRank: 1 });
+  });
+
+  it('init() checks a LaunchEnv given to it by the same layout rules as the variables', async () => {
+    const good = distributed.readLaunchEnv({});
+    expect(() => distributed.readLaunchEnv({ WORLD_SIZE: '1', LOCAL_WORLD_SIZE: '2' })).toThrow(/environment variable LOCAL_WORLD_SIZE=2 must be at most WORLD_SIZE=1/);
+    // More ranks on this node than in the job: refused before anything is served or connected.
+    const err = await distributed.init({ env: { ...good, localWorldSize: 2 } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ArgumentError);
+    expect((err as Error).message).toBe('init: env.localWorldSize 2 must be at most env.worldSize 1');
+    expect(distributed.isInitialized()).toBe(false);
   });
 });

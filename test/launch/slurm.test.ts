@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { ArgumentError, distributed } from '../../lib/index.js';
 import { expandHostlist, expandTasksPerNode, readClusterEnv } from '../../lib/distributed/cluster-env.js';
-import { parseLaunchArgs, storeSecurity } from '../../lib/launch/cli.js';
+import { launchStoreSecurity, parseLaunchArgs } from '../../lib/launch/cli.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -133,11 +133,14 @@ describe('nodetron launch under srun', () => {
     expect(parseLaunchArgs(['s.js'], env)).toMatchObject({ nnodes: 2, nodeRank: 1, masterAddr: 'gpu07', masterPort: 15000 + 1000 });
     expect(parseLaunchArgs(['--master-port', '2000', '--master-addr', 'h', 's.js'], env)).toMatchObject({ masterAddr: 'h', masterPort: 2000 });
     expect(parseLaunchArgs(['s.js'], { ...env, MASTER_ADDR: 'ib-gpu07', MASTER_PORT: '3000' })).toMatchObject({ masterAddr: 'ib-gpu07', masterPort: 3000 });
+    // MASTER_PORT is read as init() reads it (one reader of launch variables), naming the variable.
+    expect(() => parseLaunchArgs(['s.js'], { ...env, MASTER_PORT: '70000' })).toThrow(/^environment variable MASTER_PORT=70000 must be an integer in \[1, 65535\]$/);
+    expect(() => distributed.readLaunchEnv({ MASTER_PORT: '70000' })).toThrow(/^environment variable MASTER_PORT=70000 must be an integer in \[1, 65535\]$/);
     expect(parseLaunchArgs(['--nnodes', '1', 's.js'], env)).toMatchObject({ nnodes: 1, nodeRank: 0 });
     // One node: the store listens on loopback, so its ranks must dial loopback, whatever MASTER_ADDR a batch file exported.
     const oneNode = parseLaunchArgs(['s.js'], { ...slurmTask(0, 1, 1, 'gpu01', 1000), MASTER_ADDR: 'gpu01' });
     expect(oneNode).toMatchObject({ nnodes: 1, masterAddr: '127.0.0.1' });
-    expect(storeSecurity(oneNode, {}).listenHost).toBe(oneNode.masterAddr);
+    expect(launchStoreSecurity(oneNode, {}).listenHost).toBe(oneNode.masterAddr);
     // srun started one task per GPU: the launcher is the wrong tool there.
     expect(() => parseLaunchArgs(['s.js'], slurmTask(1, 16, 2, 'gpu[07-08]', 1000))).toThrow(/one task per node/);
     expect(parseLaunchArgs(['s.js'], {})).toMatchObject({ nnodes: 1, nodeRank: 0, masterAddr: '127.0.0.1', masterPort: undefined });

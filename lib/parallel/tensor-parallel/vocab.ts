@@ -7,10 +7,10 @@ import { ArgumentError, ShapeError } from '../../errors.js';
 import { normal } from '../../nn/init.js';
 import { Module, type Parameter } from '../../nn/module.js';
 import { checkFloats, checkIndices, code, emptyLike } from '../../ops/common.js';
+import { checkLossInputs, checkLossOptions, countTargets } from '../../ops/loss.js';
 import { embedding } from '../../ops/embedding.js';
 import { mul } from '../../ops/elementwise.js';
 import { defaultGenerator, type Generator } from '../../random.js';
-import { fmtShape } from '../../shape.js';
 import type { Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { divisible, initAndTakeRows } from './layers.js';
@@ -132,16 +132,14 @@ const ELSEWHERE = -2;  // backward: another shard holds the target; this shard's
 function encodeShardTargets(call: string, targets: Tensor, ignoreIndex: number, localVocab: number, group: CollectiveGroup): {
   fwdTargets: Int32Array; bwdTargets: Int32Array; counted: number;
 } {
-  const vocab = localVocab * group.size, start = group.rank * localVocab;
+  const start = group.rank * localVocab;
   const N = targets.size;
   const t = targets.toArraySync() as Int32Array;
+  const counted = countTargets(call, t, ignoreIndex, localVocab * group.size);
   const fwdTargets = new Int32Array(N), bwdTargets = new Int32Array(N);
-  let counted = 0;
   for (let i = 0; i < N; i++) {
     const id = t[i]!;
     if (id === ignoreIndex) { fwdTargets[i] = NOT_HERE; bwdTargets[i] = IGNORED; continue; }
-    if (id < 0 || id >= vocab) throw new ArgumentError(`${call}: target ${id} at row ${i} is outside the vocabulary [0, ${vocab})`);
-    counted++;
     const owned = id >= start && id < start + localVocab;
     fwdTargets[i] = owned ? id - start : NOT_HERE;
     bwdTargets[i] = owned ? id - start : ELSEWHERE;
@@ -198,16 +196,9 @@ function combineShardRows(logits: Tensor, fwdTargets: Tensor, here: ArrayLike<nu
  */
 export function vocabParallelCrossEntropy(localLogits: Tensor, targets: Tensor, group: CollectiveGroup, opts: VocabParallelCrossEntropyOptions = {}): Tensor {
   const call = 'vocabParallelCrossEntropy';
-  checkFloats(call, { localLogits });
-  checkIndices(call, 'targets', targets);
-  if (localLogits.ndim < 1) throw new ShapeError(`${call}: localLogits must have a vocabulary dimension`);
-  const lead = localLogits.shape.slice(0, -1);
-  if (targets.ndim !== lead.length || targets.shape.some((d, i) => d !== lead[i])) {
-    throw new ShapeError(`${call}: targets ${fmtShape(targets.shape)} must match localLogits ${fmtShape(localLogits.shape)} without its last dimension`);
-  }
-  const ignoreIndex = opts.ignoreIndex ?? -100;
-  if (!Number.isInteger(ignoreIndex)) throw new ArgumentError(`${call}: ignoreIndex must be an integer`);
-  const localVocab = localLogits.shape[localLogits.ndim - 1]!;
+  const localVocab = checkLossInputs(call, 'localLogits', 'V/tp', localLogits, targets);
+  // Its options hold no reduction (the loss is a mean).
+  const { ignoreIndex } = checkLossOptions(call, { ignoreIndex: opts.ignoreIndex });
   if (localVocab === 0) throw new ShapeError(`${call}: empty vocabulary slice`);
   const N = targets.size;
   const { fwdTargets, bwdTargets, counted } = encodeShardTargets(call, targets, ignoreIndex, localVocab, group);
