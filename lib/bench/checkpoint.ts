@@ -18,7 +18,7 @@ import { AdamW, type AdamWOptions } from '../optim/adamw.js';
 import { initializeParallel } from '../parallel/mesh.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
-import { Checkpointer, readManifest } from '../ckpt/checkpoint.js';
+import { Checkpointer, readManifest, stepDirName } from '../ckpt/checkpoint.js';
 import { selectConfigs } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
@@ -26,8 +26,9 @@ import { expectPositionals } from '../cli/args.js';
 /** The layouts measured: ranks (processes) and ZeRO stage. `one`: a single process writes everything. */
 const LAYOUTS: Record<string, { ranks: number; zero: 0 | 3 }> = { one: { ranks: 1, zero: 0 }, dp2: { ranks: 2, zero: 0 }, zero3: { ranks: 2, zero: 3 } };
 const SAVE_INTERVAL = 20;
-/** Timed synchronous save rounds (each with a dd beside it), after one warm-up round. */
+/** Timed synchronous save rounds (each with a dd beside it), after WARMUP_ROUNDS untimed ones. */
 const SYNC_ROUNDS = 7;
+const WARMUP_ROUNDS = 2;
 
 interface RankRecord {
   layout: string;
@@ -36,7 +37,7 @@ interface RankRecord {
   saves: Array<{ waitMs: number; copyMs: number; totalMs: number }>;
   /** Synchronous saves (nothing else running): save() → committed, what the bandwidth is computed from. */
   syncMs: number[];
-  /** dd writing the checkpoint's bytes to the same directory, fsynced, right before each synchronous save (rank 0). */
+  /** dd writing the checkpoint's bytes to the same directory, fsynced, beside each synchronous save (rank 0 only; empty on the others). */
   ddMs: number[];
   bytes: number;
   loadMs: number;
@@ -82,24 +83,33 @@ async function rankMain(argv: string[]): Promise<number> {
   await ckpt.close();
   await world.barrier();
   const bytes = readManifest(lastDir).files.reduce((s, f) => s + f.size, 0);
-  // Synchronous saves, each beside a dd of the same bytes into the same directory right before it (the
-  // disk's speed drifts from second to second: rounds side by side compare the two under the same
-  // conditions). Round 0 is a warm-up (the new checkpointer's staging buffer is faulted in).
-  // Each round's checkpoint is deleted before the next dd (as dd's file is before the save), so neither
-  // overlaps the other's deletion.
+  // Synchronous saves, each beside a dd of the same bytes into the same directory (the disk's speed
+  // drifts from second to second: rounds side by side compare the two under the same conditions; which
+  // of the two goes first alternates). The first WARMUP_ROUNDS rounds are not timed (the new
+  // checkpointer's staging buffer is faulted in, the disk settles). Each round starts from an empty
+  // directory (the last round's checkpoint deleted untimed, as dd's file is), so neither overlaps the
+  // other's deletion.
   const syncRoot = join(o.dir as string, `${name}-sync`);
   const sync = new Checkpointer(syncRoot, { async: false });
   const syncMs: number[] = [], ddMs: number[] = [];
-  for (let i = 0; i <= SYNC_ROUNDS; i++) {
-    await world.barrier();
-    if (rank === 0) rmSync(syncRoot, { recursive: true, force: true });
-    const dd = rank === 0 ? ddSeconds(o.dir as string, bytes) : 0;
-    await world.barrier();
-    const s0 = performance.now();
-    await sync.save(i + 1, { model: trainer });
-    await world.barrier();
-    if (i === 0) continue;
-    syncMs.push(performance.now() - s0);
+  for (let i = 0; i < WARMUP_ROUNDS + SYNC_ROUNDS; i++) {
+    let dd: number | null = null, save = 0;
+    const timeSave = async () => {
+      await world.barrier();
+      const s0 = performance.now();
+      await sync.save(i + 1, { model: trainer });
+      await world.barrier();
+      save = performance.now() - s0;
+      if (rank === 0) rmSync(join(syncRoot, stepDirName(i + 1)), { recursive: true, force: true });
+    };
+    const timeDd = async () => {
+      await world.barrier();
+      if (rank === 0) { mkdirSync(syncRoot, { recursive: true }); dd = ddSeconds(syncRoot, bytes); }
+      await world.barrier();
+    };
+    if (i % 2 === 0) { await timeDd(); await timeSave(); } else { await timeSave(); await timeDd(); }
+    if (i < WARMUP_ROUNDS) continue;
+    syncMs.push(save);
     if (dd !== null) ddMs.push(dd * 1000);
   }
   await sync.close();
@@ -179,7 +189,8 @@ export async function main(argv: string[]): Promise<number> {
         t ? (r.bytes / t.saveS / MB).toFixed(0) : '-', t ? (t.asyncStallS * 1000).toFixed(1) : '-'];
     }));
   console.log(`stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of ${SYNC_ROUNDS});
-dd MB/s: dd writing the same bytes fsynced to the same directory right before each of those saves (median of ${SYNC_ROUNDS}); save/dd: the ratio of the two medians; best: of the fastest of each;
+dd MB/s: dd writing the same bytes fsynced to the same directory beside each of those saves, before and after in turn (median of ${SYNC_ROUNDS}, after ${WARMUP_ROUNDS} untimed rounds);
+save/dd: the ratio of the two medians; best: of the fastest of each;
 one: one process writes the whole state; dp2: the two replicas write half the state each; zero3: each rank its shard. load: every rank loads its parts (replicas read the whole model), files verified by CRC-32`);
   writeJson(o.json as string | undefined, { bench: 'checkpoint', config, machine: machineRecord(), results });
   return 0;

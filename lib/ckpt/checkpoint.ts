@@ -559,12 +559,14 @@ async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | nu
 }
 
 /**
- * agreeOnFailure and the save's id in one collective (a max allReduce of the failure code and two
- * random 24-bit draws, exact in f32, from every rank): the id is the same on every rank, so a rank's
+ * agreeOnFailure and the save's id in one collective (a max allReduce of the failure code and rank 0's
+ * two random 24-bit draws, exact in f32): the id is the same on every rank, so a rank's
  * leftovers from a crashed save are never mistaken for this one's.
  */
 async function agreeOnSave(world: CollectiveGroup | null, failure: Error | null, count: number, what: string): Promise<{ failure: Error | null; saveId: string }> {
-  const values = new Float32Array([failure ? 2 : 0, Math.floor(Math.random() * 2 ** 24), Math.floor(Math.random() * 2 ** 24)]);
+  // Rank 0's draws (the others send 0), so the id keeps all 48 random bits at any world size.
+  const draw = () => (world && world.rank !== 0 ? 0 : Math.floor(Math.random() * 2 ** 24));
+  const values = new Float32Array([failure ? 2 : 0, draw(), draw()]);
   if (world && world.size > 1) {
     using t = tensor(values, [3], { device: commDevice(world) });
     await world.allReduce(t, { op: 'max' });

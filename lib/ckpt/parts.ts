@@ -3,8 +3,9 @@
 // optimizer's state `optim/<state>/<name>` (same shape as the parameter); under ZeRO both come from
 // the masters, each rank holding a flat range of every parameter. Replicas (data-parallel copies,
 // tensor-parallel copies of norms and biases, the tied embedding's second copy) load everything; of
-// data-parallel replicas each saves an even share of every tensor, of the other copies one saves.
+// data-parallel replicas each saves a contiguous share of the state, of the other copies one saves.
 import { ArgumentError } from '../errors.js';
+import { dtypeSize } from '../dtype.js';
 import type { Module, Parameter, TensorSplit } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Tensor } from '../tensor.js';
@@ -54,35 +55,46 @@ const fullShapeOf = (p: Tensor) => ((p as Parameter).partOf ? [...(p as Paramete
 const splitOf = (p: Tensor) => (p as Parameter).partOf ?? null;
 
 /**
- * Which elements of an n-element tensor `share` saves: share.index of share.count contiguous, even ranges
- * (the whole tensor without a share).
+ * Cuts the saved parts between `share.count` identical replicas: the parts laid end to end (in bytes,
+ * in their order, which is the same on every replica) are split into `count` even, contiguous byte
+ * ranges, and replica `index` keeps what falls in its range (element boundaries: a cut inside an
+ * element goes to the nearer boundary, the same for both neighbours). So the replicas write one copy
+ * between them, each about 1/count of the bytes, in about parts + count pieces in all (not parts × count).
  */
-function sharedRange(n: number, share: { index: number; count: number } | undefined): { start: number; count: number } {
-  if (!share || share.count <= 1) return { start: 0, count: n };
-  const lo = Math.floor((n * share.index) / share.count), hi = Math.floor((n * (share.index + 1)) / share.count);
-  return { start: lo, count: hi - lo };
+function shareParts(parts: StatePart[], share: { index: number; count: number }): StatePart[] {
+  const saved = parts.filter((p) => p.save);
+  const total = saved.reduce((s, p) => s + p.count * dtypeSize(p.tensor.dtype), 0);
+  const lo = (total * share.index) / share.count, hi = (total * (share.index + 1)) / share.count;
+  let at = 0;
+  return parts.map((p) => {
+    if (!p.save) return p;
+    const size = dtypeSize(p.tensor.dtype), bytes = p.count * size, first = at;
+    at += bytes;
+    const boundary = (cut: number) => Math.min(p.count, Math.max(0, Math.round((cut - first) / size)));
+    const from = boundary(lo), to = boundary(hi);
+    return { ...p, start: p.start + from, count: to - from, offset: p.offset + from };
+  });
 }
 
 /**
  * A whole model and (optionally) its optimizer in one process, or one rank of a model-parallel job
  * without ZeRO. `skip`: parameters another rank saves. `share`: this rank is replica `index` of `count`
- * identical copies (the data-parallel group), and saves only that share of every tensor, so the
- * replicas write one copy of the state between them, each a 1/count of it, in parallel. With `forLoad`,
+ * identical copies (the data-parallel group) and saves only its share of the state (a contiguous 1/count
+ * of the saved bytes), so the replicas write one copy between them, in parallel. With `forLoad`,
  * every part is the whole tensor (a load fills everything; `share` is ignored) and the optimizer's state
  * is created where missing (zero-filled).
  */
 export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> | null,
   opts: { skip?: ReadonlySet<Tensor>; share?: { index: number; count: number }; forLoad?: boolean } = {}): RankState {
+  if ('saveReplicas' in opts) throw new ArgumentError('checkpoint: plainState\'s saveReplicas option is gone: pass share { index, count } (data-parallel replicas save a share each)');
   const share = opts.forLoad ? undefined : opts.share;
   if (share && !(Number.isInteger(share.count) && share.count >= 1 && Number.isInteger(share.index) && share.index >= 0 && share.index < share.count)) {
     throw new ArgumentError(`checkpoint: replica share ${share.index} of ${share.count} is not a valid share`);
   }
   const named = model.namedParameters();
   const write = (p: Tensor) => !opts.skip?.has(p);
-  const part = (key: string, p: Tensor, t: Tensor): StatePart => {
-    const { start, count } = sharedRange(p.size, share);
-    return { key, fullShape: fullShapeOf(p), split: splitOf(p), start, count, tensor: t, offset: start, save: write(p) };
-  };
+  const part = (key: string, p: Tensor, t: Tensor): StatePart =>
+    ({ key, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: t, offset: 0, save: write(p) });
   const parts: StatePart[] = named.map(([name, p]) => part(`model/${name}`, p, p));
   const steps: StepCounter[] = [];
   if (optimizer) {
@@ -98,7 +110,7 @@ export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> |
       }
     }
   }
-  return { parts, steps, optimizer };
+  return { parts: share && share.count > 1 ? shareParts(parts, share) : parts, steps, optimizer };
 }
 
 /**

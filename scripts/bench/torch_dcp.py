@@ -1,5 +1,5 @@
-# The peer of `nodetron bench checkpoint --compare-torch`: torch.distributed.checkpoint on 2 Gloo
-# ranks saving the same bytes per rank as nodetron's checkpoint (f32 tensors of 1M elements each,
+# The peer of `nodetron bench checkpoint --compare-torch`: torch.distributed.checkpoint on as many Gloo
+# ranks as the layout (1 or 2) saving the same bytes per rank as nodetron's checkpoint (f32 tensors of 1M elements each,
 # distinct keys per rank), to the same disk: a synchronous dcp.save, then dcp.async_save (the time
 # until it returns is its training stall). Prints one JSON line: saveS, asyncStallS, asyncTotalS.
 import argparse

@@ -72,25 +72,30 @@ describe('checkpoint parts arithmetic', () => {
     expect(() => cover([{ global: 0, local: 0, length: 24 }], [{ item: 'a', intervals: all }], 'x')).toThrow(/element 0 is in no saved part/);
   });
 
-  it('data-parallel replicas save even shares that tile every tensor; a load asks for everything', () => {
+  it('data-parallel replicas save contiguous, even shares of the state that tile every tensor; a load asks for everything', () => {
     const model = new nt.nn.Linear(5, 7, { seed: 1 }); // weight 35 elements, bias 7
     const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-3 });
     for (const p of model.parameters()) opt.ensureState(p);
-    for (const count of [1, 2, 3, 8]) {
+    const keys = nt.ckpt.plainState(model, opt).parts.map((p) => p.key);
+    expect(keys.length).toBe(6); // 2 parameters, each with 2 moments
+    for (const count of [1, 2, 3, 8, 200]) {
       const shares = Array.from({ length: count }, (_, index) => nt.ckpt.plainState(model, opt, { share: { index, count } }));
-      for (const key of shares[0]!.parts.map((p) => p.key)) {
+      for (const key of keys) {
         const parts = shares.map((s) => s.parts.find((p) => p.key === key)!);
         const size = parts[0]!.fullShape.reduce((a, b) => a * b, 1);
-        // Each replica's share is its own elements (offset = start), the shares differ by at most one element.
-        for (const p of parts) expect(p.offset).toBe(p.start);
-        const counts = parts.map((p) => p.count);
-        expect(Math.max(...counts) - Math.min(...counts), `${key} over ${count}`).toBeLessThanOrEqual(1);
-        expect(coverageProblem(size, parts.flatMap((p) => partIntervals(p.fullShape, p))), `${key} over ${count}`).toBeNull();
+        for (const p of parts) expect(p.offset).toBe(p.start); // each replica's own elements
+        expect(coverageProblem(size, parts.filter((p) => p.count > 0).flatMap((p) => partIntervals(p.fullShape, p))), `${key} over ${count}`).toBeNull();
       }
+      // Even in bytes (126 f32 elements in all: within one element), in at most keys + count pieces.
+      const elements = shares.map((s) => s.parts.reduce((n, p) => n + p.count, 0));
+      expect(elements.reduce((a, b) => a + b, 0)).toBe(126);
+      expect(Math.max(...elements) - Math.min(...elements), `over ${count}`).toBeLessThanOrEqual(1);
+      expect(shares.flatMap((s) => s.parts).filter((p) => p.count > 0).length).toBeLessThanOrEqual(keys.length + count);
     }
     const load = nt.ckpt.plainState(model, opt, { share: { index: 1, count: 3 }, forLoad: true });
     for (const p of load.parts) expect([p.start, p.count]).toEqual([0, p.tensor.size]);
     expect(() => nt.ckpt.plainState(model, opt, { share: { index: 3, count: 3 } })).toThrow(/share 3 of 3/);
+    expect(() => nt.ckpt.plainState(model, opt, { saveReplicas: false } as never)).toThrow(/saveReplicas option is gone/);
     model.dispose();
   });
 });

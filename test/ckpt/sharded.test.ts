@@ -1,5 +1,5 @@
 // Checkpoints across processes, through the real launcher and Gloo: exact resume on the same layout
-// (DP2 ZeRO-2, DP2 without ZeRO, TP2×PP2: stopped at step 3 of 6 and resumed = uninterrupted, bit for bit), resharding
+// (DP2 ZeRO-2, TP2×DP2 without ZeRO, TP2×PP2: stopped at step 3 of 6 and resumed = uninterrupted, bit for bit), resharding
 // (saved under TP2×PP2×DP2 ZeRO-1, loaded in one process, under DP3 ZeRO-3, TP3 and DP3 without ZeRO: the state
 // re-saved there equals the source exactly, and the next step agrees across layouts), and a rank
 // killed under `launch --max-restarts 1` finishing where an uninterrupted run does.
@@ -49,7 +49,7 @@ function expectSameState(a: string, b: string): void {
 
 const resumeLayouts: Record<string, [number, string[]]> = {
   'DP2 ZeRO-2': [2, ['--zero', '2']],
-  'DP2 (no ZeRO: each replica writes half)': [2, []],
+  'TP2×DP2 (no ZeRO: each replica writes half of its slices)': [4, ['--tp', '2']],
   'TP2×PP2': [4, ['--tp', '2', '--pp', '2']],
 };
 const resumeRuns = Object.fromEntries(Object.entries(resumeLayouts).map(([name, [n, flags]], i) => {
