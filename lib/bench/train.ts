@@ -111,9 +111,10 @@ export async function main(argv: string[]): Promise<number> {
   const threads = info().backends.cpu.blasThreads as number;
   const torchOn = !o['no-torch'];
   const cpuIsa = info().cpu.isa;
-  const peak = measureFmaPeak('auto', 0.3);
+  const peak = measureFmaPeak('auto', 0.6);
   console.log(`# nodetron bench train — ${warmup} warm-up + ${steps} timed steps (median), f32 on cpu, ${threads} BLAS threads (PyTorch gets the same)`);
-  console.log(`# FMA peak measured here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}, ${peak.threads} threads); nodetron's cpu kernels run at ${cpuIsa.active}` +
+  console.log(`# FMA peak measured here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}, ${peak.threads} threads: all together ${peak.gflopsAllThreads.toFixed(1)}, ` +
+    `one alone ${peak.gflopsOneThread.toFixed(1)}); nodetron's cpu kernels run at ${cpuIsa.active}` +
     `${cpuIsa.env ? ` (NODETRON_CPU_ISA=${cpuIsa.env})` : ''}\n# model FLOPs per step: ${STEP_FLOPS_FORMULA}`);
   if (torchOn) {
     console.log(`# PyTorch peer: the same model, batch and AdamW; eager with ${alloc === 'auto' ? `each allocator setting found here (${names.join(', ')}), the fastest compared` : `allocator ${alloc}`}` +

@@ -277,7 +277,9 @@ describe('choosing the SIMD level', () => {
       expect(p.isa).toBe(level);
       expect(p.lanes).toBe({ baseline: 4, avx2: 8, avx512: 16 }[level]);
       expect(p.threads).toBe(cpu().kernelThreads());
-      expect(p.gflops).toBeGreaterThan(0);
+      expect(p.gflopsAllThreads).toBeGreaterThan(0);
+      expect(p.gflopsOneThread).toBeGreaterThan(0);
+      expect(p.gflops).toBe(Math.max(p.gflopsAllThreads, p.threads * p.gflopsOneThread));
       expect(Number.isFinite(p.checksum)).toBe(true);
     }
     expect(() => cpu().fmaPeak('auto', 0)).toThrow(/fmaPeak: seconds must be in \(0, 60\]/);
