@@ -11,18 +11,6 @@ export interface BackendInfo {
   [detail: string]: unknown;
 }
 
-/** The SIMD levels of the cpu kernels: baseline (x86-64-v2, SSE4.2), avx2 (x86-64-v3), avx512 (x86-64-v4). */
-export interface CpuIsaInfo {
-  /** The level the kernels run at now: the best supported one, or what NODETRON_CPU_ISA chose. */
-  active: 'baseline' | 'avx2' | 'avx512';
-  /** The best level this CPU and OS support. */
-  best: 'baseline' | 'avx2' | 'avx512';
-  /** Every level this CPU supports, baseline first. */
-  supported: ('baseline' | 'avx2' | 'avx512')[];
-  /** NODETRON_CPU_ISA as set in the environment, when it is. */
-  env?: string;
-}
-
 /** What {@link info} reports: versions, the host and which backends and collectives are usable here. */
 export interface Info {
   /** nodetron's package version. */
@@ -39,8 +27,20 @@ export interface Info {
     cores: number;
     /** Whether the CPU has AVX-512F. */
     avx512: boolean;
-    /** The SIMD level of the cpu kernels (cross-entropy, softmax, GELU, norms, AdamW, attention's softmax). */
-    isa: CpuIsaInfo;
+    /**
+     * The SIMD level of the cpu kernels (cross-entropy, softmax, GELU, norms, AdamW, attention's softmax):
+     * baseline (x86-64-v2, SSE4.2), avx2 (x86-64-v3) or avx512 (x86-64-v4).
+     */
+    isa: {
+      /** The level the kernels run at now: the best supported one, or what NODETRON_CPU_ISA chose. */
+      active: 'baseline' | 'avx2' | 'avx512';
+      /** The best level this CPU and OS support. */
+      best: 'baseline' | 'avx2' | 'avx512';
+      /** Every level this CPU supports, baseline first. */
+      supported: ('baseline' | 'avx2' | 'avx512')[];
+      /** NODETRON_CPU_ISA as set in the environment, when it is. */
+      env?: string;
+    };
   };
   /** The compute backends: availability, the reason when unavailable, and their details. */
   backends: {
@@ -92,7 +92,7 @@ export function info(): Info {
       model: c[0]?.model ?? 'unknown',
       cores: c.length,
       avx512: /\bavx512f\b/.test(flags),
-      isa: { ...(addon.cpuIsa() as CpuIsaInfo), ...(process.env.NODETRON_CPU_ISA ? { env: process.env.NODETRON_CPU_ISA } : {}) },
+      isa: { ...(addon.cpuIsa() as Info['cpu']['isa']), ...(process.env.NODETRON_CPU_ISA ? { env: process.env.NODETRON_CPU_ISA } : {}) },
     },
     backends: {
       cpu: {
