@@ -27,6 +27,20 @@ export interface Info {
     cores: number;
     /** Whether the CPU has AVX-512F. */
     avx512: boolean;
+    /**
+     * The SIMD level of the cpu kernels (cross-entropy, softmax, GELU, norms, AdamW, attention's softmax):
+     * baseline (x86-64-v2, SSE4.2), avx2 (x86-64-v3) or avx512 (x86-64-v4).
+     */
+    isa: {
+      /** The level the kernels run at now: the best supported one, or what NODETRON_CPU_ISA chose. */
+      active: 'baseline' | 'avx2' | 'avx512';
+      /** The best level this CPU and OS support. */
+      best: 'baseline' | 'avx2' | 'avx512';
+      /** Every level this CPU supports, baseline first. */
+      supported: ('baseline' | 'avx2' | 'avx512')[];
+      /** NODETRON_CPU_ISA as set in the environment, when it is. */
+      env?: string;
+    };
   };
   /** The compute backends: availability, the reason when unavailable, and their details. */
   backends: {
@@ -74,7 +88,12 @@ export function info(): Info {
     version,
     node: process.version,
     platform: `${process.platform}-${process.arch}`,
-    cpu: { model: c[0]?.model ?? 'unknown', cores: c.length, avx512: /\bavx512f\b/.test(flags) },
+    cpu: {
+      model: c[0]?.model ?? 'unknown',
+      cores: c.length,
+      avx512: /\bavx512f\b/.test(flags),
+      isa: { ...(addon.cpuIsa() as Info['cpu']['isa']), ...(process.env.NODETRON_CPU_ISA ? { env: process.env.NODETRON_CPU_ISA } : {}) },
+    },
     backends: {
       cpu: {
         available: true,

@@ -5,7 +5,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BackendUnavailableError, errorFromCode } from './errors.js';
+import { ArgumentError, BackendUnavailableError, errorFromCode } from './errors.js';
 
 const require = createRequire(import.meta.url);
 
@@ -90,10 +90,13 @@ export const BACKEND_KERNELS = Object.keys({
   adamw_step: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
 } satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];
 
-/** What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, host-storage leaks, the library preloader. */
+/**
+ * What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, the kernels' instruction-set level
+ * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), host-storage leaks, the library preloader.
+ */
 export const CPU_ONLY_EXPORTS = [
-  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'dlopenGlobal', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads', 'setKernelThreads',
-  'streamTriadLoop',
+  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads',
+  'setCpuIsa', 'setKernelThreads', 'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [
@@ -182,6 +185,16 @@ export function cpu(): BackendAddon {
     );
   }
   addon.setErrorFactory(factory);
+  // NODETRON_CPU_ISA=auto|baseline|avx2|avx512: the SIMD level of the cpu kernels (default: the best
+  // this CPU supports; native/cpu/kernels/util.h). A bad or unsupported value fails every load.
+  const isa = process.env.NODETRON_CPU_ISA;
+  if (isa !== undefined && isa !== '') {
+    try {
+      addon.setCpuIsa(isa);
+    } catch (e) {
+      throw new ArgumentError(`NODETRON_CPU_ISA=${isa}: ${(e as Error).message.replace(/^setCpuIsa: /, '')}`, 'load');
+    }
+  }
   cpuAddon = addon;
   return addon;
 }

@@ -1,6 +1,8 @@
-// `nodetron bench gemm`: GFLOP/s of nodetron's matmul beside cblas_sgemm called directly on the
-// same buffers in the same run, OpenBLAS's own kernel choice in a child process, and the
-// per-call dispatch cost of tiny ops (the figure that says whether JS can keep a GPU fed).
+// `nodetron bench gemm`: the machine's measured float32 FMA peak (independent FMA chains on every kernel
+// thread, at each SIMD level the CPU supports), GFLOP/s of nodetron's matmul beside cblas_sgemm called
+// directly on the same buffers in the same run (and as a share of that peak), OpenBLAS's own kernel
+// choice in a child process, and the per-call dispatch cost of tiny ops (the figure that says whether
+// JS can keep a GPU fed).
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { randn } from '../creation.js';
@@ -18,7 +20,32 @@ const SHAPES: [string, number, number, number][] = [
   ['QKV 4096x768x2304', 4096, 2304, 768],
 ];
 
-interface Row { name: string; m: number; n: number; k: number; nodetronGflops: number; cblasGflops: number; ratio: number }
+interface Row { name: string; m: number; n: number; k: number; nodetronGflops: number; cblasGflops: number; ratio: number; peakPercent?: number }
+
+/** The measured float32 FMA peak at one SIMD level (native fmaPeak): best of a few runs on all kernel threads. */
+export interface FmaPeak {
+  isa: string;
+  /** The peak: the larger of gflopsAllThreads and threads × gflopsOneThread. */
+  gflops: number;
+  /** All kernel threads running FMA chains together (best of five runs). */
+  gflopsAllThreads: number;
+  /** One thread alone (best of five runs). */
+  gflopsOneThread: number;
+  threads: number;
+  chains: number;
+  lanes: number;
+}
+
+/**
+ * The machine's float32 FMA peak as measured here: independent FMA chains at `isa` ('auto': the best
+ * level the CPU supports) on all kernel threads together and on one thread alone (times the thread
+ * count), best of five runs each, about `seconds` in all; the larger of the two. Other work on the
+ * machine can only lower it.
+ */
+export function measureFmaPeak(isa = 'auto', seconds = 0.5): FmaPeak {
+  const r = cpu().fmaPeak(isa, seconds) as FmaPeak & { checksum: number; seconds: number };
+  return { isa: r.isa, gflops: r.gflops, gflopsAllThreads: r.gflopsAllThreads, gflopsOneThread: r.gflopsOneThread, threads: r.threads, chains: r.chains, lanes: r.lanes };
+}
 
 function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
   const rows: Row[] = [];
@@ -83,17 +110,28 @@ export async function main(argv: string[]): Promise<number> {
     console.log(JSON.stringify({ coreType: info().backends.cpu.blasCoreType, gflops: row!.cblasGflops }));
     return 0;
   }
-  const i = info().backends.cpu;
+  const all = info();
+  const i = all.backends.cpu;
   console.log(`# nodetron bench gemm — ${i.blasConfig}\n# core type ${i.blasCoreType} (${i.blasCoreChoice}), ${i.blasThreads} threads\n`);
+  // The FMA peak at every level the CPU supports (the kernels' own level is all.cpu.isa.active).
+  const peaks = all.cpu.isa.supported.map((level) => measureFmaPeak(level, o.quick ? 0.2 : 0.6));
+  const peak = peaks[peaks.length - 1]!;
+  printTable(['FMA peak (f32, independent chains)', 'peak GFLOP/s', 'threads', 'all threads GFLOP/s', 'one thread GFLOP/s'],
+    peaks.map((p) => [`${p.isa} (${p.lanes} lanes x ${p.chains} chains)`, p.gflops.toFixed(1), p.threads, p.gflopsAllThreads.toFixed(1), p.gflopsOneThread.toFixed(1)]));
+  console.log('# peak: the larger of all threads together and one thread alone times the thread count (best of 5 runs each; other load can only lower them)');
+  console.log(`# the machine's peak here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}); the cpu kernels run at ${all.cpu.isa.active}\n`);
   const shapes = o.quick ? SHAPES.slice(0, 1) : SHAPES;
   const rows = gemmRows(shapes, o.bf16 ? ['f32', 'bf16'] : ['f32']);
-  printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas'],
-    rows.map((r) => [r.name, r.nodetronGflops.toFixed(1), Number.isNaN(r.cblasGflops) ? '-' : r.cblasGflops.toFixed(1), Number.isNaN(r.ratio) ? '-' : `${(r.ratio * 100).toFixed(1)}%`]));
+  for (const r of rows) r.peakPercent = (100 * r.nodetronGflops) / peak.gflops;
+  printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas', '% of FMA peak'],
+    rows.map((r) => [r.name, r.nodetronGflops.toFixed(1), Number.isNaN(r.cblasGflops) ? '-' : r.cblasGflops.toFixed(1), Number.isNaN(r.ratio) ? '-' : `${(r.ratio * 100).toFixed(1)}%`,
+      `${r.peakPercent!.toFixed(1)}%`]));
   const own = o.quick ? undefined : openblasOwnChoice();
   if (own) console.log(`\nOpenBLAS left to its own choice (${own.coreType}): cblas_sgemm 2048^3 = ${own.gflops.toFixed(1)} GFLOP/s`);
   const dispatch = dispatchCosts();
   console.log('');
   printTable(['tiny op (cpu, 1 element)', 'µs per call'], Object.entries(dispatch).map(([k, v]) => [k, v.toFixed(3)]));
-  writeJson(o.json as string | undefined, { bench: 'gemm', machine: machineRecord(), rows, openblasOwnChoice: own, dispatchMicroseconds: dispatch });
+  writeJson(o.json as string | undefined, { bench: 'gemm', machine: machineRecord(), rows, openblasOwnChoice: own, dispatchMicroseconds: dispatch,
+    fmaPeak: { gflops: peak.gflops, isa: peak.isa, levels: peaks }, cpuIsa: all.cpu.isa });
   return 0;
 }

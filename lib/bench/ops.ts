@@ -12,6 +12,7 @@ import { add, addLayerNorm, attention, attentionPacked, crossEntropy, gelu, laye
 import { AdamW } from '../optim/adamw.js';
 import type { Tensor } from '../tensor.js';
 import { ArgumentError } from '../errors.js';
+import { info } from '../info.js';
 import { machineRecord, parseOptions, printTable, runTorchPeer, timeIt, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 import { gptParameterCount } from '../train/progress.js';
@@ -132,6 +133,8 @@ export async function main(argv: string[]): Promise<number> {
     cpu().setBlasThreads(threads);
     cpu().setKernelThreads(threads);
   }
+  const cpuIsa = info().cpu.isa;
+  console.log(`# nodetron bench ops — cpu kernels at SIMD level ${cpuIsa.active} (best here: ${cpuIsa.best}${cpuIsa.env ? `; NODETRON_CPU_ISA=${cpuIsa.env}` : ''})`);
   const mine: Record<string, number> = {};
   for (const [name, fn, after] of [...cases(), ...fusedCases()]) {
     mine[name] = timeIt(fn, { minSeconds: 0.5, rounds: 3 });
@@ -163,7 +166,7 @@ export async function main(argv: string[]): Promise<number> {
   }
   const adamBytesPerSec = (28 * ADAM_PARAMS) / mine[ADAM_CASE]!, triad = triadBytesPerSecond(ADAM_PARAMS);
   console.log(`AdamW: ${(adamBytesPerSec / 1e9).toFixed(1)} GB/s (28 bytes per parameter); STREAM triad on the same threads: ${(triad / 1e9).toFixed(1)} GB/s (12 bytes per element as STREAM counts them; the output's write-allocate moves 16); AdamW at ${((100 * adamBytesPerSec) / triad).toFixed(0)}% of it`);
-  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), nodetronSeconds: mine, torch: peer, torchEager: eager, torchCompile: compiled ?? null, torchAllocators: TORCH_ALLOCATORS,
+  writeJson(opts.json as string | undefined, { bench: 'ops', machine: machineRecord(), cpuIsa, nodetronSeconds: mine, torch: peer, torchEager: eager, torchCompile: compiled ?? null, torchAllocators: TORCH_ALLOCATORS,
     adamw: { params: ADAM_PARAMS, bytesPerSecond: adamBytesPerSec, triadBytesPerSecond: triad } });
   return 0;
 }

@@ -3,7 +3,8 @@
 // in the same run (scripts/bench/torch_train.py, when python3 has torch): eager with each allocator
 // setting found here (PyTorch's CPU memory comes from malloc; the fastest setting is compared) and
 // torch.compile with that one; and peak step memory, ours with and without activation recomputation
-// and PyTorch's (tensor bytes above the resident parameters and state).
+// and PyTorch's (tensor bytes above the resident parameters and state); model GFLOP/s of each beside
+// the machine's FMA peak measured in the same run (lib/bench/gemm.ts measureFmaPeak).
 // With --layout it measures a data-parallel layout instead (lib/bench/layout.ts).
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
@@ -15,6 +16,8 @@ import { packageRoot } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
+import { gptFlopsPerToken } from '../train/progress.js';
+import { measureFmaPeak } from './gemm.js';
 import { selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
@@ -68,6 +71,15 @@ function torchPeer(c: TrainBenchConfig, warmup: number, steps: number, threads: 
 
 const ok = (p: Peer | undefined): p is PeerResult & { allocator: string } => p !== undefined && !('error' in p);
 
+/** How model FLOPs per step are counted (printed and written to the JSON with the numbers). */
+export const STEP_FLOPS_FORMULA = 'B·T·(6·(N − T·C) + 12·L·C·T): N all parameters (the tied LM head V·C counted once, so 6·N covers the head\'s ' +
+  '6·C·V), minus the position table (a lookup), 12·L·C·T for attention\'s two matrix products; forward + backward, recomputation not counted';
+
+/** Model FLOPs of one training step of `c` (STEP_FLOPS_FORMULA, as gptFlopsPerToken counts them for progress lines). */
+export function stepFlops(c: TrainBenchConfig): number {
+  return c.batch * c.ctx * gptFlopsPerToken({ vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nEmbd: c.width, bias: true }, c.ctx);
+}
+
 const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (7)] [--warmup N (3)] [--no-torch]
          [--torch-alloc auto|default|glibc-kept|jemalloc|tcmalloc (auto)] [--torch-compile MODE|off (default)] [--json F]
          PyTorch eager runs with every allocator setting installed here (auto) and the fastest is compared;
@@ -98,7 +110,12 @@ export async function main(argv: string[]): Promise<number> {
   const compileMode = (o['torch-compile'] as string | undefined) ?? 'default';
   const threads = info().backends.cpu.blasThreads as number;
   const torchOn = !o['no-torch'];
+  const cpuIsa = info().cpu.isa;
+  const peak = measureFmaPeak('auto', 0.6);
   console.log(`# nodetron bench train — ${warmup} warm-up + ${steps} timed steps (median), f32 on cpu, ${threads} BLAS threads (PyTorch gets the same)`);
+  console.log(`# FMA peak measured here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}, ${peak.threads} threads: all together ${peak.gflopsAllThreads.toFixed(1)}, ` +
+    `one alone ${peak.gflopsOneThread.toFixed(1)}); nodetron's cpu kernels run at ${cpuIsa.active}` +
+    `${cpuIsa.env ? ` (NODETRON_CPU_ISA=${cpuIsa.env})` : ''}\n# model FLOPs per step: ${STEP_FLOPS_FORMULA}`);
   if (torchOn) {
     console.log(`# PyTorch peer: the same model, batch and AdamW; eager with ${alloc === 'auto' ? `each allocator setting found here (${names.join(', ')}), the fastest compared` : `allocator ${alloc}`}` +
       `${compileMode === 'off' ? '' : `; torch.compile (mode ${compileMode}) with that allocator`}\n`);
@@ -109,7 +126,10 @@ export async function main(argv: string[]): Promise<number> {
   const mib = (b: number | null | undefined) => (b === null || b === undefined ? '-' : (b / 2 ** 20).toFixed(1));
   const ms = (p: Peer | undefined) => (ok(p) ? p.msPerStep.toFixed(1) : '-');
   const ratio = (p: Peer | undefined, mine: number) => (ok(p) ? (p.msPerStep / mine).toFixed(2) : '-');
+  const gflops = (flops: number, msPerStep: number) => flops / (msPerStep / 1e3) / 1e9;
+  const pct = (g: number) => (100 * g) / peak.gflops;
   for (const c of configs) {
+    const flops = stepFlops(c);
     const plain = measure(c, false, warmup, steps);
     const recomputed = measure(c, true, warmup, steps);
     let eager: Peer[] = [], compiled: Peer | undefined;
@@ -119,7 +139,9 @@ export async function main(argv: string[]): Promise<number> {
       const best = runs.length ? runs.reduce((a, b) => (b.msPerStep < a.msPerStep ? b : a)) : undefined;
       if (compileMode !== 'off') compiled = torchPeer(c, warmup, steps, threads, best?.allocator ?? (alloc === 'auto' ? 'glibc-kept' : alloc), compileMode);
       const bestEager = best as Peer | undefined;
-      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), ms(bestEager), ratio(bestEager, plain.msPerStep), ms(compiled), ratio(compiled, plain.msPerStep),
+      const eg = ok(bestEager) ? gflops(flops, bestEager.msPerStep) : NaN;
+      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), gflops(flops, plain.msPerStep).toFixed(1), `${pct(gflops(flops, plain.msPerStep)).toFixed(1)}%`,
+        ms(bestEager), Number.isNaN(eg) ? '-' : eg.toFixed(1), Number.isNaN(eg) ? '-' : `${pct(eg).toFixed(1)}%`, ratio(bestEager, plain.msPerStep), ms(compiled), ratio(compiled, plain.msPerStep),
         recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), mib(ok(bestEager) ? bestEager.peakStepBytes : null), mib(recomputed.peakStepBytes)]);
       if (best) {
         const env = Object.entries(best.allocatorEnv).map(([k, v]) => `${k}=${v}`).join(' ') || 'none';
@@ -132,13 +154,21 @@ export async function main(argv: string[]): Promise<number> {
           : `# ${c.name}: torch.compile failed: ${compiled.error}`);
       }
     } else {
-      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), '-', '-', '-', '-', recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), '-', mib(recomputed.peakStepBytes)]);
+      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), gflops(flops, plain.msPerStep).toFixed(1), `${pct(gflops(flops, plain.msPerStep)).toFixed(1)}%`,
+        '-', '-', '-', '-', '-', '-', recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), '-', mib(recomputed.peakStepBytes)]);
     }
-    results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: eager, pytorchCompile: compiled ?? null });
+    const fastest = eager.filter(ok).reduce<(PeerResult & { allocator: string }) | undefined>((a, b) => (a === undefined || b.msPerStep < a.msPerStep ? b : a), undefined);
+    const mine = gflops(flops, plain.msPerStep), theirs = fastest ? gflops(flops, fastest.msPerStep) : null;
+    results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: eager, pytorchCompile: compiled ?? null,
+      modelFlopsPerStep: flops, nodetronGflops: mine, nodetronPeakPercent: pct(mine),
+      pytorchEagerGflops: theirs, pytorchEagerPeakPercent: theirs === null ? null : pct(theirs) });
   }
-  printTable(['config', 'ms/step', 'tok/s', 'torch eager ms', 'eager/ours', 'torch.compile ms', 'compile/ours', 'recompute ms/step', 'peak MiB', 'torch peak MiB', 'recompute peak MiB'], rows);
+  printTable(['config', 'ms/step', 'tok/s', 'GFLOP/s', '% peak', 'torch eager ms', 'eager GFLOP/s', 'eager % peak', 'eager/ours', 'torch.compile ms', 'compile/ours',
+    'recompute ms/step', 'peak MiB', 'torch peak MiB', 'recompute peak MiB'], rows);
   for (const n of notes) console.log(n);
   console.log('# peak MiB: tensor bytes allocated above parameters + AdamW state during one step (nodetron: memoryStats; PyTorch: the profiler\'s memory events of an extra untimed step)');
-  writeJson(o.json as string | undefined, { bench: 'train', machine: machineRecord(), warmup, steps, threads, torchAllocators: TORCH_ALLOCATORS, torchCompileMode: compileMode, results });
+  console.log(`# GFLOP/s: model FLOPs per step / median step time; % peak: of the FMA peak above (${peak.gflops.toFixed(1)} GFLOP/s, measured on a machine that may be loaded)`);
+  writeJson(o.json as string | undefined, { bench: 'train', machine: machineRecord(), warmup, steps, threads, torchAllocators: TORCH_ALLOCATORS, torchCompileMode: compileMode, results,
+    fmaPeak: peak, cpuIsa, flopsFormula: STEP_FLOPS_FORMULA });
   return 0;
 }

@@ -19,6 +19,8 @@ export async function main(argv: string[]): Promise<number> {
   const lines = [
     `nodetron ${i.version} (node ${i.node}, ${i.platform})`,
     `cpu:   ${i.cpu.model}, ${i.cpu.cores} cores${i.cpu.avx512 ? ', AVX-512' : ''}`,
+    `  kernels: SIMD level ${i.cpu.isa.active} (best here: ${i.cpu.isa.best}; supported: ${i.cpu.isa.supported.join(', ')}` +
+      `${i.cpu.isa.env ? `; NODETRON_CPU_ISA=${i.cpu.isa.env}` : ''})`,
     `  blas:  ${c.blasConfig}`,
     `         core type ${c.blasCoreType} (${c.blasCoreChoice}), ${c.blasThreads} threads`,
     `cuda:  ${i.backends.cuda.available ? 'available' : 'unavailable'}`,

@@ -140,6 +140,11 @@ const layouts = {
   'TP2×DP2 SP ZeRO-3, 2 micro-batches': launchRun('tp2-dp2-sp-zero3', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '3', '--micro-batches', '2']),
 };
 const TOLERANCE = 1e-5;
+// Parameters after 3 AdamW steps: Adam's update of a near-zero gradient (|g| ~ eps) magnifies f32
+// rounding noise, so two single-process runs that differ only in FMA contraction (the cpu kernels at
+// NODETRON_CPU_ISA=baseline and avx2) already differ by 1.2e-5 of the parameters' scale on
+// h.1.mlp.proj.weight; a layout's different summation order moves it as much.
+const PARAM_TOLERANCE = 5e-5;
 /** The gradient bucket size gpt-train.ts trains with (BUCKET_BYTES there). */
 const FIXTURE_BUCKET_BYTES = 16 * 1024;
 
@@ -173,7 +178,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
         const slice = tensorParallelSlice(n, want!, expected.shapes.get(n)!, tp, r.coords.tp);
         const isSlice = slice.length < want!.length;
         held.add(isSlice ? `${n} [tp ${r.coords.tp}]` : n);
-        expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(TOLERANCE);
+        expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(PARAM_TOLERANCE);
         // Copies stay identical bit for bit (data-parallel replicas, the tied embedding on the first and
         // last stage, parameters every tensor-parallel rank holds whole).
         for (const other of run.ranks) {
@@ -187,7 +192,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     const wanted = [...expected.params.keys()].flatMap((n) => (slices(n) ? Array.from({ length: tp }, (_, t) => `${n} [tp ${t}]`) : [n]));
     expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
-    expect(expected.paramChange).toBeGreaterThan(100 * TOLERANCE);
+    expect(expected.paramChange).toBeGreaterThan(100 * PARAM_TOLERANCE);
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it('ZeRO 1 and 2 reduce-scatter every gradient bucket from the hooks during backward: stage 1 once per step, stage 2 once per micro-batch', async () => {

@@ -12,8 +12,8 @@ static void checkTargets(const int32_t* t, int64_t rows, int64_t vocab, int64_t 
 }
 
 // Per row: lse = log Σ exp(x), loss = lse − x[target] (0 when ignored).
-NT_SIMD_CLONES static void lossRows(const float* x, const int32_t* t, float* loss, float* lse, int64_t begin, int64_t end,
-                                    int64_t vocab, int64_t ignore) {
+NT_SIMD_BODY void lossRowsBody(const float* x, const int32_t* t, float* loss, float* lse, int64_t begin, int64_t end,
+                              int64_t vocab, int64_t ignore) {
   for (int64_t r = begin; r < end; r++) {
     const float* xr = x + r * vocab;
     float mx = maxLanes(xr, vocab);
@@ -22,12 +22,13 @@ NT_SIMD_CLONES static void lossRows(const float* x, const int32_t* t, float* los
     loss[r] = t[r] == ignore ? 0.0f : lse[r] - xr[t[r]];
   }
 }
+NT_SIMD(lossRows, (const float* x, const int32_t* t, float* loss, float* lse, int64_t begin, int64_t end, int64_t vocab, int64_t ignore),
+        (x, t, loss, lse, begin, end, vocab, ignore))
 
-// Per row: grad = k·(softmax(x) − onehot(target)), recomputing softmax from the saved lse.
 // Per row: grad = k·(exp(x − lse) − [j == target]). A target outside [0, vocab) only happens in a
 // vocabulary shard (another process owns it: softmax only); a target equal to `ignore` zeroes the row.
-NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const float* lse, float* o, float k, int64_t begin,
-                                    int64_t end, int64_t vocab, int64_t ignore) {
+NT_SIMD_BODY void gradRowsBody(const float* x, const int32_t* t, const float* lse, float* o, float k, int64_t begin,
+                              int64_t end, int64_t vocab, int64_t ignore) {
   for (int64_t r = begin; r < end; r++) {
     const float* xr = x + r * vocab;
     float* orow = o + r * vocab;
@@ -37,6 +38,9 @@ NT_SIMD_CLONES static void gradRows(const float* x, const int32_t* t, const floa
     if (t[r] >= 0 && t[r] < vocab) orow[t[r]] -= k;
   }
 }
+NT_SIMD(gradRows, (const float* x, const int32_t* t, const float* lse, float* o, float k, int64_t begin, int64_t end, int64_t vocab,
+                   int64_t ignore),
+        (x, t, lse, o, k, begin, end, vocab, ignore))
 
 // cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
 //   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)

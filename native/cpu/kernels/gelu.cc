@@ -8,14 +8,15 @@ static constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 // tanh through the vectorizable exp: tanh(u) = 1 - 2 / (exp(2u) + 1).
 static inline float tanhFast(float u) { return 1.0f - 2.0f / (fastExp(2.0f * u) + 1.0f); }
 
-NT_SIMD_CLONES static void geluRange(const float* x, float* o, int64_t begin, int64_t end) {
+NT_SIMD_BODY void geluRangeBody(const float* x, float* o, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; i++) {
     float v = x[i];
     o[i] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
   }
 }
+NT_SIMD(geluRange, (const float* x, float* o, int64_t begin, int64_t end), (x, o, begin, end))
 
-NT_SIMD_CLONES static void geluBackwardRange(const float* x, const float* g, float* o, int64_t begin, int64_t end) {
+NT_SIMD_BODY void geluBackwardRangeBody(const float* x, const float* g, float* o, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; i++) {
     float v = x[i];
     float t = tanhFast(kGeluC * (v + 0.044715f * v * v * v));
@@ -23,6 +24,7 @@ NT_SIMD_CLONES static void geluBackwardRange(const float* x, const float* g, flo
     o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
   }
 }
+NT_SIMD(geluBackwardRange, (const float* x, const float* g, float* o, int64_t begin, int64_t end), (x, g, o, begin, end))
 
 // gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 NT_KERNEL("gelu_forward", GeluForward) {
@@ -48,7 +50,7 @@ NT_KERNEL("gelu_backward", GeluBackward) {
 }
 
 // y[j] = gelu(x[j] + b[j]) over one row, x updated to x + b (b may be null).
-NT_SIMD_CLONES static void biasGeluRow(float* __restrict x, const float* __restrict b, float* __restrict y, int64_t cols, DType dt) {
+NT_SIMD_BODY void biasGeluRowBody(float* __restrict x, const float* __restrict b, float* __restrict y, int64_t cols, DType dt) {
   if (b) for (int64_t j = 0; j < cols; j++) x[j] += b[j];
   roundThrough(x, cols, dt);  // gelu reads the pre-activation as stored (what backward reads)
   for (int64_t j = 0; j < cols; j++) {
@@ -56,6 +58,7 @@ NT_SIMD_CLONES static void biasGeluRow(float* __restrict x, const float* __restr
     y[j] = 0.5f * v * (1.0f + tanhFast(kGeluC * (v + 0.044715f * v * v * v)));
   }
 }
+NT_SIMD(biasGeluRow, (float* __restrict x, const float* __restrict b, float* __restrict y, int64_t cols, DType dt), (x, b, y, cols, dt))
 
 // bias_gelu_forward(pre, bias|null, out, rows, cols, dtype)
 //   pre [rows, cols] (a GEMM's output) += bias per column, in place; out = gelu(pre): the bias add
@@ -77,10 +80,11 @@ NT_KERNEL("bias_gelu_forward", BiasGeluForward) {
 }
 
 // gradPre row = gradOut · gelu'(pre), rounded as stored.
-NT_SIMD_CLONES static void geluGradRow(const float* __restrict x, const float* __restrict g, float* __restrict o, int64_t cols, DType dt) {
-  geluBackwardRange(x, g, o, 0, cols);
+NT_SIMD_BODY void geluGradRowBody(const float* __restrict x, const float* __restrict g, float* __restrict o, int64_t cols, DType dt) {
+  geluBackwardRangeBody(x, g, o, 0, cols);
   roundThrough(o, cols, dt);
 }
+NT_SIMD(geluGradRow, (const float* __restrict x, const float* __restrict g, float* __restrict o, int64_t cols, DType dt), (x, g, o, cols, dt))
 
 // bias_gelu_backward(pre, gradOut, gradPre, gradBias|null, rows, cols, dtype)
 //   gradPre = gradOut · gelu'(pre); gradBias (overwritten) = Σ_rows gradPre, summed in double over

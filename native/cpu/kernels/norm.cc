@@ -6,8 +6,8 @@ namespace nt::cpu {
 
 // One row of LayerNorm: mean and 1/std of x (two passes: centered variance), then
 // o = (x − mean)·rstd·w (+ b).
-NT_SIMD_CLONES static void layerNormRow(const float* __restrict x, const float* __restrict w, const float* __restrict b,
-                                        float* __restrict o, float* mean, float* rstd, int64_t cols, float eps) {
+NT_SIMD_BODY void layerNormRowBody(const float* __restrict x, const float* __restrict w, const float* __restrict b,
+                                  float* __restrict o, float* mean, float* rstd, int64_t cols, float eps) {
   float m = sumLanes(cols, [&](int64_t j) { return x[j]; }) / float(cols);
   float v = sumLanes(cols, [&](int64_t j) { float d = x[j] - m; return d * d; });
   float rs = 1.0f / std::sqrt(v / float(cols) + eps);
@@ -16,10 +16,14 @@ NT_SIMD_CLONES static void layerNormRow(const float* __restrict x, const float* 
   if (b) for (int64_t j = 0; j < cols; j++) o[j] = (x[j] - m) * rs * w[j] + b[j];
   else for (int64_t j = 0; j < cols; j++) o[j] = (x[j] - m) * rs * w[j];
 }
+NT_SIMD(layerNormRow, (const float* __restrict x, const float* __restrict w, const float* __restrict b, float* __restrict o, float* mean,
+                       float* rstd, int64_t cols, float eps),
+        (x, w, b, o, mean, rstd, cols, eps))
 
-NT_SIMD_CLONES static void addRow(const float* __restrict x, const float* __restrict r, float* __restrict s, int64_t cols) {
+NT_SIMD_BODY void addRowBody(const float* __restrict x, const float* __restrict r, float* __restrict s, int64_t cols) {
   for (int64_t j = 0; j < cols; j++) s[j] = x[j] + r[j];
 }
+NT_SIMD(addRow, (const float* __restrict x, const float* __restrict r, float* __restrict s, int64_t cols), (x, r, s, cols))
 
 // layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype)
 //   out = (x − mean)·rstd·weight + bias per row of [rows, cols]
@@ -70,6 +74,38 @@ NT_KERNEL("add_layernorm_forward", AddLayerNormForward) {
   O.commit();
 }
 
+// One row of the norms' backward: dx (see normBackward), and the row's g·x̂ and g added to the
+// block's double partials of dW and dB.
+NT_SIMD_BODY void normBackwardRowBody(const float* __restrict xr, const float* __restrict gr, const float* __restrict w, float m, float rs,
+                                      double* __restrict aw, double* __restrict ab, float* __restrict dxr, int64_t cols, bool centered) {
+  float sumGw = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j]; });
+  float sumGwX = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j] * ((xr[j] - m) * rs); });
+  for (int64_t j = 0; j < cols; j++) {
+    float xh = (xr[j] - m) * rs;
+    aw[j] += double(gr[j] * xh);
+    ab[j] += double(gr[j]);
+  }
+  float mg = centered ? sumGw / float(cols) : 0.0f, mgx = sumGwX / float(cols);
+  for (int64_t j = 0; j < cols; j++) {
+    float xh = (xr[j] - m) * rs;
+    dxr[j] = rs * (gr[j] * w[j] - mg - xh * mgx);
+  }
+}
+NT_SIMD(normBackwardRow, (const float* __restrict xr, const float* __restrict gr, const float* __restrict w, float m, float rs,
+                          double* __restrict aw, double* __restrict ab, float* __restrict dxr, int64_t cols, bool centered),
+        (xr, gr, w, m, rs, aw, ab, dxr, cols, centered))
+
+// rmsnorm_forward's row: rstd = 1/√(mean(x²) + eps), o = x·rstd·w.
+NT_SIMD_BODY void rmsNormRowBody(const float* __restrict xr, const float* __restrict w, float* __restrict o, float* rstd, int64_t cols,
+                                 float eps) {
+  float s = sumLanes(cols, [&](int64_t j) { return xr[j] * xr[j]; });
+  float rs = 1.0f / std::sqrt(s / float(cols) + eps);
+  *rstd = rs;
+  for (int64_t j = 0; j < cols; j++) o[j] = xr[j] * rs * w[j];
+}
+NT_SIMD(rmsNormRow, (const float* __restrict xr, const float* __restrict w, float* __restrict o, float* rstd, int64_t cols, float eps),
+        (xr, w, o, rstd, cols, eps))
+
 // Shared backward of both norms: dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂)) (LayerNorm,
 // centered) or without the first mean (RMSNorm); dW = Σ_rows g·x̂, dB = Σ_rows g.
 static void normBackward(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
@@ -81,23 +117,8 @@ static void normBackward(const float* x, const float* w, const float* mean, cons
   parallelBlocks(blocks, kSumBlockRows * cols * 8, [&](int64_t blk) {
     double* aw = accW.data() + blk * cols;
     double* ab = accB.data() + blk * cols;
-    for (int64_t r = blk * kSumBlockRows, end = std::min(rows, r + kSumBlockRows); r < end; r++) {
-      const float *xr = x + r * cols, *gr = g + r * cols;
-      float m = centered ? mean[r] : 0.0f, rs = rstd[r];
-      float sumGw = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j]; });
-      float sumGwX = sumLanes(cols, [&](int64_t j) { return gr[j] * w[j] * ((xr[j] - m) * rs); });
-      for (int64_t j = 0; j < cols; j++) {
-        float xh = (xr[j] - m) * rs;
-        aw[j] += double(gr[j] * xh);
-        ab[j] += double(gr[j]);
-      }
-      float mg = centered ? sumGw / float(cols) : 0.0f, mgx = sumGwX / float(cols);
-      float* dxr = dx + r * cols;
-      for (int64_t j = 0; j < cols; j++) {
-        float xh = (xr[j] - m) * rs;
-        dxr[j] = rs * (gr[j] * w[j] - mg - xh * mgx);
-      }
-    }
+    for (int64_t r = blk * kSumBlockRows, end = std::min(rows, r + kSumBlockRows); r < end; r++)
+      normBackwardRow(x + r * cols, g + r * cols, w, centered ? mean[r] : 0.0f, rstd[r], aw, ab, dx + r * cols, cols, centered);
   });
   for (int64_t j = 0; j < cols; j++) {
     double sw = 0, sb = 0;
@@ -142,13 +163,7 @@ NT_KERNEL("rmsnorm_forward", RmsNormForward) {
   const float *x = X.data(), *w = W.data();
   float* o = O.data();
   parallelRows(rows, cols * 3, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; r++) {
-      const float* xr = x + r * cols;
-      float s = sumLanes(cols, [&](int64_t j) { return xr[j] * xr[j]; });
-      float rs = 1.0f / std::sqrt(s / float(cols) + eps);
-      rstd[r] = rs;
-      for (int64_t j = 0; j < cols; j++) o[r * cols + j] = xr[j] * rs * w[j];
-    }
+    for (int64_t r = b; r < e; r++) rmsNormRow(x + r * cols, w, o + r * cols, rstd + r, cols, eps);
   });
   O.commit();
 }

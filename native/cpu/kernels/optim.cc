@@ -96,9 +96,9 @@ struct AdamwConsts {
 static constexpr int64_t kAdamBlock = 16384;
 
 // One pass over n elements: read p, g, m, v once, write p, m, v once. Distinct arrays (restrict) so
-// the loop vectorizes; AVX2+FMA and baseline clones (NT_SIMD_CLONES).
-NT_SIMD_CLONES static void adamwRange(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                                      int64_t n, const AdamwConsts c) {
+// the loop vectorizes; one copy per instruction-set level (NT_SIMD).
+NT_SIMD_BODY void adamwRangeBody(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
+                                 const AdamwConsts c) {
   const float omb1 = 1.0f - c.b1, omb2 = 1.0f - c.b2;
   for (int64_t i = 0; i < n; i++) {
     float gi = g[i] * c.scale;
@@ -109,6 +109,8 @@ NT_SIMD_CLONES static void adamwRange(float* __restrict p, const float* __restri
     p[i] = p[i] * c.decay - c.stepSize * mi / (std::sqrt(vi) * c.invSqrtBc2 + c.eps);
   }
 }
+NT_SIMD(adamwRange, (float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n, const AdamwConsts c),
+        (p, g, m, v, n, c))
 
 // adamw_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //           lr, beta1, beta2, eps, weightDecay, step, gradScale)
@@ -133,9 +135,10 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("adamw_step", AdamwStep);
 
-NT_SIMD_CLONES static void triadRange(float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n) {
+NT_SIMD_BODY void triadRangeBody(float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n) {
   for (int64_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
 }
+NT_SIMD(triadRange, (float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n), (a, b, c, n))
 
 // streamTriadLoop(a, b, c, n, iterations) -> seconds of the loop: a = b + 3·c over n f32 elements,
 // split over the pool in AdamW's blocks: the memory-bandwidth yardstick `nodetron bench ops` puts

@@ -3,13 +3,16 @@
 
 namespace nt::cpu {
 
-NT_SIMD_CLONES static void softmaxRows(const float* x, float* y, int64_t begin, int64_t end, int64_t cols, bool log) {
+NT_SIMD_BODY void softmaxRowsBody(const float* x, float* y, int64_t begin, int64_t end, int64_t cols, bool log) {
   for (int64_t r = begin; r < end; r++) softmaxRow(x + r * cols, y + r * cols, cols, log);
 }
+NT_SIMD(softmaxRows, (const float* x, float* y, int64_t begin, int64_t end, int64_t cols, bool log), (x, y, begin, end, cols, log))
 
-NT_SIMD_CLONES static void softmaxRowsBackward(const float* y, const float* g, float* gi, int64_t begin, int64_t end, int64_t cols, bool log) {
+NT_SIMD_BODY void softmaxRowsBackwardBody(const float* y, const float* g, float* gi, int64_t begin, int64_t end, int64_t cols, bool log) {
   for (int64_t r = begin; r < end; r++) softmaxRowBackward(y + r * cols, g + r * cols, gi + r * cols, cols, log);
 }
+NT_SIMD(softmaxRowsBackward, (const float* y, const float* g, float* gi, int64_t begin, int64_t end, int64_t cols, bool log),
+        (y, g, gi, begin, end, cols, log))
 
 // softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
 NT_KERNEL("softmax_forward", SoftmaxForward) {

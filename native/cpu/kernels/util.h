@@ -13,32 +13,77 @@
 
 namespace nt::cpu {
 
-// exp(x) to about 2 ulp, written so loops over it vectorize (no libm call): 2^n · 2^f with a
-// rounded n and a degree-6 polynomial for 2^f on [-0.5, 0.5]. Inputs below -87 give 0.
+// exp(x) to about 1 ulp over its whole range, written so loops over it vectorize (no libm call):
+// x = n·ln2 + r with n = round(x/ln2) and r = x − n·ln2 taken in two parts (ln2's high part has few
+// enough bits that n·ln2_hi is exact, so r keeps its precision however large |x| is; one product
+// x·log2(e) alone would lose up to ~5e-6 relative at |x| = 87), then e^r by its degree-7 Taylor
+// polynomial on |r| <= ln2/2 (truncation < 1e-8 relative) and 2^n added to the exponent bits.
+// Inputs below -87 give 0; inputs above 88 are clamped to 88 (e^88 ≈ 1.65e38). NaN stays NaN.
 inline float fastExp(float x) {
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
-  float t = x * 1.44269504088896341f;
-  float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest without a libm call
-  float f = t - n;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
-  p = p * f + 9.6181291e-3f;
-  p = p * f + 5.5504109e-2f;
-  p = p * f + 2.4022651e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.0f;
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest without a libm call
+  float r = x - n * 0.693145751953125f;                               // ln2_hi: n·ln2_hi is exact
+  r = r - n * 1.428606820309417e-6f;                                  // ln2_lo = ln2 − ln2_hi
+  float p = 1.9841270e-4f;                                            // 1/7!
+  p = p * r + 1.3888889e-3f;                                          // 1/6!
+  p = p * r + 8.3333333e-3f;                                          // 1/5!
+  p = p * r + 4.1666667e-2f;                                          // 1/4!
+  p = p * r + 1.6666667e-1f;                                          // 1/3!
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
   int32_t bits;
   std::memcpy(&bits, &p, 4);
   bits += int32_t(n) << 23;
-  float r;
-  std::memcpy(&r, &bits, 4);
-  return x <= -87.0f ? 0.0f : r;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return x <= -87.0f ? 0.0f : out;
 }
 
-// Hot row loops are compiled twice, for x86-64-v3 (AVX2 + FMA) and the x86-64-v2 baseline, and
-// the loader picks one per CPU (GCC function multiversioning).
-#define NT_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+// ---- runtime SIMD dispatch -----------------------------------------------------------------------
+// The addon is compiled for x86-64-v2 (SSE4.2) so that one prebuilt binary runs on any x86-64 machine
+// of the last decade. The hot row loops (cross-entropy, softmax, GELU, norms, AdamW, attention's
+// softmax) are compiled three times more or less, and one copy is chosen per call from cpuIsa():
+//   Isa::Avx512  x86-64-v4 (AVX-512 F/BW/CD/DQ/VL + FMA), 512-bit vectors
+//   Isa::Avx2    x86-64-v3 (AVX2 + FMA), 256-bit vectors
+//   Isa::Baseline the build's own x86-64-v2 code, 128-bit vectors
+// Why explicit copies and not GCC's target_clones (which the loader resolves once, from CPUID): the
+// choice must be forceable at run time (NODETRON_CPU_ISA / setCpuIsa) so tests can check every path
+// against the float64 reference on one machine, and users can compare; and it is one relaxed atomic
+// load and a switch per call of a loop over whole rows, nothing per element.
+//
+// How a kernel gets its copies (NT_SIMD below): its body is written once as an always_inline function
+// `<name>Body`; NT_SIMD defines `<name>V4` and `<name>V3` with target attributes and `flatten` (so the
+// body and everything it calls -- fastExp, sumLanes, their lambdas -- are inlined and compiled for that
+// target, never left as a baseline call), `<name>V2` at the build's baseline, and `<name>` that picks
+// one. setCpuIsa refuses a level the CPU (and OS) does not support, so a forced path cannot fault.
+// Floating-point results differ between levels only by rounding (FMA contraction, lane order of the
+// sums); test/ops/simd.test.ts checks every level against float64.
+enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
+
+// The level the kernels run at now (the best supported one unless set otherwise).
+Isa cpuIsa();
+// The best level this CPU and OS support.
+Isa bestIsa();
+const char* isaName(Isa isa);
+
+#define NT_SIMD_BODY static inline __attribute__((always_inline))
+#define NT_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"), flatten))
+#define NT_TARGET_V3 __attribute__((target("arch=x86-64-v3"), flatten))
+
+// NT_SIMD(name, (params...), (args...)): copies of `name##Body` at each level and `name` choosing one.
+#define NT_SIMD(name, params, args)                                   \
+  NT_TARGET_V4 static void name##V4 params { name##Body args; }       \
+  NT_TARGET_V3 static void name##V3 params { name##Body args; }       \
+  __attribute__((flatten)) static void name##V2 params { name##Body args; } \
+  static inline void name params {                                    \
+    switch (cpuIsa()) {                                               \
+      case Isa::Avx512: name##V4 args; return;                        \
+      case Isa::Avx2: name##V3 args; return;                          \
+      default: name##V2 args; return;                                 \
+    }                                                                 \
+  }
 
 // Σ f(j) for j < n, in 16 independent partial sums so the loop vectorizes without reassociation flags.
 template <class F>
