@@ -541,11 +541,25 @@ function sharedState(items: CheckpointItems, state: RankState): Pick<Manifest, '
   };
 }
 
+/** The element-wise largest of every rank's values (a max allReduce; in one process, the values). */
+async function agreeMax(world: CollectiveGroup | null, values: number[]): Promise<Float32Array> {
+  const out = new Float32Array(values);
+  if (world && world.size > 1) {
+    using t = tensor(out, [out.length], { device: commDevice(world) });
+    await world.allReduce(t, { op: 'max' });
+    out.set(t.toArraySync());
+  }
+  return out;
+}
+
 /** The largest of every rank's code (a max allReduce). */
 async function agreeWorst(world: CollectiveGroup, code: number): Promise<number> {
-  using flag = tensor(new Float32Array([code]), [1], { device: commDevice(world) });
-  await world.allReduce(flag, { op: 'max' });
-  return flag.item();
+  return (await agreeMax(world, [code]))[0]!;
+}
+
+/** This rank's own error, else a StateError (`what`) when the worst code says another rank failed, else null. */
+function failureOf(failure: Error | null, worst: number, what: string): Error | null {
+  return failure ?? (worst === 2 ? new StateError(`${what} (see its error); every rank stops`) : null);
 }
 
 /**
@@ -554,8 +568,7 @@ async function agreeWorst(world: CollectiveGroup, code: number): Promise<number>
  */
 async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | null, what: string): Promise<Error | null> {
   if (!world || world.size === 1) return failure;
-  const worst = await agreeWorst(world, failure ? 2 : 0);
-  return failure ?? (worst === 2 ? new StateError(`${what} (see its error); every rank stops`) : null);
+  return failureOf(failure, await agreeWorst(world, failure ? 2 : 0), what);
 }
 
 /**
@@ -566,14 +579,8 @@ async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | nu
 async function agreeOnSave(world: CollectiveGroup | null, failure: Error | null, count: number, what: string): Promise<{ failure: Error | null; saveId: string }> {
   // Rank 0's draws (the others send 0), so the id keeps all 48 random bits at any world size.
   const draw = () => (world && world.rank !== 0 ? 0 : Math.floor(Math.random() * 2 ** 24));
-  const values = new Float32Array([failure ? 2 : 0, draw(), draw()]);
-  if (world && world.size > 1) {
-    using t = tensor(values, [3], { device: commDevice(world) });
-    await world.allReduce(t, { op: 'max' });
-    values.set(t.toArraySync());
-  }
-  const other = values[0] === 2 && !failure ? new StateError(`${what} (see its error); every rank stops`) : null;
-  return { failure: failure ?? other, saveId: `${count}-${values[1]!.toString(36)}${values[2]!.toString(36)}` };
+  const [worst, a, b] = await agreeMax(world, [failure ? 2 : 0, draw(), draw()]);
+  return { failure: failureOf(failure, worst!, what), saveId: `${count}-${a!.toString(36)}${b!.toString(36)}` };
 }
 
 /**
