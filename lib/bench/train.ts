@@ -133,16 +133,17 @@ export async function main(argv: string[]): Promise<number> {
     const plain = measure(c, false, warmup, steps);
     const recomputed = measure(c, true, warmup, steps);
     let eager: Peer[] = [], compiled: Peer | undefined;
+    let best: (PeerResult & { allocator: string }) | undefined;
+    const mine = gflops(flops, plain.msPerStep);
+    const ours = [c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), mine.toFixed(1), `${pct(mine).toFixed(1)}%`];
     if (torchOn) {
       eager = (alloc === 'auto' ? names : [alloc]).map((a) => torchPeer(c, warmup, steps, threads, a));
       const runs = eager.filter(ok);
-      const best = runs.length ? runs.reduce((a, b) => (b.msPerStep < a.msPerStep ? b : a)) : undefined;
+      best = runs.length ? runs.reduce((a, b) => (b.msPerStep < a.msPerStep ? b : a)) : undefined;
       if (compileMode !== 'off') compiled = torchPeer(c, warmup, steps, threads, best?.allocator ?? (alloc === 'auto' ? 'glibc-kept' : alloc), compileMode);
-      const bestEager = best as Peer | undefined;
-      const eg = ok(bestEager) ? gflops(flops, bestEager.msPerStep) : NaN;
-      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), gflops(flops, plain.msPerStep).toFixed(1), `${pct(gflops(flops, plain.msPerStep)).toFixed(1)}%`,
-        ms(bestEager), Number.isNaN(eg) ? '-' : eg.toFixed(1), Number.isNaN(eg) ? '-' : `${pct(eg).toFixed(1)}%`, ratio(bestEager, plain.msPerStep), ms(compiled), ratio(compiled, plain.msPerStep),
-        recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), mib(ok(bestEager) ? bestEager.peakStepBytes : null), mib(recomputed.peakStepBytes)]);
+      const eg = best ? gflops(flops, best.msPerStep) : null;
+      rows.push([...ours, ms(best), eg === null ? '-' : eg.toFixed(1), eg === null ? '-' : `${pct(eg).toFixed(1)}%`, ratio(best, plain.msPerStep), ms(compiled), ratio(compiled, plain.msPerStep),
+        recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), mib(best ? best.peakStepBytes : null), mib(recomputed.peakStepBytes)]);
       if (best) {
         const env = Object.entries(best.allocatorEnv).map(([k, v]) => `${k}=${v}`).join(' ') || 'none';
         notes.push(`# ${c.name}: PyTorch ${best.torch}, ${best.threads} threads, oneDNN ${best.mkldnn ? 'on' : 'off'}, fastest eager allocator ${best.allocator} (env: ${env}); ` +
@@ -154,11 +155,9 @@ export async function main(argv: string[]): Promise<number> {
           : `# ${c.name}: torch.compile failed: ${compiled.error}`);
       }
     } else {
-      rows.push([c.name, plain.msPerStep.toFixed(1), Math.round(plain.tokensPerSec), gflops(flops, plain.msPerStep).toFixed(1), `${pct(gflops(flops, plain.msPerStep)).toFixed(1)}%`,
-        '-', '-', '-', '-', '-', '-', recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), '-', mib(recomputed.peakStepBytes)]);
+      rows.push([...ours, '-', '-', '-', '-', '-', '-', recomputed.msPerStep.toFixed(1), mib(plain.peakStepBytes), '-', mib(recomputed.peakStepBytes)]);
     }
-    const fastest = eager.filter(ok).reduce<(PeerResult & { allocator: string }) | undefined>((a, b) => (a === undefined || b.msPerStep < a.msPerStep ? b : a), undefined);
-    const mine = gflops(flops, plain.msPerStep), theirs = fastest ? gflops(flops, fastest.msPerStep) : null;
+    const theirs = best ? gflops(flops, best.msPerStep) : null;
     results.push({ config: c, nodetron: plain, nodetronRecompute: recomputed, pytorch: eager, pytorchCompile: compiled ?? null,
       modelFlopsPerStep: flops, nodetronGflops: mine, nodetronPeakPercent: pct(mine),
       pytorchEagerGflops: theirs, pytorchEagerPeakPercent: theirs === null ? null : pct(theirs) });
