@@ -19,7 +19,7 @@ import { initializeParallel } from '../parallel/mesh.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { Checkpointer, readManifest, stepDirName } from '../ckpt/checkpoint.js';
-import { selectConfigs } from './configs.js';
+import { gptConfigOf, selectConfigs } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
@@ -51,7 +51,7 @@ async function rankMain(argv: string[]): Promise<number> {
   const { world, rank } = await dist.init({ timeoutMs: 600_000 });
   cpu().setBlasThreads(Math.max(1, Math.floor(cpus().length / world.size)));
   const mesh = await initializeParallel({ tp: 1, pp: 1, dp: world.size });
-  const stage = new GPTStage(new GPT({ vocabSize: c!.vocab, blockSize: c!.ctx, nLayer: c!.layers, nHead: c!.heads, nEmbd: c!.width, dropout: 0, bias: true }, { seed: 1 }), 0, 1);
+  const stage = new GPTStage(new GPT(gptConfigOf(c!), { seed: 1 }), 0, 1);
   const trainer = await ParallelTrainer.create<AdamWOptions>(stage, [{ params: stage.parameters() }], {
     mesh, zero: LAYOUTS[name]!.zero, createOptimizer: (g) => new AdamW(g, { lr: 1e-4 }),
   });

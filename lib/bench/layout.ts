@@ -20,7 +20,7 @@ import { GradBuffer } from '../parallel/data-parallel/buffer.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { ZeroOptimizer, zeroMemoryFormula, type ZeroMemoryBytes, type ZeroStage } from '../parallel/zero/optimizer.js';
 import type { Tensor } from '../tensor.js';
-import { selectConfigs, type TrainBenchConfig } from './configs.js';
+import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, parseOptions, printTable, writeJson, type Options } from './util.js';
 
 /** The parallel layout a bench run asks for. */
@@ -101,7 +101,7 @@ const adamw = (groups: { params: Iterable<Tensor> }[]) => new AdamW(groups, { lr
 /** Trains one stage for warmup + steps steps on a fresh model and measures it. */
 async function runStage(c: TrainBenchConfig, group: CollectiveGroup, stage: number, variants: boolean[], warmup: number, steps: number, bucketBytes: number): Promise<StageResult> {
   const baseline = memoryStats().allocated;
-  const model = new GPT({ vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true }, { seed: 0 });
+  const model = new GPT(gptConfigOf(c), { seed: 0 });
   const params = model.parameters();
   const numParams = params.reduce((s, p) => s + p.size, 0);
   let zero: ZeroOptimizer<AdamWOptions> | null = null;

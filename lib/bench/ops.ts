@@ -16,7 +16,7 @@ import { info } from '../info.js';
 import { machineRecord, parseOptions, printTable, runTorchPeer, timeIt, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 import { gptParameterCount } from '../train/progress.js';
-import { TRAIN_CONFIGS } from './configs.js';
+import { gptConfigOf, TRAIN_CONFIGS } from './configs.js';
 
 const N = 1024, V = 50257, C = 128, B = 8, H = 4, T = 128, D = 32;
 
@@ -89,7 +89,7 @@ function fusedCases(): [string, () => void, () => void][] {
 
 const TINY = TRAIN_CONFIGS.find((c) => c.name === 'tiny')!;
 /** The tiny GPT's parameter count (`bench train`'s tiny config, biases on, the tied head once): AdamW reads p, g, m, v and writes p, m, v once. */
-export const ADAM_PARAMS = gptParameterCount({ vocabSize: TINY.vocab, blockSize: TINY.ctx, nLayer: TINY.layers, nEmbd: TINY.width, bias: true, parallelBlock: false });
+export const ADAM_PARAMS = gptParameterCount(gptConfigOf(TINY));
 const ADAM_CASE = `AdamW step [${(ADAM_PARAMS / 1e6).toFixed(1)}M params]`;
 
 /** STREAM triad (a = b + 3c) over as many f32 as one AdamW step: bytes per second, the bandwidth AdamW is held to. */

@@ -23,7 +23,7 @@ import { initParallelTraining } from '../parallel/layout.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { slice } from '../ops/index.js';
-import { selectConfigs, type TrainBenchConfig } from './configs.js';
+import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
 
 /** One launch: each rank's step times and its main thread's CPU time per step (ms, after warm-up). */
@@ -39,7 +39,7 @@ async function rankMain(argv: string[]): Promise<number> {
   const o = parseOptions(argv, { config: 'string', dp: 'number', steps: 'number', warmup: 'number', out: 'string' });
   const c: TrainBenchConfig = selectConfigs(o.config as string)[0]!;
   const dp = o.dp as number, steps = o.steps as number, warmup = o.warmup as number;
-  const config: GPTConfig = { vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true };
+  const config: GPTConfig = gptConfigOf(c);
   // The configuration's batch per replica; the global batch is dp times that.
   const globalBatch = c.batch * dp;
   const { rank, mesh } = await initParallelTraining({ dp }, config, globalBatch);

@@ -18,7 +18,7 @@ import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../training.js';
 import { gptFlopsPerToken } from '../train/progress.js';
 import { measureFmaPeak } from './gemm.js';
-import { selectConfigs, type TrainBenchConfig } from './configs.js';
+import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
 import { machineRecord, median, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
 import { expectPositionals } from '../cli/args.js';
 
@@ -28,7 +28,7 @@ interface Measurement { msPerStep: number; meanMsPerStep: number; tokensPerSec: 
 
 /** Times `steps` training steps after `warmup` (median ms per step) and records the highest allocation above the resident set. */
 function measure(c: TrainBenchConfig, recompute: boolean, warmup: number, steps: number): Measurement {
-  const config: GPTConfig = { vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nHead: c.heads, nEmbd: c.width, dropout: 0, bias: true, recompute };
+  const config: GPTConfig = gptConfigOf(c, { recompute });
   const model = new GPT(config, { seed: 0 });
   const opt = new AdamW(model.parameters(), { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 });
   let x = 12345;
@@ -77,7 +77,7 @@ export const STEP_FLOPS_FORMULA = 'B·T·(6·(N − T·C) + 12·L·C·T): N all 
 
 /** Model FLOPs of one training step of `c` (STEP_FLOPS_FORMULA, as gptFlopsPerToken counts them for progress lines). */
 export function stepFlops(c: TrainBenchConfig): number {
-  return c.batch * c.ctx * gptFlopsPerToken({ vocabSize: c.vocab, blockSize: c.ctx, nLayer: c.layers, nEmbd: c.width, bias: true }, c.ctx);
+  return c.batch * c.ctx * gptFlopsPerToken(gptConfigOf(c), c.ctx);
 }
 
 const usage = `usage: nodetron bench train [--config tiny|small|all] [--steps N (7)] [--warmup N (3)] [--no-torch]
