@@ -98,24 +98,15 @@ NT_KERNEL("bias_gelu_backward", BiasGeluBackward) {
   F32View O(info, 2, call, dt, n, false), DB(info, 3, call, dt, cols, false, hasBias);
   const float *x = X.data(), *g = G.data();
   float* o = O.data();
-  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
-  std::vector<double> partial(hasBias ? size_t(blocks * cols) : 0, 0.0);
-  parallelBlocks(blocks, kSumBlockRows * cols * 32, [&](int64_t blk) {
-    int64_t r0 = blk * kSumBlockRows, r1 = std::min(rows, r0 + kSumBlockRows);
-    double* acc = hasBias ? partial.data() + blk * cols : nullptr;
-    for (int64_t r = r0; r < r1; r++) {
-      float* orow = o + r * cols;
-      geluGradRow(x + r * cols, g + r * cols, orow, cols, dt);
-      if (acc) for (int64_t j = 0; j < cols; j++) acc[j] += double(orow[j]);
-    }
-  });
+  auto row = [&](int64_t r) { geluGradRow(x + r * cols, g + r * cols, o + r * cols, cols, dt); };
   if (hasBias) {
-    float* db = DB.data();
-    for (int64_t j = 0; j < cols; j++) {
-      double s = 0;
-      for (int64_t blk = 0; blk < blocks; blk++) s += partial[size_t(blk * cols + j)];
-      db[j] = float(s);
-    }
+    blockColumnSums<1>(rows, cols, cols * 32, [&](int64_t r, const std::array<double*, 1>& acc) {
+      row(r);
+      const float* orow = o + r * cols;
+      for (int64_t j = 0; j < cols; j++) acc[0][j] += double(orow[j]);
+    }, {DB.data()});
+  } else {
+    parallelRows(rows, cols * 32, [&](int64_t b, int64_t e) { for (int64_t r = b; r < e; r++) row(r); });
   }
   O.commit();
   DB.commit();

@@ -112,23 +112,9 @@ static void normBackward(const float* x, const float* w, const float* mean, cons
                          float* dx, float* dw, float* db, int64_t rows, int64_t cols, bool centered) {
   // dx row by row over the pool; dW and dB from per-block double partials added in block order, so
   // the result is the same on any thread count.
-  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
-  std::vector<double> accW(size_t(blocks * cols), 0.0), accB(size_t(blocks * cols), 0.0);
-  parallelBlocks(blocks, kSumBlockRows * cols * 8, [&](int64_t blk) {
-    double* aw = accW.data() + blk * cols;
-    double* ab = accB.data() + blk * cols;
-    for (int64_t r = blk * kSumBlockRows, end = std::min(rows, r + kSumBlockRows); r < end; r++)
-      normBackwardRow(x + r * cols, g + r * cols, w, centered ? mean[r] : 0.0f, rstd[r], aw, ab, dx + r * cols, cols, centered);
-  });
-  for (int64_t j = 0; j < cols; j++) {
-    double sw = 0, sb = 0;
-    for (int64_t blk = 0; blk < blocks; blk++) {
-      sw += accW[size_t(blk * cols + j)];
-      sb += accB[size_t(blk * cols + j)];
-    }
-    dw[j] = float(sw);
-    if (db) db[j] = float(sb);
-  }
+  blockColumnSums<2>(rows, cols, cols * 8, [&](int64_t r, const std::array<double*, 2>& acc) {
+    normBackwardRow(x + r * cols, g + r * cols, w, centered ? mean[r] : 0.0f, rstd[r], acc[0], acc[1], dx + r * cols, cols, centered);
+  }, {dw, db});
 }
 
 // layernorm_backward(x, weight, mean, rstd, gradOut, gradX, gradW, gradB|null, rows, cols, dtype)

@@ -146,9 +146,7 @@ inline void roundThrough(float* x, int64_t n, DType dt) {
   }
 }
 
-// Column sums of a [rows, cols] matrix into out[cols], in double, over fixed blocks of kSumBlockRows
-// rows that the pool runs in parallel and that are added in block order: the result does not depend
-// on the thread count. rowAt(r) returns row r (after whatever the caller computes into it).
+// Rows per block of blockColumnSums (below).
 inline constexpr int64_t kSumBlockRows = 64;
 
 // Threads the row-parallel kernels use (setKernelThreads; default: the cores, at most 4).
@@ -194,6 +192,31 @@ void parallelBlocks(int64_t blocks, int64_t workPerBlock, F fn) {
   parallelRows(blocks, workPerBlock, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i++) fn(i);
   });
+}
+
+// Column sums in double over fixed blocks of kSumBlockRows rows that the pool runs in parallel and
+// that are added in block order, so the sums do not depend on the thread count. row(r, acc) computes
+// row r (whatever the kernel writes for it) and adds its contributions to S sums of `cols` columns:
+// acc[k][j] is sum k's partial of column j for r's block. Sum k is written to out[k] as f32 (skipped
+// when out[k] is null). `workPerRow` as parallelRows'.
+template <int S, class F>
+void blockColumnSums(int64_t rows, int64_t cols, int64_t workPerRow, F row, const std::array<float*, S>& out) {
+  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
+  std::vector<double> partial(size_t(S * blocks * cols), 0.0);
+  parallelBlocks(blocks, kSumBlockRows * workPerRow, [&](int64_t blk) {
+    std::array<double*, S> acc;
+    for (int k = 0; k < S; k++) acc[k] = partial.data() + (k * blocks + blk) * cols;
+    for (int64_t r = blk * kSumBlockRows, end = std::min(rows, r + kSumBlockRows); r < end; r++) row(r, acc);
+  });
+  for (int k = 0; k < S; k++) {
+    if (!out[k]) continue;
+    const double* sums = partial.data() + k * blocks * cols;
+    for (int64_t j = 0; j < cols; j++) {
+      double s = 0;
+      for (int64_t blk = 0; blk < blocks; blk++) s += sums[size_t(blk * cols + j)];
+      out[k][j] = float(s);
+    }
+  }
 }
 
 }  // namespace nt::cpu
