@@ -50,6 +50,43 @@ describe('row-parallel kernels', () => {
   });
 });
 
+describe('column sums over row blocks', () => {
+  it('LayerNorm, RMSNorm and bias+GELU backward give the same weight and bias gradients on 1, 2 and 3 threads, matching float64', () => {
+    const rows = 333, cols = 129;  // 6 blocks of 64 rows, the last one short
+    const x = randomArray(rows * cols, rng(5), -3, 3), up = randomArray(rows * cols, rng(6), -1, 1);
+    const w = randomArray(cols, rng(7), 0.5, 1.5), bias = randomArray(cols, rng(8), -0.5, 0.5);
+    const run = () => nt.scope(() => {
+      const leaf = (a: Float64Array, shape: number[]) => { const t = nt.tensor(Float32Array.from(a), shape); t.requiresGrad = true; return t; };
+      const xt = leaf(x, [rows, cols]), g = nt.tensor(Float32Array.from(up), [rows, cols]);
+      const lw = leaf(w, [cols]), lb = leaf(bias, [cols]), rw = leaf(w, [cols]);
+      const lin = leaf(randomArray(cols * cols, rng(9), -0.1, 0.1), [cols, cols]), linB = leaf(bias, [cols]);
+      const weighted = (y: nt.Tensor) => nt.sum(nt.mul(y, g));
+      for (const loss of [weighted(nt.layerNorm(xt, lw, lb)), weighted(nt.rmsNorm(xt, rw)), weighted(nt.linearGelu(xt, lin, linB))]) loss.backward();
+      return { lw: lw.grad!.toArraySync(), lb: lb.grad!.toArraySync(), rw: rw.grad!.toArraySync(), linB: linB.grad!.toArraySync() };
+    });
+    const one = withThreads(1, run);
+    for (const n of [2, 3]) {
+      const other = withThreads(n, run);
+      for (const k of ['lw', 'lb', 'rw', 'linB'] as const) expect(Array.from(other[k]), `${k} on ${n} threads`).toEqual(Array.from(one[k]));
+    }
+    // LayerNorm's bias gradient is the column sum of the upstream gradient; RMSNorm's weight gradient Σ_rows g·x·rstd.
+    const f32 = (a: Float64Array) => Float64Array.from(Float32Array.from(a));
+    const xf = f32(x), gf = f32(up);
+    const lbRef = new Float64Array(cols), rwRef = new Float64Array(cols);
+    for (let r = 0; r < rows; r++) {
+      let ss = 0;
+      for (let j = 0; j < cols; j++) ss += xf[r * cols + j]! ** 2;
+      const rstd = 1 / Math.sqrt(ss / cols + 1e-6);
+      for (let j = 0; j < cols; j++) {
+        lbRef[j] += gf[r * cols + j]!;
+        rwRef[j] += gf[r * cols + j]! * xf[r * cols + j]! * rstd;
+      }
+    }
+    expectClose(one.lb, lbRef, 1e-5, 1e-5, 'layerNorm bias grad');
+    expectClose(one.rw, rwRef, 1e-4, 1e-4, 'rmsNorm weight grad');
+  });
+});
+
 describe('edge cases', () => {
   it('softmax is stable for huge and tiny logits', () => {
     nt.scope(() => {
