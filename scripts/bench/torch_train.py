@@ -8,9 +8,14 @@
 # parameters + AdamW state; the same quantity nodetron's memoryStats peak gives).
 # Usage: torch_train.py --layers L --heads H --width C --ctx T --batch B --vocab V --steps N --warmup W
 #   --threads K [--device cuda] [--dtype bf16 (autocast)] [--compile [default|max-autotune-no-cudagraphs]]
-#   [--no-mkldnn] [--no-memory]
+#   [--no-mkldnn] [--no-memory] [--init PREFIX] [--losses N]
+# --init PREFIX starts from another run's weights and tokens: PREFIX.json lists the parameters ({name, shape,
+# offset} in f32 elements, named as nodetron names them), PREFIX.bin holds them (f32, little-endian) and
+# PREFIX-tokens.bin the inputs then the targets (int32, [batch, ctx] each). --losses N records the losses
+# of the first N steps (all untimed: N counts as warm-up when it is larger).
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,21 +54,39 @@ def main():
                     help='torch.compile the forward with this mode (default, max-autotune-no-cudagraphs, ...)')
     ap.add_argument('--no-mkldnn', action='store_true', help='torch.backends.mkldnn.enabled = False')
     ap.add_argument('--no-memory', action='store_true', help='skip the profiled peak-memory step')
+    ap.add_argument('--init', default=None, help='start from PREFIX.json/.bin weights and PREFIX-tokens.bin')
+    ap.add_argument('--losses', type=int, default=0, help='record the losses of the first N steps')
     a = ap.parse_args()
+    a.warmup = max(a.warmup, a.losses)
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
     if a.no_mkldnn:
         torch.backends.mkldnn.enabled = False
     cfg = dict(vocabSize=a.vocab, blockSize=a.ctx, nLayer=a.layers, nHead=a.heads, nEmbd=a.width, dropout=0.0, bias=True)
     gen = torch.Generator().manual_seed(0)
-    ps = make_params(cfg, gen)
+    if a.init:
+        import numpy as np
+        with open(a.init + '.json') as f:
+            manifest = json.load(f)
+        flat = np.fromfile(a.init + '.bin', dtype='<f4')
+        ps = {m['name']: torch.from_numpy(flat[m['offset']:m['offset'] + math.prod(m['shape'])].copy()).reshape(m['shape']) for m in manifest}
+        expected = set(make_params(dict(cfg, vocabSize=2, blockSize=2, nEmbd=2), gen).keys())
+        if set(ps) != expected:
+            raise SystemExit(f'--init: parameter names differ from the model: {sorted(set(ps) ^ expected)[:8]}')
+    else:
+        ps = make_params(cfg, gen)
     params = [p.detach().float().to(dev).requires_grad_(True) for p in ps.values()]
     ps = dict(zip(ps.keys(), params))
     # nodetron's AdamW: lr 1e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter; foreach
     # is PyTorch's fastest CPU path (fused=True is CUDA/MPS-only for f32 on some versions).
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=False, foreach=True)
-    idx = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
-    targets = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
+    if a.init:
+        import numpy as np
+        tok = torch.from_numpy(np.fromfile(a.init + '-tokens.bin', dtype='<i4').astype('int64')).reshape(2, a.batch, a.ctx)
+        idx, targets = tok[0].to(dev), tok[1].to(dev)
+    else:
+        idx = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
+        targets = torch.randint(0, a.vocab, (a.batch, a.ctx), generator=gen).to(dev)
     fwd = lambda i, t: forward(ps, cfg, i, t, fused_attention=True)  # noqa: E731
     if a.compile:
         fwd = torch.compile(fwd, mode=None if a.compile == 'default' else a.compile)
@@ -80,6 +103,7 @@ def main():
         opt.zero_grad(set_to_none=True)
 
     times = []
+    losses = []
     compile_s = None
     for i in range(a.warmup + a.steps):
         if cuda and i == a.warmup:
@@ -91,6 +115,8 @@ def main():
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        if i < a.losses:
+            losses.append(out['loss'].item())
         if i == 0 and a.compile:
             compile_s = dt
         if i >= a.warmup:
@@ -108,7 +134,7 @@ def main():
         'msPerStep': ms, 'meanMsPerStep': 1000 * statistics.fmean(times), 'stepsMs': [1000 * t for t in times],
         'firstStepSeconds': compile_s, 'tokensPerSec': a.batch * a.ctx / (ms / 1000), 'loss': out['loss'].item(),
         'peakStepBytes': peak, 'peakKind': 'cuda max_memory_allocated' if cuda else ('profiler: tensor bytes above parameters + AdamW state' if peak is not None else None),
-        'maxRssBytes': _max_rss(), 'params': sum(p.numel() for p in params)}))
+        'maxRssBytes': _max_rss(), 'params': sum(p.numel() for p in params), 'losses': losses}))
 
 
 def _max_rss():

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Packs what a GPU machine without Node.js needs to run scripts/gpu/run.mjs; builds nothing (run
-# `node scripts/setup.mjs` first). Into .device/bundle.tar.xz (.device/ is git-ignored):
+# Packs what a GPU machine without Node.js needs to run scripts/gpu/run.mjs, and nothing more; builds
+# nothing (run `node scripts/setup.mjs` first). Into .device/bundle.tar.xz (.device/ is git-ignored).
+# The device machine receives the repository's tree plus the carried bundle, 64 MiB at most together:
+# this script fails when the two pass 60 MiB, so the margin stays.
 #   runtime/node           this machine's node, stripped
 #   runtime/lib/           the addons' non-system libraries (OpenBLAS, Gloo and their deps; the CUDA
 #                          libraries come from the device's own driver and pip wheels)
 #   runtime/env.sh         sourced on the device: PATH, LD_LIBRARY_PATH, the commit, an ldd/glibc preflight
 #   runtime/COMMIT         the git commit (with "-dirty" when the tree has changes)
-#   project/               build/ (addons only), prebuilds/, dist/ and the node_modules needed at run time
-#                          (runtime dependencies, tsx for the launcher's .ts fixtures, vitest for test/cuda)
-# On the GPU machine, from a copy of the repository that includes .device/ (see docs/gpu.md):
-#   mkdir -p /tmp/ntb && tar -xJf .device/bundle.tar.xz -C /tmp/ntb && source /tmp/ntb/runtime/env.sh
+#   project/               build/Release/{nodetron,nodetron_cuda}.node, dist/ and the node_modules needed at
+#                          run time (runtime dependencies, tsx for the parallel step's .ts fixtures)
+# On the GPU machine, from a copy of the repository carrying .device/bundle.tar.xz (see docs/gpu.md):
+#   bash scripts/gpu/device.sh         (unpacks with xz or python's tarfile, then runs scripts/gpu/run.mjs)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-[ -d dist ] && ls build/Release/*.node >/dev/null 2>&1 || { echo "bundle.sh: build/Release/*.node or dist/ missing: run node scripts/setup.mjs first" >&2; exit 1; }
+[ -d dist ] && [ -f build/Release/nodetron.node ] || { echo "bundle.sh: build/Release/nodetron.node or dist/ missing: run node scripts/setup.mjs first" >&2; exit 1; }
+[ -f build/Release/nodetron_cuda.node ] || echo "bundle.sh: warning: build/Release/nodetron_cuda.node is missing (no nvcc here?): the device run will find no cuda backend" >&2
+limit_mib=${NODETRON_BUNDLE_LIMIT_MIB:-60}
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -22,14 +26,14 @@ mkdir -p "$stage/runtime/lib" "$stage/project/build/Release"
 cp "$(command -v node)" "$stage/runtime/node"
 strip "$stage/runtime/node" 2>/dev/null || true
 
-# Addons: build/Release/*.node and prebuilds/, plus build/cuda-status.txt (lib/native.ts reads it).
-cp -a build/Release/*.node "$stage/project/build/Release/"
-[ -f build/cuda-status.txt ] && cp build/cuda-status.txt "$stage/project/build/"
-[ -d prebuilds ] && cp -a prebuilds "$stage/project/"
+# Addons: the cpu and cuda ones (lib/native.ts loads build/Release first; prebuilds/ would be a second
+# copy), build/cuda-status.txt and build/cuda-libs.json (lib/native.ts reads them).
+for a in nodetron nodetron_cuda; do [ -f "build/Release/$a.node" ] && cp -a "build/Release/$a.node" "$stage/project/build/Release/"; done
+for f in cuda-status.txt cuda-libs.json; do [ -f "build/$f" ] && cp "build/$f" "$stage/project/build/"; done
 cp -a dist "$stage/project/"
 
 # Non-system libraries the addons link, resolved here. The CUDA driver/runtime, cuBLASLt and NCCL stay out.
-mapfile -t addons < <(find build/Release prebuilds -name '*.node' -type f 2>/dev/null)
+mapfile -t addons < <(find "$stage/project/build/Release" -name '*.node' -type f)
 for addon in "${addons[@]}"; do
   ldd "$addon" | awk '/=> \//{print $3}' |
     grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
@@ -38,8 +42,8 @@ for addon in "${addons[@]}"; do
 done
 
 # node_modules needed at run time: the production dependency tree (less the build-only packages) and
-# the trees of tsx and vitest, as npm resolves them.
-mods=$( { npm ls --omit=dev --all --parseable 2>/dev/null; npm ls tsx vitest --all --parseable 2>/dev/null; } |
+# the tree of tsx, as npm resolves them.
+mods=$( { npm ls --omit=dev --all --parseable 2>/dev/null; npm ls tsx --all --parseable 2>/dev/null; } |
   grep '/node_modules/' | sed "s|^$root/||" | sort -u |
   grep -vE '^node_modules/(cmake-js|node-addon-api|@stdlib)(/|$)' || true)
 # A package's folder holds its nested node_modules too: copy top-level ones and let nesting follow.
@@ -75,7 +79,7 @@ export LD_LIBRARY_PATH="$_ntb/lib${_nv:+:$_nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PA
 echo "node $(node --version) from the bundle (commit $NODETRON_COMMIT); CUDA wheel libs: ${_nv:-none found}"
 # Preflight: libraries ldd cannot resolve, and the glibc/libstdc++ versions the addons need vs have.
 echo "glibc here: $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}'); GLIBCXX here: $(strings "$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')" 2>/dev/null | grep -E '^GLIBCXX_3' | sort -V | tail -1)"
-for _a in $(find build/Release prebuilds -name '*.node' 2>/dev/null); do
+for _a in $(find build/Release -name '*.node' 2>/dev/null); do
   _miss=$(ldd "$_a" 2>&1 | grep -E 'not found|GLIBC' || true)
   [ -z "$_miss" ] || echo "preflight: $_a: $_miss"
   _need=$(objdump -T "$_a" 2>/dev/null | grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -uV | awk -F_ '{v[$1]=$0} END {for (k in v) printf "%s ", v[k]}')
@@ -84,8 +88,18 @@ done
 ENV
 
 mkdir -p .device
-tar -C "$stage" -cf - runtime project | xz -T2 -6 >.device/bundle.tar.xz
-size=$(du -m .device/bundle.tar.xz | cut -f1)
-echo "wrote .device/bundle.tar.xz (${size} MiB, commit $commit; the tree that travels must stay under 64 MiB)"
-echo "addons: ${addons[*]}; libraries: $(ls "$stage/runtime/lib" | tr '\n' ' ')"
+rm -f .device/bundle.tar.xz
+tar -C "$stage" -cf - runtime project | xz -T0 -6 >.device/bundle.tar.xz.tmp
+mv .device/bundle.tar.xz.tmp .device/bundle.tar.xz
+# What travels: the repository's tree (tracked and untracked files git does not ignore) plus the bundle.
+bundle_b=$(stat -c %s .device/bundle.tar.xz)
+tree_b=$(git ls-files -co --exclude-standard -z | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+echo "wrote .device/bundle.tar.xz ($(mib "$bundle_b") MiB, commit $commit); repository tree $(mib "$tree_b") MiB; together $(mib $((bundle_b + tree_b))) MiB of the 64 MiB that may travel (limit here: ${limit_mib} MiB)"
+echo "addons: $(ls "$stage/project/build/Release" | tr '\n' ' ')libraries: $(ls "$stage/runtime/lib" | tr '\n' ' ')"
 echo "node_modules: $(ls "$stage/project/node_modules" | wc -l) packages, $(du -sm "$stage/project/node_modules" | cut -f1) MiB before compression"
+if [ $((bundle_b + tree_b)) -gt $((limit_mib * 1048576)) ]; then
+  echo "bundle.sh: the bundle and the tree come to $(mib $((bundle_b + tree_b))) MiB, over ${limit_mib} MiB: they would not travel within 64 MiB; trim what the bundle carries" >&2
+  rm -f .device/bundle.tar.xz
+  exit 1
+fi

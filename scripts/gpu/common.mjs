@@ -52,7 +52,7 @@ export function findPython() {
   }
   let fallback = null;
   for (const py of [...new Set(candidates.filter(Boolean))]) {
-    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 60_000 });
+    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 20_000 });
     if (r.status === 0) return { python: py, torch: JSON.parse(r.stdout.trim().split('\n').pop()).torch };
     if (r.error === undefined && fallback === null) fallback = py;
   }
@@ -73,3 +73,39 @@ export function commit() {
   const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' });
   return r.status === 0 ? r.stdout.trim() : 'unknown';
 }
+
+/**
+ * The device run's plan, in order of value: each step runs in its own child process with its own time
+ * limit. `phase` caps when a step may still start or run: a phase ends `phaseEndS` seconds after the run
+ * began (cumulative, so time a phase leaves unused goes to the next). `sync` sets NODETRON_CUDA_SYNC=1
+ * (every launch synchronized, so a fault is reported by the op that made it). `sections` picks the
+ * blocks of correctness.mjs the step runs; `fn` is the exported function of `file` it calls.
+ */
+export const PHASES = [
+  { name: 'preflight', endS: 45 },
+  { name: 'correctness', endS: 285 },
+  { name: 'gpt2', endS: 435 },
+  { name: 'gemm', endS: 495 },
+  { name: 'rest', endS: 540 },
+];
+export const PLAN = [
+  { id: 'preflight', phase: 'preflight', file: 'preflight', fn: 'run', limitS: 45 },
+  { id: 'nccl', phase: 'correctness', file: 'correctness', sections: ['nccl'], limitS: 60, sync: true },
+  { id: 'gemm', phase: 'correctness', file: 'correctness', sections: ['gemm'], limitS: 60, sync: true },
+  { id: 'ops-f32', phase: 'correctness', file: 'correctness', sections: ['ops-f32'], limitS: 60, sync: true },
+  { id: 'ops-bf16', phase: 'correctness', file: 'correctness', sections: ['ops-bf16'], limitS: 45, sync: true },
+  { id: 'ops-f16', phase: 'correctness', file: 'correctness', sections: ['ops-f16'], limitS: 45, sync: true },
+  { id: 'kernels', phase: 'correctness', file: 'correctness', sections: ['kernels'], limitS: 45, sync: true },
+  { id: 'optim-amp', phase: 'correctness', file: 'correctness', sections: ['optim', 'amp', 'gpt'], limitS: 60, sync: true },
+  { id: 'memory', phase: 'correctness', file: 'correctness', sections: ['streams', 'allocator', 'oom'], limitS: 45, sync: true },
+  { id: 'gpt2-step', phase: 'gpt2', file: 'performance', fn: 'gpt2Step', limitS: 120, minS: 30 },
+  { id: 'gpt2-torch-eager', phase: 'gpt2', file: 'performance', fn: 'gpt2Torch', args: { mode: 'eager' }, limitS: 90, minS: 25 },
+  { id: 'gpt2-torch-compile', phase: 'gpt2', file: 'performance', fn: 'gpt2Torch', args: { mode: 'compile' }, limitS: 150, minS: 60 },
+  { id: 'gemm-perf', phase: 'gemm', file: 'performance', fn: 'gemmPerf', limitS: 90, minS: 20 },
+  { id: 'membw', phase: 'rest', file: 'performance', fn: 'membw', limitS: 40, minS: 10 },
+  { id: 'dispatch', phase: 'rest', file: 'performance', fn: 'dispatch', limitS: 20, minS: 5 },
+  { id: 'parallel', phase: 'rest', file: 'parallel', fn: 'run', limitS: 150, minS: 40 },
+  { id: 'sanitizer', phase: 'rest', file: 'correctness', sections: ['sanitizer'], limitS: 150, minS: 40 },
+];
+/** The whole run's budget: one device command may run 600 s; the rest is unpacking and the reply. */
+export const BUDGET_S = 540;

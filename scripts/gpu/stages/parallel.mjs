@@ -23,7 +23,7 @@ export async function run(rec, nt, noGpu) {
     const out = join(work, name.replace(/\W+/g, '-'));
     const t0 = Date.now();
     const r = spawnSync(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, '--steps', '3', ...flags],
-      { cwd: root, encoding: 'utf8', timeout: 150_000 });
+      { cwd: root, encoding: 'utf8', timeout: 60_000 });
     const wallS = (Date.now() - t0) / 1000;
     if (r.status !== 0) return { error: `exit ${r.status}${r.error ? ` (${r.error.message})` : ''}: ${(r.stdout + r.stderr).slice(-1500)}`, wallS };
     return { ranks: Array.from({ length: nproc }, (_, k) => JSON.parse(readFileSync(join(out, `result-${k}.json`), 'utf8'))), wallS };

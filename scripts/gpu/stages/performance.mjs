@@ -1,37 +1,109 @@
-// Stage 3: performance, each number beside PyTorch's on the same GPU in the same run: GEMM TFLOP/s
-// (bf16, f16, tf32, f32; 4096^3, 8192^3 and GPT-2 124M's shapes, NN/NT/TN) vs torch.matmul; GB/s of
-// memory-bound kernels vs a device-to-device copy and the torch op; a GPT-2 124M training step
-// (T = 1024, B = 8/16/32, bf16 autocast): tokens/s, MFU, peak memory vs torch eager and torch.compile;
-// JS dispatch cost per op on cuda. Rows: { name, value, unit, torch, ratio = nodetron / torch }.
-import { spawnSync } from 'node:child_process';
+// Performance steps of the device run, each number beside PyTorch's on the same GPU in the same run:
+// a GPT-2 124M training step (T 1024, bf16 autocast) in tokens/s, MFU and peak memory, with the first
+// 20 losses of nodetron and PyTorch (eager and torch.compile) from the same weights and tokens; GEMM
+// TFLOP/s (bf16, f16, tf32, f32; 4096^3, 8192^3 and GPT-2 124M's shapes NN/NT/TN) vs torch.matmul; GB/s of
+// memory-bound kernels vs a device-to-device copy and the torch op; JS dispatch cost per op on cuda.
+// Rows: { name, value, unit, torch, ratio = nodetron / torch }.
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { findPython, root, torchPeer } from '../common.mjs';
+import { findPython, relErr, root, torchPeer } from '../common.mjs';
 
 const DT = { f32: 0, f16: 1, bf16: 2, tf32: 0 };
 // Dense peak TFLOP/s of bf16 tensor cores, for MFU (SXM parts; PCIe/NVL parts are lower).
 const PEAK_BF16 = [[/H200/, 989], [/H100.*PCIe/, 756], [/H100/, 989], [/A100/, 312], [/B200/, 2250]];
+// The GPT-2 124M step: batch, context, the losses compared with PyTorch's, the timed steps after them.
+const GPT2 = { cfg: { vocabSize: 50257, blockSize: 1024, nLayer: 12, nHead: 12, nEmbd: 768, dropout: 0, bias: true }, B: 16, T: 1024, losses: 20, timed: 10 };
+// Both sides' AdamW: scripts/bench/torch_train.py's hyperparameters, weight decay on every parameter.
+const ADAMW = { lr: 1e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
+// First-20-step losses of bf16 runs from the same weights and tokens: |a - b| / (1 + |b|) at most this.
+const LOSS_TOL = 1e-2;
 
-export async function run(rec, nt, noGpu) {
+const timeCuda = (nt, fn, iters) => {
+  fn();
+  const a = new nt.cuda.Event(0, { timing: true }), b = new nt.cuda.Event(0, { timing: true });
+  a.record();
+  for (let i = 0; i < iters; i++) fn();
+  b.record(); b.synchronize();
+  const ms = a.elapsedMs(b) / iters;
+  a.destroy(); b.destroy();
+  return ms;
+};
+const rowOf = (rec) => (name, value, unit, torchValue, extra = {}) => rec.bench({ name, value, unit, torch: torchValue ?? null, ratio: torchValue ? value / torchValue : undefined, ...extra });
+
+/** nodetron's GPT-2 124M step: writes its initial weights and tokens for the torch steps, records 20 losses, times 10 steps. */
+export async function gpt2Step(rec, nt, noGpu, ctx) {
   if (noGpu) return rec.skip(noGpu);
-  const started = Date.now();
+  const { cfg, B, T } = GPT2;
+  const { cuda } = await import('../../../dist/native.js');
+  const gpu = cuda().deviceInfo()[0].name;
+  const prefix = join(ctx.work, 'gpt2-init');
+  nt.emptyCache('cuda');
+  const model = new nt.nn.GPT(cfg, { seed: 1, device: 'cuda' });
+  const named = model.namedParameters();
+  const nParams = named.reduce((s, [, p]) => s + p.numel, 0);
+  let offset = 0;
+  const manifest = named.map(([name, p]) => { const m = { name, shape: p.shape, offset }; offset += p.numel; return m; });
+  const flat = new Float32Array(offset);
+  for (const [i, [, p]] of named.entries()) flat.set(p.to('cpu').toArraySync(), manifest[i].offset);
+  writeFileSync(`${prefix}.json`, JSON.stringify(manifest));
+  writeFileSync(`${prefix}.bin`, new Uint8Array(flat.buffer));
+  const tokens = Int32Array.from({ length: 2 * B * T }, (_, i) => ((i * 2654435761) >>> 0) % cfg.vocabSize);
+  writeFileSync(`${prefix}-tokens.bin`, new Uint8Array(tokens.buffer));
+  const x = nt.tensor(tokens.slice(0, B * T), [B, T]).to('cuda'), y = nt.tensor(tokens.slice(B * T), [B, T]).to('cuda');
+  const opt = new nt.optim.AdamW(model.parameters(), ADAMW);
+  const step = () => nt.autocast({ dtype: 'bf16' }, () => nt.trainStep(model, opt, x, y));
+  const losses = [];
+  for (let s = 0; s < GPT2.losses; s++) losses.push(step().loss);
+  writeFileSync(join(ctx.work, 'gpt2-losses.json'), JSON.stringify(losses));
+  rec.info('gpt2Losses', losses);
+  rec.check({ name: 'GPT-2 124M bf16: 20 finite losses, falling', ok: losses.every(Number.isFinite) && losses.at(-1) < losses[0], error: JSON.stringify(losses) });
+  nt.cuda.synchronize();
+  nt.resetPeakMemory('cuda');
+  const t0 = process.hrtime.bigint();
+  for (let s = 0; s < GPT2.timed; s++) step();
+  nt.cuda.synchronize();
+  const ms = Number(process.hrtime.bigint() - t0) / 1e6 / GPT2.timed;
+  const tokS = (B * T) / (ms / 1e3);
+  const flopsPerToken = 6 * nParams + 12 * cfg.nLayer * cfg.nEmbd * T;
+  const peakTf = PEAK_BF16.find(([re]) => re.test(gpu))?.[1];
+  const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats('cuda').peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
+  writeFileSync(join(ctx.work, 'gpt2-nodetron.json'), JSON.stringify(result));
+  rec.bench({ name: `GPT-2 124M step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
+  opt.dispose(); model.dispose(); x.dispose(); y.dispose();
+}
+
+/** PyTorch's GPT-2 124M step (ctx.args.mode: eager or compile) from nodetron's weights and tokens, beside nodetron's. */
+export async function gpt2Torch(rec, nt, noGpu, ctx) {
+  if (noGpu) return rec.skip(noGpu);
+  const { cfg, B, T } = GPT2;
+  const mode = ctx.args.mode;
+  const prefix = join(ctx.work, 'gpt2-init');
+  let mine = null, ourLosses = null;
+  try { mine = JSON.parse(readFileSync(join(ctx.work, 'gpt2-nodetron.json'), 'utf8')); } catch { /* the nodetron step did not finish */ }
+  try { ourLosses = JSON.parse(readFileSync(join(ctx.work, 'gpt2-losses.json'), 'utf8')); } catch { /* idem */ }
+  const { python } = findPython();
+  const init = ourLosses ? ['--init', prefix, '--losses', String(GPT2.losses)] : [];
+  const peer = torchPeer(python, ['--layers', String(cfg.nLayer), '--heads', String(cfg.nHead), '--width', String(cfg.nEmbd), '--ctx', String(T), '--batch', String(B),
+    '--vocab', String(cfg.vocabSize), '--steps', String(GPT2.timed), '--warmup', '3', '--device', 'cuda', '--dtype', 'bf16', ...init, ...(mode === 'compile' ? ['--compile'] : [])],
+  600_000, join(root, 'scripts', 'bench', 'torch_train.py'));
+  if (peer.error) { rec.check({ name: `torch ${mode} GPT-2 step ran`, ok: false, error: peer.error }); return; }
+  rec.info(`torch${mode}`, { torch: peer.torch, msPerStep: peer.msPerStep, firstStepSeconds: peer.firstStepSeconds, peakStepBytes: peer.peakStepBytes, losses: peer.losses });
+  const tokS = mine?.tokS;
+  rec.bench({ name: `GPT-2 124M step bf16 B${B} vs torch ${mode}`, value: tokS ?? null, unit: 'tokens/s', torch: peer.tokensPerSec, ratio: tokS ? tokS / peer.tokensPerSec : undefined,
+    peakBytes: mine?.peakBytes ?? null, torchPeakBytes: peer.peakStepBytes ?? null, mfu: mine?.mfu ?? null, torchMfu: mine?.flopsPerToken && mine.peakTflops ? (peer.tokensPerSec * mine.flopsPerToken) / (mine.peakTflops * 1e12) : null });
+  if (ourLosses && peer.losses?.length) {
+    const c = relErr(ourLosses, peer.losses, LOSS_TOL);
+    rec.check({ name: `GPT-2 124M bf16: first ${GPT2.losses} losses = torch ${mode}'s (same weights and tokens)`, ok: c.bad === 0, maxRelErr: c.maxRelErr, tol: LOSS_TOL, error: c.bad ? JSON.stringify({ nodetron: ourLosses, torch: peer.losses }) : undefined });
+  }
+}
+
+/** GEMM TFLOP/s beside torch.matmul. */
+export async function gemmPerf(rec, nt, noGpu) {
+  if (noGpu) return rec.skip(noGpu);
   const { cuda } = await import('../../../dist/native.js');
   const G = cuda();
-  const gpu = G.deviceInfo()[0].name;
-  const { python, torch } = findPython();
-  rec.info('torch', torch);
-  const row = (name, value, unit, torchValue, extra = {}) => rec.bench({ name, value, unit, torch: torchValue ?? null, ratio: torchValue ? value / torchValue : undefined, ...extra });
-  const timeCuda = (fn, iters) => {
-    fn();
-    const a = new nt.cuda.Event(0, { timing: true }), b = new nt.cuda.Event(0, { timing: true });
-    a.record();
-    for (let i = 0; i < iters; i++) fn();
-    b.record(); b.synchronize();
-    const ms = a.elapsedMs(b) / iters;
-    a.destroy(); b.destroy();
-    return ms;
-  };
-
-  // ---- GEMM ----
+  const { python } = findPython();
+  const row = rowOf(rec);
   const shapes = [[4096, 4096, 4096, 'NN'], [8192, 8192, 8192, 'NN']];
   // GPT-2 124M at B*T = 8192 rows: QKV, attention proj, MLP up, MLP down, LM head; forward NN-like
   // (x @ W^T = NT), the two backward products (dX: NN, dW: TN).
@@ -39,7 +111,7 @@ export async function run(rec, nt, noGpu) {
     shapes.push([8192, n, k, 'NT'], [8192, k, n, 'NN'], [n, k, 8192, 'TN']);
   }
   const dtypes = ['bf16', 'f16', 'tf32', 'f32'];
-  const peer = torchPeer(python, ['gemm', '--shapes', JSON.stringify(shapes), '--dtypes', dtypes.join(',')], 400_000);
+  const peer = torchPeer(python, ['gemm', '--shapes', JSON.stringify(shapes), '--dtypes', dtypes.join(',')], 80_000);
   if (peer.error) rec.info('torchGemmError', peer.error);
   for (const dtype of dtypes) {
     nt.cuda.setFloat32MatmulPrecision(dtype === 'tf32' ? 'high' : 'highest');
@@ -49,23 +121,31 @@ export async function run(rec, nt, noGpu) {
       const a = nt.randn(ta ? [k, m] : [m, k], { seed: 1, dtype: st, device: 'cuda' }), b = nt.randn(tb ? [n, k] : [k, n], { seed: 2, dtype: st, device: 'cuda' });
       const c = nt.zeros([m, n], { dtype: st, device: 'cuda' });
       const iters = Math.max(3, Math.min(50, Math.floor(2e13 / (2 * m * n * k))));
-      const ms = timeCuda(() => G.gemm(a.storage, b.storage, c.storage, DT[dtype], 1, m, n, k, ta, tb, 1, 0, 0, 0, 0), iters);
+      const ms = timeCuda(nt, () => G.gemm(a.storage, b.storage, c.storage, DT[dtype], 1, m, n, k, ta, tb, 1, 0, 0, 0, 0), iters);
       const t = peer.result?.find((r) => r.dtype === dtype && r.m === m && r.n === n && r.k === k && r.layout === layout);
       row(`gemm ${dtype} ${m}x${n}x${k} ${layout}`, (2 * m * n * k) / ms / 1e9, 'TFLOP/s', t?.tflops);
       a.dispose(); b.dispose(); c.dispose();
     }
   }
   nt.cuda.setFloat32MatmulPrecision('highest');
+}
 
-  // ---- memory-bound kernels (bf16 16384 x 4096: 128 MiB in, 128 MiB out) ----
+/** GB/s of memory-bound kernels beside a device copy and the torch op. */
+export async function membw(rec, nt, noGpu) {
+  if (noGpu) return rec.skip(noGpu);
+  const { cuda } = await import('../../../dist/native.js');
+  const G = cuda();
+  const { python } = findPython();
+  const row = rowOf(rec);
+  // bf16 16384 x 4096: 128 MiB in, 128 MiB out
   {
     const [R, D] = [16384, 4096], bytes = R * D * 2;
     const x = nt.randn([R, D], { seed: 3, dtype: 'bf16', device: 'cuda' }), y = nt.zeros([R, D], { dtype: 'bf16', device: 'cuda' });
     const w = nt.randn([D], { seed: 4, dtype: 'bf16', device: 'cuda' }), bb = nt.randn([D], { seed: 5, dtype: 'bf16', device: 'cuda' });
     const mean = nt.zeros([R], { device: 'cuda' }), rstd = nt.zeros([R], { device: 'cuda' });
-    const tp = torchPeer(python, ['membw', '--rows', String(R), '--cols', String(D)]);
+    const tp = torchPeer(python, ['membw', '--rows', String(R), '--cols', String(D)], 30_000);
     if (tp.error) rec.info('torchMembwError', tp.error);
-    const copyMs = timeCuda(() => G.copy(y.storage, 0, x.storage, 0, bytes), 50);
+    const copyMs = timeCuda(nt, () => G.copy(y.storage, 0, x.storage, 0, bytes), 50);
     const kernels = [
       ['copy', 'd2d copy', () => G.copy(y.storage, 0, x.storage, 0, bytes), 1],
       ['gelu', 'gelu_forward', () => G.gelu_forward(x.storage, y.storage, R * D, DT.bf16), 1],
@@ -74,13 +154,18 @@ export async function run(rec, nt, noGpu) {
       ['softmax', 'softmax_forward', () => G.softmax_forward(x.storage, y.storage, R, D, DT.bf16, false), 1],
     ];
     for (const [key, name, fn, f] of kernels) {
-      const ms = key === 'copy' ? copyMs : timeCuda(fn, 50);
+      const ms = key === 'copy' ? copyMs : timeCuda(nt, fn, 50);
       const gbps = (2 * bytes * f) / ms / 1e6;
       row(`${name} bf16 ${R}x${D}`, gbps, 'GB/s', tp.result?.[key]?.gbps, { ms, ofCopy: copyMs / ms });
     }
   }
+}
 
-  // ---- dispatch cost per op (16 elements: launch + JS) ----
+/** JS dispatch cost per op on cuda (16 elements: launch + JS). */
+export async function dispatch(rec, nt, noGpu) {
+  if (noGpu) return rec.skip(noGpu);
+  const { cuda } = await import('../../../dist/native.js');
+  const G = cuda();
   {
     const t = nt.randn([16], { seed: 6, device: 'cuda' }), o = nt.zeros([16], { device: 'cuda' });
     const iters = 20000;
@@ -95,51 +180,5 @@ export async function run(rec, nt, noGpu) {
     for (let i = 0; i < iters; i++) nt.scope(() => nt.add(t, t));
     nt.cuda.synchronize();
     rec.bench({ name: 'dispatch: nt.add through lib/ops (16 elems)', value: Number(process.hrtime.bigint() - t0) / 1e3 / iters, unit: 'us' });
-  }
-
-  // ---- GPT-2 124M training step, bf16 autocast ----
-  const cfg = { vocabSize: 50257, blockSize: 1024, nLayer: 12, nHead: 12, nEmbd: 768, dropout: 0, bias: true };
-  const peakTf = PEAK_BF16.find(([re]) => re.test(gpu))?.[1];
-  for (const B of [8, 16, 32]) {
-    const T = 1024;
-    let nParams = 0;
-    try {
-      nt.emptyCache('cuda');
-      const model = new nt.nn.GPT(cfg, { seed: 1, device: 'cuda' });
-      nParams = model.parameters().reduce((s, p) => s + p.numel, 0);
-      const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-4, weightDecay: 0.1 });
-      const ids = (k) => nt.tensor(Int32Array.from({ length: B * T }, (_, i) => ((i + k) * 2654435761 >>> 0) % cfg.vocabSize), [B, T]).to('cuda');
-      const x = ids(0), y = ids(1);
-      const step = () => nt.autocast({ dtype: 'bf16' }, () => nt.trainStep(model, opt, x, y, { maxGradNorm: 1 }));
-      step(); step();
-      nt.cuda.synchronize();
-      nt.resetPeakMemory('cuda');
-      const steps = 5, t0 = process.hrtime.bigint();
-      for (let s = 0; s < steps; s++) step();
-      nt.cuda.synchronize();
-      const ms = Number(process.hrtime.bigint() - t0) / 1e6 / steps;
-      const tokS = (B * T) / (ms / 1e3);
-      const flopsPerToken = 6 * nParams + 12 * cfg.nLayer * cfg.nEmbd * T;
-      const peak = nt.memoryStats('cuda').peak;
-      opt.dispose(); model.dispose(); x.dispose(); y.dispose();
-      nt.emptyCache('cuda');
-      const peers = {};
-      for (const mode of ['eager', 'compile']) {
-        // torch.compile takes a minute or more per shape: only while the stage has time left.
-        if (mode === 'compile' && (Date.now() - started) / 1000 > 330) { peers[mode] = { error: 'skipped: not enough of the stage limit left' }; continue; }
-        peers[mode] = torchPeer(python, ['--layers', '12', '--heads', '12', '--width', '768', '--ctx', String(T), '--batch', String(B),
-          '--vocab', '50257', '--steps', '5', '--warmup', mode === 'compile' ? '3' : '2', '--device', 'cuda', '--dtype', 'bf16', ...(mode === 'compile' ? ['--compile'] : [])], 240_000, join(root, 'scripts', 'bench', 'torch_train.py'));
-      }
-      const mfu = peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null;
-      rec.bench({ name: `GPT-2 124M step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu, peakBytes: peak, params: nParams,
-        torch: peers.eager.tokensPerSec ?? null, ratio: peers.eager.tokensPerSec ? tokS / peers.eager.tokensPerSec : undefined,
-        torchPeakBytes: peers.eager.peakBytes ?? null, torchError: peers.eager.error,
-        torchCompile: peers.compile.tokensPerSec ?? null, ratioCompile: peers.compile.tokensPerSec ? tokS / peers.compile.tokensPerSec : undefined,
-        torchCompilePeakBytes: peers.compile.peakBytes ?? null, torchCompileError: peers.compile.error });
-      if (peers.compile.tokensPerSec) rec.bench({ name: `GPT-2 124M step bf16 B${B} vs torch.compile`, value: tokS, unit: 'tokens/s', torch: peers.compile.tokensPerSec, ratio: tokS / peers.compile.tokensPerSec });
-    } catch (e) {
-      rec.bench({ name: `GPT-2 124M step bf16 B${B} T${T}`, error: String(e?.message ?? e).split('\n')[0], oom: e instanceof nt.OutOfMemoryError });
-      nt.emptyCache('cuda');
-    }
   }
 }

@@ -12,7 +12,7 @@ export async function run(rec, nt, noGpu) {
   const { python, torch } = findPython();
   rec.info('python', python);
   if (torch) {
-    const r = spawnSync(python, ['-c', 'import torch,json;c=torch.cuda.is_available();print(json.dumps({"torch":torch.__version__,"cuda":torch.version.cuda,"cudnn":torch.backends.cudnn.version(),"nccl":".".join(map(str,torch.cuda.nccl.version())) if c else None,"gpu":torch.cuda.get_device_name(0) if c else None}))'], { encoding: 'utf8', timeout: 120_000 });
+    const r = spawnSync(python, ['-c', 'import torch,json;c=torch.cuda.is_available();print(json.dumps({"torch":torch.__version__,"cuda":torch.version.cuda,"cudnn":torch.backends.cudnn.version(),"nccl":".".join(map(str,torch.cuda.nccl.version())) if c else None,"gpu":torch.cuda.get_device_name(0) if c else None}))'], { encoding: 'utf8', timeout: 30_000 });
     rec.info('torch', r.status === 0 ? JSON.parse(r.stdout.trim().split('\n').pop()) : { version: torch, error: r.stderr.slice(-300) });
   } else rec.info('torch', null);
   if (nt) {

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Rehearses the device run here, without a GPU, as the GPU machine will see it: a clean copy of the tree
+# that travels (tracked and untracked-not-ignored files, plus the carried .device/bundle.tar.xz), a PATH
+# with no node on it, $OUT set; the bundle unpacked by scripts/gpu/device.sh (once with python's tarfile,
+# once with xz), the dry-run path (NODETRON_GPU_RUN_DRY=1: correctness's device-neutral checks with the
+# cpu as the "device"); then checks what landed in $OUT against the machine's limits on what comes back
+# (at most 8 files, 16 MiB each, two folders down, names of letters, digits, '.', '_', '-').
+#   bash scripts/gpu/rehearse.sh            (makes the bundle first when .device/bundle.tar.xz is missing)
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+[ -f .device/bundle.tar.xz ] || bash scripts/gpu/bundle.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/repo/.device" "$work/bin" "$work/out-python" "$work/out-xz"
+git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work/repo"
+cp .device/bundle.tar.xz "$work/repo/.device/"
+echo "tree that travels: $(du -sm "$work/repo" | cut -f1) MiB (bundle included)"
+# Every command of this machine but node, npm and npx: the bundle must bring its own node.
+for d in /usr/local/bin /usr/bin /bin; do
+  for f in "$d"/*; do
+    n=$(basename "$f")
+    case "$n" in node|nodejs|npm|npx|corepack) continue ;; esac
+    [ -e "$work/bin/$n" ] || ln -s "$f" "$work/bin/$n"
+  done
+done
+run() {  # run <unpack> <out> <run.mjs args...>
+  local how=$1 out=$2; shift 2
+  (cd "$work/repo" && env -i HOME="$HOME" PATH="$work/bin" TMPDIR="${TMPDIR:-/tmp}" OUT="$out" NODETRON_GPU_RUN_DRY=1 NODETRON_UNPACK="$how" \
+     bash scripts/gpu/device.sh "$@")
+}
+echo "== unpacked with python's tarfile, preflight only"
+run python "$work/out-python" --only preflight | tail -n 4
+echo "== unpacked with xz, the whole plan (dry)"
+set +e
+run xz "$work/out-xz" | tee "$work/run.out" | tail -n 40
+rc=${PIPESTATUS[0]}
+set -e
+echo "== what landed in \$OUT (exit code $rc)"
+bad=0
+count=$(find "$work/out-xz" -type f | wc -l)
+(cd "$work/out-xz" && find . -type f -printf '%P %s bytes\n')
+[ "$count" -le 8 ] || { echo "REHEARSAL FAIL: $count files in OUT (at most 8 come back)"; bad=1; }
+while IFS= read -r f; do
+  rel=${f#"$work/out-xz"/}
+  depth=$(awk -F/ '{print NF - 1}' <<<"$rel")
+  [ "$depth" -le 2 ] || { echo "REHEARSAL FAIL: $rel is $depth folders down"; bad=1; }
+  [[ $(basename "$rel") =~ ^[A-Za-z0-9._-]+$ ]] || { echo "REHEARSAL FAIL: $rel has a name that would not come back"; bad=1; }
+  [ "$(stat -c %s "$f")" -le $((16 << 20)) ] || { echo "REHEARSAL FAIL: $rel is over 16 MiB"; bad=1; }
+done < <(find "$work/out-xz" -type f)
+for f in results.json run.log; do [ -s "$work/out-xz/$f" ] || { echo "REHEARSAL FAIL: $f missing in OUT"; bad=1; }; done
+grep -q 'from the bundle' "$work/run.out" || { echo "REHEARSAL FAIL: the bundled node did not run"; bad=1; }
+node -e '
+  const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  const ran = r.steps.filter((s) => s.status !== "skipped" && s.status !== "not run");
+  console.log(`results.json: ${r.steps.length} steps (${ran.map((s) => s.step + " " + s.status).join(", ") || "all skipped"}), ${r.checks.length} checks, commit ${r.commit}`);
+  if (r.steps.length < 10 || r.checks.some((c) => !c.ok)) process.exit(1);
+' "$work/out-xz/results.json" || { echo "REHEARSAL FAIL: results.json is incomplete or a dry check failed"; bad=1; }
+[ $bad -eq 0 ] && echo "rehearsal passed" || { echo "rehearsal failed"; exit 1; }
