@@ -6,6 +6,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ArgumentError, BackendUnavailableError, errorFromCode } from './errors.js';
+import { elfNeeded } from './io/elf.js';
 
 const require = createRequire(import.meta.url);
 
@@ -226,24 +227,75 @@ function cudaBuildStatus(): string {
   }
 }
 
-/** Turns a dlopen failure into what to install. */
-export function explainCudaLoadFailure(message: string): string {
+/** What to pip install for a CUDA library soname (the wheels of CUDA 13 and of CUDA 12 are named differently). */
+function pipFor(soname: string, cudaMajor: number): string | undefined {
+  const m = /^libcublas(?:Lt)?\.so\.(\d+)/.exec(soname);
+  if (m) return Number(m[1]) >= 13 ? 'nvidia-cublas' : `nvidia-cublas-cu${m[1]}`;
+  if (soname.startsWith('libnccl')) return `nvidia-nccl-cu${cudaMajor}`;
+  return undefined;
+}
+
+/**
+ * Turns a dlopen failure into what to install. cudaMajor is the CUDA the addon was built with (read
+ * from its cuBLASLt soname when not given; 13 when neither says).
+ */
+export function explainCudaLoadFailure(message: string, cudaMajor?: number): string {
   const all = [...message.matchAll(/(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/g)].map((m) => m[1]!);
-  if (all.length > 1) return all.map((m) => explainCudaLoadFailure(`${m}: cannot open shared object file`)).join('; ');
+  const fromSoname = all.map((n) => /^libcublas(?:Lt)?\.so\.(\d+)/.exec(n)).find(Boolean);
+  const major = cudaMajor ?? (fromSoname ? Number(fromSoname[1]) : 13);
+  if (all.length > 1) return all.map((m) => explainCudaLoadFailure(`${m}: cannot open shared object file`, major)).join('; ');
   const missing = all[0];
   if (!missing) return message;
-  if (missing.startsWith('libcublas')) return `${missing} (cuBLAS/cuBLASLt) was not found: \`pip install nvidia-cublas\` or add its directory to LD_LIBRARY_PATH`;
-  if (missing.startsWith('libnccl')) return `${missing} (NCCL) was not found: \`pip install nvidia-nccl-cu13\` or set NCCL_HOME and LD_LIBRARY_PATH`;
-  if (missing.startsWith('libcudart')) return `${missing} (the CUDA runtime) was not found: install the CUDA 13 toolkit or runtime`;
-  if (missing.startsWith('libcuda.')) return `${missing} (the NVIDIA driver) was not found: install the NVIDIA driver (580 or newer for CUDA 13)`;
+  if (missing.startsWith('libcublas')) return `${missing} (cuBLAS/cuBLASLt) was not found: \`pip install ${pipFor(missing, major)}\` or add its directory to LD_LIBRARY_PATH`;
+  if (missing.startsWith('libnccl')) return `${missing} (NCCL) was not found: \`pip install ${pipFor(missing, major)}\` or set NCCL_HOME and LD_LIBRARY_PATH`;
+  if (missing.startsWith('libcudart')) return `${missing} (the CUDA runtime) was not found: install the CUDA ${major} toolkit or runtime`;
+  if (missing.startsWith('libcuda.')) return `${missing} (the NVIDIA driver) was not found: install the NVIDIA driver (${minDriverFor(major)} or newer for CUDA ${major})`;
   return `${missing} was not found`;
 }
 
-/** The shared libraries the cuda addon links besides the system's, and where each comes from. */
-const CUDA_LIBRARIES = [
-  { soname: 'libcublasLt.so.13', wheel: 'cu13', home: 'CUDA_HOME' },
-  { soname: 'libnccl.so.2', wheel: 'nccl', home: 'NCCL_HOME' },
-] as const;
+/** The oldest driver branch a CUDA major version's runtime runs on (CUDA's minor-version compatibility). */
+export function minDriverFor(cudaMajor: number): number {
+  return cudaMajor >= 13 ? 580 : cudaMajor === 12 ? 525 : 450;
+}
+
+/**
+ * The CUDA libraries (cuBLASLt, NCCL) the cuda addon at `path` links besides the system's, read from
+ * the addon's own dynamic section (a CUDA 12 build asks for libcublasLt.so.12, a CUDA 13 one for .so.13),
+ * and the CUDA major version that implies (undefined when it links no cuBLAS).
+ */
+export function cudaLibrariesOf(path: string): { sonames: string[]; cudaMajor: number | undefined } {
+  const sonames = elfNeeded(path).filter((n) => /^lib(cublasLt|cublas|nccl|cudart)\.so\.\d+/.test(n));
+  const cublas = sonames.map((n) => /^libcublas(?:Lt)?\.so\.(\d+)/.exec(n)).find(Boolean);
+  return { sonames, cudaMajor: cublas ? Number(cublas[1]) : undefined };
+}
+
+/**
+ * The NVIDIA driver's version from /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel
+ * Module  580.65.06  ..."), or undefined where there is none (no driver, not Linux). `text` replaces the
+ * file (tests).
+ */
+export function nvidiaDriverVersion(text?: string): { major: number; version: string } | undefined {
+  let t = text;
+  if (t === undefined) {
+    try { t = readFileSync('/proc/driver/nvidia/version', 'utf8'); } catch { return undefined; }
+  }
+  const m = /NVRM version:[^\n]*?\s(\d+)\.(\d+)(?:\.(\d+))?(?=\s|$)/.exec(t);
+  return m ? { major: Number(m[1]), version: m[3] === undefined ? `${m[1]}.${m[2]}` : `${m[1]}.${m[2]}.${m[3]}` } : undefined;
+}
+
+/**
+ * Why a driver is too old for a cuda addon built with CUDA `cudaMajor`, naming what to install;
+ * undefined when it is new enough or either is unknown.
+ */
+export function driverMismatch(driver: { major: number; version: string } | undefined, cudaMajor: number | undefined): string | undefined {
+  if (!driver || cudaMajor === undefined) return undefined;
+  const need = minDriverFor(cudaMajor);
+  if (driver.major >= need) return undefined;
+  const other = cudaMajor >= 13
+    ? ', or build nodetron against CUDA 12 on this machine (`npm install nodetron --build-from-source` with the CUDA 12.8+ toolkit and `pip install nvidia-cublas-cu12 nvidia-nccl-cu12`)'
+    : '';
+  return `the NVIDIA driver ${driver.version} is older than the ${need} branch that CUDA ${cudaMajor}, which this cuda addon was built with, needs: update the driver to ${need} or newer${other}`;
+}
 
 /** Folders that may hold the CUDA libraries on this machine: the nvidia pip wheels' and the toolkit's. */
 export function cudaLibraryDirs(env: NodeJS.ProcessEnv = process.env): string[] {
@@ -280,18 +332,18 @@ function safeReaddir(dir: string): string[] {
  * (LD_LIBRARY_PATH, the system's paths), then by absolute path in cudaLibraryDirs(); the first that
  * loads is bound for the addon (RTLD_GLOBAL). Returns what it could not find.
  */
-function preloadCudaLibraries(): string[] {
+function preloadCudaLibraries(sonames: readonly string[]): string[] {
   const addon = cpu();
   const missing: string[] = [];
   let dirs: string[] | undefined;
-  for (const lib of CUDA_LIBRARIES) {
-    try { addon.dlopenGlobal(lib.soname); continue; } catch { /* not on the loader's paths */ }
+  for (const soname of sonames) {
+    try { addon.dlopenGlobal(soname); continue; } catch { /* not on the loader's paths */ }
     dirs ??= cudaLibraryDirs();
-    const found = dirs.map((d) => join(d, lib.soname)).find((p) => {
+    const found = dirs.map((d) => join(d, soname)).find((p) => {
       if (!existsSync(p)) return false;
       try { addon.dlopenGlobal(p); return true; } catch { return false; }
     });
-    if (!found) missing.push(lib.soname);
+    if (!found) missing.push(soname);
   }
   return missing;
 }
@@ -312,14 +364,24 @@ export function cuda(): BackendAddon {
     throw cudaFailure;
   }
   let addon: BackendAddon;
+  let cudaMajor: number | undefined;
   try {
-    const missing = preloadCudaLibraries();
+    // The sonames this build linked (CUDA 12 or 13), from the addon itself.
+    const linked = cudaLibrariesOf(path);
+    cudaMajor = linked.cudaMajor;
+    const tooOld = driverMismatch(nvidiaDriverVersion(), cudaMajor);
+    if (tooOld) {
+      cudaFailure = new BackendUnavailableError(`the cuda backend cannot run here: ${tooOld}`, 'loadCuda');
+      throw cudaFailure;
+    }
+    const missing = preloadCudaLibraries(linked.sonames.filter((n) => !n.startsWith('libcudart')));
     if (missing.length) {
       throw new Error(missing.map((m) => `${m}: cannot open shared object file`).join('; '));
     }
     addon = require(path) as BackendAddon;
   } catch (e) {
-    cudaFailure = new BackendUnavailableError(`the cuda backend cannot load: ${explainCudaLoadFailure((e as Error).message)}`, 'loadCuda');
+    if (e === cudaFailure) throw e;
+    cudaFailure = new BackendUnavailableError(`the cuda backend cannot load: ${explainCudaLoadFailure((e as Error).message, cudaMajor)}`, 'loadCuda');
     throw cudaFailure;
   }
   addon.setErrorFactory(factory);

@@ -74,7 +74,7 @@ describe('explainCudaLoadFailure', () => {
   });
 });
 
-// On a GPU machine: every op family here against the cpu backend (scripts/gpu/run.mjs, stage 1, does the rest).
+// On a GPU machine: every op family here against the cpu backend (scripts/gpu/run.mjs, its correctness steps, do the rest).
 describe.skipIf(!hasGpu)(`cuda vs cpu ${why}`, () => {
   it('write/read round trip, fill, arange, cast are bit-identical to cpu', () => {
     const x = nt.randn([1000], { seed: 3 });

@@ -2,11 +2,12 @@
 // the build machine's folders): CUDA_HOME/NCCL_HOME, the toolkit, the nvidia pip wheels; and what a
 // user is told when one is missing.
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { cudaLibraryDirs, explainCudaLoadFailure, packageRoot } from '../../lib/native.js';
+import { elfNeeded } from '../../lib/io/elf.js';
+import { cudaLibrariesOf, cudaLibraryDirs, driverMismatch, explainCudaLoadFailure, minDriverFor, nvidiaDriverVersion, packageRoot } from '../../lib/native.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-cudalibs-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -30,6 +31,63 @@ describe('finding cuBLASLt and NCCL for the cuda addon', () => {
     const why = explainCudaLoadFailure('libcublasLt.so.13: cannot open shared object file; libnccl.so.2: cannot open shared object file');
     expect(why).toMatch(/libcublasLt\.so\.13 \(cuBLAS\/cuBLASLt\) was not found: `pip install nvidia-cublas`/);
     expect(why).toMatch(/libnccl\.so\.2 \(NCCL\) was not found: `pip install nvidia-nccl-cu13`/);
+  });
+
+  it('a CUDA 12 build is told about the CUDA 12 wheels and drivers', () => {
+    const why = explainCudaLoadFailure('libcublasLt.so.12: cannot open shared object file; libnccl.so.2: cannot open shared object file');
+    expect(why).toMatch(/libcublasLt\.so\.12 .*`pip install nvidia-cublas-cu12`/);
+    expect(why).toMatch(/libnccl\.so\.2 .*`pip install nvidia-nccl-cu12`/);
+    expect(explainCudaLoadFailure('libcuda.so.1: cannot open shared object file', 12)).toMatch(/driver \(525 or newer for CUDA 12\)/);
+    expect(explainCudaLoadFailure('libcuda.so.1: cannot open shared object file', 13)).toMatch(/driver \(580 or newer for CUDA 13\)/);
+  });
+});
+
+describe('which CUDA the cuda addon needs, from the addon itself', () => {
+  const readelf = spawnSync('readelf', ['--version'], { stdio: 'ignore' }).status === 0;
+  const addons = [join(packageRoot, 'build', 'Release', 'nodetron.node'), join(packageRoot, 'build', 'Release', 'nodetron_cuda.node'), process.execPath].filter(existsSync);
+
+  it.runIf(readelf)('reads the same DT_NEEDED sonames as readelf, in order', () => {
+    expect(addons.length).toBeGreaterThan(0);
+    for (const f of addons) {
+      const r = spawnSync('readelf', ['-d', f], { encoding: 'utf8' });
+      const want = [...r.stdout.matchAll(/\(NEEDED\)\s+Shared library: \[([^\]]+)\]/g)].map((m) => m[1]);
+      expect(want.length, f).toBeGreaterThan(0);
+      expect(elfNeeded(f), f).toEqual(want);
+    }
+  });
+
+  it('refuses what is not a 64-bit ELF file with a message naming it', () => {
+    const notElf = join(work, 'not-elf.node');
+    writeFileSync(notElf, 'hello, this is not an ELF file at all; padding padding padding padding padding');
+    expect(() => elfNeeded(notElf)).toThrow(/not-elf\.node is not an ELF file/);
+    const elf32 = join(work, 'elf32.node');
+    writeFileSync(elf32, Buffer.concat([Buffer.from([0x7f, 0x45, 0x4c, 0x46, 1, 1]), Buffer.alloc(100)]));
+    expect(() => elfNeeded(elf32)).toThrow(/not a 64-bit little-endian ELF/);
+  });
+
+  it.runIf(existsSync(join(packageRoot, 'build', 'Release', 'nodetron_cuda.node')))('the cuda addon built here links cuBLASLt and NCCL of the CUDA it was compiled with', () => {
+    const { sonames, cudaMajor } = cudaLibrariesOf(join(packageRoot, 'build', 'Release', 'nodetron_cuda.node'));
+    const nvcc = /nvcc (\d+)\./.exec(readFileSync(join(packageRoot, 'build', 'cuda-status.txt'), 'utf8'));
+    expect(nvcc).not.toBeNull();
+    expect(cudaMajor).toBe(Number(nvcc![1]));
+    expect(sonames).toContain(`libcublasLt.so.${cudaMajor}`);
+    expect(sonames.some((n) => n.startsWith('libnccl.so.'))).toBe(true);
+  });
+
+  it('reads the driver version and says what to install when it is too old for the build', () => {
+    const proc = 'NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 02:56:05 UTC 2024\nGCC version:  gcc version 12.3.0\n';
+    expect(nvidiaDriverVersion(proc)).toEqual({ major: 550, version: '550.127.05' });
+    expect(nvidiaDriverVersion('NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65  Release Build')).toEqual({ major: 580, version: '580.65' });
+    expect(nvidiaDriverVersion('nothing here')).toBeUndefined();
+    const old = driverMismatch({ major: 550, version: '550.127.05' }, 13)!;
+    expect(old).toMatch(/driver 550\.127\.05 is older than the 580 branch that CUDA 13/);
+    expect(old).toMatch(/update the driver to 580 or newer/);
+    expect(old).toMatch(/nvidia-cublas-cu12 nvidia-nccl-cu12/);
+    expect(driverMismatch({ major: 550, version: '550.127.05' }, 12)).toBeUndefined();
+    expect(driverMismatch({ major: 520, version: '520.1' }, 12)).toMatch(/older than the 525 branch that CUDA 12/);
+    expect(driverMismatch({ major: 580, version: '580.65' }, 13)).toBeUndefined();
+    expect(driverMismatch(undefined, 13)).toBeUndefined();
+    expect(minDriverFor(13)).toBe(580);
   });
 });
 
