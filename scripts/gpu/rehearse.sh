@@ -16,7 +16,10 @@ mkdir -p "$work/repo/.device" "$work/bin" "$work/out-python" "$work/out-xz"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work/repo"
 cp .device/bundle.tar.xz "$work/repo/.device/"
 echo "tree that travels: $(du -sm "$work/repo" | cut -f1) MiB (bundle included)"
-# Every command of this machine but node, npm and npx: the bundle must bring its own node.
+# The python that has the nvidia wheels here stands for the device's (env.sh finds the CUDA libraries
+# through it); then every command of this machine but node, npm and npx: the bundle brings its own node.
+py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)
+[ -n "$py" ] && ln -s "$py" "$work/bin/python3"
 for d in /usr/local/bin /usr/bin /bin; do
   for f in "$d"/*; do
     n=$(basename "$f")
