@@ -241,23 +241,11 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("sgd_step", SgdStep);
 
-// Adds the sum of squares of x into *out (block partial sums in f32, combined in f64).
-template <typename T>
-__global__ void sumSquaresKernel(const T* x, int64_t n, double* out) {
-  __shared__ float scratch[32];
-  float acc = 0.0f;
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(x[i]);
-    acc += v * v;
-  }
-  acc = blockSum(acc, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, double(acc));
-}
-
-template <typename T>
-__global__ void scaleKernel(T* x, int64_t n, float alpha) {
-  NT_GRID_STRIDE(i, n) x[i] = fromF32<T>(toF32(x[i]) * alpha);
-}
+// x *= alpha (map3Kernel functor: contiguous, 16-byte packs where aligned).
+struct ScaleF {
+  float alpha;
+  __device__ __forceinline__ float operator()(float x, float, float) const { return x * alpha; }
+};
 
 // The tensors of sum_squares and scale_in_place: (storages[], counts[], dtypes[], ...) on one
 // device (-1 when the list is empty).
@@ -295,10 +283,12 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   cudaStream_t st = currentStream(l.device);
   DeviceScratch sums(l.device, count * sizeof(double), call);
   check(cudaMemsetAsync(sums.as<double>(), 0, count * sizeof(double), st), "cudaMemsetAsync");
+  // Each tensor's sum of squares by the block-parallel row sum of common.cuh (one row): double
+  // partials combined in a fixed order, so the norm is the same on every run.
   launchEach(l, call, [&](size_t k) {
     NT_DISPATCH_FLOAT(l.dts[k], call, T,
-                      sumSquaresKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<const T*>(l.data[k]),
-                                                                                    l.counts[k], sums.as<double>() + k));
+                      (launchRowSums<T, true, double>(l.device, st, reinterpret_cast<const T*>(l.data[k]), 1, l.counts[k],
+                                                      sums.as<double>() + k, call)));
   });
   check(cudaMemcpyAsync(out.Data(), sums.as<double>(), count * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
@@ -316,7 +306,8 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   cudaStream_t st = currentStream(l.device);
   launchEach(l, call, [&](size_t k) {
     NT_DISPATCH_FLOAT(l.dts[k], call, T,
-                      scaleKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<T*>(l.data[k]), l.counts[k], alpha));
+                      launchMap3<T>(st, ScaleF{alpha}, reinterpret_cast<const T*>(l.data[k]), nullptr, nullptr,
+                                    reinterpret_cast<T*>(l.data[k]), l.counts[k]));
   });
   return info.Env().Undefined();
 }
