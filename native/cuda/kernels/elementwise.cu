@@ -1,8 +1,8 @@
 // Elementwise kernels on the cuda backend, with the cpu backend's signatures and op codes (lib/ops calls
 // both the same way): binary ops with broadcasting (element strides, 0 on a broadcast dimension), unary
 // ops with a scalar parameter and their backward; computed in f32, stored in the tensor's dtype. Operands
-// in row-major order go through map3Kernel (16-byte packs where aligned); broadcast ones through the
-// strided kernel.
+// in row-major order go through map3Kernel (16-byte packs where aligned), broadcasts over at most two
+// merged dims through binary2dKernel, others through the strided kernel.
 #include "../../core/arg_lists.h"
 #include "common.cuh"
 
@@ -79,6 +79,40 @@ struct UnaryGradF {
   __device__ __forceinline__ float operator()(float x, float y, float g) const { return unaryGrad(op, x, y, g, p); }
 };
 
+// A broadcast over at most two (merged) dimensions: out[r, c] = a[r·ar + c·ac] op b[r·br + c·bc], rows
+// walked by blockIdx.y in strides of gridDim.y and a row's columns by the x threads, so no index is
+// divided (a bias row [R, D] + [D], a column [R, D] + [R, 1], a scalar).
+template <typename T>
+__global__ void binary2dKernel(int op, const T* a, const T* b, T* out, int64_t rows, int64_t cols, int64_t ar, int64_t ac, int64_t br,
+                               int64_t bc) {
+  int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = first; c < cols; c += stride) out[r * cols + c] = fromF32<T>(binary(op, toF32(a[r * ar + c * ac]), toF32(b[r * br + c * bc])));
+}
+
+// One dimension of a binary op after size-1 dims are dropped and neighbours merged.
+struct BinaryDim {
+  int64_t size, a, b;
+};
+// Drops size-1 dims and merges a dim into its left neighbour when both operands' strides nest there
+// (the output is contiguous, so its strides always nest).
+static std::vector<BinaryDim> mergeBinaryDims(const std::vector<int64_t>& shape, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb) {
+  std::vector<BinaryDim> dims;
+  for (size_t d = 0; d < shape.size(); d++) {
+    if (shape[d] == 1) continue;
+    BinaryDim cur{shape[d], sa[d], sb[d]};
+    if (!dims.empty()) {
+      BinaryDim& prev = dims.back();
+      if (prev.a == cur.a * cur.size && prev.b == cur.b * cur.size) {
+        prev = BinaryDim{prev.size * cur.size, cur.a, cur.b};
+        continue;
+      }
+    }
+    dims.push_back(cur);
+  }
+  return dims;
+}
+
 // True when `strides` are the row-major strides of `shape` (size-1 dims may have any stride): the
 // operand is read in output order and the contiguous path applies.
 static bool rowMajor(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
@@ -109,11 +143,23 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
   void* out = k.data(3, dt, n);
   cudaStream_t st = k.stream();
   bool contiguous = rowMajor(shape, sa) && rowMajor(shape, sb);
+  std::vector<BinaryDim> dims = mergeBinaryDims(shape, sa, sb);
   NT_DISPATCH_FLOAT(dt, "binary", T, {
-    if (contiguous)
-      launchMap3<T>(st, BinaryF{int(op)}, static_cast<const T*>(a), static_cast<const T*>(b), nullptr, static_cast<T*>(out), n);
-    else
-      binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, s);
+    const T* at = static_cast<const T*>(a);
+    const T* bt = static_cast<const T*>(b);
+    T* ot = static_cast<T*>(out);
+    if (contiguous) {
+      launchMap3<T>(st, BinaryF{int(op)}, at, bt, nullptr, ot, n);
+    } else if (dims.size() <= 2) {
+      BinaryDim row = dims.size() == 2 ? dims[0] : BinaryDim{1, 0, 0};
+      BinaryDim col = dims.empty() ? BinaryDim{1, 0, 0} : dims.back();
+      unsigned threads = col.size >= 256 ? 256 : unsigned((col.size + 31) / 32 * 32);
+      int64_t bx = (col.size + threads - 1) / threads;
+      dim3 grid(unsigned(bx < 65535 * 8 ? bx : 65535 * 8), unsigned(row.size < 65535 ? row.size : 65535));
+      binary2dKernel<T><<<grid, threads, 0, st>>>(int(op), at, bt, ot, row.size, col.size, row.a, col.a, row.b, col.b);
+    } else {
+      binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), at, bt, ot, n, s);
+    }
   });
   k.launched();
   return info.Env().Undefined();

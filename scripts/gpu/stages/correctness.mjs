@@ -77,6 +77,11 @@ export async function run(rec, nt, noGpu) {
     { name: `sum dim -1 [${R},${D}]`, shapes: [[R, D]], run: ([a]) => nt.sum(a, -1) },
     { name: `sum dim -1 [3,${big(300007, 20011)}]`, shapes: [[3, big(300007, 20011)]], run: ([a]) => nt.sum(a, -1) },
     { name: 'sum dim -1 [5,3]', shapes: [[5, 3]], run: ([a]) => nt.sum(a, -1) },
+    // binary's paths: a column broadcast (2-d kernel; its gradient a row sum), a broadcast over a
+    // middle dim (strided kernel), a one-element operand and odd sizes.
+    { name: `add/mul column broadcast [${R},${D}] [${R},1]`, shapes: [[R, D], [R, 1]], run: ([a, c]) => nt.mul(nt.add(a, c), c) },
+    { name: `div/sub broadcast [4,${R / 4},${D}] [4,1,${D}]`, shapes: [[4, R / 4, D], [4, 1, D]], run: ([x, y]) => nt.sub(nt.div(x, nt.add(nt.mul(y, y), 1)), y) },
+    { name: 'mul/add broadcast [7,9] [1] [9]', shapes: [[7, 9], [1], [9]], run: ([a, b, c]) => nt.mul(nt.add(a, c), b) },
     { name: 'sum dims 0,2 (strided path) [6,5,7]', shapes: [[6, 5, 7]], run: ([a]) => nt.sum(nt.sum(a, 2), 0) },
   ];
   for (const dtype of ['f32', 'bf16', 'f16']) {
@@ -124,6 +129,9 @@ export async function run(rec, nt, noGpu) {
       const x = randn([n], 'f32', 'cpu', 0.5), d = x.to(DEV);
       compare(`exp n=${n}`, 'f32', host(nt.exp(d)), host(nt.exp(x)), 1e-5);
       compare(`gelu bf16 n=${n}`, 'bf16', host(nt.gelu(d.to('bf16'))), host(nt.gelu(x.to('bf16'))));
+      // Without --use_fast_math: tanhf is not tanh.approx (~5e-4) and powf of a negative base is not NaN.
+      compare(`gelu f32 n=${n}`, 'f32', host(nt.gelu(d)), host(nt.gelu(x)), 1e-5);
+      compare(`pow(x, 3) f32 n=${n} (negative x)`, 'f32', host(nt.pow(d, 3)), host(nt.pow(x, 3)), 1e-5);
       compare(`add n=${n}`, 'f32', host(nt.add(d, d)), host(nt.add(x, x)), 0);
       compare(`sum n=${n}`, 'f32', host(nt.sum(d)), host(nt.sum(x)), 1e-4);
     });
