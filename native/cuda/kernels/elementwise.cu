@@ -125,6 +125,26 @@ static bool rowMajor(const std::vector<int64_t>& shape, const std::vector<int64_
   return true;
 }
 
+// Launches binary op over the non-empty `shape` on `st` (s: the strides of sa and sb as a kernel argument).
+template <typename T>
+static void launchBinary(cudaStream_t st, int op, const T* a, const T* b, T* out, const std::vector<int64_t>& shape,
+                         const std::vector<int64_t>& sa, const std::vector<int64_t>& sb, const Strides& s) {
+  int64_t n = product(shape);
+  std::vector<BinaryDim> dims = mergeBinaryDims(shape, sa, sb);
+  if (rowMajor(shape, sa) && rowMajor(shape, sb)) {
+    launchMap3<T>(st, BinaryF{op}, a, b, nullptr, out, n);
+  } else if (dims.size() <= 2) {
+    BinaryDim row = dims.size() == 2 ? dims[0] : BinaryDim{1, 0, 0};
+    BinaryDim col = dims.empty() ? BinaryDim{1, 0, 0} : dims.back();
+    unsigned threads = col.size >= 256 ? 256 : unsigned((col.size + 31) / 32 * 32);
+    int64_t bx = (col.size + threads - 1) / threads;
+    dim3 grid(unsigned(bx < 65535 * 8 ? bx : 65535 * 8), unsigned(row.size < 65535 ? row.size : 65535));
+    binary2dKernel<T><<<grid, threads, 0, st>>>(op, a, b, out, row.size, col.size, row.a, col.a, row.b, col.b);
+  } else {
+    binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(op, a, b, out, n, s);
+  }
+}
+
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
 //   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (as the cpu
 //   backend), 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
@@ -142,25 +162,8 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
   void* b = k.data(2, dt, extentB);
   void* out = k.data(3, dt, n);
   cudaStream_t st = k.stream();
-  bool contiguous = rowMajor(shape, sa) && rowMajor(shape, sb);
-  std::vector<BinaryDim> dims = mergeBinaryDims(shape, sa, sb);
-  NT_DISPATCH_FLOAT(dt, "binary", T, {
-    const T* at = static_cast<const T*>(a);
-    const T* bt = static_cast<const T*>(b);
-    T* ot = static_cast<T*>(out);
-    if (contiguous) {
-      launchMap3<T>(st, BinaryF{int(op)}, at, bt, nullptr, ot, n);
-    } else if (dims.size() <= 2) {
-      BinaryDim row = dims.size() == 2 ? dims[0] : BinaryDim{1, 0, 0};
-      BinaryDim col = dims.empty() ? BinaryDim{1, 0, 0} : dims.back();
-      unsigned threads = col.size >= 256 ? 256 : unsigned((col.size + 31) / 32 * 32);
-      int64_t bx = (col.size + threads - 1) / threads;
-      dim3 grid(unsigned(bx < 65535 * 8 ? bx : 65535 * 8), unsigned(row.size < 65535 ? row.size : 65535));
-      binary2dKernel<T><<<grid, threads, 0, st>>>(int(op), at, bt, ot, row.size, col.size, row.a, col.a, row.b, col.b);
-    } else {
-      binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(int(op), at, bt, ot, n, s);
-    }
-  });
+  NT_DISPATCH_FLOAT(dt, "binary", T,
+                    launchBinary<T>(st, int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape, sa, sb, s));
   k.launched();
   return info.Env().Undefined();
 }

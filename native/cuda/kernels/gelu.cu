@@ -87,6 +87,21 @@ __global__ void biasGeluForwardKernel(T* pre, const T* bias, T* y, int64_t rows,
   }
 }
 
+// Launches bias_gelu_forward over a non-empty [rows, cols] on `st` (bias may be null).
+template <typename T>
+static void launchBiasGeluForward(cudaStream_t st, T* pre, const T* bias, T* y, int64_t rows, int64_t cols) {
+  if (!bias) {
+    launchMap3<T>(st, GeluF{}, pre, nullptr, nullptr, y, rows * cols);
+    return;
+  }
+  bool vec = cols % vecWidth<T>() == 0 && alignedTo(pre, 16) && alignedTo(bias, 16) && alignedTo(y, 16);
+  int64_t units = vec ? cols / vecWidth<T>() : cols;
+  unsigned threads = units >= 256 ? 256 : unsigned((units + 31) / 32 * 32);
+  int64_t bx = (units + threads - 1) / threads;
+  dim3 grid(unsigned(bx < 65535 ? bx : 65535), unsigned(rows < 65535 ? rows : 65535));
+  biasGeluForwardKernel<T><<<grid, threads, 0, st>>>(pre, bias, y, rows, cols, vec);
+}
+
 // Row r, column j of the stored gradPre for the bias gradient's column sums (launchColumnSums).
 template <typename T>
 struct ColumnRead {
@@ -106,18 +121,8 @@ static Napi::Value BiasGeluForwardAbi(const Napi::CallbackInfo& info) {
   void* y = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
   cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "bias_gelu_forward", T, {
-    if (!bias) {
-      launchMap3<T>(st, GeluF{}, static_cast<const T*>(pre), nullptr, nullptr, static_cast<T*>(y), n);
-    } else {
-      bool vec = cols % vecWidth<T>() == 0 && alignedTo(pre, 16) && alignedTo(bias, 16) && alignedTo(y, 16);
-      int64_t units = vec ? cols / vecWidth<T>() : cols;
-      unsigned threads = units >= 256 ? 256 : unsigned((units + 31) / 32 * 32);
-      int64_t bx = (units + threads - 1) / threads;
-      dim3 grid(unsigned(bx < 65535 ? bx : 65535), unsigned(rows < 65535 ? rows : 65535));
-      biasGeluForwardKernel<T><<<grid, threads, 0, st>>>(static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols, vec);
-    }
-  });
+  NT_DISPATCH_FLOAT(dt, "bias_gelu_forward", T,
+                    launchBiasGeluForward<T>(st, static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols));
   k.launched();
   return info.Env().Undefined();
 }

@@ -41,23 +41,12 @@ struct SumDim {
   int64_t size, outStride;  // outStride 0: summed
 };
 
-// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)
-//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on summed dims.
-static Napi::Value SumTo(const Napi::CallbackInfo& info) {
-  const char* call = "sum_to";
-  KernelCall k(info, call);
-  DType dt = k.args.dtype(2);
-  std::vector<int64_t> shape = intList(info, 3, call);
-  std::vector<int64_t> so = intList(info, 4, call, int64_t(shape.size()));
-  int64_t nOut = k.args.size(5), n = product(shape);
-  if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
-  void* x = k.data(0, dt, n);
-  void* out = k.data(1, dt, nOut);
-  cudaStream_t st = k.stream();
-  if (n == 0) {
-    if (nOut > 0) check(cudaMemsetAsync(out, 0, size_t(nOut) * dtypeSize(dt), st), "cudaMemsetAsync");
-    return info.Env().Undefined();
-  }
+// Launches sum_to on `st` for a non-empty contiguous input x of `shape` (T its storage type):
+// out[Σ idx_d·so_d] = Σ x[idx], every one of the nOut outputs written (zero where nothing lands).
+template <typename T>
+static void launchSumTo(int dev, cudaStream_t st, const T* xt, T* ot, const std::vector<int64_t>& shape, const std::vector<int64_t>& so,
+                        int64_t nOut, const char* call) {
+  int64_t n = product(shape);
   // The contiguous patterns: drop size-1 dims (their index is always 0), merge neighbouring summed
   // dims (the input is contiguous) and neighbouring kept dims whose output strides nest.
   std::vector<SumDim> dims;
@@ -75,7 +64,6 @@ static Napi::Value SumTo(const Napi::CallbackInfo& info) {
     }
     dims.push_back(cur);
   }
-  bool zeroFirst = true;  // whether out must be zeroed (every path but the fast ones leaves gaps)
   auto kept = [](const SumDim& d) { return d.outStride != 0; };
   size_t nd = dims.size();
   int pattern = 0;  // 1: full sum, 2: [K, S] row sums, 3: [S, K] column sums, 4: [B, S, K] batched column sums
@@ -87,34 +75,49 @@ static Napi::Value SumTo(const Napi::CallbackInfo& info) {
   int64_t keptCount = 1;
   for (const SumDim& d : dims)
     if (kept(d)) keptCount *= d.size;
-  if (pattern != 0) zeroFirst = nOut != keptCount;
-  if (zeroFirst) check(cudaMemsetAsync(out, 0, size_t(nOut) * dtypeSize(dt), st), "cudaMemsetAsync");
-  int dev = k.device();
-  NT_DISPATCH_FLOAT(dt, call, T, {
-    const T* xt = static_cast<const T*>(x);
-    T* ot = static_cast<T*>(out);
-    switch (pattern) {
-      case 1: launchRowSums<T, false, T>(dev, st, xt, 1, n, ot, call); break;
-      case 2: launchRowSums<T, false, T>(dev, st, xt, dims[0].size, dims[1].size, ot, call); break;
-      case 3: launchColumnSums<1>(dev, st, BatchedColumnRead<T>{xt, dims[0].size, dims[1].size}, dims[0].size, dims[1].size, ot,
-                                  static_cast<T*>(nullptr), call); break;
-      case 4: launchColumnSums<1>(dev, st, BatchedColumnRead<T>{xt, dims[1].size, dims[2].size}, dims[1].size, dims[0].size * dims[2].size,
-                                  ot, static_cast<T*>(nullptr), call); break;
-      default: {
-        std::vector<int64_t> keptShape, keptIn, keptOut, sumShape, sumIn;
-        int64_t inStride = 1;
-        for (size_t d = shape.size(); d-- > 0;) {  // the input is contiguous: row-major strides
-          if (so[d] != 0) { keptShape.insert(keptShape.begin(), shape[d]); keptIn.insert(keptIn.begin(), inStride); keptOut.insert(keptOut.begin(), so[d]); }
-          else { sumShape.insert(sumShape.begin(), shape[d]); sumIn.insert(sumIn.begin(), inStride); }
-          inStride *= shape[d];
-        }
-        Strides ks = Strides::of(keptShape, keptIn, keptOut, call);
-        Strides ss = Strides::of(sumShape, sumIn, std::vector<int64_t>(sumShape.size(), 0), call);
-        int64_t kc = product(keptShape), sc = product(sumShape);
-        sumToKernel<T><<<gridFor(kc), kThreads, 0, st>>>(xt, ot, kc, ks, sc, ss);
+  // The fast paths write outputs [0, keptCount); anything else leaves gaps that must read as zero.
+  if (pattern == 0 || nOut != keptCount) check(cudaMemsetAsync(ot, 0, size_t(nOut) * sizeof(T), st), "cudaMemsetAsync");
+  switch (pattern) {
+    case 1: launchRowSums<T, false, T>(dev, st, xt, 1, n, ot, call); break;
+    case 2: launchRowSums<T, false, T>(dev, st, xt, dims[0].size, dims[1].size, ot, call); break;
+    case 3: launchColumnSums<1>(dev, st, BatchedColumnRead<T>{xt, dims[0].size, dims[1].size}, dims[0].size, dims[1].size, ot,
+                                static_cast<T*>(nullptr), call); break;
+    case 4: launchColumnSums<1>(dev, st, BatchedColumnRead<T>{xt, dims[1].size, dims[2].size}, dims[1].size, dims[0].size * dims[2].size,
+                                ot, static_cast<T*>(nullptr), call); break;
+    default: {
+      std::vector<int64_t> keptShape, keptIn, keptOut, sumShape, sumIn;
+      int64_t inStride = 1;
+      for (size_t d = shape.size(); d-- > 0;) {  // the input is contiguous: row-major strides
+        if (so[d] != 0) { keptShape.insert(keptShape.begin(), shape[d]); keptIn.insert(keptIn.begin(), inStride); keptOut.insert(keptOut.begin(), so[d]); }
+        else { sumShape.insert(sumShape.begin(), shape[d]); sumIn.insert(sumIn.begin(), inStride); }
+        inStride *= shape[d];
       }
+      Strides ks = Strides::of(keptShape, keptIn, keptOut, call);
+      Strides ss = Strides::of(sumShape, sumIn, std::vector<int64_t>(sumShape.size(), 0), call);
+      int64_t kc = product(keptShape), sc = product(sumShape);
+      sumToKernel<T><<<gridFor(kc), kThreads, 0, st>>>(xt, ot, kc, ks, sc, ss);
     }
-  });
+  }
+}
+
+// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)
+//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on summed dims.
+static Napi::Value SumTo(const Napi::CallbackInfo& info) {
+  const char* call = "sum_to";
+  KernelCall k(info, call);
+  DType dt = k.args.dtype(2);
+  std::vector<int64_t> shape = intList(info, 3, call);
+  std::vector<int64_t> so = intList(info, 4, call, int64_t(shape.size()));
+  int64_t nOut = k.args.size(5), n = product(shape);
+  if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
+  void* x = k.data(0, dt, n);
+  void* out = k.data(1, dt, nOut);
+  cudaStream_t st = k.stream();
+  if (n == 0) {
+    if (nOut > 0) check(cudaMemsetAsync(out, 0, size_t(nOut) * dtypeSize(dt), st), "cudaMemsetAsync");
+    return info.Env().Undefined();
+  }
+  NT_DISPATCH_FLOAT(dt, call, T, launchSumTo<T>(k.device(), st, static_cast<const T*>(x), static_cast<T*>(out), shape, so, nOut, call));
   k.launched();
   return info.Env().Undefined();
 }
