@@ -14,6 +14,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <algorithm>
+using std::max;
+using std::min;
 
 #define __global__
 #define __device__

@@ -42,6 +42,7 @@ c=open(SRC+'convert.cu').read()
 parts.append(between(c,'// Elements per access of castKernel','template <typename T>\n__global__ void arangeKernel'))
 o=open(SRC+'optim.cu').read()
 parts.append(between(o,'// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'))
+parts.append(between(o,'constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'))
 body='#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
 open(os.path.join(OUT,'kernels_emu.h'),'w').write(body)
 

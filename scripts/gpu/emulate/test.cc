@@ -151,7 +151,67 @@ template <class S, class D> void testCast(int64_t n, size_t shift) {
   for (int64_t i = 0; i < n; i++) EXPECT(same(f.p[i], val), "fill i=%ld", long(i));
 }
 
+// LAMB's three kernels over two tensors (one of several chunks, one of one element) and AdamW's,
+// against the cpu kernel's formulas (norms in double).
+template <class P> void testOptim(bool lamb) {
+  std::vector<int64_t> sizes{70001, 1, 0, 300};
+  std::vector<std::vector<P>> params;
+  std::vector<std::vector<float>> grads, ms, vs;
+  std::vector<TensorEntry> entries;
+  std::vector<Chunk> chunks;
+  std::vector<int32_t> first;
+  for (size_t k = 0; k < sizes.size(); k++) {
+    params.push_back(conv<P>(randv(size_t(sizes[k]))));
+    grads.push_back(randv(size_t(sizes[k])));
+    ms.push_back(randv(size_t(sizes[k])));
+    vs.push_back(randv(size_t(sizes[k])));
+    for (auto& v : vs.back()) v = v * v;
+  }
+  auto p0 = params; auto m0 = ms; auto v0 = vs;
+  for (size_t k = 0; k < sizes.size(); k++) {
+    entries.push_back({params[k].data(), grads[k].data(), ms[k].data(), vs[k].data(), sizes[k]});
+    first.push_back(int32_t(chunks.size()));
+    for (int64_t s = 0; s < sizes[k]; s += kChunk) chunks.push_back({int32_t(k), s});
+  }
+  first.push_back(int32_t(chunks.size()));
+  Hyper h{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 0.19f, 0.0019990005f};
+  std::vector<double> chunkNorms(chunks.size() * 2), norms(sizes.size() * 2);
+  unsigned blocks = unsigned(chunks.size());
+  if (lamb) {
+    emuLaunch(lambNormsKernel<P, float>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h, chunkNorms.data());
+    emuLaunch(lambTensorNormsKernel, gridFor(int64_t(sizes.size())), kThreads, 0, nullptr, (const double*)chunkNorms.data(), (const int32_t*)first.data(), norms.data(), int64_t(sizes.size()));
+    emuLaunch(lambApplyKernel<P>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h, (const double*)norms.data());
+  } else {
+    emuLaunch(adamwKernel<P, float>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h);
+  }
+  for (size_t k = 0; k < sizes.size(); k++) {
+    double pw = 0, uu = 0;
+    std::vector<float> us(size_t(sizes[k]));
+    for (int64_t i = 0; i < sizes[k]; i++) {
+      float g = grads[k][size_t(i)] * h.gradScale;
+      float m = h.beta1 * m0[k][size_t(i)] + (1.0f - h.beta1) * g, v = h.beta2 * v0[k][size_t(i)] + (1.0f - h.beta2) * g * g;
+      EXPECT(ms[k][size_t(i)] == m && vs[k][size_t(i)] == v, "optim moments k=%zu i=%ld", k, long(i));
+      float w = toF32(p0[k][size_t(i)]);
+      float u = (m / h.bias1) / (sqrtf(v / h.bias2) + h.eps) + h.weightDecay * w;
+      us[size_t(i)] = u;
+      pw += double(w) * w;
+      uu += double(u) * u;
+    }
+    if (lamb) {
+      EXPECT(std::fabs(norms[2 * k] - pw) <= 1e-12 * pw && std::fabs(norms[2 * k + 1] - uu) <= 1e-12 * uu, "lamb norms k=%zu %g %g vs %g %g", k, norms[2 * k], norms[2 * k + 1], pw, uu);
+    }
+    double ratio = pw > 0 && uu > 0 ? std::sqrt(pw) / std::sqrt(uu) : 1.0;
+    for (int64_t i = 0; i < sizes[k]; i++) {
+      float w = toF32(p0[k][size_t(i)]);
+      float want = lamb ? w - float(double(h.lr) * ratio) * us[size_t(i)] : w - h.lr * ((us[size_t(i)] - h.weightDecay * w) + h.weightDecay * w);
+      EXPECT(std::fabs(toF32(params[k][size_t(i)]) - toF32(fromF32<P>(want))) <= 1e-6 * (1 + std::fabs(want)) + (sizeof(P) == 2 ? 1e-2 * std::fabs(want) : 0),
+             "optim %s param k=%zu i=%ld got %g want %g", lamb ? "lamb" : "adamw", k, long(i), toF32(params[k][size_t(i)]), want);
+    }
+  }
+}
+
 int main() {
+  testOptim<float>(true); testOptim<bf16>(true); testOptim<float>(false);
   for (size_t n : {1, 3, 7, 8, 9, 33, 4097}) for (size_t sh : {0, 1}) { testMap<float>(n, sh); testMap<bf16>(n, sh); testMap<f16>(n, sh); }
   testRowSums<float>(1, 1); testRowSums<float>(1, 3); testRowSums<float>(1, 100003); testRowSums<float>(3, 20011);
   testRowSums<float>(5, 3); testRowSums<float>(64, 768); testRowSums<bf16>(2, 9000); testRowSums<f16>(7, 300);
