@@ -151,6 +151,8 @@ export async function membw(rec, nt, noGpu) {
     const x = nt.randn([R, D], { seed: 3, dtype: 'bf16', device: 'cuda' }), y = nt.zeros([R, D], { dtype: 'bf16', device: 'cuda' });
     const w = nt.randn([D], { seed: 4, dtype: 'bf16', device: 'cuda' }), bb = nt.randn([D], { seed: 5, dtype: 'bf16', device: 'cuda' });
     const mean = nt.zeros([R], { device: 'cuda' }), rstd = nt.zeros([R], { device: 'cuda' });
+    const s1 = nt.zeros([1], { dtype: 'bf16', device: 'cuda' }), sD = nt.zeros([D], { dtype: 'bf16', device: 'cuda' }), sR = nt.zeros([R], { dtype: 'bf16', device: 'cuda' });
+    const gw = nt.zeros([D], { dtype: 'bf16', device: 'cuda' }), gb = nt.zeros([D], { dtype: 'bf16', device: 'cuda' });
     const tp = torchPeer(python, ['membw', '--rows', String(R), '--cols', String(D)], 30_000);
     if (tp.error) rec.info('torchMembwError', tp.error);
     const copyMs = timeCuda(nt, () => G.copy(y.storage, 0, x.storage, 0, bytes), 50);
@@ -160,6 +162,13 @@ export async function membw(rec, nt, noGpu) {
       ['layernorm', 'layernorm_forward', () => G.layernorm_forward(x.storage, w.storage, bb.storage, y.storage, mean.storage, rstd.storage, R, D, 1e-5, DT.bf16), 1],
       ['add', 'binary add', () => nt.add(x, x).dispose(), 1.5],
       ['softmax', 'softmax_forward', () => G.softmax_forward(x.storage, y.storage, R, D, DT.bf16, false), 1],
+      // Two-stage deterministic reductions (reads only: f = 0.5; the norm and bias gradients read two
+      // [R, D] inputs and write one: f = 1.5).
+      ['sum', 'sum_to all', () => G.sum_to(x.storage, s1.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([0, 0]), 1), 0.5],
+      ['colsum', 'sum_to over rows', () => G.sum_to(x.storage, sD.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([0, 1]), D), 0.5],
+      ['rowsum', 'sum_to over columns', () => G.sum_to(x.storage, sR.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([1, 0]), R), 0.5],
+      ['layernorm_backward', 'layernorm_backward', () => G.layernorm_backward(x.storage, w.storage, mean.storage, rstd.storage, x.storage, y.storage, gw.storage, gb.storage, R, D, DT.bf16), 1.5],
+      ['bias_gelu_backward', 'bias_gelu_backward', () => G.bias_gelu_backward(x.storage, x.storage, y.storage, gb.storage, R, D, DT.bf16), 1.5],
     ];
     for (const [key, name, fn, f] of kernels) {
       const ms = key === 'copy' ? copyMs : timeCuda(nt, fn, 50);
