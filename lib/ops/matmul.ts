@@ -5,6 +5,7 @@ import { dtypeCode } from '../dtype.js';
 import { ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { sumTo } from './elementwise.js';
 
@@ -128,6 +129,8 @@ const MATMUL_OPTIONS = { transA: 'boolean', transB: 'boolean', alpha: 'number' }
 
 /** Matrix product a @ b (2-D, batched, or with a shared operand; optional transposes and scale). */
 export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
+  const cast = autocastRun('matmul', [a, b] as const, (a2, b2) => matmul(a2, b2, opts));
+  if (cast) return cast;
   const out = matmulForward(a, b, opts);
   if (!needsGrad(a, b)) return out;
   const transA = !!opts.transA, transB = !!opts.transB, alpha = opts.alpha ?? 1;
@@ -152,6 +155,8 @@ function checkLinear(call: string, x: Tensor, weight: Tensor, bias: Tensor | nul
 
 /** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linear(x2, w2, b2));
+  if (cast) return cast;
   const outF = checkLinear('linear', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
   const out = emptyLike(x, plan.outShape);
@@ -180,6 +185,8 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
  * Equals `gelu(linear(x, weight, bias))` up to rounding; weight [out, in], bias [out], x [..., in].
  */
 export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linearGelu(x2, w2, b2));
+  if (cast) return cast;
   const outF = checkLinear('linearGelu', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linearGelu');
   const pre = emptyLike(x, plan.outShape);
