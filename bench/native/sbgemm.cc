@@ -1,7 +1,7 @@
 // bf16 GEMM on the cpu backend, two ways, on the GEMM shapes of the `tiny` and `small` training-bench
 // GPTs (lib/bench/configs.ts): what native/cpu/kernels/gemm.cc does (widen A and B to f32, cblas_sgemm,
 // round C to bf16) against OpenBLAS's cblas_sbgemm (bf16 A and B, f32 C, then C rounded to bf16).
-// Prints the best of 5 timings of each, and of cblas_sgemm alone on inputs already in f32 (what the
+// Prints the best of 15 timings of each, and of cblas_sgemm alone on inputs already in f32 (what the
 // conversions cost), and the largest difference between the two bf16 results. cblas_sbgemm is looked up
 // at run time: OpenBLAS has it only when built with BUILD_BFLOAT16 (Debian's 0.3.21 package is not).
 //   g++ -O2 -march=native -I/usr/include/x86_64-linux-gnu/openblas-pthread bench/native/sbgemm.cc -lopenblas -ldl -o /tmp/sbgemm && /tmp/sbgemm
@@ -75,7 +75,7 @@ int main() {
     };
     auto best = [](auto&& fn) {
       double b = 1e30;
-      for (int r = 0; r < 5; r++) {
+      for (int r = 0; r < 15; r++) {
         auto t0 = std::chrono::steady_clock::now();
         fn();
         b = std::min(b, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
