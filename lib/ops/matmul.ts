@@ -2,7 +2,7 @@
 // cuBLASLt), and linear(x, W, b) = x·Wᵀ + b in PyTorch's weight layout.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { dtypeCode } from '../dtype.js';
-import { ShapeError } from '../errors.js';
+import { DTypeError, ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { autocastRun } from './autocast.js';
@@ -74,6 +74,9 @@ export function planMatmul(aShape: readonly number[], bShape: readonly number[],
 /** One native GEMM: C[b] = alpha·op(A[b])·op(B[b]) + beta·C[b] with element batch strides. */
 function gemm(c: Tensor, a: Tensor, b: Tensor, batch: number, m: number, n: number, k: number, transA: boolean, transB: boolean,
   strideA: number, strideB: number, strideC: number, alpha = 1, beta = 0): void {
+  // The kernel reads all three storages as one dtype: a mix (an op's backward handed a gradient of
+  // another dtype than its saved inputs) would be read as garbage, so it is an error here.
+  if (a.dtype !== b.dtype || a.dtype !== c.dtype) throw new DTypeError(`matmul: GEMM operands of different dtypes (${a.dtype}, ${b.dtype} into ${c.dtype})`);
   a.backend.gemm(a.storage, b.storage, c.storage, dtypeCode(a.dtype), batch, m, n, k, transA, transB, alpha, beta, strideA, strideB, strideC);
 }
 

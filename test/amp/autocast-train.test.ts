@@ -3,6 +3,7 @@
 // it, recomputation, the trainer's and nt.train's `precision` option, and f16 with GradScaler.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { runRanks } from '../distributed/spawn-ranks.js';
 import { lcgGlobalBatch } from '../helpers/token-batch.js';
 
 const CFG = { vocabSize: 64, blockSize: 32, nLayer: 2, nHead: 2, nEmbd: 48, dropout: 0, bias: true };
@@ -157,4 +158,20 @@ describe('f16 autocast with GradScaler on the cpu backend', () => {
     model.parameters().forEach((p, i) => expect(Array.from(p.toArraySync())).toEqual(before[i]));
     opt.dispose(); model.dispose();
   }, 60_000);
+});
+
+describe('tensor and sequence parallelism under bf16 autocast', () => {
+  it('a TP2 + SP GPT step over 2 processes: loss and gradients close to the f32 step, gradients f32', async () => {
+    const res = await runRanks('../amp/tp-sp-bf16-rank.ts', 2, [], { NODETRON_WARN_LEAKS: '0' }, 120_000);
+    for (const r of res) {
+      expect(r.code, r.stderr.slice(-3000)).toBe(0);
+      const { f32Loss, bf16Loss, casts, gradDtypes, worst } = r.result as { f32Loss: number; bf16Loss: number; casts: number; gradDtypes: string[]; worst: number[] };
+      expect(casts).toBeGreaterThan(0);
+      expect(gradDtypes).toEqual(['f32']);
+      expect(Math.abs(f32Loss - bf16Loss)).toBeLessThan(0.01);
+      expect(Math.abs(f32Loss - bf16Loss)).toBeGreaterThan(0);
+      // a few bf16 roundings on the way (relative 2^-8 each): within 5% of each tensor's largest gradient
+      for (const w of worst) expect(w).toBeLessThan(0.05);
+    }
+  }, 150_000);
 });
