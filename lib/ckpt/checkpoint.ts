@@ -820,6 +820,7 @@ function readCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
 /** Writes a part's bytes (saved as `dtype`) into its tensor, converting when the dtypes differ. */
 function writePart(part: StatePart, host: Uint8Array, dtype: SafetensorsDType, dir: string): void {
   const t = part.tensor;
+  t.markModified();
   if (NT_DTYPE_OF[dtype] === t.dtype) {
     t.backend.write(t.storage, part.offset * dtypeSize(t.dtype), host);
     return;

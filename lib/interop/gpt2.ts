@@ -84,6 +84,7 @@ export function loadBytes(p: Tensor, bytes: Uint8Array, dtype: DType): void {
   if (bytes.byteLength !== p.size * dtypeSize(dtype)) {
     throw new StateError(`loadBytes: ${bytes.byteLength} bytes do not hold ${fmtShape(p.shape)} ${dtype}`);
   }
+  p.markModified();
   if (dtype === p.dtype) {
     p.backend.write(p.storage, 0, bytes);
     return;

@@ -2,6 +2,7 @@
 // layout): micro-batches through the pipeline schedule, data-parallel gradient averaging (GradBuffer,
 // or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
+import { autocast } from '../amp.js';
 import { ArgumentError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
@@ -44,7 +45,17 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   bucketBytes?: number;
   /** Builds the optimizer over the parameter groups it is given (the local parameters, or ZeRO's shards of them). */
   createOptimizer: InnerOptimizerFactory<H>;
+  /**
+   * The compute precision of the forward (default 'f32'). 'bf16': each micro-batch's forward runs
+   * under nt.autocast({ dtype: 'bf16' }) (GEMMs and attention in bf16 with f32 accumulation; norms,
+   * softmax, the loss and the residual stream in f32); parameters, gradients and the optimizer stay
+   * f32. f16 needs loss scaling: use nt.autocast with nt.GradScaler in your own loop.
+   */
+  precision?: TrainingPrecision;
 }
+
+/** The compute precisions the trainer runs in. */
+export type TrainingPrecision = 'f32' | 'bf16';
 
 /** What a training step returns. */
 export interface TrainerStepResult {
@@ -66,6 +77,7 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #maxGradNorm: number | undefined;
   readonly #microBatches: number;
   readonly #schedule: PipelineScheduleName;
+  readonly #precision: TrainingPrecision;
   readonly #optimizer: Optimizer<H> | null;
   readonly #zero: ZeroOptimizer<H> | null;
   readonly #grads: GradBuffer | null;
@@ -91,6 +103,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#maxGradNorm = options.maxGradNorm;
     this.#microBatches = options.microBatches ?? 1;
     this.#schedule = options.schedule ?? '1f1b';
+    this.#precision = options.precision ?? 'f32';
     const zero = options.zero ?? 0;
     this.#rank = mesh?.world.rank ?? Number(process.env.RANK ?? 0);
     this.#slowdown = debugSlowdown(this.#rank);
@@ -229,7 +242,8 @@ export class ParallelTrainer<H extends { lr: number }> {
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input) => {
-        const out = this.#timed(() => traceSpan('forward', () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null), 'compute', { microBatch: i }));
+        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
+        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
         return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
       },
@@ -326,6 +340,10 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const precision = options.precision ?? 'f32';
+  if (precision !== 'f32' && precision !== 'bf16') {
+    problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);
+  }
   const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
   if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
     problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);

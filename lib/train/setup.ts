@@ -256,7 +256,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     await dist.init();
     world = dist.world();
   }
-  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}; batch ${options.batchSize}` : 'rejected';
+  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}${flags.precision === 'bf16' ? ' bf16' : ''}; batch ${options.batchSize}` : 'rejected';
   await agree(world, problems, 'layout flags', settings);
   const mesh = world ? await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp }) : null;
 
@@ -305,6 +305,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
     trainer = await ParallelTrainer.create<H>(stage, groups, {
       mesh, zero: l.zero, offload: l.offload, microBatches: l.microBatches, schedule: l.schedule, createOptimizer: options.optimizer,
+      ...(flags.precision ? { precision: flags.precision } : {}),
       ...(options.maxGradNorm !== undefined ? { maxGradNorm: options.maxGradNorm } : {}), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
     });
   } catch (e) {
