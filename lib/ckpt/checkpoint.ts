@@ -12,7 +12,7 @@
 // A load reads the manifest, verifies the files it needs (size, CRC-32) before touching any tensor,
 // and fills each local part from whichever saved parts cover its elements (lib/ckpt/intervals.ts),
 // so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
-import { traceSpan } from '../distributed/trace.js';
+import { traceSpan } from '../observe/trace.js';
 import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, mkdirSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -21,7 +21,7 @@ import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.j
 import { dtypeSize, type DType } from '../dtype.js';
 import { tensor } from '../creation.js';
 import { copyElements } from '../parallel/flat.js';
-import { valuesOf } from '../interop/gpt2.js';
+import { valuesOf } from '../io/tensor-bytes.js';
 import type { Module } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Generator } from '../random.js';
@@ -29,7 +29,8 @@ import type { GradScaler, MasterWeights } from '../amp.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { encodeHeader, SafetensorsFile, SAFETENSORS_DTYPE_OF, type SafetensorsDType } from '../io/safetensors.js';
 import { checkSplit, cover, coverageProblem, partIntervals, type Interval, type Source } from './intervals.js';
-import { plainState, type RankState, type StatePart } from './parts.js';
+import { plainState, trainerState, type RankState, type StatePart } from './parts.js';
+import type { TrainerHoldings } from '../parallel/trainer.js';
 import { FileWriter } from './writer.js';
 import type { TensorSplit } from '../nn/module.js';
 
@@ -43,11 +44,8 @@ export interface Stateful {
 
 /** A model that knows its own layout: ParallelTrainer (any TP × PP × DP × ZeRO layout). */
 export interface ShardedTrainingState {
-  /**
-   * This rank's training state as parts of global tensors; with `forLoad`, optimizer state is created where missing so
-   * it can be loaded into.
-   */
-  checkpointState(opts?: { forLoad?: boolean }): RankState;
+  /** What this rank holds of the training state (its model, optimizer or ZeRO shards, replicas): parts.ts's trainerState reads it. */
+  checkpointHoldings(): TrainerHoldings<{ lr: number }>;
   /** The group of all ranks taking part in the checkpoint (null in one process). */
   readonly world: CollectiveGroup | null;
 }
@@ -509,7 +507,7 @@ export function readTensor(dir: string, key: string): {
 function checkItems(items: CheckpointItems): void {
   if (items === null || typeof items !== 'object') throw new ArgumentError(`checkpoint: items must be an object like { model, optimizer, ... }, got ${items === null ? 'null' : typeof items}`);
   const m = items.model as unknown;
-  if (m === null || typeof m !== 'object' || (typeof (m as Partial<ShardedTrainingState>).checkpointState !== 'function' && typeof (m as Partial<Module>).namedParameters !== 'function')) {
+  if (m === null || typeof m !== 'object' || (typeof (m as Partial<ShardedTrainingState>).checkpointHoldings !== 'function' && typeof (m as Partial<Module>).namedParameters !== 'function')) {
     throw new ArgumentError('checkpoint: items.model must be a Module (e.g. a GPT) or a ParallelTrainer');
   }
 }
@@ -517,15 +515,15 @@ function checkItems(items: CheckpointItems): void {
 function worldOf(items: CheckpointItems): CollectiveGroup | null {
   checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
-  return typeof m.checkpointState === 'function' ? (m.world ?? null) : null;
+  return typeof m.checkpointHoldings === 'function' ? (m.world ?? null) : null;
 }
 
 function rankState(items: CheckpointItems, forLoad: boolean): RankState {
   checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
-  if (typeof m.checkpointState === 'function') {
+  if (typeof m.checkpointHoldings === 'function') {
     if (items.optimizer) throw new ArgumentError('checkpoint: a trainer brings its own optimizer; pass optimizer only with a Module');
-    return m.checkpointState({ forLoad });
+    return trainerState(m.checkpointHoldings!(), { forLoad });
   }
   return plainState(items.model as Module, items.optimizer ?? null, { forLoad });
 }

@@ -16,5 +16,5 @@ export { verifyCollective, describeCollective, type CollectiveDescription } from
 export {
   recordStepMetrics, readMetrics, stragglerScores, formatStragglers, METRICS_DIR, metricsEnabled,
   type StepMetrics, type StragglerOptions, type StragglerReport, type RankScore, type StragglerMetric,
-} from './metrics.js';
+} from '../observe/metrics.js';
 export { selfCheck, type SelfCheckOptions, type SelfCheckReport, type SelfCheckLink, type SelfCheckRank } from './self-check.js';

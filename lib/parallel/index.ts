@@ -48,4 +48,4 @@ export {
   resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
   type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName,
 } from './layout.js';
-export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult } from './trainer.js';
+export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainerHoldings, type ReplicaPlace } from './trainer.js';
