@@ -11,11 +11,12 @@ import type { Module, Parameter } from '../nn/module.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
+import { agreeAll } from '../distributed/agree.js';
 import { traceSpan } from '../observe/trace.js';
 import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
-import { rangeAcrossRanks, type ParallelState } from './mesh.js';
+import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
@@ -152,11 +153,9 @@ export class ParallelTrainer<H extends { lr: number }> {
       if (!(e instanceof ArgumentError)) throw e;
       problem = e.message;
     }
-    if (options.mesh && options.mesh.world.size > 1) {
-      const seen = await rangeAcrossRanks(options.mesh.world, [problem ? 1 : 0]);
-      if (!problem && seen) problem = 'ParallelTrainer: another rank rejected its model or optimizer (see its error); every rank stops';
-    }
-    if (problem) throw new ArgumentError(problem);
+    await agreeAll(options.mesh?.world ?? null, problem === null ? null : new ArgumentError(problem), {
+      failedElsewhere: (ranks) => new ArgumentError(`ParallelTrainer: model or optimizer rejected on ${ranks} (see the error there); every rank stops`),
+    });
     return new ParallelTrainer(model, groups, options);
   }
 
