@@ -8,7 +8,7 @@ import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
-import { BackwardRegions, gradRegion, traceEnabled } from '../distributed/trace.js';
+import { BackwardRegions, gradRegion, traceEnabled } from '../observe/trace.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];

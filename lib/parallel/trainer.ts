@@ -8,20 +8,45 @@ import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import type { Parameter } from '../nn/module.js';
+import type { Module, Parameter } from '../nn/module.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
-import { traceSpan } from '../distributed/trace.js';
-import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../distributed/metrics.js';
+import { agreeAll } from '../distributed/agree.js';
+import { traceSpan } from '../observe/trace.js';
+import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
-import { rangeAcrossRanks, type ParallelState } from './mesh.js';
+import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
-import { plainState, zeroState, type RankState } from '../ckpt/parts.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+
+/**
+ * What one rank of a trainer holds of the training state: the description a checkpoint reads
+ * (lib/ckpt/parts.ts's trainerState), so the trainer itself knows nothing of checkpoints.
+ */
+export interface TrainerHoldings<H extends { lr: number }> {
+  /** This rank's model (its pipeline stage, its tensor-parallel slices). */
+  readonly model: Module;
+  /** The optimizer holding the state of whole parameters; null under ZeRO (`zero` holds it). */
+  readonly optimizer: Optimizer<H> | null;
+  /** The ZeRO optimizer whose masters and inner optimizer hold this rank's flat chunks; null at ZeRO 0. */
+  readonly zero: ZeroOptimizer<H> | null;
+  /** Parameters whose copy here another rank saves (tensor-parallel replicas of rank > 0, the tied embedding's second copy). */
+  readonly savedElsewhere: ReadonlySet<Tensor>;
+  /** This rank's place among the identical data-parallel copies; null in one process. */
+  readonly replica: ReplicaPlace | null;
+}
+
+/** A rank's place among identical replicas. */
+export interface ReplicaPlace {
+  /** This replica's index, from 0. */
+  readonly index: number;
+  /** The number of replicas. */
+  readonly count: number;
+}
 
 /** Options of {@link ParallelTrainer.create}. */
 export interface ParallelTrainerOptions<H extends { lr: number }> {
@@ -141,11 +166,9 @@ export class ParallelTrainer<H extends { lr: number }> {
       if (!(e instanceof ArgumentError)) throw e;
       problem = e.message;
     }
-    if (options.mesh && options.mesh.world.size > 1) {
-      const seen = await rangeAcrossRanks(options.mesh.world, [problem ? 1 : 0]);
-      if (!problem && seen) problem = 'ParallelTrainer: another rank rejected its model or optimizer (see its error); every rank stops';
-    }
-    if (problem) throw new ArgumentError(problem);
+    await agreeAll(options.mesh?.world ?? null, problem === null ? null : new ArgumentError(problem), {
+      failedElsewhere: (ranks) => new ArgumentError(`ParallelTrainer: model or optimizer rejected on ${ranks} (see the error there); every rank stops`),
+    });
     return new ParallelTrainer(model, groups, options);
   }
 
@@ -310,14 +333,18 @@ export class ParallelTrainer<H extends { lr: number }> {
   }
 
   /**
-   * This rank's training state as parts of the global tensors (what lib/ckpt saves and loads): the
-   * parameters and optimizer state it holds, each saved by exactly one rank of the job.
+   * What this rank holds of the job's training state (lib/ckpt turns it into parts of the global tensors
+   * to save and load): its model, the optimizer or ZeRO shards that hold the state, the parameters
+   * another rank saves, and its place among the identical data-parallel replicas.
    */
-  checkpointState(opts: { forLoad?: boolean } = {}): RankState {
-    const skip = this.#countedElsewhere;
-    if (this.#zero) return zeroState(this.#model, this.#zero, { skip, ...opts });
-    const share = this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : undefined;
-    return plainState(this.#model, this.#optimizer, { skip, share, ...opts });
+  checkpointHoldings(): TrainerHoldings<H> {
+    return {
+      model: this.#model,
+      optimizer: this.#zero ? null : this.#optimizer,
+      zero: this.#zero,
+      savedElsewhere: this.#countedElsewhere,
+      replica: this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : null,
+    };
   }
 
   /** The job's world (null in one process): checkpoints coordinate their ranks over it. */

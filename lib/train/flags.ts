@@ -3,7 +3,7 @@
 // process or under `nodetron launch` with any layout; and a strict parser for a script's own options
 // together with the layout flags.
 import { ArgumentError } from '../errors.js';
-import { parseOptions } from '../bench/util.js';
+import { parseOptions } from '../cmdline/args.js';
 import type { LayoutFlags } from '../parallel/layout.js';
 
 /** The layout flags of a training run: a parallel layout (checked later against the model and the world) and recomputation. */
