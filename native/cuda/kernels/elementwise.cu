@@ -4,23 +4,18 @@
 // in row-major order go through map3Kernel (16-byte packs where aligned), broadcasts over at most two
 // merged dims through binary2dKernel, others through the strided kernel.
 #include "../../core/arg_lists.h"
+#include "../../core/op_codes.h"
 #include "common.cuh"
 
 namespace nt::cuda {
 
-enum BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
-// Codes of lib/ops/codes.ts, as the cpu backend.
-enum UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kPowScalar, kScale, kAddScalar, kRsub, kRdiv };
-
+// Op codes: native/core/op_codes.h (the cpu backend compiles the same file; lib/kernel-codes.ts mirrors it).
 __device__ __forceinline__ float binary(int op, float x, float y) {
   switch (op) {
     case kAdd: return x + y;
     case kSub: return x - y;
     case kMul: return x * y;
-    case kDiv: return x / y;
-    case kMax: return fmaxf(x, y);
-    case kMin: return fminf(x, y);
-    default: return powf(x, y);
+    default: return x / y;
   }
 }
 
@@ -40,7 +35,7 @@ __device__ __forceinline__ float unary(int op, float v, float p) {
     case kLog: return logf(v);
     case kSqrt: return sqrtf(v);
     case kTanh: return tanhf(v);
-    case kPowScalar: return p == 2.0f ? v * v : powf(v, p);
+    case kPow: return p == 2.0f ? v * v : powf(v, p);
     case kScale: return v * p;
     case kAddScalar: return v + p;
     case kRsub: return p - v;
@@ -56,7 +51,7 @@ __device__ __forceinline__ float unaryGrad(int op, float x, float y, float gv, f
     case kLog: return gv / x;
     case kSqrt: return gv * 0.5f / y;
     case kTanh: return gv * (1.0f - y * y);
-    case kPowScalar: return p == 2.0f ? gv * 2.0f * x : gv * p * powf(x, p - 1.0f);
+    case kPow: return p == 2.0f ? gv * 2.0f * x : gv * p * powf(x, p - 1.0f);
     case kScale: return gv * p;
     case kAddScalar: return gv;
     default: return -gv * p / (x * x);
@@ -146,12 +141,12 @@ static void launchBinary(cudaStream_t st, int op, const T* a, const T* b, T* out
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
-//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (as the cpu
-//   backend), 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
+//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (op_codes.h);
+//   strides in elements, 0 broadcasts.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "binary");
   int64_t op = k.args.int64(0);
-  if (op < kAdd || op > kPow) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
+  if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   DType dt = k.args.dtype(4);
   std::vector<int64_t> shape = intList(info, 5, "binary");
   std::vector<int64_t> sa = intList(info, 6, "binary", int64_t(shape.size())), sb = intList(info, 7, "binary", int64_t(shape.size()));
@@ -176,7 +171,7 @@ static Napi::Value Unary(const Napi::CallbackInfo& info) {
   int64_t op = k.args.int64(0), n = k.args.size(3);
   DType dt = k.args.dtype(4);
   float p = float(k.args.number(5));
-  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
+  if (!validUnaryOp(op)) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
   void* x = k.data(1, dt, n);
   void* out = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
@@ -196,8 +191,8 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   int64_t op = k.args.int64(0), n = k.args.size(5);
   DType dt = k.args.dtype(6);
   float p = float(k.args.number(7));
-  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
-  bool needX = op == kLog || op == kPowScalar || op == kRdiv;
+  if (!validUnaryOp(op)) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
   void* x = needX ? k.data(1, dt, n) : nullptr;
   void* y = needY ? k.data(2, dt, n) : nullptr;

@@ -32,7 +32,10 @@ parts=[]
 r=open(SRC+'reduce.cu').read()
 parts.append(between(r,'// The general case: one thread per output element','// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)\n//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed'))
 e=open(SRC+'elementwise.cu').read()
-parts.append(between(e,'enum BinaryOp','// binary(op, a, b, out, dtype, outShape'))
+# The op codes come from native/core/op_codes.h (both backends compile it).
+codes=open(os.path.join(ROOT, 'native/core/op_codes.h')).read()
+parts.append(''.join(l + '\n' for l in codes.split('\n') if l.startswith(('enum ', 'inline bool'))))
+parts.append(between(e,'__device__ __forceinline__ float binary(int op','// binary(op, a, b, out, dtype, outShape'))
 g=open(SRC+'gelu.cu').read()
 parts.append(between(g,'__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'))
 parts.append(between(g,'// pre += bias per column','// bias_gelu_forward(pre, bias|null'))
