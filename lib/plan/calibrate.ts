@@ -108,8 +108,13 @@ export function checkCalibrationLayout(spec: string, shape: CalibrationShape = C
 export interface CalibrateOptions {
   /** Training steps per rank (default 3; the peak is taken over the steps after the first). */
   steps?: number;
-  /** Fault injection for tests: world rank `rank` throws at the start of step `step` (0-based). */
-  failAt?: { rank: number; step: number };
+  /** Fault injection for tests: world rank `rank` throws at the start of step `step`. */
+  failAt?: {
+    /** The world rank that throws. */
+    rank: number;
+    /** The step (0-based) at whose start it throws. */
+    step: number;
+  };
 }
 
 /**

@@ -147,7 +147,14 @@ export const F32_EMBEDDING = 3;
  * without a pipeline (the 3 of F32_EMBEDDING). Measured on PP3 and PP4 middle stages
  * (test/plan/calibration.test.ts).
  */
-export const F32_STAGE_OUTSIDE = { first: 2, middle: 1, last: 3 } as const;
+export const F32_STAGE_OUTSIDE: Readonly<{
+  /** The first stage: its output and the embedding's own. */
+  first: number;
+  /** A middle stage: its output. */
+  middle: number;
+  /** The last stage: the final LayerNorm's input and output, and one more. */
+  last: number;
+}> = { first: 2, middle: 1, last: 3 };
 
 function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
 
