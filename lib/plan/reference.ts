@@ -1,7 +1,7 @@
 // Published memory formulas, re-derived so tests can pin the planner to them: DeepSpeed's model-state
 // estimates (deepspeed/runtime/zero/stage_1_and_2.py, deepspeed/runtime/zero/stage3.py, as of
-// DeepSpeed 0.19.6) and Megatron-LM's theoretical memory (megatron/training/theoretical_memory_usage.py,
-// for sequence parallelism with selective recomputation). DeepSpeed has no ZeRO-1 estimator (its
+// DeepSpeed 0.19.6) and Megatron-LM's theoretical memory (megatron/training/theoretical_memory_usage.py
+// at its main of 2026-08-22, for sequence parallelism with selective recomputation). DeepSpeed has no ZeRO-1 estimator (its
 // memory API, docs/code-docs/source/memory.rst, covers ZeRO-2 and ZeRO-3); Megatron's distributed
 // optimizer (megatronWeightAndOptimizerBytes with useDistributedOptimizer) is the ZeRO-1 split.
 
@@ -92,15 +92,27 @@ export interface MegatronArgs {
   numQueryGroups?: number;
 }
 
-/** Megatron's compute_weight_and_optimizer_memory: the most loaded shard's parameters × 18 bytes (6 + 12/dp with the distributed optimizer). */
+/**
+ * Megatron-LM's compute_weight_and_optimizer_memory (megatron/training/theoretical_memory_usage.py)
+ * for dense models, as it is since PR #4687 (May 2026) and still at its 2026-08-22 main: the first
+ * stage's parameters on one tensor-parallel rank × 18 bytes (6 + 12/dp with the distributed
+ * optimizer, the ZeRO-1 split). Its layers/pp attention and MLP matrices and the embedding are split
+ * by tp; its LayerNorms (2 per layer, weight and bias) are replicated. An untied output layer adds a
+ * second embedding without a pipeline; the final LayerNorm is not counted. Before #4687 Megatron
+ * divided everything (the norms, and the final norm's 2h, too) by tp.
+ */
 export function megatronWeightAndOptimizerBytes(a: MegatronArgs): number {
   const groups = a.numQueryGroups ?? a.numAttentionHeads;
   const gated = a.swiglu ? 1.5 : 1;
-  const layers = 2 * a.numLayers * a.hiddenSize * a.hiddenSize * ((1 + groups / a.numAttentionHeads) + (a.ffnHiddenSize / a.hiddenSize) * gated + 2 / a.hiddenSize + 1 / (a.numLayers * a.hiddenSize));
-  const embedding = a.hiddenSize * a.paddedVocabSize;
-  let shard = (layers / a.pipelineParallel + embedding) / a.tensorParallel;
-  if (a.untieEmbeddings && a.pipelineParallel === 1) shard += embedding / a.tensorParallel;
-  return shard * (a.useDistributedOptimizer ? 6 + 12 / a.dataParallel : 18);
+  const h = a.hiddenSize;
+  const attention = 2 * h * h * (1 + groups / a.numAttentionHeads);
+  const mlp = 2 * h * a.ffnHiddenSize * gated;
+  const norms = 2 * h * 2;
+  const embedding = h * a.paddedVocabSize;
+  let tpSharded = ((a.numLayers * (attention + mlp)) / a.pipelineParallel + embedding) / a.tensorParallel;
+  if (a.untieEmbeddings && a.pipelineParallel === 1) tpSharded += embedding / a.tensorParallel;
+  const replicated = (a.numLayers * norms) / a.pipelineParallel;
+  return (tpSharded + replicated) * (a.useDistributedOptimizer ? 6 + 12 / a.dataParallel : 18);
 }
 
 /** Megatron's compute_activation_memory (first stage, sequence parallel + selective recomputation, non-interleaved). */

@@ -86,6 +86,11 @@ describe('published formulas', () => {
     // Weights + optimizer: the most loaded shard × 18 bytes = 2 + 4 + 12 (Megatron keeps fp32 grads: the planner's bf16 grads + 2 bytes).
     const shard = (plan.stageParams(m, 8, 8, 0).layerParams + 51200 * 12288 / 8);
     expect(plan.megatronWeightAndOptimizerBytes(args) / shard).toBeCloseTo(18, 1);
+    // Megatron since PR #4687: 12 layers of attention (4h²) and MLP (8h²) plus the embedding, over tp 8;
+    // the 12 layers' LayerNorms (4h each) replicated. 175B at t8 p8: 2.80e9 parameters on the first stage.
+    const h = 12288, firstStage = (12 * 12 * h * h + 51200 * h) / 8 + 12 * 4 * h;
+    expect(plan.megatronWeightAndOptimizerBytes(args)).toBeCloseTo(18 * firstStage, -3);
+    expect(plan.megatronWeightAndOptimizerBytes({ ...args, useDistributedOptimizer: true, dataParallel: 4 })).toBeCloseTo(9 * firstStage, -3);
     // Activations: the planner's first stage (8 in flight under 1F1B) per layer = Megatron's per layer (34 sbh/t).
     const e = plan.estimateStageMemory(m, { ...base, tp: 8, pp: 8, sequenceParallel: true, recompute: 'selective', microBatches: 64 }, { seq: 2048, microBatchSize: 1, dtype: 'bf16' }, 0);
     const megatron = plan.megatronActivationBytes(args, 64);
