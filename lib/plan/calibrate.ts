@@ -104,6 +104,9 @@ export function checkCalibrationLayout(spec: string, shape: CalibrationShape = C
   return layout;
 }
 
+/** The launcher's --hang-timeout-ms for a calibration job: no rank completed a collective for this long. */
+const CALIBRATION_HANG_TIMEOUT_MS = 120_000;
+
 /** Options of {@link calibrateLayout}. */
 export interface CalibrateOptions {
   /** Training steps per rank (default 3; the peak is taken over the steps after the first). */
@@ -159,7 +162,9 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     if (layout.recompute === 'full') args.push('--recompute');
     if (o.failAt) args.push('--fail-at', `${o.failAt.rank}:${o.failAt.step}`);
     const { main: launch } = await import('../launch/cli.js');
-    const code = await launch(['--nproc-per-node', String(world), script, ...args, '--out', out]);
+    // A rank that fails exits and the launcher stops the others; should ranks ever stay alive without
+    // progress, the launcher's hang check ends the job after 2 minutes without a completed collective.
+    const code = await launch(['--nproc-per-node', String(world), '--hang-timeout-ms', String(CALIBRATION_HANG_TIMEOUT_MS), script, ...args, '--out', out]);
     if (code !== 0) throw jobFailure(spec, out, world, code);
     const model = calibrationModel(shape);
     const opts = { seq: shape.ctx, microBatchSize: shape.batch / layout.dp / layout.microBatches, dtype: 'f32' as const };
