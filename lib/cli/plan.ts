@@ -10,7 +10,7 @@ import { scope } from '../memory.js';
 import { resolveModel, totalParams } from '../plan/models.js';
 import { planLayouts, type PlanCandidate } from '../plan/planner.js';
 import { busBwFromJson, gemmFlopsFromJson, resolveDevice, type PlanDevice } from '../plan/time.js';
-import { calibrateLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE, parseLayoutSpec } from '../plan/calibrate.js';
+import { calibrateLayout, checkCalibrationLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE, parseLayoutSpec } from '../plan/calibrate.js';
 
 /** The most ranks one `--calibrate` layout may start on this machine. */
 const MAX_CALIBRATION_RANKS = 16;
@@ -60,11 +60,14 @@ function cpuDevice(o: Record<string, unknown>): PlanDevice {
 async function calibrate(o: Record<string, unknown>): Promise<number> {
   const layouts = o.layouts ? String(o.layouts).split(';').map((l) => l.trim()).filter(Boolean) : DEFAULT_CALIBRATION_LAYOUTS;
   if (layouts.length === 0) throw new UsageError('--layouts needs at least one layout, e.g. "dp2;tp2,sp"');
-  // Every layout is checked before the first one runs (each starts its ranks as processes on this machine).
+  // Every layout is checked before the first one runs (each starts its ranks as processes on this
+  // machine): one the calibration model cannot train is an error naming it and why, not a job whose
+  // ranks all reject it.
   for (const l of layouts) {
     const p = parseLayoutSpec(l);
     const ranks = p.dp * p.tp * p.pp;
     if (ranks > MAX_CALIBRATION_RANKS) throw new UsageError(`--layouts ${JSON.stringify(l)} needs ${ranks} ranks; calibration runs them as processes here, at most ${MAX_CALIBRATION_RANKS}`);
+    checkCalibrationLayout(l);
   }
   const rows = [];
   for (const l of layouts) rows.push(await calibrateLayout(l));

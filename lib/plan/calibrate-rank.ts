@@ -2,13 +2,17 @@
 // blocks, tied head) at a small size with the public pieces (initParallelTraining, GPTStage,
 // ParallelTrainer), trains a few steps of one layout on random tokens, and writes what the allocator
 // saw to <out>/rank-<rank>.json: the peak of the steps after the first (the first creates the
-// optimizer state) and the bytes held between steps.
+// optimizer state) and the bytes held between steps. A rank that fails writes its error to
+// <out>/rank-<rank>.error.json (read by calibrateLayout) and exits at once with code 1: the runtime
+// keeps the process alive once distributed.init() ran, so leaving through process.exitCode would
+// hang the job (the launcher stops the other ranks when one exits non-zero).
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseOptions } from '../cmdline/args.js';
 import { tensor } from '../creation.js';
 import { destroy } from '../distributed/init.js';
+import { ArgumentError, NodetronError, StateError } from '../errors.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { cpu } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
@@ -36,12 +40,33 @@ export interface CalibrationRankResult {
   numParams: number;
 }
 
+/** What a failed calibration rank writes to <out>/rank-<rank>.error.json. */
+export interface CalibrationRankError {
+  /** World rank. */
+  rank: number;
+  /** The error's class name (ArgumentError, CommError, ..., or Error). */
+  name: string;
+  /** NodetronError's stable code (ERR_ARGUMENT, ...), absent for other errors. */
+  code?: string;
+  /** The error's message. */
+  message: string;
+  /** When it failed (Date.now()): the first failure caused the others (a peer's closed connection). */
+  time: number;
+}
+
+let outDir: string | undefined;
+
 async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     layers: 'number', heads: 'number', width: 'number', ctx: 'number', batch: 'number', vocab: 'number',
     tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', recompute: 'boolean',
-    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string',
+    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string', 'fail-at': 'string',
   });
+  outDir = o.out as string | undefined;
+  // --fail-at RANK:STEP (fault injection for tests): that rank throws at the start of that step, while
+  // the other ranks go on into it and wait for it in the pipeline or the gradient collectives.
+  const failAt = o['fail-at'] === undefined ? undefined : /^(\d+):(\d+)$/.exec(o['fail-at'] as string);
+  if (o['fail-at'] !== undefined && !failAt) throw new ArgumentError(`calibrate-rank: --fail-at takes RANK:STEP, got ${JSON.stringify(o['fail-at'])}`);
   const n = (k: string, d: number) => (o[k] as number | undefined) ?? d;
   const ctx = n('ctx', 64), batch = n('batch', 8), steps = Math.max(2, n('steps', 3));
   const config: GPTConfig = {
@@ -66,6 +91,7 @@ async function main(argv: string[]): Promise<number> {
   const ids = () => Int32Array.from({ length: slice.count * ctx }, () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x % config.vocabSize; });
   for (let step = 0; step < steps; step++) {
     if (step === 1) resetPeakMemory();
+    if (failAt && Number(failAt[1]) === par.rank && Number(failAt[2]) === step) throw new StateError(`calibrate-rank: injected failure of rank ${par.rank} at step ${step} (--fail-at)`);
     const inputs = tensor(ids(), [slice.count, ctx], { dtype: 'i32' }), targets = tensor(ids(), [slice.count, ctx], { dtype: 'i32' });
     await trainer.step(inputs, targets);
     inputs.dispose(); targets.dispose();
@@ -82,4 +108,15 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-main(process.argv.slice(2)).then((code) => { process.exitCode = code; }, (e) => { console.error(e); process.exitCode = 1; });
+function fail(e: unknown): never {
+  console.error(e);
+  const rank = Number(process.env.RANK ?? 0);
+  if (outDir !== undefined) {
+    const err = e instanceof Error ? e : new Error(String(e));
+    const record: CalibrationRankError = { rank, name: err.name, message: err.message, time: Date.now(), ...(e instanceof NodetronError ? { code: e.code } : {}) };
+    try { writeFileSync(join(outDir, `rank-${rank}.error.json`), JSON.stringify(record)); } catch { /* the message is on stderr too */ }
+  }
+  process.exit(1);
+}
+
+main(process.argv.slice(2)).then((code) => process.exit(code), fail);

@@ -1,14 +1,15 @@
 // `nodetron plan --calibrate`: runs a few training steps of small layouts of the GPT example's
 // model on this machine (CPU, f32) through the launcher and sets each rank's measured peak
 // (memoryStats().peak) beside the planner's f32 prediction for its pipeline stage.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, errorFromCode, StateError, type NodetronError } from '../errors.js';
+import { resolveTrainingLayout } from '../parallel/layout.js';
 import { estimateStageMemory, type PlanLayout } from './memory.js';
 import type { PlanModel } from './models.js';
-import type { CalibrationRankResult } from './calibrate-rank.js';
+import type { CalibrationRankError, CalibrationRankResult } from './calibrate-rank.js';
 
 /** The small model calibration trains: the GPT example's block and padded GPT-2 vocabulary at 4 layers, width 128, 4 heads. */
 export interface CalibrationShape {
@@ -78,10 +79,79 @@ export interface CalibrationRow {
   maxError: number;
 }
 
-/** Runs one layout through the launcher and compares every rank's peak with the prediction. */
-export async function calibrateLayout(spec: string, shape: CalibrationShape = CALIBRATION_SHAPE, steps = 3): Promise<CalibrationRow> {
+/**
+ * Reads a layout spec and checks that the calibration model can train it, before any process
+ * starts: the checks every rank makes (resolveTrainingLayout: heads, width and vocabulary by tp,
+ * the sequence by tp under sp, stages by layers, the batch by dp × micro-batches, ZeRO needs dp > 1)
+ * and what calibration does not run (offload). Throws one ArgumentError naming the layout and every
+ * problem.
+ */
+export function checkCalibrationLayout(spec: string, shape: CalibrationShape = CALIBRATION_SHAPE): PlanLayout {
   const layout = parseLayoutSpec(spec);
+  const problems: string[] = [];
+  if (layout.offload) problems.push('offload is not calibrated (the ranks measure one allocator, host and device alike)');
   const world = layout.dp * layout.tp * layout.pp;
+  try {
+    resolveTrainingLayout({ tp: layout.tp, pp: layout.pp, dp: layout.dp, zero: layout.zero, sequenceParallel: layout.sequenceParallel, microBatches: layout.microBatches, schedule: layout.schedule },
+      { nLayer: shape.layers, nHead: shape.heads, nEmbd: shape.width, vocabSize: shape.vocab, blockSize: shape.ctx }, world, shape.batch);
+  } catch (e) {
+    if (!(e instanceof ArgumentError)) throw e;
+    problems.push(e.message.replace(/^training layout: /, ''));
+  }
+  if (problems.length) {
+    throw new ArgumentError(`plan --calibrate: layout ${JSON.stringify(spec)} cannot train the calibration model (${shape.layers} layers, ${shape.heads} heads, width ${shape.width}, ctx ${shape.ctx}, batch ${shape.batch}, vocab ${shape.vocab}): ${problems.join('; ')}`);
+  }
+  return layout;
+}
+
+/** The launcher's --hang-timeout-ms for a calibration job: no rank completed a collective for this long. */
+const CALIBRATION_HANG_TIMEOUT_MS = 120_000;
+
+/** Options of {@link calibrateLayout}. */
+export interface CalibrateOptions {
+  /** Training steps per rank (default 3; the peak is taken over the steps after the first). */
+  steps?: number;
+  /** Fault injection for tests: world rank `rank` throws at the start of step `step`. */
+  failAt?: {
+    /** The world rank that throws. */
+    rank: number;
+    /** The step (0-based) at whose start it throws. */
+    step: number;
+  };
+}
+
+/**
+ * The error of a failed calibration job: the first rank's own error (its class, and a message naming
+ * the layout and the rank) when ranks wrote one, else the launcher's exit code. The first failure
+ * is the earliest; of equal times a communication error (a peer's lost connection) comes last.
+ */
+function jobFailure(spec: string, out: string, world: number, code: number): NodetronError {
+  const errors: CalibrationRankError[] = [];
+  for (let r = 0; r < world; r++) {
+    const path = join(out, `rank-${r}.error.json`);
+    if (!existsSync(path)) continue;
+    try { errors.push(JSON.parse(readFileSync(path, 'utf8')) as CalibrationRankError); } catch { /* cut short by the stop: the others say it */ }
+  }
+  errors.sort((a, b) => a.time - b.time || Number(a.code === 'ERR_COMM') - Number(b.code === 'ERR_COMM'));
+  const e = errors[0];
+  if (!e) return new StateError(`plan --calibrate: layout ${spec} failed (the launcher exited with code ${code}; no rank reported an error, see the [rank N] lines above)`);
+  const message = `plan --calibrate: layout ${spec} failed on rank ${e.rank}: ${e.name}: ${e.message}`;
+  return e.code ? errorFromCode(e.code, message) : new StateError(message);
+}
+
+/**
+ * Runs one layout through the launcher and compares every rank's peak with the prediction. The
+ * layout is checked first (checkCalibrationLayout); a rank that fails makes the launcher stop the
+ * others, and its error (same class, message naming the layout and rank) is thrown here.
+ */
+export async function calibrateLayout(spec: string, shape: CalibrationShape = CALIBRATION_SHAPE, options: number | CalibrateOptions = {}): Promise<CalibrationRow> {
+  const o: CalibrateOptions = typeof options === 'number' ? { steps: options } : options;
+  const steps = o.steps ?? 3;
+  const layout = checkCalibrationLayout(spec, shape);
+  const world = layout.dp * layout.tp * layout.pp;
+  if (o.failAt && !(Number.isInteger(o.failAt.rank) && Number.isInteger(o.failAt.step) && o.failAt.rank >= 0 && o.failAt.step >= 0)) {
+    throw new ArgumentError(`calibrateLayout: failAt needs integer rank and step >= 0, got ${JSON.stringify(o.failAt)}`);
+  }
   const out = mkdtempSync(join(tmpdir(), 'nt-plan-cal-'));
   try {
     const here = fileURLToPath(import.meta.url);
@@ -90,9 +160,12 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
       '--tp', layout.tp, '--pp', layout.pp, '--dp', layout.dp, '--zero', layout.zero, '--micro-batches', layout.microBatches, '--schedule', layout.schedule, '--steps', steps].map(String);
     if (layout.sequenceParallel) args.push('--sp');
     if (layout.recompute === 'full') args.push('--recompute');
+    if (o.failAt) args.push('--fail-at', `${o.failAt.rank}:${o.failAt.step}`);
     const { main: launch } = await import('../launch/cli.js');
-    const code = await launch(['--nproc-per-node', String(world), script, ...args, '--out', out]);
-    if (code !== 0) throw new Error(`plan --calibrate: layout ${spec} failed (exit code ${code})`);
+    // A rank that fails exits and the launcher stops the others; should ranks ever stay alive without
+    // progress, the launcher's hang check ends the job after 2 minutes without a completed collective.
+    const code = await launch(['--nproc-per-node', String(world), '--hang-timeout-ms', String(CALIBRATION_HANG_TIMEOUT_MS), script, ...args, '--out', out]);
+    if (code !== 0) throw jobFailure(spec, out, world, code);
     const model = calibrationModel(shape);
     const opts = { seq: shape.ctx, microBatchSize: shape.batch / layout.dp / layout.microBatches, dtype: 'f32' as const };
     const ranks = Array.from({ length: world }, (_, r) => {

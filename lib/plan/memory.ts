@@ -4,7 +4,7 @@
 // buckets, ZeRO-3's gathered layers.
 import { ArgumentError } from '../errors.js';
 import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
-import { largestLayerParams, stageLayers, stageParams, type PlanModel } from './models.js';
+import { largestLayerParams, layerParams, stageLayers, stageParams, type PlanModel } from './models.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
 export type Recompute = 'none' | 'selective' | 'full';
@@ -137,8 +137,24 @@ export const F32_SCORES = 1;
 export const F32_BLOCK_TRANSIENT_SPLIT = 7;
 /** f32 elements of s·b·h a block's forward leaves unsaved in tensors every tensor-parallel rank holds whole (see F32_BLOCK_TRANSIENT_SPLIT). */
 export const F32_BLOCK_TRANSIENT_REPLICATED = 2;
-/** s·b·h f32 tensors outside the blocks kept for backward: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
+/** s·b·h f32 tensors outside the blocks kept for backward without a pipeline: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
 export const F32_EMBEDDING = 3;
+/**
+ * s·b·h f32 tensors outside the blocks a pipeline stage keeps per in-flight micro-batch: the first
+ * its output (the schedule holds the sent output until the micro-batch's backward) and the
+ * embedding's own; a middle stage its output (its received input is its first block's LayerNorm
+ * input, counted in the block); the last the final LayerNorm's input and output and one more, as
+ * without a pipeline (the 3 of F32_EMBEDDING). Measured on PP3 and PP4 middle stages
+ * (test/plan/calibration.test.ts).
+ */
+export const F32_STAGE_OUTSIDE: Readonly<{
+  /** The first stage: its output and the embedding's own. */
+  first: number;
+  /** A middle stage: its output. */
+  middle: number;
+  /** The last stage: the final LayerNorm's input and output, and one more. */
+  last: number;
+}> = { first: 2, middle: 1, last: 3 };
 
 function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
 
@@ -202,25 +218,36 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     const overhead = subtotal * ((opts.overhead ?? 1.1) - 1);
     return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead, total: subtotal + overhead, hostBytes, inFlight };
   }
-  // f32 on nodetron's CPU allocator (measured with `nodetron plan --calibrate`). Two moments compete
-  // for the peak: the fused head on the last stage (every stored activation, one chunk of logits, and
-  // the head's gradients it makes in the forward: the [V/tp, h] table's and the input's, held until
-  // the micro-batch's backward) and the end of the backward (every gradient, and the token table's
-  // dense [V/tp, h] gradient before it is added; on the first stage of a pipeline, with the
-  // activations of the micro-batches still in flight).
+  // f32 on nodetron's CPU allocator (measured with `nodetron plan --calibrate`). The peak is the
+  // largest of these moments of a step:
+  // - the forward of a micro-batch (every stage but the last): the in-flight micro-batches' saved
+  //   tensors, the running forward's unsaved intermediates, and every gradient when an earlier
+  //   micro-batch's backward has made them (1F1B with m > pp − stage; accumulation without a pipeline);
+  // - the fused head on the last stage (the head runs inside the forward): the above, one chunk of
+  //   logits, and the head's gradients it makes in the forward (the [V/tp, h] table's and the
+  //   input's), held until the micro-batch's backward;
+  // - a backward on a later pipeline stage: the gradients beside the in-flight micro-batches' saved
+  //   tensors (a middle stage's peak under GPipe);
+  // - the end of the first stage's backward: every gradient and the token table's dense [V/tp, h]
+  //   gradient before it is added, with the activations of the micro-batches still in flight.
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
   const scores = 4 * b * (m.nHead / t) * s * s;
   const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
-  // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one).
+  // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
+  // and the s·b·h tensors outside its blocks (F32_EMBEDDING without a pipeline; F32_STAGE_OUTSIDE in one).
   const held = inFlightMicroBatches(layout, stage);
-  activations = held * (nLayers * storedLayer + F32_EMBEDDING * sc(unitRep));
-  // Gradients exist at the head only when an earlier micro-batch made them (accumulation). ZeRO 1/2
-  // keep an fp32 master shard.
+  const outside = pp === 1 ? F32_EMBEDDING : F32_STAGE_OUTSIDE[first ? 'first' : last ? 'last' : 'middle'];
+  activations = held * (nLayers * storedLayer + outside * sc(unitRep));
+  // Gradients are alive from a micro-batch's first backward to the optimizer step (zeroGrad frees them).
+  // ZeRO 1/2 keep an fp32 master shard.
   const accumulating = pp > 1 || layout.microBatches > 1;
   const allGrads = 4 * (zero >= 2 ? shard : psi);
   grads = accumulating ? allGrads : 0;
+  // A forward after this stage's first backward: 1F1B runs pp − stage − 1 warm-up forwards, then one
+  // forward and one backward; GPipe runs every forward first.
+  const gradsInForward = (pp === 1 || layout.schedule === '1f1b') && layout.microBatches > pp - stage;
   if (zero === 1 || zero === 2) buffers += 4 * shard;
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
@@ -233,31 +260,52 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
   const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit));
-  const headPhase = last ? held * headGrads + chunk + transient : 0;
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
-  logits = last ? chunk : 0;
-  // The end of the backward: every gradient and the embedding's dense table gradient (the first
-  // stage; without a pipeline the only stage, whose activations are then freed).
-  const embedPhase = first ? allGrads + tableGrad + (pp > 1 ? activations : 0) : 0;
-  const headTotal = activations + headPhase + (laterHead ? grads : 0);
-  const embedWins = embedPhase > headTotal;
-  // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
-  const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
-  let gradsAtPeak: number;
-  if (embedWins) {
-    gradsAtPeak = allGrads;
-    activations = pp > 1 ? activations : 0;
-    logits = 0;
-    buffers += tableGrad;
-  } else {
-    gradsAtPeak = laterHead ? grads : 0;
-    buffers += headPhase - logits;
+  interface Phase { grads: number; activations: number; logits: number; buffers: number }
+  const phases: Phase[] = [];
+  if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: held * headGrads + transient });
+  else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+  // A backward on a later stage: the other in-flight micro-batches' saved tensors beside the running
+  // one's, whose layers free their activations as their gradients appear (last layer first): at worst
+  // every gradient with the first layer's activations, or one layer's gradients with all of them.
+  if (pp > 1 && !first) {
+    const perMicroBatch = held > 0 ? activations / held : 0;
+    const layerGrads = (4 * layerParams(m, t)) / (zero >= 2 ? dp : 1);
+    const running = Math.max(allGrads + storedLayer + outside * sc(unitRep), Math.min(allGrads, layerGrads) + perMicroBatch);
+    phases.push({ grads: allGrads, activations: (held - 1) * perMicroBatch + running - allGrads, logits: 0, buffers: 0 });
   }
-  activations += recomputeExtra;
-  // The allocator's size classes round the weights and each of Adam's two moments.
-  const overhead = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0);
-  const total = params + gradsAtPeak + optimizerState + activations + logits + buffers + overhead;
-  return { stage, numParams: psi, params, grads: gradsAtPeak, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held };
+  // The end of the first stage's backward of a micro-batch, when the embedding makes the token
+  // table's dense gradient. Without a pipeline the head's gradient of the tied table is already
+  // there, so the new one is a second [V/tp, h] tensor until it is added; the activations are freed.
+  // In a pipeline the first stage has no head: the first micro-batch's table gradient becomes .grad,
+  // each later one is added to it, beside the micro-batches still in flight after that backward.
+  if (first && pp === 1) phases.push({ grads: allGrads, activations: 0, logits: 0, buffers: tableGrad });
+  else if (first) {
+    const perMicroBatch = held > 0 ? activations / held : 0;
+    // After the k-th backward: 1F1B runs w = min(pp − 1, m) warm-up forwards, then each of its first
+    // m − w backwards follows a forward (w stay in flight), then the cool-down drains them; GPipe is w = m.
+    const mb = layout.microBatches;
+    const w = layout.schedule === 'gpipe' ? mb : Math.min(pp - 1, mb);
+    const after = (k: number) => (k < mb - w ? w : mb - 1 - k);
+    phases.push({ grads: allGrads, activations: after(0) * perMicroBatch, logits: 0, buffers: 0 });
+    if (mb > 1) phases.push({ grads: allGrads, activations: after(1) * perMicroBatch, logits: 0, buffers: tableGrad });
+  }
+  const sum = (p: Phase) => p.grads + p.activations + p.logits + p.buffers;
+  // The first of equal phases wins (the forward's breakdown).
+  const peak = phases.reduce((a, p) => (sum(p) > sum(a) ? p : a));
+  // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
+  const headPhase = last ? held * headGrads + chunk + transient : 0;
+  const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
+  activations = peak.activations + recomputeExtra;
+  logits = peak.logits;
+  buffers += peak.buffers;
+  // The allocator's size classes round the weights and each of Adam's two moments, and the token
+  // table's [V/tp, h] gradient (the other gradients are small tensors; ZeRO 2/3 shard them flat).
+  const tables = (first ? 1 : 0) + (last && !(first && m.tied) ? 1 : 0);
+  const gradRounding = peak.grads > 0 && zero < 2 ? tables * (tableGrad - table) : 0;
+  const overhead = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0) + gradRounding;
+  const total = params + peak.grads + optimizerState + activations + logits + buffers + overhead;
+  return { stage, numParams: psi, params, grads: peak.grads, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held };
 }
 
 /** The memory of every pipeline stage's rank. */

@@ -76,6 +76,7 @@ const CASES: Array<[string[], RegExp]> = [
   [['plan', '--calibrate', '--layouts', 'dp=x'], /cannot read "dp=x" \(dpN, tpN/],
   [['plan', '--calibrate', '--layouts', ';'], /at least one layout/],
   [['plan', '--calibrate', '--layouts', 'zero9'], /zero must be 0..3/],
+  [['plan', '--calibrate', '--layouts', 'pp2,mb3'], /layout "pp2,mb3" cannot train the calibration model.*dp·micro-batches = 1·3 does not divide the global batch of 8/],
   [['plan', '--help=maybe'], /--help is a flag/],
   // data
   [['data'], /^nodetron data: missing subcommand/],

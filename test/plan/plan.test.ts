@@ -9,11 +9,20 @@ const GB = 1e9, GiB = 2 ** 30;
 const base: nt.plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
 
 describe('published formulas', () => {
-  it('DeepSpeed zero2 (t5-3b, 2851M params, 8 GPUs: 5.31 / 15.93 GB per GPU, 127.48 GB per CPU)', () => {
+  it('DeepSpeed zero2 as since 0.14.3 (t5-3b, 2851M params, 8 GPUs: 5.31 GB per GPU offloaded, 2Ψ + 18Ψ/N = 11.28 GB not, 127.48 GB per CPU)', () => {
     const off = plan.deepspeedZero2Estimate(2851e6, 8, 1, true), on = plan.deepspeedZero2Estimate(2851e6, 8, 1, false);
     expect((off.gpu / GiB).toFixed(2)).toBe('5.31');
-    expect((on.gpu / GiB).toFixed(2)).toBe('15.93');
+    // DeepSpeed's memory.rst still prints 15.93 here: the pre-0.14.3 formula 4Ψ + 16Ψ/N.
+    expect((on.gpu / GiB).toFixed(2)).toBe('11.28');
+    expect(on.gpu).toBe(2 * 2851e6 + Math.trunc(18 * 2851e6 / 8));
     expect(Math.abs(off.cpu / GiB - 127.48)).toBeLessThan(0.1);
+    expect(on.cpu).toBe(Math.trunc(2851e6 * 4 * 8 * 1.5));
+  });
+  it('the planner\'s ZeRO-2 model states are DeepSpeed\'s (2Ψ + 18Ψ/N) less its fp32 gradient partition (4Ψ/N)', () => {
+    const m = plan.PLAN_MODELS['7b']!, N = 8, psi = plan.totalParams(m);
+    const e = plan.estimateMemory(m, { ...base, dp: N, zero: 2 }, { seq: 4096, microBatchSize: 1, dtype: 'bf16' });
+    const ds = plan.deepspeedZero2Estimate(psi, N, 1, false);
+    expect(e.params + e.grads + e.optimizerState).toBeCloseTo(ds.gpu - 4 * psi / N, -3);
   });
   it('DeepSpeed zero3 (t5-small: 60506624 params, largest layer 16449536, 1 GPU): 0.06 / 0.17 / 1.08 GB per GPU', () => {
     const f = (o: object) => plan.deepspeedZero3Estimate(60506624, 16449536, 1, 1, o);
@@ -22,6 +31,16 @@ describe('published formulas', () => {
     expect((f({ cpuOffload: false }).gpu / GiB).toFixed(2)).toBe('1.08');
     expect((f({ cpuOffload: true, cpuOffloadParams: true }).cpu / GiB).toFixed(2)).toBe('1.52');
     expect((f({ cpuOffload: false }).cpu / GiB).toFixed(2)).toBe('0.09');
+    expect(f({}).largest).toBe(4 * 16449536);
+  });
+  it('DeepSpeed zero3 (its memory.rst: t5-3b cold, 2851M params, 32M largest layer, 8 GPUs): 0.12 / 0.78 / 6.09 GB per GPU', () => {
+    const f = (o: object) => plan.deepspeedZero3Estimate(2851e6, 32e6, 8, 1, o);
+    expect((f({ cpuOffload: true, cpuOffloadParams: true }).gpu / GiB).toFixed(2)).toBe('0.12');
+    expect((f({ cpuOffload: true, cpuOffloadParams: false }).gpu / GiB).toFixed(2)).toBe('0.78');
+    expect((f({ cpuOffload: false }).gpu / GiB).toFixed(2)).toBe('6.09');
+    expect((f({ cpuOffload: true, cpuOffloadParams: true }).cpu / GiB).toFixed(2)).toBe('71.69');
+    expect((f({ cpuOffload: true, cpuOffloadParams: false, zeroInit: false }).cpu / GiB).toFixed(2)).toBe('127.45');
+    expect((f({ cpuOffload: false }).cpu / GiB).toFixed(2)).toBe('1.43');
   });
   it('the planner\'s ZeRO-3 model states are DeepSpeed\'s less its fp32 gradient partition (2Ψ/N) and gathered layer', () => {
     const m = plan.PLAN_MODELS['7b']!, N = 8, psi = plan.totalParams(m);
@@ -67,6 +86,11 @@ describe('published formulas', () => {
     // Weights + optimizer: the most loaded shard × 18 bytes = 2 + 4 + 12 (Megatron keeps fp32 grads: the planner's bf16 grads + 2 bytes).
     const shard = (plan.stageParams(m, 8, 8, 0).layerParams + 51200 * 12288 / 8);
     expect(plan.megatronWeightAndOptimizerBytes(args) / shard).toBeCloseTo(18, 1);
+    // Megatron since PR #4687: 12 layers of attention (4h²) and MLP (8h²) plus the embedding, over tp 8;
+    // the 12 layers' LayerNorms (4h each) replicated. 175B at t8 p8: 2.80e9 parameters on the first stage.
+    const h = 12288, firstStage = (12 * 12 * h * h + 51200 * h) / 8 + 12 * 4 * h;
+    expect(plan.megatronWeightAndOptimizerBytes(args)).toBeCloseTo(18 * firstStage, -3);
+    expect(plan.megatronWeightAndOptimizerBytes({ ...args, useDistributedOptimizer: true, dataParallel: 4 })).toBeCloseTo(9 * firstStage, -3);
     // Activations: the planner's first stage (8 in flight under 1F1B) per layer = Megatron's per layer (34 sbh/t).
     const e = plan.estimateStageMemory(m, { ...base, tp: 8, pp: 8, sequenceParallel: true, recompute: 'selective', microBatches: 64 }, { seq: 2048, microBatchSize: 1, dtype: 'bf16' }, 0);
     const megatron = plan.megatronActivationBytes(args, 64);
