@@ -24,7 +24,7 @@ export class Node implements GradNode {
   #refs = 0;
   /**
    * Leaves the node's backward accumulates into without them being edges: the parameters a
-   * checkpoint() block closes over, whose gradients come from the block's re-run. backward() counts
+   * recompute() block closes over, whose gradients come from the block's re-run. backward() counts
    * them so their grad-ready hooks wait for this node.
    */
   hiddenLeaves: readonly Tensor[] = [];
@@ -76,13 +76,13 @@ export class Node implements GradNode {
   }
 }
 
-// Leaves that ops see while a checkpoint() block runs its forward without a graph (null: nobody
+// Leaves that ops see while a recompute() block runs its forward without a graph (null: nobody
 // is collecting). Every op calls needsGrad with its inputs, so this is where they can be seen.
 let leafCollector: Set<Tensor> | null = null;
 
 /**
  * Runs fn and returns, besides its result, the leaves requiring grad that its ops took as inputs
- * (with or without grad mode): what checkpoint() needs to know which parameters its re-run feeds.
+ * (with or without grad mode): what recompute() needs to know which parameters its re-run feeds.
  */
 export function collectLeaves<T>(fn: () => T): {
   /** What fn returned. */
@@ -156,7 +156,7 @@ let hookedLeafCount = 0;
 /**
  * Runs `hook(leaf)` once per backward() call that gives `leaf` a gradient, right after that call's
  * last accumulation into `leaf.grad` (every edge reaching the leaf counted up front, those inside
- * checkpoint() blocks included). The hook may read, move or dispose `leaf.grad`; backward() does
+ * recompute() blocks included). The hook may read, move or dispose `leaf.grad`; backward() does
  * not touch it again in that call. Hooks run in registration order.
  */
 export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulateGradHook): RemovableHandle {
@@ -191,9 +191,9 @@ export function queueBackwardCallback(fn: () => void): void {
 }
 
 /**
- * The hook bookkeeping of one outermost backward() call: how many edges (and checkpoint blocks)
+ * The hook bookkeeping of one outermost backward() call: how many edges (and recompute() blocks)
  * still lead to each hooked leaf, which leaves received a gradient, and which hooks have run.
- * Backward calls nested in it (a checkpoint's re-run) only report the leaves they accumulate into.
+ * Backward calls nested in it (a recompute() block's re-run) only report the leaves they accumulate into.
  */
 class HookPass {
   readonly #remaining = new Map<Tensor, number>();
@@ -305,11 +305,11 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   }
   const root = t.gradFn;
   const order = topoOrder(root);
-  // Only the outermost backward() runs hooks; a nested one (a checkpoint's re-run) reports to it.
+  // Only the outermost backward() runs hooks; a nested one (a recompute() block's re-run) reports to it.
   const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass(order) : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
-  // Tracing: per-layer backward spans of the outermost call (a checkpoint's re-run is inside its node's span).
+  // Tracing: per-layer backward spans of the outermost call (a recompute() block's re-run is inside its node's span).
   const regions = traceEnabled && backwardDepth === 0 ? new BackwardRegions() : null;
   try {
     runPass(pass, () => {

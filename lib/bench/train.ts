@@ -15,7 +15,7 @@ import { memoryStats, resetPeakMemory } from '../memory.js';
 import { packageRoot } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
-import { trainStep } from '../training.js';
+import { trainStep } from '../step.js';
 import { gptFlopsPerToken } from '../train/progress.js';
 import { measureFmaPeak } from './gemm.js';
 import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';

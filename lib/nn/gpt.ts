@@ -4,7 +4,7 @@
 // (attention derives its head count from the local weight shape), and the vocabulary (token table,
 // tied head, loss) from a VocabLayout so it can be split across processes too; a SequenceLayout lets
 // the regions between them (norms, residuals, dropout) hold a chunk of the sequence per process.
-import { checkpoint, noGrad } from '../autograd/index.js';
+import { noGrad, recompute } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { add, addLayerNorm, attentionPacked, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy, linearGelu } from '../ops/index.js';
@@ -395,7 +395,7 @@ export class GPT extends Module {
   /** Blocks [start, end) over x [B, T, C] (T: the sequence layout's chunk; recomputed in backward when config.recompute). */
   forwardBlocks(x: Tensor, start = 0, end = this.h.length): Tensor {
     for (const [j, block] of this.h.slice(start, end).entries()) {
-      x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? checkpoint((y: Tensor) => block.forward(y), x) : block.forward(x)));
+      x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? recompute((y: Tensor) => block.forward(y), x) : block.forward(x)));
     }
     return x;
   }

@@ -1,5 +1,7 @@
 // nt.train: one entry point for training a GPT under any layout (setup → TrainingRun), the layout flags
 // from the command line and the environment, and the progress line's arithmetic (model FLOPs, MFU).
+// It builds on ParallelTrainer (lib/parallel/trainer.ts: one rank's step of a layout); one process's
+// plain step is nt.trainStep (lib/step.ts).
 export {
   setup, main, TrainingRun,
   type TrainSetupOptions, type ModelShard, type Batch, type TokenData, type BatchSource, type CheckpointOptions, type LearningRate, type StepResult,

@@ -22,7 +22,9 @@ import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import type { ZeroParamGroup } from '../parallel/zero/optimizer.js';
-import { Checkpointer, type CheckpointItems, type LoadResult, type SaveResult } from '../ckpt/checkpoint.js';
+import { Checkpointer, type SaveResult } from '../ckpt/checkpoint.js';
+import type { CheckpointItems } from '../ckpt/items.js';
+import type { LoadResult } from '../ckpt/load.js';
 import { TokenLoader } from '../data/loader.js';
 import { exportHF } from '../interop/hf.js';
 import type { Tensor } from '../tensor.js';
@@ -186,26 +188,38 @@ function nanoGPTGroups<H extends { lr: number }>(named: Array<[string, Parameter
 const isInt = (v: unknown, min: number) => typeof v === 'number' && Number.isInteger(v) && v >= min;
 
 /**
- * Sets up training of a GPT under the layout of the options, the command line or the environment:
- * joins the job (under `nodetron launch`), builds this rank's part of the model, the trainer, the data
- * loader, the schedule and the checkpoints, and resumes when asked. Collective: every rank calls it
- * with the same options. Bad input (a layout that does not fit the model, the world or the batch, a
- * flag without a value, a factory that does not return a GPT, missing data files...) throws an
- * ArgumentError on every rank before any training; {@link main} prints it and leaves the job.
- *
- * @example
- * ```ts
- * const run = await nt.train.setup({
- *   model: (shard) => new nt.nn.GPT(config, shard),
- *   optimizer: (groups) => new nt.optim.AdamW(groups, { lr: 3e-3, weightDecay: 0.1 }),
- *   batchSize: 8, steps: 100, data: { train: ['data/tok_train_000001.bin'] }, maxGradNorm: 1,
- * });
- * while (run.stepsDone < 100) await run.step();
- * await run.close();
- * ```
+ * What set-up has built so far, released by one path, last built first: a set-up that fails after
+ * building anything runs it, and so does {@link TrainingRun.close}. Every release runs even when one
+ * throws; the first error is thrown after the rest.
  */
-export async function setup<H extends { lr: number }>(options: TrainSetupOptions<H>): Promise<TrainingRun<H>> {
-  const env = readLaunchEnv();
+class Teardown {
+  #releases: Array<() => void | Promise<void>> = [];
+
+  /** Registers a release (run before the ones registered earlier). */
+  add(release: () => void | Promise<void>): void { this.#releases.push(release); }
+
+  /** Runs every release once, last registered first. */
+  async run(): Promise<void> {
+    const releases = this.#releases.reverse();
+    this.#releases = [];
+    let failure: { error: unknown } | null = null;
+    for (const release of releases) {
+      try { await release(); } catch (e) { failure ??= { error: e }; }
+    }
+    if (failure) throw failure.error;
+  }
+}
+
+/** What {@link checkOptions} found: the problems (every rank reports them together), the layout flags and the layout. */
+interface CheckedOptions {
+  problems: string[];
+  flags: LayoutArgs;
+  /** The layout against the world and the batch (the model's shape is checked once it is built); null when rejected. */
+  layout: TrainingLayout | null;
+}
+
+/** Step 1: the options alone, before any process is joined or anything is built. */
+function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, worldSize: number): CheckedOptions {
   const problems: string[] = [];
   if (typeof options !== 'object' || options === null) throw new ArgumentError('nt.train.setup: options must be an object');
   if (typeof options.model !== 'function') problems.push('model must be a function (shard) => new nt.nn.GPT(config, shard)');
@@ -240,29 +254,45 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
   const probe: LayoutModelShape = { nLayer: pp0, nHead: tp0, nEmbd: tp0, vocabSize: tp0, blockSize: tp0 };
   let layout: TrainingLayout | null = null;
   if (problems.length === 0) {
-    try { layout = resolveTrainingLayout(flags, probe, env.worldSize, options.batchSize); } catch (e) {
+    try { layout = resolveTrainingLayout(flags, probe, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
       problems.push(e.message);
     }
   }
-  // Join the job first, so every rank hears about any rank's problem.
-  let world: ProcessGroup | null = null;
-  if (env.worldSize > 1) {
-    await dist.init();
-    world = dist.world();
-  }
-  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}${flags.precision === 'bf16' ? ' bf16' : ''}; batch ${options.batchSize}` : 'rejected';
-  await agreeOnSetup(world, problems, 'layout flags', settings);
-  const mesh = world ? await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp }) : null;
+  return { problems, flags, layout };
+}
+
+/** This rank's part of the model and its trainer: what {@link buildParallelState} returns. */
+interface ParallelParts<H extends { lr: number }> {
+  mesh: ParallelState | null;
+  /** The options the model factory received (a copy of the whole model is built with the same). */
+  shard: ModelShard;
+  full: GPT;
+  stage: GPTStage;
+  trainer: ParallelTrainer<H>;
+  seqLen: number;
+}
+
+/**
+ * Step 2: the mesh, this rank's model shard (built once), the GPT, its pipeline stage and the trainer.
+ * Each is registered with `teardown` as soon as it exists.
+ */
+async function buildParallelState<H extends { lr: number }>(options: TrainSetupOptions<H>, flags: LayoutArgs, layout: TrainingLayout,
+  worldSize: number, world: ProcessGroup | null, teardown: Teardown): Promise<ParallelParts<H>> {
+  const mesh = world ? await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp }) : null;
+  if (mesh) teardown.add(() => { if (isParallelInitialized()) destroyParallel(); });
 
   // This rank's model: the tensor-parallel slices of its group, the layers of its pipeline stage.
-  const seed = options.seed ?? 1337, device = options.device ?? 'cpu';
   const shard: ModelShard = {
-    seed, device,
-    ...(mesh && layout!.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout!.sequenceParallel }) : {}),
+    seed: options.seed ?? 1337, device: options.device ?? 'cpu',
+    ...(mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {}),
     ...(flags.recompute ? { recompute: true } : {}),
   };
+  const problems: string[] = [];
   let full: GPT | null = null;
+  // The model's owner: the GPT, then the pipeline stage that takes it over.
+  let owner: { dispose(): void } | null = null;
+  teardown.add(() => owner?.dispose());
   try {
     const built: unknown = options.model(shard);
     if (!(built instanceof GPT)) {
@@ -270,7 +300,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
       problems.push(`model: the factory must return an nt.nn.GPT (shard) => new nt.nn.GPT(config, shard), got ${what}`);
       if (built && typeof (built as { dispose?: unknown }).dispose === 'function') (built as { dispose(): void }).dispose();
     } else {
-      full = built;
+      full = owner = built;
       if (shard.vocabLayout && full.vocabLayout !== shard.vocabLayout) problems.push('model: the factory must pass its shard argument to the GPT (new nt.nn.GPT(config, shard)): tp > 1 needs its tensor-parallel layers');
     }
   } catch (e) {
@@ -279,41 +309,39 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
   const seqLen = options.seqLen ?? full?.config.blockSize ?? 0;
   if (full) {
     if (seqLen > full.config.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.config.blockSize}`);
-    try { resolveTrainingLayout(flags, { ...full.config, blockSize: seqLen }, env.worldSize, options.batchSize); } catch (e) {
+    try { resolveTrainingLayout(flags, { ...full.config, blockSize: seqLen }, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
       problems.push(e.message);
     }
   }
   const c = full?.config;
-  const cleanup = async () => {
-    full?.dispose();
-    if (mesh && isParallelInitialized()) destroyParallel();
-  };
-  try {
-    await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
-  } catch (e) { await cleanup(); throw e; }
+  await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
 
-  const l = layout!;
-  const stage = new GPTStage(full!, mesh?.ppRank ?? 0, l.pp);
+  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp);
   let trainer: ParallelTrainer<H>;
   try {
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
     trainer = await ParallelTrainer.create<H>(stage, groups, {
-      mesh, zero: l.zero, offload: l.offload, microBatches: l.microBatches, schedule: l.schedule, createOptimizer: options.optimizer,
+      mesh, zero: layout.zero, offload: layout.offload, microBatches: layout.microBatches, schedule: layout.schedule, createOptimizer: options.optimizer,
       ...(flags.precision ? { precision: flags.precision } : {}),
       ...(options.maxGradNorm !== undefined ? { maxGradNorm: options.maxGradNorm } : {}), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
     });
   } catch (e) {
-    stage.dispose();
-    if (mesh && isParallelInitialized()) destroyParallel();
     if (e instanceof ArgumentError && world) collectiveErrors.add(e);
     throw e;
   }
+  teardown.add(() => trainer.dispose());
+  return { mesh, shard, full: full!, stage, trainer, seqLen };
+}
 
-  // This replica's rows of every global batch; one reader per tensor-parallel group.
-  const rows = batchSlice(options.batchSize, mesh?.dpRank ?? 0, l.dp);
+/** Step 3: this replica's data loader (null without token shards), its validation shards checked; registered with `teardown`. */
+async function buildLoader<H extends { lr: number }>(options: TrainSetupOptions<H>, parts: ParallelParts<H>, layout: TrainingLayout,
+  rows: { start: number; count: number }, world: ProcessGroup | null, teardown: Teardown): Promise<TokenLoader | null> {
+  // One reader per tensor-parallel group.
+  const { mesh, seqLen, shard: { seed, device } } = parts;
+  const data = options.data, problems: string[] = [];
   let loader: TokenLoader | null = null;
-  const loaderBase = { batchSize: rows.count, seqLen, dpRank: mesh?.dpRank ?? 0, dpSize: l.dp, tpGroup: mesh?.tpGroup ?? null, device };
+  const loaderBase = { batchSize: rows.count, seqLen, dpRank: mesh?.dpRank ?? 0, dpSize: layout.dp, tpGroup: mesh?.tpGroup ?? null, device };
   if (data && typeof data === 'object') {
     try {
       loader = new TokenLoader({ ...loaderBase, files: data.train, seed: data.seed ?? seed, ...(data.shuffle !== undefined ? { shuffle: data.shuffle } : {}) });
@@ -323,31 +351,73 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
       problems.push(`data: ${(e as Error).message}`);
     }
   }
-  try { await agreeOnSetup(world, problems, 'data'); } catch (e) {
-    loader?.close(); trainer.dispose(); stage.dispose();
-    if (mesh && isParallelInitialized()) destroyParallel();
-    throw e;
-  }
-  const run = new TrainingRun<H>(options, { layout: l, rank: env.rank, worldSize: env.worldSize, mesh, stage, full: full!, trainer, loader, seqLen, rows, device, seed });
-  if (ck?.resume) await run.resume(ck.resume === 'auto' ? ck.dir! : ck.resume);
-  // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
-  resetPeakMemory(device);
-  return run;
+  if (loader) { const l = loader; teardown.add(() => l.close()); }
+  await agreeOnSetup(world, problems, 'data');
+  return loader;
 }
 
-interface RunParts<H extends { lr: number }> {
+/**
+ * Sets up training of a GPT under the layout of the options, the command line or the environment:
+ * joins the job (under `nodetron launch`), builds this rank's part of the model, the trainer, the data
+ * loader, the schedule and the checkpoints, and resumes when asked. Collective: every rank calls it
+ * with the same options. Bad input (a layout that does not fit the model, the world or the batch, a
+ * flag without a value, a factory that does not return a GPT, missing data files...) throws an
+ * ArgumentError on every rank before any training; {@link main} prints it and leaves the job.
+ *
+ * @example
+ * ```ts
+ * const run = await nt.train.setup({
+ *   model: (shard) => new nt.nn.GPT(config, shard),
+ *   optimizer: (groups) => new nt.optim.AdamW(groups, { lr: 3e-3, weightDecay: 0.1 }),
+ *   batchSize: 8, steps: 100, data: { train: ['data/tok_train_000001.bin'] }, maxGradNorm: 1,
+ * });
+ * while (run.stepsDone < 100) await run.step();
+ * await run.close();
+ * ```
+ */
+export async function setup<H extends { lr: number }>(options: TrainSetupOptions<H>): Promise<TrainingRun<H>> {
+  // 1. Validate the options.
+  const env = readLaunchEnv();
+  const { problems, flags, layout } = checkOptions(options, env.worldSize);
+  // Join the job first, so every rank hears about any rank's problem.
+  let world: ProcessGroup | null = null;
+  if (env.worldSize > 1) {
+    await dist.init();
+    world = dist.world();
+  }
+  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}${flags.precision === 'bf16' ? ' bf16' : ''}; batch ${options.batchSize}` : 'rejected';
+  await agreeOnSetup(world, problems, 'layout flags', settings);
+  const l = layout!;
+
+  // Everything built from here on is released by `teardown`: on any failure below, and by TrainingRun.close.
+  const teardown = new Teardown();
+  try {
+    // 2. Build the parallel state once: mesh, model shard, GPT, stage, trainer.
+    const parts = await buildParallelState(options, flags, l, env.worldSize, world, teardown);
+    // 3. Wire: this replica's rows and data, the run (schedule, checkpoints), the resume.
+    const rows = batchSlice(options.batchSize, parts.mesh?.dpRank ?? 0, l.dp);
+    const loader = await buildLoader(options, parts, l, rows, world, teardown);
+    const run = new TrainingRun<H>(options, { ...parts, layout: l, rank: env.rank, worldSize: env.worldSize, loader, rows, teardown });
+    const ck = options.checkpoint;
+    if (ck?.resume) await run.resume(ck.resume === 'auto' ? ck.dir! : ck.resume);
+    // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
+    resetPeakMemory(parts.shard.device);
+    return run;
+  } catch (e) {
+    // The set-up's error is the one to report; a release that fails too is not.
+    await teardown.run().catch(() => {});
+    throw e;
+  }
+}
+
+interface RunParts<H extends { lr: number }> extends ParallelParts<H> {
   layout: TrainingLayout;
   rank: number;
   worldSize: number;
-  mesh: ParallelState | null;
-  stage: GPTStage;
-  full: GPT;
-  trainer: ParallelTrainer<H>;
   loader: TokenLoader | null;
-  seqLen: number;
   rows: { start: number; count: number };
-  device: string;
-  seed: number;
+  /** Releases everything set-up built; the run adds its checkpointer. */
+  teardown: Teardown;
 }
 
 /**
@@ -389,7 +459,10 @@ export class TrainingRun<H extends { lr: number }> {
     count: number;
   };
   readonly #options: TrainSetupOptions<H>;
-  readonly #seed: number;
+  /** The options the model factory received (seed, device, tensor-parallel layers, recomputation). */
+  readonly #shard: ModelShard;
+  /** Releases what set-up built (and the checkpointer): on close. */
+  readonly #teardown: Teardown;
   readonly #checkpointer: Checkpointer | null;
   readonly #items: CheckpointItems;
   readonly #log: (line: string) => void;
@@ -405,7 +478,7 @@ export class TrainingRun<H extends { lr: number }> {
     this.#options = options;
     this.layout = parts.layout; this.rank = parts.rank; this.worldSize = parts.worldSize; this.mesh = parts.mesh;
     this.model = parts.stage; this.gpt = parts.full; this.trainer = parts.trainer; this.loader = parts.loader;
-    this.seqLen = parts.seqLen; this.rows = parts.rows; this.device = parts.device; this.#seed = parts.seed;
+    this.seqLen = parts.seqLen; this.rows = parts.rows; this.#shard = parts.shard; this.device = parts.shard.device; this.#teardown = parts.teardown;
     this.batchSize = options.batchSize; this.steps = options.steps;
     this.flopsPerToken = gptFlopsPerToken(this.gpt.config, this.seqLen);
     const progress = options.progress;
@@ -414,7 +487,9 @@ export class TrainingRun<H extends { lr: number }> {
     this.#every = progress ? progress.every ?? 10 : 10;
     this.#peakFlops = (progress ? progress.peakFlops : undefined) ?? detectPeakFlops(this.device);
     const ck = options.checkpoint;
-    this.#checkpointer = ck?.dir ? new Checkpointer(ck.dir, { keep: ck.keep ?? 3 }) : null;
+    const checkpointer = this.#checkpointer = ck?.dir ? new Checkpointer(ck.dir, { keep: ck.keep ?? 3 }) : null;
+    // Released first: the checkpoint in flight finishes before the model it was taken from goes.
+    if (checkpointer) this.#teardown.add(() => checkpointer.close());
     const scheduler = { state: () => ({ step: this.#step }), loadState: () => {} };
     this.#items = { model: this.trainer, ...(this.loader ? { loader: this.loader } : {}), scheduler, rng: { model: this.gpt.generator }, layout: this.layout };
     const c = this.gpt.config;
@@ -581,11 +656,7 @@ export class TrainingRun<H extends { lr: number }> {
     if (!whole) return null;
     if (this.layout.zero !== 3) return await fn(whole);
     const values = await this.trainer.fullParameters();
-    const shard: ModelShard = {
-      seed: this.#seed, device: this.device,
-      ...(this.mesh && this.layout.tp > 1 ? tensorParallelGPTOptions(this.mesh.tpGroup, { sequenceParallel: this.layout.sequenceParallel }) : {}),
-    };
-    const copy = new GPT(this.gpt.config, shard);
+    const copy = new GPT(this.gpt.config, this.#shard);
     try {
       copy.loadStateDict(Object.fromEntries(this.model.namedParameters().map(([n], i) => [n, values[i]!])));
       for (const v of values) v.dispose();
@@ -603,7 +674,7 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       if (this.rank !== 0 && this.layout.tp === 1) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
-      return gpt.generate(idx, maxNewTokens, { seed: this.#seed, ...opts })[0]!;
+      return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
     });
   }
 
@@ -617,17 +688,13 @@ export class TrainingRun<H extends { lr: number }> {
     return true;
   }
 
-  /** Finishes the checkpoint in flight, releases the model, trainer and loader, and leaves the job. */
+  /** Finishes the checkpoint in flight, releases the loader, trainer and model, and leaves the job. */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     try {
-      await this.#checkpointer?.close();
+      await this.#teardown.run();
     } finally {
-      this.loader?.close();
-      this.trainer.dispose();
-      this.model.dispose();
-      if (this.mesh && isParallelInitialized()) destroyParallel();
       if (dist.isInitialized()) await dist.destroy();
     }
   }

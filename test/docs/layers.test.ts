@@ -28,7 +28,7 @@ const LAYERS: readonly (readonly string[])[] = [
   ['autograd', 'distributed'],
   ['ops', 'data', 'launch', 'testing'],
   ['nn', 'optim'],
-  ['parallel', 'interop', 'training.ts'],
+  ['parallel', 'interop', 'step.ts'],
   ['ckpt', 'plan'],
   ['train', 'cli'],
   ['index.ts'],

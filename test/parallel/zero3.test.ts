@@ -8,7 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { fileWorld, runLocalRanks } from '../../lib/testing/index.js';
 import { ZeroOptimizer, zeroMemoryFormula } from '../../lib/parallel/zero/optimizer.js';
-import { trainStep } from '../../lib/training.js';
+import { trainStep } from '../../lib/step.js';
 import { runRanks, type RankResult } from '../distributed/spawn-ranks.js';
 import {
   zero3Batch, zero3Config, zero3Lr, zero3ParamGroups, ZERO3_GLOBAL_BATCH, ZERO3_MAX_GRAD_NORM, ZERO3_SEED, ZERO3_STEPS,

@@ -145,6 +145,26 @@ describe('nt.train.setup in one process', () => {
     wrong.inputs.dispose(); wrong.targets.dispose();
     await run.close();
   }, 120_000);
+
+  it('releases what it built when it fails part-way, and everything on close', async () => {
+    const base = { model: (shard: nt.train.ModelShard) => new nt.nn.GPT(CONFIG, shard), optimizer: createOptimizer, batchSize: GLOBAL_BATCH, layout: {}, ...quiet };
+    const live = () => nt.memoryStats().liveTensors;
+    const before = live();
+    // Fails after the model and the trainer are built: the token shards are missing.
+    await expect(nt.train.setup({ ...base, data: { train: [join(work, 'missing.bin')] } })).rejects.toThrow(/data: .*missing\.bin/);
+    expect(live()).toBe(before);
+    // Fails after the whole run is built: the checkpoint to resume from is another model's.
+    const dir = join(work, 'another-model');
+    const other = new nt.nn.Linear(2, 2, { seed: 1 });
+    await nt.ckpt.save(dir, 1, { model: other });
+    other.dispose();
+    await expect(nt.train.setup({ ...base, checkpoint: { resume: dir } })).rejects.toThrow(/has no 'model\//);
+    expect(live()).toBe(before);
+    const run = await nt.train.setup(base);
+    expect(live()).toBeGreaterThan(before);
+    await run.close();
+    expect(live()).toBe(before);
+  }, 120_000);
 });
 
 describe('nt.train.setup through the launcher', () => {

@@ -1,5 +1,7 @@
-// One optimization step of a language model (forward, backward, optional clipping, update), shared by the
-// example, `nodetron bench train` and the tests, so all three measure and check the same thing.
+// One optimization step of a language model in one process (`nt.trainStep`: forward, backward, optional
+// clipping, update) and `nt.evaluate`, shared by the example, `nodetron bench train` and the tests, so
+// all three measure and check the same thing. (The step of any parallel layout is ParallelTrainer's,
+// lib/parallel/trainer.ts; a whole training run from flags is `nt.train`, lib/train/.)
 import { noGrad } from './autograd/index.js';
 import { ArgumentError, StateError } from './errors.js';
 import { scope } from './memory.js';

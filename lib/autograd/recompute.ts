@@ -1,5 +1,6 @@
-// Activation recomputation: run a block without recording its graph, keep only its inputs, and
-// rebuild the graph in backward to get the gradients (trading compute for memory).
+// Activation recomputation (`nt.recompute`; PyTorch calls it activation checkpointing, hence the old
+// name `nt.checkpoint`): run a block without recording its graph, keep only its inputs, and rebuild the
+// graph in backward to get the gradients (trading compute for memory). Saving a run is `nt.ckpt`.
 import { autocast, autocastState } from '../amp.js';
 import { scope } from '../memory.js';
 import { defaultGenerator } from '../random.js';
@@ -13,9 +14,9 @@ import { enableGrad, isGradEnabled, noGrad } from './grad-mode.js';
  * and differentiates it. Parameters fn closes over get their gradients in the re-run. The default
  * generator is rewound for the re-run, so dropout inside fn draws the same mask.
  */
-export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
-  if (typeof fn !== 'function') throw new ArgumentError(`checkpoint: fn must be a function of the input tensors returning one Tensor, got ${fn === null ? 'null' : typeof fn}`);
-  inputs.forEach((t, i) => checkTensor(t, 'checkpoint', `input ${i}`));
+export function recompute(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor[]): Tensor {
+  if (typeof fn !== 'function') throw new ArgumentError(`recompute: fn must be a function of the input tensors returning one Tensor, got ${fn === null ? 'null' : typeof fn}`);
+  inputs.forEach((t, i) => checkTensor(t, 'recompute', `input ${i}`));
   if (!isGradEnabled()) return fn(...inputs);
   const offset = defaultGenerator.offsetBlocks;
   // The re-run computes in the dtypes the forward did: it re-enters the forward's autocast state
@@ -29,7 +30,7 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
   const wants = inputs.map((t) => needsGrad(t));
   const saved = inputs.map(save);
   for (const t of inputs) leaves.delete(t);
-  const recorded = record('checkpoint', out, inputs, (g) => enableGrad(() => scope(() => {
+  const recorded = record('recompute', out, inputs, (g) => enableGrad(() => scope(() => {
     const xs = saved.map((s, i) => { const a = alias(s); a.requiresGrad = wants[i]!; return a; });
     const resume = defaultGenerator.offsetBlocks;
     defaultGenerator.offsetBlocks = offset;
@@ -53,7 +54,7 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
   return recorded;
 }
 
-/** fn's result must be one new Tensor (its graph node is the checkpoint's); anything else is disposed and reported. */
+/** fn's result must be one new Tensor (its graph node is the recomputation's); anything else is disposed and reported. */
 function checkResult(out: unknown, inputs: readonly Tensor[]): asserts out is Tensor {
   if (out instanceof Tensor && !inputs.includes(out)) return;
   const what = out instanceof Tensor ? 'one of its inputs' : Array.isArray(out) ? 'an array' : out === null ? 'null' : typeof out;
@@ -61,7 +62,13 @@ function checkResult(out: unknown, inputs: readonly Tensor[]): asserts out is Te
   if (Array.isArray(out)) for (const t of out) if (t instanceof Tensor) t.dispose();
   if (out instanceof Tensor && !inputs.includes(out)) out.dispose();
   if (out instanceof Tensor) {
-    throw new ArgumentError('checkpoint: fn returned one of its inputs; it must return a new Tensor computed from them (return x.mul(1) or a view if you mean identity)');
+    throw new ArgumentError('recompute: fn returned one of its inputs; it must return a new Tensor computed from them (return x.mul(1) or a view if you mean identity)');
   }
-  throw new ArgumentError(`checkpoint: fn must return a Tensor, it returned ${what}`);
+  throw new ArgumentError(`recompute: fn must return a Tensor, it returned ${what}`);
 }
+
+/**
+ * @deprecated The old name of {@link recompute}, the same function, kept so existing code runs. It is
+ * activation recomputation, not saving: a run's checkpoints are `nt.ckpt`.
+ */
+export const checkpoint: typeof recompute = recompute;
