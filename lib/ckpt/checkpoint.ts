@@ -18,7 +18,7 @@ import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.js';
-import { dtypeSize, type DType } from '../dtype.js';
+import { dtypeSize } from '../dtype.js';
 import { tensor } from '../creation.js';
 import { copyElements } from '../parallel/flat.js';
 import { valuesOf } from '../io/tensor-bytes.js';
@@ -28,7 +28,7 @@ import type { Generator } from '../random.js';
 import type { GradScaler, MasterWeights } from '../amp.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { agree, agreeAll, agreementDevice, formatRanks } from '../distributed/agree.js';
-import { encodeHeader, SafetensorsFile, SAFETENSORS_DTYPE_OF, type SafetensorsDType } from '../io/safetensors.js';
+import { DTYPE_OF_SAFETENSORS as NT_DTYPE_OF, encodeHeader, SafetensorsFile, SAFETENSORS_DTYPE_OF, type SafetensorsDType } from '../io/safetensors.js';
 import { checkSplit, cover, coverageProblem, partIntervals, type Interval, type Source } from './intervals.js';
 import { plainState, trainerState, type RankState, type StatePart } from './parts.js';
 import type { TrainerHoldings } from '../parallel/trainer.js';
@@ -213,8 +213,6 @@ export const stepDirName = (step: number): string => {
   if (!Number.isSafeInteger(step) || step < 0) throw new ArgumentError(`checkpoint: step must be an integer >= 0, got ${String(step)}`);
   return `step-${String(step).padStart(8, '0')}`;
 };
-
-const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16', I32: 'i32', U8: 'u8' };
 
 /**
  * Saves and loads the checkpoints of one run under a root directory (`root/step-00000042/`).
