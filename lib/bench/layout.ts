@@ -113,7 +113,7 @@ async function runStage(c: TrainBenchConfig, group: CollectiveGroup, stage: numb
       try {
         zero = new ZeroOptimizer<AdamWOptions>(params, adamw, { group, stage: stage as ZeroStage, bucketBytes, bucketOrder: params });
         // Stage 3 gathers each block's parameters around its forward and backward.
-        if (stage === 3) zero.attach(model);
+        if (zero.stage === 3) zero.attach(model);
       } catch (e) {
         if (e instanceof ArgumentError) return { stage, skipped: e.message };
         throw e;

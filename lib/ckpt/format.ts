@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import { ArgumentError, StateError } from '../errors.js';
 import type { DType } from '../dtype.js';
-import type { SafetensorsDType } from '../io/safetensors.js';
+import { DTYPE_OF_SAFETENSORS, type SafetensorsDType } from '../io/safetensors.js';
 import type { TensorSplit } from '../nn/module.js';
 
 /** One saved part of a global tensor: where it is stored and which elements it holds. */
@@ -139,8 +139,8 @@ export const stepDirName = (step: number): string => {
   return `step-${String(step).padStart(8, '0')}`;
 };
 
-/** The dtype a stored safetensors dtype loads as. */
-export const NT_DTYPE_OF: Partial<Record<SafetensorsDType, DType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16', I32: 'i32', U8: 'u8' };
+/** The dtype a stored safetensors dtype loads as (lib/io/safetensors.ts's one table). */
+export const NT_DTYPE_OF = DTYPE_OF_SAFETENSORS;
 
 /** The directory a save of `step` is written in before its commit renames it to stepDirName(step). */
 export const tmpDirName = (step: number): string => `.tmp-${stepDirName(step)}`;

@@ -10,7 +10,7 @@ import { existsSync, fsyncSync, mkdirSync, openSync, closeSync, readFileSync, wr
 import { join } from 'node:path';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
-import { SafetensorsFile, type SafetensorsDType, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
+import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, SafetensorsFile, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically } from './gpt2.js';
@@ -35,9 +35,9 @@ export interface ImportHFOptions {
   dropout?: number;
 }
 
-const SAFETENSORS_OF: Record<HFDType, SafetensorsDType> = { f32: 'F32', bf16: 'BF16', f16: 'F16' };
-const DTYPE_OF_SAFETENSORS: Partial<Record<SafetensorsDType, HFDType>> = { F32: 'f32', BF16: 'bf16', F16: 'f16' };
+/** The torch_dtype config.json names for each dtype an export can hold (its keys are the HFDTypes). */
 const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };
+const isHFDType = (d: unknown): d is HFDType => typeof d === 'string' && Object.hasOwn(TORCH_DTYPE, d);
 
 /** GPT-2's token ids for <|endoftext|> (bos and eos), written when the vocabulary holds it. */
 const GPT2_EOT = 50256;
@@ -115,8 +115,8 @@ export function exportHF(model: GPT, dir: string, opts: ExportHFOptions = {}): v
   const params = checkGPT2(model, 'exportHF');
   if (typeof dir !== 'string' || dir === '') throw new ArgumentError(`exportHF: dir must be a non-empty path`);
   const own = model.wte.weight.dtype;
-  const dtype = opts.dtype ?? (Object.hasOwn(SAFETENSORS_OF, own) ? own as HFDType : 'f32');
-  if (!Object.hasOwn(SAFETENSORS_OF, dtype)) throw new ArgumentError(`exportHF: dtype must be one of ${Object.keys(SAFETENSORS_OF).join(', ')}, got ${JSON.stringify(dtype)}`);
+  const dtype = opts.dtype ?? (isHFDType(own) ? own : 'f32');
+  if (!isHFDType(dtype)) throw new ArgumentError(`exportHF: dtype must be one of ${Object.keys(TORCH_DTYPE).join(', ')}, got ${JSON.stringify(dtype)}`);
   const size = dtypeSize(dtype);
   const tensors: SafetensorsTensor[] = [];
   for (const { name, shape } of gpt2Params(model.config)) {
@@ -126,7 +126,7 @@ export function exportHF(model: GPT, dir: string, opts: ExportHFOptions = {}): v
       data = transposeBytes(data, shape[0]!, shape[1]!, size);
       saved = [shape[1]!, shape[0]!];
     }
-    tensors.push({ name: PREFIX + hfName(name), dtype: SAFETENSORS_OF[dtype], shape: saved, data });
+    tensors.push({ name: PREFIX + hfName(name), dtype: SAFETENSORS_DTYPE_OF[dtype], shape: saved, data });
   }
   mkdirSync(dir, { recursive: true });
   writeAtomically(join(dir, 'model.safetensors'), (tmp) => writeSafetensors(tmp, tensors, { format: 'pt' }));
@@ -263,7 +263,7 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
       const stored = byName.get(name)!;
       const e = ckpt.where.get(stored)!.entry(stored);
       const d = DTYPE_OF_SAFETENSORS[e.dtype];
-      if (!d) throw new StateError(`importHF: tensor '${stored}' is ${e.dtype}; GPT-2 weights must be F32, BF16 or F16`);
+      if (!isHFDType(d)) throw new StateError(`importHF: tensor '${stored}' is ${e.dtype}; GPT-2 weights must be F32, BF16 or F16`);
       return { stored, e, dtype: d };
     };
     const misshaped: string[] = [];

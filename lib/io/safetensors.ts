@@ -4,6 +4,7 @@
 // byte ranges it needs and never a whole file. The header is checked as strictly as the reference
 // implementation: ranges in order, contiguous, inside the file, sized by shape × dtype.
 import { closeSync, fstatSync, fsyncSync, openSync, readSync } from 'node:fs';
+import type { DType } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { closeOnThrow, openForReading, writeAll } from './files.js';
 
@@ -11,8 +12,15 @@ import { closeOnThrow, openForReading, writeAll } from './files.js';
 export const SAFETENSORS_DTYPES = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U64: 8, U32: 4, U16: 2, U8: 1, BOOL: 1 } as const;
 export type SafetensorsDType = keyof typeof SAFETENSORS_DTYPES;
 
-/** nodetron dtype → safetensors dtype. */
-export const SAFETENSORS_DTYPE_OF: Record<string, SafetensorsDType> = { f32: 'F32', f16: 'F16', bf16: 'BF16', i32: 'I32', f64: 'F64', u16: 'U16', u8: 'U8' };
+/**
+ * nodetron dtype → safetensors dtype: the one table of the names (checkpoints and the Hugging Face
+ * interop read it, and {@link DTYPE_OF_SAFETENSORS} is its inverse).
+ */
+export const SAFETENSORS_DTYPE_OF: Readonly<Record<DType, SafetensorsDType>> = { f32: 'F32', f16: 'F16', bf16: 'BF16', i32: 'I32', u8: 'U8' };
+
+/** safetensors dtype → nodetron dtype, for the safetensors dtypes nodetron has (the inverse of {@link SAFETENSORS_DTYPE_OF}). */
+export const DTYPE_OF_SAFETENSORS: Readonly<Partial<Record<SafetensorsDType, DType>>> = Object.fromEntries(
+  Object.entries(SAFETENSORS_DTYPE_OF).map(([nt, st]) => [st, nt]));
 
 /** Headers larger than this are refused (the reference implementation's limit is 100 MB). */
 const MAX_HEADER_BYTES = 100 * 1024 * 1024;

@@ -10,7 +10,8 @@
 //   data parallel (DP)         data-parallel/buffer.ts: GradBuffer, all-reduce on the bucket engine
 //   gradient buckets           buckets.ts: the one bucket engine (hooks, noSync, rebuild, in-order launch);
 //                              its sync is all-reduce (DP) or reduce-scatter (ZeRO 1, 2)
-//   ZeRO (any stage)           zero/optimizer.ts: ZeroOptimizer, the entry point; zero/chunks.ts: the shard layout
+//   ZeRO (any stage)           zero/optimizer.ts: ZeroOptimizer, the entry point building ZeroStage12Optimizer or
+//                              ZeroStage3Optimizer (one ShardedOptimizer interface); zero/chunks.ts: the shard layout
 //   ZeRO stage 1 and 2         zero/stage1-2.ts: sharded optimizer state (1) and gradients (2), reduce-scatter buckets
 //   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
 //   flat buffers               flat.ts: parameters packed back to back, bucket splitting
@@ -26,7 +27,9 @@ export { rangeAcrossRanks } from '../distributed/agree.js';
 export type { ReduceOp } from '../distributed/collectives.js';
 export { DEFAULT_BUCKET_BYTES } from './buckets.js';
 export { GradBuffer, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
-export { ZeroOptimizer, zeroMemoryFormula, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
+export {
+  ZeroOptimizer, ZeroStage12Optimizer, ZeroStage3Optimizer, zeroMemoryFormula, type ShardedOptimizer, type ZeroOptimizerConstructor, type ZeroStage12Options,
+  type ZeroStage3Options, type ZeroStepOptions, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
 export type { ReduceStats } from './zero/stage1-2.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
 export { FlatLayout, copyElements, type FlatEntry } from './flat.js';

@@ -141,10 +141,11 @@ export class ParallelTrainer<H extends { lr: number }> {
       // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
       // out of the reduce-scatters that start during backward.
       const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
-      this.#zero = new ZeroOptimizer(paramGroups, options.createOptimizer, {
+      const sharded = new ZeroOptimizer(paramGroups, options.createOptimizer, {
         group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
       });
-      if (zero === 3) this.#zero.attach(model, { entries: ['forwardStage'] });
+      if (sharded.stage === 3) sharded.attach(model, { entries: ['forwardStage'] });
+      this.#zero = sharded;
       this.#optimizer = null;
       this.#grads = null;
     } else {

@@ -1,10 +1,14 @@
-// ZeRO stages 1, 2 and 3 (DeepSpeed), the optimizer users create: each data-parallel rank keeps the
+// ZeRO stages 1, 2 and 3 (DeepSpeed), the optimizers users create: each data-parallel rank keeps the
 // optimizer state (and, at stage 2, the gradients) of its chunks of every parameter (chunks.ts);
 // at stages 1 and 2 the gradients are reduce-scattered bucket by bucket as backward produces them
 // (stage1-2.ts), the step updates the local chunks and allgathers the updated parameters. Stage 3
 // shards the parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
+// One class per stage behind one interface: ZeroStage12Optimizer and ZeroStage3Optimizer implement
+// ShardedOptimizer (what every stage offers) and add their own (noSync and reduceStats; attach and
+// gatherStats), so using a stage's method on the other is a type error, not a run-time refusal.
+// `new ZeroOptimizer(params, factory, { stage })` builds the one its stage names.
 import { dtypeCode } from '../../dtype.js';
-import { ArgumentError, StateError } from '../../errors.js';
+import { ArgumentError } from '../../errors.js';
 import { tensor } from '../../creation.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
@@ -13,7 +17,7 @@ import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { copyElements } from '../flat.js';
 import { DEFAULT_BUCKET_BYTES } from '../buckets.js';
-import type { LocalChunk } from './chunks.js';
+import type { ChunkedShards, LocalChunk } from './chunks.js';
 import { GradientShards, type ReduceStats } from './stage1-2.js';
 import { defaultUnits, ParameterPartition, type GatherStats } from './stage3.js';
 import type { Module } from '../../nn/module.js';
@@ -54,7 +58,7 @@ export interface ZeroOptions {
   bucketOrder?: Iterable<Tensor>;
 }
 
-/** How ZeRO stage 3 hooks into a model (ZeroOptimizer.attach). */
+/** How ZeRO stage 3 hooks into a model (ZeroStage3Optimizer.attach). */
 export interface ZeroAttachOptions {
   /** Submodules gathered one at a time, in the order their forwards run (default: defaultUnits(model)). */
   units?: readonly Module[];
@@ -93,13 +97,21 @@ export interface ZeroMemoryBytes {
   total: number;
 }
 
+/** Options of {@link ShardedOptimizer.step}. */
+export interface ZeroStepOptions {
+  /** Clip the gradients to this global norm (> 0). */
+  maxGradNorm?: number;
+  /** How the norm extends beyond the data-parallel group (tensor and pipeline parallel). */
+  normScope?: GradNormScope;
+}
+
 /**
- * ZeRO stages 1-3 over a data-parallel group: each rank keeps f32 master chunks of every parameter (and the inner
- * optimizer's state for them), gradients are reduce-scattered to their chunk's owner, and the updated chunks are
- * allgathered back (at stage 3 they stay chunks until the next forward gathers them). Throws ArgumentError for a bad
- * stage, a LAMB inner optimizer, or a factory that does not build over the given shard groups.
+ * What every ZeRO optimizer offers, whatever its stage: each rank keeps f32 master chunks of every
+ * parameter (and the inner optimizer's state for them), gradients are reduce-scattered to their
+ * chunk's owner, and the updated chunks are allgathered back. {@link ZeroStage12Optimizer} and
+ * {@link ZeroStage3Optimizer} implement it and add what only their stages have.
  */
-export class ZeroOptimizer<H extends { lr: number }> {
+export interface ShardedOptimizer<H extends { lr: number }> {
   /** The optimizer that updates this rank's master chunks. */
   readonly inner: Optimizer<H>;
   /** The ZeRO stage. */
@@ -108,113 +120,20 @@ export class ZeroOptimizer<H extends { lr: number }> {
   readonly group: CollectiveGroup;
   /** Whether the shards and their update live in host memory. */
   readonly offload: boolean;
-  readonly #shards: GradientShards | null;
-  readonly #partition: ParameterPartition | null;
-
-  constructor(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions) {
-    if (options.stage !== 1 && options.stage !== 2 && options.stage !== 3) {
-      throw new ArgumentError(`ZeroOptimizer: stage must be 1, 2 or 3, got ${String(options.stage)}`);
-    }
-    this.stage = options.stage;
-    this.group = options.group;
-    this.offload = options.offload ?? false;
-    const list = Array.from(params as Iterable<unknown>);
-    const grouped = list.length > 0 && list.every((g) => g !== null && typeof g === 'object' && 'params' in (g as object));
-    const userGroups: ZeroParamGroup<H>[] = grouped ? (list as ZeroParamGroup<H>[]) : [{ params: list as Tensor[] } as unknown as ZeroParamGroup<H>];
-    const paramLists = userGroups.map((g) => Array.from(g.params));
-    if (this.stage === 3) {
-      this.#partition = new ParameterPartition(paramLists, this.group, this.offload);
-      this.#shards = null;
-    } else {
-      this.#partition = null;
-      this.#shards = new GradientShards(paramLists, this.group, {
-        stage: this.stage, offload: this.offload, overlap: options.overlap ?? true,
-        bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, deferred: [...(options.deferGrads ?? [])],
-        ...(options.bucketOrder ? { order: [...options.bucketOrder] } : {}),
-      });
-    }
-    this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [this.#masters[i]!] }) as unknown as ZeroParamGroup<H>));
-    if (this.inner instanceof Lamb) {
-      this.dispose();
-      throw new ArgumentError('ZeroOptimizer: LAMB scales each parameter by its own norm ratio, which a shard that cuts parameters apart cannot compute; use an elementwise optimizer (AdamW, SGD)');
-    }
-    const inner = this.inner.paramGroups.flatMap((g) => g.params);
-    if (inner.length !== this.#masters.length || inner.some((p, i) => p !== this.#masters[i])) {
-      this.dispose();
-      throw new ArgumentError('ZeroOptimizer: the factory must build the optimizer over exactly the shard groups it is given');
-    }
-    // Only now, with nothing left to refuse: from here on the parameters' bytes are this rank's chunks only.
-    this.#partition?.evictParameters();
-  }
-
-  /**
-   * Stage 3: installs the hooks that gather each unit's parameters for its forward and backward
-   * and reduce-scatter its gradients. `units` are submodules of `model` in the order their forwards
-   * run (default: the modules in the model's array fields, a GPT's blocks); the model's other
-   * parameters (the root unit) are gathered for the whole step, from the moment one of `entries`
-   * (the model's methods that run a forward pass; default `forward`) is called. Every model
-   * parameter must be in this optimizer.
-   */
-  attach(model: Module, options: ZeroAttachOptions = {}): this {
-    if (!this.#partition) throw new StateError(`ZeroOptimizer.attach: only stage 3 gathers parameters per unit; this one is stage ${this.stage}`);
-    this.#partition.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward']);
-    return this;
-  }
-
-  /** Stages 1 and 2: how many bucket reduce-scatters ran, and how many of them started during backward. */
-  get reduceStats(): Readonly<ReduceStats> {
-    if (!this.#shards) throw new StateError('ZeroOptimizer.reduceStats: stage 3 reduce-scatters per unit (see gatherStats)');
-    return this.#shards.stats;
-  }
-
-  /**
-   * Runs fn (a micro-batch's forward and backward) without gradient communication: the gradients
-   * accumulate in full and are reduce-scattered by the next backward with sync on, or by step().
-   * At stage 1 every micro-batch but the last should run inside it (stage 1 communicates once per
-   * step); at stage 2 it trades memory for less communication. Not at stage 3, whose units
-   * reduce-scatter as their backward ends.
-   */
-  async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
-    if (!this.#shards) throw new StateError('ZeroOptimizer.noSync: stage 3 reduce-scatters each unit as its backward ends and cannot hold full gradients back');
-    return this.#shards.noSync(fn);
-  }
-
-  /** Stage 3: what gathering did so far (prefetched and on-demand gathers, peak gathered bytes). */
-  get gatherStats(): Readonly<GatherStats> {
-    if (!this.#partition) throw new StateError(`ZeroOptimizer.gatherStats: stage ${this.stage} gathers no parameters per unit`);
-    return this.#partition.stats;
-  }
-
+  /** The parameters (all groups, in order). */
+  readonly params: Tensor[];
+  /** The masters: this rank's chunks of each parameter group, back to back (what the inner optimizer updates). */
+  readonly masters: readonly Tensor[];
+  /** Where this rank's chunk of each parameter lives in the masters (checkpoints save and load through it). */
+  localChunks(): LocalChunk[];
   /**
    * The full value of every parameter, as new tensors in `params` order (the caller owns them).
    * Collective at stage 3, where the parameters themselves hold no values between uses; at stages
    * 1 and 2 a copy of the replicated parameters.
    */
-  async fullParameters(): Promise<Tensor[]> {
-    if (this.#partition) return this.#partition.fullParameters();
-    return this.params.map((p) => p.clone());
-  }
-
-  /** The parameters (all groups, in order). */
-  get params(): Tensor[] { return this.#chunks.params; }
-
-  // The shard layout of either kind (stage 3's or stages 1 and 2's).
-  get #chunks(): ParameterPartition | GradientShards { return this.#partition ?? this.#shards!; }
-
-  /** The tensors the inner optimizer updates: this rank's chunks, one tensor per parameter group. */
-  get #masters(): Tensor[] { return this.#chunks.masters; }
-
-  /** The masters: this rank's chunks of each parameter group, back to back (what the inner optimizer updates). */
-  get masters(): readonly Tensor[] { return this.#masters; }
-
-  /** Where this rank's chunk of each parameter lives in the masters (checkpoints save and load through it). */
-  localChunks(): LocalChunk[] { return this.#chunks.localChunks(); }
-
+  fullParameters(): Promise<Tensor[]>;
   /** Drops the gradients of the parameters and of this rank's shards. */
-  zeroGrad(): void {
-    this.#chunks.zeroGrad();
-  }
-
+  zeroGrad(): void;
   /**
    * One update: finish the reduce-scatters of the averaged gradients (each rank receives its
    * chunks'; most started during backward), optionally clip them to a global norm, step the shard,
@@ -222,7 +141,89 @@ export class ZeroOptimizer<H extends { lr: number }> {
    * the next forward gathers them). Every rank of the group calls it. Returns the global gradient
    * norm before clipping when `maxGradNorm` is given.
    */
-  async step(options: { maxGradNorm?: number; normScope?: GradNormScope } = {}): Promise<{
+  step(options?: ZeroStepOptions): Promise<{
+    /** The global gradient norm before clipping, when maxGradNorm was given. */
+    gradNorm?: number;
+  }>;
+  /**
+   * Bytes this rank holds now: parameters, gradients (full ones and the shard's), optimizer state,
+   * master shard. At stage 3 the f32 master shard is the parameter shard, so it counts as
+   * `params` (with the bytes of parameters gathered at this moment; none between steps) and
+   * `masterShard` is 0.
+   */
+  memoryBytes(): ZeroMemoryBytes;
+  /** Frees the shards and the state. At stage 3 also removes the hooks; the parameters' values are gone (see fullParameters()). */
+  dispose(): void;
+}
+
+/** The caller's parameters as parameter groups (a plain list is one group). */
+function userGroupsOf<H>(params: Iterable<Tensor> | ZeroParamGroup<H>[]): ZeroParamGroup<H>[] {
+  const list = Array.from(params as Iterable<unknown>);
+  const grouped = list.length > 0 && list.every((g) => g !== null && typeof g === 'object' && 'params' in (g as object));
+  return grouped ? (list as ZeroParamGroup<H>[]) : [{ params: list as Tensor[] } as unknown as ZeroParamGroup<H>];
+}
+
+/** The parameter lists of the groups (what the shard layouts take). */
+const paramListsOf = <H>(groups: ZeroParamGroup<H>[]): Tensor[][] => groups.map((g) => Array.from(g.params));
+
+/**
+ * What both stages' optimizers share: the inner optimizer over the shard layout's masters, the step
+ * (finish the gradients, clip, update, hand the update back) and the byte count. A subclass gives
+ * the layout (`S`) and what its stage does around the update.
+ */
+abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedShards> implements ShardedOptimizer<H> {
+  readonly inner: Optimizer<H>;
+  abstract readonly stage: ZeroStage;
+  readonly group: CollectiveGroup;
+  readonly offload: boolean;
+  /** The shard layout and the stage's collectives. @internal */
+  protected readonly shards: S;
+
+  /** Builds the inner optimizer over the masters of `shards` (which it disposes when the optimizer is refused). */
+  constructor(userGroups: ZeroParamGroup<H>[], shards: S, createOptimizer: InnerOptimizerFactory<H>, options: { group: CollectiveGroup; offload?: boolean }) {
+    this.group = options.group;
+    this.offload = options.offload ?? false;
+    this.shards = shards;
+    const masters = shards.masters;
+    try {
+      this.inner = createOptimizer(userGroups.map(({ params: _ps, ...over }, i) => ({ ...over, params: [masters[i]!] }) as unknown as ZeroParamGroup<H>));
+    } catch (e) {
+      shards.dispose();
+      throw e;
+    }
+    if (this.inner instanceof Lamb) {
+      this.dispose();
+      throw new ArgumentError('ZeroOptimizer: LAMB scales each parameter by its own norm ratio, which a shard that cuts parameters apart cannot compute; use an elementwise optimizer (AdamW, SGD)');
+    }
+    const inner = this.inner.paramGroups.flatMap((g) => g.params);
+    if (inner.length !== masters.length || inner.some((p, i) => p !== masters[i])) {
+      this.dispose();
+      throw new ArgumentError('ZeroOptimizer: the factory must build the optimizer over exactly the shard groups it is given');
+    }
+  }
+
+  get params(): Tensor[] { return this.shards.params; }
+
+  get masters(): readonly Tensor[] { return this.shards.masters; }
+
+  localChunks(): LocalChunk[] { return this.shards.localChunks(); }
+
+  abstract fullParameters(): Promise<Tensor[]>;
+
+  zeroGrad(): void {
+    this.shards.zeroGrad();
+  }
+
+  /** Before the update: every reduce-scatter finished, the shards' gradients in the masters'. @internal */
+  protected abstract finishGradients(): Promise<void>;
+
+  /** After the update: what the parameters need of it (stages 1 and 2: the allgather). @internal */
+  protected abstract finishUpdate(): Promise<void>;
+
+  /** Bytes of parameters, gradients and master shard (the optimizer state is counted here). @internal */
+  protected abstract heldBytes(): { params: number; grads: number; masterShard: number };
+
+  async step(options: ZeroStepOptions = {}): Promise<{
     /** The global gradient norm before clipping, when maxGradNorm was given. */
     gradNorm?: number;
   }> {
@@ -230,11 +231,10 @@ export class ZeroOptimizer<H extends { lr: number }> {
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
     }
-    if (this.#partition) this.#partition.finishGradients();
-    else await this.#shards!.finishGradients();
+    await this.finishGradients();
     const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
-    await this.#shards?.finishStep();
+    await this.finishUpdate();
     for (const p of this.params) p.markModified();  // autocast's weight-cast cache must re-cast them
     return gradNorm === undefined ? {} : { gradNorm };
   }
@@ -242,12 +242,12 @@ export class ZeroOptimizer<H extends { lr: number }> {
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
   // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
   async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
-    const masters = this.#masters;
+    const masters = this.masters;
     const skip = new Set(scope.skip ?? []);
     let local = 0;
     if (skip.size === 0) local = gradSumSquares(masters);
     else {
-      this.#chunks.forEachLocalChunk((p, master, offset, c) => {
+      this.shards.forEachLocalChunk((p, master, offset, c) => {
         if (skip.has(p)) return;
         const shardGrad = master.grad!;
         using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
@@ -260,41 +260,195 @@ export class ZeroOptimizer<H extends { lr: number }> {
     for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
     const norm = Math.sqrt(total.toArraySync()[0]!);
     const factor = clipFactor(norm, maxGradNorm);
-    if (factor < 1) scaleGrads(masters, factor);
+    if (factor < 1) scaleGrads([...masters], factor);
     return norm;
   }
 
-  /**
-   * Bytes this rank holds now: parameters, gradients (full ones and the shard's), optimizer state,
-   * master shard. At stage 3 the f32 master shard is the parameter shard, so it counts as
-   * `params` (with the bytes of parameters gathered at this moment; none between steps) and
-   * `masterShard` is 0.
-   */
   memoryBytes(): ZeroMemoryBytes {
-    let optimizerState = 0, masterShard = 0, params: number, grads: number;
-    for (const m of this.#masters) {
+    let optimizerState = 0;
+    for (const m of this.masters) {
       const st = this.inner.state.get(m);
       if (st) for (const t of Object.values(st.tensors)) optimizerState += t.nbytes;
     }
-    if (this.#partition) {
-      const mem = this.#partition.memory();
-      params = this.#masters.reduce((s, m) => s + m.nbytes, 0) + mem.gatheredParams;
-      grads = mem.fullGrads + mem.shardGrads;
-    } else {
-      const mem = this.#shards!.memory();
-      params = this.params.reduce((s, p) => s + p.nbytes, 0);
-      grads = mem.fullGrads + mem.shardGrads;
-      masterShard = this.#masters.reduce((s, m) => s + m.nbytes, 0);
-    }
+    const { params, grads, masterShard } = this.heldBytes();
     return { params, grads, optimizerState, masterShard, total: params + grads + optimizerState + masterShard };
   }
 
-  /** Frees the shards and the state. At stage 3 also removes the hooks; the parameters' values are gone (see fullParameters()). */
   dispose(): void {
     this.inner?.dispose();
-    this.#chunks.dispose();
+    this.shards.dispose();
   }
 }
+
+/** Options of {@link ZeroStage12Optimizer}: {@link ZeroOptions} at stage 1 or 2. */
+export interface ZeroStage12Options extends ZeroOptions {
+  /** The ZeRO stage: 1 shards the optimizer state, 2 also the gradients. */
+  stage: 1 | 2;
+}
+
+/**
+ * ZeRO stages 1 and 2 over a data-parallel group: the optimizer state (stage 1) and the gradients
+ * (stage 2) sharded, the gradients reduce-scattered bucket by bucket from autograd's hooks while
+ * backward runs, the updated chunks allgathered back into the replicated parameters after each
+ * step. Throws ArgumentError for a stage other than 1 or 2, a LAMB inner optimizer, or a factory
+ * that does not build over the given shard groups.
+ */
+export class ZeroStage12Optimizer<H extends { lr: number }> extends ShardedOptimizerBase<H, GradientShards> {
+  /** The ZeRO stage: 1 or 2. */
+  readonly stage: 1 | 2;
+
+  constructor(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroStage12Options) {
+    const stage = options.stage;
+    if (stage !== 1 && stage !== 2) throw new ArgumentError(`ZeroStage12Optimizer: stage must be 1 or 2, got ${String(stage)}`);
+    const userGroups = userGroupsOf(params);
+    super(userGroups, new GradientShards(paramListsOf(userGroups), options.group, {
+      stage, offload: options.offload ?? false, overlap: options.overlap ?? true,
+      bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, deferred: [...(options.deferGrads ?? [])],
+      ...(options.bucketOrder ? { order: [...options.bucketOrder] } : {}),
+    }), createOptimizer, options);
+    this.stage = stage;
+  }
+
+  /** How many bucket reduce-scatters ran, and how many of them started during backward. */
+  get reduceStats(): Readonly<ReduceStats> {
+    return this.shards.stats;
+  }
+
+  /**
+   * Runs fn (a micro-batch's forward and backward) without gradient communication: the gradients
+   * accumulate in full and are reduce-scattered by the next backward with sync on, or by step().
+   * At stage 1 every micro-batch but the last should run inside it (stage 1 communicates once per
+   * step); at stage 2 it trades memory for less communication.
+   */
+  async noSync<T>(fn: () => T | Promise<T>): Promise<T> {
+    return this.shards.noSync(fn);
+  }
+
+  /** A copy of the replicated parameters. */
+  async fullParameters(): Promise<Tensor[]> {
+    return this.params.map((p) => p.clone());
+  }
+
+  /** @internal */
+  protected async finishGradients(): Promise<void> {
+    await this.shards.finishGradients();
+  }
+
+  /** @internal */
+  protected async finishUpdate(): Promise<void> {
+    await this.shards.finishStep();
+  }
+
+  /** @internal */
+  protected heldBytes(): { params: number; grads: number; masterShard: number } {
+    const mem = this.shards.memory();
+    return {
+      params: this.params.reduce((s, p) => s + p.nbytes, 0),
+      grads: mem.fullGrads + mem.shardGrads,
+      masterShard: this.masters.reduce((s, m) => s + m.nbytes, 0),
+    };
+  }
+}
+
+/** Options of {@link ZeroStage3Optimizer}: the stage-1/2 bucket options do not apply. */
+export interface ZeroStage3Options {
+  /** The data-parallel group the parameters, gradients and state are sharded over. */
+  group: CollectiveGroup;
+  /** The stage (3; may be left out). */
+  stage?: 3;
+  /** Keep the shards (the parameter chunks, their gradients, the optimizer state) in host memory and run the update there. */
+  offload?: boolean;
+}
+
+/**
+ * ZeRO stage 3 over a data-parallel group: the parameters sharded too. From construction on each
+ * rank holds only its chunks; {@link attach} installs the hooks that gather each unit's parameters
+ * for its forward and backward and reduce-scatter its gradients. Throws ArgumentError for a LAMB
+ * inner optimizer or a factory that does not build over the given shard groups (the parameters
+ * stay whole then).
+ */
+export class ZeroStage3Optimizer<H extends { lr: number }> extends ShardedOptimizerBase<H, ParameterPartition> {
+  /** The ZeRO stage: 3. */
+  readonly stage = 3 as const;
+
+  constructor(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroStage3Options) {
+    if (options.stage !== undefined && options.stage !== 3) throw new ArgumentError(`ZeroStage3Optimizer: stage must be 3, got ${String(options.stage)}`);
+    const userGroups = userGroupsOf(params);
+    super(userGroups, new ParameterPartition(paramListsOf(userGroups), options.group, options.offload ?? false), createOptimizer, options);
+    // Only now, with nothing left to refuse: from here on the parameters' bytes are this rank's chunks only.
+    this.shards.evictParameters();
+  }
+
+  /**
+   * Installs the hooks that gather each unit's parameters for its forward and backward and
+   * reduce-scatter its gradients. `units` are submodules of `model` in the order their forwards
+   * run (default: the modules in the model's array fields, a GPT's blocks); the model's other
+   * parameters (the root unit) are gathered for the whole step, from the moment one of `entries`
+   * (the model's methods that run a forward pass; default `forward`) is called. Every model
+   * parameter must be in this optimizer.
+   */
+  attach(model: Module, options: ZeroAttachOptions = {}): this {
+    this.shards.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward']);
+    return this;
+  }
+
+  /** What gathering did so far (prefetched and on-demand gathers, peak gathered bytes). */
+  get gatherStats(): Readonly<GatherStats> {
+    return this.shards.stats;
+  }
+
+  /** Collective: every parameter gathered from the shards. */
+  fullParameters(): Promise<Tensor[]> {
+    return this.shards.fullParameters();
+  }
+
+  /** @internal */
+  protected async finishGradients(): Promise<void> {
+    this.shards.finishGradients();
+  }
+
+  // The updated chunks stay chunks: the next forward gathers them.
+  /** @internal */
+  protected async finishUpdate(): Promise<void> {}
+
+  /** @internal */
+  protected heldBytes(): { params: number; grads: number; masterShard: number } {
+    const mem = this.shards.memory();
+    return {
+      params: this.masters.reduce((s, m) => s + m.nbytes, 0) + mem.gatheredParams,
+      grads: mem.fullGrads + mem.shardGrads,
+      masterShard: 0,
+    };
+  }
+}
+
+/** A ZeRO optimizer of any stage; its `stage` tells which (`zero.stage === 3` narrows to {@link ZeroStage3Optimizer}). */
+export type ZeroOptimizer<H extends { lr: number }> = ZeroStage12Optimizer<H> | ZeroStage3Optimizer<H>;
+
+/** The construction of {@link ZeroOptimizer}: the stage in the options picks the class. */
+export interface ZeroOptimizerConstructor {
+  new <H extends { lr: number }>(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions & { stage: 3 }): ZeroStage3Optimizer<H>;
+  new <H extends { lr: number }>(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions & { stage: 1 | 2 }): ZeroStage12Optimizer<H>;
+  new <H extends { lr: number }>(params: Iterable<Tensor> | ZeroParamGroup<H>[], createOptimizer: InnerOptimizerFactory<H>, options: ZeroOptions): ZeroOptimizer<H>;
+}
+
+/**
+ * `new ZeroOptimizer(params, createOptimizer, { group, stage })`: a {@link ZeroStage12Optimizer} at
+ * stages 1 and 2, a {@link ZeroStage3Optimizer} at stage 3 (`x instanceof ZeroOptimizer` holds for
+ * both). Throws ArgumentError for another stage, and what the stage's class throws.
+ */
+export const ZeroOptimizer: ZeroOptimizerConstructor = class ZeroOptimizer {
+  constructor(params: Iterable<Tensor> | ZeroParamGroup<{ lr: number }>[], createOptimizer: InnerOptimizerFactory<{ lr: number }>, options: ZeroOptions) {
+    const stage = options?.stage;
+    if (stage === 3) return new ZeroStage3Optimizer(params, createOptimizer, { ...options, stage }) as never;
+    if (stage === 1 || stage === 2) return new ZeroStage12Optimizer(params, createOptimizer, { ...options, stage }) as never;
+    throw new ArgumentError(`ZeroOptimizer: stage must be 1, 2 or 3, got ${String(stage)}`);
+  }
+
+  static [Symbol.hasInstance](x: unknown): boolean {
+    return x instanceof ZeroStage12Optimizer || x instanceof ZeroStage3Optimizer;
+  }
+} as unknown as ZeroOptimizerConstructor;
 
 /**
  * Per-rank bytes for Ψ f32 parameters over N ranks with an optimizer holding `stateBytesPerParam`
