@@ -1,0 +1,361 @@
+// Flash attention on the cuda backend (FlashAttention-2's algorithm; native/cpu/kernels/flash_attention.cc
+// is the reference): softmax(scale·q·kᵀ + mask)·v without the T×T scores, q/k/v/out read and written
+// through strided head layouts (native/core/attention_layout.h), the per-row log-sum-exp saved for
+// backward, f32 accumulation for every storage dtype.
+//
+// One SIMT path for f32, bf16 and f16 and head dims up to 256 (a tensor-core path for bf16/f16 is
+// future work): a block of kWarps warps owns kLocal rows of one (batch, head) (kRowsPerWarp per warp,
+// each row's D values spread over the lanes, D/32 per lane, in registers) and walks tiles of kRemote
+// rows of the other side staged in shared memory as f32. Each (row, remote row) dot product is a warp
+// sum. Forward: local = queries, remote = keys/values, online softmax one key at a time. Backward
+// (the FA2 split, no atomics, deterministic): delta_i = Σ dO·O first; then local = keys (dK, dV
+// accumulated over the queries that see them) and a second pass with local = queries (dQ over keys).
+#include "../../core/attention_layout.h"
+#include "common.cuh"
+
+namespace nt::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRowsPerWarp = 4;
+constexpr int kLocal = kWarps * kRowsPerWarp;
+constexpr int kRemote = 16;
+constexpr int kMaxDim = 256;
+
+struct Flash {
+  int64_t B, H, tq, tk;
+  int D;
+  float scale;
+  AttentionMask mask;
+  HeadLayout q, k, v, o;
+};
+
+// Rows [t0, t0 + rows) of head (b, h) under L into dst f32 [kRemote, D] (zeros past `rows`).
+template <typename T>
+__device__ __forceinline__ void loadTile(const T* base, const HeadLayout& L, int64_t b, int64_t h, int64_t t0, int rows, int D, float* dst) {
+  for (int e = threadIdx.x; e < kRemote * D; e += blockDim.x) {
+    int r = e / D, d = e - r * D;
+    dst[e] = r < rows ? toF32(base[L.at(b, h, t0 + r) + d]) : 0.0f;
+  }
+}
+
+// This lane's values (d = lane + 32·c) of row t of head (b, h), 0 past D or for t outside [0, T).
+template <typename T, int C>
+__device__ __forceinline__ void loadRow(const T* base, const HeadLayout& L, int64_t b, int64_t h, int64_t t, int64_t T_, int D, float (&out)[C]) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    int d = lane + 32 * c;
+    out[c] = t < T_ && d < D ? toF32(base[L.at(b, h, t) + d]) : 0.0f;
+  }
+}
+
+template <typename T, int C>
+__device__ __forceinline__ void storeRow(T* base, const HeadLayout& L, int64_t b, int64_t h, int64_t t, int D, const float (&x)[C], float mul) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    int d = lane + 32 * c;
+    if (d < D) base[L.at(b, h, t) + d] = fromF32<T>(x[c] * mul);
+  }
+}
+
+// Σ_d a[d]·row[d] over the warp (every lane gets it); a holds this lane's values, row is in shared memory.
+template <int C>
+__device__ __forceinline__ float warpDot(const float (&a)[C], const float* row, int D) {
+  int lane = threadIdx.x & 31;
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    int d = lane + 32 * c;
+    if (d < D) s += a[c] * row[d];
+  }
+  return warpSum(s);
+}
+
+template <int C>
+__device__ __forceinline__ void axpy(float (&acc)[C], float alpha, const float* row, int D) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < C; c++) {
+    int d = lane + 32 * c;
+    if (d < D) acc[c] += alpha * row[d];
+  }
+}
+
+// Forward: block = kLocal queries of one (batch, head); grid = B·H·tiles.
+template <typename T, int C>
+__global__ void __launch_bounds__(kWarps * 32) flashForwardKernel(const T* q, const T* k, const T* v, T* o, float* lse, Flash p, int64_t tiles) {
+  extern __shared__ float smem[];
+  float* Ks = smem;
+  float* Vs = smem + kRemote * p.D;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t r0 = (blockIdx.x % tiles) * kLocal;
+  float qr[kRowsPerWarp][C], acc[kRowsPerWarp][C], m[kRowsPerWarp], l[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t i = r0 + warp * kRowsPerWarp + r;
+    loadRow<T, C>(q, p.q, b, h, i, p.tq, p.D, qr[r]);
+#pragma unroll
+    for (int c = 0; c < C; c++) acc[r][c] = 0.0f;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+  }
+  int64_t last = (r0 + kLocal < p.tq ? r0 + kLocal : p.tq) - 1;
+  int64_t jlo = p.mask.lo(r0), jhi = p.mask.hi(last);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += kRemote) {
+    int n = int(jhi - j0 < kRemote ? jhi - j0 : kRemote);
+    __syncthreads();
+    loadTile(k, p.k, b, h, j0, n, p.D, Ks);
+    loadTile(v, p.v, b, h, j0, n, p.D, Vs);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      int64_t i = r0 + warp * kRowsPerWarp + r;
+      if (i >= p.tq) continue;  // uniform over the warp
+      int64_t lo = p.mask.lo(i), hi = p.mask.hi(i);
+      int a = int(lo > j0 ? lo - j0 : 0), e = int(hi < j0 + n ? hi - j0 : n);
+      for (int jj = a; jj < e; jj++) {
+        float s = warpDot<C>(qr[r], Ks + jj * p.D, p.D) * p.scale;
+        float mNew = fmaxf(m[r], s);
+        float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mNew);
+        float pj = expf(s - mNew);
+        l[r] = l[r] * corr + pj;
+#pragma unroll
+        for (int c = 0; c < C; c++) acc[r][c] *= corr;
+        axpy<C>(acc[r], pj, Vs + jj * p.D, p.D);
+        m[r] = mNew;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t i = r0 + warp * kRowsPerWarp + r;
+    if (i >= p.tq) continue;
+    storeRow<T, C>(o, p.o, b, h, i, p.D, acc[r], l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    if (lane == 0) lse[bh * p.tq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+  }
+}
+
+// delta[bh, i] = Σ_d dO·O: one warp per row.
+template <typename T>
+__global__ void flashDeltaKernel(const T* o, const T* go, float* delta, Flash p) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= p.B * p.H * p.tq) return;
+  int64_t bh = row / p.tq, i = row % p.tq, b = bh / p.H, h = bh % p.H;
+  const T* orow = o + p.o.at(b, h, i);
+  const T* grow = go + p.o.at(b, h, i);
+  float s = 0.0f;
+  for (int d = lane; d < p.D; d += 32) s += toF32(orow[d]) * toF32(grow[d]);
+  s = warpSum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+// dK, dV: block = kLocal keys of one (batch, head), over the query tiles that see any of them.
+template <typename T, int C>
+__global__ void __launch_bounds__(kWarps * 32) flashBackwardKVKernel(const T* q, const T* k, const T* v, const T* go, const float* lse,
+                                                                     const float* delta, T* gk, T* gv, Flash p, int64_t tiles) {
+  extern __shared__ float smem[];
+  float* Qs = smem;
+  float* Gs = smem + kRemote * p.D;
+  float* Ls = Gs + kRemote * p.D;
+  float* Ds = Ls + kRemote;
+  int warp = threadIdx.x >> 5;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t j0 = (blockIdx.x % tiles) * kLocal;
+  float kr[kRowsPerWarp][C], vr[kRowsPerWarp][C], dk[kRowsPerWarp][C], dv[kRowsPerWarp][C];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t j = j0 + warp * kRowsPerWarp + r;
+    loadRow<T, C>(k, p.k, b, h, j, p.tk, p.D, kr[r]);
+    loadRow<T, C>(v, p.v, b, h, j, p.tk, p.D, vr[r]);
+#pragma unroll
+    for (int c = 0; c < C; c++) dk[r][c] = dv[r][c] = 0.0f;
+  }
+  int64_t shift = p.tk - p.tq, jEnd = j0 + kLocal < p.tk ? j0 + kLocal : p.tk;
+  // Queries that see a key of [j0, jEnd): hi(i) > j0 and lo(i) < jEnd.
+  int64_t iBegin = p.mask.causal && j0 - shift > 0 ? j0 - shift : 0;
+  int64_t iEnd = p.tq;
+  if (p.mask.window > 0) {
+    int64_t e = jEnd - shift + p.mask.window - 1;
+    iEnd = e < 0 ? 0 : e < p.tq ? e : p.tq;
+  }
+  for (int64_t i0 = iBegin; i0 < iEnd; i0 += kRemote) {
+    int n = int(iEnd - i0 < kRemote ? iEnd - i0 : kRemote);
+    __syncthreads();
+    loadTile(q, p.q, b, h, i0, n, p.D, Qs);
+    loadTile(go, p.o, b, h, i0, n, p.D, Gs);
+    if (threadIdx.x < kRemote) {
+      Ls[threadIdx.x] = int(threadIdx.x) < n ? lse[bh * p.tq + i0 + threadIdx.x] : -INFINITY;
+      Ds[threadIdx.x] = int(threadIdx.x) < n ? delta[bh * p.tq + i0 + threadIdx.x] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      int64_t j = j0 + warp * kRowsPerWarp + r;
+      if (j >= p.tk) continue;
+      for (int ii = 0; ii < n; ii++) {
+        int64_t i = i0 + ii;
+        float L = Ls[ii];
+        if (j < p.mask.lo(i) || j >= p.mask.hi(i) || L == -INFINITY) continue;
+        float pj = expf(warpDot<C>(kr[r], Qs + ii * p.D, p.D) * p.scale - L);
+        float dp = warpDot<C>(vr[r], Gs + ii * p.D, p.D);
+        float ds = pj * (dp - Ds[ii]) * p.scale;
+        axpy<C>(dv[r], pj, Gs + ii * p.D, p.D);
+        axpy<C>(dk[r], ds, Qs + ii * p.D, p.D);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t j = j0 + warp * kRowsPerWarp + r;
+    if (j >= p.tk) continue;
+    storeRow<T, C>(gk, p.k, b, h, j, p.D, dk[r], 1.0f);
+    storeRow<T, C>(gv, p.v, b, h, j, p.D, dv[r], 1.0f);
+  }
+}
+
+// dQ: block = kLocal queries of one (batch, head), over the keys they see.
+template <typename T, int C>
+__global__ void __launch_bounds__(kWarps * 32) flashBackwardQKernel(const T* q, const T* k, const T* v, const T* go, const float* lse,
+                                                                    const float* delta, T* gq, Flash p, int64_t tiles) {
+  extern __shared__ float smem[];
+  float* Ks = smem;
+  float* Vs = smem + kRemote * p.D;
+  int warp = threadIdx.x >> 5;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t r0 = (blockIdx.x % tiles) * kLocal;
+  float qr[kRowsPerWarp][C], gr[kRowsPerWarp][C], dq[kRowsPerWarp][C], L[kRowsPerWarp], Dl[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t i = r0 + warp * kRowsPerWarp + r;
+    loadRow<T, C>(q, p.q, b, h, i, p.tq, p.D, qr[r]);
+    loadRow<T, C>(go, p.o, b, h, i, p.tq, p.D, gr[r]);
+#pragma unroll
+    for (int c = 0; c < C; c++) dq[r][c] = 0.0f;
+    L[r] = i < p.tq ? lse[bh * p.tq + i] : -INFINITY;
+    Dl[r] = i < p.tq ? delta[bh * p.tq + i] : 0.0f;
+  }
+  int64_t last = (r0 + kLocal < p.tq ? r0 + kLocal : p.tq) - 1;
+  int64_t jlo = p.mask.lo(r0), jhi = p.mask.hi(last);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += kRemote) {
+    int n = int(jhi - j0 < kRemote ? jhi - j0 : kRemote);
+    __syncthreads();
+    loadTile(k, p.k, b, h, j0, n, p.D, Ks);
+    loadTile(v, p.v, b, h, j0, n, p.D, Vs);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      int64_t i = r0 + warp * kRowsPerWarp + r;
+      if (i >= p.tq || L[r] == -INFINITY) continue;
+      int64_t lo = p.mask.lo(i), hi = p.mask.hi(i);
+      int a = int(lo > j0 ? lo - j0 : 0), e = int(hi < j0 + n ? hi - j0 : n);
+      for (int jj = a; jj < e; jj++) {
+        float pj = expf(warpDot<C>(qr[r], Ks + jj * p.D, p.D) * p.scale - L[r]);
+        float dp = warpDot<C>(gr[r], Vs + jj * p.D, p.D);
+        axpy<C>(dq[r], pj * (dp - Dl[r]) * p.scale, Ks + jj * p.D, p.D);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    int64_t i = r0 + warp * kRowsPerWarp + r;
+    if (i < p.tq) storeRow<T, C>(gq, p.q, b, h, i, p.D, dq[r], 1.0f);
+  }
+}
+
+// Runs body with the compile-time chunk count C = ceil(D / 32) rounded up to 1, 2, 4 or 8.
+#define NT_FLASH_CHUNKS(D, call, C, ...)                                                                         \
+  do {                                                                                                           \
+    if ((D) <= 32) { constexpr int C = 1; __VA_ARGS__; }                                                         \
+    else if ((D) <= 64) { constexpr int C = 2; __VA_ARGS__; }                                                    \
+    else if ((D) <= 128) { constexpr int C = 4; __VA_ARGS__; }                                                   \
+    else if ((D) <= kMaxDim) { constexpr int C = 8; __VA_ARGS__; }                                               \
+    else fail(Err::Shape, std::string(call) + ": head dim " + std::to_string(D) + " is not supported on cuda (at most 256)"); \
+  } while (0)
+
+Flash flashOf(const FlashProblem& fp) {
+  return Flash{fp.B, fp.H, fp.tq, fp.tk, int(fp.D), fp.scale, fp.mask, fp.q, fp.k, fp.v, fp.o};
+}
+
+unsigned gridOf(int64_t blocks, const char* call) {
+  if (blocks > int64_t(0x7fffffff)) fail(Err::Shape, std::string(call) + ": too many blocks");
+  return unsigned(blocks);
+}
+
+}  // namespace
+
+// flash_attention_forward(q, k, v, out, lse, qLayout, kLayout, vLayout, outLayout, batch, heads, tq, tk, dim,
+//                         scale, causal, window, dtype): see native/cpu/kernels/flash_attention.cc.
+static Napi::Value FlashAttentionForward(const Napi::CallbackInfo& info) {
+  const char* call = "flash_attention_forward";
+  KernelCall k(info, call);
+  int64_t ext[4];
+  FlashProblem fp = flashProblem(k.args, info, 5, 9, ext, call);
+  if (fp.D > kMaxDim) fail(Err::Shape, std::string(call) + ": head dim " + std::to_string(fp.D) + " is not supported on cuda (at most 256)");
+  void* q = k.data(0, fp.dt, ext[0]);
+  void* kk = k.data(1, fp.dt, ext[1]);
+  void* v = k.data(2, fp.dt, ext[2]);
+  void* o = k.data(3, fp.dt, ext[3]);
+  float* lse = k.data<float>(4, DType::F32, fp.B * fp.H * fp.tq);
+  if (fp.B == 0 || fp.H == 0 || fp.tq == 0) return info.Env().Undefined();
+  Flash p = flashOf(fp);
+  int64_t tiles = (fp.tq + kLocal - 1) / kLocal;
+  unsigned grid = gridOf(fp.B * fp.H * tiles, call);
+  size_t smem = size_t(2 * kRemote * p.D) * sizeof(float);
+  cudaStream_t s = k.stream();
+  NT_DISPATCH_FLOAT(fp.dt, call, T,
+                    NT_FLASH_CHUNKS(p.D, call, C,
+                                    flashForwardKernel<T, C><<<grid, kWarps * 32, smem, s>>>(
+                                        static_cast<const T*>(q), static_cast<const T*>(kk), static_cast<const T*>(v), static_cast<T*>(o), lse, p,
+                                        tiles)));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("flash_attention_forward", FlashAttentionForward);
+
+// flash_attention_backward(q, k, v, out, gradOut, lse, gradQ, gradK, gradV, qLayout, kLayout, vLayout, outLayout,
+//                          batch, heads, tq, tk, dim, scale, causal, window, dtype): delta, then dK/dV, then dQ.
+static Napi::Value FlashAttentionBackward(const Napi::CallbackInfo& info) {
+  const char* call = "flash_attention_backward";
+  KernelCall k(info, call);
+  int64_t ext[4];
+  FlashProblem fp = flashProblem(k.args, info, 9, 13, ext, call);
+  if (fp.D > kMaxDim) fail(Err::Shape, std::string(call) + ": head dim " + std::to_string(fp.D) + " is not supported on cuda (at most 256)");
+  void* q = k.data(0, fp.dt, ext[0]);
+  void* kk = k.data(1, fp.dt, ext[1]);
+  void* v = k.data(2, fp.dt, ext[2]);
+  void* o = k.data(3, fp.dt, ext[3]);
+  void* go = k.data(4, fp.dt, ext[3]);
+  const float* lse = k.data<const float>(5, DType::F32, fp.B * fp.H * fp.tq);
+  void* gq = k.data(6, fp.dt, ext[0]);
+  void* gk = k.data(7, fp.dt, ext[1]);
+  void* gv = k.data(8, fp.dt, ext[2]);
+  if (fp.B == 0 || fp.H == 0) return info.Env().Undefined();
+  Flash p = flashOf(fp);
+  cudaStream_t s = k.stream();
+  int64_t rows = fp.B * fp.H * fp.tq;
+  DeviceScratch delta(k.device(), size_t(rows > 0 ? rows : 1) * sizeof(float), call);
+  int64_t qTiles = (fp.tq + kLocal - 1) / kLocal, kTiles = (fp.tk + kLocal - 1) / kLocal;
+  size_t smemKV = size_t(2 * kRemote * p.D + 2 * kRemote) * sizeof(float), smemQ = size_t(2 * kRemote * p.D) * sizeof(float);
+  NT_DISPATCH_FLOAT(
+      fp.dt, call, T,
+      const T* tq_ = static_cast<const T*>(q); const T* tk_ = static_cast<const T*>(kk); const T* tv_ = static_cast<const T*>(v);
+      const T* tgo = static_cast<const T*>(go);
+      if (rows > 0) flashDeltaKernel<T><<<gridOf((rows + kWarps - 1) / kWarps, call), kWarps * 32, 0, s>>>(static_cast<const T*>(o), tgo,
+                                                                                                        delta.as<float>(), p);
+      if (fp.tk > 0) NT_FLASH_CHUNKS(p.D, call, C,
+                                     flashBackwardKVKernel<T, C><<<gridOf(fp.B * fp.H * kTiles, call), kWarps * 32, smemKV, s>>>(
+                                         tq_, tk_, tv_, tgo, lse, delta.as<float>(), static_cast<T*>(gk), static_cast<T*>(gv), p, kTiles));
+      if (rows > 0) NT_FLASH_CHUNKS(p.D, call, C,
+                                    flashBackwardQKernel<T, C><<<gridOf(fp.B * fp.H * qTiles, call), kWarps * 32, smemQ, s>>>(
+                                        tq_, tk_, tv_, tgo, lse, delta.as<float>(), static_cast<T*>(gq), p, qTiles)));
+  k.launched();
+  return info.Env().Undefined();
+}
+NT_EXPORT("flash_attention_backward", FlashAttentionBackward);
+
+}  // namespace nt::cuda
