@@ -67,6 +67,15 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     { name: `permute/slice/cat/transpose [4,${R / 4},${D}]`, shapes: [[4, R / 4, D]], run: ([a]) => nt.cat([nt.permute(a, [2, 0, 1]), nt.slice(nt.permute(a, [2, 0, 1]), 1, 1, 3)], 1) },
     { name: `attention causal [1,${H},${T},${HD}]`, shapes: [[1, H, T, HD], [1, H, T, HD], [1, H, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
     { name: `attention window 128 [1,2,${T},${HD}]`, shapes: [[1, 2, T, HD], [1, 2, T, HD], [1, 2, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true, window: 128 }) },
+    // Flash attention (flash_attention_forward/backward): the GPT block's packed QKV layout, windows, head dim 128, odd T, T < Tk.
+    { name: `attentionPacked causal [2,${T},3x${H}x${HD}]`, shapes: [[2, T, 3 * H * HD]], run: ([x]) => nt.attentionPacked(x, H, { causal: true }) },
+    { name: `attentionPacked window 256 [2,${T},3x${H}x${HD}]`, shapes: [[2, T, 3 * H * HD]], run: ([x]) => nt.attentionPacked(x, H, { causal: true, window: big(256, 9) }) },
+    { name: `attention causal D=128 [1,4,${T},128]`, shapes: [[1, 4, T, 128], [1, 4, T, 128], [1, 4, T, 128]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    { name: `attentionPacked causal odd T D=128 [2,${T + 1},3x2x128]`, shapes: [[2, T + 1, 3 * 2 * 128]], run: ([x]) => nt.attentionPacked(x, 2, { causal: true }) },
+    { name: 'attention causal T<Tk [2,3,77|129,64]', shapes: [[2, 3, 77, 64], [2, 3, 129, 64], [2, 3, 129, 64]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    // Head dims above 256 take the materializing path (attention_softmax_forward/backward around per-head GEMMs).
+    { name: `attention causal D=288 materializing [1,2,${T},288]`, shapes: [[1, 2, T, 288], [1, 2, T, 288], [1, 2, T, 288]], std: 0.5, run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    { name: 'attention non-causal window 5 [1,2,33,32]', shapes: [[1, 2, 33, 32], [1, 2, 33, 32], [1, 2, 33, 32]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: false, window: 5 }) },
   ];
   for (const dtype of ['f32', 'bf16', 'f16']) {
     section(`ops-${dtype}`);
