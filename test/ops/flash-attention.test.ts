@@ -168,6 +168,28 @@ describe('flash attention against float64', () => {
   });
 });
 
+describe('head dims above FLASH_MAX_DIM', () => {
+  it('take the materializing path, which matches float64 too', () => {
+    nt.scope(() => {
+      const [B, H, T, D] = [1, 2, 9, 260];
+      const q = input([B, H, T, D], 31, 'f32'), k = input([B, H, T, D], 32, 'f32'), v = input([B, H, T, D], 33, 'f32'), g = input([B, H, T, D], 34, 'f32');
+      const mask = { causal: true, window: 4 };
+      const o = nt.attention(q, k, v, mask);
+      nt.sum(nt.mul(o, g)).backward();
+      const ref = reference(f64(q), f64(k), f64(v), f64(g), B, H, T, T, D, mask, 1 / Math.sqrt(D));
+      expectClose(f64(o), ref.out, 2e-5, 2e-4, 'out');
+      expectClose(f64(q.grad!), ref.dq, 2e-5, 2e-4, 'dq');
+      expectClose(f64(k.grad!), ref.dk, 2e-5, 2e-4, 'dk');
+      expectClose(f64(v.grad!), ref.dv, 2e-5, 2e-4, 'dv');
+      const qkv = input([B, T, 3 * H * D], 35, 'f32');
+      const op = nt.attentionPacked(qkv, H, mask);
+      nt.sum(op).backward();
+      expect(op.shape).toEqual([B, T, H * D]);
+      expect(qkv.grad!.shape).toEqual([B, T, 3 * H * D]);
+    });
+  });
+});
+
 describe('flash attention against the materializing path', () => {
   it('agrees with per-head GEMMs around the T×T softmax (f32 tightly, bf16/f16 within storage rounding), custom scale', () => {
     let seed = 900;

@@ -3,13 +3,20 @@
 // through strided head layouts (native/core/attention_layout.h), the per-row log-sum-exp saved for
 // backward, f32 accumulation for every storage dtype.
 //
-// One SIMT path for f32, bf16 and f16 and head dims up to 256 (a tensor-core path for bf16/f16 is
-// future work): a block of kWarps warps owns kLocal rows of one (batch, head) (kRowsPerWarp per warp,
+// Forward for bf16/f16 at head dims 64 and 128 runs on tensor cores (flashForwardTcKernel: nvcuda::wmma
+// 16×16×16 fragments, f32 accumulators; NODETRON_FLASH_SIMT=1 forces the SIMT kernel instead). The rest
+// (f32, other head dims up to 256, and all of backward) is one SIMT path: a block of kWarps warps owns kLocal rows of one (batch, head) (kRowsPerWarp per warp,
 // each row's D values spread over the lanes, D/32 per lane, in registers) and walks tiles of kRemote
 // rows of the other side staged in shared memory as f32. Each (row, remote row) dot product is a warp
 // sum. Forward: local = queries, remote = keys/values, online softmax one key at a time. Backward
 // (the FA2 split, no atomics, deterministic): delta_i = Σ dO·O first; then local = keys (dK, dV
 // accumulated over the queries that see them) and a second pass with local = queries (dQ over keys).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdlib>
+
 #include "../../core/attention_layout.h"
 #include "common.cuh"
 
@@ -286,6 +293,184 @@ unsigned gridOf(int64_t blocks, const char* call) {
   return unsigned(blocks);
 }
 
+
+// ---- tensor-core forward (bf16/f16, D = 64 or 128) -------------------------------------------------
+// A block of kTcWarps warps owns 16 queries per warp; key tiles of kTcKeys rows of K and V are staged in
+// shared memory in the storage type. Per tile each warp computes S = Q·Kᵀ [16, 64] with wmma into f32
+// shared memory, updates its rows' running max and sum (one lane per row; the probabilities are rounded
+// to the storage type for the P·V product, and the sum adds the rounded values, so the output is an
+// exact weighted mean of v under the weights used), rescales its f32 output rows and adds P·V with wmma.
+template <typename T>
+struct MmaType;
+template <>
+struct MmaType<bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct MmaType<f16> {
+  using type = __half;
+};
+
+template <typename M>
+__device__ __forceinline__ M mmaOf(float f);
+template <>
+__device__ __forceinline__ __nv_bfloat16 mmaOf<__nv_bfloat16>(float f) { return __float2bfloat16(f); }
+template <>
+__device__ __forceinline__ __half mmaOf<__half>(float f) { return __float2half(f); }
+__device__ __forceinline__ float mmaToF32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float mmaToF32(__half x) { return __half2float(x); }
+
+constexpr int kTcWarps = 4;
+constexpr int kTcRows = 16 * kTcWarps;
+constexpr int kTcKeys = 64;
+
+template <int D>
+constexpr size_t tcSharedBytes() {
+  return size_t(3 * kTcRows * D) * 2 + size_t(kTcWarps * 16 * kTcKeys) * 2 + size_t(kTcWarps * 16 * kTcKeys) * 4 + size_t(kTcWarps * 16 * D) * 4 +
+         size_t(3 * kTcRows) * 4;
+}
+
+// Rows [t0, t0 + rows) of head (b, h) as raw 16-bit values into dst [kTcRows, D] (zeros past `rows`).
+template <typename T, int D>
+__device__ __forceinline__ void loadTileBits(const T* base, const HeadLayout& L, int64_t b, int64_t h, int64_t t0, int rows, uint16_t* dst) {
+  for (int e = threadIdx.x; e < kTcRows * D; e += blockDim.x) {
+    int r = e / D, d = e - r * D;
+    dst[e] = r < rows ? base[L.at(b, h, t0 + r) + d].bits : uint16_t(0);
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32) flashForwardTcKernel(const T* q, const T* k, const T* v, T* o, float* lse, Flash p, int64_t tiles) {
+  using namespace nvcuda;
+  using M = typename MmaType<T>::type;
+  static_assert(kTcKeys == kTcRows, "one tile loader for queries and keys");
+  extern __shared__ __align__(128) unsigned char flashTcSmem[];
+  M* Qs = reinterpret_cast<M*>(flashTcSmem);  // [kTcRows, D]
+  M* Ks = Qs + kTcRows * D;                   // [kTcKeys, D]
+  M* Vs = Ks + kTcKeys * D;                   // [kTcKeys, D]
+  M* Ps = Vs + kTcKeys * D;                   // per warp [16, kTcKeys]
+  float* Ss = reinterpret_cast<float*>(Ps + kTcWarps * 16 * kTcKeys);  // per warp [16, kTcKeys]
+  float* Os = Ss + kTcWarps * 16 * kTcKeys;                            // per warp [16, D]
+  float* Ms = Os + kTcWarps * 16 * D;                                  // [kTcRows] running max
+  float* Ls = Ms + kTcRows;                                            // [kTcRows] running sum
+  float* As = Ls + kTcRows;                                            // [kTcRows] this tile's rescale factor
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t r0 = (blockIdx.x % tiles) * kTcRows;
+  int qRows = int(p.tq - r0 < kTcRows ? p.tq - r0 : kTcRows);
+  loadTileBits<T, D>(q, p.q, b, h, r0, qRows, reinterpret_cast<uint16_t*>(Qs));
+  M* Pw = Ps + warp * 16 * kTcKeys;
+  float* Sw = Ss + warp * 16 * kTcKeys;
+  float* Ow = Os + warp * 16 * D;
+  for (int e = lane; e < 16 * D; e += 32) Ow[e] = 0.0f;
+  if (lane < 16) {
+    Ms[warp * 16 + lane] = -INFINITY;
+    Ls[warp * 16 + lane] = 0.0f;
+  }
+  int64_t jlo = p.mask.lo(r0), jhi = p.mask.hi(r0 + qRows - 1);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += kTcKeys) {
+    int n = int(jhi - j0 < kTcKeys ? jhi - j0 : kTcKeys);
+    __syncthreads();  // the previous tile's K and V are no longer read (and Q is loaded)
+    loadTileBits<T, D>(k, p.k, b, h, j0, n, reinterpret_cast<uint16_t*>(Ks));
+    loadTileBits<T, D>(v, p.v, b, h, j0, n, reinterpret_cast<uint16_t*>(Vs));
+    __syncthreads();
+    // S = Q_w · Kᵀ (K stored [key, d] row-major is Kᵀ column-major).
+#pragma unroll
+    for (int nb = 0; nb < kTcKeys / 16; nb++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, Qs + warp * 16 * D + kk * 16, D);
+        wmma::load_matrix_sync(fb, Ks + nb * 16 * D + kk * 16, D);
+        wmma::mma_sync(c, fa, fb, c);
+      }
+      wmma::store_matrix_sync(Sw + nb * 16, c, kTcKeys, wmma::mem_row_major);
+    }
+    __syncwarp();
+    if (lane < 16) {
+      int row = warp * 16 + lane;
+      int64_t i = r0 + row;
+      float* srow = Sw + lane * kTcKeys;
+      M* prow = Pw + lane * kTcKeys;
+      float alpha = 1.0f;
+      int a = 0, e = 0;
+      if (i < p.tq) {
+        int64_t lo = p.mask.lo(i), hi = p.mask.hi(i);
+        a = int(lo > j0 ? (lo - j0 < n ? lo - j0 : n) : 0);
+        e = int(hi > j0 ? (hi - j0 < n ? hi - j0 : n) : 0);
+        if (e < a) e = a;
+      }
+      float mx = -INFINITY;
+      for (int c = a; c < e; c++) mx = fmaxf(mx, srow[c] * p.scale);
+      float mOld = Ms[row], mNew = fmaxf(mOld, mx);
+      if (mNew == -INFINITY) {
+        for (int c = 0; c < kTcKeys; c++) prow[c] = mmaOf<M>(0.0f);
+      } else {
+        alpha = mOld == -INFINITY ? 0.0f : expf(mOld - mNew);
+        float sum = 0.0f;
+        for (int c = 0; c < kTcKeys; c++) {
+          M pc = mmaOf<M>(c >= a && c < e ? expf(srow[c] * p.scale - mNew) : 0.0f);
+          prow[c] = pc;
+          sum += mmaToF32(pc);
+        }
+        Ls[row] = Ls[row] * alpha + sum;
+        Ms[row] = mNew;
+      }
+      As[row] = alpha;
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * D; e += 32) Ow[e] *= As[warp * 16 + e / D];
+    __syncwarp();
+    // O_w += P_w · V.
+#pragma unroll
+    for (int db = 0; db < D / 16; db++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+      wmma::load_matrix_sync(c, Ow + db * 16, D, wmma::mem_row_major);
+#pragma unroll
+      for (int kb = 0; kb < kTcKeys / 16; kb++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, Pw + kb * 16, kTcKeys);
+        wmma::load_matrix_sync(fb, Vs + kb * 16 * D + db * 16, D);
+        wmma::mma_sync(c, fa, fb, c);
+      }
+      wmma::store_matrix_sync(Ow + db * 16, c, D, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    int r = e / D, d = e - r * D;
+    int64_t i = r0 + warp * 16 + r;
+    float l = Ls[warp * 16 + r];
+    if (i < p.tq) o[p.o.at(b, h, i) + d] = fromF32<T>(l > 0.0f ? Ow[e] / l : 0.0f);
+  }
+  if (lane < 16) {
+    int64_t i = r0 + warp * 16 + lane;
+    float l = Ls[warp * 16 + lane];
+    if (i < p.tq) lse[bh * p.tq + i] = l > 0.0f ? Ms[warp * 16 + lane] + logf(l) : -INFINITY;
+  }
+}
+
+template <typename T, int D>
+void launchForwardTc(const void* q, const void* k, const void* v, void* o, float* lse, const Flash& p, cudaStream_t s, const char* call) {
+  constexpr size_t bytes = tcSharedBytes<D>();
+  cudaError_t err = cudaFuncSetAttribute(flashForwardTcKernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err != cudaSuccess) fail(Err::Native, std::string(call) + ": " + cudaGetErrorString(err));
+  int64_t tiles = (p.tq + kTcRows - 1) / kTcRows;
+  flashForwardTcKernel<T, D><<<gridOf(p.B * p.H * tiles, call), kTcWarps * 32, bytes, s>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse, p, tiles);
+}
+
+// Whether the tensor-core forward takes this call (bf16/f16 at D = 64 or 128, unless NODETRON_FLASH_SIMT=1).
+bool useTensorCores(DType dt, int64_t D) {
+  static const bool simt = envFlag(std::getenv("NODETRON_FLASH_SIMT"));
+  return !simt && (dt == DType::BF16 || dt == DType::F16) && (D == 64 || D == 128);
+}
+
 }  // namespace
 
 // flash_attention_forward(q, k, v, out, lse, qLayout, kLayout, vLayout, outLayout, batch, heads, tq, tk, dim,
@@ -307,6 +492,17 @@ static Napi::Value FlashAttentionForward(const Napi::CallbackInfo& info) {
   unsigned grid = gridOf(fp.B * fp.H * tiles, call);
   size_t smem = size_t(2 * kRemote * p.D) * sizeof(float);
   cudaStream_t s = k.stream();
+  if (useTensorCores(fp.dt, fp.D)) {
+    if (fp.dt == DType::BF16) {
+      if (fp.D == 64) launchForwardTc<bf16, 64>(q, kk, v, o, lse, p, s, call);
+      else launchForwardTc<bf16, 128>(q, kk, v, o, lse, p, s, call);
+    } else {
+      if (fp.D == 64) launchForwardTc<f16, 64>(q, kk, v, o, lse, p, s, call);
+      else launchForwardTc<f16, 128>(q, kk, v, o, lse, p, s, call);
+    }
+    k.launched();
+    return info.Env().Undefined();
+  }
   NT_DISPATCH_FLOAT(fp.dt, call, T,
                     NT_FLASH_CHUNKS(p.D, call, C,
                                     flashForwardKernel<T, C><<<grid, kWarps * 32, smem, s>>>(
