@@ -3,14 +3,15 @@
 // through strided head layouts (native/core/attention_layout.h), the per-row log-sum-exp saved for
 // backward, f32 accumulation for every storage dtype.
 //
-// Forward for bf16/f16 at head dims 64 and 128 runs on tensor cores (flashForwardTcKernel: nvcuda::wmma
-// 16×16×16 fragments, f32 accumulators; NODETRON_FLASH_SIMT=1 forces the SIMT kernel instead). The rest
-// (f32, other head dims up to 256, and all of backward) is one SIMT path: a block of kWarps warps owns kLocal rows of one (batch, head) (kRowsPerWarp per warp,
-// each row's D values spread over the lanes, D/32 per lane, in registers) and walks tiles of kRemote
-// rows of the other side staged in shared memory as f32. Each (row, remote row) dot product is a warp
-// sum. Forward: local = queries, remote = keys/values, online softmax one key at a time. Backward
-// (the FA2 split, no atomics, deterministic): delta_i = Σ dO·O first; then local = keys (dK, dV
-// accumulated over the queries that see them) and a second pass with local = queries (dQ over keys).
+// bf16/f16 at head dims 64 and 128 run on tensor cores (flashForwardTcKernel, flashBackwardKVTcKernel,
+// flashBackwardQTcKernel: nvcuda::wmma 16×16×16 fragments, f32 accumulators; NODETRON_FLASH_SIMT=1
+// forces the SIMT kernels instead). The rest (f32, other head dims up to 256) is one SIMT path: a block
+// of kWarps warps owns kLocal rows of one (batch, head) (kRowsPerWarp per warp, each row's D values
+// spread over the lanes, D/32 per lane, in registers) and walks tiles of kRemote rows of the other side
+// staged in shared memory as f32. Each (row, remote row) dot product is a warp sum. Forward: local =
+// queries, remote = keys/values, online softmax one key at a time. Backward (the FA2 split, no atomics,
+// deterministic): delta_i = Σ dO·O first; then local = keys (dK, dV accumulated over the queries that
+// see them) and a second pass with local = queries (dQ over keys).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -465,10 +466,257 @@ void launchForwardTc(const void* q, const void* k, const void* v, void* o, float
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), lse, p, tiles);
 }
 
-// Whether the tensor-core forward takes this call (bf16/f16 at D = 64 or 128, unless NODETRON_FLASH_SIMT=1).
+// ---- tensor-core backward (bf16/f16, D = 64 or 128), the FA2 split --------------------------------
+// dK/dV: a block owns 64 keys (16 per warp) with their dK and dV in wmma accumulator fragments, and walks
+// the query tiles of 64 that see them: Sᵀ = K_w·Qᵀ and dPᵀ = V_w·dOᵀ into f32 shared memory, then per
+// element Pᵀ = exp(scale·Sᵀ − lse) and dSᵀ = scale·Pᵀ∘(dPᵀ − delta) rounded to the storage type, then
+// dV_w += Pᵀ·dO and dK_w += dSᵀ·Q. dQ: a block owns 64 queries and walks the key tiles they see:
+// S = Q_w·Kᵀ, dP = dO_w·Vᵀ, dS as above, dQ_w += dS·K. No atomics: each output row has one owner.
+template <int D>
+constexpr size_t tcBackwardSharedBytes() {
+  // four [64, D] tiles, two per-warp [16, 64] f32 scratch, one per-warp [16, 64] and one [16, 64] 16-bit
+  // scratch, a per-warp [16, D] f32 output scratch, and two [64] f32 vectors.
+  return size_t(4 * kTcRows * D) * 2 + size_t(2 * kTcWarps * 16 * kTcKeys) * 4 + size_t(2 * kTcWarps * 16 * kTcKeys) * 2 +
+         size_t(kTcWarps * 16 * D) * 4 + size_t(2 * kTcRows) * 4;
+}
+
+struct TcBackwardSmem {
+  void* X0;      // [64, D] 16-bit: the block's own rows (K or Q)
+  void* X1;      // [64, D] 16-bit: V or dO
+  void* Y0;      // [64, D] 16-bit: the tile's rows (Q or K)
+  void* Y1;      // [64, D] 16-bit: dO or V
+  void* P16;     // per warp [16, 64] 16-bit
+  void* dS16;    // per warp [16, 64] 16-bit
+  float* S32;    // per warp [16, 64]
+  float* dP32;   // per warp [16, 64]
+  float* out;    // per warp [16, D]
+  float* vecA;   // [64]
+  float* vecB;   // [64]
+};
+
+template <int D>
+__device__ __forceinline__ TcBackwardSmem tcBackwardSmem(unsigned char* base) {
+  TcBackwardSmem m;
+  size_t tile = size_t(kTcRows * D) * 2, s16 = size_t(kTcWarps * 16 * kTcKeys) * 2, s32 = size_t(kTcWarps * 16 * kTcKeys) * 4;
+  m.X0 = base;
+  m.X1 = base + tile;
+  m.Y0 = base + 2 * tile;
+  m.Y1 = base + 3 * tile;
+  m.S32 = reinterpret_cast<float*>(base + 4 * tile);
+  m.dP32 = reinterpret_cast<float*>(base + 4 * tile + s32);
+  m.P16 = base + 4 * tile + 2 * s32;
+  m.dS16 = base + 4 * tile + 2 * s32 + s16;
+  m.out = reinterpret_cast<float*>(base + 4 * tile + 2 * s32 + 2 * s16);
+  m.vecA = m.out + kTcWarps * 16 * D;
+  m.vecB = m.vecA + kTcRows;
+  return m;
+}
+
+// C_w[16, 64] (f32, ld 64) = A_w[16, D] · Bᵀ for B [64, D] (both row-major 16-bit, ld D).
+template <typename M, int D>
+__device__ __forceinline__ void tcRowsTimesTileT(const M* A, const M* B, float* C) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int nb = 0; nb < kTcKeys / 16; nb++) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, A + kk * 16, D);
+      wmma::load_matrix_sync(fb, B + nb * 16 * D + kk * 16, D);
+      wmma::mma_sync(c, fa, fb, c);
+    }
+    wmma::store_matrix_sync(C + nb * 16, c, kTcKeys, wmma::mem_row_major);
+  }
+}
+
+// acc[db] += A_w[16, 64] (16-bit, ld 64) · B[64, D] (16-bit row-major, ld D), column block db of 16.
+template <typename M, int D>
+__device__ __forceinline__ void tcAccumulate(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[D / 16], const M* A,
+                                             const M* B) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int db = 0; db < D / 16; db++) {
+#pragma unroll
+    for (int kb = 0; kb < kTcKeys / 16; kb++) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, M, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, M, wmma::row_major> fb;
+      wmma::load_matrix_sync(fa, A + kb * 16, kTcKeys);
+      wmma::load_matrix_sync(fb, B + kb * 16 * D + db * 16, D);
+      wmma::mma_sync(acc[db], fa, fb, acc[db]);
+    }
+  }
+}
+
+// Writes a warp's 16 accumulated rows (rows t0.. of head (b, h) under L, those below T) through `scratch`.
+template <typename T, int D>
+__device__ __forceinline__ void tcStoreRows(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[D / 16], float* scratch,
+                                            T* base, const HeadLayout& L, int64_t b, int64_t h, int64_t t0, int64_t T_) {
+  using namespace nvcuda;
+  int lane = threadIdx.x & 31;
+  __syncwarp();
+#pragma unroll
+  for (int db = 0; db < D / 16; db++) wmma::store_matrix_sync(scratch + db * 16, acc[db], D, wmma::mem_row_major);
+  __syncwarp();
+  for (int e = lane; e < 16 * D; e += 32) {
+    int r = e / D, d = e - r * D;
+    if (t0 + r < T_) base[L.at(b, h, t0 + r) + d] = fromF32<T>(scratch[e]);
+  }
+  __syncwarp();
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32) flashBackwardKVTcKernel(const T* q, const T* k, const T* v, const T* go, const float* lse,
+                                                                         const float* delta, T* gk, T* gv, Flash p, int64_t tiles) {
+  using namespace nvcuda;
+  using M = typename MmaType<T>::type;
+  extern __shared__ __align__(128) unsigned char flashTcSmem[];
+  TcBackwardSmem sm = tcBackwardSmem<D>(flashTcSmem);
+  M* Ks = static_cast<M*>(sm.X0);
+  M* Vs = static_cast<M*>(sm.X1);
+  M* Qs = static_cast<M*>(sm.Y0);
+  M* Gs = static_cast<M*>(sm.Y1);
+  float* Lq = sm.vecA;
+  float* Dq = sm.vecB;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  M* Pw = static_cast<M*>(sm.P16) + warp * 16 * kTcKeys;
+  M* dSw = static_cast<M*>(sm.dS16) + warp * 16 * kTcKeys;
+  float* Sw = sm.S32 + warp * 16 * kTcKeys;
+  float* dPw = sm.dP32 + warp * 16 * kTcKeys;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t j0 = (blockIdx.x % tiles) * kTcRows;
+  int nk = int(p.tk - j0 < kTcRows ? p.tk - j0 : kTcRows);
+  loadTileBits<T, D>(k, p.k, b, h, j0, nk, reinterpret_cast<uint16_t*>(Ks));
+  loadTileBits<T, D>(v, p.v, b, h, j0, nk, reinterpret_cast<uint16_t*>(Vs));
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> dK[D / 16], dV[D / 16];
+#pragma unroll
+  for (int db = 0; db < D / 16; db++) {
+    wmma::fill_fragment(dK[db], 0.0f);
+    wmma::fill_fragment(dV[db], 0.0f);
+  }
+  int64_t shift = p.tk - p.tq, jEnd = j0 + nk;
+  int64_t iBegin = p.mask.causal && j0 - shift > 0 ? j0 - shift : 0;
+  int64_t iEnd = p.tq;
+  if (p.mask.window > 0) {
+    int64_t e = jEnd - shift + p.mask.window - 1;
+    iEnd = e < 0 ? 0 : e < p.tq ? e : p.tq;
+  }
+  for (int64_t i0 = iBegin; i0 < iEnd; i0 += kTcKeys) {
+    int nq = int(iEnd - i0 < kTcKeys ? iEnd - i0 : kTcKeys);
+    __syncthreads();  // every warp is done with the previous query tile (and K, V are loaded)
+    loadTileBits<T, D>(q, p.q, b, h, i0, nq, reinterpret_cast<uint16_t*>(Qs));
+    loadTileBits<T, D>(go, p.o, b, h, i0, nq, reinterpret_cast<uint16_t*>(Gs));
+    if (threadIdx.x < kTcKeys) {
+      int t = threadIdx.x;
+      Lq[t] = t < nq ? lse[bh * p.tq + i0 + t] : -INFINITY;
+      Dq[t] = t < nq ? delta[bh * p.tq + i0 + t] : 0.0f;
+    }
+    __syncthreads();
+    tcRowsTimesTileT<M, D>(Ks + warp * 16 * D, Qs, Sw);   // Sᵀ [16 keys, 64 queries]
+    tcRowsTimesTileT<M, D>(Vs + warp * 16 * D, Gs, dPw);  // dPᵀ
+    __syncwarp();
+    for (int e = lane; e < 16 * kTcKeys; e += 32) {
+      int jl = e / kTcKeys, il = e - jl * kTcKeys;
+      int64_t j = j0 + warp * 16 + jl, i = i0 + il;
+      float L = Lq[il], pv = 0.0f, ds = 0.0f;
+      if (jl + warp * 16 < nk && il < nq && L != -INFINITY && j >= p.mask.lo(i) && j < p.mask.hi(i)) {
+        pv = expf(Sw[e] * p.scale - L);
+        ds = pv * (dPw[e] - Dq[il]) * p.scale;
+      }
+      Pw[e] = mmaOf<M>(pv);
+      dSw[e] = mmaOf<M>(ds);
+    }
+    __syncwarp();
+    tcAccumulate<M, D>(dV, Pw, Gs);   // dV_w += Pᵀ·dO
+    tcAccumulate<M, D>(dK, dSw, Qs);  // dK_w += dSᵀ·Q
+  }
+  float* scratch = sm.out + warp * 16 * D;
+  tcStoreRows<T, D>(dK, scratch, gk, p.k, b, h, j0 + warp * 16, p.tk);
+  tcStoreRows<T, D>(dV, scratch, gv, p.v, b, h, j0 + warp * 16, p.tk);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kTcWarps * 32) flashBackwardQTcKernel(const T* q, const T* k, const T* v, const T* go, const float* lse,
+                                                                        const float* delta, T* gq, Flash p, int64_t tiles) {
+  using namespace nvcuda;
+  using M = typename MmaType<T>::type;
+  extern __shared__ __align__(128) unsigned char flashTcSmem[];
+  TcBackwardSmem sm = tcBackwardSmem<D>(flashTcSmem);
+  M* Qs = static_cast<M*>(sm.X0);
+  M* Gs = static_cast<M*>(sm.X1);
+  M* Ks = static_cast<M*>(sm.Y0);
+  M* Vs = static_cast<M*>(sm.Y1);
+  float* Lr = sm.vecA;
+  float* Dr = sm.vecB;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  M* dSw = static_cast<M*>(sm.dS16) + warp * 16 * kTcKeys;
+  float* Sw = sm.S32 + warp * 16 * kTcKeys;
+  float* dPw = sm.dP32 + warp * 16 * kTcKeys;
+  int64_t bh = blockIdx.x / tiles, b = bh / p.H, h = bh % p.H;
+  int64_t r0 = (blockIdx.x % tiles) * kTcRows;
+  int nq = int(p.tq - r0 < kTcRows ? p.tq - r0 : kTcRows);
+  loadTileBits<T, D>(q, p.q, b, h, r0, nq, reinterpret_cast<uint16_t*>(Qs));
+  loadTileBits<T, D>(go, p.o, b, h, r0, nq, reinterpret_cast<uint16_t*>(Gs));
+  if (threadIdx.x < kTcRows) {
+    int t = threadIdx.x;
+    Lr[t] = t < nq ? lse[bh * p.tq + r0 + t] : -INFINITY;
+    Dr[t] = t < nq ? delta[bh * p.tq + r0 + t] : 0.0f;
+  }
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> dQ[D / 16];
+#pragma unroll
+  for (int db = 0; db < D / 16; db++) wmma::fill_fragment(dQ[db], 0.0f);
+  int64_t jlo = p.mask.lo(r0), jhi = p.mask.hi(r0 + nq - 1);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += kTcKeys) {
+    int n = int(jhi - j0 < kTcKeys ? jhi - j0 : kTcKeys);
+    __syncthreads();  // every warp is done with the previous key tile (and Q, dO, lse, delta are loaded)
+    loadTileBits<T, D>(k, p.k, b, h, j0, n, reinterpret_cast<uint16_t*>(Ks));
+    loadTileBits<T, D>(v, p.v, b, h, j0, n, reinterpret_cast<uint16_t*>(Vs));
+    __syncthreads();
+    tcRowsTimesTileT<M, D>(Qs + warp * 16 * D, Ks, Sw);   // S [16 queries, 64 keys]
+    tcRowsTimesTileT<M, D>(Gs + warp * 16 * D, Vs, dPw);  // dP
+    __syncwarp();
+    for (int e = lane; e < 16 * kTcKeys; e += 32) {
+      int il = e / kTcKeys, jl = e - il * kTcKeys;
+      int64_t i = r0 + warp * 16 + il, j = j0 + jl;
+      float L = Lr[warp * 16 + il], ds = 0.0f;
+      if (il + warp * 16 < nq && jl < n && L != -INFINITY && j >= p.mask.lo(i) && j < p.mask.hi(i))
+        ds = expf(Sw[e] * p.scale - L) * (dPw[e] - Dr[warp * 16 + il]) * p.scale;
+      dSw[e] = mmaOf<M>(ds);
+    }
+    __syncwarp();
+    tcAccumulate<M, D>(dQ, dSw, Ks);  // dQ_w += dS·K
+  }
+  __syncthreads();
+  tcStoreRows<T, D>(dQ, sm.out + warp * 16 * D, gq, p.q, b, h, r0 + warp * 16, p.tq);
+}
+
+template <typename T, int D>
+void launchBackwardTc(const void* q, const void* k, const void* v, const void* go, const float* lse, const float* delta, void* gq, void* gk,
+                      void* gv, const Flash& p, cudaStream_t s, const char* call) {
+  constexpr size_t bytes = tcBackwardSharedBytes<D>();
+  for (const void* fn : {reinterpret_cast<const void*>(flashBackwardKVTcKernel<T, D>), reinterpret_cast<const void*>(flashBackwardQTcKernel<T, D>)}) {
+    cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (err != cudaSuccess) fail(Err::Native, std::string(call) + ": " + cudaGetErrorString(err));
+  }
+  const T *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k), *tv = static_cast<const T*>(v), *tgo = static_cast<const T*>(go);
+  if (p.tk > 0) {
+    int64_t tiles = (p.tk + kTcRows - 1) / kTcRows;
+    flashBackwardKVTcKernel<T, D><<<gridOf(p.B * p.H * tiles, call), kTcWarps * 32, bytes, s>>>(tq, tk, tv, tgo, lse, delta, static_cast<T*>(gk),
+                                                                                                  static_cast<T*>(gv), p, tiles);
+  }
+  if (p.tq > 0) {
+    int64_t tiles = (p.tq + kTcRows - 1) / kTcRows;
+    flashBackwardQTcKernel<T, D><<<gridOf(p.B * p.H * tiles, call), kTcWarps * 32, bytes, s>>>(tq, tk, tv, tgo, lse, delta, static_cast<T*>(gq), p,
+                                                                                                 tiles);
+  }
+}
+
+// Whether the tensor-core kernels take this call: bf16/f16 at D = 64 or 128, unless NODETRON_FLASH_SIMT=1
+// (read on every call, so a test can compare both paths in one process).
 bool useTensorCores(DType dt, int64_t D) {
-  static const bool simt = envFlag(std::getenv("NODETRON_FLASH_SIMT"));
-  return !simt && (dt == DType::BF16 || dt == DType::F16) && (D == 64 || D == 128);
+  return (dt == DType::BF16 || dt == DType::F16) && (D == 64 || D == 128) && !envFlag(std::getenv("NODETRON_FLASH_SIMT"));
 }
 
 }  // namespace
@@ -537,12 +785,26 @@ static Napi::Value FlashAttentionBackward(const Napi::CallbackInfo& info) {
   DeviceScratch delta(k.device(), size_t(rows > 0 ? rows : 1) * sizeof(float), call);
   int64_t qTiles = (fp.tq + kLocal - 1) / kLocal, kTiles = (fp.tk + kLocal - 1) / kLocal;
   size_t smemKV = size_t(2 * kRemote * p.D + 2 * kRemote) * sizeof(float), smemQ = size_t(2 * kRemote * p.D) * sizeof(float);
+  if (rows > 0)
+    NT_DISPATCH_FLOAT(fp.dt, call, T,
+                      flashDeltaKernel<T><<<gridOf((rows + kWarps - 1) / kWarps, call), kWarps * 32, 0, s>>>(
+                          static_cast<const T*>(o), static_cast<const T*>(go), delta.as<float>(), p));
+  if (useTensorCores(fp.dt, fp.D)) {
+    const float* dl = delta.as<float>();
+    if (fp.dt == DType::BF16) {
+      if (fp.D == 64) launchBackwardTc<bf16, 64>(q, kk, v, go, lse, dl, gq, gk, gv, p, s, call);
+      else launchBackwardTc<bf16, 128>(q, kk, v, go, lse, dl, gq, gk, gv, p, s, call);
+    } else {
+      if (fp.D == 64) launchBackwardTc<f16, 64>(q, kk, v, go, lse, dl, gq, gk, gv, p, s, call);
+      else launchBackwardTc<f16, 128>(q, kk, v, go, lse, dl, gq, gk, gv, p, s, call);
+    }
+    k.launched();
+    return info.Env().Undefined();
+  }
   NT_DISPATCH_FLOAT(
       fp.dt, call, T,
       const T* tq_ = static_cast<const T*>(q); const T* tk_ = static_cast<const T*>(kk); const T* tv_ = static_cast<const T*>(v);
       const T* tgo = static_cast<const T*>(go);
-      if (rows > 0) flashDeltaKernel<T><<<gridOf((rows + kWarps - 1) / kWarps, call), kWarps * 32, 0, s>>>(static_cast<const T*>(o), tgo,
-                                                                                                        delta.as<float>(), p);
       if (fp.tk > 0) NT_FLASH_CHUNKS(p.D, call, C,
                                      flashBackwardKVKernel<T, C><<<gridOf(fp.B * fp.H * kTiles, call), kWarps * 32, smemKV, s>>>(
                                          tq_, tk_, tv_, tgo, lse, delta.as<float>(), static_cast<T*>(gk), static_cast<T*>(gv), p, kTiles));

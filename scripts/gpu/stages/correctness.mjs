@@ -175,6 +175,32 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     compare('gemm_epilogue aux (pre-activation)', 'f32', host(aux), host(pre), 1e-3);
   });
   section('kernels');
+  // Flash attention's tensor-core kernels (bf16/f16 at head dims 64/128) and its SIMT kernels
+  // (NODETRON_FLASH_SIMT=1, read on every call), each against cpu, forward and the packed qkv gradient.
+  for (const dtype of ['bf16', 'f16']) {
+    for (const hd of [64, 128]) {
+      await check(`flash attention tensor cores and SIMT ${dtype} [2,${T},3x${H}x${hd}] window ${big(200, 7)}`, () => {
+        const x = randn([2, T, 3 * H * hd], dtype), gy = randn([2, T, H * hd], dtype);
+        const go = (device, simt) => {
+          if (simt) process.env.NODETRON_FLASH_SIMT = '1';
+          try {
+            const d = fresh(x, device);
+            d.requiresGrad = true;
+            const y = nt.attentionPacked(d, H, { causal: true, window: big(200, 7) });
+            nt.sum(nt.mul(y, gy.to(device))).backward();
+            return { y: host(y), g: host(d.grad) };
+          } finally {
+            delete process.env.NODETRON_FLASH_SIMT;
+          }
+        };
+        const want = go('cpu', false);
+        for (const [path, got] of [['tensor cores', go(DEV, false)], ['SIMT', go(DEV, true)]]) {
+          compare(`flash attention ${path} ${dtype} D=${hd} forward`, dtype, got.y, want.y);
+          compare(`flash attention ${path} ${dtype} D=${hd} dqkv`, dtype, got.g, want.g, TOL[dtype] * 4);
+        }
+      });
+    }
+  }
   for (const dtype of ['f32', 'bf16']) {
     await check(`cross_entropy_shard_backward ${dtype} [${R},${big(25152, 500)}]`, () => {
       const [rows, vocab] = [R, big(25152, 500)];
