@@ -5,10 +5,11 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { tensor } from './creation.js';
 import { type DType, dtypeCode } from './dtype.js';
 import { ArgumentError, DTypeError } from './errors.js';
+import { keep } from './memory.js';
 import { checkTensorList, emptyOn, type Tensor } from './tensor.js';
 
 /** Ops that run in the autocast dtype: their cost is in tensor-core GEMMs that accumulate in f32. */
-export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue']);
+export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue', 'linearCrossEntropy']);
 /** Ops kept in f32 under autocast: reductions and exponentials whose range or sums a 16-bit type loses. */
 export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
   'softmax', 'logSoftmax', 'crossEntropy', 'layerNorm', 'rmsNorm', 'sum', 'mean', 'norm', 'exp', 'log', 'pow',
@@ -16,12 +17,61 @@ export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
 
 /** The 16-bit float dtypes autocast and master weights compute in. */
 export type LowPrecision = 'bf16' | 'f16';
-interface AutocastState { dtype: LowPrecision; enabled: boolean }
+
+/** One cached low-precision copy of a weight: valid while the weight's storage version is unchanged. */
+interface CastEntry { version: number; out: Tensor }
+/**
+ * The weight-cast cache of the outermost autocast region (shared by the regions nested in it): leaf
+ * tensors that require grad (parameters) are cast once per dtype and reused by every op of the region;
+ * the copies are freed when the outermost region ends.
+ */
+class CastCache {
+  readonly entries = new Map<Tensor, Map<DType, CastEntry>>();
+  lookup(t: Tensor, dtype: DType, usable: (c: Tensor) => boolean): Tensor | undefined {
+    const e = this.entries.get(t)?.get(dtype);
+    if (e === undefined) return undefined;
+    if (e.version === t.version && !e.out.disposed && usable(e.out)) return e.out;
+    // The weight was rewritten in place (an optimizer step inside the region), or the copy cannot
+    // carry this op's gradient (made under noGrad, or its graph freed by a backward): drop it.
+    this.entries.get(t)!.delete(dtype);
+    e.out.dispose();
+    return undefined;
+  }
+  store(t: Tensor, dtype: DType, out: Tensor): void {
+    let m = this.entries.get(t);
+    if (!m) { m = new Map(); this.entries.set(t, m); }
+    m.set(dtype, { version: t.version, out });
+  }
+  clear(): void {
+    for (const m of this.entries.values()) for (const e of m.values()) e.out.dispose();
+    this.entries.clear();
+  }
+}
+
+interface AutocastState { dtype: LowPrecision; enabled: boolean; cache: CastCache }
 const autocastStore = new AsyncLocalStorage<AutocastState>();
+
+/** Counts of autocast's casts since the process started (or the last {@link resetAutocastStats}). */
+export interface AutocastStats {
+  /** Casts of cacheable weights (leaf tensors that require grad) made under autocast. */
+  weightCasts: number;
+  /** Uses of a weight served by the region's cache instead of a new cast. */
+  weightCacheHits: number;
+  /** Casts of other tensors (activations), which are never cached. */
+  activationCasts: number;
+}
+const stats: AutocastStats = { weightCasts: 0, weightCacheHits: 0, activationCasts: 0 };
+/** A copy of autocast's cast counters (what tests and profiling read to see the cache work). */
+export function autocastStats(): AutocastStats { return { ...stats }; }
+/** Zeroes autocast's cast counters. */
+export function resetAutocastStats(): void { stats.weightCasts = 0; stats.weightCacheHits = 0; stats.activationCasts = 0; }
 
 /**
  * Runs fn with autocast on: ops in AUTOCAST_LOW_PRECISION_OPS compute in `dtype`, ops in
- * AUTOCAST_F32_OPS in f32, the rest in their inputs' dtype. Nests; works across await.
+ * AUTOCAST_F32_OPS in f32, the rest in their inputs' dtype. Nests; works across await (an async fn's
+ * region ends when its promise settles). Casts of weights (leaf tensors that require grad) are cached
+ * for the outermost region and freed when it ends; a weight rewritten in place inside the region (an
+ * optimizer step: its {@link Tensor.version} moves) is cast again.
  */
 export function autocast<T>(opts: { dtype?: LowPrecision; enabled?: boolean }, fn: () => T): T {
   if (opts === null || typeof opts !== 'object') throw new ArgumentError(`autocast: options must be an object like { dtype: 'bf16' }, got ${opts === null ? 'null' : typeof opts}`);
@@ -29,7 +79,22 @@ export function autocast<T>(opts: { dtype?: LowPrecision; enabled?: boolean }, f
   if (dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`autocast: dtype must be 'bf16' or 'f16', got ${String(dtype)}`);
   if (opts.enabled !== undefined && typeof opts.enabled !== 'boolean') throw new ArgumentError(`autocast: enabled must be a boolean, got ${typeof opts.enabled}`);
   if (typeof fn !== 'function') throw new ArgumentError(`autocast: fn must be a function, got ${fn === null ? 'null' : typeof fn}`);
-  return autocastStore.run({ dtype, enabled: opts.enabled ?? true }, fn);
+  const outer = autocastStore.getStore();
+  const cache = outer?.cache ?? new CastCache();
+  const run = () => autocastStore.run({ dtype, enabled: opts.enabled ?? true, cache }, fn);
+  if (outer) return run();
+  let result: T;
+  try {
+    result = run();
+  } catch (e) {
+    cache.clear();
+    throw e;
+  }
+  if (result !== null && typeof result === 'object' && typeof (result as { then?: unknown }).then === 'function') {
+    return (result as unknown as Promise<unknown>).finally(() => cache.clear()) as T;
+  }
+  cache.clear();
+  return result;
 }
 
 /** The dtype an op should compute in under the current autocast, or undefined for "as its inputs". */
@@ -42,6 +107,21 @@ export function autocastDtypeFor(op: string): DType | undefined {
   return undefined;
 }
 
+/**
+ * Internal (the ops' autocast casts): the cached `dtype` copy of weight `t` in the current region when
+ * `usable` accepts it; otherwise `cast()` makes one, which the cache keeps until the region ends.
+ */
+export function autocastWeightCast(t: Tensor, dtype: DType, cast: () => Tensor, usable: (c: Tensor) => boolean): Tensor {
+  const s = autocastStore.getStore();
+  if (!s) return cast();
+  const hit = s.cache.lookup(t, dtype, usable);
+  if (hit) { stats.weightCacheHits++; return hit; }
+  const out = keep(cast());
+  stats.weightCasts++;
+  s.cache.store(t, dtype, out);
+  return out;
+}
+
 /** Whether autocast is on here, and with which dtype. */
 export function autocastState(): {
   /** Whether autocast is on in the current async context. */
@@ -52,6 +132,9 @@ export function autocastState(): {
   const s = autocastStore.getStore();
   return { enabled: !!s?.enabled, dtype: s?.enabled ? s.dtype : undefined };
 }
+
+/** Internal: counts an activation cast (see {@link autocastStats}). */
+export function countActivationCast(): void { stats.activationCasts++; }
 
 /**
  * f32 master weights with low-precision copies for compute: the optimizer updates `master`,

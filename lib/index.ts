@@ -13,7 +13,7 @@ export * as autograd from './autograd/index.js';
 export { info, type Info } from './info.js';
 export * as cuda from './cuda/index.js';
 export {
-  autocast, autocastDtypeFor, autocastState, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
+  autocast, autocastDtypeFor, autocastState, autocastStats, resetAutocastStats, type AutocastStats, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
   AUTOCAST_LOW_PRECISION_OPS, AUTOCAST_F32_OPS,
 } from './amp.js';
 export { version } from './version.js';

@@ -6,7 +6,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ArgumentError, BackendUnavailableError, errorFromCode } from './errors.js';
-import { elfNeeded } from './io/elf.js';
+import { elfNeeded } from './elf.js';
 
 const require = createRequire(import.meta.url);
 

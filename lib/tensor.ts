@@ -10,6 +10,12 @@ import { checkShape, fmtShape, inferShape, numel, type Shape } from './shape.js'
 /** Storage shared by tensors that are views of the same bytes (reshape); freed with its last tensor. */
 export class StorageRef {
   refs = 1;
+  /**
+   * Bumped by whatever rewrites the values of a parameter in place (optimizer steps, loadStateDict,
+   * checkpoint loads, ZeRO's gathers): autocast's weight-cast cache compares it to decide whether its
+   * low-precision copy is still the weight's value.
+   */
+  version = 0;
   #native: NativeStorage | null;
   #bytes: number;
   #evictedBecause = '';
@@ -45,6 +51,7 @@ export class StorageRef {
     if (this.#native !== null) throw new StateError('StorageRef.restore: the storage is not evicted');
     this.#native = new (backendOf(this.device).Storage)(bytes, false, this.device.index);
     this.#bytes = bytes;
+    this.version++;
   }
 }
 
@@ -134,6 +141,14 @@ export class Tensor {
   }
   /** The backend addon that owns this tensor's device. */
   get backend(): BackendAddon { return backendOf(this.#device); }
+  /**
+   * A counter of in-place rewrites of this tensor's storage (shared by its views): optimizer steps,
+   * loadStateDict and checkpoint loads bump it (see {@link markModified}); autocast's weight-cast
+   * cache re-casts a weight whose version moved.
+   */
+  get version(): number { return this.storageRef.version; }
+  /** Records that this tensor's values were rewritten in place (bumps {@link version}). */
+  markModified(): void { this.storageRef.version++; }
 
   /** Releases the memory now. Idempotent. */
   dispose(): void {

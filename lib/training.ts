@@ -33,7 +33,11 @@ export interface TrainStepResult {
   gradNorm?: number;
 }
 
-/** Forward, backward, clip, update, zeroGrad; every intermediate tensor is released before it returns. */
+/**
+ * Forward, backward, clip, update, zeroGrad; every intermediate tensor is released before it returns.
+ * Inside nt.autocast({ dtype: 'bf16' }, ...) the forward and backward follow the autocast policy
+ * (parameters, gradients and the update stay f32).
+ */
 export function trainStep(model: LossModel, optimizer: Optimizer<{ lr: number }>, inputs: Tensor, targets: Tensor, opts: TrainStepOptions = {}): TrainStepResult {
   if (model === null || typeof model !== 'object' || typeof model.forward !== 'function' || typeof model.parameters !== 'function') {
     throw new ArgumentError('trainStep: model must have forward(inputs, targets) returning { loss } and parameters() (a GPT or another nn.Module)');

@@ -1,5 +1,6 @@
 // Activation recomputation: run a block without recording its graph, keep only its inputs, and
 // rebuild the graph in backward to get the gradients (trading compute for memory).
+import { autocast, autocastState } from '../amp.js';
 import { scope } from '../memory.js';
 import { defaultGenerator } from '../random.js';
 import { ArgumentError } from '../errors.js';
@@ -17,6 +18,10 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
   inputs.forEach((t, i) => checkTensor(t, 'checkpoint', `input ${i}`));
   if (!isGradEnabled()) return fn(...inputs);
   const offset = defaultGenerator.offsetBlocks;
+  // The re-run computes in the dtypes the forward did: it re-enters the forward's autocast state
+  // (backward may run outside the autocast region, or inside one the forward was not in).
+  const ac = autocastState();
+  const asForward = <T>(f: () => T): T => autocast(ac.enabled ? { dtype: ac.dtype!, enabled: true } : { enabled: false }, f);
   // Scopes release fn's intermediates at once, in the forward and in the re-run. The leaves fn's
   // ops see are the parameters the re-run will accumulate into (grad-ready hooks wait for them).
   const { result: out, leaves } = collectLeaves(() => noGrad(() => scope(() => fn(...inputs))));
@@ -30,7 +35,7 @@ export function checkpoint(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tenso
     defaultGenerator.offsetBlocks = offset;
     let y: Tensor;
     try {
-      y = fn(...xs);
+      y = asForward(() => fn(...xs));
       checkResult(y, xs);
     } finally {
       defaultGenerator.offsetBlocks = resume;

@@ -8,7 +8,7 @@ import { keep } from '../memory.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
-import { BackwardRegions, gradRegion, traceEnabled } from '../distributed/trace.js';
+import { BackwardRegions, gradRegion, traceEnabled } from '../observe/trace.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
@@ -273,6 +273,12 @@ function topoOrder(root: Node): Node[] {
 
 /** In-place a += b for same-shape tensors (the accumulation of gradients). */
 export function accumulateInto(a: Tensor, b: Tensor): void {
+  if (a.dtype !== b.dtype) {
+    // Every op hands back gradients in its inputs' dtypes; convert anything else rather than add raw bytes.
+    using c = b.to(a.dtype);
+    accumulateInto(a, c);
+    return;
+  }
   a.backend.binary(BINARY.add, a.storage, b.storage, a.storage, dtypeCode(a.dtype), new Int32Array([a.size]), new Int32Array([1]), new Int32Array([1]));
 }
 

@@ -20,8 +20,9 @@ import { ParallelTrainer } from '../parallel/trainer.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { Checkpointer, readManifest, stepDirName } from '../ckpt/checkpoint.js';
 import { gptConfigOf, selectConfigs } from './configs.js';
-import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
-import { expectPositionals } from '../cli/args.js';
+import { median } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 
 /** The layouts measured: ranks (processes) and ZeRO stage. `one`: a single process writes everything. */
 const LAYOUTS: Record<string, { ranks: number; zero: 0 | 3 }> = { one: { ranks: 1, zero: 0 }, dp2: { ranks: 2, zero: 0 }, zero3: { ranks: 2, zero: 3 } };

@@ -12,8 +12,8 @@ import { ArgumentError, UsageError } from '../errors.js';
 import * as dist from '../distributed/index.js';
 import type { ReduceOp } from '../distributed/index.js';
 import type { Tensor } from '../tensor.js';
-import { machineRecord, parseBytes, parseOptions, printTable, writeJson } from './util.js';
-import { expectPositionals } from '../cli/args.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseBytes, parseOptions } from '../cmdline/args.js';
 
 const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv'] as const;
 type BenchOp = (typeof OPS)[number];

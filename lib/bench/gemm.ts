@@ -8,8 +8,9 @@ import { join } from 'node:path';
 import { randn } from '../creation.js';
 import { blasKernelChoice, cpu, packageRoot } from '../native.js';
 import { add, gelu, matmul } from '../ops/index.js';
-import { machineRecord, parseOptions, printTable, timeIt, writeJson } from './util.js';
-import { expectPositionals } from '../cli/args.js';
+import { timeIt } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 import { info } from '../info.js';
 
 const SHAPES: [string, number, number, number][] = [

@@ -8,7 +8,8 @@ import { noGrad } from '../autograd/index.js';
 import { crossEntropy, linear, linearCrossEntropy, linearCrossEntropyChunkRows } from '../ops/index.js';
 import type { Tensor } from '../tensor.js';
 import { selectConfigs } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { parseOptions } from '../cmdline/args.js';
 
 const usage = `usage: nodetron bench head [--config tiny|small|all] [--rows 64,128,256,512,1024] [--rounds N (5)] [--json F]
   LM head + cross-entropy of the bench configs' shapes (N = batch·ctx rows, width C, vocabulary V):

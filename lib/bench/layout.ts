@@ -21,7 +21,8 @@ import type { CollectiveGroup } from '../distributed/group.js';
 import { ZeroOptimizer, zeroMemoryFormula, type ZeroMemoryBytes, type ZeroStage } from '../parallel/zero/optimizer.js';
 import type { Tensor } from '../tensor.js';
 import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, parseOptions, printTable, writeJson, type Options } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { parseOptions, type Options } from '../cmdline/args.js';
 
 /** The parallel layout a bench run asks for. */
 export interface BenchLayout { dp: number; tp: number; pp: number; zeroStages: number[] }

@@ -13,8 +13,9 @@ import { AdamW } from '../optim/adamw.js';
 import type { Tensor } from '../tensor.js';
 import { ArgumentError } from '../errors.js';
 import { info } from '../info.js';
-import { machineRecord, parseOptions, printTable, runTorchPeer, timeIt, TORCH_ALLOCATORS, writeJson } from './util.js';
-import { expectPositionals } from '../cli/args.js';
+import { runTorchPeer, timeIt, TORCH_ALLOCATORS } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 import { gptParameterCount } from '../train/progress.js';
 import { gptConfigOf, TRAIN_CONFIGS } from './configs.js';
 

@@ -14,7 +14,9 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ArgumentError } from '../errors.js';
 import { scriptCommand } from '../launch/workers.js';
-import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
+import { median } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { parseOptions } from '../cmdline/args.js';
 
 /** What one rank records, as epoch milliseconds. */
 interface RankTimes {

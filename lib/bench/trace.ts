@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { tensor } from '../creation.js';
 import { destroy } from '../distributed/init.js';
-import { cpuNowMs } from '../distributed/metrics.js';
+import { cpuNowMs } from '../observe/metrics.js';
 import { ArgumentError } from '../errors.js';
 import { cpu } from '../native.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
@@ -24,7 +24,9 @@ import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { slice } from '../ops/index.js';
 import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, median, parseOptions, printTable, writeJson } from './util.js';
+import { median } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { parseOptions } from '../cmdline/args.js';
 
 /** One launch: each rank's step times and its main thread's CPU time per step (ms, after warm-up). */
 interface RunResult { traced: boolean; stepMs: number[][]; cpuMs: number[][]; traceBytes?: number; traceEvents?: number }
@@ -74,7 +76,7 @@ async function rankMain(argv: string[]): Promise<number> {
  * Load inflates these too, but they bound what tracing can add to a step: events × cost.
  */
 async function microMain(): Promise<number> {
-  const { traceSpan, traceLayer, BackwardRegions, traceEnabled } = await import('../distributed/trace.js');
+  const { traceSpan, traceLayer, BackwardRegions, traceEnabled } = await import('../observe/trace.js');
   if (!traceEnabled) throw new ArgumentError('bench trace --micro: run with NODETRON_TRACE set');
   const per = (n: number, fn: () => void) => { fn(); const t = performance.now(); for (let i = 0; i < n; i++) fn(); return ((performance.now() - t) / n) * 1e6; };
   const n = 20_000;

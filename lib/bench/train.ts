@@ -19,8 +19,9 @@ import { trainStep } from '../training.js';
 import { gptFlopsPerToken } from '../train/progress.js';
 import { measureFmaPeak } from './gemm.js';
 import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
-import { machineRecord, median, parseOptions, printTable, runTorchPeer, TORCH_ALLOCATORS, writeJson } from './util.js';
-import { expectPositionals } from '../cli/args.js';
+import { median, runTorchPeer, TORCH_ALLOCATORS } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 
 
 interface Measurement { msPerStep: number; meanMsPerStep: number; tokensPerSec: number; peakStepBytes: number; loss: number; stepsMs: number[] }

@@ -1,12 +1,8 @@
-// Shared benchmark plumbing: option parsing, timing, tables, the JSON record every bench writes, and the
-// PyTorch peers' start (python3 with an allocator setting, one JSON line back).
+// Shared benchmark plumbing: timing and the PyTorch peers' start (python3 with an allocator setting, one
+// JSON line back). Option parsing, tables and the JSON record every bench writes are every command's:
+// lib/cmdline/args.ts and lib/cmdline/report.ts.
 import { spawnSync } from 'node:child_process';
-import { existsSync, writeFileSync } from 'node:fs';
-import { cpus, loadavg } from 'node:os';
-import { info } from '../info.js';
-
-// Option parsing is shared with every CLI command: lib/cli/args.ts.
-export { parseOptions, parseBytes, type Options, type ArgKind, type ArgSpec } from '../cli/args.js';
+import { existsSync } from 'node:fs';
 
 /** Seconds per call of fn: runs for at least minSeconds after warm-up, returns the median of rounds. */
 export function timeIt(fn: () => void, opts: { minSeconds?: number; rounds?: number; warmup?: number } = {}): number {
@@ -29,39 +25,6 @@ export function timeIt(fn: () => void, opts: { minSeconds?: number; rounds?: num
   }
   per.sort((a, b) => a - b);
   return per[Math.floor(per.length / 2)]!;
-}
-
-/** Prints rows as an aligned table under a header. */
-export function printTable(header: string[], rows: (string | number)[][], out: (s: string) => void = console.log): void {
-  const cells = [header, ...rows.map((r) => r.map(String))];
-  const widths = header.map((_, c) => Math.max(...cells.map((r) => (r[c] ?? '').length)));
-  for (const [i, r] of cells.entries()) {
-    out(r.map((x, c) => (c === 0 ? x.padEnd(widths[c]!) : x.padStart(widths[c]!))).join('  '));
-    if (i === 0) out(widths.map((w) => '-'.repeat(w)).join('  '));
-  }
-}
-
-/** The machine facts stamped into every benchmark's JSON. */
-export function machineRecord(): Record<string, unknown> {
-  const i = info();
-  return {
-    date: new Date().toISOString(),
-    nodetron: i.version,
-    node: i.node,
-    cpu: i.cpu.model,
-    cores: cpus().length,
-    blas: i.backends.cpu.blasConfig,
-    blasCoreType: i.backends.cpu.blasCoreType,
-    // 1, 5 and 15-minute load averages when the record was made: above the core count, other work shared the CPUs.
-    loadAverage: loadavg().map((l) => Number(l.toFixed(2))),
-  };
-}
-
-export function writeJson(path: string | undefined, record: unknown): void {
-  if (!path) return;
-  if (path === '-') { console.log(JSON.stringify(record, null, 2)); return; }
-  writeFileSync(path, `${JSON.stringify(record, null, 2)}\n`);
-  console.log(`wrote ${path}`);
 }
 
 /**

@@ -12,7 +12,7 @@
 // A load reads the manifest, verifies the files it needs (size, CRC-32) before touching any tensor,
 // and fills each local part from whichever saved parts cover its elements (lib/ckpt/intervals.ts),
 // so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
-import { traceSpan } from '../distributed/trace.js';
+import { traceSpan } from '../observe/trace.js';
 import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, mkdirSync, writeFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -21,15 +21,17 @@ import { ArgumentError, ShapeError, StateError, TimeoutError } from '../errors.j
 import { dtypeSize, type DType } from '../dtype.js';
 import { tensor } from '../creation.js';
 import { copyElements } from '../parallel/flat.js';
-import { valuesOf } from '../interop/gpt2.js';
+import { valuesOf } from '../io/tensor-bytes.js';
 import type { Module } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Generator } from '../random.js';
 import type { GradScaler, MasterWeights } from '../amp.js';
 import type { CollectiveGroup } from '../distributed/group.js';
+import { agree, agreeAll, agreementDevice, formatRanks } from '../distributed/agree.js';
 import { encodeHeader, SafetensorsFile, SAFETENSORS_DTYPE_OF, type SafetensorsDType } from '../io/safetensors.js';
 import { checkSplit, cover, coverageProblem, partIntervals, type Interval, type Source } from './intervals.js';
-import { plainState, type RankState, type StatePart } from './parts.js';
+import { plainState, trainerState, type RankState, type StatePart } from './parts.js';
+import type { TrainerHoldings } from '../parallel/trainer.js';
 import { FileWriter } from './writer.js';
 import type { TensorSplit } from '../nn/module.js';
 
@@ -43,11 +45,8 @@ export interface Stateful {
 
 /** A model that knows its own layout: ParallelTrainer (any TP × PP × DP × ZeRO layout). */
 export interface ShardedTrainingState {
-  /**
-   * This rank's training state as parts of global tensors; with `forLoad`, optimizer state is created where missing so
-   * it can be loaded into.
-   */
-  checkpointState(opts?: { forLoad?: boolean }): RankState;
+  /** What this rank holds of the training state (its model, optimizer or ZeRO shards, replicas): parts.ts's trainerState reads it. */
+  checkpointHoldings(): TrainerHoldings<{ lr: number }>;
   /** The group of all ranks taking part in the checkpoint (null in one process). */
   readonly world: CollectiveGroup | null;
 }
@@ -274,7 +273,12 @@ export class Checkpointer {
     // this one; the same collective agrees on the save's id.
     let saveId = '';
     try {
-      ({ failure, saveId } = await agreeOnSave(worldOf(items), failure, ++this.#saves, `checkpoint save of step ${step}: another rank's previous save failed`));
+      const world = worldOf(items), count = ++this.#saves;
+      const { max: [a, b] } = await agreeAll(world, failure, {
+        failedElsewhere: (ranks) => new StateError(`checkpoint save of step ${step}: the previous save failed on ${ranks} (see the error there); every rank stops`),
+        values: saveIdDraws(world),
+      });
+      saveId = `${count}-${a!.toString(36)}${b!.toString(36)}`;
     } catch (e) { failure ??= e as Error; }
     if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;
@@ -372,15 +376,16 @@ export class Checkpointer {
     let failure: Error | null = null;
     try { await this.wait(); } catch (e) { failure = e as Error; }
     await this.#deleting; // recoverAsideCopies below removes .deleted-* directories this checkpointer may still be deleting
-    failure = await agreeOnFailure(world, failure, 'checkpoint loadLatest: another rank\'s last save failed');
-    if (failure) throw failure;
+    await agreeAll(world, failure, {
+      failedElsewhere: (ranks) => new StateError(`checkpoint loadLatest: the last save failed on ${ranks} (see the error there); every rank stops`),
+    });
     // Rank 0 chooses each candidate, newest first (its save has committed; another rank may list
     // before the last commit lands), so every rank tries the same step.
     const candidates = !multi || world.rank === 0 ? (recoverAsideCopies(this.root), this.list()) : [];
     for (let i = 0; ; i++) {
       let step = i < candidates.length ? candidates[i]!.step : -1;
       if (multi) {
-        using t = tensor(new Int32Array([step]), [1], { dtype: 'i32', device: commDevice(world) });
+        using t = tensor(new Int32Array([step]), [1], { dtype: 'i32', device: agreementDevice(world) });
         await world.broadcast(t, { root: 0 });
         step = t.item();
       }
@@ -395,9 +400,10 @@ export class Checkpointer {
         code = e instanceof DamagedCheckpointError ? 1 : 2;
       }
       if (multi) {
-        const worst = await agreeWorst(world, code);
-        if (worst === 2 && code !== 2) throw new StateError(`checkpoint ${dir}: another rank could not load it (see its error); every rank stops`);
-        if (worst === 1 && code === 0) { problem = new DamagedCheckpointError(`${dir}: another rank found it damaged`); code = 1; }
+        // Ranks that cannot load it fail; a rank that found it damaged says so in the same collective.
+        const { failed, max: [damaged] } = await agree(world, code === 2, { values: [code === 1 ? 1 : 0] });
+        if (failed.length > 0 && code !== 2) throw new StateError(`checkpoint ${dir}: ${formatRanks(failed)} could not load it (see the error there); every rank stops`);
+        if (damaged === 1 && code === 0) { problem = new DamagedCheckpointError(`${dir}: another rank found it damaged`); code = 1; }
       }
       if (code === 0) return result;
       if (code === 2) throw problem!;
@@ -509,7 +515,7 @@ export function readTensor(dir: string, key: string): {
 function checkItems(items: CheckpointItems): void {
   if (items === null || typeof items !== 'object') throw new ArgumentError(`checkpoint: items must be an object like { model, optimizer, ... }, got ${items === null ? 'null' : typeof items}`);
   const m = items.model as unknown;
-  if (m === null || typeof m !== 'object' || (typeof (m as Partial<ShardedTrainingState>).checkpointState !== 'function' && typeof (m as Partial<Module>).namedParameters !== 'function')) {
+  if (m === null || typeof m !== 'object' || (typeof (m as Partial<ShardedTrainingState>).checkpointHoldings !== 'function' && typeof (m as Partial<Module>).namedParameters !== 'function')) {
     throw new ArgumentError('checkpoint: items.model must be a Module (e.g. a GPT) or a ParallelTrainer');
   }
 }
@@ -517,15 +523,15 @@ function checkItems(items: CheckpointItems): void {
 function worldOf(items: CheckpointItems): CollectiveGroup | null {
   checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
-  return typeof m.checkpointState === 'function' ? (m.world ?? null) : null;
+  return typeof m.checkpointHoldings === 'function' ? (m.world ?? null) : null;
 }
 
 function rankState(items: CheckpointItems, forLoad: boolean): RankState {
   checkItems(items);
   const m = items.model as Partial<ShardedTrainingState>;
-  if (typeof m.checkpointState === 'function') {
+  if (typeof m.checkpointHoldings === 'function') {
     if (items.optimizer) throw new ArgumentError('checkpoint: a trainer brings its own optimizer; pass optimizer only with a Module');
-    return m.checkpointState({ forLoad });
+    return trainerState(m.checkpointHoldings!(), { forLoad });
   }
   return plainState(items.model as Module, items.optimizer ?? null, { forLoad });
 }
@@ -541,46 +547,14 @@ function sharedState(items: CheckpointItems, state: RankState): Pick<Manifest, '
   };
 }
 
-/** The element-wise largest of every rank's values (a max allReduce; in one process, the values). */
-async function agreeMax(world: CollectiveGroup | null, values: number[]): Promise<Float32Array> {
-  const out = new Float32Array(values);
-  if (world && world.size > 1) {
-    using t = tensor(out, [out.length], { device: commDevice(world) });
-    await world.allReduce(t, { op: 'max' });
-    out.set(t.toArraySync());
-  }
-  return out;
-}
-
-/** The largest of every rank's code (a max allReduce). */
-async function agreeWorst(world: CollectiveGroup, code: number): Promise<number> {
-  return (await agreeMax(world, [code]))[0]!;
-}
-
-/** This rank's own error, else a StateError (`what`) when the worst code says another rank failed, else null. */
-function failureOf(failure: Error | null, worst: number, what: string): Error | null {
-  return failure ?? (worst === 2 ? new StateError(`${what} (see its error); every rank stops`) : null);
-}
-
 /**
- * Every rank learns whether any rank failed: this rank's own error, a StateError (`what`) when only
- * another rank's failed, or null. In one process, `failure` as it is.
+ * A save's id, the same on every rank: rank 0's two random 24-bit draws (the others pass 0) are
+ * max-reduced in the agreement that starts the save, so the id keeps all 48 random bits at any world
+ * size and a rank's leftovers from a crashed save are never mistaken for this one's.
  */
-async function agreeOnFailure(world: CollectiveGroup | null, failure: Error | null, what: string): Promise<Error | null> {
-  if (!world || world.size === 1) return failure;
-  return failureOf(failure, await agreeWorst(world, failure ? 2 : 0), what);
-}
-
-/**
- * agreeOnFailure and the save's id in one collective (a max allReduce of the failure code and rank 0's
- * two random 24-bit draws, exact in f32): the id is the same on every rank, so a rank's
- * leftovers from a crashed save are never mistaken for this one's.
- */
-async function agreeOnSave(world: CollectiveGroup | null, failure: Error | null, count: number, what: string): Promise<{ failure: Error | null; saveId: string }> {
-  // Rank 0's draws (the others send 0), so the id keeps all 48 random bits at any world size.
+function saveIdDraws(world: CollectiveGroup | null): number[] {
   const draw = () => (world && world.rank !== 0 ? 0 : Math.floor(Math.random() * 2 ** 24));
-  const [worst, a, b] = await agreeMax(world, [failure ? 2 : 0, draw(), draw()]);
-  return { failure: failureOf(failure, worst!, what), saveId: `${count}-${a!.toString(36)}${b!.toString(36)}` };
+  return [draw(), draw()];
 }
 
 /**
@@ -596,12 +570,6 @@ function recoverAsideCopies(root: string): void {
     if (!m || existsSync(join(root, m[1]!)) || !existsSync(join(root, name, MANIFEST))) continue;
     try { renameSync(join(root, name), join(root, m[1]!)); } catch { /* another process got there first */ }
   }
-}
-
-/** A device the group communicates on (cpu when it can: an NCCL-only group takes cuda tensors). */
-function commDevice(group: CollectiveGroup): string {
-  const devices = (group as { devices?: string[] }).devices;
-  return !devices || devices.includes('cpu') ? 'cpu' : devices[0]!;
 }
 
 function writeJsonDurably(path: string, value: unknown): void {
@@ -820,6 +788,7 @@ function readCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
 /** Writes a part's bytes (saved as `dtype`) into its tensor, converting when the dtypes differ. */
 function writePart(part: StatePart, host: Uint8Array, dtype: SafetensorsDType, dir: string): void {
   const t = part.tensor;
+  t.markModified();
   if (NT_DTYPE_OF[dtype] === t.dtype) {
     t.backend.write(t.storage, part.offset * dtypeSize(t.dtype), host);
     return;

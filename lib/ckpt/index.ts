@@ -5,5 +5,5 @@ export {
   type CheckpointItems, type CheckpointerOptions, type Manifest, type ManifestTensor, type ManifestPart, type SaveResult, type LoadResult,
   type Stateful, type ShardedTrainingState,
 } from './checkpoint.js';
-export { plainState, zeroState, type StatePart, type RankState, type StepCounter } from './parts.js';
+export { plainState, zeroState, trainerState, type StatePart, type RankState, type StepCounter } from './parts.js';
 export { partIntervals, coverageProblem, localShape, type Interval, type PartSpec } from './intervals.js';

@@ -10,6 +10,7 @@ import type { Module, Parameter, TensorSplit } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Tensor } from '../tensor.js';
 import type { LocalChunk } from '../parallel/zero/chunks.js';
+import type { TrainerHoldings } from '../parallel/trainer.js';
 
 /** `count` elements at `offset` of `tensor` are elements [start, start + count) of the (split) global tensor `key`. */
 export interface StatePart {
@@ -139,4 +140,14 @@ export function zeroState(model: Module, zero: { stage: number; inner: Optimizer
     for (const [p, name] of names) parts.push({ key: `model/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: false });
   }
   return { parts, steps, optimizer: inner };
+}
+
+/**
+ * The training state of one rank of a trainer, from what it says it holds (ParallelTrainer.checkpointHoldings):
+ * ZeRO's chunks, or the whole parameters and optimizer state with this rank's share of the replicas'.
+ */
+export function trainerState(holdings: TrainerHoldings<{ lr: number }>, opts: { forLoad?: boolean } = {}): RankState {
+  const skip = holdings.savedElsewhere;
+  if (holdings.zero) return zeroState(holdings.model, holdings.zero, { skip, ...opts });
+  return plainState(holdings.model, holdings.optimizer, { skip, ...(holdings.replica ? { share: holdings.replica } : {}), ...opts });
 }

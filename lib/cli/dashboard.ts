@@ -1,5 +1,5 @@
 // `nodetron dashboard [DIR] [--port P]`: a small web page over the per-step metrics a job writes
-// (NODETRON_TRACE=DIR or NODETRON_METRICS=DIR; lib/distributed/metrics.ts), live while the job runs
+// (NODETRON_TRACE=DIR or NODETRON_METRICS=DIR; lib/observe/metrics.ts), live while the job runs
 // (the page polls) or afterwards: loss and throughput curves, a rank × step heat-map of compute time
 // with the slowest ranks named by their straggler score, memory per rank. node:http only; the page
 // is one self-contained HTML document (inline script and SVG, nothing fetched from elsewhere) that
@@ -9,8 +9,8 @@ import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { ArgumentError, UsageError } from '../errors.js';
-import { expectPositionals, parseOptions } from './args.js';
-import { METRIC_LABEL, readMetrics, stragglerScores, type StepMetrics, type StragglerMetric, type StragglerReport } from '../distributed/metrics.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
+import { METRIC_LABEL, readMetrics, stragglerScores, type StepMetrics, type StragglerMetric, type StragglerReport } from '../observe/metrics.js';
 
 /** What the page shows (also the JSON of /api/data). */
 export interface DashboardData {

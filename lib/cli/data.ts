@@ -1,7 +1,7 @@
 // `nodetron data tokenize <files or directories> --out DIR`: GPT-2 token shards in llm.c's format,
 // with a progress line and a summary.
 import { UsageError } from '../errors.js';
-import { parseOptions } from './args.js';
+import { parseOptions } from '../cmdline/args.js';
 import { tokenize } from '../data/tokenize.js';
 
 const usage = `usage: nodetron data tokenize <.txt/.jsonl files or directories...> --out DIR [options]

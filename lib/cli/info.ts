@@ -1,6 +1,6 @@
 // `nodetron info [--json]`: what this installation can do, and why not where it cannot.
 import { info } from '../info.js';
-import { expectPositionals, parseOptions } from './args.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 
 /** `nodetron info [--json]`; returns the exit code. */
 export async function main(argv: string[]): Promise<number> {

@@ -2,8 +2,8 @@
 // step time, the launch command), and `--calibrate`: predicted against measured peak memory on this machine.
 import { cpus } from 'node:os';
 import { ArgumentError, UsageError } from '../errors.js';
-import { printTable, writeJson, machineRecord } from '../bench/util.js';
-import { expectPositionals, parseBytes, parseOptions } from './args.js';
+import { printTable, writeJson, machineRecord } from '../cmdline/report.js';
+import { expectPositionals, parseBytes, parseOptions } from '../cmdline/args.js';
 import { matmul } from '../ops/index.js';
 import { randn } from '../creation.js';
 import { scope } from '../memory.js';

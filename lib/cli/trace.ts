@@ -1,15 +1,15 @@
 // `nodetron trace merge DIR [--out F]`: joins the per-rank traces NODETRON_TRACE=DIR wrote
-// (lib/distributed/trace.ts) into one Chrome trace-event file for Perfetto / chrome://tracing, each
+// (lib/observe/trace.ts) into one Chrome trace-event file for Perfetto / chrome://tracing, each
 // rank shifted by the clock offset it measured at init, one process per rank, named tracks.
 // `nodetron trace stragglers DIR`: the straggler score of every rank from the per-step metrics the
-// job wrote there (lib/distributed/metrics.ts), as a table.
+// job wrote there (lib/observe/metrics.ts), as a table.
 import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { existsSync, statSync } from 'node:fs';
-import { TRACKS } from '../distributed/trace.js';
-import { formatStragglers, readMetrics, stragglerScores, type StragglerOptions } from '../distributed/metrics.js';
+import { TRACKS } from '../observe/trace.js';
+import { formatStragglers, readMetrics, stragglerScores, type StragglerOptions } from '../observe/metrics.js';
 import { ArgumentError, UsageError } from '../errors.js';
-import { expectPositionals, parseOptions } from './args.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
 
 interface RankTrace {
   traceEvents: Array<{ ts: number; pid: number; tid: number; ph: string; [k: string]: unknown }>;

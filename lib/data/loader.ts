@@ -12,7 +12,7 @@ import { tensor } from '../creation.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { parseDevice } from '../device.js';
 import type { CollectiveGroup } from '../distributed/group.js';
-import { traceSpan } from '../distributed/trace.js';
+import { traceSpan } from '../observe/trace.js';
 import { TokenShard } from './shards.js';
 
 /** Options of {@link TokenLoader}. */

@@ -12,7 +12,7 @@ import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CommError, TimeoutError } from '../errors.js';
-import { setTraceCoords, traceEnabled, traceOp } from './trace.js';
+import { setTraceCoords, traceEnabled, traceOp } from '../observe/trace.js';
 
 export type FlightState = 'issued' | 'started' | 'completed' | 'failed';
 

@@ -80,6 +80,8 @@ export interface CollectiveGroup {
   readonly ranks: readonly number[];
   /** The group's name (in error messages). */
   readonly name: string;
+  /** The devices it communicates on ('cpu', 'cuda:0'); absent for host groups, which communicate on cpu. */
+  readonly devices?: readonly string[];
   /** In place: every member's `t` becomes the reduction of all members' `t`. */
   allReduce(t: Tensor, opts?: { op?: ReduceOp }): CollectiveWork;
   /** `out` (size·n elements) receives every member's `input` (n elements), in rank order. */

@@ -7,6 +7,7 @@ export {
   ProcessGroup, NonMemberGroup, type Group, type CollectiveGroup, type CollectiveWork, type WorldGroup, type CollectiveOptions, type ReduceOptions, type AllReduceOptions, type RootOptions, type P2POptions,
 } from './group.js';
 export { Work } from './work.js';
+export { agree, agreeAll, agreeMax, agreementDevice, formatRanks, rangeAcrossRanks, settingsDigest, type Agreement, type AgreeAllOptions } from './agree.js';
 export { REDUCE_OP_CODES, type ReduceOp } from './collectives.js';
 export { type CommBackend, type CommPromise, type GlooEndpoint, createGlooBackend } from './backend.js';
 export {
@@ -16,5 +17,5 @@ export { verifyCollective, describeCollective, type CollectiveDescription } from
 export {
   recordStepMetrics, readMetrics, stragglerScores, formatStragglers, METRICS_DIR, metricsEnabled,
   type StepMetrics, type StragglerOptions, type StragglerReport, type RankScore, type StragglerMetric,
-} from './metrics.js';
+} from '../observe/metrics.js';
 export { selfCheck, type SelfCheckOptions, type SelfCheckReport, type SelfCheckLink, type SelfCheckRank } from './self-check.js';

@@ -8,7 +8,7 @@ import { type CommBackend, createGlooBackend } from './backend.js';
 import { HostStagedBackend } from './host-staging.js';
 import { createNcclBackend, loadNcclAddon, ncclUsableDevices, nvidiaDeviceNodePresent } from './nccl-backend.js';
 import { installFlightSignal } from './flight.js';
-import { alignTraceClock, traceEnabled } from './trace.js';
+import { alignTraceClock, traceEnabled } from '../observe/trace.js';
 import { selfCheckFromEnv } from './self-check.js';
 import { checkLayout } from './cluster-env.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';

@@ -14,7 +14,7 @@ import { zeros } from '../creation.js';
 import { ArgumentError, CommError } from '../errors.js';
 import type { Store } from './store-api.js';
 import type { ProcessGroup } from './group.js';
-import { debugSlowdown, lowerMedian } from './metrics.js';
+import { debugSlowdown, lowerMedian } from '../observe/metrics.js';
 
 /** Options of {@link selfCheck}. */
 export interface SelfCheckOptions {

@@ -1,15 +1,12 @@
 // What the Hugging Face and llm.c converters share: the check that a nodetron GPT is a plain GPT-2
-// (the one model both formats describe), the names and shapes of its parameters for a config, moves
-// of raw bytes between parameters and files (dtype casts on the parameter's device, host-side
-// transposes), and files written under a temporary name and renamed into place.
+// (the one model both formats describe), the names and shapes of its parameters for a config, host-side
+// transposes of raw bytes, and files written under a temporary name and renamed into place. Moves of
+// bytes between parameters and files (dtype casts on the parameter's device) are lib/io/tensor-bytes.ts.
 import { openSync, readSync, renameSync, rmSync } from 'node:fs';
-import { parseDevice } from '../device.js';
-import { type DType, dtypeSize } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import type { Parameter } from '../nn/module.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { emptyOn, type Tensor } from '../tensor.js';
 
 /** The LayerNorm epsilon of nodetron's GPT (and of GPT-2). */
 export const GPT2_LAYER_NORM_EPS = 1e-5;
@@ -65,40 +62,6 @@ export function checkGPT2(model: unknown, call: string): Map<string, Parameter> 
     throw new ArgumentError(`${call}: the model is not a whole GPT-2 (${problems.join('; ')}); a tensor- or vocabulary-parallel model holds slices: build one with the default layouts and load the full state dict into it`);
   }
   return new Map(model.namedParameters());
-}
-
-/** A tensor's bytes in `dtype` (cast on its device when it holds another), copied to the host. */
-export function bytesOf(t: Tensor, dtype: DType): Uint8Array {
-  const src = t.dtype === dtype ? t : t.to({ dtype });
-  try {
-    const out = new Uint8Array(src.nbytes);
-    src.backend.read(src.storage, 0, out);
-    return out;
-  } finally {
-    if (src !== t) src.dispose();
-  }
-}
-
-/** Overwrites a parameter with `bytes` holding its elements as `dtype` (cast on its device when that differs from its own). */
-export function loadBytes(p: Tensor, bytes: Uint8Array, dtype: DType): void {
-  if (bytes.byteLength !== p.size * dtypeSize(dtype)) {
-    throw new StateError(`loadBytes: ${bytes.byteLength} bytes do not hold ${fmtShape(p.shape)} ${dtype}`);
-  }
-  if (dtype === p.dtype) {
-    p.backend.write(p.storage, 0, bytes);
-    return;
-  }
-  using staged = emptyOn(p.shape, dtype, p.deviceInfo);
-  staged.backend.write(staged.storage, 0, bytes);
-  using cast = staged.to({ dtype: p.dtype });
-  p.backend.copy(p.storage, 0, cast.storage, 0, p.nbytes);
-}
-
-/** The elements of `bytes` (of `dtype`, on the host) as f32 values. */
-export function valuesOf(bytes: Uint8Array, shape: readonly number[], dtype: DType): Float32Array {
-  using t = emptyOn(shape, dtype, parseDevice('cpu'));
-  t.backend.write(t.storage, 0, bytes);
-  return t.toArraySync() as Float32Array;
 }
 
 /** The row-major [cols, rows] transpose of a [rows, cols] matrix of elemSize-byte elements. */

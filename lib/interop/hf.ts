@@ -13,7 +13,8 @@ import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js'
 import { SafetensorsFile, type SafetensorsDType, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { bytesOf, checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, loadBytes, transposeBytes, valuesOf, writeAtomically } from './gpt2.js';
+import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically } from './gpt2.js';
+import { bytesOf, loadBytes, valuesOf } from '../io/tensor-bytes.js';
 
 /** The dtypes a Hugging Face export can hold. */
 export type HFDType = 'f32' | 'bf16' | 'f16';

@@ -10,7 +10,8 @@ import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { writeAll } from '../io/files.js';
 import { GPT, type GPTConfig, padVocab } from '../nn/gpt.js';
-import { BLOCK_PARAMS, blockParamShape, bytesOf, checkGPT2, loadBytes, openForRead, readAt, writeAtomically } from './gpt2.js';
+import { BLOCK_PARAMS, blockParamShape, checkGPT2, openForRead, readAt, writeAtomically } from './gpt2.js';
+import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
 
 /** header[0] of an llm.c model file. */
 export const LLMC_MAGIC = 20240326;

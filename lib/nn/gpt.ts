@@ -14,7 +14,7 @@ import { checkTensor, type Tensor } from '../tensor.js';
 import { constant, normal } from './init.js';
 import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
-import { traceLayer } from '../distributed/trace.js';
+import { traceLayer } from '../observe/trace.js';
 
 /** The shape and options of a GPT model. */
 export interface GPTConfig {

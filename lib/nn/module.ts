@@ -135,6 +135,7 @@ export abstract class Module {
         using conv = src.to({ dtype: p.dtype, device: p.device });
         p.backend.copy(p.storage, 0, conv.storage, 0, p.nbytes);
       }
+      p.markModified();
     }
     return { missing, unexpected };
   }

@@ -6,6 +6,7 @@ import { checkGenerator, defaultGenerator, DRAW, Generator } from '../random.js'
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { BINARY, UNARY } from '../kernel-codes.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { binaryRaw } from './elementwise.js';
 import { transpose } from './shape.js';
@@ -25,6 +26,8 @@ export function gelu(x: Tensor): Tensor {
 }
 
 function softmaxLike(call: string, x: Tensor, dim: number, log: boolean): Tensor {
+  const cast = autocastRun(call, [x] as const, (x2) => softmaxLike(call, x2, dim, log));
+  if (cast) return cast;
   checkFloats(call, { x });
   const d = normDim(dim, x.ndim, call);
   if (x.ndim > 0 && d !== x.ndim - 1) {

@@ -13,6 +13,7 @@ import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 
 /** Options of {@link attention}. */
@@ -71,6 +72,8 @@ function flashBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, g: Tensor, 
  * the per-row log-sum-exp for backward (O(T) memory), never the T×T probabilities.
  */
 export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): Tensor {
+  const cast = autocastRun('attention', [q, k, v] as const, (q2, k2, v2) => attention(q2, k2, v2, opts));
+  if (cast) return cast;
   checkFloats('attention', { q, k, v });
   checkOptions('attention', opts, { causal: 'boolean', window: 'integer', scale: 'number' });
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new ShapeError(`attention: q, k, v must be [B, H, T, D], got ${fmtShape(q.shape)}, ${fmtShape(k.shape)}, ${fmtShape(v.shape)}`);
@@ -177,6 +180,8 @@ function move4(packed: Tensor, dense: Tensor, shape: readonly number[], packedSt
  * and add up).
  */
 export function attentionPacked(qkv: Tensor, heads: number, opts: AttentionOptions = {}): Tensor {
+  const cast = autocastRun('attention', [qkv] as const, (qkv2) => attentionPacked(qkv2, heads, opts));
+  if (cast) return cast;
   checkFloats('attentionPacked', { qkv });
   if (!Number.isInteger(heads) || heads < 1) throw new ArgumentError(`attentionPacked: heads must be a positive integer, got ${heads}`);
   if (qkv.ndim !== 3 || qkv.shape[2]! % (3 * heads) !== 0) {

@@ -3,8 +3,10 @@
 import { needsGrad, record, save } from '../autograd/engine.js';
 import { ArgumentError } from '../errors.js';
 import { broadcastShapes, sameShape } from '../shape.js';
-import type { Tensor } from '../tensor.js';
+import { Tensor } from '../tensor.js';
+import { isFloating } from '../dtype.js';
 import { BINARY, UNARY, type UnaryName } from '../kernel-codes.js';
+import { autocastRun, promoteTypes, runCast } from './autocast.js';
 import { checkFloats, code, contiguousStrides, emptyLike } from './common.js';
 
 /** A tensor or a number (numbers broadcast as scalars of the tensor's dtype). */
@@ -68,6 +70,8 @@ export function sumTo(g: Tensor, shape: readonly number[]): Tensor {
 }
 
 function unaryOp(name: string, op: UnaryName, x: Tensor, p: number, saveInput: boolean, saveOutput: boolean): Tensor {
+  const cast = autocastRun(name, [x] as const, (x2) => unaryOp(name, op, x2, p, saveInput, saveOutput));
+  if (cast) return cast;
   checkFloats(name, { x });
   if (!Number.isFinite(p)) throw new ArgumentError(`${name}: the scalar must be a finite number, got ${p}`);
   const out = unaryRaw(op, x, p);
@@ -88,6 +92,12 @@ function asTensorPair(call: string, a: Operand, b: Operand): void {
 }
 
 function binaryOp(call: string, op: number, a: Tensor, b: Tensor): Tensor {
+  // Floating operands of two dtypes compute in the wider one (PyTorch's promotion): under autocast a
+  // bf16 branch meets the f32 residual stream. The cast is differentiable, so each gradient comes
+  // back in its operand's dtype.
+  if (a instanceof Tensor && b instanceof Tensor && !a.disposed && !b.disposed && a.dtype !== b.dtype && isFloating(a.dtype) && isFloating(b.dtype)) {
+    return runCast(promoteTypes(a.dtype, b.dtype), [a, b] as const, (a2, b2) => binaryOp(call, op, a2, b2));
+  }
   checkFloats(call, { a, b });
   const out = binaryRaw(op, a, b, call);
   if (!needsGrad(a, b)) return out;

@@ -14,6 +14,7 @@ export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activ
 export { layerNorm, rmsNorm, addLayerNorm, type AddLayerNormResult } from './norm.js';
 export { attention, attentionPacked, type AttentionOptions } from './attention.js';
 export { embedding } from './embedding.js';
+export { cast } from './autocast.js';
 export { crossEntropy, type CrossEntropyOptions } from './loss.js';
 export { linearCrossEntropy, linearCrossEntropyChunkRows, LINEAR_CE_CHUNK_BYTES, type LinearCrossEntropyOptions } from './linear-cross-entropy.js';
 export { reshape, view, squeeze, unsqueeze, permute, transpose, slice, split, chunk, cat } from './shape.js';

@@ -5,11 +5,13 @@
 // which backward applies). The vocabulary-parallel head (lib/parallel/tensor-parallel/vocab.ts) runs
 // the same loop with its own per-chunk rule, which combines the rows' statistics across its group.
 import { alias, needsGrad, own, record } from '../autograd/engine.js';
-import { dtypeCode, dtypeSize } from '../dtype.js';
+import { type DType, dtypeCode, dtypeSize, isFloating } from '../dtype.js';
+import { autocastDtypeFor } from '../amp.js';
+import { runCast } from './autocast.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import { BINARY } from '../kernel-codes.js';
-import { emptyOn, type Tensor } from '../tensor.js';
+import { emptyOn, Tensor } from '../tensor.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 import { checkLossInputs, checkLossOptions, countTargets, type CrossEntropyOptions } from './loss.js';
 
@@ -87,7 +89,7 @@ function gemm(c: Tensor, a: Tensor, b: Tensor, m: number, n: number, k: number, 
  * a second backward through the same graph throws AutogradError.
  */
 export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tensor | null, extra: readonly Tensor[], rule: HeadChunkRule,
-  reduction: 'mean' | 'sum', chunkRows?: number): Tensor {
+  reduction: 'mean' | 'sum', chunkRows?: number, lossDtype: DType = x.dtype): Tensor {
   const call = rule.call;
   const [N, C] = x.shape as [number, number];
   const V = weight.shape[0]!;
@@ -170,7 +172,7 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
     for (const t of temps) t.dispose();
   }
   const value = reduction === 'sum' ? total : total / rule.counted;
-  const out = emptyLike(x, []);
+  const out = emptyLike(x, [], lossDtype);
   out.backend.fill(out.storage, code(out), 1, value);
   if (!grad) return out;
   const saved = [dx, dw, db].filter((t): t is Tensor => t !== null).map((t) => own(t));
@@ -240,6 +242,22 @@ export function checkHeadOptions(call: string, opts: LinearCrossEntropyOptions):
  */
 export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, opts: LinearCrossEntropyOptions = {}): Tensor {
   const call = 'linearCrossEntropy';
+  // Under autocast the GEMMs run in the low dtype (f32 accumulation) and the loss comes out in f32,
+  // as linear in bf16 followed by crossEntropy (an f32 op) would give it.
+  const low = autocastDtypeFor(call);
+  if (low !== undefined) {
+    const bias0 = opts.bias ?? null;
+    const cast = (t: unknown) => t instanceof Tensor && !t.disposed && isFloating(t.dtype) && t.dtype !== low;
+    if (cast(x) || cast(weight) || cast(bias0)) {
+      return runCast(low, [x, weight, bias0] as const, (x2, w2, b2) => linearCrossEntropyIn(x2, w2, targets, { ...opts, bias: b2 }, 'f32'));
+    }
+    return linearCrossEntropyIn(x, weight, targets, opts, 'f32');
+  }
+  return linearCrossEntropyIn(x, weight, targets, opts, undefined);
+}
+
+function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: LinearCrossEntropyOptions, lossDtype: DType | undefined): Tensor {
+  const call = 'linearCrossEntropy';
   [x, targets] = flattenRows(call, x, targets);
   const { n, v } = checkHeadShapes(call, x, weight, targets);
   const { reduction, ignoreIndex, chunkRows } = checkHeadOptions(call, opts);
@@ -268,5 +286,5 @@ export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, o
       }
     },
   };
-  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows);
+  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows, lossDtype ?? x.dtype);
 }

@@ -5,6 +5,7 @@ import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 
 /** Options of {@link crossEntropy}. */
@@ -60,6 +61,8 @@ export function countTargets(call: string, targets: ArrayLike<number>, ignoreInd
  * reduced to a scalar. Never materializes the probability matrix apart from the gradient itself.
  */
 export function crossEntropy(logits: Tensor, targets: Tensor, opts: CrossEntropyOptions = {}): Tensor {
+  const cast = autocastRun('crossEntropy', [logits] as const, (l2) => crossEntropy(l2, targets, opts));
+  if (cast) return cast;
   const V = checkLossInputs('crossEntropy', 'logits', 'V', logits, targets);
   const { reduction, ignoreIndex } = checkLossOptions('crossEntropy', opts);
   const N = targets.size;

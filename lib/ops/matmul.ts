@@ -2,9 +2,10 @@
 // cuBLASLt), and linear(x, W, b) = x·Wᵀ + b in PyTorch's weight layout.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { dtypeCode } from '../dtype.js';
-import { ShapeError } from '../errors.js';
+import { DTypeError, ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { sumTo } from './elementwise.js';
 
@@ -73,6 +74,9 @@ export function planMatmul(aShape: readonly number[], bShape: readonly number[],
 /** One native GEMM: C[b] = alpha·op(A[b])·op(B[b]) + beta·C[b] with element batch strides. */
 function gemm(c: Tensor, a: Tensor, b: Tensor, batch: number, m: number, n: number, k: number, transA: boolean, transB: boolean,
   strideA: number, strideB: number, strideC: number, alpha = 1, beta = 0): void {
+  // The kernel reads all three storages as one dtype: a mix (an op's backward handed a gradient of
+  // another dtype than its saved inputs) would be read as garbage, so it is an error here.
+  if (a.dtype !== b.dtype || a.dtype !== c.dtype) throw new DTypeError(`matmul: GEMM operands of different dtypes (${a.dtype}, ${b.dtype} into ${c.dtype})`);
   a.backend.gemm(a.storage, b.storage, c.storage, dtypeCode(a.dtype), batch, m, n, k, transA, transB, alpha, beta, strideA, strideB, strideC);
 }
 
@@ -128,6 +132,8 @@ const MATMUL_OPTIONS = { transA: 'boolean', transB: 'boolean', alpha: 'number' }
 
 /** Matrix product a @ b (2-D, batched, or with a shared operand; optional transposes and scale). */
 export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
+  const cast = autocastRun('matmul', [a, b] as const, (a2, b2) => matmul(a2, b2, opts));
+  if (cast) return cast;
   const out = matmulForward(a, b, opts);
   if (!needsGrad(a, b)) return out;
   const transA = !!opts.transA, transB = !!opts.transB, alpha = opts.alpha ?? 1;
@@ -152,6 +158,8 @@ function checkLinear(call: string, x: Tensor, weight: Tensor, bias: Tensor | nul
 
 /** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linear(x2, w2, b2));
+  if (cast) return cast;
   const outF = checkLinear('linear', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
   const out = emptyLike(x, plan.outShape);
@@ -180,6 +188,8 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
  * Equals `gelu(linear(x, weight, bias))` up to rounding; weight [out, in], bias [out], x [..., in].
  */
 export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linearGelu(x2, w2, b2));
+  if (cast) return cast;
   const outF = checkLinear('linearGelu', x, weight, bias);
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linearGelu');
   const pre = emptyLike(x, plan.outShape);

@@ -3,6 +3,7 @@ import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape, sameShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
+import { autocastRun } from './autocast.js';
 import { checkFloats, code, emptyLike } from './common.js';
 
 function checkNorm(call: string, x: Tensor, weight: Tensor, bias: Tensor | null | undefined, eps: number): number {
@@ -17,6 +18,8 @@ function checkNorm(call: string, x: Tensor, weight: Tensor, bias: Tensor | null 
 
 /** (x − mean)/√(var + eps)·weight + bias over the last dimension (biased variance, as PyTorch). */
 export function layerNorm(x: Tensor, weight: Tensor, bias?: Tensor | null, eps = 1e-5): Tensor {
+  const cast = autocastRun('layerNorm', [x, weight, bias] as const, (x2, w2, b2) => layerNorm(x2, w2, b2, eps));
+  if (cast) return cast;
   const cols = checkNorm('layerNorm', x, weight, bias, eps);
   const rows = cols === 0 ? 0 : x.size / cols;
   const out = emptyLike(x);
@@ -45,6 +48,9 @@ export interface AddLayerNormResult {
  * Gradients flow as through the two ops (the norm's backward reads the stored sum).
  */
 export function addLayerNorm(x: Tensor, residual: Tensor, weight: Tensor, bias?: Tensor | null, eps = 1e-5): AddLayerNormResult {
+  // Under autocast the sum and the norm run in f32 (the norm is an f32 op; the residual stream stays f32).
+  const cast = autocastRun('layerNorm', [x, residual, weight, bias] as const, (x2, r2, w2, b2) => addLayerNorm(x2, r2, w2, b2, eps));
+  if (cast) return cast;
   const cols = checkNorm('addLayerNorm', x, weight, bias, eps);
   checkFloats('addLayerNorm', { x, residual });
   if (!sameShape(x.shape, residual.shape)) throw new ShapeError(`addLayerNorm: x ${fmtShape(x.shape)} and residual ${fmtShape(residual.shape)} must have one shape`);
@@ -68,6 +74,8 @@ export function addLayerNorm(x: Tensor, residual: Tensor, weight: Tensor, bias?:
 
 /** x/√(mean(x²) + eps)·weight over the last dimension. */
 export function rmsNorm(x: Tensor, weight: Tensor, eps = 1e-6): Tensor {
+  const cast = autocastRun('rmsNorm', [x, weight] as const, (x2, w2) => rmsNorm(x2, w2, eps));
+  if (cast) return cast;
   const cols = checkNorm('rmsNorm', x, weight, null, eps);
   const rows = cols === 0 ? 0 : x.size / cols;
   const out = emptyLike(x);

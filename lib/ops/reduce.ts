@@ -4,6 +4,7 @@ import { alias, needsGrad, own, record } from '../autograd/engine.js';
 import { normDim } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { UNARY } from '../kernel-codes.js';
+import { autocastRun } from './autocast.js';
 import { checkDimArg, checkFloats, checkOptions, code, dimsProduct, emptyLike } from './common.js';
 import { sumTo, unaryRaw } from './elementwise.js';
 
@@ -45,6 +46,8 @@ function contiguous(shape: readonly number[]): Int32Array {
 }
 
 function sumLike(call: string, x: Tensor, dim: number | undefined, opts: ReduceOptions, mean: boolean): Tensor {
+  const cast = autocastRun(call, [x] as const, (x2) => sumLike(call, x2, dim, opts, mean));
+  if (cast) return cast;
   checkFloats(call, { x });
   checkDimArg(call, dim);
   checkOptions(call, opts, { keepdim: 'boolean' });

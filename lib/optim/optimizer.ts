@@ -118,6 +118,8 @@ export abstract class Optimizer<H extends { lr: number }> {
     for (const g of this.paramGroups) {
       const ready = g.params.filter((p) => p.grad !== null);
       if (ready.length > 0) this.stepGroup(ready, g.options);
+      // The values changed in place: autocast's weight-cast cache must not serve the old ones.
+      for (const p of ready) p.markModified();
     }
   }
 

@@ -17,11 +17,12 @@
 // The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
 // ProcessGroup implements it; the in-process and file-backed groups for tests are in lib/testing (nodetron/testing).
 export {
-  MeshLayout, ParallelState, initializeParallel, rangeAcrossRanks, parallelState, isParallelInitialized, destroyParallel,
+  MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
   type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
 } from './mesh.js';
 export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
+export { rangeAcrossRanks } from '../distributed/agree.js';
 export type { ReduceOp } from '../distributed/collectives.js';
 export { DEFAULT_BUCKET_BYTES } from './buckets.js';
 export { GradBuffer, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
@@ -48,4 +49,4 @@ export {
   resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
   type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName,
 } from './layout.js';
-export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult } from './trainer.js';
+export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ReplicaPlace } from './trainer.js';

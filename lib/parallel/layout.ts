@@ -4,7 +4,8 @@
 import * as dist from '../distributed/init.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { ArgumentError } from '../errors.js';
-import { initializeParallel, rangeAcrossRanks, type ParallelState } from './mesh.js';
+import { initializeParallel, type ParallelState } from './mesh.js';
+import { agreeAll } from '../distributed/agree.js';
 import { checkTensorParallelConfig } from './tensor-parallel/gpt.js';
 
 /** The pipeline schedules: GPipe (all forwards, then all backwards) or 1F1B (one forward, one backward). */
@@ -136,13 +137,6 @@ export interface ParallelTraining {
   mesh: ParallelState | null;
 }
 
-/** FNV-1a of a string as a signed 32-bit integer: a digest ranks compare instead of the text. */
-function digest32(text: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) { h ^= text.charCodeAt(i); h = Math.imul(h, 0x01000193); }
-  return h | 0;
-}
-
 /**
  * Checks the layout against the launch environment, then (for more than one process) joins the
  * job, checks that every rank resolved the same layout for the same model and batch, and builds the
@@ -161,14 +155,12 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
   await dist.init();
   const { nLayer, nHead, nEmbd, vocabSize } = model;
   const mine = layout ? `${describeLayout(layout)}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
-  const seen = await rangeAcrossRanks(dist.world(), [rejected ? 1 : 0, digest32(mine)]);
   // The runtime stays up: the caller reports the error and leaves (nt.distributed.destroy(), or exit).
-  if (rejected || seen) {
-    if (rejected) throw rejected;
-    throw new ArgumentError(seen!.max[0] === 1
-      ? `training layout: another rank rejected its layout flags (see its error); every rank stops`
-      : `training layout: the ranks were started with different settings (this rank: ${mine})`);
-  }
+  await agreeAll(dist.world(), rejected as Error | null, {
+    failedElsewhere: (ranks) => new ArgumentError(`training layout: layout flags rejected on ${ranks} (see the error there); every rank stops`),
+    settings: mine,
+    mismatch: () => new ArgumentError(`training layout: the ranks were started with different settings (this rank: ${mine})`),
+  });
   const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp });
   return { layout: layout!, rank: env.rank, mesh };
 }

@@ -1,10 +1,10 @@
 // The parallel topology (Megatron's parallel_state): the rank math of a TP × PP × DP mesh, the
 // process groups built once from it, and accessors that fail loudly before initialization.
-import { tensor } from '../creation.js';
 import * as dist from '../distributed/init.js';
 import { setFlightMesh } from '../distributed/flight.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { CollectiveGroup, WorldGroup } from '../distributed/group.js';
+import { rangeAcrossRanks } from '../distributed/agree.js';
 
 /** A mesh dimension: tensor-, pipeline- or data-parallel. */
 export type ParallelDim = 'tp' | 'pp' | 'dp';
@@ -205,7 +205,7 @@ function distributedWorld(): WorldGroup {
   if (!dist.isInitialized()) throw new StateError('initializeParallel: call nt.distributed.init() first (or pass options.world)');
   const w = dist.world();
   return {
-    rank: w.rank, size: w.size, ranks: w.ranks, name: w.name,
+    rank: w.rank, size: w.size, ranks: w.ranks, name: w.name, devices: w.devices,
     allReduce: (t, o) => w.allReduce(t, o),
     allGather: (out, t) => w.allGather(out, t),
     reduceScatter: (out, t, o) => w.reduceScatter(out, t, o),
@@ -224,26 +224,6 @@ async function checkSameLayoutEverywhere(world: CollectiveGroup, mesh: MeshLayou
     throw new ArgumentError(`initializeParallel: ranks were started with different layouts (this rank: ${mesh.describe()}; ` +
       `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,order])`);
   }
-}
-
-/**
- * Compares integer values across every member of `group` (two max-allReduces): null when every
- * member passed the same values, else their elementwise minimum and maximum. Every member must
- * pass as many values, and every member learns the outcome, so all of them can fail together.
- */
-export async function rangeAcrossRanks(group: CollectiveGroup, values: readonly number[]): Promise<{
-  /** Elementwise minimum over the members. */
-  min: number[];
-  /** Elementwise maximum over the members. */
-  max: number[];
-} | null> {
-  if (values.some((v) => !Number.isInteger(v) || Math.abs(v) > 0x7fffffff)) throw new ArgumentError(`rangeAcrossRanks: values must be 32-bit integers, got [${values.join(',')}]`);
-  using hi = tensor(new Int32Array(values), [values.length], { dtype: 'i32' });
-  using lo = tensor(new Int32Array(values.map((v) => -v)), [values.length], { dtype: 'i32' });
-  await group.allReduce(hi, { op: 'max' });
-  await group.allReduce(lo, { op: 'max' });
-  const max = Array.from(hi.toArraySync()), min = Array.from(lo.toArraySync(), (v) => 0 - v);
-  return max.some((v, i) => v !== min[i]) ? { min, max } : null;
 }
 
 /** The installed mesh; StateError before initializeParallel(). */

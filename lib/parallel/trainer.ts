@@ -2,25 +2,51 @@
 // layout): micro-batches through the pipeline schedule, data-parallel gradient averaging (GradBuffer,
 // or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
+import { autocast } from '../amp.js';
 import { ArgumentError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import type { Parameter } from '../nn/module.js';
+import type { Module, Parameter } from '../nn/module.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
-import { traceSpan } from '../distributed/trace.js';
-import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../distributed/metrics.js';
+import { agreeAll } from '../distributed/agree.js';
+import { traceSpan } from '../observe/trace.js';
+import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
-import { rangeAcrossRanks, type ParallelState } from './mesh.js';
+import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
-import { plainState, zeroState, type RankState } from '../ckpt/parts.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+
+/**
+ * What one rank of a trainer holds of the training state: the description a checkpoint reads
+ * (lib/ckpt/parts.ts's trainerState), so the trainer itself knows nothing of checkpoints.
+ */
+export interface TrainerHoldings<H extends { lr: number }> {
+  /** This rank's model (its pipeline stage, its tensor-parallel slices). */
+  readonly model: Module;
+  /** The optimizer holding the state of whole parameters; null under ZeRO (`zero` holds it). */
+  readonly optimizer: Optimizer<H> | null;
+  /** The ZeRO optimizer whose masters and inner optimizer hold this rank's flat chunks; null at ZeRO 0. */
+  readonly zero: ZeroOptimizer<H> | null;
+  /** Parameters whose copy here another rank saves (tensor-parallel replicas of rank > 0, the tied embedding's second copy). */
+  readonly savedElsewhere: ReadonlySet<Tensor>;
+  /** This rank's place among the identical data-parallel copies; null in one process. */
+  readonly replica: ReplicaPlace | null;
+}
+
+/** A rank's place among identical replicas. */
+export interface ReplicaPlace {
+  /** This replica's index, from 0. */
+  readonly index: number;
+  /** The number of replicas. */
+  readonly count: number;
+}
 
 /** Options of {@link ParallelTrainer.create}. */
 export interface ParallelTrainerOptions<H extends { lr: number }> {
@@ -44,7 +70,17 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   bucketBytes?: number;
   /** Builds the optimizer over the parameter groups it is given (the local parameters, or ZeRO's shards of them). */
   createOptimizer: InnerOptimizerFactory<H>;
+  /**
+   * The compute precision of the forward (default 'f32'). 'bf16': each micro-batch's forward runs
+   * under nt.autocast({ dtype: 'bf16' }) (GEMMs and attention in bf16 with f32 accumulation; norms,
+   * softmax, the loss and the residual stream in f32); parameters, gradients and the optimizer stay
+   * f32. f16 needs loss scaling: use nt.autocast with nt.GradScaler in your own loop.
+   */
+  precision?: TrainingPrecision;
 }
+
+/** The compute precisions the trainer runs in. */
+export type TrainingPrecision = 'f32' | 'bf16';
 
 /** What a training step returns. */
 export interface TrainerStepResult {
@@ -66,6 +102,7 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #maxGradNorm: number | undefined;
   readonly #microBatches: number;
   readonly #schedule: PipelineScheduleName;
+  readonly #precision: TrainingPrecision;
   readonly #optimizer: Optimizer<H> | null;
   readonly #zero: ZeroOptimizer<H> | null;
   readonly #grads: GradBuffer | null;
@@ -91,6 +128,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#maxGradNorm = options.maxGradNorm;
     this.#microBatches = options.microBatches ?? 1;
     this.#schedule = options.schedule ?? '1f1b';
+    this.#precision = options.precision ?? 'f32';
     const zero = options.zero ?? 0;
     this.#rank = mesh?.world.rank ?? Number(process.env.RANK ?? 0);
     this.#slowdown = debugSlowdown(this.#rank);
@@ -128,11 +166,9 @@ export class ParallelTrainer<H extends { lr: number }> {
       if (!(e instanceof ArgumentError)) throw e;
       problem = e.message;
     }
-    if (options.mesh && options.mesh.world.size > 1) {
-      const seen = await rangeAcrossRanks(options.mesh.world, [problem ? 1 : 0]);
-      if (!problem && seen) problem = 'ParallelTrainer: another rank rejected its model or optimizer (see its error); every rank stops';
-    }
-    if (problem) throw new ArgumentError(problem);
+    await agreeAll(options.mesh?.world ?? null, problem === null ? null : new ArgumentError(problem), {
+      failedElsewhere: (ranks) => new ArgumentError(`ParallelTrainer: model or optimizer rejected on ${ranks} (see the error there); every rank stops`),
+    });
     return new ParallelTrainer(model, groups, options);
   }
 
@@ -229,7 +265,8 @@ export class ParallelTrainer<H extends { lr: number }> {
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input) => {
-        const out = this.#timed(() => traceSpan('forward', () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null), 'compute', { microBatch: i }));
+        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
+        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
         return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
       },
@@ -296,14 +333,18 @@ export class ParallelTrainer<H extends { lr: number }> {
   }
 
   /**
-   * This rank's training state as parts of the global tensors (what lib/ckpt saves and loads): the
-   * parameters and optimizer state it holds, each saved by exactly one rank of the job.
+   * What this rank holds of the job's training state (lib/ckpt turns it into parts of the global tensors
+   * to save and load): its model, the optimizer or ZeRO shards that hold the state, the parameters
+   * another rank saves, and its place among the identical data-parallel replicas.
    */
-  checkpointState(opts: { forLoad?: boolean } = {}): RankState {
-    const skip = this.#countedElsewhere;
-    if (this.#zero) return zeroState(this.#model, this.#zero, { skip, ...opts });
-    const share = this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : undefined;
-    return plainState(this.#model, this.#optimizer, { skip, share, ...opts });
+  checkpointHoldings(): TrainerHoldings<H> {
+    return {
+      model: this.#model,
+      optimizer: this.#zero ? null : this.#optimizer,
+      zero: this.#zero,
+      savedElsewhere: this.#countedElsewhere,
+      replica: this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : null,
+    };
   }
 
   /** The job's world (null in one process): checkpoints coordinate their ranks over it. */
@@ -326,6 +367,10 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const precision = options.precision ?? 'f32';
+  if (precision !== 'f32' && precision !== 'bf16') {
+    problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);
+  }
   const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
   if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
     problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);

@@ -6,9 +6,17 @@
 import { writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
-import * as nt from '../index.js';
-import { parseOptions } from '../bench/util.js';
+import { parseOptions } from '../cmdline/args.js';
+import { tensor } from '../creation.js';
+import { destroy } from '../distributed/init.js';
+import { memoryStats, resetPeakMemory } from '../memory.js';
 import { cpu } from '../native.js';
+import { GPT, type GPTConfig } from '../nn/gpt.js';
+import { AdamW, type AdamWOptions } from '../optim/adamw.js';
+import { batchSlice, initParallelTraining } from '../parallel/layout.js';
+import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
+import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
+import { ParallelTrainer } from '../parallel/trainer.js';
 
 /** What one calibration rank measured. */
 export interface CalibrationRankResult {
@@ -36,33 +44,33 @@ async function main(argv: string[]): Promise<number> {
   });
   const n = (k: string, d: number) => (o[k] as number | undefined) ?? d;
   const ctx = n('ctx', 64), batch = n('batch', 8), steps = Math.max(2, n('steps', 3));
-  const config: nt.nn.GPTConfig = {
+  const config: GPTConfig = {
     vocabSize: n('vocab', 50304), blockSize: ctx, nLayer: n('layers', 2), nHead: n('heads', 4), nEmbd: n('width', 128),
     dropout: 0, bias: true, recompute: Boolean(o.recompute),
   };
   const localWorld = Number(process.env.LOCAL_WORLD_SIZE ?? 1);
   cpu().setBlasThreads(Math.max(1, Math.floor(cpus().length / localWorld)));
-  const par = await nt.parallel.initParallelTraining({
+  const par = await initParallelTraining({
     tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
     sequenceParallel: o.sp as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
   }, config, batch);
   const { layout, mesh } = par;
-  const tensorParallel = mesh && layout.tp > 1 ? nt.parallel.tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
-  const model = new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 1, ...tensorParallel }), mesh?.ppRank ?? 0, layout.pp);
-  const trainer = await nt.parallel.ParallelTrainer.create<nt.optim.AdamWOptions>(model, [{ params: model.parameters() }], {
+  const tensorParallel = mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
+  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel }), mesh?.ppRank ?? 0, layout.pp);
+  const trainer = await ParallelTrainer.create<AdamWOptions>(model, [{ params: model.parameters() }], {
     mesh, zero: layout.zero, microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
-    createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
+    createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
   });
-  const slice = nt.parallel.batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
+  const slice = batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);
   let x = 12345 + (mesh?.dpRank ?? 0);
   const ids = () => Int32Array.from({ length: slice.count * ctx }, () => { x = (Math.imul(x, 1103515245) + 12345) >>> 0; return x % config.vocabSize; });
   for (let step = 0; step < steps; step++) {
-    if (step === 1) nt.resetPeakMemory();
-    const inputs = nt.tensor(ids(), [slice.count, ctx], { dtype: 'i32' }), targets = nt.tensor(ids(), [slice.count, ctx], { dtype: 'i32' });
+    if (step === 1) resetPeakMemory();
+    const inputs = tensor(ids(), [slice.count, ctx], { dtype: 'i32' }), targets = tensor(ids(), [slice.count, ctx], { dtype: 'i32' });
     await trainer.step(inputs, targets);
     inputs.dispose(); targets.dispose();
   }
-  const mem = nt.memoryStats();
+  const mem = memoryStats();
   const result: CalibrationRankResult = {
     rank: par.rank, tpRank: mesh?.tpRank ?? 0, ppRank: mesh?.ppRank ?? 0, dpRank: mesh?.dpRank ?? 0,
     peak: mem.peak, allocated: mem.allocated, numParams: model.numParameters(),
@@ -70,7 +78,7 @@ async function main(argv: string[]): Promise<number> {
   writeFileSync(join(o.out as string, `rank-${par.rank}.json`), JSON.stringify(result));
   trainer.dispose();
   model.dispose();
-  if (mesh) await nt.distributed.destroy();
+  if (mesh) await destroy();
   return 0;
 }
 

@@ -3,13 +3,15 @@
 // process or under `nodetron launch` with any layout; and a strict parser for a script's own options
 // together with the layout flags.
 import { ArgumentError } from '../errors.js';
-import { parseOptions } from '../bench/util.js';
+import { parseOptions } from '../cmdline/args.js';
 import type { LayoutFlags } from '../parallel/layout.js';
 
 /** The layout flags of a training run: a parallel layout (checked later against the model and the world) and recomputation. */
 export interface LayoutArgs extends LayoutFlags {
   /** Recompute each block's activations in backward (`--recompute`). */
   recompute?: boolean;
+  /** Compute precision (`--precision bf16`): the forward under bf16 autocast, f32 master weights (default f32). */
+  precision?: 'f32' | 'bf16';
 }
 
 /** A parsed command line: each option's value by name, and the positional arguments in `_`. */
@@ -25,19 +27,20 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 /** The layout flags (command-line names) and their kinds. */
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
-  'micro-batches': 'number', schedule: 'string',
+  'micro-batches': 'number', schedule: 'string', precision: 'string',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
 export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
+  precision: 'NODETRON_PRECISION',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
 export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
 also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
-NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE):
+NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
@@ -49,7 +52,9 @@ NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE)
                        (N must divide the heads, the width and the vocabulary)
   --sp                 sequence parallelism (needs --tp > 1 dividing the context): LayerNorms, residuals and
                        embeddings hold ctx/tp positions per tensor-parallel rank, which cuts their activations
-  --recompute          recompute each block's activations in backward`;
+  --recompute          recompute each block's activations in backward
+  --precision P        f32 | bf16 (default f32): bf16 runs the forward under bf16 autocast (GEMMs and
+                       attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
@@ -69,6 +74,11 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');
   if (bool('recompute') !== undefined) out.recompute = bool('recompute');
+  if (values.precision !== undefined) {
+    const p = String(values.precision);
+    if (p !== 'f32' && p !== 'bf16') throw new ArgumentError(`--precision must be f32 or bf16, got ${JSON.stringify(p)}${p === 'f16' ? ' (f16 needs loss scaling: use nt.autocast with nt.GradScaler in your own loop)' : ''}`);
+    out.precision = p;
+  }
   return out;
 }
 

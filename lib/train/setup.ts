@@ -7,8 +7,8 @@
 import * as dist from '../distributed/init.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import type { ProcessGroup } from '../distributed/group.js';
-import { ArgumentError, StateError } from '../errors.js';
 import { tensor } from '../creation.js';
+import { ArgumentError, StateError } from '../errors.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { slice } from '../ops/index.js';
 import { GPT, type GenerateOptions, type GPTOptions } from '../nn/gpt.js';
@@ -16,7 +16,8 @@ import type { Parameter } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { cosineWithWarmup, type CosineWithWarmupOptions } from '../optim/schedule.js';
 import { batchSlice, describeLayout, resolveTrainingLayout, type LayoutModelShape, type TrainingLayout } from '../parallel/layout.js';
-import { destroyParallel, initializeParallel, isParallelInitialized, rangeAcrossRanks, type ParallelState } from '../parallel/mesh.js';
+import { destroyParallel, initializeParallel, isParallelInitialized, type ParallelState } from '../parallel/mesh.js';
+import { agreeAll, agreeMax } from '../distributed/agree.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
@@ -158,27 +159,21 @@ export interface StepResult {
 // Errors every rank throws together (after agreeing): main() lets every rank print before leaving.
 const collectiveErrors = new WeakSet<object>();
 
-/** FNV-1a of a string as a signed 32-bit integer. */
-function digest32(text: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < text.length; i++) { h ^= text.charCodeAt(i); h = Math.imul(h, 0x01000193); }
-  return h | 0;
-}
-
 /**
  * Every rank's problems in one decision: with more than one process the ranks agree (collective
- * over `world`) and all throw, naming this rank's problems or pointing at the other rank's.
+ * over `world`) and all throw, naming this rank's problems or the ranks that had some; with
+ * `settings`, ranks started with different ones all throw too.
  */
-async function agree(world: ProcessGroup | null, problems: string[], what: string, settings = ''): Promise<void> {
-  let seen: { min: number[]; max: number[] } | null = null;
-  if (world && world.size > 1) seen = await rangeAcrossRanks(world, [problems.length > 0 ? 1 : 0, digest32(settings)]);
-  if (problems.length === 0 && !seen) return;
-  const message = problems.length > 0 ? `nt.train.setup: ${problems.join('; ')}`
-    : seen!.max[0] === 1 ? `nt.train.setup: another rank rejected its ${what} (see its error); every rank stops`
-      : `nt.train.setup: the ranks were started with different ${what} (this rank: ${settings})`;
-  const e = new ArgumentError(message);
-  if (world && world.size > 1) collectiveErrors.add(e);
-  throw e;
+async function agreeOnSetup(world: ProcessGroup | null, problems: string[], what: string, settings?: string): Promise<void> {
+  try {
+    await agreeAll(world, problems.length > 0 ? new ArgumentError(`nt.train.setup: ${problems.join('; ')}`) : null, {
+      failedElsewhere: (ranks) => new ArgumentError(`nt.train.setup: ${what} rejected on ${ranks} (see the error there); every rank stops`),
+      ...(settings === undefined ? {} : { settings, mismatch: () => new ArgumentError(`nt.train.setup: the ranks were started with different ${what} (this rank: ${settings})`) }),
+    });
+  } catch (e) {
+    if (world && world.size > 1) collectiveErrors.add(e as object);
+    throw e;
+  }
 }
 
 /** nanoGPT's grouping: weight decay on matrices except the position table, none on biases, LayerNorms and positions. */
@@ -256,8 +251,8 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     await dist.init();
     world = dist.world();
   }
-  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}; batch ${options.batchSize}` : 'rejected';
-  await agree(world, problems, 'layout flags', settings);
+  const settings = layout ? `${describeLayout(layout)}${flags.recompute ? ' recompute' : ''}${flags.precision === 'bf16' ? ' bf16' : ''}; batch ${options.batchSize}` : 'rejected';
+  await agreeOnSetup(world, problems, 'layout flags', settings);
   const mesh = world ? await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp }) : null;
 
   // This rank's model: the tensor-parallel slices of its group, the layers of its pipeline stage.
@@ -295,7 +290,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     if (mesh && isParallelInitialized()) destroyParallel();
   };
   try {
-    await agree(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
+    await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
   } catch (e) { await cleanup(); throw e; }
 
   const l = layout!;
@@ -305,6 +300,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
     trainer = await ParallelTrainer.create<H>(stage, groups, {
       mesh, zero: l.zero, offload: l.offload, microBatches: l.microBatches, schedule: l.schedule, createOptimizer: options.optimizer,
+      ...(flags.precision ? { precision: flags.precision } : {}),
       ...(options.maxGradNorm !== undefined ? { maxGradNorm: options.maxGradNorm } : {}), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
     });
   } catch (e) {
@@ -327,7 +323,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
       problems.push(`data: ${(e as Error).message}`);
     }
   }
-  try { await agree(world, problems, 'data'); } catch (e) {
+  try { await agreeOnSetup(world, problems, 'data'); } catch (e) {
     loader?.close(); trainer.dispose(); stage.dispose();
     if (mesh && isParallelInitialized()) destroyParallel();
     throw e;
@@ -656,8 +652,7 @@ export async function main(name: string, fn: () => Promise<number | void>): Prom
     if (dist.isInitialized()) {
       if (collectiveErrors.has(e)) {
         // Every rank failed at the same point: each has printed once all reach here.
-        using printed = tensor(new Float32Array([1]), [1]);
-        await Promise.race([dist.world().allReduce(printed), new Promise((r) => setTimeout(r, 10_000).unref())]);
+        await Promise.race([agreeMax(dist.world(), [1]), new Promise((r) => setTimeout(r, 10_000).unref())]);
       }
       if (isParallelInitialized()) destroyParallel();
       await dist.destroy();

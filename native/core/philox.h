@@ -47,12 +47,12 @@ NT_HD float uniform(uint64_t seed, uint64_t base, uint64_t e) {
 }
 
 // Standard normal by Box-Muller, two elements per block: element e uses lanes (2(e&1), 2(e&1)+1).
-// The cuda kernels are compiled with --use_fast_math, which would turn logf/cosf/sqrtf into
-// approximations (__logf loses all relative accuracy near u1 = 1, i.e. for normals near 0) and
-// let products fuse. Device code therefore takes log and cos in double (fast math only touches
-// single precision) rounded once to float, and the IEEE round-to-nearest intrinsics for sqrt and
-// products: each step then matches the cpu's float step to within its libm's rounding (<= 1 ulp),
-// so the two streams agree to a few ulp. The host code is unchanged (the cpu stream is the reference).
+// nvcc contracts products into sums (FMA) by default, and a build with --use_fast_math (the cuda
+// backend no longer uses it) would turn logf/cosf/sqrtf into approximations (__logf loses all
+// relative accuracy near u1 = 1, i.e. for normals near 0). Device code therefore takes log and cos
+// in double rounded once to float, and the IEEE round-to-nearest intrinsics for sqrt and products:
+// each step then matches the cpu's float step to within its libm's rounding (<= 1 ulp) whatever the
+// flags, so the two streams agree to a few ulp. The host code is unchanged (the cpu stream is the reference).
 NT_HD float normal(uint64_t seed, uint64_t base, uint64_t e) {
   U4 b = block(seed, base + (e >> 1));
   unsigned h = unsigned(e & 1) * 2;

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { cover, coverageProblem, partIntervals } from '../../lib/ckpt/intervals.js';
+import { localWorld } from '../../lib/testing/index.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-ckpt-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -221,6 +222,28 @@ describe('checkpoints in one process', () => {
     await c.close();
     const wider = new nt.nn.GPT({ ...config, vocabSize: 96 }, { seed: 5 });
     await expect(new nt.ckpt.Checkpointer(root).loadLatest({ model: wider })).rejects.toThrow(/'model\/wte.weight' was saved with shape/);
+  });
+
+  it('loadLatest on two ranks: the rank that cannot take the checkpoint throws its error, the other a StateError naming it', async () => {
+    const root = join(work, 'two-ranks-incompatible');
+    const run = setup();
+    const c = new nt.ckpt.Checkpointer(root);
+    await c.save(1, items(run));
+    await c.close();
+    // Two in-process ranks, each a trainer-like holder of a whole model; rank 1's model is wider.
+    const worlds = await localWorld(2);
+    const models = [new nt.nn.GPT(config, { seed: 5 }), new nt.nn.GPT({ ...config, vocabSize: 96 }, { seed: 5 })];
+    const results = await Promise.all(worlds.map((world, r) => new nt.ckpt.Checkpointer(root).loadLatest({
+      model: {
+        world,
+        checkpointHoldings: () => ({ model: models[r]!, optimizer: null, zero: null, savedElsewhere: new Set<nt.Tensor>(), replica: null }),
+      },
+    }).catch((e: unknown) => e as Error)));
+    expect(results[1]).toBeInstanceOf(nt.ShapeError);
+    expect((results[1] as Error).message).toMatch(/'model\/wte.weight' was saved with shape/);
+    expect(results[0]).toBeInstanceOf(nt.StateError);
+    expect((results[0] as Error).message).toBe(`checkpoint ${join(root, 'step-00000001')}: rank 1 could not load it (see the error there); every rank stops`);
+    for (const m of models) m.dispose();
   });
 
   it('a step whose old copy was moved aside by a save that then crashed is found again', async () => {

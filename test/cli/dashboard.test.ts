@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { dashboardData, main as dashboardMain, startDashboard, type DashboardData, type DashboardServer } from '../../lib/cli/dashboard.js';
 import { ArgumentError } from '../../lib/errors.js';
-import type { StepMetrics } from '../../lib/distributed/metrics.js';
+import type { StepMetrics } from '../../lib/observe/metrics.js';
 
 const root = mkdtempSync(join(tmpdir(), 'nodetron-dashboard-test-'));
 const dir = join(root, 'metrics');

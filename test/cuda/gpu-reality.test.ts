@@ -1,6 +1,6 @@
 // Checks for the first GPU run (skipped without a GPU): cuBLASLt plans cached per key with the
 // declared alignments, linear's bias in the GEMM epilogue, recordStream across a destroyed stream,
-// the Philox normals under --use_fast_math, and NODETRON_CUDA_SYNC=1.
+// the Philox normals against the cpu stream, and NODETRON_CUDA_SYNC=1.
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';

@@ -98,11 +98,17 @@ describe.skipIf(nt.cuda.isAvailable())('scripts/gpu/run.mjs without a GPU', () =
   }, 180_000);
 
   it('the dry run checks the device-neutral part with cpu as the device; a failing check fails the run', () => {
-    const dry = runPlan('dry', ['--only', 'kernels,memory'], { NODETRON_GPU_RUN_DRY: '1' });
+    const dry = runPlan('dry', ['--only', 'kernels,memory,gpt2-step'], { NODETRON_GPU_RUN_DRY: '1' });
     expect(dry.code, dry.output).toBe(0);
     expect(dry.steps[0]).toMatchObject({ step: 'kernels', status: 'passed' });
     expect(dry.steps[0]!.checksPassed).toBeGreaterThan(10);
     expect(dry.steps[1]).toMatchObject({ step: 'memory', status: 'skipped' });   // device-only sections
+    // The GPT-2 step's code runs on a tiny GPT: 20 losses recorded, a throughput row with its parameter count.
+    expect(dry.steps[2]).toMatchObject({ step: 'gpt2-step', status: 'passed' });
+    expect(dry.results.info['gpt2-step'].gpt2Losses).toHaveLength(20);
+    const row = dry.results.bench.find((b: { step: string }) => b.step === 'gpt2-step');
+    expect(row.value).toBeGreaterThan(0);
+    expect(row.params).toBe(136960);
     const failing = runPlan('fail', ['--only', 'ops-f16'], { NODETRON_GPU_RUN_SIMULATE: 'ops-f16:fail' });
     expect(failing.code).toBe(1);
     expect(failing.steps[0]).toMatchObject({ step: 'ops-f16', status: 'failed' });

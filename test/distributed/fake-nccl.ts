@@ -4,9 +4,11 @@
 // `enqueuePolls = k` plays NCCL's non-blocking mode: ops and group ends return NCCL_PENDING and the
 // communicator reports 'inProgress' for k asyncError() polls; any other call meanwhile, or a
 // recordCompletion() before the state left in-progress, is refused as real NCCL would misbehave.
+// makeNcclRanks builds ranks of one ProcessGroup over NcclBackends on the fake (one fake per device key).
 import { randomBytes } from 'node:crypto';
+import { afterEach } from 'vitest';
 import { CommError } from '../../lib/errors.js';
-import { NCCL_PENDING, type NcclAddon, type NcclNativeComm } from '../../lib/distributed/index.js';
+import { createNcclBackend, createStore, NCCL_PENDING, ProcessGroup, StoreServer, type NcclAddon, type NcclBackend, type NcclNativeComm, type Store } from '../../lib/distributed/index.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
 
 type Buf = { s: NativeStorage; off: number };
@@ -264,4 +266,69 @@ export class FakeNccl implements NcclAddon {
     if (!this.events.delete(eventId)) throw new CommError(`fake nccl: event ${eventId} destroyed twice`);
     this.destroyedEvents.push(eventId);
   }
+}
+
+/** Options of {@link makeNcclRanks}. */
+export interface NcclRanksOptions {
+  /** The groups' collective timeout (default 5000 ms). */
+  timeoutMs?: number;
+  /** The store prefix of the first communicator's unique id (default 'nccl/world'). */
+  prefix?: string;
+  /** The device the communicator is filed under (default 'cpu': the fake moves host memory). */
+  deviceKey?: string;
+  /** Several communicators per group, one fake NCCL each, filed under these devices (overrides deviceKey). */
+  deviceKeys?: string[];
+}
+
+/** n ranks of one process group whose communicators are NcclBackends over fake NCCL (no GPU needed). */
+export interface NcclRanks {
+  groups: ProcessGroup[];
+  /** The first communicator of each rank. */
+  backends: NcclBackend[];
+  stores: Store[];
+  /** The fake of the first communicator. */
+  fake: FakeNccl;
+  /** One fake per device key, in deviceKeys order. */
+  fakes: FakeNccl[];
+  server: StoreServer;
+}
+
+/** Builds n ranks (a store server, a store per rank, NCCL communicators through the fake) as one world group each. */
+export async function makeNcclRanks(n: number, opts: NcclRanksOptions = {}): Promise<NcclRanks> {
+  const server = await StoreServer.start({ host: '127.0.0.1', port: 0 });
+  const stores = await Promise.all(Array.from({ length: n }, () => createStore(`tcp://127.0.0.1:${server.port}`)));
+  const keys = opts.deviceKeys ?? [opts.deviceKey ?? 'cpu'];
+  const fakes = keys.map(() => new FakeNccl());
+  const prefix = opts.prefix ?? 'nccl/world';
+  const perKey: NcclBackend[][] = [];
+  for (const [k, fake] of fakes.entries()) {
+    // Higher ranks first: they must wait for rank 0's id.
+    perKey.push(await Promise.all(Array.from({ length: n }, (_, i) => n - 1 - i).map((rank) => createNcclBackend({
+      store: stores[rank]!, prefix: k === 0 ? prefix : `${prefix}-${k}`, group: 'world', rank, size: n, device: 0, timeoutMs: opts.timeoutMs ?? 5000, addon: fake,
+    }))).then((bs) => bs.reverse()));
+  }
+  const groups = Array.from({ length: n }, (_, rank) => new ProcessGroup('world', rank, Array.from({ length: n }, (_, i) => i),
+    new Map(keys.map((key, k) => [key, perKey[k]![rank]!])),
+    opts.timeoutMs ?? 5000, { store: stores[rank]!, check: false, makeGroup: () => Promise.reject(new Error('not in this test')) }));
+  return { groups, backends: perKey[0]!, stores, fake: fakes[0]!, fakes, server };
+}
+
+/** Destroys the groups and closes the stores and the server of {@link makeNcclRanks}. */
+export async function closeNcclRanks(r: NcclRanks): Promise<void> {
+  for (const g of r.groups) await g.destroy().catch(() => {});
+  for (const s of r.stores) await s.close();
+  await r.server.close();
+}
+
+/** makeNcclRanks for a test file: registers an afterEach that closes every set of ranks made during the test. */
+export function ncclRanksClosedAfterEach(): (n: number, opts?: NcclRanksOptions) => Promise<NcclRanks> {
+  const open: NcclRanks[] = [];
+  afterEach(async () => {
+    for (const r of open.splice(0)) await closeNcclRanks(r);
+  });
+  return async (n, opts = {}) => {
+    const r = await makeNcclRanks(n, opts);
+    open.push(r);
+    return r;
+  };
 }

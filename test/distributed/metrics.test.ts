@@ -1,9 +1,9 @@
-// Straggler scores from per-step metrics (lib/distributed/metrics.ts): the reference is the lower
+// Straggler scores from per-step metrics (lib/observe/metrics.ts): the reference is the lower
 // median of the ranks' medians, warm-up steps are skipped, the threshold names ranks, bad options
 // are ArgumentErrors; the debug slow-rank variable is parsed strictly.
 import { afterEach, describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
-import { debugSlowdown, formatStragglers, lowerMedian, stragglerScores, type StepMetrics } from '../../lib/distributed/metrics.js';
+import { debugSlowdown, formatStragglers, lowerMedian, stragglerScores, type StepMetrics } from '../../lib/observe/metrics.js';
 
 function rows(rank: number, compute: number[], step = 100): StepMetrics[] {
   return compute.map((c, i) => ({

@@ -1,37 +1,12 @@
 // NcclBackend without a GPU: the unique-id exchange through the store, group creation, every
 // collective through ProcessGroup against float64 references (fake NCCL on host memory), stream-
 // ordered waits, batches, the watchdog's timeout and error paths, and backend selection in init.
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { createNcclBackend, createStore, NCCL_UNIQUE_ID_KEY, NcclBackend, ProcessGroup, selectBackends, StoreServer, type Store } from '../../lib/distributed/index.js';
-import { FakeNccl } from './fake-nccl.js';
+import { createNcclBackend, createStore, NCCL_UNIQUE_ID_KEY, selectBackends, StoreServer } from '../../lib/distributed/index.js';
+import { FakeNccl, ncclRanksClosedAfterEach } from './fake-nccl.js';
 
-interface Ranks { groups: ProcessGroup[]; backends: NcclBackend[]; stores: Store[]; fake: FakeNccl; server: StoreServer }
-const open: Ranks[] = [];
-
-async function makeRanks(n: number, opts: { timeoutMs?: number; prefix?: string; deviceKey?: string } = {}): Promise<Ranks> {
-  const server = await StoreServer.start({ host: '127.0.0.1', port: 0 });
-  const stores = await Promise.all(Array.from({ length: n }, () => createStore(`tcp://127.0.0.1:${server.port}`)));
-  const fake = new FakeNccl();
-  const prefix = opts.prefix ?? 'nccl/world';
-  // Higher ranks first: they must wait for rank 0's id.
-  const backends = await Promise.all(Array.from({ length: n }, (_, i) => n - 1 - i).map((rank) => createNcclBackend({
-    store: stores[rank]!, prefix, group: 'world', rank, size: n, device: 0, timeoutMs: opts.timeoutMs ?? 5000, addon: fake,
-  }))).then((bs) => bs.reverse());
-  const groups = backends.map((b, rank) => new ProcessGroup('world', rank, Array.from({ length: n }, (_, i) => i), new Map([[opts.deviceKey ?? 'cpu', b]]),
-    opts.timeoutMs ?? 5000, { store: stores[rank]!, check: false, makeGroup: () => Promise.reject(new Error('not in this test')) }));
-  const r = { groups, backends, stores, fake, server };
-  open.push(r);
-  return r;
-}
-
-afterEach(async () => {
-  for (const r of open.splice(0)) {
-    for (const g of r.groups) await g.destroy().catch(() => {});
-    for (const s of r.stores) await s.close();
-    await r.server.close();
-  }
-});
+const makeRanks = ncclRanksClosedAfterEach();
 
 let seed = 11;
 function rand(count: number, dtype: 'f32' | 'i32', small = false): number[] {

@@ -6,7 +6,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { elfNeeded } from '../../lib/io/elf.js';
+import { elfNeeded } from '../../lib/elf.js';
 import { cudaLibrariesOf, cudaLibraryDirs, driverMismatch, explainCudaLoadFailure, minDriverFor, nvidiaDriverVersion, packageRoot } from '../../lib/native.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-cudalibs-'));

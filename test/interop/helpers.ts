@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, expect } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { bytesOf } from '../../lib/interop/gpt2.js';
+import { bytesOf } from '../../lib/io/tensor-bytes.js';
 
 export const GOLDEN = join(__dirname, '..', 'golden', 'interop');
 export const HF_DIR = join(GOLDEN, 'hf-tiny');

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { SafetensorsFile, type SafetensorsTensor, writeSafetensors } from '../../lib/io/safetensors.js';
-import { bytesOf } from '../../lib/interop/gpt2.js';
+import { bytesOf } from '../../lib/io/tensor-bytes.js';
 import { expectSameWeights, f32, golden, HF_DIR, logitsOf, relErr, scratch } from './helpers.js';
 
 const { exportHF, importHF } = nt.interop;

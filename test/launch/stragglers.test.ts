@@ -10,7 +10,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it, vi } from 'vitest';
 import { main as traceMain } from '../../lib/cli/trace.js';
-import { readMetrics, stragglerScores } from '../../lib/distributed/metrics.js';
+import { readMetrics, stragglerScores } from '../../lib/observe/metrics.js';
 import { QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');

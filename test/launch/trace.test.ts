@@ -10,8 +10,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { main as traceMain } from '../../lib/cli/trace.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
-import { readMetrics } from '../../lib/distributed/metrics.js';
-import { TRACKS } from '../../lib/distributed/trace.js';
+import { readMetrics } from '../../lib/observe/metrics.js';
+import { TRACKS } from '../../lib/observe/trace.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');

@@ -235,6 +235,8 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     'ranks started with different flags': { flags: ['--dp', '2', '--mismatch-on-rank', '1'], everyRank: /ranks were started with different settings/, oneRank: null },
     'a parameter outside the optimizer (last stage only)': {
       flags: ['--pp', '2', '--drop-param-on-rank', '1'], oneRank: /lnF\.bias are in no parameter group/, everyRank: /ParallelTrainer: /,
+      // The rank without the problem names the one with it.
+      elsewhere: /\[rank 0\] error: ArgumentError: ParallelTrainer: model or optimizer rejected on rank 1 \(see the error there\); every rank stops/,
     },
     'sequence parallelism without tensor parallelism': { flags: ['--dp', '2', '--sp'], everyRank: /--sp splits the sequence over the tensor-parallel ranks, but tp = 1/, oneRank: null },
   };
@@ -248,6 +250,8 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
       expect(line, bad.output).toMatch(everyRank);
     }
     if (oneRank) expect(bad.output).toMatch(oneRank);
+    const elsewhere = (misuse[name as keyof typeof misuse] as { elsewhere?: RegExp }).elsewhere;
+    if (elsewhere) expect(bad.output).toMatch(elsewhere);
     expect(bad.output).not.toMatch(/result-/);
   }, QUEUED_TEST_TIMEOUT_MS);
 });

@@ -1,7 +1,8 @@
 // Mesh rank math against an independent enumeration, group creation over simulated ranks, and the loud failures.
 import { afterEach, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { MeshLayout, initializeParallel, rangeAcrossRanks, destroyParallel, parallelState, tpRank, dpGroup, type ParallelDim } from '../../lib/parallel/mesh.js';
+import { rangeAcrossRanks } from '../../lib/distributed/agree.js';
+import { MeshLayout, initializeParallel, destroyParallel, parallelState, tpRank, dpGroup, type ParallelDim } from '../../lib/parallel/mesh.js';
 import { localWorld, runLocalRanks } from '../../lib/testing/index.js';
 
 afterEach(() => destroyParallel());

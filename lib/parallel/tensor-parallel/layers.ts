@@ -7,6 +7,7 @@ import { needsGrad, record, save } from '../../autograd/engine.js';
 import { noGrad } from '../../autograd/index.js';
 import { add, linear } from '../../ops/index.js';
 import { linearBackward, linearNeeds } from '../../ops/matmul.js';
+import { autocastRun } from '../../ops/autocast.js';
 import { defaultGenerator, type Generator } from '../../random.js';
 import { uniform } from '../../nn/init.js';
 import { Module, Parameter } from '../../nn/module.js';
@@ -55,6 +56,10 @@ function defaultInit(inFeatures: number) {
  */
 export function sequenceGatheredLinear(x: Tensor, weight: Tensor, bias: Tensor | null, group: CollectiveGroup): Tensor {
   const call = 'sequenceGatheredLinear';
+  // Under autocast the inputs are cast here, before the gather (the chunk travels in bf16/f16), so the
+  // linear below and this op's backward see one dtype.
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => sequenceGatheredLinear(x2, w2, b2, group));
+  if (cast) return cast;
   const total = allGatherSequence(x, group, call);
   let y: Tensor;
   try { y = noGrad(() => linear(total, weight, bias)); } finally { total.dispose(); }

@@ -235,6 +235,7 @@ export class ZeroOptimizer<H extends { lr: number }> {
     const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
     this.inner.step();
     await this.#shards?.finishStep();
+    for (const p of this.params) p.markModified();  // autocast's weight-cast cache must re-cast them
     return gradNorm === undefined ? {} : { gradNorm };
   }
 

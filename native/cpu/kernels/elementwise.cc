@@ -1,11 +1,9 @@
 // Elementwise kernels on the cpu backend: broadcasting binary ops, unary ops with a scalar
 // parameter, and the backward of the unary ops. Computed in f32 (bf16/f16 through F32View).
+#include "../../core/op_codes.h"
 #include "util.h"
 
 namespace nt::cpu {
-
-enum BinaryOp { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3 };
-enum UnaryOp { kNeg = 0, kExp = 1, kLog = 2, kSqrt = 3, kTanh = 4, kPow = 5, kScale = 6, kAddScalar = 7, kRsub = 8, kRdiv = 9 };
 
 template <class F>
 static void binaryLoop(F f, const float* a, const float* b, float* o, const std::vector<int64_t>& shape,
@@ -41,7 +39,7 @@ NT_KERNEL("binary", Binary) {
   auto shape = intList(info, 5, call);
   auto sa = intList(info, 6, call, int64_t(shape.size()));
   auto sb = intList(info, 7, call, int64_t(shape.size()));
-  if (op < 0 || op > 3) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
+  if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   int64_t n = product(shape);
   int64_t na = stridedExtent(shape, sa, call), nb = stridedExtent(shape, sb, call);
   uint8_t* pa = storageData(info, 1, call, dt, na);
@@ -67,7 +65,7 @@ struct UnaryArgs {
 };
 static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
   UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
-  if (u.op < 0 || u.op > 9) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
+  if (!validUnaryOp(u.op)) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
   return u;
 }
 

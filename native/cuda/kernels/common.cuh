@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,208 @@ __device__ __forceinline__ float blockMax(float v, float* scratch) {
   __syncthreads();
   v = lane < warps ? scratch[lane] : -INFINITY;
   return warpMax(v);
+}
+
+// ---- 16-byte vector access ------------------------------------------------------------------------
+// N elements of T loaded or stored as one access of sizeof(T)·N bytes (one 128-bit load/store when
+// that is 16). The pointer must be aligned to that size: callers check with alignedTo() at run time
+// and fall back to scalar code otherwise.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+// Elements of T in 16 bytes.
+template <typename T>
+__host__ __device__ constexpr int vecWidth() { return int(16 / sizeof(T)); }
+// True for nullptr too (an absent optional input is never read).
+inline bool alignedTo(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+// out[i] = f(a[i], b[i], c[i]) over n contiguous elements (f takes and returns f32; a null input reads
+// as 0). vec: every non-null pointer is 16-byte aligned, so packs of vecWidth<T>() elements are
+// loaded and stored whole, and the n % vecWidth<T>() last elements go through the scalar loop. out
+// may alias an input (each element is read and written by the same thread).
+template <typename T, class F>
+__global__ void map3Kernel(F f, const T* a, const T* b, const T* c, T* out, int64_t n, bool vec) {
+  constexpr int N = vecWidth<T>();
+  using P = Pack<T, N>;
+  int64_t done = 0;
+  if (vec) {
+    int64_t packs = n / N;
+    NT_GRID_STRIDE(i, packs) {
+      P pa{}, pb{}, pc{}, po;
+      if (a) pa = reinterpret_cast<const P*>(a)[i];
+      if (b) pb = reinterpret_cast<const P*>(b)[i];
+      if (c) pc = reinterpret_cast<const P*>(c)[i];
+#pragma unroll
+      for (int k = 0; k < N; k++) po.v[k] = fromF32<T>(f(toF32(pa.v[k]), toF32(pb.v[k]), toF32(pc.v[k])));
+      reinterpret_cast<P*>(out)[i] = po;
+    }
+    done = packs * N;
+  }
+  NT_GRID_STRIDE(t, n - done) {
+    int64_t i = done + t;
+    out[i] = fromF32<T>(f(a ? toF32(a[i]) : 0.0f, b ? toF32(b[i]) : 0.0f, c ? toF32(c[i]) : 0.0f));
+  }
+}
+
+// Launches map3Kernel on `st` (vector path when every pointer is 16-byte aligned).
+template <typename T, class F>
+inline void launchMap3(cudaStream_t st, F f, const T* a, const T* b, const T* c, T* out, int64_t n) {
+  if (n <= 0) return;
+  bool vec = alignedTo(a, 16) && alignedTo(b, 16) && alignedTo(c, 16) && alignedTo(out, 16);
+  int64_t units = vec ? (n + vecWidth<T>() - 1) / vecWidth<T>() : n;
+  map3Kernel<T, F><<<gridFor(units), kThreads, 0, st>>>(f, a, b, c, out, n, vec);
+}
+
+// ---- deterministic reductions ----------------------------------------------------------------------
+// Every sum below is accumulated in double in an order fixed by the shape alone (never by timing or
+// atomics), so a result is the same on every run.
+
+__device__ __forceinline__ double warpSumD(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed tree; valid in thread 0.
+// `scratch` holds 32 doubles; safe to call again in a loop (it syncs before reusing scratch).
+__device__ __forceinline__ double blockSumD(double v, double* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warpSumD(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) v = warpSumD(lane < warps ? scratch[lane] : 0.0);
+  return v;
+}
+
+// A sum written to its destination: rounded to f32 then to T (the cpu backend's rounding), or kept
+// in double.
+template <typename T>
+__device__ __forceinline__ void storeSum(T* out, double s) { *out = fromF32<T>(float(s)); }
+__device__ __forceinline__ void storeSum(double* out, double s) { *out = s; }
+
+// Sums of the rows of a contiguous [rows, cols] array (cols >= 1), or of their squares (kSquare).
+// Stage 1: gridDim.x = parts blocks per row, block p summing elements p·blockDim.x + t (t its
+// thread) in strides of parts·blockDim.x, then a block tree; parts == 1 stores the row's sum
+// directly, else stage 2 (rowPartialsFinalizeKernel) adds the parts of each row in a block tree.
+// Rows are walked by blockIdx.y in strides of gridDim.y.
+template <typename T, bool kSquare, typename O>
+__global__ void rowSumKernel(const T* x, int64_t rows, int64_t cols, double* partial, O* out) {
+  __shared__ double scratch[32];
+  int64_t parts = gridDim.x, stride = parts * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const T* xr = x + r * cols;
+    double acc = 0.0;
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cols; j += stride) {
+      double v = double(toF32(xr[j]));
+      acc += kSquare ? v * v : v;
+    }
+    acc = blockSumD(acc, scratch);
+    if (threadIdx.x == 0) {
+      if (parts == 1) storeSum(out + r, acc);
+      else partial[r * parts + blockIdx.x] = acc;
+    }
+  }
+}
+template <typename O>
+__global__ void rowPartialsFinalizeKernel(const double* partial, int64_t rows, int64_t parts, O* out) {
+  __shared__ double scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    double acc = 0.0;
+    for (int64_t p = threadIdx.x; p < parts; p += blockDim.x) acc += partial[r * parts + p];
+    acc = blockSumD(acc, scratch);
+    if (threadIdx.x == 0) storeSum(out + r, acc);
+  }
+}
+
+// Launches the row sums of a contiguous [rows, cols] array into out[rows] (cols >= 1) on `st`:
+// parts = ceil(cols / (32·threads)) blocks per row (each thread takes about 32 elements; 1 up to
+// 8192 columns), at most 1024. The split depends on the shape only.
+template <typename T, bool kSquare, typename O>
+inline void launchRowSums(int device, cudaStream_t st, const T* x, int64_t rows, int64_t cols, O* out, const char* call) {
+  if (rows <= 0 || cols <= 0) return;
+  unsigned threads = cols >= 256 ? 256 : 32;
+  int64_t parts = (cols + int64_t(threads) * 32 - 1) / (int64_t(threads) * 32);
+  parts = parts < 1 ? 1 : parts > 1024 ? 1024 : parts;
+  dim3 grid(unsigned(parts), unsigned(rows < 65535 ? rows : 65535));
+  if (parts == 1) {
+    rowSumKernel<T, kSquare, O><<<grid, threads, 0, st>>>(x, rows, cols, nullptr, out);
+    return;
+  }
+  DeviceScratch partial(device, size_t(rows * parts) * sizeof(double), call);
+  rowSumKernel<T, kSquare, O><<<grid, threads, 0, st>>>(x, rows, cols, partial.as<double>(), out);
+  rowPartialsFinalizeKernel<O><<<unsigned(rows < 65535 ? rows : 65535), 256, 0, st>>>(partial.as<double>(), rows, parts, out);
+}
+
+// Rows per block of the column sums, as the cpu backend's blockColumnSums (native/cpu/kernels/util.h):
+// each block's partial is the double sum of its rows' f32 contributions in row order, and the partials
+// are added in block order, so both backends add the same terms in the same order (up to the grouping
+// of very tall inputs, below).
+constexpr int64_t kSumBlockRows = 64;
+// At most this many groups of row blocks: a column's partials of more blocks than this are first added
+// in order by one thread per group (scratch stays at most kMaxRowGroups·S·cols doubles).
+constexpr int64_t kMaxRowGroups = 1024;
+
+// Stage 1 of S column sums over a [rows, cols] view: thread (column c, group g) computes, for each
+// row block of its group in order, the block's partial (f.add(col, r, acc) adds row r's
+// contributions to acc[0..S)) and adds it to the group's double sum, stored at
+// partial[(k·groups + g)·cols + c]. f.column(c) gives the per-column state `col`.
+template <int S, class F>
+__global__ void columnPartialKernel(F f, int64_t rows, int64_t cols, int64_t blocksPerGroup, int64_t groups, double* partial) {
+  int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  auto col = f.column(c);
+  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
+    double group[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) group[k] = 0.0;
+    for (int64_t blk = g * blocksPerGroup; blk < (g + 1) * blocksPerGroup; blk++) {
+      int64_t r0 = blk * kSumBlockRows, r1 = r0 + kSumBlockRows < rows ? r0 + kSumBlockRows : rows;
+      if (r0 >= r1) break;
+      double acc[S];
+#pragma unroll
+      for (int k = 0; k < S; k++) acc[k] = 0.0;
+      for (int64_t r = r0; r < r1; r++) f.add(col, r, acc);
+#pragma unroll
+      for (int k = 0; k < S; k++) group[k] += acc[k];
+    }
+#pragma unroll
+    for (int k = 0; k < S; k++) partial[(k * groups + g) * cols + c] = group[k];
+  }
+}
+// Stage 2: out_k[c] = Σ_g partial[(k·groups + g)·cols + c] in group order (out_k null: skipped).
+template <int S, typename O>
+__global__ void columnFinalizeKernel(const double* partial, int64_t groups, int64_t cols, O* out0, O* out1) {
+  NT_GRID_STRIDE(c, cols) {
+#pragma unroll
+    for (int k = 0; k < S; k++) {
+      O* o = k == 0 ? out0 : out1;
+      if (!o) continue;
+      double s = 0.0;
+      for (int64_t g = 0; g < groups; g++) s += partial[(k * groups + g) * cols + c];
+      storeSum(o + c, s);
+    }
+  }
+}
+
+// Launches S (1 or 2) column sums of a [rows, cols] view on `st` into out0/out1 (cols elements each;
+// null ones skipped); rows == 0 writes zeros. Scratch comes from the caching allocator (stream-ordered).
+template <int S, class F, typename O>
+inline void launchColumnSums(int device, cudaStream_t st, F f, int64_t rows, int64_t cols, O* out0, O* out1, const char* call) {
+  static_assert(S == 1 || S == 2, "one or two column sums");
+  if (cols <= 0 || (!out0 && !out1)) return;
+  if (rows <= 0) {
+    if (out0) check(cudaMemsetAsync(out0, 0, size_t(cols) * sizeof(O), st), "cudaMemsetAsync");
+    if (S == 2 && out1) check(cudaMemsetAsync(out1, 0, size_t(cols) * sizeof(O), st), "cudaMemsetAsync");
+    return;
+  }
+  int64_t blocks = (rows + kSumBlockRows - 1) / kSumBlockRows;
+  int64_t blocksPerGroup = (blocks + kMaxRowGroups - 1) / kMaxRowGroups;
+  int64_t groups = (blocks + blocksPerGroup - 1) / blocksPerGroup;
+  DeviceScratch partial(device, size_t(S * groups * cols) * sizeof(double), call);
+  unsigned threads = cols >= 256 ? 256 : unsigned((cols + 31) / 32 * 32);
+  dim3 grid(unsigned((cols + threads - 1) / threads), unsigned(groups));
+  columnPartialKernel<S, F><<<grid, threads, 0, st>>>(f, rows, cols, blocksPerGroup, groups, partial.as<double>());
+  columnFinalizeKernel<S, O><<<gridFor(cols), kThreads, 0, st>>>(partial.as<double>(), groups, cols, out0, out1);
 }
 
 // dst[i] = src[i] rounded to T (f32 accumulators written back in a tensor's dtype).

@@ -1,24 +1,21 @@
 // Elementwise kernels on the cuda backend, with the cpu backend's signatures and op codes (lib/ops calls
 // both the same way): binary ops with broadcasting (element strides, 0 on a broadcast dimension), unary
-// ops with a scalar parameter and their backward; computed in f32, stored in the tensor's dtype.
+// ops with a scalar parameter and their backward; computed in f32, stored in the tensor's dtype. Operands
+// in row-major order go through map3Kernel (16-byte packs where aligned), broadcasts over at most two
+// merged dims through binary2dKernel, others through the strided kernel.
 #include "../../core/arg_lists.h"
+#include "../../core/op_codes.h"
 #include "common.cuh"
 
 namespace nt::cuda {
 
-enum BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin, kPow };
-// Codes of lib/ops/codes.ts, as the cpu backend.
-enum UnaryOp { kNeg, kExp, kLog, kSqrt, kTanh, kPowScalar, kScale, kAddScalar, kRsub, kRdiv };
-
+// Op codes: native/core/op_codes.h (the cpu backend compiles the same file; lib/kernel-codes.ts mirrors it).
 __device__ __forceinline__ float binary(int op, float x, float y) {
   switch (op) {
     case kAdd: return x + y;
     case kSub: return x - y;
     case kMul: return x * y;
-    case kDiv: return x / y;
-    case kMax: return fmaxf(x, y);
-    case kMin: return fminf(x, y);
-    default: return powf(x, y);
+    default: return x / y;
   }
 }
 
@@ -31,53 +28,125 @@ __global__ void binaryKernel(int op, const T* a, const T* b, T* out, int64_t n, 
   }
 }
 
-template <typename T>
-__global__ void unaryKernel(int op, const T* x, T* out, int64_t n, float p) {
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(x[i]), r;
-    switch (op) {
-      case kNeg: r = -v; break;
-      case kExp: r = expf(v); break;
-      case kLog: r = logf(v); break;
-      case kSqrt: r = sqrtf(v); break;
-      case kTanh: r = tanhf(v); break;
-      case kPowScalar: r = p == 2.0f ? v * v : powf(v, p); break;
-      case kScale: r = v * p; break;
-      case kAddScalar: r = v + p; break;
-      case kRsub: r = p - v; break;
-      default: r = p / v;
-    }
-    out[i] = fromF32<T>(r);
+__device__ __forceinline__ float unary(int op, float v, float p) {
+  switch (op) {
+    case kNeg: return -v;
+    case kExp: return expf(v);
+    case kLog: return logf(v);
+    case kSqrt: return sqrtf(v);
+    case kTanh: return tanhf(v);
+    case kPow: return p == 2.0f ? v * v : powf(v, p);
+    case kScale: return v * p;
+    case kAddScalar: return v + p;
+    case kRsub: return p - v;
+    default: return p / v;
   }
 }
 
 // gradIn from gradOut g, the input x and the output y (whichever the op's derivative needs).
+__device__ __forceinline__ float unaryGrad(int op, float x, float y, float gv, float p) {
+  switch (op) {
+    case kNeg: case kRsub: return -gv;
+    case kExp: return gv * y;
+    case kLog: return gv / x;
+    case kSqrt: return gv * 0.5f / y;
+    case kTanh: return gv * (1.0f - y * y);
+    case kPow: return p == 2.0f ? gv * 2.0f * x : gv * p * powf(x, p - 1.0f);
+    case kScale: return gv * p;
+    case kAddScalar: return gv;
+    default: return -gv * p / (x * x);
+  }
+}
+
+// The ops as map3Kernel functors (common.cuh): the contiguous path with 16-byte packs.
+struct BinaryF {
+  int op;
+  __device__ __forceinline__ float operator()(float a, float b, float) const { return binary(op, a, b); }
+};
+struct UnaryF {
+  int op;
+  float p;
+  __device__ __forceinline__ float operator()(float x, float, float) const { return unary(op, x, p); }
+};
+struct UnaryGradF {
+  int op;
+  float p;
+  __device__ __forceinline__ float operator()(float x, float y, float g) const { return unaryGrad(op, x, y, g, p); }
+};
+
+// A broadcast over at most two (merged) dimensions: out[r, c] = a[r·ar + c·ac] op b[r·br + c·bc], rows
+// walked by blockIdx.y in strides of gridDim.y and a row's columns by the x threads, so no index is
+// divided (a bias row [R, D] + [D], a column [R, D] + [R, 1], a scalar).
 template <typename T>
-__global__ void unaryBackwardKernel(int op, const T* x, const T* y, const T* g, T* gi, int64_t n, float p) {
-  NT_GRID_STRIDE(i, n) {
-    float gv = toF32(g[i]), r;
-    switch (op) {
-      case kNeg: case kRsub: r = -gv; break;
-      case kExp: r = gv * toF32(y[i]); break;
-      case kLog: r = gv / toF32(x[i]); break;
-      case kSqrt: r = gv * 0.5f / toF32(y[i]); break;
-      case kTanh: { float t = toF32(y[i]); r = gv * (1.0f - t * t); break; }
-      case kPowScalar: { float v = toF32(x[i]); r = p == 2.0f ? gv * 2.0f * v : gv * p * powf(v, p - 1.0f); break; }
-      case kScale: r = gv * p; break;
-      case kAddScalar: r = gv; break;
-      default: { float v = toF32(x[i]); r = -gv * p / (v * v); }
+__global__ void binary2dKernel(int op, const T* a, const T* b, T* out, int64_t rows, int64_t cols, int64_t ar, int64_t ac, int64_t br,
+                               int64_t bc) {
+  int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = first; c < cols; c += stride) out[r * cols + c] = fromF32<T>(binary(op, toF32(a[r * ar + c * ac]), toF32(b[r * br + c * bc])));
+}
+
+// One dimension of a binary op after size-1 dims are dropped and neighbours merged.
+struct BinaryDim {
+  int64_t size, a, b;
+};
+// Drops size-1 dims and merges a dim into its left neighbour when both operands' strides nest there
+// (the output is contiguous, so its strides always nest).
+static std::vector<BinaryDim> mergeBinaryDims(const std::vector<int64_t>& shape, const std::vector<int64_t>& sa, const std::vector<int64_t>& sb) {
+  std::vector<BinaryDim> dims;
+  for (size_t d = 0; d < shape.size(); d++) {
+    if (shape[d] == 1) continue;
+    BinaryDim cur{shape[d], sa[d], sb[d]};
+    if (!dims.empty()) {
+      BinaryDim& prev = dims.back();
+      if (prev.a == cur.a * cur.size && prev.b == cur.b * cur.size) {
+        prev = BinaryDim{prev.size * cur.size, cur.a, cur.b};
+        continue;
+      }
     }
-    gi[i] = fromF32<T>(r);
+    dims.push_back(cur);
+  }
+  return dims;
+}
+
+// True when `strides` are the row-major strides of `shape` (size-1 dims may have any stride): the
+// operand is read in output order and the contiguous path applies.
+static bool rowMajor(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+  int64_t expect = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != expect) return false;
+    expect *= shape[d];
+  }
+  return true;
+}
+
+// Launches binary op over the non-empty `shape` on `st` (s: the strides of sa and sb as a kernel argument).
+template <typename T>
+static void launchBinary(cudaStream_t st, int op, const T* a, const T* b, T* out, const std::vector<int64_t>& shape,
+                         const std::vector<int64_t>& sa, const std::vector<int64_t>& sb, const Strides& s) {
+  int64_t n = product(shape);
+  std::vector<BinaryDim> dims = mergeBinaryDims(shape, sa, sb);
+  if (rowMajor(shape, sa) && rowMajor(shape, sb)) {
+    launchMap3<T>(st, BinaryF{op}, a, b, nullptr, out, n);
+  } else if (dims.size() <= 2) {
+    BinaryDim row = dims.size() == 2 ? dims[0] : BinaryDim{1, 0, 0};
+    BinaryDim col = dims.empty() ? BinaryDim{1, 0, 0} : dims.back();
+    unsigned threads = col.size >= 256 ? 256 : unsigned((col.size + 31) / 32 * 32);
+    int64_t bx = (col.size + threads - 1) / threads;
+    dim3 grid(unsigned(bx < 65535 * 8 ? bx : 65535 * 8), unsigned(row.size < 65535 ? row.size : 65535));
+    binary2dKernel<T><<<grid, threads, 0, st>>>(op, a, b, out, row.size, col.size, row.a, col.a, row.b, col.b);
+  } else {
+    binaryKernel<T><<<gridFor(n), kThreads, 0, st>>>(op, a, b, out, n, s);
   }
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
-//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (as the cpu
-//   backend), 4 max, 5 min, 6 pow; strides in elements, 0 broadcasts.
+//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (op_codes.h);
+//   strides in elements, 0 broadcasts.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "binary");
   int64_t op = k.args.int64(0);
-  if (op < kAdd || op > kPow) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
+  if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   DType dt = k.args.dtype(4);
   std::vector<int64_t> shape = intList(info, 5, "binary");
   std::vector<int64_t> sa = intList(info, 6, "binary", int64_t(shape.size())), sb = intList(info, 7, "binary", int64_t(shape.size()));
@@ -87,8 +156,10 @@ static Napi::Value Binary(const Napi::CallbackInfo& info) {
   void* a = k.data(1, dt, extentA);
   void* b = k.data(2, dt, extentB);
   void* out = k.data(3, dt, n);
-  NT_LAUNCH_FLOAT(k, dt, binaryKernel, gridFor(n), kThreads,
-                  int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, s);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "binary", T,
+                    launchBinary<T>(st, int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape, sa, sb, s));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("binary", Binary);
@@ -100,11 +171,14 @@ static Napi::Value Unary(const Napi::CallbackInfo& info) {
   int64_t op = k.args.int64(0), n = k.args.size(3);
   DType dt = k.args.dtype(4);
   float p = float(k.args.number(5));
-  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
+  if (!validUnaryOp(op)) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
   void* x = k.data(1, dt, n);
   void* out = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  NT_LAUNCH_FLOAT(k, dt, unaryKernel, gridFor(n), kThreads, int(op), static_cast<const T*>(x), static_cast<T*>(out), n, p);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "unary", T,
+                    launchMap3<T>(st, UnaryF{int(op), p}, static_cast<const T*>(x), nullptr, nullptr, static_cast<T*>(out), n));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("unary", Unary);
@@ -117,16 +191,19 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   int64_t op = k.args.int64(0), n = k.args.size(5);
   DType dt = k.args.dtype(6);
   float p = float(k.args.number(7));
-  if (op < kNeg || op > kRdiv) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
-  bool needX = op == kLog || op == kPowScalar || op == kRdiv;
+  if (!validUnaryOp(op)) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
   void* x = needX ? k.data(1, dt, n) : nullptr;
   void* y = needY ? k.data(2, dt, n) : nullptr;
   void* g = k.data(3, dt, n);
   void* gi = k.data(4, dt, n);
   if (n == 0) return info.Env().Undefined();
-  NT_LAUNCH_FLOAT(k, dt, unaryBackwardKernel, gridFor(n), kThreads,
-                  int(op), static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(g), static_cast<T*>(gi), n, p);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    launchMap3<T>(st, UnaryGradF{int(op), p}, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(g),
+                                  static_cast<T*>(gi), n));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("unary_backward", UnaryBackward);

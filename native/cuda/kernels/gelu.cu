@@ -14,21 +14,13 @@ __device__ __forceinline__ float geluTanhGrad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-template <typename T>
-__global__ void geluForwardKernel(const T* x, const T* bias, T* y, int64_t n, int64_t cols) {
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(x[i]) + (bias ? toF32(bias[i % cols]) : 0.0f);
-    y[i] = fromF32<T>(geluTanh(v));
-  }
-}
-template <typename T>
-__global__ void geluBackwardKernel(const T* dy, const T* x, const T* bias, T* dx, int64_t n, int64_t cols) {
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(x[i]) + (bias ? toF32(bias[i % cols]) : 0.0f);
-    dx[i] = fromF32<T>(toF32(dy[i]) * geluTanhGrad(v));
-  }
-}
-
+struct GeluF {
+  __device__ __forceinline__ float operator()(float x, float, float) const { return geluTanh(x); }
+};
+// (dy, x) -> dy · gelu'(x)
+struct GeluGradF {
+  __device__ __forceinline__ float operator()(float dy, float x, float) const { return dy * geluTanhGrad(x); }
+};
 
 // gelu_forward(inp, out, n, dtype) and gelu_backward(inp, gradOut, gradIn, n, dtype): the cpu
 // backend's signatures (no bias) over the same kernels.
@@ -39,7 +31,9 @@ static Napi::Value GeluForwardAbi(const Napi::CallbackInfo& info) {
   void* x = k.data(0, dt, n);
   void* y = k.data(1, dt, n);
   if (n == 0) return info.Env().Undefined();
-  NT_LAUNCH_FLOAT(k, dt, geluForwardKernel, gridFor(n), kThreads, static_cast<const T*>(x), nullptr, static_cast<T*>(y), n, 1);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "gelu_forward", T, launchMap3<T>(st, GeluF{}, static_cast<const T*>(x), nullptr, nullptr, static_cast<T*>(y), n));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("gelu_forward", GeluForwardAbi);
@@ -52,35 +46,70 @@ static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
   void* dy = k.data(1, dt, n);
   void* dx = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  NT_LAUNCH_FLOAT(k, dt, geluBackwardKernel, gridFor(n), kThreads,
-                  static_cast<const T*>(dy), static_cast<const T*>(x), nullptr, static_cast<T*>(dx), n, 1);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "gelu_backward", T,
+                    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(dy), static_cast<const T*>(x), nullptr, static_cast<T*>(dx), n));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("gelu_backward", GeluBackwardAbi);
 
-// pre += bias per column (stored in pre's dtype), out = gelu(pre as stored).
+// pre += bias per column (stored in pre's dtype), out = gelu(pre as stored); bias non-null. Rows are
+// walked by blockIdx.y (in strides of gridDim.y), a row's columns by the x threads, so no index is
+// divided. vec: cols is a multiple of vecWidth<T>() and every pointer is 16-byte aligned (so is every
+// row), and the columns go in 16-byte packs.
 template <typename T>
-__global__ void biasGeluForwardKernel(T* pre, const T* bias, T* y, int64_t n, int64_t cols) {
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(pre[i]);
-    if (bias) {
-      T stored = fromF32<T>(v + toF32(bias[i % cols]));
-      pre[i] = stored;
-      v = toF32(stored);
+__global__ void biasGeluForwardKernel(T* pre, const T* bias, T* y, int64_t rows, int64_t cols, bool vec) {
+  constexpr int N = vecWidth<T>();
+  using P = Pack<T, N>;
+  int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    T* pr = pre + r * cols;
+    T* yr = y + r * cols;
+    if (vec) {
+      for (int64_t c = first; c < cols / N; c += stride) {
+        P p = reinterpret_cast<const P*>(pr)[c], b = reinterpret_cast<const P*>(bias)[c], o;
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+          p.v[k] = fromF32<T>(toF32(p.v[k]) + toF32(b.v[k]));
+          o.v[k] = fromF32<T>(geluTanh(toF32(p.v[k])));
+        }
+        reinterpret_cast<P*>(pr)[c] = p;
+        reinterpret_cast<P*>(yr)[c] = o;
+      }
+    } else {
+      for (int64_t c = first; c < cols; c += stride) {
+        T stored = fromF32<T>(toF32(pr[c]) + toF32(bias[c]));
+        pr[c] = stored;
+        yr[c] = fromF32<T>(geluTanh(toF32(stored)));
+      }
     }
-    y[i] = fromF32<T>(geluTanh(v));
   }
 }
 
-// gradBias[j] = Σ_rows gradPre[r, j] (one thread per column, rows in order: deterministic).
+// Launches bias_gelu_forward over a non-empty [rows, cols] on `st` (bias may be null).
 template <typename T>
-__global__ void columnSumKernel(const T* g, T* out, int64_t rows, int64_t cols) {
-  NT_GRID_STRIDE(j, cols) {
-    float s = 0.0f;
-    for (int64_t r = 0; r < rows; r++) s += toF32(g[r * cols + j]);
-    out[j] = fromF32<T>(s);
+static void launchBiasGeluForward(cudaStream_t st, T* pre, const T* bias, T* y, int64_t rows, int64_t cols) {
+  if (!bias) {
+    launchMap3<T>(st, GeluF{}, pre, nullptr, nullptr, y, rows * cols);
+    return;
   }
+  bool vec = cols % vecWidth<T>() == 0 && alignedTo(pre, 16) && alignedTo(bias, 16) && alignedTo(y, 16);
+  int64_t units = vec ? cols / vecWidth<T>() : cols;
+  unsigned threads = units >= 256 ? 256 : unsigned((units + 31) / 32 * 32);
+  int64_t bx = (units + threads - 1) / threads;
+  dim3 grid(unsigned(bx < 65535 ? bx : 65535), unsigned(rows < 65535 ? rows : 65535));
+  biasGeluForwardKernel<T><<<grid, threads, 0, st>>>(pre, bias, y, rows, cols, vec);
 }
+
+// Row r, column j of the stored gradPre for the bias gradient's column sums (launchColumnSums).
+template <typename T>
+struct ColumnRead {
+  const T* g;
+  int64_t cols;
+  __device__ __forceinline__ int64_t column(int64_t c) const { return c; }
+  __device__ __forceinline__ void add(int64_t j, int64_t r, double* acc) const { acc[0] += double(toF32(g[r * cols + j])); }
+};
 
 // bias_gelu_forward(pre, bias|null, out, rows, cols, dtype): pre += bias in place, out = gelu(pre).
 static Napi::Value BiasGeluForwardAbi(const Napi::CallbackInfo& info) {
@@ -91,8 +120,10 @@ static Napi::Value BiasGeluForwardAbi(const Napi::CallbackInfo& info) {
   void* bias = k.optional(1, dt, cols);
   void* y = k.data(2, dt, n);
   if (n == 0) return info.Env().Undefined();
-  NT_LAUNCH_FLOAT(k, dt, biasGeluForwardKernel, gridFor(n), kThreads, static_cast<T*>(pre), static_cast<const T*>(bias),
-                  static_cast<T*>(y), n, cols);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, "bias_gelu_forward", T,
+                    launchBiasGeluForward<T>(st, static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols));
+  k.launched();
   return info.Env().Undefined();
 }
 NT_EXPORT("bias_gelu_forward", BiasGeluForwardAbi);
@@ -110,10 +141,10 @@ static Napi::Value BiasGeluBackwardAbi(const Napi::CallbackInfo& info) {
   if (cols == 0) return info.Env().Undefined();
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, "bias_gelu_backward", T, {
-    if (n > 0)
-      geluBackwardKernel<T><<<gridFor(n), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(pre), nullptr,
-                                                            static_cast<T*>(dpre), n, cols);
-    if (dbias) columnSumKernel<T><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dpre), static_cast<T*>(dbias), rows, cols);
+    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(dy), static_cast<const T*>(pre), nullptr, static_cast<T*>(dpre), n);
+    if (dbias)
+      launchColumnSums<1>(k.device(), st, ColumnRead<T>{static_cast<const T*>(dpre), cols}, rows, cols, static_cast<T*>(dbias),
+                          static_cast<T*>(nullptr), "bias_gelu_backward");
   });
   k.launched();
   return info.Env().Undefined();

@@ -1,6 +1,6 @@
 // LayerNorm and RMSNorm on the cuda backend (forward and backward; the forward kernel also fuses
-// the residual add of add_layernorm_forward), one block per row; statistics in f32. Weight/bias gradients are reduced over rows
-// by a second kernel (one thread per column), so they are deterministic.
+// the residual add of add_layernorm_forward), one block per row; statistics in f32. Weight/bias gradients are column sums
+// over 64-row blocks added in block order (launchColumnSums, as the cpu backend), so they are deterministic.
 #include "common.cuh"
 
 namespace nt::cuda {
@@ -71,21 +71,23 @@ __global__ void normBackwardKernel(const T* dy, const T* x, const T* w, const fl
   }
 }
 
-// dw[j] = sum_r dy * xhat, db[j] = sum_r dy (written as O: f32, or the parameters' dtype).
-template <typename T, bool kRms, typename O = float>
-__global__ void normParamGradKernel(const T* dy, const T* x, const float* mean, const float* rstd, O* dw, O* db,
-                                    int64_t rows, int64_t cols) {
-  NT_GRID_STRIDE(j, cols) {
-    float aw = 0.0f, ab = 0.0f;
-    for (int64_t r = 0; r < rows; r++) {
-      float g = toF32(dy[r * cols + j]);
-      aw += g * (toF32(x[r * cols + j]) - (kRms ? 0.0f : mean[r])) * rstd[r];
-      ab += g;
-    }
-    if (dw) dw[j] = fromF32<O>(aw);
-    if (db) db[j] = fromF32<O>(ab);
+// Row r's contributions to dW[j] (dy·x̂, x̂ computed as the cpu kernel does) and dB[j] (dy), summed
+// over rows by launchColumnSums (common.cuh) in the cpu backend's 64-row blocks.
+template <typename T, bool kRms>
+struct NormParamRows {
+  const T* dy;
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  int64_t cols;
+  __device__ __forceinline__ int64_t column(int64_t c) const { return c; }
+  __device__ __forceinline__ void add(int64_t j, int64_t r, double* acc) const {
+    float g = toF32(dy[r * cols + j]);
+    float xh = (toF32(x[r * cols + j]) - (kRms ? 0.0f : mean[r])) * rstd[r];
+    acc[0] += double(g * xh);
+    acc[1] += double(g);
   }
-}
+};
 
 static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : 64; }
 
@@ -139,8 +141,8 @@ static Napi::Value backwardAbi(const Napi::CallbackInfo& info, const char* call)
     if (rows > 0)
       normBackwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), cols);
-    normParamGradKernel<T, kRms, T><<<gridFor(cols), kThreads, 0, st>>>(static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd,
-                                                                       static_cast<T*>(dw), static_cast<T*>(db), rows, cols);
+    launchColumnSums<2>(k.device(), st, NormParamRows<T, kRms>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, cols},
+                        rows, cols, static_cast<T*>(dw), static_cast<T*>(db), call);
   });
   k.launched();
   return info.Env().Undefined();

@@ -50,42 +50,60 @@ __global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyp
   }
 }
 
-// LAMB phase 1: moments, and per tensor the squared norms of the weights and of the update.
+// LAMB phase 1: moments, and per chunk the squared norms of the weights and of the update (double,
+// as the cpu kernel), at chunkNorms[2·chunk] and [2·chunk + 1]: no atomics, so phase 1b adds them in
+// chunk order and the norms are the same on every run.
 template <typename P, typename G>
-__global__ void lambNormsKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, float* norms) {
-  __shared__ float scratch[32];
+__global__ void lambNormsKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, double* chunkNorms) {
+  __shared__ double scratch[32];
   Chunk c = chunks[blockIdx.x];
   TensorEntry t = tensors[c.tensor];
   int64_t end = min(c.start + kChunk, t.n);
   const P* p = static_cast<const P*>(t.param);
-  float pw = 0.0f, uu = 0.0f;
+  double pw = 0.0, uu = 0.0;
   for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
     float w = toF32(p[i]);
     float u = adamUpdate<G>(t, i, h) + h.weightDecay * w;
-    pw += w * w;
-    uu += u * u;
+    pw += double(w) * double(w);
+    uu += double(u) * double(u);
   }
-  pw = blockSum(pw, scratch);
-  uu = blockSum(uu, scratch);
+  pw = blockSumD(pw, scratch);
+  uu = blockSumD(uu, scratch);
   if (threadIdx.x == 0) {
-    atomicAdd(norms + 2 * c.tensor, pw);
-    atomicAdd(norms + 2 * c.tensor + 1, uu);
+    chunkNorms[2 * blockIdx.x] = pw;
+    chunkNorms[2 * blockIdx.x + 1] = uu;
   }
 }
 
-// LAMB phase 2: the update recomputed from the new moments, scaled by the trust ratio |w| / |u|.
+// LAMB phase 1b: tensor k's norms = the sums of its chunks' (chunks firstChunk[k] .. firstChunk[k + 1] - 1)
+// in chunk order.
+__global__ void lambTensorNormsKernel(const double* chunkNorms, const int32_t* firstChunk, double* norms, int64_t count) {
+  NT_GRID_STRIDE(k, count) {
+    double pw = 0.0, uu = 0.0;
+    for (int32_t c = firstChunk[k]; c < firstChunk[k + 1]; c++) {
+      pw += chunkNorms[2 * c];
+      uu += chunkNorms[2 * c + 1];
+    }
+    norms[2 * k] = pw;
+    norms[2 * k + 1] = uu;
+  }
+}
+
+// LAMB phase 2: the update recomputed from the new moments, scaled by the trust ratio |w| / |u| (in
+// double, as the cpu kernel: p -= float(lr · ratio) · u).
 template <typename P>
-__global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, const float* norms) {
+__global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, const double* norms) {
   Chunk c = chunks[blockIdx.x];
   TensorEntry t = tensors[c.tensor];
   int64_t end = min(c.start + kChunk, t.n);
-  float wn = sqrtf(norms[2 * c.tensor]), un = sqrtf(norms[2 * c.tensor + 1]);
-  float trust = wn > 0.0f && un > 0.0f ? wn / un : 1.0f;
+  double pw = norms[2 * c.tensor], uu = norms[2 * c.tensor + 1];
+  double trust = pw > 0.0 && uu > 0.0 ? sqrt(pw) / sqrt(uu) : 1.0;
+  float stepSize = float(double(h.lr) * trust);
   P* p = static_cast<P*>(t.param);
   for (int64_t i = c.start + threadIdx.x; i < end; i += blockDim.x) {
     float w = toF32(p[i]);
     float u = (t.m[i] / h.bias1) / (sqrtf(t.v[i] / h.bias2) + h.eps) + h.weightDecay * w;
-    p[i] = fromF32<P>(w - h.lr * trust * u);
+    p[i] = fromF32<P>(w - stepSize * u);
   }
 }
 
@@ -93,38 +111,49 @@ __global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks,
 // current stream. For LAMB, `norms` (when given) receives each tensor's squared weight and update norms,
 // which makes the call wait for the stream.
 static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensors, DType pt, DType gt, const Hyper& h, bool lamb,
-                              std::vector<float>* norms, const char* call) {
+                              std::vector<double>* norms, const char* call) {
   std::vector<Chunk> chunks;
-  for (size_t t = 0; t < tensors.size(); t++)
+  std::vector<int32_t> firstChunk;  // tensor k's chunks: firstChunk[k] .. firstChunk[k + 1] - 1
+  for (size_t t = 0; t < tensors.size(); t++) {
+    firstChunk.push_back(int32_t(chunks.size()));
     for (int64_t s = 0; s < tensors[t].n; s += kChunk) chunks.push_back({int32_t(t), s});
-  if (norms) norms->assign(tensors.size() * 2, 0.0f);
+  }
+  firstChunk.push_back(int32_t(chunks.size()));
+  if (norms) norms->assign(tensors.size() * 2, 0.0);
   if (chunks.empty()) return;
   useDevice(device);
   cudaStream_t st = currentStream(device);
   size_t count = tensors.size();
-  size_t tableBytes = tensors.size() * sizeof(TensorEntry), chunkBytes = chunks.size() * sizeof(Chunk);
-  size_t normBytes = lamb ? size_t(count) * 2 * sizeof(float) : 0;
-  auto* table = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes + normBytes + 16, call));
-  // Pageable-to-device copies return once the host data is staged, so the vectors may go out of scope.
-  check(cudaMemcpyAsync(table, tensors.data(), tableBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  auto* dChunks = reinterpret_cast<Chunk*>(table + (tableBytes + 15) / 16 * 16);
-  check(cudaMemcpyAsync(dChunks, chunks.data(), chunkBytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  float* normsDev = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(dChunks) + chunkBytes);
+  auto align16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  // One allocation: tensor table | chunks | LAMB: per-chunk norms | per-tensor norms | firstChunk.
+  size_t tableBytes = align16(count * sizeof(TensorEntry)), chunkBytes = align16(chunks.size() * sizeof(Chunk));
+  size_t chunkNormBytes = lamb ? align16(chunks.size() * 2 * sizeof(double)) : 0, normBytes = lamb ? align16(count * 2 * sizeof(double)) : 0;
+  size_t firstBytes = lamb ? align16(firstChunk.size() * sizeof(int32_t)) : 0;
+  auto* table = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes + chunkNormBytes + normBytes + firstBytes, call));
   auto* dTensors = reinterpret_cast<TensorEntry*>(table);
+  auto* dChunks = reinterpret_cast<Chunk*>(table + tableBytes);
+  auto* chunkNorms = reinterpret_cast<double*>(table + tableBytes + chunkBytes);
+  auto* normsDev = reinterpret_cast<double*>(table + tableBytes + chunkBytes + chunkNormBytes);
+  auto* dFirst = reinterpret_cast<int32_t*>(table + tableBytes + chunkBytes + chunkNormBytes + normBytes);
   unsigned blocks = unsigned(chunks.size());
   try {
-    if (lamb) check(cudaMemsetAsync(normsDev, 0, normBytes, st), "cudaMemsetAsync");
+    // Pageable-to-device copies return once the host data is staged, so the vectors may go out of scope.
+    check(cudaMemcpyAsync(dTensors, tensors.data(), count * sizeof(TensorEntry), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(dChunks, chunks.data(), chunks.size() * sizeof(Chunk), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+    if (lamb)
+      check(cudaMemcpyAsync(dFirst, firstChunk.data(), firstChunk.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
     NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
       if (!lamb) {
         adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h);
       } else {
-        lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, normsDev);
+        lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, chunkNorms);
+        lambTensorNormsKernel<<<gridFor(int64_t(count)), kThreads, 0, st>>>(chunkNorms, dFirst, normsDev, int64_t(count));
         lambApplyKernel<P><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, normsDev);
       }
     }));
     checkLaunch(call);
     if (lamb && norms) {
-      check(cudaMemcpyAsync(norms->data(), normsDev, normBytes, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(norms->data(), normsDev, count * 2 * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
       check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
     }
   } catch (...) {
@@ -180,7 +209,7 @@ static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* ca
     std::vector<TensorEntry> tensors;
     for (size_t k : members)
       tensors.push_back({params[k], grads[k], reinterpret_cast<float*>(ms[k]), reinterpret_cast<float*>(vs[k]), counts[k]});
-    std::vector<float> norms;
+    std::vector<double> norms;
     launchMultiTensor(device, tensors, dtypes.first, dtypes.second, h, lamb, lamb ? &norms : nullptr, call);
     if (lamb)
       for (size_t j = 0; j < members.size(); j++) {
@@ -241,23 +270,11 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("sgd_step", SgdStep);
 
-// Adds the sum of squares of x into *out (block partial sums in f32, combined in f64).
-template <typename T>
-__global__ void sumSquaresKernel(const T* x, int64_t n, double* out) {
-  __shared__ float scratch[32];
-  float acc = 0.0f;
-  NT_GRID_STRIDE(i, n) {
-    float v = toF32(x[i]);
-    acc += v * v;
-  }
-  acc = blockSum(acc, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, double(acc));
-}
-
-template <typename T>
-__global__ void scaleKernel(T* x, int64_t n, float alpha) {
-  NT_GRID_STRIDE(i, n) x[i] = fromF32<T>(toF32(x[i]) * alpha);
-}
+// x *= alpha (map3Kernel functor: contiguous, 16-byte packs where aligned).
+struct ScaleF {
+  float alpha;
+  __device__ __forceinline__ float operator()(float x, float, float) const { return x * alpha; }
+};
 
 // The tensors of sum_squares and scale_in_place: (storages[], counts[], dtypes[], ...) on one
 // device (-1 when the list is empty).
@@ -295,10 +312,12 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   cudaStream_t st = currentStream(l.device);
   DeviceScratch sums(l.device, count * sizeof(double), call);
   check(cudaMemsetAsync(sums.as<double>(), 0, count * sizeof(double), st), "cudaMemsetAsync");
+  // Each tensor's sum of squares by the block-parallel row sum of common.cuh (one row): double
+  // partials combined in a fixed order, so the norm is the same on every run.
   launchEach(l, call, [&](size_t k) {
     NT_DISPATCH_FLOAT(l.dts[k], call, T,
-                      sumSquaresKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<const T*>(l.data[k]),
-                                                                                    l.counts[k], sums.as<double>() + k));
+                      (launchRowSums<T, true, double>(l.device, st, reinterpret_cast<const T*>(l.data[k]), 1, l.counts[k],
+                                                      sums.as<double>() + k, call)));
   });
   check(cudaMemcpyAsync(out.Data(), sums.as<double>(), count * sizeof(double), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
@@ -316,7 +335,8 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   cudaStream_t st = currentStream(l.device);
   launchEach(l, call, [&](size_t k) {
     NT_DISPATCH_FLOAT(l.dts[k], call, T,
-                      scaleKernel<T><<<gridFor(l.counts[k]), kThreads, 0, st>>>(reinterpret_cast<T*>(l.data[k]), l.counts[k], alpha));
+                      launchMap3<T>(st, ScaleF{alpha}, reinterpret_cast<const T*>(l.data[k]), nullptr, nullptr,
+                                    reinterpret_cast<T*>(l.data[k]), l.counts[k]));
   });
   return info.Env().Undefined();
 }

@@ -10,7 +10,7 @@ __global__ void randomKernel(T* out, int64_t n, int kind, uint64_t seed, uint64_
   NT_GRID_STRIDE(i, n) {
     uint64_t e = first + uint64_t(i);
     float v;
-    // Rounded products and sums, as on the cpu: --use_fast_math would otherwise fuse them (FMA).
+    // Rounded products and sums, as on the cpu: nvcc would otherwise fuse them (FMA, its default).
     if (kind == 0) v = __fadd_rn(p0, __fmul_rn(__fsub_rn(p1, p0), philox::uniform(seed, base, e)));
     else if (kind == 1) v = __fadd_rn(p0, __fmul_rn(p1, philox::normal(seed, base, e)));
     else v = philox::uniform(seed, base, e) < p0 ? 1.0f : 0.0f;

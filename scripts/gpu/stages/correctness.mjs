@@ -76,6 +76,28 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     // Head dims above 256 take the materializing path (attention_softmax_forward/backward around per-head GEMMs).
     { name: `attention causal D=288 materializing [1,2,${T},288]`, shapes: [[1, 2, T, 288], [1, 2, T, 288], [1, 2, T, 288]], std: 0.5, run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
     { name: 'attention non-causal window 5 [1,2,33,32]', shapes: [[1, 2, 33, 32], [1, 2, 33, 32], [1, 2, 33, 32]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: false, window: 5 }) },
+    // Norm parameter gradients and bias gradients are two-stage column sums over 64-row blocks
+    // (launchColumnSums): training shapes with many row blocks, and odd shapes (one partial block,
+    // columns not a multiple of the 16-byte vector width).
+    { name: `layerNorm [${big(8192, 200)},${D}]`, shapes: [[big(8192, 200), D], [D], [D]], run: ([x, w, b]) => nt.layerNorm(x, w, b) },
+    { name: 'layerNorm [3,5]', shapes: [[3, 5], [5], [5]], run: ([x, w, b]) => nt.layerNorm(x, w, b) },
+    { name: `rmsNorm [${big(8192, 200)},${D}]`, shapes: [[big(8192, 200), D], [D]], run: ([x, w]) => nt.rmsNorm(x, w) },
+    { name: 'rmsNorm [3,5]', shapes: [[3, 5], [5]], run: ([x, w]) => nt.rmsNorm(x, w) },
+    { name: `linearGelu [${R},${D}]x[${4 * D},${D}]`, shapes: [[R, D], [4 * D, D], [4 * D]], std: 1 / Math.sqrt(D), run: ([x, w, b]) => nt.linearGelu(x, w, b) },
+    { name: 'linearGelu [67,13]x[29,13]', shapes: [[67, 13], [29, 13], [29]], std: 0.3, run: ([x, w, b]) => nt.linearGelu(x, w, b) },
+    // sum_to's contiguous patterns: column sums [S, K] (sum over dim 0), row sums [K, S] with one
+    // block per row and with several blocks per long row, and odd sizes.
+    { name: `sum dim 0 [${big(8192, 300)},${big(3072, 96)}]`, shapes: [[big(8192, 300), big(3072, 96)]], run: ([a]) => nt.sum(a, 0) },
+    { name: 'sum dim 0 [131,7]', shapes: [[131, 7]], run: ([a]) => nt.sum(a, 0) },
+    { name: `sum dim -1 [${R},${D}]`, shapes: [[R, D]], run: ([a]) => nt.sum(a, -1) },
+    { name: `sum dim -1 [3,${big(300007, 20011)}]`, shapes: [[3, big(300007, 20011)]], run: ([a]) => nt.sum(a, -1) },
+    { name: 'sum dim -1 [5,3]', shapes: [[5, 3]], run: ([a]) => nt.sum(a, -1) },
+    // binary's paths: a column broadcast (2-d kernel; its gradient a row sum), a broadcast over a
+    // middle dim (strided kernel), a one-element operand and odd sizes.
+    { name: `add/mul column broadcast [${R},${D}] [${R},1]`, shapes: [[R, D], [R, 1]], run: ([a, c]) => nt.mul(nt.add(a, c), c) },
+    { name: `div/sub broadcast [4,${R / 4},${D}] [4,1,${D}]`, shapes: [[4, R / 4, D], [4, 1, D]], run: ([x, y]) => nt.sub(nt.div(x, nt.add(nt.mul(y, y), 1)), y) },
+    { name: 'mul/add broadcast [7,9] [1] [9]', shapes: [[7, 9], [1], [9]], run: ([a, b, c]) => nt.mul(nt.add(a, c), b) },
+    { name: 'sum dims 0,2 (strided path) [6,5,7]', shapes: [[6, 5, 7]], run: ([a]) => nt.sum(nt.sum(a, 2), 0) },
   ];
   for (const dtype of ['f32', 'bf16', 'f16']) {
     section(`ops-${dtype}`);
@@ -124,10 +146,28 @@ export async function run(rec, nt, noGpu, ctx = {}) {
       const x = randn([n], 'f32', 'cpu', 0.5), d = x.to(DEV);
       compare(`exp n=${n}`, 'f32', host(nt.exp(d)), host(nt.exp(x)), 1e-5);
       compare(`gelu bf16 n=${n}`, 'bf16', host(nt.gelu(d.to('bf16'))), host(nt.gelu(x.to('bf16'))));
+      // Without --use_fast_math: tanhf is not tanh.approx (~5e-4) and powf of a negative base is not NaN.
+      compare(`gelu f32 n=${n}`, 'f32', host(nt.gelu(d)), host(nt.gelu(x)), 1e-5);
+      compare(`pow(x, 3) f32 n=${n} (negative x)`, 'f32', host(nt.pow(d, 3)), host(nt.pow(x, 3)), 1e-5);
       compare(`add n=${n}`, 'f32', host(nt.add(d, d)), host(nt.add(x, x)), 0);
       compare(`sum n=${n}`, 'f32', host(nt.sum(d)), host(nt.sum(x)), 1e-4);
     });
   }
+
+  // The two-stage reductions add their partials in a fixed order: the same inputs give the same bits.
+  await check('deterministic reductions (sum, norm and bias gradients, sum_squares)', () => {
+    const n = big((1 << 26) + 7, 100003), rows = big(8192, 200), cols = D;
+    const x = randn([n], 'f32', DEV), xn = randn([rows, cols], 'bf16', DEV), g = randn([rows, cols], 'bf16', DEV);
+    const w = randn([cols], 'bf16', DEV), b = randn([cols], 'bf16', DEV);
+    const once = () => {
+      const [xs, ws, bs] = [xn, w, b].map((t) => { const c = t.clone(); c.requiresGrad = true; return c; });
+      nt.sum(nt.mul(nt.layerNorm(xs, ws, bs), g)).backward();
+      return [host(nt.sum(x)), host(nt.sum(g, 0)), host(ws.grad), host(bs.grad), Array.from(G.sum_squares([x.storage], [x.size], [DT.f32]))];
+    };
+    const first = once(), second = once();
+    const names = ['sum', 'column sums', 'layerNorm dW', 'layerNorm dB', 'sum_squares'];
+    first.forEach((v, i) => compare(`${names[i]} run twice`, 'f32', second[i], v, 0));
+  });
 
   // ---- raw kernels --------------------------------------------------------------------------------
   for (const dtype of ['f32', 'bf16', 'f16', 'i32', 'u8']) {
@@ -138,9 +178,9 @@ export async function run(rec, nt, noGpu, ctx = {}) {
   }
   await check('fill/arange', () => {
     for (const dtype of ['f32', 'bf16', 'f16', 'i32']) {
-      // i32 holds integers only (full and arange refuse 3.3 and a step of 0.25 for it).
+      // i32 holds integers only (full and arange refuse 3.3 and a step of 0.25 for it); 1003: a vector tail.
       const [v, step] = dtype === 'i32' ? [-7, 3] : [3.3, 0.25];
-      compare(`fill ${dtype}`, dtype, host(nt.full([1000], v, { dtype, device: DEV })), host(nt.full([1000], v, { dtype })), 0);
+      compare(`fill ${dtype}`, dtype, host(nt.full([1003], v, { dtype, device: DEV })), host(nt.full([1003], v, { dtype })), 0);
       compare(`arange ${dtype}`, dtype, host(nt.arange(0, 50, step, { dtype, device: DEV })), host(nt.arange(0, 50, step, { dtype })), 0);
     }
   });

@@ -9,10 +9,17 @@ import { join } from 'node:path';
 import { findPython, relErr, root, torchPeer } from '../common.mjs';
 
 const DT = { f32: 0, f16: 1, bf16: 2, tf32: 0 };
+// NODETRON_GPU_RUN_DRY=1 (rehearsals without a GPU): the GPT-2 steps run a tiny GPT on the cpu, with
+// PyTorch on the cpu, so their code (weights and tokens handed to torch, losses compared) runs here.
+const DRY = process.env.NODETRON_GPU_RUN_DRY === '1';
+const DEV = DRY ? 'cpu' : 'cuda';
+const sync = (nt) => { if (!DRY) nt.cuda.synchronize(); };
 // Dense peak TFLOP/s of bf16 tensor cores, for MFU (SXM parts; PCIe/NVL parts are lower).
 const PEAK_BF16 = [[/H200/, 989], [/H100.*PCIe/, 756], [/H100/, 989], [/A100/, 312], [/B200/, 2250]];
 // The GPT-2 124M step: batch, context, the losses compared with PyTorch's, the timed steps after them.
-const GPT2 = { cfg: { vocabSize: 50257, blockSize: 1024, nLayer: 12, nHead: 12, nEmbd: 768, dropout: 0, bias: true }, B: 16, T: 1024, losses: 20, timed: 10 };
+const GPT2 = DRY
+  ? { cfg: { vocabSize: 512, blockSize: 64, nLayer: 2, nHead: 2, nEmbd: 64, dropout: 0, bias: true }, B: 2, T: 64, losses: 20, timed: 3 }
+  : { cfg: { vocabSize: 50257, blockSize: 1024, nLayer: 12, nHead: 12, nEmbd: 768, dropout: 0, bias: true }, B: 16, T: 1024, losses: 20, timed: 10 };
 // Both sides' AdamW: scripts/bench/torch_train.py's hyperparameters, weight decay on every parameter.
 const ADAMW = { lr: 1e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
 // First-20-step losses of bf16 runs from the same weights and tokens: |a - b| / (1 + |b|) at most this.
@@ -32,68 +39,69 @@ const rowOf = (rec) => (name, value, unit, torchValue, extra = {}) => rec.bench(
 
 /** nodetron's GPT-2 124M step: writes its initial weights and tokens for the torch steps, records 20 losses, times 10 steps. */
 export async function gpt2Step(rec, nt, noGpu, ctx) {
-  if (noGpu) return rec.skip(noGpu);
+  if (noGpu && !DRY) return rec.skip(noGpu);
   const { cfg, B, T } = GPT2;
   const { cuda } = await import('../../../dist/native.js');
-  const gpu = cuda().deviceInfo()[0].name;
+  const gpu = DRY ? 'cpu' : cuda().deviceInfo()[0].name;
   const prefix = join(ctx.work, 'gpt2-init');
-  nt.emptyCache('cuda');
-  const model = new nt.nn.GPT(cfg, { seed: 1, device: 'cuda' });
+  nt.emptyCache(DEV);
+  const model = new nt.nn.GPT(cfg, { seed: 1, device: DEV });
   const named = model.namedParameters();
-  const nParams = named.reduce((s, [, p]) => s + p.numel, 0);
+  const nParams = named.reduce((s, [, p]) => s + p.size, 0);
   let offset = 0;
-  const manifest = named.map(([name, p]) => { const m = { name, shape: p.shape, offset }; offset += p.numel; return m; });
+  const manifest = named.map(([name, p]) => { const m = { name, shape: p.shape, offset }; offset += p.size; return m; });
   const flat = new Float32Array(offset);
   for (const [i, [, p]] of named.entries()) flat.set(p.to('cpu').toArraySync(), manifest[i].offset);
   writeFileSync(`${prefix}.json`, JSON.stringify(manifest));
   writeFileSync(`${prefix}.bin`, new Uint8Array(flat.buffer));
   const tokens = Int32Array.from({ length: 2 * B * T }, (_, i) => ((i * 2654435761) >>> 0) % cfg.vocabSize);
   writeFileSync(`${prefix}-tokens.bin`, new Uint8Array(tokens.buffer));
-  const x = nt.tensor(tokens.slice(0, B * T), [B, T]).to('cuda'), y = nt.tensor(tokens.slice(B * T), [B, T]).to('cuda');
+  const x = nt.tensor(tokens.slice(0, B * T), [B, T]).to(DEV), y = nt.tensor(tokens.slice(B * T), [B, T]).to(DEV);
   const opt = new nt.optim.AdamW(model.parameters(), ADAMW);
   const step = () => nt.autocast({ dtype: 'bf16' }, () => nt.trainStep(model, opt, x, y));
   const losses = [];
   for (let s = 0; s < GPT2.losses; s++) losses.push(step().loss);
   writeFileSync(join(ctx.work, 'gpt2-losses.json'), JSON.stringify(losses));
   rec.info('gpt2Losses', losses);
-  rec.check({ name: 'GPT-2 124M bf16: 20 finite losses, falling', ok: losses.every(Number.isFinite) && losses.at(-1) < losses[0], error: JSON.stringify(losses) });
-  nt.cuda.synchronize();
-  nt.resetPeakMemory('cuda');
+  rec.check({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} bf16: ${GPT2.losses} finite losses, falling`, ok: losses.every(Number.isFinite) && losses.at(-1) < losses[0], error: JSON.stringify(losses) });
+  sync(nt);
+  nt.resetPeakMemory(DEV);
   const t0 = process.hrtime.bigint();
   for (let s = 0; s < GPT2.timed; s++) step();
-  nt.cuda.synchronize();
+  sync(nt);
   const ms = Number(process.hrtime.bigint() - t0) / 1e6 / GPT2.timed;
   const tokS = (B * T) / (ms / 1e3);
   const flopsPerToken = 6 * nParams + 12 * cfg.nLayer * cfg.nEmbd * T;
   const peakTf = PEAK_BF16.find(([re]) => re.test(gpu))?.[1];
-  const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats('cuda').peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
+  const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats(DEV).peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
   writeFileSync(join(ctx.work, 'gpt2-nodetron.json'), JSON.stringify(result));
-  rec.bench({ name: `GPT-2 124M step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
+  rec.bench({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
   opt.dispose(); model.dispose(); x.dispose(); y.dispose();
 }
 
 /** PyTorch's GPT-2 124M step (ctx.args.mode: eager or compile) from nodetron's weights and tokens, beside nodetron's. */
 export async function gpt2Torch(rec, nt, noGpu, ctx) {
-  if (noGpu) return rec.skip(noGpu);
+  if (noGpu && !DRY) return rec.skip(noGpu);
   const { cfg, B, T } = GPT2;
   const mode = ctx.args.mode;
   const prefix = join(ctx.work, 'gpt2-init');
   let mine = null, ourLosses = null;
   try { mine = JSON.parse(readFileSync(join(ctx.work, 'gpt2-nodetron.json'), 'utf8')); } catch { /* the nodetron step did not finish */ }
   try { ourLosses = JSON.parse(readFileSync(join(ctx.work, 'gpt2-losses.json'), 'utf8')); } catch { /* idem */ }
-  const { python } = findPython();
+  const { python, torch } = findPython();
+  if (DRY && !torch) return rec.skip('dry run: no python with torch here');
   const init = ourLosses ? ['--init', prefix, '--losses', String(GPT2.losses)] : [];
   const peer = torchPeer(python, ['--layers', String(cfg.nLayer), '--heads', String(cfg.nHead), '--width', String(cfg.nEmbd), '--ctx', String(T), '--batch', String(B),
-    '--vocab', String(cfg.vocabSize), '--steps', String(GPT2.timed), '--warmup', '3', '--device', 'cuda', '--dtype', 'bf16', ...init, ...(mode === 'compile' ? ['--compile'] : [])],
+    '--vocab', String(cfg.vocabSize), '--steps', String(GPT2.timed), '--warmup', '3', '--device', DEV, '--dtype', 'bf16', ...(DRY ? ['--threads', '2', '--no-memory'] : []), ...init, ...(mode === 'compile' ? ['--compile'] : [])],
   600_000, join(root, 'scripts', 'bench', 'torch_train.py'));
   if (peer.error) { rec.check({ name: `torch ${mode} GPT-2 step ran`, ok: false, error: peer.error }); return; }
   rec.info(`torch${mode}`, { torch: peer.torch, msPerStep: peer.msPerStep, firstStepSeconds: peer.firstStepSeconds, peakStepBytes: peer.peakStepBytes, losses: peer.losses });
   const tokS = mine?.tokS;
-  rec.bench({ name: `GPT-2 124M step bf16 B${B} vs torch ${mode}`, value: tokS ?? null, unit: 'tokens/s', torch: peer.tokensPerSec, ratio: tokS ? tokS / peer.tokensPerSec : undefined,
+  rec.bench({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} step bf16 B${B} vs torch ${mode}`, value: tokS ?? null, unit: 'tokens/s', torch: peer.tokensPerSec, ratio: tokS ? tokS / peer.tokensPerSec : undefined,
     peakBytes: mine?.peakBytes ?? null, torchPeakBytes: peer.peakStepBytes ?? null, mfu: mine?.mfu ?? null, torchMfu: mine?.flopsPerToken && mine.peakTflops ? (peer.tokensPerSec * mine.flopsPerToken) / (mine.peakTflops * 1e12) : null });
   if (ourLosses && peer.losses?.length) {
     const c = relErr(ourLosses, peer.losses, LOSS_TOL);
-    rec.check({ name: `GPT-2 124M bf16: first ${GPT2.losses} losses = torch ${mode}'s (same weights and tokens)`, ok: c.bad === 0, maxRelErr: c.maxRelErr, tol: LOSS_TOL, error: c.bad ? JSON.stringify({ nodetron: ourLosses, torch: peer.losses }) : undefined });
+    rec.check({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} bf16: first ${GPT2.losses} losses = torch ${mode}'s (same weights and tokens)`, ok: c.bad === 0, maxRelErr: c.maxRelErr, tol: LOSS_TOL, error: c.bad ? JSON.stringify({ nodetron: ourLosses, torch: peer.losses }) : undefined });
   }
 }
 
@@ -143,6 +151,8 @@ export async function membw(rec, nt, noGpu) {
     const x = nt.randn([R, D], { seed: 3, dtype: 'bf16', device: 'cuda' }), y = nt.zeros([R, D], { dtype: 'bf16', device: 'cuda' });
     const w = nt.randn([D], { seed: 4, dtype: 'bf16', device: 'cuda' }), bb = nt.randn([D], { seed: 5, dtype: 'bf16', device: 'cuda' });
     const mean = nt.zeros([R], { device: 'cuda' }), rstd = nt.zeros([R], { device: 'cuda' });
+    const s1 = nt.zeros([1], { dtype: 'bf16', device: 'cuda' }), sD = nt.zeros([D], { dtype: 'bf16', device: 'cuda' }), sR = nt.zeros([R], { dtype: 'bf16', device: 'cuda' });
+    const gw = nt.zeros([D], { dtype: 'bf16', device: 'cuda' }), gb = nt.zeros([D], { dtype: 'bf16', device: 'cuda' });
     const tp = torchPeer(python, ['membw', '--rows', String(R), '--cols', String(D)], 30_000);
     if (tp.error) rec.info('torchMembwError', tp.error);
     const copyMs = timeCuda(nt, () => G.copy(y.storage, 0, x.storage, 0, bytes), 50);
@@ -152,6 +162,13 @@ export async function membw(rec, nt, noGpu) {
       ['layernorm', 'layernorm_forward', () => G.layernorm_forward(x.storage, w.storage, bb.storage, y.storage, mean.storage, rstd.storage, R, D, 1e-5, DT.bf16), 1],
       ['add', 'binary add', () => nt.add(x, x).dispose(), 1.5],
       ['softmax', 'softmax_forward', () => G.softmax_forward(x.storage, y.storage, R, D, DT.bf16, false), 1],
+      // Two-stage deterministic reductions (reads only: f = 0.5; the norm and bias gradients read two
+      // [R, D] inputs and write one: f = 1.5).
+      ['sum', 'sum_to all', () => G.sum_to(x.storage, s1.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([0, 0]), 1), 0.5],
+      ['colsum', 'sum_to over rows', () => G.sum_to(x.storage, sD.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([0, 1]), D), 0.5],
+      ['rowsum', 'sum_to over columns', () => G.sum_to(x.storage, sR.storage, DT.bf16, new Int32Array([R, D]), new Int32Array([1, 0]), R), 0.5],
+      ['layernorm_backward', 'layernorm_backward', () => G.layernorm_backward(x.storage, w.storage, mean.storage, rstd.storage, x.storage, y.storage, gw.storage, gb.storage, R, D, DT.bf16), 1.5],
+      ['bias_gelu_backward', 'bias_gelu_backward', () => G.bias_gelu_backward(x.storage, x.storage, y.storage, gb.storage, R, D, DT.bf16), 1.5],
     ];
     for (const [key, name, fn, f] of kernels) {
       const ms = key === 'copy' ? copyMs : timeCuda(nt, fn, 50);

@@ -9,7 +9,12 @@ for (const dtype of ['f32', 'bf16']) {
     const q = r([1, 2, 33, 40], dtype), att = nt.attention(q, q, q, { causal: true });
     const logits = nt.linear(h, r([1001, 80], dtype));
     const loss = nt.add(nt.crossEntropy(logits, nt.tensor(Int32Array.from({ length: 37 }, (_, i) => (i * 13) % 1001), [37], { device: 'cuda' })), nt.mean(nt.softmax(att)));
-    loss.backward();
+    // Two-stage reductions: bias+GELU and RMSNorm gradients (column sums), sums over dim 0 (column
+    // sums), over a long last dim (several blocks per row, then the partials kernel) and of everything.
+    const rn = nt.rmsNorm(nt.linearGelu(x, w, b), g);
+    const sums = [nt.sum(r([131, 7], dtype), 0), nt.sum(r([3, 20011], dtype), -1), nt.sum(r([70001], dtype))];
+    const total = sums.reduce((acc, s) => nt.add(acc, nt.mean(s)), nt.add(loss, nt.mean(rn)));
+    total.backward();
     nt.optim.clipGradNorm([x, w, b, g, lb, q], 1);
     console.log(dtype, loss.item());
   });

@@ -4,7 +4,7 @@
 // flow arrows, and the phases code marks with traceSpan (the trainer's forward/backward per
 // micro-batch, gradient sync, optimizer step). `nodetron trace merge DIR` shifts every rank by its
 // clock offset (measured at init by alignTraceClock) and writes one file for Perfetto / chrome://tracing.
-// Collectives reach it through the flight recorder's hook (flight.ts): one place observes ProcessGroup.
+// Collectives reach it through the flight recorder's hook (lib/distributed/flight.ts): one place observes ProcessGroup.
 // Layers: traceLayer wraps a transformer block's forward in a span and names the autograd region its
 // nodes are recorded in; the outermost backward() (lib/autograd/engine.ts) emits one span per
 // contiguous run of nodes of one region (BackwardRegions). Checkpoint stages and data loading go on

@@ -1,0 +1,51 @@
+# Builds the emulated sources in OUT (argv[2]) from the repository at ROOT (argv[1]): common.cuh as is
+# and the launch helpers, functors and kernels of the .cu files (cut at the comments that precede and
+# follow them, so an edit there shows here as a missing marker), each <<<...>>> launch rewritten as a
+# call of emuLaunch.
+import os, sys
+ROOT, OUT = sys.argv[1], sys.argv[2]
+SRC=os.path.join(ROOT, 'native/cuda/kernels/')
+def launches(s):
+    # kernel<...><<<cfg>>>(args)  ->  emuLaunch(kernel<...>, cfg, args)
+    out=[]; i=0
+    while True:
+        j=s.find('<<<', i)
+        if j<0: out.append(s[i:]); break
+        # walk back over the kernel expression (identifier with optional template args)
+        k=j; depth=0
+        while k>0:
+            c=s[k-1]
+            if c=='>': depth+=1
+            elif c=='<': depth-=1
+            elif depth==0 and not (c.isalnum() or c in '_:'): break
+            k-=1
+        e=s.find('>>>(', j)
+        out.append(s[i:k]); out.append('emuLaunch('+s[k:j]+', '+s[j+3:e]+', ')
+        i=e+4
+    return ''.join(out)
+def between(text, start, end):
+    a=text.index(start); b=text.index(end, a)
+    return text[a:b]
+common=open(SRC+'common.cuh').read()
+open(os.path.join(OUT,'native/cuda/kernels/common.cuh'),'w').write(launches(common))
+parts=[]
+r=open(SRC+'reduce.cu').read()
+parts.append(between(r,'// The general case: one thread per output element','// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)\n//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed'))
+e=open(SRC+'elementwise.cu').read()
+# The op codes come from native/core/op_codes.h (both backends compile it).
+codes=open(os.path.join(ROOT, 'native/core/op_codes.h')).read()
+parts.append(''.join(l + '\n' for l in codes.split('\n') if l.startswith(('enum ', 'inline bool'))))
+parts.append(between(e,'__device__ __forceinline__ float binary(int op','// binary(op, a, b, out, dtype, outShape'))
+g=open(SRC+'gelu.cu').read()
+parts.append(between(g,'__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'))
+parts.append(between(g,'// pre += bias per column','// bias_gelu_forward(pre, bias|null'))
+nm=open(SRC+'norm.cu').read()
+parts.append(between(nm,'// Row r\'s contributions to dW','static unsigned rowThreads'))
+c=open(SRC+'convert.cu').read()
+parts.append(between(c,'// Elements per access of castKernel','template <typename T>\n__global__ void arangeKernel'))
+o=open(SRC+'optim.cu').read()
+parts.append(between(o,'// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'))
+parts.append(between(o,'constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'))
+body='#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
+open(os.path.join(OUT,'kernels_emu.h'),'w').write(body)
+

@@ -1,0 +1,244 @@
+// Checks of the emulated cuda kernels against scalar references (see run.sh).
+#include "kernels_emu.h"
+#include <random>
+#include <cstdio>
+using namespace nt;
+using namespace nt::cuda;
+static int failures = 0, checks = 0;
+#define EXPECT(c, ...) do { checks++; if (!(c)) { failures++; std::printf("FAIL %s:%d: ", __FILE__, __LINE__); std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
+static std::mt19937 rng(42);
+static std::vector<float> randv(size_t n) { std::normal_distribution<float> d; std::vector<float> v(n); for (auto& x : v) x = d(rng); return v; }
+template <class T> static std::vector<T> conv(const std::vector<float>& v) { std::vector<T> o(v.size()); for (size_t i = 0; i < v.size(); i++) o[i] = fromF32<T>(v[i]); return o; }
+template <class T> static bool same(T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0; }
+// A buffer whose data starts `shift` elements past a 256-byte boundary.
+template <class T> struct Buf { std::vector<unsigned char> raw; T* p; Buf(size_t n, size_t shift = 0) : raw((n + shift) * sizeof(T) + 512) { uintptr_t a = (reinterpret_cast<uintptr_t>(raw.data()) + 255) / 256 * 256; p = reinterpret_cast<T*>(a) + shift; } };
+
+template <class T> void testMap(size_t n, size_t shift) {
+  auto va = conv<T>(randv(n)), vb = conv<T>(randv(n));
+  Buf<T> a(n, shift), b(n, shift), o(n, shift);
+  std::memcpy(a.p, va.data(), n * sizeof(T)); std::memcpy(b.p, vb.data(), n * sizeof(T));
+  launchMap3<T>(nullptr, BinaryF{kMul}, a.p, b.p, nullptr, o.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) EXPECT(same(o.p[i], fromF32<T>(toF32(va[i]) * toF32(vb[i]))), "map mul n=%zu shift=%zu i=%zu", n, shift, i);
+  // in place unary (out aliases input), and unary_backward with a null input
+  launchMap3<T>(nullptr, UnaryF{kExp, 0.f}, a.p, nullptr, nullptr, a.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) EXPECT(same(a.p[i], fromF32<T>(expf(toF32(va[i])))), "map exp in place n=%zu i=%zu", n, i);
+  launchMap3<T>(nullptr, UnaryGradF{kTanh, 0.f}, (const T*)nullptr, b.p, a.p, o.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) { float y = toF32(vb[i]); EXPECT(same(o.p[i], fromF32<T>(toF32(a.p[i]) * (1.f - y * y))), "map tanh grad i=%zu", i); }
+  launchMap3<T>(nullptr, GeluGradF{}, b.p, a.p, nullptr, o.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) EXPECT(same(o.p[i], fromF32<T>(toF32(b.p[i]) * geluTanhGrad(toF32(a.p[i])))), "map gelu grad i=%zu", i);
+  launchMap3<T>(nullptr, ScaleF{0.3f}, o.p, nullptr, nullptr, b.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) EXPECT(same(b.p[i], fromF32<T>(toF32(o.p[i]) * 0.3f)), "map scale i=%zu", i);
+}
+
+template <class T> void testRowSums(int64_t rows, int64_t cols) {
+  auto v = conv<T>(randv(size_t(rows * cols)));
+  std::vector<T> out(static_cast<size_t>(rows));
+  std::vector<double> sq(static_cast<size_t>(rows));
+  launchRowSums<T, false, T>(0, nullptr, v.data(), rows, cols, out.data(), "t");
+  launchRowSums<T, true, double>(0, nullptr, v.data(), rows, cols, sq.data(), "t");
+  for (int64_t r = 0; r < rows; r++) {
+    double s = 0, s2 = 0, sa = 0;
+    for (int64_t j = 0; j < cols; j++) { double x = toF32(v[size_t(r * cols + j)]); s += x; s2 += x * x; sa += std::fabs(x); }
+    float want = float(s);
+    EXPECT(std::fabs(toF32(out[size_t(r)]) - toF32(fromF32<T>(want))) <= 1e-6 * sa + (sizeof(T) == 2 ? 1e-2 * std::fabs(want) : 0), "rowsum %ldx%ld r=%ld got %g want %g", long(rows), long(cols), long(r), toF32(out[size_t(r)]), want);
+    EXPECT(std::fabs(sq[size_t(r)] - s2) <= 1e-12 * s2, "rowsq %ldx%ld r=%ld got %.17g want %.17g", long(rows), long(cols), long(r), sq[size_t(r)], s2);
+  }
+}
+
+// lib's sumTo: output strides of `target` (trailing-aligned) over `shape`.
+void testSumTo(std::vector<int64_t> shape, std::vector<int64_t> target) {
+  size_t lead = shape.size() - target.size();
+  std::vector<int64_t> own(target.size());
+  int64_t acc = 1;
+  for (size_t i = target.size(); i-- > 0;) { own[i] = acc; acc *= target[i]; }
+  std::vector<int64_t> so(shape.size());
+  for (size_t i = 0; i < shape.size(); i++) { long d = long(i) - long(lead); so[i] = d < 0 || (target[size_t(d)] == 1 && shape[i] != 1) ? 0 : own[size_t(d)]; }
+  int64_t n = product(shape), nOut = acc;
+  auto x = randv(size_t(n));
+  std::vector<float> out(size_t(nOut), 12345.f);
+  std::vector<double> ref(size_t(nOut), 0.0), mag(size_t(nOut), 0.0);
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t o = 0, rem = i;
+    for (size_t d = shape.size(); d-- > 0;) { o += (rem % shape[d]) * so[d]; rem /= shape[d]; }
+    ref[size_t(o)] += x[size_t(i)];
+    mag[size_t(o)] += std::fabs(x[size_t(i)]);
+  }
+  long before = g_launches;
+  launchSumTo<float>(0, nullptr, x.data(), out.data(), shape, so, nOut, "sum_to");
+  std::string sh; for (auto s : shape) sh += std::to_string(s) + ",";
+  for (int64_t i = 0; i < nOut; i++)
+    EXPECT(std::fabs(out[size_t(i)] - float(ref[size_t(i)])) <= 1e-6 * mag[size_t(i)] + 1e-30, "sum_to [%s] out %ld got %g want %g", sh.c_str(), long(i), out[size_t(i)], ref[size_t(i)]);
+  std::printf("sum_to [%s] -> %ld outputs, %ld launches\n", sh.c_str(), long(nOut), g_launches - before);
+}
+
+// The cpu backend's blockColumnSums order for the norm gradients: exact match expected.
+template <bool kRms> void testNormGrads(int64_t rows, int64_t cols, bool exact) {
+  auto dy = randv(size_t(rows * cols)), x = randv(size_t(rows * cols)), mean = randv(size_t(rows)), rstd = randv(size_t(rows));
+  std::vector<float> dw(static_cast<size_t>(cols)), db(static_cast<size_t>(cols));
+  launchColumnSums<2>(0, nullptr, NormParamRows<float, kRms>{dy.data(), x.data(), mean.data(), rstd.data(), cols}, rows, cols, dw.data(),
+                      kRms ? (float*)nullptr : db.data(), "t");
+  int64_t blocks = (rows + 63) / 64;
+  std::vector<double> pw(size_t(blocks * cols), 0), pb(size_t(blocks * cols), 0);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++) {
+      float g = dy[size_t(r * cols + j)], m = kRms ? 0.f : mean[size_t(r)];
+      float xh = (x[size_t(r * cols + j)] - m) * rstd[size_t(r)];
+      pw[size_t((r / 64) * cols + j)] += double(g * xh);
+      pb[size_t((r / 64) * cols + j)] += double(g);
+    }
+  for (int64_t j = 0; j < cols; j++) {
+    double sw = 0, sb = 0;
+    for (int64_t b = 0; b < blocks; b++) { sw += pw[size_t(b * cols + j)]; sb += pb[size_t(b * cols + j)]; }
+    if (exact) EXPECT(dw[size_t(j)] == float(sw), "norm dW %ldx%ld j=%ld got %.9g want %.9g", long(rows), long(cols), long(j), dw[size_t(j)], float(sw));
+    else EXPECT(std::fabs(dw[size_t(j)] - float(sw)) <= 1e-5 * (1 + std::fabs(sw)), "norm dW %ldx%ld j=%ld", long(rows), long(cols), long(j));
+    if (!kRms) {
+      if (exact) EXPECT(db[size_t(j)] == float(sb), "norm dB %ldx%ld j=%ld got %.9g want %.9g", long(rows), long(cols), long(j), db[size_t(j)], float(sb));
+      else EXPECT(std::fabs(db[size_t(j)] - float(sb)) <= 1e-5 * (1 + std::fabs(sb)), "norm dB j=%ld", long(j));
+    }
+  }
+}
+
+template <class T> void testBiasGelu(int64_t rows, int64_t cols, size_t shift) {
+  int64_t n = rows * cols;
+  auto pre = conv<T>(randv(size_t(n))), bias = conv<T>(randv(size_t(cols)));
+  Buf<T> p(size_t(n), shift), b(size_t(cols), shift), y(size_t(n), shift);
+  std::memcpy(p.p, pre.data(), size_t(n) * sizeof(T)); std::memcpy(b.p, bias.data(), size_t(cols) * sizeof(T));
+  launchBiasGeluForward<T>(nullptr, p.p, b.p, y.p, rows, cols);
+  for (int64_t i = 0; i < n; i++) {
+    T st = fromF32<T>(toF32(pre[size_t(i)]) + toF32(bias[size_t(i % cols)]));
+    EXPECT(same(p.p[i], st), "biasgelu pre i=%ld", long(i));
+    EXPECT(same(y.p[i], fromF32<T>(geluTanh(toF32(st)))), "biasgelu y i=%ld", long(i));
+  }
+  // bias gradient column sums of the stored values
+  std::vector<T> db(static_cast<size_t>(cols));
+  launchColumnSums<1>(0, nullptr, ColumnRead<T>{y.p, cols}, rows, cols, db.data(), (T*)nullptr, "t");
+  for (int64_t j = 0; j < cols; j++) {
+    int64_t blocks = (rows + 63) / 64; double s = 0;
+    for (int64_t bl = 0; bl < blocks; bl++) { double a = 0; for (int64_t r = bl * 64; r < std::min(rows, bl * 64 + 64); r++) a += double(toF32(y.p[r * cols + j])); s += a; }
+    EXPECT(same(db[size_t(j)], fromF32<T>(float(s))), "bias grad j=%ld", long(j));
+  }
+}
+
+template <class T> void testBinary(std::vector<int64_t> shape, std::vector<int64_t> sa, std::vector<int64_t> sb, int64_t na, int64_t nb) {
+  auto a = conv<T>(randv(size_t(na))), b = conv<T>(randv(size_t(nb)));
+  int64_t n = product(shape);
+  std::vector<T> out(static_cast<size_t>(n));
+  Strides s = Strides::of(shape, sa, sb, "binary");
+  long before = g_launches;
+  launchBinary<T>(nullptr, kDiv, a.data(), b.data(), out.data(), shape, sa, sb, s);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t ia = 0, ib = 0, rem = i;
+    for (size_t d = shape.size(); d-- > 0;) { int64_t c = rem % shape[d]; rem /= shape[d]; ia += c * sa[d]; ib += c * sb[d]; }
+    EXPECT(same(out[size_t(i)], fromF32<T>(toF32(a[size_t(ia)]) / toF32(b[size_t(ib)]))), "binary i=%ld", long(i));
+  }
+  std::printf("binary %zu dims: %ld launch\n", shape.size(), g_launches - before);
+}
+
+template <class S, class D> void testCast(int64_t n, size_t shift) {
+  auto v = randv(size_t(n));
+  for (auto& x : v) x *= 100;
+  Buf<S> src(size_t(n), shift);
+  Buf<D> dst(size_t(n), shift);
+  for (int64_t i = 0; i < n; i++) src.p[i] = fromF32<S>(v[size_t(i)]);
+  constexpr int N = castWidth<S, D>();
+  bool vec = alignedTo(src.p, sizeof(S) * N) && alignedTo(dst.p, sizeof(D) * N);
+  emuLaunch(castKernel<S, D>, gridFor(vec ? (n + N - 1) / N : n), kThreads, 0, nullptr, (const S*)src.p, dst.p, n, vec);
+  for (int64_t i = 0; i < n; i++) EXPECT(same(dst.p[i], fromF32<D>(toF32(src.p[i]))), "cast i=%ld vec=%d", long(i), int(vec));
+  Buf<D> f(size_t(n), shift);
+  D val = fromF32<D>(3.0f);
+  launchFill<D>(nullptr, f.p, val, n);
+  for (int64_t i = 0; i < n; i++) EXPECT(same(f.p[i], val), "fill i=%ld", long(i));
+}
+
+// LAMB's three kernels over two tensors (one of several chunks, one of one element) and AdamW's,
+// against the cpu kernel's formulas (norms in double).
+template <class P> void testOptim(bool lamb) {
+  std::vector<int64_t> sizes{70001, 1, 0, 300};
+  std::vector<std::vector<P>> params;
+  std::vector<std::vector<float>> grads, ms, vs;
+  std::vector<TensorEntry> entries;
+  std::vector<Chunk> chunks;
+  std::vector<int32_t> first;
+  for (size_t k = 0; k < sizes.size(); k++) {
+    params.push_back(conv<P>(randv(size_t(sizes[k]))));
+    grads.push_back(randv(size_t(sizes[k])));
+    ms.push_back(randv(size_t(sizes[k])));
+    vs.push_back(randv(size_t(sizes[k])));
+    for (auto& v : vs.back()) v = v * v;
+  }
+  auto p0 = params; auto m0 = ms; auto v0 = vs;
+  for (size_t k = 0; k < sizes.size(); k++) {
+    entries.push_back({params[k].data(), grads[k].data(), ms[k].data(), vs[k].data(), sizes[k]});
+    first.push_back(int32_t(chunks.size()));
+    for (int64_t s = 0; s < sizes[k]; s += kChunk) chunks.push_back({int32_t(k), s});
+  }
+  first.push_back(int32_t(chunks.size()));
+  Hyper h{1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 0.19f, 0.0019990005f};
+  std::vector<double> chunkNorms(chunks.size() * 2), norms(sizes.size() * 2);
+  unsigned blocks = unsigned(chunks.size());
+  if (lamb) {
+    emuLaunch(lambNormsKernel<P, float>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h, chunkNorms.data());
+    emuLaunch(lambTensorNormsKernel, gridFor(int64_t(sizes.size())), kThreads, 0, nullptr, (const double*)chunkNorms.data(), (const int32_t*)first.data(), norms.data(), int64_t(sizes.size()));
+    emuLaunch(lambApplyKernel<P>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h, (const double*)norms.data());
+  } else {
+    emuLaunch(adamwKernel<P, float>, blocks, kThreads, 0, nullptr, (const TensorEntry*)entries.data(), (const Chunk*)chunks.data(), h);
+  }
+  for (size_t k = 0; k < sizes.size(); k++) {
+    double pw = 0, uu = 0;
+    std::vector<float> us(size_t(sizes[k]));
+    for (int64_t i = 0; i < sizes[k]; i++) {
+      float g = grads[k][size_t(i)] * h.gradScale;
+      float m = h.beta1 * m0[k][size_t(i)] + (1.0f - h.beta1) * g, v = h.beta2 * v0[k][size_t(i)] + (1.0f - h.beta2) * g * g;
+      EXPECT(ms[k][size_t(i)] == m && vs[k][size_t(i)] == v, "optim moments k=%zu i=%ld", k, long(i));
+      float w = toF32(p0[k][size_t(i)]);
+      float u = (m / h.bias1) / (sqrtf(v / h.bias2) + h.eps) + h.weightDecay * w;
+      us[size_t(i)] = u;
+      pw += double(w) * w;
+      uu += double(u) * u;
+    }
+    if (lamb) {
+      EXPECT(std::fabs(norms[2 * k] - pw) <= 1e-12 * pw && std::fabs(norms[2 * k + 1] - uu) <= 1e-12 * uu, "lamb norms k=%zu %g %g vs %g %g", k, norms[2 * k], norms[2 * k + 1], pw, uu);
+    }
+    double ratio = pw > 0 && uu > 0 ? std::sqrt(pw) / std::sqrt(uu) : 1.0;
+    for (int64_t i = 0; i < sizes[k]; i++) {
+      float w = toF32(p0[k][size_t(i)]);
+      float want = lamb ? w - float(double(h.lr) * ratio) * us[size_t(i)] : w - h.lr * ((us[size_t(i)] - h.weightDecay * w) + h.weightDecay * w);
+      EXPECT(std::fabs(toF32(params[k][size_t(i)]) - toF32(fromF32<P>(want))) <= 1e-6 * (1 + std::fabs(want)) + (sizeof(P) == 2 ? 1e-2 * std::fabs(want) : 0),
+             "optim %s param k=%zu i=%ld got %g want %g", lamb ? "lamb" : "adamw", k, long(i), toF32(params[k][size_t(i)]), want);
+    }
+  }
+}
+
+int main() {
+  testOptim<float>(true); testOptim<bf16>(true); testOptim<float>(false);
+  for (size_t n : {1, 3, 7, 8, 9, 33, 4097}) for (size_t sh : {0, 1}) { testMap<float>(n, sh); testMap<bf16>(n, sh); testMap<f16>(n, sh); }
+  testRowSums<float>(1, 1); testRowSums<float>(1, 3); testRowSums<float>(1, 100003); testRowSums<float>(3, 20011);
+  testRowSums<float>(5, 3); testRowSums<float>(64, 768); testRowSums<bf16>(2, 9000); testRowSums<f16>(7, 300);
+  testSumTo({7, 11}, {1});
+  testSumTo({100003}, {1});
+  testSumTo({5, 300}, {5, 1});
+  testSumTo({131, 7}, {7});
+  testSumTo({70000, 3}, {3});
+  testSumTo({4, 33, 5}, {4, 1, 5});
+  testSumTo({6, 5, 7}, {5, 1});
+  testSumTo({1, 8, 1, 9}, {1, 1, 1, 9});
+  testSumTo({2, 1, 3}, {2, 1, 3});
+  testSumTo({3, 4, 5, 6}, {4, 1, 1});
+  testSumTo({3, 4, 5, 6}, {3, 1, 5, 1});
+  testSumTo({2, 3, 4}, {2, 3, 1});
+  testNormGrads<false>(200, 48, true); testNormGrads<false>(3, 5, true); testNormGrads<true>(200, 48, true);
+  testNormGrads<false>(64, 300, true); testNormGrads<false>(70000, 3, false); testNormGrads<true>(1, 1, true);
+  testBiasGelu<float>(5, 3072, 0); testBiasGelu<float>(5, 13, 0); testBiasGelu<bf16>(130, 24, 0); testBiasGelu<bf16>(3, 24, 1); testBiasGelu<f16>(2, 7, 0);
+  testBinary<float>({5, 48}, {48, 1}, {0, 1}, 240, 48);
+  testBinary<float>({5, 48}, {48, 1}, {1, 0}, 240, 5);
+  testBinary<float>({7, 9}, {9, 1}, {0, 0}, 63, 1);
+  testBinary<bf16>({4, 3, 5}, {15, 5, 1}, {5, 0, 1}, 60, 20);
+  testBinary<float>({4, 3, 5}, {15, 5, 1}, {15, 5, 1}, 60, 60);
+  testBinary<float>({4, 3, 5}, {0, 5, 1}, {15, 5, 1}, 15, 60);
+  testBinary<float>({2, 1, 300}, {300, 7, 1}, {0, 0, 1}, 600, 300);
+  testCast<float, bf16>(4099, 0); testCast<float, bf16>(4099, 1); testCast<bf16, float>(4099, 0); testCast<float, uint8_t>(4099, 0);
+  testCast<int32_t, float>(4099, 0); testCast<f16, int32_t>(37, 3); testCast<uint8_t, f16>(41, 0); testCast<float, float>(9, 0);
+  std::printf("%d checks, %d failures, %ld launches, %ld blocks, %ld scratch allocations\n", checks, failures, g_launches, g_blocksRun, g_allocs);
+  return failures ? 1 : 0;
+}
