@@ -64,6 +64,16 @@ export interface BackendKernels {
   cross_entropy_shard_backward(logits: S, targets: S, lse: S, gradLoss: S, gradLogits: S, rows: number, vocab: number, ignoreIndex: number, scale: number, dtype: number): void;
   attention_softmax_forward(scores: S, probs: S, batch: number, tq: number, tk: number, scale: number, causal: boolean, window: number, dtype: number): void;
   attention_softmax_backward(probs: S, gradProbs: S, gradScores: S, batch: number, tq: number, tk: number, scale: number, dtype: number): void;
+  /**
+   * Flash attention (no T×T scores): out = softmax(scale·q·kᵀ + mask)·v per (batch, head); q, k, v and out
+   * read/written through layouts [offset, batchStride, headStride, tokenStride] (elements, head dim
+   * contiguous); lse f32 [batch, heads, tq] gets each row's log-sum-exp for backward.
+   */
+  flash_attention_forward(q: S, k: S, v: S, out: S, lse: S, qLayout: Ints, kLayout: Ints, vLayout: Ints, outLayout: Ints,
+    batch: number, heads: number, tq: number, tk: number, dim: number, scale: number, causal: boolean, window: number, dtype: number): void;
+  /** Gradients of flash_attention_forward: gradOut through outLayout, gradQ/K/V through q/k/v's layouts (may share one storage). */
+  flash_attention_backward(q: S, k: S, v: S, out: S, gradOut: S, lse: S, gradQ: S, gradK: S, gradV: S, qLayout: Ints, kLayout: Ints, vLayout: Ints,
+    outLayout: Ints, batch: number, heads: number, tq: number, tk: number, dim: number, scale: number, causal: boolean, window: number, dtype: number): void;
   embedding_forward(ids: S, weight: S, out: S, n: number, vocab: number, dim: number, dtype: number): void;
   embedding_backward(ids: S, gradOut: S, gradWeight: S, n: number, vocab: number, dim: number, dtype: number): void;
   layernorm_forward(x: S, weight: S, bias: S | null, out: S, mean: S, rstd: S, rows: number, cols: number, eps: number, dtype: number): void;
@@ -87,6 +97,7 @@ export const BACKEND_KERNELS = Object.keys({
   cast: 1, fill: 1, arange: 1, random_fill: 1, gemm: 1, binary: 1, unary: 1, unary_backward: 1, sum_to: 1, max_dim: 1, max_dim_backward: 1,
   copy_strided: 1, gelu_forward: 1, gelu_backward: 1, bias_gelu_forward: 1, bias_gelu_backward: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
   cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
+  flash_attention_forward: 1, flash_attention_backward: 1,
   embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, add_layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,
   adamw_step: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
 } satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];

@@ -1,6 +1,14 @@
-// Scaled dot-product self-attention with autograd: per (batch, head) GEMMs around a fused masked
-// softmax (causal and sliding-window masks), q/k/v laid out [B, H, T, D]; and the same on a packed
-// QKV projection [B, T, 3·H·D] with the heads merged back (attentionPacked, a GPT block's layout).
+// Scaled dot-product self-attention with autograd (causal and sliding-window masks), q/k/v laid out
+// [B, H, T, D]; and the same on a packed QKV projection [B, T, 3·H·D] with the heads merged back
+// (attentionPacked, a GPT block's layout). Both run the flash attention kernels
+// (flash_attention_forward/backward, FlashAttention-2's algorithm on either backend): no T×T scores or
+// probabilities are ever stored; forward saves the output and each row's log-sum-exp (f32 [B, H, T])
+// and backward recomputes the probabilities tile by tile. The kernels read q, k, v and write the output
+// and the gradients through strided layouts, so attentionPacked reads q, k, v straight from qkv, writes
+// the merged heads, and writes dq, dk, dv straight into one gradient of qkv (no copies).
+// The materializing path (per-(batch, head) GEMMs around attention_softmax_forward/backward, T×T
+// probabilities kept for backward) is taken only for head dims above FLASH_MAX_DIM, which the cuda
+// flash kernels refuse.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
@@ -23,9 +31,45 @@ function bmm(out: Tensor, a: Tensor, b: Tensor, batch: number, m: number, n: num
     m * k, k * n, m * n);
 }
 
+/** The largest head dim the flash kernels take (the cuda kernels keep D/32 values per lane in registers). */
+export const FLASH_MAX_DIM = 256;
+
+/** A flash kernel layout [offset, batchStride, headStride, tokenStride] in elements. */
+function layout(offset: number, batch: number, head: number, token: number): Int32Array {
+  for (const v of [offset, batch, head, token]) {
+    if (v > 0x7fffffff) throw new ShapeError(`attention: a stride or offset of ${v} elements does not fit the kernels' 32-bit layouts`);
+  }
+  return new Int32Array([offset, batch, head, token]);
+}
+
+/** Where q, k, v (in one or three storages), the output and their gradients live for the flash kernels. */
+interface FlashLayouts { q: Int32Array; k: Int32Array; v: Int32Array; o: Int32Array }
+
+interface FlashArgs { B: number; H: number; T: number; Tk: number; D: number; scale: number; causal: boolean; window: number }
+
+/** Runs flash_attention_forward into `out`, returning the per-row log-sum-exp (f32 [B, H, T]). */
+function flashForward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, L: FlashLayouts, a: FlashArgs): Tensor {
+  const lse = emptyLike(q, [a.B, a.H, a.T], 'f32');
+  try {
+    q.backend.flash_attention_forward(q.storage, k.storage, v.storage, out.storage, lse.storage, L.q, L.k, L.v, L.o,
+      a.B, a.H, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(q));
+  } catch (e) {
+    lse.dispose();
+    throw e;
+  }
+  return lse;
+}
+
+/** flash_attention_backward: writes dq, dk, dv (through q, k, v's layouts) from g (through the output's). */
+function flashBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, g: Tensor, lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, L: FlashLayouts, a: FlashArgs): void {
+  g.backend.flash_attention_backward(q.storage, k.storage, v.storage, out.storage, g.storage, lse.storage, dq.storage, dk.storage, dv.storage,
+    L.q, L.k, L.v, L.o, a.B, a.H, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(g));
+}
+
 /**
  * softmax(q·kᵀ·scale + mask)·v for q [B, H, T, D] and k, v [B, H, Tk, D]. With T < Tk the queries
- * are the last T positions (as when decoding with a cache). Keeps the probabilities for backward.
+ * are the last T positions (as when decoding with a cache). Flash attention: keeps the output and
+ * the per-row log-sum-exp for backward (O(T) memory), never the T×T probabilities.
  */
 export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): Tensor {
   const cast = autocastRun('attention', [q, k, v] as const, (q2, k2, v2) => attention(q2, k2, v2, opts));
@@ -39,6 +83,41 @@ export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
     throw new ShapeError(`attention: k ${fmtShape(k.shape)} and v ${fmtShape(v.shape)} do not match q ${fmtShape(q.shape)}`);
   }
   const { causal, window, scale } = attentionOptions(opts, T, Tk, D);
+  if (D > FLASH_MAX_DIM) return attentionMaterialized(q, k, v, { causal, window, scale });
+  const a: FlashArgs = { B, H, T, Tk, D, scale, causal, window };
+  const L: FlashLayouts = { q: layout(0, H * T * D, T * D, D), k: layout(0, H * Tk * D, Tk * D, D), v: layout(0, H * Tk * D, Tk * D, D), o: layout(0, H * T * D, T * D, D) };
+  const out = emptyLike(q, [B, H, T, D]);
+  let lse: Tensor;
+  try {
+    lse = flashForward(q, k, v, out, L, a);
+  } catch (e) {
+    out.dispose();
+    throw e;
+  }
+  if (!needsGrad(q, k, v)) { lse.dispose(); return out; }
+  const qs = save(q), ks = save(k), vs = save(v), os = save(out);
+  return record('attention', out, [q, k, v], (g) => {
+    const dq = emptyLike(qs), dk = emptyLike(ks), dv = emptyLike(vs);
+    try {
+      flashBackward(qs, ks, vs, os, g, lse, dq, dk, dv, L, a);
+    } catch (e) {
+      for (const t of [dq, dk, dv]) t.dispose();
+      throw e;
+    }
+    return [dq, dk, dv];
+  }, [qs, ks, vs, os, own(lse)]);
+}
+
+/**
+ * The materializing attention (per-(batch, head) GEMMs around attention_softmax_forward/backward,
+ * keeping the T×T probabilities for backward): what {@link attention} runs for head dims above
+ * FLASH_MAX_DIM, and the independent reference the tests compare the flash kernels with.
+ * Options as checked by attention (all set).
+ */
+export function attentionMaterialized(q: Tensor, k: Tensor, v: Tensor, opts: Required<AttentionOptions>): Tensor {
+  const [B, H, T, D] = q.shape as [number, number, number, number];
+  const Tk = k.shape[2]!;
+  const { causal, window, scale } = opts;
   const probs = attentionProbs(q, k, B * H, T, Tk, D, scale, causal, window);
   const out = emptyLike(q, [B, H, T, D]);
   bmm(out, probs, v, B * H, T, D, Tk, false, false);
@@ -111,6 +190,35 @@ export function attentionPacked(qkv: Tensor, heads: number, opts: AttentionOptio
   const [B, T, W] = qkv.shape as [number, number, number];
   const H = heads, D = W / (3 * H), C = H * D;
   const { causal, window, scale } = attentionOptions(opts, T, T, D, 'attentionPacked');
+  if (D > FLASH_MAX_DIM) return attentionPackedMaterialized(qkv, B, T, H, D, causal, window, scale);
+  const a: FlashArgs = { B, H, T, Tk: T, D, scale, causal, window };
+  const L: FlashLayouts = { q: layout(0, T * W, D, W), k: layout(C, T * W, D, W), v: layout(2 * C, T * W, D, W), o: layout(0, T * C, D, C) };
+  const out = emptyLike(qkv, [B, T, C]);
+  let lse: Tensor;
+  try {
+    lse = flashForward(qkv, qkv, qkv, out, L, a);
+  } catch (e) {
+    out.dispose();
+    throw e;
+  }
+  if (!needsGrad(qkv)) { lse.dispose(); return out; }
+  const qkvs = save(qkv), os = save(out);
+  return record('attentionPacked', out, [qkv], (g) => {
+    // dq, dk, dv go straight into their thirds of one qkv gradient (the kernel writes every element).
+    const dqkv = emptyLike(g, [B, T, W]);
+    try {
+      flashBackward(qkvs, qkvs, qkvs, os, g, lse, dqkv, dqkv, dqkv, L, a);
+    } catch (e) {
+      dqkv.dispose();
+      throw e;
+    }
+    return [dqkv];
+  }, [qkvs, os, own(lse)]);
+}
+
+/** attentionPacked for head dims above FLASH_MAX_DIM: strided copies around the materializing attention. */
+function attentionPackedMaterialized(qkv: Tensor, B: number, T: number, H: number, D: number, causal: boolean, window: number, scale: number): Tensor {
+  const C = H * D, W = 3 * C;
   const shape = [B, H, T, D], packedStrides = [T * W, D, W, 1];
   const [q, k, v] = [0, 1, 2].map((i) => { const t = emptyLike(qkv, shape); move4(qkv, t, shape, packedStrides, i * C, false); return t; }) as [Tensor, Tensor, Tensor];
   const probs = attentionProbs(q, k, B * H, T, T, D, scale, causal, window);

@@ -46,6 +46,11 @@ inline constexpr KernelSignature kKernelSignatures[] = {
     {"cross_entropy_shard_backward", "logits:s targets:s lse:s gradLoss:s gradLogits:s rows:n vocab:n ignoreIndex:i scale:f dtype:d"},
     {"attention_softmax_forward", "scores:s probs:s batch:n tq:n tk:n scale:f causal:b window:n dtype:d"},
     {"attention_softmax_backward", "probs:s gradProbs:s gradScores:s batch:n tq:n tk:n scale:f dtype:d"},
+    {"flash_attention_forward",
+     "q:s k:s v:s out:s lse:s qLayout:I kLayout:I vLayout:I outLayout:I batch:n heads:n tq:n tk:n dim:n scale:f causal:b window:n dtype:d"},
+    {"flash_attention_backward",
+     "q:s k:s v:s out:s gradOut:s lse:s gradQ:s gradK:s gradV:s qLayout:I kLayout:I vLayout:I outLayout:I batch:n heads:n tq:n tk:n dim:n "
+     "scale:f causal:b window:n dtype:d"},
     {"embedding_forward", "ids:s weight:s out:s n:n vocab:n dim:n dtype:d"},
     {"embedding_backward", "ids:s gradOut:s gradWeight:s n:n vocab:n dim:n dtype:d"},
     {"layernorm_forward", "x:s weight:s bias:o out:s mean:s rstd:s rows:n cols:n eps:f dtype:d"},

@@ -16,6 +16,13 @@ void openblas_set_num_threads(int);
 
 namespace nt::cpu {
 
+// Held by whoever sets OpenBLAS to one thread around a parallel batch of small GEMMs (here and
+// flash_attention.cc): the thread count is process-wide, so one caller at a time changes it.
+std::mutex& blasThreadsMutex() {
+  static std::mutex m;
+  return m;
+}
+
 // Multiply-adds (M·N·K) up to which one GEMM of a batch is "small" (see Gemm).
 static constexpr int64_t kSmallGemm = int64_t(1) << 23;
 
@@ -54,8 +61,7 @@ NT_KERNEL("gemm", Gemm) {
   // the same way on either path.
   bool smallBatch = batch >= 2 && sC >= M * N && M * N * std::max<int64_t>(K, 1) <= kSmallGemm && kernelThreads() > 1;
   // The OpenBLAS thread count is process-wide: one caller at a time changes it (others run serially).
-  static std::mutex blasThreadsLock;
-  std::unique_lock<std::mutex> lock(blasThreadsLock, std::defer_lock);
+  std::unique_lock<std::mutex> lock(blasThreadsMutex(), std::defer_lock);
   if (smallBatch && lock.try_lock()) {
     int saved = openblas_get_num_threads();
     if (saved != 1) openblas_set_num_threads(1);

@@ -67,6 +67,15 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     { name: `permute/slice/cat/transpose [4,${R / 4},${D}]`, shapes: [[4, R / 4, D]], run: ([a]) => nt.cat([nt.permute(a, [2, 0, 1]), nt.slice(nt.permute(a, [2, 0, 1]), 1, 1, 3)], 1) },
     { name: `attention causal [1,${H},${T},${HD}]`, shapes: [[1, H, T, HD], [1, H, T, HD], [1, H, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
     { name: `attention window 128 [1,2,${T},${HD}]`, shapes: [[1, 2, T, HD], [1, 2, T, HD], [1, 2, T, HD]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true, window: 128 }) },
+    // Flash attention (flash_attention_forward/backward): the GPT block's packed QKV layout, windows, head dim 128, odd T, T < Tk.
+    { name: `attentionPacked causal [2,${T},3x${H}x${HD}]`, shapes: [[2, T, 3 * H * HD]], run: ([x]) => nt.attentionPacked(x, H, { causal: true }) },
+    { name: `attentionPacked window 256 [2,${T},3x${H}x${HD}]`, shapes: [[2, T, 3 * H * HD]], run: ([x]) => nt.attentionPacked(x, H, { causal: true, window: big(256, 9) }) },
+    { name: `attention causal D=128 [1,4,${T},128]`, shapes: [[1, 4, T, 128], [1, 4, T, 128], [1, 4, T, 128]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    { name: `attentionPacked causal odd T D=128 [2,${T + 1},3x2x128]`, shapes: [[2, T + 1, 3 * 2 * 128]], run: ([x]) => nt.attentionPacked(x, 2, { causal: true }) },
+    { name: 'attention causal T<Tk [2,3,77|129,64]', shapes: [[2, 3, 77, 64], [2, 3, 129, 64], [2, 3, 129, 64]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    // Head dims above 256 take the materializing path (attention_softmax_forward/backward around per-head GEMMs).
+    { name: `attention causal D=288 materializing [1,2,${T},288]`, shapes: [[1, 2, T, 288], [1, 2, T, 288], [1, 2, T, 288]], std: 0.5, run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
+    { name: 'attention non-causal window 5 [1,2,33,32]', shapes: [[1, 2, 33, 32], [1, 2, 33, 32], [1, 2, 33, 32]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: false, window: 5 }) },
     // Norm parameter gradients and bias gradients are two-stage column sums over 64-row blocks
     // (launchColumnSums): training shapes with many row blocks, and odd shapes (one partial block,
     // columns not a multiple of the 16-byte vector width).
@@ -206,6 +215,32 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     compare('gemm_epilogue aux (pre-activation)', 'f32', host(aux), host(pre), 1e-3);
   });
   section('kernels');
+  // Flash attention's tensor-core kernels (bf16/f16 at head dims 64/128) and its SIMT kernels
+  // (NODETRON_FLASH_SIMT=1, read on every call), each against cpu, forward and the packed qkv gradient.
+  for (const dtype of ['bf16', 'f16']) {
+    for (const hd of [64, 128]) {
+      await check(`flash attention tensor cores and SIMT ${dtype} [2,${T},3x${H}x${hd}] window ${big(200, 7)}`, () => {
+        const x = randn([2, T, 3 * H * hd], dtype), gy = randn([2, T, H * hd], dtype);
+        const go = (device, simt) => {
+          if (simt) process.env.NODETRON_FLASH_SIMT = '1';
+          try {
+            const d = fresh(x, device);
+            d.requiresGrad = true;
+            const y = nt.attentionPacked(d, H, { causal: true, window: big(200, 7) });
+            nt.sum(nt.mul(y, gy.to(device))).backward();
+            return { y: host(y), g: host(d.grad) };
+          } finally {
+            delete process.env.NODETRON_FLASH_SIMT;
+          }
+        };
+        const want = go('cpu', false);
+        for (const [path, got] of [['tensor cores', go(DEV, false)], ['SIMT', go(DEV, true)]]) {
+          compare(`flash attention ${path} ${dtype} D=${hd} forward`, dtype, got.y, want.y);
+          compare(`flash attention ${path} ${dtype} D=${hd} dqkv`, dtype, got.g, want.g, TOL[dtype] * 4);
+        }
+      });
+    }
+  }
   for (const dtype of ['f32', 'bf16']) {
     await check(`cross_entropy_shard_backward ${dtype} [${R},${big(25152, 500)}]`, () => {
       const [rows, vocab] = [R, big(25152, 500)];
