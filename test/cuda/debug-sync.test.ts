@@ -1,4 +1,4 @@
-// NODETRON_CUDA_SYNC=1 (README "Errors"): the cuda addon synchronizes after every call that used a
+// NODETRON_CUDA_SYNC=1 (docs/operations.md, "Errors"): the cuda addon synchronizes after every call that used a
 // device, so an asynchronous fault is a typed error under the op that caused it. Without a GPU
 // only the flag's parsing and the addon's reading of it are checked.
 import { spawnSync } from 'node:child_process';
