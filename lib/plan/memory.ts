@@ -125,7 +125,10 @@ export function korthikantiLayerBytes(m: PlanModel, s: number, b: number, t: num
 export const F32_BLOCK_REPLICATED = 4;
 /** f32 elements of s·b·h a GPT block keeps in tensor-parallel tensors (see F32_BLOCK_REPLICATED). */
 export const F32_BLOCK_SPLIT = 12;
-/** Attention probabilities kept per layer: one f32 [b, heads/tp, s, s] (the T×T scores are materialized). */
+/**
+ * What attention keeps per layer beside its inputs and output: flash attention (lib/ops/attention.ts)
+ * saves one f32 log-sum-exp per query and head, [b, heads/tp, s], and never the T×T probabilities.
+ */
 export const F32_SCORES = 1;
 /**
  * f32 elements of s·b·h a GPT block's forward makes that nothing saves (permuted copies, the
@@ -232,7 +235,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   //   gradient before it is added, with the activations of the micro-batches still in flight.
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
-  const scores = 4 * b * (m.nHead / t) * s * s;
+  const scores = 4 * b * (m.nHead / t) * s;
   const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
