@@ -28,8 +28,8 @@ export type CommPromise = Promise<void> & {
 };
 
 /**
- * The communicator interface a process group drives: the cpu addon's GlooCommunicator implements it natively; {@link
- * NcclBackend} adapts the cuda addon's NcclComm to it. Ranks are group-local; counts are elements; dtype is the native
+ * The communicator interface a process group drives: the cpu addon's GlooCommunicator implements it natively;
+ * NcclBackend (lib/distributed/nccl-backend.ts) adapts the cuda addon's NcclComm to it. Ranks are group-local; counts are elements; dtype is the native
  * dtype code; op is a REDUCE_OP_CODES value; seq is the group's sequence number; timeoutMs >= 1; the same storage as
  * send and recv means in place. Ops settle when finished on this rank, rejecting with CommError or TimeoutError.
  */

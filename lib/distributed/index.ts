@@ -10,9 +10,7 @@ export { Work } from './work.js';
 export { agree, agreeAll, agreeMax, agreementDevice, formatRanks, rangeAcrossRanks, settingsDigest, type Agreement, type AgreeAllOptions } from './agree.js';
 export { REDUCE_OP_CODES, type ReduceOp } from './collectives.js';
 export { type CommBackend, type CommPromise, type GlooEndpoint, createGlooBackend } from './backend.js';
-export {
-  NcclBackend, createNcclBackend, loadNcclAddon, ncclUsableDevices, NCCL_UNIQUE_ID_KEY, NCCL_PENDING, type NcclAddon, type NcclEndpoint, type NcclNativeComm,
-} from './nccl-backend.js';
+export { ncclUsableDevices, NCCL_UNIQUE_ID_KEY } from './nccl-backend.js';
 export { verifyCollective, describeCollective, type CollectiveDescription } from './check.js';
 export {
   recordStepMetrics, readMetrics, stragglerScores, formatStragglers, METRICS_DIR, metricsEnabled,

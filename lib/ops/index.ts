@@ -9,7 +9,7 @@ import { chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } fro
 
 export { add, sub, mul, div, neg, exp, log, sqrt, tanh, pow, scale, type Operand } from './elementwise.js';
 export { sum, mean, max, type ReduceOptions } from './reduce.js';
-export { matmul, linear, linearGelu, planMatmul, gemmInto, matmulForward, type MatmulOptions, type GemmPlan } from './matmul.js';
+export { matmul, linear, linearGelu, type MatmulOptions } from './matmul.js';
 export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
 export { layerNorm, rmsNorm, addLayerNorm, type AddLayerNormResult } from './norm.js';
 export { attention, attentionPacked, type AttentionOptions } from './attention.js';

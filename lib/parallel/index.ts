@@ -26,13 +26,14 @@ export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed
 export { rangeAcrossRanks } from '../distributed/agree.js';
 export type { ReduceOp } from '../distributed/collectives.js';
 export { DEFAULT_BUCKET_BYTES } from './buckets.js';
+// A bucket's layout (GradBucket.layout), as a type: building one is internal (nodetron/internal).
+export type { FlatLayout, FlatEntry } from './flat.js';
 export { GradBuffer, type GradBufferOptions, type GradBucket } from './data-parallel/buffer.js';
 export {
   ZeroOptimizer, ZeroStage12Optimizer, ZeroStage3Optimizer, zeroMemoryFormula, type ShardedOptimizer, type ZeroOptimizerConstructor, type ZeroStage12Options,
   type ZeroStage3Options, type ZeroStepOptions, type ZeroStage, type ZeroOptions, type ZeroParamGroup, type ZeroMemoryBytes, type InnerOptimizerFactory, type ZeroAttachOptions, type GradNormScope } from './zero/optimizer.js';
 export type { ReduceStats } from './zero/stage1-2.js';
 export { defaultUnits, type GatherStats } from './zero/stage3.js';
-export { FlatLayout, copyElements, type FlatEntry } from './flat.js';
 export {
   copyToRegion, reduceFromRegion, scatterToRegion, gatherFromRegion,
   scatterToSequenceRegion, gatherFromSequenceRegion, reduceScatterToSequenceRegion, SEQUENCE_DIM,

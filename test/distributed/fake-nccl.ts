@@ -8,7 +8,8 @@
 import { randomBytes } from 'node:crypto';
 import { afterEach } from 'vitest';
 import { CommError } from '../../lib/errors.js';
-import { createNcclBackend, createStore, NCCL_PENDING, ProcessGroup, StoreServer, type NcclAddon, type NcclBackend, type NcclNativeComm, type Store } from '../../lib/distributed/index.js';
+import { createStore, ProcessGroup, StoreServer, type Store } from '../../lib/distributed/index.js';
+import { createNcclBackend, NCCL_PENDING, type NcclAddon, type NcclBackend, type NcclNativeComm } from '../../lib/internal.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
 
 type Buf = { s: NativeStorage; off: number };

@@ -3,7 +3,8 @@
 // ordered waits, batches, the watchdog's timeout and error paths, and backend selection in init.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { createNcclBackend, createStore, NCCL_UNIQUE_ID_KEY, selectBackends, StoreServer } from '../../lib/distributed/index.js';
+import { createStore, NCCL_UNIQUE_ID_KEY, selectBackends, StoreServer } from '../../lib/distributed/index.js';
+import { createNcclBackend, NCCL_PENDING } from '../../lib/internal.js';
 import { FakeNccl, ncclRanksClosedAfterEach } from './fake-nccl.js';
 
 const makeRanks = ncclRanksClosedAfterEach();
@@ -283,7 +284,7 @@ describe("nccl's non-blocking enqueue (ncclInProgress)", () => {
     fake.enqueuePolls = 2;
     const native = (backends[0] as unknown as { native: { allReduce: (...a: unknown[]) => number; recordCompletion(): number } }).native;
     const buf = nt.zeros([3]);
-    expect(native.allReduce(buf.storage, 0, buf.storage, 0, 3, 0, 0)).toBe(nt.distributed.NCCL_PENDING);
+    expect(native.allReduce(buf.storage, 0, buf.storage, 0, 3, 0, 0)).toBe(NCCL_PENDING);
     expect(() => native.recordCompletion()).toThrow(/while in progress/);
     expect(fake.violations).toHaveLength(1);
   });

@@ -31,7 +31,7 @@ const LAYERS: readonly (readonly string[])[] = [
   ['parallel', 'interop', 'step.ts'],
   ['ckpt', 'plan'],
   ['train', 'cli'],
-  ['index.ts'],
+  ['index.ts', 'internal.ts'],
   ['bench'],
   ['cli.ts'],
 ];
