@@ -47,23 +47,42 @@ interface FlashLayouts { q: Int32Array; k: Int32Array; v: Int32Array; o: Int32Ar
 
 interface FlashArgs { B: number; H: number; T: number; Tk: number; D: number; scale: number; causal: boolean; window: number }
 
-/** Runs flash_attention_forward into `out`, returning the per-row log-sum-exp (f32 [B, H, T]). */
-function flashForward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, L: FlashLayouts, a: FlashArgs): Tensor {
+/**
+ * Flash attention as an autograd op: q, k, v are read through L's layouts, the output [outShape] is
+ * written through L.o. `packed`: q, k and v are one packed QKV tensor (one input, whose one gradient
+ * holds dq, dk and dv in its thirds: the kernel writes every element); otherwise three inputs with three
+ * gradients, even when the caller passes one tensor three times (autograd then adds them). Saves the
+ * inputs, the output and the per-row log-sum-exp (f32 [B, H, T]); backward recomputes the probabilities
+ * tile by tile.
+ */
+function flashAttention(op: string, q: Tensor, k: Tensor, v: Tensor, packed: boolean, outShape: readonly number[], L: FlashLayouts, a: FlashArgs): Tensor {
+  const out = emptyLike(q, outShape);
   const lse = emptyLike(q, [a.B, a.H, a.T], 'f32');
   try {
     q.backend.flash_attention_forward(q.storage, k.storage, v.storage, out.storage, lse.storage, L.q, L.k, L.v, L.o,
       a.B, a.H, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(q));
   } catch (e) {
+    out.dispose();
     lse.dispose();
     throw e;
   }
-  return lse;
-}
-
-/** flash_attention_backward: writes dq, dk, dv (through q, k, v's layouts) from g (through the output's). */
-function flashBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, g: Tensor, lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor, L: FlashLayouts, a: FlashArgs): void {
-  g.backend.flash_attention_backward(q.storage, k.storage, v.storage, out.storage, g.storage, lse.storage, dq.storage, dk.storage, dv.storage,
-    L.q, L.k, L.v, L.o, a.B, a.H, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(g));
+  const inputs = packed ? [q] : [q, k, v];
+  if (!needsGrad(...inputs)) { lse.dispose(); return out; }
+  const saved = inputs.map(save), os = save(out);
+  const three = <T>(xs: T[]): [T, T, T] => (packed ? [xs[0]!, xs[0]!, xs[0]!] : [xs[0]!, xs[1]!, xs[2]!]);
+  const [qs, ks, vs] = three(saved);
+  return record(op, out, inputs, (g) => {
+    const grads = saved.map((t) => emptyLike(t));
+    const [dq, dk, dv] = three(grads);
+    try {
+      g.backend.flash_attention_backward(qs.storage, ks.storage, vs.storage, os.storage, g.storage, lse.storage, dq.storage, dk.storage, dv.storage,
+        L.q, L.k, L.v, L.o, a.B, a.H, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(g));
+    } catch (e) {
+      for (const t of grads) t.dispose();
+      throw e;
+    }
+    return grads;
+  }, [...saved, os, own(lse)]);
 }
 
 /**
@@ -86,26 +105,7 @@ export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
   if (D > FLASH_MAX_DIM) return attentionMaterialized(q, k, v, { causal, window, scale });
   const a: FlashArgs = { B, H, T, Tk, D, scale, causal, window };
   const L: FlashLayouts = { q: layout(0, H * T * D, T * D, D), k: layout(0, H * Tk * D, Tk * D, D), v: layout(0, H * Tk * D, Tk * D, D), o: layout(0, H * T * D, T * D, D) };
-  const out = emptyLike(q, [B, H, T, D]);
-  let lse: Tensor;
-  try {
-    lse = flashForward(q, k, v, out, L, a);
-  } catch (e) {
-    out.dispose();
-    throw e;
-  }
-  if (!needsGrad(q, k, v)) { lse.dispose(); return out; }
-  const qs = save(q), ks = save(k), vs = save(v), os = save(out);
-  return record('attention', out, [q, k, v], (g) => {
-    const dq = emptyLike(qs), dk = emptyLike(ks), dv = emptyLike(vs);
-    try {
-      flashBackward(qs, ks, vs, os, g, lse, dq, dk, dv, L, a);
-    } catch (e) {
-      for (const t of [dq, dk, dv]) t.dispose();
-      throw e;
-    }
-    return [dq, dk, dv];
-  }, [qs, ks, vs, os, own(lse)]);
+  return flashAttention('attention', q, k, v, false, [B, H, T, D], L, a);
 }
 
 /**
@@ -193,27 +193,7 @@ export function attentionPacked(qkv: Tensor, heads: number, opts: AttentionOptio
   if (D > FLASH_MAX_DIM) return attentionPackedMaterialized(qkv, B, T, H, D, causal, window, scale);
   const a: FlashArgs = { B, H, T, Tk: T, D, scale, causal, window };
   const L: FlashLayouts = { q: layout(0, T * W, D, W), k: layout(C, T * W, D, W), v: layout(2 * C, T * W, D, W), o: layout(0, T * C, D, C) };
-  const out = emptyLike(qkv, [B, T, C]);
-  let lse: Tensor;
-  try {
-    lse = flashForward(qkv, qkv, qkv, out, L, a);
-  } catch (e) {
-    out.dispose();
-    throw e;
-  }
-  if (!needsGrad(qkv)) { lse.dispose(); return out; }
-  const qkvs = save(qkv), os = save(out);
-  return record('attentionPacked', out, [qkv], (g) => {
-    // dq, dk, dv go straight into their thirds of one qkv gradient (the kernel writes every element).
-    const dqkv = emptyLike(g, [B, T, W]);
-    try {
-      flashBackward(qkvs, qkvs, qkvs, os, g, lse, dqkv, dqkv, dqkv, L, a);
-    } catch (e) {
-      dqkv.dispose();
-      throw e;
-    }
-    return [dqkv];
-  }, [qkvs, os, own(lse)]);
+  return flashAttention('attentionPacked', qkv, qkv, qkv, true, [B, T, C], L, a);
 }
 
 /** attentionPacked for head dims above FLASH_MAX_DIM: strided copies around the materializing attention. */

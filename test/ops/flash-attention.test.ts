@@ -278,3 +278,18 @@ describe('flash attention memory', () => {
     expect(flash).toBeLessThan(probsBytes / 4);
   });
 });
+
+describe('one tensor passed as q, k and v', () => {
+  it('gets the sum of the three gradients (the same as three separate copies)', () => {
+    nt.scope(() => {
+      const x = nt.randn([1, 2, 9, 32], { seed: 11 });
+      const g = nt.randn([1, 2, 9, 32], { seed: 12 });
+      const shared = x.clone(); shared.requiresGrad = true;
+      nt.sum(nt.mul(nt.attention(shared, shared, shared, { causal: true }), g)).backward();
+      const [q, k, v] = [0, 1, 2].map(() => { const t = x.clone(); t.requiresGrad = true; return t; }) as [nt.Tensor, nt.Tensor, nt.Tensor];
+      nt.sum(nt.mul(nt.attention(q, k, v, { causal: true }), g)).backward();
+      const want = nt.add(nt.add(q.grad!, k.grad!), v.grad!).toArraySync();
+      expectClose(shared.grad!.toArraySync(), want, 1e-6, 1e-6, 'shared q=k=v gradient');
+    });
+  });
+});
