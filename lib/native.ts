@@ -238,10 +238,16 @@ function cudaBuildStatus(): string {
   }
 }
 
+/** The CUDA major version of the first cuBLAS/cuBLASLt soname among `sonames` (libcublasLt.so.12 → 12), if any. */
+function cublasMajor(sonames: readonly string[]): number | undefined {
+  const m = sonames.map((n) => /^libcublas(?:Lt)?\.so\.(\d+)/.exec(n)).find(Boolean);
+  return m ? Number(m[1]) : undefined;
+}
+
 /** What to pip install for a CUDA library soname (the wheels of CUDA 13 and of CUDA 12 are named differently). */
 function pipFor(soname: string, cudaMajor: number): string | undefined {
-  const m = /^libcublas(?:Lt)?\.so\.(\d+)/.exec(soname);
-  if (m) return Number(m[1]) >= 13 ? 'nvidia-cublas' : `nvidia-cublas-cu${m[1]}`;
+  const own = cublasMajor([soname]);
+  if (own !== undefined) return own >= 13 ? 'nvidia-cublas' : `nvidia-cublas-cu${own}`;
   if (soname.startsWith('libnccl')) return `nvidia-nccl-cu${cudaMajor}`;
   return undefined;
 }
@@ -252,8 +258,7 @@ function pipFor(soname: string, cudaMajor: number): string | undefined {
  */
 export function explainCudaLoadFailure(message: string, cudaMajor?: number): string {
   const all = [...message.matchAll(/(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/g)].map((m) => m[1]!);
-  const fromSoname = all.map((n) => /^libcublas(?:Lt)?\.so\.(\d+)/.exec(n)).find(Boolean);
-  const major = cudaMajor ?? (fromSoname ? Number(fromSoname[1]) : 13);
+  const major = cudaMajor ?? cublasMajor(all) ?? 13;
   if (all.length > 1) return all.map((m) => explainCudaLoadFailure(`${m}: cannot open shared object file`, major)).join('; ');
   const missing = all[0];
   if (!missing) return message;
@@ -276,8 +281,7 @@ export function minDriverFor(cudaMajor: number): number {
  */
 export function cudaLibrariesOf(path: string): { sonames: string[]; cudaMajor: number | undefined } {
   const sonames = elfNeeded(path).filter((n) => /^lib(cublasLt|cublas|nccl|cudart)\.so\.\d+/.test(n));
-  const cublas = sonames.map((n) => /^libcublas(?:Lt)?\.so\.(\d+)/.exec(n)).find(Boolean);
-  return { sonames, cudaMajor: cublas ? Number(cublas[1]) : undefined };
+  return { sonames, cudaMajor: cublasMajor(sonames) };
 }
 
 /**
