@@ -136,7 +136,9 @@ inline unsigned gridFor(int64_t n, int threads = kThreads) {
   } while (0)
 
 // Warp and block sums/maxes for row kernels (block size a multiple of 32, at most 1024).
-__device__ __forceinline__ float warpSum(float v) {
+// Sum over the warp in a fixed butterfly order, in float or (for the deterministic reductions) double.
+template <typename T>
+__device__ __forceinline__ T warpSum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -219,19 +221,15 @@ inline void launchMap3(cudaStream_t st, F f, const T* a, const T* b, const T* c,
 // Every sum below is accumulated in double in an order fixed by the shape alone (never by timing or
 // atomics), so a result is the same on every run.
 
-__device__ __forceinline__ double warpSumD(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 // Sum over the block (blockDim.x a multiple of 32, at most 1024) in a fixed tree; valid in thread 0.
 // `scratch` holds 32 doubles; safe to call again in a loop (it syncs before reusing scratch).
 __device__ __forceinline__ double blockSumD(double v, double* scratch) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warpSumD(v);
+  v = warpSum(v);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  if (warp == 0) v = warpSumD(lane < warps ? scratch[lane] : 0.0);
+  if (warp == 0) v = warpSum(lane < warps ? scratch[lane] : 0.0);
   return v;
 }
 
