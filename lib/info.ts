@@ -41,6 +41,21 @@ export interface Info {
       /** NODETRON_CPU_ISA as set in the environment, when it is. */
       env?: string;
     };
+    /**
+     * How bf16 GEMMs run: on the AVX512_BF16 kernel (`avx512bf16`: supported by the CPU, mode auto and
+     * the SIMD level avx512) or widened to f32 for cblas_sgemm (`sgemm`).
+     */
+    bf16Gemm: {
+      /** auto (the AVX512_BF16 kernel where supported) or fallback (always widen), as NODETRON_BF16_GEMM set it. */
+      mode: 'auto' | 'fallback';
+      /** Whether this CPU and OS have AVX-512 and AVX512_BF16. */
+      supported: boolean;
+      /** Whether the AVX512_BF16 kernel runs now. */
+      active: boolean;
+      kernel: 'avx512bf16' | 'sgemm';
+      /** NODETRON_BF16_GEMM as set in the environment, when it is. */
+      env?: string;
+    };
   };
   /** The compute backends: availability, the reason when unavailable, and their details. */
   backends: {
@@ -93,6 +108,7 @@ export function info(): Info {
       cores: c.length,
       avx512: /\bavx512f\b/.test(flags),
       isa: { ...(addon.cpuIsa() as Info['cpu']['isa']), ...(process.env.NODETRON_CPU_ISA ? { env: process.env.NODETRON_CPU_ISA } : {}) },
+      bf16Gemm: { ...(addon.bf16Gemm() as Info['cpu']['bf16Gemm']), ...(process.env.NODETRON_BF16_GEMM ? { env: process.env.NODETRON_BF16_GEMM } : {}) },
     },
     backends: {
       cpu: {

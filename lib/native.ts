@@ -44,8 +44,9 @@ export interface BackendKernels {
   fill(s: S, dtype: number, n: number, value: number): void;
   arange(s: S, dtype: number, n: number, start: number, step: number): void;
   random_fill(s: S, dtype: number, n: number, kind: number, seedHi: number, seedLo: number, baseBlock: number, firstElement: number, a: number, b: number): void;
+  /** outDtype (cpu only; leave it out elsewhere): f32 C for bf16/f16 A and B (the f32 sums, not rounded to 16 bits). */
   gemm(a: S, b: S, c: S, dtype: number, batch: number, m: number, n: number, k: number,
-    transA: boolean, transB: boolean, alpha: number, beta: number, strideA: number, strideB: number, strideC: number): void;
+    transA: boolean, transB: boolean, alpha: number, beta: number, strideA: number, strideB: number, strideC: number, outDtype?: number): void;
   binary(op: number, a: S, b: S, out: S, dtype: number, outShape: Ints, aStrides: Ints, bStrides: Ints): void;
   unary(op: number, inp: S, out: S, n: number, dtype: number, p: number): void;
   unary_backward(op: number, inp: S, out: S, gradOut: S, gradIn: S, n: number, dtype: number, p: number): void;
@@ -104,11 +105,12 @@ export const BACKEND_KERNELS = Object.keys({
 
 /**
  * What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, the kernels' instruction-set level
- * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), host-storage leaks, the library preloader.
+ * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), the bf16 GEMM's kernel choice (bf16Gemm,
+ * setBf16Gemm), host-storage leaks, the library preloader.
  */
 export const CPU_ONLY_EXPORTS = [
-  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads',
-  'setCpuIsa', 'setKernelThreads', 'streamTriadLoop',
+  'GlooCommunicator', 'bf16Gemm', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBf16Gemm',
+  'setBlasThreads', 'setCpuIsa', 'setKernelThreads', 'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [
@@ -205,6 +207,16 @@ export function cpu(): BackendAddon {
       addon.setCpuIsa(isa);
     } catch (e) {
       throw new ArgumentError(`NODETRON_CPU_ISA=${isa}: ${(e as Error).message.replace(/^setCpuIsa: /, '')}`, 'load');
+    }
+  }
+  // NODETRON_BF16_GEMM=auto|fallback: bf16 GEMMs on the AVX512_BF16 kernel where the CPU has it
+  // (auto, the default) or widened to f32 for cblas_sgemm (fallback; native/cpu/kernels/gemm_bf16.cc).
+  const bf16Gemm = process.env.NODETRON_BF16_GEMM;
+  if (bf16Gemm !== undefined && bf16Gemm !== '') {
+    try {
+      addon.setBf16Gemm(bf16Gemm);
+    } catch (e) {
+      throw new ArgumentError(`NODETRON_BF16_GEMM=${bf16Gemm}: ${(e as Error).message.replace(/^setBf16Gemm: /, '')}`, 'load');
     }
   }
   cpuAddon = addon;

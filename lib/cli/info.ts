@@ -21,6 +21,8 @@ export async function main(argv: string[]): Promise<number> {
     `cpu:   ${i.cpu.model}, ${i.cpu.cores} cores${i.cpu.avx512 ? ', AVX-512' : ''}`,
     `  kernels: SIMD level ${i.cpu.isa.active} (best here: ${i.cpu.isa.best}; supported: ${i.cpu.isa.supported.join(', ')}` +
       `${i.cpu.isa.env ? `; NODETRON_CPU_ISA=${i.cpu.isa.env}` : ''})`,
+    `  bf16 GEMM: ${i.cpu.bf16Gemm.kernel} (mode ${i.cpu.bf16Gemm.mode}; AVX512_BF16 ${i.cpu.bf16Gemm.supported ? 'supported' : 'not supported'} here` +
+      `${i.cpu.bf16Gemm.env ? `; NODETRON_BF16_GEMM=${i.cpu.bf16Gemm.env}` : ''})`,
     `  blas:  ${c.blasConfig}`,
     `         core type ${c.blasCoreType} (${c.blasCoreChoice}), ${c.blasThreads} threads`,
     `cuda:  ${i.backends.cuda.available ? 'available' : 'unavailable'}`,

@@ -25,7 +25,7 @@ inline constexpr KernelSignature kKernelSignatures[] = {
     {"fill", "storage:s dtype:d n:n value:f"},
     {"arange", "storage:s dtype:d n:n start:f step:f"},
     {"random_fill", "storage:s dtype:d n:n kind:i seedHi:n seedLo:n baseBlock:n firstElement:n a:f b:f"},
-    {"gemm", "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n"},
+    {"gemm", "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n ? outDtype:d"},
     {"gemm_epilogue",
      "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n bias:o epilogue:i aux:o"},
     {"binary", "op:i a:s b:s out:s dtype:d outShape:I aStrides:I bStrides:I"},

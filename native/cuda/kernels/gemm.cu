@@ -187,6 +187,10 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
     fail(Err::DType, std::string(call) + ": dtype " + dtypeName(dt) + " is not supported (f32, bf16, f16)");
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
     fail(Err::Argument, std::string(call) + ": dimensions must be below 2^31");
+  // gemm's optional outDtype (C in another dtype than A and B) is the cpu backend's only.
+  if (!withEpilogue && info.Length() > 15 && k.args.dtype(15) != dt)
+    fail(Err::DType, std::string(call) + ": an output dtype other than the inputs' (" + dtypeName(dt) + " into " + dtypeName(k.args.dtype(15)) +
+                         ") is not supported on the cuda backend");
   auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
   void* pa = k.data(0, dt, extent(sA, M * K));
   void* pb = k.data(1, dt, extent(sB, K * N));
