@@ -77,9 +77,10 @@ function copyRows(dst: Tensor, src: Tensor, start: number, count: number, width:
   src.backend.copy(dst.storage, 0, src.storage, start * width * b, count * width * b);
 }
 
-/** C = op(A)·op(B) (+ C when accumulate) for row-major operands. */
+/** C = op(A)·op(B) (+ C when accumulate) for row-major operands; C of A's dtype, or f32 (the cpu backend's outDtype). */
 function gemm(c: Tensor, a: Tensor, b: Tensor, m: number, n: number, k: number, transA: boolean, transB: boolean, accumulate = false): void {
-  a.backend.gemm(a.storage, b.storage, c.storage, dtypeCode(a.dtype), 1, m, n, k, transA, transB, 1, accumulate ? 1 : 0, 0, 0, 0);
+  const out = c.dtype !== a.dtype ? [dtypeCode(c.dtype)] : [];
+  a.backend.gemm(a.storage, b.storage, c.storage, dtypeCode(a.dtype), 1, m, n, k, transA, transB, 1, accumulate ? 1 : 0, 0, 0, 0, ...out);
 }
 
 /**
@@ -101,6 +102,8 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   const whole = chunks === 1;
   // 16-bit weights (and bias) accumulate their gradient over chunks in f32 (one rounding, as one GEMM would do).
   const wide = (needW || needB) && !whole && x.dtype !== 'f32';
+  // The cpu GEMM writes f32 from 16-bit inputs (outDtype): the weight's gradient needs no f32 copies of the chunk.
+  const mixed = wide && x.deviceInfo.type === 'cpu';
   const scale = reduction === 'sum' ? 1 : rule.counted > 0 ? 1 / rule.counted : 0;
   const temps: Tensor[] = [];
   const temp = (shape: number[], dtype = x.dtype) => { const t = emptyOn(shape, dtype, x.deviceInfo); temps.push(t); return t; };
@@ -110,7 +113,7 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
     const block = temp([Math.min(rows, N), V]);
     const xc = whole ? x : temp([rows, C]);
     const dxc = needX && !whole ? temp([rows, C]) : null;
-    const blockF32 = wide ? temp([rows, V], 'f32') : null, xcF32 = wide ? temp([rows, C], 'f32') : null;
+    const blockF32 = wide && (needB || !mixed) ? temp([rows, V], 'f32') : null, xcF32 = wide && !mixed ? temp([rows, C], 'f32') : null;
     const dwF32 = wide && needW ? temp([V, C], 'f32') : null;
     const dbAcc = needB ? (wide ? temp([V], 'f32') : null) : null, dbChunk = needB && !whole ? temp([V], wide ? 'f32' : x.dtype) : null;
     const one = grad ? temp([1]) : null;
@@ -146,9 +149,10 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
           dx.backend.copy(dx.storage, start * C * b, dxc!.storage, 0, m * C * b);
         }
       }
-      if (wide) block.backend.cast(block.storage, code(block), blockF32!.storage, dtypeCode('f32'), m * V);
+      if (blockF32) block.backend.cast(block.storage, code(block), blockF32.storage, dtypeCode('f32'), m * V);
       if (dw) {
-        if (wide) {
+        if (mixed) gemm(dwF32!, block, xc, V, C, m, true, false, c > 0);
+        else if (wide) {
           xc.backend.cast(xc.storage, code(xc), xcF32!.storage, dtypeCode('f32'), m * C);
           gemm(dwF32!, blockF32!, xcF32!, V, C, m, true, false, c > 0);
         } else {
