@@ -4,14 +4,46 @@
 #include <cmath>
 #include <limits>
 
+#include "util.h"
+
 namespace nt::cpu {
+
+// bf16 <-> f32 runs, compiled per SIMD level (util.h NT_SIMD) and split over the kernel threads when
+// long: every 16-bit kernel's F32View and every cast go through them. The rounding is f32ToBf16's
+// (nearest even, NaN kept quiet with its sign), written without a branch so that it vectorizes.
+NT_SIMD_BODY void bf16RunToF32Body(const uint16_t* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; i++) d[i] = bf16ToF32(s[i]);
+}
+NT_SIMD(bf16RunToF32, (const uint16_t* s, float* d, int64_t n), (s, d, n))
+
+NT_SIMD_BODY void f32RunToBf16Body(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    std::memcpy(&u, s + i, 4);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+    d[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+NT_SIMD(f32RunToBf16, (const float* s, uint16_t* d, int64_t n), (s, d, n))
+
+// Elements per part below which a conversion stays on one thread.
+static constexpr int64_t kConvertMinPart = int64_t(1) << 16;
+
+template <class F>
+static void convertRuns(int64_t n, F run) {
+  if (n < 2 * kConvertMinPart) {
+    run(int64_t(0), n);
+    return;
+  }
+  parallelRows(n, 1, run);  // n >= kParallelMinWork: one range per thread
+}
 
 void toF32(const uint8_t* src, DType dtype, float* dst, int64_t n) {
   switch (dtype) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
     case DType::BF16: {
       auto s = reinterpret_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; i++) dst[i] = bf16ToF32(s[i]);
+      convertRuns(n, [&](int64_t b, int64_t e) { bf16RunToF32(s + b, dst + b, e - b); });
       break;
     }
     case DType::F16: {
@@ -44,7 +76,7 @@ void fromF32(const float* src, uint8_t* dst, DType dtype, int64_t n) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
     case DType::BF16: {
       auto d = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; i++) d[i] = f32ToBf16(src[i]);
+      convertRuns(n, [&](int64_t b, int64_t e) { f32RunToBf16(src + b, d + b, e - b); });
       break;
     }
     case DType::F16: {
@@ -87,6 +119,10 @@ NT_KERNEL("cast", Cast) {
   uint8_t* dst = storageData(info, 2, call, dt, n);
   if (st == dt) {
     std::memmove(dst, src, size_t(n) * dtypeSize(st));
+  } else if (dt == DType::F32) {  // to f32 (autocast's casts back): straight into the output
+    toF32(src, st, reinterpret_cast<float*>(dst), n);
+  } else if (st == DType::F32) {  // from f32 (autocast's casts to bf16/f16)
+    fromF32(reinterpret_cast<const float*>(src), dst, dt, n);
   } else if (st == DType::I32 && dt == DType::U8) {
     auto s = reinterpret_cast<const int32_t*>(src);
     for (int64_t i = 0; i < n; i++) dst[i] = uint8_t(s[i] < 0 ? 0 : s[i] > 255 ? 255 : s[i]);

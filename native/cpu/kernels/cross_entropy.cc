@@ -49,11 +49,24 @@ NT_KERNEL("cross_entropy_forward", CrossEntropyForward) {
   DType dt = a.dtype(7);
   int64_t n = rows * vocab;
   if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
-  F32View X(info, 0, call, dt, n, true);
   const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
   float* loss = reinterpret_cast<float*>(storageData(info, 2, call, DType::F32, rows));
   float* lse = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
   checkTargets(t, rows, vocab, ignore, call);
+  if (dt != DType::F32) {
+    // 16-bit logits (the head's bf16 chunks): each row widened into a buffer of the thread, not the whole block.
+    const uint8_t* raw = storageData(info, 0, call, dt, n);
+    const size_t es = dtypeSize(dt);
+    parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (int64_t r = b; r < e; r++) {
+        toF32(raw + size_t(r * vocab) * es, dt, row.data(), vocab);
+        lossRows(row.data(), t + r, loss + r, lse + r, 0, 1, vocab, ignore);
+      }
+    });
+    return;
+  }
+  F32View X(info, 0, call, dt, n, true);
   const float* x = X.data();
   parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { lossRows(x, t, loss, lse, b, e, vocab, ignore); });
 }
@@ -68,13 +81,28 @@ static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, cons
   float scale = float(a.number(8));
   DType dt = a.dtype(9);
   int64_t n = rows * vocab;
-  F32View X(info, 0, call, dt, n, true);
   const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
   const float* lse = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
   F32View GL(info, 3, call, dt, 1, true);
-  F32View O(info, 4, call, dt, n, false);
   if (whole) checkTargets(t, rows, vocab, ignore, call);
   float k = GL.data()[0] * scale;
+  if (dt != DType::F32) {
+    // 16-bit logits: row by row through a buffer of the thread (logits and gradient may be one storage).
+    const uint8_t* in = storageData(info, 0, call, dt, n);
+    uint8_t* out = storageData(info, 4, call, dt, n);
+    const size_t es = dtypeSize(dt);
+    parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (int64_t r = b; r < e; r++) {
+        toF32(in + size_t(r * vocab) * es, dt, row.data(), vocab);
+        gradRows(row.data(), t + r, lse + r, row.data(), k, 0, 1, vocab, ignore);
+        fromF32(row.data(), out + size_t(r * vocab) * es, dt, vocab);
+      }
+    });
+    return info.Env().Undefined();
+  }
+  F32View X(info, 0, call, dt, n, true);
+  F32View O(info, 4, call, dt, n, false);
   const float* x = X.data();
   float* o = O.data();
   parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { gradRows(x, t, lse, o, k, b, e, vocab, ignore); });

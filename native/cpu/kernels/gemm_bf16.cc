@@ -267,19 +267,81 @@ void gemmRange(const Problem& P, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
   }
 }
 
-struct Split {
+// The threaded product: for each block of op(B) (KC × NC), the threads first pack its panels together
+// (each a share of them), then each computes a contiguous range of C's rows (MR multiples, packing its
+// own rows of A) against all of them; when C has too few rows for that, each takes a range of the
+// block's NR-column panels and packs all of A's (few) rows itself. Two pool calls per block.
+struct Threaded {
   const Problem* P;
   int64_t parts;
+  int64_t jc, nc, pc, kc, kp;
+  uint32_t* bufB;
   bool byRows;
-  int64_t chunk;  // rows or columns per part (a multiple of MR or NR)
+  int64_t rowChunk;  // rows per part (a multiple of MR) when byRows
 };
 
-void splitTask(void* p, int64_t part) {
-  auto* s = static_cast<Split*>(p);
-  const Problem& P = *s->P;
-  int64_t b = part * s->chunk;
-  if (s->byRows) gemmRange(P, b, std::min(P.M, b + s->chunk), 0, P.N);
-  else gemmRange(P, 0, P.M, b, std::min(P.N, b + s->chunk));
+void packBTask(void* p, int64_t part) {
+  auto* t = static_cast<Threaded*>(p);
+  int64_t panels = (t->nc + NR - 1) / NR, per = (panels + t->parts - 1) / t->parts;
+  int64_t q0 = part * per, q1 = std::min(panels, q0 + per);
+  if (q0 < q1)
+    packB(t->P->tb, t->P->B, t->P->ldb, t->pc, t->kc, t->jc + q0 * NR, std::min(t->nc - q0 * NR, (q1 - q0) * NR), t->bufB + q0 * t->kp * NR);
+}
+
+void computeTask(void* p, int64_t part) {
+  auto* t = static_cast<Threaded*>(p);
+  const Problem& P = *t->P;
+  const int64_t es = P.cBf16 ? 2 : 4;
+  auto* C = static_cast<uint8_t*>(P.C);
+  Store st{P.alpha, P.beta, t->pc == 0, P.cBf16};
+  int64_t r0 = 0, r1 = P.M, q0 = 0, q1 = (t->nc + NR - 1) / NR;
+  if (t->byRows) {
+    r0 = part * t->rowChunk;
+    r1 = std::min(P.M, r0 + t->rowChunk);
+  } else {
+    int64_t per = (q1 + t->parts - 1) / t->parts;
+    q0 = part * per;
+    q1 = std::min(q1, q0 + per);
+  }
+  if (r0 >= r1 || q0 >= q1) return;
+  uint32_t* bufA = tA.get(size_t(t->kp * std::min<int64_t>(MC, (r1 - r0 + MR - 1) / MR * MR)) * 4);
+  for (int64_t ic = r0; ic < r1; ic += MC) {
+    int64_t mc = std::min(MC, r1 - ic);
+    packA(P.ta, P.A, P.lda, ic, mc, t->pc, t->kc, bufA);
+    for (int64_t q = q0; q < q1; q++) {
+      int64_t jr = q * NR;
+      const uint32_t* bp = t->bufB + q * t->kp * NR;
+      for (int64_t ir = 0; ir < mc; ir += MR) {
+        int64_t rows = std::min<int64_t>(MR, mc - ir);
+        void* c = C + ((ic + ir) * P.ldc + t->jc + jr) * es;
+        kMicro[rows](t->kp, bufA + (ir / MR) * t->kp * MR, bp, c, P.ldc, t->nc - jr, st);
+      }
+    }
+  }
+}
+
+void gemmThreaded(const Problem& P, int64_t threads) {
+  int64_t kBlocks = (P.K + KC - 1) / KC;
+  int64_t kcStep = ((P.K + kBlocks - 1) / kBlocks + 1) / 2 * 2;
+  int64_t kpMax = (std::min(kcStep, P.K) + 1) / 2;
+  // Column blocks of op(B) of about 3 MiB packed (at least NC columns): fewer re-packs of A when K is short.
+  int64_t ncStep = std::max<int64_t>(NC, (int64_t(3) << 20) / (4 * kpMax) / NR * NR);
+  int64_t ncMax = std::min<int64_t>(ncStep, (P.N + NR - 1) / NR * NR);
+  Threaded t{&P, threads, 0, 0, 0, 0, 0, tB.get(size_t(kpMax * ncMax) * 4), false, 0};
+  int64_t rowUnits = (P.M + MR - 1) / MR;
+  t.byRows = rowUnits >= 2 * threads;
+  if (t.byRows) t.rowChunk = (rowUnits + threads - 1) / threads * MR;
+  for (int64_t jc = 0; jc < P.N; jc += ncStep) {
+    t.jc = jc;
+    t.nc = std::min(ncStep, P.N - jc);
+    for (int64_t pc = 0; pc < P.K; pc += kcStep) {
+      t.pc = pc;
+      t.kc = std::min(kcStep, P.K - pc);
+      t.kp = (t.kc + 1) / 2;
+      runOnPool(threads, packBTask, &t);
+      runOnPool(threads, computeTask, &t);
+    }
+  }
 }
 
 }  // namespace
@@ -289,19 +351,8 @@ static constexpr int64_t kThreadedMinMacs = int64_t(1) << 20;
 
 static void gemmDirect(const Problem& P, bool threaded) {
   int64_t threads = threaded ? kernelThreads() : 1;
-  if (threads > 1 && P.M * P.N * P.K >= kThreadedMinMacs) {
-    Split s{&P, 0, P.M >= P.N, 0};
-    int64_t len = s.byRows ? P.M : P.N, unit = s.byRows ? MR : NR;
-    int64_t units = (len + unit - 1) / unit;
-    s.parts = std::min(threads, units);
-    s.chunk = (units + s.parts - 1) / s.parts * unit;
-    s.parts = (len + s.chunk - 1) / s.chunk;
-    if (s.parts > 1) {
-      runOnPool(s.parts, splitTask, &s);
-      return;
-    }
-  }
-  gemmRange(P, 0, P.M, 0, P.N);
+  if (threads > 1 && P.M * P.N * P.K >= kThreadedMinMacs) gemmThreaded(P, threads);
+  else gemmRange(P, 0, P.M, 0, P.N);
 }
 
 void gemmBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda, const uint16_t* B,
