@@ -2,13 +2,15 @@
 // thread, at each SIMD level the CPU supports), GFLOP/s of nodetron's matmul beside cblas_sgemm called
 // directly on the same buffers in the same run (and as a share of that peak), OpenBLAS's own kernel
 // choice in a child process, and the per-call dispatch cost of tiny ops (the figure that says whether
-// JS can keep a GPU fed).
+// JS can keep a GPU fed). --bf16 adds bf16 rows (the AVX512_BF16 kernel where the CPU has it, see
+// `nodetron info`), the small bench GPT's GEMM shapes, and PyTorch's f32 and bf16 torch.matmul on the
+// same shapes in the same run (scripts/bench/gemm_torch.py, when python3 has torch).
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { randn } from '../creation.js';
 import { blasKernelChoice, cpu, packageRoot } from '../native.js';
 import { add, gelu, matmul } from '../ops/index.js';
-import { timeIt } from './util.js';
+import { runTorchPeer, timeIt } from './util.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
 import { expectPositionals, parseOptions } from '../cmdline/args.js';
 import { info } from '../info.js';
@@ -21,7 +23,14 @@ const SHAPES: [string, number, number, number][] = [
   ['QKV 4096x768x2304', 4096, 2304, 768],
 ];
 
-interface Row { name: string; m: number; n: number; k: number; nodetronGflops: number; cblasGflops: number; ratio: number; peakPercent?: number }
+/** The small bench GPT's GEMMs (1024 tokens, C 384, V 50257; the head in chunks of 512 rows): added by --bf16. */
+const MODEL_SHAPES: [string, number, number, number][] = [
+  ['small QKV 1024x1152x384', 1024, 1152, 384],
+  ['small MLP down 1024x384x1536', 1024, 384, 1536],
+  ['small head 512x50257x384', 512, 50257, 384],
+];
+
+interface Row { name: string; m: number; n: number; k: number; nodetronGflops: number; cblasGflops: number; ratio: number; peakPercent?: number; torchGflops?: number }
 
 /** The measured float32 FMA peak at one SIMD level (native fmaPeak): best of a few runs on all kernel threads. */
 export interface FmaPeak {
@@ -64,7 +73,8 @@ function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
     rows.push({ name: `${name} f32`, m, n, k, nodetronGflops: flops / tN / 1e9, cblasGflops: flops / tC / 1e9, ratio: tC / tN });
     for (const dt of dtypes.filter((d) => d !== 'f32')) {
       const ah = a.to(dt), bh = b.to(dt);
-      const t = timeIt(() => matmul(ah, bh).dispose(), { minSeconds: 0.4, rounds: 3 });
+      let t = Infinity;
+      for (let r = 0; r < 3; r++) t = Math.min(t, timeIt(() => matmul(ah, bh).dispose(), { minSeconds: 0.4, rounds: 3 }));
       rows.push({ name: `${name} ${dt}`, m, n, k, nodetronGflops: flops / t / 1e9, cblasGflops: NaN, ratio: NaN });
       ah.dispose(); bh.dispose();
     }
@@ -72,6 +82,8 @@ function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
   }
   return rows;
 }
+
+const addonThreads = (): number => cpu().kernelThreads() as number;
 
 function dispatchCosts(): Record<string, number> {
   const addon = cpu();
@@ -102,7 +114,8 @@ function openblasOwnChoice(): { coreType: string; gflops: number } | undefined {
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, { json: 'outfile', quick: 'boolean', 'blas-only': 'boolean', bf16: 'boolean', help: 'boolean' }, { h: 'help' });
   if (o.help) {
-    console.log('usage: nodetron bench gemm [--json F] [--quick] [--bf16]\n  f32 GEMM GFLOP/s beside cblas_sgemm direct, and tiny-op dispatch cost');
+    console.log('usage: nodetron bench gemm [--json F] [--quick] [--bf16]\n  f32 GEMM GFLOP/s beside cblas_sgemm direct, and tiny-op dispatch cost\n' +
+      '  --bf16: bf16 rows too, the small GPT\'s GEMM shapes, and torch.matmul f32/bf16 on the same shapes (python3 with torch)');
     return 0;
   }
   expectPositionals(o, 'nothing', 0);
@@ -121,18 +134,36 @@ export async function main(argv: string[]): Promise<number> {
     peaks.map((p) => [`${p.isa} (${p.lanes} lanes x ${p.chains} chains)`, p.gflops.toFixed(1), p.threads, p.gflopsAllThreads.toFixed(1), p.gflopsOneThread.toFixed(1)]));
   console.log('# peak: the larger of all threads together and one thread alone times the thread count (best of 5 runs each; other load can only lower them)');
   console.log(`# the machine's peak here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}); the cpu kernels run at ${all.cpu.isa.active}\n`);
-  const shapes = o.quick ? SHAPES.slice(0, 1) : SHAPES;
+  const shapes = [...(o.quick ? SHAPES.slice(0, 1) : SHAPES), ...(o.bf16 && !o.quick ? MODEL_SHAPES : [])];
   const rows = gemmRows(shapes, o.bf16 ? ['f32', 'bf16'] : ['f32']);
   for (const r of rows) r.peakPercent = (100 * r.nodetronGflops) / peak.gflops;
-  printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas', '% of FMA peak'],
+  let torch: { torch?: string; error?: string } | undefined;
+  if (o.bf16) {
+    // PyTorch's matmul on the same shapes, after nodetron's rows (the same threads as the kernels).
+    const res = runTorchPeer([join(packageRoot, 'scripts', 'bench', 'gemm_torch.py'), '--threads', String(addonThreads()),
+      ...shapes.map(([, m, n, k]) => `${m},${n},${k}`)], 'default', 10 * 60_000);
+    if ('error' in res) torch = { error: res.error };
+    else {
+      const peer = res.result as { torch: string; rows: { m: number; n: number; k: number; f32: number; bf16: number }[] };
+      torch = { torch: peer.torch };
+      for (const r of rows) {
+        const p = peer.rows.find((q) => q.m === r.m && q.n === r.n && q.k === r.k);
+        if (p) r.torchGflops = r.name.endsWith(' bf16') ? p.bf16 : p.f32;
+      }
+    }
+  }
+  const bf16Gemm = o.bf16 ? (cpu().bf16Gemm() as { kernel: string }).kernel : undefined;
+  if (bf16Gemm) console.log(`# bf16 rows: ${bf16Gemm === 'avx512bf16' ? 'the AVX512_BF16 kernel (bf16 peak: twice the f32 FMA peak)' : 'widened to f32 for cblas_sgemm'}` +
+    `${torch?.torch ? `; torch ${torch.torch} torch.matmul beside them` : torch?.error ? `; PyTorch peer: ${torch.error}` : ''}`);
+  printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas', '% of FMA peak', ...(o.bf16 ? ['torch.matmul GFLOP/s'] : [])],
     rows.map((r) => [r.name, r.nodetronGflops.toFixed(1), Number.isNaN(r.cblasGflops) ? '-' : r.cblasGflops.toFixed(1), Number.isNaN(r.ratio) ? '-' : `${(r.ratio * 100).toFixed(1)}%`,
-      `${r.peakPercent!.toFixed(1)}%`]));
+      `${r.peakPercent!.toFixed(1)}%`, ...(o.bf16 ? [r.torchGflops === undefined ? '-' : r.torchGflops.toFixed(1)] : [])]));
   const own = o.quick ? undefined : openblasOwnChoice();
   if (own) console.log(`\nOpenBLAS left to its own choice (${own.coreType}): cblas_sgemm 2048^3 = ${own.gflops.toFixed(1)} GFLOP/s`);
   const dispatch = dispatchCosts();
   console.log('');
   printTable(['tiny op (cpu, 1 element)', 'µs per call'], Object.entries(dispatch).map(([k, v]) => [k, v.toFixed(3)]));
   writeJson(o.json as string | undefined, { bench: 'gemm', machine: machineRecord(), rows, openblasOwnChoice: own, dispatchMicroseconds: dispatch,
-    fmaPeak: { gflops: peak.gflops, isa: peak.isa, levels: peaks }, cpuIsa: all.cpu.isa });
+    fmaPeak: { gflops: peak.gflops, isa: peak.isa, levels: peaks }, cpuIsa: all.cpu.isa, ...(o.bf16 ? { bf16Gemm: all.cpu.bf16Gemm, torch } : {}) });
   return 0;
 }

@@ -2,7 +2,8 @@
 // widen-to-f32 + cblas_sgemm fallback, both run in this file (setBf16Gemm), against float64 references
 // of the bf16 inputs on many shapes (odd K, K over one k block, M and N off the register tile, 1×N,
 // N×1, K = 0), every transpose, bf16 and f32 outputs, alpha/beta, batches with strides, shared and
-// accumulating operands; matmul/linear/the head through both paths; bad input errors.
+// accumulating operands; matmul and a bf16 training step through both paths; cross-entropy on bf16
+// logits against the f32 kernel; bad input errors.
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -155,6 +156,28 @@ describe('bf16 GEMM: the two paths side by side', () => {
       expect(Math.sqrt(d), `parameter ${p}`).toBeLessThanOrEqual(0.05 * Math.sqrt(s) + 1e-6);
     }
   }, 60_000);
+
+  it('cross-entropy on bf16 logits (widened row by row) computes what the f32 kernel computes on the same values', () => {
+    const rows = 6, vocab = 3001, r = rng(31);
+    const L = bf16Values(rows * vocab, r, 8);
+    const l32 = L.t.to('f32');
+    const t = nt.tensor(Int32Array.from([5, 3000, 0, -100, 17, 2999]), [rows], { dtype: 'i32' });
+    const f = (n: number) => nt.zeros([n]);
+    const [loss16, lse16, loss32, lse32] = [f(rows), f(rows), f(rows), f(rows)];
+    addon.cross_entropy_forward(L.t.storage, t.storage, loss16.storage, lse16.storage, rows, vocab, -100, dtypeCode('bf16'));
+    addon.cross_entropy_forward(l32.storage, t.storage, loss32.storage, lse32.storage, rows, vocab, -100, dtypeCode('f32'));
+    expect(loss16.toArraySync()).toEqual(loss32.toArraySync());
+    expect(lse16.toArraySync()).toEqual(lse32.toArraySync());
+    // backward in place (as the head runs it): the bf16 gradient is the f32 one rounded to bf16
+    const one16 = nt.ones([1], { dtype: 'bf16' }), one32 = nt.ones([1]);
+    const g32 = nt.zeros([rows * vocab]);
+    addon.cross_entropy_backward(l32.storage, t.storage, lse32.storage, one32.storage, g32.storage, rows, vocab, -100, 0.25, dtypeCode('f32'));
+    addon.cross_entropy_backward(L.t.storage, t.storage, lse16.storage, one16.storage, L.t.storage, rows, vocab, -100, 0.25, dtypeCode('bf16'));
+    const want = g32.to('bf16').toArraySync() as ArrayLike<number>, got = L.t.toArraySync() as ArrayLike<number>;
+    expect(Array.from(got)).toEqual(Array.from(want));
+    expect(Math.abs(got[5]! - (0.25 * Math.exp(L.v[5]! - (lse32.toArraySync() as ArrayLike<number>)[0]!) - 0.25))).toBeLessThan(1e-3);
+    for (const x of [L.t, l32, t, loss16, lse16, loss32, lse32, one16, one32, g32]) x.dispose();
+  });
 
   it('bad inputs are typed errors', () => {
     const a = nt.zeros([4, 4], { dtype: 'bf16' }), c32 = nt.zeros([4, 4]), ci = nt.zeros([4, 4], { dtype: 'i32' }), small = nt.zeros([3]);
