@@ -52,6 +52,7 @@ export interface Info {
       supported: boolean;
       /** Whether the AVX512_BF16 kernel runs now. */
       active: boolean;
+      /** The kernel bf16 GEMMs run on now: avx512bf16 (vdpbf16ps) or sgemm (widened to f32). */
       kernel: 'avx512bf16' | 'sgemm';
       /** NODETRON_BF16_GEMM as set in the environment, when it is. */
       env?: string;
@@ -108,7 +109,7 @@ export function info(): Info {
       cores: c.length,
       avx512: /\bavx512f\b/.test(flags),
       isa: { ...(addon.cpuIsa() as Info['cpu']['isa']), ...(process.env.NODETRON_CPU_ISA ? { env: process.env.NODETRON_CPU_ISA } : {}) },
-      bf16Gemm: { ...(addon.bf16Gemm() as Info['cpu']['bf16Gemm']), ...(process.env.NODETRON_BF16_GEMM ? { env: process.env.NODETRON_BF16_GEMM } : {}) },
+      bf16Gemm: { ...(addon.gemmBf16Kernel() as Info['cpu']['bf16Gemm']), ...(process.env.NODETRON_BF16_GEMM ? { env: process.env.NODETRON_BF16_GEMM } : {}) },
     },
     backends: {
       cpu: {

@@ -105,11 +105,11 @@ export const BACKEND_KERNELS = Object.keys({
 
 /**
  * What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, the kernels' instruction-set level
- * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), the bf16 GEMM's kernel choice (bf16Gemm,
+ * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), the bf16 GEMM's kernel choice (gemmBf16Kernel,
  * setBf16Gemm), host-storage leaks, the library preloader.
  */
 export const CPU_ONLY_EXPORTS = [
-  'GlooCommunicator', 'bf16Gemm', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBf16Gemm',
+  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'gemmBf16Kernel', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBf16Gemm',
   'setBlasThreads', 'setCpuIsa', 'setKernelThreads', 'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */

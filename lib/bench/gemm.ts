@@ -152,7 +152,7 @@ export async function main(argv: string[]): Promise<number> {
       }
     }
   }
-  const bf16Gemm = o.bf16 ? (cpu().bf16Gemm() as { kernel: string }).kernel : undefined;
+  const bf16Gemm = o.bf16 ? (cpu().gemmBf16Kernel() as { kernel: string }).kernel : undefined;
   if (bf16Gemm) console.log(`# bf16 rows: ${bf16Gemm === 'avx512bf16' ? 'the AVX512_BF16 kernel (bf16 peak: twice the f32 FMA peak)' : 'widened to f32 for cblas_sgemm'}` +
     `${torch?.torch ? `; torch ${torch.torch} torch.matmul beside them` : torch?.error ? `; PyTorch peer: ${torch.error}` : ''}`);
   printTable(['product (M x N x K)', 'nodetron GFLOP/s', 'cblas_sgemm GFLOP/s', 'nodetron / cblas', '% of FMA peak', ...(o.bf16 ? ['torch.matmul GFLOP/s'] : [])],

@@ -46,7 +46,7 @@ const med = (a: number[]) => [...a].sort((p, q) => p - q)[a.length >> 1]!;
 const best = (a: number[]) => Math.min(...a);
 const round = (a: number[]) => a.map(Math.round);
 const summary: Record<string, unknown> = {
-  bf16Gemm: cpu().bf16Gemm().kernel, threads: cpu().kernelThreads(),
+  bf16Gemm: cpu().gemmBf16Kernel().kernel, threads: cpu().kernelThreads(),
   f32: round(t.f32!), bf16: round(t.bf16!), bestF32: best(t.f32!), bestBf16: best(t.bf16!), medianF32: med(t.f32!), medianBf16: med(t.bf16!),
   ratioBest: best(t.f32!) / best(t.bf16!), ratioMedian: med(t.f32!) / med(t.bf16!),
 };

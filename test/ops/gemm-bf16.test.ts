@@ -13,9 +13,9 @@ import { cpu, packageRoot } from '../../lib/native.js';
 import { rng } from '../helpers/gradcheck.js';
 
 const addon = cpu();
-const initial = addon.bf16Gemm().mode as string;
+const initial = addon.gemmBf16Kernel().mode as string;
 afterAll(() => { addon.setBf16Gemm(initial); });
-const supported = addon.bf16Gemm().supported as boolean;
+const supported = addon.gemmBf16Kernel().supported as boolean;
 const PATHS = ['auto', 'fallback'] as const;
 
 /** Values rounded to bf16 (read back from a bf16 tensor), so the float64 reference sees exactly what the kernel reads. */
@@ -79,7 +79,7 @@ const SHAPES: Case[] = [
 describe.each(PATHS)('bf16 GEMM, %s path', (path) => {
   it('runs the kernel this path names', () => {
     addon.setBf16Gemm(path);
-    const g = addon.bf16Gemm();
+    const g = addon.gemmBf16Kernel();
     expect(g.mode).toBe(path);
     expect(g.kernel).toBe(path === 'auto' && supported ? 'avx512bf16' : 'sgemm');
     expect(nt.info().cpu.bf16Gemm.kernel).toBe(g.kernel);

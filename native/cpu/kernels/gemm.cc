@@ -139,12 +139,12 @@ static Napi::Value CblasSgemmLoop(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("cblasSgemmLoop", CblasSgemmLoop);
 
-// bf16Gemm() -> { mode, supported, active, kernel }: how bf16 GEMMs run. mode "auto" (the AVX512_BF16
+// gemmBf16Kernel() -> { mode, supported, active, kernel }: how bf16 GEMMs run. mode "auto" (the AVX512_BF16
 // kernel where supported) or "fallback" (widened to f32 for cblas_sgemm); supported: this CPU has
 // AVX-512 and AVX512_BF16; active: the kernel runs now (supported, mode auto, cpuIsa avx512); kernel:
 // "avx512bf16" or "sgemm".
-static Napi::Value Bf16Gemm(const Napi::CallbackInfo& info) {
-  Args a{info, "bf16Gemm"};
+static Napi::Value GemmBf16Kernel(const Napi::CallbackInfo& info) {
+  Args a{info, "gemmBf16Kernel"};
   a.count(0);
   Napi::Object o = Napi::Object::New(info.Env());
   o.Set("mode", bf16GemmMode() == Bf16GemmMode::Auto ? "auto" : "fallback");
@@ -153,9 +153,9 @@ static Napi::Value Bf16Gemm(const Napi::CallbackInfo& info) {
   o.Set("kernel", bf16GemmActive() ? "avx512bf16" : "sgemm");
   return o;
 }
-NT_EXPORT("bf16Gemm", Bf16Gemm);
+NT_EXPORT("gemmBf16Kernel", GemmBf16Kernel);
 
-// setBf16Gemm(mode) -> the mode now: "auto" or "fallback" (see bf16Gemm; NODETRON_BF16_GEMM drives
+// setBf16Gemm(mode) -> the mode now: "auto" or "fallback" (see gemmBf16Kernel; NODETRON_BF16_GEMM drives
 // it when the addon loads). Process-wide.
 static Napi::Value SetBf16Gemm(const Napi::CallbackInfo& info) {
   Args a{info, "setBf16Gemm"};
