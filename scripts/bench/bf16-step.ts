@@ -4,7 +4,8 @@
 // PyTorch child per round and dtype, between nodetron's rounds, so that load on the machine falls on both.
 // Run it with glibc's allocator kept (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
 // MALLOC_TOP_PAD_=1073741824), which the PyTorch children inherit. Prints one JSON object: every step's ms,
-// best and median per side, the ratios, the bf16 GEMM kernel, the load average before and after.
+// best and median per side, the ratios (also per round: f32 over the bf16 step right after it), the bf16
+// GEMM kernel, the load average before and after.
 import { spawnSync } from 'node:child_process';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
@@ -49,6 +50,8 @@ const summary: Record<string, unknown> = {
   bf16Gemm: cpu().gemmBf16Kernel().kernel, threads: cpu().kernelThreads(),
   f32: round(t.f32!), bf16: round(t.bf16!), bestF32: best(t.f32!), bestBf16: best(t.bf16!), medianF32: med(t.f32!), medianBf16: med(t.bf16!),
   ratioBest: best(t.f32!) / best(t.bf16!), ratioMedian: med(t.f32!) / med(t.bf16!),
+  // each round's f32 step over the bf16 step right after it: the load of one moment falls on both
+  pairRatios: t.f32!.map((v, i) => +(v / t.bf16![i]!).toFixed(3)), medianPairRatio: med(t.f32!.map((v, i) => v / t.bf16![i]!)),
 };
 if (withTorch) {
   Object.assign(summary, {
