@@ -26,12 +26,20 @@ export function finishSync(work: CollectiveWork, call: string, group: Collective
   work.waitSync();
 }
 
+/** A range of token positions of a sequence. */
+export interface TokenRange {
+  /** The first position. */
+  start: number;
+  /** The number of positions. */
+  count: number;
+}
+
 /**
  * The global positions a cp rank holds of a sequence of `seqLen` tokens under ring attention's load
  * balancing: chunk `rank` then chunk 2·cp−1−rank of the 2·cp equal chunks. A ShapeError when 2·cp
  * does not divide seqLen.
  */
-export function ringChunks(seqLen: number, cp: number, rank: number): { start: number; count: number }[] {
+export function ringChunks(seqLen: number, cp: number, rank: number): TokenRange[] {
   if (seqLen % (2 * cp) !== 0) {
     throw new ShapeError(`ring attention: the sequence length ${seqLen} is not a multiple of 2·cp = ${2 * cp} (each of the ${cp} context-parallel ranks holds two of 2·cp equal chunks)`);
   }

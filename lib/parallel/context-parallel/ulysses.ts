@@ -9,10 +9,10 @@ import { ArgumentError, ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { attentionPacked } from '../../ops/index.js';
-import { finishSync } from './ring.js';
+import { finishSync, type TokenRange } from './ring.js';
 
 /** Rank `rank`'s contiguous chunk of a sequence of seqLen tokens split cp ways; a ShapeError when cp does not divide it. */
-export function ulyssesChunk(seqLen: number, cp: number, rank: number): { start: number; count: number } {
+export function ulyssesChunk(seqLen: number, cp: number, rank: number): TokenRange {
   if (seqLen % cp !== 0) throw new ShapeError(`Ulysses attention: the sequence length ${seqLen} is not a multiple of cp = ${cp}`);
   return { start: rank * (seqLen / cp), count: seqLen / cp };
 }
