@@ -679,7 +679,13 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       if (this.rank !== 0 && this.layout.tp === 1) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
-      return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      if (!gpt.contextLayout) return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      // Under context parallelism each rank samples from a copy without it (the same parameters).
+      const plain = new GPT(gpt.config, { ...this.#shard, contextLayout: undefined });
+      try {
+        plain.loadStateDict(Object.fromEntries(gpt.namedParameters()));
+        return plain.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      } finally { plain.dispose(); }
     });
   }
 
