@@ -65,7 +65,7 @@ async function calibrate(o: Record<string, unknown>): Promise<number> {
   // ranks all reject it.
   for (const l of layouts) {
     const p = parseLayoutSpec(l);
-    const ranks = p.dp * p.tp * p.pp;
+    const ranks = p.dp * p.tp * p.pp * (p.cp ?? 1);
     if (ranks > MAX_CALIBRATION_RANKS) throw new UsageError(`--layouts ${JSON.stringify(l)} needs ${ranks} ranks; calibration runs them as processes here, at most ${MAX_CALIBRATION_RANKS}`);
     checkCalibrationLayout(l);
   }

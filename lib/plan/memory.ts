@@ -229,7 +229,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const localVocab = m.vocabSize / t;
   const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
   if (!f32) {
-    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute);
+    // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+    // Ulysses: the head-sharded output beside the merged one).
+    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute) + (cp > 1 && layout.recompute !== 'full' ? (w * s * b * h) / t : 0);
     // Megatron (theoretical_memory_usage.py): the embedding's dropout output sbh·2 bytes per in-flight micro-batch,
     // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
     activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
@@ -260,7 +262,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
   const scores = 4 * b * (m.nHead / t) * s;
-  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
+  // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+  // Ulysses: the head-sharded output beside the merged one).
+  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores) + (cp > 1 ? sc(unitSplit) : 0);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
   // and the s·b·h tensors outside its blocks (F32_EMBEDDING without a pipeline; F32_STAGE_OUTSIDE in one).
@@ -287,7 +291,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const headGrads = tableGrad + sc(unitRep * (sp ? t : 1));
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
-  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit));
+  // Ulysses saves the whole-sequence q, k, v it gathered instead of this rank's, which then stays until the forward ends (3 more).
+  const ulyssesTransient = cp > 1 && layout.cpMode === 'ulysses' ? 3 * sc(unitSplit) : 0;
+  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit) + ulyssesTransient);
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
   interface Phase { grads: number; activations: number; logits: number; buffers: number }
   const phases: Phase[] = [];
