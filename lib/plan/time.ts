@@ -137,7 +137,7 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
   // Backward (two thirds of the compute) hides the bucketed data-parallel traffic; what exceeds it shows.
   // The last bucket's collective always shows (25 MiB).
   const dataParallel = l.dp > 1 ? Math.max(dpVolume / bw(world) - (2 / 3) * compute, (25 * 2 ** 20 * (l.zero === 3 ? 3 : 2)) / bw(world)) : 0;
-  const contextParallel = contextParallelSeconds(m, l, o, act, layers, bw(l.tp * cp));
+  const contextParallel = contextParallelSeconds(l, act, layers, bw(l.tp * cp));
   // Offload: the gradient shard goes to the host and the updated weight shard comes back over PCIe
   // (~25 GB/s, PCIe 4/5 x16 achieved), and the host runs Adam over the shard (~2 GB/s of state per device, an assumption).
   const shard = gradBytes / l.dp;
@@ -154,10 +154,9 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
  * forward: + cp − 1). Ulysses, per layer: all-to-alls of q, k, v (3·act/(cp·tp)) and the output
  * (act/(cp·tp)) forward and the same backward, each moving (cp − 1)/cp of its bytes.
  */
-export function contextParallelSeconds(m: PlanModel, l: PlanLayout, o: TimeOptions, act: number, layers: number, bw: number): number {
+export function contextParallelSeconds(l: PlanLayout, act: number, layers: number, bw: number): number {
   const cp = l.cp ?? 1;
   if (cp === 1) return 0;
-  void m; void o;
   const kv = (2 * act) / (cp * l.tp);
   const perLayer = (l.cpMode ?? 'ring') === 'ring'
     ? kv * ((cp - 1) * (l.recompute === 'full' ? 2 : 1) + (cp - 1) + cp)
