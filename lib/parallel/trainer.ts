@@ -1,6 +1,6 @@
-// ParallelTrainer: the training step of one rank of any TP × PP × DP layout (layout.ts checks the
-// layout): micro-batches through the pipeline schedule, data-parallel gradient averaging (GradBuffer,
-// or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
+// ParallelTrainer: the training step of one rank of any TP × CP × PP × DP layout (layout.ts checks the
+// layout): this rank's tokens under context parallelism, micro-batches through the pipeline schedule,
+// gradient averaging over the data- and context-parallel ranks (GradBuffer, or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
 import { autocast } from '../amp.js';
 import { ArgumentError } from '../errors.js';
