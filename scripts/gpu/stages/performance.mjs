@@ -76,6 +76,15 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats(DEV).peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
   writeFileSync(join(ctx.work, 'gpt2-nodetron.json'), JSON.stringify(result));
   rec.bench({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
+  if (!DRY) {
+    // Where the step's GPU time goes: one more step with every cuda kernel call bracketed by events
+    // (lib/bench/train-cuda.ts profileKernels, as `nodetron bench train --device cuda` prints it).
+    const { profileKernels } = await import('../../../dist/bench/train-cuda.js');
+    const table = profileKernels(0, () => { step(); });
+    const total = table.reduce((s, t) => s + t.ms, 0);
+    rec.info('gpt2Kernels', { totalMs: total, kernels: table });
+    console.log(`GPT-2 step per cuda kernel (${total.toFixed(1)} ms):\n` + table.slice(0, 12).map((t) => `  ${t.kernel} ${t.calls} calls ${t.ms.toFixed(2)} ms ${((100 * t.ms) / total).toFixed(1)}%`).join('\n'));
+  }
   opt.dispose(); model.dispose(); x.dispose(); y.dispose();
 }
 
