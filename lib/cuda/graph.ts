@@ -92,6 +92,9 @@ export function graph(fn: () => void, opts: GraphOptions = {}): CudaGraph {
   if (!((addon.deviceCount() as number) > dev.index)) {
     throw new BackendUnavailableError(`cuda.graph: ${dev.name} is not available (${addon.driverStatus() as string})`);
   }
+  if (addon.debugSync() as boolean) {
+    throw new StateError('cuda.graph: NODETRON_CUDA_SYNC=1 synchronizes the device after every launch, which a capture does not allow (unset it to capture)');
+  }
   const outer = currentStream(dev.name);
   const side = newStream(dev.name);
   let ok = false;

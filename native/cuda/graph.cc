@@ -121,8 +121,10 @@ static Napi::Value GraphEnd(const Napi::CallbackInfo& info) {
   cudaGraph_t graph = nullptr;
   cudaError_t e = endCapture(device, &graph, &ended, "graphEnd");
   cudaGraphExec_t exec = nullptr;
+  const char* failed = "cudaStreamEndCapture";
   if (e == cudaSuccess) {
     e = cudaGraphInstantiate(&exec, graph, 0);
+    failed = "cudaGraphInstantiate";
     if (e != cudaSuccess) cudaGetLastError();
   }
   if (e != cudaSuccess) {
@@ -130,7 +132,7 @@ static Napi::Value GraphEnd(const Napi::CallbackInfo& info) {
     cudaStreamSynchronize(streamById(ended.stream, device, "graphEnd"));
     cudaGetLastError();
     retire(device, ended.pool, ended.deferred);
-    check(e, exec ? "cudaGraphInstantiate" : "cudaStreamEndCapture");
+    check(e, failed);
   }
   std::lock_guard<std::mutex> lock(graphsMutex);
   graphs.push_back(GraphEntry{device, ended.stream, ended.pool, graph, exec, std::move(ended.deferred)});
