@@ -69,6 +69,7 @@ export class CudaGraph {
 
   /** Whether dispose() was called. */
   get disposed(): boolean { return this.#disposed; }
+  /** dispose(), for `using g = nt.cuda.graph(...)`. */
   [Symbol.dispose](): void { this.dispose(); }
 }
 
