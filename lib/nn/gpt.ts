@@ -246,10 +246,13 @@ export class MLP extends Module {
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    // Plain Linears (not subclasses with their own forward) run as fused ops: both layers as geluMlp
-    // (cuBLASLt epilogues on cuda), or the first one's GEMM, bias and GELU as linearGelu.
+    // Plain Linears (not subclasses with their own forward) run as fused ops: on cuda both layers as
+    // geluMlp (cuBLASLt's epilogues make the bias gradients and GELU's backward inside the GEMMs, and no
+    // [rows, 4C] gradient of the hidden layer is stored); elsewhere the first layer's GEMM, bias and GELU
+    // as linearGelu (on cpu the two-op form holds less at its peak: the output gradient and dW2 are freed
+    // before the hidden layer's backward runs).
     const fc = this.fc, proj = this.proj;
-    if (isPlainLinear(fc) && isPlainLinear(proj)) return dropChunk(this.dropout, geluMlp(x, fc.weight, fc.bias, proj.weight, proj.bias), this.#sequence);
+    if (x.deviceInfo.type === 'cuda' && isPlainLinear(fc) && isPlainLinear(proj)) return dropChunk(this.dropout, geluMlp(x, fc.weight, fc.bias, proj.weight, proj.bias), this.#sequence);
     const hidden = isPlainLinear(fc) ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
     return dropChunk(this.dropout, this.proj.forward(hidden), this.#sequence);
   }

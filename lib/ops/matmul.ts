@@ -308,11 +308,8 @@ export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2
   const xs = save(x), w1s = save(w1), w2s = save(w2);
   const inputs = [x, w1, ...(b1 ? [b1] : []), w2, ...(b2 ? [b2] : [])];
   return record('geluMlp', out, inputs, (g) => {
-    // The second layer: dW2 = gᵀh and db2 = Σ_rows g, then dPre = (g·W2)·gelu'(pre) and db1 = Σ_rows dPre.
-    let dw2: Tensor | null = null, db2: Tensor | null = null;
-    if (needW2 && needB2) [dw2, db2] = weightAndBiasGrads(g, h, w2s, plan2) ?? [null, null];
-    if (needW2 && !dw2) dw2 = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, false, true)[1];
-    if (needB2 && !db2) db2 = sumTo(g, [w2s.shape[0]!]);
+    // The hidden layer first: dPre = (g·W2)·gelu'(pre), db1 = Σ_rows dPre, dx and dW1; then dW2 = gᵀh and
+    // db2 = Σ_rows g, allocated after dPre is freed (the larger of the two is never held with the other).
     let dx: Tensor | null = null, dw1: Tensor | null = null, db1: Tensor | null = null;
     if (needPre) {
       const dPre = emptyLike(g, h.shape);
@@ -336,6 +333,10 @@ export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2
       }
       if (!needB1) { db1.dispose(); db1 = null; }
     }
+    let dw2: Tensor | null = null, db2: Tensor | null = null;
+    if (needW2 && needB2) [dw2, db2] = weightAndBiasGrads(g, h, w2s, plan2) ?? [null, null];
+    if (needW2 && !dw2) dw2 = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, false, true)[1];
+    if (needB2 && !db2) db2 = sumTo(g, [w2s.shape[0]!]);
     return [dx, dw1, ...(b1 ? [db1] : []), dw2, ...(b2 ? [db2] : [])];
   }, [xs, w1s, w2s, own(h), own(pre)]);
 }
