@@ -113,7 +113,8 @@ export const CPU_ONLY_EXPORTS = [
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [
   'NcclComm', 'currentStream', 'debugSync', 'deviceCount', 'deviceInfo', 'driverStatus', 'eventCreate', 'eventDestroy', 'eventElapsedMs', 'eventQuery',
-  'eventRecord', 'eventSynchronize', 'gemmPlanCache', 'gemm_epilogue', 'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
+  'eventRecord', 'eventSynchronize', 'gemmPlanCache', 'gemm_epilogue', 'graphAbort', 'graphBegin', 'graphCapturing', 'graphDestroy', 'graphEnd', 'graphLaunch',
+  'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
   'setMatmulTf32', 'streamCreate', 'streamDestroy', 'streamQuery', 'streamSynchronize', 'streamWaitEvent', 'synchronize',
 ] as const;
 

@@ -7,6 +7,7 @@
 import { noGrad, recompute } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { geluMlp } from '../ops/matmul.js';
 import { add, addLayerNorm, attentionPacked, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy, linearGelu } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
@@ -241,6 +242,11 @@ export class CausalSelfAttention extends Module {
   }
 }
 
+/** A Linear whose forward is Linear's own (not a subclass with another forward). */
+function isPlainLinear(l: LinearLike): l is Linear {
+  return l instanceof Linear && l.forward === Linear.prototype.forward;
+}
+
 /** The feed-forward block: C → 4C, GELU, 4C → C, dropout. */
 export class MLP extends Module {
   /** The expanding projection, C → 4C. */
@@ -260,9 +266,14 @@ export class MLP extends Module {
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    // A plain Linear (not a subclass with its own forward) runs its GEMM, bias and GELU as one op.
-    const fc = this.fc;
-    const hidden = fc instanceof Linear && fc.forward === Linear.prototype.forward ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
+    // Plain Linears (not subclasses with their own forward) run as fused ops: on cuda both layers as
+    // geluMlp (cuBLASLt's epilogues make the bias gradients and GELU's backward inside the GEMMs, and no
+    // [rows, 4C] gradient of the hidden layer is stored); elsewhere the first layer's GEMM, bias and GELU
+    // as linearGelu (on cpu the two-op form holds less at its peak: the output gradient and dW2 are freed
+    // before the hidden layer's backward runs).
+    const fc = this.fc, proj = this.proj;
+    if (x.deviceInfo.type === 'cuda' && isPlainLinear(fc) && isPlainLinear(proj)) return dropChunk(this.dropout, geluMlp(x, fc.weight, fc.bias, proj.weight, proj.bias), this.#sequence);
+    const hidden = isPlainLinear(fc) ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
     return dropChunk(this.dropout, this.proj.forward(hidden), this.#sequence);
   }
 }
