@@ -19,7 +19,7 @@ import { GradBuffer } from './data-parallel/buffer.js';
 import type { PipelineScheduleName } from './layout.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
+import { forwardOnly, runSchedule, SCHEDULE_KINDS, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
@@ -62,7 +62,11 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   offload?: boolean;
   /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
   microBatches?: number;
-  /** The pipeline schedule (default 1f1b; both give the same numbers, 1F1B holds fewer activations). */
+  /**
+   * The pipeline schedule (default 1f1b; all give the same numbers): gpipe, 1f1b (fewer activations
+   * held), interleaved (needs a model with chunks > 1, micro-batches a multiple of pp) or zb-h1
+   * (weight gradients deferred into the bubble; ZeRO 0 or 1).
+   */
   schedule?: PipelineScheduleName;
   /** Clip the global gradient norm (of the whole model's averaged gradient) to this value. */
   maxGradNorm?: number;
@@ -189,8 +193,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#computeMs = 0;
     this.#cpuMs = 0;
     const result = await scope(async () => {
-      const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
-      const losses = await traceSpan('forward+backward', () => run(this.#pipelineStage(inputs, targets, true), this.#microBatches));
+      const losses = await traceSpan('forward+backward', () => runSchedule(this.#schedule, this.#pipelineStage(inputs, targets, true), this.#microBatches));
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
@@ -261,17 +264,20 @@ export class ParallelTrainer<H extends { lr: number }> {
     // ZeRO-1 communicate once per step; ZeRO-2 reduce-scatters every micro-batch (its gradients are
     // sharded as they are produced); ZeRO-3 as each unit's backward ends.
     const grads = !training ? null : this.#grads ?? (this.#zero?.stage === 1 ? this.#zero : null);
+    const chunks = model.chunks ?? 1;
+    const lastChunk = (c: number) => model.isLastStage && c === chunks - 1;
     return {
       ...(pp ? { group: pp } : {}),
+      chunks,
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
-      forwardStep: (i, input) => {
-        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
-        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i }));
+      forwardStep: (i, input, chunk) => {
+        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), lastChunk(chunk) ? microBatch(targets, i) : null, chunk);
+        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i, chunk }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
-        return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
+        return lastChunk(chunk) && m > 1 ? scale(out, 1 / m) : out;
       },
-      runBackward: (i, final, go) => this.#timed(() => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i })),
+      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -367,7 +373,15 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
   if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
-  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const chunks = model.chunks ?? 1;
+  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`schedule must be one of ${SCHEDULE_KINDS.map((k) => `'${k}'`).join(', ')}, got ${String(schedule)}`);
+  else if (schedule === 'interleaved') {
+    const stages = mesh?.ppSize ?? 1;
+    if (chunks < 2) problems.push('the interleaved schedule needs a model of 2 or more chunks per stage (GPTStage(model, stage, stages, chunks))');
+    if (stages < 2) problems.push('the interleaved schedule needs 2 or more pipeline stages');
+    else if (Number.isInteger(m) && m % stages !== 0) problems.push(`the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${stages} stages`);
+  } else if (chunks > 1) problems.push(`a model of ${chunks} chunks per stage needs the interleaved schedule, not '${schedule}'`);
+  if (schedule === 'zb-h1' && zero >= 2) problems.push(`the zb-h1 schedule defers weight gradients past the next micro-batch's backward, but ZeRO ${zero} reduces each micro-batch's gradients as its backward makes them (use ZeRO 0 or 1)`);
   const precision = options.precision ?? 'f32';
   if (precision !== 'f32' && precision !== 'bf16') {
     problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);

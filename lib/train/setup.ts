@@ -317,7 +317,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   const c = full?.config;
   await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
 
-  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp);
+  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
   let trainer: ParallelTrainer<H>;
   try {
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
