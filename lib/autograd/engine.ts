@@ -485,7 +485,16 @@ export class DeferredWeightGrads {
     this.#groups = [];
   }
 
+  /** Same as dispose() (for `using`). */
   [Symbol.dispose](): void { this.dispose(); }
+}
+
+/** What {@link deferWeightGrads} returns. */
+export interface DeferredBackward<T> {
+  /** What fn returned. */
+  result: T;
+  /** The held-back weight-gradient work: run() it (the W pass), or dispose() it. */
+  weightGrads: DeferredWeightGrads;
 }
 
 /** Options of {@link deferWeightGrads}. */
@@ -505,7 +514,7 @@ export interface DeferWeightGradsOptions {
  * (same kernels on the same tensors). Ops inside recompute() blocks, and ops without a split whose
  * inputs mix weights and activations (LayerNorm), compute everything at once.
  */
-export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): { result: T; weightGrads: DeferredWeightGrads } {
+export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): DeferredBackward<T> {
   if (typeof fn !== 'function') throw new ArgumentError(`deferWeightGrads: fn must be a function, got ${typeof fn}`);
   if (deferral !== null) throw new AutogradError('deferWeightGrads: already inside deferWeightGrads() (they do not nest)');
   if (backwardDepth > 0) throw new AutogradError('deferWeightGrads: called inside a backward() (from a hook or an op\'s backward)');

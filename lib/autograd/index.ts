@@ -3,7 +3,7 @@
 // inside nodetron or against it: they come from 'nodetron/internal', not from here.
 export {
   backward, detach, zeroGrad, registerPostAccumulateGradHook, queueBackwardCallback, deferWeightGrads, DeferredWeightGrads,
-  type BackwardOptions, type DeferWeightGradsOptions, type PostAccumulateGradHook, type RemovableHandle,
+  type BackwardOptions, type DeferWeightGradsOptions, type DeferredBackward, type PostAccumulateGradHook, type RemovableHandle,
 } from './engine.js';
 export { isGradEnabled, noGrad, enableGrad } from './grad-mode.js';
 export { recompute, checkpoint } from './recompute.js';

@@ -42,6 +42,7 @@ export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b', 'interl
 
 /** One step of a rank's schedule: F (forward), B (backward; ZB-H1: the input gradient only) or W (ZB-H1's weight gradient). */
 export interface PipelineAction {
+  /** F: forward; B: backward (under ZB-H1 its input gradient only); W: ZB-H1's weight gradient. */
   readonly op: 'F' | 'B' | 'W';
   /** The micro-batch. */
   readonly micro: number;
@@ -80,9 +81,9 @@ export function checkSchedule(kind: string, shape: ScheduleShape, call = 'pipeli
  * backwards. 1F1B: (p − r − 1) warm-up forwards, then one forward one backward, then the rest of the
  * backwards. Interleaved 1F1B (Megatron-LM's order): forwards go through the chunks in groups of p
  * micro-batches, backwards through them in reverse, with 2(p − r − 1) + (v − 1)p warm-up forwards.
- * ZB-H1: 1F1B's forwards and input-gradient backwards, each weight gradient W as late as it can
- * be while at most p micro-batches hold activations (1F1B's first stage's peak), filling the idle
- * time a backward would wait; built by list-scheduling F = B = W = 1 unit over all ranks.
+ * ZB-H1 (Qi et al. 2024): 1F1B's forwards and input-gradient backwards, rank r's weight gradients
+ * W lagging r backwards behind and filling the time it would wait; at most p micro-batches hold
+ * activations on any rank (1F1B's first rank's peak).
  */
 export function scheduleTables(kind: ScheduleKind, shape: ScheduleShape): PipelineAction[][] {
   checkSchedule(kind, shape, 'scheduleTables');
@@ -115,29 +116,22 @@ export function scheduleTables(kind: ScheduleKind, shape: ScheduleShape): Pipeli
   return tables;
 }
 
-// ZB-H1 by list scheduling in unit time: at each tick a free rank takes a ready B, else a forward
-// within 1F1B's lead (at most p − r forwards ahead of its backwards) and the memory cap (at most p
-// micro-batches whose W has not run), else a pending W.
+// ZB-H1: 1F1B's order of forwards and (input-gradient) backwards, rank r's weight gradients lagging
+// r backwards behind (W(j) right after B(j + r)), the rest after the last backward. With F = B = W
+// and m >= p every rank is busy but for p − 1 units: the step takes 3m + p − 1, and at most p
+// micro-batches hold activations on any rank (1F1B's first rank's peak).
 function zeroBubbleH1Tables(p: number, m: number): PipelineAction[][] {
-  const tables: PipelineAction[][] = Array.from({ length: p }, () => []);
-  const fDone: number[][] = Array.from({ length: p }, () => []), bDone: number[][] = Array.from({ length: p }, () => []);
-  const nF = new Array<number>(p).fill(0), nB = new Array<number>(p).fill(0), nW = new Array<number>(p).fill(0);
-  let left = 3 * m * p;
-  for (let t = 0; left > 0; t++) {
-    if (t > 12 * m * p + 12 * p) throw new StateError(`scheduleTables: ZB-H1 list scheduling made no progress (p = ${p}, m = ${m})`);
-    for (let r = 0; r < p; r++) {
-      const ready = (done: number[][], rank: number, i: number) => done[rank]![i] !== undefined && done[rank]![i]! <= t;
-      const canB = nB[r]! < nF[r]! && (r === p - 1 || ready(bDone, r + 1, nB[r]!)) && (fDone[r]![nB[r]!]! <= t);
-      const canF = nF[r]! < m && (r === 0 || ready(fDone, r - 1, nF[r]!)) && nF[r]! - nB[r]! < p - r && nF[r]! - nW[r]! < p;
-      const canW = nW[r]! < nB[r]! && bDone[r]![nW[r]!]! <= t;
-      if (canB) { tables[r]!.push({ op: 'B', micro: nB[r]!, chunk: 0 }); bDone[r]![nB[r]!] = t + 1; nB[r]!++; }
-      else if (canF) { tables[r]!.push({ op: 'F', micro: nF[r]!, chunk: 0 }); fDone[r]![nF[r]!] = t + 1; nF[r]!++; }
-      else if (canW) { tables[r]!.push({ op: 'W', micro: nW[r]!, chunk: 0 }); nW[r]!++; }
-      else continue;
-      left--;
-    }
-  }
-  return tables;
+  return Array.from({ length: p }, (_, r) => {
+    const t: PipelineAction[] = [];
+    const warmup = Math.min(p - r - 1, m);
+    let nW = 0;
+    const afterB = (j: number) => { while (nW <= j - r) t.push({ op: 'W', micro: nW++, chunk: 0 }); };
+    for (let i = 0; i < warmup; i++) t.push({ op: 'F', micro: i, chunk: 0 });
+    for (let i = 0; i < m - warmup; i++) { t.push({ op: 'F', micro: warmup + i, chunk: 0 }); t.push({ op: 'B', micro: i, chunk: 0 }); afterB(i); }
+    for (let i = m - warmup; i < m; i++) { t.push({ op: 'B', micro: i, chunk: 0 }); afterB(i); }
+    while (nW < m) t.push({ op: 'W', micro: nW++, chunk: 0 });
+    return t;
+  });
 }
 
 /** Costs of one micro-batch's work on one chunk for {@link simulateSchedule}, in any time unit. */
@@ -273,25 +267,37 @@ class StageRunner {
   // gradients between the same two ranks never match each other whatever order they are posted in.
   #tag(m: number, vs: number, grad: boolean): number { return (m * this.size * this.chunks + vs) * 2 + (grad ? 1 : 0); }
 
-  /** Posts the receive of F(m, chunk)'s input now (a look-ahead), so that its sender's send can complete. */
+  /**
+   * Posts now (a look-ahead) the receive action `a` will wait for: F(m, chunk)'s input, or B(m,
+   * chunk)'s output gradient (shaped as the next virtual stage's input), so that its sender's send
+   * can complete.
+   */
   prepost(a: PipelineAction): void {
-    if (a.op !== 'F' || this.isFirst(a.chunk)) return;
-    const k = `F${this.#key(a.micro, a.chunk)}`;
+    if (a.op === 'W' || (a.op === 'F' && this.isFirst(a.chunk)) || (a.op === 'B' && this.isLast(a.chunk))) return;
+    const k = `${a.op}${this.#key(a.micro, a.chunk)}`;
     if (this.#posted.has(k)) return;
-    const g = this.group;
-    const buf = emptyOn([...this.stage.inputShape(a.micro, a.chunk)], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
-    this.#posted.set(k, { buf, work: g.recv(buf, (g.rank - 1 + g.size) % g.size, { tag: this.#tag(a.micro, this.#vs(a.chunk), false) }) });
+    const g = this.group, vs = this.#vs(a.chunk);
+    // The gradient of this chunk's output has the shape of the next virtual stage's input.
+    const shape = a.op === 'F' ? this.stage.inputShape(a.micro, a.chunk) : this.stage.inputShape(a.micro, Math.floor((vs + 1) / this.size));
+    const buf = emptyOn([...shape], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
+    const peer = a.op === 'F' ? (g.rank - 1 + g.size) % g.size : (g.rank + 1) % g.size;
+    this.#posted.set(k, { buf, work: g.recv(buf, peer, { tag: this.#tag(a.micro, vs, a.op === 'B') }) });
+  }
+
+  /** The buffer of a receive posted by prepost(), once it has arrived. */
+  async #received(a: PipelineAction): Promise<Tensor> {
+    this.prepost(a);
+    const k = `${a.op}${this.#key(a.micro, a.chunk)}`, { buf, work } = this.#posted.get(k)!;
+    this.#posted.delete(k);
+    try { await work; } catch (e) { buf.dispose(); throw e; }
+    return buf;
   }
 
   /** Forward of micro-batch m on a chunk; with keepForBackward false (evaluation) nothing is held afterwards. */
   async forward(m: number, chunk: number, keepForBackward = true): Promise<void> {
     let input: Tensor | null = null;
     if (!this.isFirst(chunk)) {
-      this.prepost({ op: 'F', micro: m, chunk });
-      const k = `F${this.#key(m, chunk)}`, { buf, work } = this.#posted.get(k)!;
-      this.#posted.delete(k);
-      await work;
-      input = buf;
+      input = await this.#received({ op: 'F', micro: m, chunk });
       input.requiresGrad = keepForBackward;
     }
     // The micro-batch's intermediate tensors go when its forward ends: what backward needs the graph
@@ -318,11 +324,7 @@ class StageRunner {
     const run = this.stage.runBackward?.bind(this.stage) ?? ((_m: number, _final: boolean, go: () => void) => go());
     const info = { chunk, phase: split ? 'input' as const : 'backward' as const };
     let grad: Tensor | null = null;
-    if (!this.isLast(chunk)) {
-      const g = this.group;
-      grad = emptyOn(f.output.shape, f.output.dtype, f.output.deviceInfo);
-      await g.recv(grad, (g.rank + 1) % g.size, { tag: this.#tag(m, this.#vs(chunk), true) });
-    }
+    if (!this.isLast(chunk)) grad = await this.#received({ op: 'B', micro: m, chunk });
     try {
       const go = () => {
         if (!split) { grad ? backward(f.output, grad) : backward(f.output); return; }
@@ -351,13 +353,16 @@ class StageRunner {
     await run(m, final, () => w.run(), { chunk, phase: 'weight' });
   }
 
-  /** Runs a table: each action in order, the receives of the next `lookahead` forwards posted ahead. */
+  /**
+   * Runs a table: each action in order, the receives of the next `lookahead` actions posted ahead
+   * (Infinity: the whole table's at the start).
+   */
   async runTable(table: readonly PipelineAction[], lookahead: number, keepForBackward = true): Promise<number[]> {
     const lastB = table.findLastIndex((a) => a.op === 'B'), lastW = table.findLastIndex((a) => a.op === 'W');
     const split = lastW >= 0;
     try {
       for (let i = 0; i < table.length; i++) {
-        for (let j = i; j < Math.min(table.length, i + lookahead); j++) this.prepost(table[j]!);
+        if (i === 0 || lookahead !== Infinity) for (let j = i; j < Math.min(table.length, i + lookahead); j++) this.prepost(table[j]!);
         const a = table[i]!;
         if (a.op === 'F') await this.forward(a.micro, a.chunk, keepForBackward);
         else if (a.op === 'B') await this.backward(a.micro, a.chunk, i === lastB, split);
@@ -387,7 +392,11 @@ export async function runSchedule(kind: ScheduleKind, stage: PipelineStage, numM
   checkSchedule(kind, { stages: size, microBatches: numMicroBatches, chunks }, kind);
   const run = new StageRunner(stage, numMicroBatches);
   const table = scheduleTables(kind, { stages: size, microBatches: numMicroBatches, chunks })[run.rank]!;
-  return run.runTable(table, size * chunks);
+  // Gloo completes a send when its receiver posts the receive, and a rank's point-to-point waits run
+  // one after the other: interleaving's messages around the ring (the last rank feeds the first)
+  // could leave two ranks each waiting behind a send to the other. Posting every receive of the step
+  // first rules that out (2·m·v boundary-sized buffers); the other schedules' chains post a few ahead.
+  return run.runTable(table, kind === 'interleaved' ? Infinity : size * chunks);
 }
 
 /**
