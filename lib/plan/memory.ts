@@ -42,16 +42,38 @@ export interface ScheduleState {
   deferred: number;
   /** Interleaved: receives posted at the step's start and not yet taken (boundary-sized buffers). */
   posted: number;
+  /** Micro-batches in flight on the rank's last chunk (on the last stage: those whose head gradients wait for their backward). */
+  lastChunk: number;
+  /** Whether a backward ran before (the gradients exist). */
+  afterBackward: boolean;
+  /** Whether the forward that led here ran the rank's last chunk (on the last stage: the head). */
+  onLastChunk: boolean;
 }
 
 /**
  * The states a pipeline stage passes through under the layout's schedule, read from the schedule's
- * own table (lib/parallel/pipeline/schedules.ts), one after each action; one micro-batch without a pipeline.
+ * own table (lib/parallel/pipeline/schedules.ts), one right after each forward (where memory peaks);
+ * one micro-batch without a pipeline.
  */
 export function scheduleStates(layout: PlanLayout, stage: number): ScheduleState[] {
   const v = layout.virtualStages ?? 1, p = layout.pp, m = layout.microBatches;
-  if (p === 1) return [{ held: 1, deferred: 0, posted: 0 }];
+  if (p === 1) return [{ held: 1, deferred: 0, posted: 0, lastChunk: 1, afterBackward: m > 1, onLastChunk: true }];
   checkSchedule(layout.schedule, { stages: p, microBatches: m, chunks: v }, 'plan');
+  // The planner asks for the same few schedules over and over (every candidate, every stage).
+  const key = `${layout.schedule}/${p}/${m}/${v}/${stage}`;
+  let states = statesCache.get(key);
+  if (!states) {
+    states = computeStates(layout, stage);
+    if (statesCache.size > 4096) statesCache.clear();
+    statesCache.set(key, states);
+  }
+  return states;
+}
+
+const statesCache = new Map<string, ScheduleState[]>();
+
+function computeStates(layout: PlanLayout, stage: number): ScheduleState[] {
+  const v = layout.virtualStages ?? 1, p = layout.pp, m = layout.microBatches;
   const table = scheduleTables(layout.schedule, { stages: p, microBatches: m, chunks: v })[stage]!;
   // Interleaving posts every receive first: activations for chunks after the first virtual stage,
   // gradients for chunks before the last.
@@ -60,15 +82,16 @@ export function scheduleStates(layout: PlanLayout, stage: number): ScheduleState
     for (let c = 0; c < v; c++) posted += m * ((c * p + stage > 0 ? 1 : 0) + (c * p + stage < p * v - 1 ? 1 : 0));
   }
   const out: ScheduleState[] = [];
-  let held = 0, deferred = 0;
+  let held = 0, deferred = 0, lastChunk = 0, afterBackward = false;
   const split = layout.schedule === 'zb-h1';
   for (const a of table) {
-    const vs = a.chunk * p + stage;
-    if (a.op === 'F') { held++; if (layout.schedule === 'interleaved' && vs > 0) posted--; }
-    else if (a.op === 'B') { held--; if (split) deferred++; if (layout.schedule === 'interleaved' && vs < p * v - 1) posted--; }
+    const vs = a.chunk * p + stage, last = a.chunk === v - 1 ? 1 : 0;
+    if (a.op === 'F') { held++; lastChunk += last; if (layout.schedule === 'interleaved' && vs > 0) posted--; }
+    else if (a.op === 'B') { held--; lastChunk -= last; if (split) deferred++; if (layout.schedule === 'interleaved' && vs < p * v - 1) posted--; }
     else deferred--;
-    // Right after a forward is the peak of its kind (its saved tensors with everything else held).
-    out.push({ held: held / v, deferred: deferred / v, posted });
+    if (a.op === 'B') afterBackward = true;
+    // Memory peaks in forwards (a backward frees more than it makes): the states right after each.
+    if (a.op === 'F') out.push({ held: held / v, deferred: deferred / v, posted, lastChunk, afterBackward, onLastChunk: last === 1 });
   }
   return out;
 }
@@ -184,8 +207,8 @@ export const F32_BLOCK_TRANSIENT_SPLIT = 7;
 export const F32_BLOCK_TRANSIENT_REPLICATED = 2;
 /** Whole-width s·b·h f32 tensors per block a micro-batch keeps between ZB-H1's B and W (the QKV and MLP inputs, both projections' output gradients). */
 export const F32_DEFERRED_REPLICATED = 4;
-/** Split s·b·h/tp f32 tensors per block kept between B and W (the projections' inputs 1 + 4, the QKV's output gradient 3, the MLP's pre-GELU gradient 4). */
-export const F32_DEFERRED_SPLIT = 12;
+/** Split s·b·h/tp f32 tensors per block kept between B and W (the projections' inputs 1 + 4, the QKV's output gradient 3, the MLP's pre-GELU value and gradient 4 + 4). */
+export const F32_DEFERRED_SPLIT = 16;
 /** s·b·h f32 tensors outside the blocks kept for backward without a pipeline: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
 export const F32_EMBEDDING = 3;
 /**
@@ -300,17 +323,18 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const outside = pp === 1 ? F32_EMBEDDING : F32_STAGE_OUTSIDE[first ? 'first' : last ? 'last' : 'middle'];
   const perHeld = nLayers * storedLayer + outside * sc(unitRep);
   // ZB-H1: between a micro-batch's B and its W the linear layers keep their inputs (2 whole-width and
-  // 5 split s·b·h tensors per block) and their output gradients (2 whole and 7 split: the QKV's, the
-  // projections', the MLP's pre-GELU one); the rest of its saved tensors went with B. Recomputed
-  // blocks compute every gradient in B.
-  const perDeferred = layout.recompute === 'full' ? 0 : nLayers * (F32_DEFERRED_REPLICATED * sc(unitRep) + F32_DEFERRED_SPLIT * sc(unitSplit));
+  // 5 split s·b·h tensors per block), their output gradients (2 whole and 7 split: the QKV's, the
+  // projections', the MLP's pre-GELU one) and the MLP's pre-GELU value (4 split); the rest of its saved
+  // tensors went with B. Recomputed blocks compute every gradient in B.
+  // On the last stage the fused head's [V/tp, h] weight gradient, made in the forward, waits for W too.
+  const perDeferred = (layout.recompute === 'full' ? 0 : nLayers * (F32_DEFERRED_REPLICATED * sc(unitRep) + F32_DEFERRED_SPLIT * sc(unitSplit)))
+    + (last ? sc((4 * m.vocabSize * h) / t) : 0);
   const standard = layout.schedule === 'gpipe' || layout.schedule === '1f1b' || pp === 1;
-  const states = standard ? [{ held: inFlightMicroBatches(layout, stage), deferred: 0, posted: 0 }] : scheduleStates(layout, stage);
-  const stateBytes = (x: ScheduleState) => x.held * perHeld + x.deferred * perDeferred + x.posted * sc(unitRep);
-  const worst = states.reduce((a, x) => (stateBytes(x) > stateBytes(a) ? x : a));
-  const held = worst.held;
-  activations = held * perHeld + worst.deferred * perDeferred;
-  if (worst.posted > 0) buffers += worst.posted * sc(unitRep);
+  const states = standard ? [] : scheduleStates(layout, stage);
+  const stateActivations = (x: ScheduleState) => x.held * perHeld + x.deferred * perDeferred;
+  const worst = standard ? null : states.reduce((a, x) => (stateActivations(x) + x.posted * sc(unitRep) > stateActivations(a) + a.posted * sc(unitRep) ? x : a));
+  const held = worst ? Math.max(...states.map((x) => x.held)) : inFlightMicroBatches(layout, stage);
+  activations = worst ? stateActivations(worst) : held * perHeld;
   // Gradients are alive from a micro-batch's first backward to the optimizer step (zeroGrad frees them).
   // ZeRO 1/2 keep an fp32 master shard.
   const accumulating = pp > 1 || layout.microBatches > 1;
@@ -334,8 +358,20 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
   interface Phase { grads: number; activations: number; logits: number; buffers: number }
   const phases: Phase[] = [];
-  if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: held * headGrads + transient });
-  else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+  // The head's gradients wait per micro-batch in flight on the last chunk (all of them but under interleaving).
+  const headHeld = standard ? held : Math.max(...states.map((x) => x.lastChunk));
+  if (standard) {
+    if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: headHeld * headGrads + transient });
+    else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+  } else {
+    // Interleaved and ZB-H1: each forward of the table with what is held then (the last stage's head
+    // on its last chunk; interleaving's posted receives; the gradients once a backward has run).
+    for (const x of states) {
+      const posted = x.posted * sc(unitRep);
+      if (last && x.onLastChunk) phases.push({ grads: x.afterBackward ? grads : 0, activations: stateActivations(x), logits: chunk, buffers: x.lastChunk * headGrads + transient + posted });
+      else phases.push({ grads: x.afterBackward ? allGrads : 0, activations: stateActivations(x), logits: 0, buffers: transient + posted });
+    }
+  }
   // A backward on a later stage: the other in-flight micro-batches' saved tensors beside the running
   // one's, whose layers free their activations as their gradients appear (last layer first): at worst
   // every gradient with the first layer's activations, or one layer's gradients with all of them.
@@ -366,7 +402,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The first of equal phases wins (the forward's breakdown).
   const peak = phases.reduce((a, p) => (sum(p) > sum(a) ? p : a));
   // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
-  const headPhase = last ? held * headGrads + chunk + transient : 0;
+  const headPhase = last ? headHeld * headGrads + chunk + transient : 0;
   const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
   activations = peak.activations + recomputeExtra;
   logits = peak.logits;

@@ -122,8 +122,18 @@ export function predictBubble(l: PlanLayout): number {
   if (l.pp === 1) return 0;
   const v = l.virtualStages ?? 1;
   checkSchedule(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }, 'predictBubble');
-  return simulateSchedule(scheduleTables(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }), v, { F: 1, B: 1, W: 1 }).bubble;
+  const key = `${l.schedule}/${l.pp}/${l.microBatches}/${v}`;
+  let bubble = bubbleCache.get(key);
+  if (bubble === undefined) {
+    bubble = simulateSchedule(scheduleTables(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }), v, { F: 1, B: 1, W: 1 }).bubble;
+    if (bubbleCache.size > 4096) bubbleCache.clear();
+    bubbleCache.set(key, bubble);
+  }
+  return bubble;
 }
+
+// The planner asks for the same few schedules for many candidates.
+const bubbleCache = new Map<string, number>();
 
 /** Predicted time of one step: compute / (devices · FLOP/s) with the pipeline bubble, plus the communication not hidden behind it. */
 export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o: TimeOptions): StepTime {
