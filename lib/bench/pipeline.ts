@@ -3,7 +3,8 @@
 // NODETRON_TRACE on, reads every rank's trace (lib/observe/trace.ts: the trainer's `forward`,
 // `backward` and `weight grad` spans inside each step's `forward+backward`), and reports per schedule
 // the measured bubble — the ranks' idle share of the step's pipeline phase, 1 − Σ busy / (p · span) —
-// beside the papers' formula and the planner's prediction (lib/plan: the schedule's table simulated),
+// beside the papers' formula, the planner's prediction (lib/plan: the schedule's table simulated) and
+// the table simulated with this run's own measured forward, backward and weight-gradient times,
 // the step time, and each stage's peak memory beside the planner's estimate. Prints a table, writes
 // JSON with --json.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -19,7 +20,7 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { initParallelTraining } from '../parallel/layout.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
-import { formulaBubble, SCHEDULE_KINDS, type ScheduleKind } from '../parallel/pipeline/schedules.js';
+import { formulaBubble, SCHEDULE_KINDS, scheduleTables, simulateSchedule, type ActionCosts, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { estimateStageMemory, predictBubble, type PlanLayout, type PlanModel } from '../plan/index.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
@@ -73,6 +74,26 @@ export function measureBubbles(ranks: readonly (readonly BenchTraceEvent[])[]): 
   return out;
 }
 
+/**
+ * The mean µs of one action of each kind in the given steps' pipeline phases, over every rank: F the
+ * `forward` spans, B the `backward` spans (the whole backward, or under ZB-H1 its input part), W the
+ * `weight grad` spans (0 when there are none).
+ */
+export function measureCosts(ranks: readonly (readonly BenchTraceEvent[])[], fromStep = 0): ActionCosts {
+  const sums = { F: [0, 0], B: [0, 0], W: [0, 0] } as Record<'F' | 'B' | 'W', [number, number]>;
+  const kind: Record<string, 'F' | 'B' | 'W'> = { forward: 'F', backward: 'B', 'weight grad': 'W' };
+  for (const events of ranks) {
+    const phases = events.filter((e) => e.ph === 'X' && e.name === 'forward+backward').sort((a, b) => a.ts - b.ts).slice(fromStep);
+    for (const e of events) {
+      const k = kind[e.name];
+      if (e.ph !== 'X' || !k || !phases.some((ph) => e.ts >= ph.ts && e.ts < ph.ts + (ph.dur ?? 0))) continue;
+      sums[k][0] += e.dur ?? 0; sums[k][1]++;
+    }
+  }
+  const mean = (k: 'F' | 'B' | 'W') => (sums[k][1] > 0 ? sums[k][0] / sums[k][1] : 0);
+  return { F: mean('F'), B: mean('B'), W: mean('W') };
+}
+
 /** The bench's GPT as the planner's model. */
 export function benchPlanModel(s: PipelineBenchShape): PlanModel {
   return { name: 'bench pipeline', nLayer: s.layers, nHead: s.heads, nEmbd: s.width, ffn: 4 * s.width, vocabSize: s.vocab, gated: false, tied: true, bias: true, positions: s.ctx, seqLen: s.ctx };
@@ -91,6 +112,10 @@ export interface PipelineBenchRow {
   formulaBubble: number;
   /** The planner's prediction (predictBubble: the schedule's table simulated with F = B = W). */
   plannerBubble: number;
+  /** The mean µs of an F, a B (the whole backward, or ZB-H1's input part) and a W in this run. */
+  costsUs: ActionCosts;
+  /** The schedule's table simulated with this run's measured F, B and W (no communication time). */
+  simulatedBubble: number;
   /** Median over the timed steps of the slowest rank's whole step (ms). */
   stepMs: number;
   /** Median of the pipeline phase's span (ms). */
@@ -194,11 +219,13 @@ export async function main(argv: string[]): Promise<number> {
         const ranks = Array.from({ length: p }, (_, r) => JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as { rank: number; stage: number; times: number[]; peak: number });
         const traces = Array.from({ length: p }, (_, r) => (JSON.parse(readFileSync(join(traceDir, `rank-${r}.trace.json`), 'utf8')) as { traceEvents: BenchTraceEvent[] }).traceEvents);
         const measured = measureBubbles(traces).slice(warmup);
+        const costsUs = measureCosts(traces, warmup);
         const layout: PlanLayout = { dp: 1, tp: 1, pp: p, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: m, schedule, virtualStages: vs };
         const model = benchPlanModel(shape), opts = { seq: shape.ctx, microBatchSize: shape.rows, dtype: 'f32' as const };
         rows.push({
           stages: p, schedule, microBatches: m, virtualStages: vs,
           measuredBubble: median(measured.map((s) => s.bubble)), formulaBubble: formulaBubble(schedule, p, m, vs), plannerBubble: predictBubble(layout),
+          costsUs, simulatedBubble: simulateSchedule(scheduleTables(schedule, { stages: p, microBatches: m, chunks: vs }), vs, schedule === 'zb-h1' ? costsUs : { ...costsUs, W: 0 }).bubble,
           stepMs: median(ranks[0]!.times.map((_, i) => Math.max(...ranks.map((r) => r.times[i]!)))), pipelineMs: median(measured.map((s) => s.spanUs / 1000)),
           memory: ranks.sort((a, b) => a.stage - b.stage).map((r) => ({ stage: r.stage, peak: r.peak, predicted: estimateStageMemory(model, layout, opts, r.stage).total })),
           steps: measured,
@@ -212,8 +239,9 @@ export async function main(argv: string[]): Promise<number> {
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   console.log(`\n# nodetron bench pipeline: GPT ${shape.layers} layers, width ${shape.width}, ${shape.heads} heads, ctx ${shape.ctx}, vocab ${shape.vocab}, ` +
     `${shape.rows} sequences per micro-batch; f32 on cpu, one process per stage; ${warmup} warm-up + ${steps} timed steps (medians)\n`);
-  printTable(['pp', 'schedule', 'm', 'v', 'bubble measured', 'formula', 'planner', 'step ms', 'pipeline ms', 'peak MiB per stage (measured / planner)'], rows.map((r) => [
-    r.stages, r.schedule, r.microBatches, r.virtualStages, pct(r.measuredBubble), pct(r.formulaBubble), pct(r.plannerBubble), r.stepMs.toFixed(1), r.pipelineMs.toFixed(1),
+  printTable(['pp', 'schedule', 'm', 'v', 'bubble measured', 'formula', 'planner', 'measured F/B/W simulated', 'F/B/W ms', 'step ms', 'pipeline ms', 'peak MiB per stage (measured / planner)'], rows.map((r) => [
+    r.stages, r.schedule, r.microBatches, r.virtualStages, pct(r.measuredBubble), pct(r.formulaBubble), pct(r.plannerBubble), pct(r.simulatedBubble),
+    [r.costsUs.F, r.costsUs.B, r.costsUs.W].map((x) => (x / 1000).toFixed(1)).join('/'), r.stepMs.toFixed(1), r.pipelineMs.toFixed(1),
     r.memory.map((x) => `${mib(x.peak)}/${mib(x.predicted)}`).join(' '),
   ]));
   const load = (l: number[]) => l.map((x) => x.toFixed(1)).join(' ');

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { main, measureBubbles, type BenchTraceEvent, type PipelineBenchRow } from '../../lib/bench/pipeline.js';
+import { main, measureBubbles, measureCosts, type BenchTraceEvent, type PipelineBenchRow } from '../../lib/bench/pipeline.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-bench-pipeline-test-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -32,6 +32,12 @@ describe('bench pipeline', () => {
     expect(steps[0]!.bubble).toBeCloseTo(1 - 110 / 200, 12);
     expect(steps[1]!.bubble).toBeCloseTo(1 - 75 / 100, 12);
     expect(() => measureBubbles([])).toThrow(nt.ArgumentError);
+    // The mean F, B and W over both ranks' steps (from step 1: the second step only).
+    const all = measureCosts([rank0, rank1]);
+    expect(all.F).toBeCloseTo((30 + 50 + 30) / 3, 12);
+    expect(all.B).toBeCloseTo((20 + 25) / 2, 12);
+    expect(all.W).toBe(30);
+    expect(measureCosts([rank0, rank1], 1)).toEqual({ F: 50, B: 25, W: 0 });
   });
 
   it('rejects bad input with typed errors before launching anything', async () => {
@@ -63,5 +69,13 @@ describe('bench pipeline', () => {
     }
     // The planner simulates the tables: with m = 2p these reach the formulas.
     for (const r of record.rows) expect(r.plannerBubble).toBeCloseTo(r.formulaBubble, 12);
+    // The run's own F, B, W: a W only under ZB-H1; the tables simulated with them give a bubble.
+    for (const r of record.rows) {
+      expect(r.costsUs.F).toBeGreaterThan(0);
+      expect(r.costsUs.B).toBeGreaterThan(0);
+      expect(r.costsUs.W > 0).toBe(r.schedule === 'zb-h1');
+      expect(r.simulatedBubble).toBeGreaterThan(0);
+      expect(r.simulatedBubble).toBeLessThan(1);
+    }
   }, 600_000);
 });

@@ -149,6 +149,8 @@ const layouts = {
     launchRun('pp2-dp2-interleaved', 4, ['--layers', '4', '--pp', '2', '--dp', '2', '--zero', '1', '--virtual-stages', '2', '--schedule', 'interleaved', '--micro-batches', '2', '--recompute'])),
   'TP2×PP2 interleaved SP, 2 micro-batches': deep('TP2×PP2 interleaved SP, 2 micro-batches',
     launchRun('tp2-pp2-interleaved', 4, ['--layers', '4', '--tp', '2', '--pp', '2', '--sp', '--virtual-stages', '2', '--micro-batches', '2'])),
+  'PP2×DP2 interleaved ZeRO-3, 2 micro-batches': deep('PP2×DP2 interleaved ZeRO-3, 2 micro-batches',
+    launchRun('pp2-dp2-interleaved-zero3', 4, ['--layers', '4', '--pp', '2', '--dp', '2', '--zero', '3', '--virtual-stages', '2', '--micro-batches', '2'])),
   'PP2 ZB-H1, 4 micro-batches': launchRun('pp2-zb', 2, ['--pp', '2', '--schedule', 'zb-h1', '--micro-batches', '4']),
   'PP3 ZB-H1, 4 micro-batches (a middle stage)': launchRun('pp3-zb', 3, ['--pp', '3', '--schedule', 'zb-h1', '--micro-batches', '4']),
   'PP2×DP2 ZB-H1, 2 micro-batches (bucket hooks after W)': launchRun('pp2-dp2-zb', 4, ['--pp', '2', '--dp', '2', '--schedule', 'zb-h1', '--micro-batches', '2']),

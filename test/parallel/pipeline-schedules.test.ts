@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runLocalRanks } from '../../lib/testing/index.js';
 import {
-  chunkLayers, formulaBubble, interleaved1F1B, runSchedule, scheduleTables, simulateSchedule, zeroBubbleH1, type PipelineAction, type ScheduleKind,
+  chunkLayers, forwardOnly, formulaBubble, interleaved1F1B, runSchedule, scheduleTables, simulateSchedule, zeroBubbleH1, type PipelineAction, type ScheduleKind,
 } from '../../lib/parallel/pipeline/schedules.js';
 import { maxAbsDiff, randomArray } from './helpers.js';
 
@@ -158,6 +158,27 @@ describe('interleaved 1F1B and ZB-H1 on simulated stages', () => {
     expect(last.filter((x) => x !== undefined)).toHaveLength(micro);
     expect(Math.abs(last.reduce((a, b) => a + b, 0) - ref.loss)).toBeLessThan(1e-5);
   }, 60_000);
+
+  it('forwardOnly runs every chunk around the ring: the full batch\'s loss, no gradients', async () => {
+    const p = 2, v = 3, micro = 2, ref = reference(micro);
+    const rowsOf = (a: Float32Array, m: number) => nt.tensor(a.slice(m * ROWS * WIDTH, (m + 1) * ROWS * WIDTH), [ROWS, WIDTH]);
+    const results = await runLocalRanks(p, async (g) => {
+      const chunks = chunkLayers(LAYERS - 2, p, g.rank, v).map((r) => makeLayers(r));
+      return forwardOnly({
+        group: g, chunks: v, inputShape: () => [ROWS, WIDTH],
+        forwardStep: (m, input, c) => {
+          const y = apply(chunks[c]!, input ?? rowsOf(ref.inputs, m));
+          return g.rank === p - 1 && c === v - 1 ? nt.sum(nt.mul(y, rowsOf(ref.targets, m))).scale(1 / micro) : y;
+        },
+      }, micro);
+    });
+    // The chain's first 6 layers only (LAYERS - 2): recompute that reference here.
+    const layers = makeLayers([0, LAYERS - 2]);
+    const y = apply(layers, nt.tensor(ref.inputs, [micro * ROWS, WIDTH]));
+    const loss = nt.sum(nt.mul(y, nt.tensor(ref.targets, [micro * ROWS, WIDTH]))).scale(1 / micro).item();
+    expect(Math.abs(results[p - 1]!.reduce((a, b) => a + b, 0) - loss)).toBeLessThan(1e-5);
+    expect(results[0]).toEqual([]);
+  });
 
   it('the named entry points run their schedules; interleaving refuses a micro-batch count that is not a multiple of the stages', async () => {
     const res = await runLocalRanks(2, async (g) => {

@@ -444,5 +444,6 @@ export async function forwardOnly(stage: PipelineStage, numMicroBatches: number)
   const run = new StageRunner(stage, numMicroBatches);
   const table: PipelineAction[] = [];
   for (let m = 0; m < numMicroBatches; m++) for (let c = 0; c < run.chunks; c++) table.push({ op: 'F', micro: m, chunk: c });
-  return noGrad(() => run.runTable(table, run.chunks + 1, false));
+  // With chunks the activations go around the ring: every receive is posted first, as in training.
+  return noGrad(() => run.runTable(table, run.chunks > 1 ? Infinity : 2, false));
 }
