@@ -251,7 +251,9 @@ function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, w
   }
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
-  const probe: LayoutModelShape = { nLayer: pp0, nHead: tp0, nEmbd: tp0, vocabSize: tp0, blockSize: tp0 };
+  // (A probe that passes the model checks: with virtual stages, one layer per model chunk.)
+  const v0 = isInt(flags.virtualStages, 1) ? flags.virtualStages! : 1;
+  const probe: LayoutModelShape = { nLayer: pp0 * v0, nHead: tp0, nEmbd: tp0, vocabSize: tp0, blockSize: tp0 };
   let layout: TrainingLayout | null = null;
   if (problems.length === 0) {
     try { layout = resolveTrainingLayout(flags, probe, worldSize, options.batchSize); } catch (e) {

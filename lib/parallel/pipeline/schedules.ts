@@ -395,8 +395,9 @@ export async function runSchedule(kind: ScheduleKind, stage: PipelineStage, numM
   // Gloo completes a send when its receiver posts the receive, and a rank's point-to-point waits run
   // one after the other: interleaving's messages around the ring (the last rank feeds the first)
   // could leave two ranks each waiting behind a send to the other. Posting every receive of the step
-  // first rules that out (2·m·v boundary-sized buffers); the other schedules' chains post a few ahead.
-  return run.runTable(table, kind === 'interleaved' ? Infinity : size * chunks);
+  // first rules that out (2·m·v boundary-sized buffers). The other schedules' chains post each receive
+  // when its action starts (no buffer allocated early: the planner's memory model counts none).
+  return run.runTable(table, kind === 'interleaved' ? Infinity : 1);
 }
 
 /**
@@ -445,5 +446,5 @@ export async function forwardOnly(stage: PipelineStage, numMicroBatches: number)
   const table: PipelineAction[] = [];
   for (let m = 0; m < numMicroBatches; m++) for (let c = 0; c < run.chunks; c++) table.push({ op: 'F', micro: m, chunk: c });
   // With chunks the activations go around the ring: every receive is posted first, as in training.
-  return noGrad(() => run.runTable(table, run.chunks > 1 ? Infinity : 2, false));
+  return noGrad(() => run.runTable(table, run.chunks > 1 ? Infinity : 1, false));
 }
