@@ -22,8 +22,11 @@ export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
 export interface SplitBackward {
   /** The input positions whose gradients the second part computes (a linear layer's weight and bias). */
   readonly weights: readonly number[];
-  /** The first part; its closure owns whatever it kept for the second (and frees it when run). */
-  inputs(gradOut: Tensor): { grads: (Tensor | null)[]; weightGrads: () => (Tensor | null)[] };
+  /**
+   * The first part; its closure owns whatever it kept for the second (and frees it when run; `drop`,
+   * when given, frees it when the second part is dropped instead).
+   */
+  inputs(gradOut: Tensor): { grads: (Tensor | null)[]; weightGrads: () => (Tensor | null)[]; drop?: () => void };
 }
 
 /** A recorded op: its backward, the edges to its inputs and the tensors it saved. */
@@ -351,7 +354,7 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
           inputGrads = part.grads;
           claimed.delete(g);
           node.ref();
-          group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads });
+          group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads, ...(part.drop ? { drop: part.drop } : {}) });
         } else {
           inputGrads = noGrad(() => node.apply(g));
         }
@@ -379,7 +382,7 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
       regions?.end();
     }, group);
   } catch (e) {
-    if (group) for (const item of group.items) dropItem(item);
+    if (group) for (const item of group.items) dropItem(item, group.retainGraph);
     throw e;
   } finally {
     for (const g of grads.values()) g.dispose();
@@ -407,11 +410,16 @@ interface DeferredItem {
   readonly gradOut: Tensor;
   /** Computes the gradients of the node's deferred inputs (null elsewhere). */
   readonly compute: () => (Tensor | null)[];
+  /** Frees what compute would have used, when it never runs. */
+  readonly drop?: () => void;
 }
 
 /** Frees a deferred item without running it. */
-function dropItem(item: DeferredItem): void {
+function dropItem(item: DeferredItem, retainGraph: boolean): void {
+  item.drop?.();
   item.gradOut.dispose();
+  // As if the work had run: backward() frees a node's saved tensors once done with it.
+  if (!retainGraph) item.node.release();
   item.node.unref();
 }
 
@@ -473,7 +481,7 @@ export class DeferredWeightGrads {
         });
       } catch (e) {
         // The rest is dropped: its gradients would be incomplete anyway.
-        for (const g of groups.slice(gi)) for (const item of g.items) dropItem(item);
+        for (const g of groups.slice(gi)) for (const item of g.items) dropItem(item, g.retainGraph);
         throw e;
       }
     }
@@ -481,7 +489,7 @@ export class DeferredWeightGrads {
 
   /** Frees the held work without computing it (the weights keep the gradients they had). */
   dispose(): void {
-    for (const g of this.#groups) for (const item of g.items) dropItem(item);
+    for (const g of this.#groups) for (const item of g.items) dropItem(item, g.retainGraph);
     this.#groups = [];
   }
 

@@ -236,6 +236,7 @@ export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Ten
         weightGrads: () => {
           try { return [null, matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, false, needW)[1], db]; } finally { dPre.dispose(); }
         },
+        drop: () => { dPre.dispose(); db?.dispose(); },
       };
     },
   });

@@ -81,9 +81,17 @@ describe('deferWeightGrads', () => {
     weightGrads.run();
     expect([w, b, v].map((p) => Array.from(p.grad!.toArraySync()))).toEqual(ref);
     nt.zeroGrad([w, b, v]);
-    const l2 = loss();
+    // Dropped work frees what it held (the kept pre-GELU gradient and bias gradient, the output
+    // gradients, the saved tensors): as much as an ordinary backward whose gradients are then cleared.
+    const l2 = loss(), l3 = loss();
+    const base = nt.memoryStats().allocated;
+    l3.backward();
+    nt.zeroGrad([w, b, v]);
+    const afterPlain = nt.memoryStats().allocated;
     nt.deferWeightGrads(() => l2.backward()).weightGrads.dispose();
     expect(w.grad).toBeNull();
+    expect(base - afterPlain).toBeGreaterThan(0);
+    expect(afterPlain - nt.memoryStats().allocated).toBe(base - afterPlain);
     expect(() => nt.deferWeightGrads(() => nt.deferWeightGrads(() => 0))).toThrow(nt.AutogradError);
     expect(() => nt.deferWeightGrads(async () => 0)).toThrow(nt.ArgumentError);
   });
