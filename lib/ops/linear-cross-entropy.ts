@@ -228,7 +228,8 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   if (!grad) return out;
   const saved = [dx, dw, db].filter((t): t is Tensor => t !== null).map((t) => own(t));
   const inputs = bias ? [x, weight, bias, ...extra] : [x, weight, ...extra];
-  return record(call, out, inputs, (g) => {
+  // backward scales the gradients made in forward by the loss's gradient and hands them over.
+  const scaleSaved = (g: Tensor) => {
     if (saved.some((t) => t.disposed)) {
       throw new AutogradError(`backward through '${call}' a second time: its gradients were computed in forward and handed to the first backward (run the forward again to differentiate again)`);
     }
@@ -244,15 +245,28 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
         t.backend.binary(BINARY.mul, t.storage, gk.storage, t.storage, code(t), new Int32Array([t.size]), new Int32Array([1]), new Int32Array([0]));
       }
     }
-    // The gradients move to the engine: it gets new handles on their storage and the node drops its own.
-    const handOver = (t: Tensor | null): Tensor | null => {
-      if (t === null) return null;
-      const moved = alias(t);
-      t.dispose();
-      return moved;
-    };
+  };
+  // The gradients move to the engine: it gets new handles on their storage and the node drops its own.
+  const handOver = (t: Tensor | null): Tensor | null => {
+    if (t === null) return null;
+    const moved = alias(t);
+    t.dispose();
+    return moved;
+  };
+  return record(call, out, inputs, (g) => {
+    scaleSaved(g);
     return [handOver(dx), handOver(dw), ...(bias ? [handOver(db)] : []), ...extra.map(() => null)];
-  }, saved);
+  }, saved, {
+    // Zero-bubble pipelines (deferWeightGrads): dx now, the weight's (and bias's) gradient handed over later.
+    weights: bias ? [1, 2] : [1],
+    inputs: (g) => {
+      scaleSaved(g);
+      return {
+        grads: [handOver(dx), null, ...(bias ? [null] : []), ...extra.map(() => null)],
+        weightGrads: () => [null, handOver(dw), ...(bias ? [handOver(db)] : []), ...extra.map(() => null)],
+      };
+    },
+  });
 }
 
 /** Checks the shapes every head shares: x [N, C], weight [V, C], targets i32 [N]; returns N, C and V. */

@@ -194,7 +194,14 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   if (!needsGrad(x, weight, bias)) return out;
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
-  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws]);
+  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws], {
+    // Zero-bubble pipelines (deferWeightGrads): dx now, dW and the bias gradient later; the same calls as linearBackward.
+    weights: bias ? [1, 2] : [1],
+    inputs: (g) => ({
+      grads: [linearBackward(g, xs, ws, needX, false, false)[0], null, null],
+      weightGrads: () => { const [, dw, db] = linearBackward(g, xs, ws, false, needW, needBias); return [null, dw, db]; },
+    }),
+  });
 }
 
 /**
@@ -216,16 +223,39 @@ export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Ten
   if (!needsGrad(x, weight, bias)) { pre.dispose(); return out; }
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
-  return record('linearGelu', out, bias ? [x, weight, bias] : [x, weight], (g) => {
+  const geluBackward = (g: Tensor) => {
     const dPre = emptyLike(g), db = needBias ? emptyLike(bias!) : null;
     g.backend.bias_gelu_backward(pre.storage, g.storage, dPre.storage, db ? db.storage : null, rows, outF, code(g));
+    return { dPre, db };
+  };
+  return record('linearGelu', out, bias ? [x, weight, bias] : [x, weight], (g) => {
+    const { dPre, db } = geluBackward(g);
     try {
       const [dx, dw] = matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, needX, needW);
       return [dx, dw, db];
     } finally {
       dPre.dispose();
     }
-  }, [xs, ws, own(pre)]);
+  }, [xs, ws, own(pre)], {
+    // Zero-bubble pipelines: GELU's gradient and dx now; dW later from the kept dPre (the bias gradient comes with dPre).
+    weights: bias ? [1, 2] : [1],
+    inputs: (g) => {
+      // What the weight part reads outlives the scope backward runs in (the graph owns it until then).
+      const { dPre, db } = geluBackward(g);
+      own(dPre); if (db) own(db);
+      let dx: Tensor | null;
+      try {
+        dx = matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, needX, false)[0];
+      } catch (e) { dPre.dispose(); db?.dispose(); throw e; }
+      return {
+        grads: [dx, null, null],
+        weightGrads: () => {
+          try { return [null, matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, false, needW)[1], db]; } finally { dPre.dispose(); }
+        },
+        drop: () => { dPre.dispose(); db?.dispose(); },
+      };
+    },
+  });
 }
 
 /** Which of a linear op's inputs want a gradient (those that require grad or come from a graph). */

@@ -49,7 +49,11 @@ export {
   checkTensorParallelConfig, tensorParallelLinearFactory, vocabParallelLayout, sequenceParallelLayout, tensorParallelGPTOptions, tensorParallelGPT,
   tensorParallelParameters, clipTensorParallelGradNorm, type TensorParallelOptions,
 } from './tensor-parallel/gpt.js';
-export { gpipe, oneForwardOneBackward, forwardOnly, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
+export {
+  gpipe, oneForwardOneBackward, interleaved1F1B, zeroBubbleH1, runSchedule, forwardOnly, partitionLayers, chunkLayers,
+  scheduleTables, checkSchedule, simulateSchedule, formulaBubble, SCHEDULE_KINDS,
+  type PipelineStage, type ScheduleKind, type PipelineAction, type ScheduleShape, type ActionCosts, type ScheduleSimulation,
+} from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
 export { ringAttentionPacked, ringChunks, type RingAttentionOptions, type TokenRange } from './context-parallel/ring.js';
 export { ulyssesAttentionPacked, ulyssesChunk, type UlyssesAttentionOptions } from './context-parallel/ulysses.js';

@@ -7,9 +7,14 @@ import { ArgumentError } from '../errors.js';
 import { initializeParallel, type ParallelState } from './mesh.js';
 import { agreeAll } from '../distributed/agree.js';
 import { checkTensorParallelConfig } from './tensor-parallel/gpt.js';
+import { SCHEDULE_KINDS, type ScheduleKind } from './pipeline/schedules.js';
 
-/** The pipeline schedules: GPipe (all forwards, then all backwards) or 1F1B (one forward, one backward). */
-export type PipelineScheduleName = 'gpipe' | '1f1b';
+/**
+ * The pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (one forward, one
+ * backward), interleaved 1F1B (virtual stages: each rank holds several non-adjacent chunks of
+ * layers) or ZB-H1 (zero bubble: backwards split into input and weight gradients).
+ */
+export type PipelineScheduleName = ScheduleKind;
 
 /** How context parallelism splits attention: ring attention (Megatron) or Ulysses' all-to-all (DeepSpeed). */
 export type ContextParallelMode = 'ring' | 'ulysses';
@@ -39,6 +44,8 @@ export interface TrainingLayout {
   cp?: number;
   /** How attention runs over the context-parallel ranks; present only with cp. */
   cpMode?: ContextParallelMode;
+  /** Model chunks per pipeline rank (interleaved 1F1B's virtual stages; 1 otherwise). */
+  virtualStages: number;
 }
 
 /** The model dimensions a layout must divide. */
@@ -75,12 +82,14 @@ export interface LayoutFlags {
   offload?: boolean;
   /** Micro-batches per step (`--micro-batches`, default 1). */
   microBatches?: number;
-  /** Pipeline schedule, gpipe or 1f1b (`--schedule`, default 1f1b). */
+  /** Pipeline schedule, gpipe, 1f1b, interleaved or zb-h1 (`--schedule`, default 1f1b; interleaved when virtualStages > 1). */
   schedule?: string;
   /** Context-parallel ranks (`--cp`, default 1): the sequence split over them. */
   cp?: number;
   /** ring or ulysses (`--cp-mode`, default ring). */
   cpMode?: string;
+  /** Model chunks per pipeline rank (`--virtual-stages`, default 1; > 1 needs the interleaved schedule). */
+  virtualStages?: number;
 }
 
 /**
@@ -98,8 +107,18 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * cp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
   const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
-  const schedule = flags.schedule ?? '1f1b';
-  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`--schedule must be gpipe or 1f1b, got ${schedule}`);
+  const virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
+  const schedule = flags.schedule ?? (virtualStages > 1 ? 'interleaved' : '1f1b');
+  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`--schedule must be ${SCHEDULE_KINDS.join(', ')}, got ${schedule}`);
+  if (schedule === 'interleaved') {
+    if (virtualStages < 2) problems.push('--schedule interleaved needs --virtual-stages >= 2 (model chunks per pipeline rank; with 1 it is 1f1b)');
+    if (pp < 2) problems.push('--schedule interleaved needs --pp >= 2');
+    else if (microBatches % pp !== 0) problems.push(`--schedule interleaved needs --micro-batches to be a multiple of --pp (as Megatron-LM requires): ${microBatches} micro-batches over ${pp} stages`);
+    if (virtualStages > 1 && pp * virtualStages > model.nLayer) problems.push(`--pp ${pp} × --virtual-stages ${virtualStages} = ${pp * virtualStages} model chunks, more than the model's ${model.nLayer} layers`);
+  } else if (virtualStages > 1 && (SCHEDULE_KINDS as readonly string[]).includes(schedule)) {
+    problems.push(`--virtual-stages ${virtualStages} needs --schedule interleaved, not ${schedule}`);
+  }
+  if (schedule === 'zb-h1' && zero >= 2) problems.push(`--schedule zb-h1 defers weight gradients past the next micro-batch's backward, but --zero ${zero} reduces each micro-batch's gradients as its backward makes them: use --zero 0 or 1`);
   if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
   if (zero > 0 && dp * cp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
   const offload = flags.offload ?? false;
@@ -125,7 +144,7 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName,
+  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, virtualStages,
     ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
 }
 
@@ -166,7 +185,7 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
 
 /** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)` (`cp=2 ring` after tp under context parallelism). */
 export function describeLayout(l: TrainingLayout): string {
-  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''}${(l.cp ?? 1) > 1 ? ` cp=${l.cp} ${l.cpMode}` : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
+  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''}${(l.cp ?? 1) > 1 ? ` cp=${l.cp} ${l.cpMode}` : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule}${l.virtualStages > 1 ? `, ${l.virtualStages} virtual stages` : ''})` : ''}`;
 }
 
 /** A joined training job: its layout, this rank and the mesh. */

@@ -20,7 +20,7 @@ import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
 import { contextSlice } from './context-parallel/gpt.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
+import { forwardOnly, runSchedule, SCHEDULE_KINDS, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
@@ -63,7 +63,11 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   offload?: boolean;
   /** Micro-batches per step; each rank's batch rows split evenly among them (default 1). */
   microBatches?: number;
-  /** The pipeline schedule (default 1f1b; both give the same numbers, 1F1B holds fewer activations). */
+  /**
+   * The pipeline schedule (default 1f1b; all give the same numbers): gpipe, 1f1b (fewer activations
+   * held), interleaved (needs a model with chunks > 1, micro-batches a multiple of pp) or zb-h1
+   * (weight gradients deferred into the bubble; ZeRO 0 or 1).
+   */
   schedule?: PipelineScheduleName;
   /**
    * Under context parallelism (the mesh's cp > 1): how the model splits the sequence (default ring,
@@ -199,9 +203,8 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#computeMs = 0;
     this.#cpuMs = 0;
     const result = await scope(async () => {
-      const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
       const stage = await this.#contextStage(inputs, targets, true);
-      const losses = await traceSpan('forward+backward', () => run(stage, this.#microBatches));
+      const losses = await traceSpan('forward+backward', () => runSchedule(this.#schedule, stage, this.#microBatches));
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
@@ -298,19 +301,22 @@ export class ParallelTrainer<H extends { lr: number }> {
     // ZeRO-1 communicate once per step; ZeRO-2 reduce-scatters every micro-batch (its gradients are
     // sharded as they are produced); ZeRO-3 as each unit's backward ends.
     const grads = !training ? null : this.#grads ?? (this.#zero?.stage === 1 ? this.#zero : null);
+    const chunks = model.chunks ?? 1;
+    const lastChunk = (c: number) => model.isLastStage && c === chunks - 1;
     return {
       ...(pp ? { group: pp } : {}),
+      chunks,
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
-      forwardStep: (i, input) => {
-        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
-        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i }));
+      forwardStep: (i, input, chunk) => {
+        const forward = () => model.forwardStage(input ?? microBatch(inputs, i), lastChunk(chunk) ? microBatch(targets, i) : null, chunk);
+        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i, chunk }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean
         // (under context parallelism, times this rank's share of the micro-batch's counted tokens).
         const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
-        return model.isLastStage && w !== 1 ? scale(out, w) : out;
+        return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
-      runBackward: (i, final, go) => this.#timed(() => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i })),
+      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -413,7 +419,15 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   const cpMode = options.cpMode ?? 'ring';
   if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`cpMode must be 'ring' or 'ulysses', got ${String(cpMode)}`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
-  if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
+  const chunks = model.chunks ?? 1;
+  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`schedule must be one of ${SCHEDULE_KINDS.map((k) => `'${k}'`).join(', ')}, got ${String(schedule)}`);
+  else if (schedule === 'interleaved') {
+    const stages = mesh?.ppSize ?? 1;
+    if (chunks < 2) problems.push('the interleaved schedule needs a model of 2 or more chunks per stage (GPTStage(model, stage, stages, chunks))');
+    if (stages < 2) problems.push('the interleaved schedule needs 2 or more pipeline stages');
+    else if (Number.isInteger(m) && m % stages !== 0) problems.push(`the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${stages} stages`);
+  } else if (chunks > 1) problems.push(`a model of ${chunks} chunks per stage needs the interleaved schedule, not '${schedule}'`);
+  if (schedule === 'zb-h1' && zero >= 2) problems.push(`the zb-h1 schedule defers weight gradients past the next micro-batch's backward, but ZeRO ${zero} reduces each micro-batch's gradients as its backward makes them (use ZeRO 0 or 1)`);
   const precision = options.precision ?? 'f32';
   if (precision !== 'f32' && precision !== 'bf16') {
     problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);

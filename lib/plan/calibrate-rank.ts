@@ -61,7 +61,7 @@ async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     layers: 'number', heads: 'number', width: 'number', ctx: 'number', batch: 'number', vocab: 'number',
     tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', recompute: 'boolean',
-    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string', 'fail-at': 'string', cp: 'number', 'cp-mode': 'string',
+    'micro-batches': 'number', schedule: 'string', 'virtual-stages': 'number', steps: 'number', out: 'string', 'fail-at': 'string', cp: 'number', 'cp-mode': 'string',
   });
   outDir = o.out as string | undefined;
   // --fail-at RANK:STEP (fault injection for tests): that rank throws at the start of that step, while
@@ -80,11 +80,12 @@ async function main(argv: string[]): Promise<number> {
     tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
     sequenceParallel: o.sp as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
     cp: o.cp as number | undefined, cpMode: o['cp-mode'] as string | undefined,
+    virtualStages: o['virtual-stages'] as number | undefined,
   }, config, batch);
   const { layout, mesh } = par;
   const tensorParallel = mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
   const context = mesh && mesh.cpSize > 1 ? { contextLayout: contextParallelLayout(mesh.cpGroup, layout.cpMode) } : {};
-  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp);
+  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
   const trainer = await ParallelTrainer.create<AdamWOptions>(model, [{ params: model.parameters() }], {
     mesh, zero: layout.zero, ...(layout.cpMode ? { cpMode: layout.cpMode } : {}), microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
     createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),

@@ -4,6 +4,7 @@ import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
 import type { PlanLayout, PlanDType } from './memory.js';
 import { stageLayers, type PlanModel } from './models.js';
+import { checkSchedule, scheduleTables, simulateSchedule } from '../parallel/pipeline/schedules.js';
 
 /** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
 export interface PlanDevice {
@@ -113,6 +114,29 @@ export function stepFlops(m: PlanModel, globalBatch: number, seq: number, recomp
   return layer * (recompute === 'full' ? 4 : 3) + head;
 }
 
+/**
+ * The pipeline bubble of a layout's schedule as a fraction of the step: its table (the one the
+ * trainer runs) simulated with equal forward, input-gradient and weight-gradient times and no
+ * communication time — (p − 1)/(m + p − 1) for GPipe and 1F1B, (p − 1)/(v·m + p − 1) for Megatron's
+ * interleaving, (p − 1)/(3m + p − 1) for ZB-H1 when m ≥ p; 0 without a pipeline.
+ */
+export function predictBubble(l: PlanLayout): number {
+  if (l.pp === 1) return 0;
+  const v = l.virtualStages ?? 1;
+  checkSchedule(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }, 'predictBubble');
+  const key = `${l.schedule}/${l.pp}/${l.microBatches}/${v}`;
+  let bubble = bubbleCache.get(key);
+  if (bubble === undefined) {
+    bubble = simulateSchedule(scheduleTables(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }), v, { F: 1, B: 1, W: 1 }).bubble;
+    if (bubbleCache.size > 4096) bubbleCache.clear();
+    bubbleCache.set(key, bubble);
+  }
+  return bubble;
+}
+
+// The planner asks for the same few schedules for many candidates.
+const bubbleCache = new Map<string, number>();
+
 /** Predicted time of one step: compute / (devices · FLOP/s) with the pipeline bubble, plus the communication not hidden behind it. */
 export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o: TimeOptions): StepTime {
   const cp = l.cp ?? 1;
@@ -120,7 +144,9 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
   const globalBatch = o.microBatchSize * l.microBatches * l.dp;
   const flops = stepFlops(m, globalBatch, o.seq, l.recompute);
   const compute = flops / (world * dev.peakFlops[o.dtype] * dev.efficiency);
-  const bubble = compute * ((l.pp - 1) / l.microBatches);
+  // The schedule's idle time relative to the work: (p − 1)/m for GPipe and 1F1B, less when interleaved or zero-bubble.
+  const idle = predictBubble(l);
+  const bubble = compute * (idle / (1 - idle));
   const w = o.dtype === 'f32' ? 4 : 2;
   // Ranks are placed tp fastest, then pp, then dp (nodetron's mesh order): a group stays in one node when its span fits.
   const bw = (span: number) => (span <= o.gpusPerNode ? dev.intraNodeBusBw : dev.interNodeBusBw);

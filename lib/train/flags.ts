@@ -27,7 +27,7 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 /** The layout flags (command-line names) and their kinds. */
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
-  'micro-batches': 'number', schedule: 'string', precision: 'string',
+  'micro-batches': 'number', schedule: 'string', precision: 'string', 'virtual-stages': 'number',
   cp: 'number', 'cp-mode': 'string',
 });
 
@@ -35,19 +35,25 @@ export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze(
 export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
-  precision: 'NODETRON_PRECISION',
+  precision: 'NODETRON_PRECISION', 'virtual-stages': 'NODETRON_VIRTUAL_STAGES',
   cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
 export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
 also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
-NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION):
+NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION,
+NODETRON_VIRTUAL_STAGES):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
                        overlaps them, and one process accumulates their gradients
-  --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
+  --schedule S         gpipe | 1f1b | interleaved | zb-h1 (default 1f1b; all give the same numbers):
+                       1f1b holds fewer activations than gpipe; interleaved (needs --virtual-stages >= 2
+                       and micro-batches a multiple of pp) and zb-h1 (weight gradients deferred into the
+                       bubble; --zero 0 or 1) have smaller bubbles
+  --virtual-stages V   model chunks per pipeline rank for --schedule interleaved (default 1; selects
+                       interleaved when > 1): rank r holds chunks r, r + pp, ... of pp·V
   --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
   --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
   --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
@@ -64,7 +70,7 @@ NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE,
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
-  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'cp']) {
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp']) {
     const v = values[k];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
@@ -76,6 +82,7 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (num('dp') !== undefined) out.dp = num('dp');
   if (num('zero') !== undefined) out.zero = num('zero');
   if (num('micro-batches') !== undefined) out.microBatches = num('micro-batches');
+  if (num('virtual-stages') !== undefined) out.virtualStages = num('virtual-stages');
   if (num('cp') !== undefined) out.cp = num('cp');
   if (values['cp-mode'] !== undefined) {
     const m = String(values['cp-mode']);

@@ -252,8 +252,11 @@ function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, w
   }
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
+  // (A probe that passes the model checks: with virtual stages, one layer per model chunk; with cp, a
+  // sequence and heads that split.)
+  const v0 = isInt(flags.virtualStages, 1) ? flags.virtualStages! : 1;
   const cp0 = isInt(flags.cp, 1) ? flags.cp! : 1;
-  const probe: LayoutModelShape = { nLayer: pp0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0 };
+  const probe: LayoutModelShape = { nLayer: pp0 * v0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0 };
   let layout: TrainingLayout | null = null;
   if (problems.length === 0) {
     try { layout = resolveTrainingLayout(flags, probe, worldSize, options.batchSize); } catch (e) {
@@ -321,7 +324,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   const c = full?.config;
   await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
 
-  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp);
+  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
   let trainer: ParallelTrainer<H>;
   try {
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
