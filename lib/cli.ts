@@ -11,7 +11,7 @@ commands:
   data tokenize <files> --out D  GPT-2 token shards (llm.c's format) from .txt/.jsonl files
   trace merge|stragglers DIR     one timeline from the per-rank traces of NODETRON_TRACE=DIR; straggler scores
   dashboard [DIR] [--port P]     web page: loss, throughput, rank × step heat-map, stragglers, memory
-  bench gemm|comm|train|ops|checkpoint|start|head|trace [...]
+  bench gemm|comm|train|ops|checkpoint|start|head|trace|pipeline [...]
                                  benchmarks; each prints a table, --json F writes JSON
 
 run \`nodetron <command> --help\` for a command's options.`;
@@ -31,6 +31,7 @@ const BENCH_MODULES: Record<string, () => Promise<Command>> = {
   start: () => import('./bench/start.js'),
   head: () => import('./bench/head.js'),
   trace: () => import('./bench/trace.js'),
+  pipeline: () => import('./bench/pipeline.js'),
 };
 
 const BENCHES = Object.keys(BENCH_MODULES);

@@ -7,7 +7,7 @@ export { tensor, zeros, ones, full, arange, rand, randn, randomShard, type Rando
 export { Generator, manualSeed, defaultGenerator } from './random.js';
 export { scope, keep, memoryStats, resetPeakMemory, emptyCache, type MemoryStats } from './memory.js';
 export * from './ops/index.js';
-export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, recompute, checkpoint, registerPostAccumulateGradHook, queueBackwardCallback, type BackwardOptions, type PostAccumulateGradHook, type RemovableHandle } from './autograd/index.js';
+export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, recompute, checkpoint, registerPostAccumulateGradHook, queueBackwardCallback, deferWeightGrads, DeferredWeightGrads, type DeferWeightGradsOptions, type DeferredBackward, type BackwardOptions, type PostAccumulateGradHook, type RemovableHandle } from './autograd/index.js';
 export { info, type Info } from './info.js';
 export * as cuda from './cuda/index.js';
 export {

@@ -13,6 +13,22 @@ import { BackwardRegions, gradRegion, traceEnabled } from '../observe/trace.js';
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
 
+/**
+ * An op's backward in two parts (zero-bubble pipelines' B and W): `inputs(g)` computes the
+ * gradients of the inputs that are not at `weights` positions now (null at those positions) and
+ * returns, as `weightGrads`, a closure computing the rest later (null at the other positions). The
+ * two parts must make the same tensors, with the same kernels, as the op's whole backward.
+ */
+export interface SplitBackward {
+  /** The input positions whose gradients the second part computes (a linear layer's weight and bias). */
+  readonly weights: readonly number[];
+  /**
+   * The first part; its closure owns whatever it kept for the second (and frees it when run; `drop`,
+   * when given, frees it when the second part is dropped instead).
+   */
+  inputs(gradOut: Tensor): { grads: (Tensor | null)[]; weightGrads: () => (Tensor | null)[]; drop?: () => void };
+}
+
 /** A recorded op: its backward, the edges to its inputs and the tensors it saved. */
 export class Node implements GradNode {
   /** Per input: the node that produced it, the leaf to accumulate into, or nothing. */
@@ -30,6 +46,8 @@ export class Node implements GradNode {
   hiddenLeaves: readonly Tensor[] = [];
   /** The traced layer whose forward recorded this node (NODETRON_TRACE; null otherwise). */
   readonly region: string | null = gradRegion;
+  /** The op's backward in two parts, when it has one (see {@link SplitBackward}); null otherwise. */
+  split: SplitBackward | null = null;
   /**
    * Records an op. Takes a hold on each input's node.
    * @param name The op's name (in error messages).
@@ -73,6 +91,7 @@ export class Node implements GradNode {
     this.#saved = [];
     this.#backward = null;
     this.hiddenLeaves = [];
+    this.split = null;
   }
 }
 
@@ -132,8 +151,9 @@ export function own(t: Tensor): Tensor {
  * Records `out` as produced by an op over `inputs`. `saved` lists the tensors the backward closure
  * holds (made with save() or created by the op); they are disposed when the graph is freed.
  */
-export function record(name: string, out: Tensor, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[] = []): Tensor {
+export function record(name: string, out: Tensor, inputs: readonly Tensor[], backward: BackwardFn, saved: Tensor[] = [], split?: SplitBackward): Tensor {
   const node = new Node(name, inputs, backward, saved);
+  if (split) node.split = split;
   node.ref();
   out.gradFn = node;
   out.requiresGrad = true;
@@ -307,6 +327,8 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   const order = topoOrder(root);
   // Only the outermost backward() runs hooks; a nested one (a recompute() block's re-run) reports to it.
   const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass(order) : null;
+  // Inside deferWeightGrads(): the outermost call keeps the weight-gradient work of its nodes for later.
+  const group: DeferredGroup | null = deferral !== null && backwardDepth === 0 ? { pass, items: [], retainGraph: !!opts.retainGraph } : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
   // Tracing: per-layer backward spans of the outermost call (a recompute() block's re-run is inside its node's span).
@@ -318,8 +340,25 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
         if (!g) { pass?.nodeDone(node); continue; }
         grads.delete(node);
         regions?.at(node.region);
-        const inputGrads = noGrad(() => node.apply(g));
-        const owned = new Set<Tensor>([g]);
+        const plan = group ? deferralPlan(node, deferral!.now) : 'now';
+        if (plan === 'all') {
+          // Every gradient of this node goes to a weight: the whole node waits, holding its output's gradient.
+          claimed.delete(g);
+          node.ref(); // the graph's owner may dispose the output before the work runs
+          group!.items.push({ node, gradOut: keep(g), compute: () => node.apply(g) });
+          continue;
+        }
+        let inputGrads: (Tensor | null)[];
+        if (plan === 'split') {
+          const part = noGrad(() => node.split!.inputs(g));
+          inputGrads = part.grads;
+          claimed.delete(g);
+          node.ref();
+          group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads, ...(part.drop ? { drop: part.drop } : {}) });
+        } else {
+          inputGrads = noGrad(() => node.apply(g));
+        }
+        const owned = new Set<Tensor>(plan === 'split' ? [] : [g]);
         node.edges.forEach((edge, i) => {
           const ig = inputGrads[i];
           if (!ig) return;
@@ -335,25 +374,183 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
         });
         claimed.delete(g);
         for (const x of owned) if (!claimed.has(x)) x.dispose();
+        if (plan === 'split') continue; // done (hooks, release) when its weight part runs
         // Hooks run after the node is done with its gradients: a hook may dispose the leaf's .grad.
         if (pass) pass.nodeDone(node);
         if (!opts.retainGraph) node.release();
       }
       regions?.end();
-    });
+    }, group);
+  } catch (e) {
+    if (group) for (const item of group.items) dropItem(item, group.retainGraph);
+    throw e;
   } finally {
     for (const g of grads.values()) g.dispose();
   }
 }
 
+/**
+ * Where a node's gradient work goes inside deferWeightGrads(): 'split' (input part now, weight part
+ * later: the op has a split and every weight position is a deferrable leaf or nothing), 'all' (every
+ * gradient goes to deferrable leaves: the whole node waits) or 'now'.
+ */
+function deferralPlan(node: Node, now: ReadonlySet<Tensor>): 'now' | 'split' | 'all' {
+  if (node.hiddenLeaves.length > 0) return 'now';
+  const deferrable = (e: Node | Tensor | null) => e instanceof Tensor && !now.has(e);
+  const split = node.split;
+  if (split && split.weights.some((i) => deferrable(node.edges[i] ?? null)) && split.weights.every((i) => (node.edges[i] ?? null) === null || deferrable(node.edges[i]!))) return 'split';
+  const live = node.edges.filter((e) => e !== null);
+  return live.length > 0 && live.every(deferrable) ? 'all' : 'now';
+}
+
+/** One node's weight-gradient work held back by deferWeightGrads(). */
+interface DeferredItem {
+  readonly node: Node;
+  /** The gradient of the node's output (the work reads it; freed once it ran). */
+  readonly gradOut: Tensor;
+  /** Computes the gradients of the node's deferred inputs (null elsewhere). */
+  readonly compute: () => (Tensor | null)[];
+  /** Frees what compute would have used, when it never runs. */
+  readonly drop?: () => void;
+}
+
+/** Frees a deferred item without running it. */
+function dropItem(item: DeferredItem, retainGraph: boolean): void {
+  item.drop?.();
+  item.gradOut.dispose();
+  // As if the work had run: backward() frees a node's saved tensors once done with it.
+  if (!retainGraph) item.node.release();
+  item.node.unref();
+}
+
+/** The deferred work of one backward() call, with its hook bookkeeping (left open until the work runs). */
+interface DeferredGroup {
+  readonly pass: HookPass | null;
+  readonly items: DeferredItem[];
+  readonly retainGraph: boolean;
+}
+
+// The deferWeightGrads() call in progress (null when none).
+let deferral: { now: ReadonlySet<Tensor>; groups: DeferredGroup[] } | null = null;
+
+/**
+ * Weight-gradient work held back by {@link deferWeightGrads}: run() computes it (the same kernels on
+ * the same tensors as an ordinary backward), accumulates it into the leaves' .grad and then runs
+ * what the backward() calls left open: the leaves' post-accumulate-grad hooks and the callbacks they
+ * queued (gradient buckets launch there). dispose() drops it without computing.
+ */
+export class DeferredWeightGrads {
+  #groups: DeferredGroup[];
+  /** @internal */
+  constructor(groups: DeferredGroup[]) { this.#groups = groups; }
+
+  /** The number of ops whose weight gradients wait. */
+  get pending(): number { return this.#groups.reduce((n, g) => n + g.items.length, 0); }
+
+  /** Computes every deferred weight gradient, in the order backward() reached them; a second call does nothing. */
+  run(): void {
+    const groups = this.#groups;
+    this.#groups = [];
+    for (let gi = 0; gi < groups.length; gi++) {
+      const group = groups[gi]!;
+      try {
+        runPass(group.pass, () => {
+          const claimed = new Set<Tensor>();
+          while (group.items.length > 0) {
+            const { node, gradOut, compute } = group.items.shift()!;
+            let out: (Tensor | null)[];
+            try {
+              out = noGrad(compute);
+            } catch (e) {
+              gradOut.dispose();
+              node.unref();
+              throw e;
+            }
+            const owned = new Set<Tensor>([gradOut]);
+            node.edges.forEach((edge, i) => {
+              const ig = out[i];
+              if (!ig) return;
+              owned.add(ig);
+              if (edge instanceof Tensor) accumulateLeaf(edge, ig, claimed, gradOut);
+            });
+            for (const x of owned) if (!claimed.has(x)) x.dispose();
+            if (group.pass) group.pass.nodeDone(node);
+            if (!group.retainGraph) node.release();
+            node.unref();
+          }
+        });
+      } catch (e) {
+        // The rest is dropped: its gradients would be incomplete anyway.
+        for (const g of groups.slice(gi)) for (const item of g.items) dropItem(item, g.retainGraph);
+        throw e;
+      }
+    }
+  }
+
+  /** Frees the held work without computing it (the weights keep the gradients they had). */
+  dispose(): void {
+    for (const g of this.#groups) for (const item of g.items) dropItem(item, g.retainGraph);
+    this.#groups = [];
+  }
+
+  /** Same as dispose() (for `using`). */
+  [Symbol.dispose](): void { this.dispose(); }
+}
+
+/** What {@link deferWeightGrads} returns. */
+export interface DeferredBackward<T> {
+  /** What fn returned. */
+  result: T;
+  /** The held-back weight-gradient work: run() it (the W pass), or dispose() it. */
+  weightGrads: DeferredWeightGrads;
+}
+
+/** Options of {@link deferWeightGrads}. */
+export interface DeferWeightGradsOptions {
+  /** Leaves whose gradients are computed at once all the same (a pipeline stage's received activation, which the previous stage waits for). */
+  now?: Iterable<Tensor>;
+}
+
+/**
+ * Runs `fn` (synchronous) with weight-gradient work deferred: every backward() it calls computes
+ * the gradients that flow on to other ops and to the leaves in `now` (the input-gradient pass, a
+ * zero-bubble pipeline's B), and holds back the gradients of the other leaves — the weights: the
+ * weight GEMMs of linear layers (their input-gradient GEMM runs now), and whole ops all of whose
+ * inputs are such leaves (an embedding's scatter). The returned handle's run() does that work
+ * later (the W pass) and only then fires the weights' post-accumulate-grad hooks, so gradient
+ * buckets and ZeRO see each gradient once it is final. The gradients equal an ordinary backward's
+ * (same kernels on the same tensors). Ops inside recompute() blocks, and ops without a split whose
+ * inputs mix weights and activations (LayerNorm), compute everything at once.
+ */
+export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): DeferredBackward<T> {
+  if (typeof fn !== 'function') throw new ArgumentError(`deferWeightGrads: fn must be a function, got ${typeof fn}`);
+  if (deferral !== null) throw new AutogradError('deferWeightGrads: already inside deferWeightGrads() (they do not nest)');
+  if (backwardDepth > 0) throw new AutogradError('deferWeightGrads: called inside a backward() (from a hook or an op\'s backward)');
+  const ctx = { now: new Set(opts.now ?? []), groups: [] as DeferredGroup[] };
+  deferral = ctx;
+  let result: T;
+  try {
+    result = fn();
+    if (result instanceof Promise) throw new ArgumentError('deferWeightGrads: fn must be synchronous (backward() is)');
+  } catch (e) {
+    new DeferredWeightGrads(ctx.groups).dispose();
+    throw e;
+  } finally {
+    deferral = null;
+  }
+  return { result, weightGrads: new DeferredWeightGrads(ctx.groups) };
+}
+
 // Runs one backward's work with `pass` as the active hook bookkeeping (when it is the outermost
 // call), then the hooks of leaves only uncounted paths reached.
-function runPass(pass: HookPass | null, work: () => void): void {
+function runPass(pass: HookPass | null, work: () => void, deferred: DeferredGroup | null = null): void {
   const outer = activePass;
   if (pass) activePass = pass;
   backwardDepth++;
   try {
     work();
+    // Work held back: the pass stays open (its hooks and callbacks run when the work does).
+    if (deferred && deferred.items.length > 0) { deferral!.groups.push(deferred); return; }
     if (pass) {
       pass.finish();
       // A callback may queue another (it runs in the same loop).

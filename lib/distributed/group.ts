@@ -90,10 +90,12 @@ export interface CollectiveGroup {
   reduceScatter(out: Tensor, input: Tensor, opts?: { op?: ReduceOp }): CollectiveWork;
   /** In place: every member's `t` becomes group rank `root`'s `t`. */
   broadcast(t: Tensor, opts: { root?: number }): CollectiveWork;
-  /** Point to point, by group rank. A send completes when the receiver has the data. */
-  send(t: Tensor, dst: number): CollectiveWork;
-  /** Receives into `t` from group rank `src`; completes when the data is in `t`. */
-  recv(t: Tensor, src: number): CollectiveWork;
+  /** Point to point, by group rank. A send completes when the receiver has the data; it matches the recv of the same tag (default 0). */
+  send(t: Tensor, dst: number, opts?: { tag?: number }): CollectiveWork;
+  /** Receives into `t` from group rank `src` (the send of the same tag); completes when the data is in `t`. */
+  recv(t: Tensor, src: number, opts?: { tag?: number }): CollectiveWork;
+  /** Optional: block i of `input` to rank i, block j of `out` from rank j (equal blocks); what Ulysses context parallelism needs. */
+  allToAll?(out: Tensor, input: Tensor): CollectiveWork;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */

@@ -4,6 +4,6 @@ export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOpti
 export {
   GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
   type GPTConfig, type GPTOptions, type GPTOutput, type GPTLogitsOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
-  type TokenEmbedding, type VocabLayout, type SequenceLayout,
+  type TokenEmbedding, type VocabLayout, type SequenceLayout, type ContextLayout,
 } from './gpt.js';
 export * as init from './init.js';

@@ -7,6 +7,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ArgumentError, errorFromCode, StateError, type NodetronError } from '../errors.js';
 import { resolveTrainingLayout } from '../parallel/layout.js';
+import { SCHEDULE_KINDS } from '../parallel/pipeline/schedules.js';
 import { estimateStageMemory, type PlanLayout } from './memory.js';
 import type { PlanModel } from './models.js';
 import type { CalibrationRankError, CalibrationRankResult } from './calibrate-rank.js';
@@ -35,24 +36,32 @@ export const DEFAULT_CALIBRATION_LAYOUTS = ['dp2', 'dp2,zero1', 'dp2,zero2', 'dp
 
 /**
  * Reads a layout spec: comma-separated `dpN`, `tpN`, `ppN`, `zeroS`, `sp`, `recompute` (full),
- * `mbN` (micro-batches), `gpipe` or `1f1b`. Unset: 1, no ZeRO, 1F1B, one micro-batch.
+ * `mbN` (micro-batches), `gpipe` or `1f1b`, `cpN` (context parallelism, ring attention) and
+ * `ulysses` (its other mode). Unset: 1, no ZeRO, 1F1B, one micro-batch.
  */
 export function parseLayoutSpec(spec: string): PlanLayout {
   const l: PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+  let scheduleGiven = false;
   for (const part of spec.split(',').map((x) => x.trim()).filter(Boolean)) {
-    const m = /^(dp|tp|pp|zero|mb)(\d+)$/.exec(part);
+    const m = /^(dp|tp|pp|zero|mb|cp|v)(\d+)$/.exec(part);
     if (m) {
       const v = Number(m[2]);
       if (m[1] === 'zero') { if (v > 3) throw new ArgumentError(`layout ${spec}: zero must be 0..3`); l.zero = v as 0 | 1 | 2 | 3; }
       else if (v < 1) throw new ArgumentError(`layout ${spec}: ${m[1]} must be >= 1`);
       else if (m[1] === 'mb') l.microBatches = v;
+      else if (m[1] === 'cp') { if (v > 1) { l.cp = v; l.cpMode ??= 'ring'; } }
+      else if (m[1] === 'v') l.virtualStages = v;
       else l[m[1] as 'dp' | 'tp' | 'pp'] = v;
     } else if (part === 'sp') l.sequenceParallel = true;
     else if (part === 'recompute') l.recompute = 'full';
     else if (part === 'offload') l.offload = true;
-    else if (part === 'gpipe' || part === '1f1b') l.schedule = part;
-    else throw new ArgumentError(`layout ${spec}: cannot read ${JSON.stringify(part)} (dpN, tpN, ppN, zeroS, mbN, sp, recompute, offload, gpipe, 1f1b)`);
+    else if (part === 'ulysses') l.cpMode = 'ulysses';
+    else if ((SCHEDULE_KINDS as readonly string[]).includes(part)) { l.schedule = part as PlanLayout['schedule']; scheduleGiven = true; }
+    else throw new ArgumentError(`layout ${spec}: cannot read ${JSON.stringify(part)} (dpN, tpN, ppN, zeroS, mbN, vN, cpN, ulysses, sp, recompute, offload, ${SCHEDULE_KINDS.join(', ')})`);
   }
+  if (l.cpMode && !l.cp) throw new ArgumentError(`layout ${spec}: ulysses is a context-parallel mode: give cpN with N > 1`);
+  // vN (virtual stages) > 1 means the interleaved schedule unless another is named (which the checks then reject).
+  if (!scheduleGiven && (l.virtualStages ?? 1) > 1) l.schedule = 'interleaved';
   return l;
 }
 
@@ -90,9 +99,10 @@ export function checkCalibrationLayout(spec: string, shape: CalibrationShape = C
   const layout = parseLayoutSpec(spec);
   const problems: string[] = [];
   if (layout.offload) problems.push('offload is not calibrated (the ranks measure one allocator, host and device alike)');
-  const world = layout.dp * layout.tp * layout.pp;
+  const world = layout.dp * layout.tp * layout.pp * (layout.cp ?? 1);
   try {
-    resolveTrainingLayout({ tp: layout.tp, pp: layout.pp, dp: layout.dp, zero: layout.zero, sequenceParallel: layout.sequenceParallel, microBatches: layout.microBatches, schedule: layout.schedule },
+    resolveTrainingLayout({ tp: layout.tp, pp: layout.pp, dp: layout.dp, zero: layout.zero, sequenceParallel: layout.sequenceParallel, microBatches: layout.microBatches, schedule: layout.schedule, virtualStages: layout.virtualStages ?? 1,
+      ...(layout.cp ? { cp: layout.cp, cpMode: layout.cpMode } : {}) },
       { nLayer: shape.layers, nHead: shape.heads, nEmbd: shape.width, vocabSize: shape.vocab, blockSize: shape.ctx }, world, shape.batch);
   } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
@@ -148,7 +158,7 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
   const o: CalibrateOptions = typeof options === 'number' ? { steps: options } : options;
   const steps = o.steps ?? 3;
   const layout = checkCalibrationLayout(spec, shape);
-  const world = layout.dp * layout.tp * layout.pp;
+  const world = layout.dp * layout.tp * layout.pp * (layout.cp ?? 1);
   if (o.failAt && !(Number.isInteger(o.failAt.rank) && Number.isInteger(o.failAt.step) && o.failAt.rank >= 0 && o.failAt.step >= 0)) {
     throw new ArgumentError(`calibrateLayout: failAt needs integer rank and step >= 0, got ${JSON.stringify(o.failAt)}`);
   }
@@ -157,8 +167,9 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     const here = fileURLToPath(import.meta.url);
     const script = join(dirname(here), `calibrate-rank${here.endsWith('.ts') ? '.ts' : '.js'}`);
     const args = ['--layers', shape.layers, '--heads', shape.heads, '--width', shape.width, '--ctx', shape.ctx, '--batch', shape.batch, '--vocab', shape.vocab,
-      '--tp', layout.tp, '--pp', layout.pp, '--dp', layout.dp, '--zero', layout.zero, '--micro-batches', layout.microBatches, '--schedule', layout.schedule, '--steps', steps].map(String);
+      '--tp', layout.tp, '--pp', layout.pp, '--dp', layout.dp, '--zero', layout.zero, '--micro-batches', layout.microBatches, '--schedule', layout.schedule, '--virtual-stages', layout.virtualStages ?? 1, '--steps', steps].map(String);
     if (layout.sequenceParallel) args.push('--sp');
+    if (layout.cp) args.push('--cp', String(layout.cp), '--cp-mode', layout.cpMode ?? 'ring');
     if (layout.recompute === 'full') args.push('--recompute');
     if (o.failAt) args.push('--fail-at', `${o.failAt.rank}:${o.failAt.step}`);
     const { main: launch } = await import('../launch/cli.js');

@@ -3,10 +3,10 @@
 export { PLAN_MODELS, resolveModel, modelFromConfig, layerParams, stageLayers, stageParams, totalParams, largestLayerParams, type PlanModel, type StageParams } from './models.js';
 export {
   estimateMemory, estimateStageMemory, estimateStages, korthikantiLayerBytes, inFlightMicroBatches, sizeClass,
-  F32_BLOCK_REPLICATED, F32_BLOCK_SPLIT, F32_SCORES, F32_EMBEDDING, F32_STAGE_OUTSIDE,
-  type PlanLayout, type PlanDType, type Recompute, type MemoryOptions, type MemoryEstimate,
+  F32_BLOCK_REPLICATED, F32_BLOCK_SPLIT, F32_SCORES, F32_EMBEDDING, F32_STAGE_OUTSIDE, F32_DEFERRED_REPLICATED, F32_DEFERRED_SPLIT, scheduleStates,
+  type PlanLayout, type ScheduleState, type PlanDType, type Recompute, type MemoryOptions, type MemoryEstimate,
 } from './memory.js';
-export { PLAN_DEVICES, resolveDevice, gemmFlopsFromJson, busBwFromJson, stepFlops, predictStepTime, type PlanDevice, type TimeOptions, type StepTime } from './time.js';
+export { PLAN_DEVICES, resolveDevice, gemmFlopsFromJson, busBwFromJson, stepFlops, predictStepTime, predictBubble, type PlanDevice, type TimeOptions, type StepTime } from './time.js';
 export { planLayouts, layoutProblem, launchCommand, type PlanOptions, type PlanCandidate } from './planner.js';
 export { deepspeedZero2Estimate, deepspeedZero3Estimate, megatronWeightAndOptimizerBytes, megatronActivationBytes, type MegatronArgs } from './reference.js';
 export { calibrateLayout, checkCalibrationLayout, parseLayoutSpec, calibrationModel, CALIBRATION_SHAPE, DEFAULT_CALIBRATION_LAYOUTS, type CalibrationShape, type CalibrationRow, type CalibrationRank, type CalibrateOptions } from './calibrate.js';

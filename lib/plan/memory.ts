@@ -5,6 +5,7 @@
 import { ArgumentError } from '../errors.js';
 import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, layerParams, stageLayers, stageParams, type PlanModel } from './models.js';
+import { checkSchedule, scheduleTables, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
 export type Recompute = 'none' | 'selective' | 'full';
@@ -28,7 +29,78 @@ export interface PlanLayout {
   /** Micro-batches per step on each data-parallel replica. */
   microBatches: number;
   /** The pipeline schedule. */
-  schedule: 'gpipe' | '1f1b';
+  schedule: ScheduleKind;
+  /**
+   * Context-parallel ranks (default 1): each holds seq/cp tokens of every sequence, so activations
+   * and the head's rows fall by cp; gradients average and ZeRO shards over dp × cp.
+   */
+  cp?: number;
+  /** How attention runs over the context-parallel ranks (default ring). */
+  cpMode?: 'ring' | 'ulysses';
+  /** Model chunks per pipeline rank (the interleaved schedule's virtual stages; default 1). */
+  virtualStages?: number;
+}
+
+/** What a stage holds at one point of its schedule, in micro-batches of the whole stage (a chunk counts 1/v). */
+export interface ScheduleState {
+  /** Forward done, backward not (all of its saved tensors). */
+  held: number;
+  /** ZB-H1: input gradient done, weight gradient not (the linear layers' inputs and output gradients). */
+  deferred: number;
+  /** Interleaved: receives posted at the step's start and not yet taken (boundary-sized buffers). */
+  posted: number;
+  /** Micro-batches in flight on the rank's last chunk (on the last stage: those whose head gradients wait for their backward). */
+  lastChunk: number;
+  /** Whether a backward ran before (the gradients exist). */
+  afterBackward: boolean;
+  /** Whether the forward that led here ran the rank's last chunk (on the last stage: the head). */
+  onLastChunk: boolean;
+}
+
+/**
+ * The states a pipeline stage passes through under the layout's schedule, read from the schedule's
+ * own table (lib/parallel/pipeline/schedules.ts), one right after each forward (where memory peaks);
+ * one micro-batch without a pipeline.
+ */
+export function scheduleStates(layout: PlanLayout, stage: number): ScheduleState[] {
+  const v = layout.virtualStages ?? 1, p = layout.pp, m = layout.microBatches;
+  if (p === 1) return [{ held: 1, deferred: 0, posted: 0, lastChunk: 1, afterBackward: m > 1, onLastChunk: true }];
+  checkSchedule(layout.schedule, { stages: p, microBatches: m, chunks: v }, 'plan');
+  // The planner asks for the same few schedules over and over (every candidate, every stage).
+  const key = `${layout.schedule}/${p}/${m}/${v}/${stage}`;
+  let states = statesCache.get(key);
+  if (!states) {
+    states = computeStates(layout, stage);
+    if (statesCache.size > 4096) statesCache.clear();
+    statesCache.set(key, states);
+  }
+  return states;
+}
+
+const statesCache = new Map<string, ScheduleState[]>();
+
+function computeStates(layout: PlanLayout, stage: number): ScheduleState[] {
+  const v = layout.virtualStages ?? 1, p = layout.pp, m = layout.microBatches;
+  const table = scheduleTables(layout.schedule, { stages: p, microBatches: m, chunks: v })[stage]!;
+  // Interleaving posts every receive first: activations for chunks after the first virtual stage,
+  // gradients for chunks before the last.
+  let posted = 0;
+  if (layout.schedule === 'interleaved') {
+    for (let c = 0; c < v; c++) posted += m * ((c * p + stage > 0 ? 1 : 0) + (c * p + stage < p * v - 1 ? 1 : 0));
+  }
+  const out: ScheduleState[] = [];
+  let held = 0, deferred = 0, lastChunk = 0, afterBackward = false;
+  const split = layout.schedule === 'zb-h1';
+  for (const a of table) {
+    const vs = a.chunk * p + stage, last = a.chunk === v - 1 ? 1 : 0;
+    if (a.op === 'F') { held++; lastChunk += last; if (layout.schedule === 'interleaved' && vs > 0) posted--; }
+    else if (a.op === 'B') { held--; lastChunk -= last; if (split) deferred++; if (layout.schedule === 'interleaved' && vs < p * v - 1) posted--; }
+    else deferred--;
+    if (a.op === 'B') afterBackward = true;
+    // Memory peaks in forwards (a backward frees more than it makes): the states right after each.
+    if (a.op === 'F') out.push({ held: held / v, deferred: deferred / v, posted, lastChunk, afterBackward, onLastChunk: last === 1 });
+  }
+  return out;
 }
 
 /** Training precision: bf16 mixed precision (16-bit weights, fp32 master and Adam moments) or plain f32 (nodetron on CPU). */
@@ -140,6 +212,10 @@ export const F32_SCORES = 1;
 export const F32_BLOCK_TRANSIENT_SPLIT = 7;
 /** f32 elements of s·b·h a block's forward leaves unsaved in tensors every tensor-parallel rank holds whole (see F32_BLOCK_TRANSIENT_SPLIT). */
 export const F32_BLOCK_TRANSIENT_REPLICATED = 2;
+/** Whole-width s·b·h f32 tensors per block a micro-batch keeps between ZB-H1's B and W (the QKV and MLP inputs, both projections' output gradients). */
+export const F32_DEFERRED_REPLICATED = 4;
+/** Split s·b·h/tp f32 tensors per block kept between B and W (the projections' inputs 1 + 4, the QKV's output gradient 3, the MLP's pre-GELU value and gradient 4 + 4). */
+export const F32_DEFERRED_SPLIT = 16;
 /** s·b·h f32 tensors outside the blocks kept for backward without a pipeline: token + position embedding sum and the final LayerNorm's input and output (measured: 3). */
 export const F32_EMBEDDING = 3;
 /**
@@ -161,10 +237,30 @@ export const F32_STAGE_OUTSIDE: Readonly<{
 
 function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
 
-/** Micro-batches whose activations stage `stage` holds at once: 1F1B min(pp − stage, m), GPipe all m; one at a time without a pipeline. */
+/**
+ * Context parallelism's communication buffers in one layer's attention, for sl local tokens of b
+ * sequences and hl = h/tp channels per rank, w bytes per element. Ring: the key/value block held and
+ * the one arriving ([k|v] × sl·b·hl each), in backward with their two gradient accumulators and the
+ * block's scratch gradients (4 more). Ulysses: the all-to-all's send and receive copies of q, k, v
+ * (2 × 3 × sl·b·hl).
+ */
+export function contextBuffers(layout: PlanLayout, sl: number, b: number, hl: number, w: number): number {
+  const cp = layout.cp ?? 1;
+  if (cp === 1) return 0;
+  const block = sl * b * hl * w;
+  return (layout.cpMode ?? 'ring') === 'ring' ? 8 * block : 6 * block;
+}
+
+/**
+ * Micro-batches whose activations stage `stage` holds at once: 1F1B min(pp − stage, m), GPipe all m;
+ * interleaved its table's peak of chunks in flight over v (Megatron: (1 + (p − 1)/(p·v))·p on the first
+ * stage); ZB-H1 the peak of forwards whose backward has not run; one at a time without a pipeline.
+ */
 export function inFlightMicroBatches(layout: PlanLayout, stage: number): number {
   if (layout.pp === 1) return 1;
-  return layout.schedule === 'gpipe' ? layout.microBatches : Math.min(layout.pp - stage, layout.microBatches);
+  if (layout.schedule === 'gpipe') return layout.microBatches;
+  if (layout.schedule === '1f1b') return Math.min(layout.pp - stage, layout.microBatches);
+  return Math.max(...scheduleStates(layout, stage).map((s) => s.held));
 }
 
 function checkLayout(m: PlanModel, l: PlanLayout, o: MemoryOptions): void {
@@ -184,9 +280,11 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const psi = sp_.total;
   const first = stage === 0, last = stage === pp - 1;
   const nLayers = stageLayers(m.nLayer, pp)[stage]!;
-  const s = opts.seq, b = opts.microBatchSize, h = m.nEmbd;
+  // Context parallelism: this rank's tokens of each sequence; ZeRO shards over the dp × cp ranks.
+  const cp = layout.cp ?? 1;
+  const s = opts.seq / cp, b = opts.microBatchSize, h = m.nEmbd;
   const inFlight = inFlightMicroBatches(layout, stage);
-  const shard = Math.ceil(psi / dp);
+  const shard = Math.ceil(psi / (dp * cp));
   const f32 = opts.dtype === 'f32';
   const w = f32 ? 4 : 2;
   const K = opts.optimizerBytesPerParam ?? (f32 ? 8 : 12);
@@ -206,15 +304,23 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const localVocab = m.vocabSize / t;
   const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
   if (!f32) {
-    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute);
+    // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+    // Ulysses: the head-sharded output beside the merged one).
+    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute) + (cp > 1 && layout.recompute !== 'full' ? (w * s * b * h) / t : 0);
     // Megatron (theoretical_memory_usage.py): the embedding's dropout output sbh·2 bytes per in-flight micro-batch,
     // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
     activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
+    // ZB-H1: the micro-batches between B and W keep their linear layers' inputs and output gradients (16-bit).
+    if (layout.schedule === 'zb-h1' && pp > 1 && layout.recompute !== 'full') {
+      const deferred = Math.max(...scheduleStates(layout, stage).map((x) => x.deferred));
+      activations += deferred * nLayers * 2 * s * b * h * (F32_DEFERRED_REPLICATED / (sp ? t : 1) + F32_DEFERRED_SPLIT / t);
+    }
     if (layout.recompute === 'full' && nLayers > 0) activations += korthikantiLayerBytes(m, s, b, t, sp, 'none');
     // The last stage's fused head: one chunk of 16-bit logits (overwritten by its gradient), its fp32
     // copy for the weight gradient, which accumulates over the chunks in an fp32 [V/t, h] buffer.
     if (last) logits = chunkElems(2) * (2 + 4) + 4 * localVocab * h;
-    if (dp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
+    if (dp * cp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
+    buffers += contextBuffers(layout, s, b, h / t, w);
     // ZeRO-3 gathers a layer before use and prefetches the next: DeepSpeed counts 4 bytes per parameter of the largest layer.
     if (zero === 3) buffers += 4 * Math.min(largestLayerParams(m), psi) / t;
     const subtotal = params + grads + optimizerState + activations + logits + buffers;
@@ -236,13 +342,27 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
   const scores = 4 * b * (m.nHead / t) * s;
-  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
+  // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+  // Ulysses: the head-sharded output beside the merged one).
+  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores) + (cp > 1 ? sc(unitSplit) : 0);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
   // and the s·b·h tensors outside its blocks (F32_EMBEDDING without a pipeline; F32_STAGE_OUTSIDE in one).
-  const held = inFlightMicroBatches(layout, stage);
   const outside = pp === 1 ? F32_EMBEDDING : F32_STAGE_OUTSIDE[first ? 'first' : last ? 'last' : 'middle'];
-  activations = held * (nLayers * storedLayer + outside * sc(unitRep));
+  const perHeld = nLayers * storedLayer + outside * sc(unitRep);
+  // ZB-H1: between a micro-batch's B and its W the linear layers keep their inputs (2 whole-width and
+  // 5 split s·b·h tensors per block), their output gradients (2 whole and 7 split: the QKV's, the
+  // projections', the MLP's pre-GELU one) and the MLP's pre-GELU value (4 split); the rest of its saved
+  // tensors went with B. Recomputed blocks compute every gradient in B.
+  // On the last stage the fused head's [V/tp, h] weight gradient, made in the forward, waits for W too.
+  const perDeferred = (layout.recompute === 'full' ? 0 : nLayers * (F32_DEFERRED_REPLICATED * sc(unitRep) + F32_DEFERRED_SPLIT * sc(unitSplit)))
+    + (last ? sc((4 * m.vocabSize * h) / t) : 0);
+  const standard = layout.schedule === 'gpipe' || layout.schedule === '1f1b' || pp === 1;
+  const states = standard ? [] : scheduleStates(layout, stage);
+  const stateActivations = (x: ScheduleState) => x.held * perHeld + x.deferred * perDeferred;
+  const worst = standard ? null : states.reduce((a, x) => (stateActivations(x) + x.posted * sc(unitRep) > stateActivations(a) + a.posted * sc(unitRep) ? x : a));
+  const held = worst ? Math.max(...states.map((x) => x.held)) : inFlightMicroBatches(layout, stage);
+  activations = worst ? stateActivations(worst) : held * perHeld;
   // Gradients are alive from a micro-batch's first backward to the optimizer step (zeroGrad frees them).
   // ZeRO 1/2 keep an fp32 master shard.
   const accumulating = pp > 1 || layout.microBatches > 1;
@@ -252,6 +372,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // forward and one backward; GPipe runs every forward first.
   const gradsInForward = (pp === 1 || layout.schedule === '1f1b') && layout.microBatches > pp - stage;
   if (zero === 1 || zero === 2) buffers += 4 * shard;
+  buffers += contextBuffers(layout, s, b, h / t, w);
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
@@ -262,12 +383,26 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const headGrads = tableGrad + sc(unitRep * (sp ? t : 1));
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
-  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit));
+  // Ulysses saves the whole-sequence q, k, v it gathered instead of this rank's, which then stays until the forward ends (3 more).
+  const ulyssesTransient = cp > 1 && layout.cpMode === 'ulysses' ? 3 * sc(unitSplit) : 0;
+  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit) + ulyssesTransient);
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
   interface Phase { grads: number; activations: number; logits: number; buffers: number }
   const phases: Phase[] = [];
-  if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: held * headGrads + transient });
-  else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+  // The head's gradients wait per micro-batch in flight on the last chunk (all of them but under interleaving).
+  const headHeld = standard ? held : Math.max(...states.map((x) => x.lastChunk));
+  if (standard) {
+    if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: headHeld * headGrads + transient });
+    else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+  } else {
+    // Interleaved and ZB-H1: each forward of the table with what is held then (the last stage's head
+    // on its last chunk; interleaving's posted receives; the gradients once a backward has run).
+    for (const x of states) {
+      const posted = x.posted * sc(unitRep);
+      if (last && x.onLastChunk) phases.push({ grads: x.afterBackward ? grads : 0, activations: stateActivations(x), logits: chunk, buffers: x.lastChunk * headGrads + transient + posted });
+      else phases.push({ grads: x.afterBackward ? allGrads : 0, activations: stateActivations(x), logits: 0, buffers: transient + posted });
+    }
+  }
   // A backward on a later stage: the other in-flight micro-batches' saved tensors beside the running
   // one's, whose layers free their activations as their gradients appear (last layer first): at worst
   // every gradient with the first layer's activations, or one layer's gradients with all of them.
@@ -289,7 +424,8 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     // m − w backwards follows a forward (w stay in flight), then the cool-down drains them; GPipe is w = m.
     const mb = layout.microBatches;
     const w = layout.schedule === 'gpipe' ? mb : Math.min(pp - 1, mb);
-    const after = (k: number) => (k < mb - w ? w : mb - 1 - k);
+    // Interleaved and ZB-H1: as many as the table holds at its peak, less the one just done.
+    const after = standard ? (k: number) => (k < mb - w ? w : mb - 1 - k) : (k: number) => Math.max(0, held - (k + 1) / (layout.virtualStages ?? 1));
     phases.push({ grads: allGrads, activations: after(0) * perMicroBatch, logits: 0, buffers: 0 });
     if (mb > 1) phases.push({ grads: allGrads, activations: after(1) * perMicroBatch, logits: 0, buffers: tableGrad });
   }
@@ -297,7 +433,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The first of equal phases wins (the forward's breakdown).
   const peak = phases.reduce((a, p) => (sum(p) > sum(a) ? p : a));
   // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
-  const headPhase = last ? held * headGrads + chunk + transient : 0;
+  const headPhase = last ? headHeld * headGrads + chunk + transient : 0;
   const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
   activations = peak.activations + recomputeExtra;
   logits = peak.logits;

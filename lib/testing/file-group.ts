@@ -98,22 +98,22 @@ class FileGroup implements CollectiveGroup {
     return new CompletedWork();
   }
   // A send publishes and returns (the file is the buffer); a recv blocks until the matching file exists.
-  send(t: Tensor, dst: number): CollectiveWork {
+  send(t: Tensor, dst: number, opts: { tag?: number } = {}): CollectiveWork {
     this.#checkPeer('send', dst);
-    this.#publish(this.#p2pPath(this.rank, dst), { op: 'p2p', count: t.size, args: '' }, readData(t));
+    this.#publish(this.#p2pPath(this.rank, dst, opts.tag ?? 0), { op: 'p2p', count: t.size, args: '' }, readData(t));
     return new CompletedWork();
   }
-  recv(t: Tensor, src: number): CollectiveWork {
+  recv(t: Tensor, src: number, opts: { tag?: number } = {}): CollectiveWork {
     this.#checkPeer('recv', src);
-    const { header, body } = this.#await(this.#p2pPath(src, this.rank), `recv from ${src}`);
+    const { header, body } = this.#await(this.#p2pPath(src, this.rank, opts.tag ?? 0), `recv from ${src}`);
     if (header.count !== t.size) throw new CommError(`${this.name}: recv of ${t.size} elements matched a send of ${header.count}`);
     const arr = hostArrayFor(t);
     new Uint8Array(arr.buffer).set(body);
     writeData(t, arr);
     return new CompletedWork();
   }
-  #p2pPath(src: number, dst: number): string {
-    const key = `${src}-${dst}`;
+  #p2pPath(src: number, dst: number, tag: number): string {
+    const key = tag === 0 ? `${src}-${dst}` : `${src}-${dst}t${tag}`;
     const n = this.#p2pSeq.get(key) ?? 0;
     this.#p2pSeq.set(key, n + 1);
     return join(this.dir, `${this.name}.p2p.${key}.${n}`);

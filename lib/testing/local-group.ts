@@ -80,8 +80,9 @@ class LocalGroupCore {
     }
   }
 
-  send(src: number, dst: number, data: TypedArray, finish: (e?: Error) => void): void {
-    const key = `${src}>${dst}`;
+  // Sends and receives match in order per (source, destination, tag), as Gloo's do.
+  send(src: number, dst: number, data: TypedArray, finish: (e?: Error) => void, tag = 0): void {
+    const key = `${src}>${dst}#${tag}`;
     const waiting = this.#recvs.get(key);
     const r = waiting?.shift();
     if (r) { this.#deliver(data, r.out, r.finish, finish); return; }
@@ -90,8 +91,8 @@ class LocalGroupCore {
     this.#sends.set(key, q);
   }
 
-  recv(src: number, dst: number, out: Tensor, finish: (e?: Error) => void): void {
-    const key = `${src}>${dst}`;
+  recv(src: number, dst: number, out: Tensor, finish: (e?: Error) => void, tag = 0): void {
+    const key = `${src}>${dst}#${tag}`;
     const s = this.#sends.get(key)?.shift();
     if (s) { this.#deliver(s.data, out, finish, s.finish); return; }
     const q = this.#recvs.get(key) ?? [];
@@ -145,14 +146,15 @@ class LocalGroup implements CollectiveGroup {
     if (!Number.isInteger(root) || root < 0 || root >= this.size) throw new ArgumentError(`broadcast: root ${root} is outside [0, ${this.size})`);
     return this.#start('broadcast', t.size, readData(t), t, String(root));
   }
-  send(t: Tensor, dst: number): CollectiveWork {
+  send(t: Tensor, dst: number, opts: { tag?: number } = {}): CollectiveWork {
     this.#checkPeer('send', dst);
-    const data = readData(t);
-    return new LocalWork(this.#timed(`send to ${dst}`, (finish) => this.core.send(this.rank, dst, data, finish)));
+    const data = readData(t), tag = opts.tag ?? 0;
+    return new LocalWork(this.#timed(`send to ${dst} (tag ${tag})`, (finish) => this.core.send(this.rank, dst, data, finish, tag)));
   }
-  recv(t: Tensor, src: number): CollectiveWork {
+  recv(t: Tensor, src: number, opts: { tag?: number } = {}): CollectiveWork {
     this.#checkPeer('recv', src);
-    return new LocalWork(this.#timed(`recv from ${src}`, (finish) => this.core.recv(src, this.rank, t, finish)));
+    const tag = opts.tag ?? 0;
+    return new LocalWork(this.#timed(`recv from ${src} (tag ${tag})`, (finish) => this.core.recv(src, this.rank, t, finish, tag)));
   }
   #checkPeer(call: string, peer: number): void {
     if (!Number.isInteger(peer) || peer < 0 || peer >= this.size || peer === this.rank) throw new ArgumentError(`${call}: peer ${peer} must be another rank in [0, ${this.size})`);

@@ -27,38 +27,50 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 /** The layout flags (command-line names) and their kinds. */
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
-  'micro-batches': 'number', schedule: 'string', precision: 'string',
+  'micro-batches': 'number', schedule: 'string', precision: 'string', 'virtual-stages': 'number',
+  cp: 'number', 'cp-mode': 'string',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
 export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
-  precision: 'NODETRON_PRECISION',
+  precision: 'NODETRON_PRECISION', 'virtual-stages': 'NODETRON_VIRTUAL_STAGES',
+  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
 export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
 also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
-NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION):
+NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION,
+NODETRON_VIRTUAL_STAGES):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
                        overlaps them, and one process accumulates their gradients
-  --schedule S         gpipe | 1f1b (default 1f1b: the same numbers, fewer activations held)
+  --schedule S         gpipe | 1f1b | interleaved | zb-h1 (default 1f1b; all give the same numbers):
+                       1f1b holds fewer activations than gpipe; interleaved (needs --virtual-stages >= 2
+                       and micro-batches a multiple of pp) and zb-h1 (weight gradients deferred into the
+                       bubble; --zero 0 or 1) have smaller bubbles
+  --virtual-stages V   model chunks per pipeline rank for --schedule interleaved (default 1; selects
+                       interleaved when > 1): rank r holds chunks r, r + pp, ... of pp·V
   --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks
   --offload            keep ZeRO shards in host memory (needs --zero 1|2|3; no-op for cpu parameters)
   --tp N               tensor-parallel ranks: attention heads, MLP and vocabulary split N ways
                        (N must divide the heads, the width and the vocabulary)
   --sp                 sequence parallelism (needs --tp > 1 dividing the context): LayerNorms, residuals and
                        embeddings hold ctx/tp positions per tensor-parallel rank, which cuts their activations
+  --cp N               context parallelism: each sequence split over N ranks (NODETRON_CP); attention over
+                       all of it by ring attention or Ulysses; gradients average over dp×cp
+  --cp-mode M          ring | ulysses (default ring; NODETRON_CP_MODE): ring needs the context divisible
+                       by 2·N, Ulysses by N and the heads (per tensor-parallel rank) by N
   --recompute          recompute each block's activations in backward
   --precision P        f32 | bf16 (default f32): bf16 runs the forward under bf16 autocast (GEMMs and
                        attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
-  for (const k of ['tp', 'pp', 'dp', 'micro-batches']) {
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp']) {
     const v = values[k];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
@@ -70,6 +82,13 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (num('dp') !== undefined) out.dp = num('dp');
   if (num('zero') !== undefined) out.zero = num('zero');
   if (num('micro-batches') !== undefined) out.microBatches = num('micro-batches');
+  if (num('virtual-stages') !== undefined) out.virtualStages = num('virtual-stages');
+  if (num('cp') !== undefined) out.cp = num('cp');
+  if (values['cp-mode'] !== undefined) {
+    const m = String(values['cp-mode']);
+    if (m !== 'ring' && m !== 'ulysses') throw new ArgumentError(`--cp-mode must be ring or ulysses, got ${JSON.stringify(m)}`);
+    out.cpMode = m;
+  }
   if (values.schedule !== undefined) out.schedule = String(values.schedule);
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');

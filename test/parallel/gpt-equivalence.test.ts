@@ -109,6 +109,10 @@ function launchRun(name: string, nproc: number, flags: string[]): Promise<Traine
   return train(name, nproc, flags);
 }
 const single = launchRun('single', 1, ['--reference']);
+// Interleaved layouts need pp × virtual stages <= layers: a 4-layer model and its own reference.
+const single4 = launchRun('single4', 1, ['--reference', '--layers', '4']);
+const FOUR_LAYERS = new Set<string>();
+const deep = (name: string, run: Promise<Trained>) => { FOUR_LAYERS.add(name); return run; };
 const layouts = {
   'one process, 2 micro-batches': launchRun('m2', 1, ['--micro-batches', '2']),
   'DP2': launchRun('dp2', 2, ['--dp', '2']),
@@ -138,6 +142,19 @@ const layouts = {
   'TP2×DP2 SP ZeRO-1': launchRun('tp2-dp2-sp', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '1']),
   'TP2×PP2 SP 1F1B, 2 micro-batches, recompute': launchRun('tp2-pp2-sp', 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']),
   'TP2×DP2 SP ZeRO-3, 2 micro-batches': launchRun('tp2-dp2-sp-zero3', 4, ['--tp', '2', '--dp', '2', '--sp', '--zero', '3', '--micro-batches', '2']),
+  // Issue #27: interleaved 1F1B (virtual stages) and zero bubble (ZB-H1).
+  'PP2 interleaved, 2 virtual stages, 4 micro-batches': deep('PP2 interleaved, 2 virtual stages, 4 micro-batches',
+    launchRun('pp2-interleaved', 2, ['--layers', '4', '--pp', '2', '--virtual-stages', '2', '--micro-batches', '4'])),
+  'PP2×DP2 interleaved ZeRO-1, 2 micro-batches, recompute': deep('PP2×DP2 interleaved ZeRO-1, 2 micro-batches, recompute',
+    launchRun('pp2-dp2-interleaved', 4, ['--layers', '4', '--pp', '2', '--dp', '2', '--zero', '1', '--virtual-stages', '2', '--schedule', 'interleaved', '--micro-batches', '2', '--recompute'])),
+  'TP2×PP2 interleaved SP, 2 micro-batches': deep('TP2×PP2 interleaved SP, 2 micro-batches',
+    launchRun('tp2-pp2-interleaved', 4, ['--layers', '4', '--tp', '2', '--pp', '2', '--sp', '--virtual-stages', '2', '--micro-batches', '2'])),
+  'PP2×DP2 interleaved ZeRO-3, 2 micro-batches': deep('PP2×DP2 interleaved ZeRO-3, 2 micro-batches',
+    launchRun('pp2-dp2-interleaved-zero3', 4, ['--layers', '4', '--pp', '2', '--dp', '2', '--zero', '3', '--virtual-stages', '2', '--micro-batches', '2'])),
+  'PP2 ZB-H1, 4 micro-batches': launchRun('pp2-zb', 2, ['--pp', '2', '--schedule', 'zb-h1', '--micro-batches', '4']),
+  'PP3 ZB-H1, 4 micro-batches (a middle stage)': launchRun('pp3-zb', 3, ['--pp', '3', '--schedule', 'zb-h1', '--micro-batches', '4']),
+  'PP2×DP2 ZB-H1, 2 micro-batches (bucket hooks after W)': launchRun('pp2-dp2-zb', 4, ['--pp', '2', '--dp', '2', '--schedule', 'zb-h1', '--micro-batches', '2']),
+  'PP2×DP2 ZB-H1 ZeRO-1, 2 micro-batches': launchRun('pp2-dp2-zb-zero1', 4, ['--pp', '2', '--dp', '2', '--zero', '1', '--schedule', 'zb-h1', '--micro-batches', '2']),
 };
 const TOLERANCE = 1e-5;
 // Parameters after 3 AdamW steps: Adam's update of a near-zero gradient (|g| ~ eps) magnifies f32
@@ -161,7 +178,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it.each(Object.keys(layouts))('%s matches the single process step by step', async (name) => {
-    const [ref, run] = await Promise.all([single, layouts[name as keyof typeof layouts]]);
+    const [ref, run] = await Promise.all([FOUR_LAYERS.has(name) ? single4 : single, layouts[name as keyof typeof layouts]]);
     expect(run.code, run.output).toBe(0);
     const expected = ref.ranks[0]!;
     // Parameters are compared at the scale of the whole model's (as one vector): a zero-initialized
@@ -258,12 +275,15 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
 
 describe('training layout validation', () => {
   const shape = { nLayer: 2, nHead: 2, nEmbd: 32, vocabSize: 64 };
-  const defaults = { tp: 1, pp: 1, dp: 1, sequenceParallel: false, zero: 0, offload: false, microBatches: 1, schedule: '1f1b' };
+  const defaults = { tp: 1, pp: 1, dp: 1, sequenceParallel: false, zero: 0, offload: false, microBatches: 1, schedule: '1f1b', virtualStages: 1 };
   it('fills dp from the world and accepts valid layouts', () => {
     expect(parallel.resolveTrainingLayout({}, shape, 4, 4)).toEqual({ ...defaults, dp: 4 });
     expect(parallel.resolveTrainingLayout({ tp: 2, zero: 1, offload: true }, shape, 4, 4)).toEqual({ ...defaults, tp: 2, dp: 2, zero: 1, offload: true });
     expect(parallel.resolveTrainingLayout({ zero: 3, offload: true }, shape, 2, 4)).toEqual({ ...defaults, dp: 2, zero: 3, offload: true });
     expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'gpipe' }, shape, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, microBatches: 2, schedule: 'gpipe' });
+    // --virtual-stages > 1 selects the interleaved schedule.
+    expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, virtualStages: 2 }, { ...shape, nLayer: 4 }, 2, 4)).toEqual({ ...defaults, pp: 2, microBatches: 2, schedule: 'interleaved', virtualStages: 2 });
+    expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'zb-h1', zero: 1 }, shape, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, zero: 1, microBatches: 2, schedule: 'zb-h1' });
   });
   it.each([
     [{ dp: 3 }, 2, 6, /job has 2 processes/],
@@ -273,7 +293,13 @@ describe('training layout validation', () => {
     [{ dp: 3 }, 3, 4, /does not divide the global batch of 4/],
     [{ dp: 2, microBatches: 4 }, 2, 4, /dp·micro-batches = 2·4 does not divide the global batch of 4/],
     [{ microBatches: 0 }, 1, 4, /--micro-batches must be an integer >= 1/],
-    [{ pp: 2, schedule: 'interleaved' }, 2, 4, /--schedule must be gpipe or 1f1b/],
+    [{ pp: 2, schedule: 'zigzag' }, 2, 4, /--schedule must be gpipe, 1f1b, interleaved, zb-h1, got zigzag/],
+    [{ pp: 2, schedule: 'interleaved' }, 2, 4, /--schedule interleaved needs --virtual-stages >= 2/],
+    [{ pp: 2, virtualStages: 2, microBatches: 1 }, 2, 4, /--micro-batches to be a multiple of --pp .*: 1 micro-batches over 2 stages/],
+    [{ pp: 2, virtualStages: 2, microBatches: 2 }, 2, 4, /--pp 2 × --virtual-stages 2 = 4 model chunks, more than the model's 2 layers/],
+    [{ pp: 2, virtualStages: 2, schedule: '1f1b' }, 2, 4, /--virtual-stages 2 needs --schedule interleaved, not 1f1b/],
+    [{ virtualStages: 2, microBatches: 2 }, 1, 4, /--schedule interleaved needs --pp >= 2/],
+    [{ pp: 2, dp: 2, zero: 2, schedule: 'zb-h1', microBatches: 2 }, 4, 4, /--schedule zb-h1 defers weight gradients .* use --zero 0 or 1/],
     [{ zero: 4 }, 2, 4, /--zero must be 0, 1, 2 or 3/],
     [{ zero: 1 }, 1, 4, /--zero 1 shards over the data-parallel ranks, but dp = 1/],
     [{ offload: true }, 1, 4, /--offload .* needs --zero 1, 2 or 3/],

@@ -98,6 +98,55 @@ describe('published formulas', () => {
   });
 });
 
+describe('pipeline schedules in the planner', () => {
+  const m = plan.calibrationModel({ ...plan.CALIBRATION_SHAPE, layers: 8 });
+  const opts = { seq: 64, microBatchSize: 2, dtype: 'f32' as const };
+  const pp4 = { ...base, pp: 4, microBatches: 8 };
+  it('predicts each schedule\'s bubble from its table: the formulas when m >= p, none without a pipeline', () => {
+    expect(plan.predictBubble(base)).toBe(0);
+    expect(plan.predictBubble(pp4)).toBeCloseTo(3 / 11, 12);
+    expect(plan.predictBubble({ ...pp4, schedule: 'gpipe' })).toBeCloseTo(3 / 11, 12);
+    expect(plan.predictBubble({ ...pp4, schedule: 'interleaved', virtualStages: 2 })).toBeCloseTo(3 / 19, 12);
+    expect(plan.predictBubble({ ...pp4, schedule: 'zb-h1' })).toBeCloseTo(3 / 27, 12);
+    // The step time's bubble term is the idle time relative to the work: (p - 1)/m for 1F1B.
+    const dev = plan.resolveDevice('h100');
+    const t = plan.predictStepTime(m, pp4, dev, { seq: 64, microBatchSize: 2, dtype: 'bf16', gpusPerNode: 8 });
+    expect(t.bubble / t.compute).toBeCloseTo(3 / 8, 10);
+    const zb = plan.predictStepTime(m, { ...pp4, schedule: 'zb-h1' }, dev, { seq: 64, microBatchSize: 2, dtype: 'bf16', gpusPerNode: 8 });
+    expect(zb.bubble / zb.compute).toBeCloseTo(3 / 24, 10);
+    expect(() => plan.predictBubble({ ...pp4, microBatches: 6, schedule: 'interleaved', virtualStages: 2 })).toThrow(nt.ArgumentError);
+  });
+  it('holds Megatron\'s interleaved in-flight chunks and ZB-H1\'s deferred micro-batches per stage', () => {
+    const inter = { ...pp4, schedule: 'interleaved' as const, virtualStages: 2 };
+    // Rank r: 2(p - r - 1) + (v - 1)p + 1 chunks of 1/v of its layers.
+    expect([0, 1, 2, 3].map((s) => plan.inFlightMicroBatches(inter, s))).toEqual([0, 1, 2, 3].map((r) => (2 * (3 - r) + 4 + 1) / 2));
+    expect([0, 1, 2, 3].map((s) => plan.inFlightMicroBatches({ ...pp4, schedule: 'zb-h1' }, s))).toEqual([4, 3, 2, 1]);
+    // ZB-H1 rank r lags r weight passes: the micro-batches between B and W cost memory beside 1F1B's.
+    const deferred = (s: number) => Math.max(...plan.scheduleStates({ ...pp4, schedule: 'zb-h1' }, s).map((x) => x.deferred));
+    expect([0, 1, 2, 3].map(deferred)).toEqual([0, 1, 2, 3]);
+    for (const s of [1, 2]) {
+      expect(plan.estimateStageMemory(m, { ...pp4, schedule: 'zb-h1' }, opts, s).activations).toBeGreaterThan(plan.estimateStageMemory(m, pp4, opts, s).activations);
+    }
+    // Interleaving's first stage holds more than 1F1B's (p·(1 + (p - 1)/(p·v)) micro-batches) and its posted receives.
+    expect(plan.estimateStageMemory(m, inter, opts, 0).total).toBeGreaterThan(plan.estimateStageMemory(m, pp4, opts, 0).total);
+  });
+  it('reads vN and the new schedules in layout specs; ranks interleaved and zb-h1 candidates with their flags', () => {
+    expect(plan.parseLayoutSpec('pp2,mb4,v2')).toMatchObject({ pp: 2, microBatches: 4, virtualStages: 2, schedule: 'interleaved' });
+    expect(plan.parseLayoutSpec('pp2,mb4,zb-h1')).toMatchObject({ pp: 2, schedule: 'zb-h1' });
+    expect(() => plan.parseLayoutSpec('pp2,zigzag')).toThrow(/cannot read "zigzag"/);
+    expect(() => plan.checkCalibrationLayout('pp2,mb3,v2', { ...plan.CALIBRATION_SHAPE, batch: 6 })).toThrow(/multiple of --pp/);
+    const c = plan.planLayouts(plan.PLAN_MODELS['gpt2-xl']!, { gpus: 8, gpuMemory: 80 * GiB, seq: 1024, globalBatch: 64, dtype: 'bf16', device: plan.resolveDevice('h100') });
+    const inter = c.find((x) => !x.skipped && x.layout.schedule === 'interleaved');
+    expect(inter!.command).toMatch(/--schedule interleaved --virtual-stages 2/);
+    expect(c.some((x) => !x.skipped && x.layout.schedule === 'zb-h1')).toBe(true);
+    expect(c.some((x) => x.skipped?.includes('zb-h1 defers weight gradients, which ZeRO 2 reduces per micro-batch'))).toBe(true);
+    // Same layout otherwise: interleaving and ZB-H1 predict a shorter step than 1F1B.
+    const same = (s: string) => c.find((x) => !x.skipped && x.layout.pp === 4 && x.layout.tp === 1 && x.layout.zero === 1 && !x.layout.offload && x.layout.recompute === 'none' && x.microBatchSize === 1 && x.layout.schedule === s)!;
+    expect(same('interleaved').time!.total).toBeLessThan(same('1f1b').time!.total);
+    expect(same('zb-h1').time!.total).toBeLessThan(same('1f1b').time!.total);
+  });
+});
+
 describe('planner', () => {
   const dev = plan.resolveDevice('h100');
   it('ranks fitting layouts first by step time, skips heads not divisible by tp with a reason', () => {

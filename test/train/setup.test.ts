@@ -131,7 +131,12 @@ describe('nt.train.setup in one process', () => {
     const base = { model: (shard: nt.train.ModelShard) => new nt.nn.GPT(CONFIG, shard), optimizer: createOptimizer, batchSize: GLOBAL_BATCH, ...quiet };
     await expect(nt.train.setup({ ...base, layout: { tp: 2 } })).rejects.toThrow(/tp·pp·dp = 2·1·1 = 2 but the job has 1 processes/);
     await expect(nt.train.setup({ ...base, argv: ['--zero', '1'] })).rejects.toThrow(/--zero 1 shards over the data-parallel ranks, but dp = 1/);
-    await expect(nt.train.setup({ ...base, argv: ['--schedule', 'zigzag'] })).rejects.toThrow(/--schedule must be gpipe or 1f1b, got zigzag/);
+    await expect(nt.train.setup({ ...base, argv: ['--schedule', 'zigzag'] })).rejects.toThrow(/--schedule must be gpipe, 1f1b, interleaved, zb-h1, got zigzag/);
+    await expect(nt.train.setup({ ...base, argv: ['--virtual-stages', '2', '--micro-batches', '2'] })).rejects.toThrow(/--schedule interleaved needs --pp >= 2/);
+    // The early check (before the model exists) does not hold virtual stages against a made-up layer count.
+    const early = await nt.train.setup({ ...base, argv: ['--pp', '2', '--virtual-stages', '2', '--micro-batches', '2'] }).catch((e: Error) => e);
+    expect(String((early as Error).message)).toMatch(/tp·pp·dp = 1·2·1 = 2 but the job has 1 processes/);
+    expect(String((early as Error).message)).not.toMatch(/model chunks/);
     await expect(nt.train.setup({ ...base, argv: ['--pp'] })).rejects.toThrow(/option --pp needs a value/);
     await expect(nt.train.setup({ ...base, layout: {}, model: () => ({}) as nt.nn.GPT })).rejects.toThrow(/the factory must return an nt\.nn\.GPT .*got Object/);
     await expect(nt.train.setup({ ...base, layout: {}, model: () => new nt.nn.GPT({ ...CONFIG, nHead: 3 }) })).rejects.toThrow(/the factory threw ArgumentError: GPTConfig: nEmbd \(32\) must be divisible by nHead \(3\)/);

@@ -1,10 +1,11 @@
-// One pipeline stage of a GPT: the layers [start, end) of partitionLayers(nLayer, stages), plus the
-// embeddings on the first stage and the final LayerNorm with the tied head on the last.
+// One pipeline stage of a GPT: the layers [start, end) of partitionLayers(nLayer, stages) — or, with
+// virtual stages (interleaved 1F1B), several non-adjacent chunks of layers — plus the embeddings on
+// the first stage and the final LayerNorm with the tied head on the last.
 import { ArgumentError, ShapeError } from '../../errors.js';
 import { Module, type Parameter } from '../../nn/module.js';
 import type { Block, GPT } from '../../nn/gpt.js';
 import type { Tensor } from '../../tensor.js';
-import { partitionLayers } from './schedules.js';
+import { chunkLayers } from './schedules.js';
 
 /** What the parallel trainer runs: a model, or one pipeline stage of it, that ends in a loss on the last stage. */
 export interface PipelineModule extends Module {
@@ -12,11 +13,14 @@ export interface PipelineModule extends Module {
   readonly isFirstStage: boolean;
   /** Whether this is the last pipeline stage (it computes the loss). */
   readonly isLastStage: boolean;
+  /** Model chunks this stage holds (interleaved 1F1B's virtual stages; absent: 1). */
+  readonly chunks?: number;
   /**
-   * Token ids i32 [B, T] on the first stage, the previous stage's activation elsewhere → the
-   * activation for the next stage, or on the last stage the mean loss over targets i32 [B, T].
+   * Token ids i32 [B, T] on the first stage's chunk 0, the previous (virtual) stage's activation
+   * elsewhere → the activation for the next one, or on the last stage's last chunk the mean loss over
+   * targets i32 [B, T].
    */
-  forwardStage(input: Tensor, targets: Tensor | null): Tensor;
+  forwardStage(input: Tensor, targets: Tensor | null, chunk?: number): Tensor;
   /** Shape of the activation a stage (not the first) receives for B sequences of T tokens. */
   activationShape(batch: number, seqLen: number): number[];
   /**
@@ -39,8 +43,12 @@ export class GPTStage extends Module implements PipelineModule {
   readonly stage: number;
   /** Number of pipeline stages. */
   readonly stages: number;
-  /** The global layer range [start, end) this stage runs. */
+  /** The global layer range [start, end) this stage runs (its first chunk's, with virtual stages). */
   readonly layers: readonly [number, number];
+  /** Model chunks (virtual stages) this stage holds: chunk k is virtual stage k·stages + stage. */
+  readonly chunks: number;
+  /** Each chunk's global layer range [start, end). */
+  readonly chunkLayers: readonly (readonly [number, number])[];
   /** Whether this is the first stage (it holds the embeddings). */
   readonly isFirstStage: boolean;
   /** Whether this is the last stage (it holds the final LayerNorm and the tied head). */
@@ -50,13 +58,18 @@ export class GPTStage extends Module implements PipelineModule {
   readonly #model: GPT;
   readonly #owned: [string, Module][];
 
-  /** Takes ownership of `model`: after this, use the stage (the model's other parameters are disposed). */
-  constructor(model: GPT, stage: number, stages: number) {
+  /**
+   * Takes ownership of `model`: after this, use the stage (the model's other parameters are
+   * disposed). `chunks` > 1: the stage holds chunks stage, stage + stages, ... of stages·chunks
+   * (interleaved 1F1B).
+   */
+  constructor(model: GPT, stage: number, stages: number, chunks = 1) {
     super();
     if (!Number.isInteger(stage) || stage < 0 || stage >= stages) throw new ArgumentError(`GPTStage: stage ${stage} is outside [0, ${stages})`);
-    const [start, end] = partitionLayers(model.config.nLayer, stages)[stage]!;
-    this.stage = stage; this.stages = stages;
-    this.layers = [start, end];
+    const ranges = chunkLayers(model.config.nLayer, stages, stage, chunks);
+    this.stage = stage; this.stages = stages; this.chunks = chunks;
+    this.chunkLayers = ranges;
+    this.layers = ranges[0]!;
     this.isFirstStage = stage === 0;
     this.isLastStage = stage === stages - 1;
     this.#model = model;
@@ -64,7 +77,7 @@ export class GPTStage extends Module implements PipelineModule {
     const owned: [string, Module][] = [];
     if (this.isFirstStage || this.isLastStage) owned.push(['wte', model.wte]);
     if (this.isFirstStage) owned.push(['wpe', model.wpe]);
-    model.h.slice(start, end).forEach((block: Block, i) => owned.push([`h.${start + i}`, block]));
+    for (const [start, end] of ranges) model.h.slice(start, end).forEach((block: Block, i) => owned.push([`h.${start + i}`, block]));
     if (this.isLastStage) owned.push(['lnF', model.lnF]);
     this.#owned = owned;
     const keep = new Set(this.parameters());
@@ -82,11 +95,13 @@ export class GPTStage extends Module implements PipelineModule {
   // Modules are named explicitly (not by field) so that layer i keeps its GPT name h.i on every stage.
   override *namedChildren(): Generator<[string, Module]> { yield* this.#owned; }
 
-  forwardStage(input: Tensor, targets: Tensor | null): Tensor {
+  forwardStage(input: Tensor, targets: Tensor | null, chunk = 0): Tensor {
     const m = this.#model;
-    let x = this.isFirstStage ? m.embed(input) : input;
-    x = m.forwardBlocks(x, this.layers[0], this.layers[1]);
-    if (!this.isLastStage) return x;
+    if (!Number.isInteger(chunk) || chunk < 0 || chunk >= this.chunks) throw new ArgumentError(`GPTStage.forwardStage: chunk ${chunk} is outside [0, ${this.chunks})`);
+    let x = this.isFirstStage && chunk === 0 ? m.embed(input) : input;
+    const [start, end] = this.chunkLayers[chunk]!;
+    x = m.forwardBlocks(x, start, end);
+    if (!this.isLastStage || chunk !== this.chunks - 1) return x;
     if (targets === null) throw new ArgumentError('GPTStage.forwardStage: the last stage needs targets to compute the loss');
     return m.head(x, targets).loss!;
   }
