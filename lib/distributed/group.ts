@@ -94,6 +94,11 @@ export interface CollectiveGroup {
   send(t: Tensor, dst: number): CollectiveWork;
   /** Receives into `t` from group rank `src`; completes when the data is in `t`. */
   recv(t: Tensor, src: number): CollectiveWork;
+  /**
+   * Sends block i of `t` to member i and receives block j of `out` from member j (equal blocks unless
+   * counts, in elements, are given). Optional: expert parallelism needs it; ProcessGroup has it.
+   */
+  allToAll?(out: Tensor, t: Tensor, opts?: { sendCounts?: number[]; recvCounts?: number[] }): CollectiveWork;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */

@@ -2,7 +2,7 @@
 export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult, type TensorSplit } from './module.js';
 export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
-  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
+  GPT, Block, CausalSelfAttention, MLP, isMoEBlock, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
   type GPTConfig, type GPTOptions, type GPTOutput, type GPTLogitsOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
   type TokenEmbedding, type VocabLayout, type SequenceLayout,
 } from './gpt.js';

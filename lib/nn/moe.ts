@@ -283,6 +283,14 @@ export class MoE extends Module {
     this.#stats = emptyStats(cfg.experts);
   }
 
+  /** Children named by global expert index (`experts.5` is expert 5 on whichever rank holds it), so names agree across layouts. */
+  override *namedChildren(): Generator<[string, Module]> {
+    for (const [name, child] of super.namedChildren()) {
+      const m = /^experts\.(\d+)$/.exec(name);
+      yield [m ? `experts.${this.expertStart + Number(m[1])}` : name, child];
+    }
+  }
+
   /** Routing statistics since the last call (then reset). */
   takeStats(): MoEStats {
     const s = this.#stats;

@@ -49,6 +49,13 @@ export interface StepMetrics {
   rssBytes: number;
   /** The device the rank trains on. */
   device: string;
+  /**
+   * Mixture-of-experts routing of the step (models with MoE layers): rows routed to each expert summed
+   * over the layers (and the data-parallel ranks), the share of routed rows dropped by a capacity
+   * factor, the auxiliary losses added to the objective (coefficients applied, summed over layers and
+   * micro-batches), and the mean load-balancing and z-loss values per layer and micro-batch.
+   */
+  moe?: { tokensPerExpert: number[]; droppedShare: number; auxLoss: number; loadBalanceLoss: number; zLoss: number };
 }
 
 const RANK = Number(process.env.RANK ?? 0);

@@ -32,6 +32,8 @@ export interface TrainingLayout {
   microBatches: number;
   /** The pipeline schedule. */
   schedule: PipelineScheduleName;
+  /** Expert-parallel ranks (a divisor of dp; 1: none): the MoE experts split over ep data-parallel ranks. */
+  ep: number;
 }
 
 /** The model dimensions a layout must divide. */
@@ -46,6 +48,8 @@ export interface LayoutModelShape {
   vocabSize: number;
   /** The sequence length trained on (a GPTConfig's context): sequence parallelism needs it to divide by tp. */
   blockSize?: number;
+  /** The MoE layers' routed experts (a GPTConfig's moe.experts): expert parallelism needs ep to divide them. */
+  moeExperts?: number;
 }
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
@@ -66,6 +70,8 @@ export interface LayoutFlags {
   microBatches?: number;
   /** Pipeline schedule, gpipe or 1f1b (`--schedule`, default 1f1b). */
   schedule?: string;
+  /** Expert-parallel ranks (`--ep`, default 1): must divide dp and the model's experts. */
+  ep?: number;
 }
 
 /**
@@ -83,6 +89,14 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
   const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
+  const ep = intFlag('ep', flags.ep, 1, 1);
+  if (ep > 1) {
+    if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
+    if (model.moeExperts === undefined) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
+    else if (model.moeExperts % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${model.moeExperts} experts`);
+    if (zero > 0) problems.push(`--zero ${zero} with --ep ${ep} is not supported yet (expert weights would need sharding over the expert-data-parallel group)`);
+  }
+  if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   const schedule = flags.schedule ?? '1f1b';
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`--schedule must be gpipe or 1f1b, got ${schedule}`);
   if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
@@ -106,7 +120,7 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
+  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, ep };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -124,7 +138,7 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
 
 /** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)`. */
 export function describeLayout(l: TrainingLayout): string {
-  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
+  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''} pp=${l.pp} dp=${l.dp}${(l.ep ?? 1) > 1 ? ` ep=${l.ep}` : ''} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
 }
 
 /** A joined training job: its layout, this rank and the mesh. */
@@ -161,6 +175,6 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
     settings: mine,
     mismatch: () => new ArgumentError(`training layout: the ranks were started with different settings (this rank: ${mine})`),
   });
-  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp });
+  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ep: layout!.ep });
   return { layout: layout!, rank: env.rank, mesh };
 }
