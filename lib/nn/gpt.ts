@@ -161,8 +161,11 @@ export interface GPTOptions extends LayerOptions {
   sequenceLayout?: SequenceLayout;
   /** Recompute each block's activations in backward; overrides config.recompute when given. */
   recompute?: boolean;
-  /** Expert parallelism and router count sums for the MoE blocks (lib/parallel/expert-parallel.ts); default: all experts here. */
-  moeParallel?: MoEParallel;
+  /**
+   * Expert parallelism and router count sums for the MoE blocks (lib/parallel/expert-parallel.ts), or
+   * a function of the config's number of experts giving it (what nt.train.setup passes); default: all experts here.
+   */
+  moeParallel?: MoEParallel | ((experts: number) => MoEParallel);
 }
 
 /** Whether block `index` of a model with this config holds an MoE in its MLP slot. */
@@ -387,7 +390,8 @@ export class GPT extends Module {
     this.wpe = new Embedding(config.blockSize, config.nEmbd, { ...layer, initialize: false });
     normal(this.wpe.weight, 0, INIT_STD, generator);
     this.drop = new Dropout(config.dropout, generator);
-    this.h = Array.from({ length: config.nLayer }, (_, i) => new Block(this.config, layer, factory, this.sequenceLayout, i, opts.moeParallel));
+    const moeParallel = typeof opts.moeParallel === 'function' ? (this.config.moe ? opts.moeParallel(this.config.moe.experts) : undefined) : opts.moeParallel;
+    this.h = Array.from({ length: config.nLayer }, (_, i) => new Block(this.config, layer, factory, this.sequenceLayout, i, moeParallel));
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 

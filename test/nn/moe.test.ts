@@ -225,3 +225,68 @@ describe('nt.nn.MoE against float64', () => {
     expect(() => nt.nn.setMoEAuxLossScale(NaN)).toThrow(nt.ArgumentError);
   });
 });
+
+describe('GPT with MoE blocks', () => {
+  const base: nt.nn.GPTConfig = { vocabSize: 32, blockSize: 8, nLayer: 3, nHead: 2, nEmbd: 8, dropout: 0, bias: true };
+  const ids = (seed: number) => nt.tensor(Int32Array.from({ length: 2 * 8 }, (_, i) => (i * 13 + seed * 5) % 32), [2, 8]);
+  const moe: nt.nn.MoEConfig = { experts: 4, topK: 2, hidden: 12, every: 2, auxLossCoef: 0.3, zLossCoef: 0.05 };
+
+  function lossAndGrads(config: nt.nn.GPTConfig) {
+    const model = new nt.nn.GPT(config, { seed: 7 });
+    try {
+      return nt.scope(() => {
+        const out = model.forward(ids(1), ids(2));
+        out.loss!.backward();
+        return { loss: out.loss!.item(), stats: model.takeMoEStats(), grads: new Map(model.namedParameters().map(([n, p]) => [n, Float64Array.from(p.grad!.toArraySync())])) };
+      });
+    } finally { model.dispose(); }
+  }
+
+  it('every-th block holds the MoE (named experts.i), the others the dense MLP', () => {
+    const model = new nt.nn.GPT({ ...base, moe }, { seed: 7 });
+    try {
+      expect(model.h.map((b) => b.mlp instanceof nt.nn.MoE)).toEqual([false, true, false]);
+      const names = model.namedParameters().map(([n]) => n);
+      expect(names).toContain('h.1.mlp.router');
+      expect(names).toContain('h.1.mlp.experts.3.down');
+      expect(names).toContain('h.0.mlp.fc.weight');
+    } finally { model.dispose(); }
+  });
+
+  it('recomputed blocks give the same loss and every gradient, the auxiliary losses\' included', () => {
+    const plain = lossAndGrads({ ...base, moe }), again = lossAndGrads({ ...base, moe, recompute: true });
+    expect(again.loss).toBe(plain.loss);
+    for (const [n, g] of plain.grads) expect(relErr(again.grads.get(n)!, g), n).toBeLessThan(1e-6);
+    // Statistics are counted once per forward (not again when backward re-runs the block).
+    expect(plain.stats!.forwards).toBe(1);
+    expect(again.stats!.forwards).toBe(1);
+    expect(again.stats!.tokensPerExpert).toEqual(plain.stats!.tokensPerExpert);
+    expect(plain.stats!.tokensPerExpert.reduce((a, b) => a + b, 0)).toBe(16 * 2);
+  });
+
+  it('the auxiliary losses reach the router through the GPT: its gradient moves with their coefficients, the LM loss does not', () => {
+    const withAux = lossAndGrads({ ...base, moe }), without = lossAndGrads({ ...base, moe: { ...moe, auxLossCoef: 0, zLossCoef: 0 } });
+    expect(withAux.loss).toBe(without.loss);
+    const router = 'h.1.mlp.router';
+    expect(relErr(withAux.grads.get(router)!, without.grads.get(router)!)).toBeGreaterThan(1e-3);
+    // Parameters the auxiliary losses do not depend on keep their gradients (block 1's experts, the block after it).
+    for (const n of ['h.1.mlp.experts.0.gate', 'h.2.attn.qkv.weight']) expect(relErr(withAux.grads.get(n)!, without.grads.get(n)!), n).toBeLessThan(1e-6);
+    // Those before the router get the auxiliary losses' gradient too.
+    expect(relErr(withAux.grads.get('h.0.attn.qkv.weight')!, without.grads.get('h.0.attn.qkv.weight')!)).toBeGreaterThan(1e-4);
+  });
+
+  it('trains through nt.trainStep (loss falls)', () => {
+    const model = new nt.nn.GPT({ ...base, moe }, { seed: 7 });
+    const opt = new nt.optim.AdamW(model.parameters(), { lr: 1e-2 });
+    try {
+      const losses = Array.from({ length: 8 }, () => nt.trainStep(model, opt, ids(1), ids(2)).loss);
+      expect(losses.at(-1)!).toBeLessThan(losses[0]! - 0.1);
+      expect(model.takeMoEStats()!.forwards).toBe(8);
+    } finally { model.dispose(); opt.dispose(); }
+  });
+
+  it('bad MoE configs in a GPTConfig are ArgumentErrors', () => {
+    expect(() => new nt.nn.GPT({ ...base, moe: { experts: 2, topK: 3 } })).toThrow(/GPTConfig\.moe: topK \(3\) must not exceed the number of experts \(2\)/);
+    expect(() => new nt.nn.GPT({ ...base, moe: { experts: 2, topK: 1, every: 4 } })).toThrow(/every \(4\) exceeds nLayer \(3\)/);
+  });
+});
