@@ -202,9 +202,11 @@ export interface MoEStats {
   tokensPerExpert: number[];
   /** Routed slots (tokens · topK) and dropped slots. */
   routed: number;
+  /** Routed slots dropped by the capacity factor. */
   dropped: number;
   /** Sum of the load-balancing losses' values (unscaled by the coefficient) and of the z-losses'. */
   loadBalanceLoss: number;
+  /** Sum of the z-losses' values (unscaled). */
   zLoss: number;
   /** Sum of the auxiliary losses as added to the objective (coefficients applied). */
   auxLoss: number;
@@ -214,6 +216,7 @@ export interface MoEStats {
 export interface MoEParallel {
   /** The experts [expertStart, expertEnd) of the global list are held in this process. */
   readonly expertStart: number;
+  /** One past the last expert held here. */
   readonly expertEnd: number;
   /** Multiplies the local experts' weight gradients (1/ep: each expert sees ep ranks' tokens, each rank's loss a local mean). */
   readonly expertGradScale: number;
@@ -256,6 +259,11 @@ export class MoE extends Module {
    * Draws the router, then every expert (gate, up, down) in global order, then the shared experts,
    * from layer.generator; under expert parallelism the experts held elsewhere are drawn and
    * discarded, so every layout starts from the same weights.
+   */
+  /**
+   * @param nEmbd The input and output width (C).
+   * @param config Experts, top-k, capacity, auxiliary-loss coefficients.
+   * @param opts Device, dtype, generator, init stds, expert parallelism.
    */
   constructor(readonly nEmbd: number, config: MoEConfig, opts: MoEOptions = {}) {
     super();

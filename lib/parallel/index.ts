@@ -21,7 +21,7 @@
 export {
   MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
-  type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
+  type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions, type ExpertGroups,
 } from './mesh.js';
 export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 export { rangeAcrossRanks } from '../distributed/agree.js';

@@ -149,6 +149,14 @@ export class MeshLayout {
   }
 }
 
+/** A rank's expert-parallel groups (ep > 1). */
+export interface ExpertGroups {
+  /** The ranks splitting the experts. */
+  ep: CollectiveGroup;
+  /** The replicas of this rank's experts (null when ep = dp). */
+  edp: CollectiveGroup | null;
+}
+
 /** One rank's view of an initialized mesh: its coordinates and its groups along each dimension. */
 export class ParallelState {
   /**
@@ -158,10 +166,11 @@ export class ParallelState {
    * @param groups This rank's group along each dimension.
    * @param embeddingGroup this rank's embedding group (first and last pipeline stage of its (tp, dp)
    *   coordinate), or null when pp = 1 or the rank is on a middle stage.
+   * @param expert this rank's expert-parallel groups, or null when ep = 1.
    */
   constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: CollectiveGroup,
     readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null,
-    readonly expert: { ep: CollectiveGroup; edp: CollectiveGroup | null } | null = null) {}
+    readonly expert: ExpertGroups | null = null) {}
   /** Expert-parallel ranks (1: none). */
   get epSize(): number { return this.layout.ep; }
   /** This rank's place in its expert-parallel group (0 when ep = 1). */

@@ -126,7 +126,17 @@ export interface ProgressSample {
   /** Seconds left, when the total is known. */
   etaSeconds?: number;
   /** MoE routing of the step: the auxiliary loss added, the share of routed rows dropped, the busiest expert's rows over the mean. */
-  moe?: { auxLoss: number; droppedShare: number; imbalance: number };
+  moe?: MoEProgress;
+}
+
+/** The MoE part of a progress line. */
+export interface MoEProgress {
+  /** The auxiliary losses added to the objective in the step. */
+  auxLoss: number;
+  /** Share of routed rows dropped by a capacity factor. */
+  droppedShare: number;
+  /** Rows of the busiest expert over the mean rows per expert (1: balanced). */
+  imbalance: number;
 }
 
 /** `step   10/150  loss 5.1234 (avg 5.3012)  norm 1.23  lr 3.00e-03  | 12345 tok/s  MFU 41.2%  mem 123.4 MiB  ETA 1m05s` (with MoE, `| moe aux 0.0102 drop 0.0% max/mean 1.31` before ETA) */

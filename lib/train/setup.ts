@@ -31,7 +31,7 @@ import { TokenLoader } from '../data/loader.js';
 import { exportHF } from '../interop/hf.js';
 import type { Tensor } from '../tensor.js';
 import { layoutFromArgs, type LayoutArgs } from './flags.js';
-import { detectPeakFlops, formatProgress, gptFlopsPerToken, type ProgressOptions } from './progress.js';
+import { detectPeakFlops, formatProgress, gptFlopsPerToken, type MoEProgress, type ProgressOptions } from './progress.js';
 
 /**
  * What the model factory receives: spread it into the GPT's options (`new nt.nn.GPT(config, shard)`).
@@ -739,7 +739,7 @@ export async function main(name: string, fn: () => Promise<number | void>): Prom
 }
 
 /** A step's MoE statistics as the progress line shows them. */
-function moeProgress(s: MoEStats): { auxLoss: number; droppedShare: number; imbalance: number } {
+function moeProgress(s: MoEStats): MoEProgress {
   const total = s.tokensPerExpert.reduce((a, b) => a + b, 0);
   const mean = total / Math.max(1, s.tokensPerExpert.length);
   return { auxLoss: s.auxLoss, droppedShare: s.routed > 0 ? s.dropped / s.routed : 0, imbalance: mean > 0 ? Math.max(...s.tokensPerExpert) / mean : 0 };
