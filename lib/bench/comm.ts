@@ -15,13 +15,13 @@ import type { Tensor } from '../tensor.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
 import { expectPositionals, parseBytes, parseOptions } from '../cmdline/args.js';
 
-const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv'] as const;
+const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'all_to_all_v', 'sendrecv'] as const;
 type BenchOp = (typeof OPS)[number];
 
 /** nccl-tests' bus-bandwidth factors: busbw = algbw * factor(n). */
 export function busFactor(op: BenchOp, n: number): number {
   if (op === 'all_reduce') return (2 * (n - 1)) / n;
-  if (op === 'all_gather' || op === 'reduce_scatter' || op === 'all_to_all') return (n - 1) / n;
+  if (op === 'all_gather' || op === 'reduce_scatter' || op === 'all_to_all' || op === 'all_to_all_v') return (n - 1) / n;
   return 1;
 }
 
@@ -129,6 +129,38 @@ function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, re
       const run = (ip: boolean) => (ip ? g.allToAll(x, x) : g.allToAll(out, x));
       // Block j of the output is block `rank` of rank j's input.
       return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (_ip, i) => valueAt(Math.floor(i / per), rank * per + (i % per)));
+    }
+    case 'all_to_all_v': {
+      // Uneven blocks, as expert parallelism sends them: rank r sends rank j a share (r + j) % n + 1 of
+      // n(n+1)/2 of its count (each rank sends and receives every share once; the last block takes the
+      // remainder). Counts are exchanged first by an equal all-to-all of one integer per rank, inside the timed op.
+      const shares = n * (n + 1) / 2;
+      const blocks = (r: number): number[] => {
+        const b = Array.from({ length: n }, (_, j) => Math.floor((count * ((r + j) % n + 1)) / shares));
+        b[n - 1]! += count - b.reduce((a, v) => a + v, 0);
+        return b;
+      };
+      const send = blocks(rank);
+      const recvCounts = Array.from({ length: n }, (_, j) => blocks(j)[rank]!);
+      const total = recvCounts.reduce((a, v) => a + v, 0);
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([total], { dtype }));
+      const mine = keep(tensor(Int32Array.from(send), [n], { dtype: 'i32' })), theirs = keep(zeros([n], { dtype: 'i32' }));
+      const run = async () => {
+        await g.allToAll(theirs, mine);
+        const got = Array.from(theirs.toArraySync());
+        return g.allToAll(out, x, { sendCounts: send, recvCounts: got });
+      };
+      // Block j of the output is the part of rank j's input it sent to this rank.
+      const starts = Array.from({ length: n }, (_, j) => blocks(j).slice(0, rank).reduce((a, v) => a + v, 0));
+      const expected = (i: number) => {
+        let j = 0, at = i;
+        while (at >= recvCounts[j]!) { at -= recvCounts[j]!; j++; }
+        return valueAt(j, starts[j]! + at);
+      };
+      return {
+        run, dispose, supports: { outOfPlace: true, inPlace: false },
+        async check() { await run(); return countWrong(out, expected, dtype); },
+      };
     }
     case 'sendrecv': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
