@@ -372,7 +372,11 @@ async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rank
   }
   const transports = [...new Set(reps.flatMap((r) => r.nodetron.map((sw) => sw.transport)))];
   const sizes = [...new Set(reps.flatMap((r) => r.nodetron.flatMap((sw) => sw.rows.map((row) => row.bytes))))].sort((p, q) => p - q);
-  const ipBusbw = (t: Transport, bytes: number): number[] => reps.map((r) => r.nodetron.find((sw) => sw.transport === t)?.rows.find((row) => row.bytes === bytes)?.inPlace?.busbw ?? NaN);
+  // In-place busbw; out-of-place for the ops without an in-place form (sendrecv, all_to_all_v).
+  const ipBusbw = (t: Transport, bytes: number): number[] => reps.map((r) => {
+    const row = r.nodetron.find((sw) => sw.transport === t)?.rows.find((x) => x.bytes === bytes);
+    return (row?.inPlace ?? row?.outOfPlace)?.busbw ?? NaN;
+  });
   const torchBusbw = (bytes: number): number[] => reps.map((r) => (Array.isArray(r.torch) ? r.torch.find((x) => x.bytes === bytes)?.busbw ?? NaN : NaN));
   const summary = sizes.map((bytes) => {
     const row: Record<string, number> = { bytes };
@@ -383,7 +387,7 @@ async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rank
     }
     return row;
   });
-  console.log(`\n# ${o.op}, ${np} ranks: median in-place busbw (GB/s) over ${repeat} interleaved run(s)` +
+  console.log(`\n# ${o.op}, ${np} ranks: median ${o.op === 'sendrecv' || o.op === 'all_to_all_v' ? 'out-of-place' : 'in-place'} busbw (GB/s) over ${repeat} interleaved run(s)` +
     (compareTorch ? ', beside torch.distributed gloo allreduce (in place)' : ''));
   const cols = ['size', ...transports.map((t) => `nodetron ${t}`), ...(compareTorch ? ['torch gloo', ...transports.map((t) => `${t}/torch`)] : [])];
   printTable(cols, summary.map((row) => [row.bytes!, ...transports.map((t) => row[`${t}InPlaceBusbw`]!.toFixed(3)),
