@@ -431,7 +431,12 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   }
   if (mesh && mesh.epSize > 1) {
     if (zero !== 0) problems.push(`ZeRO ${zero} with expert parallelism (ep = ${mesh.epSize}) is not supported yet: use zero 0`);
-    if (moeLayers(model).length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
+    const layers = moeLayers(model);
+    if (layers.length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
+    else if (layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
+      problems.push(`ep = ${mesh.epSize}, but the MoE layers hold ${layers[0]!.experts.length} of their ${layers[0]!.config.experts} experts here: ` +
+        'build the model with moeParallel: nt.parallel.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
+    }
   }
   const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);
   if (missing.length > 0) problems.push(`the model's parameter(s) ${missing.join(', ')} are in no parameter group, so the optimizer would never update them`);

@@ -111,8 +111,10 @@ describe('MoE equivalence (launcher + Gloo)', () => {
       expect(r.code, r.output).toBe(0);
       const { losses, tokensPerExpert } = r.ranks[0]!;
       expect(losses[2]!).toBeLessThan(losses[0]!);
-      // 2 layers × 64 tokens × top-2 rows a step, spread over all 4 experts.
-      for (const t of tokensPerExpert) { expect(t.reduce((a, b) => a + b, 0)).toBe(256); expect(t.every((v) => v > 0)).toBe(true); }
+      // 2 layers × 64 tokens × top-2 rows a step; the initial router spreads them over all 4 experts (the
+      // large learning rate may starve an expert later, which the layouts then handle too).
+      for (const t of tokensPerExpert) expect(t.reduce((a, b) => a + b, 0)).toBe(256);
+      expect(tokensPerExpert[0]!.every((v) => v > 0)).toBe(true);
     }
   }, QUEUED_TEST_TIMEOUT_MS);
 
