@@ -357,7 +357,8 @@ export class MoE extends Module {
       counts.forEach((v, i) => { s.tokensPerExpert[i]! += v; });
       s.routed += n * k;
       s.dropped += r.dropped;
-      const [lbv, zv, auxv] = [lb, z, aux].map((t) => t.item());
+      // One read of the three values (one device synchronization on cuda).
+      const [lbv, zv, auxv] = noGrad(() => cat([lb, z, aux].map((t) => t.reshape([1])), 0)).toArraySync();
       s.loadBalanceLoss += lbv!;
       s.zLoss += zv!;
       s.auxLoss += auxv!;
