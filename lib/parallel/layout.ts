@@ -32,8 +32,8 @@ export interface TrainingLayout {
   microBatches: number;
   /** The pipeline schedule. */
   schedule: PipelineScheduleName;
-  /** Expert-parallel ranks (a divisor of dp; 1: none): the MoE experts split over ep data-parallel ranks. */
-  ep: number;
+  /** Expert-parallel ranks (a divisor of dp), present when > 1: the MoE experts split over ep data-parallel ranks. */
+  ep?: number;
 }
 
 /** The model dimensions a layout must divide. */
@@ -120,7 +120,7 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, ep };
+  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, ...(ep > 1 ? { ep } : {}) };
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */

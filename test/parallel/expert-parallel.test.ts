@@ -29,7 +29,7 @@ describe('resolveTrainingLayout with --ep', () => {
   it('accepts ep dividing dp and the experts', () => {
     expect(nt.parallel.resolveTrainingLayout({ ep: 2 }, model, 4, 8)).toMatchObject({ dp: 4, ep: 2 });
     expect(nt.parallel.describeLayout(nt.parallel.resolveTrainingLayout({ ep: 2 }, model, 4, 8))).toMatch(/dp=4 ep=2 zero=0/);
-    expect(nt.parallel.resolveTrainingLayout({}, model, 2, 8).ep).toBe(1);
+    expect(nt.parallel.resolveTrainingLayout({}, model, 2, 8).ep).toBeUndefined();
   });
   it.each([
     [{ ep: 3 }, 6, /--ep 3 must divide the model's 8 experts/],
