@@ -8,6 +8,7 @@
 // Run: npx tsx examples/gpt/train.ts [--steps 200 | --time-budget 180] [--out DIR] [--device cpu|cuda] [--save DIR --resume auto] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
+//      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --moe-experts 8 --moe-top-k 2 --ep 2
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
@@ -34,6 +35,11 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --device D           cpu | cuda | cuda:N (default cpu)
   --parallel-block     MegaScale parallel attention+MLP block
   --window W           sliding-window attention over W positions
+  --moe-experts E      mixture of experts in the MLP slot (E SwiGLU experts; --ep N splits them over ranks)
+  --moe-top-k K        experts per token (default 2)    --moe-every N   MoE in every N-th block (default 1)
+  --moe-hidden H       expert hidden width (default 4·width)    --moe-shared S   shared experts (default 0)
+  --moe-capacity F     capacity factor (drops overflow; default: dropless)
+  --moe-aux X --moe-z X   load-balancing and router z-loss coefficients (default 0.01 and 0.001)
   --generate N         tokens to generate at the end (default 60)
   --prompt TEXT        the sample's prompt (default "Call me Ishmael.")
   --temperature X --top-k K   sampling (default 0.8 and 40)
@@ -60,6 +66,8 @@ void nt.train.main('train.ts', async () => {
     'parallel-block': 'boolean', window: 'number', generate: 'number', help: 'boolean', 'progress-every': 'number', 'peak-flops': 'number',
     save: 'string', 'save-every': 'number', keep: 'number', resume: 'string', 'export-hf': 'string', data: 'string',
     'time-budget': 'number', warmup: 'number', out: 'string', prompt: 'string', temperature: 'number', 'top-k': 'number',
+    'moe-experts': 'number', 'moe-top-k': 'number', 'moe-every': 'number', 'moe-hidden': 'number', 'moe-shared': 'number', 'moe-capacity': 'number',
+    'moe-aux': 'number', 'moe-z': 'number',
   });
   if (o.help) { console.log(HELP); return 0; }
   const num = (name: string, fallback: number) => (o[name] as number | undefined) ?? fallback;
@@ -72,6 +80,16 @@ void nt.train.main('train.ts', async () => {
     vocabSize: PADDED_VOCAB_SIZE, blockSize: ctx, nLayer: num('layers', 2), nHead: num('heads', 4), nEmbd: num('width', 128),
     dropout: 0, bias: true, parallelBlock: Boolean(o['parallel-block']), ...(o.window !== undefined ? { window: o.window as number } : {}),
   };
+  if (o['moe-experts'] !== undefined) {
+    const opt = (name: string) => o[name] as number | undefined;
+    config.moe = {
+      experts: o['moe-experts'] as number, topK: num('moe-top-k', 2), every: num('moe-every', 1),
+      ...(opt('moe-hidden') !== undefined ? { hidden: opt('moe-hidden') } : {}), ...(opt('moe-shared') !== undefined ? { sharedExperts: opt('moe-shared') } : {}),
+      ...(opt('moe-capacity') !== undefined ? { capacityFactor: opt('moe-capacity') } : {}),
+      ...(opt('moe-aux') !== undefined ? { auxLossCoef: opt('moe-aux') } : {}), ...(opt('moe-z') !== undefined ? { zLossCoef: opt('moe-z') } : {}),
+    };
+    if (str('export-hf')) throw new nt.ArgumentError('--export-hf writes a Hugging Face GPT-2 directory, which has no experts: leave it out with --moe-experts');
+  }
   const shards = str('data') ? datasetShards(str('data')!) : loadShards((process.env.RANK ?? '0') === '0' ? console.log : () => {});
 
   // Under a time budget the number of steps is what fits: `planned` starts at the most allowed and is

@@ -265,6 +265,9 @@ class HookPass {
 let activePass: HookPass | null = null;
 let backwardDepth = 0;
 
+/** Whether a backward() is running (e.g. a recompute() block re-running its forward inside it). */
+export function inBackward(): boolean { return backwardDepth > 0; }
+
 /** Options of {@link backward}. */
 export interface BackwardOptions {
   /** Keep the graph (and its saved tensors) for another backward. */

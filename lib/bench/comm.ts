@@ -15,13 +15,13 @@ import type { Tensor } from '../tensor.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
 import { expectPositionals, parseBytes, parseOptions } from '../cmdline/args.js';
 
-const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv'] as const;
+const OPS = ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'all_to_all_v', 'sendrecv'] as const;
 type BenchOp = (typeof OPS)[number];
 
 /** nccl-tests' bus-bandwidth factors: busbw = algbw * factor(n). */
 export function busFactor(op: BenchOp, n: number): number {
   if (op === 'all_reduce') return (2 * (n - 1)) / n;
-  if (op === 'all_gather' || op === 'reduce_scatter' || op === 'all_to_all') return (n - 1) / n;
+  if (op === 'all_gather' || op === 'reduce_scatter' || op === 'all_to_all' || op === 'all_to_all_v') return (n - 1) / n;
   return 1;
 }
 
@@ -129,6 +129,38 @@ function plan(op: BenchOp, g: dist.ProcessGroup, count: number, dtype: DType, re
       const run = (ip: boolean) => (ip ? g.allToAll(x, x) : g.allToAll(out, x));
       // Block j of the output is block `rank` of rank j's input.
       return bothForms(run, () => refill(x, rank), (ip) => (ip ? x : out), (_ip, i) => valueAt(Math.floor(i / per), rank * per + (i % per)));
+    }
+    case 'all_to_all_v': {
+      // Uneven blocks, as expert parallelism sends them: rank r sends rank j a share (r + j) % n + 1 of
+      // n(n+1)/2 of its count (each rank sends and receives every share once; the last block takes the
+      // remainder). Counts are exchanged first by an equal all-to-all of one integer per rank, inside the timed op.
+      const shares = n * (n + 1) / 2;
+      const blocks = (r: number): number[] => {
+        const b = Array.from({ length: n }, (_, j) => Math.floor((count * ((r + j) % n + 1)) / shares));
+        b[n - 1]! += count - b.reduce((a, v) => a + v, 0);
+        return b;
+      };
+      const send = blocks(rank);
+      const recvCounts = Array.from({ length: n }, (_, j) => blocks(j)[rank]!);
+      const total = recvCounts.reduce((a, v) => a + v, 0);
+      const x = keep(filled(count, dtype, rank)), out = keep(zeros([total], { dtype }));
+      const mine = keep(tensor(Int32Array.from(send), [n], { dtype: 'i32' })), theirs = keep(zeros([n], { dtype: 'i32' }));
+      const run = async () => {
+        await g.allToAll(theirs, mine);
+        const got = Array.from(theirs.toArraySync());
+        return g.allToAll(out, x, { sendCounts: send, recvCounts: got });
+      };
+      // Block j of the output is the part of rank j's input it sent to this rank.
+      const starts = Array.from({ length: n }, (_, j) => blocks(j).slice(0, rank).reduce((a, v) => a + v, 0));
+      const expected = (i: number) => {
+        let j = 0, at = i;
+        while (at >= recvCounts[j]!) { at -= recvCounts[j]!; j++; }
+        return valueAt(j, starts[j]! + at);
+      };
+      return {
+        run, dispose, supports: { outOfPlace: true, inPlace: false },
+        async check() { await run(); return countWrong(out, expected, dtype); },
+      };
     }
     case 'sendrecv': {
       const x = keep(filled(count, dtype, rank)), out = keep(zeros([count], { dtype }));
@@ -340,7 +372,11 @@ async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rank
   }
   const transports = [...new Set(reps.flatMap((r) => r.nodetron.map((sw) => sw.transport)))];
   const sizes = [...new Set(reps.flatMap((r) => r.nodetron.flatMap((sw) => sw.rows.map((row) => row.bytes))))].sort((p, q) => p - q);
-  const ipBusbw = (t: Transport, bytes: number): number[] => reps.map((r) => r.nodetron.find((sw) => sw.transport === t)?.rows.find((row) => row.bytes === bytes)?.inPlace?.busbw ?? NaN);
+  // In-place busbw; out-of-place for the ops without an in-place form (sendrecv, all_to_all_v).
+  const ipBusbw = (t: Transport, bytes: number): number[] => reps.map((r) => {
+    const row = r.nodetron.find((sw) => sw.transport === t)?.rows.find((x) => x.bytes === bytes);
+    return (row?.inPlace ?? row?.outOfPlace)?.busbw ?? NaN;
+  });
   const torchBusbw = (bytes: number): number[] => reps.map((r) => (Array.isArray(r.torch) ? r.torch.find((x) => x.bytes === bytes)?.busbw ?? NaN : NaN));
   const summary = sizes.map((bytes) => {
     const row: Record<string, number> = { bytes };
@@ -351,7 +387,7 @@ async function orchestrate(o: CommBenchOptions, a: Record<string, unknown>, rank
     }
     return row;
   });
-  console.log(`\n# ${o.op}, ${np} ranks: median in-place busbw (GB/s) over ${repeat} interleaved run(s)` +
+  console.log(`\n# ${o.op}, ${np} ranks: median ${o.op === 'sendrecv' || o.op === 'all_to_all_v' ? 'out-of-place' : 'in-place'} busbw (GB/s) over ${repeat} interleaved run(s)` +
     (compareTorch ? ', beside torch.distributed gloo allreduce (in place)' : ''));
   const cols = ['size', ...transports.map((t) => `nodetron ${t}`), ...(compareTorch ? ['torch gloo', ...transports.map((t) => `${t}/torch`)] : [])];
   printTable(cols, summary.map((row) => [row.bytes!, ...transports.map((t) => row[`${t}InPlaceBusbw`]!.toFixed(3)),

@@ -7,7 +7,7 @@ import { expectPositionals, parseBytes, parseOptions } from '../cmdline/args.js'
 import { matmul } from '../ops/index.js';
 import { randn } from '../creation.js';
 import { scope } from '../memory.js';
-import { resolveModel, totalParams } from '../plan/models.js';
+import { activeParams, expertParams, moeLayerCount, resolveModel, totalParams } from '../plan/models.js';
 import { planLayouts, type PlanCandidate } from '../plan/planner.js';
 import { busBwFromJson, gemmFlopsFromJson, resolveDevice, type PlanDevice } from '../plan/time.js';
 import { calibrateLayout, checkCalibrationLayout, DEFAULT_CALIBRATION_LAYOUTS, CALIBRATION_SHAPE, parseLayoutSpec } from '../plan/calibrate.js';
@@ -109,6 +109,12 @@ export async function main(argv: string[]): Promise<number> {
   const top = ok.slice(0, (o.top as number | undefined) ?? 10);
   console.log(`${model.name}: ${(totalParams(model) / 1e9).toFixed(2)}B parameters, ${model.nLayer} layers, width ${model.nEmbd}, ${model.nHead} heads, vocab ${model.vocabSize}; ` +
     `${gpus} × ${device.name} (${gib(gpuMemory)} GiB) on ${(o.nodes as number | undefined) ?? 1} node(s), ${dtype}, seq ${seq}, global batch ${globalBatch}`);
+  if (model.moe) {
+    const e = model.moe;
+    console.log(`MoE: ${moeLayerCount(model)} layers of ${e.experts} experts (top-${e.topK}, expert width ${e.ffn}${e.sharedFfn ? `, shared width ${e.sharedFfn}` : ''}): ` +
+      `${(expertParams(model) / 1e9).toFixed(2)}B parameters in routed experts, ${(activeParams(model) / 1e9).toFixed(2)}B active per token; ` +
+      `the layouts below hold every expert on each rank (expert parallelism, --ep N, divides the routed experts' memory by N)`);
+  }
   console.log(`${ok.filter((c) => c.fits).length} of ${ok.length} layouts fit (${candidates.length - ok.length} skipped: see --json)\n`);
   const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''}${(c.layout.cp ?? 1) > 1 ? ` cp${c.layout.cp}${c.layout.cpMode === 'ulysses' ? '+uly' : ''}` : ''} pp${c.layout.pp} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
     `b${c.microBatchSize}×${c.layout.microBatches}${c.layout.pp > 1 ? ` ${c.layout.schedule}` : ''}`;

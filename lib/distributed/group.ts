@@ -94,8 +94,12 @@ export interface CollectiveGroup {
   send(t: Tensor, dst: number, opts?: { tag?: number }): CollectiveWork;
   /** Receives into `t` from group rank `src` (the send of the same tag); completes when the data is in `t`. */
   recv(t: Tensor, src: number, opts?: { tag?: number }): CollectiveWork;
-  /** Optional: block i of `input` to rank i, block j of `out` from rank j (equal blocks); what Ulysses context parallelism needs. */
-  allToAll?(out: Tensor, input: Tensor): CollectiveWork;
+  /**
+   * Sends block i of `t` to member i and receives block j of `out` from member j (equal blocks unless
+   * counts, in elements, are given). Optional: Ulysses context parallelism and expert parallelism need
+   * it; ProcessGroup has it.
+   */
+  allToAll?(out: Tensor, t: Tensor, opts?: { sendCounts?: number[]; recvCounts?: number[] }): CollectiveWork;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */

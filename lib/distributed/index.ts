@@ -14,6 +14,6 @@ export { ncclUsableDevices, NCCL_UNIQUE_ID_KEY } from './nccl-backend.js';
 export { verifyCollective, describeCollective, type CollectiveDescription } from './check.js';
 export {
   recordStepMetrics, readMetrics, stragglerScores, formatStragglers, METRICS_DIR, metricsEnabled,
-  type StepMetrics, type StragglerOptions, type StragglerReport, type RankScore, type StragglerMetric,
+  type StepMetrics, type MoEStepMetrics, type StragglerOptions, type StragglerReport, type RankScore, type StragglerMetric,
 } from '../observe/metrics.js';
 export { selfCheck, type SelfCheckOptions, type SelfCheckReport, type SelfCheckLink, type SelfCheckRank } from './self-check.js';

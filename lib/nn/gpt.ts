@@ -15,6 +15,7 @@ import { checkTensor, type Tensor } from '../tensor.js';
 import { constant, normal } from './init.js';
 import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { addMoEStats, checkMoEConfig, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 import { traceLayer } from '../observe/trace.js';
 
 /** The shape and options of a GPT model. */
@@ -45,6 +46,11 @@ export interface GPTConfig {
    * Default true; false computes the logits, then the loss, and returns both.
    */
   fusedHead?: boolean;
+  /**
+   * Mixture of experts (lib/nn/moe.ts) in the MLP slot of every `moe.every`-th block (blocks every-1,
+   * 2·every-1, ...; default every block); the other blocks keep the dense MLP.
+   */
+  moe?: MoEConfig;
 }
 
 /** The role of a linear layer in a block, which tells a tensor-parallel factory how to split it. */
@@ -173,6 +179,17 @@ export interface GPTOptions extends LayerOptions {
   contextLayout?: ContextLayout;
   /** Recompute each block's activations in backward; overrides config.recompute when given. */
   recompute?: boolean;
+  /**
+   * Expert parallelism and router count sums for the MoE blocks (lib/parallel/expert-parallel.ts), or
+   * a function of the config's number of experts giving it (what nt.train.setup passes); default: all experts here.
+   */
+  moeParallel?: MoEParallel | ((experts: number) => MoEParallel);
+}
+
+/** Whether block `index` of a model with this config holds an MoE in its MLP slot. */
+export function isMoEBlock(config: Pick<GPTConfig, 'moe'>, index: number): boolean {
+  const every = config.moe?.every ?? 1;
+  return config.moe !== undefined && (index + 1) % every === 0;
 }
 
 /**
@@ -289,8 +306,10 @@ export class Block extends Module {
   readonly attn: CausalSelfAttention;
   /** LayerNorm before the MLP; null in the parallel block. */
   readonly ln2: LayerNorm | null;
-  /** The MLP. */
-  readonly mlp: MLP;
+  /** The MLP, or a mixture of experts in its slot (config.moe). */
+  readonly mlp: MLP | MoE;
+  /** Dropout of the MoE's output (the dense MLP has its own); null for a dense block. */
+  readonly #moeDropout: Dropout | null;
   readonly #sequence: SequenceLayout;
   /**
    * Builds the block's layers.
@@ -299,27 +318,40 @@ export class Block extends Module {
    * @param factory Builds the linear layers.
    * @param sequence How the sequence is held (default: wholeSequence).
    * @param context How the sequence is split over context-parallel processes (default: not).
+   * @param index The block's index in the model (which blocks hold an MoE, config.moe.every).
+   * @param moeParallel Expert parallelism for an MoE block.
    */
-  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence, context: ContextLayout | null = null) {
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence, context: ContextLayout | null = null,
+    index = 0, moeParallel?: MoEParallel) {
     super();
     this.#sequence = sequence;
     this.ln1 = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
     this.attn = new CausalSelfAttention(config, layer, factory, sequence, context);
     this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
-    this.mlp = new MLP(config, layer, factory, sequence);
+    if (isMoEBlock(config, index)) {
+      this.mlp = new MoE(config.nEmbd, config.moe!, { ...layer, std: INIT_STD, downStd: INIT_STD / Math.sqrt(2 * config.nLayer), parallel: moeParallel });
+      this.#moeDropout = new Dropout(config.dropout, layer.generator);
+    } else {
+      this.mlp = new MLP(config, layer, factory, sequence);
+      this.#moeDropout = null;
+    }
+  }
+  /** The MLP slot over h [B, T, C]. */
+  #mlp(h: Tensor): Tensor {
+    return this.#moeDropout ? dropChunk(this.#moeDropout, this.mlp.forward(h), this.#sequence) : this.mlp.forward(h);
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
     const seq = this.#sequence;
     if (this.ln2 === null) {
       const h = normalize(this.ln1, x, seq);
-      return add(add(x, this.attn.forward(h)), this.mlp.forward(h));
+      return add(add(x, this.attn.forward(h)), this.#mlp(h));
     }
     // The attention residual's add and ln2 run as one pass (addLayerNorm).
     const ln2 = this.ln2;
     const { sum: x1, out: h } = addLayerNorm(x, this.attn.forward(normalize(this.ln1, x, seq)), seq.replicated(ln2.weight),
       ln2.bias ? seq.replicated(ln2.bias) : undefined, ln2.eps);
-    return add(x1, this.mlp.forward(h));
+    return add(x1, this.#mlp(h));
   }
 }
 
@@ -397,7 +429,8 @@ export class GPT extends Module {
     this.wpe = new Embedding(config.blockSize, config.nEmbd, { ...layer, initialize: false });
     normal(this.wpe.weight, 0, INIT_STD, generator);
     this.drop = new Dropout(config.dropout, generator);
-    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory, this.sequenceLayout, this.contextLayout));
+    const moeParallel = typeof opts.moeParallel === 'function' ? (this.config.moe ? opts.moeParallel(this.config.moe.experts) : undefined) : opts.moeParallel;
+    this.h = Array.from({ length: config.nLayer }, (_, i) => new Block(this.config, layer, factory, this.sequenceLayout, this.contextLayout, i, moeParallel));
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 
@@ -462,6 +495,13 @@ export class GPT extends Module {
     const logits = layout.logits(hidden, this.wte.weight);
     if (targets === undefined) return { logits, loss: null };
     return { logits, loss: layout.loss(logits.reshape([b * t, logits.shape[2]!]), targets.reshape([b * t])) };
+  }
+
+  /** The routing statistics of the MoE blocks since the last call, summed over the blocks (then reset); null without config.moe. */
+  takeMoEStats(): MoEStats | null {
+    const layers = moeLayers(this);
+    if (layers.length === 0) return null;
+    return layers.map((l) => l.takeStats()).reduce(addMoEStats);
   }
 
   /** Full-vocabulary logits [B, T, vocabSize] from forward's (gathered across the group under a vocabulary-parallel layout). */
@@ -551,5 +591,9 @@ function checkConfig(c: GPTConfig): GPTConfig {
   if (c.nEmbd % c.nHead !== 0) throw new ArgumentError(`GPTConfig: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead})`);
   if (!(c.dropout >= 0 && c.dropout < 1)) throw new ArgumentError(`GPTConfig: dropout must be in [0, 1), got ${c.dropout}`);
   if (c.window !== undefined && (!Number.isInteger(c.window) || c.window < 1)) throw new ArgumentError(`GPTConfig: window must be a positive integer`);
+  if (c.moe !== undefined) {
+    checkMoEConfig(c.moe, 'GPTConfig.moe');
+    if ((c.moe.every ?? 1) > c.nLayer) throw new ArgumentError(`GPTConfig.moe: every (${c.moe.every}) exceeds nLayer (${c.nLayer}), so no block would hold the experts`);
+  }
   return { ...c };
 }

@@ -49,6 +49,27 @@ export interface StepMetrics {
   rssBytes: number;
   /** The device the rank trains on. */
   device: string;
+  /**
+   * Mixture-of-experts routing of the step (models with MoE layers): rows routed to each expert summed
+   * over the layers (and the data-parallel ranks), the share of routed rows dropped by a capacity
+   * factor, the auxiliary losses added to the objective (coefficients applied, summed over layers and
+   * micro-batches), and the mean load-balancing and z-loss values per layer and micro-batch.
+   */
+  moe?: MoEStepMetrics;
+}
+
+/** A step's mixture-of-experts routing in the metrics file. */
+export interface MoEStepMetrics {
+  /** Rows routed to each expert, summed over the MoE layers and micro-batches (and the data-parallel ranks). */
+  tokensPerExpert: number[];
+  /** Share of the routed rows dropped by a capacity factor (0 when dropless). */
+  droppedShare: number;
+  /** The auxiliary losses added to the objective (coefficients applied), summed over layers and micro-batches. */
+  auxLoss: number;
+  /** The load-balancing loss's mean value per layer and micro-batch (1 when perfectly balanced). */
+  loadBalanceLoss: number;
+  /** The router z-loss's mean value per layer and micro-batch. */
+  zLoss: number;
 }
 
 const RANK = Number(process.env.RANK ?? 0);

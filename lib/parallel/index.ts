@@ -17,12 +17,13 @@
 //   ZeRO stage 1 and 2         zero/stage1-2.ts: sharded optimizer state (1) and gradients (2), reduce-scatter buckets
 //   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
 //   flat buffers               flat.ts: parameters packed back to back, bucket splitting
+//   expert parallel (EP)       expert-parallel.ts: MoE experts split over ranks, the autograd all-to-all of rows
 // The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
 // ProcessGroup implements it; the in-process and file-backed groups for tests are in lib/testing (nodetron/testing).
 export {
   MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
-  type ParallelDim, type ParallelLayout, type MeshCoords, type MeshCoordsInput, type InitializeParallelOptions,
+  type ParallelDim, type ParallelLayout, type MeshCoords, type MeshCoordsInput, type InitializeParallelOptions, type ExpertGroups,
 } from './mesh.js';
 export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 export { rangeAcrossRanks } from '../distributed/agree.js';
@@ -62,4 +63,5 @@ export {
   resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
   type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName, type ContextParallelMode,
 } from './layout.js';
+export { expertParallel, allToAllRows, exchangeCounts, type ExpertParallelOptions } from './expert-parallel.js';
 export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ReplicaPlace } from './trainer.js';

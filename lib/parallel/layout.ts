@@ -46,6 +46,8 @@ export interface TrainingLayout {
   cpMode?: ContextParallelMode;
   /** Model chunks per pipeline rank (interleaved 1F1B's virtual stages; 1 otherwise). */
   virtualStages: number;
+  /** Expert-parallel ranks (a divisor of dp), present when > 1: the MoE experts split over ep data-parallel ranks. */
+  ep?: number;
 }
 
 /** The model dimensions a layout must divide. */
@@ -64,6 +66,8 @@ export interface LayoutModelShape {
   window?: number;
   /** Dropout probability (a GPTConfig's dropout): context parallelism refuses a nonzero one. */
   dropout?: number;
+  /** The MoE layers' routed experts (a GPTConfig's moe.experts): expert parallelism needs ep to divide them. */
+  moeExperts?: number;
 }
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
@@ -90,6 +94,8 @@ export interface LayoutFlags {
   cpMode?: string;
   /** Model chunks per pipeline rank (`--virtual-stages`, default 1; > 1 needs the interleaved schedule). */
   virtualStages?: number;
+  /** Expert-parallel ranks (`--ep`, default 1): must divide dp and the model's experts. */
+  ep?: number;
 }
 
 /**
@@ -107,6 +113,15 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * cp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
   const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
+  const ep = intFlag('ep', flags.ep, 1, 1);
+  if (ep > 1) {
+    if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
+    if (model.moeExperts === undefined) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
+    else if (model.moeExperts % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${model.moeExperts} experts`);
+    if (zero > 0) problems.push(`--zero ${zero} with --ep ${ep} is not supported yet (expert weights would need sharding over the expert-data-parallel group)`);
+  }
+  if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
+  if (model.moeExperts !== undefined && cp > 1) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
   const virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
   const schedule = flags.schedule ?? (virtualStages > 1 ? 'interleaved' : '1f1b');
   if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`--schedule must be ${SCHEDULE_KINDS.join(', ')}, got ${schedule}`);
@@ -145,7 +160,7 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
   return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, virtualStages,
-    ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
+    ...(ep > 1 ? { ep } : {}), ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
 }
 
 /**
@@ -185,7 +200,7 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
 
 /** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)` (`cp=2 ring` after tp under context parallelism). */
 export function describeLayout(l: TrainingLayout): string {
-  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''}${(l.cp ?? 1) > 1 ? ` cp=${l.cp} ${l.cpMode}` : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule}${l.virtualStages > 1 ? `, ${l.virtualStages} virtual stages` : ''})` : ''}`;
+  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''}${(l.cp ?? 1) > 1 ? ` cp=${l.cp} ${l.cpMode}` : ''} pp=${l.pp} dp=${l.dp}${(l.ep ?? 1) > 1 ? ` ep=${l.ep}` : ''} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule}${l.virtualStages > 1 ? `, ${l.virtualStages} virtual stages` : ''})` : ''}`;
 }
 
 /** A joined training job: its layout, this rank and the mesh. */
@@ -222,6 +237,6 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
     settings: mine,
     mismatch: () => new ArgumentError(`training layout: the ranks were started with different settings (this rank: ${mine})`),
   });
-  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ...(layout!.cp ? { cp: layout!.cp } : {}) });
+  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ...(layout!.cp ? { cp: layout!.cp } : {}), ...(layout!.ep ? { ep: layout!.ep } : {}) });
   return { layout: layout!, rank: env.rank, mesh };
 }

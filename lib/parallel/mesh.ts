@@ -27,6 +27,12 @@ export interface ParallelLayout {
    * ranks, then CP, as in Megatron). An order naming only tp, pp and dp gets cp right after tp.
    */
   order?: string;
+  /**
+   * Expert-parallel ranks (default 1): each data-parallel group splits into dp/ep expert-parallel
+   * groups of ep consecutive data-parallel ranks, which split the MoE experts among them; the ranks
+   * at the same place of each form an expert-data-parallel group, over which expert weights are replicated.
+   */
+  ep?: number;
 }
 
 /** A rank's coordinate along each mesh dimension. */
@@ -60,6 +66,8 @@ export class MeshLayout {
   readonly cp: number;
   /** Dimensions from fastest- to slowest-varying rank. */
   readonly order: readonly ParallelDim[];
+  /** Expert-parallel ranks (a divisor of dp; 1: experts replicated over the data-parallel group). */
+  readonly ep: number;
   /** tp · cp · pp · dp. */
   readonly worldSize: number;
   readonly #stride: MeshCoords;
@@ -76,6 +84,11 @@ export class MeshLayout {
       if (!Number.isInteger(v) || v < 1) throw new ArgumentError(`parallel layout: ${d} must be an integer >= 1, got ${v}`);
     }
     this.tp = layout.tp; this.pp = layout.pp; this.dp = layout.dp; this.cp = layout.cp ?? 1;
+    const ep = layout.ep ?? 1;
+    if (!Number.isInteger(ep) || ep < 1) throw new ArgumentError(`parallel layout: ep must be an integer >= 1, got ${ep}`);
+    if (this.dp % ep !== 0) throw new ArgumentError(`parallel layout: ep (${ep}) must divide dp (${this.dp}): the expert-parallel groups are carved out of the data-parallel ranks`);
+    if (ep > 1 && this.cp > 1) throw new ArgumentError(`parallel layout: ep (${ep}) with cp (${this.cp}) is not supported yet (router counts and expert gradients would need the data × context-parallel group)`);
+    this.ep = ep;
     this.order = parseOrder(layout.order ?? 'tp-pp-dp');
     this.worldSize = this.tp * this.cp * this.pp * this.dp;
     if (worldSize !== undefined && worldSize !== this.worldSize) {
@@ -150,12 +163,35 @@ export class MeshLayout {
     return this.allGroups('pp').map((ranks) => [ranks[0]!, ranks[this.pp - 1]!]);
   }
 
+  /**
+   * The expert-parallel groups: each data-parallel group's ranks in blocks of ep consecutive
+   * data-parallel ranks (none when ep = 1).
+   */
+  expertGroups(): number[][] {
+    if (this.ep === 1) return [];
+    return this.allGroups('dp').flatMap((ranks) => Array.from({ length: this.dp / this.ep }, (_, b) => ranks.slice(b * this.ep, (b + 1) * this.ep)));
+  }
+
+  /** The expert-data-parallel groups: the data-parallel ranks at the same place of each expert-parallel group (none when ep = 1 or ep = dp). */
+  expertDataGroups(): number[][] {
+    if (this.ep === 1 || this.ep === this.dp) return [];
+    return this.allGroups('dp').flatMap((ranks) => Array.from({ length: this.ep }, (_, i) => ranks.filter((_, j) => j % this.ep === i)));
+  }
+
   /** Stable text of the layout, compared across ranks to catch mismatched launches. */
-  describe(): string { return `tp=${this.tp}${this.cp > 1 ? ` cp=${this.cp}` : ''} pp=${this.pp} dp=${this.dp} order=${this.order.join('-')}`; }
+  describe(): string { return `tp=${this.tp}${this.cp > 1 ? ` cp=${this.cp}` : ''} pp=${this.pp} dp=${this.dp}${this.ep > 1 ? ` ep=${this.ep}` : ''} order=${this.order.join('-')}`; }
 
   #checkRank(rank: number): void {
     if (!Number.isInteger(rank) || rank < 0 || rank >= this.worldSize) throw new ArgumentError(`mesh: rank ${rank} is outside [0, ${this.worldSize})`);
   }
+}
+
+/** A rank's expert-parallel groups (ep > 1). */
+export interface ExpertGroups {
+  /** The ranks splitting the experts. */
+  ep: CollectiveGroup;
+  /** The replicas of this rank's experts (null when ep = dp). */
+  edp: CollectiveGroup | null;
 }
 
 /** One rank's view of an initialized mesh: its coordinates and its groups along each dimension. */
@@ -169,10 +205,11 @@ export class ParallelState {
    *   coordinate), or null when pp = 1 or the rank is on a middle stage.
    * @param dataContextGroup this rank's data-parallel × context-parallel group (default: the
    *   data-parallel group, which it is when cp = 1).
+   * @param expert this rank's expert-parallel groups, or null when ep = 1.
    */
   constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: CollectiveGroup,
     readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null,
-    dataContextGroup?: CollectiveGroup) {
+    dataContextGroup?: CollectiveGroup, readonly expert: ExpertGroups | null = null) {
     this.dpCpGroup = dataContextGroup ?? groups.dp;
   }
   /**
@@ -189,6 +226,14 @@ export class ParallelState {
     if (!this.groups.cp) throw new StateError('cpGroup: the mesh has cp = 1, so no context-parallel group');
     return this.groups.cp;
   }
+  /** Expert-parallel ranks (1: none). */
+  get epSize(): number { return this.layout.ep; }
+  /** This rank's place in its expert-parallel group (0 when ep = 1). */
+  get epRank(): number { return this.expert?.ep.rank ?? 0; }
+  /** This rank's expert-parallel group (the ranks that split the experts); null when ep = 1. */
+  get epGroup(): CollectiveGroup | null { return this.expert?.ep ?? null; }
+  /** This rank's expert-data-parallel group (the replicas of its experts); null when there is none (ep = 1 or ep = dp). */
+  get edpGroup(): CollectiveGroup | null { return this.expert?.edp ?? null; }
   /** This rank's mesh coordinates. */
   get coords(): MeshCoords { return this.layout.coords(this.rank); }
   /** This rank's tensor-parallel rank. */
@@ -257,7 +302,16 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
       if (ranks.includes(world.rank)) dataContextGroup = g;
     }
   }
-  const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup, dataContextGroup);
+  let epGroup: CollectiveGroup | null = null, edpGroup: CollectiveGroup | null = null;
+  for (const ranks of mesh.expertGroups()) {
+    const g = await world.newGroup(ranks);
+    if (ranks.includes(world.rank)) epGroup = g;
+  }
+  for (const ranks of mesh.expertDataGroups()) {
+    const g = await world.newGroup(ranks);
+    if (ranks.includes(world.rank)) edpGroup = g;
+  }
+  const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup, dataContextGroup, epGroup ? { ep: epGroup, edp: edpGroup } : null);
   if (install) {
     current = state;
     setFlightMesh(Array.from({ length: mesh.worldSize }, (_, r) => mesh.coords(r)), world.rank, Object.fromEntries(Object.entries(groups).map(([d, g]) => [d, g.name])));
@@ -276,17 +330,18 @@ function distributedWorld(): WorldGroup {
     broadcast: (t, o) => w.broadcast(t, o),
     send: (t, dst) => w.send(t, dst),
     recv: (t, src) => w.recv(t, src),
+    allToAll: (out, t, o) => w.allToAll(out, t, o),
     // Non-members get a handle too (whose ops throw); the mesh keeps only groups that contain this rank.
     newGroup: (ranks) => dist.newGroup(ranks) as Promise<CollectiveGroup>,
   };
 }
 
 async function checkSameLayoutEverywhere(world: CollectiveGroup, mesh: MeshLayout): Promise<void> {
-  const mine = [mesh.tp, mesh.pp, mesh.dp, mesh.cp, ...mesh.order.map((d) => DIMS.indexOf(d))];
+  const mine = [mesh.tp, mesh.pp, mesh.dp, mesh.cp, ...mesh.order.map((d) => DIMS.indexOf(d)), mesh.ep];
   const seen = await rangeAcrossRanks(world, mine);
   if (seen) {
     throw new ArgumentError(`initializeParallel: ranks were started with different layouts (this rank: ${mesh.describe()}; ` +
-      `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,cp,order])`);
+      `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,cp,order,ep])`);
   }
 }
 

@@ -3,12 +3,13 @@
 // gradient averaging over the data- and context-parallel ranks (GradBuffer, or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
 import { autocast } from '../amp.js';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, StateError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Module, Parameter } from '../nn/module.js';
+import { addMoEStats, moeLayers, setMoEAuxLossScale, type MoEStats } from '../nn/moe.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
@@ -99,6 +100,8 @@ export interface TrainerStepResult {
   loss: number;
   /** The global gradient norm before clipping (when maxGradNorm is set), on every rank. */
   gradNorm?: number;
+  /** The MoE layers' routing statistics of this step on this rank (its pipeline stage; counts summed over the data-parallel ranks); absent without MoE layers. */
+  moe?: MoEStats;
 }
 
 /**
@@ -118,6 +121,10 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #optimizer: Optimizer<H> | null;
   readonly #zero: ZeroOptimizer<H> | null;
   readonly #grads: GradBuffer | null;
+  /** Expert parameters under expert parallelism: averaged over the expert-data-parallel group (null: none, or ep = dp). */
+  #expertGrads: GradBuffer | null = null;
+  /** Expert parameters under expert parallelism (different on each expert-parallel rank). */
+  readonly #expertParams: Set<Parameter>;
   /** Parameters whose gradient another rank counts in the norm. */
   readonly #countedElsewhere: Set<Parameter>;
   /** Steps taken (the per-step metrics' index). */
@@ -147,6 +154,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#slowdown = debugSlowdown(this.#rank);
     this.#measure = metricsEnabled || this.#slowdown > 0;
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
+    this.#expertParams = new Set(mesh && mesh.epSize > 1 ? moeLayers(model).flatMap((l) => l.experts.flatMap((e) => e.parameters())) : []);
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
     const bucketing = options.bucketBytes ? { bucketBytes: options.bucketBytes } : {};
@@ -164,8 +172,12 @@ export class ParallelTrainer<H extends { lr: number }> {
     } else {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
-      // Context-parallel ranks hold the same parameters as data-parallel ones: gradients average over both.
-      this.#grads = mesh && mesh.dpCpGroup.size > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpCpGroup, ...bucketing }) : null;
+      const experts = this.#expertParams;
+      const dense = model.parameters().filter((p) => !experts.has(p));
+      // Context-parallel ranks hold the same parameters as data-parallel ones: dense gradients average over both.
+      this.#grads = mesh && mesh.dpCpGroup.size > 1 && dense.length > 0 ? new GradBuffer(dense, { group: mesh.dpCpGroup, ...bucketing }) : null;
+      const edp = mesh?.edpGroup ?? null;
+      this.#expertGrads = experts.size > 0 && edp && edp.size > 1 ? new GradBuffer([...experts], { group: edp, ...bucketing }) : null;
     }
   }
 
@@ -202,9 +214,16 @@ export class ParallelTrainer<H extends { lr: number }> {
     const t0 = performance.now();
     this.#computeMs = 0;
     this.#cpuMs = 0;
+    // The MoE auxiliary losses' gradient carries the loss's scale: each micro-batch's loss weighs 1/m.
+    const auxScale = setMoEAuxLossScale(1 / this.#microBatches);
     const result = await scope(async () => {
-      const stage = await this.#contextStage(inputs, targets, true);
-      const losses = await traceSpan('forward+backward', () => runSchedule(this.#schedule, stage, this.#microBatches));
+      let losses: number[];
+      try {
+        const stage = await this.#contextStage(inputs, targets, true);
+        losses = await traceSpan('forward+backward', () => runSchedule(this.#schedule, stage, this.#microBatches));
+      } finally {
+        setMoEAuxLossScale(auxScale);
+      }
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
@@ -218,6 +237,7 @@ export class ParallelTrainer<H extends { lr: number }> {
       } else {
         // finishGradSync writes the averaged buckets back into .grad, after which the stages sum.
         if (this.#grads) await traceSpan('grad sync', () => this.#grads!.finishGradSync());
+        if (this.#expertGrads) await traceSpan('grad sync (experts)', () => this.#expertGrads!.finishGradSync());
         await this.#sumTiedGrads();
         if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
         this.#timed(() => traceSpan('optimizer', () => this.#optimizer!.step()));
@@ -227,18 +247,26 @@ export class ParallelTrainer<H extends { lr: number }> {
       return gradNorm === undefined ? { loss } : { loss, gradNorm };
     });
     this.#steps++;
-    if (metricsEnabled) this.#recordMetrics(inputs, performance.now() - t0, result.loss);
-    return result;
+    const moe = this.#takeMoEStats();
+    if (metricsEnabled) this.#recordMetrics(inputs, performance.now() - t0, result.loss, moe);
+    return moe ? { ...result, moe } : result;
+  }
+
+  /** The MoE layers' statistics since the last step (summed over layers); undefined without MoE layers. */
+  #takeMoEStats(): MoEStats | undefined {
+    const layers = moeLayers(this.#model);
+    return layers.length === 0 ? undefined : layers.map((l) => l.takeStats()).reduce(addMoEStats);
   }
 
   /** Appends this step's line to the rank's metrics file (NODETRON_METRICS / NODETRON_TRACE). */
-  #recordMetrics(inputs: Tensor, stepMs: number, loss: number): void {
+  #recordMetrics(inputs: Tensor, stepMs: number, loss: number, moe?: MoEStats): void {
     const mesh = this.#mesh;
     const tokens = inputs.size * (mesh?.dpSize ?? 1);
     const mem = memoryStats(inputs.device);
     recordStepMetrics({
       step: this.#steps, rank: this.#rank, time: Date.now(), stepMs, computeMs: this.#computeMs, cpuMs: this.#cpuMs, loss,
       tokens, tokensPerSec: tokens / (stepMs / 1000), allocatedBytes: mem.allocated, peakBytes: mem.peak, rssBytes: process.memoryUsage.rss(), device: inputs.device,
+      ...(moe ? { moe: { tokensPerExpert: moe.tokensPerExpert, droppedShare: moe.routed > 0 ? moe.dropped / moe.routed : 0, auxLoss: moe.auxLoss, loadBalanceLoss: moe.loadBalanceLoss / Math.max(1, moe.forwards), zLoss: moe.zLoss / Math.max(1, moe.forwards) } } : {}),
     });
   }
 
@@ -316,7 +344,11 @@ export class ParallelTrainer<H extends { lr: number }> {
         const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
         return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
-      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i, chunk: info.chunk })),
+      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
+        const experts = training ? this.#expertGrads : null;
+        const held = experts && !final ? () => experts.noSync(go) : go;
+        return grads && !final ? grads.noSync(held) : held();
+      }, 'compute', { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -340,7 +372,14 @@ export class ParallelTrainer<H extends { lr: number }> {
   // over the model-parallel groups (data-parallel replicas hold the same averaged gradient).
   async #clipGradNorm(maxGradNorm: number): Promise<number> {
     const params = this.#model.parameters();
-    let sumSquares = gradSumSquares(params.filter((p) => !this.#countedElsewhere.has(p)));
+    const experts = this.#expertParams;
+    let sumSquares = gradSumSquares(params.filter((p) => !this.#countedElsewhere.has(p) && !experts.has(p)));
+    if (experts.size > 0) {
+      // Each expert-parallel rank holds other experts: their squares add over the expert-parallel group.
+      using e = tensor(new Float32Array([gradSumSquares([...experts].filter((p) => !this.#countedElsewhere.has(p)))]), [1]);
+      await this.#mesh!.epGroup!.allReduce(e, { op: 'sum' });
+      sumSquares += e.toArraySync()[0]!;
+    }
     const groups = this.#modelParallelGroups();
     if (groups.length > 0) {
       using total = tensor(new Float32Array([sumSquares]), [1]);
@@ -385,6 +424,7 @@ export class ParallelTrainer<H extends { lr: number }> {
    * another rank saves, and its place among the identical data-parallel replicas.
    */
   checkpointHoldings(): TrainerHoldings<H> {
+    if (this.#expertParams.size > 0) throw new StateError('checkpointHoldings: checkpoints of expert-parallel runs (ep > 1) are not supported yet (the experts differ between data-parallel ranks)');
     return {
       model: this.#model,
       optimizer: this.#zero ? null : this.#optimizer,
@@ -403,6 +443,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#zero?.dispose();
     this.#optimizer?.dispose();
     this.#grads?.dispose();
+    this.#expertGrads?.dispose();
   }
 }
 
@@ -446,6 +487,15 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
       if (listed.has(p)) problems.push(`${named.get(p as Parameter) ?? p.describe()} is in the parameter groups twice`);
       else if (!named.has(p as Parameter)) problems.push(`the parameter groups hold ${p.describe()}, which is not one of the model's parameters`);
       listed.add(p);
+    }
+  }
+  if (mesh && mesh.epSize > 1) {
+    if (zero !== 0) problems.push(`ZeRO ${zero} with expert parallelism (ep = ${mesh.epSize}) is not supported yet: use zero 0`);
+    const layers = moeLayers(model);
+    if (layers.length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
+    else if (layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
+      problems.push(`ep = ${mesh.epSize}, but the MoE layers hold ${layers[0]!.experts.length} of their ${layers[0]!.config.experts} experts here: ` +
+        'build the model with moeParallel: nt.parallel.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
     }
   }
   const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);

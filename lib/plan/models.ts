@@ -30,6 +30,22 @@ export interface PlanModel {
   positions: number;
   /** The sequence length the model is usually trained at (the plan's default --seq). */
   seqLen: number;
+  /** Mixture of experts in the MLP slot (Mixtral, Qwen-MoE, nodetron's GPTConfig.moe); absent for a dense model. */
+  moe?: PlanMoE;
+}
+
+/** The MoE part of a model's shape. */
+export interface PlanMoE {
+  /** Routed experts per MoE layer. */
+  experts: number;
+  /** Experts each token goes through. */
+  topK: number;
+  /** Each expert's hidden width (a gated expert: three matrices of nEmbd × ffn). */
+  ffn: number;
+  /** Hidden width of the shared experts every token goes through (0: none). */
+  sharedFfn: number;
+  /** Every n-th layer is an MoE layer (1: all). */
+  every: number;
 }
 
 const gpt2 = (name: string, nLayer: number, nHead: number, nEmbd: number): PlanModel => ({
@@ -83,15 +99,57 @@ export function modelFromConfig(c: Record<string, unknown>, name = 'config'): Pl
   const ffn = num('ffn', 'intermediate_size', 'n_inner') ?? 4 * nEmbd!;
   const positions = num('positions') ?? (gated ? 0 : num('n_positions', 'max_position_embeddings') ?? 1024);
   const seqLen = num('seqLen', 'n_positions', 'max_position_embeddings', 'n_ctx') ?? 1024;
+  // MoE: Mixtral (num_local_experts, num_experts_per_tok), Qwen2-MoE (num_experts, moe_intermediate_size,
+  // shared_expert_intermediate_size, decoder_sparse_step) or a GPTConfig's moe object.
+  const own = typeof c.moe === 'object' && c.moe !== null ? c.moe as Record<string, unknown> : null;
+  const ownNum = (k: string) => (own && typeof own[k] === 'number' ? own[k] as number : undefined);
+  const experts = ownNum('experts') ?? num('num_local_experts', 'num_experts');
+  let moe: PlanMoE | undefined;
+  if (experts !== undefined) {
+    const topK = ownNum('topK') ?? num('num_experts_per_tok') ?? 2;
+    if (!Number.isInteger(experts) || experts < 1 || !Number.isInteger(topK) || topK < 1 || topK > experts) {
+      throw new ArgumentError(`plan: the model config ${name} has ${experts} experts and top-k ${topK}: experts must be a positive integer and 1 <= top-k <= experts`);
+    }
+    const sharedExperts = ownNum('sharedExperts') ?? 0;
+    const expertFfn = ownNum('hidden') ?? num('moe_intermediate_size') ?? (own ? 4 * nEmbd! : ffn);
+    moe = { experts, topK, ffn: expertFfn, sharedFfn: num('shared_expert_intermediate_size') ?? sharedExperts * expertFfn, every: ownNum('every') ?? num('decoder_sparse_step') ?? 1 };
+  }
   return {
     name, nLayer: nLayer!, nHead: nHead!, nKvHead: num('nKvHead', 'num_key_value_heads') ?? nHead!, nEmbd: nEmbd!, ffn, vocabSize: vocabSize!,
     gated, tied: typeof c.tied === 'boolean' ? c.tied : typeof c.tie_word_embeddings === 'boolean' ? c.tie_word_embeddings : !gated,
-    bias: typeof c.bias === 'boolean' ? c.bias : !gated, positions, seqLen,
+    bias: typeof c.bias === 'boolean' ? c.bias : !gated, positions, seqLen, ...(moe ? { moe } : {}),
   };
 }
 
-/** Parameters of one transformer layer held by one of tp tensor-parallel ranks. */
-export function layerParams(m: PlanModel, tp = 1): number {
+/** MoE layers of the model (0 for a dense one). */
+export function moeLayerCount(m: PlanModel): number {
+  return m.moe ? Math.floor(m.nLayer / m.moe.every) : 0;
+}
+
+/** One MoE layer's MLP-slot parameters on one of ep expert-parallel ranks (router and shared experts whole, routed experts / ep); `active`: those one token goes through. */
+function moeSlotParams(m: PlanModel, ep: number, active = false): number {
+  const e = m.moe!, h = m.nEmbd;
+  const routed = active ? e.topK : e.experts / ep;
+  return e.experts * h + routed * 3 * h * e.ffn + 3 * h * e.sharedFfn;
+}
+
+/** The routed experts' parameters over the whole model (0 for a dense model). */
+export function expertParams(m: PlanModel): number {
+  return m.moe ? moeLayerCount(m) * m.moe.experts * 3 * m.nEmbd * m.moe.ffn : 0;
+}
+
+/** The parameters one token goes through (an MoE model's topK experts per layer, not the others); totalParams for a dense model. */
+export function activeParams(m: PlanModel): number {
+  if (!m.moe) return totalParams(m);
+  const perLayer = moeSlotParams(m, 1, true) - moeSlotParams(m, 1);
+  return totalParams(m) + moeLayerCount(m) * perLayer;
+}
+
+/**
+ * Parameters of one transformer layer held by one of tp tensor-parallel ranks (and of ep expert-parallel
+ * ranks: an MoE model's layers averaged over its dense and MoE layers, the routed experts split ep ways).
+ */
+export function layerParams(m: PlanModel, tp = 1, ep = 1): number {
   const h = m.nEmbd, hd = h / m.nHead, kv = (m.nKvHead ?? m.nHead) * hd;
   const b = m.bias ? 1 : 0;
   const qkv = (h * (h + 2 * kv) + b * (h + 2 * kv)) / tp;
@@ -99,7 +157,10 @@ export function layerParams(m: PlanModel, tp = 1): number {
   const mlpIn = ((m.gated ? 2 : 1) * (h * m.ffn + b * m.ffn)) / tp;
   const mlpOut = (m.ffn * h) / tp + b * h;
   const norms = 2 * h * (m.bias ? 2 : 1); // LayerNorm weight+bias, or RMSNorm weight
-  return qkv + proj + mlpIn + mlpOut + norms;
+  if (!m.moe) return qkv + proj + mlpIn + mlpOut + norms;
+  // Experts are not split by tensor parallelism (every tp rank holds its expert-parallel share whole).
+  const moeShare = moeLayerCount(m) / m.nLayer;
+  return qkv + proj + norms + (1 - moeShare) * (mlpIn + mlpOut) + moeShare * moeSlotParams(m, ep);
 }
 
 /** The parameters of one pipeline stage on one tensor-parallel rank, by part. */

@@ -104,11 +104,15 @@ export interface StepTime {
 
 /**
  * Narayanan et al. 2021 (eq. 3): training FLOPs of one step, 72·B·s·L·h²·(1 + s/(6h) + V/(12hL)) with
- * full recomputation's extra forward (96 instead of 72 on the layer part); the MLP term scaled by ffn/(4h).
+ * full recomputation's extra forward (96 instead of 72 on the layer part); the MLP term scaled by ffn/(4h)
+ * (MoE layers: by the parameters a token goes through, its topK experts, the shared experts and the router, over a dense MLP's 8h²).
  */
 export function stepFlops(m: PlanModel, globalBatch: number, seq: number, recompute: 'none' | 'selective' | 'full'): number {
   const h = m.nEmbd, L = m.nLayer;
-  const mlpScale = (m.ffn / (4 * h)) * (m.gated ? 1.5 : 1);
+  const dense = (m.ffn / (4 * h)) * (m.gated ? 1.5 : 1);
+  const share = m.moe ? Math.floor(L / m.moe.every) / L : 0;
+  const moeScale = m.moe ? (m.moe.topK * 3 * m.moe.ffn + 3 * m.moe.sharedFfn + m.moe.experts) / (8 * h) : 0;
+  const mlpScale = (1 - share) * dense + share * moeScale;
   const layer = 24 * globalBatch * seq * L * h * h * ((1 + 2 * mlpScale) / 3 + seq / (6 * h));
   const head = 6 * globalBatch * seq * h * m.vocabSize;
   return layer * (recompute === 'full' ? 4 : 3) + head;

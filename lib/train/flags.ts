@@ -28,7 +28,7 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
   'micro-batches': 'number', schedule: 'string', precision: 'string', 'virtual-stages': 'number',
-  cp: 'number', 'cp-mode': 'string',
+  cp: 'number', 'cp-mode': 'string', ep: 'number',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
@@ -36,14 +36,14 @@ export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
   precision: 'NODETRON_PRECISION', 'virtual-stages': 'NODETRON_VIRTUAL_STAGES',
-  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE',
+  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE', ep: 'NODETRON_EP',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
 export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
 also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
 NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION,
-NODETRON_VIRTUAL_STAGES):
+NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
@@ -64,13 +64,15 @@ NODETRON_VIRTUAL_STAGES):
                        all of it by ring attention or Ulysses; gradients average over dp×cp
   --cp-mode M          ring | ulysses (default ring; NODETRON_CP_MODE): ring needs the context divisible
                        by 2·N, Ulysses by N and the heads (per tensor-parallel rank) by N
+  --ep N               expert parallelism (models with MoE layers): the experts split over groups of N
+                       data-parallel ranks (N must divide dp and the experts)
   --recompute          recompute each block's activations in backward
   --precision P        f32 | bf16 (default f32): bf16 runs the forward under bf16 autocast (GEMMs and
                        attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
-  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp']) {
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp', 'ep']) {
     const v = values[k];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
@@ -89,6 +91,7 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
     if (m !== 'ring' && m !== 'ulysses') throw new ArgumentError(`--cp-mode must be ring or ulysses, got ${JSON.stringify(m)}`);
     out.cpMode = m;
   }
+  if (num('ep') !== undefined) out.ep = num('ep');
   if (values.schedule !== undefined) out.schedule = String(values.schedule);
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');

@@ -21,14 +21,33 @@ export interface ProgressOptions {
 }
 
 /** Parameters of a GPT of this configuration, all of them (the tied head counted once). */
-export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock'>): number {
+export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
+  return gptParameters(config, false);
+}
+
+/**
+ * Parameters one token goes through (MoE: the router, its topK experts and the shared experts, not
+ * the other experts); gptParameterCount for a dense GPT.
+ */
+export function gptActiveParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
+  return gptParameters(config, true);
+}
+
+function gptParameters(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>, active: boolean): number {
   const { vocabSize: v, blockSize: t, nLayer: l, nEmbd: c, bias } = config;
   const b = bias ? 1 : 0;
   const norm = c * (1 + b);
   const attn = c * 3 * c + b * 3 * c + c * c + b * c;
   const mlp = c * 4 * c + b * 4 * c + 4 * c * c + b * c;
-  const block = attn + mlp + norm * (config.parallelBlock ? 1 : 2);
-  return v * c + t * c + l * block + norm;
+  const moe = config.moe;
+  // An MoE block: the router [E, C], SwiGLU experts of 3·C·H each, the shared experts' 3·C·(shared·H).
+  const moeMlp = moe ? (() => {
+    const h = moe.hidden ?? 4 * c, shared = moe.sharedExperts ?? 0;
+    return moe.experts * c + (active ? moe.topK : moe.experts) * 3 * c * h + 3 * c * shared * h;
+  })() : 0;
+  const moeBlocks = moe ? Math.floor(l / (moe.every ?? 1)) : 0;
+  const block = attn + norm * (config.parallelBlock ? 1 : 2);
+  return v * c + t * c + l * block + (l - moeBlocks) * mlp + moeBlocks * moeMlp + norm;
 }
 
 /**
@@ -37,8 +56,9 @@ export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSi
  * matrix products (T: the positions each one attends to, the window when it is shorter). Recomputation
  * is not counted (model FLOPs, not hardware FLOPs).
  */
-export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'window'>, seqLen: number): number {
-  const n = gptParameterCount(config) - config.blockSize * config.nEmbd;
+export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'window' | 'moe'>, seqLen: number): number {
+  // Under MoE, the parameters a token goes through (its topK experts).
+  const n = gptActiveParameterCount(config) - config.blockSize * config.nEmbd;
   const attended = config.window !== undefined ? Math.min(config.window, seqLen) : seqLen;
   return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
 }
@@ -105,9 +125,21 @@ export interface ProgressSample {
   peakBytes: number;
   /** Seconds left, when the total is known. */
   etaSeconds?: number;
+  /** MoE routing of the step: the auxiliary loss added, the share of routed rows dropped, the busiest expert's rows over the mean. */
+  moe?: MoEProgress;
 }
 
-/** `step   10/150  loss 5.1234 (avg 5.3012)  norm 1.23  lr 3.00e-03  | 12345 tok/s  MFU 41.2%  mem 123.4 MiB  ETA 1m05s` */
+/** The MoE part of a progress line. */
+export interface MoEProgress {
+  /** The auxiliary losses added to the objective in the step. */
+  auxLoss: number;
+  /** Share of routed rows dropped by a capacity factor. */
+  droppedShare: number;
+  /** Rows of the busiest expert over the mean rows per expert (1: balanced). */
+  imbalance: number;
+}
+
+/** `step   10/150  loss 5.1234 (avg 5.3012)  norm 1.23  lr 3.00e-03  | 12345 tok/s  MFU 41.2%  mem 123.4 MiB  ETA 1m05s` (with MoE, `| moe aux 0.0102 drop 0.0% max/mean 1.31` before ETA) */
 export function formatProgress(p: ProgressSample): string {
   const width = p.steps !== undefined ? String(p.steps).length : 4;
   const at = `step ${String(p.step).padStart(Math.max(4, width))}${p.steps !== undefined ? `/${p.steps}` : ''}`;
@@ -117,6 +149,7 @@ export function formatProgress(p: ProgressSample): string {
   parts.push(`| ${Math.round(p.tokensPerSecond)} tok/s`);
   if (p.mfu !== undefined) parts.push(`MFU ${(p.mfu * 100).toFixed(1)}%`);
   parts.push(`mem ${(p.peakBytes / 2 ** 20).toFixed(1)} MiB`);
+  if (p.moe) parts.push(`| moe aux ${p.moe.auxLoss.toFixed(4)} drop ${(p.moe.droppedShare * 100).toFixed(1)}% max/mean ${p.moe.imbalance.toFixed(2)}`);
   if (p.etaSeconds !== undefined) parts.push(`ETA ${formatDuration(p.etaSeconds)}`);
   return parts.join('  ');
 }

@@ -21,6 +21,8 @@ import { agreeAll, agreeMax } from '../distributed/agree.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
+import { expertParallel } from '../parallel/expert-parallel.js';
+import type { MoEStats } from '../nn/moe.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import type { ZeroParamGroup } from '../parallel/zero/optimizer.js';
 import { Checkpointer, type SaveResult } from '../ckpt/checkpoint.js';
@@ -30,7 +32,7 @@ import { TokenLoader } from '../data/loader.js';
 import { exportHF } from '../interop/hf.js';
 import type { Tensor } from '../tensor.js';
 import { layoutFromArgs, type LayoutArgs } from './flags.js';
-import { detectPeakFlops, formatProgress, gptFlopsPerToken, type ProgressOptions } from './progress.js';
+import { detectPeakFlops, formatProgress, gptFlopsPerToken, type MoEProgress, type ProgressOptions } from './progress.js';
 
 /**
  * What the model factory receives: spread it into the GPT's options (`new nt.nn.GPT(config, shard)`).
@@ -157,6 +159,8 @@ export interface StepResult {
   valLoss?: number;
   /** The checkpoint saved after this step, if any. */
   saved?: SaveResult;
+  /** MoE routing of the step on this rank (models with MoE layers; see ParallelTrainer's step result). */
+  moe?: MoEStats;
 }
 
 // Errors every rank throws together (after agreeing): main() lets every rank print before leaving.
@@ -253,10 +257,11 @@ function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, w
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
   // (A probe that passes the model checks: with virtual stages, one layer per model chunk; with cp, a
-  // sequence and heads that split.)
+  // sequence and heads that split; with ep, experts that split.)
   const v0 = isInt(flags.virtualStages, 1) ? flags.virtualStages! : 1;
   const cp0 = isInt(flags.cp, 1) ? flags.cp! : 1;
-  const probe: LayoutModelShape = { nLayer: pp0 * v0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0 };
+  const probe: LayoutModelShape = { nLayer: pp0 * v0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0,
+    ...(isInt(flags.ep, 1) ? { moeExperts: flags.ep } : {}) };
   let layout: TrainingLayout | null = null;
   if (problems.length === 0) {
     try { layout = resolveTrainingLayout(flags, probe, worldSize, options.batchSize); } catch (e) {
@@ -284,7 +289,7 @@ interface ParallelParts<H extends { lr: number }> {
  */
 async function buildParallelState<H extends { lr: number }>(options: TrainSetupOptions<H>, flags: LayoutArgs, layout: TrainingLayout,
   worldSize: number, world: ProcessGroup | null, teardown: Teardown): Promise<ParallelParts<H>> {
-  const mesh = world ? await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp, ...(layout.cp ? { cp: layout.cp } : {}) }) : null;
+  const mesh = world ? await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp, ...(layout.cp ? { cp: layout.cp } : {}), ...(layout.ep ? { ep: layout.ep } : {}) }) : null;
   if (mesh) teardown.add(() => { if (isParallelInitialized()) destroyParallel(); });
 
   // This rank's model: the tensor-parallel slices of its group, the layers of its pipeline stage.
@@ -293,6 +298,8 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     ...(mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {}),
     ...(flags.recompute ? { recompute: true } : {}),
     ...(mesh && mesh.cpSize > 1 ? { contextLayout: contextParallelLayout(mesh.cpGroup, layout.cpMode) } : {}),
+    // MoE layers: the experts split over the expert-parallel group, router counts summed over the data-parallel ranks.
+    ...(mesh ? { moeParallel: (experts: number) => expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup }) } : {}),
   };
   const problems: string[] = [];
   let full: GPT | null = null;
@@ -316,7 +323,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   const seqLen = options.seqLen ?? full?.config.blockSize ?? 0;
   if (full) {
     if (seqLen > full.config.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.config.blockSize}`);
-    try { resolveTrainingLayout(flags, { ...full.config, blockSize: seqLen }, worldSize, options.batchSize); } catch (e) {
+    try { resolveTrainingLayout(flags, { ...full.config, blockSize: seqLen, ...(full.config.moe ? { moeExperts: full.config.moe.experts } : {}) }, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
       problems.push(e.message);
     }
@@ -566,7 +573,7 @@ export class TrainingRun<H extends { lr: number }> {
       for (const t of release) t.dispose();
     }
     this.#step = index + 1;
-    const result: StepResult = { step: this.#step, loss: r.loss, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(lr !== undefined ? { lr } : {}) };
+    const result: StepResult = { step: this.#step, loss: r.loss, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(lr !== undefined ? { lr } : {}), ...(r.moe ? { moe: r.moe } : {}) };
     this.#avg = this.#avg === undefined ? r.loss : 0.9 * this.#avg + 0.1 * r.loss;
     const last = this.steps !== undefined && this.#step === this.steps;
     if (index % this.#every === 0 || last) this.log(this.#progressLine(result));
@@ -588,7 +595,7 @@ export class TrainingRun<H extends { lr: number }> {
     return formatProgress({
       step: r.step, ...(this.steps !== undefined ? { steps: this.steps, etaSeconds: (elapsed / done) * (this.steps - r.step) } : {}),
       loss: r.loss, avgLoss: this.#avg!, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(r.lr !== undefined ? { lr: r.lr } : {}),
-      tokensPerSecond, ...(mfu !== undefined ? { mfu } : {}), peakBytes: memoryStats(this.device).peak,
+      tokensPerSecond, ...(mfu !== undefined ? { mfu } : {}), peakBytes: memoryStats(this.device).peak, ...(r.moe ? { moe: moeProgress(r.moe) } : {}),
     });
   }
 
@@ -680,9 +687,15 @@ export class TrainingRun<H extends { lr: number }> {
   async generate(prompt: readonly number[], maxNewTokens: number, opts: GenerateOptions = {}): Promise<number[] | null> {
     if (!Array.isArray(prompt) || prompt.length === 0) throw new ArgumentError('TrainingRun.generate: prompt must be a non-empty array of token ids');
     return this.withFullModel((gpt) => {
-      if (this.rank !== 0 && this.layout.tp === 1) return null;
+      // MoE layers communicate over the data-parallel ranks (router counts, expert parallelism's
+      // all-to-all), so there every rank samples along and rank 0 returns the tokens.
+      const together = gpt.config.moe !== undefined && this.layout.dp > 1;
+      if (this.rank !== 0 && this.layout.tp === 1 && !together) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
-      if (!gpt.contextLayout) return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      if (!gpt.contextLayout) {
+        const tokens = gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+        return together && this.rank !== 0 && this.layout.tp === 1 ? null : tokens;
+      }
       // Under context parallelism each rank samples from a copy without it (the same parameters).
       const plain = new GPT(gpt.config, { ...this.#shard, contextLayout: undefined });
       try {
@@ -740,4 +753,11 @@ export async function main(name: string, fn: () => Promise<number | void>): Prom
     }
     process.exitCode = 2;
   }
+}
+
+/** A step's MoE statistics as the progress line shows them. */
+function moeProgress(s: MoEStats): MoEProgress {
+  const total = s.tokensPerExpert.reduce((a, b) => a + b, 0);
+  const mean = total / Math.max(1, s.tokensPerExpert.length);
+  return { auxLoss: s.auxLoss, droppedShare: s.routed > 0 ? s.dropped / s.routed : 0, imbalance: mean > 0 ? Math.max(...s.tokensPerExpert) / mean : 0 };
 }

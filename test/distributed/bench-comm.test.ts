@@ -1,5 +1,5 @@
 // `nodetron bench comm` end to end: it launches itself with 2 ranks, and every op's data check
-// finds no wrong element; plus the bus-bandwidth factors and the SVG plot.
+// finds no wrong element (all_to_all_v: uneven blocks whose counts are exchanged first); plus the bus-bandwidth factors and the SVG plot.
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -16,6 +16,7 @@ describe('bench comm', () => {
     expect(busFactor('all_gather', 4)).toBeCloseTo(0.75);
     expect(busFactor('reduce_scatter', 2)).toBeCloseTo(0.5);
     expect(busFactor('all_to_all', 8)).toBeCloseTo(0.875);
+    expect(busFactor('all_to_all_v', 4)).toBeCloseTo(0.75);
     expect(busFactor('broadcast', 8)).toBe(1);
     expect(busFactor('sendrecv', 3)).toBe(1);
   });
@@ -42,7 +43,7 @@ describe('bench comm', () => {
     expect(readFileSync(plot, 'utf8').match(/<polyline/g)).toHaveLength(2);
   });
 
-  for (const op of ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'sendrecv']) {
+  for (const op of ['all_reduce', 'all_gather', 'reduce_scatter', 'broadcast', 'all_to_all', 'all_to_all_v', 'sendrecv']) {
     it(`${op}: self-launched 2-rank sweep with no wrong elements`, () => {
       const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
       const json = join(dir, 'r.json');
@@ -57,8 +58,8 @@ describe('bench comm', () => {
       expect(sweep.rows.length).toBeGreaterThanOrEqual(2);
       for (const row of sweep.rows) {
         expect(row.outOfPlace).not.toBeNull();
-        // Every op has both columns but sendrecv, which has no in-place form.
-        if (op === 'sendrecv') expect(row.inPlace).toBeNull();
+        // Every op has both columns but sendrecv and all_to_all_v (uneven blocks), which have no in-place form.
+        if (op === 'sendrecv' || op === 'all_to_all_v') expect(row.inPlace).toBeNull();
         else expect(row.inPlace).not.toBeNull();
         for (const m of [row.outOfPlace, row.inPlace]) if (m) expect(m.wrong).toBe(0);
       }

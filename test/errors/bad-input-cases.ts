@@ -444,6 +444,12 @@ const higher: BadInput[] = [
   { name: 'train.layoutFromArgs: tp fractional', run: () => nt.train.layoutFromArgs(['--tp', '1.5'], {}), error: A, message: /tp/ },
   { name: 'train.setup: options missing', run: () => nt.train.setup(undefined as never), error: A, message: /options must be an object/ },
   { name: 'trainStep: model not a module', run: () => nt.trainStep({} as never, {} as never, {} as never), error: A, message: /model must have forward/ },
+  { name: 'nn.MoE: topK above the experts', run: () => new nt.nn.MoE(8, { experts: 4, topK: 5 }), error: A, message: /topK \(5\) must not exceed the number of experts \(4\)/ },
+  { name: 'nn.GPT: moe.topK above the experts', run: () => new nt.nn.GPT({ vocabSize: 8, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4, dropout: 0, bias: false, moe: { experts: 2, topK: 3 } }), error: A, message: /GPTConfig\.moe: topK \(3\)/ },
+  { name: 'parallel.MeshLayout: ep not dividing dp', run: () => new nt.parallel.MeshLayout({ tp: 1, pp: 1, dp: 6, ep: 4 }), error: A, message: /ep \(4\) must divide dp \(6\)/ },
+  { name: 'parallel.resolveTrainingLayout: ep not dividing the experts', run: () => nt.parallel.resolveTrainingLayout({ ep: 4 }, { nLayer: 1, nHead: 1, nEmbd: 4, vocabSize: 8, moeExperts: 6 }, 4, 4), error: A, message: /--ep 4 must divide the model's 6 experts/ },
+  { name: 'parallel.expertParallel: ep not dividing the experts', run: () => nt.parallel.expertParallel({ experts: 6, epGroup: { size: 4, rank: 0 } as never, countGroup: null }), error: A, message: /expert-parallel size 4 must divide the 6 experts/ },
+  { name: 'train.layoutFromArgs: ep 0', run: () => nt.train.layoutFromArgs(['--ep', '0'], {}), error: A, message: /--ep must be an integer >= 1/ },
 ];
 
 const shard = join(dir, 'tokens.bin');
