@@ -4,4 +4,5 @@
 export { needsGrad, record, save, own, alias, Node, collectLeaves, type BackwardFn } from './autograd/engine.js';
 export { planMatmul, gemmInto, matmulForward, type GemmPlan } from './ops/matmul.js';
 export { FlatLayout, copyElements } from './parallel/flat.js';
+export { viewOf } from './tensor.js';
 export { NcclBackend, createNcclBackend, loadNcclAddon, NCCL_PENDING, type NcclAddon, type NcclEndpoint, type NcclNativeComm } from './distributed/nccl-backend.js';

@@ -100,8 +100,8 @@ describe('GradBuffer', () => {
       params.forEach((p, i) => p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); readyOrder.push(i); }));
       chainLoss(params, g.rank, 0).backward();
       const launchedByBackward = log.length;
-      // Marked gradients live in their buckets only; after the sync, in .grad only.
-      if (overlap) expect(params.every((p) => p.grad === null)).toBe(true);
+      // Marked gradients live in their buckets only: each .grad is the view of its bucket's range.
+      if (overlap) expect(params.every((p) => buf.gradIsView(p))).toBe(true);
       await buf.finishGradSync();
       expect(buf.buckets.every((b) => b.flat === null && b.work === null)).toBe(true);
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
@@ -129,6 +129,50 @@ describe('GradBuffer', () => {
     }));
   });
 
+  it('zeroGrad hands out views of the buckets: micro-batches accumulate into them and the allReduce averages in place (no gradient replaced)', async () => {
+    const world = 2, micros = 2;
+    const results = await runLocalRanks(world, async (g) => {
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: g, bucketBytes: 60 });
+      const steps: Float32Array[][] = [];
+      // Three steps: the first step's buckets are rebuilt in readiness order, the third reuses the second's buffers.
+      for (let step = 0; step < 3; step++) {
+        buf.zeroGrad();
+        const views = params.map((p) => p.grad!);
+        expect(params.every((p) => buf.gradIsView(p))).toBe(true);
+        for (const v of views) expect(Array.from(v.toArraySync()).every((x) => x === 0)).toBe(true);
+        expect(buf.bufferBytes).toBe(params.reduce((n, p) => n + p.nbytes, 0));
+        await buf.noSync(() => chainLoss(params, g.rank, 0).backward());
+        chainLoss(params, g.rank, 1).backward();
+        expect(() => buf.zeroGrad()).toThrow(nt.StateError);
+        await buf.finishGradSync();
+        // The very tensors zeroGrad handed out hold the averages: nothing was copied into new ones.
+        params.forEach((p, i) => expect(p.grad).toBe(views[i]));
+        steps.push(params.map((p) => p.grad!.toArraySync() as Float32Array));
+      }
+      // Without views (disposed, as the optimizer's zeroGrad does), parameters that get no gradient
+      // contribute zeros, not what their reused buffer held from the last step.
+      nt.zeroGrad(params);
+      for (const p of params) buf.markGradReady(p);
+      await buf.finishGradSync();
+      expect(params.every((p) => buf.gradIsView(p) && Array.from(p.grad!.toArraySync()).every((x) => x === 0))).toBe(true);
+      // Views keep their bytes after the buffer is gone.
+      buf.zeroGrad();
+      await buf.noSync(() => chainLoss(params, g.rank, 0).backward());
+      chainLoss(params, g.rank, 1).backward();
+      await buf.finishGradSync();
+      buf.dispose();
+      const after = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      nt.zeroGrad(params);
+      return { steps, after };
+    });
+    const ref = meanOverRanks(world, micros);
+    for (const { steps, after } of results) {
+      expect(steps).toHaveLength(3);
+      for (const grads of [...steps, after]) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
+    }
+  });
+
   it('overlap with noSync: micro-batches accumulate without communication, the last one syncs their sum', async () => {
     const world = 2, micros = 3;
     const results = await runLocalRanks(world, async (g) => {
@@ -145,7 +189,7 @@ describe('GradBuffer', () => {
       expect(params.every((p) => p.grad !== null)).toBe(true);
       chainLoss(params, g.rank, micros - 1).backward();
       expect(log.length).toBe(buf.buckets.length);
-      expect(params.every((p) => p.grad === null)).toBe(true);  // moved into the buckets
+      expect(params.every((p) => buf.gradIsView(p))).toBe(true);  // moved into the buckets
       await buf.finishGradSync();
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
       buf.dispose();
