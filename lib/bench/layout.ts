@@ -165,12 +165,7 @@ async function runStage(c: TrainBenchConfig, group: CollectiveGroup, stage: numb
           measured = { ...m, total: m.params + m.grads + m.optimizerState };
         }
       }
-      if (zero) zero.zeroGrad();
-      else {
-        plain!.zeroGrad();
-        // The next step's buffer hands out its zeroed views, so its backward accumulates in place.
-        buffers.get(variants[(i + 1) % variants.length]!)?.zeroGrad();
-      }
+      if (zero) zero.zeroGrad(); else plain!.zeroGrad();
       inputs.dispose(); targets.dispose();
     }
     for (const b of buffers.values()) b.dispose();

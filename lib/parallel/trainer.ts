@@ -152,8 +152,6 @@ export class ParallelTrainer<H extends { lr: number }> {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
       this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...bucketing }) : null;
-      // Gradients as zeroed views of the buckets from the first step on (unless the model holds some already).
-      if (this.#grads && model.parameters().every((p) => p.grad === null)) this.#grads.zeroGrad();
     }
   }
 
@@ -210,8 +208,6 @@ export class ParallelTrainer<H extends { lr: number }> {
         if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
         this.#timed(() => traceSpan('optimizer', () => this.#optimizer!.step()));
         this.#optimizer!.zeroGrad();
-        // The gradients become zeroed views of the buckets again: the next backward accumulates in place.
-        this.#grads?.zeroGrad();
       }
       const loss = await this.#globalLoss(losses);
       return gradNorm === undefined ? { loss } : { loss, gradNorm };

@@ -3,15 +3,18 @@
 // bucket's last gradient is final, overlapping the rest of backward (Megatron's
 // param_and_grad_buffer, PyTorch DDP's reducer). No communication on non-final micro-batches (noSync).
 //
-// No copies of gradients: each bucket owns one flat buffer for the buffer's life, and each
-// parameter's .grad is a view of its range (Megatron's main_grad, DDP's gradient_as_bucket_view).
-// After zeroGrad() the views are in place and zero, so autograd accumulates every micro-batch
-// straight into the bucket, the allReduce averages it in place, and the optimizer reads the result
-// through the same views. A gradient that is not its view when marked (set by hand, or created
-// by backward after the views were disposed, e.g. by optimizer.zeroGrad()) is copied in once and
-// replaced by the view.
-import { StateError } from '../../errors.js';
+// Gradients are views of the buckets (Megatron's main_grad, DDP's gradient_as_bucket_view): the
+// buffer registers a gradient allocator on every parameter, so a parameter's first gradient of a
+// step is written straight into its range of the bucket's flat buffer and becomes `.grad` there;
+// later micro-batches accumulate into it in place, the allReduce averages the bucket in place and
+// the optimizer reads the result through the same views. Nothing is copied into a bucket or back.
+// A bucket's buffer is allocated at its first gradient of a step; the buffer lets go of it when the
+// step's sync is done, and its bytes live on in the views until they are disposed (zeroGrad), as
+// plain gradients would. A gradient that is not its view when marked (set by hand, or left from an
+// earlier step that was not zeroed) is copied in once and replaced by the view.
 import { dtypeCode } from '../../dtype.js';
+import { StateError } from '../../errors.js';
+import { registerGradAllocator, type RemovableHandle } from '../../autograd/engine.js';
 import { keep } from '../../memory.js';
 import { emptyOn, viewOf, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
@@ -35,41 +38,36 @@ export interface GradBufferOptions {
 }
 
 /**
- * One bucket: a run of parameters packed back to back (`layout`), the flat buffer being filled
- * this step (its persistent gradient buffer, from the step's first ready gradient until its
- * allReduce starts), and the allReduce in flight (if any).
+ * One bucket: a run of parameters packed back to back (`layout`), its flat buffer while the step's
+ * gradients are being marked (until its allReduce starts), and the allReduce in flight (if any).
  */
 export type GradBucket = Bucket<FlatLayout>;
 
-/** Each bucket's persistent flat gradient buffer, and each parameter's gradient view of it. */
+/** This step's flat buffer of each bucket, and each parameter's gradient view of it. */
 class GradViews {
   readonly #buffers = new Map<GradBucket, Tensor>();
   readonly #views = new Map<Tensor, { view: Tensor; buffer: Tensor }>();
 
-  /** The bucket's buffer (allocated zero-filled, kept out of scopes, on first use or after it was freed). */
+  /**
+   * The bucket's buffer this step: allocated uninitialized (kept out of scopes) at its first use.
+   * Every range is written before the allReduce: by backward through a view, or when marked.
+   */
   buffer(b: GradBucket): Tensor {
     let buf = this.#buffers.get(b);
     if (!buf || buf.disposed) {
-      const p = b.params[0]!;
-      buf = keep(emptyOn([b.layout.count], b.layout.dtype, p.deviceInfo, true));
+      buf = keep(emptyOn([b.layout.count], b.layout.dtype, b.params[0]!.deviceInfo));
       this.#buffers.set(b, buf);
     }
     return buf;
   }
 
-  /** The bucket's buffer, if it has one (allocates nothing). */
-  peek(b: GradBucket): Tensor | undefined {
-    const buf = this.#buffers.get(b);
-    return buf && !buf.disposed ? buf : undefined;
-  }
-
-  /** Whether p.grad is the live view of p's range in `buffer`. */
-  isView(p: Tensor, buffer: Tensor): boolean {
+  /** Whether p.grad is the live view of p's range in `buffer` (any buffer when omitted). */
+  isView(p: Tensor, buffer?: Tensor): boolean {
     const v = this.#views.get(p);
-    return v !== undefined && v.buffer === buffer && p.grad === v.view && !v.view.disposed;
+    return v !== undefined && (buffer === undefined || v.buffer === buffer) && p.grad === v.view && !v.view.disposed;
   }
 
-  /** Makes p.grad the view of its range in `buffer` (disposing whatever gradient it held). */
+  /** The view of e's range in `buffer`, made p.grad (disposing whatever gradient p held). */
   attach(e: FlatEntry, buffer: Tensor): Tensor {
     const p = e.param;
     let v = this.#views.get(p);
@@ -81,35 +79,26 @@ class GradViews {
     return v.view;
   }
 
-  /** Frees the buckets' buffers (views handed out keep their bytes until they are disposed). */
-  discard(buckets: readonly GradBucket[]): void {
-    for (const b of buckets) {
-      this.#buffers.get(b)?.dispose();
-      this.#buffers.delete(b);
-    }
-  }
-
-  /** Bytes of the buffers. */
-  get bytes(): number {
-    let n = 0;
-    for (const b of this.#buffers.values()) if (!b.disposed) n += b.nbytes;
-    return n;
+  /** Lets go of the buffers (views handed out keep their bytes until they are disposed). */
+  release(): void {
+    for (const buf of this.#buffers.values()) buf.dispose();
+    this.#buffers.clear();
   }
 
   dispose(): void {
-    this.discard([...this.#buffers.keys()]);
+    this.release();
     this.#views.clear();
   }
 }
 
-/** The all-reduce sync: each bucket's persistent buffer, the gradients views into it, reduced in place. */
+/** The all-reduce sync over the buckets' buffers, which the gradients are views of: reduced in place. */
 function allReduceSync(group: CollectiveGroup, average: boolean, views: GradViews): BucketSync<FlatLayout> {
   return {
     layout: (params) => new FlatLayout(params, 1, 'GradBuffer'),
     allocate: (b) => views.buffer(b),
     pack: (b, i, flat) => {
       const e = b.layout.entries[i]!, p = e.param;
-      if (views.isView(p, flat)) return;  // accumulated in place: nothing to copy
+      if (views.isView(p, flat)) return;  // backward wrote it in place: nothing to copy
       const old = p.grad;
       p.grad = null;
       const view = views.attach(e, flat);
@@ -119,9 +108,11 @@ function allReduceSync(group: CollectiveGroup, average: boolean, views: GradView
       old?.dispose();
     },
     start: (_b, flat) => ({ work: group.allReduce(flat, { op: average ? 'avg' : 'sum' }), out: flat }),
-    // In place: every gradient is a view of the reduced buffer already.
+    // In place: every gradient is a view of its reduced bucket already.
     settle: () => {},
-    discard: (buckets) => views.discard(buckets),
+    // The step is synchronized: the views hold the buffers' bytes from here on.
+    collect: () => views.release(),
+    discard: () => views.release(),
   };
 }
 
@@ -149,6 +140,8 @@ export class GradBuffer {
   readonly overlap: boolean;
   readonly #buckets: GradientBuckets<FlatLayout>;
   readonly #views = new GradViews();
+  readonly #allocators: RemovableHandle[] = [];
+  #located: { buckets: readonly GradBucket[]; at: Map<Tensor, readonly [GradBucket, FlatEntry]> } | null = null;
 
   constructor(params: readonly Tensor[], options: GradBufferOptions) {
     this.group = options.group;
@@ -161,6 +154,21 @@ export class GradBuffer {
       name: 'GradBuffer', group: this.group, sync: allReduceSync(this.group, this.average, this.#views),
       bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, overlap: this.overlap, oneRoundPerStep: true, roundPerPass: false,
     });
+    for (const p of checked) if (p.requiresGrad) this.#allocators.push(registerGradAllocator(p, (q) => this.#gradView(q)));
+  }
+
+  // The view backward writes p's first gradient of the step into: p's range of its bucket's buffer.
+  // None while p's bucket is being synchronized (a second backward is an error the hooks report).
+  #gradView(p: Tensor): Tensor | null {
+    const buckets = this.#buckets.buckets;
+    if (this.#located?.buckets !== buckets) {
+      const at = new Map<Tensor, readonly [GradBucket, FlatEntry]>();
+      for (const b of buckets) for (const e of b.layout.entries) at.set(e.param, [b, e]);
+      this.#located = { buckets, at };
+    }
+    const [b, e] = this.#located.at.get(p)!;
+    if (b.marked.has(p) || b.work !== null) return null;
+    return this.#views.attach(e, this.#views.buffer(b));
   }
 
   /** The buckets, in the order their gradients are expected to be ready. */
@@ -201,38 +209,16 @@ export class GradBuffer {
     await this.#buckets.finish();
   }
 
-  /**
-   * Zeroes every bucket's buffer and makes each parameter's .grad the view of its range (disposing
-   * any other gradient it held), so the next backward accumulates straight into the buckets. Call
-   * it after the optimizer step, in place of the optimizer's zeroGrad(). A StateError while a step's
-   * gradients are being synchronized (marked, before finishGradSync()).
-   */
-  zeroGrad(): void {
-    if (this.#buckets.buckets.some((b) => b.marked.size > 0 || b.work !== null)) {
-      throw new StateError('GradBuffer.zeroGrad: this step\'s gradients are being synchronized; await finishGradSync() first');
-    }
-    for (const b of this.#buckets.buckets) {
-      const buf = this.#views.buffer(b);
-      buf.backend.fill(buf.storage, dtypeCode(buf.dtype), buf.size, 0);
-      for (const e of b.layout.entries) this.#views.attach(e, buf);
-    }
-  }
-
   /** Whether p.grad is the view of p's range in its bucket's buffer (what backward accumulates into without copies). */
-  gradIsView(p: Tensor): boolean {
-    const b = this.#buckets.buckets.find((c) => c.params.includes(p));
-    const buf = b && this.#views.peek(b);
-    return buf !== undefined && this.#views.isView(p, buf);
-  }
-
-  /** Bytes of the buckets' gradient buffers (the parameters' gradients are views of them). */
-  get bufferBytes(): number { return this.#views.bytes; }
+  gradIsView(p: Tensor): boolean { return this.#views.isView(p); }
 
   /**
    * Removes the hooks and frees the buckets (a step in flight is abandoned). Gradients handed out
    * as views keep their bytes until they are disposed.
    */
   dispose(): void {
+    for (const h of this.#allocators) h.remove();
+    this.#allocators.length = 0;
     this.#buckets.dispose();
     this.#views.dispose();
   }
