@@ -121,11 +121,11 @@ function allReduceSync(group: CollectiveGroup, average: boolean, views: GradView
  * the order backward produces their gradients, so the first bucket fills (and starts communicating)
  * first; with overlap, after the first step, in the order the gradients were actually ready. With
  * `overlap` (the default) the buffer hooks every parameter, so `loss.backward()` marks each
- * gradient ready as it becomes final; then `await finishGradSync()` before the optimizer step,
- * and `zeroGrad()` after it. Each bucket keeps one flat buffer and each parameter's `.grad` is a
- * view of its range, so gradients take their size in memory once and are never copied: backward
- * accumulates into the bucket, the allReduce averages it in place. Between a gradient's mark and
- * finishGradSync its bucket may be in flight: read or write `.grad` only after finishGradSync.
+ * gradient ready as it becomes final; then `await finishGradSync()` before the optimizer step.
+ * Each parameter's `.grad` is a view of its range of its bucket's flat buffer, so gradients take
+ * their size in memory once and are never copied into buckets or back: backward writes and
+ * accumulates them in the bucket, the allReduce averages it in place. Between a gradient's mark
+ * and finishGradSync its bucket may be in flight: read or write `.grad` only after finishGradSync.
  *
  * Every backward() that reaches the parameters marks them: for gradient accumulation, run every
  * micro-batch but the last inside noSync() (a second mark in one step is a StateError, as PyTorch
@@ -192,7 +192,7 @@ export class GradBuffer {
 
   /**
    * Declares p's gradient final for this step: it is in its bucket already when p.grad is the
-   * bucket's view (after zeroGrad()); otherwise it is copied in once and p.grad becomes the view.
+   * bucket's view (backward wrote it there); otherwise it is copied in once and p.grad becomes the view.
    * Starts the bucket's allReduce when it was the bucket's last (and every earlier bucket started).
    * The overlap hooks call it; call it yourself only with `overlap: false`. Inside noSync() it does
    * nothing: gradients keep accumulating in p.grad.
