@@ -4,9 +4,10 @@ import { defineConfig } from 'vitest/config';
 // Test files run NODETRON_TEST_WORKERS at a time (default: the core count, at least 2). Most files
 // spend much of their time waiting on child processes, sockets and timers, so two files share two
 // cores well (vitest's own default, cores - 1, runs them one at a time on a 2-core machine). Files
-// whose assertions compare the speed of concurrent processes run afterwards, one at a time.
+// whose assertions time processes against each other or against a wall-clock bound (stragglers; a
+// failure surfacing within the collective timeout) run afterwards, one at a time.
 const workers = Math.max(1, Number(process.env.NODETRON_TEST_WORKERS) || Math.max(2, availableParallelism()));
-const SERIAL = ['test/launch/stragglers.test.ts'];
+const SERIAL = ['test/launch/stragglers.test.ts', 'test/distributed/failures.test.ts'];
 
 const shared = {
   // Native addons and child processes: forks isolate a crash to one file's worker.
