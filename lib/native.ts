@@ -31,7 +31,14 @@ type Lists = [storages: S[], counts: number[], dtypes: number[]];
  * counts unless a name says bytes. test/core/kernel-interface.test.ts checks both addons against it.
  */
 export interface BackendKernels {
-  Storage: new (bytes: number, zero: boolean, device?: number) => NativeStorage;
+  /**
+   * `new Storage(bytes, zero, device)` allocates; `new Storage(parent, offsetBytes, bytes)` is an alias of
+   * that range of parent's bytes (they stay allocated until parent and every alias are disposed).
+   */
+  Storage: {
+    new (bytes: number, zero: boolean, device?: number): NativeStorage;
+    new (parent: NativeStorage, offsetBytes: number, bytes: number): NativeStorage;
+  };
   setErrorFactory(f: (code: string, message: string, call: string) => Error): void;
   memoryStats(device?: number): { allocated: number; reserved: number; peak: number; allocations: number; [k: string]: number };
   resetPeakMemory(device?: number): void;

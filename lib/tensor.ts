@@ -271,6 +271,21 @@ export function emptyOn(shape: readonly number[], dtype: DType, device: Device, 
   return new Tensor(new StorageRef(native, device, bytes), shape, dtype);
 }
 
+/**
+ * Internal: a tensor of `shape` whose bytes are elements [offset, offset + numel(shape)) of base's
+ * storage: writes through either show in the other (gradient buckets hand these out as parameters'
+ * `.grad`, Megatron's main_grad). The bytes stay allocated while the view lives, even after base is
+ * disposed. Throws ArgumentError when the range does not lie inside base.
+ */
+export function viewOf(base: Tensor, offset: number, shape: readonly number[]): Tensor {
+  const count = numel(shape), e = dtypeSize(base.dtype);
+  if (!Number.isSafeInteger(offset) || offset < 0 || offset + count > base.size) {
+    throw new ArgumentError(`viewOf: elements [${offset}, ${offset + count}) do not lie inside ${base.describe()}`);
+  }
+  const native = new (base.backend.Storage)(base.storage, offset * e, count * e);
+  return new Tensor(new StorageRef(native, base.deviceInfo, count * e), shape, base.dtype);
+}
+
 /** The options of tensor creation functions. */
 export const TENSOR_OPTIONS: readonly string[] = ['dtype', 'device', 'requiresGrad'];
 

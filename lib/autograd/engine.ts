@@ -200,6 +200,53 @@ export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulat
 }
 
 /**
+ * Gives a leaf's gradient a home: called when backward() has a gradient for `leaf` and `leaf.grad`
+ * is empty; returns an uninitialized tensor of the leaf's shape and dtype that the gradient is
+ * copied into and that becomes `leaf.grad` (later gradients accumulate into it in place), or null
+ * to let backward keep the gradient it computed. A data-parallel gradient buffer hands out views
+ * of its flat buckets this way (Megatron's main_grad), so gradients are never copied into buckets.
+ */
+export type GradAllocator = (leaf: Tensor) => Tensor | null;
+
+const gradAllocators = new WeakMap<Tensor, GradAllocator[]>();
+
+/**
+ * Registers where `leaf`'s gradient is allocated when it has none ({@link GradAllocator}). With
+ * several allocators the first registered that returns a tensor wins.
+ */
+export function registerGradAllocator(leaf: Tensor, allocate: GradAllocator): RemovableHandle {
+  checkTensor(leaf, 'registerGradAllocator', 'leaf');
+  if (typeof allocate !== 'function') throw new ArgumentError(`registerGradAllocator: allocate must be a function, got ${typeof allocate}`);
+  if (leaf.gradFn !== null) throw new AutogradError(`registerGradAllocator: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; only leaves have a .grad to allocate`);
+  let list = gradAllocators.get(leaf);
+  if (!list) { list = []; gradAllocators.set(leaf, list); }
+  list.push(allocate);
+  let removed = false;
+  return {
+    remove() {
+      if (removed) return;
+      removed = true;
+      const l = gradAllocators.get(leaf)!;
+      l.splice(l.indexOf(allocate), 1);
+      if (l.length === 0) gradAllocators.delete(leaf);
+    },
+  };
+}
+
+// The tensor a registered allocator gives leaf's gradient, checked, or null.
+function allocatedGrad(leaf: Tensor): Tensor | null {
+  for (const allocate of gradAllocators.get(leaf) ?? []) {
+    const t = allocate(leaf);
+    if (t === null) continue;
+    if (!(t instanceof Tensor) || t.disposed || t.dtype !== leaf.dtype || t.device !== leaf.device || !sameShape(t.shape, leaf.shape)) {
+      throw new AutogradError(`backward: the gradient allocator of ${leaf.describe()} returned ${t instanceof Tensor ? t.toString() : String(t)}, not a live tensor of its shape, dtype and device`);
+    }
+    return t;
+  }
+  return null;
+}
+
+/**
  * From inside a post-accumulate-grad hook: runs `fn` once when the backward() call in progress
  * (the outermost one) has run every hook, before it returns (PyTorch's queue_callback). What a
  * gradient reducer needs to launch what the pass left incomplete. Not run when backward() throws.
@@ -583,6 +630,14 @@ function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?:
   if (activePass !== null && gradHooks.has(leaf)) activePass.received(leaf);
   if (leaf.grad && !leaf.grad.disposed) {
     accumulateInto(leaf.grad, g);
+    return;
+  }
+  const slot = allocatedGrad(leaf);
+  if (slot) {
+    // Copied, not claimed: backward frees g as any gradient it does not hand on.
+    if (g.dtype === slot.dtype) slot.backend.copy(slot.storage, 0, g.storage, 0, slot.nbytes);
+    else { using c = g.to(slot.dtype); slot.backend.copy(slot.storage, 0, c.storage, 0, slot.nbytes); }
+    leaf.grad = keep(slot);
   } else {
     const own = claim(g, claimed, gradOut);
     leaf.grad = keep(own.dtype === leaf.dtype ? own : convert(own, leaf, claimed));

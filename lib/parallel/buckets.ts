@@ -60,6 +60,8 @@ export interface BucketSync<L> {
   settle(b: Bucket<L>, out: Tensor): void;
   /** Every collective of the step has settled: the last look at the buckets before they may be rebuilt. */
   collect?(buckets: readonly Bucket<L>[]): void;
+  /** The buckets are being replaced by new ones (rebuilt in readiness order): frees what the strategy keeps per bucket. */
+  discard?(buckets: readonly Bucket<L>[]): void;
 }
 
 export interface GradientBucketsOptions<L> {
@@ -166,6 +168,7 @@ export class GradientBuckets<L> {
       ...splitIntoBuckets(order.filter((p) => this.#deferred.has(p)), bucketBytes).map((ps) => [ps, true] as const),
     ];
     this.#where.clear();
+    if (this.#buckets.length > 0) this.#options.sync.discard?.(this.#buckets);
     this.#buckets = runs.map(([ps, deferred], index) => {
       const b = new Bucket(index, ps, sync.layout(ps), deferred);
       ps.forEach((p, i) => this.#where.set(p, [b, i]));

@@ -60,8 +60,8 @@ export class FlatLayout {
 
 /**
  * Copies `count` elements from src (starting at element srcOffset) to dst (at dstOffset); both
- * tensors of `dtype` on one device. Flat buffers and parameters share no storage (no views yet),
- * so buckets and shards move data with these copies.
+ * tensors of `dtype` on one device. ZeRO's buckets and shards move data with these copies;
+ * GradBuffer copies only a gradient that is not already its bucket's view (`viewOf`).
  */
 export function copyElements(dst: Tensor, dstOffset: number, src: Tensor, srcOffset: number, count: number): void {
   if (count <= 0) return;

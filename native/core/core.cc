@@ -282,15 +282,22 @@ void Storage::Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Storage", fn);
 }
 
-// new Storage(bytes, zero)
+// new Storage(bytes, zero), or new Storage(parent, offsetBytes, bytes): an alias of a range of parent.
 Storage::Storage(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Storage>(info), env_(info.Env()) {
   try {
     Args a{info, "Storage"};
+    if (info.Length() > 0 && info[0].IsObject()) {
+      a.count(3);
+      aliasOf(*Storage::From(info[0], "Storage", 0), static_cast<size_t>(a.size(1)), static_cast<size_t>(a.size(2)), "Storage");
+      return;
+    }
     int64_t bytes = a.size(0);
     bool zero = info.Length() > 1 && info[1].ToBoolean().Value();
     bytes_ = static_cast<size_t>(bytes);
     empty_ = bytes_ == 0;
     data_ = static_cast<uint8_t*>(hostAlloc(bytes_, "Storage"));
+    size_t n = bytes_;
+    block_ = std::shared_ptr<uint8_t>(data_, [n](uint8_t* p) { if (p) hostFree(p, n); });
     if (zero && data_) std::memset(data_, 0, bytes_);
     // Let V8 see large host buffers so the GC backstop runs under memory pressure.
     reportedExternal_ = bytes_ >= kCacheMin ? static_cast<int64_t>(bytes_) : 0;
@@ -313,17 +320,12 @@ Storage::~Storage() {
 }
 
 void Storage::release() {
-  if (data_) {
-    hostFree(data_, bytes_);
-    data_ = nullptr;
-  }
+  dropBytes();  // a released empty storage reads as disposed too
   if (reportedExternal_ && env_) {
     int64_t adj;
     napi_adjust_external_memory(env_, -reportedExternal_, &adj);
     reportedExternal_ = 0;
   }
-  empty_ = false;  // a released empty storage reads as disposed too
-  bytes_ = 0;
 }
 
 Napi::Value Storage::Dispose(const Napi::CallbackInfo& info) {
@@ -332,6 +334,16 @@ Napi::Value Storage::Dispose(const Napi::CallbackInfo& info) {
 }
 Napi::Value Storage::Bytes(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), double(bytes_)); }
 Napi::Value Storage::Disposed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), disposed()); }
+
+void StorageBytes::aliasOf(const StorageBytes& parent, size_t offsetBytes, size_t nbytes, const char* call) {
+  parent.checkRange(offsetBytes, nbytes, call);
+  block_ = parent.block_;
+  data_ = parent.data_ ? parent.data_ + offsetBytes : nullptr;
+  bytes_ = nbytes;
+  empty_ = nbytes == 0;
+  if (empty_) data_ = nullptr;
+  alias_ = true;
+}
 
 void StorageBytes::checkRange(size_t offsetBytes, size_t nbytes, const char* call) const {
   if (offsetBytes > bytes_ || nbytes > bytes_ - offsetBytes)

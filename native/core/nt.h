@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 #include "half.h"
@@ -96,18 +97,36 @@ int64_t leakedStorageCount();
 
 // The bytes behind a JS Storage object, shared by the cpu Storage and the cuda DeviceStorage: the
 // pointer, the size, and whether it was disposed (an empty storage is live until released).
+// A storage either allocates its bytes or is an alias: a view of the range [offset, offset + bytes)
+// of another storage's allocation (what gradient buckets hand out as parameters' gradients). Both
+// hold the allocation through `block_`, so the bytes are freed when the allocating storage and
+// every alias of it are released, in any order: disposing one never leaves another dangling.
 class StorageBytes {
  public:
   uint8_t* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   bool disposed() const { return data_ == nullptr && !empty_; }
+  bool isAlias() const { return alias_; }
   // Checks that [offsetBytes, offsetBytes + nbytes) lies inside the storage.
   void checkRange(size_t offsetBytes, size_t nbytes, const char* call) const;
 
  protected:
+  // Makes this storage an alias of [offsetBytes, offsetBytes + nbytes) of `parent` (live; range checked).
+  void aliasOf(const StorageBytes& parent, size_t offsetBytes, size_t nbytes, const char* call);
+  // Drops this storage's hold on its bytes (the allocation is freed with its last holder).
+  void dropBytes() {
+    data_ = nullptr;
+    block_.reset();
+    empty_ = false;
+    bytes_ = 0;
+  }
+
   uint8_t* data_ = nullptr;
   size_t bytes_ = 0;
   bool empty_ = false;
+  bool alias_ = false;
+  // The allocation (its deleter frees it); shared by the allocating storage and its aliases.
+  std::shared_ptr<uint8_t> block_;
 };
 
 // Argument argIndex of `call` as a live storage of class S (JS class `ctor`), or a typed error

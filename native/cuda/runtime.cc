@@ -205,6 +205,14 @@ NT_EXPORT_CLASS(DeviceStorage::Init);
 DeviceStorage::DeviceStorage(const Napi::CallbackInfo& info) : Napi::ObjectWrap<DeviceStorage>(info) {
   try {
     Args a{info, "Storage"};
+    if (info.Length() > 0 && info[0].IsObject()) {
+      // new Storage(parent, offsetBytes, bytes): an alias of a range of parent, on parent's device.
+      a.count(3);
+      DeviceStorage* parent = DeviceStorage::From(info[0], "Storage", 0);
+      device_ = parent->device();
+      aliasOf(*parent, size_t(a.size(1)), size_t(a.size(2)), "Storage");
+      return;
+    }
     int64_t bytes = a.size(0);
     bool zero = info.Length() > 1 && info[1].ToBoolean().Value();
     int64_t device = info.Length() > 2 && !info[2].IsUndefined() ? a.size(2) : 0;
@@ -214,6 +222,13 @@ DeviceStorage::DeviceStorage(const Napi::CallbackInfo& info) : Napi::ObjectWrap<
     bytes_ = size_t(bytes);
     empty_ = bytes_ == 0;
     data_ = static_cast<uint8_t*>(deviceAlloc(device_, bytes_, "Storage"));
+    int dev = device_;
+    // The deleter runs from whichever holder lets go last; a failed free cannot be reported there
+    // (the allocator keeps its books consistent either way).
+    block_ = std::shared_ptr<uint8_t>(data_, [dev](uint8_t* p) {
+      if (!p) return;
+      try { deviceFree(dev, p); } catch (...) {}
+    });
     if (zero && data_) check(cudaMemsetAsync(data_, 0, bytes_, currentStream(device_)), "cudaMemsetAsync");
   } catch (const Error& e) {
     makeError(info.Env(), e.code, e.message, e.call.empty() ? "Storage" : e.call).ThrowAsJavaScriptException();
@@ -228,15 +243,7 @@ DeviceStorage::~DeviceStorage() {
   }
 }
 
-void DeviceStorage::release() {
-  if (data_) {
-    uint8_t* p = data_;
-    data_ = nullptr;
-    deviceFree(device_, p);
-  }
-  empty_ = false;
-  bytes_ = 0;
-}
+void DeviceStorage::release() { dropBytes(); }
 
 Napi::Value DeviceStorage::Dispose(const Napi::CallbackInfo& info) {
   return guarded("dispose", [](const Napi::CallbackInfo& i) -> Napi::Value {

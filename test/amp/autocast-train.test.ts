@@ -77,7 +77,7 @@ describe('training a tiny GPT under bf16 autocast', () => {
     // the re-run in backward re-enters the forward's autocast state: the same bf16 products
     expect(recomputed).toEqual(inside);
     expect(train('bf16-backward-outside', 10, { recompute: true })).toEqual(inside);
-  }, 60_000);
+  }, 120_000);
 });
 
 describe('the trainer\'s precision option', () => {
@@ -108,7 +108,7 @@ describe('the trainer\'s precision option', () => {
     expect(maxAbsDiff(f32, bf16)).toBeGreaterThan(1e-5);
     expect(maxAbsDiff(f32, bf16)).toBeLessThan(0.05);
     await expect(run('f16' as 'bf16')).rejects.toThrow(/precision must be 'f32' or 'bf16'.*GradScaler/);
-  }, 60_000);
+  }, 120_000);
 
   it('--precision and NODETRON_PRECISION parse; other values are ArgumentErrors', () => {
     expect(nt.train.layoutFromArgs(['--precision', 'bf16'], {})).toEqual({ precision: 'bf16' });
@@ -164,7 +164,7 @@ describe('f16 autocast with GradScaler on the cpu backend', () => {
     expect(big.scale).toBe(2 ** 39);
     model.parameters().forEach((p, i) => expect(Array.from(p.toArraySync())).toEqual(before[i]));
     opt.dispose(); model.dispose();
-  }, 60_000);
+  }, 120_000);
 });
 
 describe('tensor and sequence parallelism under bf16 autocast', () => {

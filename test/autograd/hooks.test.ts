@@ -4,6 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { expectClose, leaf, randomArray, rng } from '../helpers/gradcheck.js';
+import { registerGradAllocator, viewOf } from '../../lib/internal.js';
 
 describe('registerPostAccumulateGradHook', () => {
   it('runs once, after the last of several accumulations, with the complete gradient', () => {
@@ -129,5 +130,43 @@ describe('registerPostAccumulateGradHook', () => {
     nt.sum(nt.scale(w, 3)).backward();
     expect(Array.from(w.grad!.toArraySync())).toEqual([3, 3]);
     for (const t of [w, y]) t.dispose();
+  });
+});
+
+describe('registerGradAllocator', () => {
+  it('backward writes a leaf\'s first gradient into the tensor its allocator gives (a view), then accumulates there; null or removal falls back', () => {
+    // f(w) = Σ w·a + Σ w·w: df/dw = a + 2w, reaching w through two edges.
+    const r = rng(3), n = 6;
+    const [wv, av] = [randomArray(n, r), randomArray(n, r)];
+    const w = leaf(wv, [n]), a = leaf(av, [n], false);
+    const bucket = nt.full([n + 4], 7);
+    let calls = 0;
+    const handle = registerGradAllocator(w, () => { calls++; return viewOf(bucket, 2, [n]); });
+    const f = () => nt.add(nt.sum(nt.mul(w, a)), nt.sum(nt.mul(w, w)));
+    f().backward();
+    f().backward();
+    expect(calls).toBe(1);
+    const ref = Float64Array.from(wv, (x, i) => 2 * (Math.fround(av[i]!) + 2 * Math.fround(x)));
+    // The gradient lives in the bucket's range; the elements around it are untouched.
+    const b = Array.from(bucket.toArraySync());
+    expectClose(Float32Array.from(b.slice(2, 2 + n)), ref, 1e-5);
+    expect([...b.slice(0, 2), ...b.slice(2 + n)]).toEqual([7, 7, 7, 7]);
+    expectClose(w.grad!.toArraySync() as Float32Array, ref, 1e-5);
+    nt.zeroGrad([w]);
+    // An allocator returning null, and a removed one, leave backward's own gradient.
+    handle.remove();
+    const none = registerGradAllocator(w, () => null);
+    f().backward();
+    expectClose(w.grad!.toArraySync() as Float32Array, Float64Array.from(ref, (x) => x / 2), 1e-5);
+    expect(Array.from(bucket.toArraySync()).slice(2, 2 + n)).toEqual(b.slice(2, 2 + n));
+    none.remove();
+    nt.zeroGrad([w]);
+    // A tensor of the wrong shape is an AutogradError naming the leaf.
+    const bad = registerGradAllocator(w, () => viewOf(bucket, 0, [n - 1]));
+    expect(() => f().backward()).toThrow(nt.AutogradError);
+    bad.remove();
+    expect(() => registerGradAllocator(nt.mul(w, a), () => null)).toThrow(nt.AutogradError);
+    nt.zeroGrad([w]);
+    bucket.dispose();
   });
 });

@@ -1,6 +1,8 @@
 // Tensors on the cpu backend: creation, dtypes, shapes (0-d, empty), read-back, reshape, to, clone.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { viewOf } from '../../lib/internal.js';
+import { accumulateInto } from '../../lib/autograd/engine.js';
 
 const DTYPES = ['f32', 'f16', 'bf16', 'i32', 'u8'] as const;
 
@@ -82,6 +84,33 @@ describe('creation', () => {
     t.dispose();
     expect(r.tolist()).toEqual([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]);
     r.dispose();
+  });
+
+  it('viewOf aliases a range of another storage: writes show through both, the bytes outlive the base, bad ranges are ArgumentErrors', () => {
+    const base = nt.arange(10, { dtype: 'f32' });
+    const v = viewOf(base, 3, [2, 2]);
+    expect(v.tolist()).toEqual([[3, 4], [5, 6]]);
+    // In place through the view (autograd's accumulation): the base sees it; and the other way round.
+    accumulateInto(v, nt.full([2, 2], 10));
+    expect(Array.from(base.toArraySync())).toEqual([0, 1, 2, 13, 14, 15, 16, 7, 8, 9]);
+    accumulateInto(base, nt.ones([10]));
+    expect(Array.from(v.toArraySync())).toEqual([14, 15, 16, 17]);
+    // Disposing the base first leaves the view's bytes allocated and readable.
+    base.dispose();
+    expect(v.disposed).toBe(false);
+    expect(Array.from(v.toArraySync())).toEqual([14, 15, 16, 17]);
+    const w = viewOf(v, 1, [3]);
+    v.dispose();
+    expect(Array.from(w.toArraySync())).toEqual([15, 16, 17]);
+    w.dispose();
+    const b = nt.zeros([4], { dtype: 'bf16' });
+    expect(() => viewOf(b, 2, [3])).toThrow(nt.ArgumentError);
+    expect(() => viewOf(b, -1, [1])).toThrow(nt.ArgumentError);
+    const e = viewOf(b, 4, [0]);
+    expect(e.size).toBe(0);
+    e.dispose();
+    b.dispose();
+    expect(() => viewOf(b, 0, [1])).toThrow(nt.DisposedError);
   });
 
   it('toArray is async and item() reads a single value', async () => {

@@ -23,7 +23,7 @@ describe.skipIf(!haveRedis)('Gloo rendezvous through Redis', () => {
     const deadPort = await freePort();
     const results = await runRanks('smoke.mjs', 2, [], {
       NODETRON_WARN_LEAKS: '0', NODETRON_RDZV: `redis://127.0.0.1:${port}`, MASTER_PORT: String(deadPort), NODETRON_STORE_PREFIX: 'rdzv-test',
-    }, 60_000);
+    }, 120_000);
     for (const r of results) {
       expect(r.code, `rank ${r.rank}: ${r.stderr.slice(-2000)}`).toBe(0);
       expect(r.result.sum).toEqual([3, -1, 4]);
@@ -37,5 +37,5 @@ describe.skipIf(!haveRedis)('Gloo rendezvous through Redis', () => {
     } finally {
       await store.close();
     }
-  });
+  }, 180_000);
 });

@@ -18,7 +18,7 @@ export interface RankResult {
 
 /** Spawns `script` (a file in test/fixtures/dist) as ranks 0..n-1; `args` go to every rank. */
 export async function runRanks(script: string, n: number, args: string[] = [], env: Record<string, string> = {},
-  timeoutMs = 60_000): Promise<RankResult[]> {
+  timeoutMs = 150_000): Promise<RankResult[]> {
   const server = await StoreServer.start({ host: '127.0.0.1', port: 0 });
   try {
     const runs = Array.from({ length: n }, (_, rank) => new Promise<RankResult>((resolve) => {

@@ -445,5 +445,5 @@ describe('a Redis store with a password', () => {
     } finally {
       redis.kill('SIGTERM');
     }
-  }, 60_000);
+  }, 120_000);
 });

@@ -16,11 +16,11 @@ describe('API docs (typedoc)', () => {
       cwd: root,
       encoding: 'utf8',
       env: { ...process.env, NO_COLOR: '1', FORCE_COLOR: '0' },
-      timeout: 110_000,
+      timeout: 290_000,
     });
     const output = `${r.stdout ?? ''}${r.stderr ?? ''}`;
     const problems = output.split('\n').filter((l) => /\[(warning|error)\]/.test(l));
     expect(problems).toEqual([]);
     expect(r.status, output).toBe(0);
-  }, 120_000);
+  }, 300_000);
 });

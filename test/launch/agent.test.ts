@@ -68,5 +68,5 @@ process.exit(3);
       await tcp.close();
       await server.close();
     }
-  }, 60_000);
+  }, 120_000);
 });

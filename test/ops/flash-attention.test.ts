@@ -210,7 +210,7 @@ describe('flash attention against the materializing path', () => {
         });
       }
     }
-  }, 60_000);
+  }, 120_000);
 });
 
 describe('flash attention gradients by finite differences', () => {

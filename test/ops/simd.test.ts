@@ -269,7 +269,7 @@ describe('choosing the SIMD level', () => {
     const bad = run('fast');
     expect(bad.status).not.toBe(0);
     expect(bad.stderr).toMatch(/NODETRON_CPU_ISA=fast: unknown instruction-set level 'fast'; expected one of auto, baseline, avx2, avx512/);
-  }, 60_000);
+  }, 120_000);
 
   it('fmaPeak measures positive GFLOP/s at each supported level and rejects bad arguments', () => {
     for (const level of isa.supported) {

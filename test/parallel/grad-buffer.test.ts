@@ -100,8 +100,8 @@ describe('GradBuffer', () => {
       params.forEach((p, i) => p.registerPostAccumulateGradHook(() => { launchedAtHook.push(buf.launched); readyOrder.push(i); }));
       chainLoss(params, g.rank, 0).backward();
       const launchedByBackward = log.length;
-      // Marked gradients live in their buckets only; after the sync, in .grad only.
-      if (overlap) expect(params.every((p) => p.grad === null)).toBe(true);
+      // Marked gradients live in their buckets only: each .grad is the view of its bucket's range.
+      expect(params.every((p) => buf.gradIsView(p))).toBe(true);
       await buf.finishGradSync();
       expect(buf.buckets.every((b) => b.flat === null && b.work === null)).toBe(true);
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
@@ -129,6 +129,49 @@ describe('GradBuffer', () => {
     }));
   });
 
+  it('gradients are views of the buckets: backward writes and accumulates micro-batches in place, the allReduce averages in place (no gradient copied or replaced)', async () => {
+    const world = 2, micros = 2;
+    const results = await runLocalRanks(world, async (g) => {
+      const params = leafParams();
+      const buf = new GradBuffer(params, { group: g, bucketBytes: 60 });
+      const steps: Float32Array[][] = [];
+      // Three steps: the first step's buckets are rebuilt in readiness order, later ones reuse freed memory.
+      for (let step = 0; step < 3; step++) {
+        await buf.noSync(() => chainLoss(params, g.rank, 0).backward());
+        const views = params.map((p) => p.grad!);
+        expect(params.every((p) => buf.gradIsView(p))).toBe(true);
+        chainLoss(params, g.rank, 1).backward();
+        await buf.finishGradSync();
+        // The very tensors the first micro-batch's backward wrote hold the averages of both.
+        params.forEach((p, i) => expect(p.grad).toBe(views[i]));
+        steps.push(params.map((p) => p.grad!.toArraySync() as Float32Array));
+        nt.zeroGrad(params);
+      }
+      // Parameters that get no gradient contribute zeros, not what their bucket's memory held.
+      for (const p of params) buf.markGradReady(p);
+      await buf.finishGradSync();
+      expect(params.every((p) => buf.gradIsView(p) && Array.from(p.grad!.toArraySync()).every((x) => x === 0))).toBe(true);
+      nt.zeroGrad(params);
+      // Views keep their bytes after the buffer is gone.
+      await buf.noSync(() => chainLoss(params, g.rank, 0).backward());
+      chainLoss(params, g.rank, 1).backward();
+      await buf.finishGradSync();
+      buf.dispose();
+      const after = params.map((p) => p.grad!.toArraySync() as Float32Array);
+      nt.zeroGrad(params);
+      // After dispose() backward keeps its own gradients again.
+      chainLoss(params, g.rank, 0).backward();
+      expect(params.some((p) => buf.gradIsView(p))).toBe(false);
+      nt.zeroGrad(params);
+      return { steps, after };
+    });
+    const ref = meanOverRanks(world, micros);
+    for (const { steps, after } of results) {
+      expect(steps).toHaveLength(3);
+      for (const grads of [...steps, after]) grads.forEach((gr, i) => expect(maxAbsDiff(gr, ref[i]!)).toBeLessThan(1e-6));
+    }
+  });
+
   it('overlap with noSync: micro-batches accumulate without communication, the last one syncs their sum', async () => {
     const world = 2, micros = 3;
     const results = await runLocalRanks(world, async (g) => {
@@ -145,7 +188,7 @@ describe('GradBuffer', () => {
       expect(params.every((p) => p.grad !== null)).toBe(true);
       chainLoss(params, g.rank, micros - 1).backward();
       expect(log.length).toBe(buf.buckets.length);
-      expect(params.every((p) => p.grad === null)).toBe(true);  // moved into the buckets
+      expect(params.every((p) => buf.gradIsView(p))).toBe(true);  // moved into the buckets
       await buf.finishGradSync();
       const grads = params.map((p) => p.grad!.toArraySync() as Float32Array);
       buf.dispose();

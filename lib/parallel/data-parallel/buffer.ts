@@ -2,12 +2,24 @@
 // sync. Each bucket's averaging allReduce starts from autograd's grad-ready hooks as soon as the
 // bucket's last gradient is final, overlapping the rest of backward (Megatron's
 // param_and_grad_buffer, PyTorch DDP's reducer). No communication on non-final micro-batches (noSync).
+//
+// Gradients are views of the buckets (Megatron's main_grad, DDP's gradient_as_bucket_view): the
+// buffer registers a gradient allocator on every parameter, so a parameter's first gradient of a
+// step is written straight into its range of the bucket's flat buffer and becomes `.grad` there;
+// later micro-batches accumulate into it in place, the allReduce averages the bucket in place and
+// the optimizer reads the result through the same views. Nothing is copied into a bucket or back.
+// A bucket's buffer is allocated at its first gradient of a step; the buffer lets go of it when the
+// step's sync is done, and its bytes live on in the views until they are disposed (zeroGrad), as
+// plain gradients would. A gradient that is not its view when marked (set by hand, or left from an
+// earlier step that was not zeroed) is copied in once and replaced by the view.
+import { dtypeCode } from '../../dtype.js';
 import { StateError } from '../../errors.js';
+import { registerGradAllocator, type RemovableHandle } from '../../autograd/engine.js';
 import { keep } from '../../memory.js';
-import { emptyOn, type Tensor } from '../../tensor.js';
+import { emptyOn, viewOf, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { DEFAULT_BUCKET_BYTES, GradientBuckets, type Bucket, type BucketSync } from '../buckets.js';
-import { copyElements, FlatLayout } from '../flat.js';
+import { copyElements, FlatLayout, type FlatEntry } from '../flat.js';
 
 /** Options of {@link GradBuffer}. */
 export interface GradBufferOptions {
@@ -26,34 +38,81 @@ export interface GradBufferOptions {
 }
 
 /**
- * One bucket: a run of parameters packed back to back (`layout`), its flat gradient (allocated at
- * the step's first ready gradient, freed once the averages are written back), and the allReduce in
- * flight (if any).
+ * One bucket: a run of parameters packed back to back (`layout`), its flat buffer while the step's
+ * gradients are being marked (until its allReduce starts), and the allReduce in flight (if any).
  */
 export type GradBucket = Bucket<FlatLayout>;
 
-/** The all-reduce sync: a bucket's gradients packed back to back, reduced in place, written back into each .grad. */
-function allReduceSync(group: CollectiveGroup, average: boolean): BucketSync<FlatLayout> {
+/** This step's flat buffer of each bucket, and each parameter's gradient view of it. */
+class GradViews {
+  readonly #buffers = new Map<GradBucket, Tensor>();
+  readonly #views = new Map<Tensor, { view: Tensor; buffer: Tensor }>();
+
+  /**
+   * The bucket's buffer this step: allocated uninitialized (kept out of scopes) at its first use.
+   * Every range is written before the allReduce: by backward through a view, or when marked.
+   */
+  buffer(b: GradBucket): Tensor {
+    let buf = this.#buffers.get(b);
+    if (!buf || buf.disposed) {
+      buf = keep(emptyOn([b.layout.count], b.layout.dtype, b.params[0]!.deviceInfo));
+      this.#buffers.set(b, buf);
+    }
+    return buf;
+  }
+
+  /** Whether p.grad is the live view of p's range in `buffer` (any buffer when omitted). */
+  isView(p: Tensor, buffer?: Tensor): boolean {
+    const v = this.#views.get(p);
+    return v !== undefined && (buffer === undefined || v.buffer === buffer) && p.grad === v.view && !v.view.disposed;
+  }
+
+  /** The view of e's range in `buffer`, made p.grad (disposing whatever gradient p held). */
+  attach(e: FlatEntry, buffer: Tensor): Tensor {
+    const p = e.param;
+    let v = this.#views.get(p);
+    if (!v || v.buffer !== buffer || v.view.disposed) {
+      v = { view: keep(viewOf(buffer, e.offset, p.shape)), buffer };
+      this.#views.set(p, v);
+    }
+    if (p.grad !== v.view) { p.grad?.dispose(); p.grad = v.view; }
+    return v.view;
+  }
+
+  /** Lets go of the buffers (views handed out keep their bytes until they are disposed). */
+  release(): void {
+    for (const buf of this.#buffers.values()) buf.dispose();
+    this.#buffers.clear();
+  }
+
+  dispose(): void {
+    this.release();
+    this.#views.clear();
+  }
+}
+
+/** The all-reduce sync over the buckets' buffers, which the gradients are views of: reduced in place. */
+function allReduceSync(group: CollectiveGroup, average: boolean, views: GradViews): BucketSync<FlatLayout> {
   return {
     layout: (params) => new FlatLayout(params, 1, 'GradBuffer'),
-    // Zero-filled, so a parameter without a gradient contributes zeros.
-    allocate: (b) => keep(emptyOn([b.layout.count], b.layout.dtype, b.params[0]!.deviceInfo, true)),
+    allocate: (b) => views.buffer(b),
     pack: (b, i, flat) => {
       const e = b.layout.entries[i]!, p = e.param;
-      if (!p.grad) return;
-      copyElements(flat, e.offset, p.grad, 0, e.count);
-      p.grad.dispose();
+      if (views.isView(p, flat)) return;  // backward wrote it in place: nothing to copy
+      const old = p.grad;
       p.grad = null;
+      const view = views.attach(e, flat);
+      // A parameter without a gradient contributes zeros.
+      if (old) copyElements(view, 0, old, 0, e.count);
+      else view.backend.fill(view.storage, dtypeCode(view.dtype), e.count, 0);
+      old?.dispose();
     },
     start: (_b, flat) => ({ work: group.allReduce(flat, { op: average ? 'avg' : 'sum' }), out: flat }),
-    settle: (b, flat) => {
-      for (const e of b.layout.entries) {
-        const p = e.param;
-        if (!p.grad) p.grad = keep(emptyOn(p.shape, p.dtype, p.deviceInfo));
-        copyElements(p.grad, 0, flat, e.offset, e.count);
-      }
-      flat.dispose();
-    },
+    // In place: every gradient is a view of its reduced bucket already.
+    settle: () => {},
+    // The step is synchronized: the views hold the buffers' bytes from here on.
+    collect: () => views.release(),
+    discard: () => views.release(),
   };
 }
 
@@ -63,8 +122,10 @@ function allReduceSync(group: CollectiveGroup, average: boolean): BucketSync<Fla
  * first; with overlap, after the first step, in the order the gradients were actually ready. With
  * `overlap` (the default) the buffer hooks every parameter, so `loss.backward()` marks each
  * gradient ready as it becomes final; then `await finishGradSync()` before the optimizer step.
- * Between a gradient's mark and finishGradSync the gradient lives in its bucket and `p.grad` is
- * null, so gradients take their size in memory once, not twice.
+ * Each parameter's `.grad` is a view of its range of its bucket's flat buffer, so gradients take
+ * their size in memory once and are never copied into buckets or back: backward writes and
+ * accumulates them in the bucket, the allReduce averages it in place. Between a gradient's mark
+ * and finishGradSync its bucket may be in flight: read or write `.grad` only after finishGradSync.
  *
  * Every backward() that reaches the parameters marks them: for gradient accumulation, run every
  * micro-batch but the last inside noSync() (a second mark in one step is a StateError, as PyTorch
@@ -78,6 +139,9 @@ export class GradBuffer {
   /** Whether buckets communicate during backward (from the post-accumulate-grad hooks). */
   readonly overlap: boolean;
   readonly #buckets: GradientBuckets<FlatLayout>;
+  readonly #views = new GradViews();
+  readonly #allocators: RemovableHandle[] = [];
+  #located: { buckets: readonly GradBucket[]; at: Map<Tensor, readonly [GradBucket, FlatEntry]> } | null = null;
 
   constructor(params: readonly Tensor[], options: GradBufferOptions) {
     this.group = options.group;
@@ -87,9 +151,24 @@ export class GradBuffer {
     const checked = new FlatLayout(params, 1, 'GradBuffer').entries.map((e) => e.param);
     // Parameters without requiresGrad never get a gradient; finishGradSync packs them (zeros).
     this.#buckets = new GradientBuckets(checked, {
-      name: 'GradBuffer', group: this.group, sync: allReduceSync(this.group, this.average),
+      name: 'GradBuffer', group: this.group, sync: allReduceSync(this.group, this.average, this.#views),
       bucketBytes: options.bucketBytes ?? DEFAULT_BUCKET_BYTES, overlap: this.overlap, oneRoundPerStep: true, roundPerPass: false,
     });
+    for (const p of checked) if (p.requiresGrad) this.#allocators.push(registerGradAllocator(p, (q) => this.#gradView(q)));
+  }
+
+  // The view backward writes p's first gradient of the step into: p's range of its bucket's buffer.
+  // None while p's bucket is being synchronized (a second backward is an error the hooks report).
+  #gradView(p: Tensor): Tensor | null {
+    const buckets = this.#buckets.buckets;
+    if (this.#located?.buckets !== buckets) {
+      const at = new Map<Tensor, readonly [GradBucket, FlatEntry]>();
+      for (const b of buckets) for (const e of b.layout.entries) at.set(e.param, [b, e]);
+      this.#located = { buckets, at };
+    }
+    const [b, e] = this.#located.at.get(p)!;
+    if (b.marked.has(p) || b.work !== null) return null;
+    return this.#views.attach(e, this.#views.buffer(b));
   }
 
   /** The buckets, in the order their gradients are expected to be ready. */
@@ -112,8 +191,9 @@ export class GradBuffer {
   get syncEnabled(): boolean { return this.#buckets.syncEnabled; }
 
   /**
-   * Declares p's gradient final for this step: moves it into its bucket (p.grad becomes null) and
-   * starts the bucket's allReduce when it was the bucket's last (and every earlier bucket started).
+   * Declares p's gradient final for this step: it is in its bucket already when p.grad is the
+   * bucket's view (backward wrote it there); otherwise it is copied in once and p.grad becomes the view.
+   * Starts the bucket's allReduce when it was the bucket's last (and every earlier bucket started).
    * The overlap hooks call it; call it yourself only with `overlap: false`. Inside noSync() it does
    * nothing: gradients keep accumulating in p.grad.
    */
@@ -121,14 +201,25 @@ export class GradBuffer {
 
   /**
    * Marks every gradient not marked yet (all of them without overlap; parameters backward never
-   * reached with it, which contribute zeros), waits for every bucket, writes the averaged gradients
-   * back into each parameter's .grad and frees the buckets.
+   * reached with it, which contribute zeros) and waits for every bucket: then each parameter's
+   * .grad is the view of its averaged range.
    */
   async finishGradSync(): Promise<void> {
     if (!this.syncEnabled) throw new StateError('GradBuffer.finishGradSync inside noSync(): the last micro-batch must run with sync on');
     await this.#buckets.finish();
   }
 
-  /** Removes the hooks and frees the buckets (a step in flight is abandoned). */
-  dispose(): void { this.#buckets.dispose(); }
+  /** Whether p.grad is the view of p's range in its bucket's buffer (what backward accumulates into without copies). */
+  gradIsView(p: Tensor): boolean { return this.#views.isView(p); }
+
+  /**
+   * Removes the hooks and frees the buckets (a step in flight is abandoned). Gradients handed out
+   * as views keep their bytes until they are disposed.
+   */
+  dispose(): void {
+    for (const h of this.#allocators) h.remove();
+    this.#allocators.length = 0;
+    this.#buckets.dispose();
+    this.#views.dispose();
+  }
 }
