@@ -11,7 +11,7 @@ describe('the mesh with ep', () => {
     expect(m.allGroups('dp')).toEqual([[0, 2, 4, 6], [1, 3, 5, 7]]);
     expect(m.expertGroups()).toEqual([[0, 2], [4, 6], [1, 3], [5, 7]]);
     expect(m.expertDataGroups()).toEqual([[0, 4], [2, 6], [1, 5], [3, 7]]);
-    expect(m.describe()).toBe('tp=2 pp=1 dp=4 ep=2 order=tp-pp-dp');
+    expect(m.describe()).toBe('tp=2 pp=1 dp=4 ep=2 order=tp-cp-pp-dp');
     const whole = new nt.parallel.MeshLayout({ tp: 1, pp: 1, dp: 4, ep: 4 });
     expect(whole.expertGroups()).toEqual([[0, 1, 2, 3]]);
     expect(whole.expertDataGroups()).toEqual([]);
