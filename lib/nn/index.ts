@@ -1,9 +1,12 @@
-// Layers and models: Module/Parameter, Linear, Embedding, LayerNorm, Dropout, GPT-2, initializers.
+// Layers and models: Module/Parameter, Linear, Embedding, LayerNorm, RMSNorm, Dropout, GPT-2, Llama, initializers.
 export { Module, Parameter, type LoadStateDictOptions, type LoadStateDictResult, type TensorSplit } from './module.js';
-export { Linear, Embedding, LayerNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
+export { Linear, Embedding, LayerNorm, RMSNorm, Dropout, type LayerOptions, type InitOption } from './layers.js';
 export {
-  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample,
+  GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample, generateTokens,
   type GPTConfig, type GPTOptions, type GPTOutput, type GPTLogitsOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
-  type TokenEmbedding, type VocabLayout, type SequenceLayout,
+  type TokenEmbedding, type VocabLayout, type SequenceLayout, type CausalLM, type ModelShape, type AttentionHeads,
 } from './gpt.js';
+export {
+  Llama, LlamaBlock, LlamaAttention, LlamaMLP, llamaConfig, type LlamaConfig, type CheckedLlamaConfig, type LlamaOptions, type LlamaMLPFactory, type LlamaMLPLike,
+} from './llama.js';
 export * as init from './init.js';
