@@ -357,6 +357,14 @@ export interface ModelShape {
   blockSize: number;
 }
 
+/** The named modules a pipeline stage holds besides its blocks (CausalLM.stageModules). */
+export interface StageModules {
+  /** Before the blocks, on the first stage: the embeddings (and, on the last, a tied table). */
+  before: Array<[string, Module]>;
+  /** After the blocks, on the last stage: the final norm and the head. */
+  after: Array<[string, Module]>;
+}
+
 /**
  * What the parallel machinery (pipeline stages, tensor-parallel layouts, nt.train.setup) needs of a
  * decoder-only model: the GPT and nt.nn.Llama both are one. forward = head(forwardBlocks(embed(idx))).
@@ -392,7 +400,7 @@ export interface CausalLM extends Module {
    * The named modules a pipeline stage holds besides its blocks: `before` them on the first stage
    * (the embeddings) and `after` them on the last (final norm, head); a tied table on both.
    */
-  stageModules(first: boolean, last: boolean): { before: Array<[string, Module]>; after: Array<[string, Module]> };
+  stageModules(first: boolean, last: boolean): StageModules;
   /** The token table when the LM head is tied to it (held by the first and the last stage), else null. */
   readonly tiedWeight: Parameter | null;
   /** A new model of the same config built with other options (a whole copy for a split model's export). */
@@ -518,13 +526,15 @@ export class GPT extends Module implements CausalLM {
   get blocks(): readonly Module[] { return this.h; }
   /** The tied token table (the GPT's head is always tied). */
   get tiedWeight(): Parameter { return this.wte.weight; }
-  stageModules(first: boolean, last: boolean): { before: Array<[string, Module]>; after: Array<[string, Module]> } {
+  /** wte (first and last stage), wpe (first), lnF (last). */
+  stageModules(first: boolean, last: boolean): StageModules {
     const before: Array<[string, Module]> = [];
     // The token embedding is both the first stage's input table and the last stage's output head.
     if (first || last) before.push(['wte', this.wte]);
     if (first) before.push(['wpe', this.wpe]);
     return { before, after: last ? [['lnF', this.lnF]] : [] };
   }
+  /** A new GPT of this config with other options. */
   rebuild(opts: GPTOptions): GPT { return new GPT(this.config, opts); }
 
   /**

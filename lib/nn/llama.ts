@@ -15,7 +15,7 @@ import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
   defaultLinearFactory, defaultVocabLayout, generateTokens, wholeSequence, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
-  type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type SequenceLayout, type TokenEmbedding, type VocabLayout,
+  type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
@@ -117,6 +117,7 @@ function factoryConfig(c: CheckedLlamaConfig): GPTConfig {
 
 /** What {@link LlamaBlock} needs of its MLP: x [B, T', C] → [B, T', C] (a mixture of experts may take its place). */
 export interface LlamaMLPLike extends Module {
+  /** x [B, T', C] → [B, T', C]. */
   forward(x: Tensor): Tensor;
 }
 
@@ -131,9 +132,13 @@ export interface LlamaOptions extends GPTOptions {
 
 /** Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k, grouped-query flash attention, the output projection. */
 export class LlamaAttention extends Module {
+  /** Query projection, C → heads·D. */
   readonly qProj: LinearLike;
+  /** Key projection, C → kvHeads·D. */
   readonly kProj: LinearLike;
+  /** Value projection, C → kvHeads·D. */
   readonly vProj: LinearLike;
+  /** Output projection, heads·D → C. */
   readonly oProj: LinearLike;
   /** Channels per head. */
   readonly headDim: number;
@@ -169,8 +174,11 @@ export class LlamaAttention extends Module {
 
 /** Llama's SwiGLU MLP: down(silu(gate(x))·up(x)). */
 export class LlamaMLP extends Module {
+  /** Gate projection, C → intermediateSize (through silu). */
   readonly gateProj: LinearLike;
+  /** Up projection, C → intermediateSize. */
   readonly upProj: LinearLike;
+  /** Down projection, intermediateSize → C. */
   readonly downProj: LinearLike;
   constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
     super();
@@ -188,8 +196,11 @@ export class LlamaMLP extends Module {
 
 /** A Llama block: x + attn(rmsNorm(x)), then + mlp(rmsNorm(·)). */
 export class LlamaBlock extends Module {
+  /** RMSNorm before attention. */
   readonly inputLayernorm: RMSNorm;
+  /** The attention layer. */
   readonly selfAttn: LlamaAttention;
+  /** RMSNorm before the MLP. */
   readonly postAttentionLayernorm: RMSNorm;
   /** The MLP (SwiGLU by default; replaceable through LlamaOptions.mlp). */
   readonly mlp: LlamaMLPLike;
@@ -323,7 +334,8 @@ export class Llama extends Module implements CausalLM {
   /** Full-vocabulary logits from forward's. */
   gatherLogits(logits: Tensor): Tensor { return this.vocabLayout.gather(logits); }
 
-  stageModules(first: boolean, last: boolean): { before: Array<[string, Module]>; after: Array<[string, Module]> } {
+  /** embedTokens (first stage, and last when tied), norm and lmHead (last). */
+  stageModules(first: boolean, last: boolean): StageModules {
     const head = this.lmHead;
     const before: Array<[string, Module]> = first || (last && head === null) ? [['embedTokens', this.embedTokens]] : [];
     const after: Array<[string, Module]> = last ? [['norm', this.norm], ...(head ? [['lmHead', head] as [string, Module]] : [])] : [];
