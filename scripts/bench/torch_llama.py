@@ -50,7 +50,7 @@ def main():
         step()
         times.append((time.perf_counter() - t0) * 1000)
     ms = statistics.median(times)
-    env = {k: os.environ[k] for k in ('MALLOC_MMAP_MAX_', 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_') if k in os.environ}
+    env = {k: os.environ[k] for k in ('MALLOC_MMAP_MAX_', 'MALLOC_TRIM_THRESHOLD_', 'MALLOC_TOP_PAD_', 'OMP_WAIT_POLICY') if k in os.environ}
     print(json.dumps({
         'impl': 'pytorch-eager', 'torch': torch.__version__, 'transformers': transformers.__version__, 'threads': torch.get_num_threads(),
         'allocatorEnv': env, 'msPerStep': ms, 'tokensPerSec': a.batch * a.ctx / (ms / 1000),

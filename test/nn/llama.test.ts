@@ -145,6 +145,36 @@ describe('nt.nn.Llama', () => {
     expect(m.layers[1]!.mlp).toBeInstanceOf(nt.nn.LlamaMLP);
     m.dispose();
   });
+  it('nt.train.setup trains a Llama as trainStep does; progress names it; the run exports a LlamaForCausalLM directory', async () => {
+    const { mkdtempSync, rmSync, readFileSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const batch = (step: number) => ({
+      inputs: nt.tensor(Int32Array.from(IDS.flat().map((v) => (v + step) % 29)), [2, 8], { dtype: 'i32' }),
+      targets: nt.tensor(Int32Array.from(IDS.flat().map((v) => (v + step + 1) % 29)), [2, 8], { dtype: 'i32' }),
+    });
+    const lines: string[] = [];
+    const run = await nt.train.setup({
+      model: (shard) => new nt.nn.Llama({ ...base, maxPositionEmbeddings: 8 }, shard), batchSize: 2, seed: 4, steps: 3, layout: {},
+      paramGroups: (named) => [{ params: named.map(([, p]) => p) }], optimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-2 }), lr: 1e-2,
+      progress: { every: 1, log: (l) => lines.push(l) },
+    });
+    expect(run.gpt.family).toBe('llama');
+    expect(run.flopsPerToken).toBe(nt.train.llamaFlopsPerToken(base, 8));
+    const losses: number[] = [];
+    for (let step = 0; step < 3; step++) { const b = batch(step); losses.push((await run.step(b)).loss); b.inputs.dispose(); b.targets.dispose(); }
+    const dir = mkdtempSync(join(tmpdir(), 'nt-llama-run-'));
+    expect(await run.exportHF(dir)).toBe(true);
+    expect(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')).model_type).toBe('llama');
+    await run.close();
+    rmSync(dir, { recursive: true, force: true });
+    expect(lines.some((l) => /^Llama: 2 layers, 4 heads \(2 kv\), width 16/.test(l))).toBe(true);
+    const m = new nt.nn.Llama({ ...base, maxPositionEmbeddings: 8 }, { seed: 4 });
+    const opt = new nt.optim.AdamW(m.parameters(), { lr: 1e-2 });
+    const hand = [0, 1, 2].map((step) => { const b = batch(step); const l = nt.trainStep(m, opt, b.inputs, b.targets, { lr: 1e-2 }).loss; b.inputs.dispose(); b.targets.dispose(); return l; });
+    m.dispose();
+    expect(losses).toEqual(hand);
+  }, 120_000);
   it('generates tokens and trains under bf16 autocast close to f32', () => {
     const m = new nt.nn.Llama(base, { seed: 1 });
     const out = m.generate(nt.tensor(Int32Array.from([1, 2, 3]), [1, 3], { dtype: 'i32' }), 4, { seed: 2 });
