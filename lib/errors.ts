@@ -73,6 +73,19 @@ export class BackendUnavailableError extends NodetronError {
 export class NativeError extends NodetronError {
   constructor(message: string, call?: string) { super('ERR_NATIVE', message, call); }
 }
+/**
+ * Work that cannot be captured into a CUDA graph (nt.cuda.graph): a host synchronization (reading a
+ * tensor's values, `.item()`-like calls), a CUDA call the capture does not allow, or any error thrown
+ * inside the captured function. `op` names where it happened; the capture is discarded.
+ */
+export class GraphCaptureError extends NativeError {
+  /** The op, kernel or call that failed the capture. */
+  readonly op: string;
+  constructor(message: string, op: string, call?: string) {
+    super(message, call);
+    this.op = op;
+  }
+}
 /** A collective or point-to-point operation that failed. */
 export class CommError extends NodetronError {
   constructor(message: string, call?: string) { super('ERR_COMM', message, call); }

@@ -118,12 +118,13 @@ export const BACKEND_KERNELS = Object.keys({
  */
 export const CPU_ONLY_EXPORTS = [
   'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBlasThreads',
-  'setCpuIsa', 'setKernelThreads', 'streamTriadLoop',
+  'setCpuIsa', 'setHostMemoryLimit', 'setKernelThreads', 'streamTriadLoop',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [
   'NcclComm', 'currentStream', 'debugSync', 'deviceCount', 'deviceInfo', 'driverStatus', 'eventCreate', 'eventDestroy', 'eventElapsedMs', 'eventQuery',
-  'eventRecord', 'eventSynchronize', 'gemmPlanCache', 'gemm_epilogue', 'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
+  'eventRecord', 'eventSynchronize', 'gemmPlanCache', 'gemm_epilogue', 'graphAbort', 'graphBegin', 'graphCapturing', 'graphDestroy', 'graphEnd', 'graphLaunch',
+  'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
   'setMatmulTf32', 'streamCreate', 'streamDestroy', 'streamQuery', 'streamSynchronize', 'streamWaitEvent', 'synchronize',
 ] as const;
 
@@ -217,6 +218,10 @@ export function cpu(): BackendAddon {
       throw new ArgumentError(`NODETRON_CPU_ISA=${isa}: ${(e as Error).message.replace(/^setCpuIsa: /, '')}`, 'load');
     }
   }
+  // NODETRON_MEMORY_LIMIT=bytes (K, M, G, T suffixes are powers of 1024): the most host storage this
+  // process holds at once; an allocation past it is an OutOfMemoryError (native/core/core.cc).
+  const limit = process.env.NODETRON_MEMORY_LIMIT;
+  if (limit !== undefined && limit.trim() !== '') addon.setHostMemoryLimit(parseMemoryLimit(limit));
   cpuAddon = addon;
   return addon;
 }
@@ -423,4 +428,14 @@ export function cudaAddonLoadable(): { ok: true } | { ok: false; reason: string 
   } catch (e) {
     return { ok: false, reason: (e as Error).message };
   }
+}
+
+/** NODETRON_MEMORY_LIMIT's value in bytes: an integer with an optional K, M, G or T (powers of 1024, `B`/`iB` allowed); ArgumentError otherwise. */
+export function parseMemoryLimit(text: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$/i.exec(text);
+  const bytes = m ? Math.floor(Number(m[1]) * 1024 ** ' kmgt'.indexOf((m[2] || ' ').toLowerCase())) : NaN;
+  if (!m || !Number.isSafeInteger(bytes) || bytes < 1) {
+    throw new ArgumentError(`NODETRON_MEMORY_LIMIT=${JSON.stringify(text)}: expected a number of bytes >= 1 with an optional K, M, G or T suffix (e.g. 512M)`, 'load');
+  }
+  return bytes;
 }

@@ -18,6 +18,7 @@ import { AdamW } from '../optim/adamw.js';
 import { trainStep } from '../step.js';
 import { gptFlopsPerToken } from '../train/progress.js';
 import { measureFmaPeak } from './gemm.js';
+import { CUDA_USAGE, cudaTrainBench, GPT2_124M } from './train-cuda.js';
 import { gptConfigOf, selectConfigs, type TrainBenchConfig } from './configs.js';
 import { median, runTorchPeer, TORCH_ALLOCATORS } from './util.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
@@ -95,14 +96,25 @@ export async function main(argv: string[]): Promise<number> {
     return (await import('./layout.js')).layoutMain(argv);
   }
   const o = parseOptions(argv, {
-    json: 'outfile', config: { kind: 'string', choices: ['tiny', 'small', 'all'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
+    device: { kind: 'string', choices: ['cpu', 'cuda'] }, batch: { kind: 'positive', max: 4096 }, 'no-kernels': 'boolean',
+    json: 'outfile', config: { kind: 'string', choices: ['tiny', 'small', 'all', 'gpt2'] }, steps: { kind: 'positive', max: 1e6 }, warmup: { kind: 'count', max: 1e6 }, 'no-torch': 'boolean', help: 'boolean',
     'torch-alloc': 'string', 'torch-compile': 'string',
   }, { h: 'help' });
   if (o.help) {
-    console.log(usage);
+    console.log(`${usage}\n       ${CUDA_USAGE.replace(/^usage: /, '')}`);
     return 0;
   }
   expectPositionals(o, 'nothing', 0);
+  if (o.device === 'cuda') {
+    const which = (o.config as string | undefined) ?? 'gpt2';
+    const base = which === 'gpt2' ? [GPT2_124M] : selectConfigs(which);
+    const batch = o.batch as number | undefined;
+    const tc = (o['torch-compile'] as string | undefined) ?? 'on';
+    if (tc !== 'on' && tc !== 'off') throw new ArgumentError(`bench train --device cuda: --torch-compile is on or off, got ${tc}`);
+    return cudaTrainBench({ configs: base.map((c) => (batch ? { ...c, batch } : c)), steps: (o.steps as number | undefined) ?? 10, warmup: (o.warmup as number | undefined) ?? 3,
+      torch: !o['no-torch'], compile: tc === 'on', kernels: !o['no-kernels'], json: o.json as string | undefined });
+  }
+  if (o.config === 'gpt2' || o.batch !== undefined || o['no-kernels']) throw new ArgumentError('bench train: --config gpt2, --batch and --no-kernels go with --device cuda');
   const configs = selectConfigs(o.config as string | undefined);
   const steps = (o.steps as number | undefined) ?? 7, warmup = (o.warmup as number | undefined) ?? 3;
   const alloc = (o['torch-alloc'] as string | undefined) ?? 'auto';

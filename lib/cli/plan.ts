@@ -65,7 +65,7 @@ async function calibrate(o: Record<string, unknown>): Promise<number> {
   // ranks all reject it.
   for (const l of layouts) {
     const p = parseLayoutSpec(l);
-    const ranks = p.dp * p.tp * p.pp;
+    const ranks = p.dp * p.tp * p.pp * (p.cp ?? 1);
     if (ranks > MAX_CALIBRATION_RANKS) throw new UsageError(`--layouts ${JSON.stringify(l)} needs ${ranks} ranks; calibration runs them as processes here, at most ${MAX_CALIBRATION_RANKS}`);
     checkCalibrationLayout(l);
   }
@@ -110,7 +110,7 @@ export async function main(argv: string[]): Promise<number> {
   console.log(`${model.name}: ${(totalParams(model) / 1e9).toFixed(2)}B parameters, ${model.nLayer} layers, width ${model.nEmbd}, ${model.nHead} heads, vocab ${model.vocabSize}; ` +
     `${gpus} × ${device.name} (${gib(gpuMemory)} GiB) on ${(o.nodes as number | undefined) ?? 1} node(s), ${dtype}, seq ${seq}, global batch ${globalBatch}`);
   console.log(`${ok.filter((c) => c.fits).length} of ${ok.length} layouts fit (${candidates.length - ok.length} skipped: see --json)\n`);
-  const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''} pp${c.layout.pp} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
+  const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''}${(c.layout.cp ?? 1) > 1 ? ` cp${c.layout.cp}${c.layout.cpMode === 'ulysses' ? '+uly' : ''}` : ''} pp${c.layout.pp} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
     `b${c.microBatchSize}×${c.layout.microBatches}${c.layout.pp > 1 ? ` ${c.layout.schedule}` : ''}`;
   printTable(['#', 'layout', 'params', 'grads', 'optim', 'activ', 'logits', 'buffers', 'total GiB', 'fits', 'step s'],
     top.map((c, i) => { const m = c.memory!; return [i + 1, desc(c), gib(m.params), gib(m.grads), gib(m.optimizerState), gib(m.activations), gib(m.logits), gib(m.buffers + m.overhead), gib(m.total), c.fits ? 'yes' : 'NO', c.time!.total.toFixed(3)]; }));

@@ -3,6 +3,7 @@ import { cuda as cudaAddon } from '../native.js';
 import { ArgumentError } from '../errors.js';
 
 export { Stream, Event, currentStream, newStream, setStream, withStream, synchronize, recordStream } from './streams.js';
+export { graph, isCapturing, CudaGraph, type GraphOptions } from './graph.js';
 
 /** Number of usable GPUs (0 without the cuda backend, a driver or a GPU). */
 export function deviceCount(): number {

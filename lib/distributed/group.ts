@@ -94,6 +94,8 @@ export interface CollectiveGroup {
   send(t: Tensor, dst: number): CollectiveWork;
   /** Receives into `t` from group rank `src`; completes when the data is in `t`. */
   recv(t: Tensor, src: number): CollectiveWork;
+  /** Optional: block i of `input` to rank i, block j of `out` from rank j (equal blocks); what Ulysses context parallelism needs. */
+  allToAll?(out: Tensor, input: Tensor): CollectiveWork;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */

@@ -7,6 +7,7 @@
 import { noGrad, recompute } from '../autograd/index.js';
 import { arange, rand, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { geluMlp } from '../ops/matmul.js';
 import { add, addLayerNorm, attentionPacked, crossEntropy, embedding, gelu, layerNorm, linear, linearCrossEntropy, linearGelu } from '../ops/index.js';
 import { scope } from '../memory.js';
 import { Generator } from '../random.js';
@@ -161,6 +162,21 @@ export const wholeSequence: SequenceLayout = {
   replicated: (p) => p,
 };
 
+/**
+ * How the sequence is split over context-parallel processes (lib/parallel's contextParallelLayout):
+ * each holds some of a sequence's tokens, in an order of its own, through the whole model; positions
+ * are the tokens' global ones and attention runs over all the processes' tokens (ring attention or
+ * Ulysses). The default, none, holds every token in order.
+ */
+export interface ContextLayout {
+  /** Processes the sequence is split over (1: none). */
+  readonly parts: number;
+  /** The global positions of this process's tokens, in its order, when it holds `localLen` tokens of a sequence of localLen·parts. */
+  positions(localLen: number): Int32Array;
+  /** Causal attention of this process's tokens over the whole sequence: qkv [B, t, 3·heads·D] → [B, t, heads·D], as attentionPacked. */
+  attention(qkv: Tensor, heads: number): Tensor;
+}
+
 export interface GPTOptions extends LayerOptions {
   /** Seed of the initialization (used when no generator is given); default 0. */
   seed?: number | bigint;
@@ -170,6 +186,8 @@ export interface GPTOptions extends LayerOptions {
   vocabLayout?: VocabLayout;
   /** How the sequence is held between the linear layers (default: wholeSequence). */
   sequenceLayout?: SequenceLayout;
+  /** How the sequence is split over context-parallel processes (default: not at all). */
+  contextLayout?: ContextLayout;
   /** Recompute each block's activations in backward; overrides config.recompute when given. */
   recompute?: boolean;
 }
@@ -212,16 +230,19 @@ export class CausalSelfAttention extends Module {
   /** Channels per head: nEmbd / nHead. */
   readonly headDim: number;
   readonly #sequence: SequenceLayout;
+  readonly #context: ContextLayout | null;
   /**
    * Builds the layer's linear layers through `factory`.
    * @param config The model's config.
    * @param layer Device, dtype and generator of the parameters.
    * @param factory Builds the linear layers.
    * @param sequence How the sequence is held (default: wholeSequence).
+   * @param context How the sequence is split over context-parallel processes (default: not).
    */
-  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence, context: ContextLayout | null = null) {
     super();
     this.#sequence = sequence;
+    this.#context = context && context.parts > 1 ? context : null;
     const { nEmbd: c, nHead, nLayer, bias } = config;
     this.headDim = c / nHead;
     this.qkv = factory(c, 3 * c, { role: 'attn.qkv', bias, std: INIT_STD, layer, config });
@@ -233,9 +254,14 @@ export class CausalSelfAttention extends Module {
     const qkvOut = this.qkv.forward(x);
     const localHeads = this.qkv.weight.shape[0]! / (3 * this.headDim);
     // Heads gathered from the packed projection and merged back in one op (no split/permute copies).
-    const merged = attentionPacked(qkvOut, localHeads, { causal: true, window: this.config.window });
+    const merged = this.#context ? this.#context.attention(qkvOut, localHeads) : attentionPacked(qkvOut, localHeads, { causal: true, window: this.config.window });
     return dropChunk(this.dropout, this.proj.forward(merged), this.#sequence);
   }
+}
+
+/** A Linear whose forward is Linear's own (not a subclass with another forward). */
+function isPlainLinear(l: LinearLike): l is Linear {
+  return l instanceof Linear && l.forward === Linear.prototype.forward;
 }
 
 /** The feed-forward block: C → 4C, GELU, 4C → C, dropout. */
@@ -257,9 +283,14 @@ export class MLP extends Module {
   }
   /** x [B, T, C] → [B, T, C]. */
   forward(x: Tensor): Tensor {
-    // A plain Linear (not a subclass with its own forward) runs its GEMM, bias and GELU as one op.
-    const fc = this.fc;
-    const hidden = fc instanceof Linear && fc.forward === Linear.prototype.forward ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
+    // Plain Linears (not subclasses with their own forward) run as fused ops: on cuda both layers as
+    // geluMlp (cuBLASLt's epilogues make the bias gradients and GELU's backward inside the GEMMs, and no
+    // [rows, 4C] gradient of the hidden layer is stored); elsewhere the first layer's GEMM, bias and GELU
+    // as linearGelu (on cpu the two-op form holds less at its peak: the output gradient and dW2 are freed
+    // before the hidden layer's backward runs).
+    const fc = this.fc, proj = this.proj;
+    if (x.deviceInfo.type === 'cuda' && isPlainLinear(fc) && isPlainLinear(proj)) return dropChunk(this.dropout, geluMlp(x, fc.weight, fc.bias, proj.weight, proj.bias), this.#sequence);
+    const hidden = isPlainLinear(fc) ? linearGelu(x, fc.weight, fc.bias) : gelu(fc.forward(x));
     return dropChunk(this.dropout, this.proj.forward(hidden), this.#sequence);
   }
 }
@@ -284,12 +315,13 @@ export class Block extends Module {
    * @param layer Device, dtype and generator of the parameters.
    * @param factory Builds the linear layers.
    * @param sequence How the sequence is held (default: wholeSequence).
+   * @param context How the sequence is split over context-parallel processes (default: not).
    */
-  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence) {
+  constructor(readonly config: GPTConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout = wholeSequence, context: ContextLayout | null = null) {
     super();
     this.#sequence = sequence;
     this.ln1 = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
-    this.attn = new CausalSelfAttention(config, layer, factory, sequence);
+    this.attn = new CausalSelfAttention(config, layer, factory, sequence, context);
     this.ln2 = config.parallelBlock ? null : new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
     this.mlp = new MLP(config, layer, factory, sequence);
   }
@@ -386,6 +418,8 @@ export interface CausalLM extends Module {
   readonly vocabLayout: VocabLayout;
   /** How the sequence is held. */
   readonly sequenceLayout: SequenceLayout;
+  /** How the sequence is split over context-parallel processes (null: not split). */
+  readonly contextLayout: ContextLayout | null;
   /** Token ids i32 [B, T] → the first block's input [B, T', C]. */
   embed(idx: Tensor): Tensor;
   /** Blocks [start, end) over x. */
@@ -432,6 +466,8 @@ export class GPT extends Module implements CausalLM {
   readonly vocabLayout: VocabLayout;
   /** How the sequence is held. */
   readonly sequenceLayout: SequenceLayout;
+  /** How the sequence is split over context-parallel processes (null: not). */
+  readonly contextLayout: ContextLayout | null;
   /** The generator of the initialization and of dropout (checkpoints save its position). */
   readonly generator: Generator;
 
@@ -444,11 +480,15 @@ export class GPT extends Module implements CausalLM {
     const factory = opts.linearFactory ?? defaultLinearFactory;
     this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
     this.sequenceLayout = opts.sequenceLayout ?? wholeSequence;
+    this.contextLayout = opts.contextLayout && opts.contextLayout.parts > 1 ? opts.contextLayout : null;
+    if (this.contextLayout && (this.config.window || this.config.dropout > 0)) {
+      throw new ArgumentError(`GPT: context parallelism (${this.contextLayout.parts} parts) needs plain causal attention and no dropout, but the config has ${this.config.window ? `window ${this.config.window}` : `dropout ${this.config.dropout}`}`);
+    }
     this.wte = this.vocabLayout.embedding(config.vocabSize, config.nEmbd, { std: INIT_STD, layer });
     this.wpe = new Embedding(config.blockSize, config.nEmbd, { ...layer, initialize: false });
     normal(this.wpe.weight, 0, INIT_STD, generator);
     this.drop = new Dropout(config.dropout, generator);
-    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory, this.sequenceLayout));
+    this.h = Array.from({ length: config.nLayer }, () => new Block(this.config, layer, factory, this.sequenceLayout, this.contextLayout));
     this.lnF = new LayerNorm(config.nEmbd, { ...layer, bias: config.bias });
   }
 
@@ -469,15 +509,18 @@ export class GPT extends Module implements CausalLM {
   embed(idx: Tensor): Tensor {
     checkTensor(idx, 'GPT.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const t = idx.shape[1]!;
-    if (t > this.config.blockSize) throw new ShapeError(`GPT.forward: sequence length ${t} exceeds blockSize ${this.config.blockSize}`);
+    const t = idx.shape[1]!, cp = this.contextLayout?.parts ?? 1;
+    if (t * cp > this.config.blockSize) {
+      throw new ShapeError(`GPT.forward: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds blockSize ${this.config.blockSize}`);
+    }
     const { start, count } = this.sequenceLayout.chunk(t);
     const tokens = this.wte.forward(idx);
     if (tokens.shape[1] !== count) {
       throw new StateError(`GPT.forward: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
     }
     // Each chunk adds its own positions, so every position embedding is added exactly once.
-    using pos = arange(start, start + count, 1, { device: idx.device });
+    using pos = this.contextLayout ? tensor(this.contextLayout.positions(t).subarray(start, start + count), [count], { device: idx.device })
+      : arange(start, start + count, 1, { device: idx.device });
     return dropChunk(this.drop, add(tokens, embedding(pos, this.sequenceLayout.replicated(this.wpe.weight))), this.sequenceLayout);
   }
 
@@ -546,6 +589,7 @@ export class GPT extends Module implements CausalLM {
    * the logits read) and cropped to the largest such multiple within blockSize.
    */
   generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {
+    if (this.contextLayout) throw new StateError('generate: the model splits the sequence over context-parallel processes; sample from a copy built without contextLayout (same parameters)');
     return generateTokens(this, idx, maxNewTokens, opts);
   }
 }

@@ -4,7 +4,7 @@ export { Linear, Embedding, LayerNorm, RMSNorm, Dropout, type LayerOptions, type
 export {
   GPT, Block, CausalSelfAttention, MLP, defaultLinearFactory, defaultVocabLayout, wholeSequence, padVocab, sample, generateTokens,
   type GPTConfig, type GPTOptions, type GPTOutput, type GPTLogitsOutput, type GenerateOptions, type LinearFactory, type LinearLike, type LinearRole,
-  type TokenEmbedding, type VocabLayout, type SequenceLayout, type CausalLM, type ModelShape, type AttentionHeads, type StageModules,
+  type TokenEmbedding, type VocabLayout, type SequenceLayout, type ContextLayout, type CausalLM, type ModelShape, type AttentionHeads, type StageModules,
 } from './gpt.js';
 export {
   Llama, LlamaBlock, LlamaAttention, LlamaMLP, llamaConfig, type LlamaConfig, type CheckedLlamaConfig, type LlamaOptions, type LlamaMLPFactory, type LlamaMLPLike,

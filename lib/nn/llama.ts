@@ -246,12 +246,17 @@ export class Llama extends Module implements CausalLM {
   readonly config: Readonly<CheckedLlamaConfig>;
   readonly vocabLayout: VocabLayout;
   readonly sequenceLayout: SequenceLayout;
+  /** Always null: Llama does not take context parallelism yet (a contextLayout of more than one part is refused). */
+  readonly contextLayout = null;
   readonly generator: Generator;
   readonly #opts: LlamaOptions;
 
   constructor(config: LlamaConfig | Record<string, unknown>, opts: LlamaOptions = {}) {
     super();
     const checked = llamaConfig(config);
+    if (opts.contextLayout && opts.contextLayout.parts > 1) {
+      throw new ArgumentError(`Llama: context parallelism (${opts.contextLayout.parts} parts, --cp) is not supported for Llama yet; train it with tp, sp, pp, dp and ZeRO`);
+    }
     this.config = opts.recompute === undefined ? checked : { ...checked, recompute: opts.recompute };
     this.#opts = opts;
     const c = this.config;

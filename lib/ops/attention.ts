@@ -44,6 +44,12 @@ function layout(offset: number, batch: number, head: number, token: number): Int
   return new Int32Array([offset, batch, head, token]);
 }
 
+/**
+ * Internal: a flash kernel layout [offset, batchStride, headStride, tokenStride] in elements, checked
+ * to fit 32 bits (context parallelism's ring attention calls the kernels on blocks of the sequence).
+ */
+export const flashLayout = layout;
+
 /** Where q, k, v (in one or three storages), the output and their gradients live for the flash kernels. */
 interface FlashLayouts { q: Int32Array; k: Int32Array; v: Int32Array; o: Int32Array }
 

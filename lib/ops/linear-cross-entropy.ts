@@ -10,7 +10,7 @@ import { autocastDtypeFor } from '../amp.js';
 import { runCast } from './autocast.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
-import { BINARY } from '../kernel-codes.js';
+import { BINARY, UNARY } from '../kernel-codes.js';
 import { emptyOn, Tensor } from '../tensor.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 import { checkLossInputs, checkLossOptions, countTargets, type CrossEntropyOptions } from './loss.js';
@@ -38,6 +38,13 @@ export interface LinearCrossEntropyOptions extends CrossEntropyOptions {
  */
 export const LINEAR_CE_CHUNK_BYTES = 64 * 2 ** 20;
 
+/**
+ * The same budget on cuda (1 GiB: GPT-2's 16×1024-row batch over 50257 tokens in bf16 in two chunks).
+ * On a GPU a larger block means fewer, larger GEMMs (the [V, C] weight and its f32 gradient are
+ * re-read once per chunk) and fewer launches; 1 GiB stays small beside an 80 GB device's activations.
+ */
+export const LINEAR_CE_CUDA_CHUNK_BYTES = 2 ** 30;
+
 /** The rows per chunk for n rows over a vocabulary of `vocab` columns: balanced chunks within budgetBytes. */
 export function linearCrossEntropyChunkRows(n: number, vocab: number, elementBytes: number, budgetBytes = LINEAR_CE_CHUNK_BYTES): number {
   const most = Math.max(1, Math.floor(budgetBytes / Math.max(1, vocab * elementBytes)));
@@ -58,8 +65,12 @@ export interface HeadChunkRule {
   readonly counted: number;
   /** Loss of the chunk: `logits` [rows, V held here] are the chunk's logits (a prefix of the block). */
   rows(logits: Tensor, start: number, rows: number): {
-    /** Sum of the chunk's per-row losses (the same on every rank of a group). */
-    loss: number;
+    /**
+     * Sum of the chunk's per-row losses (the same on every rank of a group), or the per-row losses
+     * themselves as an f32 [rows] tensor on the logits' device (the loop sums them there: no host
+     * synchronization per chunk; the caller disposes it).
+     */
+    loss: number | Tensor;
     /** f32 [≥ rows]: each row's logsumexp over the whole vocabulary (the caller disposes it). */
     lse: Tensor;
     /** i32 [≥ rows]: the targets of the gradient kernel (the caller disposes it). */
@@ -96,22 +107,32 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   const grad = needsGrad(x, weight, bias);
   const wants = (t: Tensor) => t.requiresGrad || t.gradFn !== null;
   const needX = grad && wants(x), needW = grad && wants(weight), needB = grad && bias !== null && wants(bias);
-  const rows = chunkRows ?? linearCrossEntropyChunkRows(N, V, dtypeSize(x.dtype));
+  const onCuda = x.deviceInfo.type === 'cuda';
+  const rows = chunkRows ?? linearCrossEntropyChunkRows(N, V, dtypeSize(x.dtype), onCuda ? LINEAR_CE_CUDA_CHUNK_BYTES : LINEAR_CE_CHUNK_BYTES);
   const chunks = Math.max(1, Math.ceil(N / rows));
   const whole = chunks === 1;
   // 16-bit weights (and bias) accumulate their gradient over chunks in f32 (one rounding, as one GEMM would do).
   const wide = (needW || needB) && !whole && x.dtype !== 'f32';
+  // On cuda cuBLASLt does that from the 16-bit block and rows directly (f32 compute and output, beta = 1
+  // across chunks) and the bias's gradient comes from the same GEMM (BGRADB): no f32 copies of the block.
+  // On cpu the block and rows are cast to f32 (exact) for an f32 GEMM: the same sums up to their order.
+  const ltWide = wide && onCuda && needW;
   const scale = reduction === 'sum' ? 1 : rule.counted > 0 ? 1 / rule.counted : 0;
   const temps: Tensor[] = [];
   const temp = (shape: number[], dtype = x.dtype) => { const t = emptyOn(shape, dtype, x.deviceInfo); temps.push(t); return t; };
   let dx: Tensor | null = null, dw: Tensor | null = null, db: Tensor | null = null;
   let total = 0;
+  // The summed loss stays on the device (f32 [1]) where the rule gives per-row losses as a tensor.
+  using lossAcc = emptyOn([1], 'f32', x.deviceInfo);
+  let onDevice = false;
   try {
     const block = temp([Math.min(rows, N), V]);
     const xc = whole ? x : temp([rows, C]);
     const dxc = needX && !whole ? temp([rows, C]) : null;
-    const blockF32 = wide ? temp([rows, V], 'f32') : null, xcF32 = wide ? temp([rows, C], 'f32') : null;
+    const blockF32 = wide && !ltWide ? temp([rows, V], 'f32') : null, xcF32 = wide && !ltWide ? temp([rows, C], 'f32') : null;
     const dwF32 = wide && needW ? temp([V, C], 'f32') : null;
+    lossAcc.backend.fill(lossAcc.storage, code(lossAcc), 1, 0);
+    const lossChunk = temp([1], 'f32');
     const dbAcc = needB ? (wide ? temp([V], 'f32') : null) : null, dbChunk = needB && !whole ? temp([V], wide ? 'f32' : x.dtype) : null;
     const one = grad ? temp([1]) : null;
     if (one) one.backend.fill(one.storage, code(one), 1, 1);
@@ -130,7 +151,17 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
       gemm(block, xc, weight, m, V, C, false, true, bias !== null);
       const r = rule.rows(block, start, m);
       try {
-        total += r.loss;
+        if (typeof r.loss === 'number') total += r.loss;
+        else {
+          try {
+            const l = r.loss;
+            l.backend.sum_to(l.storage, lossChunk.storage, code(l), new Int32Array([m]), new Int32Array([0]), 1);
+            lossAcc.backend.binary(BINARY.add, lossAcc.storage, lossChunk.storage, lossAcc.storage, code(lossAcc), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+            onDevice = true;
+          } finally {
+            r.loss.dispose();
+          }
+        }
         if (!grad) continue;
         const kernel = r.shard ? 'cross_entropy_shard_backward' : 'cross_entropy_backward';
         // softmax − onehot, times the mean's scale, over the logits block in place.
@@ -145,6 +176,17 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
           const b = dtypeSize(x.dtype);
           dx.backend.copy(dx.storage, start * C * b, dxc!.storage, 0, m * C * b);
         }
+      }
+      if (ltWide) {
+        // dW (f32) += blockᵀ·xc in f32 from the 16-bit operands; the bias's gradient (f32) of this chunk from the same GEMM.
+        const bgrad = needB ? dbChunk! : null;
+        block.backend.gemm_epilogue(block.storage, xc.storage, dwF32!.storage, code(block), 1, V, C, m, true, false, 1, c > 0 ? 1 : 0, 0, 0, 0,
+          bgrad ? bgrad.storage : null, bgrad ? 4 : 0, null, dtypeCode('f32'));
+        if (bgrad) {
+          if (c === 0) dbAcc!.backend.copy(dbAcc!.storage, 0, bgrad.storage, 0, V * 4);
+          else dbAcc!.backend.binary(BINARY.add, dbAcc!.storage, bgrad.storage, dbAcc!.storage, code(dbAcc!), new Int32Array([V]), new Int32Array([1]), new Int32Array([1]));
+        }
+        continue;
       }
       if (wide) block.backend.cast(block.storage, code(block), blockF32!.storage, dtypeCode('f32'), m * V);
       if (dw) {
@@ -171,9 +213,18 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   } finally {
     for (const t of temps) t.dispose();
   }
-  const value = reduction === 'sum' ? total : total / rule.counted;
   const out = emptyLike(x, [], lossDtype);
-  out.backend.fill(out.storage, code(out), 1, value);
+  const factor = reduction === 'sum' ? 1 : 1 / rule.counted;
+  if (onDevice) {
+    // loss = (device sum + host sum) · factor, without reading the device sum back.
+    using acc = emptyLike(out, [], 'f32');
+    acc.backend.fill(acc.storage, code(acc), 1, total);
+    acc.backend.binary(BINARY.add, acc.storage, lossAcc.storage, acc.storage, code(acc), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+    acc.backend.unary(UNARY.scale, acc.storage, acc.storage, 1, code(acc), factor);
+    out.backend.cast(acc.storage, code(acc), out.storage, code(out), 1);
+  } else {
+    out.backend.fill(out.storage, code(out), 1, reduction === 'sum' ? total : total / rule.counted);
+  }
   if (!grad) return out;
   const saved = [dx, dw, db].filter((t): t is Tensor => t !== null).map((t) => own(t));
   const inputs = bias ? [x, weight, bias, ...extra] : [x, weight, ...extra];
@@ -181,8 +232,18 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
     if (saved.some((t) => t.disposed)) {
       throw new AutogradError(`backward through '${call}' a second time: its gradients were computed in forward and handed to the first backward (run the forward again to differentiate again)`);
     }
-    const k = (g.toArraySync() as ArrayLike<number>)[0]!;
-    if (k !== 1) g.backend.scale_in_place(saved.map((t) => t.storage), saved.map((t) => t.size), saved.map((t) => code(t)), k);
+    if (g.deviceInfo.type === 'cpu') {
+      const k = (g.toArraySync() as ArrayLike<number>)[0]!;
+      if (k !== 1) g.backend.scale_in_place(saved.map((t) => t.storage), saved.map((t) => t.size), saved.map((t) => code(t)), k);
+    } else {
+      // On a GPU the upstream gradient is not read back (no host synchronization): each gradient is
+      // multiplied by it on the device (g broadcast, in each gradient's dtype).
+      for (const t of saved) {
+        using gk = emptyLike(t, [1]);
+        g.backend.cast(g.storage, code(g), gk.storage, code(gk), 1);
+        t.backend.binary(BINARY.mul, t.storage, gk.storage, t.storage, code(t), new Int32Array([t.size]), new Int32Array([1]), new Int32Array([0]));
+      }
+    }
     // The gradients move to the engine: it gets new handles on their storage and the node drops its own.
     const handOver = (t: Tensor | null): Tensor | null => {
       if (t === null) return null;
@@ -274,15 +335,11 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
       try {
         tc.backend.copy(tc.storage, 0, targets.storage, start * 4, rows * 4);
         logits.backend.cross_entropy_forward(logits.storage, tc.storage, losses.storage, lse.storage, rows, v, ignoreIndex, code(logits));
-        const per = losses.toArraySync();
-        let loss = 0;
-        for (let i = 0; i < rows; i++) loss += per[i]!;
-        return { loss, lse, targets: tc, ignore: ignoreIndex, shard: false };
+        // The per-row losses stay on the device: the chunk loop sums them there (no synchronization per chunk).
+        return { loss: losses, lse, targets: tc, ignore: ignoreIndex, shard: false };
       } catch (e) {
-        tc.dispose(); lse.dispose();
+        tc.dispose(); lse.dispose(); losses.dispose();
         throw e;
-      } finally {
-        losses.dispose();
       }
     },
   };

@@ -156,25 +156,41 @@ function checkLinear(call: string, x: Tensor, weight: Tensor, bias: Tensor | nul
   return outF;
 }
 
-/** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
-export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
-  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linear(x2, w2, b2));
-  if (cast) return cast;
-  const outF = checkLinear('linear', x, weight, bias);
-  const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
-  const out = emptyLike(x, plan.outShape);
-  if (bias && x.deviceInfo.type === 'cuda' && plan.k > 0 && plan.m > 0 && plan.n > 0) {
+/**
+ * The gemm_epilogue codes of the cuda addon (native/cuda/kernels/gemm.cu): cuBLASLt epilogues, each
+ * with a kernel fallback in the addon where cuBLASLt has no algorithm for a shape.
+ */
+export const EPILOGUE = { none: 0, bias: 1, gelu: 2, geluBias: 3, bgrad: 4, dgeluBgrad: 5 } as const;
+
+/** Whether a linear layer's GEMM on `t`'s device may use cuBLASLt's epilogues: cuda, one non-empty GEMM. */
+function epilogues(t: Tensor, plan: GemmPlan): boolean {
+  return t.deviceInfo.type === 'cuda' && plan.batch === 1 && plan.m > 0 && plan.n > 0 && plan.k > 0;
+}
+
+/** out = x·Wᵀ (+ bias) without autograd: the BIAS epilogue on cuda, else bias rows then an accumulating GEMM. */
+function linearInto(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor | null | undefined, plan: GemmPlan): void {
+  if (bias && epilogues(x, plan)) {
     // cuBLASLt adds the bias in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS): no broadcast pass.
-    x.backend.gemm_epilogue(x.storage, weight.storage, out.storage, dtypeCode(x.dtype), plan.batch, plan.m, plan.n, plan.k,
-      false, true, 1, 0, plan.strideA, plan.strideB, plan.m * plan.n, bias.storage, 1, null);
+    x.backend.gemm_epilogue(x.storage, weight.storage, out.storage, dtypeCode(x.dtype), 1, plan.m, plan.n, plan.k,
+      false, true, 1, 0, 0, 0, 0, bias.storage, EPILOGUE.bias, null);
   } else if (bias) {
     // Start from the bias in every row, then let the GEMM accumulate (beta = 1): no second pass.
-    const rows = out.size / Math.max(outF, 1);
+    const outF = plan.n, rows = out.size / Math.max(outF, 1);
     out.backend.copy_strided(bias.storage, out.storage, dtypeCode(bias.dtype), new Int32Array([rows, outF]), new Int32Array([0, 1]), 0, new Int32Array([outF, 1]), 0);
     gemmInto(out, x, weight, plan, false, true, 1, 1);
   } else {
     gemmInto(out, x, weight, plan, false, true, 1, 0);
   }
+}
+
+/** x·Wᵀ + b with weight [out, in] (PyTorch's layout) and optional bias [out]; x is [..., in]. */
+export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor {
+  const cast = autocastRun('linear', [x, weight, bias] as const, (x2, w2, b2) => linear(x2, w2, b2));
+  if (cast) return cast;
+  checkLinear('linear', x, weight, bias);
+  const plan = planMatmul(x.shape, weight.shape, false, true, 'linear');
+  const out = emptyLike(x, plan.outShape);
+  linearInto(out, x, weight, bias, plan);
   if (!needsGrad(x, weight, bias)) return out;
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
@@ -224,6 +240,103 @@ export function linearNeeds(x: Tensor, weight: Tensor, bias: Tensor | null | und
  */
 export function linearBackward(g: Tensor, x: Tensor, weight: Tensor, needX: boolean, needW: boolean, needBias: boolean): [Tensor | null, Tensor | null, Tensor | null] {
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear backward');
+  if (needW && needBias) {
+    const fused = weightAndBiasGrads(g, x, weight, plan);
+    if (fused) return [needX ? matmulBackward(g, x, weight, x, weight, plan, false, true, 1, true, false)[0] : null, fused[0], fused[1]];
+  }
   const [dx, dw] = matmulBackward(g, x, weight, x, weight, plan, false, true, 1, needX, needW);
   return [dx, dw, needBias ? sumTo(g, [weight.shape[0]!]) : null];
+}
+
+/**
+ * dW = gᵀ·x and db = Σ_rows g from one GEMM on cuda (cuBLASLt's BGRADB epilogue: the weight-gradient
+ * GEMM sums gᵀ over its K, the rows, into the bias gradient); null where that path does not apply
+ * (cpu, a batched plan, empty sizes): the caller runs the GEMM and sumTo instead.
+ */
+function weightAndBiasGrads(g: Tensor, x: Tensor, weight: Tensor, plan: GemmPlan): [Tensor, Tensor] | null {
+  if (!epilogues(g, plan) || g.dtype !== x.dtype || g.dtype !== weight.dtype) return null;
+  const dw = emptyLike(weight), db = emptyLike(g, [plan.n]);
+  try {
+    g.backend.gemm_epilogue(g.storage, x.storage, dw.storage, dtypeCode(g.dtype), 1, plan.n, plan.k, plan.m, true, false, 1, 0, 0, 0, 0,
+      db.storage, EPILOGUE.bgrad, null);
+  } catch (e) {
+    dw.dispose(); db.dispose();
+    throw e;
+  }
+  return [dw, db];
+}
+
+/**
+ * The GPT's MLP as one op: gelu(x·W1ᵀ + b1)·W2ᵀ + b2 (weights [hidden, in] and [out, hidden],
+ * biases optional; GELU in tanh form, as {@link gelu}). Equals `linear(linearGelu(x, w1, b1), w2, b2)`
+ * up to rounding. On cuda its GEMMs carry cuBLASLt epilogues: the first GEMM adds b1, applies GELU
+ * and keeps the pre-activation (GELU_AUX_BIAS), the second adds b2 (BIAS); in backward the GEMM of
+ * W2's gradient also makes b2's (BGRADB), and the GEMM of the hidden gradient applies GELU's
+ * derivative and makes b1's gradient (DGELU_BGRAD), so no separate bias-gradient or GELU pass runs.
+ * The addon falls back to its kernels where cuBLASLt has no algorithm (or hidden is not a multiple
+ * of 8). On cpu the same steps run as GEMMs, bias_gelu_forward/backward and column sums.
+ */
+export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2: Tensor, b2: Tensor | null | undefined): Tensor {
+  const cast = autocastRun('linear', [x, w1, b1, w2, b2] as const, (x2, w12, b12, w22, b22) => geluMlp(x2, w12, b12, w22, b22));
+  if (cast) return cast;
+  const hidden = checkLinear('geluMlp', x, w1, b1);
+  checkFloats('geluMlp', { x, w2 }, { b1, b2 });
+  if (w2.ndim !== 2 || w2.shape[1] !== hidden) throw new ShapeError(`geluMlp: w2 must be [out, ${hidden}] (the hidden size of w1), got ${fmtShape(w2.shape)}`);
+  if (b2 && (b2.ndim !== 1 || b2.shape[0] !== w2.shape[0])) throw new ShapeError(`geluMlp: b2 must be [${w2.shape[0]}], got ${fmtShape(b2.shape)}`);
+  const plan1 = planMatmul(x.shape, w1.shape, false, true, 'geluMlp');
+  const h = emptyLike(x, plan1.outShape), pre = emptyLike(h);
+  const rows = hidden === 0 ? 0 : pre.size / hidden;
+  const plan2 = planMatmul(h.shape, w2.shape, false, true, 'geluMlp');
+  const out = emptyLike(x, plan2.outShape);
+  try {
+    if (epilogues(x, plan1)) {
+      x.backend.gemm_epilogue(x.storage, w1.storage, h.storage, dtypeCode(x.dtype), 1, plan1.m, plan1.n, plan1.k, false, true, 1, 0, 0, 0, 0,
+        b1 ? b1.storage : null, b1 ? EPILOGUE.geluBias : EPILOGUE.gelu, pre.storage);
+    } else {
+      gemmInto(pre, x, w1, plan1, false, true, 1, 0);
+      pre.backend.bias_gelu_forward(pre.storage, b1 ? b1.storage : null, h.storage, rows, hidden, code(pre));
+    }
+    linearInto(out, h, w2, b2, plan2);
+  } catch (e) {
+    h.dispose(); pre.dispose(); out.dispose();
+    throw e;
+  }
+  if (!needsGrad(x, w1, b1, w2, b2)) { h.dispose(); pre.dispose(); return out; }
+  const n1 = linearNeeds(x, w1, b1), n2 = linearNeeds(h, w2, b2);
+  const needW2 = n2.needW, needB2 = n2.needBias, needX = n1.needX, needW1 = n1.needW, needB1 = n1.needBias;
+  const needPre = needX || needW1 || needB1;
+  const xs = save(x), w1s = save(w1), w2s = save(w2);
+  const inputs = [x, w1, ...(b1 ? [b1] : []), w2, ...(b2 ? [b2] : [])];
+  return record('geluMlp', out, inputs, (g) => {
+    // The hidden layer first: dPre = (g·W2)·gelu'(pre), db1 = Σ_rows dPre, dx and dW1; then dW2 = gᵀh and
+    // db2 = Σ_rows g, allocated after dPre is freed (the larger of the two is never held with the other).
+    let dx: Tensor | null = null, dw1: Tensor | null = null, db1: Tensor | null = null;
+    if (needPre) {
+      const dPre = emptyLike(g, h.shape);
+      // A bias gradient is always made with dPre (GELU's derivative and the sum share a pass); without b1 it is dropped.
+      db1 = emptyLike(g, [hidden]);
+      try {
+        if (epilogues(g, plan2) && g.dtype === w2s.dtype) {
+          g.backend.gemm_epilogue(g.storage, w2s.storage, dPre.storage, dtypeCode(g.dtype), 1, plan2.m, plan2.k, plan2.n, false, false, 1, 0, 0, 0, 0,
+            db1.storage, EPILOGUE.dgeluBgrad, pre.storage);
+        } else {
+          const dh = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, true, false)[0]!;
+          try {
+            dh.backend.bias_gelu_backward(pre.storage, dh.storage, dPre.storage, db1.storage, rows, hidden, code(dh));
+          } finally {
+            dh.dispose();
+          }
+        }
+        [dx, dw1] = matmulBackward(dPre, xs, w1s, xs, w1s, plan1, false, true, 1, needX, needW1);
+      } finally {
+        dPre.dispose();
+      }
+      if (!needB1) { db1.dispose(); db1 = null; }
+    }
+    let dw2: Tensor | null = null, db2: Tensor | null = null;
+    if (needW2 && needB2) [dw2, db2] = weightAndBiasGrads(g, h, w2s, plan2) ?? [null, null];
+    if (needW2 && !dw2) dw2 = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, false, true)[1];
+    if (needB2 && !db2) db2 = sumTo(g, [w2s.shape[0]!]);
+    return [dx, dw1, ...(b1 ? [db1] : []), dw2, ...(b2 ? [db2] : [])];
+  }, [xs, w1s, w2s, own(h), own(pre)]);
 }

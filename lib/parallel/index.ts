@@ -7,6 +7,8 @@
 //                              layers.ts (column/row-parallel linear), vocab.ts (embedding, cross-entropy), gpt.ts
 //   sequence parallel (SP)     tensor-parallel/mappings.ts (…SequenceRegion) and gpt.ts (sequenceParallelLayout)
 //   pipeline parallel (PP)     pipeline/: schedules.ts (GPipe, 1F1B), gpt-stage.ts (a GPT cut into stages)
+//   context parallel (CP)      context-parallel/: ring.ts (ring attention), ulysses.ts (Ulysses all-to-all),
+//                              gpt.ts (the GPT's ContextLayout, a batch's tokens per rank)
 //   data parallel (DP)         data-parallel/buffer.ts: GradBuffer, all-reduce on the bucket engine
 //   gradient buckets           buckets.ts: the one bucket engine (hooks, noSync, rebuild, in-order launch);
 //                              its sync is all-reduce (DP) or reduce-scatter (ZeRO 1, 2)
@@ -20,7 +22,7 @@
 export {
   MeshLayout, ParallelState, initializeParallel, parallelState, isParallelInitialized, destroyParallel,
   tpRank, tpSize, tpGroup, ppRank, ppSize, ppGroup, dpRank, dpSize, dpGroup,
-  type ParallelDim, type ParallelLayout, type MeshCoords, type InitializeParallelOptions,
+  type ParallelDim, type ParallelLayout, type MeshCoords, type MeshCoordsInput, type InitializeParallelOptions,
 } from './mesh.js';
 export type { CollectiveGroup, CollectiveWork, WorldGroup } from '../distributed/group.js';
 export { rangeAcrossRanks } from '../distributed/agree.js';
@@ -49,8 +51,11 @@ export {
 } from './tensor-parallel/gpt.js';
 export { gpipe, oneForwardOneBackward, forwardOnly, partitionLayers, type PipelineStage } from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
+export { ringAttentionPacked, ringChunks, type RingAttentionOptions, type TokenRange } from './context-parallel/ring.js';
+export { ulyssesAttentionPacked, ulyssesChunk, type UlyssesAttentionOptions } from './context-parallel/ulysses.js';
+export { contextParallelLayout, contextChunks, contextSlice } from './context-parallel/gpt.js';
 export {
   resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
-  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName,
+  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName, type ContextParallelMode,
 } from './layout.js';
 export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ReplicaPlace } from './trainer.js';

@@ -11,6 +11,9 @@ import { checkTensorParallelConfig } from './tensor-parallel/gpt.js';
 /** The pipeline schedules: GPipe (all forwards, then all backwards) or 1F1B (one forward, one backward). */
 export type PipelineScheduleName = 'gpipe' | '1f1b';
 
+/** How context parallelism splits attention: ring attention (Megatron) or Ulysses' all-to-all (DeepSpeed). */
+export type ContextParallelMode = 'ring' | 'ulysses';
+
 /**
  * A checked training layout: how the world splits into tensor-, pipeline- and data-parallel ranks, and how each rank
  * trains.
@@ -32,6 +35,10 @@ export interface TrainingLayout {
   microBatches: number;
   /** The pipeline schedule. */
   schedule: PipelineScheduleName;
+  /** Context-parallel ranks: the sequence split over them; present only when > 1 (read `cp ?? 1`). */
+  cp?: number;
+  /** How attention runs over the context-parallel ranks; present only with cp. */
+  cpMode?: ContextParallelMode;
 }
 
 /** The model dimensions a layout must divide. */
@@ -46,6 +53,10 @@ export interface LayoutModelShape {
   vocabSize: number;
   /** The sequence length trained on (a GPTConfig's context): sequence parallelism needs it to divide by tp. */
   blockSize?: number;
+  /** Sliding-window attention (a GPTConfig's window): context parallelism refuses it. */
+  window?: number;
+  /** Dropout probability (a GPTConfig's dropout): context parallelism refuses a nonzero one. */
+  dropout?: number;
 }
 
 /** Layout flags as a command line gives them; unset ones take defaults (dp: whatever the world leaves). */
@@ -66,6 +77,10 @@ export interface LayoutFlags {
   microBatches?: number;
   /** Pipeline schedule, gpipe or 1f1b (`--schedule`, default 1f1b). */
   schedule?: string;
+  /** Context-parallel ranks (`--cp`, default 1): the sequence split over them. */
+  cp?: number;
+  /** ring or ulysses (`--cp-mode`, default ring). */
+  cpMode?: string;
 }
 
 /**
@@ -79,17 +94,21 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
     if (!Number.isInteger(v) || v < min) { problems.push(`--${name} must be an integer >= ${min}, got ${v}`); return fallback; }
     return v;
   };
-  const tp = intFlag('tp', flags.tp, 1, 1), pp = intFlag('pp', flags.pp, 1, 1);
-  const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * pp))), 1);
+  const tp = intFlag('tp', flags.tp, 1, 1), pp = intFlag('pp', flags.pp, 1, 1), cp = intFlag('cp', flags.cp, 1, 1);
+  const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * cp * pp))), 1);
   const zero = intFlag('zero', flags.zero, 0, 0);
   const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
   const schedule = flags.schedule ?? '1f1b';
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`--schedule must be gpipe or 1f1b, got ${schedule}`);
   if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
-  if (zero > 0 && dp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
+  if (zero > 0 && dp * cp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
   const offload = flags.offload ?? false;
   if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
-  if (tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
+  if (cp === 1 && tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
+  if (cp > 1 && tp * cp * pp * dp !== worldSize) problems.push(`tp·cp·pp·dp = ${tp}·${cp}·${pp}·${dp} = ${tp * cp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * cp * pp * dp})`);
+  const cpMode = flags.cpMode ?? 'ring';
+  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`--cp-mode must be ring or ulysses, got ${cpMode}`);
+  if (cp > 1) problems.push(...contextParallelProblems(cp, cpMode, tp, model));
   try { checkTensorParallelConfig(model, tp); } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
     problems.push(`--tp ${tp}: ${e.message}`);
@@ -106,7 +125,30 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
       : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
   }
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
-  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName };
+  return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName,
+    ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
+}
+
+/**
+ * What context parallelism over cp ranks needs of the model: a sequence split into 2·cp chunks
+ * (ring) or cp chunks (Ulysses), each divisible by tp under sequence parallelism; for Ulysses, each
+ * tensor-parallel rank's heads divisible by cp; no sliding window (the ring's blocks assume plain
+ * causal attention) and no dropout (its masks are drawn per contiguous chunk of the sequence).
+ */
+function contextParallelProblems(cp: number, mode: string, tp: number, model: LayoutModelShape): string[] {
+  const problems: string[] = [];
+  const parts = mode === 'ulysses' ? cp : 2 * cp;
+  if (model.blockSize === undefined) problems.push('--cp needs the sequence length (the model shape\'s blockSize) to check that it splits');
+  else if (model.blockSize % parts !== 0) {
+    problems.push(mode === 'ulysses' ? `--cp ${cp} --cp-mode ulysses: the sequence length ${model.blockSize} is not a multiple of cp = ${cp}`
+      : `--cp ${cp}: ring attention splits the sequence into 2·cp = ${parts} chunks, but the sequence length ${model.blockSize} is not a multiple of ${parts}`);
+  }
+  if (mode === 'ulysses' && (model.nHead / tp) % cp !== 0) {
+    problems.push(`--cp ${cp} --cp-mode ulysses: each tensor-parallel rank's ${model.nHead / tp} heads are not divisible by cp = ${cp} (use --cp-mode ring)`);
+  }
+  if (model.window) problems.push(`--cp ${cp}: sliding-window attention (window ${model.window}) is not supported under context parallelism`);
+  if (model.dropout) problems.push(`--cp ${cp}: dropout ${model.dropout} is not supported under context parallelism (train with dropout 0)`);
+  return problems;
 }
 
 /** The rows [start, start + count) of a global batch that data-parallel rank `dpRank` of `dpSize` trains on. */
@@ -122,9 +164,9 @@ export function batchSlice(globalBatch: number, dpRank: number, dpSize: number):
   return { start: dpRank * count, count };
 }
 
-/** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)`. */
+/** Short text of a layout for logs: `tp=2 sp pp=2 dp=1 zero=0 micro-batches=4 (1f1b)` (`cp=2 ring` after tp under context parallelism). */
 export function describeLayout(l: TrainingLayout): string {
-  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
+  return `tp=${l.tp}${l.sequenceParallel ? ' sp' : ''}${(l.cp ?? 1) > 1 ? ` cp=${l.cp} ${l.cpMode}` : ''} pp=${l.pp} dp=${l.dp} zero=${l.zero}${l.offload ? ' offload' : ''} micro-batches=${l.microBatches}${l.pp > 1 ? ` (${l.schedule})` : ''}`;
 }
 
 /** A joined training job: its layout, this rank and the mesh. */
@@ -161,6 +203,6 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
     settings: mine,
     mismatch: () => new ArgumentError(`training layout: the ranks were started with different settings (this rank: ${mine})`),
   });
-  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp });
+  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ...(layout!.cp ? { cp: layout!.cp } : {}) });
   return { layout: layout!, rank: env.rank, mesh };
 }

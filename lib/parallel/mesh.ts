@@ -1,13 +1,16 @@
-// The parallel topology (Megatron's parallel_state): the rank math of a TP × PP × DP mesh, the
+// The parallel topology (Megatron's parallel_state): the rank math of a TP × CP × PP × DP mesh, the
 // process groups built once from it, and accessors that fail loudly before initialization.
+// CP (context parallelism) splits the sequence; like DP it holds whole copies of the parameters, so
+// gradients are averaged over the DP × CP ranks of a (tp, pp) coordinate (Megatron's
+// data-parallel group with context parallelism), which is also the group ZeRO shards over.
 import * as dist from '../distributed/init.js';
 import { setFlightMesh } from '../distributed/flight.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { CollectiveGroup, WorldGroup } from '../distributed/group.js';
 import { rangeAcrossRanks } from '../distributed/agree.js';
 
-/** A mesh dimension: tensor-, pipeline- or data-parallel. */
-export type ParallelDim = 'tp' | 'pp' | 'dp';
+/** A mesh dimension: tensor-, context-, pipeline- or data-parallel. */
+export type ParallelDim = 'tp' | 'cp' | 'pp' | 'dp';
 
 /** The sizes of a TP × PP × DP mesh. */
 export interface ParallelLayout {
@@ -17,19 +20,31 @@ export interface ParallelLayout {
   pp: number;
   /** Data-parallel ranks. */
   dp: number;
-  /** Dimensions from fastest- to slowest-varying rank; default 'tp-pp-dp' (TP groups are contiguous ranks). */
+  /** Context-parallel ranks (the sequence split over them; default 1). */
+  cp?: number;
+  /**
+   * Dimensions from fastest- to slowest-varying rank; default 'tp-cp-pp-dp' (TP groups are contiguous
+   * ranks, then CP, as in Megatron). An order naming only tp, pp and dp gets cp right after tp.
+   */
   order?: string;
 }
 
 /** A rank's coordinate along each mesh dimension. */
 export type MeshCoords = Record<ParallelDim, number>;
+/** Mesh coordinates as a caller gives them: cp may be left out (0). */
+export type MeshCoordsInput = Omit<MeshCoords, 'cp'> & {
+  /** The context-parallel coordinate (default 0). */
+  cp?: number;
+};
 
-const DIMS: readonly ParallelDim[] = ['tp', 'pp', 'dp'];
+const DIMS: readonly ParallelDim[] = ['tp', 'cp', 'pp', 'dp'];
 
 function parseOrder(order: string): ParallelDim[] {
   const parts = order.split('-');
-  const ok = parts.length === 3 && DIMS.every((d) => parts.includes(d));
-  if (!ok) throw new ArgumentError(`parallel layout: order must name tp, pp and dp once each, separated by '-' (e.g. 'tp-pp-dp'), got '${order}'`);
+  const three = DIMS.filter((d) => d !== 'cp');
+  const ok = new Set(parts).size === parts.length && ((parts.length === 3 && three.every((d) => parts.includes(d))) || (parts.length === 4 && DIMS.every((d) => parts.includes(d))));
+  if (!ok) throw new ArgumentError(`parallel layout: order must name tp, pp and dp (and optionally cp) once each, separated by '-' (e.g. 'tp-pp-dp'), got '${order}'`);
+  if (parts.length === 3) parts.splice(parts.indexOf('tp') + 1, 0, 'cp');
   return parts as ParallelDim[];
 }
 
@@ -41,30 +56,33 @@ export class MeshLayout {
   readonly pp: number;
   /** Data-parallel ranks. */
   readonly dp: number;
+  /** Context-parallel ranks. */
+  readonly cp: number;
   /** Dimensions from fastest- to slowest-varying rank. */
   readonly order: readonly ParallelDim[];
-  /** tp · pp · dp. */
+  /** tp · cp · pp · dp. */
   readonly worldSize: number;
   readonly #stride: MeshCoords;
 
   /**
    * Checks the sizes and the order. Throws ArgumentError for a size < 1, a bad order, or a worldSize other than tp ·
-   * pp · dp.
+   * cp · pp · dp.
    * @param layout The sizes and order.
-   * @param worldSize When given, must equal tp · pp · dp.
+   * @param worldSize When given, must equal tp · cp · pp · dp.
    */
   constructor(layout: ParallelLayout, worldSize?: number) {
     for (const d of DIMS) {
-      const v = layout[d];
+      const v = d === 'cp' ? layout.cp ?? 1 : layout[d];
       if (!Number.isInteger(v) || v < 1) throw new ArgumentError(`parallel layout: ${d} must be an integer >= 1, got ${v}`);
     }
-    this.tp = layout.tp; this.pp = layout.pp; this.dp = layout.dp;
+    this.tp = layout.tp; this.pp = layout.pp; this.dp = layout.dp; this.cp = layout.cp ?? 1;
     this.order = parseOrder(layout.order ?? 'tp-pp-dp');
-    this.worldSize = this.tp * this.pp * this.dp;
+    this.worldSize = this.tp * this.cp * this.pp * this.dp;
     if (worldSize !== undefined && worldSize !== this.worldSize) {
-      throw new ArgumentError(`parallel layout: tp·pp·dp = ${this.tp}·${this.pp}·${this.dp} = ${this.worldSize} but the world has ${worldSize} ranks`);
+      throw new ArgumentError(this.cp === 1 ? `parallel layout: tp·pp·dp = ${this.tp}·${this.pp}·${this.dp} = ${this.worldSize} but the world has ${worldSize} ranks`
+        : `parallel layout: tp·cp·pp·dp = ${this.tp}·${this.cp}·${this.pp}·${this.dp} = ${this.worldSize} but the world has ${worldSize} ranks`);
     }
-    const stride = { tp: 0, pp: 0, dp: 0 };
+    const stride = { tp: 0, cp: 0, pp: 0, dp: 0 };
     let s = 1;
     for (const d of this.order) { stride[d] = s; s *= this[d]; }
     this.#stride = stride;
@@ -76,17 +94,18 @@ export class MeshLayout {
   /** The mesh coordinates of a world rank. Throws ArgumentError for a rank outside the mesh. */
   coords(rank: number): MeshCoords {
     this.#checkRank(rank);
-    const c = { tp: 0, pp: 0, dp: 0 };
+    const c = { tp: 0, cp: 0, pp: 0, dp: 0 };
     for (const d of this.order) c[d] = Math.floor(rank / this.#stride[d]) % this[d];
     return c;
   }
 
   /** The world rank at mesh coordinates. Throws ArgumentError for a coordinate outside the mesh. */
-  rankOf(c: MeshCoords): number {
+  rankOf(c: MeshCoordsInput): number {
     let r = 0;
     for (const d of DIMS) {
-      if (!Number.isInteger(c[d]) || c[d] < 0 || c[d] >= this[d]) throw new ArgumentError(`mesh: ${d} coordinate ${c[d]} is outside [0, ${this[d]})`);
-      r += c[d] * this.#stride[d];
+      const v = d === 'cp' ? c.cp ?? 0 : c[d];
+      if (!Number.isInteger(v) || v < 0 || v >= this[d]) throw new ArgumentError(`mesh: ${d} coordinate ${v} is outside [0, ${this[d]})`);
+      r += v * this.#stride[d];
     }
     return r;
   }
@@ -105,6 +124,23 @@ export class MeshLayout {
   }
 
   /**
+   * World ranks of `rank`'s data-parallel × context-parallel group (the ranks of its (tp, pp)
+   * coordinate, which hold the same parameters), in group-rank order cp + cp_size · dp.
+   */
+  dataContextRanks(rank: number): number[] {
+    const c = this.coords(rank), out: number[] = [];
+    for (let dp = 0; dp < this.dp; dp++) for (let cp = 0; cp < this.cp; cp++) out.push(this.rankOf({ ...c, dp, cp }));
+    return out;
+  }
+
+  /** Every data-parallel × context-parallel group, ordered by their lowest rank. */
+  allDataContextGroups(): number[][] {
+    const out: number[][] = [];
+    for (let r = 0; r < this.worldSize; r++) { const c = this.coords(r); if (c.dp === 0 && c.cp === 0) out.push(this.dataContextRanks(r)); }
+    return out;
+  }
+
+  /**
    * The embedding groups (Megatron's): for each (tp, dp) coordinate, the first and the last pipeline
    * stage, which both hold the tied token embedding and sum its gradient. None when pp = 1 (one
    * stage holds both uses of the one parameter).
@@ -115,7 +151,7 @@ export class MeshLayout {
   }
 
   /** Stable text of the layout, compared across ranks to catch mismatched launches. */
-  describe(): string { return `tp=${this.tp} pp=${this.pp} dp=${this.dp} order=${this.order.join('-')}`; }
+  describe(): string { return `tp=${this.tp}${this.cp > 1 ? ` cp=${this.cp}` : ''} pp=${this.pp} dp=${this.dp} order=${this.order.join('-')}`; }
 
   #checkRank(rank: number): void {
     if (!Number.isInteger(rank) || rank < 0 || rank >= this.worldSize) throw new ArgumentError(`mesh: rank ${rank} is outside [0, ${this.worldSize})`);
@@ -131,9 +167,28 @@ export class ParallelState {
    * @param groups This rank's group along each dimension.
    * @param embeddingGroup this rank's embedding group (first and last pipeline stage of its (tp, dp)
    *   coordinate), or null when pp = 1 or the rank is on a middle stage.
+   * @param dataContextGroup this rank's data-parallel × context-parallel group (default: the
+   *   data-parallel group, which it is when cp = 1).
    */
   constructor(readonly layout: MeshLayout, readonly rank: number, readonly world: CollectiveGroup,
-    readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null) {}
+    readonly groups: Readonly<Record<ParallelDim, CollectiveGroup>>, readonly embeddingGroup: CollectiveGroup | null = null,
+    dataContextGroup?: CollectiveGroup) {
+    this.dpCpGroup = dataContextGroup ?? groups.dp;
+  }
+  /**
+   * The data-parallel × context-parallel group: the ranks holding the same parameters, over which
+   * gradients are averaged and ZeRO shards (the data-parallel group when cp = 1).
+   */
+  readonly dpCpGroup: CollectiveGroup;
+  /** This rank's context-parallel rank. */
+  get cpRank(): number { return this.coords.cp; }
+  /** Context-parallel ranks. */
+  get cpSize(): number { return this.layout.cp; }
+  /** This rank's context-parallel group (the ranks splitting one sequence); a StateError when cp = 1 (there is none). */
+  get cpGroup(): CollectiveGroup {
+    if (!this.groups.cp) throw new StateError('cpGroup: the mesh has cp = 1, so no context-parallel group');
+    return this.groups.cp;
+  }
   /** This rank's mesh coordinates. */
   get coords(): MeshCoords { return this.layout.coords(this.rank); }
   /** This rank's tensor-parallel rank. */
@@ -181,7 +236,9 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
   const mesh = new MeshLayout(layout, world.size);
   await checkSameLayoutEverywhere(world, mesh);
   const groups = {} as Record<ParallelDim, CollectiveGroup>;
+  // The cp dimension's groups are made only when cp > 1 (layouts without cp create the groups they always did).
   for (const dim of mesh.order) {
+    if (dim === 'cp' && mesh.cp === 1) continue;
     // Group creation is collective over the world: every rank creates every group, in the same order.
     for (const ranks of mesh.allGroups(dim)) {
       const g = await world.newGroup(ranks);
@@ -193,7 +250,14 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
     const g = await world.newGroup(ranks);
     if (ranks.includes(world.rank)) embeddingGroup = g;
   }
-  const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup);
+  let dataContextGroup: CollectiveGroup | undefined;
+  if (mesh.cp > 1) {
+    for (const ranks of mesh.allDataContextGroups()) {
+      const g = await world.newGroup(ranks);
+      if (ranks.includes(world.rank)) dataContextGroup = g;
+    }
+  }
+  const state = new ParallelState(mesh, world.rank, world, groups, embeddingGroup, dataContextGroup);
   if (install) {
     current = state;
     setFlightMesh(Array.from({ length: mesh.worldSize }, (_, r) => mesh.coords(r)), world.rank, Object.fromEntries(Object.entries(groups).map(([d, g]) => [d, g.name])));
@@ -218,11 +282,11 @@ function distributedWorld(): WorldGroup {
 }
 
 async function checkSameLayoutEverywhere(world: CollectiveGroup, mesh: MeshLayout): Promise<void> {
-  const mine = [mesh.tp, mesh.pp, mesh.dp, ...mesh.order.map((d) => DIMS.indexOf(d))];
+  const mine = [mesh.tp, mesh.pp, mesh.dp, mesh.cp, ...mesh.order.map((d) => DIMS.indexOf(d))];
   const seen = await rangeAcrossRanks(world, mine);
   if (seen) {
     throw new ArgumentError(`initializeParallel: ranks were started with different layouts (this rank: ${mesh.describe()}; ` +
-      `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,order])`);
+      `values seen across ranks range from [${seen.min.join(',')}] to [${seen.max.join(',')}] as [tp,pp,dp,cp,order])`);
   }
 }
 

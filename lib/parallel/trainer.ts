@@ -1,6 +1,6 @@
-// ParallelTrainer: the training step of one rank of any TP × PP × DP layout (layout.ts checks the
-// layout): micro-batches through the pipeline schedule, data-parallel gradient averaging (GradBuffer,
-// or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
+// ParallelTrainer: the training step of one rank of any TP × CP × PP × DP layout (layout.ts checks the
+// layout): this rank's tokens under context parallelism, micro-batches through the pipeline schedule,
+// gradient averaging over the data- and context-parallel ranks (GradBuffer, or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
 import { autocast } from '../amp.js';
 import { ArgumentError } from '../errors.js';
@@ -16,7 +16,8 @@ import { agreeAll } from '../distributed/agree.js';
 import { traceSpan } from '../observe/trace.js';
 import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
-import type { PipelineScheduleName } from './layout.js';
+import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
+import { contextSlice } from './context-parallel/gpt.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
 import { forwardOnly, gpipe, oneForwardOneBackward, type PipelineStage } from './pipeline/schedules.js';
@@ -64,6 +65,12 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   microBatches?: number;
   /** The pipeline schedule (default 1f1b; both give the same numbers, 1F1B holds fewer activations). */
   schedule?: PipelineScheduleName;
+  /**
+   * Under context parallelism (the mesh's cp > 1): how the model splits the sequence (default ring,
+   * as its contextParallelLayout was built). step() and evaluate() take whole sequences and keep
+   * this rank's tokens.
+   */
+  cpMode?: ContextParallelMode;
   /** Clip the global gradient norm (of the whole model's averaged gradient) to this value. */
   maxGradNorm?: number;
   /** Target bytes per gradient bucket (data-parallel allreduce, ZeRO 1/2 reduce-scatter; default 25 MiB). */
@@ -103,6 +110,7 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #microBatches: number;
   readonly #schedule: PipelineScheduleName;
   readonly #precision: TrainingPrecision;
+  readonly #cpMode: ContextParallelMode;
   readonly #optimizer: Optimizer<H> | null;
   readonly #zero: ZeroOptimizer<H> | null;
   readonly #grads: GradBuffer | null;
@@ -129,6 +137,7 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#microBatches = options.microBatches ?? 1;
     this.#schedule = options.schedule ?? '1f1b';
     this.#precision = options.precision ?? 'f32';
+    this.#cpMode = options.cpMode ?? 'ring';
     const zero = options.zero ?? 0;
     this.#rank = mesh?.world.rank ?? Number(process.env.RANK ?? 0);
     this.#slowdown = debugSlowdown(this.#rank);
@@ -142,7 +151,7 @@ export class ParallelTrainer<H extends { lr: number }> {
       // out of the reduce-scatters that start during backward.
       const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
       const sharded = new ZeroOptimizer(paramGroups, options.createOptimizer, {
-        group: mesh!.dpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
+        group: mesh!.dpCpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
       });
       if (sharded.stage === 3) sharded.attach(model, { entries: ['forwardStage'] });
       this.#zero = sharded;
@@ -151,7 +160,8 @@ export class ParallelTrainer<H extends { lr: number }> {
     } else {
       this.#zero = null;
       this.#optimizer = options.createOptimizer(paramGroups);
-      this.#grads = mesh && mesh.dpSize > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpGroup, ...bucketing }) : null;
+      // Context-parallel ranks hold the same parameters as data-parallel ones: gradients average over both.
+      this.#grads = mesh && mesh.dpCpGroup.size > 1 ? new GradBuffer(model.parameters(), { group: mesh.dpCpGroup, ...bucketing }) : null;
     }
   }
 
@@ -190,7 +200,8 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#cpuMs = 0;
     const result = await scope(async () => {
       const run = this.#schedule === 'gpipe' ? gpipe : oneForwardOneBackward;
-      const losses = await traceSpan('forward+backward', () => run(this.#pipelineStage(inputs, targets, true), this.#microBatches));
+      const stage = await this.#contextStage(inputs, targets, true);
+      const losses = await traceSpan('forward+backward', () => run(stage, this.#microBatches));
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
       if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
@@ -244,13 +255,39 @@ export class ParallelTrainer<H extends { lr: number }> {
     const wasTraining = this.#model.training;
     this.#model.eval();
     try {
-      return await scope(async () => this.#globalLoss(await forwardOnly(this.#pipelineStage(inputs, targets, false), this.#microBatches)));
+      return await scope(async () => this.#globalLoss(await forwardOnly(await this.#contextStage(inputs, targets, false), this.#microBatches)));
     } finally {
       this.#model.train(wasTraining);
     }
   }
 
-  #pipelineStage(inputs: Tensor, targets: Tensor, training: boolean): PipelineStage {
+  /**
+   * The pipeline stage of this rank's rows; under context parallelism, of its tokens of them, with
+   * each micro-batch's loss weighted by its share of the group's counted targets (those not -100),
+   * so the mean over the group (the gradients' and the loss's) is the whole sequences' token mean.
+   */
+  async #contextStage(inputs: Tensor, targets: Tensor, training: boolean): Promise<PipelineStage> {
+    const mesh = this.#mesh;
+    if (!mesh || mesh.cpSize === 1) return this.#pipelineStage(inputs, targets, training);
+    const cp = mesh.cpSize, m = this.#microBatches;
+    if (inputs.ndim !== 2 || targets.ndim !== 2) throw new ArgumentError(`ParallelTrainer: inputs and targets must be [B, T], got ${inputs.describe()} and ${targets.describe()}`);
+    const local = contextSlice(inputs, cp, mesh.cpRank, this.#cpMode), localTargets = contextSlice(targets, cp, mesh.cpRank, this.#cpMode);
+    if (local.shape[0]! % m !== 0) throw new ArgumentError(`ParallelTrainer: inputs must be [B, T] with B divisible by the ${m} micro-batches, got ${inputs.describe()}`);
+    // Counted targets per micro-batch, here and over the group.
+    const rowsPer = local.shape[0]! / m, ids = localTargets.toArraySync(), width = localTargets.shape[1]!;
+    using counts = tensor(Float32Array.from({ length: m }, (_, i) => {
+      let n = 0;
+      for (let j = i * rowsPer * width; j < (i + 1) * rowsPer * width; j++) if (ids[j] !== IGNORE_INDEX) n++;
+      return n;
+    }), [m]);
+    const mine = counts.toArraySync();
+    await mesh.cpGroup.allReduce(counts, { op: 'sum' });
+    const total = counts.toArraySync();
+    const weights = Array.from(mine, (n, i) => (total[i]! > 0 ? (n * cp) / total[i]! : 0));
+    return this.#pipelineStage(local, localTargets, training, weights);
+  }
+
+  #pipelineStage(inputs: Tensor, targets: Tensor, training: boolean, lossWeights?: number[]): PipelineStage {
     const model = this.#model, m = this.#microBatches;
     const [rows, seqLen] = inputs.shape as [number, number];
     if (inputs.ndim !== 2 || rows % m !== 0) throw new ArgumentError(`ParallelTrainer: inputs must be [B, T] with B divisible by the ${m} micro-batches, got ${inputs.describe()}`);
@@ -268,8 +305,10 @@ export class ParallelTrainer<H extends { lr: number }> {
       forwardStep: (i, input) => {
         const forward = () => model.forwardStage(input ?? microBatch(inputs, i), model.isLastStage ? microBatch(targets, i) : null);
         const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i }));
-        // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean.
-        return model.isLastStage && m > 1 ? scale(out, 1 / m) : out;
+        // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean
+        // (under context parallelism, times this rank's share of the micro-batch's counted tokens).
+        const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
+        return model.isLastStage && w !== 1 ? scale(out, w) : out;
       },
       runBackward: (i, final, go) => this.#timed(() => traceSpan('backward', () => (grads && !final ? grads.noSync(go) : go()), 'compute', { microBatch: i })),
     };
@@ -312,11 +351,12 @@ export class ParallelTrainer<H extends { lr: number }> {
   async #globalLoss(losses: number[]): Promise<number> {
     const local = losses.reduce((a, b) => a + b, 0);
     const mesh = this.#mesh;
-    if (!mesh || (mesh.ppSize === 1 && mesh.dpSize === 1)) return local;
+    if (!mesh || (mesh.ppSize === 1 && mesh.dpCpGroup.size === 1)) return local;
     using t = tensor(new Float32Array([local]), [1]);
-    // Only the last stage holds a loss (the others add zeros); then the data-parallel mean.
+    // Only the last stage holds a loss (the others add zeros); then the mean over the data-parallel
+    // and context-parallel ranks (context-parallel losses come weighted by their token shares).
     if (mesh.ppSize > 1) await mesh.ppGroup.allReduce(t, { op: 'sum' });
-    if (mesh.dpSize > 1) await mesh.dpGroup.allReduce(t, { op: 'avg' });
+    if (mesh.dpCpGroup.size > 1) await mesh.dpCpGroup.allReduce(t, { op: 'avg' });
     return t.toArraySync()[0]!;
   }
 
@@ -344,7 +384,8 @@ export class ParallelTrainer<H extends { lr: number }> {
       optimizer: this.#zero ? null : this.#optimizer,
       zero: this.#zero,
       savedElsewhere: this.#countedElsewhere,
-      replica: this.#mesh ? { index: this.#mesh.dpRank, count: this.#mesh.dpSize } : null,
+      // Context-parallel ranks hold the same state as data-parallel replicas.
+      replica: this.#mesh ? { index: this.#mesh.dpCpGroup.rank, count: this.#mesh.dpCpGroup.size } : null,
     };
   }
 
@@ -359,13 +400,18 @@ export class ParallelTrainer<H extends { lr: number }> {
   }
 }
 
+/** Targets with this value are not counted (crossEntropy's default ignoreIndex). */
+const IGNORE_INDEX = -100;
+
 /** The trainer's local checks; throws an ArgumentError naming every problem. */
 function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): void {
   const problems: string[] = [];
   const { mesh } = options;
   const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
   if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
-  if (zero !== 0 && (!mesh || mesh.dpSize === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
+  if (zero !== 0 && (!mesh || mesh.dpCpGroup.size === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
+  const cpMode = options.cpMode ?? 'ring';
+  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`cpMode must be 'ring' or 'ulysses', got ${String(cpMode)}`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
   if (schedule !== 'gpipe' && schedule !== '1f1b') problems.push(`schedule must be 'gpipe' or '1f1b', got ${String(schedule)}`);
   const precision = options.precision ?? 'f32';

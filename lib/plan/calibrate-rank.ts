@@ -20,6 +20,7 @@ import { AdamW, type AdamWOptions } from '../optim/adamw.js';
 import { batchSlice, initParallelTraining } from '../parallel/layout.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
+import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 
 /** What one calibration rank measured. */
@@ -60,7 +61,7 @@ async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     layers: 'number', heads: 'number', width: 'number', ctx: 'number', batch: 'number', vocab: 'number',
     tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', recompute: 'boolean',
-    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string', 'fail-at': 'string',
+    'micro-batches': 'number', schedule: 'string', steps: 'number', out: 'string', 'fail-at': 'string', cp: 'number', 'cp-mode': 'string',
   });
   outDir = o.out as string | undefined;
   // --fail-at RANK:STEP (fault injection for tests): that rank throws at the start of that step, while
@@ -78,12 +79,14 @@ async function main(argv: string[]): Promise<number> {
   const par = await initParallelTraining({
     tp: o.tp as number | undefined, pp: o.pp as number | undefined, dp: o.dp as number | undefined, zero: o.zero as number | undefined,
     sequenceParallel: o.sp as boolean | undefined, microBatches: o['micro-batches'] as number | undefined, schedule: o.schedule as string | undefined,
+    cp: o.cp as number | undefined, cpMode: o['cp-mode'] as string | undefined,
   }, config, batch);
   const { layout, mesh } = par;
   const tensorParallel = mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
-  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel }), mesh?.ppRank ?? 0, layout.pp);
+  const context = mesh && mesh.cpSize > 1 ? { contextLayout: contextParallelLayout(mesh.cpGroup, layout.cpMode) } : {};
+  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp);
   const trainer = await ParallelTrainer.create<AdamWOptions>(model, [{ params: model.parameters() }], {
-    mesh, zero: layout.zero, microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
+    mesh, zero: layout.zero, ...(layout.cpMode ? { cpMode: layout.cpMode } : {}), microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
     createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
   });
   const slice = batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);

@@ -35,24 +35,28 @@ export const DEFAULT_CALIBRATION_LAYOUTS = ['dp2', 'dp2,zero1', 'dp2,zero2', 'dp
 
 /**
  * Reads a layout spec: comma-separated `dpN`, `tpN`, `ppN`, `zeroS`, `sp`, `recompute` (full),
- * `mbN` (micro-batches), `gpipe` or `1f1b`. Unset: 1, no ZeRO, 1F1B, one micro-batch.
+ * `mbN` (micro-batches), `gpipe` or `1f1b`, `cpN` (context parallelism, ring attention) and
+ * `ulysses` (its other mode). Unset: 1, no ZeRO, 1F1B, one micro-batch.
  */
 export function parseLayoutSpec(spec: string): PlanLayout {
   const l: PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
   for (const part of spec.split(',').map((x) => x.trim()).filter(Boolean)) {
-    const m = /^(dp|tp|pp|zero|mb)(\d+)$/.exec(part);
+    const m = /^(dp|tp|pp|zero|mb|cp)(\d+)$/.exec(part);
     if (m) {
       const v = Number(m[2]);
       if (m[1] === 'zero') { if (v > 3) throw new ArgumentError(`layout ${spec}: zero must be 0..3`); l.zero = v as 0 | 1 | 2 | 3; }
       else if (v < 1) throw new ArgumentError(`layout ${spec}: ${m[1]} must be >= 1`);
       else if (m[1] === 'mb') l.microBatches = v;
+      else if (m[1] === 'cp') { if (v > 1) { l.cp = v; l.cpMode ??= 'ring'; } }
       else l[m[1] as 'dp' | 'tp' | 'pp'] = v;
     } else if (part === 'sp') l.sequenceParallel = true;
     else if (part === 'recompute') l.recompute = 'full';
     else if (part === 'offload') l.offload = true;
     else if (part === 'gpipe' || part === '1f1b') l.schedule = part;
-    else throw new ArgumentError(`layout ${spec}: cannot read ${JSON.stringify(part)} (dpN, tpN, ppN, zeroS, mbN, sp, recompute, offload, gpipe, 1f1b)`);
+    else if (part === 'ulysses') l.cpMode = 'ulysses';
+    else throw new ArgumentError(`layout ${spec}: cannot read ${JSON.stringify(part)} (dpN, tpN, ppN, zeroS, mbN, cpN, ulysses, sp, recompute, offload, gpipe, 1f1b)`);
   }
+  if (l.cpMode && !l.cp) throw new ArgumentError(`layout ${spec}: ulysses is a context-parallel mode: give cpN with N > 1`);
   return l;
 }
 
@@ -90,9 +94,10 @@ export function checkCalibrationLayout(spec: string, shape: CalibrationShape = C
   const layout = parseLayoutSpec(spec);
   const problems: string[] = [];
   if (layout.offload) problems.push('offload is not calibrated (the ranks measure one allocator, host and device alike)');
-  const world = layout.dp * layout.tp * layout.pp;
+  const world = layout.dp * layout.tp * layout.pp * (layout.cp ?? 1);
   try {
-    resolveTrainingLayout({ tp: layout.tp, pp: layout.pp, dp: layout.dp, zero: layout.zero, sequenceParallel: layout.sequenceParallel, microBatches: layout.microBatches, schedule: layout.schedule },
+    resolveTrainingLayout({ tp: layout.tp, pp: layout.pp, dp: layout.dp, zero: layout.zero, sequenceParallel: layout.sequenceParallel, microBatches: layout.microBatches, schedule: layout.schedule,
+      ...(layout.cp ? { cp: layout.cp, cpMode: layout.cpMode } : {}) },
       { nLayer: shape.layers, nHead: shape.heads, nEmbd: shape.width, vocabSize: shape.vocab, blockSize: shape.ctx }, world, shape.batch);
   } catch (e) {
     if (!(e instanceof ArgumentError)) throw e;
@@ -148,7 +153,7 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
   const o: CalibrateOptions = typeof options === 'number' ? { steps: options } : options;
   const steps = o.steps ?? 3;
   const layout = checkCalibrationLayout(spec, shape);
-  const world = layout.dp * layout.tp * layout.pp;
+  const world = layout.dp * layout.tp * layout.pp * (layout.cp ?? 1);
   if (o.failAt && !(Number.isInteger(o.failAt.rank) && Number.isInteger(o.failAt.step) && o.failAt.rank >= 0 && o.failAt.step >= 0)) {
     throw new ArgumentError(`calibrateLayout: failAt needs integer rank and step >= 0, got ${JSON.stringify(o.failAt)}`);
   }
@@ -159,6 +164,7 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     const args = ['--layers', shape.layers, '--heads', shape.heads, '--width', shape.width, '--ctx', shape.ctx, '--batch', shape.batch, '--vocab', shape.vocab,
       '--tp', layout.tp, '--pp', layout.pp, '--dp', layout.dp, '--zero', layout.zero, '--micro-batches', layout.microBatches, '--schedule', layout.schedule, '--steps', steps].map(String);
     if (layout.sequenceParallel) args.push('--sp');
+    if (layout.cp) args.push('--cp', String(layout.cp), '--cp-mode', layout.cpMode ?? 'ring');
     if (layout.recompute === 'full') args.push('--recompute');
     if (o.failAt) args.push('--fail-at', `${o.failAt.rank}:${o.failAt.step}`);
     const { main: launch } = await import('../launch/cli.js');

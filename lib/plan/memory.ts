@@ -29,6 +29,13 @@ export interface PlanLayout {
   microBatches: number;
   /** The pipeline schedule. */
   schedule: 'gpipe' | '1f1b';
+  /**
+   * Context-parallel ranks (default 1): each holds seq/cp tokens of every sequence, so activations
+   * and the head's rows fall by cp; gradients average and ZeRO shards over dp × cp.
+   */
+  cp?: number;
+  /** How attention runs over the context-parallel ranks (default ring). */
+  cpMode?: 'ring' | 'ulysses';
 }
 
 /** Training precision: bf16 mixed precision (16-bit weights, fp32 master and Adam moments) or plain f32 (nodetron on CPU). */
@@ -161,6 +168,20 @@ export const F32_STAGE_OUTSIDE: Readonly<{
 
 function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
 
+/**
+ * Context parallelism's communication buffers in one layer's attention, for sl local tokens of b
+ * sequences and hl = h/tp channels per rank, w bytes per element. Ring: the key/value block held and
+ * the one arriving ([k|v] × sl·b·hl each), in backward with their two gradient accumulators and the
+ * block's scratch gradients (4 more). Ulysses: the all-to-all's send and receive copies of q, k, v
+ * (2 × 3 × sl·b·hl).
+ */
+export function contextBuffers(layout: PlanLayout, sl: number, b: number, hl: number, w: number): number {
+  const cp = layout.cp ?? 1;
+  if (cp === 1) return 0;
+  const block = sl * b * hl * w;
+  return (layout.cpMode ?? 'ring') === 'ring' ? 8 * block : 6 * block;
+}
+
 /** Micro-batches whose activations stage `stage` holds at once: 1F1B min(pp − stage, m), GPipe all m; one at a time without a pipeline. */
 export function inFlightMicroBatches(layout: PlanLayout, stage: number): number {
   if (layout.pp === 1) return 1;
@@ -184,9 +205,11 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const psi = sp_.total;
   const first = stage === 0, last = stage === pp - 1;
   const nLayers = stageLayers(m.nLayer, pp)[stage]!;
-  const s = opts.seq, b = opts.microBatchSize, h = m.nEmbd;
+  // Context parallelism: this rank's tokens of each sequence; ZeRO shards over the dp × cp ranks.
+  const cp = layout.cp ?? 1;
+  const s = opts.seq / cp, b = opts.microBatchSize, h = m.nEmbd;
   const inFlight = inFlightMicroBatches(layout, stage);
-  const shard = Math.ceil(psi / dp);
+  const shard = Math.ceil(psi / (dp * cp));
   const f32 = opts.dtype === 'f32';
   const w = f32 ? 4 : 2;
   const K = opts.optimizerBytesPerParam ?? (f32 ? 8 : 12);
@@ -206,7 +229,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const localVocab = m.vocabSize / t;
   const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
   if (!f32) {
-    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute);
+    // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+    // Ulysses: the head-sharded output beside the merged one).
+    const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute) + (cp > 1 && layout.recompute !== 'full' ? (w * s * b * h) / t : 0);
     // Megatron (theoretical_memory_usage.py): the embedding's dropout output sbh·2 bytes per in-flight micro-batch,
     // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
     activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
@@ -214,7 +239,8 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     // The last stage's fused head: one chunk of 16-bit logits (overwritten by its gradient), its fp32
     // copy for the weight gradient, which accumulates over the chunks in an fp32 [V/t, h] buffer.
     if (last) logits = chunkElems(2) * (2 + 4) + 4 * localVocab * h;
-    if (dp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
+    if (dp * cp > 1) buffers += 2 * bucketBytesOf(opts); // a bucket being filled and one in flight
+    buffers += contextBuffers(layout, s, b, h / t, w);
     // ZeRO-3 gathers a layer before use and prefetches the next: DeepSpeed counts 4 bytes per parameter of the largest layer.
     if (zero === 3) buffers += 4 * Math.min(largestLayerParams(m), psi) / t;
     const subtotal = params + grads + optimizerState + activations + logits + buffers;
@@ -236,7 +262,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const sc = sizeClass;
   const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
   const scores = 4 * b * (m.nHead / t) * s;
-  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores);
+  // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
+  // Ulysses: the head-sharded output beside the merged one).
+  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores) + (cp > 1 ? sc(unitSplit) : 0);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
   // and the s·b·h tensors outside its blocks (F32_EMBEDDING without a pipeline; F32_STAGE_OUTSIDE in one).
@@ -252,6 +280,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // forward and one backward; GPipe runs every forward first.
   const gradsInForward = (pp === 1 || layout.schedule === '1f1b') && layout.microBatches > pp - stage;
   if (zero === 1 || zero === 2) buffers += 4 * shard;
+  buffers += contextBuffers(layout, s, b, h / t, w);
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
@@ -262,7 +291,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const headGrads = tableGrad + sc(unitRep * (sp ? t : 1));
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
-  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit));
+  // Ulysses saves the whole-sequence q, k, v it gathered instead of this rank's, which then stays until the forward ends (3 more).
+  const ulyssesTransient = cp > 1 && layout.cpMode === 'ulysses' ? 3 * sc(unitSplit) : 0;
+  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit) + ulyssesTransient);
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
   interface Phase { grads: number; activations: number; logits: number; buffers: number }
   const phases: Phase[] = [];

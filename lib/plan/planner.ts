@@ -1,4 +1,4 @@
-// Candidate layouts for a model on N devices: every TP × PP × DP split, ZeRO stage, offload,
+// Candidate layouts for a model on N devices: every TP × CP (ring, Ulysses) × PP × DP split, ZeRO stage, offload,
 // recomputation, sequence parallelism and micro-batch size, each with its per-rank memory, whether it
 // fits, its predicted step time and the `nodetron launch` command that runs it; ranked.
 import { ArgumentError } from '../errors.js';
@@ -59,6 +59,13 @@ export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBa
   if (l.pp > m.nLayer) return `pp ${l.pp} exceeds the ${m.nLayer} layers`;
   if (l.sequenceParallel && seq % l.tp) return `sequence ${seq} does not divide by tp ${l.tp}`;
   if (globalBatch % (l.dp * b)) return `global batch ${globalBatch} does not divide into dp ${l.dp} × micro-batch size ${b}`;
+  const cp = l.cp ?? 1;
+  if (cp > 1) {
+    const parts = (l.cpMode ?? 'ring') === 'ring' ? 2 * cp : cp;
+    if (seq % parts) return `sequence ${seq} does not divide into ${parts} chunks (cp ${cp} ${l.cpMode ?? 'ring'})`;
+    if (l.cpMode === 'ulysses' && (m.nHead / l.tp) % cp) return `${m.nHead / l.tp} heads per tp rank do not divide by cp ${cp} (Ulysses)`;
+    if (l.sequenceParallel && (seq / cp) % l.tp) return `sequence ${seq} / cp ${cp} does not divide by tp ${l.tp}`;
+  }
   return null;
 }
 
@@ -72,6 +79,7 @@ export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; glo
   parts.push(`--tp ${l.tp} --pp ${l.pp} --dp ${l.dp} --zero ${l.zero}`);
   if (l.offload) parts.push('--offload');
   if (l.sequenceParallel) parts.push('--sp');
+  if ((l.cp ?? 1) > 1) parts.push(`--cp ${l.cp} --cp-mode ${l.cpMode ?? 'ring'}`);
   if (l.recompute === 'full') parts.push('--recompute');
   if (l.microBatches > 1) parts.push(`--micro-batches ${l.microBatches}`);
   if (l.pp > 1) parts.push(`--schedule ${l.schedule}`);
@@ -100,13 +108,15 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   // nodetron recomputes whole blocks; selective recomputation is modelled for 16-bit training (Megatron's).
   const recomputes: Recompute[] = o.dtype === 'f32' ? ['none', 'full'] : ['none', 'selective', 'full'];
   const out: PlanCandidate[] = [];
-  for (const tp of divisors(gpusPerNode)) for (const pp of divisors(o.gpus / tp)) {
-    const dp = o.gpus / (tp * pp);
+  // Context parallelism (cp > 1, ring or Ulysses) splits each sequence; like tp it stays inside a node.
+  const cps = (tp: number, pp: number) => divisors(o.gpus / (tp * pp)).filter((c) => c === 1 || tp * c <= gpusPerNode);
+  for (const tp of divisors(gpusPerNode)) for (const pp of divisors(o.gpus / tp)) for (const cp of cps(tp, pp)) for (const cpMode of cp > 1 ? ['ring', 'ulysses'] as const : [null]) {
+    const dp = o.gpus / (tp * pp * cp);
     for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
-      if (zero > 0 && dp === 1) continue;
+      if (zero > 0 && dp * cp === 1) continue;
       for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe'] as const : ['1f1b'] as const) {
         const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
-        const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule };
+        const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule, ...(cpMode ? { cp, cpMode } : {}) };
         const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
         const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead });
@@ -120,7 +130,7 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   const seen = new Set<string>();
   const kept = out.filter((c) => {
     if (!c.skipped) return true;
-    const key = `${c.layout.tp}/${c.layout.pp}/${c.layout.dp}/${c.microBatchSize}/${c.skipped}`;
+    const key = `${c.layout.tp}/${c.layout.cp ?? 1}/${c.layout.pp}/${c.layout.dp}/${c.microBatchSize}/${c.skipped}`;
     if (seen.has(key)) return false;
     seen.add(key); return true;
   });

@@ -89,6 +89,8 @@ export interface StepTime {
   tensorParallel: number;
   /** Pipeline activation sends. */
   pipeline: number;
+  /** Context-parallel attention traffic (ring send/recv or Ulysses all-to-all; 0 without cp). */
+  contextParallel?: number;
   /** Data-parallel gradient traffic not hidden behind backward. */
   dataParallel: number;
   /** Host transfers and the host optimizer step under offload. */
@@ -113,7 +115,8 @@ export function stepFlops(m: PlanModel, globalBatch: number, seq: number, recomp
 
 /** Predicted time of one step: compute / (devices · FLOP/s) with the pipeline bubble, plus the communication not hidden behind it. */
 export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o: TimeOptions): StepTime {
-  const world = l.dp * l.tp * l.pp;
+  const cp = l.cp ?? 1;
+  const world = l.dp * l.tp * l.pp * cp;
   const globalBatch = o.microBatchSize * l.microBatches * l.dp;
   const flops = stepFlops(m, globalBatch, o.seq, l.recompute);
   const compute = flops / (world * dev.peakFlops[o.dtype] * dev.efficiency);
@@ -125,18 +128,38 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
   const layers = stageLayers(m.nLayer, l.pp)[0]!;
   // Megatron TP: 2 all-reduces in forward and 2 in backward per layer (+2 when recomputing); ring cost 2(t−1)/t per byte.
   const tpCalls = l.recompute === 'full' ? 6 : 4;
-  const tensorParallel = l.tp > 1 ? (l.microBatches * layers * tpCalls * act * (2 * (l.tp - 1)) / l.tp) / bw(l.tp) : 0;
-  const pipeline = l.pp > 1 ? (2 * l.microBatches * act) / bw(l.tp * l.pp) : 0;
+  // Under context parallelism a rank's tensor-parallel and pipeline traffic covers its seq/cp tokens.
+  const tensorParallel = l.tp > 1 ? (l.microBatches * layers * tpCalls * (act / cp) * (2 * (l.tp - 1)) / l.tp) / bw(l.tp) : 0;
+  const pipeline = l.pp > 1 ? (2 * l.microBatches * (act / cp)) / bw(l.tp * cp * l.pp) : 0;
   // Gradients all-reduced (or reduce-scattered + all-gathered) over dp; ZeRO 3 gathers the weights once more in backward.
   const gradBytes = ((m.nLayer * 12 * m.nEmbd * m.nEmbd) / (l.tp * l.pp) + (m.vocabSize * m.nEmbd) / l.tp) * w;
   const dpVolume = l.dp > 1 ? (gradBytes * 2 * (l.dp - 1)) / l.dp * (l.zero === 3 ? 1.5 : 1) : 0;
   // Backward (two thirds of the compute) hides the bucketed data-parallel traffic; what exceeds it shows.
   // The last bucket's collective always shows (25 MiB).
   const dataParallel = l.dp > 1 ? Math.max(dpVolume / bw(world) - (2 / 3) * compute, (25 * 2 ** 20 * (l.zero === 3 ? 3 : 2)) / bw(world)) : 0;
+  const contextParallel = contextParallelSeconds(l, act, layers, bw(l.tp * cp));
   // Offload: the gradient shard goes to the host and the updated weight shard comes back over PCIe
   // (~25 GB/s, PCIe 4/5 x16 achieved), and the host runs Adam over the shard (~2 GB/s of state per device, an assumption).
   const shard = gradBytes / l.dp;
   const offload = l.offload ? (2 * shard) / 25e9 + (shard * (o.dtype === 'f32' ? 3 : 6)) / 2e9 : 0;
-  const total = compute + bubble + tensorParallel + pipeline + dataParallel + offload;
-  return { compute, bubble, tensorParallel, pipeline, dataParallel, offload, total, flops };
+  const total = compute + bubble + tensorParallel + pipeline + dataParallel + offload + contextParallel;
+  return { compute, bubble, tensorParallel, pipeline, ...(cp > 1 ? { contextParallel } : {}), dataParallel, offload, total, flops };
+}
+
+/**
+ * Context parallelism's attention traffic per step, not overlapped (nodetron waits for each ring step
+ * and each all-to-all): `act` is one micro-batch's whole-sequence [s, b, h] bytes, so a rank's keys
+ * and values are 2·act/(cp·tp). Ring, per layer: cp − 1 key/value shifts forward; in backward cp − 1
+ * again and cp shifts of their gradients (each twice the block under full recomputation's extra
+ * forward: + cp − 1). Ulysses, per layer: all-to-alls of q, k, v (3·act/(cp·tp)) and the output
+ * (act/(cp·tp)) forward and the same backward, each moving (cp − 1)/cp of its bytes.
+ */
+export function contextParallelSeconds(l: PlanLayout, act: number, layers: number, bw: number): number {
+  const cp = l.cp ?? 1;
+  if (cp === 1) return 0;
+  const kv = (2 * act) / (cp * l.tp);
+  const perLayer = (l.cpMode ?? 'ring') === 'ring'
+    ? kv * ((cp - 1) * (l.recompute === 'full' ? 2 : 1) + (cp - 1) + cp)
+    : ((8 * act) / (cp * l.tp)) * ((cp - 1) / cp) * (l.recompute === 'full' ? 1.5 : 1);
+  return (l.microBatches * layers * perLayer) / bw;
 }

@@ -28,6 +28,7 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
   'micro-batches': 'number', schedule: 'string', precision: 'string',
+  cp: 'number', 'cp-mode': 'string',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
@@ -35,6 +36,7 @@ export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
   precision: 'NODETRON_PRECISION',
+  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
@@ -52,13 +54,17 @@ NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE,
                        (N must divide the heads, the width and the vocabulary)
   --sp                 sequence parallelism (needs --tp > 1 dividing the context): LayerNorms, residuals and
                        embeddings hold ctx/tp positions per tensor-parallel rank, which cuts their activations
+  --cp N               context parallelism: each sequence split over N ranks (NODETRON_CP); attention over
+                       all of it by ring attention or Ulysses; gradients average over dp×cp
+  --cp-mode M          ring | ulysses (default ring; NODETRON_CP_MODE): ring needs the context divisible
+                       by 2·N, Ulysses by N and the heads (per tensor-parallel rank) by N
   --recompute          recompute each block's activations in backward
   --precision P        f32 | bf16 (default f32): bf16 runs the forward under bf16 autocast (GEMMs and
                        attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
-  for (const k of ['tp', 'pp', 'dp', 'micro-batches']) {
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'cp']) {
     const v = values[k];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
@@ -70,6 +76,12 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (num('dp') !== undefined) out.dp = num('dp');
   if (num('zero') !== undefined) out.zero = num('zero');
   if (num('micro-batches') !== undefined) out.microBatches = num('micro-batches');
+  if (num('cp') !== undefined) out.cp = num('cp');
+  if (values['cp-mode'] !== undefined) {
+    const m = String(values['cp-mode']);
+    if (m !== 'ring' && m !== 'ulysses') throw new ArgumentError(`--cp-mode must be ring or ulysses, got ${JSON.stringify(m)}`);
+    out.cpMode = m;
+  }
   if (values.schedule !== undefined) out.schedule = String(values.schedule);
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');

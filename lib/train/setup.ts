@@ -21,6 +21,7 @@ import { destroyParallel, initializeParallel, isParallelInitialized, type Parall
 import { agreeAll, agreeMax } from '../distributed/agree.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
+import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import type { ZeroParamGroup } from '../parallel/zero/optimizer.js';
 import { Checkpointer, type SaveResult } from '../ckpt/checkpoint.js';
@@ -253,7 +254,8 @@ function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, w
   }
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
-  const probe: LayoutModelShape = { nLayer: pp0, nHead: tp0, nEmbd: tp0, vocabSize: tp0, blockSize: tp0 };
+  const cp0 = isInt(flags.cp, 1) ? flags.cp! : 1;
+  const probe: LayoutModelShape = { nLayer: pp0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0 };
   let layout: TrainingLayout | null = null;
   if (problems.length === 0) {
     try { layout = resolveTrainingLayout(flags, probe, worldSize, options.batchSize); } catch (e) {
@@ -281,7 +283,7 @@ interface ParallelParts<H extends { lr: number }> {
  */
 async function buildParallelState<H extends { lr: number }>(options: TrainSetupOptions<H>, flags: LayoutArgs, layout: TrainingLayout,
   worldSize: number, world: ProcessGroup | null, teardown: Teardown): Promise<ParallelParts<H>> {
-  const mesh = world ? await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp }) : null;
+  const mesh = world ? await initializeParallel({ tp: layout.tp, pp: layout.pp, dp: layout.dp, ...(layout.cp ? { cp: layout.cp } : {}) }) : null;
   if (mesh) teardown.add(() => { if (isParallelInitialized()) destroyParallel(); });
 
   // This rank's model: the tensor-parallel slices of its group, the layers of its pipeline stage.
@@ -289,6 +291,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     seed: options.seed ?? 1337, device: options.device ?? 'cpu',
     ...(mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {}),
     ...(flags.recompute ? { recompute: true } : {}),
+    ...(mesh && mesh.cpSize > 1 ? { contextLayout: contextParallelLayout(mesh.cpGroup, layout.cpMode) } : {}),
   };
   const problems: string[] = [];
   let full: CausalLM | null = null;
@@ -304,6 +307,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     } else {
       full = owner = built;
       if (shard.vocabLayout && full.vocabLayout !== shard.vocabLayout) problems.push('model: the factory must pass its shard argument to the GPT (new nt.nn.GPT(config, shard)): tp > 1 needs its tensor-parallel layers');
+      if (shard.contextLayout && full.contextLayout !== shard.contextLayout) problems.push('model: the factory must pass its shard argument to the GPT (new nt.nn.GPT(config, shard)): cp > 1 needs its context-parallel attention');
     }
   } catch (e) {
     problems.push(`model: the factory threw ${(e as Error).name}: ${(e as Error).message}`);
@@ -325,6 +329,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());
     trainer = await ParallelTrainer.create<H>(stage, groups, {
       mesh, zero: layout.zero, offload: layout.offload, microBatches: layout.microBatches, schedule: layout.schedule, createOptimizer: options.optimizer,
+      ...(layout.cpMode ? { cpMode: layout.cpMode } : {}),
       ...(flags.precision ? { precision: flags.precision } : {}),
       ...(options.maxGradNorm !== undefined ? { maxGradNorm: options.maxGradNorm } : {}), ...(options.bucketBytes ? { bucketBytes: options.bucketBytes } : {}),
     });
@@ -677,7 +682,13 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       if (this.rank !== 0 && this.layout.tp === 1) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
-      return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      if (!gpt.contextLayout) return gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      // Under context parallelism each rank samples from a copy without it (the same parameters).
+      const plain = gpt.rebuild({ ...this.#shard, contextLayout: undefined });
+      try {
+        plain.loadStateDict(Object.fromEntries(gpt.namedParameters()));
+        return plain.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      } finally { plain.dispose(); }
     });
   }
 

@@ -168,6 +168,12 @@ class CachingAllocator {
     stats_.pendingFrees++;
   }
 
+  // The stream (or pool key) a live block was allocated for.
+  StreamId streamOf(void* p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return liveBlock(p, "streamOf")->stream;
+  }
+
   // Declares that a live block is also used by work on `stream` (a destroyed stream has none).
   void recordStream(void* p, StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -207,6 +207,12 @@ void emptyHostCache() {
   emptyHostCacheLocked();
 }
 
+// NODETRON_MEMORY_LIMIT (set through the cpu addon's setHostMemoryLimit by lib/native.ts): the most
+// bytes of host storage (counted in size classes, as memoryStats' allocated) live at once; 0: no limit.
+// A process can thus be given less memory than the machine's, e.g. to show a sequence that does not
+// fit one process training under context parallelism.
+static size_t userHostLimit = 0;
+
 void* hostAlloc(size_t bytes, const char* call) {
   if (bytes == 0) return nullptr;
   if (bytes > hostLimitBytes())
@@ -217,6 +223,11 @@ void* hostAlloc(size_t bytes, const char* call) {
   size_t cls = sizeClass(bytes);
   std::lock_guard<std::mutex> lock(hostMutex);
   HostStats& s = hostStats();
+  if (userHostLimit && static_cast<size_t>(s.allocated) + cls > userHostLimit)
+    fail(Err::OutOfMemory,
+         "cannot allocate " + std::to_string(bytes) + " bytes on cpu: NODETRON_MEMORY_LIMIT is " + std::to_string(userHostLimit) +
+             " bytes and " + std::to_string(s.allocated) + " are allocated",
+         call);
   void* p = nullptr;
   if (cls >= kCacheMin) {
     auto it = hostCache.find(cls);
@@ -394,6 +405,17 @@ static Napi::Value EmptyCache(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 NT_EXPORT("emptyCache", EmptyCache);
+
+// setHostMemoryLimit(bytes): NODETRON_MEMORY_LIMIT (0: none).
+static Napi::Value SetHostMemoryLimit(const Napi::CallbackInfo& info) {
+  if (!info[0].IsNumber()) fail(Err::Argument, "setHostMemoryLimit: expected a number of bytes");
+  double v = info[0].As<Napi::Number>().DoubleValue();
+  if (!(v >= 0) || v > 9.0e15) fail(Err::Argument, "setHostMemoryLimit: bytes must be a non-negative integer");
+  std::lock_guard<std::mutex> lock(hostMutex);
+  userHostLimit = static_cast<size_t>(v);
+  return info.Env().Undefined();
+}
+NT_EXPORT("setHostMemoryLimit", SetHostMemoryLimit);
 #endif
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {

@@ -27,7 +27,7 @@ inline constexpr KernelSignature kKernelSignatures[] = {
     {"random_fill", "storage:s dtype:d n:n kind:i seedHi:n seedLo:n baseBlock:n firstElement:n a:f b:f"},
     {"gemm", "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n"},
     {"gemm_epilogue",
-     "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n bias:o epilogue:i aux:o"},
+     "a:s b:s c:s dtype:d batch:n m:n n:n k:n transA:b transB:b alpha:f beta:f strideA:n strideB:n strideC:n bias:o epilogue:i aux:o ? cDtype:d"},
     {"binary", "op:i a:s b:s out:s dtype:d outShape:I aStrides:I bStrides:I"},
     {"unary", "op:i inp:s out:s n:n dtype:d p:f"},
     {"unary_backward", "op:i inp:o out:o gradOut:s gradIn:s n:n dtype:d p:f"},

@@ -73,10 +73,13 @@ alloc::CachingAllocator& allocator(int device) {
 }
 
 void* deviceAlloc(int device, size_t bytes, const char* call) {
-  return allocator(device).allocate(bytes, alloc::StreamId(currentStreamId(device)), call);
+  return allocator(device).allocate(bytes, alloc::StreamId(allocationStream(device, currentStreamId(device))), call);
 }
 
-void deviceFree(int device, void* p) { allocator(device).free(p); }
+void deviceFree(int device, void* p) {
+  if (p && deferFreeDuringCapture(device, p)) return;
+  allocator(device).free(p);
+}
 
 void emptyAllCaches() {
   size_t n;

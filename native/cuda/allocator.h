@@ -14,5 +14,10 @@ void* deviceAlloc(int device, size_t bytes, const char* call);
 void deviceFree(int device, void* p);
 // Frees every allocator's cached segments (all devices that have one).
 void emptyAllCaches();
+// Graph capture (native/cuda/graph.cc): the allocator key of a request on `stream` (the capture's
+// pool while that stream is being captured, else the stream), and whether a free made during a
+// capture is deferred until its graph is destroyed (a block from outside the capture's pool).
+int64_t allocationStream(int device, int64_t stream);
+bool deferFreeDuringCapture(int device, void* p);
 
 }  // namespace nt::cuda

@@ -26,7 +26,8 @@ inline uint32_t alignmentBytes(uintptr_t address, int64_t batch = 1, int64_t bat
 // Everything a plan (matmul descriptor, layouts, chosen algorithm) depends on; pointers only
 // through their alignment. Pointer values themselves are set on every call.
 struct PlanKey {
-  int32_t dtype = 0;
+  int32_t dtype = 0;   // of A and B
+  int32_t cdtype = 0;  // of C (and D): A's dtype, or f32 for 16-bit A and B accumulated in f32
   int32_t compute = 0;  // cublasComputeType_t (f32 or tf32)
   int64_t batch = 0, m = 0, n = 0, k = 0;
   int64_t strideA = 0, strideB = 0, strideC = 0;
@@ -35,7 +36,7 @@ struct PlanKey {
   uint32_t alignA = 256, alignB = 256, alignC = 256, alignBias = 256, alignAux = 256;
 
   auto tie() const {
-    return std::tie(dtype, compute, batch, m, n, k, strideA, strideB, strideC, transA, transB, epilogue, alignA, alignB, alignC,
+    return std::tie(dtype, cdtype, compute, batch, m, n, k, strideA, strideB, strideC, transA, transB, epilogue, alignA, alignB, alignC,
                     alignBias, alignAux);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }

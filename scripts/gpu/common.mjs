@@ -104,6 +104,7 @@ export const PLAN = [
   { id: 'gemm-perf', phase: 'gemm', file: 'performance', fn: 'gemmPerf', limitS: 90, minS: 20 },
   { id: 'membw', phase: 'rest', file: 'performance', fn: 'membw', limitS: 40, minS: 10 },
   { id: 'dispatch', phase: 'rest', file: 'performance', fn: 'dispatch', limitS: 20, minS: 5 },
+  { id: 'gpt2-graph', phase: 'rest', file: 'performance', fn: 'gpt2Graph', limitS: 45, minS: 15 },
   { id: 'parallel', phase: 'rest', file: 'parallel', fn: 'run', limitS: 150, minS: 40 },
   { id: 'sanitizer', phase: 'rest', file: 'correctness', sections: ['sanitizer'], limitS: 150, minS: 40 },
 ];

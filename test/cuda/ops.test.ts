@@ -3,6 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import type { Tensor } from '../../lib/index.js';
+import { geluMlp } from '../../lib/internal.js';
 
 const hasGpu = nt.cuda.isAvailable();
 const why = hasGpu ? '' : ` (skipped: no usable GPU: ${nt.cuda.unavailableReason()})`;
@@ -29,6 +30,9 @@ const cases: Case[] = [
   { name: 'rmsNorm', shapes: [[9, 70], [70]], run: ([x, w]) => nt.rmsNorm(x!, w!) },
   { name: 'linear', shapes: [[5, 3, 24], [17, 24], [17]], run: ([x, w, b]) => nt.linear(x!, w!, b!) },
   { name: 'linearGelu', shapes: [[5, 3, 24], [17, 24], [17]], run: ([x, w, b]) => nt.linearGelu(x!, w!, b!) },
+  // geluMlp on cuBLASLt's epilogues (hidden 32: GELU_AUX_BIAS, DGELU_BGRAD; hidden 17: the kernel fallbacks), BGRADB for the biases.
+  { name: 'geluMlp', shapes: [[5, 3, 24], [32, 24], [32], [8, 32], [8]], run: ([x, w1, b1, w2, b2]) => geluMlp(x!, w1!, b1!, w2!, b2!) },
+  { name: 'geluMlp fallback', shapes: [[5, 3, 24], [17, 24], [17], [8, 17], [8]], run: ([x, w1, b1, w2, b2]) => geluMlp(x!, w1!, b1!, w2!, b2!) },
   { name: 'addLayerNorm', shapes: [[9, 70], [9, 70], [70], [70]], run: ([x, r, w, b]) => { const o = nt.addLayerNorm(x!, r!, w!, b!); return nt.add(o.sum, o.out); } },
   { name: 'permute/slice/cat', shapes: [[4, 6, 5]], run: ([a]) => nt.cat([nt.permute(a!, [2, 0, 1]), nt.slice(nt.permute(a!, [2, 0, 1]), 1, 1, 3)], 1) },
   { name: 'attention causal', shapes: [[2, 3, 11, 8], [2, 3, 11, 8], [2, 3, 11, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!, { causal: true }) },

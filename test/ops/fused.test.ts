@@ -3,6 +3,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { cpu } from '../../lib/native.js';
+import { geluMlp } from '../../lib/internal.js';
 import { expectClose, gradcheck, randomArray, rng } from '../helpers/gradcheck.js';
 
 const initialThreads = cpu().kernelThreads() as number;
@@ -77,6 +78,73 @@ describe('linearGelu', () => {
       expect(() => nt.linearGelu(x, w, nt.randn([4]))).toThrow(nt.ShapeError);
       expect(() => nt.linearGelu(x, nt.randn([15]))).toThrow(/weight must be \[out, in\]/);
       expect(() => nt.linearGelu(x, w.to('bf16'))).toThrow(nt.DTypeError);
+    });
+  });
+});
+
+describe('geluMlp', () => {
+  /** Output and gradients of geluMlp and of linear(linearGelu(x, w1, b1), w2, b2) at one shape and dtype. */
+  function both(xShape: number[], hidden: number, outF: number, bias: boolean, dtype: string) {
+    const inF = xShape[xShape.length - 1]!;
+    const run = (fused: boolean) => nt.scope(() => {
+      const x = input(xShape, 21, dtype), w1 = input([hidden, inF], 22, dtype, -0.3, 0.3), w2 = input([outF, hidden], 23, dtype, -0.3, 0.3);
+      const b1 = bias ? input([hidden], 24, dtype) : null, b2 = bias ? input([outF], 25, dtype) : null;
+      const y = fused ? geluMlp(x, w1, b1, w2, b2) : nt.linear(nt.linearGelu(x, w1, b1), w2, b2);
+      probe(y, 26).backward();
+      return { y: Array.from(y.to('f32').toArraySync()), shape: y.shape, dtype: y.dtype, g: grads(...(bias ? [x, w1, b1!, w2, b2!] : [x, w1, w2])) };
+    });
+    return { fused: run(true), plain: run(false) };
+  }
+
+  it('gives the bits of linear(linearGelu(x, W1, b1), W2, b2) on cpu (same GEMMs and kernels), with and without biases', () => {
+    for (const [xShape, hidden, outF, bias] of [[[3, 5, 37], 43, 19, true], [[7, 11], 13, 5, false], [[2, 150, 29], 96, 29, true]] as [number[], number, number, boolean][]) {
+      const { fused, plain } = both(xShape, hidden, outF, bias, 'f32');
+      expect(fused.shape).toEqual(plain.shape);
+      expect(fused.y).toEqual(plain.y);
+      expect(fused.g.length).toBe(bias ? 5 : 3);
+      fused.g.forEach((g, i) => expect(g, `grad ${i} ${xShape}`).toEqual(plain.g[i]!));
+    }
+  });
+
+  it('matches the composition on bf16 and keeps the dtype', () => {
+    const { fused, plain } = both([4, 9, 24], 40, 24, true, 'bf16');
+    expect(fused.dtype).toBe('bf16');
+    expectClose(fused.y, plain.y, 2e-2, 2e-2, 'bf16 y');
+    fused.g.forEach((g, i) => expectClose(g, plain.g[i]!, 8e-2, 8e-2, `bf16 grad ${i}`));
+  });
+
+  it('passes a finite-difference gradcheck (every input)', () => {
+    const r = rng(27);
+    gradcheck((x, w1, b1, w2, b2) => geluMlp(x!, w1!, b1!, w2!, b2!), [
+      { data: randomArray(2 * 3 * 5, r), shape: [2, 3, 5] },
+      { data: randomArray(8 * 5, r, -0.5, 0.5), shape: [8, 5] },
+      { data: randomArray(8, r), shape: [8] },
+      { data: randomArray(4 * 8, r, -0.5, 0.5), shape: [4, 8] },
+      { data: randomArray(4, r), shape: [4] },
+    ]);
+  });
+
+  it('only the inputs that want a gradient get one', () => {
+    nt.scope(() => {
+      const x = input([6, 5], 31), w1 = input([8, 5], 32), w2 = input([3, 8], 33);
+      const b1 = nt.randn([8]), b2 = nt.randn([3]);
+      x.requiresGrad = false;
+      probe(geluMlp(x, w1, b1, w2, b2), 34).backward();
+      expect(x.grad).toBeNull();
+      expect(b1.grad).toBeNull();
+      expect(b2.grad).toBeNull();
+      expect(w1.grad!.shape).toEqual([8, 5]);
+      expect(w2.grad!.shape).toEqual([3, 8]);
+    });
+  });
+
+  it('rejects bad shapes and mixed dtypes with typed errors', () => {
+    nt.scope(() => {
+      const x = nt.randn([2, 5]), w1 = nt.randn([8, 5]), w2 = nt.randn([3, 8]);
+      expect(() => geluMlp(x, w1, null, nt.randn([3, 7]), null)).toThrow(/w2 must be \[out, 8\]/);
+      expect(() => geluMlp(x, w1, null, w2, nt.randn([4]))).toThrow(nt.ShapeError);
+      expect(() => geluMlp(x, w1, nt.randn([7]), w2, null)).toThrow(nt.ShapeError);
+      expect(() => geluMlp(x, w1, null, w2.to('bf16'), null)).toThrow(nt.DTypeError);
     });
   });
 });

@@ -13,7 +13,7 @@ describe('MeshLayout', () => {
     expect(m.allGroups('tp')).toEqual([[0, 1], [2, 3], [4, 5], [6, 7]]);
     expect(m.allGroups('pp')).toEqual([[0, 2], [1, 3], [4, 6], [5, 7]]);
     expect(m.allGroups('dp')).toEqual([[0, 4], [1, 5], [2, 6], [3, 7]]);
-    expect(m.coords(6)).toEqual({ tp: 0, pp: 1, dp: 1 });
+    expect(m.coords(6)).toEqual({ tp: 0, cp: 0, pp: 1, dp: 1 });
   });
 
   it('any order and odd sizes: groups partition the world and coordinates round-trip', () => {

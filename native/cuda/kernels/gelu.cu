@@ -151,4 +151,23 @@ static Napi::Value BiasGeluBackwardAbi(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("bias_gelu_backward", BiasGeluBackwardAbi);
 
+// Host helpers for gemm.cu's epilogue fallbacks (cuBLASLt offers no algorithm for an epilogue, or
+// the aux leading dimension is not a multiple of 8): the kernels of bias_gelu_forward/backward.
+// pre += bias, y = gelu(pre) over a [rows, cols] view (bias may be null; y may be pre).
+void launchGeluEpilogue(DType dt, cudaStream_t st, void* pre, const void* bias, void* y, int64_t rows, int64_t cols, const char* call) {
+  if (rows <= 0 || cols <= 0) return;
+  NT_DISPATCH_FLOAT(dt, call, T, launchBiasGeluForward<T>(st, static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols));
+}
+// d = d · gelu'(pre) in place over a [rows, cols] view, then dbias (if not null) = its column sums.
+void launchDGeluBGrad(int device, DType dt, cudaStream_t st, const void* pre, void* d, void* dbias, int64_t rows, int64_t cols,
+                      const char* call) {
+  if (cols <= 0) return;
+  NT_DISPATCH_FLOAT(dt, call, T, {
+    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(d), static_cast<const T*>(pre), nullptr, static_cast<T*>(d), rows * cols);
+    if (dbias)
+      launchColumnSums<1>(device, st, ColumnRead<T>{static_cast<const T*>(d), cols}, rows, cols, static_cast<T*>(dbias),
+                          static_cast<T*>(nullptr), call);
+  });
+}
+
 }  // namespace nt::cuda

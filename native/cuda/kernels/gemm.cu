@@ -102,8 +102,8 @@ struct LtPreference {
 // Builds the plan for `key`: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so
 // cuBLASLt's "A" is our B (and its alignment), its "B" our A. `bias` and `aux` are this call's
 // pointers: the heuristic reads their alignment (the key holds it); later calls set their own.
-static std::shared_ptr<LtPlan> buildPlan(cublasLtHandle_t handle, const lt::PlanKey& key, cudaDataType_t type, void* bias, void* aux,
-                                         const char* op) {
+static std::shared_ptr<LtPlan> buildPlan(cublasLtHandle_t handle, const lt::PlanKey& key, cudaDataType_t type, cudaDataType_t ctype,
+                                         void* bias, void* aux, const char* op) {
   auto p = std::make_shared<LtPlan>();
   checkLt(cublasLtMatmulDescCreate(&p->op, cublasComputeType_t(key.compute), CUDA_R_32F), "cublasLtMatmulDescCreate", op);
   const int64_t M = key.m, N = key.n, K = key.k, batch = key.batch;
@@ -112,7 +112,7 @@ static std::shared_ptr<LtPlan> buildPlan(cublasLtHandle_t handle, const lt::Plan
   setAttr(p->op, CUBLASLT_MATMUL_DESC_TRANSB, opB, op);
   p->a = layout(type, key.transB ? K : N, key.transB ? N : K, key.transB ? K : N, batch, key.strideB, op);
   p->b = layout(type, key.transA ? M : K, key.transA ? K : M, key.transA ? M : K, batch, key.strideA, op);
-  p->c = layout(type, N, M, N, batch, key.strideC, op);
+  p->c = layout(ctype, N, M, N, batch, key.strideC, op);
   cublasLtEpilogue_t e = cublasLtEpilogue_t(key.epilogue);
   if (e != CUBLASLT_EPILOGUE_DEFAULT) {
     setAttr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, e, op);
@@ -145,13 +145,13 @@ static std::shared_ptr<LtPlan> buildPlan(cublasLtHandle_t handle, const lt::Plan
 }
 
 // The cached plan for `key`, built on a miss.
-static std::shared_ptr<LtPlan> planFor(int device, cublasLtHandle_t handle, const lt::PlanKey& key, cudaDataType_t type, void* bias,
-                                       void* aux, const char* op) {
+static std::shared_ptr<LtPlan> planFor(int device, cublasLtHandle_t handle, const lt::PlanKey& key, cudaDataType_t type,
+                                       cudaDataType_t ctype, void* bias, void* aux, const char* op) {
   {
     std::lock_guard<std::mutex> lock(ltMutex);
     if (auto p = ltDevices[device].plans.find(key)) return p;
   }
-  std::shared_ptr<LtPlan> p = buildPlan(handle, key, type, bias, aux, op);
+  std::shared_ptr<LtPlan> p = buildPlan(handle, key, type, ctype, bias, aux, op);
   std::lock_guard<std::mutex> lock(ltMutex);
   ltDevices[device].plans.insert(key, p);
   return p;
@@ -173,9 +173,36 @@ __global__ void addBiasKernel(T* c, const T* bias, int64_t batch, int64_t mn, in
   }
 }
 
-enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3 };
+enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3, kBGrad = 4, kDGeluBGrad = 5 };
 
-// Shared by gemm and gemm_epilogue: argument layout of the cpu gemm, then (bias, epilogue, aux).
+// gelu.cu's kernels, for the epilogue fallbacks below.
+void launchGeluEpilogue(DType dt, cudaStream_t st, void* pre, const void* bias, void* y, int64_t rows, int64_t cols, const char* call);
+void launchDGeluBGrad(int device, DType dt, cudaStream_t st, const void* pre, void* d, void* dbias, int64_t rows, int64_t cols,
+                      const char* call);
+
+// Row i of op(A) for transA (A stored [K, M]): column i of the stored A, summed over its K rows by
+// launchColumnSums (the BGRAD fallback: bias[i] = sum_k op(A)[i, k]).
+template <typename T>
+struct StoredColumns {
+  const T* a;
+  int64_t cols;
+  __device__ __forceinline__ int64_t column(int64_t c) const { return c; }
+  __device__ __forceinline__ void add(int64_t j, int64_t r, double* acc) const { acc[0] += double(toF32(a[r * cols + j])); }
+};
+
+static const char* epilogueName(int64_t e) {
+  switch (e) {
+    case kNone: return "none";
+    case kBias: return "bias";
+    case kGelu: return "gelu";
+    case kGeluBias: return "gelu+bias";
+    case kBGrad: return "bgrad";
+    case kDGeluBGrad: return "dgelu+bgrad";
+  }
+  return "?";
+}
+
+// Shared by gemm and gemm_epilogue: argument layout of the cpu gemm, then (bias, epilogue, aux, cDtype).
 static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, bool withEpilogue) {
   KernelCall k(info, call);
   DType dt = k.args.dtype(3);
@@ -185,30 +212,63 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
   int64_t sA = k.args.size(12), sB = k.args.size(13), sC = k.args.size(14);
   if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
     fail(Err::DType, std::string(call) + ": dtype " + dtypeName(dt) + " is not supported (f32, bf16, f16)");
+  // C's dtype: A's, or f32 for 16-bit A and B (f32 accumulation into an f32 output, e.g. a gradient summed over chunks).
+  DType cdt = withEpilogue && info.Length() > 18 && !info[18].IsUndefined() ? k.args.dtype(18) : dt;
+  if (cdt != dt && !(cdt == DType::F32 && dt != DType::F32))
+    fail(Err::DType, std::string(call) + ": C dtype " + dtypeName(cdt) + " with A/B " + dtypeName(dt) + " (C is A's dtype, or f32 for bf16/f16 A and B)");
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
     fail(Err::Argument, std::string(call) + ": dimensions must be below 2^31");
   auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
   void* pa = k.data(0, dt, extent(sA, M * K));
   void* pb = k.data(1, dt, extent(sB, K * N));
-  void* pc = k.data(2, dt, extent(sC, M * N));
+  void* pc = k.data(2, cdt, extent(sC, M * N));
   int64_t epilogue = withEpilogue ? k.args.int64(16) : kNone;
-  if (epilogue < kNone || epilogue > kGeluBias) fail(Err::Argument, std::string(call) + ": unknown epilogue " + std::to_string(epilogue));
-  bool hasBias = epilogue == kBias || epilogue == kGeluBias;
-  void* bias = hasBias ? k.data(15, dt, N) : nullptr;
-  void* aux = withEpilogue && (epilogue == kGelu || epilogue == kGeluBias) ? k.optional(17, dt, extent(sC, M * N)) : nullptr;
-  if (batch == 0 || M == 0 || N == 0) return info.Env().Undefined();
+  if (epilogue < kNone || epilogue > kDGeluBGrad) fail(Err::Argument, std::string(call) + ": unknown epilogue " + std::to_string(epilogue));
+  const std::string ename = epilogueName(epilogue);
+  bool geluFwd = epilogue == kGelu || epilogue == kGeluBias, grad = epilogue == kBGrad || epilogue == kDGeluBGrad;
+  if ((geluFwd || epilogue == kDGeluBGrad) && cdt != dt)
+    fail(Err::DType, std::string(call) + ": epilogue " + ename + " needs C in A's dtype, got " + dtypeName(cdt) + " for " + dtypeName(dt));
+  if (grad && batch > 1) fail(Err::Argument, std::string(call) + ": epilogue " + ename + " takes one matrix (batch 1), got batch " + std::to_string(batch));
+  if (epilogue == kBGrad && !ta)
+    fail(Err::Argument, std::string(call) + ": epilogue bgrad sums op(A) over K and needs transA (A stored [K, M])");
+  if (epilogue == kBGrad && alpha != 1.0f) fail(Err::Argument, std::string(call) + ": epilogue bgrad needs alpha = 1");
+  if (epilogue == kDGeluBGrad && beta != 0.0f) fail(Err::Argument, std::string(call) + ": epilogue dgelu+bgrad needs beta = 0");
+  bool hasBias = epilogue == kBias || epilogue == kGeluBias || grad;
+  // The bias (or bias gradient) in C's dtype: N long, or M for bgrad (one entry per row of op(A)).
+  void* bias = hasBias ? k.data(15, cdt, epilogue == kBGrad ? M : N) : nullptr;
+  void* aux = geluFwd ? k.optional(17, dt, extent(sC, M * N))
+              : epilogue == kDGeluBGrad ? k.data(17, dt, M * N)
+                                        : nullptr;
+  if (batch == 0 || M == 0 || N == 0) {
+    // An empty product: a bias gradient over no columns is empty, over no rows of K (K > 0) nothing to do.
+    if (epilogue == kBGrad && M > 0 && N == 0 && batch > 0 && K > 0) {
+      // The sums are still due (C is empty): bias = row sums of op(A).
+      NT_DISPATCH_FLOAT(dt, call, T, {
+        if (cdt == DType::F32)
+          launchColumnSums<1>(k.device(), k.stream(), StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<float*>(bias),
+                              static_cast<float*>(nullptr), call);
+        else
+          launchColumnSums<1>(k.device(), k.stream(), StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<T*>(bias),
+                              static_cast<T*>(nullptr), call);
+      });
+      k.launched();
+    }
+    return info.Env().Undefined();
+  }
   cudaStream_t stream = k.stream();
   if (K == 0) {
     if (epilogue != kNone) fail(Err::Argument, std::string(call) + ": K = 0 with an epilogue");
     int64_t n = extent(sC, M * N);
-    NT_DISPATCH_FLOAT(dt, call, T, scaleKernel<T><<<gridFor(n), kThreads, 0, stream>>>(static_cast<T*>(pc), beta, n));
+    NT_DISPATCH_FLOAT(cdt, call, T, scaleKernel<T><<<gridFor(n), kThreads, 0, stream>>>(static_cast<T*>(pc), beta, n));
     k.launched();
     return info.Env().Undefined();
   }
-  cudaDataType_t type = dt == DType::F32 ? CUDA_R_32F : dt == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-  int64_t es = int64_t(dtypeSize(dt));
+  auto typeOf = [](DType d) { return d == DType::F32 ? CUDA_R_32F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; };
+  cudaDataType_t type = typeOf(dt), ctype = typeOf(cdt);
+  int64_t es = int64_t(dtypeSize(dt)), ces = int64_t(dtypeSize(cdt));
   lt::PlanKey key;
   key.dtype = int32_t(dt);
+  key.cdtype = int32_t(cdt);
   key.compute = int32_t(dt == DType::F32 && allowTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   key.batch = batch;
   key.m = M;
@@ -220,45 +280,80 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
   key.strideC = batch > 1 ? sC : 0;
   key.transA = ta;
   key.transB = tb;
-  key.epilogue = epilogue == kNone ? CUBLASLT_EPILOGUE_DEFAULT
-                 : epilogue == kBias ? CUBLASLT_EPILOGUE_BIAS
-                 : epilogue == kGelu ? (aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU)
-                                     : (aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS);
+  // Our row-major C = op(A) op(B) is cuBLASLt's column-major C^T = op(B)^T op(A)^T: its "B" is our A,
+  // so the sums of op(A) over K are BGRADB (bias length = columns of cuBLASLt's D = our M); the
+  // bias vector of BIAS and DGELU_BGRAD runs along cuBLASLt's rows (our N, per column of our C).
+  key.epilogue = epilogue == kNone        ? CUBLASLT_EPILOGUE_DEFAULT
+                 : epilogue == kBias      ? CUBLASLT_EPILOGUE_BIAS
+                 : epilogue == kGelu      ? (aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU)
+                 : epilogue == kGeluBias  ? (aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+                 : epilogue == kBGrad     ? CUBLASLT_EPILOGUE_BGRADB
+                                          : CUBLASLT_EPILOGUE_DGELU_BGRAD;
   key.alignA = lt::alignmentBytes(reinterpret_cast<uintptr_t>(pa), batch, sA * es);
   key.alignB = lt::alignmentBytes(reinterpret_cast<uintptr_t>(pb), batch, sB * es);
-  key.alignC = lt::alignmentBytes(reinterpret_cast<uintptr_t>(pc), batch, sC * es);
+  key.alignC = lt::alignmentBytes(reinterpret_cast<uintptr_t>(pc), batch, sC * ces);
   if (bias) key.alignBias = lt::alignmentBytes(reinterpret_cast<uintptr_t>(bias));
   if (aux) key.alignAux = lt::alignmentBytes(reinterpret_cast<uintptr_t>(aux), batch, sC * es);
   int device = k.device();
   cublasLtHandle_t handle = ltHandle(device, call);
   void* ws = workspace(device);
-  std::shared_ptr<LtPlan> plan = planFor(device, handle, key, type, bias, aux, call);
-  bool biasAfter = false;
-  if (!plan->found && epilogue == kBias) {
-    // No algorithm with the BIAS epilogue for this shape: the plain GEMM, then a bias pass.
+  // cuBLASLt's GELU aux must have a leading dimension (our N) divisible by 8, and a batch stride too.
+  bool auxFits = !aux || (N % 8 == 0 && (batch <= 1 || sC % 8 == 0) && key.alignAux >= 16);
+  std::shared_ptr<LtPlan> plan;
+  if (auxFits) plan = planFor(device, handle, key, type, ctype, bias, aux, call);
+  // Without a cuBLASLt algorithm for the epilogue: the plain GEMM, then the epilogue as kernels.
+  bool after = epilogue != kNone && (!plan || !plan->found);
+  void* target = pc;
+  if (after) {
+    if (geluFwd && beta != 0.0f)
+      fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for the " + ename + " epilogue with beta != 0 (" +
+                            std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")",
+           "cublasLtMatmulAlgoGetHeuristic");
+    bool contiguous = batch <= 1 || sC == M * N;
+    if (epilogue != kBias && !contiguous)
+      fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for the " + ename + " epilogue over a strided batch",
+           "cublasLtMatmulAlgoGetHeuristic");
+    if (geluFwd && aux) target = aux;  // the GEMM writes the pre-activation, the kernel gelu(pre + bias) into C
     key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     key.alignBias = 256;
-    plan = planFor(device, handle, key, type, nullptr, nullptr, call);
-    biasAfter = true;
+    key.alignAux = 256;
+    if (target == aux) key.alignC = lt::alignmentBytes(reinterpret_cast<uintptr_t>(aux), batch, sC * es);
+    plan = planFor(device, handle, key, type, ctype, nullptr, nullptr, call);
   }
   if (!plan->found)
-    fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for " + dtypeName(dt) + " " + std::to_string(M) + "x" +
-                          std::to_string(N) + "x" + std::to_string(K) + " (epilogue " + std::to_string(epilogue) + ")",
+    fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for " + dtypeName(dt) + (cdt != dt ? "->f32 " : " ") +
+                          std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " (epilogue " + ename + ")",
          "cublasLtMatmulAlgoGetHeuristic");
   {
     std::lock_guard<std::mutex> lock(plan->mutex);
-    if (!biasAfter && bias) setAttr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
-    if (!biasAfter && aux) setAttr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
-    checkLt(cublasLtMatmul(handle, plan->op, &alpha, pb, plan->a, pa, plan->b, &beta, pc, plan->c, pc, plan->c, &plan->algo, ws,
-                           kWorkspaceBytes, stream),
+    if (!after && bias) setAttr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
+    if (!after && aux) setAttr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
+    checkLt(cublasLtMatmul(handle, plan->op, &alpha, pb, plan->a, pa, plan->b, &beta, target, plan->c, target, plan->c, &plan->algo,
+                           ws, kWorkspaceBytes, stream),
             "cublasLtMatmul", call);
   }
-  if (biasAfter) {
-    int64_t total = batch * M * N;
-    int64_t stride = batch > 1 ? sC : M * N;
-    NT_DISPATCH_FLOAT(dt, call, T,
-                      addBiasKernel<T><<<gridFor(total), kThreads, 0, stream>>>(static_cast<T*>(pc), static_cast<const T*>(bias), batch,
-                                                                               M * N, N, stride));
+  if (after) {
+    int64_t rows = batch * M;  // contiguous batches (checked above) are one [batch·M, N] matrix
+    if (epilogue == kBias) {
+      int64_t total = batch * M * N;
+      int64_t stride = batch > 1 ? sC : M * N;
+      NT_DISPATCH_FLOAT(cdt, call, T,
+                        addBiasKernel<T><<<gridFor(total), kThreads, 0, stream>>>(static_cast<T*>(pc), static_cast<const T*>(bias), batch,
+                                                                                 M * N, N, stride));
+    } else if (geluFwd) {
+      launchGeluEpilogue(dt, stream, target, bias, pc, rows, N, call);
+    } else if (epilogue == kDGeluBGrad) {
+      launchDGeluBGrad(device, dt, stream, aux, pc, bias, rows, N, call);
+    } else {  // kBGrad: bias[i] = sum over the K rows of the stored A [K, M] of column i
+      NT_DISPATCH_FLOAT(dt, call, T, {
+        if (cdt == DType::F32)
+          launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<float*>(bias),
+                              static_cast<float*>(nullptr), call);
+        else
+          launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<T*>(bias),
+                              static_cast<T*>(nullptr), call);
+      });
+    }
     k.launched();
   }
   return info.Env().Undefined();
@@ -268,9 +363,15 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
 static Napi::Value Gemm(const Napi::CallbackInfo& info) { return runGemm(info, "gemm", false); }
 NT_EXPORT("gemm", Gemm);
 
-// gemm_epilogue(...gemm arguments, bias, epilogue, aux): epilogue 0 none, 1 +bias[N] per row,
-// 2 gelu, 3 gelu(. + bias); aux (optional, like C) receives the pre-GELU values for the backward.
-// GELU is cuBLASLt's tanh approximation.
+// gemm_epilogue(...gemm arguments, bias, epilogue, aux, cDtype?): epilogue 0 none, 1 +bias[N] per row,
+// 2 gelu, 3 gelu(. + bias) (aux, optional and like C, receives the pre-GELU values for the backward),
+// 4 bgrad: bias[M] = the row sums of op(A) (sum over K; transA, batch 1, alpha 1: the bias gradient
+// made by the weight-gradient GEMM, cuBLASLt's BGRADB), 5 dgelu+bgrad: C = op(A)op(B)·gelu'(aux),
+// bias[N] = C's column sums (batch 1, beta 0; aux the forward's pre-activation [M, N]: cuBLASLt's
+// DGELU_BGRAD). cDtype (default A's dtype) may be f32 for bf16/f16 A and B (f32 accumulation and
+// output; bias in C's dtype). GELU is cuBLASLt's tanh approximation. Where cuBLASLt has no
+// algorithm for an epilogue (or N is not a multiple of 8 with an aux), the plain GEMM runs and the
+// epilogue follows as the kernels of bias_gelu_forward/backward and a column sum.
 static Napi::Value GemmEpilogue(const Napi::CallbackInfo& info) { return runGemm(info, "gemm_epilogue", true); }
 NT_EXPORT("gemm_epilogue", GemmEpilogue);
 

@@ -39,6 +39,9 @@ parts.append(between(e,'__device__ __forceinline__ float binary(int op','// bina
 g=open(SRC+'gelu.cu').read()
 parts.append(between(g,'__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'))
 parts.append(between(g,'// pre += bias per column','// bias_gelu_forward(pre, bias|null'))
+# The epilogue fallbacks of gemm.cu: the bgrad column reader (its host code calls the kernels above).
+gm=open(SRC+'gemm.cu').read()
+parts.append(between(gm,'// Row i of op(A) for transA','static const char* epilogueName'))
 nm=open(SRC+'norm.cu').read()
 parts.append(between(nm,'// Row r\'s contributions to dW','static unsigned rowThreads'))
 c=open(SRC+'convert.cu').read()

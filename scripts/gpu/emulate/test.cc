@@ -120,6 +120,45 @@ template <class T> void testBiasGelu(int64_t rows, int64_t cols, size_t shift) {
   }
 }
 
+// gemm.cu's epilogue fallbacks (cuBLASLt without an algorithm for an epilogue): GELU of the GEMM's
+// output in place (pre and y the same buffer), GELU's gradient in place over the GEMM's output then
+// its column sums (DGELU_BGRAD), and the bias gradient of op(A) = Aᵀ as column sums of the stored
+// A [K, M] (BGRADB), each against the out-of-place kernels and a double reference.
+template <class T> void testEpilogueFallbacks(int64_t rows, int64_t cols, size_t shift) {
+  int64_t n = rows * cols;
+  auto vc = conv<T>(randv(size_t(n))), vp = conv<T>(randv(size_t(n))), vb = conv<T>(randv(size_t(cols)));
+  Buf<T> c(size_t(n), shift), pre(size_t(n), shift), b(size_t(cols), shift), y(size_t(n), shift), p2(size_t(n), shift);
+  std::memcpy(c.p, vc.data(), size_t(n) * sizeof(T)); std::memcpy(p2.p, vc.data(), size_t(n) * sizeof(T));
+  std::memcpy(pre.p, vp.data(), size_t(n) * sizeof(T)); std::memcpy(b.p, vb.data(), size_t(cols) * sizeof(T));
+  // gelu(C + bias) into C itself, against the out-of-place kernel (pre p2, y).
+  launchBiasGeluForward<T>(nullptr, c.p, b.p, c.p, rows, cols);
+  launchBiasGeluForward<T>(nullptr, p2.p, b.p, y.p, rows, cols);
+  for (int64_t i = 0; i < n; i++) EXPECT(same(c.p[i], y.p[i]), "gelu epilogue in place %ldx%ld i=%ld", long(rows), long(cols), long(i));
+  // dgelu in place over the "GEMM output", then the bias gradient.
+  std::memcpy(c.p, vc.data(), size_t(n) * sizeof(T));
+  launchMap3<T>(nullptr, GeluGradF{}, c.p, pre.p, nullptr, c.p, n);
+  std::vector<T> db(static_cast<size_t>(cols));
+  launchColumnSums<1>(0, nullptr, ColumnRead<T>{c.p, cols}, rows, cols, db.data(), (T*)nullptr, "t");
+  for (int64_t i = 0; i < n; i++)
+    EXPECT(same(c.p[i], fromF32<T>(toF32(vc[size_t(i)]) * geluTanhGrad(toF32(vp[size_t(i)])))), "dgelu in place %ldx%ld i=%ld", long(rows), long(cols), long(i));
+  for (int64_t j = 0; j < cols; j++) {
+    double s = 0, mag = 0;
+    for (int64_t r = 0; r < rows; r++) { double v = toF32(c.p[r * cols + j]); s += v; mag += std::fabs(v); }
+    EXPECT(std::fabs(toF32(db[size_t(j)]) - s) <= 1e-6 * mag + (sizeof(T) == 2 ? 8e-3 * std::fabs(s) : 1e-7 * std::fabs(s)), "dgelu bgrad j=%ld got %g want %g", long(j), toF32(db[size_t(j)]), s);
+  }
+  // bgrad: A stored [K = rows, M = cols]; bias[i] = sum_k A[k][i], in f32 (the f16/bf16->f32 output) and in T.
+  std::vector<float> b32(static_cast<size_t>(cols));
+  std::vector<T> bT(static_cast<size_t>(cols));
+  launchColumnSums<1>(0, nullptr, StoredColumns<T>{pre.p, cols}, rows, cols, b32.data(), (float*)nullptr, "t");
+  launchColumnSums<1>(0, nullptr, StoredColumns<T>{pre.p, cols}, rows, cols, bT.data(), (T*)nullptr, "t");
+  for (int64_t j = 0; j < cols; j++) {
+    double s = 0, mag = 0;
+    for (int64_t r = 0; r < rows; r++) { double v = toF32(pre.p[r * cols + j]); s += v; mag += std::fabs(v); }
+    EXPECT(std::fabs(b32[size_t(j)] - s) <= 1e-6 * mag, "bgrad f32 %ldx%ld j=%ld got %g want %g", long(rows), long(cols), long(j), b32[size_t(j)], s);
+    EXPECT(same(bT[size_t(j)], fromF32<T>(b32[size_t(j)])), "bgrad %ldx%ld j=%ld in T", long(rows), long(cols), long(j));
+  }
+}
+
 template <class T> void testBinary(std::vector<int64_t> shape, std::vector<int64_t> sa, std::vector<int64_t> sb, int64_t na, int64_t nb) {
   auto a = conv<T>(randv(size_t(na))), b = conv<T>(randv(size_t(nb)));
   int64_t n = product(shape);
@@ -277,6 +316,8 @@ int main() {
   testNormGrads<false>(200, 48, true); testNormGrads<false>(3, 5, true); testNormGrads<true>(200, 48, true);
   testNormGrads<false>(64, 300, true); testNormGrads<false>(70000, 3, false); testNormGrads<true>(1, 1, true);
   testBiasGelu<float>(5, 3072, 0); testBiasGelu<float>(5, 13, 0); testBiasGelu<bf16>(130, 24, 0); testBiasGelu<bf16>(3, 24, 1); testBiasGelu<f16>(2, 7, 0);
+  testEpilogueFallbacks<float>(67, 29, 0); testEpilogueFallbacks<float>(130, 96, 0); testEpilogueFallbacks<bf16>(67, 29, 1);
+  testEpilogueFallbacks<bf16>(200, 48, 0); testEpilogueFallbacks<f16>(9, 13, 0);
   testBinary<float>({5, 48}, {48, 1}, {0, 1}, 240, 48);
   testBinary<float>({5, 48}, {48, 1}, {1, 0}, 240, 5);
   testBinary<float>({7, 9}, {9, 1}, {0, 0}, 63, 1);

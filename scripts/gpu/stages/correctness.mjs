@@ -23,6 +23,7 @@ export async function run(rec, nt, noGpu, ctx = {}) {
   const section = (name) => { current = name; };
   const on = (name = current) => !ctx.sections || ctx.sections.includes(name);
   const { cpu, cuda, BACKEND_KERNELS } = await import('../../../dist/native.js');
+  const I = await import('../../../dist/internal.js');
   const DEV = DRY ? 'cpu' : 'cuda';
   const C = cpu(), G = DRY ? cpu() : cuda();
   const big = (n, small) => (DRY ? small : n);
@@ -85,6 +86,12 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     { name: 'rmsNorm [3,5]', shapes: [[3, 5], [5]], run: ([x, w]) => nt.rmsNorm(x, w) },
     { name: `linearGelu [${R},${D}]x[${4 * D},${D}]`, shapes: [[R, D], [4 * D, D], [4 * D]], std: 1 / Math.sqrt(D), run: ([x, w, b]) => nt.linearGelu(x, w, b) },
     { name: 'linearGelu [67,13]x[29,13]', shapes: [[67, 13], [29, 13], [29]], std: 0.3, run: ([x, w, b]) => nt.linearGelu(x, w, b) },
+    // geluMlp: on cuda its GEMMs carry cuBLASLt's GELU_AUX_BIAS, BIAS, BGRADB and DGELU_BGRAD epilogues; a
+    // hidden size that is not a multiple of 8 takes the addon's kernel fallbacks; linear's bias gradient (BGRADB).
+    { name: `geluMlp [2,${R / 2},${D}]x[${4 * D},${D}]x[${D},${4 * D}]`, shapes: [[2, R / 2, D], [4 * D, D], [4 * D], [D, 4 * D], [D]], std: 1 / Math.sqrt(D), run: ([x, w1, b1, w2, b2]) => I.geluMlp(x, w1, b1, w2, b2) },
+    { name: 'geluMlp fallback [67,13]x[29,13]x[11,29]', shapes: [[67, 13], [29, 13], [29], [11, 29], [11]], std: 0.3, run: ([x, w1, b1, w2, b2]) => I.geluMlp(x, w1, b1, w2, b2) },
+    { name: 'geluMlp no biases [40,16]x[24,16]x[8,24]', shapes: [[40, 16], [24, 16], [8, 24]], std: 0.3, run: ([x, w1, w2]) => I.geluMlp(x, w1, null, w2, null) },
+    { name: 'linear odd [67,13]x[29,13]+[29]', shapes: [[67, 13], [29, 13], [29]], std: 0.3, run: ([x, w, b]) => nt.linear(x, w, b) },
     // sum_to's contiguous patterns: column sums [S, K] (sum over dim 0), row sums [K, S] with one
     // block per row and with several blocks per long row, and odd sizes.
     { name: `sum dim 0 [${big(8192, 300)},${big(3072, 96)}]`, shapes: [[big(8192, 300), big(3072, 96)]], run: ([a]) => nt.sum(a, 0) },
@@ -147,6 +154,25 @@ export async function run(rec, nt, noGpu, ctx = {}) {
       compare(`crossEntropy loss ${dtype}`, 'f32', host(got.loss), host(want.loss), 1e-4);
       compare(`embedding grad ${dtype}`, dtype, host(got.gw), host(want.gw), TOL[dtype] * 4);
       compare(`crossEntropy grad ${dtype}`, dtype, host(got.gl), host(want.gl), TOL[dtype] * 4);
+    });
+    // The fused LM head in chunks (16-bit: dW and the bias gradient accumulated in f32 by cuBLASLt from
+    // the 16-bit block, BGRADB; the loss summed on the device; the upstream gradient 3 applied on the device).
+    const HV = big(8192, 1001);  // a smaller vocabulary keeps the cpu reference of all three dtypes within the step's limit
+    await check(`linearCrossEntropy [${R},${D}]x[${HV},${D}]+bias in 3 chunks ${dtype}`, () => {
+      const targets = nt.tensor(Int32Array.from({ length: R }, (_, i) => (i % 89 === 5 ? -100 : (i * 7919) % HV)), [R]);
+      const x0 = randn([R, D], dtype), w0 = randn([HV, D], dtype, 'cpu', 0.05), b0 = randn([HV], dtype, 'cpu', 0.1);
+      const on = (device) => {
+        const x = fresh(x0, device), w = fresh(w0, device), b = fresh(b0, device);
+        for (const t of [x, w, b]) t.requiresGrad = true;
+        const loss = nt.linearCrossEntropy(x, w, targets.to(device), { bias: b, chunkRows: Math.ceil(R / 3) });
+        nt.scale(loss, 3).backward();
+        return { loss, gx: x.grad, gw: w.grad, gb: b.grad };
+      };
+      const want = on('cpu'), got = on(DEV);
+      compare(`linearCrossEntropy loss ${dtype}`, dtype, host(got.loss), host(want.loss), TOL[dtype]);
+      compare(`linearCrossEntropy grad x ${dtype}`, dtype, host(got.gx), host(want.gx), TOL[dtype] * 4);
+      compare(`linearCrossEntropy grad weight ${dtype}`, dtype, host(got.gw), host(want.gw), TOL[dtype] * 4);
+      compare(`linearCrossEntropy grad bias ${dtype}`, dtype, host(got.gb), host(want.gb), TOL[dtype] * 4);
     });
   }
   // Sizes past one grid (grid-stride loops) and odd sizes (vector tails).
@@ -224,6 +250,37 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     compare('gemm_epilogue gelu_bias', 'f32', host(c), host(nt.gelu(pre)), 1e-3);
     compare('gemm_epilogue aux (pre-activation)', 'f32', host(aux), host(pre), 1e-3);
   });
+  // The bias-gradient epilogues and f32 output from 16-bit operands, against cpu compositions:
+  // bgrad (BGRADB: bias[M] = row sums of op(A), with beta = 1 accumulating C), dgelu+bgrad
+  // (DGELU_BGRAD: C = op(A)op(B)·gelu'(aux), bias[N] = C's column sums), at GPT-2 shapes and odd ones
+  // (N not a multiple of 8: the kernel fallback).
+  for (const dtype of ['f32', 'bf16']) {
+    for (const [M, N, K] of [[big(768, 48), big(3072, 96), big(1024, 64)], [29, 13, 67]]) {
+      if (!DRY) await check(`gemm_epilogue bgrad ${dtype} ${M}x${N}x${K} (and f32 output, beta 1)`, () => {
+        const g = randn([K, M], dtype), x = randn([K, N], dtype), c0 = randn([M, N], 'f32');
+        const want = nt.add(nt.matmul(g.to('f32'), x.to('f32'), { transA: true }), c0), wantB = nt.sum(g.to('f32'), 0);
+        const c = nt.zeros([M, N], { dtype, device: DEV }), bias = nt.zeros([M], { dtype, device: DEV });
+        G.gemm_epilogue(g.to(DEV).storage, x.to(DEV).storage, c.storage, DT[dtype], 1, M, N, K, true, false, 1, 0, 0, 0, 0, bias.storage, 4, null);
+        compare(`gemm_epilogue bgrad ${dtype} ${M}x${N}x${K} C`, dtype, host(c), host(nt.matmul(g.to('f32'), x.to('f32'), { transA: true })), TOL[dtype] * 2);
+        compare(`gemm_epilogue bgrad ${dtype} ${M}x${N}x${K} bias`, dtype, host(bias), host(wantB), TOL[dtype] * 2);
+        if (dtype !== 'f32') {
+          const c32 = c0.to(DEV), b32 = nt.zeros([M], { device: DEV });
+          G.gemm_epilogue(g.to(DEV).storage, x.to(DEV).storage, c32.storage, DT[dtype], 1, M, N, K, true, false, 1, 1, 0, 0, 0, b32.storage, 4, null, DT.f32);
+          compare(`gemm_epilogue bgrad ${dtype}->f32 beta 1 ${M}x${N}x${K} C`, 'f32', host(c32), host(want), 1e-3);
+          compare(`gemm_epilogue bgrad ${dtype}->f32 ${M}x${N}x${K} bias`, 'f32', host(b32), host(wantB), 1e-3);
+        }
+      });
+      if (!DRY) await check(`gemm_epilogue dgelu+bgrad ${dtype} ${M}x${N}x${K}`, () => {
+        const a = randn([M, K], dtype, 'cpu', 1 / Math.sqrt(K)), b = randn([K, N], dtype), pre = randn([M, N], dtype);
+        const dh = nt.matmul(a, b), dPre = nt.zeros([M, N], { dtype }), db = nt.zeros([N], { dtype });
+        C.bias_gelu_backward(pre.storage, dh.storage, dPre.storage, db.storage, M, N, DT[dtype]);
+        const c = nt.zeros([M, N], { dtype, device: DEV }), bias = nt.zeros([N], { dtype, device: DEV });
+        G.gemm_epilogue(a.to(DEV).storage, b.to(DEV).storage, c.storage, DT[dtype], 1, M, N, K, false, false, 1, 0, 0, 0, 0, bias.storage, 5, pre.to(DEV).storage);
+        compare(`gemm_epilogue dgelu+bgrad ${dtype} ${M}x${N}x${K} C`, dtype, host(c), host(dPre), TOL[dtype] * 2);
+        compare(`gemm_epilogue dgelu+bgrad ${dtype} ${M}x${N}x${K} bias`, dtype, host(bias), host(db), TOL[dtype] * 4);
+      });
+    }
+  }
   section('kernels');
   // Flash attention's tensor-core kernels (bf16/f16 at head dims 64/128) and its SIMT kernels
   // (NODETRON_FLASH_SIMT=1, read on every call), each against cpu, forward and the packed qkv gradient.

@@ -76,6 +76,15 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats(DEV).peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
   writeFileSync(join(ctx.work, 'gpt2-nodetron.json'), JSON.stringify(result));
   rec.bench({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
+  if (!DRY) {
+    // Where the step's GPU time goes: one more step with every cuda kernel call bracketed by events
+    // (lib/bench/train-cuda.ts profileKernels, as `nodetron bench train --device cuda` prints it).
+    const { profileKernels } = await import('../../../dist/bench/train-cuda.js');
+    const table = profileKernels(0, () => { step(); });
+    const total = table.reduce((s, t) => s + t.ms, 0);
+    rec.info('gpt2Kernels', { totalMs: total, kernels: table });
+    console.log(`GPT-2 step per cuda kernel (${total.toFixed(1)} ms):\n` + table.slice(0, 12).map((t) => `  ${t.kernel} ${t.calls} calls ${t.ms.toFixed(2)} ms ${((100 * t.ms) / total).toFixed(1)}%`).join('\n'));
+  }
   opt.dispose(); model.dispose(); x.dispose(); y.dispose();
 }
 
@@ -198,4 +207,50 @@ export async function dispatch(rec, nt, noGpu) {
     nt.cuda.synchronize();
     rec.bench({ name: 'dispatch: nt.add through lib/ops (16 elems)', value: Number(process.hrtime.bigint() - t0) / 1e3 / iters, unit: 'us' });
   }
+}
+
+/**
+ * CUDA graphs (nt.cuda.graph): a GPT-2 124M forward (logits) + backward of a fixed probe, captured and
+ * replayed, against the same eagerly (gradients equal, ms per step of each); and whether a whole loss
+ * step captures (the fused head counts the targets on the host, so GraphCaptureError naming that op is
+ * the expected answer today, recorded as info).
+ */
+export async function gpt2Graph(rec, nt, noGpu) {
+  if (noGpu) return rec.skip(noGpu);
+  const { cfg, T } = GPT2;
+  const B = 4;
+  const model = new nt.nn.GPT(cfg, { seed: 1, device: DEV });
+  const tokens = Int32Array.from({ length: B * T }, (_, i) => ((i * 2654435761) >>> 0) % cfg.vocabSize);
+  const x = nt.tensor(tokens, [B, T]).to(DEV);
+  const params = model.parameters();
+  const fwdBwd = () => nt.autocast({ dtype: 'bf16' }, () => nt.scope(() => {
+    model.zeroGrad();
+    const { logits } = model.forward(x);
+    nt.sum(nt.mul(logits, 1e-3)).backward();
+  }));
+  const grads = () => params.slice(0, 4).map((p) => Float64Array.from(p.grad.to('cpu').toArraySync()));
+  const eagerMs = timeCuda(nt, fwdBwd, 5);
+  const want = grads();
+  let g;
+  try {
+    g = nt.cuda.graph(fwdBwd, { warmup: 1 });
+  } catch (e) {
+    rec.check({ name: 'CUDA graph: GPT-2 forward + backward captures', ok: false, error: `${e?.name}: ${e?.op ?? ''} ${String(e?.message ?? e).slice(0, 600)}` });
+    return;
+  }
+  const graphMs = timeCuda(nt, () => g.replay(), 5);
+  sync(nt);
+  const got = grads();
+  got.forEach((gr, i) => { const c = relErr(gr, want[i], 1e-3); rec.check({ name: `CUDA graph: GPT-2 replayed gradient ${i} = eager`, ok: c.bad === 0, maxRelErr: c.maxRelErr, tol: 1e-3 }); });
+  rec.bench({ name: `GPT-2 124M fwd+bwd B${B} T${T} bf16: CUDA graph replay vs eager`, value: graphMs, unit: 'ms', torch: null, eagerMs, speedup: eagerMs / graphMs });
+  g.dispose();
+  const y = nt.tensor(tokens, [B, T]).to(DEV);
+  try {
+    const h = nt.cuda.graph(() => nt.autocast({ dtype: 'bf16' }, () => nt.scope(() => { model.zeroGrad(); model.forward(x, y).loss.backward(); })), { warmup: 0 });
+    rec.info('gpt2GraphLossStep', { captured: true });
+    h.dispose();
+  } catch (e) {
+    rec.info('gpt2GraphLossStep', { captured: false, error: e?.name, op: e?.op, message: String(e?.message ?? e).slice(0, 400) });
+  }
+  model.dispose(); x.dispose(); y.dispose();
 }
