@@ -65,6 +65,16 @@ export interface BackendKernels {
   gelu_backward(inp: S, gradOut: S, gradIn: S, n: number, dtype: number): void;
   bias_gelu_forward(pre: S, bias: S | null, out: S, rows: number, cols: number, dtype: number): void;
   bias_gelu_backward(pre: S, gradOut: S, gradPre: S, gradBias: S | null, rows: number, cols: number, dtype: number): void;
+  /** out = silu(gate)·up, or silu(gate) when up is null. */
+  swiglu_forward(gate: S, up: S | null, out: S, n: number, dtype: number): void;
+  /** Gradients of swiglu_forward (overwritten); gradUp is null exactly when up is. */
+  swiglu_backward(gate: S, up: S | null, gradOut: S, gradGate: S, gradUp: S | null, n: number, dtype: number): void;
+  /**
+   * Rotary embeddings in rotate-half layout over inp/out [batch, seq, heads, dim] (out may be inp): positions i32 [seq]
+   * or [batch, seq] (posCount entries), or null for offset + t; inverse rotates backward (the gradient).
+   */
+  rope(inp: S, out: S, positions: S | null, posCount: number, batch: number, seq: number, heads: number, dim: number, offset: number,
+    theta: number, inverse: boolean, dtype: number): void;
   softmax_forward(inp: S, out: S, rows: number, cols: number, dtype: number, log: boolean): void;
   softmax_backward(out: S, gradOut: S, gradIn: S, rows: number, cols: number, dtype: number, log: boolean): void;
   cross_entropy_forward(logits: S, targets: S, losses: S, lse: S, rows: number, vocab: number, ignoreIndex: number, dtype: number): void;
@@ -103,7 +113,7 @@ export interface BackendKernels {
 export const BACKEND_KERNELS = Object.keys({
   Storage: 1, setErrorFactory: 1, memoryStats: 1, resetPeakMemory: 1, emptyCache: 1, noop: 1, read: 1, write: 1, copy: 1,
   cast: 1, fill: 1, arange: 1, random_fill: 1, gemm: 1, binary: 1, unary: 1, unary_backward: 1, sum_to: 1, max_dim: 1, max_dim_backward: 1,
-  copy_strided: 1, gelu_forward: 1, gelu_backward: 1, bias_gelu_forward: 1, bias_gelu_backward: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
+  copy_strided: 1, gelu_forward: 1, gelu_backward: 1, bias_gelu_forward: 1, bias_gelu_backward: 1, swiglu_forward: 1, swiglu_backward: 1, rope: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
   cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
   flash_attention_forward: 1, flash_attention_backward: 1,
   embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, add_layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,

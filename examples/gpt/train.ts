@@ -1,4 +1,4 @@
-// Trains a small GPT-2 on Moby-Dick with nodetron: GPT-2 BPE token shards, AdamW with a cosine schedule and
+// Trains a small GPT-2 (or, with --model llama, a small Llama) on Moby-Dick with nodetron: GPT-2 BPE token shards, AdamW with a cosine schedule and
 // gradient clipping, periodic validation loss beside the unigram level (the best context-free model), a
 // fixed number of steps or as many as a time budget allows, and at the end the loss curve (terminal plot,
 // and loss.svg under --out) and a generated sample with the share of its words found in the training text.
@@ -9,6 +9,7 @@
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --moe-experts 8 --moe-top-k 2 --ep 2
+//      npx tsx examples/gpt/train.ts --model llama --kv-heads 2
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
@@ -27,6 +28,11 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --batch B            sequences per step, over all data-parallel ranks (default 8)
   --ctx T              context length (default 64)
   --layers L --heads H --width C   model shape (default 2, 4, 128)
+  --model gpt|llama    GPT-2 blocks (default) or Llama blocks (RMSNorm, rotary embeddings, SwiGLU,
+                       grouped-query attention, untied head, no biases)
+  --kv-heads K         Llama: key/value heads (default: --heads; 1 is multi-query)
+  --ffn F              Llama: MLP hidden units (default: 8/3 of the width, rounded up to a multiple of 32)
+  --rope-theta X       Llama: base of the rotary angles (default 10000)
   --lr X               peak learning rate (default 3e-3; cosine to lr/10 after the warm-up)
   --weight-decay X     AdamW weight decay (default 0.1)
   --seed N             initialization and data seed (default 1337)
@@ -68,6 +74,7 @@ void nt.train.main('train.ts', async () => {
     'time-budget': 'number', warmup: 'number', out: 'string', prompt: 'string', temperature: 'number', 'top-k': 'number',
     'moe-experts': 'number', 'moe-top-k': 'number', 'moe-every': 'number', 'moe-hidden': 'number', 'moe-shared': 'number', 'moe-capacity': 'number',
     'moe-aux': 'number', 'moe-z': 'number',
+    model: 'string', 'kv-heads': 'number', ffn: 'number', 'rope-theta': 'number',
   });
   if (o.help) { console.log(HELP); return 0; }
   const num = (name: string, fallback: number) => (o[name] as number | undefined) ?? fallback;
@@ -90,6 +97,15 @@ void nt.train.main('train.ts', async () => {
     };
     if (str('export-hf')) throw new nt.ArgumentError('--export-hf writes a Hugging Face GPT-2 directory, which has no experts: leave it out with --moe-experts');
   }
+  const family = str('model') ?? 'gpt';
+  if (family !== 'gpt' && family !== 'llama') throw new nt.ArgumentError(`--model must be gpt or llama, got ${family}`);
+  if (family === 'llama' && config.moe) throw new nt.ArgumentError('--moe-experts puts experts in GPT blocks; a Llama with MoE layers (Mixtral) is not wired into this example yet');
+  const width = config.nEmbd;
+  const llamaConfig: nt.nn.LlamaConfig = {
+    vocabSize: PADDED_VOCAB_SIZE, maxPositionEmbeddings: ctx, numHiddenLayers: config.nLayer, numAttentionHeads: config.nHead, hiddenSize: width,
+    numKeyValueHeads: num('kv-heads', config.nHead), intermediateSize: num('ffn', Math.ceil((8 * width) / 3 / 32) * 32), ropeTheta: num('rope-theta', 10000),
+  };
+  const build = (shard: nt.train.ModelShard) => (family === 'llama' ? new nt.nn.Llama(llamaConfig, shard) : new nt.nn.GPT(config, shard));
   const shards = str('data') ? datasetShards(str('data')!) : loadShards((process.env.RANK ?? '0') === '0' ? console.log : () => {});
 
   // Under a time budget the number of steps is what fits: `planned` starts at the most allowed and is
@@ -105,7 +121,7 @@ void nt.train.main('train.ts', async () => {
     ? `${line}  (${nt.train.formatDuration(budget - elapsed())} of the budget left${estimated ? `, ~${planned} steps in all` : ''})` : line);
 
   const run = await nt.train.setup({
-    model: (shard) => new nt.nn.GPT(config, shard), layout, batchSize: num('batch', 8), ...(budget ? {} : { steps }), seed: num('seed', 1337), device, maxGradNorm: 1.0,
+    model: build, layout, batchSize: num('batch', 8), ...(budget ? {} : { steps }), seed: num('seed', 1337), device, maxGradNorm: 1.0,
     optimizer: (groups) => new nt.optim.AdamW(groups, { lr: maxLr, betas: [0.9, 0.95], weightDecay: num('weight-decay', 0.1) }),
     lr,
     data: { train: shards.train, val: shards.val, evalEvery: num('eval-interval', 50), evalBatches: num('eval-batches', 4) },
@@ -170,8 +186,8 @@ void nt.train.main('train.ts', async () => {
     if (out) {
       mkdirSync(out, { recursive: true });
       const c = config;
-      writeFileSync(join(out, 'loss.svg'), nt.train.lineChartSvg(series, { ...plot, title: `GPT ${c.nLayer}×${c.nEmbd}, ctx ${ctx}, on Moby-Dick: loss per step` }));
-      writeFileSync(join(out, 'losses.json'), `${JSON.stringify({ config: c, batch: num('batch', 8), unigram, train: trainCurve, val: valCurve }, null, 1)}\n`);
+      writeFileSync(join(out, 'loss.svg'), nt.train.lineChartSvg(series, { ...plot, title: `${family === 'llama' ? 'Llama' : 'GPT'} ${c.nLayer}×${c.nEmbd}, ctx ${ctx}, on Moby-Dick: loss per step` }));
+      writeFileSync(join(out, 'losses.json'), `${JSON.stringify({ model: family, config: family === 'llama' ? llamaConfig : c, batch: num('batch', 8), unigram, train: trainCurve, val: valCurve }, null, 1)}\n`);
       run.log(`wrote ${join(out, 'loss.svg')} and losses.json`);
     }
   }
@@ -199,7 +215,7 @@ void nt.train.main('train.ts', async () => {
     } else if (run.layout.pp > 1) run.log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
   }
   const hf = str('export-hf');
-  if (hf) run.log(await run.exportHF(hf) ? `exported the model to ${hf} (Hugging Face GPT-2 layout)` : '(no export: --export-hf needs the whole model in one process: no --pp or --tp)');
+  if (hf) run.log(await run.exportHF(hf) ? `exported the model to ${hf} (Hugging Face ${family === 'llama' ? 'LlamaForCausalLM' : 'GPT-2'} layout)` : '(no export: --export-hf needs the whole model in one process: no --pp or --tp)');
   await run.close();
   return 0;
 });

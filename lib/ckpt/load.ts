@@ -83,6 +83,14 @@ export function loadCheckpoint(dir: string, items: CheckpointItems, opts: { veri
   return traceSpan('checkpoint load', () => readCheckpoint(dir, items, opts), 'checkpoint', { dir });
 }
 
+/** The model family that tensor names (checkpoint keys) belong to: the GPT's wte/h.N, Llama's embedTokens/layers.N; null for neither. */
+function modelFamily(keys: readonly string[]): 'GPT' | 'Llama' | null {
+  const named = (re: RegExp) => keys.some((k) => re.test(k.replace(/^[a-z]+\//, '')));
+  if (named(/^(wte\.weight|h\.\d+\.)/)) return 'GPT';
+  if (named(/^(embedTokens\.weight|layers\.\d+\.selfAttn\.)/)) return 'Llama';
+  return null;
+}
+
 function readCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: boolean }): LoadResult {
   const m = readManifest(dir);
   const state = rankState(items, true);
@@ -96,7 +104,11 @@ function readCheckpoint(dir: string, items: CheckpointItems, opts: { verify?: bo
     const t = m.tensors[part.key];
     // A parameter the optimizer had not updated yet when the checkpoint was saved starts fresh.
     if (!t && part.key.startsWith('optim/')) continue;
-    if (!t) throw new StateError(`checkpoint ${dir}: it has no '${part.key}' (saved from another model?)`);
+    if (!t) {
+      const saved = modelFamily(Object.keys(m.tensors)), loading = modelFamily(parts.map((p) => p.key));
+      if (saved && loading && saved !== loading) throw new StateError(`checkpoint ${dir}: it holds a ${saved} model, and the model loading it is a ${loading}; load it into a model of the family it was saved from`);
+      throw new StateError(`checkpoint ${dir}: it has no '${part.key}' (saved from another model?)`);
+    }
     if (!NT_DTYPE_OF[t.dtype] || (t.dtype !== 'F32' && t.dtype !== 'BF16' && t.dtype !== 'F16' && NT_DTYPE_OF[t.dtype] !== part.tensor.dtype)) {
       throw new StateError(`checkpoint ${dir}: '${part.key}' is saved as ${t.dtype}, which cannot be loaded into ${part.tensor.dtype}`);
     }

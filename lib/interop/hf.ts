@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 checkpoints. exportHF writes a directory that transformers'
+// Hugging Face GPT-2 checkpoints (Llama's: hf-llama.ts; exportHF takes either model). exportHF writes a directory that transformers'
 // GPT2LMHeadModel.from_pretrained loads: model.safetensors with the names save_pretrained gives
 // (transformer.h.<i>.attn.c_attn.weight, ...), the Conv1D weights in GPT-2's [in, out] orientation
 // (nodetron's Linear is [out, in], like torch.nn.Linear), the tied head left out as save_pretrained
@@ -12,6 +12,8 @@ import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
 import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, SafetensorsFile, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
+import { Llama } from '../nn/llama.js';
+import { exportLlamaHF, type ExportLlamaHFOptions } from './hf-llama.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically } from './gpt2.js';
 import { bytesOf, loadBytes, valuesOf } from '../io/tensor-bytes.js';
@@ -111,7 +113,8 @@ export function hfConfig(c: Readonly<GPTConfig>, dtype: HFDType = 'f32'): Record
  * GPT2LMHeadModel.from_pretrained(dir) loads the model. The model must be a whole GPT-2: biases,
  * two LayerNorms per block, no sliding window, default vocabulary and linear layouts.
  */
-export function exportHF(model: GPT, dir: string, opts: ExportHFOptions = {}): void {
+export function exportHF(model: GPT | Llama, dir: string, opts: ExportHFOptions & ExportLlamaHFOptions = {}): void {
+  if (model instanceof Llama) { exportLlamaHF(model, dir, opts); return; }
   const params = checkGPT2(model, 'exportHF');
   if (typeof dir !== 'string' || dir === '') throw new ArgumentError(`exportHF: dir must be a non-empty path`);
   const own = model.wte.weight.dtype;
@@ -145,6 +148,7 @@ export function exportHF(model: GPT, dir: string, opts: ExportHFOptions = {}): v
 export function configFromHF(json: unknown, where: string, dropout?: number): GPTConfig {
   if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new StateError(`importHF: ${where} is not a JSON object`);
   const j = json as Record<string, unknown>;
+  if (j.model_type === 'llama') throw new StateError(`importHF: ${where} is a Llama (model_type 'llama'); read it with nt.interop.importLlamaHF`);
   if (j.model_type !== 'gpt2') throw new StateError(`importHF: ${where} has model_type ${JSON.stringify(j.model_type)}; only 'gpt2' is read`);
   const int = (key: string): number => {
     const v = j[key];
@@ -171,30 +175,31 @@ export function configFromHF(json: unknown, where: string, dropout?: number): GP
 }
 
 /** Where each tensor of a checkpoint lives: model.safetensors, or the shards a model.safetensors.index.json names. */
-class Checkpoint {
+export class HFCheckpoint {
   readonly files = new Map<string, SafetensorsFile>();
   /** Tensor name (as stored) → its file. */
   readonly where = new Map<string, SafetensorsFile>();
-  constructor(readonly dir: string) {
+  /** Opens `dir`'s weights; `call` names the importer in errors. */
+  constructor(readonly dir: string, readonly call = 'importHF') {
     try {
       const single = join(dir, 'model.safetensors'), index = join(dir, 'model.safetensors.index.json');
       if (existsSync(single)) {
         const f = this.#open(single);
         for (const name of f.names) this.where.set(name, f);
       } else if (existsSync(index)) {
-        const json = readJSON(index) as { weight_map?: unknown };
+        const json = readHFJSON(index, this.call) as { weight_map?: unknown };
         const map = json?.weight_map;
         if (map === null || typeof map !== 'object' || Object.values(map).some((v) => typeof v !== 'string' || v.includes('/') || v.includes('\\'))) {
-          throw new StateError(`importHF: ${index} has no weight_map of tensor names to file names in ${dir}`);
+          throw new StateError(`${this.call}: ${index} has no weight_map of tensor names to file names in ${dir}`);
         }
         for (const [name, file] of Object.entries(map as Record<string, string>)) {
           const f = this.files.get(file) ?? this.#open(join(dir, file), file);
-          if (!f.header.tensors.has(name)) throw new StateError(`importHF: ${index} puts '${name}' in ${file}, which has no such tensor`);
+          if (!f.header.tensors.has(name)) throw new StateError(`${this.call}: ${index} puts '${name}' in ${file}, which has no such tensor`);
           this.where.set(name, f);
         }
       } else {
         const bin = existsSync(join(dir, 'pytorch_model.bin')) ? ' (pytorch_model.bin is not read: save the model with safe_serialization=True)' : '';
-        throw new StateError(`importHF: ${dir} has no model.safetensors or model.safetensors.index.json${bin}`);
+        throw new StateError(`${this.call}: ${dir} has no model.safetensors or model.safetensors.index.json${bin}`);
       }
     } catch (e) {
       this.close();
@@ -212,11 +217,13 @@ class Checkpoint {
   }
 }
 
-function readJSON(path: string): unknown {
+/** The JSON at `path`; StateError (naming `call`) when it cannot be read or parsed. */
+export function readHFJSON(path: string, call = 'importHF'): unknown {
   let text: string;
-  try { text = readFileSync(path, 'utf8'); } catch (e) { throw new StateError(`importHF: cannot read ${path}: ${(e as Error).message}`); }
-  try { return JSON.parse(text); } catch (e) { throw new StateError(`importHF: ${path} is not JSON (${(e as Error).message})`); }
+  try { text = readFileSync(path, 'utf8'); } catch (e) { throw new StateError(`${call}: cannot read ${path}: ${(e as Error).message}`); }
+  try { return JSON.parse(text); } catch (e) { throw new StateError(`${call}: ${path} is not JSON (${(e as Error).message})`); }
 }
+const readJSON = (path: string): unknown => readHFJSON(path);
 
 /** Tensors of GPT-2 checkpoints that are not parameters: the causal-mask buffers older transformers saved. */
 const BUFFER = /^h\.\d+\.attn\.(bias|masked_bias)$/;
@@ -238,7 +245,7 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
   if (!existsSync(configPath)) throw new StateError(`importHF: ${dir} has no config.json`);
   const raw = readJSON(configPath) as Record<string, unknown>;
   const config = configFromHF(raw, configPath, opts.dropout);
-  const ckpt = new Checkpoint(dir);
+  const ckpt = new HFCheckpoint(dir);
   try {
     // Stored name → the name without its prefix; two spellings of one tensor are refused.
     const byName = new Map<string, string>();

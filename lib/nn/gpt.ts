@@ -54,7 +54,10 @@ export interface GPTConfig {
 }
 
 /** The role of a linear layer in a block, which tells a tensor-parallel factory how to split it. */
-export type LinearRole = 'attn.qkv' | 'attn.proj' | 'mlp.fc' | 'mlp.proj';
+export type LinearRole = 'attn.qkv' | 'attn.proj' | 'mlp.fc' | 'mlp.proj'
+  // Llama's (lib/nn/llama.ts): separate q, k, v projections (k and v of the key/value heads), the output
+  // projection, and the SwiGLU MLP's gate, up and down projections.
+  | 'attn.q' | 'attn.k' | 'attn.v' | 'attn.o' | 'mlp.gate' | 'mlp.up' | 'mlp.down';
 
 /** What a block needs of a linear layer: its weight (for the local shape) and forward. */
 export interface LinearLike extends Module {
@@ -71,7 +74,21 @@ export interface LinearLike extends Module {
  * the same weights for a seed.
  */
 export type LinearFactory = (inFeatures: number, outFeatures: number,
-  opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions; config: Readonly<GPTConfig> }) => LinearLike;
+  opts: { role: LinearRole; bias: boolean; std: number; layer: LayerOptions; config: Readonly<GPTConfig>; attention?: AttentionHeads }) => LinearLike;
+
+/**
+ * The attention heads a linear layer serves (Llama's q, k, v and o projections pass it): tensor
+ * parallelism splits k and v by key/value heads, or gives every rank the key/value head its query
+ * heads read when there are fewer key/value heads than ranks.
+ */
+export interface AttentionHeads {
+  /** Query heads. */
+  heads: number;
+  /** Key/value heads (dividing heads). */
+  kvHeads: number;
+  /** Channels per head. */
+  headDim: number;
+}
 
 /** The default LinearFactory: a plain Linear with weights N(0, std) and zero biases. */
 export const defaultLinearFactory: LinearFactory = (inF, outF, { bias, std, layer }) => {
@@ -386,11 +403,85 @@ export interface GenerateOptions {
   seed?: number | bigint;
 }
 
+/** The dimensions of a decoder-only language model that layouts, the planner and progress lines read. */
+export interface ModelShape {
+  /** Transformer blocks. */
+  nLayer: number;
+  /** Attention (query) heads. */
+  nHead: number;
+  /** Key/value heads (nHead without grouped-query attention). */
+  nKvHead: number;
+  /** Width of the residual stream. */
+  nEmbd: number;
+  /** Hidden units of the MLP. */
+  ffnHidden: number;
+  /** Vocabulary size. */
+  vocabSize: number;
+  /** Longest context. */
+  blockSize: number;
+}
+
+/** The named modules a pipeline stage holds besides its blocks (CausalLM.stageModules). */
+export interface StageModules {
+  /** Before the blocks, on the first stage: the embeddings (and, on the last, a tied table). */
+  before: Array<[string, Module]>;
+  /** After the blocks, on the last stage: the final norm and the head. */
+  after: Array<[string, Module]>;
+}
+
+/**
+ * What the parallel machinery (pipeline stages, tensor-parallel layouts, nt.train.setup) needs of a
+ * decoder-only model: the GPT and nt.nn.Llama both are one. forward = head(forwardBlocks(embed(idx))).
+ */
+export interface CausalLM extends Module {
+  /** The model family ('gpt' or 'llama'); checkpoints record it. */
+  readonly family: 'gpt' | 'llama';
+  /** The checked config. */
+  readonly config: Readonly<object>;
+  /** Its dimensions. */
+  readonly shape: ModelShape;
+  /** The transformer blocks, named `${blockPrefix}.i`. */
+  readonly blocks: readonly Module[];
+  /** The field holding the blocks ('h' for the GPT, 'layers' for Llama). */
+  readonly blockPrefix: string;
+  /** The generator of the initialization and of dropout. */
+  readonly generator: Generator;
+  /** Where the vocabulary lives. */
+  readonly vocabLayout: VocabLayout;
+  /** How the sequence is held. */
+  readonly sequenceLayout: SequenceLayout;
+  /** How the sequence is split over context-parallel processes (null: not split). */
+  readonly contextLayout: ContextLayout | null;
+  /** Token ids i32 [B, T] → the first block's input [B, T', C]. */
+  embed(idx: Tensor): Tensor;
+  /** Blocks [start, end) over x. */
+  forwardBlocks(x: Tensor, start?: number, end?: number): Tensor;
+  /** The final norm and the LM head; the loss when targets are given. */
+  head(x: Tensor, targets?: Tensor): GPTOutput;
+  /** Logits, and the loss when targets are given. */
+  forward(idx: Tensor, targets?: Tensor): GPTOutput;
+  /** Full-vocabulary logits from forward's. */
+  gatherLogits(logits: Tensor): Tensor;
+  /**
+   * The named modules a pipeline stage holds besides its blocks: `before` them on the first stage
+   * (the embeddings) and `after` them on the last (final norm, head); a tied table on both.
+   */
+  stageModules(first: boolean, last: boolean): StageModules;
+  /** The token table when the LM head is tied to it (held by the first and the last stage), else null. */
+  readonly tiedWeight: Parameter | null;
+  /** A new model of the same config built with other options (a whole copy for a split model's export). */
+  rebuild(opts: GPTOptions): CausalLM;
+  /** Appends sampled tokens (see GPT.generate). */
+  generate(idx: Tensor, maxNewTokens: number, opts?: GenerateOptions): number[][];
+}
+
 /**
  * GPT-2: token and learned position embeddings, a stack of blocks, a final LayerNorm and an LM head tied to the token
  * table; GPT-2/nanoGPT initialization.
  */
-export class GPT extends Module {
+export class GPT extends Module implements CausalLM {
+  readonly family = 'gpt' as const;
+  readonly blockPrefix = 'h';
   /** Token embedding (tied to the LM head). */
   readonly wte: TokenEmbedding;
   /** Position embedding [blockSize, nEmbd]. */
@@ -509,6 +600,26 @@ export class GPT extends Module {
     return this.vocabLayout.gather(logits);
   }
 
+  /** The GPT's dimensions (nKvHead = nHead, MLP width 4·nEmbd). */
+  get shape(): ModelShape {
+    const c = this.config;
+    return { nLayer: c.nLayer, nHead: c.nHead, nKvHead: c.nHead, nEmbd: c.nEmbd, ffnHidden: 4 * c.nEmbd, vocabSize: c.vocabSize, blockSize: c.blockSize };
+  }
+  /** The blocks (h). */
+  get blocks(): readonly Module[] { return this.h; }
+  /** The tied token table (the GPT's head is always tied). */
+  get tiedWeight(): Parameter { return this.wte.weight; }
+  /** wte (first and last stage), wpe (first), lnF (last). */
+  stageModules(first: boolean, last: boolean): StageModules {
+    const before: Array<[string, Module]> = [];
+    // The token embedding is both the first stage's input table and the last stage's output head.
+    if (first || last) before.push(['wte', this.wte]);
+    if (first) before.push(['wpe', this.wpe]);
+    return { before, after: last ? [['lnF', this.lnF]] : [] };
+  }
+  /** A new GPT of this config with other options. */
+  rebuild(opts: GPTOptions): GPT { return new GPT(this.config, opts); }
+
   /**
    * Appends maxNewTokens sampled tokens to each row of idx (i32 [B, T]); returns the ids as arrays.
    * Context is cropped to blockSize; sampling draws from a Philox generator seeded by `seed`.
@@ -517,40 +628,47 @@ export class GPT extends Module {
    * padded at its end to a multiple of the group size (causal attention keeps the padding out of
    * the logits read) and cropped to the largest such multiple within blockSize.
    */
-  generate(idx: Tensor, maxNewTokens: number, { temperature = 1, topK, seed = 0 }: GenerateOptions = {}): number[][] {
-    if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) throw new ArgumentError(`generate: maxNewTokens must be an integer >= 0`);
-    if (!(temperature > 0)) throw new ArgumentError(`generate: temperature must be > 0, got ${temperature}`);
-    if (topK !== undefined && (!Number.isInteger(topK) || topK < 1)) throw new ArgumentError(`generate: topK must be a positive integer`);
+  generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {
     if (this.contextLayout) throw new StateError('generate: the model splits the sequence over context-parallel processes; sample from a copy built without contextLayout (same parameters)');
-    checkTensor(idx, 'generate', 'idx');
-    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`generate: idx must be i32 [B, T], got ${idx.describe()}`);
-    const [b, t0] = idx.shape as [number, number];
-    const flat = Array.from(idx.toArraySync());
-    const rows = Array.from({ length: b }, (_, i) => flat.slice(i * t0, (i + 1) * t0));
-    const gen = new Generator(seed);
-    const wasTraining = this.training;
-    this.eval();
-    try {
-      noGrad(() => {
-        const multiple = this.sequenceLayout.parts;
-        const longest = Math.floor(this.config.blockSize / multiple) * multiple;
-        if (longest === 0) throw new ShapeError(`generate: blockSize ${this.config.blockSize} holds no sequence whose length is a multiple of ${multiple}`);
-        for (let step = 0; step < maxNewTokens; step++) {
-          const ctx = rows.map((r) => r.slice(-longest));
-          const t = ctx[0]!.length, padded = Math.ceil(t / multiple) * multiple;
-          const ids = Int32Array.from(ctx.flatMap((r) => [...r, ...new Array<number>(padded - t).fill(0)]));
-          // Every intermediate of the forward pass is released with the step's scope.
-          const all = scope(() => this.gatherLogits(this.forward(tensor(ids, [b, padded], { device: idx.device })).logits).toArraySync());
-          const u = uniformDraws(b, gen);
-          const v = this.config.vocabSize;
-          for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * padded + t - 1) * v, (i * padded + t) * v) as Float32Array, temperature, topK, u[i]!));
-        }
-      });
-    } finally {
-      this.train(wasTraining);
-    }
-    return rows;
+    return generateTokens(this, idx, maxNewTokens, opts);
   }
+}
+
+/**
+ * Samples maxNewTokens tokens after each row of idx with any CausalLM (the GPT's and Llama's generate): see GPT.generate.
+ */
+export function generateTokens(model: CausalLM, idx: Tensor, maxNewTokens: number, { temperature = 1, topK, seed = 0 }: GenerateOptions = {}): number[][] {
+  if (!Number.isInteger(maxNewTokens) || maxNewTokens < 0) throw new ArgumentError(`generate: maxNewTokens must be an integer >= 0`);
+  if (!(temperature > 0)) throw new ArgumentError(`generate: temperature must be > 0, got ${temperature}`);
+  if (topK !== undefined && (!Number.isInteger(topK) || topK < 1)) throw new ArgumentError(`generate: topK must be a positive integer`);
+  checkTensor(idx, 'generate', 'idx');
+  if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`generate: idx must be i32 [B, T], got ${idx.describe()}`);
+  const [b, t0] = idx.shape as [number, number];
+  const flat = Array.from(idx.toArraySync());
+  const rows = Array.from({ length: b }, (_, i) => flat.slice(i * t0, (i + 1) * t0));
+  const gen = new Generator(seed);
+  const wasTraining = model.training;
+  model.eval();
+  try {
+    noGrad(() => {
+      const multiple = model.sequenceLayout.parts;
+      const longest = Math.floor(model.shape.blockSize / multiple) * multiple;
+      if (longest === 0) throw new ShapeError(`generate: blockSize ${model.shape.blockSize} holds no sequence whose length is a multiple of ${multiple}`);
+      for (let step = 0; step < maxNewTokens; step++) {
+        const ctx = rows.map((r) => r.slice(-longest));
+        const t = ctx[0]!.length, padded = Math.ceil(t / multiple) * multiple;
+        const ids = Int32Array.from(ctx.flatMap((r) => [...r, ...new Array<number>(padded - t).fill(0)]));
+        // Every intermediate of the forward pass is released with the step's scope.
+        const all = scope(() => model.gatherLogits(model.forward(tensor(ids, [b, padded], { device: idx.device })).logits!).toArraySync());
+        const u = uniformDraws(b, gen);
+        const v = model.shape.vocabSize;
+        for (let i = 0; i < b; i++) rows[i]!.push(sample(all.subarray((i * padded + t - 1) * v, (i * padded + t) * v) as Float32Array, temperature, topK, u[i]!));
+      }
+    });
+  } finally {
+    model.train(wasTraining);
+  }
+  return rows;
 }
 
 /** n uniform numbers in [0, 1) from the Philox generator. */

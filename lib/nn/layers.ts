@@ -1,7 +1,7 @@
-// The basic layers: Linear, Embedding, LayerNorm, Dropout (PyTorch layouts and default inits).
+// The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout (PyTorch layouts and default inits).
 import { isFloating } from '../dtype.js';
 import { ArgumentError, DTypeError } from '../errors.js';
-import { dropout, embedding, layerNorm, linear, type DropoutOptions } from '../ops/index.js';
+import { dropout, embedding, layerNorm, linear, rmsNorm, type DropoutOptions } from '../ops/index.js';
 import { checkGenerator, type Generator, defaultGenerator } from '../random.js';
 import { emptyOn, resolveOptions, type Tensor } from '../tensor.js';
 import { constant, normal, uniform } from './init.js';
@@ -112,6 +112,28 @@ export class LayerNorm extends Module {
   }
   /** Normalizes x [..., normalizedShape] over its last dimension, then scales and shifts. */
   forward(x: Tensor): Tensor { return layerNorm(x, this.weight, this.bias ?? undefined, this.eps); }
+}
+
+/** Root-mean-square normalization over the last dimension with a learned scale (ones), no shift (Llama's RMSNorm). */
+export class RMSNorm extends Module {
+  /** Scale [normalizedShape], initialized to ones. */
+  readonly weight: Parameter;
+  /** Added to the mean square for numerical stability (default 1e-6). */
+  readonly eps: number;
+  /**
+   * Creates the layer. Throws ArgumentError for a non-positive size or eps <= 0.
+   * @param normalizedShape Size of the normalized (last) dimension.
+   * @param opts Device, dtype, `eps` (default 1e-6).
+   */
+  constructor(readonly normalizedShape: number, opts: LayerOptions & { eps?: number } = {}) {
+    super();
+    positiveInt(normalizedShape, 'RMSNorm', 'normalizedShape');
+    this.eps = opts.eps ?? 1e-6;
+    if (!(this.eps > 0)) throw new ArgumentError(`RMSNorm: eps must be > 0, got ${this.eps}`);
+    this.weight = constant(newParameter([normalizedShape], opts, 'RMSNorm'), 1) as Parameter;
+  }
+  /** x/√(mean(x²) + eps)·weight over the last dimension. */
+  forward(x: Tensor): Tensor { return rmsNorm(x, this.weight, this.eps); }
 }
 
 /** Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); identity in eval. */

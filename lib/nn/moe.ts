@@ -20,7 +20,7 @@ import { alias, inBackward, needsGrad, record } from '../autograd/engine.js';
 import { noGrad } from '../autograd/grad-mode.js';
 import { full, tensor, zeros } from '../creation.js';
 import { ArgumentError, ShapeError } from '../errors.js';
-import { add, cat, embedding, exp, linear, log, max, mean, mul, scale, softmax, sub, sum, tanh } from '../ops/index.js';
+import { add, cat, embedding, exp, linear, log, max, mean, mul, scale, softmax, sub, sum, swiglu } from '../ops/index.js';
 import { emptyLike } from '../ops/common.js';
 import { dtypeSize } from '../dtype.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -106,15 +106,6 @@ export function scaleGrad(x: Tensor, s: number): Tensor {
 
 // --- SwiGLU ---------------------------------------------------------------------------------------------
 
-/**
- * silu(g) · u with silu(g) = g · sigmoid(g), sigmoid(g) = (1 + tanh(g / 2)) / 2, composed of existing
- * ops. The one place to switch to a fused swiglu op once the ops have one.
- */
-export function swigluComposed(g: Tensor, u: Tensor): Tensor {
-  const sig = scale(add(tanh(scale(g, 0.5)), 1), 0.5);
-  return mul(mul(g, sig), u);
-}
-
 /** A SwiGLU MLP without biases (Llama's, Mixtral's experts): down(silu(gate(x)) · up(x)). */
 export class SwiGLUExpert extends Module {
   /** gate [hidden, C] (Mixtral's w1). */
@@ -137,7 +128,7 @@ export class SwiGLUExpert extends Module {
   /** x [..., C] → [..., C]; gradScale multiplies the weights' gradients (expert parallelism's 1/ep). */
   forward(x: Tensor, gradScale = 1): Tensor {
     const w = (p: Parameter) => scaleGrad(p, gradScale);
-    return linear(swigluComposed(linear(x, w(this.gate)), linear(x, w(this.up))), w(this.down));
+    return linear(swiglu(linear(x, w(this.gate)), linear(x, w(this.up))), w(this.down));
   }
 }
 

@@ -1,12 +1,12 @@
-// Activations and their gradients: gelu (tanh form), softmax and log-softmax over a dimension,
-// and dropout seeded from the Philox generator.
+// Activations and their gradients: gelu (tanh form), silu and the fused swiglu (Llama's MLP), softmax
+// and log-softmax over a dimension, and dropout seeded from the Philox generator.
 import { needsGrad, own, record, save } from '../autograd/engine.js';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, ShapeError } from '../errors.js';
 import { checkGenerator, defaultGenerator, DRAW, Generator } from '../random.js';
-import { normDim } from '../shape.js';
+import { fmtShape, normDim, sameShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { BINARY, UNARY } from '../kernel-codes.js';
-import { autocastRun } from './autocast.js';
+import { autocastRun, promoteTypes, runCast } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
 import { binaryRaw } from './elementwise.js';
 import { transpose } from './shape.js';
@@ -23,6 +23,44 @@ export function gelu(x: Tensor): Tensor {
     g.backend.gelu_backward(xs.storage, g.storage, gi.storage, g.size, code(g));
     return [gi];
   }, [xs]);
+}
+
+/** SiLU (swish): x·σ(x). Computed in f32 inside the kernel and rounded once for bf16/f16 inputs. */
+export function silu(x: Tensor): Tensor {
+  checkFloats('silu', { x });
+  const out = emptyLike(x);
+  x.backend.swiglu_forward(x.storage, null, out.storage, x.size, code(x));
+  if (!needsGrad(x)) return out;
+  const xs = save(x);
+  return record('silu', out, [x], (g) => {
+    const gi = emptyLike(g);
+    g.backend.swiglu_backward(xs.storage, null, g.storage, gi.storage, null, g.size, code(g));
+    return [gi];
+  }, [xs]);
+}
+
+/**
+ * SwiGLU's gating, fused: silu(gate)·up for gate and up of one shape (Llama's MLP:
+ * down(swiglu(gate(x), up(x)))). One pass forward, one backward for both gradients; nothing but the
+ * two inputs is saved. Inputs of two floating dtypes (under autocast) compute in the wider one.
+ */
+export function swiglu(gate: Tensor, up: Tensor): Tensor {
+  checkFloats('swiglu', { gate }); checkFloats('swiglu', { up });
+  if (gate.dtype !== up.dtype) {
+    const dt = promoteTypes(gate.dtype, up.dtype);
+    return runCast(dt, [gate, up] as const, (g2, u2) => swiglu(g2, u2));
+  }
+  checkFloats('swiglu', { gate, up });
+  if (!sameShape(gate.shape, up.shape)) throw new ShapeError(`swiglu: gate ${fmtShape(gate.shape)} and up ${fmtShape(up.shape)} must have one shape`);
+  const out = emptyLike(gate);
+  gate.backend.swiglu_forward(gate.storage, up.storage, out.storage, gate.size, code(gate));
+  if (!needsGrad(gate, up)) return out;
+  const gs = save(gate), us = save(up);
+  return record('swiglu', out, [gate, up], (g) => {
+    const dg = emptyLike(g), du = emptyLike(g);
+    g.backend.swiglu_backward(gs.storage, us.storage, g.storage, dg.storage, du.storage, g.size, code(g));
+    return [dg, du];
+  }, [gs, us]);
 }
 
 function softmaxLike(call: string, x: Tensor, dim: number, log: boolean): Tensor {

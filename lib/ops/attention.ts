@@ -1,5 +1,6 @@
 // Scaled dot-product self-attention with autograd (causal and sliding-window masks), q/k/v laid out
-// [B, H, T, D]; and the same on a packed QKV projection [B, T, 3·H·D] with the heads merged back
+// [B, H, T, D] or, in groupedQueryAttention, [B, T, H, D] as the projections give them; k and v may
+// have fewer heads than q (grouped-query and multi-query attention, heads shared by index, no copies); and the same on a packed QKV projection [B, T, 3·H·D] with the heads merged back
 // (attentionPacked, a GPT block's layout). Both run the flash attention kernels
 // (flash_attention_forward/backward, FlashAttention-2's algorithm on either backend): no T×T scores or
 // probabilities are ever stored; forward saves the output and each row's log-sum-exp (f32 [B, H, T])
@@ -15,6 +16,7 @@ import { fmtShape } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { autocastRun } from './autocast.js';
 import { checkFloats, checkOptions, code, emptyLike } from './common.js';
+import { BINARY } from '../kernel-codes.js';
 
 /** Options of {@link attention}. */
 export interface AttentionOptions {
@@ -103,15 +105,106 @@ export function attention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOption
   checkOptions('attention', opts, { causal: 'boolean', window: 'integer', scale: 'number' });
   if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) throw new ShapeError(`attention: q, k, v must be [B, H, T, D], got ${fmtShape(q.shape)}, ${fmtShape(k.shape)}, ${fmtShape(v.shape)}`);
   const [B, H, T, D] = q.shape as [number, number, number, number];
-  const Tk = k.shape[2]!;
-  if (k.shape[0] !== B || k.shape[1] !== H || k.shape[3] !== D || v.shape[0] !== B || v.shape[1] !== H || v.shape[2] !== Tk || v.shape[3] !== D) {
+  const Tk = k.shape[2]!, KV = k.shape[1]!;
+  if (k.shape[0] !== B || k.shape[3] !== D || v.shape[0] !== B || v.shape[1] !== KV || v.shape[2] !== Tk || v.shape[3] !== D) {
     throw new ShapeError(`attention: k ${fmtShape(k.shape)} and v ${fmtShape(v.shape)} do not match q ${fmtShape(q.shape)}`);
   }
+  checkKvHeads('attention', H, KV);
   const { causal, window, scale } = attentionOptions(opts, T, Tk, D);
-  if (D > FLASH_MAX_DIM) return attentionMaterialized(q, k, v, { causal, window, scale });
+  if (D > FLASH_MAX_DIM) {
+    if (KV !== H) throw new ShapeError(`attention: grouped-query attention (${KV} kv heads for ${H} heads) needs a head dim <= ${FLASH_MAX_DIM}, got ${D}`);
+    return attentionMaterialized(q, k, v, { causal, window, scale });
+  }
   const a: FlashArgs = { B, H, T, Tk, D, scale, causal, window };
-  const L: FlashLayouts = { q: layout(0, H * T * D, T * D, D), k: layout(0, H * Tk * D, Tk * D, D), v: layout(0, H * Tk * D, Tk * D, D), o: layout(0, H * T * D, T * D, D) };
+  const L: FlashLayouts = { q: layout(0, H * T * D, T * D, D), k: layout(0, KV * Tk * D, Tk * D, D), v: layout(0, KV * Tk * D, Tk * D, D), o: layout(0, H * T * D, T * D, D) };
+  if (KV !== H) return groupedFlashAttention('attention', q, k, v, [B, H, T, D], L, a, KV);
   return flashAttention('attention', q, k, v, false, [B, H, T, D], L, a);
+}
+
+/** Checks that kvHeads divides heads (grouped-query attention; kvHeads = 1 is multi-query). */
+function checkKvHeads(call: string, heads: number, kvHeads: number): void {
+  if (!(kvHeads >= 1) || heads % kvHeads !== 0) {
+    throw new ShapeError(`${call}: the ${kvHeads} key/value heads must divide the ${heads} query heads (grouped-query attention)`);
+  }
+}
+
+/**
+ * Grouped-query flash attention: query head h attends with key/value head ⌊h / G⌋, G = H / KV. No
+ * copy of k or v is made: the kernels run G times, call g taking the query heads j·G + g (j < KV) —
+ * one more offset and a G-fold head stride in the q and output layouts — against the KV heads as they
+ * are. Backward writes each call's dq into its heads of one dq, and adds the G calls' dk and dv (the
+ * shared heads' gradients are the sums over their query heads).
+ */
+function groupedFlashAttention(op: string, q: Tensor, k: Tensor, v: Tensor, outShape: readonly number[], L: FlashLayouts, a: FlashArgs, KV: number): Tensor {
+  const G = a.H / KV;
+  const sub = (l: Int32Array, g: number): Int32Array => layout(l[0]! + g * l[2]!, l[1]!, l[2]! * G, l[3]!);
+  const Ls = Array.from({ length: G }, (_, g): FlashLayouts => ({ q: sub(L.q, g), k: L.k, v: L.v, o: sub(L.o, g) }));
+  const out = emptyLike(q, outShape);
+  const lses: Tensor[] = [];
+  try {
+    for (let g = 0; g < G; g++) {
+      const lse = emptyLike(q, [a.B, KV, a.T], 'f32');
+      lses.push(lse);
+      q.backend.flash_attention_forward(q.storage, k.storage, v.storage, out.storage, lse.storage, Ls[g]!.q, L.k, L.v, Ls[g]!.o,
+        a.B, KV, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(q));
+    }
+  } catch (e) {
+    out.dispose();
+    for (const t of lses) t.dispose();
+    throw e;
+  }
+  if (!needsGrad(q, k, v)) { for (const t of lses) t.dispose(); return out; }
+  const qs = save(q), ks = save(k), vs = save(v), os = save(out);
+  return record(op, out, [q, k, v], (g) => {
+    const dq = emptyLike(qs), dk = emptyLike(ks), dv = emptyLike(vs);
+    const dkg = emptyLike(ks), dvg = emptyLike(vs);
+    try {
+      for (let j = 0; j < G; j++) {
+        const tk = j === 0 ? dk : dkg, tv = j === 0 ? dv : dvg;
+        g.backend.flash_attention_backward(qs.storage, ks.storage, vs.storage, os.storage, g.storage, lses[j]!.storage, dq.storage, tk.storage, tv.storage,
+          Ls[j]!.q, L.k, L.v, Ls[j]!.o, a.B, KV, a.T, a.Tk, a.D, a.scale, a.causal, a.window, code(g));
+        if (j > 0) {
+          g.backend.binary(BINARY.add, dk.storage, dkg.storage, dk.storage, code(dk), new Int32Array([dk.size]), new Int32Array([1]), new Int32Array([1]));
+          g.backend.binary(BINARY.add, dv.storage, dvg.storage, dv.storage, code(dv), new Int32Array([dv.size]), new Int32Array([1]), new Int32Array([1]));
+        }
+      }
+    } catch (e) {
+      for (const t of [dq, dk, dv]) t.dispose();
+      throw e;
+    } finally {
+      dkg.dispose(); dvg.dispose();
+    }
+    return [dq, dk, dv];
+  }, [qs, ks, vs, os, ...lses.map(own)]);
+}
+
+/**
+ * Causal (by default) self-attention in the projections' layout, with grouped-query attention:
+ * q [B, T, H, D] and k, v [B, Tk, KV, D] (KV dividing H; KV = 1 is multi-query), as a Llama block's
+ * q/k/v projections give them viewed per head; returns [B, T, H, D] (view it [B, T, H·D] for the
+ * output projection). The flash kernels read and write these layouts directly (no transposes), and
+ * the KV heads are shared by index, never repeated in memory (see groupedFlashAttention).
+ */
+export function groupedQueryAttention(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions = {}): Tensor {
+  const cast = autocastRun('attention', [q, k, v] as const, (q2, k2, v2) => groupedQueryAttention(q2, k2, v2, opts));
+  if (cast) return cast;
+  checkFloats('groupedQueryAttention', { q, k, v });
+  checkOptions('groupedQueryAttention', opts, { causal: 'boolean', window: 'integer', scale: 'number' });
+  if (q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) {
+    throw new ShapeError(`groupedQueryAttention: q must be [B, T, H, D] and k, v [B, Tk, KV, D], got ${fmtShape(q.shape)}, ${fmtShape(k.shape)}, ${fmtShape(v.shape)}`);
+  }
+  const [B, T, H, D] = q.shape as [number, number, number, number];
+  const [, Tk, KV] = k.shape as [number, number, number, number];
+  if (k.shape[0] !== B || k.shape[3] !== D || v.shape[0] !== B || v.shape[1] !== Tk || v.shape[2] !== KV || v.shape[3] !== D) {
+    throw new ShapeError(`groupedQueryAttention: k ${fmtShape(k.shape)} and v ${fmtShape(v.shape)} do not match q ${fmtShape(q.shape)}`);
+  }
+  checkKvHeads('groupedQueryAttention', H, KV);
+  const { causal, window, scale } = attentionOptions(opts, T, Tk, D, 'groupedQueryAttention');
+  if (D > FLASH_MAX_DIM) throw new ShapeError(`groupedQueryAttention: the head dim ${D} exceeds the flash kernels' ${FLASH_MAX_DIM}`);
+  const a: FlashArgs = { B, H, T, Tk, D, scale, causal, window };
+  const L: FlashLayouts = { q: layout(0, T * H * D, D, H * D), k: layout(0, Tk * KV * D, D, KV * D), v: layout(0, Tk * KV * D, D, KV * D), o: layout(0, T * H * D, D, H * D) };
+  if (KV !== H) return groupedFlashAttention('groupedQueryAttention', q, k, v, [B, T, H, D], L, a, KV);
+  return flashAttention('groupedQueryAttention', q, k, v, false, [B, T, H, D], L, a);
 }
 
 /**

@@ -10,9 +10,10 @@ import { chunk, permute, slice, split, squeeze, transpose, unsqueeze, view } fro
 export { add, sub, mul, div, neg, exp, log, sqrt, tanh, pow, scale, type Operand } from './elementwise.js';
 export { sum, mean, max, type ReduceOptions } from './reduce.js';
 export { matmul, linear, linearGelu, type MatmulOptions } from './matmul.js';
-export { gelu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
+export { gelu, silu, swiglu, softmax, logSoftmax, dropout, type DropoutOptions } from './activation.js';
+export { rope, type RopeOptions } from './rope.js';
 export { layerNorm, rmsNorm, addLayerNorm, type AddLayerNormResult } from './norm.js';
-export { attention, attentionPacked, type AttentionOptions } from './attention.js';
+export { attention, attentionPacked, groupedQueryAttention, type AttentionOptions } from './attention.js';
 export { embedding } from './embedding.js';
 export { cast } from './autocast.js';
 export { crossEntropy, type CrossEntropyOptions } from './loss.js';

@@ -150,9 +150,12 @@ export function activeParams(m: PlanModel): number {
  * ranks: an MoE model's layers averaged over its dense and MoE layers, the routed experts split ep ways).
  */
 export function layerParams(m: PlanModel, tp = 1, ep = 1): number {
-  const h = m.nEmbd, hd = h / m.nHead, kv = (m.nKvHead ?? m.nHead) * hd;
+  const h = m.nEmbd, hd = h / m.nHead, kvHeads = m.nKvHead ?? m.nHead, kv = kvHeads * hd;
   const b = m.bias ? 1 : 0;
-  const qkv = (h * (h + 2 * kv) + b * (h + 2 * kv)) / tp;
+  // Key/value heads split over tp when it divides them; with fewer heads than ranks every rank holds
+  // them all (nt.nn.Llama's tensor-parallel layout replicates k and v, each rank using one head).
+  const kvPerRank = kvHeads % tp === 0 ? kv / tp : kv;
+  const qkv = (h * h + b * h) / tp + 2 * (h * kvPerRank + b * kvPerRank);
   const proj = (h * h) / tp + b * h; // row-parallel: the bias is replicated
   const mlpIn = ((m.gated ? 2 : 1) * (h * m.ffn + b * m.ffn)) / tp;
   const mlpOut = (m.ffn * h) / tp + b * h;

@@ -51,7 +51,9 @@ const divisors = (n: number) => Array.from({ length: n }, (_, i) => i + 1).filte
 /** Why a layout cannot run the model (heads, width, vocabulary, layers, batch), or null. */
 export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBatch: number, b: number): string | null {
   if (m.nHead % l.tp) return `${m.nHead} heads do not divide by tp ${l.tp}`;
-  if ((m.nKvHead ?? m.nHead) % l.tp) return `${m.nKvHead} key/value heads do not divide by tp ${l.tp}`;
+  // Key/value heads split over tp, or (more ranks than heads) whole on every rank, each using one.
+  const kv = m.nKvHead ?? m.nHead;
+  if (kv % l.tp && l.tp % kv) return `${kv} key/value heads neither divide by tp ${l.tp} nor divide it`;
   if (m.vocabSize % l.tp) return `vocabulary ${m.vocabSize} does not divide by tp ${l.tp}`;
   if (m.ffn % l.tp) return `MLP width ${m.ffn} does not divide by tp ${l.tp}`;
   if (l.pp > m.nLayer) return `pp ${l.pp} exceeds the ${m.nLayer} layers`;
@@ -78,6 +80,8 @@ export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; glo
   const parts = [`nodetron launch --nproc-per-node ${o.gpusPerNode}`];
   if (o.nodes > 1) parts.push(`--nnodes ${o.nodes} --node-rank R --master-addr HOST`);
   parts.push(`examples/gpt/train.ts --layers ${m.nLayer} --heads ${m.nHead} --width ${m.nEmbd} --ctx ${o.seq} --batch ${o.globalBatch}`);
+  // A gated (Llama-shaped) model trains Llama blocks: --model llama with its key/value heads and MLP width.
+  if (m.gated) parts.push(`--model llama --kv-heads ${m.nKvHead ?? m.nHead} --ffn ${m.ffn}`);
   parts.push(`--tp ${l.tp} --pp ${l.pp} --dp ${l.dp} --zero ${l.zero}`);
   if (l.offload) parts.push('--offload');
   if (l.sequenceParallel) parts.push('--sp');

@@ -1,10 +1,11 @@
-// Training progress: the model FLOPs of a GPT (6N + attention, as nanoGPT and PaLM count them), the
+// Training progress: the model FLOPs of a GPT or a Llama (6N + attention, as nanoGPT and PaLM count them), the
 // peak FLOP/s MFU is measured against (given, or detected for a few GPUs), and the compact line a run
 // prints every N steps on rank 0: loss, learning rate, tokens/s, MFU, peak memory, ETA.
 import { info } from '../info.js';
 import { getFloat32MatmulPrecision } from '../cuda/index.js';
 import { parseDevice } from '../device.js';
-import type { GPTConfig } from '../nn/gpt.js';
+import type { CausalLM, GPTConfig } from '../nn/gpt.js';
+import type { LlamaConfig } from '../nn/llama.js';
 
 /** Progress output of a training run (rank 0 only). */
 export interface ProgressOptions {
@@ -61,6 +62,29 @@ export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSiz
   const n = gptActiveParameterCount(config) - config.blockSize * config.nEmbd;
   const attended = config.window !== undefined ? Math.min(config.window, seqLen) : seqLen;
   return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
+}
+
+/** Parameters of a Llama of this configuration, all of them (a tied head counted once): no biases, RMSNorm scales only. */
+export function llamaParameterCount(config: Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'>): number {
+  const { vocabSize: v, hiddenSize: c, intermediateSize: f, numHiddenLayers: l, numAttentionHeads: h } = config;
+  const kv = config.numKeyValueHeads ?? h, d = c / h;
+  const attn = c * h * d + 2 * c * kv * d + h * d * c;
+  const block = attn + 3 * c * f + 2 * c;
+  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + c;
+}
+
+/**
+ * A Llama's model FLOPs per trained token at `seqLen`: 6·N (N without the token table, a lookup; the
+ * untied head's table counted) plus 12·L·H·D·T for attention's two matrix products, as for the GPT.
+ */
+export function llamaFlopsPerToken(config: Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'>, seqLen: number): number {
+  const lookup = config.tieWordEmbeddings ? 0 : config.vocabSize * config.hiddenSize;
+  return 6 * (llamaParameterCount(config) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
+}
+
+/** Model FLOPs per trained token of a built GPT or Llama ({@link gptFlopsPerToken}, {@link llamaFlopsPerToken}). */
+export function modelFlopsPerToken(model: CausalLM, seqLen: number): number {
+  return model.family === 'llama' ? llamaFlopsPerToken(model.config as LlamaConfig, seqLen) : gptFlopsPerToken(model.config as GPTConfig, seqLen);
 }
 
 // Dense peaks by GPU name: [fp32, tf32] FLOP/s (SXM parts; vendors' data sheets).

@@ -11,7 +11,8 @@ import { tensor } from '../creation.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { slice } from '../ops/index.js';
-import { GPT, type GenerateOptions, type GPTOptions } from '../nn/gpt.js';
+import { GPT, type CausalLM, type GenerateOptions, type GPTConfig, type GPTOptions } from '../nn/gpt.js';
+import { Llama } from '../nn/llama.js';
 import type { Parameter } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { cosineWithWarmup, type CosineWithWarmupOptions } from '../optim/schedule.js';
@@ -32,7 +33,7 @@ import { TokenLoader } from '../data/loader.js';
 import { exportHF } from '../interop/hf.js';
 import type { Tensor } from '../tensor.js';
 import { layoutFromArgs, type LayoutArgs } from './flags.js';
-import { detectPeakFlops, formatProgress, gptFlopsPerToken, type MoEProgress, type ProgressOptions } from './progress.js';
+import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress, type ProgressOptions } from './progress.js';
 
 /**
  * What the model factory receives: spread it into the GPT's options (`new nt.nn.GPT(config, shard)`).
@@ -102,10 +103,11 @@ export type LearningRate = number | ((step: number) => number) | (Omit<CosineWit
 /** The options of {@link setup}. */
 export interface TrainSetupOptions<H extends { lr: number }> {
   /**
-   * Builds the model on every rank: `(shard) => new nt.nn.GPT(config, shard)`. It must return an
-   * nt.nn.GPT built with the shard's options (its tensor-parallel layers, device and seed).
+   * Builds the model on every rank: `(shard) => new nt.nn.GPT(config, shard)` or
+   * `(shard) => new nt.nn.Llama(config, shard)`. It must return an nt.nn.GPT or nt.nn.Llama built
+   * with the shard's options (its tensor-parallel layers, device and seed).
    */
-  model: (shard: ModelShard) => GPT;
+  model: (shard: ModelShard) => GPT | Llama;
   /** Builds the optimizer from parameter groups (ZeRO passes this rank's shards): `(groups) => new nt.optim.AdamW(groups, {...})`. */
   optimizer: (groups: ZeroParamGroup<H>[]) => Optimizer<H>;
   /** Sequences per step over all data-parallel ranks (the global batch). */
@@ -227,7 +229,7 @@ interface CheckedOptions {
 function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, worldSize: number): CheckedOptions {
   const problems: string[] = [];
   if (typeof options !== 'object' || options === null) throw new ArgumentError('nt.train.setup: options must be an object');
-  if (typeof options.model !== 'function') problems.push('model must be a function (shard) => new nt.nn.GPT(config, shard)');
+  if (typeof options.model !== 'function') problems.push('model must be a function (shard) => new nt.nn.GPT(config, shard) (or nt.nn.Llama)');
   if (typeof options.optimizer !== 'function') problems.push('optimizer must be a function (groups) => new nt.optim.AdamW(groups, ...)');
   if (!isInt(options.batchSize, 1)) problems.push(`batchSize (the global batch, in sequences) must be an integer >= 1, got ${String(options.batchSize)}`);
   if (options.steps !== undefined && !isInt(options.steps, 0)) problems.push(`steps must be an integer >= 0, got ${String(options.steps)}`);
@@ -277,7 +279,7 @@ interface ParallelParts<H extends { lr: number }> {
   mesh: ParallelState | null;
   /** The options the model factory received (a copy of the whole model is built with the same). */
   shard: ModelShard;
-  full: GPT;
+  full: CausalLM;
   stage: GPTStage;
   trainer: ParallelTrainer<H>;
   seqLen: number;
@@ -302,15 +304,15 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     ...(mesh ? { moeParallel: (experts: number) => expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup }) } : {}),
   };
   const problems: string[] = [];
-  let full: GPT | null = null;
-  // The model's owner: the GPT, then the pipeline stage that takes it over.
+  let full: CausalLM | null = null;
+  // The model's owner: the GPT or Llama, then the pipeline stage that takes it over.
   let owner: { dispose(): void } | null = null;
   teardown.add(() => owner?.dispose());
   try {
     const built: unknown = options.model(shard);
-    if (!(built instanceof GPT)) {
+    if (!(built instanceof GPT || built instanceof Llama)) {
       const what = built === null || typeof built !== 'object' ? String(built) : (built.constructor?.name ?? 'an object');
-      problems.push(`model: the factory must return an nt.nn.GPT (shard) => new nt.nn.GPT(config, shard), got ${what}`);
+      problems.push(`model: the factory must return an nt.nn.GPT or nt.nn.Llama (shard) => new nt.nn.GPT(config, shard), got ${what}`);
       if (built && typeof (built as { dispose?: unknown }).dispose === 'function') (built as { dispose(): void }).dispose();
     } else {
       full = owner = built;
@@ -320,16 +322,22 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   } catch (e) {
     problems.push(`model: the factory threw ${(e as Error).name}: ${(e as Error).message}`);
   }
-  const seqLen = options.seqLen ?? full?.config.blockSize ?? 0;
+  const seqLen = options.seqLen ?? full?.shape.blockSize ?? 0;
   if (full) {
-    if (seqLen > full.config.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.config.blockSize}`);
-    try { resolveTrainingLayout(flags, { ...full.config, blockSize: seqLen, ...(full.config.moe ? { moeExperts: full.config.moe.experts } : {}) }, worldSize, options.batchSize); } catch (e) {
+    // What the layout checks need beyond the shape: a GPT's sliding window, dropout and MoE experts.
+    const gptConfig = full.family === 'gpt' ? full.config as GPTConfig : null;
+    const extra = gptConfig ? {
+      ...(gptConfig.window ? { window: gptConfig.window } : {}), ...(gptConfig.dropout ? { dropout: gptConfig.dropout } : {}),
+      ...(gptConfig.moe ? { moeExperts: gptConfig.moe.experts } : {}),
+    } : {};
+    if (seqLen > full.shape.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.shape.blockSize}`);
+    try { resolveTrainingLayout(flags, { ...full.shape, blockSize: seqLen, ...extra }, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
       problems.push(e.message);
     }
   }
-  const c = full?.config;
-  await agreeOnSetup(world, problems, 'model', c ? `layers=${c.nLayer} heads=${c.nHead} width=${c.nEmbd} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
+  const c = full?.shape;
+  await agreeOnSetup(world, problems, 'model', c ? `${full!.family} layers=${c.nLayer} heads=${c.nHead}/${c.nKvHead} width=${c.nEmbd} ffn=${c.ffnHidden} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
 
   const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
   let trainer: ParallelTrainer<H>;
@@ -450,8 +458,8 @@ export class TrainingRun<H extends { lr: number }> {
   readonly mesh: ParallelState | null;
   /** This rank's part of the model: its pipeline stage (of its tensor-parallel slices). */
   readonly model: GPTStage;
-  /** The GPT the factory built (the stage holds its parameters; its generator is checkpointed). */
-  readonly gpt: GPT;
+  /** The model the factory built, a GPT or a Llama (the stage holds its parameters; its generator is checkpointed). */
+  readonly gpt: CausalLM;
   /** The trainer of the layout. */
   readonly trainer: ParallelTrainer<H>;
   /** The training data loader (null without token shards). */
@@ -464,7 +472,7 @@ export class TrainingRun<H extends { lr: number }> {
   readonly steps: number | undefined;
   /** Device of the model and batches. */
   readonly device: string;
-  /** Model FLOPs per trained token ({@link gptFlopsPerToken}). */
+  /** Model FLOPs per trained token ({@link modelFlopsPerToken}). */
   readonly flopsPerToken: number;
   /** This data-parallel replica's rows [start, start + count) of each global batch. */
   readonly rows: {
@@ -495,7 +503,7 @@ export class TrainingRun<H extends { lr: number }> {
     this.model = parts.stage; this.gpt = parts.full; this.trainer = parts.trainer; this.loader = parts.loader;
     this.seqLen = parts.seqLen; this.rows = parts.rows; this.#shard = parts.shard; this.device = parts.shard.device; this.#teardown = parts.teardown;
     this.batchSize = options.batchSize; this.steps = options.steps;
-    this.flopsPerToken = gptFlopsPerToken(this.gpt.config, this.seqLen);
+    this.flopsPerToken = modelFlopsPerToken(this.gpt, this.seqLen);
     const progress = options.progress;
     const print = progress === false ? () => {} : progress?.log ?? ((line: string) => console.log(line));
     this.#log = this.rank === 0 ? print : () => {};
@@ -507,8 +515,9 @@ export class TrainingRun<H extends { lr: number }> {
     if (checkpointer) this.#teardown.add(() => checkpointer.close());
     const scheduler = { state: () => ({ step: this.#step }), loadState: () => {} };
     this.#items = { model: this.trainer, ...(this.loader ? { loader: this.loader } : {}), scheduler, rng: { model: this.gpt.generator }, layout: this.layout };
-    const c = this.gpt.config;
-    this.log(`GPT: ${c.nLayer} layers, ${c.nHead} heads, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
+    const c = this.gpt.shape;
+    const heads = c.nKvHead === c.nHead ? `${c.nHead} heads` : `${c.nHead} heads (${c.nKvHead} kv)`;
+    this.log(`${this.gpt.family === 'gpt' ? 'GPT' : 'Llama'}: ${c.nLayer} layers, ${heads}, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
       `${(this.model.numParameters() / 1e6).toFixed(2)}M parameters${this.layout.tp * this.layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${this.device}`);
     this.log(`layout ${describeLayout(this.layout)}: ${this.worldSize} process(es), ${this.rows.count} sequences per replica per step` +
       (this.layout.pp > 1 ? `, layers ${this.model.layers[0]}..${this.model.layers[1] - 1} on rank 0` : ''));
@@ -666,12 +675,12 @@ export class TrainingRun<H extends { lr: number }> {
    * data-parallel group, disposed after `fn`). Returns fn's result, or null with pipeline stages
    * (no rank holds every layer; fn is not called). Every rank calls it.
    */
-  async withFullModel<T>(fn: (model: GPT) => T | Promise<T>): Promise<T | null> {
+  async withFullModel<T>(fn: (model: CausalLM) => T | Promise<T>): Promise<T | null> {
     const whole = this.model.model;
     if (!whole) return null;
     if (this.layout.zero !== 3) return await fn(whole);
     const values = await this.trainer.fullParameters();
-    const copy = new GPT(this.gpt.config, this.#shard);
+    const copy = this.gpt.rebuild(this.#shard);
     try {
       copy.loadStateDict(Object.fromEntries(this.model.namedParameters().map(([n], i) => [n, values[i]!])));
       for (const v of values) v.dispose();
@@ -689,7 +698,7 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       // MoE layers communicate over the data-parallel ranks (router counts, expert parallelism's
       // all-to-all), so there every rank samples along and rank 0 returns the tokens.
-      const together = gpt.config.moe !== undefined && this.layout.dp > 1;
+      const together = gpt.family === 'gpt' && (gpt.config as GPTConfig).moe !== undefined && this.layout.dp > 1;
       if (this.rank !== 0 && this.layout.tp === 1 && !together) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
       if (!gpt.contextLayout) {
@@ -697,7 +706,7 @@ export class TrainingRun<H extends { lr: number }> {
         return together && this.rank !== 0 && this.layout.tp === 1 ? null : tokens;
       }
       // Under context parallelism each rank samples from a copy without it (the same parameters).
-      const plain = new GPT(gpt.config, { ...this.#shard, contextLayout: undefined });
+      const plain = gpt.rebuild({ ...this.#shard, contextLayout: undefined });
       try {
         plain.loadStateDict(Object.fromEntries(gpt.namedParameters()));
         return plain.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
@@ -706,12 +715,13 @@ export class TrainingRun<H extends { lr: number }> {
   }
 
   /**
-   * Writes the model as a Hugging Face GPT-2 directory from rank 0 (collective under ZeRO 3).
+   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
    * Returns false, writing nothing, when the layout splits the model (tp > 1 or pp > 1).
    */
   async exportHF(dir: string): Promise<boolean> {
     if (this.layout.tp > 1 || this.layout.pp > 1) return false;
-    await this.withFullModel((gpt) => { if (this.rank === 0) exportHF(gpt, dir); });
+    // A GPT-2 directory for the GPT, a LlamaForCausalLM one for a Llama.
+    await this.withFullModel((model) => { if (this.rank === 0) exportHF(model as GPT | Llama, dir); });
     return true;
   }
 

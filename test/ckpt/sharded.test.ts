@@ -87,6 +87,13 @@ const interleavedRuns = Object.fromEntries(Object.entries(interleavedTargets).ma
 const interleavedBack = interleavedRuns['PP2 1F1B']!.then((t) => (t.code !== 0 ? [t, t]
   : Promise.all([launch('iback', 2, [...DEEP, ...INTERLEAVED, '--steps', '5', '--resume', ckpt('itarget1'), '--save-loaded', '--save', ckpt('iback')]),
     launch('iback-single', 1, [...DEEP, '--steps', '5', '--resume', ckpt('itarget1')])])));
+// A Llama (multi-query: its one key/value head replicated under TP) saved under TP2×PP2×DP2 ZeRO-1 and
+// loaded in one process and under TP3; a GPT checkpoint loaded into a Llama is refused by name.
+const llamaSource = launch('llama-source', 8, ['--model', 'llama', '--tp', '2', '--pp', '2', '--zero', '1', '--steps', '3', '--save', ckpt('llama-source')]);
+const llamaTargets: Record<string, [number, string[]]> = { 'one process': [1, []], 'TP3': [3, ['--tp', '3']] };
+const llamaTargetRuns = Object.fromEntries(Object.entries(llamaTargets).map(([name, [n, flags]], i) => [name, llamaSource.then((s) => (s.code !== 0 ? s
+  : launch(`llama-target${i}`, n, [...flags, '--model', 'llama', '--steps', '4', '--resume', ckpt('llama-source'), '--save-loaded', '--save', ckpt(`llama-target${i}`)])))]));
+const wrongFamily = source.then((s) => (s.code !== 0 ? s : launch('wrong-family', 1, ['--model', 'llama', '--steps', '4', '--resume', ckpt('source')])));
 
 const killed = launch('killed', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('killed'), '--save-every', '2', '--sync', '--resume', ckpt('killed'), '--kill-at', '4', '--kill-rank', '1'], ['--max-restarts', '1']);
 const unkilled = launch('unkilled', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('unkilled')]);
@@ -135,6 +142,24 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
     expectSameState(at('iback', 4), at('itarget1', 4));
     // The step after the load agrees with one process's step from the same checkpoint.
     expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it.each(Object.keys(llamaTargets))('Llama TP2×PP2×DP2 ZeRO-1 → %s: the loaded state equals the saved one, and training goes on', async (name) => {
+    const i = Object.keys(llamaTargets).indexOf(name);
+    const s = await llamaSource;
+    expect(s.code, s.output).toBe(0);
+    const t = await llamaTargetRuns[name]!;
+    expect(t.code, t.output).toBe(0);
+    expect(t.start).toBe(3);
+    expectSameState(at(`llama-target${i}`, 3), at('llama-source', 3));
+    const single = await llamaTargetRuns['one process']!;
+    expect(Math.abs(t.losses[3]! - single.losses[3]!)).toBeLessThan(1e-5 * Math.abs(single.losses[3]!));
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('a GPT checkpoint loaded into a Llama is refused, naming both families', async () => {
+    const r = await wrongFamily;
+    expect(r.code, r.output).not.toBe(0);
+    expect(r.output).toMatch(/it holds a GPT model, and the model loading it is a Llama/);
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it('a rank killed mid-run under --max-restarts 1 resumes from the last checkpoint and ends where an uninterrupted run does', async () => {

@@ -37,6 +37,11 @@ const cases: Case[] = [
   { name: 'permute/slice/cat', shapes: [[4, 6, 5]], run: ([a]) => nt.cat([nt.permute(a!, [2, 0, 1]), nt.slice(nt.permute(a!, [2, 0, 1]), 1, 1, 3)], 1) },
   { name: 'attention causal', shapes: [[2, 3, 11, 8], [2, 3, 11, 8], [2, 3, 11, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!, { causal: true }) },
   { name: 'attention window', shapes: [[1, 2, 13, 8], [1, 2, 13, 8], [1, 2, 13, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!, { causal: true, window: 4 }) },
+  { name: 'silu/swiglu', shapes: [[7, 33], [7, 33]], run: ([g, u]) => nt.add(nt.swiglu(g!, u!), nt.silu(g!)) },
+  { name: 'rope offset', shapes: [[2, 5, 3, 8]], run: ([x]) => nt.rope(x!, { offset: 11, theta: 500 }) },
+  { name: 'rope positions', shapes: [[2, 5, 3, 8]], run: ([x]) => nt.rope(x!, { positions: nt.tensor(Int32Array.from([0, 9, 2, 7, 4, 5, 6, 1, 8, 3]), [2, 5], { device: x!.device }) }) },
+  { name: 'groupedQueryAttention', shapes: [[2, 9, 4, 8], [2, 9, 2, 8], [2, 9, 2, 8]], run: ([q, k, v]) => nt.groupedQueryAttention(q!, k!, v!) },
+  { name: 'attention multi-query', shapes: [[1, 4, 9, 8], [1, 1, 9, 8], [1, 1, 9, 8]], run: ([q, k, v]) => nt.attention(q!, k!, v!) },
 ];
 
 describe.skipIf(!hasGpu)(`lib/ops on cuda match cpu${why}`, () => {

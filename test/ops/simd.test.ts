@@ -1,5 +1,5 @@
 // The cpu kernels at every SIMD level this CPU supports (baseline x86-64-v2, AVX2, AVX-512; chosen at
-// run time, native/cpu/kernels/util.h NT_SIMD): each level's cross-entropy, softmax, GELU (+bias),
+// run time, native/cpu/kernels/util.h NT_SIMD): each level's cross-entropy, softmax, GELU (+bias), SwiGLU,
 // LayerNorm (+add), RMSNorm, AdamW and attention softmax, forward and backward, against float64
 // references; the vectorized exp and tanh at extremes (large logits, -inf masked, NaN as the baseline
 // propagates it); setCpuIsa and NODETRON_CPU_ISA validation; the FMA peak routine.
@@ -129,6 +129,19 @@ describe.each(isa.supported)('cpu kernels at SIMD level %s against float64', (le
       expectClose(f64(h), pre.flat().map(gelu64), 1e-5, 1e-4, `${level} linearGelu`);
       const gpre = pre.map((row, r) => row.map((v, j) => pr.w[r * C + j]! * geluGrad64(v)));
       expectClose(f64(b.grad!), colSums(gpre), 1e-4, 1e-4, `${level} linearGelu bias grad`);
+    }));
+  });
+
+  it('swiglu forward and backward (Llama\'s MLP activation; silu is the same kernel without up)', () => {
+    atLevel(level, () => nt.scope(() => {
+      const g = leaf(41, [ROWS, C], -8, 8), u = leaf(42, [ROWS, C], -2, 2);
+      const y = nt.swiglu(g, u);
+      const { loss, w } = probe(y, 43);
+      loss.backward();
+      const gs = f64(g), us = f64(u), sig = (v: number) => 1 / (1 + Math.exp(-v));
+      expectClose(f64(y), gs.map((v, i) => v * sig(v) * us[i]!), 2e-6, 1e-5, `${level} swiglu`);
+      expectClose(f64(g.grad!), gs.map((v, i) => w[i]! * us[i]! * sig(v) * (1 + v * (1 - sig(v)))), 2e-6, 1e-5, `${level} swiglu dgate`);
+      expectClose(f64(u.grad!), gs.map((v, i) => w[i]! * v * sig(v)), 2e-6, 1e-5, `${level} swiglu dup`);
     }));
   });
 

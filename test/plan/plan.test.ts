@@ -176,3 +176,21 @@ describe('planner', () => {
     expect(err.join('\n')).toMatch(/unknown model "nope"/);
   });
 });
+
+describe('plan: Llama-shaped models', () => {
+  const llama = nt.plan.resolveModel('70b');
+  it('launch commands train Llama blocks with the model\'s key/value heads and MLP width; GPT-2 shapes train the GPT', () => {
+    const o = { seq: 4096, globalBatch: 64, nodes: 1, gpusPerNode: 8, cpu: false };
+    expect(nt.plan.launchCommand(llama, { ...base, tp: 8 }, o)).toMatch(/--layers 80 --heads 64 --width 8192 .* --model llama --kv-heads 8 --ffn 28672 --tp 8/);
+    expect(nt.plan.launchCommand(nt.plan.resolveModel('gpt2'), base, o)).not.toMatch(/--model/);
+  });
+  it('key/value parameters per rank: split when tp divides the kv heads, whole when the ranks outnumber them', () => {
+    const h = 8192, kv = 8 * (h / 64);
+    const attnAt = (tp: number) => nt.plan.layerParams(llama, tp) - (h * 28672 * 3) / tp - 2 * h;
+    expect(attnAt(8)).toBe((h * h + 2 * h * kv + h * h) / 8);
+    expect(attnAt(16)).toBe((h * h + h * h) / 16 + 2 * h * kv);
+    expect(nt.plan.layoutProblem(llama, { ...base, tp: 3 }, 4096, 64, 1)).toMatch(/heads/);
+    // 8 key/value heads over 16 ranks: each pair of ranks shares one.
+    expect(nt.plan.layoutProblem(llama, { ...base, tp: 16, dp: 4 }, 4096, 64, 1)).toBeNull();
+  });
+});

@@ -1,9 +1,10 @@
-// One pipeline stage of a GPT: the layers [start, end) of partitionLayers(nLayer, stages) — or, with
-// virtual stages (interleaved 1F1B), several non-adjacent chunks of layers — plus the embeddings on
-// the first stage and the final LayerNorm with the tied head on the last.
+// One pipeline stage of a decoder-only model (the GPT, nt.nn.Llama: any CausalLM): the blocks [start, end)
+// of partitionLayers(nLayer, stages) — or, with virtual stages (interleaved 1F1B), several non-adjacent
+// chunks of blocks — plus the embeddings on the first stage and the final norm with the head on the last
+// (the model names them: CausalLM.stageModules).
 import { ArgumentError, ShapeError } from '../../errors.js';
 import { Module, type Parameter } from '../../nn/module.js';
-import type { Block, GPT } from '../../nn/gpt.js';
+import type { CausalLM } from '../../nn/gpt.js';
 import type { Tensor } from '../../tensor.js';
 import { chunkLayers } from './schedules.js';
 
@@ -33,10 +34,10 @@ export interface PipelineModule extends Module {
 }
 
 /**
- * A GPT stage built from a whole GPT: the stage keeps the modules it owns and frees every other
- * parameter, so its weights are exactly those of the single-process model of the same seed. With
- * stages = 1 it is the whole model. Parameter names are the GPT's (`h.3.attn.qkv.weight` on
- * whichever stage holds layer 3), in the GPT's order.
+ * A stage built from a whole model (a GPT or a Llama): the stage keeps the modules it owns and frees
+ * every other parameter, so its weights are exactly those of the single-process model of the same
+ * seed. With stages = 1 it is the whole model. Parameter names are the model's (`h.3.attn.qkv.weight`
+ * or `layers.3.selfAttn.qProj.weight` on whichever stage holds layer 3), in the model's order.
  */
 export class GPTStage extends Module implements PipelineModule {
   /** This stage's index. */
@@ -55,7 +56,7 @@ export class GPTStage extends Module implements PipelineModule {
   readonly isLastStage: boolean;
   readonly tiedParameters: readonly Parameter[];
   readonly tiedCountedElsewhere: readonly Parameter[];
-  readonly #model: GPT;
+  readonly #model: CausalLM;
   readonly #owned: [string, Module][];
 
   /**
@@ -63,36 +64,36 @@ export class GPTStage extends Module implements PipelineModule {
    * disposed). `chunks` > 1: the stage holds chunks stage, stage + stages, ... of stages·chunks
    * (interleaved 1F1B).
    */
-  constructor(model: GPT, stage: number, stages: number, chunks = 1) {
+  constructor(model: CausalLM, stage: number, stages: number, chunks = 1) {
     super();
     if (!Number.isInteger(stage) || stage < 0 || stage >= stages) throw new ArgumentError(`GPTStage: stage ${stage} is outside [0, ${stages})`);
-    const ranges = chunkLayers(model.config.nLayer, stages, stage, chunks);
+    const ranges = chunkLayers(model.shape.nLayer, stages, stage, chunks);
     this.stage = stage; this.stages = stages; this.chunks = chunks;
     this.chunkLayers = ranges;
     this.layers = ranges[0]!;
     this.isFirstStage = stage === 0;
     this.isLastStage = stage === stages - 1;
     this.#model = model;
-    // The token embedding is both the first stage's input table and the last stage's output head.
-    const owned: [string, Module][] = [];
-    if (this.isFirstStage || this.isLastStage) owned.push(['wte', model.wte]);
-    if (this.isFirstStage) owned.push(['wpe', model.wpe]);
-    for (const [start, end] of ranges) model.h.slice(start, end).forEach((block: Block, i) => owned.push([`h.${start + i}`, block]));
-    if (this.isLastStage) owned.push(['lnF', model.lnF]);
+    const { before, after } = model.stageModules(this.isFirstStage, this.isLastStage);
+    const owned: [string, Module][] = [...before];
+    for (const [start, end] of ranges) model.blocks.slice(start, end).forEach((block, i) => owned.push([`${model.blockPrefix}.${start + i}`, block]));
+    owned.push(...after);
     this.#owned = owned;
     const keep = new Set(this.parameters());
     for (const p of model.parameters()) if (!keep.has(p)) p.dispose();
-    this.tiedParameters = stages > 1 && (this.isFirstStage || this.isLastStage) ? [model.wte.weight] : [];
-    this.tiedCountedElsewhere = stages > 1 && this.isLastStage ? [model.wte.weight] : [];
+    // A tied token table is both the first stage's input table and the last stage's output head.
+    const tied = model.tiedWeight;
+    this.tiedParameters = tied && stages > 1 && (this.isFirstStage || this.isLastStage) ? [tied] : [];
+    this.tiedCountedElsewhere = tied && stages > 1 && this.isLastStage ? [tied] : [];
   }
 
-  /** Also switches the GPT's own mode (recomputation) and its embedding dropout. */
+  /** Also switches the model's own mode (recomputation) and its embedding dropout. */
   override train(mode = true): this {
     this.#model.train(mode);
     return super.train(mode);
   }
 
-  // Modules are named explicitly (not by field) so that layer i keeps its GPT name h.i on every stage.
+  // Modules are named explicitly (not by field) so that layer i keeps its model's name (h.i, layers.i) on every stage.
   override *namedChildren(): Generator<[string, Module]> { yield* this.#owned; }
 
   forwardStage(input: Tensor, targets: Tensor | null, chunk = 0): Tensor {
@@ -108,10 +109,11 @@ export class GPTStage extends Module implements PipelineModule {
 
   /** [B, T, C], or under sequence parallelism this rank's chunk [B, T/tp, C]. */
   activationShape(batch: number, seqLen: number): number[] {
-    if (seqLen > this.#model.config.blockSize) throw new ShapeError(`GPTStage: sequence length ${seqLen} exceeds blockSize ${this.#model.config.blockSize}`);
-    return [batch, this.#model.sequenceLayout.chunk(seqLen).count, this.#model.config.nEmbd];
+    const { blockSize, nEmbd } = this.#model.shape;
+    if (seqLen > blockSize) throw new ShapeError(`GPTStage: sequence length ${seqLen} exceeds the model's context ${blockSize}`);
+    return [batch, this.#model.sequenceLayout.chunk(seqLen).count, nEmbd];
   }
 
   /** The whole model, when this stage is all of it (stages = 1); null otherwise. */
-  get model(): GPT | null { return this.stages === 1 ? this.#model : null; }
+  get model(): CausalLM | null { return this.stages === 1 ? this.#model : null; }
 }

@@ -1,5 +1,6 @@
-// The GPT of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
-// MLP's hidden units by Column/RowParallelLinear, the vocabulary (token table, tied head, loss) by
+// The GPT (and Llama) of lib/nn split across a tensor-parallel group the Megatron way: attention heads and the
+// MLP's hidden units by Column/RowParallelLinear (Llama's key/value heads split, or replicated when
+// fewer than the ranks: llama.ts), the vocabulary (token table, tied head, loss) by
 // rows; with sequence parallelism the regions between them hold a chunk of the sequence per rank.
 // Each rank's weights are exact slices of the single-process model built from the same seed.
 import { tensor } from '../../creation.js';
@@ -15,6 +16,7 @@ import type { CollectiveGroup } from '../../distributed/group.js';
 import { ColumnParallelLinear, RowParallelLinear, sequenceGatheredLinear } from './layers.js';
 import { copyToRegion, gatherFromRegion } from './mappings.js';
 import { VocabParallelEmbedding, vocabParallelCrossEntropy, vocabParallelLinearCrossEntropy } from './vocab.js';
+import { checkKvHeadsSplit, ReplicatedKvLinear } from './llama.js';
 
 /**
  * Throws one ArgumentError listing every reason a GPT cannot be split `tp` ways: the attention
@@ -52,7 +54,7 @@ const zeroInit = (t: Tensor): void => { constant(t, 0); };
  * ones reduce-scatter their output to the chunks.
  */
 export function tensorParallelLinearFactory(group: CollectiveGroup, { sequenceParallel = false }: TensorParallelOptions = {}): LinearFactory {
-  return (inF, outF, { role, bias, std, layer, config }) => {
+  return (inF, outF, { role, bias, std, layer, config, attention }) => {
     checkTensorParallelConfig(config, group.size);
     const opts = { group, bias, device: layer.device, dtype: layer.dtype, generator: layer.generator, initWeight: normalInit(std), initBias: zeroInit, sequenceParallel };
     switch (role) {
@@ -60,6 +62,23 @@ export function tensorParallelLinearFactory(group: CollectiveGroup, { sequencePa
       case 'mlp.fc': return new ColumnParallelLinear(inF, outF, opts);
       case 'attn.proj':
       case 'mlp.proj': return new RowParallelLinear(inF, outF, opts);
+      // Llama: query heads split; key/value heads split when tp divides them, else each rank holds the one its query heads read.
+      case 'attn.q':
+      case 'attn.k':
+      case 'attn.v': {
+        if (!attention) throw new ArgumentError(`tensorParallelLinearFactory: the '${role}' layer needs its attention heads`);
+        checkKvHeadsSplit(attention, group.size);
+        if (role !== 'attn.q' && attention.kvHeads % group.size !== 0) {
+          return new ReplicatedKvLinear(inF, attention, { group, std, generator: layer.generator!, device: layer.device, dtype: layer.dtype, sequenceParallel });
+        }
+        return new ColumnParallelLinear(inF, outF, opts);
+      }
+      case 'mlp.gate':
+      case 'mlp.up':
+        if (outF % group.size !== 0) throw new ArgumentError(`tensor parallelism over ${group.size} ranks must divide the MLP's ${outF} hidden units`);
+        return new ColumnParallelLinear(inF, outF, opts);
+      case 'attn.o':
+      case 'mlp.down': return new RowParallelLinear(inF, outF, opts);
       default: throw new ArgumentError(`tensorParallelLinearFactory: unknown layer role '${String(role)}'`);
     }
   };

@@ -49,6 +49,10 @@ parts.append(between(c,'// Elements per access of castKernel','template <typenam
 o=open(SRC+'optim.cu').read()
 parts.append(between(o,'// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'))
 parts.append(between(o,'constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'))
+sw=open(SRC+'swiglu.cu').read()
+parts.append(between(sw,'__device__ __forceinline__ float sigmoidF','static Napi::Value SwigluForwardAbi'))
+rp=open(SRC+'rope.cu').read()
+parts.append(between(rp,'// One thread per (row, i < half) pair','// rope(inp, out, positions|null'))
 body='#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
 open(os.path.join(OUT,'kernels_emu.h'),'w').write(body)
 

@@ -249,6 +249,53 @@ template <class P> void testOptim(bool lamb) {
   }
 }
 
+// swiglu/silu functors (swiglu.cu) through launchMap3 against the same float formulas.
+template <class T> void testSwiglu(size_t n, size_t shift) {
+  auto vg = conv<T>(randv(n)), vu = conv<T>(randv(n)), vd = conv<T>(randv(n));
+  Buf<T> g(n, shift), u(n, shift), d(n, shift), o(n, shift), o2(n, shift);
+  std::memcpy(g.p, vg.data(), n * sizeof(T)); std::memcpy(u.p, vu.data(), n * sizeof(T)); std::memcpy(d.p, vd.data(), n * sizeof(T));
+  auto sig = [](float x) { return 1.0f / (1.0f + expf(-x)); };
+  launchMap3<T>(nullptr, SwigluF{}, g.p, u.p, nullptr, o.p, int64_t(n));
+  launchMap3<T>(nullptr, SiluF{}, g.p, nullptr, nullptr, o2.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) {
+    float x = toF32(vg[i]), up = toF32(vu[i]);
+    EXPECT(same(o.p[i], fromF32<T>(x * sig(x) * up)), "swiglu n=%zu shift=%zu i=%zu", n, shift, i);
+    EXPECT(same(o2.p[i], fromF32<T>(x * sig(x))), "silu n=%zu i=%zu", n, i);
+  }
+  launchMap3<T>(nullptr, SwigluGateGradF{}, d.p, g.p, u.p, o.p, int64_t(n));
+  launchMap3<T>(nullptr, SwigluUpGradF{}, d.p, g.p, nullptr, o2.p, int64_t(n));
+  for (size_t i = 0; i < n; i++) {
+    float x = toF32(vg[i]), up = toF32(vu[i]), dy = toF32(vd[i]), s = sig(x);
+    EXPECT(same(o.p[i], fromF32<T>(dy * up * (s * (1.0f + x * (1.0f - s))))), "swiglu dgate i=%zu", i);
+    EXPECT(same(o2.p[i], fromF32<T>(dy * x * s)), "swiglu dup i=%zu", i);
+  }
+}
+
+// ropeKernel (rope.cu) over [B, T, H, D] against float64 rotate-half, positions offset or per row; inverse undoes it.
+template <class T> void testRope(int64_t B, int64_t S, int64_t H, int64_t D, bool withPos) {
+  int64_t n = B * S * H * D, half = D / 2, pairs = n / 2;
+  auto vx = conv<T>(randv(size_t(n)));
+  std::vector<int32_t> pos(static_cast<size_t>(B * S));
+  for (size_t i = 0; i < pos.size(); i++) pos[i] = int32_t((i * 37) % 1001);
+  std::vector<T> y(static_cast<size_t>(n)), back(static_cast<size_t>(n));
+  const int32_t* pp = withPos ? pos.data() : nullptr;
+  emuLaunch(ropeKernel<T>, gridFor(pairs), kThreads, 0, nullptr, (const T*)vx.data(), y.data(), pp, withPos, S, H, half, int64_t(5), 10000.0, double(D), false, pairs);
+  emuLaunch(ropeKernel<T>, gridFor(pairs), kThreads, 0, nullptr, (const T*)y.data(), back.data(), pp, withPos, S, H, half, int64_t(5), 10000.0, double(D), true, pairs);
+  double tol = sizeof(T) == 2 ? 1e-2 : 1e-6;
+  for (int64_t r = 0; r < B * S * H; r++) {
+    int64_t bt = r / H, t = bt % S;
+    double p = withPos ? pos[size_t(bt)] : double(5 + t);
+    for (int64_t i = 0; i < half; i++) {
+      double a = p * std::pow(10000.0, -double(2 * i) / double(D));
+      double x1 = toF32(vx[size_t(r * D + i)]), x2 = toF32(vx[size_t(r * D + i + half)]);
+      double w1 = x1 * std::cos(a) - x2 * std::sin(a), w2 = x2 * std::cos(a) + x1 * std::sin(a);
+      EXPECT(std::fabs(toF32(y[size_t(r * D + i)]) - w1) <= tol * (1 + std::fabs(w1)) && std::fabs(toF32(y[size_t(r * D + i + half)]) - w2) <= tol * (1 + std::fabs(w2)),
+             "rope B=%ld S=%ld H=%ld D=%ld r=%ld i=%ld", long(B), long(S), long(H), long(D), long(r), long(i));
+      EXPECT(std::fabs(toF32(back[size_t(r * D + i)]) - x1) <= 4 * tol * (1 + std::fabs(x1)), "rope inverse r=%ld i=%ld", long(r), long(i));
+    }
+  }
+}
+
 int main() {
   testOptim<float>(true); testOptim<bf16>(true); testOptim<float>(false);
   for (size_t n : {1, 3, 7, 8, 9, 33, 4097}) for (size_t sh : {0, 1}) { testMap<float>(n, sh); testMap<bf16>(n, sh); testMap<f16>(n, sh); }
@@ -279,6 +326,8 @@ int main() {
   testBinary<float>({4, 3, 5}, {0, 5, 1}, {15, 5, 1}, 15, 60);
   testBinary<float>({2, 1, 300}, {300, 7, 1}, {0, 0, 1}, 600, 300);
   testCast<float, bf16>(4099, 0); testCast<float, bf16>(4099, 1); testCast<bf16, float>(4099, 0); testCast<float, uint8_t>(4099, 0);
+  for (size_t n : {1, 7, 9, 4097}) for (size_t sh : {0, 1}) { testSwiglu<float>(n, sh); testSwiglu<bf16>(n, sh); testSwiglu<f16>(n, sh); }
+  testRope<float>(2, 5, 3, 8, false); testRope<float>(2, 5, 3, 8, true); testRope<bf16>(1, 7, 2, 64, true); testRope<float>(1, 300, 4, 128, false);
   testCast<int32_t, float>(4099, 0); testCast<f16, int32_t>(37, 3); testCast<uint8_t, f16>(41, 0); testCast<float, float>(9, 0);
   std::printf("%d checks, %d failures, %ld launches, %ld blocks, %ld scratch allocations\n", checks, failures, g_launches, g_blocksRun, g_allocs);
   return failures ? 1 : 0;

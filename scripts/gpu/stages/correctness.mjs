@@ -105,6 +105,16 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     { name: `div/sub broadcast [4,${R / 4},${D}] [4,1,${D}]`, shapes: [[4, R / 4, D], [4, 1, D]], run: ([x, y]) => nt.sub(nt.div(x, nt.add(nt.mul(y, y), 1)), y) },
     { name: 'mul/add broadcast [7,9] [1] [9]', shapes: [[7, 9], [1], [9]], run: ([a, b, c]) => nt.mul(nt.add(a, c), b) },
     { name: 'sum dims 0,2 (strided path) [6,5,7]', shapes: [[6, 5, 7]], run: ([a]) => nt.sum(nt.sum(a, 2), 0) },
+    // Llama's ops: silu/swiglu (swiglu_forward/backward), rotary embeddings (rope: an offset, explicit [B, T]
+    // positions, odd sizes), grouped-query and multi-query flash attention (kv heads shared by index).
+    { name: `silu/swiglu [${R},${4 * D}]`, shapes: [[R, 4 * D], [R, 4 * D]], run: ([g, u]) => nt.add(nt.swiglu(g, u), nt.silu(g)) },
+    { name: 'swiglu [67,13]', shapes: [[67, 13], [67, 13]], run: ([g, u]) => nt.swiglu(g, u) },
+    { name: `rope offset theta 5e5 [2,${T},${H},${HD}]`, shapes: [[2, T, H, HD]], run: ([x]) => nt.rope(x, { offset: 3, theta: 500000 }) },
+    { name: 'rope positions [3,7,5,6]', shapes: [[3, 7, 5, 6]],
+      run: ([x]) => nt.rope(x, { positions: nt.tensor(Int32Array.from({ length: 21 }, (_, i) => (i * 37) % 101), [3, 7], { device: x.device }) }) },
+    { name: `groupedQueryAttention kv ${H / 2} [2,${T},${H},${HD}]`, shapes: [[2, T, H, HD], [2, T, H / 2, HD], [2, T, H / 2, HD]], run: ([q, k, v]) => nt.groupedQueryAttention(q, k, v) },
+    { name: `groupedQueryAttention multi-query [2,${T},${H},${HD}]`, shapes: [[2, T, H, HD], [2, T, 1, HD], [2, T, 1, HD]], run: ([q, k, v]) => nt.groupedQueryAttention(q, k, v) },
+    { name: 'attention [B,H,T,D] kv 1 odd T [2,4,37,32]', shapes: [[2, 4, 37, 32], [2, 1, 37, 32], [2, 1, 37, 32]], run: ([q, k, v]) => nt.attention(q, k, v, { causal: true }) },
   ];
   for (const dtype of ['f32', 'bf16', 'f16']) {
     section(`ops-${dtype}`);

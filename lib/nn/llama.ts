@@ -1,0 +1,357 @@
+// Llama (Touvron et al.; Hugging Face's LlamaForCausalLM): token embedding, pre-RMSNorm blocks of
+// grouped-query attention with rotary position embeddings (rotate-half layout) and a SwiGLU MLP, a final
+// RMSNorm and an untied (or tied) LM head; no biases. Configured like Hugging Face's LlamaConfig
+// (snake_case or camelCase). Built through the GPT's seams (lib/nn/gpt.ts): a LinearFactory for every
+// projection (tensor parallelism substitutes its split layers, with the key/value heads split or
+// replicated), a VocabLayout for the table, the head and the loss, a SequenceLayout for the norms and
+// residuals; it is a CausalLM, so pipeline stages, the parallel trainer and nt.train.setup take it as
+// they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp), as Mixtral's block swaps in
+// its mixture of experts.
+import { recompute } from '../autograd/index.js';
+import { ArgumentError, ShapeError, StateError } from '../errors.js';
+import { add, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { traceLayer } from '../observe/trace.js';
+import { Generator } from '../random.js';
+import { checkTensor, type Tensor } from '../tensor.js';
+import {
+  defaultLinearFactory, defaultVocabLayout, generateTokens, wholeSequence, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
+  type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
+} from './gpt.js';
+import { RMSNorm, type LayerOptions } from './layers.js';
+import { Module, type Parameter } from './module.js';
+
+/**
+ * A Llama's shape, as Hugging Face's LlamaConfig names it (camelCase here; {@link llamaConfig} also
+ * reads a config.json's snake_case).
+ */
+export interface LlamaConfig {
+  /** Vocabulary size. */
+  vocabSize: number;
+  /** Width of the residual stream (hidden_size). */
+  hiddenSize: number;
+  /** Hidden units of the SwiGLU MLP (intermediate_size). */
+  intermediateSize: number;
+  /** Transformer blocks (num_hidden_layers). */
+  numHiddenLayers: number;
+  /** Query heads (num_attention_heads); must divide hiddenSize. */
+  numAttentionHeads: number;
+  /** Key/value heads (num_key_value_heads; default numAttentionHeads; 1 is multi-query); must divide numAttentionHeads. */
+  numKeyValueHeads?: number;
+  /** Base of the rotary angles (rope_theta, default 10000). */
+  ropeTheta?: number;
+  /** RMSNorm's epsilon (rms_norm_eps, default 1e-6). */
+  rmsNormEps?: number;
+  /** Tie the LM head to the token table (tie_word_embeddings, default false). */
+  tieWordEmbeddings?: boolean;
+  /** Longest context (max_position_embeddings). */
+  maxPositionEmbeddings: number;
+  /** Standard deviation of the weights' normal initialization (initializer_range, default 0.02). */
+  initializerRange?: number;
+  /** Recompute each block's activations in backward instead of storing them. */
+  recompute?: boolean;
+}
+
+/** A checked LlamaConfig: every optional field filled. */
+export type CheckedLlamaConfig = Required<LlamaConfig>;
+
+const SNAKE: Record<string, keyof LlamaConfig> = {
+  vocab_size: 'vocabSize', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_hidden_layers: 'numHiddenLayers',
+  num_attention_heads: 'numAttentionHeads', num_key_value_heads: 'numKeyValueHeads', rope_theta: 'ropeTheta', rms_norm_eps: 'rmsNormEps',
+  tie_word_embeddings: 'tieWordEmbeddings', max_position_embeddings: 'maxPositionEmbeddings', initializer_range: 'initializerRange',
+};
+const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute']);
+
+/**
+ * Checks a Llama config given in camelCase or Hugging Face's snake_case (a config.json's fields; keys
+ * of neither form that a LlamaConfig has, such as architectures or torch_dtype, are ignored) and fills
+ * the defaults. Bad values throw one ArgumentError naming every problem (key/value heads that do not
+ * divide the heads, a width the heads do not divide, an odd head dim...).
+ */
+export function llamaConfig(input: LlamaConfig | Record<string, unknown>): CheckedLlamaConfig {
+  if (input === null || typeof input !== 'object') {
+    throw new ArgumentError(`LlamaConfig: the config must be an object { vocabSize, hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, maxPositionEmbeddings, ... }, got ${input === null ? 'null' : typeof input}`);
+  }
+  const c: Partial<Record<keyof LlamaConfig, unknown>> = {};
+  for (const [k, v] of Object.entries(input)) {
+    if (v === undefined) continue;
+    const key = SNAKE[k] ?? (CAMEL.has(k) ? (k as keyof LlamaConfig) : undefined);
+    if (key === undefined) continue;
+    if (key in c && c[key] !== v) throw new ArgumentError(`LlamaConfig: ${k} is given twice with different values (${String(c[key])} and ${String(v)})`);
+    c[key] = v;
+  }
+  const problems: string[] = [];
+  const posInt = (k: keyof LlamaConfig, fallback?: number): number => {
+    const v = c[k] ?? fallback;
+    if (!Number.isInteger(v) || (v as number) <= 0) { problems.push(`${k} must be a positive integer, got ${String(v)}`); return 1; }
+    return v as number;
+  };
+  const vocabSize = posInt('vocabSize'), hiddenSize = posInt('hiddenSize'), intermediateSize = posInt('intermediateSize');
+  const numHiddenLayers = posInt('numHiddenLayers'), numAttentionHeads = posInt('numAttentionHeads');
+  const numKeyValueHeads = posInt('numKeyValueHeads', numAttentionHeads), maxPositionEmbeddings = posInt('maxPositionEmbeddings');
+  const num = (k: keyof LlamaConfig, fallback: number): number => {
+    const v = c[k] ?? fallback;
+    if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) { problems.push(`${k} must be a finite number > 0, got ${String(v)}`); return fallback; }
+    return v;
+  };
+  const ropeTheta = num('ropeTheta', 10000), rmsNormEps = num('rmsNormEps', 1e-6), initializerRange = num('initializerRange', 0.02);
+  const bool = (k: keyof LlamaConfig): boolean => {
+    const v = c[k] ?? false;
+    if (typeof v !== 'boolean') { problems.push(`${k} must be a boolean, got ${String(v)}`); return false; }
+    return v;
+  };
+  const tieWordEmbeddings = bool('tieWordEmbeddings'), recomputeBlocks = bool('recompute');
+  if (numAttentionHeads % numKeyValueHeads !== 0) problems.push(`numKeyValueHeads (${numKeyValueHeads}) must divide numAttentionHeads (${numAttentionHeads})`);
+  if (hiddenSize % numAttentionHeads !== 0) problems.push(`numAttentionHeads (${numAttentionHeads}) must divide hiddenSize (${hiddenSize})`);
+  else if ((hiddenSize / numAttentionHeads) % 2 !== 0) problems.push(`the head dim hiddenSize / numAttentionHeads = ${hiddenSize / numAttentionHeads} must be even (rotary embeddings rotate pairs)`);
+  if (problems.length) throw new ArgumentError(`LlamaConfig: ${problems.join('; ')}`);
+  return {
+    vocabSize, hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, ropeTheta, rmsNormEps, tieWordEmbeddings,
+    maxPositionEmbeddings, initializerRange, recompute: recomputeBlocks,
+  };
+}
+
+/** The GPT-shaped summary a LinearFactory receives as `config` (tensor parallelism checks its heads, width and vocabulary). */
+function factoryConfig(c: CheckedLlamaConfig): GPTConfig {
+  return { vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings, nLayer: c.numHiddenLayers, nHead: c.numAttentionHeads, nEmbd: c.hiddenSize, dropout: 0, bias: false };
+}
+
+/** What {@link LlamaBlock} needs of its MLP: x [B, T', C] → [B, T', C] (a mixture of experts may take its place). */
+export interface LlamaMLPLike extends Module {
+  /** x [B, T', C] → [B, T', C]. */
+  forward(x: Tensor): Tensor;
+}
+
+/** Builds a block's MLP (default: {@link LlamaMLP}); `layer` is the block's index. */
+export type LlamaMLPFactory = (config: CheckedLlamaConfig, opts: { layer: LayerOptions; factory: LinearFactory; index: number }) => LlamaMLPLike;
+
+/** Options of {@link Llama}: the GPT's (seed, device, dtype, tensor-parallel seams) plus the MLP's factory. */
+export interface LlamaOptions extends GPTOptions {
+  /** Builds each block's MLP (default: the SwiGLU LlamaMLP). */
+  mlp?: LlamaMLPFactory;
+}
+
+/** Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k, grouped-query flash attention, the output projection. */
+export class LlamaAttention extends Module {
+  /** Query projection, C → heads·D. */
+  readonly qProj: LinearLike;
+  /** Key projection, C → kvHeads·D. */
+  readonly kProj: LinearLike;
+  /** Value projection, C → kvHeads·D. */
+  readonly vProj: LinearLike;
+  /** Output projection, heads·D → C. */
+  readonly oProj: LinearLike;
+  /** Channels per head. */
+  readonly headDim: number;
+  readonly #theta: number;
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
+    super();
+    const c = config.hiddenSize, H = config.numAttentionHeads, KV = config.numKeyValueHeads, D = c / H;
+    this.headDim = D;
+    this.#theta = config.ropeTheta;
+    const attention: AttentionHeads = { heads: H, kvHeads: KV, headDim: D };
+    const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config), attention };
+    this.qProj = factory(c, H * D, { ...opts, role: 'attn.q' });
+    this.kProj = factory(c, KV * D, { ...opts, role: 'attn.k' });
+    this.vProj = factory(c, KV * D, { ...opts, role: 'attn.v' });
+    this.oProj = factory(H * D, c, { ...opts, role: 'attn.o' });
+  }
+  /**
+   * x [B, T', C] → [B, T', C]. The projections give [B, T, heads·D] (the whole sequence: under sequence
+   * parallelism they gather it), viewed [B, T, heads, D] for rope and attention without copies.
+   * `positions` (i32 [T] or [B, T]) overrides positions 0..T-1.
+   */
+  forward(x: Tensor, positions?: Tensor): Tensor {
+    const D = this.headDim;
+    const q = this.qProj.forward(x), k = this.kProj.forward(x), v = this.vProj.forward(x);
+    const [B, T] = q.shape as [number, number];
+    const heads = q.shape[2]! / D, kvHeads = k.shape[2]! / D;
+    const ropeOpts = { theta: this.#theta, ...(positions ? { positions } : {}) };
+    const qr = rope(q.view([B, T, heads, D]), ropeOpts), kr = rope(k.view([B, T, kvHeads, D]), ropeOpts);
+    const o = groupedQueryAttention(qr, kr, v.view([B, T, kvHeads, D]), { causal: true });
+    return this.oProj.forward(o.view([B, T, heads * D]));
+  }
+}
+
+/** Llama's SwiGLU MLP: down(silu(gate(x))·up(x)). */
+export class LlamaMLP extends Module {
+  /** Gate projection, C → intermediateSize (through silu). */
+  readonly gateProj: LinearLike;
+  /** Up projection, C → intermediateSize. */
+  readonly upProj: LinearLike;
+  /** Down projection, intermediateSize → C. */
+  readonly downProj: LinearLike;
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
+    super();
+    const c = config.hiddenSize, f = config.intermediateSize;
+    const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config) };
+    this.gateProj = factory(c, f, { ...opts, role: 'mlp.gate' });
+    this.upProj = factory(c, f, { ...opts, role: 'mlp.up' });
+    this.downProj = factory(f, c, { ...opts, role: 'mlp.down' });
+  }
+  /** x [B, T', C] → [B, T', C]. */
+  forward(x: Tensor): Tensor {
+    return this.downProj.forward(swiglu(this.gateProj.forward(x), this.upProj.forward(x)));
+  }
+}
+
+/** A Llama block: x + attn(rmsNorm(x)), then + mlp(rmsNorm(·)). */
+export class LlamaBlock extends Module {
+  /** RMSNorm before attention. */
+  readonly inputLayernorm: RMSNorm;
+  /** The attention layer. */
+  readonly selfAttn: LlamaAttention;
+  /** RMSNorm before the MLP. */
+  readonly postAttentionLayernorm: RMSNorm;
+  /** The MLP (SwiGLU by default; replaceable through LlamaOptions.mlp). */
+  readonly mlp: LlamaMLPLike;
+  readonly #sequence: SequenceLayout;
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout, mlp: LlamaMLPFactory, index: number) {
+    super();
+    this.#sequence = sequence;
+    const norm = { ...layer, eps: config.rmsNormEps };
+    this.inputLayernorm = new RMSNorm(config.hiddenSize, norm);
+    this.selfAttn = new LlamaAttention(config, layer, factory);
+    this.postAttentionLayernorm = new RMSNorm(config.hiddenSize, norm);
+    this.mlp = mlp(config, { layer, factory, index });
+  }
+  /** x [B, T', C] → [B, T', C] (T': the sequence layout's chunk). */
+  forward(x: Tensor, positions?: Tensor): Tensor {
+    const seq = this.#sequence;
+    const n1 = this.inputLayernorm, n2 = this.postAttentionLayernorm;
+    const h = add(x, this.selfAttn.forward(rmsNorm(x, seq.replicated(n1.weight), n1.eps), positions));
+    return add(h, this.mlp.forward(rmsNorm(h, seq.replicated(n2.weight), n2.eps)));
+  }
+}
+
+const defaultMLP: LlamaMLPFactory = (config, { layer, factory }) => new LlamaMLP(config, layer, factory);
+
+/**
+ * Llama (Hugging Face's LlamaForCausalLM): `new nt.nn.Llama(config, { seed })`; forward(idx, targets)
+ * gives the mean cross-entropy from the fused head (no logits) or, without targets, the logits.
+ * Parameter names follow Hugging Face's in camelCase (`layers.0.selfAttn.qProj.weight`, `norm.weight`,
+ * `lmHead.weight`); every weight is drawn N(0, initializerRange) (HF's _init_weights), norms are ones.
+ */
+export class Llama extends Module implements CausalLM {
+  readonly family = 'llama' as const;
+  readonly blockPrefix = 'layers';
+  /** The token table. */
+  readonly embedTokens: TokenEmbedding;
+  /** The blocks. */
+  readonly layers: LlamaBlock[];
+  /** The final RMSNorm. */
+  readonly norm: RMSNorm;
+  /** The untied LM head's table [vocabSize, hiddenSize] (laid out like the token table); null when tied to embedTokens. */
+  readonly lmHead: TokenEmbedding | null;
+  /** The checked config (recompute as overridden by the options). */
+  readonly config: Readonly<CheckedLlamaConfig>;
+  readonly vocabLayout: VocabLayout;
+  readonly sequenceLayout: SequenceLayout;
+  /** Always null: Llama does not take context parallelism yet (a contextLayout of more than one part is refused). */
+  readonly contextLayout = null;
+  readonly generator: Generator;
+  readonly #opts: LlamaOptions;
+
+  constructor(config: LlamaConfig | Record<string, unknown>, opts: LlamaOptions = {}) {
+    super();
+    const checked = llamaConfig(config);
+    if (opts.contextLayout && opts.contextLayout.parts > 1) {
+      throw new ArgumentError(`Llama: context parallelism (${opts.contextLayout.parts} parts, --cp) is not supported for Llama yet; train it with tp, sp, pp, dp and ZeRO`);
+    }
+    this.config = opts.recompute === undefined ? checked : { ...checked, recompute: opts.recompute };
+    this.#opts = opts;
+    const c = this.config;
+    const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+    this.generator = generator;
+    const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
+    const factory = opts.linearFactory ?? defaultLinearFactory;
+    this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
+    this.sequenceLayout = opts.sequenceLayout ?? wholeSequence;
+    const std = c.initializerRange;
+    this.embedTokens = this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
+    const mlp = opts.mlp ?? defaultMLP;
+    this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i));
+    this.norm = new RMSNorm(c.hiddenSize, { ...layer, eps: c.rmsNormEps });
+    // Untied: a second table of the vocabulary's layout (drawn after the blocks, as HF initializes lm_head last).
+    this.lmHead = c.tieWordEmbeddings ? null : this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
+  }
+
+  /** Its dimensions. */
+  get shape(): ModelShape {
+    const c = this.config;
+    return {
+      nLayer: c.numHiddenLayers, nHead: c.numAttentionHeads, nKvHead: c.numKeyValueHeads, nEmbd: c.hiddenSize, ffnHidden: c.intermediateSize,
+      vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings,
+    };
+  }
+  /** The blocks (layers). */
+  get blocks(): readonly Module[] { return this.layers; }
+  /** The token table when the head is tied to it. */
+  get tiedWeight(): Parameter | null { return this.lmHead === null ? this.embedTokens.weight : null; }
+
+  /** Token ids i32 [B, T] → [B, T', C] (T': the sequence layout's chunk). */
+  embed(idx: Tensor): Tensor {
+    checkTensor(idx, 'Llama.forward', 'idx');
+    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`Llama.forward: idx must be i32 [B, T], got ${idx.describe()}`);
+    const t = idx.shape[1]!;
+    if (t > this.config.maxPositionEmbeddings) throw new ShapeError(`Llama.forward: sequence length ${t} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
+    const { count } = this.sequenceLayout.chunk(t);
+    const tokens = this.embedTokens.forward(idx);
+    if (tokens.shape[1] !== count) {
+      throw new StateError(`Llama.forward: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
+    }
+    return tokens;
+  }
+
+  /** Blocks [start, end) over x [B, T', C] (recomputed in backward when config.recompute). */
+  forwardBlocks(x: Tensor, start = 0, end = this.layers.length): Tensor {
+    for (const [j, block] of this.layers.slice(start, end).entries()) {
+      x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? recompute((y: Tensor) => block.forward(y), x) : block.forward(x)));
+    }
+    return x;
+  }
+
+  /** The final RMSNorm and the LM head over x [B, T', C]; the mean cross-entropy from the fused head when targets are given. */
+  head(x: Tensor, targets?: Tensor): GPTOutput {
+    const layout = this.vocabLayout;
+    const hidden = rmsNorm(x, this.sequenceLayout.replicated(this.norm.weight), this.norm.eps);
+    const b = x.shape[0]!, t = x.shape[1]! * this.sequenceLayout.parts;
+    const table = (this.lmHead ?? this.embedTokens).weight;
+    if (targets !== undefined) {
+      checkTensor(targets, 'Llama.forward', 'targets');
+      if (targets.dtype !== 'i32' || targets.ndim !== 2 || targets.shape[0] !== b || targets.shape[1] !== t) {
+        throw new ShapeError(`Llama.forward: targets must be i32 [${b}, ${t}], got ${targets.describe()}`);
+      }
+      if (layout.headLoss) return { logits: null, loss: layout.headLoss(hidden, table, targets) };
+    }
+    const logits = layout.logits(hidden, table);
+    if (targets === undefined) return { logits, loss: null };
+    return { logits, loss: layout.loss(logits.reshape([b * t, logits.shape[2]!]), targets.reshape([b * t])) };
+  }
+
+  /**
+   * idx: i32 [B, T]; targets: i32 [B, T] (optional). Without targets: the logits [B, T, vocabSize]
+   * (this rank's vocabulary slice under a vocabulary-parallel layout). With targets: the mean loss.
+   */
+  forward(idx: Tensor, targets?: Tensor): GPTOutput {
+    return this.head(this.forwardBlocks(this.embed(idx)), targets);
+  }
+
+  /** Full-vocabulary logits from forward's. */
+  gatherLogits(logits: Tensor): Tensor { return this.vocabLayout.gather(logits); }
+
+  /** embedTokens (first stage, and last when tied), norm and lmHead (last). */
+  stageModules(first: boolean, last: boolean): StageModules {
+    const head = this.lmHead;
+    const before: Array<[string, Module]> = first || (last && head === null) ? [['embedTokens', this.embedTokens]] : [];
+    const after: Array<[string, Module]> = last ? [['norm', this.norm], ...(head ? [['lmHead', head] as [string, Module]] : [])] : [];
+    return { before, after };
+  }
+
+  /** A new Llama of this config with other options (the MLP factory kept). */
+  rebuild(opts: GPTOptions): Llama { return new Llama(this.config, { mlp: this.#opts.mlp, ...opts }); }
+
+  /** Appends maxNewTokens sampled tokens to each row of idx (as GPT.generate). */
+  generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {
+    return generateTokens(this, idx, maxNewTokens, opts);
+  }
+}
