@@ -57,7 +57,7 @@ describe.skipIf(!loadable.ok)(`cuda addon ABI parity${loadable.ok ? '' : ` (skip
     const expected = (addon: ReturnType<typeof cpu>, n: string) => {
       const e = thrown(() => addon[n]());
       expect(e, `${n}: ${e.message}`).toBeInstanceOf(ArgumentError);
-      return /expected (\d+) arguments/.exec(e.message)?.[1];
+      return /expected (\d+(?: to \d+)?) arguments/.exec(e.message)?.[1];
     };
     const mismatched = shared
       .map((n) => ({ n, cpu: expected(cpu(), n), cuda: expected(cudaAddon(), n) }))
