@@ -122,8 +122,6 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
     for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
       if (zero > 0 && dp * cp === 1) continue;
       for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe', 'interleaved', 'zb-h1'] as const : ['1f1b'] as const) {
-        // ZB-H1 defers weight gradients, which ZeRO 2 and 3 reduce per micro-batch: not a candidate.
-        if (schedule === 'zb-h1' && zero >= 2) continue;
         const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
         // Interleaving with 2 chunks per rank (Megatron's usual choice when the layers allow it).
         const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule,
