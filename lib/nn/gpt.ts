@@ -475,6 +475,19 @@ export interface CausalLM extends Module {
   generate(idx: Tensor, maxNewTokens: number, opts?: GenerateOptions): number[][];
 }
 
+
+/**
+ * What a model's constructor takes from its options (the GPT's and nt.nn.Llama's): the generator (the
+ * options' own, else one seeded with `seed`), the layers' device and dtype, the linear factory and the
+ * vocabulary and sequence layouts, with their defaults.
+ */
+export function modelParts(opts: GPTOptions): { generator: Generator; layer: LayerOptions; factory: LinearFactory; vocabLayout: VocabLayout; sequenceLayout: SequenceLayout } {
+  const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+  return {
+    generator, layer: { device: opts.device, dtype: opts.dtype, generator }, factory: opts.linearFactory ?? defaultLinearFactory,
+    vocabLayout: opts.vocabLayout ?? defaultVocabLayout, sequenceLayout: opts.sequenceLayout ?? wholeSequence,
+  };
+}
 /**
  * GPT-2: token and learned position embeddings, a stack of blocks, a final LayerNorm and an LM head tied to the token
  * table; GPT-2/nanoGPT initialization.
@@ -506,12 +519,10 @@ export class GPT extends Module implements CausalLM {
   constructor(config: GPTConfig, opts: GPTOptions = {}) {
     super();
     this.config = checkConfig(opts.recompute === undefined ? config : { ...config, recompute: opts.recompute });
-    const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+    const { generator, layer, factory, vocabLayout, sequenceLayout } = modelParts(opts);
     this.generator = generator;
-    const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
-    const factory = opts.linearFactory ?? defaultLinearFactory;
-    this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
-    this.sequenceLayout = opts.sequenceLayout ?? wholeSequence;
+    this.vocabLayout = vocabLayout;
+    this.sequenceLayout = sequenceLayout;
     this.contextLayout = opts.contextLayout && opts.contextLayout.parts > 1 ? opts.contextLayout : null;
     if (this.contextLayout && (this.config.window || this.config.dropout > 0)) {
       throw new ArgumentError(`GPT: context parallelism (${this.contextLayout.parts} parts) needs plain causal attention and no dropout, but the config has ${this.config.window ? `window ${this.config.window}` : `dropout ${this.config.dropout}`}`);

@@ -14,7 +14,7 @@ import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
-  defaultLinearFactory, defaultVocabLayout, generateTokens, wholeSequence, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
+  generateTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
   type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
@@ -260,12 +260,10 @@ export class Llama extends Module implements CausalLM {
     this.config = opts.recompute === undefined ? checked : { ...checked, recompute: opts.recompute };
     this.#opts = opts;
     const c = this.config;
-    const generator = opts.generator ?? new Generator(opts.seed ?? 0);
+    const { generator, layer, factory, vocabLayout, sequenceLayout } = modelParts(opts);
     this.generator = generator;
-    const layer: LayerOptions = { device: opts.device, dtype: opts.dtype, generator };
-    const factory = opts.linearFactory ?? defaultLinearFactory;
-    this.vocabLayout = opts.vocabLayout ?? defaultVocabLayout;
-    this.sequenceLayout = opts.sequenceLayout ?? wholeSequence;
+    this.vocabLayout = vocabLayout;
+    this.sequenceLayout = sequenceLayout;
     const std = c.initializerRange;
     this.embedTokens = this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
     const mlp = opts.mlp ?? defaultMLP;
