@@ -3,67 +3,23 @@
 // 1/2/3, TP (with SP) and PP, matches the plain single-process run step by step (losses, gradient norms)
 // and in its final parameters; with uneven ignored targets the loss is still the token mean. Bad cp
 // layouts fail on every rank before training.
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
 import { MeshLayout } from '../../lib/parallel/mesh.js';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
 const work = mkdtempSync(join(tmpdir(), 'nt-cp-eq-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-interface RankResult {
-  rank: number;
-  coords: { tp: number; cp: number; pp: number; dp: number };
-  losses: number[];
-  gradNorms: number[];
-  paramChange: number;
-  params: Map<string, Float32Array>;
-  shapes: Map<string, number[]>;
-}
-interface Trained { code: number | null; output: string; ranks: RankResult[] }
+interface RankResult extends BaseRankResult { coords: { tp: number; cp: number; pp: number; dp: number } }
+type Trained = BaseTrained<RankResult>;
 
-const RUN_LIMIT_MS = 240_000;
-const pool = new JobPool();
-
-function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
-  const out = join(work, name);
-  mkdirSync(out);
-  return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath,
-      ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...flags], { cwd: root, limitMs: RUN_LIMIT_MS });
-    const ranks = code !== 0 ? [] : Array.from({ length: nproc }, (_, r) => {
-      const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
-      const bytes = readFileSync(join(out, `params-${r}.f32`));
-      const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-      const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
-      let at = 0;
-      for (const { name: n, shape } of res.params) {
-        const size = shape.reduce((a, b) => a * b, 1);
-        params.set(n, flat.subarray(at, at + size));
-        shapes.set(n, shape);
-        at += size;
-      }
-      return { ...res, params, shapes };
-    });
-    return { code, output, ranks };
-  });
-}
-
-function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  expect(a.length).toBe(b.length);
-  let diff = 0;
-  for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
-  return diff;
-}
-const maxAbs = (a: ArrayLike<number>) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!)); return m; };
-const relDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => maxDiff(a, b) / maxAbs(b);
+const launchRun = equivalenceRunner<RankResult>({ script, work });
 
 /** Tensor-parallel rank r's part of a full parameter (Megatron's split of the GPT, written out independently of the library). */
 function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {

@@ -2,79 +2,23 @@
 // PP (GPipe, 1F1B), TP and their combinations matches the plain single-process run step by step (losses,
 // gradient norms) and in its final parameters, compared per parameter on the ranks that hold it;
 // bad layouts and misuse fail on every rank before training.
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
 const work = mkdtempSync(join(tmpdir(), 'nt-gpt-eq-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-interface RankResult {
-  rank: number;
-  coords: { tp: number; pp: number; dp: number };
-  losses: number[];
-  gradNorms: number[];
-  paramChange: number;
-  /** This rank's parameters by GPT name (a pipeline stage holds some, a tensor-parallel rank a slice of some). */
-  params: Map<string, Float32Array>;
-  shapes: Map<string, number[]>;
+interface RankResult extends BaseRankResult {
   /** ZeRO 1/2: what the gradient reduce-scatters did over the run (null otherwise). */
   reduceStats: (parallel.ReduceStats & { modelBytes: number }) | null;
 }
-interface Trained { code: number | null; output: string; ranks: RankResult[] }
-
-/** Each launcher run's own limit (from its start, not its queueing): far above the few seconds it takes. */
-const RUN_LIMIT_MS = 240_000;
-const pool = new JobPool();
-
-function train(name: string, nproc: number, flags: string[]): Promise<Trained> {
-  const out = join(work, name);
-  return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath,
-      ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...flags], { cwd: root, limitMs: RUN_LIMIT_MS });
-    const ranks = code !== 0 ? [] : Array.from({ length: nproc }, (_, r) => {
-      const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
-      const bytes = readFileSync(join(out, `params-${r}.f32`));
-      const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-      const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
-      let at = 0;
-      for (const { name: n, shape } of res.params) {
-        const size = shape.reduce((a, b) => a * b, 1);
-        params.set(n, flat.subarray(at, at + size));
-        shapes.set(n, shape);
-        at += size;
-      }
-      expect(at).toBe(flat.length);
-      return { ...res, params, shapes };
-    });
-    return { code, output, ranks };
-  });
-}
-
-/** Largest |a - b|. */
-function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  expect(a.length).toBe(b.length);
-  let diff = 0;
-  for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
-  return diff;
-}
-function maxAbs(a: ArrayLike<number>): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
-  return m;
-}
-
-/** Largest |a - b| over the largest |b|: f32 agreement of whole vectors (scale-free, robust to tiny entries). */
-function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  return maxDiff(a, b) / maxAbs(b);
-}
+type Trained = BaseTrained<RankResult>;
 
 /**
  * Tensor-parallel rank r's part of a full parameter, by Megatron's split of the GPT: the fused QKV by
@@ -104,10 +48,7 @@ function tensorParallelSlice(name: string, full: Float32Array, shape: number[], 
 }
 
 // Every launch is queued at once, each into its own output folder; the pool runs a few at a time.
-function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
-  mkdirSync(join(work, name));
-  return train(name, nproc, flags);
-}
+const launchRun = equivalenceRunner<RankResult>({ script, work });
 const single = launchRun('single', 1, ['--reference']);
 // Interleaved layouts need pp × virtual stages <= layers: a 4-layer model and its own reference.
 const single4 = launchRun('single4', 1, ['--reference', '--layers', '4']);

@@ -4,70 +4,18 @@
 // single-process run step by step (losses, gradient norms) and in its final parameters, compared per
 // parameter on the ranks that hold it. The fixture is the GPT's (test/fixtures/parallel/gpt-train.ts
 // with --model llama).
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { type Trained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
 const work = mkdtempSync(join(tmpdir(), 'nt-llama-eq-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-interface RankResult {
-  rank: number;
-  coords: { tp: number; pp: number; dp: number };
-  losses: number[];
-  gradNorms: number[];
-  paramChange: number;
-  params: Map<string, Float32Array>;
-  shapes: Map<string, number[]>;
-}
-interface Trained { code: number | null; output: string; ranks: RankResult[] }
-
-const RUN_LIMIT_MS = 240_000;
-const pool = new JobPool();
-
-function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
-  const out = join(work, name);
-  mkdirSync(out);
-  return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath,
-      ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--model', 'llama', '--out', out, ...flags], { cwd: root, limitMs: RUN_LIMIT_MS });
-    const ranks = code !== 0 ? [] : Array.from({ length: nproc }, (_, r) => {
-      const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params' | 'shapes'> & { params: { name: string; shape: number[] }[] };
-      const bytes = readFileSync(join(out, `params-${r}.f32`));
-      const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-      const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
-      let at = 0;
-      for (const { name: n, shape } of res.params) {
-        const size = shape.reduce((a, b) => a * b, 1);
-        params.set(n, flat.subarray(at, at + size));
-        shapes.set(n, shape);
-        at += size;
-      }
-      expect(at).toBe(flat.length);
-      return { ...res, params, shapes };
-    });
-    return { code, output, ranks };
-  });
-}
-
-function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  expect(a.length).toBe(b.length);
-  let diff = 0;
-  for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
-  return diff;
-}
-function maxAbs(a: ArrayLike<number>): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
-  return m;
-}
-const relDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => maxDiff(a, b) / maxAbs(b);
+const launchRun = equivalenceRunner({ script, work, leadingArgs: ['--model', 'llama'] });
 
 const HEAD_DIM = 8;
 /**

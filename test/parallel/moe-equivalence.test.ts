@@ -4,67 +4,22 @@
 // batches, recomputation), a shared expert and a capacity factor, matches the single process step by
 // step (losses, gradient norms, the router's tokens per expert) and in its final parameters, compared
 // per parameter on the ranks that hold it (experts by their global index); bad layouts fail on every rank.
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
 const script = join(root, 'test', 'fixtures', 'parallel', 'moe-train.ts');
 const work = mkdtempSync(join(tmpdir(), 'nt-moe-eq-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-interface RankResult {
-  rank: number;
-  coords: { tp: number; pp: number; dp: number };
-  losses: number[];
-  gradNorms: number[];
-  tokensPerExpert: number[][];
-  paramChange: number;
-  params: Map<string, Float32Array>;
-  shapes: Map<string, number[]>;
-}
-interface Trained { code: number | null; output: string; ranks: RankResult[] }
+interface RankResult extends BaseRankResult { tokensPerExpert: number[][] }
+type Trained = BaseTrained<RankResult>;
 
-const RUN_LIMIT_MS = 240_000;
-const pool = new JobPool();
-
-function launchRun(name: string, nproc: number, flags: string[]): Promise<Trained> {
-  const out = join(work, name);
-  mkdirSync(out);
-  return pool.run(async () => {
-    const args = nproc === 0 ? [script, '--out', out, ...flags] : [launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...flags];
-    const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', ...args], { cwd: root, limitMs: RUN_LIMIT_MS });
-    const ranks = code !== 0 ? [] : Array.from({ length: Math.max(1, nproc) }, (_, r) => {
-      const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<RankResult, 'params'> & { params: { name: string; shape: number[] }[] };
-      const bytes = readFileSync(join(out, `params-${r}.f32`));
-      const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-      const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
-      let at = 0;
-      for (const { name: n, shape } of res.params) {
-        const size = shape.reduce((a, b) => a * b, 1);
-        params.set(n, flat.subarray(at, at + size));
-        shapes.set(n, shape);
-        at += size;
-      }
-      expect(at).toBe(flat.length);
-      return { ...res, params, shapes };
-    });
-    return { code, output, ranks };
-  });
-}
-
-function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  expect(a.length).toBe(b.length);
-  let d = 0;
-  for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
-  return d;
-}
-const maxAbs = (a: ArrayLike<number>) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!)); return m; };
-const relDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => maxDiff(a, b) / maxAbs(b);
+// nproc 0: the reference runs as a plain process, without the launcher.
+const launchRun = equivalenceRunner<RankResult>({ script, work });
 
 /** Tensor-parallel rank r's part of a full parameter (Megatron's split; everything outside attention and the vocabulary whole). */
 function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {

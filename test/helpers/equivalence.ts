@@ -1,0 +1,87 @@
+// Shared pieces of the multi-process equivalence tests (test/parallel/*-equivalence.test.ts): a
+// fixture run through the real launcher, queued on a JobPool, whose ranks' result-<r>.json and
+// params-<r>.f32 are read back into maps by parameter name; and the f32 comparison helpers.
+import { mkdirSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'vitest';
+import { JobPool, runProcess } from './jobs.js';
+
+export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
+
+/** What every rank of an equivalence fixture writes; tests extend it with their fixture's own fields. */
+export interface RankResult {
+  rank: number;
+  coords: { tp: number; pp: number; dp: number };
+  losses: number[];
+  gradNorms: number[];
+  paramChange: number;
+  /** This rank's parameters by name (a pipeline stage holds some, a tensor-parallel rank a slice of some). */
+  params: Map<string, Float32Array>;
+  shapes: Map<string, number[]>;
+}
+export interface Trained<R extends RankResult = RankResult> { code: number | null; output: string; ranks: R[] }
+
+/** Each launcher run's own limit (from its start, not its queueing): far above the few seconds it takes. */
+export const RUN_LIMIT_MS = 240_000;
+
+/**
+ * `launchRun(name, nproc, flags)` for one fixture: makes `<work>/<name>` at once, then (queued on its
+ * own JobPool) runs `launcher --nproc-per-node <nproc> <script> <leadingArgs> --out <work>/<name>
+ * <flags>` and reads back each rank's results. nproc 0 runs the script alone, without the launcher,
+ * as one process (rank 0). A failed run has no ranks.
+ */
+export function equivalenceRunner<R extends RankResult = RankResult>(opts: { script: string; work: string; leadingArgs?: string[] }):
+  (name: string, nproc: number, flags: string[]) => Promise<Trained<R>> {
+  const { script, work, leadingArgs = [] } = opts;
+  const pool = new JobPool();
+  return (name, nproc, flags) => {
+    const out = join(work, name);
+    mkdirSync(out);
+    return pool.run(async () => {
+      const fixture = [script, ...leadingArgs, '--out', out, ...flags];
+      const args = nproc === 0 ? fixture : [launcher, '--nproc-per-node', String(nproc), ...fixture];
+      const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', ...args], { cwd: root, limitMs: RUN_LIMIT_MS });
+      const ranks = code !== 0 ? [] : Array.from({ length: Math.max(1, nproc) }, (_, r) => readRank<R>(out, r));
+      return { code, output, ranks };
+    });
+  };
+}
+
+/** Rank r's result-<r>.json with its params-<r>.f32 split into parameters by the listed names and shapes. */
+function readRank<R extends RankResult>(out: string, r: number): R {
+  const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<R, 'params' | 'shapes'> & { params: { name: string; shape: number[] }[] };
+  const bytes = readFileSync(join(out, `params-${r}.f32`));
+  const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  const params = new Map<string, Float32Array>(), shapes = new Map<string, number[]>();
+  let at = 0;
+  for (const { name, shape } of res.params) {
+    const size = shape.reduce((a, b) => a * b, 1);
+    params.set(name, flat.subarray(at, at + size));
+    shapes.set(name, shape);
+    at += size;
+  }
+  expect(at).toBe(flat.length);
+  return { ...res, params, shapes } as unknown as R;
+}
+
+/** Largest |a - b|. */
+export function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  expect(a.length).toBe(b.length);
+  let diff = 0;
+  for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
+  return diff;
+}
+
+/** Largest |a|. */
+export function maxAbs(a: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]!));
+  return m;
+}
+
+/** Largest |a - b| over the largest |b|: f32 agreement of whole vectors (scale-free, robust to tiny entries). */
+export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  return maxDiff(a, b) / maxAbs(b);
+}
