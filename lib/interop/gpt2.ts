@@ -2,7 +2,7 @@
 // (the one model both formats describe), the names and shapes of its parameters for a config, host-side
 // transposes of raw bytes, and files written under a temporary name and renamed into place. Moves of
 // bytes between parameters and files (dtype casts on the parameter's device) are lib/io/tensor-bytes.ts.
-import { openSync, readSync, renameSync, rmSync } from 'node:fs';
+import { closeSync, fsyncSync, openSync, readSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import type { Parameter } from '../nn/module.js';
@@ -97,6 +97,19 @@ export function writeAtomically(path: string, write: (tmp: string) => void): voi
     rmSync(tmp, { force: true });
     throw e;
   }
+}
+
+/** Writes `value` as indented JSON (and a final newline) to `path` through writeAtomically, fsynced before the rename (config.json, a shard index). */
+export function writeJSONAtomically(path: string, value: unknown): void {
+  writeAtomically(path, (tmp) => {
+    const fd = openSync(tmp, 'w');
+    try {
+      writeSync(fd, JSON.stringify(value, null, 2) + '\n');
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+  });
 }
 
 /** Reads exactly into.length bytes at `position` of an open file; a StateError names the file when it ends first. */

@@ -9,7 +9,7 @@
 // convert_llama_weights_to_hf.py permutes Meta's q/k rows from interleaved pairs to halves), which is
 // the layout nodetron's rope computes, so q_proj and k_proj are read and written as they are. Meta's
 // original consolidated.*.pth files (interleaved pairs) are not read: convert them with transformers first.
-import { fsyncSync, mkdirSync, openSync, closeSync, writeSync, existsSync } from 'node:fs';
+import { mkdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
@@ -17,8 +17,8 @@ import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, type SafetensorsTensor, wri
 import { Llama, llamaConfig, type CheckedLlamaConfig } from '../nn/llama.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
-import { writeAtomically } from './gpt2.js';
-import { HFCheckpoint, readHFJSON, type HFDType, type ImportHFOptions } from './hf.js';
+import { writeAtomically, writeJSONAtomically } from './gpt2.js';
+import { HFCheckpoint, readHFJSON, tensorSetProblems, type HFDType, type ImportHFOptions } from './hf.js';
 
 const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };
 const isHFDType = (d: unknown): d is HFDType => typeof d === 'string' && Object.hasOwn(TORCH_DTYPE, d);
@@ -102,18 +102,6 @@ export function llamaHFConfig(config: CheckedLlamaConfig, dtype: HFDType = 'f32'
   };
 }
 
-function writeJSON(path: string, value: unknown): void {
-  writeAtomically(path, (tmp) => {
-    const fd = openSync(tmp, 'w');
-    try {
-      writeSync(fd, JSON.stringify(value, null, 2) + '\n');
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
-    }
-  });
-}
-
 /**
  * Writes `dir`/config.json and the weights (model.safetensors, or shards with
  * model.safetensors.index.json under opts.maxShardBytes) so that LlamaForCausalLM.from_pretrained(dir)
@@ -156,9 +144,9 @@ export function exportLlamaHF(model: Llama, dir: string, opts: ExportLlamaHFOpti
       for (const t of shard) weightMap[t.name] = file;
     });
     const total = tensors.reduce((s, t) => s + t.data.byteLength, 0);
-    writeJSON(join(dir, 'model.safetensors.index.json'), { metadata: { total_size: total }, weight_map: weightMap });
+    writeJSONAtomically(join(dir, 'model.safetensors.index.json'), { metadata: { total_size: total }, weight_map: weightMap });
   }
-  writeJSON(join(dir, 'config.json'), llamaHFConfig(model.config, dtype));
+  writeJSONAtomically(join(dir, 'config.json'), llamaHFConfig(model.config, dtype));
 }
 
 /** The Llama config of a LlamaForCausalLM config.json (read from `where`, for messages); StateError for what nt.nn.Llama does not compute. */
@@ -214,12 +202,8 @@ export function importLlamaHF(dir: string, opts: Omit<ImportHFOptions, 'dropout'
     if (config.tieWordEmbeddings) known.add('lm_head.weight');
     const unexpected = [...ckpt.where.keys()].filter((n) => !known.has(n) && !/rotary_emb\.inv_freq$/.test(n));
     const missing = expected.filter((p) => !ckpt.where.has(p.hf)).map((p) => p.hf);
-    if (missing.length > 0 || unexpected.length > 0) {
-      const parts = [];
-      if (missing.length > 0) parts.push(`missing tensors: ${missing.join(', ')}`);
-      if (unexpected.length > 0) parts.push(`unexpected tensors: ${unexpected.join(', ')}`);
-      throw new StateError(`importLlamaHF: ${dir} does not hold the Llama its config.json describes (num_hidden_layers ${config.numHiddenLayers}, tie_word_embeddings ${config.tieWordEmbeddings}); ${parts.join('; ')}`);
-    }
+    const problems = tensorSetProblems(missing, unexpected);
+    if (problems) throw new StateError(`importLlamaHF: ${dir} does not hold the Llama its config.json describes (num_hidden_layers ${config.numHiddenLayers}, tie_word_embeddings ${config.tieWordEmbeddings}); ${problems}`);
     const misshaped: string[] = [];
     for (const p of expected) {
       const e = ckpt.where.get(p.hf)!.entry(p.hf);

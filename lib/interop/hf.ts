@@ -6,7 +6,7 @@
 // written by exportHF or save_pretrained, or the Hub's own gpt2 checkpoints (names without the
 // `transformer.` prefix, attention-mask buffers, a separate lm_head.weight equal to the token table,
 // a sharded model.safetensors.index.json), in f32, bf16 or f16.
-import { existsSync, fsyncSync, mkdirSync, openSync, closeSync, readFileSync, writeSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
@@ -15,7 +15,7 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { Llama } from '../nn/llama.js';
 import { exportLlamaHF, type ExportLlamaHFOptions } from './hf-llama.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically } from './gpt2.js';
+import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically, writeJSONAtomically } from './gpt2.js';
 import { bytesOf, loadBytes, valuesOf } from '../io/tensor-bytes.js';
 
 /** The dtypes a Hugging Face export can hold. */
@@ -133,15 +133,7 @@ export function exportHF(model: GPT | Llama, dir: string, opts: ExportHFOptions 
   }
   mkdirSync(dir, { recursive: true });
   writeAtomically(join(dir, 'model.safetensors'), (tmp) => writeSafetensors(tmp, tensors, { format: 'pt' }));
-  writeAtomically(join(dir, 'config.json'), (tmp) => {
-    const fd = openSync(tmp, 'w');
-    try {
-      writeSync(fd, JSON.stringify(hfConfig(model.config, dtype), null, 2) + '\n');
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
-    }
-  });
+  writeJSONAtomically(join(dir, 'config.json'), hfConfig(model.config, dtype));
 }
 
 /** The nodetron GPT config of a GPT-2 config.json (read from `where`, for messages); StateError for anything nodetron's GPT cannot hold. */
@@ -260,12 +252,8 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
     const known = new Set([...expected.map((p) => p.hf), 'lm_head.weight']);
     for (const [name, stored] of byName) if (!known.has(name)) unexpected.push(stored);
     const missing = expected.filter((p) => !byName.has(p.hf)).map((p) => PREFIX + p.hf);
-    if (missing.length > 0 || unexpected.length > 0) {
-      const parts = [];
-      if (missing.length > 0) parts.push(`missing tensors: ${missing.join(', ')}`);
-      if (unexpected.length > 0) parts.push(`unexpected tensors: ${unexpected.join(', ')}`);
-      throw new StateError(`importHF: ${dir} does not hold the GPT-2 its config.json describes (n_layer ${config.nLayer}); ${parts.join('; ')}`);
-    }
+    const problems = tensorSetProblems(missing, unexpected);
+    if (problems) throw new StateError(`importHF: ${dir} does not hold the GPT-2 its config.json describes (n_layer ${config.nLayer}); ${problems}`);
     const entry = (name: string) => {
       const stored = byName.get(name)!;
       const e = ckpt.where.get(stored)!.entry(stored);
@@ -306,6 +294,14 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
   } finally {
     ckpt.close();
   }
+}
+
+/** "missing tensors: …; unexpected tensors: …" for an import's error, naming what is there: null when nothing is missing or unexpected. */
+export function tensorSetProblems(missing: readonly string[], unexpected: readonly string[]): string | null {
+  const parts: string[] = [];
+  if (missing.length > 0) parts.push(`missing tensors: ${missing.join(', ')}`);
+  if (unexpected.length > 0) parts.push(`unexpected tensors: ${unexpected.join(', ')}`);
+  return parts.length > 0 ? parts.join('; ') : null;
 }
 
 /** An untied head cannot be held by nodetron's GPT: lm_head.weight must equal the token table element for element. */
