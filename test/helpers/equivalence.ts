@@ -1,6 +1,6 @@
 // Shared pieces of the multi-process equivalence tests (test/parallel/*-equivalence.test.ts): a
 // fixture run through the real launcher, queued on a JobPool, whose ranks' result-<r>.json and
-// params-<r>.f32 are read back into maps by parameter name; and the f32 comparison helpers.
+// params-<r>.f32 are read back into maps by parameter name; the f32 comparison helpers and the GPT's tensor-parallel slice of a full parameter.
 import { mkdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -84,4 +84,31 @@ export function maxAbs(a: ArrayLike<number>): number {
 /** Largest |a - b| over the largest |b|: f32 agreement of whole vectors (scale-free, robust to tiny entries). */
 export function relDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return maxDiff(a, b) / maxAbs(b);
+}
+
+/**
+ * Tensor-parallel rank r's part of a full parameter, by Megatron's split of the GPT: the fused QKV by
+ * output rows within each of q, k and v; the MLP's first layer and the vocabulary table by output
+ * rows; both output projections by input columns; everything else (LayerNorms, positions,
+ * row-parallel biases) whole. Written out in the tests, independently of the library's layers.
+ */
+export function gptTensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {
+  if (tp === 1) return full;
+  const rowsOf = (runs: [number, number][]) => {
+    const cols = shape.length === 2 ? shape[1]! : 1;
+    return Float32Array.from(runs.flatMap(([start, count]) => Array.from(full.subarray(start * cols, (start + count) * cols))));
+  };
+  if (/attn\.qkv\.(weight|bias)$/.test(name)) {
+    const block = shape[0]! / 3, local = block / tp;
+    return rowsOf([0, 1, 2].map((b) => [b * block + r * local, local]));
+  }
+  if (/mlp\.fc\.(weight|bias)$/.test(name) || name === 'wte.weight') {
+    const local = shape[0]! / tp;
+    return rowsOf([[r * local, local]]);
+  }
+  if (/(attn|mlp)\.proj\.weight$/.test(name)) {
+    const [rows, cols] = shape as [number, number], local = cols / tp;
+    return Float32Array.from({ length: rows * local }, (_, i) => full[Math.floor(i / local) * cols + r * local + (i % local)]!);
+  }
+  return full;
 }

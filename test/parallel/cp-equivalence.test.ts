@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
 import { MeshLayout } from '../../lib/parallel/mesh.js';
-import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, gptTensorParallelSlice, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
 import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
@@ -21,24 +21,6 @@ type Trained = BaseTrained<RankResult>;
 
 const launchRun = equivalenceRunner<RankResult>({ script, work });
 
-/** Tensor-parallel rank r's part of a full parameter (Megatron's split of the GPT, written out independently of the library). */
-function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {
-  if (tp === 1) return full;
-  const rowsOf = (runs: [number, number][]) => {
-    const cols = shape.length === 2 ? shape[1]! : 1;
-    return Float32Array.from(runs.flatMap(([start, count]) => Array.from(full.subarray(start * cols, (start + count) * cols))));
-  };
-  if (/attn\.qkv\.(weight|bias)$/.test(name)) {
-    const block = shape[0]! / 3, local = block / tp;
-    return rowsOf([0, 1, 2].map((b) => [b * block + r * local, local]));
-  }
-  if (/mlp\.fc\.(weight|bias)$/.test(name) || name === 'wte.weight') return rowsOf([[r * (shape[0]! / tp), shape[0]! / tp]]);
-  if (/(attn|mlp)\.proj\.weight$/.test(name)) {
-    const [rows, cols] = shape as [number, number], local = cols / tp;
-    return Float32Array.from({ length: rows * local }, (_, i) => full[Math.floor(i / local) * cols + r * local + (i % local)]!);
-  }
-  return full;
-}
 
 const single = launchRun('single', 1, ['--reference']);
 const singleIgnored = launchRun('single-ignored', 1, ['--reference', '--ignore-targets']);
@@ -72,7 +54,7 @@ describe('context-parallel GPT equivalence (launcher + Gloo)', () => {
       expect(relDiff(r.losses, expected.losses), `losses on rank ${r.rank}`).toBeLessThan(TOLERANCE);
       expect(relDiff(r.gradNorms, expected.gradNorms), `grad norms on rank ${r.rank}`).toBeLessThan(TOLERANCE);
       for (const [n, values] of r.params) {
-        const slice = tensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, r.coords.tp);
+        const slice = gptTensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, r.coords.tp);
         held.add(slice.length < expected.params.get(n)!.length ? `${n} [tp ${r.coords.tp}]` : n);
         expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(PARAM_TOLERANCE);
         // Context-parallel ranks hold identical copies, bit for bit.

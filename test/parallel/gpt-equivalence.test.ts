@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
-import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, gptTensorParallelSlice, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
 import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
@@ -20,32 +20,6 @@ interface RankResult extends BaseRankResult {
 }
 type Trained = BaseTrained<RankResult>;
 
-/**
- * Tensor-parallel rank r's part of a full parameter, by Megatron's split of the GPT: the fused QKV by
- * output rows within each of q, k and v; the MLP's first layer and the vocabulary table by output
- * rows; both output projections by input columns; everything else (LayerNorms, positions,
- * row-parallel biases) whole. Written out here, independently of the library's layers.
- */
-function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {
-  if (tp === 1) return full;
-  const rowsOf = (runs: [number, number][]) => {
-    const cols = shape.length === 2 ? shape[1]! : 1;
-    return Float32Array.from(runs.flatMap(([start, count]) => Array.from(full.subarray(start * cols, (start + count) * cols))));
-  };
-  if (/attn\.qkv\.(weight|bias)$/.test(name)) {
-    const block = shape[0]! / 3, local = block / tp;
-    return rowsOf([0, 1, 2].map((b) => [b * block + r * local, local]));
-  }
-  if (/mlp\.fc\.(weight|bias)$/.test(name) || name === 'wte.weight') {
-    const local = shape[0]! / tp;
-    return rowsOf([[r * local, local]]);
-  }
-  if (/(attn|mlp)\.proj\.weight$/.test(name)) {
-    const [rows, cols] = shape as [number, number], local = cols / tp;
-    return Float32Array.from({ length: rows * local }, (_, i) => full[Math.floor(i / local) * cols + r * local + (i % local)]!);
-  }
-  return full;
-}
 
 // Every launch is queued at once, each into its own output folder; the pool runs a few at a time.
 const launchRun = equivalenceRunner<RankResult>({ script, work });
@@ -133,7 +107,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
       for (const [n, values] of r.params) {
         const want = expected.params.get(n);
         expect(want, `${n} on rank ${r.rank}`).toBeDefined();
-        const slice = tensorParallelSlice(n, want!, expected.shapes.get(n)!, tp, r.coords.tp);
+        const slice = gptTensorParallelSlice(n, want!, expected.shapes.get(n)!, tp, r.coords.tp);
         const isSlice = slice.length < want!.length;
         held.add(isSlice ? `${n} [tp ${r.coords.tp}]` : n);
         expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(PARAM_TOLERANCE);
@@ -146,7 +120,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
       }
     }
     // Every parameter of the model (every slice of a split one) is held and trained by some rank.
-    const slices = (n: string) => tensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, 0).length < expected.params.get(n)!.length;
+    const slices = (n: string) => gptTensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, 0).length < expected.params.get(n)!.length;
     const wanted = [...expected.params.keys()].flatMap((n) => (slices(n) ? Array.from({ length: tp }, (_, t) => `${n} [tp ${t}]`) : [n]));
     expect([...held].sort()).toEqual(wanted.sort());
     // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.

@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, gptTensorParallelSlice, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
 import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const script = join(root, 'test', 'fixtures', 'parallel', 'moe-train.ts');
@@ -21,16 +21,6 @@ type Trained = BaseTrained<RankResult>;
 // nproc 0: the reference runs as a plain process, without the launcher.
 const launchRun = equivalenceRunner<RankResult>({ script, work });
 
-/** Tensor-parallel rank r's part of a full parameter (Megatron's split; everything outside attention and the vocabulary whole). */
-function tensorParallelSlice(name: string, full: Float32Array, shape: number[], tp: number, r: number): Float32Array {
-  if (tp === 1) return full;
-  const cols = shape.length === 2 ? shape[1]! : 1;
-  const rowsOf = (runs: [number, number][]) => Float32Array.from(runs.flatMap(([start, count]) => Array.from(full.subarray(start * cols, (start + count) * cols))));
-  if (/attn\.qkv\.(weight|bias)$/.test(name)) { const block = shape[0]! / 3, local = block / tp; return rowsOf([0, 1, 2].map((b) => [b * block + r * local, local])); }
-  if (name === 'wte.weight') { const local = shape[0]! / tp; return rowsOf([[r * local, local]]); }
-  if (/attn\.proj\.weight$/.test(name)) { const local = cols / tp; return Float32Array.from({ length: shape[0]! * local }, (_, i) => full[Math.floor(i / local) * cols + r * local + (i % local)]!); }
-  return full;
-}
 
 const refs = {
   plain: launchRun('ref', 0, ['--reference']),
@@ -89,7 +79,7 @@ describe('MoE equivalence (launcher + Gloo)', () => {
       for (const [n, values] of r.params) {
         const full = expected.params.get(n);
         expect(full, `${n} on rank ${r.rank}`).toBeDefined();
-        const want = tensorParallelSlice(n, full!, expected.shapes.get(n)!, tp, r.coords.tp);
+        const want = gptTensorParallelSlice(n, full!, expected.shapes.get(n)!, tp, r.coords.tp);
         held.add(want.length < full!.length ? `${n} [tp ${r.coords.tp}]` : n);
         expect(maxDiff(values, want) / scale, `${n} on rank ${r.rank}`).toBeLessThan(PARAM_TOLERANCE);
       }
