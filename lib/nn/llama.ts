@@ -5,8 +5,10 @@
 // projection (tensor parallelism substitutes its split layers, with the key/value heads split or
 // replicated), a VocabLayout for the table, the head and the loss, a SequenceLayout for the norms and
 // residuals; it is a CausalLM, so pipeline stages, the parallel trainer and nt.train.setup take it as
-// they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp), as Mixtral's block swaps in
-// its mixture of experts.
+// they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp); with numLocalExperts > 0 the
+// config makes Mixtral or Qwen2-MoE: nt.nn.MoE (router, SwiGLU experts, Qwen2-MoE's sigmoid-gated
+// shared expert) in the MLP slot of the blocks isLlamaMoEBlock names, its auxiliary losses reaching the
+// training loss as the GPT's do, its experts split by expert parallelism (GPTOptions.moeParallel).
 import { recompute } from '../autograd/index.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { add, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
@@ -19,6 +21,7 @@ import {
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { addMoEStats, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 
 /**
  * A Llama's shape, as Hugging Face's LlamaConfig names it (camelCase here; {@link llamaConfig} also
@@ -49,6 +52,29 @@ export interface LlamaConfig {
   initializerRange?: number;
   /** Recompute each block's activations in backward instead of storing them. */
   recompute?: boolean;
+  /** Biases on the q, k and v projections (Qwen2-MoE's qkv_bias; default false). */
+  qkvBias?: boolean;
+  // --- mixture of experts (Mixtral's MixtralConfig, Qwen2-MoE's Qwen2MoeConfig); numLocalExperts 0: every block dense.
+  /** Routed experts per MoE block (num_local_experts, or Qwen2-MoE's num_experts; default 0: no MoE). */
+  numLocalExperts?: number;
+  /** Experts per token (num_experts_per_tok, default 2; at most numLocalExperts). */
+  numExpertsPerTok?: number;
+  /** Hidden units of each expert's SwiGLU (moe_intermediate_size; default intermediateSize, as Mixtral's experts). */
+  moeIntermediateSize?: number;
+  /** Hidden units of the shared expert every token goes through, gated per token by a sigmoid (shared_expert_intermediate_size; default 0: none). */
+  sharedExpertIntermediateSize?: number;
+  /** Every n-th block (blocks n-1, 2n-1, ...) holds the MoE, the others the dense MLP (decoder_sparse_step, default 1). */
+  decoderSparseStep?: number;
+  /** Blocks that keep the dense MLP whatever decoderSparseStep says (mlp_only_layers, default []). */
+  mlpOnlyLayers?: number[];
+  /** Renormalize the k chosen router probabilities to sum to 1 (norm_topk_prob; default true as Mixtral; Qwen2-MoE's default is false). */
+  normTopkProb?: boolean;
+  /** Coefficient of the Switch load-balancing loss of each MoE block, added to the training loss (router_aux_loss_coef, default 0.001). */
+  routerAuxLossCoef?: number;
+  /** Coefficient of the router z-loss of each MoE block (nodetron's; default 0, as neither Hugging Face model has one). */
+  routerZLossCoef?: number;
+  /** Multiplicative jitter on the router's input in training (router_jitter_noise): only 0 is computed. */
+  routerJitterNoise?: number;
 }
 
 /** A checked LlamaConfig: every optional field filled. */
@@ -58,8 +84,11 @@ const SNAKE: Record<string, keyof LlamaConfig> = {
   vocab_size: 'vocabSize', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_hidden_layers: 'numHiddenLayers',
   num_attention_heads: 'numAttentionHeads', num_key_value_heads: 'numKeyValueHeads', rope_theta: 'ropeTheta', rms_norm_eps: 'rmsNormEps',
   tie_word_embeddings: 'tieWordEmbeddings', max_position_embeddings: 'maxPositionEmbeddings', initializer_range: 'initializerRange',
+  qkv_bias: 'qkvBias', num_local_experts: 'numLocalExperts', num_experts: 'numLocalExperts', num_experts_per_tok: 'numExpertsPerTok',
+  moe_intermediate_size: 'moeIntermediateSize', shared_expert_intermediate_size: 'sharedExpertIntermediateSize', decoder_sparse_step: 'decoderSparseStep',
+  mlp_only_layers: 'mlpOnlyLayers', norm_topk_prob: 'normTopkProb', router_aux_loss_coef: 'routerAuxLossCoef', router_jitter_noise: 'routerJitterNoise',
 };
-const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute']);
+const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute', 'routerZLossCoef']);
 
 /**
  * Checks a Llama config given in camelCase or Hugging Face's snake_case (a config.json's fields; keys
@@ -99,14 +128,55 @@ export function llamaConfig(input: LlamaConfig | Record<string, unknown>): Check
     if (typeof v !== 'boolean') { problems.push(`${k} must be a boolean, got ${String(v)}`); return false; }
     return v;
   };
-  const tieWordEmbeddings = bool('tieWordEmbeddings'), recomputeBlocks = bool('recompute');
+  const tieWordEmbeddings = bool('tieWordEmbeddings'), recomputeBlocks = bool('recompute'), qkvBias = bool('qkvBias');
+  // Mixture of experts.
+  const count = (k: keyof LlamaConfig, fallback: number, min: number): number => {
+    const v = c[k] ?? fallback;
+    if (!Number.isInteger(v) || (v as number) < min) { problems.push(`${k} must be an integer >= ${min}, got ${String(v)}`); return fallback; }
+    return v as number;
+  };
+  const coef = (k: keyof LlamaConfig, fallback: number): number => {
+    const v = c[k] ?? fallback;
+    if (typeof v !== 'number' || !(v >= 0) || !Number.isFinite(v)) { problems.push(`${k} must be a finite number >= 0, got ${String(v)}`); return fallback; }
+    return v;
+  };
+  const numLocalExperts = count('numLocalExperts', 0, 0), numExpertsPerTok = count('numExpertsPerTok', Math.min(2, Math.max(1, numLocalExperts)), 1);
+  const moeIntermediateSize = count('moeIntermediateSize', intermediateSize, 1), sharedExpertIntermediateSize = count('sharedExpertIntermediateSize', 0, 0);
+  const decoderSparseStep = count('decoderSparseStep', 1, 1);
+  const routerAuxLossCoef = coef('routerAuxLossCoef', 0.001), routerZLossCoef = coef('routerZLossCoef', 0), routerJitterNoise = coef('routerJitterNoise', 0);
+  const normTopkProb = c.normTopkProb === undefined ? true : bool('normTopkProb');
+  const only = c.mlpOnlyLayers ?? [];
+  let mlpOnlyLayers: number[] = [];
+  if (!Array.isArray(only) || !only.every((i) => Number.isInteger(i) && i >= 0 && i < numHiddenLayers)) {
+    problems.push(`mlpOnlyLayers must be an array of block indices 0..${numHiddenLayers - 1}, got ${JSON.stringify(only)}`);
+  } else mlpOnlyLayers = [...new Set(only as number[])].sort((a, b) => a - b);
+  if (numLocalExperts > 0 && numExpertsPerTok > numLocalExperts) problems.push(`numExpertsPerTok (${numExpertsPerTok}) must not exceed numLocalExperts (${numLocalExperts})`);
+  if (routerJitterNoise !== 0) problems.push(`routerJitterNoise ${routerJitterNoise} is not computed (only 0: no router jitter)`);
+  if (numLocalExperts > 0 && decoderSparseStep > numHiddenLayers) problems.push(`decoderSparseStep (${decoderSparseStep}) exceeds numHiddenLayers (${numHiddenLayers}), so no block would hold the experts`);
   if (numAttentionHeads % numKeyValueHeads !== 0) problems.push(`numKeyValueHeads (${numKeyValueHeads}) must divide numAttentionHeads (${numAttentionHeads})`);
   if (hiddenSize % numAttentionHeads !== 0) problems.push(`numAttentionHeads (${numAttentionHeads}) must divide hiddenSize (${hiddenSize})`);
   else if ((hiddenSize / numAttentionHeads) % 2 !== 0) problems.push(`the head dim hiddenSize / numAttentionHeads = ${hiddenSize / numAttentionHeads} must be even (rotary embeddings rotate pairs)`);
   if (problems.length) throw new ArgumentError(`LlamaConfig: ${problems.join('; ')}`);
   return {
     vocabSize, hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, ropeTheta, rmsNormEps, tieWordEmbeddings,
-    maxPositionEmbeddings, initializerRange, recompute: recomputeBlocks,
+    maxPositionEmbeddings, initializerRange, recompute: recomputeBlocks, qkvBias, numLocalExperts, numExpertsPerTok, moeIntermediateSize,
+    sharedExpertIntermediateSize, decoderSparseStep, mlpOnlyLayers, normTopkProb, routerAuxLossCoef, routerZLossCoef, routerJitterNoise,
+  };
+}
+
+/** Whether block `index` of a Llama of this config holds a mixture of experts (Qwen2-MoE's rule: experts, not in mlpOnlyLayers, (index + 1) % decoderSparseStep == 0). */
+export function isLlamaMoEBlock(config: CheckedLlamaConfig, index: number): boolean {
+  return config.numLocalExperts > 0 && !config.mlpOnlyLayers.includes(index) && (index + 1) % config.decoderSparseStep === 0;
+}
+
+/** The nt.nn.MoE config of a Llama's MoE blocks (null without experts). */
+export function llamaMoEConfig(config: CheckedLlamaConfig): MoEConfig | null {
+  if (config.numLocalExperts === 0) return null;
+  const shared = config.sharedExpertIntermediateSize;
+  return {
+    experts: config.numLocalExperts, topK: config.numExpertsPerTok, hidden: config.moeIntermediateSize, normalizeTopK: config.normTopkProb,
+    auxLossCoef: config.routerAuxLossCoef, zLossCoef: config.routerZLossCoef,
+    ...(shared > 0 ? { sharedExperts: 1, sharedHidden: shared, sharedGate: true } : {}),
   };
 }
 
@@ -150,9 +220,10 @@ export class LlamaAttention extends Module {
     this.#theta = config.ropeTheta;
     const attention: AttentionHeads = { heads: H, kvHeads: KV, headDim: D };
     const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config), attention };
-    this.qProj = factory(c, H * D, { ...opts, role: 'attn.q' });
-    this.kProj = factory(c, KV * D, { ...opts, role: 'attn.k' });
-    this.vProj = factory(c, KV * D, { ...opts, role: 'attn.v' });
+    const qkv = { ...opts, bias: config.qkvBias };
+    this.qProj = factory(c, H * D, { ...qkv, role: 'attn.q' });
+    this.kProj = factory(c, KV * D, { ...qkv, role: 'attn.k' });
+    this.vProj = factory(c, KV * D, { ...qkv, role: 'attn.v' });
     this.oProj = factory(H * D, c, { ...opts, role: 'attn.o' });
   }
   /**
@@ -223,7 +294,16 @@ export class LlamaBlock extends Module {
   }
 }
 
-const defaultMLP: LlamaMLPFactory = (config, { layer, factory }) => new LlamaMLP(config, layer, factory);
+/** The dense SwiGLU MLP, or in the blocks isLlamaMoEBlock names a mixture of experts (the GPT's nt.nn.MoE: router, SwiGLU experts, the gated shared expert). */
+function defaultMLP(moeParallel: GPTOptions['moeParallel']): LlamaMLPFactory {
+  let parallel: MoEParallel | undefined;
+  return (config, { layer, factory, index }) => {
+    const moe = llamaMoEConfig(config);
+    if (!moe || !isLlamaMoEBlock(config, index)) return new LlamaMLP(config, layer, factory);
+    parallel ??= typeof moeParallel === 'function' ? moeParallel(moe.experts) : moeParallel;
+    return new MoE(config.hiddenSize, moe, { ...layer, std: config.initializerRange, parallel });
+  };
+}
 
 /**
  * Llama (Hugging Face's LlamaForCausalLM): `new nt.nn.Llama(config, { seed })`; forward(idx, targets)
@@ -266,7 +346,7 @@ export class Llama extends Module implements CausalLM {
     this.sequenceLayout = sequenceLayout;
     const std = c.initializerRange;
     this.embedTokens = this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
-    const mlp = opts.mlp ?? defaultMLP;
+    const mlp = opts.mlp ?? defaultMLP(opts.moeParallel);
     this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i));
     this.norm = new RMSNorm(c.hiddenSize, { ...layer, eps: c.rmsNormEps });
     // Untied: a second table of the vocabulary's layout (drawn after the blocks, as HF initializes lm_head last).
@@ -343,6 +423,13 @@ export class Llama extends Module implements CausalLM {
     const before: Array<[string, Module]> = first || (last && head === null) ? [['embedTokens', this.embedTokens]] : [];
     const after: Array<[string, Module]> = last ? [['norm', this.norm], ...(head ? [['lmHead', head] as [string, Module]] : [])] : [];
     return { before, after };
+  }
+
+  /** The routing statistics of the MoE blocks since the last call, summed over the blocks (then reset); null without MoE blocks. */
+  takeMoEStats(): MoEStats | null {
+    const layers = moeLayers(this);
+    if (layers.length === 0) return null;
+    return layers.map((l) => l.takeStats()).reduce(addMoEStats);
   }
 
   /** A new Llama of this config with other options (the MLP factory kept). */
