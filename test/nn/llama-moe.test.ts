@@ -162,3 +162,21 @@ describe('Llama + MoE parameter counts', () => {
     }
   });
 });
+
+describe('Llama + MoE checkpoints', () => {
+  it('a dense Llama\'s checkpoint loaded into a Mixtral is refused naming both; a Mixtral\'s loads back', async () => {
+    const { mkdtempSync, rmSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const root = mkdtempSync(join(tmpdir(), 'nt-llama-moe-ckpt-'));
+    const dense = new nt.nn.Llama({ ...mixtral, numLocalExperts: 0 }, { seed: 1 }), a = new nt.nn.Llama(mixtral, { seed: 1 }), b = new nt.nn.Llama(mixtral, { seed: 2 });
+    try {
+      await nt.ckpt.save(join(root, 'dense'), 1, { model: dense });
+      await expect(nt.ckpt.load(join(root, 'dense'), { model: a })).rejects.toThrow(/it holds a Llama model, and the model loading it is a Llama with mixture-of-experts blocks/);
+      await nt.ckpt.save(join(root, 'moe'), 1, { model: a });
+      await nt.ckpt.load(join(root, 'moe'), { model: b });
+      const pa = new Map(a.namedParameters());
+      for (const [n, p] of b.namedParameters()) expect(Array.from(p.toArraySync()), n).toEqual(Array.from(pa.get(n)!.toArraySync()));
+    } finally { for (const m of [dense, a, b]) m.dispose(); rmSync(root, { recursive: true, force: true }); }
+  });
+});
