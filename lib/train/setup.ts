@@ -329,7 +329,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
     const extra = gptConfig ? {
       ...(gptConfig.window ? { window: gptConfig.window } : {}), ...(gptConfig.dropout ? { dropout: gptConfig.dropout } : {}),
       ...(gptConfig.moe ? { moeExperts: gptConfig.moe.experts } : {}),
-    } : {};
+    } : moeExpertsOf(full) > 0 ? { moeExperts: moeExpertsOf(full) } : {};
     if (seqLen > full.shape.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.shape.blockSize}`);
     try { resolveTrainingLayout(flags, { ...full.shape, blockSize: seqLen, ...extra }, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
@@ -698,7 +698,7 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       // MoE layers communicate over the data-parallel ranks (router counts, expert parallelism's
       // all-to-all), so there every rank samples along and rank 0 returns the tokens.
-      const together = gpt.family === 'gpt' && (gpt.config as GPTConfig).moe !== undefined && this.layout.dp > 1;
+      const together = moeExpertsOf(gpt) > 0 && this.layout.dp > 1;
       if (this.rank !== 0 && this.layout.tp === 1 && !together) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
       if (!gpt.contextLayout) {
@@ -715,11 +715,11 @@ export class TrainingRun<H extends { lr: number }> {
   }
 
   /**
-   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
-   * Returns false, writing nothing, when the layout splits the model (tp > 1 or pp > 1).
+   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM / MixtralForCausalLM / Qwen2MoeForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
+   * Returns false, writing nothing, when the layout splits the model (tp > 1, pp > 1 or ep > 1).
    */
   async exportHF(dir: string): Promise<boolean> {
-    if (this.layout.tp > 1 || this.layout.pp > 1) return false;
+    if (this.layout.tp > 1 || this.layout.pp > 1 || (this.layout.ep ?? 1) > 1) return false;
     // A GPT-2 directory for the GPT, a LlamaForCausalLM one for a Llama.
     await this.withFullModel((model) => { if (this.rank === 0) exportHF(model as GPT | Llama, dir); });
     return true;
@@ -763,6 +763,11 @@ export async function main(name: string, fn: () => Promise<number | void>): Prom
     }
     process.exitCode = 2;
   }
+}
+
+/** The routed experts of a model's MoE layers (a GPT's config.moe, a Llama's numLocalExperts; 0 without). */
+function moeExpertsOf(model: CausalLM): number {
+  return model.family === 'gpt' ? ((model.config as GPTConfig).moe?.experts ?? 0) : ((model.config as { numLocalExperts?: number }).numLocalExperts ?? 0);
 }
 
 /** A step's MoE statistics as the progress line shows them. */
