@@ -49,7 +49,7 @@ times.sort((a, b) => a - b);
 const ms = times[Math.floor(times.length / 2)]!;
 const rows: Array<{ impl: string; msPerStep: number; tokensPerSec: number; peakRssMiB: number; params: number } & Record<string, unknown>> = [{
   impl: 'nodetron', threads, msPerStep: ms, tokensPerSec: (shape.batch * shape.ctx) / (ms / 1000), peakRssMiB: process.resourceUsage().maxRSS / 1024,
-  params: model.numParameters(), activeParams: nt.train.llamaParameterCount(model.config, true), routed: model.takeMoEStats()?.tokensPerExpert,
+  params: model.numParameters(), activeParams: nt.train.llamaParameterCount(model.config, true), rowsPerExpertOverAllSteps: model.takeMoEStats()?.tokensPerExpert,
 }];
 if (!o['no-torch']) {
   const args = Object.entries(shape).flatMap(([k, v]) => [`--${k}`, String(v)]);
