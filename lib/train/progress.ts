@@ -64,7 +64,8 @@ export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSiz
   return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
 }
 
-type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'
+/** The Llama config fields the parameter and FLOP counts read. */
+export type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'
   | 'qkvBias' | 'numLocalExperts' | 'numExpertsPerTok' | 'moeIntermediateSize' | 'sharedExpertIntermediateSize' | 'decoderSparseStep' | 'mlpOnlyLayers'>;
 
 /**
