@@ -1,6 +1,6 @@
 // Parallel Llama training through the real launcher and Gloo: a tiny Llama (4 heads, 2 or 1 key/value
 // heads, untied or tied head) trained 3 steps under DP, ZeRO 1-3, PP, TP (key/value heads split, and
-// replicated when the ranks outnumber them), SP, recomputation and their combinations matches the plain
+// replicated when the ranks outnumber them), SP, context parallelism (ring and Ulysses), recomputation and their combinations matches the plain
 // single-process run step by step (losses, gradient norms) and in its final parameters, compared per
 // parameter on the ranks that hold it. The fixture is the GPT's (test/fixtures/parallel/gpt-train.ts
 // with --model llama).
@@ -60,6 +60,12 @@ add('TP4 (2 kv heads replicated over 4 ranks) SP', 'kv2', 2, 4, ['--tp', '4', '-
 add('TP2 SP tied head', 'tied', 2, 2, ['--tp', '2', '--sp']);
 add('TP2×PP2 SP 1F1B, 2 micro-batches, recompute', 'kv2', 2, 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']);
 add('TP2×DP2 multi-query ZeRO-3', 'kv1', 1, 4, ['--tp', '2', '--dp', '2', '--zero', '3']);
+// Context parallelism: rope at each token's global position (the ring's load-balanced chunks, Ulysses'
+// contiguous ones), attention over the group with the key/value heads repeated to the query heads.
+add('CP2 ring', 'kv2', 2, 2, ['--cp', '2']);
+add('CP2 Ulysses multi-query', 'kv1', 1, 2, ['--cp', '2', '--cp-mode', 'ulysses']);
+add('CP2×DP2 ring ZeRO-1 recompute', 'kv2', 2, 4, ['--cp', '2', '--dp', '2', '--zero', '1', '--recompute']);
+add('CP2×TP2 SP ring (kv heads split)', 'kv2', 2, 4, ['--cp', '2', '--tp', '2', '--sp']);
 
 const TOLERANCE = 1e-5;
 const PARAM_TOLERANCE = 5e-5;
