@@ -621,8 +621,10 @@ export interface DeferWeightGradsOptions {
  * inputs are such leaves (an embedding's scatter). The returned handle's run() does that work
  * later (the W pass) and only then fires the weights' post-accumulate-grad hooks, so gradient
  * buckets and ZeRO see each gradient once it is final. The gradients equal an ordinary backward's
- * (same kernels on the same tensors). Ops inside recompute() blocks, and ops without a split whose
- * inputs mix weights and activations (LayerNorm), compute everything at once.
+ * (same kernels on the same tensors). A node between an op and a weight that only that op consumes
+ * and whose gradients go to weights alone (a gradient scale, an autocast cast) is absorbed: it runs
+ * with the op's deferred work, so the weight GEMM behind it waits too. Ops inside recompute() blocks,
+ * and ops without a split whose inputs mix weights and activations (LayerNorm), compute everything at once.
  */
 export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): DeferredBackward<T> {
   if (typeof fn !== 'function') throw new ArgumentError(`deferWeightGrads: fn must be a function, got ${typeof fn}`);
