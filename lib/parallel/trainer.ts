@@ -48,7 +48,10 @@ export interface TrainerHoldings<H extends { lr: number }> {
 }
 
 /** What one rank holds of the experts under expert parallelism (see {@link TrainerHoldings.experts}). */
-export interface ExpertHoldings<H extends { lr: number }> {
+export interface ExpertHoldings<H extends {
+  /** The learning rate (every optimizer has one). */
+  lr: number;
+}> {
   /** The expert parameters held here (global expert indices in their names). */
   readonly params: ReadonlySet<Tensor>;
   /** The optimizer holding their whole state (ZeRO 0, where it is the trainer's one optimizer, or ZeRO with no expert-data-parallel copies); null when `zero` holds it. */
