@@ -114,7 +114,8 @@ export function exampleProblem(m: PlanModel): string | null {
  */
 export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; globalBatch: number; nodes: number; gpusPerNode: number; cpu: boolean; cwd?: string }): string {
   const script = exampleScriptPath(o.cwd);
-  const installed = script.startsWith('node_modules/') || script === EXAMPLE_SCRIPT;
+  // Installed in a project (under node_modules): its bin runs through npx.
+  const installed = EXAMPLE_SCRIPT.split(sep).includes('node_modules');
   const parts = [`${installed ? 'npx ' : ''}nodetron launch --nproc-per-node ${o.gpusPerNode}`];
   if (o.nodes > 1) parts.push(`--nnodes ${o.nodes} --node-rank R --master-addr HOST`);
   parts.push(`${script} --layers ${m.nLayer} --heads ${m.nHead} --width ${m.nEmbd} --ctx ${o.seq} --batch ${o.globalBatch}`);
