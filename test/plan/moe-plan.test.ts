@@ -98,6 +98,22 @@ describe('nodetron plan with expert parallelism (--ep)', () => {
     expect(t(l4).total - t({ ...base, microBatches: 2 }).total).toBeCloseTo(t(l4).expertParallel!, 12);
   });
 
+  it('data-parallel traffic: the experts average over their dp/ep copies only, so across nodes EP hides what ZeRO-3 over all 16 ranks cannot', () => {
+    const dev = nt.plan.resolveDevice('h100');
+    const l = { ...base, dp: 16, zero: 3 as const, recompute: 'selective' as const, microBatches: 4 };
+    const t = (ep: number) => nt.plan.predictStepTime(m, { ...l, ep }, dev, { seq: 4096, microBatchSize: 1, dtype: 'bf16', gpusPerNode: 8 });
+    // ep 1: all 46.7B parameters' gradients over 16 ranks (inter-node); ep 8: the experts' over 2 copies.
+    const w = 2, expertBytes = (e: number) => nt.plan.stageExpertParams(m, 1, 0, e) * w, dense = nt.plan.stageParams(m, 1, 1, 0, 1).total * w - expertBytes(1);
+    const volume = (e: number) => 1.5 * (dense * 2 * 15 / 16 + (16 / e > 1 ? expertBytes(e) * 2 * (16 / e - 1) / (16 / e) : 0));
+    const shown = (e: number) => Math.max(volume(e) / dev.interNodeBusBw - (2 / 3) * t(e).compute, (25 * 2 ** 20 * 3) / dev.interNodeBusBw);
+    for (const e of [1, 2, 8]) expect(t(e).dataParallel).toBeCloseTo(shown(e), 9);
+    expect(t(8).dataParallel).toBeLessThan(t(2).dataParallel);
+    expect(t(2).dataParallel).toBeLessThan(t(1).dataParallel);
+    // A dense model keeps the 12h²-per-layer count.
+    const d = nt.plan.predictStepTime(nt.plan.PLAN_MODELS['7b']!, { ...l, dp: 8 }, dev, { seq: 4096, microBatchSize: 1, dtype: 'bf16', gpusPerNode: 8 });
+    expect(d.expertParallel).toBeUndefined();
+  });
+
   it('candidates: ep dividing dp and the experts, no cp or sp with MoE layers; commands train the MoE GPT with --ep', () => {
     const g = nt.plan.modelFromConfig({ nLayer: 4, nHead: 4, nEmbd: 256, vocabSize: 50304, moe: { experts: 4, topK: 2, hidden: 512, sharedExperts: 1 } }, 'moe-gpt');
     const c = nt.plan.planLayouts(g, { gpus: 8, gpuMemory: 80 * 2 ** 30, seq: 256, globalBatch: 64, dtype: 'bf16', device: nt.plan.resolveDevice('h100') });
