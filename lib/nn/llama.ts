@@ -9,16 +9,18 @@
 // its mixture of experts.
 import { recompute } from '../autograd/index.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { add, cat, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { tensor } from '../creation.js';
 import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
   generateTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
-  type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
+  type ContextLayout, type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { moeLayers } from './moe.js';
 
 /**
  * A Llama's shape, as Hugging Face's LlamaConfig names it (camelCase here; {@link llamaConfig} also
@@ -130,7 +132,13 @@ export interface LlamaOptions extends GPTOptions {
   mlp?: LlamaMLPFactory;
 }
 
-/** Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k, grouped-query flash attention, the output projection. */
+/**
+ * Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k,
+ * grouped-query flash attention, the output projection. Under context parallelism (a ContextLayout of
+ * more than one part) rope rotates each token by its global position and attention runs over the
+ * context-parallel group (ring attention or Ulysses) on a packed q, k, v whose key/value heads are
+ * repeated to the query heads (the GQA sharing written out; their gradients sum back).
+ */
 export class LlamaAttention extends Module {
   /** Query projection, C → heads·D. */
   readonly qProj: LinearLike;
@@ -143,8 +151,10 @@ export class LlamaAttention extends Module {
   /** Channels per head. */
   readonly headDim: number;
   readonly #theta: number;
-  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
+  readonly #context: ContextLayout | null;
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, context: ContextLayout | null = null) {
     super();
+    this.#context = context && context.parts > 1 ? context : null;
     const c = config.hiddenSize, H = config.numAttentionHeads, KV = config.numKeyValueHeads, D = c / H;
     this.headDim = D;
     this.#theta = config.ropeTheta;
@@ -158,18 +168,39 @@ export class LlamaAttention extends Module {
   /**
    * x [B, T', C] → [B, T', C]. The projections give [B, T, heads·D] (the whole sequence: under sequence
    * parallelism they gather it), viewed [B, T, heads, D] for rope and attention without copies.
-   * `positions` (i32 [T] or [B, T]) overrides positions 0..T-1.
+   * `positions` (i32 [T] or [B, T]) overrides positions 0..T-1 (under context parallelism, the
+   * default is this process's tokens' global positions).
    */
   forward(x: Tensor, positions?: Tensor): Tensor {
-    const D = this.headDim;
+    const D = this.headDim, context = this.#context;
     const q = this.qProj.forward(x), k = this.kProj.forward(x), v = this.vProj.forward(x);
     const [B, T] = q.shape as [number, number];
     const heads = q.shape[2]! / D, kvHeads = k.shape[2]! / D;
-    const ropeOpts = { theta: this.#theta, ...(positions ? { positions } : {}) };
+    // The context-parallel positions tensor is released here; rope keeps its own reference for backward.
+    using global = context && !positions ? tensor(context.positions(T), [T], { device: x.device }) : null;
+    const pos = positions ?? global;
+    const ropeOpts = { theta: this.#theta, ...(pos ? { positions: pos } : {}) };
     const qr = rope(q.view([B, T, heads, D]), ropeOpts), kr = rope(k.view([B, T, kvHeads, D]), ropeOpts);
+    if (context) return this.oProj.forward(context.attention(packHeads(qr, kr, v, heads, kvHeads, D), heads));
     const o = groupedQueryAttention(qr, kr, v.view([B, T, kvHeads, D]), { causal: true });
     return this.oProj.forward(o.view([B, T, heads * D]));
   }
+}
+
+/**
+ * q [B, T, H, D], k [B, T, KV, D] and v [B, T, KV·D] packed as attentionPacked's qkv [B, T, 3·H·D]
+ * ([B, T, 3, H, D]), each key/value head repeated for the H/KV query heads that read it (query head h
+ * reads key/value head floor(h / (H/KV)), as groupedQueryAttention shares them).
+ */
+function packHeads(q: Tensor, k: Tensor, v: Tensor, H: number, KV: number, D: number): Tensor {
+  const [B, T] = q.shape as [number, number];
+  const g = H / KV;
+  const widen = (t: Tensor): Tensor => {
+    if (g === 1) return t.view([B, T, 1, H, D]);
+    const one = t.view([B, T, 1, KV, 1, D]);
+    return cat(Array.from({ length: g }, () => one), 4).view([B, T, 1, H, D]);
+  };
+  return cat([q.view([B, T, 1, H, D]), widen(k), widen(v)], 2).view([B, T, 3 * H * D]);
 }
 
 /** Llama's SwiGLU MLP: down(silu(gate(x))·up(x)). */
@@ -205,12 +236,13 @@ export class LlamaBlock extends Module {
   /** The MLP (SwiGLU by default; replaceable through LlamaOptions.mlp). */
   readonly mlp: LlamaMLPLike;
   readonly #sequence: SequenceLayout;
-  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout, mlp: LlamaMLPFactory, index: number) {
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout, mlp: LlamaMLPFactory, index: number,
+    context: ContextLayout | null = null) {
     super();
     this.#sequence = sequence;
     const norm = { ...layer, eps: config.rmsNormEps };
     this.inputLayernorm = new RMSNorm(config.hiddenSize, norm);
-    this.selfAttn = new LlamaAttention(config, layer, factory);
+    this.selfAttn = new LlamaAttention(config, layer, factory, context);
     this.postAttentionLayernorm = new RMSNorm(config.hiddenSize, norm);
     this.mlp = mlp(config, { layer, factory, index });
   }
@@ -246,17 +278,16 @@ export class Llama extends Module implements CausalLM {
   readonly config: Readonly<CheckedLlamaConfig>;
   readonly vocabLayout: VocabLayout;
   readonly sequenceLayout: SequenceLayout;
-  /** Always null: Llama does not take context parallelism yet (a contextLayout of more than one part is refused). */
-  readonly contextLayout = null;
+  /** How the sequence is split over context-parallel processes (null: not). */
+  readonly contextLayout: ContextLayout | null;
   readonly generator: Generator;
   readonly #opts: LlamaOptions;
+  /** The routed experts of the MoE layers its MLP factory built (undefined: none). */
+  readonly #moeExperts: number | undefined;
 
   constructor(config: LlamaConfig | Record<string, unknown>, opts: LlamaOptions = {}) {
     super();
     const checked = llamaConfig(config);
-    if (opts.contextLayout && opts.contextLayout.parts > 1) {
-      throw new ArgumentError(`Llama: context parallelism (${opts.contextLayout.parts} parts, --cp) is not supported for Llama yet; train it with tp, sp, pp, dp and ZeRO`);
-    }
     this.config = opts.recompute === undefined ? checked : { ...checked, recompute: opts.recompute };
     this.#opts = opts;
     const c = this.config;
@@ -264,21 +295,23 @@ export class Llama extends Module implements CausalLM {
     this.generator = generator;
     this.vocabLayout = vocabLayout;
     this.sequenceLayout = sequenceLayout;
+    this.contextLayout = opts.contextLayout && opts.contextLayout.parts > 1 ? opts.contextLayout : null;
     const std = c.initializerRange;
     this.embedTokens = this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
     const mlp = opts.mlp ?? defaultMLP;
-    this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i));
+    this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i, this.contextLayout));
     this.norm = new RMSNorm(c.hiddenSize, { ...layer, eps: c.rmsNormEps });
     // Untied: a second table of the vocabulary's layout (drawn after the blocks, as HF initializes lm_head last).
     this.lmHead = c.tieWordEmbeddings ? null : this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
+    this.#moeExperts = moeLayers(this)[0]?.config.experts;
   }
 
-  /** Its dimensions. */
+  /** Its dimensions (no window, no dropout), and the experts of MoE layers an MLP factory built. */
   get shape(): ModelShape {
     const c = this.config;
     return {
       nLayer: c.numHiddenLayers, nHead: c.numAttentionHeads, nKvHead: c.numKeyValueHeads, nEmbd: c.hiddenSize, ffnHidden: c.intermediateSize,
-      vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings,
+      vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings, ...(this.#moeExperts !== undefined ? { moeExperts: this.#moeExperts } : {}),
     };
   }
   /** The blocks (layers). */
@@ -290,8 +323,10 @@ export class Llama extends Module implements CausalLM {
   embed(idx: Tensor): Tensor {
     checkTensor(idx, 'Llama.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`Llama.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const t = idx.shape[1]!;
-    if (t > this.config.maxPositionEmbeddings) throw new ShapeError(`Llama.forward: sequence length ${t} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
+    const t = idx.shape[1]!, cp = this.contextLayout?.parts ?? 1;
+    if (t * cp > this.config.maxPositionEmbeddings) {
+      throw new ShapeError(`Llama.forward: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
+    }
     const { count } = this.sequenceLayout.chunk(t);
     const tokens = this.embedTokens.forward(idx);
     if (tokens.shape[1] !== count) {
@@ -350,6 +385,7 @@ export class Llama extends Module implements CausalLM {
 
   /** Appends maxNewTokens sampled tokens to each row of idx (as GPT.generate). */
   generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {
+    if (this.contextLayout) throw new StateError('generate: the model splits the sequence over context-parallel processes; sample from a copy built without contextLayout (same parameters)');
     return generateTokens(this, idx, maxNewTokens, opts);
   }
 }
