@@ -118,7 +118,6 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
     if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
     if (model.moeExperts === undefined) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
     else if (model.moeExperts % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${model.moeExperts} experts`);
-    if (zero > 0) problems.push(`--zero ${zero} with --ep ${ep} is not supported yet (expert weights would need sharding over the expert-data-parallel group)`);
   }
   if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   if (model.moeExperts !== undefined && cp > 1) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
