@@ -101,14 +101,14 @@ export function exampleScriptPath(cwd = process.cwd()): string {
 
 /** Why the shipped example cannot train a model of this shape, or null. */
 export function exampleProblem(m: PlanModel): string | null {
-  if (m.gated && m.moe) return 'the shipped example trains MoE layers in GPT blocks only, not in Llama blocks (Mixtral, Qwen2-MoE)';
   if (m.moe && m.moe.sharedFfn % m.moe.ffn) return `the shipped example's shared experts are whole experts of width ${m.moe.ffn}, not a shared width of ${m.moe.sharedFfn}`;
   return null;
 }
 
 /**
  * The `nodetron launch` command that trains a layout with the shipped example (examples/gpt/train.ts:
- * GPT-2 blocks, Llama blocks with --model llama, MoE layers in GPT blocks with --moe-experts). The
+ * GPT-2 blocks, Llama blocks with --model llama, MoE layers with --moe-experts: in GPT blocks, or in
+ * Llama blocks as a Mixtral, or a Qwen2-MoE whose gated shared expert is --moe-shared experts wide). The
  * script is named as it lies from `o.cwd` (default: the working directory), so the command runs as
  * printed in the repository and, through npx, in a project that installed the package.
  */

@@ -134,13 +134,15 @@ describe('nodetron plan with expert parallelism (--ep)', () => {
     expect(nt.plan.layoutProblem(nt.plan.PLAN_MODELS.gpt2!, { ...base, ep: 2 }, 256, 64, 1)).toMatch(/the model has none/);
   });
 
-  it('a Mixtral-shaped model gets no command (the shipped example has no Llama blocks with experts), and says why', () => {
+  it('a Mixtral-shaped model gets the example\'s Llama command with its experts (the example trains Llama blocks with MoE layers)', () => {
     const c = nt.plan.planLayouts(m, { gpus: 8, gpuMemory: 80 * 2 ** 30, seq: 4096, globalBatch: 64, microBatchSize: 1, dtype: 'bf16', device: nt.plan.resolveDevice('h100') });
     const ok = c.filter((x) => !x.skipped);
     expect(ok.length).toBeGreaterThan(0);
     for (const x of ok) {
-      expect(x.command).toBeUndefined();
-      expect(x.commandNote).toMatch(/not in Llama blocks/);
+      expect(x.commandNote).toBeUndefined();
+      expect(x.command).toMatch(/--model llama --kv-heads 8 --ffn 14336 --moe-experts 8 --moe-top-k 2 --moe-hidden 14336 /);
+      expect(x.command!.includes('--moe-shared')).toBe(false);
+      expect(x.command!.includes('--ep ')).toBe((x.layout.ep ?? 1) > 1);
     }
     expect(ok.some((x) => (x.layout.ep ?? 1) === 8 && x.fits)).toBe(true);
   });
