@@ -32,7 +32,7 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
 //   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
-//   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
+//   1 sub, 2 mul, 3 div, 4 max, 5 min (fmax/fmin), 6 pow (op_codes.h). Broadcast dims have stride 0. out may alias a when their shapes match.
 NT_KERNEL("binary", Binary) {
   int64_t op = a.int64(0);
   DType dt = a.dtype(4);
@@ -48,11 +48,15 @@ NT_KERNEL("binary", Binary) {
   F32View A(pa, dt, na, true), B(pb, dt, nb, true), O(po, dt, n, false);
   const float *x = A.data(), *y = B.data();
   float* o = O.data();
+  using namespace binary_op;
   switch (op) {
     case kAdd: binaryLoop([](float u, float v) { return u + v; }, x, y, o, shape, sa, sb); break;
     case kSub: binaryLoop([](float u, float v) { return u - v; }, x, y, o, shape, sa, sb); break;
     case kMul: binaryLoop([](float u, float v) { return u * v; }, x, y, o, shape, sa, sb); break;
-    default: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
+    case kDiv: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
+    case kMax: binaryLoop([](float u, float v) { return std::fmax(u, v); }, x, y, o, shape, sa, sb); break;
+    case kMin: binaryLoop([](float u, float v) { return std::fmin(u, v); }, x, y, o, shape, sa, sb); break;
+    default: binaryLoop([](float u, float v) { return std::pow(u, v); }, x, y, o, shape, sa, sb); break;
   }
   O.commit();
 }
@@ -72,6 +76,7 @@ static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
 // unary(op, inp, out, n, dtype, p)
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
 NT_KERNEL("unary", Unary) {
+  using namespace unary_op;
   auto [op, n, dt, p] = unaryArgs(a, 3);
   F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
   const float* x = I.data();
@@ -97,6 +102,7 @@ NT_KERNEL("unary", Unary) {
 // unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p)
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
 NT_KERNEL("unary_backward", UnaryBackward) {
+  using namespace unary_op;
   auto [op, n, dt, p] = unaryArgs(a, 5);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;

@@ -11,11 +11,15 @@ namespace nt::cuda {
 
 // Op codes: native/core/op_codes.h (the cpu backend compiles the same file; lib/kernel-codes.ts mirrors it).
 __device__ __forceinline__ float binary(int op, float x, float y) {
+  using namespace binary_op;
   switch (op) {
     case kAdd: return x + y;
     case kSub: return x - y;
     case kMul: return x * y;
-    default: return x / y;
+    case kDiv: return x / y;
+    case kMax: return fmaxf(x, y);
+    case kMin: return fminf(x, y);
+    default: return powf(x, y);
   }
 }
 
@@ -29,6 +33,7 @@ __global__ void binaryKernel(int op, const T* a, const T* b, T* out, int64_t n, 
 }
 
 __device__ __forceinline__ float unary(int op, float v, float p) {
+  using namespace unary_op;
   switch (op) {
     case kNeg: return -v;
     case kExp: return expf(v);
@@ -45,6 +50,7 @@ __device__ __forceinline__ float unary(int op, float v, float p) {
 
 // gradIn from gradOut g, the input x and the output y (whichever the op's derivative needs).
 __device__ __forceinline__ float unaryGrad(int op, float x, float y, float gv, float p) {
+  using namespace unary_op;
   switch (op) {
     case kNeg: case kRsub: return -gv;
     case kExp: return gv * y;
@@ -141,7 +147,8 @@ static void launchBinary(cudaStream_t st, int op, const T* a, const T* b, T* out
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
-//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (op_codes.h);
+//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min,
+//   6 pow (op_codes.h);
 //   strides in elements, 0 broadcasts.
 static Napi::Value Binary(const Napi::CallbackInfo& info) {
   KernelCall k(info, "binary");
@@ -192,6 +199,7 @@ static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
   DType dt = k.args.dtype(6);
   float p = float(k.args.number(7));
   if (!validUnaryOp(op)) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+  using namespace unary_op;
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
   void* x = needX ? k.data(1, dt, n) : nullptr;
