@@ -34,17 +34,17 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
 //   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
 //   1 sub, 2 mul, 3 div, 4 max, 5 min (fmax/fmin), 6 pow (op_codes.h). Broadcast dims have stride 0. out may alias a when their shapes match.
 NT_KERNEL("binary", Binary) {
-  int64_t op = a.int64(0);
-  DType dt = a.dtype(4);
-  auto shape = intList(info, 5, call);
-  auto sa = intList(info, 6, call, int64_t(shape.size()));
-  auto sb = intList(info, 7, call, int64_t(shape.size()));
+  int64_t op = a.int64("op");
+  DType dt = a.dtype("dtype");
+  auto shape = a.ints("outShape");
+  auto sa = a.ints("aStrides", int64_t(shape.size()));
+  auto sb = a.ints("bStrides", int64_t(shape.size()));
   if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   int64_t n = product(shape);
   int64_t na = stridedExtent(shape, sa, call), nb = stridedExtent(shape, sb, call);
-  uint8_t* pa = storageData(info, 1, call, dt, na);
-  uint8_t* pb = storageData(info, 2, call, dt, nb);
-  uint8_t* po = storageData(info, 3, call, dt, n);
+  uint8_t* pa = storageData(info, a.at("a", "so"), call, dt, na);
+  uint8_t* pb = storageData(info, a.at("b", "so"), call, dt, nb);
+  uint8_t* po = storageData(info, a.at("out", "so"), call, dt, n);
   F32View A(pa, dt, na, true), B(pb, dt, nb, true), O(po, dt, n, false);
   const float *x = A.data(), *y = B.data();
   float* o = O.data();
@@ -61,14 +61,14 @@ NT_KERNEL("binary", Binary) {
   O.commit();
 }
 
-// The arguments unary and unary_backward share: op (argument 0), then n, dtype and p at `nArg` on.
+// The arguments unary and unary_backward share (op, n, dtype, p), read by name.
 struct UnaryArgs {
   int64_t op, n;
   DType dt;
   float p;
 };
-static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
-  UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
+static UnaryArgs unaryArgs(const Args& a) {
+  UnaryArgs u{a.int64("op"), a.size("n"), a.dtype("dtype"), float(a.number("p"))};
   if (!validUnaryOp(u.op)) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
   return u;
 }
@@ -77,8 +77,8 @@ static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
 NT_KERNEL("unary", Unary) {
   using namespace unary_op;
-  auto [op, n, dt, p] = unaryArgs(a, 3);
-  F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
+  auto [op, n, dt, p] = unaryArgs(a);
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   switch (op) {
@@ -103,12 +103,12 @@ NT_KERNEL("unary", Unary) {
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
 NT_KERNEL("unary_backward", UnaryBackward) {
   using namespace unary_op;
-  auto [op, n, dt, p] = unaryArgs(a, 5);
+  auto [op, n, dt, p] = unaryArgs(a);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
-  F32View X(info, 1, call, dt, n, true, needX);
-  F32View Y(info, 2, call, dt, n, true, needY);
-  F32View G(info, 3, call, dt, n, true), O(info, 4, call, dt, n, false);
+  F32View X(a, "inp", dt, n, true, needX);
+  F32View Y(a, "out", dt, n, true, needY);
+  F32View G(a, "gradOut", dt, n, true), O(a, "gradIn", dt, n, false);
   const float *x = X.data(), *y = Y.data(), *g = G.data();
   float* o = O.data();
   switch (op) {
