@@ -217,26 +217,23 @@ export function cpu(): BackendAddon {
     );
   }
   addon.setErrorFactory(factory);
-  // NODETRON_CPU_ISA=auto|baseline|avx2|avx512: the SIMD level of the cpu kernels (default: the best
-  // this CPU supports; native/cpu/kernels/util.h). A bad or unsupported value fails every load.
-  const isa = process.env.NODETRON_CPU_ISA;
-  if (isa !== undefined && isa !== '') {
+  // A setting from the environment handed to the addon's setter when set and not empty; a bad or
+  // unsupported value fails every load with an ArgumentError naming the variable.
+  const fromEnv = (variable: string, setter: 'setCpuIsa' | 'setBf16Gemm') => {
+    const value = process.env[variable];
+    if (value === undefined || value === '') return;
     try {
-      addon.setCpuIsa(isa);
+      addon[setter](value);
     } catch (e) {
-      throw new ArgumentError(`NODETRON_CPU_ISA=${isa}: ${(e as Error).message.replace(/^setCpuIsa: /, '')}`, 'load');
+      throw new ArgumentError(`${variable}=${value}: ${(e as Error).message.replace(new RegExp(`^${setter}: `), '')}`, 'load');
     }
-  }
+  };
+  // NODETRON_CPU_ISA=auto|baseline|avx2|avx512: the SIMD level of the cpu kernels (default: the best
+  // this CPU supports; native/cpu/kernels/util.h).
+  fromEnv('NODETRON_CPU_ISA', 'setCpuIsa');
   // NODETRON_BF16_GEMM=auto|fallback: bf16 GEMMs on the AVX512_BF16 kernel where the CPU has it
   // (auto, the default) or widened to f32 for cblas_sgemm (fallback; native/cpu/kernels/gemm_bf16.cc).
-  const bf16Gemm = process.env.NODETRON_BF16_GEMM;
-  if (bf16Gemm !== undefined && bf16Gemm !== '') {
-    try {
-      addon.setBf16Gemm(bf16Gemm);
-    } catch (e) {
-      throw new ArgumentError(`NODETRON_BF16_GEMM=${bf16Gemm}: ${(e as Error).message.replace(/^setBf16Gemm: /, '')}`, 'load');
-    }
-  }
+  fromEnv('NODETRON_BF16_GEMM', 'setBf16Gemm');
   // NODETRON_MEMORY_LIMIT=bytes (K, M, G, T suffixes are powers of 1024): the most host storage this
   // process holds at once; an allocation past it is an OutOfMemoryError (native/core/core.cc).
   const limit = process.env.NODETRON_MEMORY_LIMIT;

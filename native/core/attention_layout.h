@@ -47,8 +47,8 @@ struct AttentionMask {
   }
 };
 
-// The arguments both flash kernels share: sizes from `firstSize` (batch heads tq tk dim scale causal
-// window dtype) and the q, k, v, out layouts from `firstLayout`; extents[0..3] get their extents.
+// The arguments both flash kernels share, read by their names in the signature (batch heads tq tk dim
+// scale causal window dtype, and the qLayout kLayout vLayout outLayout); extents[0..3] get their extents.
 struct FlashProblem {
   int64_t B, H, tq, tk, D;
   float scale;
@@ -56,26 +56,25 @@ struct FlashProblem {
   DType dt;
   HeadLayout q, k, v, o;
 };
-inline FlashProblem flashProblem(const Args& a, const Napi::CallbackInfo& info, size_t firstLayout, size_t firstSize, int64_t extents[4],
-                                 const char* call) {
+inline FlashProblem flashProblem(const Args& a, int64_t extents[4], const char* call) {
   FlashProblem p;
-  p.B = a.size(firstSize);
-  p.H = a.size(firstSize + 1);
-  p.tq = a.size(firstSize + 2);
-  p.tk = a.size(firstSize + 3);
-  p.D = a.size(firstSize + 4);
-  p.scale = float(a.number(firstSize + 5));
-  bool causal = a.boolean(firstSize + 6);
-  int64_t window = a.size(firstSize + 7);
-  p.dt = a.dtype(firstSize + 8);
+  p.B = a.size("batch");
+  p.H = a.size("heads");
+  p.tq = a.size("tq");
+  p.tk = a.size("tk");
+  p.D = a.size("dim");
+  p.scale = float(a.number("scale"));
+  bool causal = a.boolean("causal");
+  int64_t window = a.size("window");
+  p.dt = a.dtype("dtype");
   if (p.dt != DType::F32 && p.dt != DType::BF16 && p.dt != DType::F16)
     fail(Err::DType, std::string(call) + ": dtype " + dtypeName(p.dt) + " is not supported (f32, bf16, f16)");
   if (causal && p.tq > p.tk) fail(Err::Shape, std::string(call) + ": causal attention needs tq <= tk");
   p.mask = AttentionMask{p.tq, p.tk, causal, window};
-  p.q = headLayout(info, firstLayout, call, p.B, p.H, p.tq, p.D, extents[0]);
-  p.k = headLayout(info, firstLayout + 1, call, p.B, p.H, p.tk, p.D, extents[1]);
-  p.v = headLayout(info, firstLayout + 2, call, p.B, p.H, p.tk, p.D, extents[2]);
-  p.o = headLayout(info, firstLayout + 3, call, p.B, p.H, p.tq, p.D, extents[3]);
+  p.q = headLayout(a.info, a.at("qLayout", "I"), call, p.B, p.H, p.tq, p.D, extents[0]);
+  p.k = headLayout(a.info, a.at("kLayout", "I"), call, p.B, p.H, p.tk, p.D, extents[1]);
+  p.v = headLayout(a.info, a.at("vLayout", "I"), call, p.B, p.H, p.tk, p.D, extents[2]);
+  p.o = headLayout(a.info, a.at("outLayout", "I"), call, p.B, p.H, p.tq, p.D, extents[3]);
   return p;
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 #include "half.h"
 
@@ -67,9 +68,13 @@ bool envFlag(const char* value);
 #define NT_EXPORT_CLASS(init) static ::nt::ClassRegistration NT_CONCAT(nt_creg_, __LINE__)(init)
 
 // ---- argument helpers (throw nt::Error with the call's name) -----------------------------------
+// A kernel's declared signature, parsed (signatures.h): what Args reads arguments by name from.
+struct ParsedSignature;
 struct Args {
   const Napi::CallbackInfo& info;
   const char* call;
+  // Set by kernelArgs() (signatures.h); the by-name readers below need it.
+  const ParsedSignature* sig = nullptr;
   void count(size_t n) const;
   double number(size_t i) const;
   int64_t int64(size_t i) const;          // integral, finite
@@ -77,6 +82,20 @@ struct Args {
   bool boolean(size_t i) const;
   DType dtype(size_t i) const;
   std::string string(size_t i) const;
+
+  // The same reads by the argument's name in the kernel's signature (signatures.cc): the name must be
+  // declared there with a kind the read accepts (`kinds`: signature kind letters), else a typed
+  // Native error naming the kernel and the argument; so a kernel body never counts positions.
+  size_t at(std::string_view name, const char* kinds) const;
+  double number(std::string_view name) const { return number(at(name, "f")); }
+  int64_t int64(std::string_view name) const { return int64(at(name, "i")); }
+  int64_t size(std::string_view name) const { return size(at(name, "n")); }
+  bool boolean(std::string_view name) const { return boolean(at(name, "b")); }
+  DType dtype(std::string_view name) const { return dtype(at(name, "d")); }
+  // Whether argument `name` was passed and is not null/undefined (optional storages and arguments).
+  bool given(std::string_view name) const;
+  // An Int32Array argument (kind I) as int64 values; `expected` >= 0 demands that many entries.
+  std::vector<int64_t> ints(std::string_view name, int64_t expected = -1) const;
 };
 
 // ---- host storage ------------------------------------------------------------------------------

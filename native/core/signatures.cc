@@ -1,13 +1,36 @@
-// Checking a kernel call against its declared signature (signatures.h).
+// Checking a kernel call against its declared signature (signatures.h), and reading its arguments by name.
 #include "signatures.h"
 
 #include <cstring>
 
+#include "arg_lists.h"
+
 namespace nt {
 
-static const KernelSignature& find(const char* name) {
-  for (const auto& s : kKernelSignatures)
-    if (std::strcmp(s.name, name) == 0) return s;
+static ParsedSignature parse(const KernelSignature& sig) {
+  ParsedSignature out{sig.name, sig.args, {}, 0};
+  bool optional = false;
+  for (const char* p = sig.args; *p;) {
+    while (*p == ' ') p++;
+    if (!*p) break;
+    if (*p == '?') { optional = true; p++; continue; }
+    const char* colon = std::strchr(p, ':');
+    out.params.push_back({std::string(p, size_t(colon - p)), colon[1]});
+    p = colon + 2;
+    if (!optional) out.required++;
+  }
+  return out;
+}
+
+// Every signature parsed once (a function-local static: initialized once, thread-safe).
+static const ParsedSignature& find(const char* name) {
+  static const std::vector<ParsedSignature> parsed = [] {
+    std::vector<ParsedSignature> v;
+    for (const auto& s : kKernelSignatures) v.push_back(parse(s));
+    return v;
+  }();
+  for (const auto& s : parsed)
+    if (std::strcmp(s.kernel, name) == 0) return s;
   fail(Err::Native, std::string(name) + ": no kernel signature is declared for it (native/core/signatures.h)", name);
 }
 
@@ -44,31 +67,37 @@ static bool matches(char kind, const Napi::Value& v) {
 }
 
 Args kernelArgs(const Napi::CallbackInfo& info, const char* name) {
-  const KernelSignature& sig = find(name);
-  size_t required = 0, total = 0;
-  bool optional = false;
-  struct Param { std::string name; char kind; };
-  std::vector<Param> params;
-  for (const char* p = sig.args; *p;) {
-    while (*p == ' ') p++;
-    if (!*p) break;
-    if (*p == '?') { optional = true; p++; continue; }
-    const char* colon = std::strchr(p, ':');
-    params.push_back({std::string(p, size_t(colon - p)), colon[1]});
-    p = colon + 2;
-    total++;
-    if (!optional) required++;
-  }
+  const ParsedSignature& sig = find(name);
+  size_t required = sig.required, total = sig.params.size();
   size_t got = info.Length();
   if (got < required || got > total) {
     fail(Err::Argument, std::string(name) + ": expected " + (required == total ? std::to_string(total) : std::to_string(required) + " to " + std::to_string(total)) +
-                            " arguments (" + sig.args + "), got " + std::to_string(got), name);
+                            " arguments (" + sig.text + "), got " + std::to_string(got), name);
   }
   for (size_t i = 0; i < got; i++) {
-    if (!matches(params[i].kind, info[i]))
-      fail(Err::Argument, std::string(name) + ": argument " + std::to_string(i) + " (" + params[i].name + ") must be " + describe(params[i].kind), name);
+    if (!matches(sig.params[i].kind, info[i]))
+      fail(Err::Argument, std::string(name) + ": argument " + std::to_string(i) + " (" + sig.params[i].name + ") must be " + describe(sig.params[i].kind), name);
   }
-  return Args{info, name};
+  return Args{info, name, &sig};
 }
+
+size_t Args::at(std::string_view name, const char* kinds) const {
+  if (!sig) fail(Err::Native, std::string(call) + ": reads argument '" + std::string(name) + "' by name without a kernel signature", call);
+  for (size_t i = 0; i < sig->params.size(); i++) {
+    if (sig->params[i].name != name) continue;
+    if (!std::strchr(kinds, sig->params[i].kind))
+      fail(Err::Native, std::string(call) + ": argument '" + std::string(name) + "' is declared as " + describe(sig->params[i].kind) +
+                            ", which this read does not accept (native/core/signatures.h)", call);
+    return i;
+  }
+  fail(Err::Native, std::string(call) + ": no argument '" + std::string(name) + "' in its signature (" + sig->text + ")", call);
+}
+
+bool Args::given(std::string_view name) const {
+  size_t i = at(name, "sonifdbItSA");
+  return i < info.Length() && !info[i].IsNull() && !info[i].IsUndefined();
+}
+
+std::vector<int64_t> Args::ints(std::string_view name, int64_t expected) const { return intList(info, at(name, "I"), call, expected); }
 
 }  // namespace nt

@@ -1,8 +1,8 @@
 // One declarative signature per kernel, shared by the cpu and cuda bindings: each kernel's arguments
 // in order, as `name:kind` pairs. kernelArgs() checks a call against its signature (how many
-// arguments, and what kind each is) before a binding reads them by position, so both backends accept
-// and reject exactly the same calls and the table is the one place a kernel's arguments are declared
-// (the TypeScript side declares the same interface in lib/native.ts). Kinds:
+// arguments, and what kind each is) and the bindings then read the arguments by these names (Args::at),
+// so both backends accept and reject exactly the same calls and the table is the one place a kernel's
+// arguments are declared (the TypeScript side declares the same interface in lib/native.ts). Kinds:
 //   s storage   o storage or null   n size (integer >= 0)   i integer   f number   b boolean
 //   d dtype code   I Int32Array   t typed array   S array of storages   A array of numbers
 // Arguments after a `?` are optional.
@@ -73,8 +73,21 @@ inline constexpr KernelSignature kKernelSignatures[] = {
     {"scale_in_place", "storages:S counts:A dtypes:A alpha:f"},
 };
 
+// A signature parsed once: each argument's name and kind, and how many are required.
+struct ParsedSignature {
+  struct Param {
+    std::string name;
+    char kind;
+  };
+  const char* kernel;
+  const char* text;  // the declaration as written (quoted in errors)
+  std::vector<Param> params;
+  size_t required;
+};
+
 // Args for kernel `name`, after checking the call against its signature (a typed error naming the
-// kernel, the argument and what it must be). A name without a signature is an internal error.
+// kernel, the argument and what it must be); they read arguments by their declared names
+// (a.size("n"), a.dtype("dtype"), a.ints("outShape")). A name without a signature is an internal error.
 Args kernelArgs(const Napi::CallbackInfo& info, const char* name);
 
 // A kernel binding that owns the call's name, the check against its signature and the return:

@@ -268,6 +268,7 @@ uint8_t* KernelCall::bytesOf(size_t i, DType dtype, int64_t count, int64_t offse
 }
 
 cudaStream_t KernelCall::stream() {
+  streamUsed_ = true;
   useDevice(device());
   return currentStream(device());
 }
@@ -350,15 +351,15 @@ static Napi::Value Read(const Napi::CallbackInfo& info) {
 NT_EXPORT("read", Read);
 
 // copy(dst, dstOffsetBytes, src, srcOffsetBytes, bytes): device -> device on the current stream.
-static Napi::Value Copy(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "copy");
-  k.args.count(5);
-  DeviceStorage* d = DeviceStorage::From(info[0], "copy", 0);
-  DeviceStorage* s = DeviceStorage::From(info[2], "copy", 2);
-  size_t doff = size_t(k.args.size(1)), soff = size_t(k.args.size(3)), bytes = size_t(k.args.size(4));
-  d->checkRange(doff, bytes, "copy");
-  s->checkRange(soff, bytes, "copy");
-  if (bytes == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("copy", Copy) {
+  // dst and src may live on different devices (a peer copy), so they are not read through k.data().
+  size_t di = k.args.at("dst", "s"), si = k.args.at("src", "s");
+  DeviceStorage* d = DeviceStorage::From(k.info()[di], call, di);
+  DeviceStorage* s = DeviceStorage::From(k.info()[si], call, si);
+  size_t doff = size_t(k.args.size("dstOffsetBytes")), soff = size_t(k.args.size("srcOffsetBytes")), bytes = size_t(k.args.size("bytes"));
+  d->checkRange(doff, bytes, call);
+  s->checkRange(soff, bytes, call);
+  if (bytes == 0) return;
   useDevice(d->device());
   if (d->device() == s->device()) {
     check(cudaMemcpyAsync(d->data() + doff, s->data() + soff, bytes, cudaMemcpyDeviceToDevice, currentStream(d->device())),
@@ -367,9 +368,7 @@ static Napi::Value Copy(const Napi::CallbackInfo& info) {
     check(cudaMemcpyPeerAsync(d->data() + doff, d->device(), s->data() + soff, s->device(), bytes, currentStream(d->device())),
           "cudaMemcpyPeerAsync");
   }
-  return info.Env().Undefined();
 }
-NT_EXPORT("copy", Copy);
 
 static Napi::Value DeviceCount(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), deviceCount()); }
 NT_EXPORT("deviceCount", DeviceCount);

@@ -60,36 +60,70 @@ class DeviceStorage : public Napi::ObjectWrap<DeviceStorage>, public StorageByte
   int device_ = 0;
 };
 
-// Argument helper of a kernel call: storages must live on one device; the call runs on that
-// device's current stream. launched() turns a failed launch into a typed error.
+// Argument helper of a kernel call: reads the arguments by their names in the kernel's signature
+// (native/core/signatures.h); storages must live on one device; the call runs on that device's
+// current stream. launched() turns a failed launch into a typed error.
 class KernelCall {
  public:
-  // Checks the call against the kernel's signature (native/core/signatures.h) first.
+  // Checks the call against the kernel's signature first.
   KernelCall(const Napi::CallbackInfo& info, const char* call) : info_(info), call_(call), args{kernelArgs(info, call)} {}
-  // Pointer of storage argument i holding at least `count` elements of dtype (offset in elements).
+  // Pointer of storage argument `name` holding at least `count` elements of dtype (offset in elements).
   template <typename T = void>
-  T* data(size_t i, DType dtype, int64_t count, int64_t offset = 0) {
-    return reinterpret_cast<T*>(bytesOf(i, dtype, count, offset));
+  T* data(std::string_view name, DType dtype, int64_t count, int64_t offset = 0) {
+    return reinterpret_cast<T*>(bytesOf(args.at(name, "so"), dtype, count, offset));
   }
   // Like data(), but null/undefined gives nullptr (optional inputs such as a bias).
   template <typename T = void>
-  T* optional(size_t i, DType dtype, int64_t count) {
-    if (info_[i].IsNull() || info_[i].IsUndefined()) return nullptr;
-    return data<T>(i, dtype, count);
+  T* optional(std::string_view name, DType dtype, int64_t count) {
+    return args.given(name) ? data<T>(name, dtype, count) : nullptr;
   }
   int device() const { return device_ < 0 ? 0 : device_; }
   cudaStream_t stream();
   void launched();
+  // What NT_CUDA_KERNEL runs after the body: checks the launches when the body asked for a stream.
+  void finish() {
+    if (streamUsed_) launched();
+  }
   const char* name() const { return call_; }
+  const Napi::CallbackInfo& info() const { return info_; }
 
  private:
   uint8_t* bytesOf(size_t i, DType dtype, int64_t count, int64_t offset);
   const Napi::CallbackInfo& info_;
   const char* call_;
   int device_ = -1;
+  bool streamUsed_ = false;
 
  public:
   Args args;
 };
+
+// A cuda kernel binding declared the way the cpu backend's NT_KERNEL declares it (signatures.h):
+//   NT_CUDA_KERNEL("gelu_forward", GeluForward) { int64_t n = k.args.size("n"); ... launch ... }
+// defines GeluForward(k, call) with `k` the KernelCall (the call checked against the kernel's
+// signature, arguments read by name) and `call` the kernel's name, registers the binding with
+// NT_EXPORT, checks the launches of a body that used a stream and returns undefined to JS.
+#define NT_CUDA_KERNEL(name, Fn)                                          \
+  static void Fn(::nt::cuda::KernelCall& k, const char* call);            \
+  static Napi::Value NT_CONCAT(Fn, Binding)(const Napi::CallbackInfo& info) { \
+    ::nt::cuda::KernelCall k(info, name);                                 \
+    Fn(k, name);                                                          \
+    k.finish();                                                           \
+    return info.Env().Undefined();                                        \
+  }                                                                       \
+  NT_EXPORT(name, NT_CONCAT(Fn, Binding));                                \
+  static void Fn(::nt::cuda::KernelCall& k, const char* call)
+
+// The same for a kernel that returns a value to JS (sum_squares, lamb_step): the body returns it.
+#define NT_CUDA_KERNEL_VALUE(name, Fn)                                    \
+  static Napi::Value Fn(::nt::cuda::KernelCall& k, const char* call);     \
+  static Napi::Value NT_CONCAT(Fn, Binding)(const Napi::CallbackInfo& info) { \
+    ::nt::cuda::KernelCall k(info, name);                                 \
+    Napi::Value result = Fn(k, name);                                     \
+    k.finish();                                                           \
+    return result;                                                        \
+  }                                                                       \
+  NT_EXPORT(name, NT_CONCAT(Fn, Binding));                                \
+  static Napi::Value Fn(::nt::cuda::KernelCall& k, const char* call)
 
 }  // namespace nt::cuda

@@ -29,14 +29,14 @@ NT_SIMD(attentionRowBackward, (const float* __restrict p, const float* __restric
 //   scores/probs [batch, tq, tk]; query i (aligned to the last tq keys) sees key j iff
 //   (!causal || j <= i + tk - tq) and (window == 0 || j > i + tk - tq - window). Masked → 0.
 NT_KERNEL("attention_softmax_forward", AttentionSoftmaxForward) {
-  int64_t batch = a.size(2), tq = a.size(3), tk = a.size(4);
-  float scale = float(a.number(5));
-  bool causal = a.boolean(6);
-  int64_t window = a.size(7);
-  DType dt = a.dtype(8);
+  int64_t batch = a.size("batch"), tq = a.size("tq"), tk = a.size("tk");
+  float scale = float(a.number("scale"));
+  bool causal = a.boolean("causal");
+  int64_t window = a.size("window");
+  DType dt = a.dtype("dtype");
   if (tq > tk && causal) fail(Err::Shape, "attention_softmax_forward: causal attention needs tq <= tk");
   int64_t n = batch * tq * tk;
-  F32View S(info, 0, call, dt, n, true), P(info, 1, call, dt, n, false);
+  F32View S(a, "scores", dt, n, true), P(a, "probs", dt, n, false);
   const float* s = S.data();
   float* p = P.data();
   int64_t shift = tk - tq;
@@ -55,12 +55,12 @@ NT_KERNEL("attention_softmax_forward", AttentionSoftmaxForward) {
 // attention_softmax_backward(probs, gradProbs, gradScores, batch, tq, tk, scale, dtype)
 //   gradScores = scale · softmax'(probs)·gradProbs; masked entries (probs 0) get 0.
 NT_KERNEL("attention_softmax_backward", AttentionSoftmaxBackward) {
-  int64_t batch = a.size(3), tq = a.size(4), tk = a.size(5);
-  float scale = float(a.number(6));
-  DType dt = a.dtype(7);
+  int64_t batch = a.size("batch"), tq = a.size("tq"), tk = a.size("tk");
+  float scale = float(a.number("scale"));
+  DType dt = a.dtype("dtype");
   int64_t n = batch * tq * tk;
-  F32View P(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
-  F32View O(info, 2, call, dt, n, false);
+  F32View P(a, "probs", dt, n, true), G(a, "gradProbs", dt, n, true);
+  F32View O(a, "gradScores", dt, n, false);
   const float *p = P.data(), *g = G.data();
   float* o = O.data();
   parallelRows(batch * tq, tk * 4, [&](int64_t b, int64_t e) {

@@ -113,10 +113,10 @@ void F32View::commit() {
 
 // cast(src, srcDtype, dst, dstDtype, n): element conversion through f32 (i32 -> i32 copies exactly).
 NT_KERNEL("cast", Cast) {
-  DType st = a.dtype(1), dt = a.dtype(3);
-  int64_t n = a.size(4);
-  uint8_t* src = storageData(info, 0, call, st, n);
-  uint8_t* dst = storageData(info, 2, call, dt, n);
+  DType st = a.dtype("srcDtype"), dt = a.dtype("dstDtype");
+  int64_t n = a.size("n");
+  uint8_t* src = storageData(info, a.at("src", "so"), call, st, n);
+  uint8_t* dst = storageData(info, a.at("dst", "so"), call, dt, n);
   if (st == dt) {
     std::memmove(dst, src, size_t(n) * dtypeSize(st));
   } else if (dt == DType::F32) {  // to f32 (autocast's casts back): straight into the output
@@ -158,11 +158,11 @@ NT_EXPORT("read", Read);
 
 // copy(dst, dstOffsetBytes, src, srcOffsetBytes, bytes)
 NT_KERNEL("copy", Copy) {
-  Storage* d = Storage::From(info[0], call, 0);
-  int64_t doff = a.size(1);
-  Storage* s = Storage::From(info[2], call, 2);
-  int64_t soff = a.size(3);
-  int64_t bytes = a.size(4);
+  Storage* d = Storage::From(info[a.at("dst", "s")], call, a.at("dst", "s"));
+  int64_t doff = a.size("dstOffsetBytes");
+  Storage* s = Storage::From(info[a.at("src", "s")], call, a.at("src", "s"));
+  int64_t soff = a.size("srcOffsetBytes");
+  int64_t bytes = a.size("bytes");
   d->checkRange(size_t(doff), size_t(bytes), call);
   s->checkRange(size_t(soff), size_t(bytes), call);
   if (bytes) std::memmove(d->data() + doff, s->data() + soff, size_t(bytes));
@@ -170,10 +170,10 @@ NT_KERNEL("copy", Copy) {
 
 // fill(storage, dtype, n, value)
 NT_KERNEL("fill", Fill) {
-  DType dt = a.dtype(1);
-  int64_t n = a.size(2);
-  double v = a.number(3);
-  uint8_t* d = storageData(info, 0, call, dt, n);
+  DType dt = a.dtype("dtype");
+  int64_t n = a.size("n");
+  double v = a.number("value");
+  uint8_t* d = storageData(info, a.at("storage", "so"), call, dt, n);
   switch (dt) {
     case DType::F32: {
       float f = float(v);
@@ -199,10 +199,10 @@ NT_KERNEL("fill", Fill) {
 
 // arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
 NT_KERNEL("arange", Arange) {
-  DType dt = a.dtype(1);
-  int64_t n = a.size(2);
-  double start = a.number(3), step = a.number(4);
-  uint8_t* d = storageData(info, 0, call, dt, n);
+  DType dt = a.dtype("dtype");
+  int64_t n = a.size("n");
+  double start = a.number("start"), step = a.number("step");
+  uint8_t* d = storageData(info, a.at("storage", "so"), call, dt, n);
   if (dt == DType::I32) {
     auto p = reinterpret_cast<int32_t*>(d);
     for (int64_t i = 0; i < n; i++) p[i] = int32_t(start + double(i) * step);

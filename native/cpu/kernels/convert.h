@@ -20,6 +20,9 @@ class F32View {
   F32View(const Napi::CallbackInfo& info, size_t i, const char* call, DType dtype, int64_t n, bool load,
           bool present = true)
       : F32View(present ? storageData(info, i, call, dtype, n) : nullptr, dtype, present ? n : 0, load) {}
+  // The same for the kernel's argument `name` in its signature (signatures.h), read by that name.
+  F32View(const Args& a, std::string_view name, DType dtype, int64_t n, bool load, bool present = true)
+      : F32View(a.info, a.at(name, "so"), a.call, dtype, n, load, present) {}
   ~F32View();
   F32View(const F32View&) = delete;
   F32View& operator=(const F32View&) = delete;

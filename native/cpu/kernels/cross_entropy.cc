@@ -45,17 +45,17 @@ NT_SIMD(gradRows, (const float* x, const int32_t* t, const float* lse, float* o,
 // cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
 //   lse[r] = log Σ_j exp(logits[r, j]); losses[r] = lse[r] − logits[r, target[r]] (0 for ignored rows)
 NT_KERNEL("cross_entropy_forward", CrossEntropyForward) {
-  int64_t rows = a.size(4), vocab = a.size(5), ignore = a.int64(6);
-  DType dt = a.dtype(7);
+  int64_t rows = a.size("rows"), vocab = a.size("vocab"), ignore = a.int64("ignoreIndex");
+  DType dt = a.dtype("dtype");
   int64_t n = rows * vocab;
   if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
-  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
-  float* loss = reinterpret_cast<float*>(storageData(info, 2, call, DType::F32, rows));
-  float* lse = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
+  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, a.at("targets", "so"), call, DType::I32, rows));
+  float* loss = reinterpret_cast<float*>(storageData(info, a.at("losses", "so"), call, DType::F32, rows));
+  float* lse = reinterpret_cast<float*>(storageData(info, a.at("lse", "so"), call, DType::F32, rows));
   checkTargets(t, rows, vocab, ignore, call);
   if (dt != DType::F32) {
     // 16-bit logits (the head's bf16 chunks): each row widened into a buffer of the thread, not the whole block.
-    const uint8_t* raw = storageData(info, 0, call, dt, n);
+    const uint8_t* raw = storageData(info, a.at("logits", "so"), call, dt, n);
     const size_t es = dtypeSize(dt);
     parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(vocab));
@@ -66,7 +66,7 @@ NT_KERNEL("cross_entropy_forward", CrossEntropyForward) {
     });
     return;
   }
-  F32View X(info, 0, call, dt, n, true);
+  F32View X(a, "logits", dt, n, true);
   const float* x = X.data();
   parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { lossRows(x, t, loss, lse, b, e, vocab, ignore); });
 }
@@ -75,21 +75,20 @@ NT_KERNEL("cross_entropy_forward", CrossEntropyForward) {
 // scale, dtype): gradLogits[r, j] = gradLoss[0]·scale·(exp(logits[r, j] − lse[r]) − [j == target[r]]), ignored
 // rows 0. gradLoss is the one-element gradient of the reduced loss (dtype of logits); scale is 1 (sum) or
 // 1/count (mean). `whole` binds check every target against the vocabulary.
-static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call, bool whole) {
-  Args a = kernelArgs(info, call);
-  int64_t rows = a.size(5), vocab = a.size(6), ignore = a.int64(7);
-  float scale = float(a.number(8));
-  DType dt = a.dtype(9);
+static void crossEntropyBackwardBody(const Napi::CallbackInfo& info, const Args& a, const char* call, bool whole) {
+  int64_t rows = a.size("rows"), vocab = a.size("vocab"), ignore = a.int64("ignoreIndex");
+  float scale = float(a.number("scale"));
+  DType dt = a.dtype("dtype");
   int64_t n = rows * vocab;
-  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, rows));
-  const float* lse = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
-  F32View GL(info, 3, call, dt, 1, true);
+  const int32_t* t = reinterpret_cast<const int32_t*>(storageData(info, a.at("targets", "s"), call, DType::I32, rows));
+  const float* lse = reinterpret_cast<const float*>(storageData(info, a.at("lse", "s"), call, DType::F32, rows));
+  F32View GL(a, "gradLoss", dt, 1, true);
   if (whole) checkTargets(t, rows, vocab, ignore, call);
   float k = GL.data()[0] * scale;
   if (dt != DType::F32) {
     // 16-bit logits: row by row through a buffer of the thread (logits and gradient may be one storage).
-    const uint8_t* in = storageData(info, 0, call, dt, n);
-    uint8_t* out = storageData(info, 4, call, dt, n);
+    const uint8_t* in = storageData(info, a.at("logits", "s"), call, dt, n);
+    uint8_t* out = storageData(info, a.at("gradLogits", "s"), call, dt, n);
     const size_t es = dtypeSize(dt);
     parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(vocab));
@@ -99,29 +98,22 @@ static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, cons
         fromF32(row.data(), out + size_t(r * vocab) * es, dt, vocab);
       }
     });
-    return info.Env().Undefined();
+    return;
   }
-  F32View X(info, 0, call, dt, n, true);
-  F32View O(info, 4, call, dt, n, false);
+  F32View X(a, "logits", dt, n, true);
+  F32View O(a, "gradLogits", dt, n, false);
   const float* x = X.data();
   float* o = O.data();
   parallelRows(rows, vocab * 2, [&](int64_t b, int64_t e) { gradRows(x, t, lse, o, k, b, e, vocab, ignore); });
   O.commit();
-  return info.Env().Undefined();
 }
 
 // cross_entropy_backward: logits [rows, vocab] is the whole vocabulary; lse from cross_entropy_forward.
-static Napi::Value CrossEntropyBackward(const Napi::CallbackInfo& info) {
-  return crossEntropyBackwardBody(info, "cross_entropy_backward", true);
-}
-NT_EXPORT("cross_entropy_backward", CrossEntropyBackward);
+NT_KERNEL("cross_entropy_backward", CrossEntropyBackward) { crossEntropyBackwardBody(info, a, call, true); }
 
 // cross_entropy_shard_backward: vocabulary-parallel cross-entropy. logits [rows, vocab] is this process's
 // slice of the vocabulary, lse [rows] the logsumexp over the whole vocabulary, targets[r] the target's
 // column in this slice or any value outside [0, vocab) when another slice owns it (or ignoreIndex).
-static Napi::Value CrossEntropyShardBackward(const Napi::CallbackInfo& info) {
-  return crossEntropyBackwardBody(info, "cross_entropy_shard_backward", false);
-}
-NT_EXPORT("cross_entropy_shard_backward", CrossEntropyShardBackward);
+NT_KERNEL("cross_entropy_shard_backward", CrossEntropyShardBackward) { crossEntropyBackwardBody(info, a, call, false); }
 
 }  // namespace nt::cpu

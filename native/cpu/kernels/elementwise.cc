@@ -32,39 +32,43 @@ static void binaryLoop(F f, const float* a, const float* b, float* o, const std:
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
 //   out[i] = a[i·aStrides] op b[i·bStrides] over outShape (row-major, contiguous out); op 0 add,
-//   1 sub, 2 mul, 3 div. Broadcast dims have stride 0. out may alias a when their shapes match.
+//   1 sub, 2 mul, 3 div, 4 max, 5 min (fmax/fmin), 6 pow (op_codes.h). Broadcast dims have stride 0. out may alias a when their shapes match.
 NT_KERNEL("binary", Binary) {
-  int64_t op = a.int64(0);
-  DType dt = a.dtype(4);
-  auto shape = intList(info, 5, call);
-  auto sa = intList(info, 6, call, int64_t(shape.size()));
-  auto sb = intList(info, 7, call, int64_t(shape.size()));
+  int64_t op = a.int64("op");
+  DType dt = a.dtype("dtype");
+  auto shape = a.ints("outShape");
+  auto sa = a.ints("aStrides", int64_t(shape.size()));
+  auto sb = a.ints("bStrides", int64_t(shape.size()));
   if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
   int64_t n = product(shape);
   int64_t na = stridedExtent(shape, sa, call), nb = stridedExtent(shape, sb, call);
-  uint8_t* pa = storageData(info, 1, call, dt, na);
-  uint8_t* pb = storageData(info, 2, call, dt, nb);
-  uint8_t* po = storageData(info, 3, call, dt, n);
+  uint8_t* pa = storageData(info, a.at("a", "so"), call, dt, na);
+  uint8_t* pb = storageData(info, a.at("b", "so"), call, dt, nb);
+  uint8_t* po = storageData(info, a.at("out", "so"), call, dt, n);
   F32View A(pa, dt, na, true), B(pb, dt, nb, true), O(po, dt, n, false);
   const float *x = A.data(), *y = B.data();
   float* o = O.data();
+  using namespace binary_op;
   switch (op) {
     case kAdd: binaryLoop([](float u, float v) { return u + v; }, x, y, o, shape, sa, sb); break;
     case kSub: binaryLoop([](float u, float v) { return u - v; }, x, y, o, shape, sa, sb); break;
     case kMul: binaryLoop([](float u, float v) { return u * v; }, x, y, o, shape, sa, sb); break;
-    default: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
+    case kDiv: binaryLoop([](float u, float v) { return u / v; }, x, y, o, shape, sa, sb); break;
+    case kMax: binaryLoop([](float u, float v) { return std::fmax(u, v); }, x, y, o, shape, sa, sb); break;
+    case kMin: binaryLoop([](float u, float v) { return std::fmin(u, v); }, x, y, o, shape, sa, sb); break;
+    default: binaryLoop([](float u, float v) { return std::pow(u, v); }, x, y, o, shape, sa, sb); break;
   }
   O.commit();
 }
 
-// The arguments unary and unary_backward share: op (argument 0), then n, dtype and p at `nArg` on.
+// The arguments unary and unary_backward share (op, n, dtype, p), read by name.
 struct UnaryArgs {
   int64_t op, n;
   DType dt;
   float p;
 };
-static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
-  UnaryArgs u{a.int64(0), a.size(nArg), a.dtype(nArg + 1), float(a.number(nArg + 2))};
+static UnaryArgs unaryArgs(const Args& a) {
+  UnaryArgs u{a.int64("op"), a.size("n"), a.dtype("dtype"), float(a.number("p"))};
   if (!validUnaryOp(u.op)) fail(Err::Argument, std::string(a.call) + ": unknown op " + std::to_string(u.op));
   return u;
 }
@@ -72,8 +76,9 @@ static UnaryArgs unaryArgs(const Args& a, size_t nArg) {
 // unary(op, inp, out, n, dtype, p)
 //   op 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p, 8 p−x, 9 p/x. out may alias inp.
 NT_KERNEL("unary", Unary) {
-  auto [op, n, dt, p] = unaryArgs(a, 3);
-  F32View I(info, 1, call, dt, n, true), O(info, 2, call, dt, n, false);
+  using namespace unary_op;
+  auto [op, n, dt, p] = unaryArgs(a);
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   switch (op) {
@@ -97,12 +102,13 @@ NT_KERNEL("unary", Unary) {
 // unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p)
 //   gradIn = gradOut · d unary(op, inp, p)/d inp, using the saved output where cheaper (exp, sqrt, tanh).
 NT_KERNEL("unary_backward", UnaryBackward) {
-  auto [op, n, dt, p] = unaryArgs(a, 5);
+  using namespace unary_op;
+  auto [op, n, dt, p] = unaryArgs(a);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
-  F32View X(info, 1, call, dt, n, true, needX);
-  F32View Y(info, 2, call, dt, n, true, needY);
-  F32View G(info, 3, call, dt, n, true), O(info, 4, call, dt, n, false);
+  F32View X(a, "inp", dt, n, true, needX);
+  F32View Y(a, "out", dt, n, true, needY);
+  F32View G(a, "gradOut", dt, n, true), O(a, "gradIn", dt, n, false);
   const float *x = X.data(), *y = Y.data(), *g = G.data();
   float* o = O.data();
   switch (op) {

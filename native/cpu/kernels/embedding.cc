@@ -12,11 +12,11 @@ static void checkIds(const int32_t* ids, int64_t n, int64_t vocab, const char* c
 
 // embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype)
 NT_KERNEL("embedding_forward", EmbeddingForward) {
-  int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
-  DType dt = a.dtype(6);
-  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
-  uint8_t* w = storageData(info, 1, call, dt, vocab * dim);
-  uint8_t* o = storageData(info, 2, call, dt, n * dim);
+  int64_t n = a.size("n"), vocab = a.size("vocab"), dim = a.size("dim");
+  DType dt = a.dtype("dtype");
+  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, a.at("ids", "so"), call, DType::I32, n));
+  uint8_t* w = storageData(info, a.at("weight", "so"), call, dt, vocab * dim);
+  uint8_t* o = storageData(info, a.at("out", "so"), call, dt, n * dim);
   checkIds(ids, n, vocab, call);
   size_t rowBytes = size_t(dim) * dtypeSize(dt);
   for (int64_t i = 0; i < n; i++) std::memcpy(o + size_t(i) * rowBytes, w + size_t(ids[i]) * rowBytes, rowBytes);
@@ -25,11 +25,11 @@ NT_KERNEL("embedding_forward", EmbeddingForward) {
 // embedding_backward(ids: i32 [n], gradOut [n, dim], gradWeight [vocab, dim], n, vocab, dim, dtype)
 //   gradWeight is overwritten: zero, then gradOut rows added at their ids.
 NT_KERNEL("embedding_backward", EmbeddingBackward) {
-  int64_t n = a.size(3), vocab = a.size(4), dim = a.size(5);
-  DType dt = a.dtype(6);
-  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, 0, call, DType::I32, n));
-  F32View G(info, 1, call, dt, n * dim, true);
-  F32View W(info, 2, call, dt, vocab * dim, false);
+  int64_t n = a.size("n"), vocab = a.size("vocab"), dim = a.size("dim");
+  DType dt = a.dtype("dtype");
+  const int32_t* ids = reinterpret_cast<const int32_t*>(storageData(info, a.at("ids", "so"), call, DType::I32, n));
+  F32View G(a, "gradOut", dt, n * dim, true);
+  F32View W(a, "gradWeight", dt, vocab * dim, false);
   checkIds(ids, n, vocab, call);
   float* w = W.data();
   const float* g = G.data();

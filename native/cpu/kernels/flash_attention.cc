@@ -117,12 +117,12 @@ void parallelTasks(int64_t tasks, int64_t workPerTask, F fn) {
 //   visible keys (−inf, and an output row of zeros, for a query that sees no key).
 NT_KERNEL("flash_attention_forward", FlashAttentionForward) {
   int64_t ext[4];
-  FlashProblem p = flashProblem(a, info, 5, 9, ext, call);
-  uint8_t* q = storageData(info, 0, call, p.dt, ext[0]);
-  uint8_t* k = storageData(info, 1, call, p.dt, ext[1]);
-  uint8_t* v = storageData(info, 2, call, p.dt, ext[2]);
-  uint8_t* o = storageData(info, 3, call, p.dt, ext[3]);
-  float* lse = reinterpret_cast<float*>(storageData(info, 4, call, DType::F32, p.B * p.H * p.tq));
+  FlashProblem p = flashProblem(a, ext, call);
+  uint8_t* q = storageData(info, a.at("q", "so"), call, p.dt, ext[0]);
+  uint8_t* k = storageData(info, a.at("k", "so"), call, p.dt, ext[1]);
+  uint8_t* v = storageData(info, a.at("v", "so"), call, p.dt, ext[2]);
+  uint8_t* o = storageData(info, a.at("out", "so"), call, p.dt, ext[3]);
+  float* lse = reinterpret_cast<float*>(storageData(info, a.at("lse", "so"), call, DType::F32, p.B * p.H * p.tq));
   if (p.B == 0 || p.H == 0 || p.tq == 0) return;
   int64_t D = p.D, tiles = (p.tq + kQueryTile - 1) / kQueryTile;
   parallelTasks(p.B * p.H * tiles, 4 * kQueryTile * p.tk * std::max<int64_t>(D, 1), [&](int64_t begin, int64_t end) {
@@ -172,16 +172,16 @@ NT_KERNEL("flash_attention_forward", FlashAttentionForward) {
 //   P = exp(scale·q·kᵀ − lse), dV += Pᵀ·dO, dS = scale·P∘(dO·vᵀ − delta), dK += dSᵀ·q, dQ += dS·k.
 NT_KERNEL("flash_attention_backward", FlashAttentionBackward) {
   int64_t ext[4];
-  FlashProblem p = flashProblem(a, info, 9, 13, ext, call);
-  const uint8_t* q = storageData(info, 0, call, p.dt, ext[0]);
-  const uint8_t* k = storageData(info, 1, call, p.dt, ext[1]);
-  const uint8_t* v = storageData(info, 2, call, p.dt, ext[2]);
-  const uint8_t* o = storageData(info, 3, call, p.dt, ext[3]);
-  const uint8_t* go = storageData(info, 4, call, p.dt, ext[3]);
-  const float* lse = reinterpret_cast<const float*>(storageData(info, 5, call, DType::F32, p.B * p.H * p.tq));
-  uint8_t* gq = storageData(info, 6, call, p.dt, ext[0]);
-  uint8_t* gk = storageData(info, 7, call, p.dt, ext[1]);
-  uint8_t* gv = storageData(info, 8, call, p.dt, ext[2]);
+  FlashProblem p = flashProblem(a, ext, call);
+  const uint8_t* q = storageData(info, a.at("q", "so"), call, p.dt, ext[0]);
+  const uint8_t* k = storageData(info, a.at("k", "so"), call, p.dt, ext[1]);
+  const uint8_t* v = storageData(info, a.at("v", "so"), call, p.dt, ext[2]);
+  const uint8_t* o = storageData(info, a.at("out", "so"), call, p.dt, ext[3]);
+  const uint8_t* go = storageData(info, a.at("gradOut", "so"), call, p.dt, ext[3]);
+  const float* lse = reinterpret_cast<const float*>(storageData(info, a.at("lse", "so"), call, DType::F32, p.B * p.H * p.tq));
+  uint8_t* gq = storageData(info, a.at("gradQ", "so"), call, p.dt, ext[0]);
+  uint8_t* gk = storageData(info, a.at("gradK", "so"), call, p.dt, ext[1]);
+  uint8_t* gv = storageData(info, a.at("gradV", "so"), call, p.dt, ext[2]);
   if (p.B == 0 || p.H == 0) return;
   int64_t D = p.D, tq = p.tq, tk = p.tk;
   parallelTasks(p.B * p.H, 10 * tq * tk * std::max<int64_t>(D, 1), [&](int64_t begin, int64_t end) {

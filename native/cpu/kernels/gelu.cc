@@ -28,9 +28,9 @@ NT_SIMD(geluBackwardRange, (const float* x, const float* g, float* o, int64_t be
 
 // gelu_forward(inp, out, n, dtype): out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
 NT_KERNEL("gelu_forward", GeluForward) {
-  int64_t n = a.size(2);
-  DType dt = a.dtype(3);
-  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
+  int64_t n = a.size("n");
+  DType dt = a.dtype("dtype");
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   parallelRows(n, 20, [&](int64_t b, int64_t e) { geluRange(x, o, b, e); });
@@ -39,10 +39,10 @@ NT_KERNEL("gelu_forward", GeluForward) {
 
 // gelu_backward(inp, gradOut, gradIn, n, dtype): gradIn = gradOut · gelu'(inp)
 NT_KERNEL("gelu_backward", GeluBackward) {
-  int64_t n = a.size(3);
-  DType dt = a.dtype(4);
-  F32View I(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
-  F32View O(info, 2, call, dt, n, false);
+  int64_t n = a.size("n");
+  DType dt = a.dtype("dtype");
+  F32View I(a, "inp", dt, n, true), G(a, "gradOut", dt, n, true);
+  F32View O(a, "gradIn", dt, n, false);
   const float *x = I.data(), *g = G.data();
   float* o = O.data();
   parallelRows(n, 30, [&](int64_t b, int64_t e) { geluBackwardRange(x, g, o, b, e); });
@@ -64,12 +64,12 @@ NT_SIMD(biasGeluRow, (float* __restrict x, const float* __restrict b, float* __r
 //   pre [rows, cols] (a GEMM's output) += bias per column, in place; out = gelu(pre): the bias add
 //   and the activation in one pass (linearGelu's forward after its GEMM).
 NT_KERNEL("bias_gelu_forward", BiasGeluForward) {
-  int64_t rows = a.size(3), cols = a.size(4);
-  DType dt = a.dtype(5);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  bool hasBias = !info[1].IsNull() && !info[1].IsUndefined();
-  F32View X(info, 0, call, dt, n, true), B(info, 1, call, dt, cols, true, hasBias);
-  F32View O(info, 2, call, dt, n, false);
+  bool hasBias = a.given("bias");
+  F32View X(a, "pre", dt, n, true), B(a, "bias", dt, cols, true, hasBias);
+  F32View O(a, "out", dt, n, false);
   float *x = X.data(), *o = O.data();
   const float* bb = B.data();
   parallelRows(rows, cols * 24, [&](int64_t b, int64_t e) {
@@ -90,12 +90,12 @@ NT_SIMD(geluGradRow, (const float* __restrict x, const float* __restrict g, floa
 //   gradPre = gradOut · gelu'(pre); gradBias (overwritten) = Σ_rows gradPre, summed in double over
 //   fixed row blocks in a fixed order (the same on any thread count).
 NT_KERNEL("bias_gelu_backward", BiasGeluBackward) {
-  int64_t rows = a.size(4), cols = a.size(5);
-  DType dt = a.dtype(6);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  bool hasBias = !info[3].IsNull() && !info[3].IsUndefined();
-  F32View X(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
-  F32View O(info, 2, call, dt, n, false), DB(info, 3, call, dt, cols, false, hasBias);
+  bool hasBias = a.given("gradBias");
+  F32View X(a, "pre", dt, n, true), G(a, "gradOut", dt, n, true);
+  F32View O(a, "gradPre", dt, n, false), DB(a, "gradBias", dt, cols, false, hasBias);
   const float *x = X.data(), *g = G.data();
   float* o = O.data();
   auto row = [&](int64_t r) { geluGradRow(x + r * cols, g + r * cols, o + r * cols, cols, dt); };

@@ -69,12 +69,12 @@ static void gemmBf16Batch(const uint16_t* A, const uint16_t* B, uint8_t* C, bool
 // Batch strides are in elements; 0 broadcasts one matrix across the batch. C is of `dtype` like A and
 // B, or f32 (outDtype) for bf16/f16 inputs: the f32 sums are stored without rounding to 16 bits.
 NT_KERNEL("gemm", Gemm) {
-  DType dt = a.dtype(3);
-  int64_t batch = a.size(4), M = a.size(5), N = a.size(6), K = a.size(7);
-  bool ta = a.boolean(8), tb = a.boolean(9);
-  float alpha = float(a.number(10)), beta = float(a.number(11));
-  int64_t sA = a.size(12), sB = a.size(13), sC = a.size(14);
-  DType ct = info.Length() > 15 ? a.dtype(15) : dt;
+  DType dt = a.dtype("dtype");
+  int64_t batch = a.size("batch"), M = a.size("m"), N = a.size("n"), K = a.size("k");
+  bool ta = a.boolean("transA"), tb = a.boolean("transB");
+  float alpha = float(a.number("alpha")), beta = float(a.number("beta"));
+  int64_t sA = a.size("strideA"), sB = a.size("strideB"), sC = a.size("strideC");
+  DType ct = info.Length() > 15 ? a.dtype("outDtype") : dt;
   if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
     fail(Err::DType, std::string("gemm: dtype ") + dtypeName(dt) + " is not supported (f32, bf16, f16)");
   if (ct != dt && !(ct == DType::F32 && (dt == DType::BF16 || dt == DType::F16)))
@@ -82,9 +82,9 @@ NT_KERNEL("gemm", Gemm) {
                          " inputs is not supported (the inputs' dtype, or f32 for bf16 and f16 inputs)");
   auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
   int64_t nA = extent(sA, M * K), nB = extent(sB, K * N), nC = extent(sC, M * N);
-  uint8_t* pa = storageData(info, 0, call, dt, nA);
-  uint8_t* pb = storageData(info, 1, call, dt, nB);
-  uint8_t* pc = storageData(info, 2, call, ct, nC);
+  uint8_t* pa = storageData(info, a.at("a", "so"), call, dt, nA);
+  uint8_t* pb = storageData(info, a.at("b", "so"), call, dt, nB);
+  uint8_t* pc = storageData(info, a.at("c", "so"), call, ct, nC);
   if (batch == 0 || M == 0 || N == 0) return;
   if (dt == DType::BF16 && bf16GemmActive()) {
     gemmBf16Batch(reinterpret_cast<const uint16_t*>(pa), reinterpret_cast<const uint16_t*>(pb), pc, ct == DType::BF16, batch, M, N, K, ta,

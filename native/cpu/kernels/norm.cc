@@ -28,16 +28,16 @@ NT_SIMD(addRow, (const float* __restrict x, const float* __restrict r, float* __
 // layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype)
 //   out = (x − mean)·rstd·weight + bias per row of [rows, cols]
 NT_KERNEL("layernorm_forward", LayerNormForward) {
-  int64_t rows = a.size(6), cols = a.size(7);
-  float eps = float(a.number(8));
-  DType dt = a.dtype(9);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  float eps = float(a.number("eps"));
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  bool hasBias = !info[2].IsNull() && !info[2].IsUndefined();
-  F32View X(info, 0, call, dt, n, true), W(info, 1, call, dt, cols, true);
-  F32View B(info, 2, call, dt, cols, true, hasBias);
-  F32View O(info, 3, call, dt, n, false);
-  float* mean = reinterpret_cast<float*>(storageData(info, 4, call, DType::F32, rows));
-  float* rstd = reinterpret_cast<float*>(storageData(info, 5, call, DType::F32, rows));
+  bool hasBias = a.given("bias");
+  F32View X(a, "x", dt, n, true), W(a, "weight", dt, cols, true);
+  F32View B(a, "bias", dt, cols, true, hasBias);
+  F32View O(a, "out", dt, n, false);
+  float* mean = reinterpret_cast<float*>(storageData(info, a.at("mean", "so"), call, DType::F32, rows));
+  float* rstd = reinterpret_cast<float*>(storageData(info, a.at("rstd", "so"), call, DType::F32, rows));
   const float *x = X.data(), *w = W.data(), *bb = B.data();
   float* o = O.data();
   parallelRows(rows, cols * 3, [&](int64_t b, int64_t e) {
@@ -50,16 +50,16 @@ NT_KERNEL("layernorm_forward", LayerNormForward) {
 //   sum = x + residual and out = layerNorm(sum) in one pass over each row (the pre-LayerNorm block's
 //   residual add and the next norm): the norm reads the sum as stored, as layernorm_forward would.
 NT_KERNEL("add_layernorm_forward", AddLayerNormForward) {
-  int64_t rows = a.size(8), cols = a.size(9);
-  float eps = float(a.number(10));
-  DType dt = a.dtype(11);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  float eps = float(a.number("eps"));
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  bool hasBias = !info[3].IsNull() && !info[3].IsUndefined();
-  F32View X(info, 0, call, dt, n, true), R(info, 1, call, dt, n, true), W(info, 2, call, dt, cols, true);
-  F32View B(info, 3, call, dt, cols, true, hasBias);
-  F32View S(info, 4, call, dt, n, false), O(info, 5, call, dt, n, false);
-  float* mean = reinterpret_cast<float*>(storageData(info, 6, call, DType::F32, rows));
-  float* rstd = reinterpret_cast<float*>(storageData(info, 7, call, DType::F32, rows));
+  bool hasBias = a.given("bias");
+  F32View X(a, "x", dt, n, true), R(a, "residual", dt, n, true), W(a, "weight", dt, cols, true);
+  F32View B(a, "bias", dt, cols, true, hasBias);
+  F32View S(a, "sum", dt, n, false), O(a, "out", dt, n, false);
+  float* mean = reinterpret_cast<float*>(storageData(info, a.at("mean", "so"), call, DType::F32, rows));
+  float* rstd = reinterpret_cast<float*>(storageData(info, a.at("rstd", "so"), call, DType::F32, rows));
   const float *x = X.data(), *res = R.data(), *w = W.data(), *bb = B.data();
   float *sum = S.data(), *o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
@@ -120,16 +120,16 @@ static void normBackward(const float* x, const float* w, const float* mean, cons
 // layernorm_backward(x, weight, mean, rstd, gradOut, gradX, gradW, gradB|null, rows, cols, dtype)
 //   gradW and gradB are overwritten (not accumulated).
 NT_KERNEL("layernorm_backward", LayerNormBackward) {
-  int64_t rows = a.size(8), cols = a.size(9);
-  DType dt = a.dtype(10);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  bool hasBias = !info[7].IsNull() && !info[7].IsUndefined();
-  F32View X(info, 0, call, dt, n, true), W(info, 1, call, dt, cols, true);
-  const float* mean = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
-  const float* rstd = reinterpret_cast<const float*>(storageData(info, 3, call, DType::F32, rows));
-  F32View G(info, 4, call, dt, n, true), DX(info, 5, call, dt, n, false);
-  F32View DW(info, 6, call, dt, cols, false);
-  F32View DB(info, 7, call, dt, cols, false, hasBias);
+  bool hasBias = a.given("gradB");
+  F32View X(a, "x", dt, n, true), W(a, "weight", dt, cols, true);
+  const float* mean = reinterpret_cast<const float*>(storageData(info, a.at("mean", "so"), call, DType::F32, rows));
+  const float* rstd = reinterpret_cast<const float*>(storageData(info, a.at("rstd", "so"), call, DType::F32, rows));
+  F32View G(a, "gradOut", dt, n, true), DX(a, "gradX", dt, n, false);
+  F32View DW(a, "gradW", dt, cols, false);
+  F32View DB(a, "gradB", dt, cols, false, hasBias);
   normBackward(X.data(), W.data(), mean, rstd, G.data(), DX.data(), DW.data(), hasBias ? DB.data() : nullptr, rows, cols, true);
   DX.commit();
   DW.commit();
@@ -139,13 +139,13 @@ NT_KERNEL("layernorm_backward", LayerNormBackward) {
 // rmsnorm_forward(x, weight, out, rstd: f32, rows, cols, eps, dtype): out = x·rstd·weight,
 //   rstd = 1/√(mean(x²) + eps)
 NT_KERNEL("rmsnorm_forward", RmsNormForward) {
-  int64_t rows = a.size(4), cols = a.size(5);
-  float eps = float(a.number(6));
-  DType dt = a.dtype(7);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  float eps = float(a.number("eps"));
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  F32View X(info, 0, call, dt, n, true), W(info, 1, call, dt, cols, true);
-  F32View O(info, 2, call, dt, n, false);
-  float* rstd = reinterpret_cast<float*>(storageData(info, 3, call, DType::F32, rows));
+  F32View X(a, "x", dt, n, true), W(a, "weight", dt, cols, true);
+  F32View O(a, "out", dt, n, false);
+  float* rstd = reinterpret_cast<float*>(storageData(info, a.at("rstd", "so"), call, DType::F32, rows));
   const float *x = X.data(), *w = W.data();
   float* o = O.data();
   parallelRows(rows, cols * 3, [&](int64_t b, int64_t e) {
@@ -156,13 +156,13 @@ NT_KERNEL("rmsnorm_forward", RmsNormForward) {
 
 // rmsnorm_backward(x, weight, rstd, gradOut, gradX, gradW, rows, cols, dtype); gradW overwritten
 NT_KERNEL("rmsnorm_backward", RmsNormBackward) {
-  int64_t rows = a.size(6), cols = a.size(7);
-  DType dt = a.dtype(8);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
   int64_t n = rows * cols;
-  F32View X(info, 0, call, dt, n, true), W(info, 1, call, dt, cols, true);
-  const float* rstd = reinterpret_cast<const float*>(storageData(info, 2, call, DType::F32, rows));
-  F32View G(info, 3, call, dt, n, true), DX(info, 4, call, dt, n, false);
-  F32View DW(info, 5, call, dt, cols, false);
+  F32View X(a, "x", dt, n, true), W(a, "weight", dt, cols, true);
+  const float* rstd = reinterpret_cast<const float*>(storageData(info, a.at("rstd", "so"), call, DType::F32, rows));
+  F32View G(a, "gradOut", dt, n, true), DX(a, "gradX", dt, n, false);
+  F32View DW(a, "gradW", dt, cols, false);
   normBackward(X.data(), W.data(), nullptr, rstd, G.data(), DX.data(), DW.data(), nullptr, rows, cols, false);
   DX.commit();
   DW.commit();

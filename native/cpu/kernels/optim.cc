@@ -35,18 +35,20 @@ std::vector<float*> stateList(const Napi::CallbackInfo& info, size_t i, const ch
   return out;
 }
 
-// The lists every step binding starts with: params[] and grads[] at arguments 0 and 1, then counts[],
-// paramDtypes[] and gradDtypes[] from argument `countsAt`, each storage checked against its count.
+// The lists every step binding starts with: params[], grads[], counts[], paramDtypes[] and gradDtypes[]
+// (read by name), each storage checked against its count.
 struct ParamGradLists {
   std::vector<int64_t> counts;
   std::vector<DType> pdt, gdt;
   std::vector<uint8_t*> params, grads;
 };
 
-ParamGradLists paramGradLists(const Napi::CallbackInfo& info, const char* call, size_t countsAt) {
-  ParamGradDtypes d = paramGradDtypes(info, countsAt, call);
-  std::vector<uint8_t*> params = storageList(info, 0, call, "params", d.counts, d.pdt);
-  std::vector<uint8_t*> grads = storageList(info, 1, call, "grads", d.counts, d.gdt);
+ParamGradLists paramGradLists(const Args& a) {
+  const Napi::CallbackInfo& info = a.info;
+  const char* call = a.call;
+  ParamGradDtypes d = paramGradDtypes(info, a.at("counts", "A"), call);
+  std::vector<uint8_t*> params = storageList(info, a.at("params", "S"), call, "params", d.counts, d.pdt);
+  std::vector<uint8_t*> grads = storageList(info, a.at("grads", "S"), call, "grads", d.counts, d.gdt);
   return ParamGradLists{std::move(d.counts), std::move(d.pdt), std::move(d.gdt), std::move(params), std::move(grads)};
 }
 
@@ -62,8 +64,8 @@ void eachParam(const ParamGradLists& l, Body body) {
   }
 }
 
-// What adamw_step and lamb_step read the same way: the lists, the f32 moments (expAvg, expAvgSq at
-// arguments 2 and 3), lr, beta1, beta2, eps, weightDecay, step and gradScale (arguments 7 to 13).
+// What adamw_step and lamb_step read the same way: the lists, the f32 moments (expAvg, expAvgSq), lr,
+// beta1, beta2, eps, weightDecay, step and gradScale.
 struct AdamArgs {
   Args a;
   ParamGradLists l;
@@ -75,12 +77,12 @@ struct AdamArgs {
 
 AdamArgs adamArgs(const Napi::CallbackInfo& info, const char* call) {
   Args a = kernelArgs(info, call);
-  ParamGradLists l = paramGradLists(info, call, 4);
-  std::vector<float*> ms = stateList(info, 2, call, "expAvg", l.counts);
-  std::vector<float*> vs = stateList(info, 3, call, "expAvgSq", l.counts);
-  double lr = a.number(7), b1 = a.number(8), b2 = a.number(9), eps = a.number(10), wd = a.number(11);
-  int64_t step = a.int64(12);
-  float scale = float(a.number(13));
+  ParamGradLists l = paramGradLists(a);
+  std::vector<float*> ms = stateList(info, a.at("expAvg", "S"), call, "expAvg", l.counts);
+  std::vector<float*> vs = stateList(info, a.at("expAvgSq", "S"), call, "expAvgSq", l.counts);
+  double lr = a.number("lr"), b1 = a.number("beta1"), b2 = a.number("beta2"), eps = a.number("eps"), wd = a.number("weightDecay");
+  int64_t step = a.int64("step");
+  float scale = float(a.number("gradScale"));
   return AdamArgs{a, std::move(l), std::move(ms), std::move(vs), lr, b1, b2, eps, wd, step, scale};
 }
 
@@ -168,7 +170,7 @@ NT_EXPORT("streamTriadLoop", StreamTriadLoop);
 // Two passes over each tensor (norms, then update) so no update buffer is needed.
 static Napi::Value LambStep(const Napi::CallbackInfo& info) {
   AdamArgs A = adamArgs(info, "lamb_step");
-  bool biasCorrection = A.a.boolean(14);
+  bool biasCorrection = A.a.boolean("biasCorrection");
   if (A.step < 1) fail(Err::Argument, "lamb_step: step must be >= 1");
   const float invBc1 = biasCorrection ? float(1.0 / (1.0 - std::pow(A.b1, double(A.step)))) : 1.0f;
   const float invBc2 = biasCorrection ? float(1.0 / (1.0 - std::pow(A.b2, double(A.step)))) : 1.0f;
@@ -204,12 +206,12 @@ NT_EXPORT("lamb_step", LambStep);
 // PyTorch's SGD: d = g + wd*p; with momentum, buf = d on the first step, else momentum*buf + (1-dampening)*d,
 // and d = nesterov ? d + momentum*buf : buf; then p -= lr*d. momentumBufs is [] when momentum is 0.
 NT_KERNEL("sgd_step", SgdStep) {
-  ParamGradLists l = paramGradLists(info, call, 3);
-  double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
-  bool nesterov = a.boolean(10), first = a.boolean(11);
-  float scale = float(a.number(12));
+  ParamGradLists l = paramGradLists(a);
+  double lr = a.number("lr"), mom = a.number("momentum"), damp = a.number("dampening"), wd = a.number("weightDecay");
+  bool nesterov = a.boolean("nesterov"), first = a.boolean("firstStep");
+  float scale = float(a.number("gradScale"));
   std::vector<float*> bufs;
-  if (mom != 0) bufs = stateList(info, 2, call, "momentumBufs", l.counts);
+  if (mom != 0) bufs = stateList(info, a.at("momentumBufs", "S"), call, "momentumBufs", l.counts);
   const float flr = float(lr), fmom = float(mom), fdamp = float(1.0 - damp), fwd = float(wd);
   eachParam(l, [&](size_t k, int64_t n, float* p, const float* g) {
     float* buf = mom != 0 ? bufs[k] : nullptr;
@@ -228,7 +230,7 @@ NT_KERNEL("sgd_step", SgdStep) {
 static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   const char* call = "sum_squares";
   auto [a, counts, dts] = tensorListArgs(info, call);
-  std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
+  std::vector<uint8_t*> data = storageList(info, a.at("storages", "S"), call, "storages", counts, dts);
   Napi::Float64Array out = Napi::Float64Array::New(info.Env(), counts.size());
   for (size_t k = 0; k < counts.size(); k++) {
     F32View X(data[k], dts[k], counts[k], true);
@@ -245,8 +247,8 @@ NT_EXPORT("sum_squares", SumSquares);
 static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
   const char* call = "scale_in_place";
   auto [a, counts, dts] = tensorListArgs(info, call);
-  std::vector<uint8_t*> data = storageList(info, 0, call, "storages", counts, dts);
-  float alpha = float(a.number(3));
+  std::vector<uint8_t*> data = storageList(info, a.at("storages", "S"), call, "storages", counts, dts);
+  float alpha = float(a.number("alpha"));
   for (size_t k = 0; k < counts.size(); k++) {
     F32View X(data[k], dts[k], counts[k], true);
     float* x = X.data();

@@ -13,15 +13,15 @@ static uint64_t seedArg(const Args& a, size_t i) {
 //   element i of the storage is element firstElement + i of the draw that starts at baseBlock
 //   kind 0: uniform in [a, b); kind 1: normal with mean a and std b; kind 2: bernoulli(p=a) as 0/1
 NT_KERNEL("random_fill", RandomFill) {
-  DType dt = a.dtype(1);
-  int64_t n = a.size(2);
-  int64_t kind = a.int64(3);
+  DType dt = a.dtype("dtype");
+  int64_t n = a.size("n");
+  int64_t kind = a.int64("kind");
   uint64_t seed = seedArg(a, 4);
-  uint64_t base = uint64_t(a.size(6));
-  uint64_t first = uint64_t(a.size(7));
-  float p0 = float(a.number(8)), p1 = float(a.number(9));
+  uint64_t base = uint64_t(a.size("baseBlock"));
+  uint64_t first = uint64_t(a.size("firstElement"));
+  float p0 = float(a.number("a")), p1 = float(a.number("b"));
   if (kind < 0 || kind > 2) fail(Err::Argument, "random_fill: unknown distribution " + std::to_string(kind));
-  uint8_t* d = storageData(info, 0, call, dt, n);
+  uint8_t* d = storageData(info, a.at("storage", "so"), call, dt, n);
   F32View out(d, dt, n, false);
   float* o = out.data();
   if (kind == 0) {

@@ -8,13 +8,13 @@ namespace nt::cpu {
 //   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on the
 //   summed dims. Accumulates in double so long sums stay exact to f32 rounding.
 NT_KERNEL("sum_to", SumTo) {
-  DType dt = a.dtype(2);
-  auto shape = intList(info, 3, call);
-  auto so = intList(info, 4, call, int64_t(shape.size()));
-  int64_t nOut = a.size(5);
+  DType dt = a.dtype("dtype");
+  auto shape = a.ints("inShape");
+  auto so = a.ints("outStrides", int64_t(shape.size()));
+  int64_t nOut = a.size("outCount");
   int64_t n = product(shape);
   if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
-  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, nOut, false);
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, nOut, false);
   std::vector<double> acc(static_cast<size_t>(nOut), 0.0);
   const float* x = I.data();
   size_t rank = shape.size();
@@ -41,12 +41,12 @@ NT_KERNEL("sum_to", SumTo) {
 // max_dim(inp, out, argmax: i32, outer, red, inner, dtype)
 //   inp viewed as [outer, red, inner]; out[o, i] = max_r inp[o, r, i], argmax the first r reaching it.
 NT_KERNEL("max_dim", MaxDim) {
-  int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
-  DType dt = a.dtype(6);
+  int64_t outer = a.size("outer"), red = a.size("red"), inner = a.size("inner");
+  DType dt = a.dtype("dtype");
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
   int64_t n = outer * red * inner, m = outer * inner;
-  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, m, false);
-  int32_t* arg = reinterpret_cast<int32_t*>(storageData(info, 2, call, DType::I32, m));
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, m, false);
+  int32_t* arg = reinterpret_cast<int32_t*>(storageData(info, a.at("argmax", "so"), call, DType::I32, m));
   const float* x = I.data();
   float* o = O.data();
   for (int64_t b = 0; b < outer; b++) {
@@ -67,11 +67,11 @@ NT_KERNEL("max_dim", MaxDim) {
 // max_dim_backward(gradOut, argmax: i32, gradIn, outer, red, inner, dtype)
 //   gradIn[o, argmax[o, i], i] = gradOut[o, i]; every other element 0.
 NT_KERNEL("max_dim_backward", MaxDimBackward) {
-  int64_t outer = a.size(3), red = a.size(4), inner = a.size(5);
-  DType dt = a.dtype(6);
+  int64_t outer = a.size("outer"), red = a.size("red"), inner = a.size("inner");
+  DType dt = a.dtype("dtype");
   int64_t n = outer * red * inner, m = outer * inner;
-  F32View G(info, 0, call, dt, m, true), O(info, 2, call, dt, n, false);
-  const int32_t* arg = reinterpret_cast<const int32_t*>(storageData(info, 1, call, DType::I32, m));
+  F32View G(a, "gradOut", dt, m, true), O(a, "gradIn", dt, n, false);
+  const int32_t* arg = reinterpret_cast<const int32_t*>(storageData(info, a.at("argmax", "so"), call, DType::I32, m));
   for (int64_t k = 0; k < m; k++)
     if (arg[k] < 0 || arg[k] >= red) fail(Err::Argument, "max_dim_backward: argmax index out of range");
   float* o = O.data();

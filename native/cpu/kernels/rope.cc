@@ -15,19 +15,19 @@ namespace nt::cpu {
 //   [seq] (shared by the batch) or [batch, seq]; posCount its element count (0 when null).
 //   Angles are computed in double and rounded once to f32.
 NT_KERNEL("rope", Rope) {
-  int64_t posCount = a.size(3), batch = a.size(4), seq = a.size(5), heads = a.size(6), dim = a.size(7), offset = a.size(8);
-  double theta = a.number(9);
-  bool inverse = a.boolean(10);
-  DType dt = a.dtype(11);
+  int64_t posCount = a.size("posCount"), batch = a.size("batch"), seq = a.size("seq"), heads = a.size("heads"), dim = a.size("dim"), offset = a.size("offset");
+  double theta = a.number("theta");
+  bool inverse = a.boolean("inverse");
+  DType dt = a.dtype("dtype");
   if (dim % 2 != 0) fail(Err::Shape, std::string(call) + ": the head dim " + std::to_string(dim) + " must be even");
   if (!(theta > 0) || !std::isfinite(theta)) fail(Err::Argument, std::string(call) + ": theta must be a finite number > 0");
-  bool hasPos = !info[2].IsNull() && !info[2].IsUndefined();
+  bool hasPos = a.given("positions");
   if (hasPos != (posCount > 0) || (hasPos && posCount != seq && posCount != batch * seq))
     fail(Err::Shape, std::string(call) + ": positions must hold seq (" + std::to_string(seq) + ") or batch·seq (" + std::to_string(batch * seq) +
                          ") entries, got " + std::to_string(posCount));
   int64_t n = batch * seq * heads * dim;
-  const int32_t* pos = hasPos ? reinterpret_cast<const int32_t*>(storageData(info, 2, call, DType::I32, posCount)) : nullptr;
-  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
+  const int32_t* pos = hasPos ? reinterpret_cast<const int32_t*>(storageData(info, a.at("positions", "so"), call, DType::I32, posCount)) : nullptr;
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, n, false);
   if (n == 0) return;
   int64_t half = dim / 2, P = hasPos ? posCount : seq;
   // cos and sin per (position row, i), each computed once.

@@ -8,16 +8,16 @@ namespace nt::cpu {
 //   dst[dstOffset + Σ idx·dstStrides] = src[srcOffset + Σ idx·srcStrides] for idx over shape
 //   (element offsets and strides; bytes copied as they are, no conversion).
 NT_KERNEL("copy_strided", CopyStrided) {
-  DType dt = a.dtype(2);
-  auto shape = intList(info, 3, call);
-  auto ss = intList(info, 4, call, int64_t(shape.size()));
-  int64_t so = a.size(5);
-  auto ds = intList(info, 6, call, int64_t(shape.size()));
-  int64_t dOff = a.size(7);
+  DType dt = a.dtype("dtype");
+  auto shape = a.ints("shape");
+  auto ss = a.ints("srcStrides", int64_t(shape.size()));
+  int64_t so = a.size("srcOffset");
+  auto ds = a.ints("dstStrides", int64_t(shape.size()));
+  int64_t dOff = a.size("dstOffset");
   int64_t n = product(shape);
   if (n == 0) return;
-  uint8_t* src = storageData(info, 0, call, dt, so + stridedExtent(shape, ss, call));
-  uint8_t* dst = storageData(info, 1, call, dt, dOff + stridedExtent(shape, ds, call));
+  uint8_t* src = storageData(info, a.at("src", "so"), call, dt, so + stridedExtent(shape, ss, call));
+  uint8_t* dst = storageData(info, a.at("dst", "so"), call, dt, dOff + stridedExtent(shape, ds, call));
   size_t es = dtypeSize(dt);
   size_t rank = shape.size();
   if (rank == 0) { std::memcpy(dst + dOff * es, src + so * es, es); return; }

@@ -16,11 +16,11 @@ NT_SIMD(softmaxRowsBackward, (const float* y, const float* g, float* gi, int64_t
 
 // softmax_forward(inp, out, rows, cols, dtype, log): each row of [rows, cols] → (log-)softmax
 NT_KERNEL("softmax_forward", SoftmaxForward) {
-  int64_t rows = a.size(2), cols = a.size(3);
-  DType dt = a.dtype(4);
-  bool log = a.boolean(5);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
+  bool log = a.boolean("log");
   int64_t n = rows * cols;
-  F32View I(info, 0, call, dt, n, true), O(info, 1, call, dt, n, false);
+  F32View I(a, "inp", dt, n, true), O(a, "out", dt, n, false);
   const float* x = I.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {
@@ -31,12 +31,12 @@ NT_KERNEL("softmax_forward", SoftmaxForward) {
 
 // softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log): from the forward's output
 NT_KERNEL("softmax_backward", SoftmaxBackward) {
-  int64_t rows = a.size(3), cols = a.size(4);
-  DType dt = a.dtype(5);
-  bool log = a.boolean(6);
+  int64_t rows = a.size("rows"), cols = a.size("cols");
+  DType dt = a.dtype("dtype");
+  bool log = a.boolean("log");
   int64_t n = rows * cols;
-  F32View Y(info, 0, call, dt, n, true), G(info, 1, call, dt, n, true);
-  F32View O(info, 2, call, dt, n, false);
+  F32View Y(a, "out", dt, n, true), G(a, "gradOut", dt, n, true);
+  F32View O(a, "gradIn", dt, n, false);
   const float *y = Y.data(), *g = G.data();
   float* o = O.data();
   parallelRows(rows, cols * 4, [&](int64_t b, int64_t e) {

@@ -35,11 +35,11 @@ NT_SIMD(swigluBackwardRange, (const float* g, const float* u, const float* dy, f
 
 // swiglu_forward(gate, up|null, out, n, dtype): out = silu(gate)·up, or silu(gate) when up is null.
 NT_KERNEL("swiglu_forward", SwigluForward) {
-  int64_t n = a.size(3);
-  DType dt = a.dtype(4);
-  bool hasUp = !info[1].IsNull() && !info[1].IsUndefined();
-  F32View G(info, 0, call, dt, n, true), U(info, 1, call, dt, n, true, hasUp);
-  F32View O(info, 2, call, dt, n, false);
+  int64_t n = a.size("n");
+  DType dt = a.dtype("dtype");
+  bool hasUp = a.given("up");
+  F32View G(a, "gate", dt, n, true), U(a, "up", dt, n, true, hasUp);
+  F32View O(a, "out", dt, n, false);
   const float *g = G.data(), *u = hasUp ? U.data() : nullptr;
   float* o = O.data();
   parallelRows(n, 24, [&](int64_t b, int64_t e) { swigluRange(g, u, o, b, e); });
@@ -49,13 +49,13 @@ NT_KERNEL("swiglu_forward", SwigluForward) {
 // swiglu_backward(gate, up|null, gradOut, gradGate, gradUp|null, n, dtype): gradients of
 // swiglu_forward (both overwritten); gradUp is null exactly when up is.
 NT_KERNEL("swiglu_backward", SwigluBackward) {
-  int64_t n = a.size(5);
-  DType dt = a.dtype(6);
-  bool hasUp = !info[1].IsNull() && !info[1].IsUndefined();
-  bool hasGradUp = !info[4].IsNull() && !info[4].IsUndefined();
+  int64_t n = a.size("n");
+  DType dt = a.dtype("dtype");
+  bool hasUp = a.given("up");
+  bool hasGradUp = a.given("gradUp");
   if (hasUp != hasGradUp) fail(Err::Argument, std::string(call) + ": gradUp must be given exactly when up is");
-  F32View G(info, 0, call, dt, n, true), U(info, 1, call, dt, n, true, hasUp), DY(info, 2, call, dt, n, true);
-  F32View DG(info, 3, call, dt, n, false), DU(info, 4, call, dt, n, false, hasUp);
+  F32View G(a, "gate", dt, n, true), U(a, "up", dt, n, true, hasUp), DY(a, "gradOut", dt, n, true);
+  F32View DG(a, "gradGate", dt, n, false), DU(a, "gradUp", dt, n, false, hasUp);
   const float *g = G.data(), *u = hasUp ? U.data() : nullptr, *dy = DY.data();
   float *dg = DG.data(), *du = hasUp ? DU.data() : nullptr;
   parallelRows(n, 30, [&](int64_t b, int64_t e) { swigluBackwardRange(g, u, dy, dg, du, b, e); });

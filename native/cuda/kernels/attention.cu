@@ -27,41 +27,33 @@ __global__ void attentionSoftmaxKernel(const T* scores, T* probs, int64_t tq, in
 }
 
 // attention_softmax_forward(scores, probs, batch, tq, tk, scale, causal, window, dtype): see attentionSoftmaxKernel.
-static Napi::Value AttentionSoftmaxForward(const Napi::CallbackInfo& info) {
-  const char* call = "attention_softmax_forward";
-  KernelCall k(info, call);
-  int64_t batch = k.args.size(2), tq = k.args.size(3), tk = k.args.size(4);
-  float scale = float(k.args.number(5));
-  bool causal = k.args.boolean(6);
-  int64_t window = k.args.size(7);
-  DType dt = k.args.dtype(8);
+NT_CUDA_KERNEL("attention_softmax_forward", AttentionSoftmaxForward) {
+  int64_t batch = k.args.size("batch"), tq = k.args.size("tq"), tk = k.args.size("tk");
+  float scale = float(k.args.number("scale"));
+  bool causal = k.args.boolean("causal");
+  int64_t window = k.args.size("window");
+  DType dt = k.args.dtype("dtype");
   if (tq > tk && causal) fail(Err::Shape, "attention_softmax_forward: causal attention needs tq <= tk");
   int64_t n = batch * tq * tk;
-  void* s = k.data(0, dt, n);
-  void* p = k.data(1, dt, n);
-  if (n == 0) return info.Env().Undefined();
+  void* s = k.data("scores", dt, n);
+  void* p = k.data("probs", dt, n);
+  if (n == 0) return;
   NT_LAUNCH_FLOAT(k, dt, attentionSoftmaxKernel, unsigned(batch * tq), rowThreads(tk),
                   static_cast<const T*>(s), static_cast<T*>(p), tq, tk, scale, causal, window);
-  return info.Env().Undefined();
 }
-NT_EXPORT("attention_softmax_forward", AttentionSoftmaxForward);
 
 // attention_softmax_backward(probs, gradProbs, gradScores, batch, tq, tk, scale, dtype): masked entries (probs 0) get 0.
-static Napi::Value AttentionSoftmaxBackward(const Napi::CallbackInfo& info) {
-  const char* call = "attention_softmax_backward";
-  KernelCall k(info, call);
-  int64_t batch = k.args.size(3), tq = k.args.size(4), tk = k.args.size(5);
-  float scale = float(k.args.number(6));
-  DType dt = k.args.dtype(7);
+NT_CUDA_KERNEL("attention_softmax_backward", AttentionSoftmaxBackward) {
+  int64_t batch = k.args.size("batch"), tq = k.args.size("tq"), tk = k.args.size("tk");
+  float scale = float(k.args.number("scale"));
+  DType dt = k.args.dtype("dtype");
   int64_t n = batch * tq * tk;
-  void* p = k.data(0, dt, n);
-  void* g = k.data(1, dt, n);
-  void* o = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
+  void* p = k.data("probs", dt, n);
+  void* g = k.data("gradProbs", dt, n);
+  void* o = k.data("gradScores", dt, n);
+  if (n == 0) return;
   NT_LAUNCH_FLOAT(k, dt, softmaxBackwardKernel, unsigned(batch * tq), rowThreads(tk),
                   static_cast<const T*>(p), static_cast<const T*>(g), static_cast<T*>(o), tk, false, scale);
-  return info.Env().Undefined();
 }
-NT_EXPORT("attention_softmax_backward", AttentionSoftmaxBackward);
 
 }  // namespace nt::cuda

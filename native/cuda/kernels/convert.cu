@@ -60,36 +60,31 @@ __global__ void arangeI32Kernel(int32_t* dst, double start, double step, int64_t
 }
 
 // cast(src, srcDtype, dst, dstDtype, n)
-static Napi::Value Cast(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "cast");
-  DType st = k.args.dtype(1), dt = k.args.dtype(3);
-  int64_t n = k.args.size(4);
-  void* src = k.data(0, st, n);
-  void* dst = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("cast", Cast) {
+  DType st = k.args.dtype("srcDtype"), dt = k.args.dtype("dstDtype");
+  int64_t n = k.args.size("n");
+  void* src = k.data("src", st, n);
+  void* dst = k.data("dst", dt, n);
+  if (n == 0) return;
   cudaStream_t s = k.stream();
   if (st == dt) {
     check(cudaMemcpyAsync(dst, src, size_t(n) * dtypeSize(st), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-    return info.Env().Undefined();
+    return;
   }
   NT_DISPATCH_ALL(st, "cast", S, NT_DISPATCH_ALL(dt, "cast", D, {
     constexpr int N = castWidth<S, D>();
     bool vec = alignedTo(src, sizeof(S) * N) && alignedTo(dst, sizeof(D) * N);
     castKernel<S, D><<<gridFor(vec ? (n + N - 1) / N : n), kThreads, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n, vec);
   }));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("cast", Cast);
 
 // fill(storage, dtype, n, value): the value is converted on the host exactly as the cpu fill does.
-static Napi::Value Fill(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "fill");
-  DType dt = k.args.dtype(1);
-  int64_t n = k.args.size(2);
-  double v = k.args.number(3);
-  void* d = k.data(0, dt, n);
-  if (n == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("fill", Fill) {
+  DType dt = k.args.dtype("dtype");
+  int64_t n = k.args.size("n");
+  double v = k.args.number("value");
+  void* d = k.data("storage", dt, n);
+  if (n == 0) return;
   cudaStream_t s = k.stream();
   switch (dt) {
     case DType::F32: {
@@ -117,28 +112,21 @@ static Napi::Value Fill(const Napi::CallbackInfo& info) {
       launchFill<uint16_t>(s, static_cast<uint16_t*>(d), h, n);
     }
   }
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("fill", Fill);
 
 // arange(storage, dtype, n, start, step): element i = start + i * step, computed in double.
-static Napi::Value Arange(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "arange");
-  DType dt = k.args.dtype(1);
-  int64_t n = k.args.size(2);
-  double start = k.args.number(3), step = k.args.number(4);
-  void* d = k.data(0, dt, n);
-  if (n == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("arange", Arange) {
+  DType dt = k.args.dtype("dtype");
+  int64_t n = k.args.size("n");
+  double start = k.args.number("start"), step = k.args.number("step");
+  void* d = k.data("storage", dt, n);
+  if (n == 0) return;
   cudaStream_t s = k.stream();
   if (dt == DType::I32) {
     arangeI32Kernel<<<gridFor(n), kThreads, 0, s>>>(static_cast<int32_t*>(d), start, step, n);
   } else {
     NT_DISPATCH_ALL(dt, "arange", T, arangeKernel<T><<<gridFor(n), kThreads, 0, s>>>(static_cast<T*>(d), start, step, n));
   }
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("arange", Arange);
 
 }  // namespace nt::cuda

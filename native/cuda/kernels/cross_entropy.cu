@@ -38,50 +38,39 @@ __global__ void crossEntropyBackwardKernel(const T* logits, const int32_t* targe
 
 // cross_entropy_forward(logits, targets: i32, losses: f32 [rows], lse: f32 [rows], rows, vocab, ignoreIndex, dtype)
 //   Targets outside the vocabulary give a NaN loss (the cpu kernel throws; a kernel cannot without a sync).
-static Napi::Value CrossEntropyForwardAbi(const Napi::CallbackInfo& info) {
-  const char* call = "cross_entropy_forward";
-  KernelCall k(info, call);
-  int64_t rows = k.args.size(4), vocab = k.args.size(5), ignore = k.args.int64(6);
-  DType dt = k.args.dtype(7);
+NT_CUDA_KERNEL("cross_entropy_forward", CrossEntropyForwardAbi) {
+  int64_t rows = k.args.size("rows"), vocab = k.args.size("vocab"), ignore = k.args.int64("ignoreIndex");
+  DType dt = k.args.dtype("dtype");
   if (vocab == 0) fail(Err::Shape, "cross_entropy_forward: empty vocabulary");
-  void* x = k.data(0, dt, rows * vocab);
-  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
-  float* loss = k.data<float>(2, DType::F32, rows);
-  float* lse = k.data<float>(3, DType::F32, rows);
-  if (rows == 0) return info.Env().Undefined();
+  void* x = k.data("logits", dt, rows * vocab);
+  int32_t* t = k.data<int32_t>("targets", DType::I32, rows);
+  float* loss = k.data<float>("losses", DType::F32, rows);
+  float* lse = k.data<float>("lse", DType::F32, rows);
+  if (rows == 0) return;
   NT_LAUNCH_FLOAT(k, dt, crossEntropyForwardKernel, unsigned(rows), rowThreads(vocab),
                   static_cast<const T*>(x), t, loss, lse, vocab, int32_t(ignore));
-  return info.Env().Undefined();
 }
-NT_EXPORT("cross_entropy_forward", CrossEntropyForwardAbi);
 
 // cross_entropy_backward(logits, targets: i32, lse: f32, gradLoss (1 element, logits' dtype), gradLogits,
 //   rows, vocab, ignoreIndex, scale, dtype), and cross_entropy_shard_backward with the same arguments for a
 //   vocabulary slice (vocabulary-parallel cross-entropy): lse is over the whole vocabulary and a target outside
 //   [0, vocab) belongs to another slice, which the kernel's j == t test already leaves as softmax only.
-static Napi::Value crossEntropyBackwardBody(const Napi::CallbackInfo& info, const char* call) {
-  KernelCall k(info, call);
-  int64_t rows = k.args.size(5), vocab = k.args.size(6), ignore = k.args.int64(7);
-  float scale = float(k.args.number(8));
-  DType dt = k.args.dtype(9);
-  void* x = k.data(0, dt, rows * vocab);
-  int32_t* t = k.data<int32_t>(1, DType::I32, rows);
-  float* lse = k.data<float>(2, DType::F32, rows);
-  void* gl = k.data(3, dt, 1);
-  void* gx = k.data(4, dt, rows * vocab);
-  if (rows * vocab == 0) return info.Env().Undefined();
+static void crossEntropyBackward(KernelCall& k, const char* call) {
+  int64_t rows = k.args.size("rows"), vocab = k.args.size("vocab"), ignore = k.args.int64("ignoreIndex");
+  float scale = float(k.args.number("scale"));
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("logits", dt, rows * vocab);
+  int32_t* t = k.data<int32_t>("targets", DType::I32, rows);
+  float* lse = k.data<float>("lse", DType::F32, rows);
+  void* gl = k.data("gradLoss", dt, 1);
+  void* gx = k.data("gradLogits", dt, rows * vocab);
+  if (rows * vocab == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T,
                     crossEntropyBackwardKernel<T, T><<<unsigned(rows), rowThreads(vocab), 0, st>>>(
                         static_cast<const T*>(x), t, lse, static_cast<const T*>(gl), static_cast<T*>(gx), vocab, int32_t(ignore), 0, scale));
-  k.launched();
-  return info.Env().Undefined();
 }
-static Napi::Value CrossEntropyBackwardAbi(const Napi::CallbackInfo& info) { return crossEntropyBackwardBody(info, "cross_entropy_backward"); }
-NT_EXPORT("cross_entropy_backward", CrossEntropyBackwardAbi);
-static Napi::Value CrossEntropyShardBackward(const Napi::CallbackInfo& info) {
-  return crossEntropyBackwardBody(info, "cross_entropy_shard_backward");
-}
-NT_EXPORT("cross_entropy_shard_backward", CrossEntropyShardBackward);
+NT_CUDA_KERNEL("cross_entropy_backward", CrossEntropyBackward) { crossEntropyBackward(k, call); }
+NT_CUDA_KERNEL("cross_entropy_shard_backward", CrossEntropyShardBackward) { crossEntropyBackward(k, call); }
 
 }  // namespace nt::cuda

@@ -5,17 +5,21 @@
 // merged dims through binary2dKernel, others through the strided kernel.
 #include "../../core/arg_lists.h"
 #include "../../core/op_codes.h"
-#include "common.cuh"
+#include "call.cuh"
 
 namespace nt::cuda {
 
 // Op codes: native/core/op_codes.h (the cpu backend compiles the same file; lib/kernel-codes.ts mirrors it).
 __device__ __forceinline__ float binary(int op, float x, float y) {
+  using namespace binary_op;
   switch (op) {
     case kAdd: return x + y;
     case kSub: return x - y;
     case kMul: return x * y;
-    default: return x / y;
+    case kDiv: return x / y;
+    case kMax: return fmaxf(x, y);
+    case kMin: return fminf(x, y);
+    default: return powf(x, y);
   }
 }
 
@@ -29,6 +33,7 @@ __global__ void binaryKernel(int op, const T* a, const T* b, T* out, int64_t n, 
 }
 
 __device__ __forceinline__ float unary(int op, float v, float p) {
+  using namespace unary_op;
   switch (op) {
     case kNeg: return -v;
     case kExp: return expf(v);
@@ -45,6 +50,7 @@ __device__ __forceinline__ float unary(int op, float v, float p) {
 
 // gradIn from gradOut g, the input x and the output y (whichever the op's derivative needs).
 __device__ __forceinline__ float unaryGrad(int op, float x, float y, float gv, float p) {
+  using namespace unary_op;
   switch (op) {
     case kNeg: case kRsub: return -gv;
     case kExp: return gv * y;
@@ -141,71 +147,60 @@ static void launchBinary(cudaStream_t st, int op, const T* a, const T* b, T* out
 }
 
 // binary(op, a, b, out, dtype, outShape: Int32Array, aStrides: Int32Array, bStrides: Int32Array)
-//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div (op_codes.h);
+//   out[idx] = a[idx . aStrides] op b[idx . bStrides]; op: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min,
+//   6 pow (op_codes.h);
 //   strides in elements, 0 broadcasts.
-static Napi::Value Binary(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "binary");
-  int64_t op = k.args.int64(0);
+NT_CUDA_KERNEL("binary", Binary) {
+  int64_t op = k.args.int64("op");
   if (!validBinaryOp(op)) fail(Err::Argument, "binary: unknown op " + std::to_string(op));
-  DType dt = k.args.dtype(4);
-  std::vector<int64_t> shape = intList(info, 5, "binary");
-  std::vector<int64_t> sa = intList(info, 6, "binary", int64_t(shape.size())), sb = intList(info, 7, "binary", int64_t(shape.size()));
-  Strides s = Strides::of(shape, sa, sb, "binary");
-  int64_t n = product(shape), extentA = stridedExtent(shape, sa, "binary"), extentB = stridedExtent(shape, sb, "binary");
-  if (n == 0) return info.Env().Undefined();
-  void* a = k.data(1, dt, extentA);
-  void* b = k.data(2, dt, extentB);
-  void* out = k.data(3, dt, n);
+  DType dt = k.args.dtype("dtype");
+  std::vector<int64_t> shape = k.args.ints("outShape");
+  std::vector<int64_t> sa = k.args.ints("aStrides", int64_t(shape.size())), sb = k.args.ints("bStrides", int64_t(shape.size()));
+  Strides s = Strides::of(shape, sa, sb, call);
+  int64_t n = product(shape), extentA = stridedExtent(shape, sa, call), extentB = stridedExtent(shape, sb, call);
+  if (n == 0) return;
+  void* a = k.data("a", dt, extentA);
+  void* b = k.data("b", dt, extentB);
+  void* out = k.data("out", dt, n);
   cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "binary", T,
+  NT_DISPATCH_FLOAT(dt, call, T,
                     launchBinary<T>(st, int(op), static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), shape, sa, sb, s));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("binary", Binary);
+
+// The op code of unary and unary_backward, checked against op_codes.h.
+static int unaryOp(const KernelCall& k) {
+  int64_t op = k.args.int64("op");
+  if (!validUnaryOp(op)) fail(Err::Argument, std::string(k.name()) + ": unknown op " + std::to_string(op));
+  return int(op);
+}
 
 // unary(op, inp, out, n, dtype, p): 0 neg, 1 exp, 2 log, 3 sqrt, 4 tanh, 5 pow(x, p), 6 x·p, 7 x+p,
 //   8 p−x, 9 p/x. out may alias inp.
-static Napi::Value Unary(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "unary");
-  int64_t op = k.args.int64(0), n = k.args.size(3);
-  DType dt = k.args.dtype(4);
-  float p = float(k.args.number(5));
-  if (!validUnaryOp(op)) fail(Err::Argument, "unary: unknown op " + std::to_string(op));
-  void* x = k.data(1, dt, n);
-  void* out = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "unary", T,
-                    launchMap3<T>(st, UnaryF{int(op), p}, static_cast<const T*>(x), nullptr, nullptr, static_cast<T*>(out), n));
-  k.launched();
-  return info.Env().Undefined();
+NT_CUDA_KERNEL("unary", Unary) {
+  int64_t n = k.args.size("n");
+  DType dt = k.args.dtype("dtype");
+  float p = float(k.args.number("p"));
+  int op = unaryOp(k);
+  void* x = k.data("inp", dt, n);
+  void* out = k.data("out", dt, n);
+  mapCall(k, dt, UnaryF{op, p}, x, nullptr, nullptr, out, n);
 }
-NT_EXPORT("unary", Unary);
 
 // unary_backward(op, inp, out, gradOut, gradIn, n, dtype, p): gradIn = gradOut · d unary(op, inp, p)/d inp,
 //   reading the saved output where the cpu backend does (exp, sqrt, tanh) and the input elsewhere.
-static Napi::Value UnaryBackward(const Napi::CallbackInfo& info) {
-  const char* call = "unary_backward";
-  KernelCall k(info, call);
-  int64_t op = k.args.int64(0), n = k.args.size(5);
-  DType dt = k.args.dtype(6);
-  float p = float(k.args.number(7));
-  if (!validUnaryOp(op)) fail(Err::Argument, "unary_backward: unknown op " + std::to_string(op));
+NT_CUDA_KERNEL("unary_backward", UnaryBackward) {
+  using namespace unary_op;
+  int64_t n = k.args.size("n");
+  DType dt = k.args.dtype("dtype");
+  float p = float(k.args.number("p"));
+  int op = unaryOp(k);
   bool needX = op == kLog || op == kPow || op == kRdiv;
   bool needY = op == kExp || op == kSqrt || op == kTanh;
-  void* x = needX ? k.data(1, dt, n) : nullptr;
-  void* y = needY ? k.data(2, dt, n) : nullptr;
-  void* g = k.data(3, dt, n);
-  void* gi = k.data(4, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, call, T,
-                    launchMap3<T>(st, UnaryGradF{int(op), p}, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(g),
-                                  static_cast<T*>(gi), n));
-  k.launched();
-  return info.Env().Undefined();
+  void* x = needX ? k.data("inp", dt, n) : nullptr;
+  void* y = needY ? k.data("out", dt, n) : nullptr;
+  void* g = k.data("gradOut", dt, n);
+  void* gi = k.data("gradIn", dt, n);
+  mapCall(k, dt, UnaryGradF{op, p}, x, y, g, gi, n);
 }
-NT_EXPORT("unary_backward", UnaryBackward);
 
 }  // namespace nt::cuda

@@ -25,32 +25,26 @@ __global__ void embeddingBackwardKernel(const T* dout, const int32_t* ids, float
 
 
 // embedding_forward(ids: i32 [n], weight [vocab, dim], out [n, dim], n, vocab, dim, dtype): the cpu signature.
-static Napi::Value EmbeddingForwardAbi(const Napi::CallbackInfo& info) {
-  const char* call = "embedding_forward";
-  KernelCall k(info, call);
-  int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5);
-  DType dt = k.args.dtype(6);
-  int32_t* ids = k.data<int32_t>(0, DType::I32, n);
-  void* w = k.data(1, dt, vocab * dim);
-  void* out = k.data(2, dt, n * dim);
-  if (n * dim == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("embedding_forward", EmbeddingForwardAbi) {
+  int64_t n = k.args.size("n"), vocab = k.args.size("vocab"), dim = k.args.size("dim");
+  DType dt = k.args.dtype("dtype");
+  int32_t* ids = k.data<int32_t>("ids", DType::I32, n);
+  void* w = k.data("weight", dt, vocab * dim);
+  void* out = k.data("out", dt, n * dim);
+  if (n * dim == 0) return;
   NT_LAUNCH_FLOAT(k, dt, embeddingForwardKernel, gridFor(n * dim), kThreads,
                   static_cast<const T*>(w), ids, static_cast<T*>(out), n, dim, vocab);
-  return info.Env().Undefined();
 }
-NT_EXPORT("embedding_forward", EmbeddingForwardAbi);
 
 // embedding_backward(ids: i32 [n], gradOut [n, dim], gradWeight [vocab, dim], n, vocab, dim, dtype):
 //   gradWeight overwritten; sums in f32 (in place for f32, else in scratch then rounded once).
-static Napi::Value EmbeddingBackwardAbi(const Napi::CallbackInfo& info) {
-  const char* call = "embedding_backward";
-  KernelCall k(info, call);
-  int64_t n = k.args.size(3), vocab = k.args.size(4), dim = k.args.size(5), m = vocab * dim;
-  DType dt = k.args.dtype(6);
-  int32_t* ids = k.data<int32_t>(0, DType::I32, n);
-  void* g = k.data(1, dt, n * dim);
-  void* gw = k.data(2, dt, m);
-  if (m == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("embedding_backward", EmbeddingBackwardAbi) {
+  int64_t n = k.args.size("n"), vocab = k.args.size("vocab"), dim = k.args.size("dim"), m = vocab * dim;
+  DType dt = k.args.dtype("dtype");
+  int32_t* ids = k.data<int32_t>("ids", DType::I32, n);
+  void* g = k.data("gradOut", dt, n * dim);
+  void* gw = k.data("gradWeight", dt, m);
+  if (m == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T, {
     bool direct = dt == DType::F32;
@@ -62,8 +56,6 @@ static Napi::Value EmbeddingBackwardAbi(const Napi::CallbackInfo& info) {
     if (!direct) storeF32Kernel<T><<<gridFor(m), kThreads, 0, st>>>(acc, static_cast<T*>(gw), m);
     k.launched();
   });
-  return info.Env().Undefined();
 }
-NT_EXPORT("embedding_backward", EmbeddingBackwardAbi);
 
 }  // namespace nt::cuda

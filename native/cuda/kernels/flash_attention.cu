@@ -723,18 +723,16 @@ bool useTensorCores(DType dt, int64_t D) {
 
 // flash_attention_forward(q, k, v, out, lse, qLayout, kLayout, vLayout, outLayout, batch, heads, tq, tk, dim,
 //                         scale, causal, window, dtype): see native/cpu/kernels/flash_attention.cc.
-static Napi::Value FlashAttentionForward(const Napi::CallbackInfo& info) {
-  const char* call = "flash_attention_forward";
-  KernelCall k(info, call);
+NT_CUDA_KERNEL("flash_attention_forward", FlashAttentionForward) {
   int64_t ext[4];
-  FlashProblem fp = flashProblem(k.args, info, 5, 9, ext, call);
+  FlashProblem fp = flashProblem(k.args, ext, call);
   if (fp.D > kMaxDim) fail(Err::Shape, std::string(call) + ": head dim " + std::to_string(fp.D) + " is not supported on cuda (at most 256)");
-  void* q = k.data(0, fp.dt, ext[0]);
-  void* kk = k.data(1, fp.dt, ext[1]);
-  void* v = k.data(2, fp.dt, ext[2]);
-  void* o = k.data(3, fp.dt, ext[3]);
-  float* lse = k.data<float>(4, DType::F32, fp.B * fp.H * fp.tq);
-  if (fp.B == 0 || fp.H == 0 || fp.tq == 0) return info.Env().Undefined();
+  void* q = k.data("q", fp.dt, ext[0]);
+  void* kk = k.data("k", fp.dt, ext[1]);
+  void* v = k.data("v", fp.dt, ext[2]);
+  void* o = k.data("out", fp.dt, ext[3]);
+  float* lse = k.data<float>("lse", DType::F32, fp.B * fp.H * fp.tq);
+  if (fp.B == 0 || fp.H == 0 || fp.tq == 0) return;
   Flash p = flashOf(fp);
   int64_t tiles = (fp.tq + kLocal - 1) / kLocal;
   unsigned grid = gridOf(fp.B * fp.H * tiles, call);
@@ -749,36 +747,31 @@ static Napi::Value FlashAttentionForward(const Napi::CallbackInfo& info) {
       else launchForwardTc<f16, 128>(q, kk, v, o, lse, p, s, call);
     }
     k.launched();
-    return info.Env().Undefined();
+    return;
   }
   NT_DISPATCH_FLOAT(fp.dt, call, T,
                     NT_FLASH_CHUNKS(p.D, call, C,
                                     flashForwardKernel<T, C><<<grid, kWarps * 32, smem, s>>>(
                                         static_cast<const T*>(q), static_cast<const T*>(kk), static_cast<const T*>(v), static_cast<T*>(o), lse, p,
                                         tiles)));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("flash_attention_forward", FlashAttentionForward);
 
 // flash_attention_backward(q, k, v, out, gradOut, lse, gradQ, gradK, gradV, qLayout, kLayout, vLayout, outLayout,
 //                          batch, heads, tq, tk, dim, scale, causal, window, dtype): delta, then dK/dV, then dQ.
-static Napi::Value FlashAttentionBackward(const Napi::CallbackInfo& info) {
-  const char* call = "flash_attention_backward";
-  KernelCall k(info, call);
+NT_CUDA_KERNEL("flash_attention_backward", FlashAttentionBackward) {
   int64_t ext[4];
-  FlashProblem fp = flashProblem(k.args, info, 9, 13, ext, call);
+  FlashProblem fp = flashProblem(k.args, ext, call);
   if (fp.D > kMaxDim) fail(Err::Shape, std::string(call) + ": head dim " + std::to_string(fp.D) + " is not supported on cuda (at most 256)");
-  void* q = k.data(0, fp.dt, ext[0]);
-  void* kk = k.data(1, fp.dt, ext[1]);
-  void* v = k.data(2, fp.dt, ext[2]);
-  void* o = k.data(3, fp.dt, ext[3]);
-  void* go = k.data(4, fp.dt, ext[3]);
-  const float* lse = k.data<const float>(5, DType::F32, fp.B * fp.H * fp.tq);
-  void* gq = k.data(6, fp.dt, ext[0]);
-  void* gk = k.data(7, fp.dt, ext[1]);
-  void* gv = k.data(8, fp.dt, ext[2]);
-  if (fp.B == 0 || fp.H == 0) return info.Env().Undefined();
+  void* q = k.data("q", fp.dt, ext[0]);
+  void* kk = k.data("k", fp.dt, ext[1]);
+  void* v = k.data("v", fp.dt, ext[2]);
+  void* o = k.data("out", fp.dt, ext[3]);
+  void* go = k.data("gradOut", fp.dt, ext[3]);
+  const float* lse = k.data<const float>("lse", DType::F32, fp.B * fp.H * fp.tq);
+  void* gq = k.data("gradQ", fp.dt, ext[0]);
+  void* gk = k.data("gradK", fp.dt, ext[1]);
+  void* gv = k.data("gradV", fp.dt, ext[2]);
+  if (fp.B == 0 || fp.H == 0) return;
   Flash p = flashOf(fp);
   cudaStream_t s = k.stream();
   int64_t rows = fp.B * fp.H * fp.tq;
@@ -799,7 +792,7 @@ static Napi::Value FlashAttentionBackward(const Napi::CallbackInfo& info) {
       else launchBackwardTc<f16, 128>(q, kk, v, go, lse, dl, gq, gk, gv, p, s, call);
     }
     k.launched();
-    return info.Env().Undefined();
+    return;
   }
   NT_DISPATCH_FLOAT(
       fp.dt, call, T,
@@ -811,9 +804,6 @@ static Napi::Value FlashAttentionBackward(const Napi::CallbackInfo& info) {
       if (rows > 0) NT_FLASH_CHUNKS(p.D, call, C,
                                     flashBackwardQKernel<T, C><<<gridOf(fp.B * fp.H * qTiles, call), kWarps * 32, smemQ, s>>>(
                                         tq_, tk_, tv_, tgo, lse, delta.as<float>(), static_cast<T*>(gq), p, qTiles)));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("flash_attention_backward", FlashAttentionBackward);
 
 }  // namespace nt::cuda

@@ -1,6 +1,6 @@
 // Bias + GELU (tanh approximation, as GPT-2 uses) on the cuda backend: forward y = gelu(x + bias)
 // and backward dx = dy * gelu'(x + bias); bias is per column of a [rows, cols] view and optional.
-#include "common.cuh"
+#include "call.cuh"
 
 namespace nt::cuda {
 
@@ -24,35 +24,22 @@ struct GeluGradF {
 
 // gelu_forward(inp, out, n, dtype) and gelu_backward(inp, gradOut, gradIn, n, dtype): the cpu
 // backend's signatures (no bias) over the same kernels.
-static Napi::Value GeluForwardAbi(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "gelu_forward");
-  int64_t n = k.args.size(2);
-  DType dt = k.args.dtype(3);
-  void* x = k.data(0, dt, n);
-  void* y = k.data(1, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "gelu_forward", T, launchMap3<T>(st, GeluF{}, static_cast<const T*>(x), nullptr, nullptr, static_cast<T*>(y), n));
-  k.launched();
-  return info.Env().Undefined();
+NT_CUDA_KERNEL("gelu_forward", GeluForward) {
+  int64_t n = k.args.size("n");
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("inp", dt, n);
+  void* y = k.data("out", dt, n);
+  mapCall(k, dt, GeluF{}, x, nullptr, nullptr, y, n);
 }
-NT_EXPORT("gelu_forward", GeluForwardAbi);
 
-static Napi::Value GeluBackwardAbi(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "gelu_backward");
-  int64_t n = k.args.size(3);
-  DType dt = k.args.dtype(4);
-  void* x = k.data(0, dt, n);
-  void* dy = k.data(1, dt, n);
-  void* dx = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "gelu_backward", T,
-                    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(dy), static_cast<const T*>(x), nullptr, static_cast<T*>(dx), n));
-  k.launched();
-  return info.Env().Undefined();
+NT_CUDA_KERNEL("gelu_backward", GeluBackward) {
+  int64_t n = k.args.size("n");
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("inp", dt, n);
+  void* dy = k.data("gradOut", dt, n);
+  void* dx = k.data("gradIn", dt, n);
+  mapCall(k, dt, GeluGradF{}, dy, x, nullptr, dx, n);
 }
-NT_EXPORT("gelu_backward", GeluBackwardAbi);
 
 // pre += bias per column (stored in pre's dtype), out = gelu(pre as stored); bias non-null. Rows are
 // walked by blockIdx.y (in strides of gridDim.y), a row's columns by the x threads, so no index is
@@ -111,46 +98,6 @@ struct ColumnRead {
   __device__ __forceinline__ void add(int64_t j, int64_t r, double* acc) const { acc[0] += double(toF32(g[r * cols + j])); }
 };
 
-// bias_gelu_forward(pre, bias|null, out, rows, cols, dtype): pre += bias in place, out = gelu(pre).
-static Napi::Value BiasGeluForwardAbi(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "bias_gelu_forward");
-  int64_t rows = k.args.size(3), cols = k.args.size(4), n = rows * cols;
-  DType dt = k.args.dtype(5);
-  void* pre = k.data(0, dt, n);
-  void* bias = k.optional(1, dt, cols);
-  void* y = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "bias_gelu_forward", T,
-                    launchBiasGeluForward<T>(st, static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols));
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("bias_gelu_forward", BiasGeluForwardAbi);
-
-// bias_gelu_backward(pre, gradOut, gradPre, gradBias|null, rows, cols, dtype): gradPre = gradOut · gelu'(pre),
-// gradBias (overwritten) = column sums of gradPre as stored.
-static Napi::Value BiasGeluBackwardAbi(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "bias_gelu_backward");
-  int64_t rows = k.args.size(4), cols = k.args.size(5), n = rows * cols;
-  DType dt = k.args.dtype(6);
-  void* pre = k.data(0, dt, n);
-  void* dy = k.data(1, dt, n);
-  void* dpre = k.data(2, dt, n);
-  void* dbias = k.optional(3, dt, cols);
-  if (cols == 0) return info.Env().Undefined();
-  cudaStream_t st = k.stream();
-  NT_DISPATCH_FLOAT(dt, "bias_gelu_backward", T, {
-    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(dy), static_cast<const T*>(pre), nullptr, static_cast<T*>(dpre), n);
-    if (dbias)
-      launchColumnSums<1>(k.device(), st, ColumnRead<T>{static_cast<const T*>(dpre), cols}, rows, cols, static_cast<T*>(dbias),
-                          static_cast<T*>(nullptr), "bias_gelu_backward");
-  });
-  k.launched();
-  return info.Env().Undefined();
-}
-NT_EXPORT("bias_gelu_backward", BiasGeluBackwardAbi);
-
 // Host helpers for gemm.cu's epilogue fallbacks (cuBLASLt offers no algorithm for an epilogue, or
 // the aux leading dimension is not a multiple of 8): the kernels of bias_gelu_forward/backward.
 // pre += bias, y = gelu(pre) over a [rows, cols] view (bias may be null; y may be pre).
@@ -158,16 +105,46 @@ void launchGeluEpilogue(DType dt, cudaStream_t st, void* pre, const void* bias, 
   if (rows <= 0 || cols <= 0) return;
   NT_DISPATCH_FLOAT(dt, call, T, launchBiasGeluForward<T>(st, static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), rows, cols));
 }
-// d = d · gelu'(pre) in place over a [rows, cols] view, then dbias (if not null) = its column sums.
-void launchDGeluBGrad(int device, DType dt, cudaStream_t st, const void* pre, void* d, void* dbias, int64_t rows, int64_t cols,
-                      const char* call) {
+// d = dy · gelu'(pre) over a [rows, cols] view (d may be dy), then dbias (if not null) = d's column sums.
+void launchGeluGrad(int device, DType dt, cudaStream_t st, const void* pre, const void* dy, void* d, void* dbias, int64_t rows, int64_t cols,
+                    const char* call) {
   if (cols <= 0) return;
   NT_DISPATCH_FLOAT(dt, call, T, {
-    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(d), static_cast<const T*>(pre), nullptr, static_cast<T*>(d), rows * cols);
+    launchMap3<T>(st, GeluGradF{}, static_cast<const T*>(dy), static_cast<const T*>(pre), nullptr, static_cast<T*>(d), rows * cols);
     if (dbias)
       launchColumnSums<1>(device, st, ColumnRead<T>{static_cast<const T*>(d), cols}, rows, cols, static_cast<T*>(dbias),
                           static_cast<T*>(nullptr), call);
   });
+}
+// d = d · gelu'(pre) in place, then dbias (if not null) = its column sums.
+void launchDGeluBGrad(int device, DType dt, cudaStream_t st, const void* pre, void* d, void* dbias, int64_t rows, int64_t cols,
+                      const char* call) {
+  launchGeluGrad(device, dt, st, pre, d, d, dbias, rows, cols, call);
+}
+
+
+// bias_gelu_forward(pre, bias|null, out, rows, cols, dtype): pre += bias in place, out = gelu(pre).
+NT_CUDA_KERNEL("bias_gelu_forward", BiasGeluForward) {
+  int64_t rows = k.args.size("rows"), cols = k.args.size("cols"), n = rows * cols;
+  DType dt = k.args.dtype("dtype");
+  void* pre = k.data("pre", dt, n);
+  void* bias = k.optional("bias", dt, cols);
+  void* y = k.data("out", dt, n);
+  if (n == 0) return;
+  launchGeluEpilogue(dt, k.stream(), pre, bias, y, rows, cols, call);
+}
+
+// bias_gelu_backward(pre, gradOut, gradPre, gradBias|null, rows, cols, dtype): gradPre = gradOut · gelu'(pre),
+// gradBias (overwritten) = column sums of gradPre as stored.
+NT_CUDA_KERNEL("bias_gelu_backward", BiasGeluBackward) {
+  int64_t rows = k.args.size("rows"), cols = k.args.size("cols"), n = rows * cols;
+  DType dt = k.args.dtype("dtype");
+  void* pre = k.data("pre", dt, n);
+  void* dy = k.data("gradOut", dt, n);
+  void* dpre = k.data("gradPre", dt, n);
+  void* dbias = k.optional("gradBias", dt, cols);
+  if (cols == 0) return;
+  launchGeluGrad(k.device(), dt, k.stream(), pre, dy, dpre, dbias, rows, cols, call);
 }
 
 }  // namespace nt::cuda

@@ -203,30 +203,29 @@ static const char* epilogueName(int64_t e) {
 }
 
 // Shared by gemm and gemm_epilogue: argument layout of the cpu gemm, then (bias, epilogue, aux, cDtype).
-static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, bool withEpilogue) {
-  KernelCall k(info, call);
-  DType dt = k.args.dtype(3);
-  int64_t batch = k.args.size(4), M = k.args.size(5), N = k.args.size(6), K = k.args.size(7);
-  bool ta = k.args.boolean(8), tb = k.args.boolean(9);
-  float alpha = float(k.args.number(10)), beta = float(k.args.number(11));
-  int64_t sA = k.args.size(12), sB = k.args.size(13), sC = k.args.size(14);
+static void runGemm(KernelCall& k, const char* call, bool withEpilogue) {
+  DType dt = k.args.dtype("dtype");
+  int64_t batch = k.args.size("batch"), M = k.args.size("m"), N = k.args.size("n"), K = k.args.size("k");
+  bool ta = k.args.boolean("transA"), tb = k.args.boolean("transB");
+  float alpha = float(k.args.number("alpha")), beta = float(k.args.number("beta"));
+  int64_t sA = k.args.size("strideA"), sB = k.args.size("strideB"), sC = k.args.size("strideC");
   if (dt != DType::F32 && dt != DType::BF16 && dt != DType::F16)
     fail(Err::DType, std::string(call) + ": dtype " + dtypeName(dt) + " is not supported (f32, bf16, f16)");
   // C's dtype: A's, or f32 for 16-bit A and B (f32 accumulation into an f32 output, e.g. a gradient summed over chunks).
-  DType cdt = withEpilogue && info.Length() > 18 && !info[18].IsUndefined() ? k.args.dtype(18) : dt;
+  DType cdt = withEpilogue && k.args.given("cDtype") ? k.args.dtype("cDtype") : dt;
   if (cdt != dt && !(cdt == DType::F32 && dt != DType::F32))
     fail(Err::DType, std::string(call) + ": C dtype " + dtypeName(cdt) + " with A/B " + dtypeName(dt) + " (C is A's dtype, or f32 for bf16/f16 A and B)");
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || batch > INT32_MAX)
     fail(Err::Argument, std::string(call) + ": dimensions must be below 2^31");
   // gemm's optional outDtype (C in another dtype than A and B) is the cpu backend's only.
-  if (!withEpilogue && info.Length() > 15 && k.args.dtype(15) != dt)
-    fail(Err::DType, std::string(call) + ": an output dtype other than the inputs' (" + dtypeName(dt) + " into " + dtypeName(k.args.dtype(15)) +
+  if (!withEpilogue && k.args.given("outDtype") && k.args.dtype("outDtype") != dt)
+    fail(Err::DType, std::string(call) + ": an output dtype other than the inputs' (" + dtypeName(dt) + " into " + dtypeName(k.args.dtype("outDtype")) +
                          ") is not supported on the cuda backend");
   auto extent = [&](int64_t stride, int64_t mat) { return batch == 0 ? 0 : (batch - 1) * stride + mat; };
-  void* pa = k.data(0, dt, extent(sA, M * K));
-  void* pb = k.data(1, dt, extent(sB, K * N));
-  void* pc = k.data(2, cdt, extent(sC, M * N));
-  int64_t epilogue = withEpilogue ? k.args.int64(16) : kNone;
+  void* pa = k.data("a", dt, extent(sA, M * K));
+  void* pb = k.data("b", dt, extent(sB, K * N));
+  void* pc = k.data("c", cdt, extent(sC, M * N));
+  int64_t epilogue = withEpilogue ? k.args.int64("epilogue") : kNone;
   if (epilogue < kNone || epilogue > kDGeluBGrad) fail(Err::Argument, std::string(call) + ": unknown epilogue " + std::to_string(epilogue));
   const std::string ename = epilogueName(epilogue);
   bool geluFwd = epilogue == kGelu || epilogue == kGeluBias, grad = epilogue == kBGrad || epilogue == kDGeluBGrad;
@@ -239,9 +238,9 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
   if (epilogue == kDGeluBGrad && beta != 0.0f) fail(Err::Argument, std::string(call) + ": epilogue dgelu+bgrad needs beta = 0");
   bool hasBias = epilogue == kBias || epilogue == kGeluBias || grad;
   // The bias (or bias gradient) in C's dtype: N long, or M for bgrad (one entry per row of op(A)).
-  void* bias = hasBias ? k.data(15, cdt, epilogue == kBGrad ? M : N) : nullptr;
-  void* aux = geluFwd ? k.optional(17, dt, extent(sC, M * N))
-              : epilogue == kDGeluBGrad ? k.data(17, dt, M * N)
+  void* bias = hasBias ? k.data("bias", cdt, epilogue == kBGrad ? M : N) : nullptr;
+  void* aux = geluFwd ? k.optional("aux", dt, extent(sC, M * N))
+              : epilogue == kDGeluBGrad ? k.data("aux", dt, M * N)
                                         : nullptr;
   if (batch == 0 || M == 0 || N == 0) {
     // An empty product: a bias gradient over no columns is empty, over no rows of K (K > 0) nothing to do.
@@ -257,7 +256,7 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
       });
       k.launched();
     }
-    return info.Env().Undefined();
+    return;
   }
   cudaStream_t stream = k.stream();
   if (K == 0) {
@@ -265,7 +264,7 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
     int64_t n = extent(sC, M * N);
     NT_DISPATCH_FLOAT(cdt, call, T, scaleKernel<T><<<gridFor(n), kThreads, 0, stream>>>(static_cast<T*>(pc), beta, n));
     k.launched();
-    return info.Env().Undefined();
+    return;
   }
   auto typeOf = [](DType d) { return d == DType::F32 ? CUDA_R_32F : d == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; };
   cudaDataType_t type = typeOf(dt), ctype = typeOf(cdt);
@@ -360,12 +359,10 @@ static Napi::Value runGemm(const Napi::CallbackInfo& info, const char* call, boo
     }
     k.launched();
   }
-  return info.Env().Undefined();
 }
 
 // gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
-static Napi::Value Gemm(const Napi::CallbackInfo& info) { return runGemm(info, "gemm", false); }
-NT_EXPORT("gemm", Gemm);
+NT_CUDA_KERNEL("gemm", Gemm) { runGemm(k, call, false); }
 
 // gemm_epilogue(...gemm arguments, bias, epilogue, aux, cDtype?): epilogue 0 none, 1 +bias[N] per row,
 // 2 gelu, 3 gelu(. + bias) (aux, optional and like C, receives the pre-GELU values for the backward),
@@ -376,8 +373,7 @@ NT_EXPORT("gemm", Gemm);
 // output; bias in C's dtype). GELU is cuBLASLt's tanh approximation. Where cuBLASLt has no
 // algorithm for an epilogue (or N is not a multiple of 8 with an aux), the plain GEMM runs and the
 // epilogue follows as the kernels of bias_gelu_forward/backward and a column sum.
-static Napi::Value GemmEpilogue(const Napi::CallbackInfo& info) { return runGemm(info, "gemm_epilogue", true); }
-NT_EXPORT("gemm_epilogue", GemmEpilogue);
+NT_CUDA_KERNEL("gemm_epilogue", GemmEpilogue) { runGemm(k, call, true); }
 
 // gemmPlanCache(device) -> { size, capacity, hits, misses, evictions }: the cuBLASLt plan cache.
 static Napi::Value GemmPlanCache(const Napi::CallbackInfo& info) {

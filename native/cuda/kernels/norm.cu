@@ -97,45 +97,41 @@ static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 
 // layernorm_forward(x, weight, bias|null, out, mean: f32, rstd: f32, rows, cols, eps, dtype) and
 // rmsnorm_forward(x, weight, out, rstd: f32, rows, cols, eps, dtype)
 template <bool kRms>
-static Napi::Value forwardAbi(const Napi::CallbackInfo& info, const char* call) {
-  KernelCall k(info, call);
-  size_t io = kRms ? 2 : 3, ir = kRms ? 3 : 5, id = ir + 1;
-  int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
-  float eps = float(k.args.number(id + 2));
-  DType dt = k.args.dtype(id + 3);
-  void* x = k.data(0, dt, n);
-  void* w = k.data(1, dt, cols);
-  void* b = kRms ? nullptr : k.optional(2, dt, cols);
-  void* y = k.data(io, dt, n);
-  float* mean = kRms ? nullptr : k.data<float>(4, DType::F32, rows);
-  float* rstd = k.data<float>(ir, DType::F32, rows);
-  if (rows == 0) return info.Env().Undefined();
+static void normForward(KernelCall& k, const char* call) {
+  int64_t rows = k.args.size("rows"), cols = k.args.size("cols"), n = rows * cols;
+  float eps = float(k.args.number("eps"));
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("x", dt, n);
+  void* w = k.data("weight", dt, cols);
+  void* b = kRms ? nullptr : k.optional("bias", dt, cols);
+  void* y = k.data("out", dt, n);
+  float* mean = kRms ? nullptr : k.data<float>("mean", DType::F32, rows);
+  float* rstd = k.data<float>("rstd", DType::F32, rows);
+  if (rows == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T,
                     normForwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
                         static_cast<const T*>(x), nullptr, nullptr, static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
                         mean, rstd, cols, eps));
-  k.launched();
-  return info.Env().Undefined();
 }
+NT_CUDA_KERNEL("layernorm_forward", LayernormForward) { normForward<false>(k, call); }
+NT_CUDA_KERNEL("rmsnorm_forward", RmsnormForward) { normForward<true>(k, call); }
 
 // layernorm_backward(x, weight, mean, rstd, gradOut, gradX, gradW, gradB|null, rows, cols, dtype) and
 // rmsnorm_backward(x, weight, rstd, gradOut, gradX, gradW, rows, cols, dtype); gradW/gradB overwritten.
 template <bool kRms>
-static Napi::Value backwardAbi(const Napi::CallbackInfo& info, const char* call) {
-  KernelCall k(info, call);
-  size_t ir = kRms ? 2 : 3, ig = ir + 1, idx = ig + 1, idw = idx + 1, id = kRms ? idw + 1 : idw + 2;
-  int64_t rows = k.args.size(id), cols = k.args.size(id + 1), n = rows * cols;
-  DType dt = k.args.dtype(id + 2);
-  void* x = k.data(0, dt, n);
-  void* w = k.data(1, dt, cols);
-  float* mean = kRms ? nullptr : k.data<float>(2, DType::F32, rows);
-  float* rstd = k.data<float>(ir, DType::F32, rows);
-  void* dy = k.data(ig, dt, n);
-  void* dx = k.data(idx, dt, n);
-  void* dw = k.data(idw, dt, cols);
-  void* db = kRms ? nullptr : k.optional(idw + 1, dt, cols);
-  if (cols == 0) return info.Env().Undefined();
+static void normBackward(KernelCall& k, const char* call) {
+  int64_t rows = k.args.size("rows"), cols = k.args.size("cols"), n = rows * cols;
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("x", dt, n);
+  void* w = k.data("weight", dt, cols);
+  float* mean = kRms ? nullptr : k.data<float>("mean", DType::F32, rows);
+  float* rstd = k.data<float>("rstd", DType::F32, rows);
+  void* dy = k.data("gradOut", dt, n);
+  void* dx = k.data("gradX", dt, n);
+  void* dw = k.data("gradW", dt, cols);
+  void* db = kRms ? nullptr : k.optional("gradB", dt, cols);
+  if (cols == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T, {
     if (rows > 0)
@@ -144,44 +140,30 @@ static Napi::Value backwardAbi(const Napi::CallbackInfo& info, const char* call)
     launchColumnSums<2>(k.device(), st, NormParamRows<T, kRms>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, cols},
                         rows, cols, static_cast<T*>(dw), static_cast<T*>(db), call);
   });
-  k.launched();
-  return info.Env().Undefined();
 }
-
-static Napi::Value LayernormForwardAbi(const Napi::CallbackInfo& info) { return forwardAbi<false>(info, "layernorm_forward"); }
-static Napi::Value RmsnormForwardAbi(const Napi::CallbackInfo& info) { return forwardAbi<true>(info, "rmsnorm_forward"); }
-static Napi::Value LayernormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<false>(info, "layernorm_backward"); }
-static Napi::Value RmsnormBackwardAbi(const Napi::CallbackInfo& info) { return backwardAbi<true>(info, "rmsnorm_backward"); }
-NT_EXPORT("layernorm_forward", LayernormForwardAbi);
+NT_CUDA_KERNEL("layernorm_backward", LayernormBackward) { normBackward<false>(k, call); }
+NT_CUDA_KERNEL("rmsnorm_backward", RmsnormBackward) { normBackward<true>(k, call); }
 
 // add_layernorm_forward(x, residual, weight, bias|null, sum, out, mean: f32, rstd: f32, rows, cols, eps, dtype):
 // sum = x + residual and out = layerNorm(sum) by the forward kernel's fused residual path.
-static Napi::Value AddLayernormForwardAbi(const Napi::CallbackInfo& info) {
-  const char* call = "add_layernorm_forward";
-  KernelCall k(info, call);
-  int64_t rows = k.args.size(8), cols = k.args.size(9), n = rows * cols;
-  float eps = float(k.args.number(10));
-  DType dt = k.args.dtype(11);
-  void* x = k.data(0, dt, n);
-  void* res = k.data(1, dt, n);
-  void* w = k.data(2, dt, cols);
-  void* b = k.optional(3, dt, cols);
-  void* sum = k.data(4, dt, n);
-  void* y = k.data(5, dt, n);
-  float* mean = k.data<float>(6, DType::F32, rows);
-  float* rstd = k.data<float>(7, DType::F32, rows);
-  if (rows == 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("add_layernorm_forward", AddLayernormForwardAbi) {
+  int64_t rows = k.args.size("rows"), cols = k.args.size("cols"), n = rows * cols;
+  float eps = float(k.args.number("eps"));
+  DType dt = k.args.dtype("dtype");
+  void* x = k.data("x", dt, n);
+  void* res = k.data("residual", dt, n);
+  void* w = k.data("weight", dt, cols);
+  void* b = k.optional("bias", dt, cols);
+  void* sum = k.data("sum", dt, n);
+  void* y = k.data("out", dt, n);
+  float* mean = k.data<float>("mean", DType::F32, rows);
+  float* rstd = k.data<float>("rstd", DType::F32, rows);
+  if (rows == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T,
                     normForwardKernel<T, false><<<unsigned(rows), rowThreads(cols), 0, st>>>(
                         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const T*>(w),
                         static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, cols, eps));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("add_layernorm_forward", AddLayernormForwardAbi);
-NT_EXPORT("rmsnorm_forward", RmsnormForwardAbi);
-NT_EXPORT("layernorm_backward", LayernormBackwardAbi);
-NT_EXPORT("rmsnorm_backward", RmsnormBackwardAbi);
 
 }  // namespace nt::cuda

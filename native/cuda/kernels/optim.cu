@@ -167,16 +167,18 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
 
 // A JS array of device storages on one device (`device`, -1 until the first), each holding counts[k]
 // elements of dtypes[k].
-static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size_t i, const char* call, const char* what,
-                                            const std::vector<int64_t>& counts, const std::vector<DType>& dtypes, int& device) {
-  Napi::Array arr = storageArray(info, i, call, what, counts.size());
+static std::vector<uint8_t*> deviceStorages(const KernelCall& k, const char* what, const std::vector<int64_t>& counts,
+                                            const std::vector<DType>& dtypes, int& device) {
+  const char* call = k.name();
+  size_t i = k.args.at(what, "S");
+  Napi::Array arr = storageArray(k.info(), i, call, what, counts.size());
   std::vector<uint8_t*> out(counts.size());
-  for (uint32_t k = 0; k < arr.Length(); k++) {
-    DeviceStorage* s = DeviceStorage::From(arr.Get(k), call, i);
+  for (uint32_t j = 0; j < arr.Length(); j++) {
+    DeviceStorage* s = DeviceStorage::From(arr.Get(j), call, i);
     if (device < 0) device = s->device();
     if (s->device() != device) fail(Err::Device, std::string(call) + ": all tensors must be on one device");
-    s->checkRange(0, size_t(counts[k]) * dtypeSize(dtypes[k]), call);
-    out[k] = s->data();
+    s->checkRange(0, size_t(counts[j]) * dtypeSize(dtypes[j]), call);
+    out[j] = s->data();
   }
   return out;
 }
@@ -184,31 +186,32 @@ static std::vector<uint8_t*> deviceStorages(const Napi::CallbackInfo& info, size
 // adamw_step / lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //   lr, beta1, beta2, eps, weightDecay, step, gradScale[, biasCorrection]): one multi-tensor launch per
 //   (param dtype, grad dtype) pair. lamb_step returns the trust ratios (Float64Array), so it waits for the stream.
-static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* call, bool lamb) {
-  Args a = kernelArgs(info, call);
-  auto [counts, pdt, gdt] = paramGradDtypes(info, 4, call);
+static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb) {
+  const Args& a = k.args;
+  auto [counts, pdt, gdt] = paramGradDtypes(k.info(), a.at("counts", "A"), call);
   std::vector<DType> f32(counts.size(), DType::F32);
   int device = -1;
-  std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
-  std::vector<uint8_t*> grads = deviceStorages(info, 1, call, "grads", counts, gdt, device);
-  std::vector<uint8_t*> ms = deviceStorages(info, 2, call, "expAvg", counts, f32, device);
-  std::vector<uint8_t*> vs = deviceStorages(info, 3, call, "expAvgSq", counts, f32, device);
-  int64_t step = a.int64(12);
+  std::vector<uint8_t*> params = deviceStorages(k, "params", counts, pdt, device);
+  std::vector<uint8_t*> grads = deviceStorages(k, "grads", counts, gdt, device);
+  std::vector<uint8_t*> ms = deviceStorages(k, "expAvg", counts, f32, device);
+  std::vector<uint8_t*> vs = deviceStorages(k, "expAvgSq", counts, f32, device);
+  int64_t step = a.int64("step");
   if (step < 1) fail(Err::Argument, std::string(call) + ": step must be >= 1");
-  bool biasCorrection = lamb ? a.boolean(14) : true;
-  Hyper h{float(a.number(7)), float(a.number(8)), float(a.number(9)), float(a.number(10)), float(a.number(11)),
-          float(a.number(13)), 1.0f, 1.0f};
+  bool biasCorrection = lamb ? a.boolean("biasCorrection") : true;
+  double beta1 = a.number("beta1"), beta2 = a.number("beta2");
+  Hyper h{float(a.number("lr")), float(beta1), float(beta2), float(a.number("eps")), float(a.number("weightDecay")),
+          float(a.number("gradScale")), 1.0f, 1.0f};
   if (biasCorrection) {
-    h.bias1 = float(1.0 - std::pow(a.number(8), double(step)));
-    h.bias2 = float(1.0 - std::pow(a.number(9), double(step)));
+    h.bias1 = float(1.0 - std::pow(beta1, double(step)));
+    h.bias2 = float(1.0 - std::pow(beta2, double(step)));
   }
   std::map<std::pair<DType, DType>, std::vector<size_t>> groups;
-  for (size_t k = 0; k < counts.size(); k++) groups[{pdt[k], gdt[k]}].push_back(k);
-  Napi::Float64Array ratios = Napi::Float64Array::New(info.Env(), counts.size());
+  for (size_t j = 0; j < counts.size(); j++) groups[{pdt[j], gdt[j]}].push_back(j);
+  Napi::Float64Array ratios = Napi::Float64Array::New(k.info().Env(), counts.size());
   for (auto& [dtypes, members] : groups) {
     std::vector<TensorEntry> tensors;
-    for (size_t k : members)
-      tensors.push_back({params[k], grads[k], reinterpret_cast<float*>(ms[k]), reinterpret_cast<float*>(vs[k]), counts[k]});
+    for (size_t j : members)
+      tensors.push_back({params[j], grads[j], reinterpret_cast<float*>(ms[j]), reinterpret_cast<float*>(vs[j]), counts[j]});
     std::vector<double> norms;
     launchMultiTensor(device, tensors, dtypes.first, dtypes.second, h, lamb, lamb ? &norms : nullptr, call);
     if (lamb)
@@ -217,13 +220,10 @@ static Napi::Value adamFamilyStep(const Napi::CallbackInfo& info, const char* ca
         ratios[members[j]] = pw > 0 && uu > 0 ? std::sqrt(pw) / std::sqrt(uu) : 1.0;
       }
   }
-  if (lamb) return ratios;
-  return info.Env().Undefined();
+  return ratios;
 }
-static Napi::Value AdamwStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "adamw_step", false); }
-static Napi::Value LambStep(const Napi::CallbackInfo& info) { return adamFamilyStep(info, "lamb_step", true); }
-NT_EXPORT("adamw_step", AdamwStep);
-NT_EXPORT("lamb_step", LambStep);
+NT_CUDA_KERNEL("adamw_step", AdamwStep) { adamFamilyStep(k, call, false); }
+NT_CUDA_KERNEL_VALUE("lamb_step", LambStep) { return adamFamilyStep(k, call, true); }
 
 template <typename P, typename G>
 __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, float momentum, float keep, float weightDecay,
@@ -241,34 +241,31 @@ __global__ void sgdKernel(P* p, const G* g, float* buf, int64_t n, float lr, flo
 
 // sgd_step(params[], grads[], momentumBufs[], counts[], paramDtypes[], gradDtypes[], lr, momentum, dampening,
 //   weightDecay, nesterov, firstStep, gradScale): PyTorch's SGD, one launch per tensor.
-static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
-  const char* call = "sgd_step";
-  Args a = kernelArgs(info, call);
-  auto [counts, pdt, gdt] = paramGradDtypes(info, 3, call);
+NT_CUDA_KERNEL("sgd_step", SgdStep) {
+  const Args& a = k.args;
+  auto [counts, pdt, gdt] = paramGradDtypes(k.info(), a.at("counts", "A"), call);
   int device = -1;
-  std::vector<uint8_t*> params = deviceStorages(info, 0, call, "params", counts, pdt, device);
-  std::vector<uint8_t*> grads = deviceStorages(info, 1, call, "grads", counts, gdt, device);
-  double lr = a.number(6), mom = a.number(7), damp = a.number(8), wd = a.number(9);
-  bool nesterov = a.boolean(10), first = a.boolean(11);
-  float scale = float(a.number(12));
+  std::vector<uint8_t*> params = deviceStorages(k, "params", counts, pdt, device);
+  std::vector<uint8_t*> grads = deviceStorages(k, "grads", counts, gdt, device);
+  double lr = a.number("lr"), mom = a.number("momentum"), damp = a.number("dampening"), wd = a.number("weightDecay");
+  bool nesterov = a.boolean("nesterov"), first = a.boolean("firstStep");
+  float scale = float(a.number("gradScale"));
   std::vector<uint8_t*> bufs;
-  if (mom != 0) bufs = deviceStorages(info, 2, call, "momentumBufs", counts, std::vector<DType>(counts.size(), DType::F32), device);
-  if (device < 0) return info.Env().Undefined();
+  if (mom != 0) bufs = deviceStorages(k, "momentumBufs", counts, std::vector<DType>(counts.size(), DType::F32), device);
+  if (device < 0) return;
   useDevice(device);
   cudaStream_t st = currentStream(device);
-  for (size_t k = 0; k < counts.size(); k++) {
-    int64_t n = counts[k];
+  for (size_t j = 0; j < counts.size(); j++) {
+    int64_t n = counts[j];
     if (n == 0) continue;
-    float* buf = mom != 0 ? reinterpret_cast<float*>(bufs[k]) : nullptr;
-    NT_DISPATCH_FLOAT(pdt[k], call, P, NT_DISPATCH_FLOAT(gdt[k], call, G, {
-      sgdKernel<P, G><<<gridFor(n), kThreads, 0, st>>>(reinterpret_cast<P*>(params[k]), reinterpret_cast<const G*>(grads[k]), buf, n,
+    float* buf = mom != 0 ? reinterpret_cast<float*>(bufs[j]) : nullptr;
+    NT_DISPATCH_FLOAT(pdt[j], call, P, NT_DISPATCH_FLOAT(gdt[j], call, G, {
+      sgdKernel<P, G><<<gridFor(n), kThreads, 0, st>>>(reinterpret_cast<P*>(params[j]), reinterpret_cast<const G*>(grads[j]), buf, n,
                                                       float(lr), float(mom), float(1.0 - damp), float(wd), nesterov, first, scale);
     }));
   }
   checkLaunch(call);
-  return info.Env().Undefined();
 }
-NT_EXPORT("sgd_step", SgdStep);
 
 // x *= alpha (map3Kernel functor: contiguous, 16-byte packs where aligned).
 struct ScaleF {
@@ -279,16 +276,15 @@ struct ScaleF {
 // The tensors of sum_squares and scale_in_place: (storages[], counts[], dtypes[], ...) on one
 // device (-1 when the list is empty).
 struct DeviceTensorList {
-  Args a;
   std::vector<int64_t> counts;
   std::vector<DType> dts;
   std::vector<uint8_t*> data;
   int device = -1;
 };
-static DeviceTensorList deviceTensorList(const Napi::CallbackInfo& info, const char* call) {
-  auto [a, counts, dts] = tensorListArgs(info, call);
-  DeviceTensorList l{a, std::move(counts), std::move(dts), {}};
-  l.data = deviceStorages(info, 0, call, "storages", l.counts, l.dts, l.device);
+static DeviceTensorList deviceTensorList(const KernelCall& k) {
+  auto [a, counts, dts] = tensorListArgs(k.info(), k.name());
+  DeviceTensorList l{std::move(counts), std::move(dts), {}};
+  l.data = deviceStorages(k, "storages", l.counts, l.dts, l.device);
   return l;
 }
 // Calls launch(k) for each non-empty tensor k, then checks the launches.
@@ -302,11 +298,10 @@ static void launchEach(const DeviceTensorList& l, const char* call, F launch) {
 }
 
 // sum_squares(storages[], counts[], dtypes[]) -> Float64Array: returns values, so it waits for the stream.
-static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
-  const char* call = "sum_squares";
-  DeviceTensorList l = deviceTensorList(info, call);
+NT_CUDA_KERNEL_VALUE("sum_squares", SumSquares) {
+  DeviceTensorList l = deviceTensorList(k);
   const size_t count = l.counts.size();
-  Napi::Float64Array out = Napi::Float64Array::New(info.Env(), count);
+  Napi::Float64Array out = Napi::Float64Array::New(k.info().Env(), count);
   if (l.device < 0) return out;
   useDevice(l.device);
   cudaStream_t st = currentStream(l.device);
@@ -323,14 +318,12 @@ static Napi::Value SumSquares(const Napi::CallbackInfo& info) {
   check(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   return out;
 }
-NT_EXPORT("sum_squares", SumSquares);
 
 // scale_in_place(storages[], counts[], dtypes[], alpha): x *= alpha for every tensor.
-static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
-  const char* call = "scale_in_place";
-  DeviceTensorList l = deviceTensorList(info, call);
-  float alpha = float(l.a.number(3));
-  if (l.device < 0) return info.Env().Undefined();
+NT_CUDA_KERNEL("scale_in_place", ScaleInPlace) {
+  DeviceTensorList l = deviceTensorList(k);
+  float alpha = float(k.args.number("alpha"));
+  if (l.device < 0) return;
   useDevice(l.device);
   cudaStream_t st = currentStream(l.device);
   launchEach(l, call, [&](size_t k) {
@@ -338,8 +331,6 @@ static Napi::Value ScaleInPlace(const Napi::CallbackInfo& info) {
                       launchMap3<T>(st, ScaleF{alpha}, reinterpret_cast<const T*>(l.data[k]), nullptr, nullptr,
                                     reinterpret_cast<T*>(l.data[k]), l.counts[k]));
   });
-  return info.Env().Undefined();
 }
-NT_EXPORT("scale_in_place", ScaleInPlace);
 
 }  // namespace nt::cuda

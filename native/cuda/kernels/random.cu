@@ -19,23 +19,19 @@ __global__ void randomKernel(T* out, int64_t n, int kind, uint64_t seed, uint64_
 }
 
 // random_fill(storage, dtype, n, kind, seedHi, seedLo, baseBlock, firstElement, a, b): see the cpu one.
-static Napi::Value RandomFill(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "random_fill");
-  DType dt = k.args.dtype(1);
-  int64_t n = k.args.size(2);
-  int64_t kind = k.args.int64(3);
-  uint64_t seed = (uint64_t(k.args.size(4)) << 32) | uint64_t(k.args.size(5));
-  uint64_t base = uint64_t(k.args.size(6)), first = uint64_t(k.args.size(7));
-  float p0 = float(k.args.number(8)), p1 = float(k.args.number(9));
+NT_CUDA_KERNEL("random_fill", RandomFill) {
+  DType dt = k.args.dtype("dtype");
+  int64_t n = k.args.size("n");
+  int64_t kind = k.args.int64("kind");
+  uint64_t seed = (uint64_t(k.args.size("seedHi")) << 32) | uint64_t(k.args.size("seedLo"));
+  uint64_t base = uint64_t(k.args.size("baseBlock")), first = uint64_t(k.args.size("firstElement"));
+  float p0 = float(k.args.number("a")), p1 = float(k.args.number("b"));
   if (kind < 0 || kind > 2) fail(Err::Argument, "random_fill: unknown distribution " + std::to_string(kind));
-  void* d = k.data(0, dt, n);
-  if (n == 0) return info.Env().Undefined();
+  void* d = k.data("storage", dt, n);
+  if (n == 0) return;
   cudaStream_t s = k.stream();
   NT_DISPATCH_ALL(dt, "random_fill", T,
                   randomKernel<T><<<gridFor(n), kThreads, 0, s>>>(static_cast<T*>(d), n, int(kind), seed, base, first, p0, p1));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("random_fill", RandomFill);
 
 }  // namespace nt::cuda

@@ -102,26 +102,21 @@ static void launchSumTo(int dev, cudaStream_t st, const T* xt, T* ot, const std:
 
 // sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)
 //   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed; outStrides is 0 on summed dims.
-static Napi::Value SumTo(const Napi::CallbackInfo& info) {
-  const char* call = "sum_to";
-  KernelCall k(info, call);
-  DType dt = k.args.dtype(2);
-  std::vector<int64_t> shape = intList(info, 3, call);
-  std::vector<int64_t> so = intList(info, 4, call, int64_t(shape.size()));
-  int64_t nOut = k.args.size(5), n = product(shape);
+NT_CUDA_KERNEL("sum_to", SumTo) {
+  DType dt = k.args.dtype("dtype");
+  std::vector<int64_t> shape = k.args.ints("inShape");
+  std::vector<int64_t> so = k.args.ints("outStrides", int64_t(shape.size()));
+  int64_t nOut = k.args.size("outCount"), n = product(shape);
   if (n > 0 && stridedExtent(shape, so, call) > nOut) fail(Err::Argument, "sum_to: output strides reach past the output");
-  void* x = k.data(0, dt, n);
-  void* out = k.data(1, dt, nOut);
+  void* x = k.data("inp", dt, n);
+  void* out = k.data("out", dt, nOut);
   cudaStream_t st = k.stream();
   if (n == 0) {
     if (nOut > 0) check(cudaMemsetAsync(out, 0, size_t(nOut) * dtypeSize(dt), st), "cudaMemsetAsync");
-    return info.Env().Undefined();
+    return;
   }
   NT_DISPATCH_FLOAT(dt, call, T, launchSumTo<T>(k.device(), st, static_cast<const T*>(x), static_cast<T*>(out), shape, so, nOut, call));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("sum_to", SumTo);
 
 template <typename T>
 __global__ void maxDimKernel(const T* x, T* out, int32_t* arg, int64_t outer, int64_t red, int64_t inner) {
@@ -148,40 +143,31 @@ __global__ void maxDimBackwardKernel(const T* g, const int32_t* arg, T* gi, int6
 }
 
 // max_dim(inp, out, argmax: i32, outer, red, inner, dtype): inp as [outer, red, inner]; first max wins.
-static Napi::Value MaxDim(const Napi::CallbackInfo& info) {
-  const char* call = "max_dim";
-  KernelCall k(info, call);
-  int64_t outer = k.args.size(3), red = k.args.size(4), inner = k.args.size(5);
-  DType dt = k.args.dtype(6);
+NT_CUDA_KERNEL("max_dim", MaxDim) {
+  int64_t outer = k.args.size("outer"), red = k.args.size("red"), inner = k.args.size("inner");
+  DType dt = k.args.dtype("dtype");
   if (red == 0) fail(Err::Shape, "max_dim: cannot take the max over an empty dimension");
   int64_t n = outer * red * inner, m = outer * inner;
-  void* x = k.data(0, dt, n);
-  void* out = k.data(1, dt, m);
-  int32_t* arg = k.data<int32_t>(2, DType::I32, m);
-  if (m == 0) return info.Env().Undefined();
+  void* x = k.data("inp", dt, n);
+  void* out = k.data("out", dt, m);
+  int32_t* arg = k.data<int32_t>("argmax", DType::I32, m);
+  if (m == 0) return;
   NT_LAUNCH_FLOAT(k, dt, maxDimKernel, gridFor(m), kThreads, static_cast<const T*>(x), static_cast<T*>(out), arg, outer, red, inner);
-  return info.Env().Undefined();
 }
-NT_EXPORT("max_dim", MaxDim);
 
 // max_dim_backward(gradOut, argmax: i32, gradIn, outer, red, inner, dtype): gradIn zero but at the argmax.
-static Napi::Value MaxDimBackward(const Napi::CallbackInfo& info) {
-  const char* call = "max_dim_backward";
-  KernelCall k(info, call);
-  int64_t outer = k.args.size(3), red = k.args.size(4), inner = k.args.size(5);
-  DType dt = k.args.dtype(6);
+NT_CUDA_KERNEL("max_dim_backward", MaxDimBackward) {
+  int64_t outer = k.args.size("outer"), red = k.args.size("red"), inner = k.args.size("inner");
+  DType dt = k.args.dtype("dtype");
   int64_t n = outer * red * inner, m = outer * inner;
-  void* g = k.data(0, dt, m);
-  int32_t* arg = k.data<int32_t>(1, DType::I32, m);
-  void* gi = k.data(2, dt, n);
-  if (n == 0) return info.Env().Undefined();
+  void* g = k.data("gradOut", dt, m);
+  int32_t* arg = k.data<int32_t>("argmax", DType::I32, m);
+  void* gi = k.data("gradIn", dt, n);
+  if (n == 0) return;
   cudaStream_t st = k.stream();
   check(cudaMemsetAsync(gi, 0, size_t(n) * dtypeSize(dt), st), "cudaMemsetAsync");
   NT_DISPATCH_FLOAT(dt, call, T,
                     maxDimBackwardKernel<T><<<gridFor(m), kThreads, 0, st>>>(static_cast<const T*>(g), arg, static_cast<T*>(gi), outer, red, inner));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("max_dim_backward", MaxDimBackward);
 
 }  // namespace nt::cuda

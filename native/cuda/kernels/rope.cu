@@ -29,33 +29,29 @@ __global__ void ropeKernel(const T* x, T* out, const int32_t* pos, bool batched,
 }
 
 // rope(inp, out, positions|null, posCount, batch, seq, heads, dim, offset, theta, inverse, dtype)
-static Napi::Value RopeAbi(const Napi::CallbackInfo& info) {
-  KernelCall k(info, "rope");
-  int64_t posCount = k.args.size(3), batch = k.args.size(4), seq = k.args.size(5), heads = k.args.size(6), dim = k.args.size(7),
-          offset = k.args.size(8);
-  double theta = k.args.number(9);
-  bool inverse = k.args.boolean(10);
-  DType dt = k.args.dtype(11);
+NT_CUDA_KERNEL("rope", RopeAbi) {
+  int64_t posCount = k.args.size("posCount"), batch = k.args.size("batch"), seq = k.args.size("seq"), heads = k.args.size("heads"), dim = k.args.size("dim"),
+          offset = k.args.size("offset");
+  double theta = k.args.number("theta");
+  bool inverse = k.args.boolean("inverse");
+  DType dt = k.args.dtype("dtype");
   if (dim % 2 != 0) fail(Err::Shape, "rope: the head dim " + std::to_string(dim) + " must be even");
   if (!(theta > 0) || !std::isfinite(theta)) fail(Err::Argument, "rope: theta must be a finite number > 0");
-  bool hasPos = !info[2].IsNull() && !info[2].IsUndefined();
+  bool hasPos = k.args.given("positions");
   if (hasPos != (posCount > 0) || (hasPos && posCount != seq && posCount != batch * seq))
     fail(Err::Shape, "rope: positions must hold seq (" + std::to_string(seq) + ") or batch·seq (" + std::to_string(batch * seq) +
                          ") entries, got " + std::to_string(posCount));
   int64_t n = batch * seq * heads * dim;
-  void* x = k.data(0, dt, n);
-  void* y = k.data(1, dt, n);
-  const int32_t* pos = hasPos ? k.data<int32_t>(2, DType::I32, posCount) : nullptr;
-  if (n == 0) return info.Env().Undefined();
+  void* x = k.data("inp", dt, n);
+  void* y = k.data("out", dt, n);
+  const int32_t* pos = hasPos ? k.data<int32_t>("positions", DType::I32, posCount) : nullptr;
+  if (n == 0) return;
   cudaStream_t st = k.stream();
   int64_t half = dim / 2, pairs = n / 2;
   bool batched = hasPos && posCount == batch * seq;
   NT_DISPATCH_FLOAT(dt, "rope", T,
                     ropeKernel<T><<<gridFor(pairs), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<T*>(y), pos, batched, seq, heads,
                                                                         half, offset, theta, double(dim), inverse, pairs));
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("rope", RopeAbi);
 
 }  // namespace nt::cuda

@@ -16,29 +16,24 @@ __global__ void copyStridedKernel(const E* src, E* dst, int64_t n, Strides s, in
 
 // copy_strided(src, dst, dtype, shape: Int32Array, srcStrides: Int32Array, srcOffset, dstStrides: Int32Array, dstOffset)
 //   dst[dstOffset + Σ idx·dstStrides] = src[srcOffset + Σ idx·srcStrides] for idx over shape (elements).
-static Napi::Value CopyStrided(const Napi::CallbackInfo& info) {
-  const char* call = "copy_strided";
-  KernelCall k(info, call);
-  DType dt = k.args.dtype(2);
-  std::vector<int64_t> shape = intList(info, 3, call);
-  std::vector<int64_t> ss = intList(info, 4, call, int64_t(shape.size()));
-  int64_t so = k.args.size(5);
-  std::vector<int64_t> ds = intList(info, 6, call, int64_t(shape.size()));
-  int64_t dOff = k.args.size(7);
+NT_CUDA_KERNEL("copy_strided", CopyStrided) {
+  DType dt = k.args.dtype("dtype");
+  std::vector<int64_t> shape = k.args.ints("shape");
+  std::vector<int64_t> ss = k.args.ints("srcStrides", int64_t(shape.size()));
+  int64_t so = k.args.size("srcOffset");
+  std::vector<int64_t> ds = k.args.ints("dstStrides", int64_t(shape.size()));
+  int64_t dOff = k.args.size("dstOffset");
   int64_t n = product(shape);
   Strides s = Strides::of(shape, ss, ds, call);
-  if (n == 0) return info.Env().Undefined();
-  void* src = k.data(0, dt, so + stridedExtent(shape, ss, call));
-  void* dst = k.data(1, dt, dOff + stridedExtent(shape, ds, call));
+  if (n == 0) return;
+  void* src = k.data("src", dt, so + stridedExtent(shape, ss, call));
+  void* dst = k.data("dst", dt, dOff + stridedExtent(shape, ds, call));
   cudaStream_t st = k.stream();
   switch (dtypeSize(dt)) {
     case 1: copyStridedKernel<<<gridFor(n), kThreads, 0, st>>>(static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, s, so, dOff); break;
     case 2: copyStridedKernel<<<gridFor(n), kThreads, 0, st>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n, s, so, dOff); break;
     default: copyStridedKernel<<<gridFor(n), kThreads, 0, st>>>(static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), n, s, so, dOff);
   }
-  k.launched();
-  return info.Env().Undefined();
 }
-NT_EXPORT("copy_strided", CopyStrided);
 
 }  // namespace nt::cuda

@@ -32,13 +32,10 @@ parts=[]
 r=open(SRC+'reduce.cu').read()
 parts.append(between(r,'// The general case: one thread per output element','// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)\n//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed'))
 e=open(SRC+'elementwise.cu').read()
-# The op codes come from native/core/op_codes.h (both backends compile it).
-codes=open(os.path.join(ROOT, 'native/core/op_codes.h')).read()
-parts.append(''.join(l + '\n' for l in codes.split('\n') if l.startswith(('enum ', 'inline bool'))))
 parts.append(between(e,'__device__ __forceinline__ float binary(int op','// binary(op, a, b, out, dtype, outShape'))
 g=open(SRC+'gelu.cu').read()
 parts.append(between(g,'__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'))
-parts.append(between(g,'// pre += bias per column','// bias_gelu_forward(pre, bias|null'))
+parts.append(between(g,'// pre += bias per column','// Host helpers for gemm.cu'))
 # The epilogue fallbacks of gemm.cu: the bgrad column reader (its host code calls the kernels above).
 gm=open(SRC+'gemm.cu').read()
 parts.append(between(gm,'// Row i of op(A) for transA','static const char* epilogueName'))
@@ -50,9 +47,10 @@ o=open(SRC+'optim.cu').read()
 parts.append(between(o,'// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'))
 parts.append(between(o,'constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'))
 sw=open(SRC+'swiglu.cu').read()
-parts.append(between(sw,'__device__ __forceinline__ float sigmoidF','static Napi::Value SwigluForwardAbi'))
+parts.append(between(sw,'__device__ __forceinline__ float sigmoidF','NT_CUDA_KERNEL("swiglu_forward"'))
 rp=open(SRC+'rope.cu').read()
 parts.append(between(rp,'// One thread per (row, i < half) pair','// rope(inp, out, positions|null'))
-body='#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
+# The op codes come from native/core/op_codes.h (both backends compile it; run.sh copies it).
+body='#include "native/core/op_codes.h"\n#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
 open(os.path.join(OUT,'kernels_emu.h'),'w').write(body)
 

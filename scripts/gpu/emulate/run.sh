@@ -12,7 +12,7 @@ root="$(cd "$here/../../.." && pwd)"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 mkdir -p "$out/native/cuda/kernels" "$out/native/core"
-cp "$root/native/core/half.h" "$root/native/core/hd.h" "$out/native/core/"
+cp "$root/native/core/half.h" "$root/native/core/hd.h" "$root/native/core/op_codes.h" "$out/native/core/"
 cp "$here/emu_cuda.h" "$out/"
 cp "$here/runtime_stub.h" "$out/native/cuda/runtime.h"
 python3 "$here/prep.py" "$root" "$out"

@@ -17,12 +17,12 @@ template <class T> void testMap(size_t n, size_t shift) {
   auto va = conv<T>(randv(n)), vb = conv<T>(randv(n));
   Buf<T> a(n, shift), b(n, shift), o(n, shift);
   std::memcpy(a.p, va.data(), n * sizeof(T)); std::memcpy(b.p, vb.data(), n * sizeof(T));
-  launchMap3<T>(nullptr, BinaryF{kMul}, a.p, b.p, nullptr, o.p, int64_t(n));
+  launchMap3<T>(nullptr, BinaryF{binary_op::kMul}, a.p, b.p, nullptr, o.p, int64_t(n));
   for (size_t i = 0; i < n; i++) EXPECT(same(o.p[i], fromF32<T>(toF32(va[i]) * toF32(vb[i]))), "map mul n=%zu shift=%zu i=%zu", n, shift, i);
   // in place unary (out aliases input), and unary_backward with a null input
-  launchMap3<T>(nullptr, UnaryF{kExp, 0.f}, a.p, nullptr, nullptr, a.p, int64_t(n));
+  launchMap3<T>(nullptr, UnaryF{unary_op::kExp, 0.f}, a.p, nullptr, nullptr, a.p, int64_t(n));
   for (size_t i = 0; i < n; i++) EXPECT(same(a.p[i], fromF32<T>(expf(toF32(va[i])))), "map exp in place n=%zu i=%zu", n, i);
-  launchMap3<T>(nullptr, UnaryGradF{kTanh, 0.f}, (const T*)nullptr, b.p, a.p, o.p, int64_t(n));
+  launchMap3<T>(nullptr, UnaryGradF{unary_op::kTanh, 0.f}, (const T*)nullptr, b.p, a.p, o.p, int64_t(n));
   for (size_t i = 0; i < n; i++) { float y = toF32(vb[i]); EXPECT(same(o.p[i], fromF32<T>(toF32(a.p[i]) * (1.f - y * y))), "map tanh grad i=%zu", i); }
   launchMap3<T>(nullptr, GeluGradF{}, b.p, a.p, nullptr, o.p, int64_t(n));
   for (size_t i = 0; i < n; i++) EXPECT(same(o.p[i], fromF32<T>(toF32(b.p[i]) * geluTanhGrad(toF32(a.p[i])))), "map gelu grad i=%zu", i);
@@ -159,19 +159,42 @@ template <class T> void testEpilogueFallbacks(int64_t rows, int64_t cols, size_t
   }
 }
 
+// The host reference of binary op `op` (op_codes.h), as the kernels compute it in f32.
+static float binaryRef(int op, float x, float y) {
+  using namespace binary_op;
+  switch (op) {
+    case kAdd: return x + y;
+    case kSub: return x - y;
+    case kMul: return x * y;
+    case kDiv: return x / y;
+    case kMax: return std::fmax(x, y);
+    case kMin: return std::fmin(x, y);
+    default: return std::pow(x, y);
+  }
+}
+
+// Every binary op over one broadcast (b's values kept positive for pow, so no NaN to compare).
 template <class T> void testBinary(std::vector<int64_t> shape, std::vector<int64_t> sa, std::vector<int64_t> sb, int64_t na, int64_t nb) {
   auto a = conv<T>(randv(size_t(na))), b = conv<T>(randv(size_t(nb)));
+  auto bPos = b;
+  for (auto& v : bPos) v = fromF32<T>(std::fabs(toF32(v)) + 0.5f);
+  auto aPos = a;
+  for (auto& v : aPos) v = fromF32<T>(std::fabs(toF32(v)) + 0.25f);
   int64_t n = product(shape);
   std::vector<T> out(static_cast<size_t>(n));
   Strides s = Strides::of(shape, sa, sb, "binary");
   long before = g_launches;
-  launchBinary<T>(nullptr, kDiv, a.data(), b.data(), out.data(), shape, sa, sb, s);
-  for (int64_t i = 0; i < n; i++) {
-    int64_t ia = 0, ib = 0, rem = i;
-    for (size_t d = shape.size(); d-- > 0;) { int64_t c = rem % shape[d]; rem /= shape[d]; ia += c * sa[d]; ib += c * sb[d]; }
-    EXPECT(same(out[size_t(i)], fromF32<T>(toF32(a[size_t(ia)]) / toF32(b[size_t(ib)]))), "binary i=%ld", long(i));
+  for (int op = 0; op < binary_op::kBinaryOpCount; op++) {
+    const std::vector<T>& x = op == binary_op::kPow ? aPos : a;
+    const std::vector<T>& y = op == binary_op::kPow ? bPos : b;
+    launchBinary<T>(nullptr, op, x.data(), y.data(), out.data(), shape, sa, sb, s);
+    for (int64_t i = 0; i < n; i++) {
+      int64_t ia = 0, ib = 0, rem = i;
+      for (size_t d = shape.size(); d-- > 0;) { int64_t c = rem % shape[d]; rem /= shape[d]; ia += c * sa[d]; ib += c * sb[d]; }
+      EXPECT(same(out[size_t(i)], fromF32<T>(binaryRef(op, toF32(x[size_t(ia)]), toF32(y[size_t(ib)])))), "binary op %d i=%ld", op, long(i));
+    }
   }
-  std::printf("binary %zu dims: %ld launch\n", shape.size(), g_launches - before);
+  std::printf("binary %zu dims: %ld launches for %d ops\n", shape.size(), g_launches - before, int(binary_op::kBinaryOpCount));
 }
 
 template <class S, class D> void testCast(int64_t n, size_t shift) {

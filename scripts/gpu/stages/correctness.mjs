@@ -190,6 +190,30 @@ export async function run(rec, nt, noGpu, ctx = {}) {
     });
   }
 
+  // binary's op codes past div (native/core/op_codes.h): max, min (fmax/fmin) and pow (a tensor exponent),
+  // raw kernel calls on the broadcast paths (row-major, a row bias, a column), cuda against cpu.
+  await check('binary max/min/pow (every op code of op_codes.h)', async () => {
+    const { BINARY } = await import('../../../dist/kernel-codes.js');
+    const rows = big(4096, 64), cols = D;
+    const strides = (shape, out) => Int32Array.from(out, (_, i) => {
+      const d = i - (out.length - shape.length);
+      return d < 0 || shape[d] === 1 ? 0 : shape.slice(d + 1).reduce((x, y) => x * y, 1);
+    });
+    for (const dtype of ['f32', 'bf16']) {
+      for (const [as, bs] of [[[rows, cols], [rows, cols]], [[rows, cols], [cols]], [[rows, cols], [rows, 1]]]) {
+        const r = randn(as, dtype), a = nt.add(nt.sqrt(nt.mul(r, r)), 0.25), b = randn(bs, dtype);  // positive bases for pow
+        for (const op of ['max', 'min', 'pow']) {
+          const run = (addon, device) => {
+            const out = nt.zeros([rows, cols], { dtype, device }), A = a.to(device), B = b.to(device);
+            addon.binary(BINARY[op], A.storage, B.storage, out.storage, DT[dtype], new Int32Array([rows, cols]), strides(as, [rows, cols]), strides(bs, [rows, cols]));
+            return host(out);
+          };
+          compare(`binary ${op} ${dtype} [${as}] [${bs}]`, dtype, run(G, DEV), run(C, 'cpu'), op !== 'pow' ? 0 : dtype === 'f32' ? 1e-5 : TOL.bf16);
+        }
+      }
+    }
+  });
+
   // The two-stage reductions add their partials in a fixed order: the same inputs give the same bits.
   await check('deterministic reductions (sum, norm and bias gradients, sum_squares)', () => {
     const n = big((1 << 26) + 7, 100003), rows = big(8192, 200), cols = D;
