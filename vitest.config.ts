@@ -17,6 +17,8 @@ const shared = {
   testTimeout: 180_000,
   hookTimeout: 180_000,
   env: { NODETRON_WARN_LEAKS: '0' },
+  // Transpiles the rank fixtures once, so launched processes skip tsx (test/helpers/node-script.ts).
+  globalSetup: ['test/helpers/global-setup.ts'],
 };
 
 export default defineConfig({
