@@ -13,7 +13,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join, relative, sep } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const dist = join(root, 'dist');
@@ -68,6 +68,15 @@ export function scriptPath(script: string): string {
 export function nodeArgs(script: string): string[] {
   const path = scriptPath(script);
   return path === script ? ['--import', 'tsx', script] : [path];
+}
+
+/**
+ * The package for a test whose library call launches the library's own rank script (e.g.
+ * plan.calibrateLayout starts calibrate-rank beside itself): dist/index.js when fresh, so those ranks
+ * start as compiled code, else lib/index.ts (ranks through tsx).
+ */
+export async function launchingLibrary(): Promise<typeof import('../../lib/index.js')> {
+  return freshness().dist ? import(pathToFileURL(join(dist, 'index.js')).href) : import('../../lib/index.js');
 }
 
 /**
