@@ -5,7 +5,7 @@
 // ships (scripts/prebuild.mjs) and the example's token shards it ships beside them. Each step is skipped when done.
 //   node scripts/setup.mjs [--force]      (in a checkout of the repository; scripts/install.mjs is what
 //                                         `npm install nodetron` runs in a user's project)
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
@@ -107,7 +107,9 @@ function nativeBuild() {
   if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
   log('building the native addons (cmake-js)');
   const cmakeJs = createRequire(join(root, 'package.json')).resolve('cmake-js/bin/cmake-js');
-  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(Math.max(2, availableParallelism()));
+  // Ninja's own default, cores + 2: a compile waiting on the disk leaves no core idle, and on a machine
+  // that is busy with other work the build keeps its share (two jobs beside two busy loops got half the cores).
+  const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(availableParallelism() + 2);
   if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
     throw new Error('the native build failed (see the compiler output above)');
   }
@@ -135,21 +137,31 @@ function exampleShards() {
 }
 
 // 5. TypeScript -----------------------------------------------------------------------------------
+// Started before the native build and awaited after it: tsc (one thread) runs beside the compiler
+// jobs, on the core the native build's last long compile leaves free.
 function typescriptBuild() {
   const out = join(root, 'dist', 'index.js');
   const built = existsSync(out) ? statSync(out).mtimeMs : 0;
-  if (!force && built > newest(['lib', 'tsconfig.json'])) return;
+  if (!force && built > newest(['lib', 'tsconfig.json'])) return Promise.resolve();
   log('compiling TypeScript (lib -> dist)');
   const tsc = join(root, 'node_modules', 'typescript', 'bin', 'tsc');
-  if (!run(process.execPath, [tsc, '-p', 'tsconfig.json'])) throw new Error('the TypeScript build failed');
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [tsc, '-p', 'tsconfig.json'], { stdio: 'inherit', cwd: root });
+    child.on('error', reject);
+    child.on('close', (code) => (code === 0 ? resolve() : reject(new Error('the TypeScript build failed'))));
+  });
 }
 
 try {
   systemPackages();
   cudaWheels();
   npmPackages();
-  nativeBuild();
-  typescriptBuild();
+  const ts = typescriptBuild();
+  // A native build failure is reported after tsc has finished (its output would interleave otherwise).
+  let nativeError;
+  try { nativeBuild(); } catch (e) { nativeError = e; }
+  await ts;
+  if (nativeError) throw nativeError;
   prebuilds();
   exampleShards();
 } catch (e) {

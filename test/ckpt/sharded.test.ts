@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
@@ -22,7 +23,7 @@ interface Result { code: number | null; output: string; losses: Record<number, n
 function launch(name: string, nproc: number, flags: string[], launchFlags: string[] = []): Promise<Result> {
   const out = join(work, `out-${name}`);
   return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), ...launchFlags, script, '--out', out, ...flags],
+    const { code, output } = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), ...launchFlags, scriptPath(script), '--out', out, ...flags],
       { cwd: root, limitMs: 240_000 });
     if (code !== 0) return { code, output, losses: {}, start: -1 };
     const r = JSON.parse(readFileSync(join(out, 'result-0.json'), 'utf8')) as { losses: Record<number, number>; start: number };
@@ -174,7 +175,7 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
 
   it('loadLatest right after background saves: every rank loads the same, newest step', async () => {
     const fixture = join(root, 'test', 'fixtures', 'ckpt', 'save-then-load.ts');
-    const r = await pool.run(() => runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', '2', fixture, '--root', ckpt('save-then-load')],
+    const r = await pool.run(() => runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', '2', scriptPath(fixture), '--root', ckpt('save-then-load')],
       { cwd: root, limitMs: 240_000 }));
     expect(r.code, r.output).toBe(0);
     const loaded = [...r.output.matchAll(/LOADED rank=(\d) step=(\S+)/g)].map((m) => `${m[1]}:${m[2]}`).sort();

@@ -7,6 +7,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { busFactor, plotSvg } from '../../lib/bench/comm.js';
+import { nodeArgs } from '../helpers/node-script.js';
 
 const bench = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'lib', 'bench', 'comm.ts');
 
@@ -30,7 +31,7 @@ describe('bench comm', () => {
   it('--transport both --repeat 2: interleaved runs over shared memory and tcp, medians per size, a plot', () => {
     const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
     const json = join(dir, 'r.json'), plot = join(dir, 'r.svg');
-    const r = spawnSync(process.execPath, ['--import', 'tsx', bench, '-b', '1K', '-e', '64K', '-f', '8', '-n', '2', '-w', '1', '--transport', 'both',
+    const r = spawnSync(process.execPath, [...nodeArgs(bench), '-b', '1K', '-e', '64K', '-f', '8', '-n', '2', '-w', '1', '--transport', 'both',
       '--repeat', '2', '--json', json, '--plot', plot], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '' }, timeout: 120_000 });
     expect(r.status, r.stderr + r.stdout).toBe(0);
     expect(r.stdout).toMatch(/median in-place busbw \(GB\/s\) over 2 interleaved run/);
@@ -47,7 +48,7 @@ describe('bench comm', () => {
     it(`${op}: self-launched 2-rank sweep with no wrong elements`, () => {
       const dir = mkdtempSync(join(tmpdir(), 'nt-bench-'));
       const json = join(dir, 'r.json');
-      const r = spawnSync(process.execPath, ['--import', 'tsx', bench, '--op', op, '-b', '8', '-e', '8K', '-f', '32', '-n', '2', '-w', '1',
+      const r = spawnSync(process.execPath, [...nodeArgs(bench), '--op', op, '-b', '8', '-e', '8K', '-f', '32', '-n', '2', '-w', '1',
         '-d', op === 'all_reduce' ? 'f16' : 'i32', '--json', json], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '' }, timeout: 60_000 });
       expect(r.status, r.stderr + r.stdout).toBe(0);
       expect(r.stdout).toMatch(/# Out of bounds values : 0 OK/);

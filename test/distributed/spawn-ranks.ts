@@ -4,6 +4,7 @@ import { spawn } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { StoreServer } from '../../lib/distributed/index.js';
+import { nodeArgs } from '../helpers/node-script.js';
 
 export const fixtures = join(dirname(fileURLToPath(import.meta.url)), '..', 'fixtures', 'dist');
 
@@ -22,7 +23,7 @@ export async function runRanks(script: string, n: number, args: string[] = [], e
   const server = await StoreServer.start({ host: '127.0.0.1', port: 0 });
   try {
     const runs = Array.from({ length: n }, (_, rank) => new Promise<RankResult>((resolve) => {
-      const child = spawn(process.execPath, ['--import', 'tsx', join(fixtures, script), ...args], {
+      const child = spawn(process.execPath, [...nodeArgs(join(fixtures, script)), ...args], {
         env: { ...process.env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
           MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(server.port), NODETRON_STORE_PREFIX: 'test', ...env },
         stdio: ['ignore', 'pipe', 'pipe'],

@@ -14,6 +14,7 @@ import { encodeFrame, Op, Status } from '../../lib/distributed/store-wire.js';
 import { launchStoreSecurity } from '../../lib/launch/cli.js';
 import { storeSecurity } from '../../lib/distributed/store-security.js';
 import { freePort } from '../helpers/net.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const { StoreServer, TCPStore, StoreAuthError, AddressInUseError, storeLimitsFromEnv, DEFAULT_STORE_LIMITS } = distributed;
 
@@ -354,8 +355,8 @@ describe('a running launcher job under attack', () => {
     const dir = mkdtempSync(join(tmpdir(), 'nodetron-guard-'));
     const go = join(dir, 'go');
     const port = await freePort();
-    const child = spawn(process.execPath, ['--import', 'tsx', join(root, 'test', 'fixtures', 'launch', 'launcher.ts'),
-      '--nproc-per-node', '2', '--master-port', String(port), join(root, 'test', 'fixtures', 'launch', 'guarded.ts')], {
+    const child = spawn(process.execPath, [...nodeArgs(join(root, 'test', 'fixtures', 'launch', 'launcher.ts')),
+      '--nproc-per-node', '2', '--master-port', String(port), scriptPath(join(root, 'test', 'fixtures', 'launch', 'guarded.ts'))], {
       cwd: root, env: { ...process.env, GO_FILE: go, NODETRON_STORE_TOKEN: TOKEN, NODETRON_WARN_LEAKS: '0' }, stdio: ['ignore', 'pipe', 'pipe'],
     });
     let stdout = '';

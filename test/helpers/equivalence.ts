@@ -6,6 +6,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 import { JobPool, runProcess } from './jobs.js';
+import { nodeArgs, scriptPath } from './node-script.js';
 
 export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
@@ -40,9 +41,9 @@ export function equivalenceRunner<R extends RankResult = RankResult>(opts: { scr
     const out = join(work, name);
     mkdirSync(out);
     return pool.run(async () => {
-      const fixture = [script, ...leadingArgs, '--out', out, ...flags];
-      const args = nproc === 0 ? fixture : [launcher, '--nproc-per-node', String(nproc), ...fixture];
-      const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', ...args], { cwd: root, limitMs: RUN_LIMIT_MS });
+      const rest = [...leadingArgs, '--out', out, ...flags];
+      const args = nproc === 0 ? [...nodeArgs(script), ...rest] : [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), ...rest];
+      const { code, output } = await runProcess(process.execPath, args, { cwd: root, limitMs: RUN_LIMIT_MS });
       const ranks = code !== 0 ? [] : Array.from({ length: Math.max(1, nproc) }, (_, r) => readRank<R>(out, r));
       return { code, output, ranks };
     });

@@ -6,6 +6,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
@@ -17,8 +18,8 @@ function launch(nproc: number, env: NodeJS.ProcessEnv, flags: string[] = []) {
   const dir = mkdtempSync(join(tmpdir(), 'nodetron-flight-test-'));
   dirs.push(dir);
   return pool.run(async () => {
-    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', String(nproc), '--stop-grace-ms', '2000', ...flags,
-      join(fixtures, 'flight.ts')], { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_FLIGHT_DIR: dir, ...env } });
+    const r = await runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', String(nproc), '--stop-grace-ms', '2000', ...flags,
+      scriptPath(join(fixtures, 'flight.ts'))], { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_FLIGHT_DIR: dir, ...env } });
     return { ...r, dir };
   });
 }

@@ -9,6 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { ArgumentError, distributed } from '../../lib/index.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
 import { freePort } from '../helpers/net.js';
+import { nodeArgs } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
@@ -31,7 +32,7 @@ interface Launch {
 /** Starts a launcher from a directory other than the package root (the .ts loader must resolve from anywhere). */
 function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
   const t0 = Date.now();
-  const child = spawn(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), ...args], {
+  const child = spawn(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), ...args], {
     cwd: root,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -8,12 +8,13 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
 const pool = new JobPool();
 const launch = (flag: string, env: Record<string, string> = {}) => pool.run(() => runProcess(process.execPath,
-  ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', '4', flag, join(fixtures, 'self-check.ts')],
+  [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '4', flag, scriptPath(join(fixtures, 'self-check.ts'))],
   { cwd: root, limitMs: 180_000, env: { ...process.env, NODETRON_DEBUG_SLOW_RANK: '', ...env } }));
 const slowRanks = (out: string) => [...out.matchAll(/^\[rank 0\]\s+(\d+)\s+\S+\s+[\d.]+\s+SLOW$/gm)].map((m) => Number(m[1]));
 

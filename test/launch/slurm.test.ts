@@ -11,6 +11,7 @@ import { ArgumentError, distributed } from '../../lib/index.js';
 import { expandHostlist, expandTasksPerNode, readClusterEnv } from '../../lib/distributed/cluster-env.js';
 import { launchStoreSecurity, parseLaunchArgs } from '../../lib/launch/cli.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const TOKEN = 'slurm-test-token-0123456789';
@@ -169,7 +170,7 @@ function runNode(args: string[], env: NodeJS.ProcessEnv, limitMs: number): Promi
   // The test's own launch variables must not leak into the simulated tasks.
   const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|MASTER_ADDR|MASTER_PORT|SLURM_.*|OMPI_.*|NODETRON_STORE_TOKEN|NODETRON_STORE_PREFIX)$/.test(k)));
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', ...args], { cwd: root, env: { ...clean, NODETRON_WARN_LEAKS: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [...nodeArgs(args[0]!), ...args.slice(1)], { cwd: root, env: { ...clean, NODETRON_WARN_LEAKS: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (c) => (stdout += c));
@@ -209,7 +210,7 @@ describe('jobs started through a simulated Slurm environment (2 "nodes" on loopb
       const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
       const script = join(root, 'test', 'fixtures', 'launch', 'cluster-task.ts');
       const nodes = await Promise.all([0, 1].map((n) =>
-        runNode([launcher, '--nproc-per-node', '2', script], { ...slurmTask(n, 2, 2, '127.0.0.[1-2]', jobId), NODETRON_STORE_TOKEN: TOKEN }, 180_000)));
+        runNode([launcher, '--nproc-per-node', '2', scriptPath(script)], { ...slurmTask(n, 2, 2, '127.0.0.[1-2]', jobId), NODETRON_STORE_TOKEN: TOKEN }, 180_000)));
       const results: { rank: number; sum: number; cluster: string | null; token: boolean; groupRank: number; masterPort: number }[] = [];
       for (const [n, node] of nodes.entries()) {
         expect(node.code, `node ${n}:\n${node.stdout}\n${node.stderr}`).toBe(0);

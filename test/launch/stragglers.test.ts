@@ -12,6 +12,7 @@ import { afterAll, describe, expect, it, vi } from 'vitest';
 import { main as traceMain } from '../../lib/cli/trace.js';
 import { readMetrics, stragglerScores } from '../../lib/observe/metrics.js';
 import { QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
@@ -21,7 +22,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 describe('straggler scores', () => {
   it('name the rank made 30% slower, and only it', async () => {
     const metrics = join(dir, 'metrics');
-    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', '4', join(fixtures, 'train-metrics.ts'),
+    const r = await runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '4', scriptPath(join(fixtures, 'train-metrics.ts')),
       '--data', join(dir, 'data'), '--steps', '16', '--layers', '4', '--width', '128', '--ctx', '128'],
     { cwd: root, limitMs: 300_000, env: { ...process.env, NODETRON_METRICS: metrics, NODETRON_DEBUG_SLOW_RANK: '2', OPENBLAS_NUM_THREADS: '1' } });
     expect(r.code, r.output).toBe(0);

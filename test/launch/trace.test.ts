@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { main as traceMain } from '../../lib/cli/trace.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 import { readMetrics } from '../../lib/observe/metrics.js';
 import { TRACKS } from '../../lib/observe/trace.js';
 
@@ -23,7 +24,7 @@ const pool = new JobPool();
 
 describe('nodetron trace', () => {
   it('merges a 4-rank job into one timeline with every collective on every rank and send→recv flows', async () => {
-    const r = await runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', '4', join(fixtures, 'trace.ts')],
+    const r = await runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '4', scriptPath(join(fixtures, 'trace.ts'))],
       { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_TRACE: dir } });
     expect(r.code, r.output).toBe(0);
     expect(await traceMain(['merge', dir])).toBe(0);
@@ -61,7 +62,7 @@ describe('nodetron trace', () => {
   it.each([false, true])('traces forward and backward per block (recompute %s), data loading, checkpoint stages, and per-step metrics', async (recompute) => {
     const job = join(dir, `gpt-${recompute}`);
     const traceDir = join(job, 'trace'), layers = 3, steps = 3;
-    const r = await pool.run(() => runProcess(process.execPath, ['--import', 'tsx', join(fixtures, 'launcher.ts'), '--nproc-per-node', '2', join(fixtures, 'train-metrics.ts'),
+    const r = await pool.run(() => runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '2', scriptPath(join(fixtures, 'train-metrics.ts')),
       '--data', join(job, 'data'), '--ckpt', join(job, 'ckpt'), '--steps', String(steps), '--layers', String(layers), ...(recompute ? ['--recompute'] : [])],
     { cwd: root, limitMs: 180_000, env: { ...process.env, NODETRON_TRACE: traceDir } }));
     expect(r.code, r.output).toBe(0);

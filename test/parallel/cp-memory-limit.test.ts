@@ -8,6 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/index.js';
 import { parseMemoryLimit } from '../../lib/native.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
@@ -19,7 +20,7 @@ const LIMIT = '20M';
 
 function launch(nproc: number, flags: string[], limit?: string) {
   return pool.run(async () => {
-    const r = await runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--ctx', String(CTX), ...flags],
+    const r = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), '--ctx', String(CTX), ...flags],
       { cwd: root, limitMs: 300_000, env: { ...process.env, ...(limit ? { NODETRON_MEMORY_LIMIT: limit } : {}) } });
     const results = r.output.split('\n').filter((l) => l.includes('CPMEM ')).map((l) => JSON.parse(l.slice(l.indexOf('CPMEM ') + 6)) as { rank: number; losses: number[]; peak: number });
     return { ...r, results };

@@ -1,11 +1,15 @@
 // Predicted f32 peak memory per rank against the allocator's measured peak, through the launcher.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { launchingLibrary } from '../helpers/node-script.js';
+
+// calibrateLayout from dist/ when it is fresh: its launched ranks then start without tsx.
+const { plan } = await launchingLibrary();
 
 describe('calibration on this machine', () => {
   for (const spec of ['dp2,zero1', 'tp2,sp', 'pp2,mb4,1f1b']) {
     it(`${spec}: every rank within 10%`, async () => {
-      const row = await nt.plan.calibrateLayout(spec);
+      const row = await plan.calibrateLayout(spec);
       for (const r of row.ranks) expect(Math.abs(r.error), `rank ${r.rank}: predicted ${r.predicted}, measured ${r.peak}`).toBeLessThan(0.1);
     }, 180_000);
   }
@@ -27,7 +31,7 @@ describe('calibration of every pipeline stage (PP3, PP4)', () => {
   ];
   for (const [spec, shape, tolerance] of cases) {
     it(`${spec}, ${shape.layers} layers of width ${shape.width}: every stage within ${100 * tolerance}%, none more than 3% low`, async () => {
-      const row = await nt.plan.calibrateLayout(spec, shape);
+      const row = await plan.calibrateLayout(spec, shape);
       const layout = nt.plan.parseLayoutSpec(spec);
       expect(row.ranks.map((r) => r.ppRank).sort()).toEqual(Array.from({ length: layout.pp }, (_, s) => s));
       for (const r of row.ranks) {
@@ -56,7 +60,7 @@ describe('calibration of the interleaved and zero-bubble schedules', () => {
   const shape: nt.plan.CalibrationShape = { ...nt.plan.CALIBRATION_SHAPE, layers: 4 };
   for (const spec of ['pp2,mb4,v2', 'pp2,mb2,v2', 'pp2,mb4,zb-h1', 'pp3,mb4,zb-h1']) {
     it(`${spec}: every stage within 8%`, async () => {
-      const row = await nt.plan.calibrateLayout(spec, shape);
+      const row = await plan.calibrateLayout(spec, shape);
       for (const r of row.ranks) {
         expect(Math.abs(r.error), `stage ${r.ppRank}: predicted ${(r.predicted / 2 ** 20).toFixed(2)} MiB, measured ${(r.peak / 2 ** 20).toFixed(2)} MiB`).toBeLessThan(0.08);
       }

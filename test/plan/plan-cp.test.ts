@@ -3,8 +3,11 @@
 // the measured peak per rank of cp 2 and 4 (ring and Ulysses) falls from one process's as predicted.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { launchingLibrary } from '../helpers/node-script.js';
 
 const { plan } = nt;
+// calibrateLayout from dist/ when it is fresh: its launched ranks then start without tsx.
+const launching = await launchingLibrary();
 const GiB = 2 ** 30;
 
 describe('planner with cp', () => {
@@ -59,9 +62,9 @@ describe('planner with cp', () => {
 describe('calibration with cp on this machine', () => {
   const shape: nt.plan.CalibrationShape = { ...plan.CALIBRATION_SHAPE, ctx: 512, vocab: 512, batch: 4 };
   it('the measured peak per rank under cp 2 and 4 (ring, Ulysses) falls from one process\'s as predicted (within 8%)', async () => {
-    const one = (await plan.calibrateLayout('dp1', shape)).ranks[0]!;
+    const one = (await launching.plan.calibrateLayout('dp1', shape)).ranks[0]!;
     for (const spec of ['cp2', 'cp2,ulysses', 'cp4']) {
-      const row = await plan.calibrateLayout(spec, shape);
+      const row = await launching.plan.calibrateLayout(spec, shape);
       for (const r of row.ranks) {
         const measured = r.peak / one.peak, predicted = r.predicted / one.predicted;
         expect(Math.abs(predicted / measured - 1), `${spec} rank ${r.rank}: measured ${measured.toFixed(3)} of one process, predicted ${predicted.toFixed(3)}`).toBeLessThan(0.08);

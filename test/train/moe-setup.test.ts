@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runProcess } from '../helpers/jobs.js';
+import { nodeArgs } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -36,7 +37,7 @@ describe('MoE statistics in nt.train.setup and the metrics file', () => {
   it('a launched EP2 job writes each step\'s routing to the metrics file', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'nt-moe-metrics-'));
     try {
-      const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', join(root, 'test', 'fixtures', 'launch', 'launcher.ts'), '--nproc-per-node', '2',
+      const { code, output } = await runProcess(process.execPath, [...nodeArgs(join(root, 'test', 'fixtures', 'launch', 'launcher.ts')), '--nproc-per-node', '2',
         join(root, 'scripts', 'bench', 'moe.ts'), '--steps', '2', '--warmup', '0', '--ep', '2', '--width', '32', '--ctx', '16', '--batch', '4'],
       { cwd: root, limitMs: 240_000, env: { ...process.env, NODETRON_METRICS: dir } });
       expect(code, output).toBe(0);

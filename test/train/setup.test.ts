@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 import { CONFIG, createOptimizer, GLOBAL_BATCH, globalBatch, lrAt, MAX_GRAD_NORM, SEED, trainHandWired } from '../fixtures/train/setup-train.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -24,7 +25,7 @@ interface Result { rank: number; layout: nt.parallel.TrainingLayout; losses: num
 function launch(name: string, nproc: number, args: string[], env: NodeJS.ProcessEnv = {}) {
   const out = join(work, name);
   return pool.run(async () => {
-    const r = await runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...args],
+    const r = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), '--out', out, ...args],
       { cwd: root, limitMs: RUN_LIMIT_MS, env: { ...process.env, ...env } });
     const results: Result[] = r.code !== 0 ? [] : Array.from({ length: nproc }, (_, k) => JSON.parse(readFileSync(join(out, `result-${k}.json`), 'utf8')) as Result);
     return { ...r, results };
