@@ -18,7 +18,8 @@ const LONG_FIRST = [
   'test/parallel/gpt-equivalence.test.ts', 'test/ckpt/sharded.test.ts', 'test/install/pack.test.ts', 'test/plan/calibration.test.ts',
   'test/cuda/gpu-run.test.ts', 'test/parallel/cp-equivalence.test.ts', 'test/launch/launch.test.ts', 'test/parallel/llama-equivalence.test.ts',
   'test/parallel/moe-equivalence.test.ts', 'test/distributed/collectives.test.ts', 'test/bench/checkpoint.test.ts', 'test/parallel/tp-gpt.test.ts',
-  'test/launch/flight.test.ts', 'test/ops/simd.test.ts', 'test/distributed/bench-comm.test.ts',
+  'test/launch/flight.test.ts', 'test/ops/simd.test.ts', 'test/distributed/bench-comm.test.ts', 'test/ckpt/moe.test.ts',
+  'test/parallel/llama-moe-equivalence.test.ts',
 ];
 class LongFirstSequencer extends BaseSequencer {
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {

@@ -11,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
@@ -23,7 +24,7 @@ interface Result { code: number | null; output: string; losses: Record<number, n
 function launch(name: string, nproc: number, flags: string[]): Promise<Result> {
   const out = join(work, `out-${name}`);
   return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath, ['--import', 'tsx', launcher, '--nproc-per-node', String(nproc), script, '--out', out, ...MOE, ...flags],
+    const { code, output } = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), '--out', out, ...MOE, ...flags],
       { cwd: root, limitMs: 300_000 });
     if (code !== 0) return { code, output, losses: {}, start: -1 };
     const r = JSON.parse(readFileSync(join(out, 'result-0.json'), 'utf8')) as { losses: Record<number, number>; start: number };
