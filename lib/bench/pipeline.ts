@@ -20,7 +20,7 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW } from '../optim/adamw.js';
 import { initParallelTraining } from '../parallel/layout.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
-import { formulaBubble, SCHEDULE_KINDS, scheduleTables, simulateSchedule, type ActionCosts, type ScheduleKind } from '../parallel/pipeline/schedules.js';
+import { formulaBubble, SCHEDULE_KINDS, schedulePlacement, scheduleTables, simulateSchedule, splitsBackward, type ActionCosts, type PipelineAction, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
 import { estimateStageMemory, predictBubble, type PlanLayout, type PlanModel } from '../plan/index.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
@@ -136,7 +136,7 @@ async function rankMain(argv: string[]): Promise<number> {
   const batch = shape.rows * m;
   const { rank, mesh, layout } = await initParallelTraining({ pp, microBatches: m, schedule: o.schedule as string, virtualStages: v }, gptConfig(shape), batch);
   cpu().setBlasThreads(Math.max(1, Math.floor(cpus().length / Number(process.env.LOCAL_WORLD_SIZE ?? pp))));
-  const stage = new GPTStage(new GPT(gptConfig(shape), { seed: 0 }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
+  const stage = new GPTStage(new GPT(gptConfig(shape), { seed: 0 }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages, schedulePlacement(layout.schedule));
   const trainer = await ParallelTrainer.create(stage, [{ params: stage.parameters() }], {
     mesh, microBatches: m, schedule: layout.schedule, createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
   });
