@@ -53,7 +53,7 @@ export {
 export {
   gpipe, oneForwardOneBackward, interleaved1F1B, zeroBubbleH1, zeroBubbleV, runSchedule, forwardOnly, partitionLayers, chunkLayers,
   scheduleTables, checkSchedule, simulateSchedule, formulaBubble, SCHEDULE_KINDS, virtualStageOf, rankOfVirtualStage, schedulePlacement, splitsBackward,
-  type ChunkPlacement, type PipelineStage, type ScheduleKind, type PipelineAction, type ScheduleShape, type ActionCosts, type ScheduleSimulation,
+  type ChunkPlacement, type VirtualStagePlace, type PipelineStage, type ScheduleKind, type PipelineAction, type ScheduleShape, type ActionCosts, type ScheduleSimulation,
 } from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
 export { ringAttentionPacked, ringChunks, type RingAttentionOptions, type TokenRange } from './context-parallel/ring.js';

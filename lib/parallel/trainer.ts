@@ -14,7 +14,7 @@ import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { agreeAll } from '../distributed/agree.js';
-import { traceSpan } from '../observe/trace.js';
+import { traceEnabled, traceSpan } from '../observe/trace.js';
 import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
@@ -341,13 +341,13 @@ export class ParallelTrainer<H extends { lr: number }> {
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input, chunk) => {
         const forward = () => model.forwardStage(input ?? microBatch(inputs, i), lastChunk(chunk) ? microBatch(targets, i) : null, chunk);
-        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i, chunk }));
+        const out = this.#timed(() => computeSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, { microBatch: i, chunk }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean
         // (under context parallelism, times this rank's share of the micro-batch's counted tokens).
         const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
         return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
-      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
+      runBackward: (i, final, go, info) => this.#timed(() => computeSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
         const experts = training ? this.#expertGrads : null;
         const held = experts && !final ? () => experts.noSync(go) : go;
         const zero = training ? this.#zero : null;
@@ -365,7 +365,7 @@ export class ParallelTrainer<H extends { lr: number }> {
           return;
         }
         return grads && !final ? grads.noSync(held) : held();
-      }, 'compute', { microBatch: i, chunk: info.chunk })),
+      }, { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -462,6 +462,28 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#grads?.dispose();
     this.#expertGrads?.dispose();
   }
+}
+
+/**
+ * A span on the compute track (a micro-batch's forward, backward or weight gradient) whose args also
+ * carry, when tracing, the process's CPU time over it in µs (`cpuUs`): time a loaded machine cannot
+ * stretch by taking the core away, which `nodetron bench pipeline` replays through the schedule's
+ * table for a bubble the load does not spoil. The process's (getrusage, exact to the µs), not the
+ * main thread's: Node before 23.9 has no thread clock, and a running thread's schedstat only moves at
+ * scheduler ticks (milliseconds), coarser than a small model's weight-gradient pass. Waits for
+ * messages happen outside these spans, so what else the process runs meanwhile is the
+ * communicator's thread moving bytes, and BLAS threads working on the span's own GEMMs.
+ */
+function computeSpan<T>(name: string, fn: () => T, args: Record<string, unknown>): T {
+  if (!traceEnabled) return fn();
+  const c0 = process.cpuUsage();
+  return traceSpan(name, () => {
+    const done = () => { const d = process.cpuUsage(c0); args.cpuUs = d.user + d.system; };
+    const out = fn();
+    if (out instanceof Promise) return out.finally(done) as T;
+    done();
+    return out;
+  }, 'compute', args);
 }
 
 /** Targets with this value are not counted (crossEntropy's default ignoreIndex). */

@@ -54,8 +54,16 @@ export function virtualStageOf(rank: number, chunk: number, stages: number, plac
   return chunk * stages + rank;
 }
 
+/** Where a virtual stage runs. */
+export interface VirtualStagePlace {
+  /** The pipeline rank. */
+  rank: number;
+  /** The rank's model chunk. */
+  chunk: number;
+}
+
 /** The rank and chunk that run virtual stage `vs` (the inverse of {@link virtualStageOf}). */
-export function rankOfVirtualStage(vs: number, stages: number, placement: ChunkPlacement = 'loop'): { rank: number; chunk: number } {
+export function rankOfVirtualStage(vs: number, stages: number, placement: ChunkPlacement = 'loop'): VirtualStagePlace {
   if (placement === 'v') return vs < stages ? { rank: vs, chunk: 0 } : { rank: 2 * stages - 1 - vs, chunk: 1 };
   return { rank: vs % stages, chunk: Math.floor(vs / stages) };
 }
@@ -358,7 +366,7 @@ class StageRunner {
   get group(): CollectiveGroup { return this.stage.group!; }
   #vs(chunk: number): number { return virtualStageOf(this.rank, chunk, this.size, this.placement); }
   /** The rank and chunk of a virtual stage. */
-  #at(vs: number): { rank: number; chunk: number } { return rankOfVirtualStage(vs, this.size, this.placement); }
+  #at(vs: number): VirtualStagePlace { return rankOfVirtualStage(vs, this.size, this.placement); }
   isFirst(chunk: number): boolean { return this.#vs(chunk) === 0; }
   isLast(chunk: number): boolean { return this.#vs(chunk) === this.size * this.chunks - 1; }
   #key(m: number, chunk: number): string { return `${m}:${chunk}`; }
