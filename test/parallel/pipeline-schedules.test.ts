@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runLocalRanks } from '../../lib/testing/index.js';
 import {
-  chunkLayers, forwardOnly, formulaBubble, interleaved1F1B, rankOfVirtualStage, runSchedule, scheduleTables, simulateSchedule, virtualStageOf, zeroBubbleH1, zeroBubbleV,
+  chunkLayers, forwardOnly, formulaBubble, interleaved1F1B, rankOfVirtualStage, ZBV_PROFILES, runSchedule, scheduleTables, simulateSchedule, virtualStageOf, zeroBubbleH1, zeroBubbleV,
   type PipelineAction, type ScheduleKind,
 } from '../../lib/parallel/pipeline/schedules.js';
 import { maxAbsDiff, randomArray } from './helpers.js';
@@ -50,7 +50,7 @@ describe('schedule tables', () => {
     });
   }
 
-  it('simulated bubbles: GPipe and 1F1B (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1) with F = B = W', () => {
+  it('simulated bubbles: GPipe and 1F1B (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1), ZB-V (p-1)/(6m+p-1) at m = 2p with F = B = W', () => {
     const costs = { F: 1, B: 1, W: 1 };
     for (const p of [2, 3, 4]) {
       for (const m of [p, 2 * p, 4 * p]) {
@@ -64,13 +64,14 @@ describe('schedule tables', () => {
         }
         const zb = simulateSchedule(scheduleTables('zb-h1', { stages: p, microBatches: m }), 1, costs);
         expect(zb.bubble).toBeCloseTo(formulaBubble('zb-h1', p, m), 10);
-        // ZB-V: F = B = W per chunk (half a stage), so the step is 6m chunk units plus p − 1 idle ones.
+        // ZB-V: F = B = W per chunk (half a stage). Its formula, 6m chunk units plus p − 1 idle ones, is
+        // a lower bound; the table (kept for doing well on unequal costs too) reaches it at m = 2p and
+        // never idles more than ZB-H1 (whose op is a whole stage: 2 chunk units).
         const zbv = simulateSchedule(scheduleTables('zb-v', { stages: p, microBatches: m, chunks: 2 }), 2, costs, 'v');
-        expect(zbv.makespan).toBe(6 * m + p - 1);
-        expect(zbv.bubble).toBeCloseTo(formulaBubble('zb-v', p, m), 10);
-        // Half ZB-H1's idle time in the same units (a ZB-H1 op is a whole stage: 2 chunk units).
+        expect(zbv.makespan).toBeGreaterThanOrEqual(6 * m + p - 1);
+        if (m === 2 * p) expect(zbv.bubble).toBeCloseTo(formulaBubble('zb-v', p, m), 10);
         const h1 = simulateSchedule(scheduleTables('zb-h1', { stages: p, microBatches: m }), 1, { F: 2, B: 2, W: 2 });
-        expect(h1.makespan - 6 * m).toBe(2 * (zbv.makespan - 6 * m));
+        expect(zbv.makespan - 6 * m).toBeLessThanOrEqual(h1.makespan - 6 * m);
       }
     }
   });
@@ -82,8 +83,14 @@ describe('schedule tables', () => {
         expect(virtualStageOf(rank, chunk, p, 'v')).toBe(vs);
       }
       expect([virtualStageOf(0, 1, p, 'v'), virtualStageOf(p - 1, 0, p, 'v'), virtualStageOf(p - 1, 1, p, 'v')]).toEqual([2 * p - 1, p - 1, p]);
-      const peak = simulateSchedule(scheduleTables('zb-v', { stages: p, microBatches: 4 * p, chunks: 2 }), 2, { F: 1, B: 1, W: 1 }, 'v').peakInFlight;
+      const table = scheduleTables('zb-v', { stages: p, microBatches: 4 * p, chunks: 2 });
+      const peak = simulateSchedule(table, 2, { F: 1, B: 1, W: 1 }, 'v').peakInFlight;
       expect(Math.max(...peak)).toBeLessThanOrEqual(2 * p);
+      // The table is kept for its mean over cost ratios: on them it idles less than ZB-H1 on average
+      // from 3 stages on (at 2 stages and 8 micro-batches ZB-H1's fixed lag does slightly better).
+      if (p < 3) continue;
+      const mean = (t: PipelineAction[][], v: number, placement: 'v' | 'loop') => ZBV_PROFILES.reduce((a, c) => a + simulateSchedule(t, v, c, placement).bubble, 0) / ZBV_PROFILES.length;
+      expect(mean(table, 2, 'v')).toBeLessThan(mean(scheduleTables('zb-h1', { stages: p, microBatches: 4 * p }), 1, 'loop'));
     }
     // 8 layers over 2 ranks in a V: rank 0 the first and the last quarter, rank 1 the middle.
     expect(chunkLayers(8, 2, 0, 2, 'v')).toEqual([[0, 2], [6, 8]]);
