@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Brings a machine to the point where nodetron runs: Debian packages (apt when root, else the exact
 // line to run), the CUDA wheels for the cuda backend (pip, where nvcc and pip are present), npm
-// packages, the native build (cmake-js), the TypeScript build and the prebuilt binaries `npm pack`
-// ships (scripts/prebuild.mjs). Each step is skipped when done.
+// packages, the native build (cmake-js), the TypeScript build, the prebuilt binaries `npm pack`
+// ships (scripts/prebuild.mjs) and the example's token shards it ships beside them. Each step is skipped when done.
 //   node scripts/setup.mjs [--force]      (in a checkout of the repository; scripts/install.mjs is what
 //                                         `npm install nodetron` runs in a user's project)
 import { execFileSync, spawnSync } from 'node:child_process';
@@ -10,7 +10,7 @@ import { existsSync, readdirSync, statSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const force = process.argv.includes('--force');
@@ -122,6 +122,18 @@ function prebuilds() {
   if (!run(process.execPath, [join(root, 'scripts', 'prebuild.mjs')])) throw new Error('collecting the prebuilt binaries failed');
 }
 
+// 7. The example's token shards: what `npm pack` ships beside examples/gpt/train.ts, so the example (and
+// the launch commands `nodetron plan` prints) trains in a user's project without the 20 MB corpus package.
+function exampleShards() {
+  const dir = join(root, 'examples', 'gpt', 'shards');
+  if (!force && existsSync(join(dir, 'mobydick1_train_000001.bin')) && existsSync(join(dir, 'mobydick1_val_000000.bin'))) return;
+  // The corpus is a devDependency: present in a checkout, absent where the package was installed.
+  if (!existsSync(join(root, 'node_modules', '@stdlib', 'datasets-moby-dick'))) return;
+  log('tokenizing the example\'s corpus into examples/gpt/shards (shipped by npm pack)');
+  const tsx = createRequire(join(root, 'package.json')).resolve('tsx');
+  if (!run(process.execPath, ['--import', pathToFileURL(tsx).href, join(root, 'examples', 'gpt', 'data.ts'), '--ship'])) throw new Error('tokenizing the example\'s corpus failed');
+}
+
 // 5. TypeScript -----------------------------------------------------------------------------------
 function typescriptBuild() {
   const out = join(root, 'dist', 'index.js');
@@ -139,6 +151,7 @@ try {
   nativeBuild();
   typescriptBuild();
   prebuilds();
+  exampleShards();
 } catch (e) {
   log(`error: ${e.message}`);
   process.exit(1);

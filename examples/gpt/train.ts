@@ -10,6 +10,7 @@
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --moe-experts 8 --moe-top-k 2 --ep 2
 //      npx tsx examples/gpt/train.ts --model llama --kv-heads 2
+//      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --model llama --moe-experts 8 --ep 2   (a Mixtral, EP2 × DP2)
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
@@ -41,10 +42,11 @@ const HELP = `usage: npx tsx examples/gpt/train.ts [options]
   --device D           cpu | cuda | cuda:N (default cpu)
   --parallel-block     MegaScale parallel attention+MLP block
   --window W           sliding-window attention over W positions
-  --moe-experts E      mixture of experts in the MLP slot (E SwiGLU experts; --ep N splits them over ranks)
+  --moe-experts E      mixture of experts in the MLP slot (E SwiGLU experts; --ep N splits them over ranks);
+                       with --model llama a Mixtral (or, with --moe-shared, a Qwen2-MoE: gated shared expert)
   --moe-top-k K        experts per token (default 2)    --moe-every N   MoE in every N-th block (default 1)
-  --moe-hidden H       expert hidden width (default 4·width)    --moe-shared S   shared experts (default 0)
-  --moe-capacity F     capacity factor (drops overflow; default: dropless)
+  --moe-hidden H       expert hidden width (default 4·width; Llama: --ffn)    --moe-shared S   shared experts (default 0)
+  --moe-capacity F     capacity factor (drops overflow; default: dropless; GPT only)
   --moe-aux X --moe-z X   load-balancing and router z-loss coefficients (default 0.01 and 0.001)
   --generate N         tokens to generate at the end (default 60)
   --prompt TEXT        the sample's prompt (default "Call me Ishmael.")
@@ -60,8 +62,9 @@ Checkpoints (sharded: one file per rank; loadable under any other layout):
   --keep K             complete checkpoints kept (default 3)
   --resume auto|DIR    start from the newest complete checkpoint under DIR (auto: under --save);
                        a damaged one is skipped for the one before it; none found: start fresh
-  --export-hf DIR      at the end, write the model as a Hugging Face GPT-2 directory (model.safetensors +
-                       config.json, loadable by transformers' GPT2LMHeadModel.from_pretrained)
+  --export-hf DIR      at the end, write the model as a Hugging Face directory (model.safetensors +
+                       config.json: GPT-2, or for --model llama LlamaForCausalLM, MixtralForCausalLM or
+                       Qwen2MoeForCausalLM, loadable by transformers' from_pretrained)
 ${nt.train.LAYOUT_HELP}
   (the example pads the vocabulary to ${PADDED_VOCAB_SIZE}, so any power-of-two --tp up to 64 divides it)`;
 
@@ -95,15 +98,22 @@ void nt.train.main('train.ts', async () => {
       ...(opt('moe-capacity') !== undefined ? { capacityFactor: opt('moe-capacity') } : {}),
       ...(opt('moe-aux') !== undefined ? { auxLossCoef: opt('moe-aux') } : {}), ...(opt('moe-z') !== undefined ? { zLossCoef: opt('moe-z') } : {}),
     };
-    if (str('export-hf')) throw new nt.ArgumentError('--export-hf writes a Hugging Face GPT-2 directory, which has no experts: leave it out with --moe-experts');
   }
   const family = str('model') ?? 'gpt';
   if (family !== 'gpt' && family !== 'llama') throw new nt.ArgumentError(`--model must be gpt or llama, got ${family}`);
-  if (family === 'llama' && config.moe) throw new nt.ArgumentError('--moe-experts puts experts in GPT blocks; a Llama with MoE layers (Mixtral) is not wired into this example yet');
+  if (family === 'gpt' && config.moe && str('export-hf')) throw new nt.ArgumentError('--export-hf writes a Hugging Face GPT-2 directory, which has no experts: leave it out with --moe-experts (or train --model llama, which exports as Mixtral or Qwen2-MoE)');
+  if (family === 'llama' && o['moe-capacity'] !== undefined) throw new nt.ArgumentError('--moe-capacity: a Llama\'s MoE blocks (Mixtral, Qwen2-MoE) route dropless; leave it out with --model llama');
   const width = config.nEmbd;
+  const ffn = num('ffn', Math.ceil((8 * width) / 3 / 32) * 32);
+  const moe = config.moe;
   const llamaConfig: nt.nn.LlamaConfig = {
     vocabSize: PADDED_VOCAB_SIZE, maxPositionEmbeddings: ctx, numHiddenLayers: config.nLayer, numAttentionHeads: config.nHead, hiddenSize: width,
-    numKeyValueHeads: num('kv-heads', config.nHead), intermediateSize: num('ffn', Math.ceil((8 * width) / 3 / 32) * 32), ropeTheta: num('rope-theta', 10000),
+    numKeyValueHeads: num('kv-heads', config.nHead), intermediateSize: ffn, ropeTheta: num('rope-theta', 10000),
+    // --moe-*: Mixtral (every block, no shared expert) or Qwen2-MoE (--moe-shared S: a gated shared expert of S experts' width; --moe-every N).
+    ...(moe ? {
+      numLocalExperts: moe.experts, numExpertsPerTok: moe.topK, moeIntermediateSize: moe.hidden ?? ffn, decoderSparseStep: moe.every ?? 1,
+      sharedExpertIntermediateSize: (moe.sharedExperts ?? 0) * (moe.hidden ?? ffn), routerAuxLossCoef: moe.auxLossCoef ?? 0.01, routerZLossCoef: moe.zLossCoef ?? 0.001,
+    } : {}),
   };
   const build = (shard: nt.train.ModelShard) => (family === 'llama' ? new nt.nn.Llama(llamaConfig, shard) : new nt.nn.GPT(config, shard));
   const shards = str('data') ? datasetShards(str('data')!) : loadShards((process.env.RANK ?? '0') === '0' ? console.log : () => {});
@@ -215,7 +225,10 @@ void nt.train.main('train.ts', async () => {
     } else if (run.layout.pp > 1) run.log('(no sample: generation needs every layer in one process, and this layout splits them into pipeline stages)');
   }
   const hf = str('export-hf');
-  if (hf) run.log(await run.exportHF(hf) ? `exported the model to ${hf} (Hugging Face ${family === 'llama' ? 'LlamaForCausalLM' : 'GPT-2'} layout)` : '(no export: --export-hf needs the whole model in one process: no --pp or --tp)');
+  if (hf) {
+    const layoutName = family === 'llama' ? nt.interop.llamaHFArchitecture(nt.nn.llamaConfig(llamaConfig)) : 'GPT-2';
+    run.log(await run.exportHF(hf) ? `exported the model to ${hf} (Hugging Face ${layoutName} layout)` : '(no export: --export-hf needs the whole model in one process: no --pp, --tp or --ep)');
+  }
   await run.close();
   return 0;
 });

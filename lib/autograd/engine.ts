@@ -381,21 +381,33 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   const group: DeferredGroup | null = deferral !== null && backwardDepth === 0 ? { pass, items: [], retainGraph: !!opts.retainGraph } : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
+  // Weights' transforms whose backward waits with the deferred work that feeds them (deferralPlan).
+  const consumers = group ? consumerCounts(order) : null;
+  const absorbed = new Set<Node>();
+  const absorb = (node: Node, positions: readonly number[]): Node[] => {
+    const out = positions.map((i) => node.edges[i] ?? null).filter((e): e is Node => absorbable(e, deferral!.now, consumers!));
+    for (const n of out) { n.ref(); absorbed.add(n); }
+    return out;
+  };
   // Tracing: per-layer backward spans of the outermost call (a recompute() block's re-run is inside its node's span).
   const regions = traceEnabled && backwardDepth === 0 ? new BackwardRegions() : null;
   try {
     runPass(pass, () => {
       for (const node of order) {
         const g = grads.get(node);
-        if (!g) { pass?.nodeDone(node); continue; }
+        if (!g) {
+          // An absorbed transform reports to the hooks when its deferred work runs it.
+          if (!absorbed.has(node)) pass?.nodeDone(node);
+          continue;
+        }
         grads.delete(node);
         regions?.at(node.region);
-        const plan = group ? deferralPlan(node, deferral!.now) : 'now';
+        const plan = group ? deferralPlan(node, deferral!.now, consumers!) : 'now';
         if (plan === 'all') {
           // Every gradient of this node goes to a weight: the whole node waits, holding its output's gradient.
           claimed.delete(g);
           node.ref(); // the graph's owner may dispose the output before the work runs
-          group!.items.push({ node, gradOut: keep(g), compute: () => node.apply(g) });
+          group!.items.push({ node, gradOut: keep(g), compute: () => node.apply(g), absorbed: absorb(node, node.edges.map((_, i) => i)) });
           continue;
         }
         let inputGrads: (Tensor | null)[];
@@ -404,7 +416,7 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
           inputGrads = part.grads;
           claimed.delete(g);
           node.ref();
-          group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads, ...(part.drop ? { drop: part.drop } : {}) });
+          group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads, absorbed: absorb(node, node.split!.weights), ...(part.drop ? { drop: part.drop } : {}) });
         } else {
           inputGrads = noGrad(() => node.apply(g));
         }
@@ -441,16 +453,34 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
 
 /**
  * Where a node's gradient work goes inside deferWeightGrads(): 'split' (input part now, weight part
- * later: the op has a split and every weight position is a deferrable leaf or nothing), 'all' (every
- * gradient goes to deferrable leaves: the whole node waits) or 'now'.
+ * later: the op has a split and every weight position is a deferrable leaf, a weight's transform or
+ * nothing), 'all' (every gradient goes to deferrable leaves or their transforms: the whole node waits)
+ * or 'now'. A weight's transform is a node between an op and a weight (a gradient scale such as expert
+ * parallelism's 1/ep, a cast) whose only consumer in the graph is that op and whose gradients all go to
+ * deferrable leaves: the deferred work runs it too (absorbs it), so the weight GEMM behind it waits.
  */
-function deferralPlan(node: Node, now: ReadonlySet<Tensor>): 'now' | 'split' | 'all' {
+function deferralPlan(node: Node, now: ReadonlySet<Tensor>, consumers: ReadonlyMap<Node, number>): 'now' | 'split' | 'all' {
   if (node.hiddenLeaves.length > 0) return 'now';
-  const deferrable = (e: Node | Tensor | null) => e instanceof Tensor && !now.has(e);
+  const leaf = (e: Node | Tensor | null) => e instanceof Tensor && !now.has(e);
+  const deferrable = (e: Node | Tensor | null) => leaf(e) || absorbable(e, now, consumers);
   const split = node.split;
   if (split && split.weights.some((i) => deferrable(node.edges[i] ?? null)) && split.weights.every((i) => (node.edges[i] ?? null) === null || deferrable(node.edges[i]!))) return 'split';
   const live = node.edges.filter((e) => e !== null);
   return live.length > 0 && live.every(deferrable) ? 'all' : 'now';
+}
+
+/** Whether edge e is a weight's transform that deferred work can absorb (see {@link deferralPlan}). */
+function absorbable(e: Node | Tensor | null, now: ReadonlySet<Tensor>, consumers: ReadonlyMap<Node, number>): e is Node {
+  if (!(e instanceof Node) || consumers.get(e) !== 1 || e.hiddenLeaves.length > 0) return false;
+  const live = e.edges.filter((x) => x !== null);
+  return live.length > 0 && live.every((x) => x instanceof Tensor && !now.has(x));
+}
+
+/** The nodes of `order` other nodes feed their gradients into, with how many edges lead to each. */
+function consumerCounts(order: readonly Node[]): Map<Node, number> {
+  const counts = new Map<Node, number>();
+  for (const node of order) for (const e of node.edges) if (e instanceof Node) counts.set(e, (counts.get(e) ?? 0) + 1);
+  return counts;
 }
 
 /** One node's weight-gradient work held back by deferWeightGrads(). */
@@ -462,6 +492,8 @@ interface DeferredItem {
   readonly compute: () => (Tensor | null)[];
   /** Frees what compute would have used, when it never runs. */
   readonly drop?: () => void;
+  /** The weights' transforms among the node's edges that this work runs too (kept alive until then). */
+  readonly absorbed: readonly Node[];
 }
 
 /** Frees a deferred item without running it. */
@@ -469,8 +501,10 @@ function dropItem(item: DeferredItem, retainGraph: boolean): void {
   item.drop?.();
   item.gradOut.dispose();
   // As if the work had run: backward() frees a node's saved tensors once done with it.
-  if (!retainGraph) item.node.release();
-  item.node.unref();
+  for (const node of [item.node, ...item.absorbed]) {
+    if (!retainGraph) node.release();
+    node.unref();
+  }
 }
 
 /** The deferred work of one backward() call, with its hook bookkeeping (left open until the work runs). */
@@ -507,26 +541,44 @@ export class DeferredWeightGrads {
         runPass(group.pass, () => {
           const claimed = new Set<Tensor>();
           while (group.items.length > 0) {
-            const { node, gradOut, compute } = group.items.shift()!;
+            const item = group.items.shift()!;
+            const { node, gradOut, compute } = item;
             let out: (Tensor | null)[];
             try {
               out = noGrad(compute);
             } catch (e) {
               gradOut.dispose();
-              node.unref();
+              for (const n of [node, ...item.absorbed]) n.unref();
               throw e;
             }
             const owned = new Set<Tensor>([gradOut]);
+            const transforms: [Node, Tensor][] = [];
             node.edges.forEach((edge, i) => {
               const ig = out[i];
               if (!ig) return;
               owned.add(ig);
               if (edge instanceof Tensor) accumulateLeaf(edge, ig, claimed, gradOut);
+              else if (edge instanceof Node && item.absorbed.includes(edge)) transforms.push([edge, ig]);
             });
+            // A weight's transform: its backward on the gradient just computed, into its leaves.
+            for (const [t, g] of transforms) {
+              const tg = noGrad(() => t.apply(g));
+              t.edges.forEach((edge, i) => {
+                const x = tg[i];
+                if (!x) return;
+                owned.add(x);
+                if (edge instanceof Tensor) accumulateLeaf(edge, x, claimed, g);
+              });
+            }
             for (const x of owned) if (!claimed.has(x)) x.dispose();
             if (group.pass) group.pass.nodeDone(node);
             if (!group.retainGraph) node.release();
             node.unref();
+            for (const t of item.absorbed) {
+              if (group.pass) group.pass.nodeDone(t);
+              if (!group.retainGraph) t.release();
+              t.unref();
+            }
           }
         });
       } catch (e) {
@@ -569,8 +621,10 @@ export interface DeferWeightGradsOptions {
  * inputs are such leaves (an embedding's scatter). The returned handle's run() does that work
  * later (the W pass) and only then fires the weights' post-accumulate-grad hooks, so gradient
  * buckets and ZeRO see each gradient once it is final. The gradients equal an ordinary backward's
- * (same kernels on the same tensors). Ops inside recompute() blocks, and ops without a split whose
- * inputs mix weights and activations (LayerNorm), compute everything at once.
+ * (same kernels on the same tensors). A node between an op and a weight that only that op consumes
+ * and whose gradients go to weights alone (a gradient scale, an autocast cast) is absorbed: it runs
+ * with the op's deferred work, so the weight GEMM behind it waits too. Ops inside recompute() blocks,
+ * and ops without a split whose inputs mix weights and activations (LayerNorm), compute everything at once.
  */
 export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): DeferredBackward<T> {
   if (typeof fn !== 'function') throw new ArgumentError(`deferWeightGrads: fn must be a function, got ${typeof fn}`);

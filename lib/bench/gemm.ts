@@ -41,6 +41,8 @@ export interface FmaPeak {
   gflopsAllThreads: number;
   /** One thread alone (best of five runs). */
   gflopsOneThread: number;
+  /** One thread alone per second of its own CPU time (best of five runs): what load leaves nearly intact. */
+  gflopsOneThreadCpuTime: number;
   threads: number;
   chains: number;
   lanes: number;
@@ -54,7 +56,7 @@ export interface FmaPeak {
  */
 export function measureFmaPeak(isa = 'auto', seconds = 0.5): FmaPeak {
   const r = cpu().fmaPeak(isa, seconds) as FmaPeak & { checksum: number; seconds: number };
-  return { isa: r.isa, gflops: r.gflops, gflopsAllThreads: r.gflopsAllThreads, gflopsOneThread: r.gflopsOneThread, threads: r.threads, chains: r.chains, lanes: r.lanes };
+  return { isa: r.isa, gflops: r.gflops, gflopsAllThreads: r.gflopsAllThreads, gflopsOneThread: r.gflopsOneThread, gflopsOneThreadCpuTime: r.gflopsOneThreadCpuTime, threads: r.threads, chains: r.chains, lanes: r.lanes };
 }
 
 function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {

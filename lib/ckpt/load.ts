@@ -83,11 +83,11 @@ export function loadCheckpoint(dir: string, items: CheckpointItems, opts: { veri
   return traceSpan('checkpoint load', () => readCheckpoint(dir, items, opts), 'checkpoint', { dir });
 }
 
-/** The model family that tensor names (checkpoint keys) belong to: the GPT's wte/h.N, Llama's embedTokens/layers.N; null for neither. */
-function modelFamily(keys: readonly string[]): 'GPT' | 'Llama' | null {
+/** The model family that tensor names (checkpoint keys) belong to: the GPT's wte/h.N, Llama's embedTokens/layers.N (with MoE blocks: a router); null for neither. */
+function modelFamily(keys: readonly string[]): string | null {
   const named = (re: RegExp) => keys.some((k) => re.test(k.replace(/^[a-z]+\//, '')));
   if (named(/^(wte\.weight|h\.\d+\.)/)) return 'GPT';
-  if (named(/^(embedTokens\.weight|layers\.\d+\.selfAttn\.)/)) return 'Llama';
+  if (named(/^(embedTokens\.weight|layers\.\d+\.selfAttn\.)/)) return named(/^layers\.\d+\.mlp\.router$/) ? 'Llama with mixture-of-experts blocks (Mixtral, Qwen2-MoE)' : 'Llama';
   return null;
 }
 

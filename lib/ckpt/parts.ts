@@ -86,13 +86,14 @@ function shareParts(parts: StatePart[], share: { index: number; count: number })
  * is created where missing (zero-filled).
  */
 export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> | null,
-  opts: { skip?: ReadonlySet<Tensor>; share?: { index: number; count: number }; forLoad?: boolean } = {}): RankState {
+  opts: { skip?: ReadonlySet<Tensor>; share?: { index: number; count: number }; forLoad?: boolean; include?: (p: Tensor) => boolean } = {}): RankState {
   if ('saveReplicas' in opts) throw new ArgumentError('checkpoint: plainState\'s saveReplicas option is gone: pass share { index, count } (data-parallel replicas save a share each)');
   const share = opts.forLoad ? undefined : opts.share;
   if (share && !(Number.isInteger(share.count) && share.count >= 1 && Number.isInteger(share.index) && share.index >= 0 && share.index < share.count)) {
     throw new ArgumentError(`checkpoint: replica share ${share.index} of ${share.count} is not a valid share`);
   }
-  const named = model.namedParameters();
+  const include = opts.include;
+  const named = include ? model.namedParameters().filter(([, p]) => include(p)) : model.namedParameters();
   const write = (p: Tensor) => !opts.skip?.has(p);
   const part = (key: string, p: Tensor, t: Tensor): StatePart =>
     ({ key, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: t, offset: 0, save: write(p) });
@@ -119,7 +120,7 @@ export function plainState(model: Module, optimizer: Optimizer<{ lr: number }> |
  * chunk of every parameter). At stages 1 and 2 the parameters themselves are whole on every rank,
  * so a load fills them too (from the checkpoint: no collective needed).
  */
-export function zeroState(model: Module, zero: { stage: number; inner: Optimizer<{ lr: number }>; masters: readonly Tensor[]; localChunks(): LocalChunk[] },
+export function zeroState(model: Module, zero: { stage: number; inner: Optimizer<{ lr: number }>; masters: readonly Tensor[]; params: readonly Tensor[]; localChunks(): LocalChunk[] },
   opts: { skip?: ReadonlySet<Tensor>; forLoad?: boolean } = {}): RankState {
   const names = new Map<Tensor, string>(model.namedParameters().map(([n, p]) => [p, n]));
   const parts: StatePart[] = [];
@@ -137,7 +138,8 @@ export function zeroState(model: Module, zero: { stage: number; inner: Optimizer
     if (s) for (const [stateName, t] of Object.entries(s.tensors)) parts.push({ ...base, key: `optim/${stateName}/${name}`, tensor: t });
   }
   if (opts.forLoad && zero.stage !== 3) {
-    for (const [p, name] of names) parts.push({ key: `model/${name}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: false });
+    // The whole parameters this optimizer shards (under expert parallelism two optimizers share the model).
+    for (const p of zero.params) parts.push({ key: `model/${names.get(p)!}`, fullShape: fullShapeOf(p), split: splitOf(p), start: 0, count: p.size, tensor: p, offset: 0, save: false });
   }
   return { parts, steps, optimizer: inner };
 }
@@ -145,9 +147,18 @@ export function zeroState(model: Module, zero: { stage: number; inner: Optimizer
 /**
  * The training state of one rank of a trainer, from what it says it holds (ParallelTrainer.checkpointHoldings):
  * ZeRO's chunks, or the whole parameters and optimizer state with this rank's share of the replicas'.
+ * Under expert parallelism the experts are a second holding: their copies are the expert-data-parallel
+ * group (ZeRO's chunks over it, or each copy saving its share), everything else the data-parallel group's.
  */
 export function trainerState(holdings: TrainerHoldings<{ lr: number }>, opts: { forLoad?: boolean } = {}): RankState {
   const skip = holdings.savedElsewhere;
-  if (holdings.zero) return zeroState(holdings.model, holdings.zero, { skip, ...opts });
-  return plainState(holdings.model, holdings.optimizer, { skip, ...(holdings.replica ? { share: holdings.replica } : {}), ...opts });
+  const experts = holdings.experts;
+  const dense = (include?: (p: Tensor) => boolean): RankState => (holdings.zero ? zeroState(holdings.model, holdings.zero, { skip, ...opts })
+    : plainState(holdings.model, holdings.optimizer, { skip, ...(holdings.replica ? { share: holdings.replica } : {}), ...(include ? { include } : {}), ...opts }));
+  if (!experts) return dense();
+  const isExpert = (p: Tensor) => experts.params.has(p);
+  const d = dense((p) => !isExpert(p));
+  const e = experts.zero ? zeroState(holdings.model, experts.zero, { skip, ...opts })
+    : plainState(holdings.model, experts.optimizer, { skip, include: isExpert, ...(experts.replica ? { share: experts.replica } : {}), ...opts });
+  return { parts: [...d.parts, ...e.parts], steps: [...d.steps, ...e.steps], optimizer: d.optimizer ?? e.optimizer };
 }

@@ -113,14 +113,14 @@ export async function main(argv: string[]): Promise<number> {
     const e = model.moe;
     console.log(`MoE: ${moeLayerCount(model)} layers of ${e.experts} experts (top-${e.topK}, expert width ${e.ffn}${e.sharedFfn ? `, shared width ${e.sharedFfn}` : ''}): ` +
       `${(expertParams(model) / 1e9).toFixed(2)}B parameters in routed experts, ${(activeParams(model) / 1e9).toFixed(2)}B active per token; ` +
-      `the layouts below hold every expert on each rank (expert parallelism, --ep N, divides the routed experts' memory by N)`);
+      `layouts with epN split each layer's routed experts over N data-parallel ranks (ZeRO shards them over the dp/N ranks holding the same experts; the all-to-all buffers count in buffers)`);
   }
   console.log(`${ok.filter((c) => c.fits).length} of ${ok.length} layouts fit (${candidates.length - ok.length} skipped: see --json)\n`);
-  const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''}${(c.layout.cp ?? 1) > 1 ? ` cp${c.layout.cp}${c.layout.cpMode === 'ulysses' ? '+uly' : ''}` : ''} pp${c.layout.pp} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
+  const desc = (c: PlanCandidate) => `dp${c.layout.dp} tp${c.layout.tp}${c.layout.sequenceParallel ? '+sp' : ''}${(c.layout.cp ?? 1) > 1 ? ` cp${c.layout.cp}${c.layout.cpMode === 'ulysses' ? '+uly' : ''}` : ''} pp${c.layout.pp}${(c.layout.ep ?? 1) > 1 ? ` ep${c.layout.ep}` : ''} z${c.layout.zero}${c.layout.offload ? '+off' : ''} ${c.layout.recompute === 'none' ? '' : `rc:${c.layout.recompute} `}` +
     `b${c.microBatchSize}×${c.layout.microBatches}${c.layout.pp > 1 ? ` ${c.layout.schedule}` : ''}`;
   printTable(['#', 'layout', 'params', 'grads', 'optim', 'activ', 'logits', 'buffers', 'total GiB', 'fits', 'step s'],
     top.map((c, i) => { const m = c.memory!; return [i + 1, desc(c), gib(m.params), gib(m.grads), gib(m.optimizerState), gib(m.activations), gib(m.logits), gib(m.buffers + m.overhead), gib(m.total), c.fits ? 'yes' : 'NO', c.time!.total.toFixed(3)]; }));
-  if (top[0]) console.log(`\nbest: ${top[0].command}`);
+  if (top[0]) console.log(top[0].command ? `\nbest: ${top[0].command}` : `\nno launch command: ${top[0].commandNote}`);
   writeJson(o.json as string | undefined, { command: 'plan', model, gpus, gpuMemory, dtype, device, seq, globalBatch, candidates });
   return 0;
 }

@@ -99,12 +99,19 @@ export function writeAtomically(path: string, write: (tmp: string) => void): voi
   }
 }
 
-/** Writes `value` as indented JSON (and a final newline) to `path` through writeAtomically, fsynced before the rename (config.json, a shard index). */
-export function writeJSONAtomically(path: string, value: unknown): void {
+/**
+ * Writes `value` as indented JSON (and a final newline) to `path` through writeAtomically, fsynced before
+ * the rename (config.json, a shard index). Integer values of the keys in `floatKeys` are written with a
+ * decimal point (0.0, not 0): transformers 5 validates a config's float fields strictly and refuses an int.
+ */
+export function writeJSONAtomically(path: string, value: unknown, floatKeys: ReadonlySet<string> = new Set()): void {
+  const MARK = 'nodetron-float:';
+  let text = JSON.stringify(value, (k, v: unknown) => (floatKeys.has(k) && typeof v === 'number' && Number.isInteger(v) && Math.abs(v) < 1e15 ? `${MARK}${v}` : v), 2);
+  if (floatKeys.size > 0) text = text.replace(new RegExp(`"${MARK}(-?\\d+)"`, 'g'), '$1.0');
   writeAtomically(path, (tmp) => {
     const fd = openSync(tmp, 'w');
     try {
-      writeSync(fd, JSON.stringify(value, null, 2) + '\n');
+      writeSync(fd, text + '\n');
       fsyncSync(fd);
     } finally {
       closeSync(fd);

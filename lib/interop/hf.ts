@@ -140,7 +140,7 @@ export function exportHF(model: GPT | Llama, dir: string, opts: ExportHFOptions 
 export function configFromHF(json: unknown, where: string, dropout?: number): GPTConfig {
   if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new StateError(`importHF: ${where} is not a JSON object`);
   const j = json as Record<string, unknown>;
-  if (j.model_type === 'llama') throw new StateError(`importHF: ${where} is a Llama (model_type 'llama'); read it with nt.interop.importLlamaHF`);
+  if (j.model_type === 'llama' || j.model_type === 'mixtral' || j.model_type === 'qwen2_moe') throw new StateError(`importHF: ${where} is a Llama (model_type '${j.model_type}'); read it with nt.interop.importLlamaHF`);
   if (j.model_type !== 'gpt2') throw new StateError(`importHF: ${where} has model_type ${JSON.stringify(j.model_type)}; only 'gpt2' is read`);
   const int = (key: string): number => {
     const v = j[key];

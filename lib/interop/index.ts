@@ -1,7 +1,7 @@
 // nt.interop: nodetron's GPT and Llama to and from other tools' files — Hugging Face GPT-2 and
 // LlamaForCausalLM directories (safetensors + config.json, loadable by transformers) and llm.c model files.
 export { exportHF, importHF, hfConfig, hfName, isConv1D, configFromHF, type ExportHFOptions, type ImportHFOptions, type HFDType } from './hf.js';
-export { exportLlamaHF, importLlamaHF, llamaHFConfig, llamaHFName, llamaConfigFromHF, type ExportLlamaHFOptions } from './hf-llama.js';
+export { exportLlamaHF, importLlamaHF, llamaHFConfig, llamaHFName, llamaHFArchitecture, llamaConfigFromHF, type ExportLlamaHFOptions, type LlamaHFArchitecture } from './hf-llama.js';
 export {
   writeLlmc, readLlmc, readLlmcHeader, LLMC_MAGIC, LLMC_VERSIONS, LLMC_HEADER_BYTES, LLMC_VOCAB_MULTIPLE,
   type LlmcHeader, type WriteLlmcOptions, type ReadLlmcOptions,

@@ -419,6 +419,12 @@ export interface ModelShape {
   vocabSize: number;
   /** Longest context. */
   blockSize: number;
+  /** Sliding-window attention, when the model has it (a GPTConfig's window): context parallelism refuses it. */
+  window?: number;
+  /** Dropout probability, when nonzero (a GPTConfig's dropout): context parallelism refuses it. */
+  dropout?: number;
+  /** The routed experts of its MoE layers, when it has any: expert parallelism must divide them; sp and cp refuse them. */
+  moeExperts?: number;
 }
 
 /** The named modules a pipeline stage holds besides its blocks (CausalLM.stageModules). */
@@ -438,7 +444,10 @@ export interface CausalLM extends Module {
   readonly family: 'gpt' | 'llama';
   /** The checked config. */
   readonly config: Readonly<object>;
-  /** Its dimensions. */
+  /**
+   * Its dimensions, and what layouts must know beyond them (a sliding window, dropout, MoE experts):
+   * nt.train.setup checks every model's layout against this alone.
+   */
   readonly shape: ModelShape;
   /** The transformer blocks, named `${blockPrefix}.i`. */
   readonly blocks: readonly Module[];
@@ -611,10 +620,13 @@ export class GPT extends Module implements CausalLM {
     return this.vocabLayout.gather(logits);
   }
 
-  /** The GPT's dimensions (nKvHead = nHead, MLP width 4·nEmbd). */
+  /** The GPT's dimensions (nKvHead = nHead, MLP width 4·nEmbd), its window, dropout and experts when it has them. */
   get shape(): ModelShape {
     const c = this.config;
-    return { nLayer: c.nLayer, nHead: c.nHead, nKvHead: c.nHead, nEmbd: c.nEmbd, ffnHidden: 4 * c.nEmbd, vocabSize: c.vocabSize, blockSize: c.blockSize };
+    return {
+      nLayer: c.nLayer, nHead: c.nHead, nKvHead: c.nHead, nEmbd: c.nEmbd, ffnHidden: 4 * c.nEmbd, vocabSize: c.vocabSize, blockSize: c.blockSize,
+      ...(c.window ? { window: c.window } : {}), ...(c.dropout ? { dropout: c.dropout } : {}), ...(c.moe ? { moeExperts: c.moe.experts } : {}),
+    };
   }
   /** The blocks (h). */
   get blocks(): readonly Module[] { return this.h; }

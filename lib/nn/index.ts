@@ -11,6 +11,6 @@ export {
   type MoEConfig, type MoEOptions, type MoEParallel, type MoEStats, type Routing,
 } from './moe.js';
 export {
-  Llama, LlamaBlock, LlamaAttention, LlamaMLP, llamaConfig, type LlamaConfig, type CheckedLlamaConfig, type LlamaOptions, type LlamaMLPFactory, type LlamaMLPLike,
+  Llama, LlamaBlock, LlamaAttention, LlamaMLP, llamaConfig, isLlamaMoEBlock, llamaMoEConfig, type LlamaConfig, type CheckedLlamaConfig, type LlamaOptions, type LlamaMLPFactory, type LlamaMLPLike,
 } from './llama.js';
 export * as init from './init.js';

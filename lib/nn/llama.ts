@@ -5,20 +5,24 @@
 // projection (tensor parallelism substitutes its split layers, with the key/value heads split or
 // replicated), a VocabLayout for the table, the head and the loss, a SequenceLayout for the norms and
 // residuals; it is a CausalLM, so pipeline stages, the parallel trainer and nt.train.setup take it as
-// they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp), as Mixtral's block swaps in
-// its mixture of experts.
+// they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp); with numLocalExperts > 0 the
+// config makes Mixtral or Qwen2-MoE: nt.nn.MoE (router, SwiGLU experts, Qwen2-MoE's sigmoid-gated
+// shared expert) in the MLP slot of the blocks isLlamaMoEBlock names, its auxiliary losses reaching the
+// training loss as the GPT's do, its experts split by expert parallelism (GPTOptions.moeParallel).
 import { recompute } from '../autograd/index.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
-import { add, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { add, cat, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { tensor } from '../creation.js';
 import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
   generateTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
-  type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
+  type ContextLayout, type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { addMoEStats, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 
 /**
  * A Llama's shape, as Hugging Face's LlamaConfig names it (camelCase here; {@link llamaConfig} also
@@ -49,6 +53,29 @@ export interface LlamaConfig {
   initializerRange?: number;
   /** Recompute each block's activations in backward instead of storing them. */
   recompute?: boolean;
+  /** Biases on the q, k and v projections (Qwen2-MoE's qkv_bias; default false). */
+  qkvBias?: boolean;
+  // --- mixture of experts (Mixtral's MixtralConfig, Qwen2-MoE's Qwen2MoeConfig); numLocalExperts 0: every block dense.
+  /** Routed experts per MoE block (num_local_experts, or Qwen2-MoE's num_experts; default 0: no MoE). */
+  numLocalExperts?: number;
+  /** Experts per token (num_experts_per_tok, default 2; at most numLocalExperts). */
+  numExpertsPerTok?: number;
+  /** Hidden units of each expert's SwiGLU (moe_intermediate_size; default intermediateSize, as Mixtral's experts). */
+  moeIntermediateSize?: number;
+  /** Hidden units of the shared expert every token goes through, gated per token by a sigmoid (shared_expert_intermediate_size; default 0: none). */
+  sharedExpertIntermediateSize?: number;
+  /** Every n-th block (blocks n-1, 2n-1, ...) holds the MoE, the others the dense MLP (decoder_sparse_step, default 1). */
+  decoderSparseStep?: number;
+  /** Blocks that keep the dense MLP whatever decoderSparseStep says (mlp_only_layers, default []). */
+  mlpOnlyLayers?: number[];
+  /** Renormalize the k chosen router probabilities to sum to 1 (norm_topk_prob; default true as Mixtral; Qwen2-MoE's default is false). */
+  normTopkProb?: boolean;
+  /** Coefficient of the Switch load-balancing loss of each MoE block, added to the training loss (router_aux_loss_coef, default 0.001). */
+  routerAuxLossCoef?: number;
+  /** Coefficient of the router z-loss of each MoE block (nodetron's; default 0, as neither Hugging Face model has one). */
+  routerZLossCoef?: number;
+  /** Multiplicative jitter on the router's input in training (router_jitter_noise): only 0 is computed. */
+  routerJitterNoise?: number;
 }
 
 /** A checked LlamaConfig: every optional field filled. */
@@ -58,8 +85,11 @@ const SNAKE: Record<string, keyof LlamaConfig> = {
   vocab_size: 'vocabSize', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_hidden_layers: 'numHiddenLayers',
   num_attention_heads: 'numAttentionHeads', num_key_value_heads: 'numKeyValueHeads', rope_theta: 'ropeTheta', rms_norm_eps: 'rmsNormEps',
   tie_word_embeddings: 'tieWordEmbeddings', max_position_embeddings: 'maxPositionEmbeddings', initializer_range: 'initializerRange',
+  qkv_bias: 'qkvBias', num_local_experts: 'numLocalExperts', num_experts: 'numLocalExperts', num_experts_per_tok: 'numExpertsPerTok',
+  moe_intermediate_size: 'moeIntermediateSize', shared_expert_intermediate_size: 'sharedExpertIntermediateSize', decoder_sparse_step: 'decoderSparseStep',
+  mlp_only_layers: 'mlpOnlyLayers', norm_topk_prob: 'normTopkProb', router_aux_loss_coef: 'routerAuxLossCoef', router_jitter_noise: 'routerJitterNoise',
 };
-const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute']);
+const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute', 'routerZLossCoef']);
 
 /**
  * Checks a Llama config given in camelCase or Hugging Face's snake_case (a config.json's fields; keys
@@ -99,14 +129,55 @@ export function llamaConfig(input: LlamaConfig | Record<string, unknown>): Check
     if (typeof v !== 'boolean') { problems.push(`${k} must be a boolean, got ${String(v)}`); return false; }
     return v;
   };
-  const tieWordEmbeddings = bool('tieWordEmbeddings'), recomputeBlocks = bool('recompute');
+  const tieWordEmbeddings = bool('tieWordEmbeddings'), recomputeBlocks = bool('recompute'), qkvBias = bool('qkvBias');
+  // Mixture of experts.
+  const count = (k: keyof LlamaConfig, fallback: number, min: number): number => {
+    const v = c[k] ?? fallback;
+    if (!Number.isInteger(v) || (v as number) < min) { problems.push(`${k} must be an integer >= ${min}, got ${String(v)}`); return fallback; }
+    return v as number;
+  };
+  const coef = (k: keyof LlamaConfig, fallback: number): number => {
+    const v = c[k] ?? fallback;
+    if (typeof v !== 'number' || !(v >= 0) || !Number.isFinite(v)) { problems.push(`${k} must be a finite number >= 0, got ${String(v)}`); return fallback; }
+    return v;
+  };
+  const numLocalExperts = count('numLocalExperts', 0, 0), numExpertsPerTok = count('numExpertsPerTok', Math.min(2, Math.max(1, numLocalExperts)), 1);
+  const moeIntermediateSize = count('moeIntermediateSize', intermediateSize, 1), sharedExpertIntermediateSize = count('sharedExpertIntermediateSize', 0, 0);
+  const decoderSparseStep = count('decoderSparseStep', 1, 1);
+  const routerAuxLossCoef = coef('routerAuxLossCoef', 0.001), routerZLossCoef = coef('routerZLossCoef', 0), routerJitterNoise = coef('routerJitterNoise', 0);
+  const normTopkProb = c.normTopkProb === undefined ? true : bool('normTopkProb');
+  const only = c.mlpOnlyLayers ?? [];
+  let mlpOnlyLayers: number[] = [];
+  if (!Array.isArray(only) || !only.every((i) => Number.isInteger(i) && i >= 0 && i < numHiddenLayers)) {
+    problems.push(`mlpOnlyLayers must be an array of block indices 0..${numHiddenLayers - 1}, got ${JSON.stringify(only)}`);
+  } else mlpOnlyLayers = [...new Set(only as number[])].sort((a, b) => a - b);
+  if (numLocalExperts > 0 && numExpertsPerTok > numLocalExperts) problems.push(`numExpertsPerTok (${numExpertsPerTok}) must not exceed numLocalExperts (${numLocalExperts})`);
+  if (routerJitterNoise !== 0) problems.push(`routerJitterNoise ${routerJitterNoise} is not computed (only 0: no router jitter)`);
+  if (numLocalExperts > 0 && decoderSparseStep > numHiddenLayers) problems.push(`decoderSparseStep (${decoderSparseStep}) exceeds numHiddenLayers (${numHiddenLayers}), so no block would hold the experts`);
   if (numAttentionHeads % numKeyValueHeads !== 0) problems.push(`numKeyValueHeads (${numKeyValueHeads}) must divide numAttentionHeads (${numAttentionHeads})`);
   if (hiddenSize % numAttentionHeads !== 0) problems.push(`numAttentionHeads (${numAttentionHeads}) must divide hiddenSize (${hiddenSize})`);
   else if ((hiddenSize / numAttentionHeads) % 2 !== 0) problems.push(`the head dim hiddenSize / numAttentionHeads = ${hiddenSize / numAttentionHeads} must be even (rotary embeddings rotate pairs)`);
   if (problems.length) throw new ArgumentError(`LlamaConfig: ${problems.join('; ')}`);
   return {
     vocabSize, hiddenSize, intermediateSize, numHiddenLayers, numAttentionHeads, numKeyValueHeads, ropeTheta, rmsNormEps, tieWordEmbeddings,
-    maxPositionEmbeddings, initializerRange, recompute: recomputeBlocks,
+    maxPositionEmbeddings, initializerRange, recompute: recomputeBlocks, qkvBias, numLocalExperts, numExpertsPerTok, moeIntermediateSize,
+    sharedExpertIntermediateSize, decoderSparseStep, mlpOnlyLayers, normTopkProb, routerAuxLossCoef, routerZLossCoef, routerJitterNoise,
+  };
+}
+
+/** Whether block `index` of a Llama of this config holds a mixture of experts (Qwen2-MoE's rule: experts, not in mlpOnlyLayers, (index + 1) % decoderSparseStep == 0). */
+export function isLlamaMoEBlock(config: CheckedLlamaConfig, index: number): boolean {
+  return config.numLocalExperts > 0 && !config.mlpOnlyLayers.includes(index) && (index + 1) % config.decoderSparseStep === 0;
+}
+
+/** The nt.nn.MoE config of a Llama's MoE blocks (null without experts). */
+export function llamaMoEConfig(config: CheckedLlamaConfig): MoEConfig | null {
+  if (config.numLocalExperts === 0) return null;
+  const shared = config.sharedExpertIntermediateSize;
+  return {
+    experts: config.numLocalExperts, topK: config.numExpertsPerTok, hidden: config.moeIntermediateSize, normalizeTopK: config.normTopkProb,
+    auxLossCoef: config.routerAuxLossCoef, zLossCoef: config.routerZLossCoef,
+    ...(shared > 0 ? { sharedExperts: 1, sharedHidden: shared, sharedGate: true } : {}),
   };
 }
 
@@ -130,7 +201,13 @@ export interface LlamaOptions extends GPTOptions {
   mlp?: LlamaMLPFactory;
 }
 
-/** Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k, grouped-query flash attention, the output projection. */
+/**
+ * Llama's attention: q, k, v projections (k and v of the key/value heads), rotary embeddings on q and k,
+ * grouped-query flash attention, the output projection. Under context parallelism (a ContextLayout of
+ * more than one part) rope rotates each token by its global position and attention runs over the
+ * context-parallel group (ring attention or Ulysses) on a packed q, k, v whose key/value heads are
+ * repeated to the query heads (the GQA sharing written out; their gradients sum back).
+ */
 export class LlamaAttention extends Module {
   /** Query projection, C → heads·D. */
   readonly qProj: LinearLike;
@@ -143,33 +220,57 @@ export class LlamaAttention extends Module {
   /** Channels per head. */
   readonly headDim: number;
   readonly #theta: number;
-  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
+  readonly #context: ContextLayout | null;
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, context: ContextLayout | null = null) {
     super();
+    this.#context = context && context.parts > 1 ? context : null;
     const c = config.hiddenSize, H = config.numAttentionHeads, KV = config.numKeyValueHeads, D = c / H;
     this.headDim = D;
     this.#theta = config.ropeTheta;
     const attention: AttentionHeads = { heads: H, kvHeads: KV, headDim: D };
     const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config), attention };
-    this.qProj = factory(c, H * D, { ...opts, role: 'attn.q' });
-    this.kProj = factory(c, KV * D, { ...opts, role: 'attn.k' });
-    this.vProj = factory(c, KV * D, { ...opts, role: 'attn.v' });
+    const qkv = { ...opts, bias: config.qkvBias };
+    this.qProj = factory(c, H * D, { ...qkv, role: 'attn.q' });
+    this.kProj = factory(c, KV * D, { ...qkv, role: 'attn.k' });
+    this.vProj = factory(c, KV * D, { ...qkv, role: 'attn.v' });
     this.oProj = factory(H * D, c, { ...opts, role: 'attn.o' });
   }
   /**
    * x [B, T', C] → [B, T', C]. The projections give [B, T, heads·D] (the whole sequence: under sequence
    * parallelism they gather it), viewed [B, T, heads, D] for rope and attention without copies.
-   * `positions` (i32 [T] or [B, T]) overrides positions 0..T-1.
+   * `positions` (i32 [T] or [B, T]) overrides positions 0..T-1 (under context parallelism, the
+   * default is this process's tokens' global positions).
    */
   forward(x: Tensor, positions?: Tensor): Tensor {
-    const D = this.headDim;
+    const D = this.headDim, context = this.#context;
     const q = this.qProj.forward(x), k = this.kProj.forward(x), v = this.vProj.forward(x);
     const [B, T] = q.shape as [number, number];
     const heads = q.shape[2]! / D, kvHeads = k.shape[2]! / D;
-    const ropeOpts = { theta: this.#theta, ...(positions ? { positions } : {}) };
+    // The context-parallel positions tensor is released here; rope keeps its own reference for backward.
+    using global = context && !positions ? tensor(context.positions(T), [T], { device: x.device }) : null;
+    const pos = positions ?? global;
+    const ropeOpts = { theta: this.#theta, ...(pos ? { positions: pos } : {}) };
     const qr = rope(q.view([B, T, heads, D]), ropeOpts), kr = rope(k.view([B, T, kvHeads, D]), ropeOpts);
+    if (context) return this.oProj.forward(context.attention(packHeads(qr, kr, v, heads, kvHeads, D), heads));
     const o = groupedQueryAttention(qr, kr, v.view([B, T, kvHeads, D]), { causal: true });
     return this.oProj.forward(o.view([B, T, heads * D]));
   }
+}
+
+/**
+ * q [B, T, H, D], k [B, T, KV, D] and v [B, T, KV·D] packed as attentionPacked's qkv [B, T, 3·H·D]
+ * ([B, T, 3, H, D]), each key/value head repeated for the H/KV query heads that read it (query head h
+ * reads key/value head floor(h / (H/KV)), as groupedQueryAttention shares them).
+ */
+function packHeads(q: Tensor, k: Tensor, v: Tensor, H: number, KV: number, D: number): Tensor {
+  const [B, T] = q.shape as [number, number];
+  const g = H / KV;
+  const widen = (t: Tensor): Tensor => {
+    if (g === 1) return t.view([B, T, 1, H, D]);
+    const one = t.view([B, T, 1, KV, 1, D]);
+    return cat(Array.from({ length: g }, () => one), 4).view([B, T, 1, H, D]);
+  };
+  return cat([q.view([B, T, 1, H, D]), widen(k), widen(v)], 2).view([B, T, 3 * H * D]);
 }
 
 /** Llama's SwiGLU MLP: down(silu(gate(x))·up(x)). */
@@ -205,12 +306,13 @@ export class LlamaBlock extends Module {
   /** The MLP (SwiGLU by default; replaceable through LlamaOptions.mlp). */
   readonly mlp: LlamaMLPLike;
   readonly #sequence: SequenceLayout;
-  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout, mlp: LlamaMLPFactory, index: number) {
+  constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory, sequence: SequenceLayout, mlp: LlamaMLPFactory, index: number,
+    context: ContextLayout | null = null) {
     super();
     this.#sequence = sequence;
     const norm = { ...layer, eps: config.rmsNormEps };
     this.inputLayernorm = new RMSNorm(config.hiddenSize, norm);
-    this.selfAttn = new LlamaAttention(config, layer, factory);
+    this.selfAttn = new LlamaAttention(config, layer, factory, context);
     this.postAttentionLayernorm = new RMSNorm(config.hiddenSize, norm);
     this.mlp = mlp(config, { layer, factory, index });
   }
@@ -223,7 +325,16 @@ export class LlamaBlock extends Module {
   }
 }
 
-const defaultMLP: LlamaMLPFactory = (config, { layer, factory }) => new LlamaMLP(config, layer, factory);
+/** The dense SwiGLU MLP, or in the blocks isLlamaMoEBlock names a mixture of experts (the GPT's nt.nn.MoE: router, SwiGLU experts, the gated shared expert). */
+function defaultMLP(moeParallel: GPTOptions['moeParallel']): LlamaMLPFactory {
+  let parallel: MoEParallel | undefined;
+  return (config, { layer, factory, index }) => {
+    const moe = llamaMoEConfig(config);
+    if (!moe || !isLlamaMoEBlock(config, index)) return new LlamaMLP(config, layer, factory);
+    parallel ??= typeof moeParallel === 'function' ? moeParallel(moe.experts) : moeParallel;
+    return new MoE(config.hiddenSize, moe, { ...layer, std: config.initializerRange, parallel });
+  };
+}
 
 /**
  * Llama (Hugging Face's LlamaForCausalLM): `new nt.nn.Llama(config, { seed })`; forward(idx, targets)
@@ -246,17 +357,16 @@ export class Llama extends Module implements CausalLM {
   readonly config: Readonly<CheckedLlamaConfig>;
   readonly vocabLayout: VocabLayout;
   readonly sequenceLayout: SequenceLayout;
-  /** Always null: Llama does not take context parallelism yet (a contextLayout of more than one part is refused). */
-  readonly contextLayout = null;
+  /** How the sequence is split over context-parallel processes (null: not). */
+  readonly contextLayout: ContextLayout | null;
   readonly generator: Generator;
   readonly #opts: LlamaOptions;
+  /** The routed experts of the MoE layers its MLP factory built (undefined: none). */
+  readonly #moeExperts: number | undefined;
 
   constructor(config: LlamaConfig | Record<string, unknown>, opts: LlamaOptions = {}) {
     super();
     const checked = llamaConfig(config);
-    if (opts.contextLayout && opts.contextLayout.parts > 1) {
-      throw new ArgumentError(`Llama: context parallelism (${opts.contextLayout.parts} parts, --cp) is not supported for Llama yet; train it with tp, sp, pp, dp and ZeRO`);
-    }
     this.config = opts.recompute === undefined ? checked : { ...checked, recompute: opts.recompute };
     this.#opts = opts;
     const c = this.config;
@@ -264,21 +374,23 @@ export class Llama extends Module implements CausalLM {
     this.generator = generator;
     this.vocabLayout = vocabLayout;
     this.sequenceLayout = sequenceLayout;
+    this.contextLayout = opts.contextLayout && opts.contextLayout.parts > 1 ? opts.contextLayout : null;
     const std = c.initializerRange;
     this.embedTokens = this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
-    const mlp = opts.mlp ?? defaultMLP;
-    this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i));
+    const mlp = opts.mlp ?? defaultMLP(opts.moeParallel);
+    this.layers = Array.from({ length: c.numHiddenLayers }, (_, i) => new LlamaBlock(c, layer, factory, this.sequenceLayout, mlp, i, this.contextLayout));
     this.norm = new RMSNorm(c.hiddenSize, { ...layer, eps: c.rmsNormEps });
     // Untied: a second table of the vocabulary's layout (drawn after the blocks, as HF initializes lm_head last).
     this.lmHead = c.tieWordEmbeddings ? null : this.vocabLayout.embedding(c.vocabSize, c.hiddenSize, { std, layer });
+    this.#moeExperts = moeLayers(this)[0]?.config.experts;
   }
 
-  /** Its dimensions. */
+  /** Its dimensions (no window, no dropout), and the experts of MoE layers an MLP factory built. */
   get shape(): ModelShape {
     const c = this.config;
     return {
       nLayer: c.numHiddenLayers, nHead: c.numAttentionHeads, nKvHead: c.numKeyValueHeads, nEmbd: c.hiddenSize, ffnHidden: c.intermediateSize,
-      vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings,
+      vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings, ...(this.#moeExperts !== undefined ? { moeExperts: this.#moeExperts } : {}),
     };
   }
   /** The blocks (layers). */
@@ -290,8 +402,10 @@ export class Llama extends Module implements CausalLM {
   embed(idx: Tensor): Tensor {
     checkTensor(idx, 'Llama.forward', 'idx');
     if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`Llama.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const t = idx.shape[1]!;
-    if (t > this.config.maxPositionEmbeddings) throw new ShapeError(`Llama.forward: sequence length ${t} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
+    const t = idx.shape[1]!, cp = this.contextLayout?.parts ?? 1;
+    if (t * cp > this.config.maxPositionEmbeddings) {
+      throw new ShapeError(`Llama.forward: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
+    }
     const { count } = this.sequenceLayout.chunk(t);
     const tokens = this.embedTokens.forward(idx);
     if (tokens.shape[1] !== count) {
@@ -345,11 +459,19 @@ export class Llama extends Module implements CausalLM {
     return { before, after };
   }
 
+  /** The routing statistics of the MoE blocks since the last call, summed over the blocks (then reset); null without MoE blocks. */
+  takeMoEStats(): MoEStats | null {
+    const layers = moeLayers(this);
+    if (layers.length === 0) return null;
+    return layers.map((l) => l.takeStats()).reduce(addMoEStats);
+  }
+
   /** A new Llama of this config with other options (the MLP factory kept). */
   rebuild(opts: GPTOptions): Llama { return new Llama(this.config, { mlp: this.#opts.mlp, ...opts }); }
 
   /** Appends maxNewTokens sampled tokens to each row of idx (as GPT.generate). */
   generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {
+    if (this.contextLayout) throw new StateError('generate: the model splits the sequence over context-parallel processes; sample from a copy built without contextLayout (same parameters)');
     return generateTokens(this, idx, maxNewTokens, opts);
   }
 }

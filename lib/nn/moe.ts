@@ -1,7 +1,7 @@
 // Mixture of experts (Mixtral, Qwen-MoE, DeepSeek-MoE): a router (linear → softmax → top-k, the k
 // weights renormalized), experts that are SwiGLU MLPs run as a grouped GEMM (one GEMM per expert over
 // the rows sorted by expert: a gather by index, the experts, a scatter back, all with gradients),
-// optional shared experts every token goes through, dropless routing or a capacity factor that
+// optional shared experts every token goes through (Qwen2-MoE's gated by a sigmoid per token), dropless routing or a capacity factor that
 // drops overflow, and the auxiliary losses (Switch's load balancing, the router z-loss).
 //
 // The auxiliary losses reach the training objective on every path (one process, recomputed blocks,
@@ -20,7 +20,7 @@ import { alias, inBackward, needsGrad, record } from '../autograd/engine.js';
 import { noGrad } from '../autograd/grad-mode.js';
 import { full, tensor, zeros } from '../creation.js';
 import { ArgumentError, ShapeError } from '../errors.js';
-import { add, cat, embedding, exp, linear, log, max, mean, mul, scale, softmax, sub, sum, swiglu } from '../ops/index.js';
+import { add, cat, embedding, exp, linear, log, max, mean, mul, scale, softmax, sub, sum, swiglu, tanh } from '../ops/index.js';
 import { emptyLike } from '../ops/common.js';
 import { dtypeSize } from '../dtype.js';
 import { checkTensor, type Tensor } from '../tensor.js';
@@ -38,6 +38,10 @@ export interface MoEConfig {
   hidden?: number;
   /** Shared experts every token goes through (DeepSeek-MoE, Qwen2-MoE), as one SwiGLU MLP of sharedExperts · hidden (default 0). */
   sharedExperts?: number;
+  /** Width of the shared experts' SwiGLU MLP (default sharedExperts · hidden; Qwen2-MoE's shared_expert_intermediate_size). Needs sharedExperts >= 1. */
+  sharedHidden?: number;
+  /** Scale the shared experts' output per token by sigmoid(x · sharedGate), a [1, C] weight (Qwen2-MoE's shared_expert_gate); default false. Needs sharedExperts >= 1. */
+  sharedGate?: boolean;
   /** Renormalize the k chosen probabilities to sum to 1 (Mixtral; default true; Qwen2-MoE's norm_topk_prob false keeps them). */
   normalizeTopK?: boolean;
   /** Capacity factor: each expert takes at most ceil(factor · tokens · topK / experts) rows, the rest are dropped (counted); undefined: dropless. */
@@ -51,7 +55,7 @@ export interface MoEConfig {
 }
 
 /** Checks an MoE config (calls name the caller); returns it with defaults filled in. */
-export function checkMoEConfig(c: MoEConfig, call = 'MoE'): Required<Omit<MoEConfig, 'capacityFactor' | 'hidden'>> & Pick<MoEConfig, 'capacityFactor' | 'hidden'> {
+export function checkMoEConfig(c: MoEConfig, call = 'MoE'): Required<Omit<MoEConfig, 'capacityFactor' | 'hidden' | 'sharedHidden' | 'sharedGate'>> & Pick<MoEConfig, 'capacityFactor' | 'hidden' | 'sharedHidden' | 'sharedGate'> {
   if (c === null || typeof c !== 'object') throw new ArgumentError(`${call}: the MoE config must be an object { experts, topK, ... }, got ${c === null ? 'null' : typeof c}`);
   const int = (v: unknown, what: string, min: number) => {
     if (!Number.isInteger(v) || (v as number) < min) throw new ArgumentError(`${call}: ${what} must be an integer >= ${min}, got ${String(v)}`);
@@ -62,6 +66,11 @@ export function checkMoEConfig(c: MoEConfig, call = 'MoE'): Required<Omit<MoECon
   if (c.hidden !== undefined) int(c.hidden, 'hidden', 1);
   if (c.sharedExperts !== undefined) int(c.sharedExperts, 'sharedExperts', 0);
   if (c.every !== undefined) int(c.every, 'every', 1);
+  if (c.sharedHidden !== undefined) int(c.sharedHidden, 'sharedHidden', 1);
+  if (c.sharedGate !== undefined && typeof c.sharedGate !== 'boolean') throw new ArgumentError(`${call}: sharedGate must be a boolean`);
+  if ((c.sharedHidden !== undefined || c.sharedGate) && !((c.sharedExperts ?? 0) >= 1)) {
+    throw new ArgumentError(`${call}: sharedHidden and sharedGate shape the shared experts, so sharedExperts must be >= 1 (got ${String(c.sharedExperts ?? 0)})`);
+  }
   if (c.capacityFactor !== undefined && !(typeof c.capacityFactor === 'number' && c.capacityFactor > 0 && Number.isFinite(c.capacityFactor))) {
     throw new ArgumentError(`${call}: capacityFactor must be a finite number > 0 (or undefined for dropless routing), got ${String(c.capacityFactor)}`);
   }
@@ -73,6 +82,7 @@ export function checkMoEConfig(c: MoEConfig, call = 'MoE'): Required<Omit<MoECon
   return {
     experts: c.experts, topK: c.topK, hidden: c.hidden, sharedExperts: c.sharedExperts ?? 0, normalizeTopK: c.normalizeTopK ?? true,
     capacityFactor: c.capacityFactor, auxLossCoef: c.auxLossCoef ?? 0.01, zLossCoef: c.zLossCoef ?? 0.001, every: c.every ?? 1,
+    ...(c.sharedHidden !== undefined ? { sharedHidden: c.sharedHidden } : {}), ...(c.sharedGate ? { sharedGate: true } : {}),
   };
 }
 
@@ -239,6 +249,8 @@ export class MoE extends Module {
   readonly experts: SwiGLUExpert[];
   /** The shared experts as one SwiGLU MLP, or null. */
   readonly shared: SwiGLUExpert | null;
+  /** The shared experts' gate [1, C] (config.sharedGate: their output times sigmoid(x · sharedGate)), or null. */
+  readonly sharedGate: Parameter | null;
   /** The checked config. */
   readonly config: ReturnType<typeof checkMoEConfig>;
   /** The first global expert held here. */
@@ -247,8 +259,8 @@ export class MoE extends Module {
   #stats: MoEStats;
 
   /**
-   * Draws the router, then every expert (gate, up, down) in global order, then the shared experts,
-   * from layer.generator; under expert parallelism the experts held elsewhere are drawn and
+   * Draws the router, then every expert (gate, up, down) in global order, then the shared experts and
+   * their gate, from layer.generator; under expert parallelism the experts held elsewhere are drawn and
    * discarded, so every layout starts from the same weights.
    */
   /**
@@ -278,7 +290,8 @@ export class MoE extends Module {
       if (e >= start && e < end) this.experts.push(expert);
       else expert.dispose();
     }
-    this.shared = cfg.sharedExperts > 0 ? new SwiGLUExpert(nEmbd, cfg.sharedExperts * hidden, layer, std, downStd) : null;
+    this.shared = cfg.sharedExperts > 0 ? new SwiGLUExpert(nEmbd, cfg.sharedHidden ?? cfg.sharedExperts * hidden, layer, std, downStd) : null;
+    this.sharedGate = cfg.sharedGate ? normal(newParameter([1, nEmbd], layer, 'MoE'), 0, std, layer.generator) as Parameter : null;
     this.#stats = emptyStats(cfg.experts);
   }
 
@@ -330,7 +343,11 @@ export class MoE extends Module {
     const ysz = cat([ys, zeros([1, c], { ...dev, dtype: ys.dtype })], 0);
     const slots = embedding(tensor(r.combine, [n * k], { ...dev, dtype: 'i32' }), ysz).reshape([n, k, c]);
     let out = sum(mul(slots, weights.reshape([n, k, 1])), 1);
-    if (this.shared) out = add(out, this.shared.forward(x2));
+    if (this.shared) {
+      const y = this.shared.forward(x2);
+      // sigmoid(z) = (1 + tanh(z/2)) / 2, per token [N, 1].
+      out = add(out, this.sharedGate ? mul(y, add(scale(tanh(scale(linear(x2, this.sharedGate), 0.5)), 0.5), 0.5)) : y);
+    }
     // Auxiliary losses: E · Σ_e f_e · P_e with f_e the share of routed slots of expert e (over the
     // batch of every rank that sums its counts) and P_e the mean router probability; z = mean lse².
     const counts = par?.sumCounts ? par.sumCounts(r.counts) : r.counts;

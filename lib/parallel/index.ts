@@ -64,4 +64,4 @@ export {
   type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName, type ContextParallelMode,
 } from './layout.js';
 export { expertParallel, allToAllRows, exchangeCounts, type ExpertParallelOptions } from './expert-parallel.js';
-export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ReplicaPlace } from './trainer.js';
+export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ExpertHoldings, type ReplicaPlace } from './trainer.js';

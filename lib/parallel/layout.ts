@@ -119,12 +119,14 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
     if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
     if (model.moeExperts === undefined) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
     else if (model.moeExperts % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${model.moeExperts} experts`);
-    if (zero > 0) problems.push(`--zero ${zero} with --ep ${ep} is not supported yet (expert weights would need sharding over the expert-data-parallel group)`);
   }
   if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   if (model.moeExperts !== undefined && cp > 1) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
   let virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
   const schedule = flags.schedule ?? (virtualStages > 1 ? 'interleaved' : '1f1b');
+  // The zero-bubble schedules hold the dense ZeRO 2/3 reductions back until each W; the experts' own
+  // ZeRO (expert parallelism) does not do that yet.
+  if ((schedule === 'zb-h1' || schedule === 'zb-v') && ep > 1 && zero >= 2) problems.push(`--schedule ${schedule} with --ep ${ep} and --zero ${zero} is not supported yet (the experts' ZeRO ${zero} would reduce before each W): use --zero 0 or 1 with expert parallelism`);
   if (schedule === 'zb-v') {
     // The V: always 2 chunks per rank (the flag may say so, or nothing).
     if (flags.virtualStages !== undefined && virtualStages !== 2 && virtualStages !== 1) problems.push(`--schedule zb-v holds exactly 2 model chunks per rank (a V), so --virtual-stages must be 2 or left out, got ${virtualStages}`);

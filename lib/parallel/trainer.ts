@@ -3,7 +3,7 @@
 // gradient averaging over the data- and context-parallel ranks (GradBuffer, or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
 // the norm of the whole model's gradient, the update.
 import { autocast } from '../amp.js';
-import { ArgumentError, StateError } from '../errors.js';
+import { ArgumentError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
@@ -21,7 +21,7 @@ import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
 import { contextSlice } from './context-parallel/gpt.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { forwardOnly, runSchedule, SCHEDULE_KINDS, type PipelineStage } from './pipeline/schedules.js';
+import { forwardOnly, runSchedule, SCHEDULE_KINDS, splitsBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
@@ -39,6 +39,26 @@ export interface TrainerHoldings<H extends { lr: number }> {
   /** Parameters whose copy here another rank saves (tensor-parallel replicas of rank > 0, the tied embedding's second copy). */
   readonly savedElsewhere: ReadonlySet<Tensor>;
   /** This rank's place among the identical data-parallel copies; null in one process. */
+  readonly replica: ReplicaPlace | null;
+  /**
+   * Under expert parallelism: the experts this rank holds, which the fields above leave out (their
+   * copies are the expert-data-parallel group's, not the data-parallel group's); absent otherwise.
+   */
+  readonly experts?: ExpertHoldings<H>;
+}
+
+/** What one rank holds of the experts under expert parallelism (see {@link TrainerHoldings.experts}). */
+export interface ExpertHoldings<H extends {
+  /** The learning rate (every optimizer has one). */
+  lr: number;
+}> {
+  /** The expert parameters held here (global expert indices in their names). */
+  readonly params: ReadonlySet<Tensor>;
+  /** The optimizer holding their whole state (ZeRO 0, where it is the trainer's one optimizer, or ZeRO with no expert-data-parallel copies); null when `zero` holds it. */
+  readonly optimizer: Optimizer<H> | null;
+  /** The ZeRO optimizer sharding them over the expert-data-parallel group; null when they are not sharded. */
+  readonly zero: ZeroOptimizer<H> | null;
+  /** This rank's place among the copies of its experts (the expert-data-parallel group); null when it holds the only copy. */
   readonly replica: ReplicaPlace | null;
 }
 
@@ -127,6 +147,10 @@ export class ParallelTrainer<H extends { lr: number }> {
   #expertGrads: GradBuffer | null = null;
   /** Expert parameters under expert parallelism (different on each expert-parallel rank). */
   readonly #expertParams: Set<Parameter>;
+  /** Under ZeRO with expert parallelism: the experts' ZeRO optimizer over the expert-data-parallel group (null: none). */
+  #expertZero: ZeroOptimizer<H> | null = null;
+  /** Under ZeRO with expert parallelism and no expert-data-parallel copies (ep = dp): the experts' own, unsharded optimizer. */
+  #expertOptimizer: Optimizer<H> | null = null;
   /** Parameters whose gradient another rank counts in the norm. */
   readonly #countedElsewhere: Set<Parameter>;
   /** Steps taken (the per-step metrics' index). */
@@ -164,10 +188,32 @@ export class ParallelTrainer<H extends { lr: number }> {
       // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
       // out of the reduce-scatters that start during backward.
       const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
-      const sharded = new ZeroOptimizer(paramGroups, options.createOptimizer, {
-        group: mesh!.dpCpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters(), ...bucketing,
+      // Under expert parallelism the experts are copies over the expert-data-parallel group only, so
+      // they get a ZeRO optimizer of their own over that group (or, with no copies, a plain one);
+      // everything else is sharded over the data-parallel group as without experts.
+      const experts = this.#expertParams;
+      const split = experts.size > 0 ? splitParamGroups(paramGroups, experts) : { dense: paramGroups, experts: [] };
+      const sharded = new ZeroOptimizer(split.dense, options.createOptimizer, {
+        group: mesh!.dpCpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters().filter((p) => !experts.has(p)), ...bucketing,
       });
-      if (sharded.stage === 3) sharded.attach(model, { entries: ['forwardStage'] });
+      if (experts.size > 0) {
+        const edp = mesh!.edpGroup;
+        try {
+          if (edp && edp.size > 1) {
+            this.#expertZero = new ZeroOptimizer(split.experts, options.createOptimizer, {
+              group: edp, stage: zero, offload: options.offload ?? false, bucketOrder: model.parameters().filter((p) => experts.has(p)), ...bucketing,
+            });
+          } else this.#expertOptimizer = options.createOptimizer(split.experts);
+        } catch (e) {
+          sharded.dispose();
+          throw e;
+        }
+      }
+      if (sharded.stage === 3) sharded.attach(model, { entries: ['forwardStage'], exclude: experts });
+      // ZeRO 3's units for the experts: each expert, gathered for its forward and backward.
+      if (this.#expertZero?.stage === 3) {
+        this.#expertZero.attach(model, { units: moeLayers(model).flatMap((l) => l.experts), entries: ['forwardStage'], exclude: model.parameters().filter((p) => !experts.has(p)) });
+      }
       this.#zero = sharded;
       this.#optimizer = null;
       this.#grads = null;
@@ -201,11 +247,19 @@ export class ParallelTrainer<H extends { lr: number }> {
     return new ParallelTrainer(model, groups, options);
   }
 
-  /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. */
+  /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. Under expert parallelism it holds everything but the experts. */
   get zero(): ZeroOptimizer<H> | null { return this.#zero; }
 
-  /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded). */
+  /** Under ZeRO with expert parallelism: the experts' ZeRO optimizer over the expert-data-parallel group (null otherwise). */
+  get expertZero(): ZeroOptimizer<H> | null { return this.#expertZero; }
+
+  /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded; under ZeRO with expert parallelism, the non-expert parameters'). */
   get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }
+
+  /** Every optimizer that updates a part of this rank's parameters (one, but for ZeRO with expert parallelism). */
+  #optimizers(): Optimizer<H>[] {
+    return [this.optimizer, ...(this.#expertZero ? [this.#expertZero.inner] : []), ...(this.#expertOptimizer ? [this.#expertOptimizer] : [])];
+  }
 
   /**
    * Forward and backward of this rank's rows of the global batch (inputs on the first stage, targets
@@ -228,9 +282,12 @@ export class ParallelTrainer<H extends { lr: number }> {
       }
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
-      if (opts.lr !== undefined) this.optimizer.setLr(opts.lr);
+      if (opts.lr !== undefined) for (const o of this.#optimizers()) o.setLr(opts.lr);
       let gradNorm: number | undefined;
-      if (this.#zero) {
+      if (this.#zero && (this.#expertZero || this.#expertOptimizer)) {
+        await this.#sumTiedGrads();
+        gradNorm = await traceSpan('optimizer (ZeRO, experts)', () => this.#zeroStepWithExperts());
+      } else if (this.#zero) {
         // ZeRO reduce-scatters the tied embedding's gradient (deferred) inside its step, so the stages' sum comes first.
         await this.#sumTiedGrads();
         const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
@@ -252,6 +309,45 @@ export class ParallelTrainer<H extends { lr: number }> {
     const moe = this.#takeMoEStats();
     if (metricsEnabled) this.#recordMetrics(inputs, performance.now() - t0, result.loss, moe);
     return moe ? { ...result, moe } : result;
+  }
+
+  /**
+   * ZeRO with expert parallelism: both sharded optimizers finish their reductions, the norm adds the
+   * non-expert shards (over the data-parallel group) and the experts' (over their expert-data-parallel
+   * copies, then the expert-parallel group, whose ranks hold other experts), both clip by it and update.
+   */
+  async #zeroStepWithExperts(): Promise<number | undefined> {
+    const dense = this.#zero!, ez = this.#expertZero, eo = this.#expertOptimizer, mesh = this.#mesh!;
+    await dense.reduceGradients();
+    if (ez) await ez.reduceGradients();
+    let gradNorm: number | undefined;
+    if (this.#maxGradNorm !== undefined) {
+      const skip = this.#countedElsewhere;
+      using d = tensor(new Float32Array([dense.shardGradSumSquares(skip)]), [1]);
+      await dense.group.allReduce(d, { op: 'sum' });
+      const expertParams = [...this.#expertParams].filter((p) => !skip.has(p));
+      using e = tensor(new Float32Array([ez ? ez.shardGradSumSquares(skip) : gradSumSquares(expertParams)]), [1]);
+      if (ez) await ez.group.allReduce(e, { op: 'sum' });
+      await mesh.epGroup!.allReduce(e, { op: 'sum' });
+      using total = tensor(new Float32Array([d.toArraySync()[0]! + e.toArraySync()[0]!]), [1]);
+      for (const g of this.#modelParallelGroups()) await g.allReduce(total, { op: 'sum' });
+      gradNorm = Math.sqrt(total.toArraySync()[0]!);
+      const factor = clipFactor(gradNorm, this.#maxGradNorm);
+      if (factor < 1) {
+        dense.scaleShardGrads(factor);
+        if (ez) ez.scaleShardGrads(factor);
+        else scaleGrads([...this.#expertParams], factor);
+      }
+    }
+    await this.#timed(async () => {
+      await dense.step();
+      if (ez) await ez.step();
+      else eo!.step();
+    });
+    dense.zeroGrad();
+    ez?.zeroGrad();
+    eo?.zeroGrad();
+    return gradNorm;
   }
 
   /** The MoE layers' statistics since the last step (summed over layers); undefined without MoE layers. */
@@ -348,7 +444,7 @@ export class ParallelTrainer<H extends { lr: number }> {
         return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
       runBackward: (i, final, go, info) => this.#timed(() => computeSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
-        const experts = training ? this.#expertGrads : null;
+        const experts = !training ? null : this.#expertGrads ?? (this.#expertZero?.stage === 1 ? this.#expertZero : null);
         const held = experts && !final ? () => experts.noSync(go) : go;
         const zero = training ? this.#zero : null;
         // ZeRO 2 and 3 under a zero-bubble schedule: a micro-batch's gradients are final only after its
@@ -430,9 +526,13 @@ export class ParallelTrainer<H extends { lr: number }> {
   async fullParameters(): Promise<Tensor[]> {
     const params = this.#model.parameters();
     if (!this.#zero) return params.map((p) => p.clone());
-    const values = await this.#zero.fullParameters();
-    const byParam = new Map(this.#zero.params.map((p, i) => [p, values[i]!]));
-    return params.map((p) => byParam.get(p)!);
+    const byParam = new Map<Tensor, Tensor>();
+    for (const z of [this.#zero, this.#expertZero]) {
+      if (!z) continue;
+      const values = await z.fullParameters();
+      z.params.forEach((p, i) => byParam.set(p, values[i]!));
+    }
+    return params.map((p) => byParam.get(p) ?? p.clone());
   }
 
   /**
@@ -441,14 +541,23 @@ export class ParallelTrainer<H extends { lr: number }> {
    * another rank saves, and its place among the identical data-parallel replicas.
    */
   checkpointHoldings(): TrainerHoldings<H> {
-    if (this.#expertParams.size > 0) throw new StateError('checkpointHoldings: checkpoints of expert-parallel runs (ep > 1) are not supported yet (the experts differ between data-parallel ranks)');
+    const mesh = this.#mesh;
+    const edp = mesh?.edpGroup ?? null;
     return {
       model: this.#model,
       optimizer: this.#zero ? null : this.#optimizer,
       zero: this.#zero,
       savedElsewhere: this.#countedElsewhere,
       // Context-parallel ranks hold the same state as data-parallel replicas.
-      replica: this.#mesh ? { index: this.#mesh.dpCpGroup.rank, count: this.#mesh.dpCpGroup.size } : null,
+      replica: mesh ? { index: mesh.dpCpGroup.rank, count: mesh.dpCpGroup.size } : null,
+      ...(this.#expertParams.size > 0 ? {
+        experts: {
+          params: this.#expertParams,
+          optimizer: this.#zero ? this.#expertOptimizer : this.#optimizer,
+          zero: this.#expertZero,
+          replica: edp && edp.size > 1 ? { index: edp.rank, count: edp.size } : null,
+        },
+      } : {}),
     };
   }
 
@@ -458,6 +567,8 @@ export class ParallelTrainer<H extends { lr: number }> {
   /** Frees the trainer's optimizer, ZeRO shards and gradient buffers (the model stays with its owner). */
   dispose(): void {
     this.#zero?.dispose();
+    this.#expertZero?.dispose();
+    this.#expertOptimizer?.dispose();
     this.#optimizer?.dispose();
     this.#grads?.dispose();
     this.#expertGrads?.dispose();
@@ -484,6 +595,12 @@ function computeSpan<T>(name: string, fn: () => T, args: Record<string, unknown>
     done();
     return out;
   }, 'compute', args);
+}
+
+/** The parameter groups cut in two: without the experts, and the experts only (groups left empty dropped). */
+function splitParamGroups<H>(groups: ZeroParamGroup<H>[], experts: ReadonlySet<Tensor>): { dense: ZeroParamGroup<H>[]; experts: ZeroParamGroup<H>[] } {
+  const part = (keep: (p: Tensor) => boolean) => groups.map((g) => ({ ...g, params: [...g.params].filter(keep) })).filter((g) => g.params.length > 0);
+  return { dense: part((p) => !experts.has(p)), experts: part((p) => experts.has(p)) };
 }
 
 /** Targets with this value are not counted (crossEntropy's default ignoreIndex). */
@@ -532,8 +649,10 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
       listed.add(p);
     }
   }
+  if (mesh && mesh.epSize > 1 && splitsBackward(schedule) && (zero === 2 || zero === 3)) {
+    problems.push(`the ${schedule} schedule with expert parallelism (ep = ${mesh.epSize}) and ZeRO ${zero} is not supported yet (the experts' ZeRO would reduce before each W): use ZeRO 0 or 1`);
+  }
   if (mesh && mesh.epSize > 1) {
-    if (zero !== 0) problems.push(`ZeRO ${zero} with expert parallelism (ep = ${mesh.epSize}) is not supported yet: use zero 0`);
     const layers = moeLayers(model);
     if (layers.length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
     else if (layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {

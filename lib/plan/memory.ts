@@ -4,7 +4,7 @@
 // buckets, ZeRO-3's gathered layers.
 import { ArgumentError } from '../errors.js';
 import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
-import { largestLayerParams, layerParams, stageLayers, stageParams, type PlanModel } from './models.js';
+import { largestLayerParams, layerParams, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
 import { checkSchedule, rankOfVirtualStage, schedulePlacement, scheduleTables, splitsBackward, virtualStageOf, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
@@ -39,6 +39,12 @@ export interface PlanLayout {
   cpMode?: 'ring' | 'ulysses';
   /** Model chunks per pipeline rank (the interleaved schedule's virtual stages; default 1). */
   virtualStages?: number;
+  /**
+   * Expert-parallel ranks (default 1; MoE models): each of ep consecutive data-parallel ranks holds
+   * experts/ep of every MoE layer's routed experts, whose ZeRO shards span the dp/ep ranks holding
+   * the same experts; tokens reach their experts by all-to-alls over the ep ranks.
+   */
+  ep?: number;
 }
 
 /** What a stage holds at one point of its schedule, in micro-batches of the whole stage (a chunk counts 1/v). */
@@ -148,8 +154,16 @@ export interface MemoryEstimate {
    * of them at a time, never the whole [B·T, V/tp] nor its gradient (0 on other stages).
    */
   logits: number;
-  /** Communication buckets (gradient buckets in flight; ZeRO-3's gathered layers). */
+  /** Communication buckets (gradient buckets in flight; ZeRO-3's gathered layers; expert parallelism's all-to-all buffers, also in `allToAll`). */
   buffers: number;
+  /**
+   * Expert parallelism (ep > 1): the all-to-all buffers of the MoE layer running, part of `buffers`: its
+   * routed rows (tokens · topK of width h) sent to the experts' ranks and received back, as send and
+   * receive buffers (balanced routing; 0 without expert parallelism).
+   */
+  allToAll?: number;
+  /** The routed experts' parameters this rank holds (part of numParams; absent for a dense model). */
+  expertParams?: number;
   /** Allocator overhead (bf16: the overhead factor; f32: included in the size classes of the other kinds). */
   overhead: number;
   /** The sum of the above, in bytes. */
@@ -278,20 +292,27 @@ function checkLayout(m: PlanModel, l: PlanLayout, o: MemoryOptions): void {
 export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: MemoryOptions, stage: number): MemoryEstimate {
   checkLayout(m, layout, opts);
   const { tp: t, pp, dp, zero } = layout;
+  const ep = layout.ep ?? 1;
   const sp = layout.sequenceParallel && t > 1;
   // zb-v's V: stage 0 holds both ends of the model, every stage a chunk on the way down and one back.
   const placement = schedulePlacement(layout.schedule);
-  const sp_ = stageParams(m, t, pp, stage, placement);
+  const sp_ = stageParams(m, t, pp, stage, ep, placement);
   const psi = sp_.total;
+  // The routed experts held here (1/ep of them): ZeRO shards them over the dp/ep ranks holding the same experts.
+  const expertPsi = stageExpertParams(m, pp, stage, ep);
   const first = stage === 0, last = placement === 'v' ? stage === 0 : stage === pp - 1;
   const nLayers = sp_.layers;
   // Context parallelism: this rank's tokens of each sequence; ZeRO shards over the dp × cp ranks.
   const cp = layout.cp ?? 1;
   const s = opts.seq / cp, b = opts.microBatchSize, h = m.nEmbd;
   const inFlight = inFlightMicroBatches(layout, stage);
-  const shard = Math.ceil(psi / (dp * cp));
+  const shard = Math.ceil((psi - expertPsi) / (dp * cp)) + Math.ceil(expertPsi / (dp / ep));
   const f32 = opts.dtype === 'f32';
   const w = f32 ? 4 : 2;
+  // Expert parallelism: the running MoE layer's routed rows, sent to the experts' ranks and received back.
+  const moeLayersHere = m.moe ? nLayers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer) : 0;
+  const allToAll = ep > 1 && moeLayersHere > 0 ? 2 * s * b * m.moe!.topK * h * w : 0;
+  const moeFields = m.moe ? { expertParams: expertPsi, allToAll } : {};
   const K = opts.optimizerBytesPerParam ?? (f32 ? 8 : 12);
   // ZeRO (Rajbhandari et al. 2020): (2 + 2 + K)Ψ, sharding K from stage 1, gradients from 2, weights at 3.
   const params = w * (zero === 3 ? shard : psi);
@@ -328,9 +349,10 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     buffers += contextBuffers(layout, s, b, h / t, w);
     // ZeRO-3 gathers a layer before use and prefetches the next: DeepSpeed counts 4 bytes per parameter of the largest layer.
     if (zero === 3) buffers += 4 * Math.min(largestLayerParams(m), psi) / t;
+    buffers += allToAll;
     const subtotal = params + grads + optimizerState + activations + logits + buffers;
     const overhead = subtotal * ((opts.overhead ?? 1.1) - 1);
-    return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead, total: subtotal + overhead, hostBytes, inFlight };
+    return { stage, numParams: psi, params, grads, optimizerState, activations, logits, buffers, overhead, total: subtotal + overhead, hostBytes, inFlight, ...moeFields };
   }
   // f32 on nodetron's CPU allocator (measured with `nodetron plan --calibrate`). The peak is the
   // largest of these moments of a step:
@@ -377,7 +399,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // forward and one backward; GPipe runs every forward first.
   const gradsInForward = (pp === 1 || layout.schedule === '1f1b') && layout.microBatches > pp - stage;
   if (zero === 1 || zero === 2) buffers += 4 * shard;
-  buffers += contextBuffers(layout, s, b, h / t, w);
+  buffers += contextBuffers(layout, s, b, h / t, w) + allToAll;
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
@@ -413,7 +435,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // every gradient with the first layer's activations, or one layer's gradients with all of them.
   if (pp > 1 && !first) {
     const perMicroBatch = held > 0 ? activations / held : 0;
-    const layerGrads = (4 * layerParams(m, t)) / (zero >= 2 ? dp : 1);
+    const layerGrads = (4 * layerParams(m, t, ep)) / (zero >= 2 ? dp : 1);
     const running = Math.max(allGrads + storedLayer + outside * sc(unitRep), Math.min(allGrads, layerGrads) + perMicroBatch);
     phases.push({ grads: allGrads, activations: (held - 1) * perMicroBatch + running - allGrads, logits: 0, buffers: 0 });
   }
@@ -449,7 +471,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const gradRounding = peak.grads > 0 && zero < 2 ? tables * (tableGrad - table) : 0;
   const overhead = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0) + gradRounding;
   const total = params + peak.grads + optimizerState + activations + logits + buffers + overhead;
-  return { stage, numParams: psi, params, grads: peak.grads, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held };
+  return { stage, numParams: psi, params, grads: peak.grads, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held, ...moeFields };
 }
 
 /** The memory of every pipeline stage's rank. */

@@ -197,15 +197,26 @@ export function stageLayers(nLayer: number, pp: number): number[] {
  * position) embedding on the first stage, the final norm and the head on the last (a tied head is
  * the last stage's own copy of the token table when pp > 1, as GPTStage keeps it).
  */
-export function stageParams(m: PlanModel, tp: number, pp: number, stage: number, placement: 'loop' | 'v' = 'loop'): StageParams {
+export function stageParams(m: PlanModel, tp: number, pp: number, stage: number, ep = 1, placement: 'loop' | 'v' = 'loop'): StageParams {
   const layers = placement === 'v' ? vStageLayers(m.nLayer, pp)[stage]! : stageLayers(m.nLayer, pp)[stage]!;
   const table = (m.vocabSize * m.nEmbd) / tp;
   // Under zb-v's V the first stage holds both ends of the model (one copy of a tied table).
   const first = stage === 0, last = placement === 'v' ? stage === 0 : stage === pp - 1;
   const embedding = first ? table + m.positions * m.nEmbd : 0;
   const head = last ? (m.bias ? 2 : 1) * m.nEmbd + (m.tied ? (first ? 0 : table) : table) : 0;
-  const lp = layers * layerParams(m, tp);
+  const lp = layers * layerParams(m, tp, ep);
   return { layers, layerParams: lp, embedding, head, total: lp + embedding + head };
+}
+
+/**
+ * The routed experts' parameters that pipeline stage `stage` of `pp` holds on one of `ep`
+ * expert-parallel ranks (part of stageParams' total; 0 for a dense model). ZeRO shards them over the
+ * expert-data-parallel group (dp/ep ranks), the rest of the stage over dp · cp.
+ */
+export function stageExpertParams(m: PlanModel, pp: number, stage: number, ep = 1): number {
+  if (!m.moe) return 0;
+  const layers = stageLayers(m.nLayer, pp)[stage]!;
+  return layers * (moeLayerCount(m) / m.nLayer) * (m.moe.experts / ep) * 3 * m.nEmbd * m.moe.ffn;
 }
 
 /** All parameters of the model (a tied table counted once). */

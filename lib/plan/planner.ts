@@ -1,7 +1,9 @@
-// Candidate layouts for a model on N devices: every TP × CP (ring, Ulysses) × PP × DP split, ZeRO stage, offload,
+// Candidate layouts for a model on N devices: every TP × CP (ring, Ulysses) × PP × DP split (× EP for MoE models), ZeRO stage, offload,
 // recomputation, sequence parallelism and micro-batch size, each with its per-rank memory, whether it
 // fits, its predicted step time and the `nodetron launch` command that runs it; ranked.
+import { join, relative, sep } from 'node:path';
 import { ArgumentError } from '../errors.js';
+import { packageRoot } from '../native.js';
 import { estimateMemory, type MemoryEstimate, type PlanDType, type PlanLayout, type Recompute } from './memory.js';
 import type { PlanModel } from './models.js';
 import { predictStepTime, type PlanDevice, type StepTime } from './time.js';
@@ -42,8 +44,10 @@ export interface PlanCandidate {
   fits?: boolean;
   /** Predicted step time (absent when skipped). */
   time?: StepTime;
-  /** The `nodetron launch` command that trains this layout with the GPT example (absent when skipped). */
+  /** The `nodetron launch` command that trains this layout with the shipped example (absent when skipped, or when the example cannot train this model: see commandNote). */
   command?: string;
+  /** Why there is no command for a layout that was not skipped. */
+  commandNote?: string;
 }
 
 const divisors = (n: number) => Array.from({ length: n }, (_, i) => i + 1).filter((d) => n % d === 0);
@@ -72,17 +76,59 @@ export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBa
     if (l.microBatches % l.pp) return `interleaving needs the ${l.microBatches} micro-batches to be a multiple of pp ${l.pp}`;
   }
   if (l.schedule === 'zb-v' && 2 * l.pp > m.nLayer) return `zb-v's 2·pp ${2 * l.pp} chunks exceed the ${m.nLayer} layers`;
+  const ep = l.ep ?? 1;
+  if (ep > 1 && !m.moe) return `ep ${ep} splits MoE experts, and the model has none`;
+  if (m.moe) {
+    if (ep > 1 && l.dp % ep) return `ep ${ep} does not divide dp ${l.dp}`;
+    if (m.moe.experts % ep) return `ep ${ep} does not divide the ${m.moe.experts} experts`;
+    if (cp > 1) return `cp ${cp} with MoE layers is not supported (nodetron refuses --cp with MoE layers)`;
+    if (l.sequenceParallel) return 'sequence parallelism with MoE layers is not supported (nodetron refuses --sp with MoE layers)';
+  }
   return null;
 }
 
-/** The `nodetron launch` command that trains a layout with the GPT example. */
-export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; globalBatch: number; nodes: number; gpusPerNode: number; cpu: boolean }): string {
-  const parts = [`nodetron launch --nproc-per-node ${o.gpusPerNode}`];
+/** The shipped example that trains the plan's models (GPT-2 or Llama blocks, MoE in GPT blocks), as the package installs it. */
+export const EXAMPLE_SCRIPT = join(packageRoot, 'examples', 'gpt', 'train.ts');
+
+/**
+ * The example script as a command names it from `cwd`: `examples/gpt/train.ts` in the repository,
+ * `node_modules/nodetron/examples/gpt/train.ts` in a project that installed the package.
+ */
+export function exampleScriptPath(cwd = process.cwd()): string {
+  const rel = relative(cwd, EXAMPLE_SCRIPT);
+  return rel.startsWith('..') ? EXAMPLE_SCRIPT : rel.split(sep).join('/');
+}
+
+/** Why the shipped example cannot train a model of this shape, or null. */
+export function exampleProblem(m: PlanModel): string | null {
+  if (m.moe && m.moe.sharedFfn % m.moe.ffn) return `the shipped example's shared experts are whole experts of width ${m.moe.ffn}, not a shared width of ${m.moe.sharedFfn}`;
+  return null;
+}
+
+/**
+ * The `nodetron launch` command that trains a layout with the shipped example (examples/gpt/train.ts:
+ * GPT-2 blocks, Llama blocks with --model llama, MoE layers with --moe-experts: in GPT blocks, or in
+ * Llama blocks as a Mixtral, or a Qwen2-MoE whose gated shared expert is --moe-shared experts wide). The
+ * script is named as it lies from `o.cwd` (default: the working directory), so the command runs as
+ * printed in the repository and, through npx, in a project that installed the package.
+ */
+export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; globalBatch: number; nodes: number; gpusPerNode: number; cpu: boolean; cwd?: string }): string {
+  const script = exampleScriptPath(o.cwd);
+  // Installed in a project (under node_modules): its bin runs through npx.
+  const installed = EXAMPLE_SCRIPT.split(sep).includes('node_modules');
+  const parts = [`${installed ? 'npx ' : ''}nodetron launch --nproc-per-node ${o.gpusPerNode}`];
   if (o.nodes > 1) parts.push(`--nnodes ${o.nodes} --node-rank R --master-addr HOST`);
-  parts.push(`examples/gpt/train.ts --layers ${m.nLayer} --heads ${m.nHead} --width ${m.nEmbd} --ctx ${o.seq} --batch ${o.globalBatch}`);
+  parts.push(`${script} --layers ${m.nLayer} --heads ${m.nHead} --width ${m.nEmbd} --ctx ${o.seq} --batch ${o.globalBatch}`);
   // A gated (Llama-shaped) model trains Llama blocks: --model llama with its key/value heads and MLP width.
   if (m.gated) parts.push(`--model llama --kv-heads ${m.nKvHead ?? m.nHead} --ffn ${m.ffn}`);
+  if (m.moe) {
+    const e = m.moe;
+    parts.push(`--moe-experts ${e.experts} --moe-top-k ${e.topK} --moe-hidden ${e.ffn}`);
+    if (e.sharedFfn > 0) parts.push(`--moe-shared ${Math.round(e.sharedFfn / e.ffn)}`);
+    if (e.every > 1) parts.push(`--moe-every ${e.every}`);
+  }
   parts.push(`--tp ${l.tp} --pp ${l.pp} --dp ${l.dp} --zero ${l.zero}`);
+  if ((l.ep ?? 1) > 1) parts.push(`--ep ${l.ep}`);
   if (l.offload) parts.push('--offload');
   if (l.sequenceParallel) parts.push('--sp');
   if ((l.cp ?? 1) > 1) parts.push(`--cp ${l.cp} --cp-mode ${l.cpMode ?? 'ring'}`);
@@ -117,21 +163,24 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   const out: PlanCandidate[] = [];
   // Context parallelism (cp > 1, ring or Ulysses) splits each sequence; like tp it stays inside a node.
   const cps = (tp: number, pp: number) => divisors(o.gpus / (tp * pp)).filter((c) => c === 1 || tp * c <= gpusPerNode);
+  // Expert parallelism (MoE models): ep divides dp and the experts.
+  const eps = (dp: number) => (m.moe ? divisors(dp).filter((e) => m.moe!.experts % e === 0) : [1]);
+  const noCommand = exampleProblem(m);
   for (const tp of divisors(gpusPerNode)) for (const pp of divisors(o.gpus / tp)) for (const cp of cps(tp, pp)) for (const cpMode of cp > 1 ? ['ring', 'ulysses'] as const : [null]) {
     const dp = o.gpus / (tp * pp * cp);
-    for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
+    for (const ep of eps(dp)) for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
       if (zero > 0 && dp * cp === 1) continue;
       for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe', 'interleaved', 'zb-h1', 'zb-v'] as const : ['1f1b'] as const) {
         const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
         // Interleaving with 2 chunks per rank (Megatron's usual choice when the layers allow it).
         const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule,
-          ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}) };
+          ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
         const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
         const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead });
         const time = predictStepTime(m, layout, o.device, { seq: o.seq, microBatchSize: b, dtype: o.dtype, gpusPerNode });
         out.push({ layout, microBatchSize: b, memory, fits: memory.total <= o.gpuMemory, time,
-          command: launchCommand(m, layout, { seq: o.seq, globalBatch: o.globalBatch, nodes, gpusPerNode, cpu }) });
+          ...(noCommand ? { commandNote: noCommand } : { command: launchCommand(m, layout, { seq: o.seq, globalBatch: o.globalBatch, nodes, gpusPerNode, cpu }) }) });
       }
     }
   }
@@ -139,7 +188,7 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   const seen = new Set<string>();
   const kept = out.filter((c) => {
     if (!c.skipped) return true;
-    const key = `${c.layout.tp}/${c.layout.cp ?? 1}/${c.layout.pp}/${c.layout.dp}/${c.microBatchSize}/${c.skipped}`;
+    const key = `${c.layout.tp}/${c.layout.cp ?? 1}/${c.layout.pp}/${c.layout.dp}/${c.layout.ep ?? 1}/${c.microBatchSize}/${c.skipped}`;
     if (seen.has(key)) return false;
     seen.add(key); return true;
   });

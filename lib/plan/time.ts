@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
 import type { PlanLayout, PlanDType } from './memory.js';
-import { stageLayers, type PlanModel } from './models.js';
+import { stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
 import { checkSchedule, schedulePlacement, scheduleTables, simulateSchedule } from '../parallel/pipeline/schedules.js';
 
 /** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
@@ -92,6 +92,8 @@ export interface StepTime {
   pipeline: number;
   /** Context-parallel attention traffic (ring send/recv or Ulysses all-to-all; 0 without cp). */
   contextParallel?: number;
+  /** Expert parallelism's all-to-alls (tokens to their experts' ranks and back, forward and backward; absent without ep). */
+  expertParallel?: number;
   /** Data-parallel gradient traffic not hidden behind backward. */
   dataParallel: number;
   /** Host transfers and the host optimizer step under offload. */
@@ -162,18 +164,42 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
   const tensorParallel = l.tp > 1 ? (l.microBatches * layers * tpCalls * (act / cp) * (2 * (l.tp - 1)) / l.tp) / bw(l.tp) : 0;
   const pipeline = l.pp > 1 ? (2 * l.microBatches * (act / cp)) / bw(l.tp * cp * l.pp) : 0;
   // Gradients all-reduced (or reduce-scattered + all-gathered) over dp; ZeRO 3 gathers the weights once more in backward.
-  const gradBytes = ((m.nLayer * 12 * m.nEmbd * m.nEmbd) / (l.tp * l.pp) + (m.vocabSize * m.nEmbd) / l.tp) * w;
-  const dpVolume = l.dp > 1 ? (gradBytes * 2 * (l.dp - 1)) / l.dp * (l.zero === 3 ? 1.5 : 1) : 0;
+  const ep = l.ep ?? 1;
+  // MoE models: the routed experts this rank holds (1/ep of them) average over their dp/ep copies only,
+  // the rest over dp; a dense model's layers are 12h² each.
+  const expertBytes = m.moe ? stageExpertParams(m, l.pp, 0, ep) * w : 0;
+  const gradBytes = m.moe ? (stageParams(m, l.tp, l.pp, 0, ep).total * w - expertBytes)
+    : ((m.nLayer * 12 * m.nEmbd * m.nEmbd) / (l.tp * l.pp) + (m.vocabSize * m.nEmbd) / l.tp) * w;
+  const copies = l.dp / ep;
+  const ring = (bytes: number, n: number) => (n > 1 ? (bytes * 2 * (n - 1)) / n : 0);
+  const dpVolume = (ring(gradBytes, l.dp) + ring(expertBytes, copies)) * (l.zero === 3 ? 1.5 : 1);
   // Backward (two thirds of the compute) hides the bucketed data-parallel traffic; what exceeds it shows.
   // The last bucket's collective always shows (25 MiB).
   const dataParallel = l.dp > 1 ? Math.max(dpVolume / bw(world) - (2 / 3) * compute, (25 * 2 ** 20 * (l.zero === 3 ? 3 : 2)) / bw(world)) : 0;
   const contextParallel = contextParallelSeconds(l, act, layers, bw(l.tp * cp));
+  // The ep ranks of an expert-parallel group are consecutive data-parallel ranks: they span tp · cp · pp · ep ranks.
+  const expertParallel = expertParallelSeconds(m, l, act, layers, bw(l.tp * cp * l.pp * ep));
   // Offload: the gradient shard goes to the host and the updated weight shard comes back over PCIe
   // (~25 GB/s, PCIe 4/5 x16 achieved), and the host runs Adam over the shard (~2 GB/s of state per device, an assumption).
-  const shard = gradBytes / l.dp;
+  const shard = gradBytes / l.dp + expertBytes / copies;
   const offload = l.offload ? (2 * shard) / 25e9 + (shard * (o.dtype === 'f32' ? 3 : 6)) / 2e9 : 0;
-  const total = compute + bubble + tensorParallel + pipeline + dataParallel + offload + contextParallel;
-  return { compute, bubble, tensorParallel, pipeline, ...(cp > 1 ? { contextParallel } : {}), dataParallel, offload, total, flops };
+  const total = compute + bubble + tensorParallel + pipeline + dataParallel + offload + contextParallel + expertParallel;
+  return { compute, bubble, tensorParallel, pipeline, ...(cp > 1 ? { contextParallel } : {}), ...(ep > 1 ? { expertParallel } : {}), dataParallel, offload, total, flops };
+}
+
+/**
+ * Expert parallelism's all-to-alls per step, not overlapped (nodetron waits for each): every MoE
+ * layer of a stage sends each micro-batch's routed rows (tokens · topK rows of width h, act · topK
+ * bytes for `act` = one micro-batch's [s, b, h]) to the experts' ranks and takes the results back,
+ * twice in forward and twice in backward (three times each way under full recomputation's extra
+ * forward), each moving (ep − 1)/ep of its bytes with balanced routing. 0 without expert parallelism.
+ */
+export function expertParallelSeconds(m: PlanModel, l: PlanLayout, act: number, layers: number, bw: number): number {
+  const ep = l.ep ?? 1;
+  if (ep === 1 || !m.moe) return 0;
+  const moeLayers = layers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer);
+  const exchanges = l.recompute === 'full' ? 6 : 4;
+  return (l.microBatches * moeLayers * exchanges * ((act / (l.cp ?? 1)) * m.moe.topK) * ((ep - 1) / ep)) / bw;
 }
 
 /**

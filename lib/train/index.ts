@@ -8,6 +8,6 @@ export {
 } from './setup.js';
 export { layoutFromArgs, parseArgs, LAYOUT_FLAGS, LAYOUT_ENV, LAYOUT_HELP, type LayoutArgs, type OptionKind, type ParsedOptions } from './flags.js';
 export {
-  gptParameterCount, gptActiveParameterCount, gptFlopsPerToken, llamaParameterCount, llamaFlopsPerToken, modelFlopsPerToken, detectPeakFlops, formatProgress, formatDuration, type ProgressOptions, type ProgressSample, type MoEProgress,
+  gptParameterCount, gptActiveParameterCount, gptFlopsPerToken, llamaParameterCount, llamaFlopsPerToken, type LlamaCountConfig, modelFlopsPerToken, detectPeakFlops, formatProgress, formatDuration, type ProgressOptions, type ProgressSample, type MoEProgress,
 } from './progress.js';
 export { terminalPlot, lineChartSvg, niceTicks, type PlotSeries, type PlotReference, type PlotOptions, type TerminalPlotOptions, type SvgPlotOptions } from './plot.js';

@@ -64,22 +64,40 @@ export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSiz
   return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
 }
 
-/** Parameters of a Llama of this configuration, all of them (a tied head counted once): no biases, RMSNorm scales only. */
-export function llamaParameterCount(config: Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'>): number {
+/** The Llama config fields the parameter and FLOP counts read. */
+export type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'
+  | 'qkvBias' | 'numLocalExperts' | 'numExpertsPerTok' | 'moeIntermediateSize' | 'sharedExpertIntermediateSize' | 'decoderSparseStep' | 'mlpOnlyLayers'>;
+
+/**
+ * Parameters of a Llama of this configuration, all of them (a tied head counted once): RMSNorm scales
+ * only, q/k/v biases under qkvBias. MoE blocks (numLocalExperts > 0, as nt.nn.isLlamaMoEBlock places them)
+ * count the router, the experts (with `active`, only the numExpertsPerTok a token goes through) and the
+ * gated shared expert.
+ */
+export function llamaParameterCount(config: LlamaCountConfig, active = false): number {
   const { vocabSize: v, hiddenSize: c, intermediateSize: f, numHiddenLayers: l, numAttentionHeads: h } = config;
   const kv = config.numKeyValueHeads ?? h, d = c / h;
-  const attn = c * h * d + 2 * c * kv * d + h * d * c;
-  const block = attn + 3 * c * f + 2 * c;
-  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + c;
+  const attn = c * h * d + 2 * c * kv * d + h * d * c + (config.qkvBias ? (h + 2 * kv) * d : 0);
+  const block = attn + 2 * c;
+  const e = config.numLocalExperts ?? 0, step = config.decoderSparseStep ?? 1, only = config.mlpOnlyLayers ?? [];
+  let mlps = 0;
+  for (let i = 0; i < l; i++) {
+    if (e > 0 && !only.includes(i) && (i + 1) % step === 0) {
+      const m = config.moeIntermediateSize ?? f, s = config.sharedExpertIntermediateSize ?? 0;
+      mlps += e * c + (active ? Math.min(config.numExpertsPerTok ?? 2, e) : e) * 3 * c * m + (s > 0 ? 3 * c * s + c : 0);
+    } else mlps += 3 * c * f;
+  }
+  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + mlps + c;
 }
 
 /**
  * A Llama's model FLOPs per trained token at `seqLen`: 6·N (N without the token table, a lookup; the
- * untied head's table counted) plus 12·L·H·D·T for attention's two matrix products, as for the GPT.
+ * untied head's table counted; under MoE the parameters a token goes through) plus 12·L·H·D·T for
+ * attention's two matrix products, as for the GPT.
  */
-export function llamaFlopsPerToken(config: Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'>, seqLen: number): number {
+export function llamaFlopsPerToken(config: LlamaCountConfig, seqLen: number): number {
   const lookup = config.tieWordEmbeddings ? 0 : config.vocabSize * config.hiddenSize;
-  return 6 * (llamaParameterCount(config) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
+  return 6 * (llamaParameterCount(config, true) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
 }
 
 /** Model FLOPs per trained token of a built GPT or Llama ({@link gptFlopsPerToken}, {@link llamaFlopsPerToken}). */

@@ -11,7 +11,7 @@ import { tensor } from '../creation.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { memoryStats, resetPeakMemory } from '../memory.js';
 import { slice } from '../ops/index.js';
-import { GPT, type CausalLM, type GenerateOptions, type GPTConfig, type GPTOptions } from '../nn/gpt.js';
+import { GPT, type CausalLM, type GenerateOptions, type GPTOptions } from '../nn/gpt.js';
 import { Llama } from '../nn/llama.js';
 import type { Parameter } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
@@ -325,14 +325,9 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   }
   const seqLen = options.seqLen ?? full?.shape.blockSize ?? 0;
   if (full) {
-    // What the layout checks need beyond the shape: a GPT's sliding window, dropout and MoE experts.
-    const gptConfig = full.family === 'gpt' ? full.config as GPTConfig : null;
-    const extra = gptConfig ? {
-      ...(gptConfig.window ? { window: gptConfig.window } : {}), ...(gptConfig.dropout ? { dropout: gptConfig.dropout } : {}),
-      ...(gptConfig.moe ? { moeExperts: gptConfig.moe.experts } : {}),
-    } : {};
+    // The model's shape carries what the layout checks need (window, dropout, MoE experts), whatever the family.
     if (seqLen > full.shape.blockSize) problems.push(`seqLen ${seqLen} exceeds the model's blockSize ${full.shape.blockSize}`);
-    try { resolveTrainingLayout(flags, { ...full.shape, blockSize: seqLen, ...extra }, worldSize, options.batchSize); } catch (e) {
+    try { resolveTrainingLayout(flags, { ...full.shape, blockSize: seqLen }, worldSize, options.batchSize); } catch (e) {
       if (!(e instanceof ArgumentError)) throw e;
       problems.push(e.message);
     }
@@ -699,7 +694,7 @@ export class TrainingRun<H extends { lr: number }> {
     return this.withFullModel((gpt) => {
       // MoE layers communicate over the data-parallel ranks (router counts, expert parallelism's
       // all-to-all), so there every rank samples along and rank 0 returns the tokens.
-      const together = gpt.family === 'gpt' && (gpt.config as GPTConfig).moe !== undefined && this.layout.dp > 1;
+      const together = gpt.shape.moeExperts !== undefined && this.layout.dp > 1;
       if (this.rank !== 0 && this.layout.tp === 1 && !together) return null;
       using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
       if (!gpt.contextLayout) {
@@ -716,11 +711,11 @@ export class TrainingRun<H extends { lr: number }> {
   }
 
   /**
-   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
-   * Returns false, writing nothing, when the layout splits the model (tp > 1 or pp > 1).
+   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM / MixtralForCausalLM / Qwen2MoeForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
+   * Returns false, writing nothing, when the layout splits the model (tp > 1, pp > 1 or ep > 1).
    */
   async exportHF(dir: string): Promise<boolean> {
-    if (this.layout.tp > 1 || this.layout.pp > 1) return false;
+    if (this.layout.tp > 1 || this.layout.pp > 1 || (this.layout.ep ?? 1) > 1) return false;
     // A GPT-2 directory for the GPT, a LlamaForCausalLM one for a Llama.
     await this.withFullModel((model) => { if (this.rank === 0) exportHF(model as GPT | Llama, dir); });
     return true;

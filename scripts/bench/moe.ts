@@ -2,14 +2,18 @@
 // one process (nt.trainStep), or under `nodetron launch` with --ep/--dp (ParallelTrainer), the same
 // global batch in every layout. Prints one JSON line on rank 0: layout, median step time, tokens/s,
 // peak memory, the load average. scripts/bench/moe_torch.py runs the same model in PyTorch eager.
-//   node --import tsx scripts/bench/moe.ts [--steps 12] [--warmup 3]
+//   node --import tsx scripts/bench/moe.ts [--steps 12] [--warmup 3] [--cpu-time]
+//   (--cpu-time, one process only: one kernel and one BLAS thread, each step timed by the process's CPU
+//   time, which other processes on the machine leave nearly intact; moe_torch.py --threads 1 --cpu-time
+//   is its peer)
 //   node bin/nodetron.js launch --nproc-per-node 2 scripts/bench/moe.ts --ep 2
 //   node bin/nodetron.js launch --nproc-per-node 4 scripts/bench/moe.ts --ep 2 --dp 4
 import { loadavg } from 'node:os';
 import * as nt from '../../lib/index.js';
+import { cpu } from '../../lib/native.js';
 import { parseOptions } from '../../lib/cmdline/args.js';
 
-const o = parseOptions(process.argv.slice(2), { steps: 'number', warmup: 'number', ep: 'number', dp: 'number', batch: 'number', ctx: 'number', width: 'number', layers: 'number', experts: 'number', 'top-k': 'number' });
+const o = parseOptions(process.argv.slice(2), { steps: 'number', warmup: 'number', ep: 'number', dp: 'number', batch: 'number', ctx: 'number', width: 'number', layers: 'number', experts: 'number', 'top-k': 'number', 'cpu-time': 'boolean' });
 const steps = (o.steps as number | undefined) ?? 12, warmup = (o.warmup as number | undefined) ?? 3;
 const batch = (o.batch as number | undefined) ?? 8, ctx = (o.ctx as number | undefined) ?? 64, width = (o.width as number | undefined) ?? 128;
 const experts = (o.experts as number | undefined) ?? 8, topK = (o['top-k'] as number | undefined) ?? 2;
@@ -25,9 +29,13 @@ const tokens = (step: number) => {
   return { x, y };
 };
 const adamw = (params: nt.Tensor[] | nt.parallel.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(params as nt.Tensor[], { lr: 1e-3, weightDecay: 0 });
+const cpuTime = o['cpu-time'] === true;
+const now = cpuTime ? () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; } : () => performance.now();
 const times: number[] = [];
 let rank = 0, layout = 'one process';
 const world = Number(process.env.WORLD_SIZE ?? 1);
+if (cpuTime && world > 1) throw new Error('moe.ts: --cpu-time times one process only');
+if (cpuTime) { cpu().setKernelThreads(1); cpu().setBlasThreads(1); }
 if (world === 1) {
   const model = new nt.nn.GPT(config, { seed: 1 });
   const opt = adamw(model.parameters());
@@ -35,9 +43,9 @@ if (world === 1) {
     const { x, y } = tokens(i);
     using xs = nt.tensor(x, [batch, ctx]);
     using ys = nt.tensor(y, [batch, ctx]);
-    const t0 = performance.now();
+    const t0 = now();
     nt.trainStep(model, opt, xs, ys, { maxGradNorm: 1 });
-    if (i >= warmup) times.push(performance.now() - t0);
+    if (i >= warmup) times.push(now() - t0);
   }
 } else {
   const { layout: l, rank: r, mesh } = await nt.parallel.initParallelTraining({ ep: o.ep as number | undefined, dp: o.dp as number | undefined }, { ...config, moeExperts: experts }, batch);
@@ -59,7 +67,7 @@ if (world === 1) {
 const median = [...times].sort((a, b) => a - b)[Math.floor(times.length / 2)]!;
 if (rank === 0) {
   console.log(JSON.stringify({
-    impl: 'nodetron', layout, processes: world, experts, topK, width, batch, ctx, stepMs: +median.toFixed(1), tokensPerSec: +((batch * ctx) / (median / 1000)).toFixed(0),
+    impl: 'nodetron', layout, processes: world, clock: cpuTime ? 'process CPU time (1 thread)' : 'wall', experts, topK, width, batch, ctx, stepMs: +median.toFixed(1), tokensPerSec: +((batch * ctx) / (median / 1000)).toFixed(0),
     peakMiB: +(nt.memoryStats('cpu').peak / 2 ** 20).toFixed(1), rssMiB: +(process.memoryUsage.rss() / 2 ** 20).toFixed(1), load1: +loadavg()[0]!.toFixed(2),
   }));
 }

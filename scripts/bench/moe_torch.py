@@ -4,7 +4,7 @@
 # probabilities renormalized, a loop over the experts on the rows routed to each, Switch load-balancing
 # loss 0.01 and router z-loss 0.001), AdamW, the same token batches; prints one JSON line like moe.ts.
 # Run with glibc kept warm, as the other torch peers (lib/bench/util.ts):
-#   MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 python3 scripts/bench/moe_torch.py
+#   MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 python3 scripts/bench/moe_torch.py [--threads 1 --cpu-time]
 import argparse, json, os, resource, statistics, time
 import torch
 import torch.nn as nn
@@ -13,7 +13,9 @@ import torch.nn.functional as F
 p = argparse.ArgumentParser()
 for k, v in dict(steps=12, warmup=3, batch=8, ctx=64, width=128, layers=2, experts=8, top_k=2, threads=0).items():
     p.add_argument('--' + k.replace('_', '-'), type=int, default=v)
+p.add_argument('--cpu-time', action='store_true', help='time each step by the process CPU time (use with --threads 1)')
 a = p.parse_args()
+clock = time.process_time if a.cpu_time else time.perf_counter
 if a.threads: torch.set_num_threads(a.threads)
 torch.manual_seed(1)
 V, C, E, K, H = 2048, a.width, a.experts, a.top_k, 2 * a.width
@@ -94,14 +96,14 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0)
 times = []
 for i in range(a.warmup + a.steps):
     x, y = tokens(i)
-    t0 = time.perf_counter()
+    t0 = clock()
     loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    if i >= a.warmup: times.append((time.perf_counter() - t0) * 1000)
+    if i >= a.warmup: times.append((clock() - t0) * 1000)
 ms = statistics.median(times)
-print(json.dumps({'impl': 'torch eager', 'torch': torch.__version__, 'threads': torch.get_num_threads(), 'experts': E, 'topK': K, 'width': C,
+print(json.dumps({'impl': 'torch eager', 'torch': torch.__version__, 'threads': torch.get_num_threads(), 'clock': 'process CPU time' if a.cpu_time else 'wall', 'experts': E, 'topK': K, 'width': C,
                   'batch': a.batch, 'ctx': a.ctx, 'stepMs': round(ms, 1), 'tokensPerSec': round(a.batch * a.ctx / (ms / 1000)),
                   'maxRssMiB': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), 'load1': round(os.getloadavg()[0], 2)}))

@@ -56,7 +56,9 @@ def main():
     ap.add_argument('--no-memory', action='store_true', help='skip the profiled peak-memory step')
     ap.add_argument('--init', default=None, help='start from PREFIX.json/.bin weights and PREFIX-tokens.bin')
     ap.add_argument('--losses', type=int, default=0, help='record the losses of the first N steps')
+    ap.add_argument('--cpu-time', action='store_true', help='time each step by the process CPU time (cpu; use with --threads 1)')
     a = ap.parse_args()
+    clock = time.process_time if a.cpu_time else time.perf_counter
     a.warmup = max(a.warmup, a.losses)
     dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
@@ -110,11 +112,11 @@ def main():
             torch.cuda.reset_peak_memory_stats()
         if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         step()
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         if i < a.losses:
             losses.append(out['loss'].item())
         if i == 0 and a.compile:

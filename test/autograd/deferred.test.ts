@@ -66,6 +66,49 @@ describe('deferWeightGrads', () => {
     Array.from(x.grad!.toArraySync()).forEach((v, i) => expect(v).toBeCloseTo(dX.flat()[i]!, 5));
   });
 
+  it('a weight behind a gradient scale (expert parallelism\'s 1/ep) waits too; a scale two ops share does not', () => {
+    const w = nt.tensor(new Float32Array([0.5, -1, 2, 0.25, 1.5, -0.75]), [2, 3]); w.requiresGrad = true;
+    const b = nt.tensor(new Float32Array([0.1, -0.2]), [2]); b.requiresGrad = true;
+    const x = nt.tensor(new Float32Array([1, 2, 3, -1, 0.5, 4]), [2, 3]); x.requiresGrad = true;
+    const x2 = nt.tensor(new Float32Array([0.5, -2, 1, 3, 0.25, -1]), [2, 3]);
+    const once = () => nt.sum(nt.tanh(nt.linear(x, nt.nn.scaleGrad(w, 0.5), b)));
+    const shared = () => { const s = nt.nn.scaleGrad(w, 0.25); return nt.add(nt.sum(nt.tanh(nt.linear(x, s, b))), nt.sum(nt.linear(x2, s))); };
+    for (const [name, loss, waits] of [['one consumer', once, true], ['two consumers', shared, false]] as const) {
+      nt.zeroGrad([w, b, x]);
+      nt.scope(() => loss().backward());
+      const ref = [w, b, x].map((p) => Array.from(p.grad!.toArraySync()));
+      nt.zeroGrad([w, b, x]);
+      const events: string[] = [];
+      const hook = w.registerPostAccumulateGradHook(() => events.push('w'));
+      const { weightGrads } = nt.scope(() => { const l = loss(); return nt.deferWeightGrads(() => l.backward(), { now: [x] }); });
+      expect(x.grad, name).not.toBeNull();
+      // One consumer: the scale is absorbed into the linear's weight work, so the linear splits (its bias
+      // gradient waits with the weight GEMM). Two: the linear runs whole in B (b's gradient is there)
+      // and only the shared scale waits. Either way w's gradient and hook come in W.
+      expect(b.grad === null, name).toBe(waits);
+      expect(w.grad, name).toBeNull();
+      expect(weightGrads.pending, name).toBe(1);
+      expect(events, name).toEqual([]);
+      weightGrads.run();
+      expect(events, name).toEqual(['w']);
+      hook.remove();
+      expect([w, b, x].map((p) => Array.from(p.grad!.toArraySync())), name).toEqual(ref);
+    }
+    // float64 reference of the scaled case: d/dW of Σ tanh(xWᵀ + b) with the gradient scaled ½ = ½ (1 - tanh²)ᵀ x.
+    nt.zeroGrad([w, b, x]);
+    const { weightGrads } = nt.scope(() => { const l = once(); return nt.deferWeightGrads(() => l.backward()); });
+    weightGrads.run();
+    const X = [[1, 2, 3], [-1, 0.5, 4]], W = [[0.5, -1, 2], [0.25, 1.5, -0.75]], B = [0.1, -0.2];
+    const dW = [[0, 0, 0], [0, 0, 0]];
+    for (let r = 0; r < 2; r++) {
+      for (let o = 0; o < 2; o++) {
+        const t = Math.tanh(X[r]!.reduce((s, v, i) => s + v * W[o]![i]!, B[o]!));
+        for (let i = 0; i < 3; i++) dW[o]![i] += 0.5 * (1 - t * t) * X[r]![i]!;
+      }
+    }
+    Array.from(w.grad!.toArraySync()).forEach((v, i) => expect(v).toBeCloseTo(dW.flat()[i]!, 5));
+  });
+
   it('linearGelu and a bias-free linear split too; dispose drops the work; misuse is a typed error', () => {
     const w = nt.tensor(new Float32Array([0.5, -1, 2, 0.25, 1.5, -0.75]), [2, 3]); w.requiresGrad = true;
     const b = nt.tensor(new Float32Array([0.1, -0.2]), [2]); b.requiresGrad = true;

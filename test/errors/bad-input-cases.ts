@@ -479,7 +479,10 @@ const more: BadInput[] = [
   { name: 'GPT.forward: id outside the vocabulary', run: withGPT((m) => m.forward(nt.full([1, 2], 99, { dtype: 'i32' }))), error: A, message: /outside \[0, 16\)/ },
   { name: 'Llama: kv heads not dividing the heads', run: () => new nt.nn.Llama({ vocabSize: 16, hiddenSize: 8, intermediateSize: 8, numHiddenLayers: 1, numAttentionHeads: 4, numKeyValueHeads: 3, maxPositionEmbeddings: 4 }), error: A, message: /numKeyValueHeads \(3\) must divide numAttentionHeads \(4\)/ },
   { name: 'Llama: config missing its width', run: () => new nt.nn.Llama({ vocabSize: 16, intermediateSize: 8, numHiddenLayers: 1, numAttentionHeads: 2, maxPositionEmbeddings: 4 } as never), error: A, message: /hiddenSize must be a positive integer/ },
-  { name: 'Llama: context parallelism', run: () => new nt.nn.Llama({ vocabSize: 16, hiddenSize: 8, intermediateSize: 8, numHiddenLayers: 1, numAttentionHeads: 2, maxPositionEmbeddings: 4 }, { contextLayout: { parts: 2, positions: () => new Int32Array(0), attention: (x) => x } }), error: A, message: /context parallelism \(2 parts, --cp\) is not supported for Llama yet/ },
+  { name: 'Llama.forward: under context parallelism, longer than maxPositionEmbeddings', run: () => {
+    const m = new nt.nn.Llama({ vocabSize: 16, hiddenSize: 8, intermediateSize: 8, numHiddenLayers: 1, numAttentionHeads: 2, maxPositionEmbeddings: 4 }, { contextLayout: { parts: 2, positions: (n) => new Int32Array(n), attention: (x) => x } });
+    try { nt.scope(() => m.forward(nt.zeros([1, 4], { dtype: 'i32' }))); } finally { m.dispose(); }
+  }, error: S, message: /sequence length 8 \(4 tokens on each of 2 context-parallel processes\) exceeds maxPositionEmbeddings 4/ },
   { name: 'rope: odd head dim', run: withT(() => nt.zeros([1, 2, 1, 3]), (t) => nt.rope(t)), error: S, message: /head dim D must be even/ },
   { name: 'groupedQueryAttention: kv heads not dividing', run: () => nt.scope(() => nt.groupedQueryAttention(nt.zeros([1, 2, 4, 2]), nt.zeros([1, 2, 3, 2]), nt.zeros([1, 2, 3, 2]))), error: S, message: /3 key\/value heads must divide the 4 query heads/ },
   { name: 'swiglu: shapes differ', run: () => nt.scope(() => nt.swiglu(nt.zeros([2, 3]), nt.zeros([3, 2]))), error: S, message: /must have one shape/ },

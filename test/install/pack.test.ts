@@ -3,6 +3,8 @@
 // a 2-rank `npx nodetron launch` allreduce, and the types under tsc. Once from the prebuilt binaries
 // with a PATH that has no cmake and no C++ compiler (so a source build could not even start), once
 // with --build-from-source (the cpu backend: NODETRON_CUDA=0 keeps the CUDA compile out of the suite).
+// In the prebuilt project `npx nodetron plan` prints launch commands whose script the package ships
+// (a Llama preset's trains Llama blocks), and the best one for a tiny GPT runs there as printed (one step).
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -35,7 +37,7 @@ export { shape, sums };
 
 let tarball = '';
 beforeAll(() => {
-  for (const p of ['dist/index.js', 'dist/testing/index.js', `prebuilds/${process.platform}-${process.arch}/nodetron.napi.node`]) {
+  for (const p of ['dist/index.js', 'dist/testing/index.js', `prebuilds/${process.platform}-${process.arch}/nodetron.napi.node`, 'examples/gpt/shards/mobydick1_train_000001.bin']) {
     if (!existsSync(join(root, p))) throw new Error(`${p} is missing: the set-up (node scripts/setup.mjs) builds it before the tests`);
   }
   const out = execFileSync('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: root, encoding: 'utf8' });
@@ -74,6 +76,29 @@ function useProject(dir: string, env: NodeJS.ProcessEnv): void {
   run('node', [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json']);
 }
 
+/** `npx nodetron plan` in the project: its commands name the shipped example, and the best one trains (1 step) as printed. */
+function planAndTrain(dir: string, env: NodeJS.ProcessEnv): void {
+  const run = (cmd: string, args: string[], timeout = 120_000) => {
+    const r = spawnSync(cmd, args, { cwd: dir, env, encoding: 'utf8', timeout });
+    expect(r.status, `${cmd} ${args.join(' ')}:\n${r.stdout}\n${r.stderr}`).toBe(0);
+    return r.stdout;
+  };
+  const best = (out: string) => /^best: (.*)$/m.exec(out)?.[1] ?? '';
+  const script = 'node_modules/nodetron/examples/gpt/train.ts';
+  const llama = best(run('npx', ['nodetron', 'plan', '--model', '7b', '--gpus', '8', '--top', '1']));
+  expect(llama).toMatch(new RegExp(`^npx nodetron launch --nproc-per-node 8 ${script} .*--model llama --kv-heads 32 --ffn 11008 `));
+  writeFileSync(join(dir, 'tiny.json'), JSON.stringify({ n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 50304, n_positions: 32 }));
+  const command = best(run('npx', ['nodetron', 'plan', '--model', 'tiny.json', '--gpus', '2', '--gpu', 'cpu', '--dtype', 'f32', '--seq', '16', '--batch', '4', '--top', '1']));
+  expect(command).toMatch(new RegExp(`^npx nodetron launch --nproc-per-node 2 ${script} --layers 1 --heads 2 --width 32 --ctx 16 --batch 4 `));
+  expect(existsSync(join(dir, script))).toBe(true);
+  // The corpus package is a devDependency: the example trains on the token shards the package ships.
+  expect(existsSync(join(dir, 'node_modules', '@stdlib', 'datasets-moby-dick'))).toBe(false);
+  // As printed, plus one step and no sample (the flags the example takes after the plan's).
+  const [npx, ...args] = command.split(' ');
+  const trained = run(npx!, [...args, '--steps', '1', '--generate', '0', '--eval-interval', '100'], 300_000);
+  expect(trained).toMatch(/step +1\/1/);
+}
+
 describe('npm install nodetron into a fresh project', () => {
   it('installs from the prebuilt binaries on a machine without cmake or a compiler, then runs', () => {
     // A PATH with node, npm, npx and a shell only: no cmake, no c++, no g++.
@@ -90,7 +115,8 @@ describe('npm install nodetron into a fresh project', () => {
     expect(existsSync(join(pkg, 'build'))).toBe(false);
     expect(readdirSync(join(pkg, 'prebuilds', `${process.platform}-${process.arch}`))).toContain('nodetron.napi.node');
     useProject(dir, env);
-  }, 600_000);
+    planAndTrain(dir, env);
+  }, 900_000);
 
   it('builds from source with --build-from-source (cpu backend) and runs', () => {
     const env = { ...process.env, NODETRON_CUDA: '0', CMAKE_BUILD_PARALLEL_LEVEL: '2' };

@@ -90,7 +90,7 @@ describe('Hugging Face Llama interop', () => {
     m.dispose();
   });
   it('refuses a checkpoint of another family, settings Llama does not compute, missing and misshaped tensors', () => {
-    expect(() => importLlamaHF(HF_DIR)).toThrow(/model_type "gpt2"; only 'llama' is read/);
+    expect(() => importLlamaHF(HF_DIR)).toThrow(/model_type "gpt2"; only 'llama', 'mixtral' and 'qwen2_moe' are read/);
     expect(() => importHF(join(GOLDEN, 'hf-tied'))).toThrow(/is a Llama \(model_type 'llama'\); read it with nt\.interop\.importLlamaHF/);
     const edited = (edit: (c: Record<string, unknown>) => void, files = ['model.safetensors']) => {
       const dir = fresh();

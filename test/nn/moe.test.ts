@@ -8,12 +8,12 @@ import * as nt from '../../lib/index.js';
 type Cfg = nt.nn.MoEConfig;
 const C = 6;
 
-interface Weights { router: Float64Array; experts: { gate: Float64Array; up: Float64Array; down: Float64Array }[]; shared: { gate: Float64Array; up: Float64Array; down: Float64Array } | null }
+interface Weights { router: Float64Array; experts: { gate: Float64Array; up: Float64Array; down: Float64Array }[]; shared: { gate: Float64Array; up: Float64Array; down: Float64Array } | null; sharedGate: Float64Array | null }
 
 function weightsOf(m: nt.nn.MoE): Weights {
   const f = (p: nt.Tensor) => Float64Array.from(p.toArraySync());
   const ex = (e: nt.nn.SwiGLUExpert) => ({ gate: f(e.gate), up: f(e.up), down: f(e.down) });
-  return { router: f(m.router), experts: m.experts.map(ex), shared: m.shared ? ex(m.shared) : null };
+  return { router: f(m.router), experts: m.experts.map(ex), shared: m.shared ? ex(m.shared) : null, sharedGate: m.sharedGate ? f(m.sharedGate) : null };
 }
 
 /** y = W x for W [rows, cols]. */
@@ -65,7 +65,12 @@ function reference(w: Weights, x: Float64Array, n: number, cfg: Cfg, h: number, 
       const y = swiglu(w.experts[e]!, xt, h);
       for (let c = 0; c < C; c++) out[t * C + c]! += wgt * y[c]!;
     }
-    if (w.shared) { const y = swiglu(w.shared, xt, sharedH); for (let c = 0; c < C; c++) out[t * C + c]! += y[c]!; }
+    if (w.shared) {
+      const y = swiglu(w.shared, xt, sharedH);
+      // Qwen2-MoE's gate: sigmoid(x · g) per token.
+      const g = w.sharedGate ? 1 / (1 + Math.exp(-matvec(w.sharedGate, xt, 1, C)[0]!)) : 1;
+      for (let c = 0; c < C; c++) out[t * C + c]! += g * y[c]!;
+    }
   }
   const slots = n * k;
   const lb = E * counts.reduce((a, cnt, e) => a + (cnt / slots) * pMean[e]!, 0);
@@ -112,12 +117,13 @@ describe('nt.nn.MoE against float64', () => {
   const cases: Array<[string, Cfg]> = [
     ['top-2 of 4, dropless', { experts: 4, topK: 2, hidden: 5, zLossCoef: 0.01, auxLossCoef: 0.1 }],
     ['top-1 of 3 with a shared expert, not renormalized', { experts: 3, topK: 1, hidden: 4, sharedExperts: 1, normalizeTopK: false, auxLossCoef: 0.2 }],
+    ['top-2 of 4, a sigmoid-gated shared expert of its own width (Qwen2-MoE), not renormalized', { experts: 4, topK: 2, hidden: 3, sharedExperts: 1, sharedHidden: 5, sharedGate: true, normalizeTopK: false, auxLossCoef: 0.1, zLossCoef: 0 }],
     ['top-2 of 4, capacity factor 0.5 (drops)', { experts: 4, topK: 2, hidden: 3, capacityFactor: 0.5, zLossCoef: 0.05 }],
   ];
   for (const [name, cfg] of cases) {
     it(`${name}: output, aux losses and statistics`, () => {
       const m = build(cfg);
-      const n = 10, h = cfg.hidden!, sh = (cfg.sharedExperts ?? 0) * h;
+      const n = 10, h = cfg.hidden!, sh = cfg.sharedHidden ?? (cfg.sharedExperts ?? 0) * h;
       const xv = inputs(n, 2);
       const ref = reference(weightsOf(m), xv, n, cfg, h, sh);
       nt.scope(() => {
@@ -140,7 +146,7 @@ describe('nt.nn.MoE against float64', () => {
 
     it(`${name}: gradients of Σ out·R + aux against finite differences`, () => {
       const m = build(cfg, 3);
-      const n = 8, h = cfg.hidden!, sh = (cfg.sharedExperts ?? 0) * h;
+      const n = 8, h = cfg.hidden!, sh = cfg.sharedHidden ?? (cfg.sharedExperts ?? 0) * h;
       const xv = inputs(n, 5);
       const R = Float64Array.from({ length: n * C }, (_, i) => Math.cos(i * 0.7) + 0.3);
       const ca = cfg.auxLossCoef ?? 0.01, cz = cfg.zLossCoef ?? 0.001;
@@ -155,7 +161,10 @@ describe('nt.nn.MoE against float64', () => {
         const out = m.forward(x);
         nt.sum(nt.mul(out, nt.tensor(Float32Array.from(R), [n, C]))).backward();
         const g = (t: nt.Tensor) => Float64Array.from(t.grad!.toArraySync());
-        return { x: g(x), router: g(m.router), gate0: g(m.experts[0]!.gate), down1: g(m.experts[1]!.down), up0: g(m.experts[0]!.up), sharedDown: m.shared ? g(m.shared.down) : null };
+        return {
+          x: g(x), router: g(m.router), gate0: g(m.experts[0]!.gate), down1: g(m.experts[1]!.down), up0: g(m.experts[0]!.up), sharedDown: m.shared ? g(m.shared.down) : null,
+          sharedGate: m.sharedGate ? g(m.sharedGate) : null,
+        };
       });
       const eps = 1e-6;
       const fd = (get: (w: Weights, x: Float64Array) => Float64Array, count: number) => {
@@ -175,6 +184,8 @@ describe('nt.nn.MoE against float64', () => {
       expect(relErr(grads.up0, fd((w) => w.experts[0]!.up, w0.experts[0]!.up.length))).toBeLessThan(2e-3);
       expect(relErr(grads.down1, fd((w) => w.experts[1]!.down, w0.experts[1]!.down.length))).toBeLessThan(2e-3);
       if (grads.sharedDown) expect(relErr(grads.sharedDown, fd((w) => w.shared!.down, w0.shared!.down.length))).toBeLessThan(2e-3);
+      expect(grads.sharedGate === null).toBe(!cfg.sharedGate);
+      if (grads.sharedGate) expect(relErr(grads.sharedGate, fd((w) => w.sharedGate!, w0.sharedGate!.length))).toBeLessThan(2e-3);
     });
   }
 
@@ -223,6 +234,8 @@ describe('nt.nn.MoE against float64', () => {
     expect(() => new nt.nn.MoE(C, { experts: 4, topK: 1, capacityFactor: 0 })).toThrow(/capacityFactor/);
     expect(() => new nt.nn.MoE(C, { experts: 4, topK: 1, auxLossCoef: -1 })).toThrow(/auxLossCoef/);
     expect(() => nt.nn.setMoEAuxLossScale(NaN)).toThrow(nt.ArgumentError);
+    expect(() => new nt.nn.MoE(C, { experts: 4, topK: 1, sharedGate: true })).toThrow(/sharedExperts must be >= 1/);
+    expect(() => new nt.nn.MoE(C, { experts: 4, topK: 1, sharedExperts: 1, sharedHidden: 0 })).toThrow(/sharedHidden must be an integer >= 1/);
   });
 });
 

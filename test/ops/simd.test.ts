@@ -292,6 +292,9 @@ describe('choosing the SIMD level', () => {
       expect(p.threads).toBe(cpu().kernelThreads());
       expect(p.gflopsAllThreads).toBeGreaterThan(0);
       expect(p.gflopsOneThread).toBeGreaterThan(0);
+      // The same rounds per second of the thread's own CPU time: never far below the wall-clock rate
+      // (CPU time cannot exceed wall time), and untouched by other processes taking turns on the core.
+      expect(p.gflopsOneThreadCpuTime).toBeGreaterThan(0.5 * p.gflopsOneThread);
       expect(p.gflops).toBe(Math.max(p.gflopsAllThreads, p.threads * p.gflopsOneThread));
       expect(Number.isFinite(p.checksum)).toBe(true);
     }

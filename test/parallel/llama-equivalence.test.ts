@@ -1,6 +1,6 @@
 // Parallel Llama training through the real launcher and Gloo: a tiny Llama (4 heads, 2 or 1 key/value
 // heads, untied or tied head) trained 3 steps under DP, ZeRO 1-3, PP, TP (key/value heads split, and
-// replicated when the ranks outnumber them), SP, recomputation and their combinations matches the plain
+// replicated when the ranks outnumber them), SP, context parallelism (ring and Ulysses), recomputation and their combinations matches the plain
 // single-process run step by step (losses, gradient norms) and in its final parameters, compared per
 // parameter on the ranks that hold it. The fixture is the GPT's (test/fixtures/parallel/gpt-train.ts
 // with --model llama).
@@ -41,11 +41,13 @@ const refs = {
   kv2: launchRun('ref-kv2', 1, ['--reference', '--kv', '2']),
   kv1: launchRun('ref-kv1', 1, ['--reference', '--kv', '1']),
   tied: launchRun('ref-tied', 1, ['--reference', '--kv', '2', '--tie']),
+  // 4 layers, for interleaved 1F1B's 2 stages × 2 model chunks (one process, no launcher).
+  l4: launchRun('ref-l4', 0, ['--reference', '--kv', '2', '--layers', '4']),
 };
 type Ref = keyof typeof refs;
 const layouts: Record<string, { ref: Ref; kv: number; run: Promise<Trained> }> = {};
 const add = (name: string, ref: Ref, kv: number, nproc: number, flags: string[]) => {
-  const extra = ['--kv', String(kv), ...(ref === 'tied' ? ['--tie'] : [])];
+  const extra = ['--kv', String(kv), ...(ref === 'tied' ? ['--tie'] : []), ...(ref === 'l4' ? ['--layers', '4'] : [])];
   layouts[name] = { ref, kv, run: launchRun(name.replace(/[^A-Za-z0-9]+/g, '-'), nproc, [...extra, ...flags]) };
 };
 add('DP2, 2 micro-batches', 'kv2', 2, 2, ['--dp', '2', '--micro-batches', '2']);
@@ -60,6 +62,16 @@ add('TP4 (2 kv heads replicated over 4 ranks) SP', 'kv2', 2, 4, ['--tp', '4', '-
 add('TP2 SP tied head', 'tied', 2, 2, ['--tp', '2', '--sp']);
 add('TP2×PP2 SP 1F1B, 2 micro-batches, recompute', 'kv2', 2, 4, ['--tp', '2', '--pp', '2', '--sp', '--micro-batches', '2', '--recompute']);
 add('TP2×DP2 multi-query ZeRO-3', 'kv1', 1, 4, ['--tp', '2', '--dp', '2', '--zero', '3']);
+// Context parallelism: rope at each token's global position (the ring's load-balanced chunks, Ulysses'
+// contiguous ones), attention over the group with the key/value heads repeated to the query heads.
+add('CP2 ring', 'kv2', 2, 2, ['--cp', '2']);
+add('CP2 Ulysses multi-query', 'kv1', 1, 2, ['--cp', '2', '--cp-mode', 'ulysses']);
+add('CP2×DP2 ring ZeRO-1 recompute', 'kv2', 2, 4, ['--cp', '2', '--dp', '2', '--zero', '1', '--recompute']);
+add('CP2×TP2 SP ring (kv heads split)', 'kv2', 2, 4, ['--cp', '2', '--tp', '2', '--sp']);
+// The other pipeline schedules: interleaved 1F1B (rank 0 holds layers 0 and 2, rank 1 layers 1 and 3)
+// and ZB-H1 (the projections' weight GEMMs deferred to the W pass).
+add('PP2 interleaved (2 virtual stages), 4 layers, 2 micro-batches', 'l4', 2, 2, ['--pp', '2', '--virtual-stages', '2', '--micro-batches', '2']);
+add('PP2 ZB-H1, 4 layers, 4 micro-batches', 'l4', 2, 2, ['--pp', '2', '--schedule', 'zb-h1', '--micro-batches', '4']);
 
 const TOLERANCE = 1e-5;
 const PARAM_TOLERANCE = 5e-5;
@@ -110,7 +122,7 @@ describe('parallel Llama equivalence (launcher + Gloo)', () => {
     expect(expected.paramChange).toBeGreaterThan(100 * PARAM_TOLERANCE);
   }, QUEUED_TEST_TIMEOUT_MS);
 
-  it('pipeline stages hold their own layers: the table first; the final norm and the untied head (or the tied table) last', async () => {
+  it('pipeline stages hold their own layers: the table first; the final norm and the untied head (or the tied table) last; interleaved chunks', async () => {
     for (const [name, lastExtra] of [['PP2 1F1B, 4 micro-batches, recompute', ['norm.weight', 'lmHead.weight']], ['PP2 GPipe, tied head, 2 micro-batches', ['embedTokens.weight', 'norm.weight']]] as const) {
       const run = await layouts[name]!.run;
       expect(run.code, run.output).toBe(0);
@@ -118,6 +130,13 @@ describe('parallel Llama equivalence (launcher + Gloo)', () => {
       expect(first!.filter((n) => !/^layers\.[01]\./.test(n))).toEqual(['embedTokens.weight']);
       expect(last!.filter((n) => !n.startsWith('layers.2.'))).toEqual(lastExtra);
     }
+    // Interleaved: each rank holds two non-adjacent model chunks.
+    const interleaved = await layouts['PP2 interleaved (2 virtual stages), 4 layers, 2 micro-batches']!.run;
+    expect(interleaved.code, interleaved.output).toBe(0);
+    const layersOf = (r: Trained['ranks'][number]) => [...new Set([...r.params.keys()].map((n) => /^layers\.(\d+)\./.exec(n)?.[1]).filter((x) => x !== undefined))];
+    const [first, last] = [...interleaved.ranks].sort((a, b) => a.coords.pp - b.coords.pp);
+    expect(layersOf(first!)).toEqual(['0', '2']);
+    expect(layersOf(last!)).toEqual(['1', '3']);
   }, QUEUED_TEST_TIMEOUT_MS);
 
   const bad = launchRun('bad-kv', 2, ['--kv', '3', '--tp', '2']);

@@ -47,3 +47,103 @@ describe('nodetron plan with MoE models', () => {
     expect(() => nt.plan.modelFromConfig({ ...mixtral, num_experts_per_tok: 9 }, 'bad')).toThrow(/1 <= top-k <= experts/);
   });
 });
+
+describe('nodetron plan with expert parallelism (--ep)', () => {
+  const base: nt.plan.PlanLayout = { dp: 8, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+  const m = nt.plan.modelFromConfig(mixtral, 'mixtral');
+  const opts = { seq: 4096, microBatchSize: 1, dtype: 'bf16' as const };
+  const routed = (ep: number) => (32 * 8 * 3 * 4096 * 14336) / ep;
+
+  it('a rank holds 1/ep of the routed experts; ZeRO shards them over the dp/ep ranks holding the same experts, the rest over dp', () => {
+    expect(nt.plan.stageExpertParams(m, 1, 0, 1)).toBe(routed(1));
+    expect(nt.plan.stageExpertParams(m, 1, 0, 4)).toBe(routed(4));
+    expect(nt.plan.stageExpertParams(m, 2, 1, 4)).toBe(routed(4) / 2);
+    const one = nt.plan.estimateMemory(m, base, opts), four = nt.plan.estimateMemory(m, { ...base, ep: 4 }, opts);
+    expect(one.numParams - four.numParams).toBe(routed(1) - routed(4));
+    expect(four.expertParams).toBe(routed(4));
+    for (const zero of [1, 2, 3] as const) {
+      const e = nt.plan.estimateMemory(m, { ...base, ep: 4, zero }, opts);
+      const shard = Math.ceil((e.numParams - routed(4)) / 8) + Math.ceil(routed(4) / 2);
+      expect(e.optimizerState).toBe(12 * shard);
+      if (zero >= 2) expect(e.grads).toBe(2 * shard);
+      if (zero === 3) expect(e.params).toBe(2 * shard);
+    }
+    // ep = dp: one copy of each expert, nothing to shard it over.
+    const z1 = nt.plan.estimateMemory(m, { ...base, ep: 8, zero: 1 }, opts);
+    expect(z1.optimizerState).toBe(12 * (Math.ceil((z1.numParams - routed(8)) / 8) + routed(8)));
+  });
+
+  it('the all-to-all buffers: the running layer\'s routed rows sent and received, in the buffers; none without ep', () => {
+    for (const dtype of ['bf16', 'f32'] as const) {
+      const w = dtype === 'f32' ? 4 : 2;
+      const o = { ...opts, dtype, microBatchSize: 2 };
+      const one = nt.plan.estimateMemory(m, base, o), two = nt.plan.estimateMemory(m, { ...base, ep: 2 }, o);
+      expect(one.allToAll).toBe(0);
+      expect(two.allToAll).toBe(2 * 4096 * 2 * 2 * 4096 * w);
+      expect(two.buffers).toBeGreaterThanOrEqual(two.allToAll!);
+      // bf16: the same buffers otherwise (no ZeRO: the buckets do not depend on ep; f32's peak phase moves with the gradients).
+      if (dtype === 'bf16') expect(two.buffers - one.buffers).toBeCloseTo(two.allToAll!, 0);
+    }
+    expect(nt.plan.estimateMemory(nt.plan.PLAN_MODELS.gpt2!, { ...base, dp: 1 }, opts).allToAll).toBeUndefined();
+  });
+
+  it('step time: the all-to-alls of every MoE layer, four per micro-batch (six recomputing), (ep-1)/ep of the routed bytes', () => {
+    const dev = nt.plan.resolveDevice('h100');
+    const t = (l: nt.plan.PlanLayout) => nt.plan.predictStepTime(m, l, dev, { seq: 4096, microBatchSize: 1, dtype: 'bf16', gpusPerNode: 8 });
+    expect(t(base).expertParallel).toBeUndefined();
+    const act = 4096 * 1 * 4096 * 2;
+    const l4 = { ...base, ep: 4, microBatches: 2 };
+    expect(t(l4).expertParallel).toBeCloseTo((2 * 32 * 4 * act * 2 * (3 / 4)) / dev.intraNodeBusBw, 12);
+    expect(t({ ...l4, recompute: 'full' }).expertParallel! / t(l4).expertParallel!).toBeCloseTo(1.5, 12);
+    expect(t(l4).total - t({ ...base, microBatches: 2 }).total).toBeCloseTo(t(l4).expertParallel!, 12);
+  });
+
+  it('data-parallel traffic: the experts average over their dp/ep copies only, so across nodes EP hides what ZeRO-3 over all 16 ranks cannot', () => {
+    const dev = nt.plan.resolveDevice('h100');
+    const l = { ...base, dp: 16, zero: 3 as const, recompute: 'selective' as const, microBatches: 4 };
+    const t = (ep: number) => nt.plan.predictStepTime(m, { ...l, ep }, dev, { seq: 4096, microBatchSize: 1, dtype: 'bf16', gpusPerNode: 8 });
+    // ep 1: all 46.7B parameters' gradients over 16 ranks (inter-node); ep 8: the experts' over 2 copies.
+    const w = 2, expertBytes = (e: number) => nt.plan.stageExpertParams(m, 1, 0, e) * w, dense = nt.plan.stageParams(m, 1, 1, 0, 1).total * w - expertBytes(1);
+    const volume = (e: number) => 1.5 * (dense * 2 * 15 / 16 + (16 / e > 1 ? expertBytes(e) * 2 * (16 / e - 1) / (16 / e) : 0));
+    const shown = (e: number) => Math.max(volume(e) / dev.interNodeBusBw - (2 / 3) * t(e).compute, (25 * 2 ** 20 * 3) / dev.interNodeBusBw);
+    for (const e of [1, 2, 8]) expect(t(e).dataParallel).toBeCloseTo(shown(e), 9);
+    expect(t(8).dataParallel).toBeLessThan(t(2).dataParallel);
+    expect(t(2).dataParallel).toBeLessThan(t(1).dataParallel);
+    // A dense model keeps the 12h²-per-layer count.
+    const d = nt.plan.predictStepTime(nt.plan.PLAN_MODELS['7b']!, { ...l, dp: 8 }, dev, { seq: 4096, microBatchSize: 1, dtype: 'bf16', gpusPerNode: 8 });
+    expect(d.expertParallel).toBeUndefined();
+  });
+
+  it('candidates: ep dividing dp and the experts, no cp or sp with MoE layers; commands train the MoE GPT with --ep', () => {
+    const g = nt.plan.modelFromConfig({ nLayer: 4, nHead: 4, nEmbd: 256, vocabSize: 50304, moe: { experts: 4, topK: 2, hidden: 512, sharedExperts: 1 } }, 'moe-gpt');
+    const c = nt.plan.planLayouts(g, { gpus: 8, gpuMemory: 80 * 2 ** 30, seq: 256, globalBatch: 64, dtype: 'bf16', device: nt.plan.resolveDevice('h100') });
+    const ok = c.filter((x) => !x.skipped);
+    const eps = new Set(ok.map((x) => x.layout.ep ?? 1));
+    expect([...eps].sort()).toEqual([1, 2, 4]);
+    for (const x of ok) {
+      const ep = x.layout.ep ?? 1;
+      expect(x.layout.dp % ep).toBe(0);
+      expect(x.layout.cp ?? 1).toBe(1);
+      expect(x.layout.sequenceParallel).toBe(false);
+      expect(x.command).toMatch(/--moe-experts 4 --moe-top-k 2 --moe-hidden 512 --moe-shared 1 /);
+      expect(x.command!.includes('--ep ')).toBe(ep > 1);
+      if (ep > 1) expect(x.command).toContain(`--ep ${ep}`);
+    }
+    expect(c.some((x) => x.skipped?.includes('with MoE layers is not supported'))).toBe(true);
+    expect(nt.plan.layoutProblem(g, { ...base, dp: 8, ep: 8 }, 256, 64, 1)).toMatch(/ep 8 does not divide the 4 experts/);
+    expect(nt.plan.layoutProblem(nt.plan.PLAN_MODELS.gpt2!, { ...base, ep: 2 }, 256, 64, 1)).toMatch(/the model has none/);
+  });
+
+  it('a Mixtral-shaped model gets the example\'s Llama command with its experts (the example trains Llama blocks with MoE layers)', () => {
+    const c = nt.plan.planLayouts(m, { gpus: 8, gpuMemory: 80 * 2 ** 30, seq: 4096, globalBatch: 64, microBatchSize: 1, dtype: 'bf16', device: nt.plan.resolveDevice('h100') });
+    const ok = c.filter((x) => !x.skipped);
+    expect(ok.length).toBeGreaterThan(0);
+    for (const x of ok) {
+      expect(x.commandNote).toBeUndefined();
+      expect(x.command).toMatch(/--model llama --kv-heads 8 --ffn 14336 --moe-experts 8 --moe-top-k 2 --moe-hidden 14336 /);
+      expect(x.command!.includes('--moe-shared')).toBe(false);
+      expect(x.command!.includes('--ep ')).toBe((x.layout.ep ?? 1) > 1);
+    }
+    expect(ok.some((x) => (x.layout.ep ?? 1) === 8 && x.fits)).toBe(true);
+  });
+});

@@ -134,9 +134,9 @@ describe('pipeline schedules in the planner', () => {
     const zbv = { ...pp4, schedule: 'zb-v' as const, virtualStages: 2 };
     expect([0, 1, 2, 3].map((s) => plan.inFlightMicroBatches(zbv, s)).every((x) => x <= 4)).toBe(true);
     const v0 = plan.estimateStageMemory(m, zbv, opts, 0), v3 = plan.estimateStageMemory(m, zbv, opts, 3);
-    expect(v0.numParams).toBe(plan.stageParams(m, 1, 4, 0, 'v').total);
-    expect(plan.stageParams(m, 1, 4, 0, 'v').head).toBeGreaterThan(0);
-    expect(plan.stageParams(m, 1, 4, 3, 'v')).toMatchObject({ embedding: 0, head: 0, layers: 2 });
+    expect(v0.numParams).toBe(plan.stageParams(m, 1, 4, 0, 1, 'v').total);
+    expect(plan.stageParams(m, 1, 4, 0, 1, 'v').head).toBeGreaterThan(0);
+    expect(plan.stageParams(m, 1, 4, 3, 1, 'v')).toMatchObject({ embedding: 0, head: 0, layers: 2 });
     expect(v0.numParams).toBeGreaterThan(v3.numParams);
     // Interleaving's first stage holds more than 1F1B's (p·(1 + (p - 1)/(p·v)) micro-batches) and its posted receives.
     expect(plan.estimateStageMemory(m, inter, opts, 0).total).toBeGreaterThan(plan.estimateStageMemory(m, pp4, opts, 0).total);

@@ -33,6 +33,33 @@ function launch(name: string, nproc: number, args: string[], env: NodeJS.Process
 
 const quiet = { progress: false as const };
 
+describe('CausalLM.shape carries what the layout checks read', () => {
+  it('a GPT\'s window, dropout and experts, and the experts of a Llama\'s MoE layers; the same errors for both', () => {
+    const moe: nt.nn.MoEConfig = { experts: 4, topK: 2, hidden: 24 };
+    const llamaConfig: nt.nn.LlamaConfig = { vocabSize: 64, maxPositionEmbeddings: 16, numHiddenLayers: 2, numAttentionHeads: 2, hiddenSize: 32, intermediateSize: 48 };
+    const gpt = new nt.nn.GPT({ ...CONFIG, window: 4, dropout: 0.1, moe });
+    const gptMoE = new nt.nn.GPT({ ...CONFIG, moe });
+    const llama = new nt.nn.Llama(llamaConfig);
+    const llamaMoE = new nt.nn.Llama(llamaConfig, { mlp: (c, { layer }) => new nt.nn.MoE(c.hiddenSize, moe, layer) });
+    try {
+      expect(gpt.shape).toMatchObject({ window: 4, dropout: 0.1, moeExperts: 4 });
+      expect(new nt.nn.GPT(CONFIG).shape).not.toHaveProperty('moeExperts');
+      expect(llama.shape).not.toHaveProperty('moeExperts');
+      expect(llama.shape).not.toHaveProperty('window');
+      expect(llamaMoE.shape.moeExperts).toBe(4);
+      // Both families, same dimensions, same experts: the same problems, word for word.
+      for (const flags of [{ ep: 3, dp: 3 }, { cp: 2 }, { tp: 2, sequenceParallel: true }]) {
+        const problemOf = (m: nt.nn.CausalLM) => { try { nt.parallel.resolveTrainingLayout(flags, m.shape, 3 * (flags.cp ?? 1), 6); return null; } catch (e) { return (e as Error).message; } };
+        expect(problemOf(llamaMoE), JSON.stringify(flags)).toMatch(/experts|MoE layers/);
+        expect(problemOf(llamaMoE)).toBe(problemOf(gptMoE));
+      }
+      expect(() => nt.parallel.resolveTrainingLayout({ ep: 2 }, llama.shape, 2, 4)).toThrow(/--ep 2 splits MoE experts over ranks, but the model has no MoE layers/);
+    } finally {
+      for (const m of [gpt, gptMoE, llama, llamaMoE]) m.dispose();
+    }
+  });
+});
+
 describe('layout flags', () => {
   it('come from the command line over NODETRON_* variables', () => {
     expect(nt.train.layoutFromArgs(['--steps', '5', '--tp', '2', '--sp', '--micro-batches=4', '--schedule', 'gpipe', '--recompute'], {}))
@@ -204,6 +231,20 @@ describe('nt.train.setup through the launcher', () => {
     for (const rank of [0, 1]) {
       expect(badModel.output).toMatch(new RegExp(`\\[rank ${rank}\\] setup-train\\.ts: nt\\.train\\.setup: model: the factory must return an nt\\.nn\\.GPT`));
       expect(badLayout.output).toMatch(new RegExp(`\\[rank ${rank}\\] setup-train\\.ts: nt\\.train\\.setup: training layout: .*tp·pp·dp = 3·1·1 = 3 but the job has 2 processes`));
+    }
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('a Llama is checked by its shape as a GPT is: the same layout error, on every rank', async () => {
+    // MoE layers under cp: a GPT with config.moe, and a Llama whose MLP factory builds MoE layers.
+    const [gptMoE, llamaMoE] = await Promise.all([
+      launch('gpt-moe-cp', 2, ['--mode', 'entry', '--cp', '2', '--model', 'gpt-moe']),
+      launch('llama-moe-cp', 2, ['--mode', 'entry', '--cp', '2', '--model', 'llama-moe']),
+    ]);
+    const errorOf = (output: string, rank: number) => output.split('\n').find((l) => l.startsWith(`[rank ${rank}] setup-train.ts: nt.train.setup:`));
+    for (const r of [gptMoE, llamaMoE]) expect(r.code, r.output).not.toBe(0);
+    for (const rank of [0, 1]) {
+      expect(errorOf(llamaMoE.output, rank), llamaMoE.output).toMatch(/training layout: --cp 2 with MoE layers is not supported yet/);
+      expect(errorOf(llamaMoE.output, rank)).toBe(errorOf(gptMoE.output, rank));
     }
   }, QUEUED_TEST_TIMEOUT_MS);
 });

@@ -69,6 +69,7 @@ export function tensorParallelLinearFactory(group: CollectiveGroup, { sequencePa
         if (!attention) throw new ArgumentError(`tensorParallelLinearFactory: the '${role}' layer needs its attention heads`);
         checkKvHeadsSplit(attention, group.size);
         if (role !== 'attn.q' && attention.kvHeads % group.size !== 0) {
+          if (bias) throw new ArgumentError(`tensor parallelism over ${group.size} ranks replicates the ${attention.kvHeads} key/value heads, which does not take q/k/v biases (qkvBias): use a tp that divides the key/value heads`);
           return new ReplicatedKvLinear(inF, attention, { group, std, generator: layer.generator!, device: layer.device, dtype: layer.dtype, sequenceParallel });
         }
         return new ColumnParallelLinear(inF, outF, opts);

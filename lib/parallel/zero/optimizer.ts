@@ -64,6 +64,12 @@ export interface ZeroAttachOptions {
   units?: readonly Module[];
   /** The model's methods that run a forward pass (default ['forward']; a pipeline stage: ['forwardStage']). */
   entries?: readonly string[];
+  /**
+   * Parameters of the model that another optimizer holds (under expert parallelism the experts,
+   * sharded over the expert-data-parallel group by an optimizer of their own, and the rest for
+   * that one): this one neither gathers nor checks them.
+   */
+  exclude?: Iterable<Tensor>;
 }
 
 /** A parameter group as the caller's optimizer would take it: parameters plus option overrides. */
@@ -146,6 +152,16 @@ export interface ShardedOptimizer<H extends { lr: number }> {
     gradNorm?: number;
   }>;
   /**
+   * Finishes the gradient reductions step() would begin with (each rank's shards then hold the
+   * averaged gradients), so a caller with two sharded optimizers (expert parallelism: the experts
+   * over their own group) can take the norm of both before either updates; step() then skips it.
+   */
+  reduceGradients(): Promise<void>;
+  /** This rank's share of the squared gradient norm: Σ of its shards' squared gradients (after reduceGradients), parameters in `skip` left out. */
+  shardGradSumSquares(skip?: ReadonlySet<Tensor>): number;
+  /** Multiplies this rank's shard gradients by `factor` (clipping by a norm the caller took). */
+  scaleShardGrads(factor: number): void;
+  /**
    * Bytes this rank holds now: parameters, gradients (full ones and the shard's), optimizer state,
    * master shard. At stage 3 the f32 master shard is the parameter shard, so it counts as
    * `params` (with the bytes of parameters gathered at this moment; none between steps) and
@@ -211,7 +227,35 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
   abstract fullParameters(): Promise<Tensor[]>;
 
   zeroGrad(): void {
+    this.#reduced = false;
     this.shards.zeroGrad();
+  }
+
+  /** Whether reduceGradients() ran since the last update. */
+  #reduced = false;
+
+  async reduceGradients(): Promise<void> {
+    if (this.#reduced) return;
+    await this.finishGradients();
+    this.#reduced = true;
+  }
+
+  shardGradSumSquares(skip: ReadonlySet<Tensor> = new Set()): number {
+    if (skip.size === 0) return gradSumSquares([...this.masters]);
+    let local = 0;
+    this.shards.forEachLocalChunk((p, master, offset, c) => {
+      if (skip.has(p)) return;
+      const shardGrad = master.grad;
+      if (!shardGrad) return;
+      using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
+      copyElements(run, 0, shardGrad, offset, c);
+      local += (run.backend.sum_squares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
+    });
+    return local;
+  }
+
+  scaleShardGrads(factor: number): void {
+    if (factor !== 1) scaleGrads([...this.masters], factor);
   }
 
   /** Before the update: every reduce-scatter finished, the shards' gradients in the masters'. @internal */
@@ -231,8 +275,9 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
     if (maxGradNorm !== undefined && !(typeof maxGradNorm === 'number' && maxGradNorm > 0)) {
       throw new ArgumentError(`ZeroOptimizer.step: maxGradNorm must be a number > 0, got ${String(maxGradNorm)}`);
     }
-    await this.finishGradients();
+    await this.reduceGradients();
     const gradNorm = maxGradNorm === undefined ? undefined : await this.#clipShardGrads(maxGradNorm, options.normScope ?? {});
+    this.#reduced = false;
     this.inner.step();
     await this.finishUpdate();
     for (const p of this.params) p.markModified();  // autocast's weight-cast cache must re-cast them
@@ -242,25 +287,12 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
   // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
   async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
-    const masters = this.masters;
-    const skip = new Set(scope.skip ?? []);
-    let local = 0;
-    if (skip.size === 0) local = gradSumSquares(masters);
-    else {
-      this.shards.forEachLocalChunk((p, master, offset, c) => {
-        if (skip.has(p)) return;
-        const shardGrad = master.grad!;
-        using run = emptyOn([c], 'f32', shardGrad.deviceInfo);
-        copyElements(run, 0, shardGrad, offset, c);
-        local += (run.backend.sum_squares([run.storage], [c], [dtypeCode('f32')]) as Float64Array)[0]!;
-      });
-    }
+    const local = this.shardGradSumSquares(new Set(scope.skip ?? []));
     using total = tensor(new Float32Array([local]), [1], { device: this.params[0]!.device });
     await this.group.allReduce(total, { op: 'sum' });
     for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
     const norm = Math.sqrt(total.toArraySync()[0]!);
-    const factor = clipFactor(norm, maxGradNorm);
-    if (factor < 1) scaleGrads([...masters], factor);
+    this.scaleShardGrads(clipFactor(norm, maxGradNorm));
     return norm;
   }
 
@@ -388,7 +420,7 @@ export class ZeroStage3Optimizer<H extends { lr: number }> extends ShardedOptimi
    * parameter must be in this optimizer.
    */
   attach(model: Module, options: ZeroAttachOptions = {}): this {
-    this.shards.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward']);
+    this.shards.attach(model, options.units ?? defaultUnits(model), options.entries ?? ['forward'], new Set(options.exclude ?? []));
     return this;
   }
 

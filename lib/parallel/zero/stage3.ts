@@ -128,9 +128,10 @@ export class ParameterPartition extends ChunkedShards {
   /**
    * Installs the gathering hooks. `units` are submodules of `model` in the order their forwards run;
    * every other parameter (and any parameter shared by two units) belongs to the model's root unit,
-   * gathered when one of the model's `entries` methods starts a forward pass.
+   * gathered when one of the model's `entries` methods starts a forward pass. Parameters in `exclude`
+   * belong to another optimizer and are left alone.
    */
-  attach(model: Module, units: readonly Module[], entries: readonly string[]): void {
+  attach(model: Module, units: readonly Module[], entries: readonly string[], exclude: ReadonlySet<Tensor> = new Set()): void {
     if (this.#model) throw new StateError(`${CALL}.attach: already attached to a model`);
     if (!(model instanceof Module)) throw new ArgumentError(`${CALL}.attach: the model must be a Module`);
     const method = (m: Module, name: string) => (m as unknown as Record<string, unknown>)[name];
@@ -152,7 +153,7 @@ export class ParameterPartition extends ChunkedShards {
         if (inner !== u && seen.has(inner)) throw new ArgumentError(`${CALL}.attach: unit '${names.get(inner)}' is nested inside unit '${names.get(u)}'; units must not overlap`);
       }
     }
-    const paramNames = new Map(model.namedParameters().map(([n, p]) => [p as Tensor, n]));
+    const paramNames = new Map(model.namedParameters().filter(([, p]) => !exclude.has(p)).map(([n, p]) => [p as Tensor, n]));
     const outside = [...this.parts.keys()].filter((p) => !paramNames.has(p)).map((p) => p.describe());
     const missing = [...paramNames].filter(([p]) => !this.parts.has(p)).map(([, n]) => n);
     const problems: string[] = [];
