@@ -78,6 +78,7 @@ export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBa
   if (l.schedule === 'zb-v' && 2 * l.pp > m.nLayer) return `zb-v's 2·pp ${2 * l.pp} chunks exceed the ${m.nLayer} layers`;
   const ep = l.ep ?? 1;
   if (ep > 1 && !m.moe) return `ep ${ep} splits MoE experts, and the model has none`;
+  if ((l.schedule === 'zb-h1' || l.schedule === 'zb-v') && ep > 1 && l.zero >= 2) return `${l.schedule} with ep ${ep} and ZeRO ${l.zero} is not supported (nodetron refuses it: the experts' ZeRO would reduce before each W)`;
   if (m.moe) {
     if (ep > 1 && l.dp % ep) return `ep ${ep} does not divide dp ${l.dp}`;
     if (m.moe.experts % ep) return `ep ${ep} does not divide the ${m.moe.experts} experts`;
