@@ -236,6 +236,7 @@ describe('training layout validation', () => {
     [{ pp: 2, schedule: 'zb-v', microBatches: 2 }, 2, 4, /--schedule zb-v cuts the model into 2·pp = 4 chunks, more than the model's 2 layers/],
     [{ pp: 2, schedule: 'zb-v', virtualStages: 3 }, 2, 4, /--schedule zb-v holds exactly 2 model chunks per rank/],
     [{ schedule: 'zb-v', microBatches: 2 }, 1, 4, /--schedule zb-v needs --pp >= 2/],
+    [{ pp: 2, dp: 2, ep: 2, zero: 2, schedule: 'zb-h1', microBatches: 2 }, 4, 4, /--schedule zb-h1 with --ep 2 and --zero 2 is not supported yet/],
     [{ zero: 4 }, 2, 4, /--zero must be 0, 1, 2 or 3/],
     [{ zero: 1 }, 1, 4, /--zero 1 shards over the data-parallel ranks, but dp = 1/],
     [{ offload: true }, 1, 4, /--offload .* needs --zero 1, 2 or 3/],
