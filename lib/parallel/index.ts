@@ -51,9 +51,9 @@ export {
   tensorParallelParameters, clipTensorParallelGradNorm, type TensorParallelOptions,
 } from './tensor-parallel/gpt.js';
 export {
-  gpipe, oneForwardOneBackward, interleaved1F1B, zeroBubbleH1, runSchedule, forwardOnly, partitionLayers, chunkLayers,
-  scheduleTables, checkSchedule, simulateSchedule, formulaBubble, SCHEDULE_KINDS,
-  type PipelineStage, type ScheduleKind, type PipelineAction, type ScheduleShape, type ActionCosts, type ScheduleSimulation,
+  gpipe, oneForwardOneBackward, interleaved1F1B, zeroBubbleH1, zeroBubbleV, runSchedule, forwardOnly, partitionLayers, chunkLayers,
+  scheduleTables, checkSchedule, simulateSchedule, formulaBubble, SCHEDULE_KINDS, virtualStageOf, rankOfVirtualStage, schedulePlacement, splitsBackward,
+  type ChunkPlacement, type VirtualStagePlace, type PipelineStage, type ScheduleKind, type PipelineAction, type ScheduleShape, type ActionCosts, type ScheduleSimulation,
 } from './pipeline/schedules.js';
 export { GPTStage, type PipelineModule } from './pipeline/gpt-stage.js';
 export { ringAttentionPacked, ringChunks, type RingAttentionOptions, type TokenRange } from './context-parallel/ring.js';

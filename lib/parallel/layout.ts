@@ -12,7 +12,8 @@ import { SCHEDULE_KINDS, type ScheduleKind } from './pipeline/schedules.js';
 /**
  * The pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (one forward, one
  * backward), interleaved 1F1B (virtual stages: each rank holds several non-adjacent chunks of
- * layers) or ZB-H1 (zero bubble: backwards split into input and weight gradients).
+ * layers), ZB-H1 (zero bubble: backwards split into input and weight gradients) or ZB-V (zero
+ * bubble on 2 chunks per rank placed in a V).
  */
 export type PipelineScheduleName = ScheduleKind;
 
@@ -44,7 +45,7 @@ export interface TrainingLayout {
   cp?: number;
   /** How attention runs over the context-parallel ranks; present only with cp. */
   cpMode?: ContextParallelMode;
-  /** Model chunks per pipeline rank (interleaved 1F1B's virtual stages; 1 otherwise). */
+  /** Model chunks per pipeline rank (interleaved 1F1B's virtual stages; 2 under zb-v; 1 otherwise). */
   virtualStages: number;
   /** Expert-parallel ranks (a divisor of dp), present when > 1: the MoE experts split over ep data-parallel ranks. */
   ep?: number;
@@ -86,7 +87,7 @@ export interface LayoutFlags {
   offload?: boolean;
   /** Micro-batches per step (`--micro-batches`, default 1). */
   microBatches?: number;
-  /** Pipeline schedule, gpipe, 1f1b, interleaved or zb-h1 (`--schedule`, default 1f1b; interleaved when virtualStages > 1). */
+  /** Pipeline schedule, gpipe, 1f1b, interleaved, zb-h1 or zb-v (`--schedule`, default 1f1b; interleaved when virtualStages > 1). */
   schedule?: string;
   /** Context-parallel ranks (`--cp`, default 1): the sequence split over them. */
   cp?: number;
@@ -121,18 +122,27 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
   }
   if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   if (model.moeExperts !== undefined && cp > 1) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
-  const virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
+  let virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
   const schedule = flags.schedule ?? (virtualStages > 1 ? 'interleaved' : '1f1b');
+  // The zero-bubble schedules hold the dense ZeRO 2/3 reductions back until each W; the experts' own
+  // ZeRO (expert parallelism) does not do that yet.
+  if ((schedule === 'zb-h1' || schedule === 'zb-v') && ep > 1 && zero >= 2) problems.push(`--schedule ${schedule} with --ep ${ep} and --zero ${zero} is not supported yet (the experts' ZeRO ${zero} would reduce before each W): use --zero 0 or 1 with expert parallelism`);
+  if (schedule === 'zb-v') {
+    // The V: always 2 chunks per rank (the flag may say so, or nothing).
+    if (flags.virtualStages !== undefined && virtualStages !== 2 && virtualStages !== 1) problems.push(`--schedule zb-v holds exactly 2 model chunks per rank (a V), so --virtual-stages must be 2 or left out, got ${virtualStages}`);
+    virtualStages = 2;
+    if (pp < 2) problems.push('--schedule zb-v needs --pp >= 2');
+    else if (2 * pp > model.nLayer) problems.push(`--schedule zb-v cuts the model into 2·pp = ${2 * pp} chunks, more than the model's ${model.nLayer} layers`);
+  }
   if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`--schedule must be ${SCHEDULE_KINDS.join(', ')}, got ${schedule}`);
   if (schedule === 'interleaved') {
     if (virtualStages < 2) problems.push('--schedule interleaved needs --virtual-stages >= 2 (model chunks per pipeline rank; with 1 it is 1f1b)');
     if (pp < 2) problems.push('--schedule interleaved needs --pp >= 2');
     else if (microBatches % pp !== 0) problems.push(`--schedule interleaved needs --micro-batches to be a multiple of --pp (as Megatron-LM requires): ${microBatches} micro-batches over ${pp} stages`);
     if (virtualStages > 1 && pp * virtualStages > model.nLayer) problems.push(`--pp ${pp} × --virtual-stages ${virtualStages} = ${pp * virtualStages} model chunks, more than the model's ${model.nLayer} layers`);
-  } else if (virtualStages > 1 && (SCHEDULE_KINDS as readonly string[]).includes(schedule)) {
+  } else if (virtualStages > 1 && schedule !== 'zb-v' && (SCHEDULE_KINDS as readonly string[]).includes(schedule)) {
     problems.push(`--virtual-stages ${virtualStages} needs --schedule interleaved, not ${schedule}`);
   }
-  if (schedule === 'zb-h1' && zero >= 2) problems.push(`--schedule zb-h1 defers weight gradients past the next micro-batch's backward, but --zero ${zero} reduces each micro-batch's gradients as its backward makes them: use --zero 0 or 1`);
   if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
   if (zero > 0 && dp * cp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
   const offload = flags.offload ?? false;

@@ -14,14 +14,14 @@ import { emptyOn, type Tensor } from '../tensor.js';
 import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { agreeAll } from '../distributed/agree.js';
-import { traceSpan } from '../observe/trace.js';
+import { traceEnabled, traceSpan } from '../observe/trace.js';
 import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
 import { contextSlice } from './context-parallel/gpt.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { forwardOnly, runSchedule, SCHEDULE_KINDS, type PipelineStage } from './pipeline/schedules.js';
+import { forwardOnly, runSchedule, SCHEDULE_KINDS, splitsBackward, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
 
@@ -86,8 +86,10 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
   microBatches?: number;
   /**
    * The pipeline schedule (default 1f1b; all give the same numbers): gpipe, 1f1b (fewer activations
-   * held), interleaved (needs a model with chunks > 1, micro-batches a multiple of pp) or zb-h1
-   * (weight gradients deferred into the bubble; ZeRO 0 or 1).
+   * held), interleaved (needs a model with chunks > 1, micro-batches a multiple of pp), zb-h1
+   * (weight gradients deferred into the bubble) or zb-v (2 chunks per stage placed in a V, B and W
+   * split as in zb-h1). Every ZeRO stage works with the zero-bubble ones: ZeRO 2 and 3 reduce a
+   * micro-batch's gradients after its W.
    */
   schedule?: PipelineScheduleName;
   /**
@@ -430,21 +432,36 @@ export class ParallelTrainer<H extends { lr: number }> {
     return {
       ...(pp ? { group: pp } : {}),
       chunks,
+      ...(model.placement ? { placement: model.placement } : {}),
       device: inputs.deviceInfo,
       inputShape: () => model.activationShape(rowsPer, seqLen),
       forwardStep: (i, input, chunk) => {
         const forward = () => model.forwardStage(input ?? microBatch(inputs, i), lastChunk(chunk) ? microBatch(targets, i) : null, chunk);
-        const out = this.#timed(() => traceSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, 'compute', { microBatch: i, chunk }));
+        const out = this.#timed(() => computeSpan('forward', this.#precision === 'bf16' ? () => autocast({ dtype: 'bf16' }, forward) : forward, { microBatch: i, chunk }));
         // Each micro-batch's mean loss weighs 1/m, so the accumulated gradient is that of the batch mean
         // (under context parallelism, times this rank's share of the micro-batch's counted tokens).
         const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
         return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
-      runBackward: (i, final, go, info) => this.#timed(() => traceSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
+      runBackward: (i, final, go, info) => this.#timed(() => computeSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
         const experts = !training ? null : this.#expertGrads ?? (this.#expertZero?.stage === 1 ? this.#expertZero : null);
         const held = experts && !final ? () => experts.noSync(go) : go;
+        const zero = training ? this.#zero : null;
+        // ZeRO 2 and 3 under a zero-bubble schedule: a micro-batch's gradients are final only after its
+        // W, and the next micro-batch's B may come first. B runs with the reductions held back (ZeRO 2:
+        // its hooks off, the gradients it makes accumulate in full; ZeRO 3: the units release their
+        // parameters but keep their gradients); W reduces (ZeRO 2: its hooks fill the buckets and the
+        // pass's end launches the rest, B's gradients included; ZeRO 3: every unit reduce-scatters).
+        if (zero && zero.stage >= 2 && info.phase !== 'backward') {
+          if (info.phase === 'input') return zero.stage === 3 ? zero.holdReductions(held) : zero.noSync(held);
+          const out = held() as void | Promise<void>;
+          if (zero.stage !== 3) return out;
+          if (out) return out.then(() => zero.reduceHeld());
+          zero.reduceHeld();
+          return;
+        }
         return grads && !final ? grads.noSync(held) : held();
-      }, 'compute', { microBatch: i, chunk: info.chunk })),
+      }, { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -558,6 +575,28 @@ export class ParallelTrainer<H extends { lr: number }> {
   }
 }
 
+/**
+ * A span on the compute track (a micro-batch's forward, backward or weight gradient) whose args also
+ * carry, when tracing, the process's CPU time over it in µs (`cpuUs`): time a loaded machine cannot
+ * stretch by taking the core away, which `nodetron bench pipeline` replays through the schedule's
+ * table for a bubble the load does not spoil. The process's (getrusage, exact to the µs), not the
+ * main thread's: Node before 23.9 has no thread clock, and a running thread's schedstat only moves at
+ * scheduler ticks (milliseconds), coarser than a small model's weight-gradient pass. Waits for
+ * messages happen outside these spans, so what else the process runs meanwhile is the
+ * communicator's thread moving bytes, and BLAS threads working on the span's own GEMMs.
+ */
+function computeSpan<T>(name: string, fn: () => T, args: Record<string, unknown>): T {
+  if (!traceEnabled) return fn();
+  const c0 = process.cpuUsage();
+  return traceSpan(name, () => {
+    const done = () => { const d = process.cpuUsage(c0); args.cpuUs = d.user + d.system; };
+    const out = fn();
+    if (out instanceof Promise) return out.finally(done) as T;
+    done();
+    return out;
+  }, 'compute', args);
+}
+
 /** The parameter groups cut in two: without the experts, and the experts only (groups left empty dropped). */
 function splitParamGroups<H>(groups: ZeroParamGroup<H>[], experts: ReadonlySet<Tensor>): { dense: ZeroParamGroup<H>[]; experts: ZeroParamGroup<H>[] } {
   const part = (keep: (p: Tensor) => boolean) => groups.map((g) => ({ ...g, params: [...g.params].filter(keep) })).filter((g) => g.params.length > 0);
@@ -577,21 +616,25 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
   const cpMode = options.cpMode ?? 'ring';
   if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`cpMode must be 'ring' or 'ulysses', got ${String(cpMode)}`);
   if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
-  const chunks = model.chunks ?? 1;
+  const chunks = model.chunks ?? 1, placement = model.placement ?? 'loop';
   if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`schedule must be one of ${SCHEDULE_KINDS.map((k) => `'${k}'`).join(', ')}, got ${String(schedule)}`);
+  else if (schedule === 'zb-v') {
+    if (chunks !== 2 || placement !== 'v') problems.push('the zb-v schedule needs a model of 2 chunks per stage placed in a V (GPTStage(model, stage, stages, 2, \'v\'))');
+    if ((mesh?.ppSize ?? 1) < 2) problems.push('the zb-v schedule needs 2 or more pipeline stages');
+  } else if (placement !== 'loop') problems.push(`a model whose chunks are placed '${placement}' needs the zb-v schedule, not '${schedule}'`);
   else if (schedule === 'interleaved') {
     const stages = mesh?.ppSize ?? 1;
     if (chunks < 2) problems.push('the interleaved schedule needs a model of 2 or more chunks per stage (GPTStage(model, stage, stages, chunks))');
     if (stages < 2) problems.push('the interleaved schedule needs 2 or more pipeline stages');
     else if (Number.isInteger(m) && m % stages !== 0) problems.push(`the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${stages} stages`);
   } else if (chunks > 1) problems.push(`a model of ${chunks} chunks per stage needs the interleaved schedule, not '${schedule}'`);
-  if (schedule === 'zb-h1' && zero >= 2) problems.push(`the zb-h1 schedule defers weight gradients past the next micro-batch's backward, but ZeRO ${zero} reduces each micro-batch's gradients as its backward makes them (use ZeRO 0 or 1)`);
   const precision = options.precision ?? 'f32';
   if (precision !== 'f32' && precision !== 'bf16') {
     problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);
   }
   const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
-  if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (stage === stages - 1)) {
+  // Under the V placement the first stage also computes the loss.
+  if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (placement === 'v' ? stage === 0 : stage === stages - 1)) {
     problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
   }
   if (mesh && mesh.tpSize > 1 && tensorParallelParameters(model).sharded.length === 0) {
@@ -605,6 +648,9 @@ function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, para
       else if (!named.has(p as Parameter)) problems.push(`the parameter groups hold ${p.describe()}, which is not one of the model's parameters`);
       listed.add(p);
     }
+  }
+  if (mesh && mesh.epSize > 1 && splitsBackward(schedule) && (zero === 2 || zero === 3)) {
+    problems.push(`the ${schedule} schedule with expert parallelism (ep = ${mesh.epSize}) and ZeRO ${zero} is not supported yet (the experts' ZeRO would reduce before each W): use ZeRO 0 or 1`);
   }
   if (mesh && mesh.epSize > 1) {
     const layers = moeLayers(model);

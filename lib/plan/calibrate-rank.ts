@@ -19,6 +19,7 @@ import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { AdamW, type AdamWOptions } from '../optim/adamw.js';
 import { batchSlice, initParallelTraining } from '../parallel/layout.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
+import { schedulePlacement } from '../parallel/pipeline/schedules.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
@@ -85,7 +86,7 @@ async function main(argv: string[]): Promise<number> {
   const { layout, mesh } = par;
   const tensorParallel = mesh && layout.tp > 1 ? tensorParallelGPTOptions(mesh.tpGroup, { sequenceParallel: layout.sequenceParallel }) : {};
   const context = mesh && mesh.cpSize > 1 ? { contextLayout: contextParallelLayout(mesh.cpGroup, layout.cpMode) } : {};
-  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
+  const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages, schedulePlacement(layout.schedule));
   const trainer = await ParallelTrainer.create<AdamWOptions>(model, [{ params: model.parameters() }], {
     mesh, zero: layout.zero, ...(layout.cpMode ? { cpMode: layout.cpMode } : {}), microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
     createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),

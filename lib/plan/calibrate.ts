@@ -62,6 +62,8 @@ export function parseLayoutSpec(spec: string): PlanLayout {
   if (l.cpMode && !l.cp) throw new ArgumentError(`layout ${spec}: ulysses is a context-parallel mode: give cpN with N > 1`);
   // vN (virtual stages) > 1 means the interleaved schedule unless another is named (which the checks then reject).
   if (!scheduleGiven && (l.virtualStages ?? 1) > 1) l.schedule = 'interleaved';
+  // zb-v always holds 2 chunks per rank (its V).
+  if (l.schedule === 'zb-v' && (l.virtualStages ?? 1) === 1) l.virtualStages = 2;
   return l;
 }
 

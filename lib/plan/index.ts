@@ -1,6 +1,6 @@
 // `nt.plan`: per-rank memory and step time of training layouts, the ranked candidates for a model on
 // N devices, published reference formulas (DeepSpeed, Megatron) and calibration on this machine.
-export { PLAN_MODELS, resolveModel, modelFromConfig, layerParams, stageLayers, stageParams, totalParams, largestLayerParams, moeLayerCount, expertParams, activeParams, stageExpertParams, type PlanModel, type PlanMoE, type StageParams } from './models.js';
+export { PLAN_MODELS, resolveModel, modelFromConfig, layerParams, stageLayers, vStageLayers, stageParams, totalParams, largestLayerParams, moeLayerCount, expertParams, activeParams, stageExpertParams, type PlanModel, type PlanMoE, type StageParams } from './models.js';
 export {
   estimateMemory, estimateStageMemory, estimateStages, korthikantiLayerBytes, inFlightMicroBatches, sizeClass,
   F32_BLOCK_REPLICATED, F32_BLOCK_SPLIT, F32_SCORES, F32_EMBEDDING, F32_STAGE_OUTSIDE, F32_DEFERRED_REPLICATED, F32_DEFERRED_SPLIT, scheduleStates,

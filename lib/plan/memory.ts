@@ -5,7 +5,7 @@
 import { ArgumentError } from '../errors.js';
 import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, layerParams, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
-import { checkSchedule, scheduleTables, type ScheduleKind } from '../parallel/pipeline/schedules.js';
+import { checkSchedule, rankOfVirtualStage, schedulePlacement, scheduleTables, splitsBackward, virtualStageOf, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
 export type Recompute = 'none' | 'selective' | 'full';
@@ -90,17 +90,20 @@ function computeStates(layout: PlanLayout, stage: number): ScheduleState[] {
   const table = scheduleTables(layout.schedule, { stages: p, microBatches: m, chunks: v })[stage]!;
   // Interleaving posts every receive first: activations for chunks after the first virtual stage,
   // gradients for chunks before the last.
+  // ZB-V too, but for the last rank's hand-offs between its own two chunks.
+  const placement = schedulePlacement(layout.schedule), postsFirst = layout.schedule === 'interleaved' || layout.schedule === 'zb-v';
+  const remote = (vs: number) => vs >= 0 && vs < p * v && rankOfVirtualStage(vs, p, placement).rank !== stage;
+  const postsInput = (c: number) => remote(virtualStageOf(stage, c, p, placement) - 1);
+  const postsGrad = (c: number) => remote(virtualStageOf(stage, c, p, placement) + 1);
   let posted = 0;
-  if (layout.schedule === 'interleaved') {
-    for (let c = 0; c < v; c++) posted += m * ((c * p + stage > 0 ? 1 : 0) + (c * p + stage < p * v - 1 ? 1 : 0));
-  }
+  if (postsFirst) for (let c = 0; c < v; c++) posted += m * ((postsInput(c) ? 1 : 0) + (postsGrad(c) ? 1 : 0));
   const out: ScheduleState[] = [];
   let held = 0, deferred = 0, lastChunk = 0, afterBackward = false;
-  const split = layout.schedule === 'zb-h1';
+  const split = splitsBackward(layout.schedule);
   for (const a of table) {
-    const vs = a.chunk * p + stage, last = a.chunk === v - 1 ? 1 : 0;
-    if (a.op === 'F') { held++; lastChunk += last; if (layout.schedule === 'interleaved' && vs > 0) posted--; }
-    else if (a.op === 'B') { held--; lastChunk -= last; if (split) deferred++; if (layout.schedule === 'interleaved' && vs < p * v - 1) posted--; }
+    const last = a.chunk === v - 1 ? 1 : 0;
+    if (a.op === 'F') { held++; lastChunk += last; if (postsFirst && postsInput(a.chunk)) posted--; }
+    else if (a.op === 'B') { held--; lastChunk -= last; if (split) deferred++; if (postsFirst && postsGrad(a.chunk)) posted--; }
     else deferred--;
     if (a.op === 'B') afterBackward = true;
     // Memory peaks in forwards (a backward frees more than it makes): the states right after each.
@@ -291,12 +294,14 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const { tp: t, pp, dp, zero } = layout;
   const ep = layout.ep ?? 1;
   const sp = layout.sequenceParallel && t > 1;
-  const sp_ = stageParams(m, t, pp, stage, ep);
+  // zb-v's V: stage 0 holds both ends of the model, every stage a chunk on the way down and one back.
+  const placement = schedulePlacement(layout.schedule);
+  const sp_ = stageParams(m, t, pp, stage, ep, placement);
   const psi = sp_.total;
   // The routed experts held here (1/ep of them): ZeRO shards them over the dp/ep ranks holding the same experts.
   const expertPsi = stageExpertParams(m, pp, stage, ep);
-  const first = stage === 0, last = stage === pp - 1;
-  const nLayers = stageLayers(m.nLayer, pp)[stage]!;
+  const first = stage === 0, last = placement === 'v' ? stage === 0 : stage === pp - 1;
+  const nLayers = sp_.layers;
   // Context parallelism: this rank's tokens of each sequence; ZeRO shards over the dp × cp ranks.
   const cp = layout.cp ?? 1;
   const s = opts.seq / cp, b = opts.microBatchSize, h = m.nEmbd;
@@ -332,7 +337,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     // its input ids 8sb; under full recomputation, one layer's activations rebuilt during its backward.
     activations = inFlight * (nLayers * layer + (first ? (2 * s * b * h) / (sp ? t : 1) + 8 * s * b : 0));
     // ZB-H1: the micro-batches between B and W keep their linear layers' inputs and output gradients (16-bit).
-    if (layout.schedule === 'zb-h1' && pp > 1 && layout.recompute !== 'full') {
+    if (splitsBackward(layout.schedule) && pp > 1 && layout.recompute !== 'full') {
       const deferred = Math.max(...scheduleStates(layout, stage).map((x) => x.deferred));
       activations += deferred * nLayers * 2 * s * b * h * (F32_DEFERRED_REPLICATED / (sp ? t : 1) + F32_DEFERRED_SPLIT / t);
     }

@@ -180,6 +180,12 @@ export interface StageParams {
   total: number;
 }
 
+/** Layers per stage under zb-v's V: stage s holds chunks s and 2·pp − 1 − s of 2·pp. */
+export function vStageLayers(nLayer: number, pp: number): number[] {
+  const chunks = stageLayers(nLayer, 2 * pp);
+  return Array.from({ length: pp }, (_, s) => chunks[s]! + chunks[2 * pp - 1 - s]!);
+}
+
 /** Layer ranges per stage, as nodetron's partitionLayers splits them (the first stages take the remainder). */
 export function stageLayers(nLayer: number, pp: number): number[] {
   const base = Math.floor(nLayer / pp), extra = nLayer % pp;
@@ -191,10 +197,11 @@ export function stageLayers(nLayer: number, pp: number): number[] {
  * position) embedding on the first stage, the final norm and the head on the last (a tied head is
  * the last stage's own copy of the token table when pp > 1, as GPTStage keeps it).
  */
-export function stageParams(m: PlanModel, tp: number, pp: number, stage: number, ep = 1): StageParams {
-  const layers = stageLayers(m.nLayer, pp)[stage]!;
+export function stageParams(m: PlanModel, tp: number, pp: number, stage: number, ep = 1, placement: 'loop' | 'v' = 'loop'): StageParams {
+  const layers = placement === 'v' ? vStageLayers(m.nLayer, pp)[stage]! : stageLayers(m.nLayer, pp)[stage]!;
   const table = (m.vocabSize * m.nEmbd) / tp;
-  const first = stage === 0, last = stage === pp - 1;
+  // Under zb-v's V the first stage holds both ends of the model (one copy of a tied table).
+  const first = stage === 0, last = placement === 'v' ? stage === 0 : stage === pp - 1;
   const embedding = first ? table + m.positions * m.nEmbd : 0;
   const head = last ? (m.bias ? 2 : 1) * m.nEmbd + (m.tied ? (first ? 0 : table) : table) : 0;
   const lp = layers * layerParams(m, tp, ep);

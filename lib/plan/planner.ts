@@ -75,9 +75,10 @@ export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBa
     if (l.pp * v > m.nLayer) return `pp ${l.pp} × ${v} virtual stages exceed the ${m.nLayer} layers`;
     if (l.microBatches % l.pp) return `interleaving needs the ${l.microBatches} micro-batches to be a multiple of pp ${l.pp}`;
   }
-  if (l.schedule === 'zb-h1' && l.zero >= 2) return `zb-h1 defers weight gradients, which ZeRO ${l.zero} reduces per micro-batch`;
+  if (l.schedule === 'zb-v' && 2 * l.pp > m.nLayer) return `zb-v's 2·pp ${2 * l.pp} chunks exceed the ${m.nLayer} layers`;
   const ep = l.ep ?? 1;
   if (ep > 1 && !m.moe) return `ep ${ep} splits MoE experts, and the model has none`;
+  if ((l.schedule === 'zb-h1' || l.schedule === 'zb-v') && ep > 1 && l.zero >= 2) return `${l.schedule} with ep ${ep} and ZeRO ${l.zero} is not supported (nodetron refuses it: the experts' ZeRO would reduce before each W)`;
   if (m.moe) {
     if (ep > 1 && l.dp % ep) return `ep ${ep} does not divide dp ${l.dp}`;
     if (m.moe.experts % ep) return `ep ${ep} does not divide the ${m.moe.experts} experts`;
@@ -135,7 +136,7 @@ export function launchCommand(m: PlanModel, l: PlanLayout, o: { seq: number; glo
   if (l.recompute === 'full') parts.push('--recompute');
   if (l.microBatches > 1) parts.push(`--micro-batches ${l.microBatches}`);
   if (l.pp > 1) parts.push(`--schedule ${l.schedule}`);
-  if ((l.virtualStages ?? 1) > 1) parts.push(`--virtual-stages ${l.virtualStages}`);
+  if ((l.virtualStages ?? 1) > 1 && l.schedule !== 'zb-v') parts.push(`--virtual-stages ${l.virtualStages}`);
   if (!o.cpu) parts.push('--device cuda');
   return parts.join(' ');
 }
@@ -170,11 +171,11 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
     const dp = o.gpus / (tp * pp * cp);
     for (const ep of eps(dp)) for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
       if (zero > 0 && dp * cp === 1) continue;
-      for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe', 'interleaved', 'zb-h1'] as const : ['1f1b'] as const) {
+      for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe', 'interleaved', 'zb-h1', 'zb-v'] as const : ['1f1b'] as const) {
         const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
         // Interleaving with 2 chunks per rank (Megatron's usual choice when the layers allow it).
         const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule,
-          ...(schedule === 'interleaved' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
+          ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
         const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
         const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead });

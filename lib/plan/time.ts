@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
 import type { PlanLayout, PlanDType } from './memory.js';
 import { stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
-import { checkSchedule, scheduleTables, simulateSchedule } from '../parallel/pipeline/schedules.js';
+import { checkSchedule, schedulePlacement, scheduleTables, simulateSchedule } from '../parallel/pipeline/schedules.js';
 
 /** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
 export interface PlanDevice {
@@ -133,7 +133,7 @@ export function predictBubble(l: PlanLayout): number {
   const key = `${l.schedule}/${l.pp}/${l.microBatches}/${v}`;
   let bubble = bubbleCache.get(key);
   if (bubble === undefined) {
-    bubble = simulateSchedule(scheduleTables(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }), v, { F: 1, B: 1, W: 1 }).bubble;
+    bubble = simulateSchedule(scheduleTables(l.schedule, { stages: l.pp, microBatches: l.microBatches, chunks: v }), v, { F: 1, B: 1, W: 1 }, schedulePlacement(l.schedule)).bubble;
     if (bubbleCache.size > 4096) bubbleCache.clear();
     bubbleCache.set(key, bubble);
   }

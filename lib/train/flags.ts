@@ -48,10 +48,11 @@ NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP):
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
                        overlaps them, and one process accumulates their gradients
-  --schedule S         gpipe | 1f1b | interleaved | zb-h1 (default 1f1b; all give the same numbers):
+  --schedule S         gpipe | 1f1b | interleaved | zb-h1 | zb-v (default 1f1b; all give the same numbers):
                        1f1b holds fewer activations than gpipe; interleaved (needs --virtual-stages >= 2
-                       and micro-batches a multiple of pp) and zb-h1 (weight gradients deferred into the
-                       bubble; --zero 0 or 1) have smaller bubbles
+                       and micro-batches a multiple of pp), zb-h1 (weight gradients deferred into the
+                       bubble) and zb-v (2 chunks per rank in a V: rank r holds chunks r and 2·pp − 1 − r,
+                       B and W split as in zb-h1) have smaller bubbles; every --zero stage works with both
   --virtual-stages V   model chunks per pipeline rank for --schedule interleaved (default 1; selects
                        interleaved when > 1): rank r holds chunks r, r + pp, ... of pp·V
   --zero 0|1|2|3       ZeRO stage: shard optimizer state (1), gradients too (2), parameters too (3) over the dp ranks

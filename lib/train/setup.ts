@@ -20,6 +20,7 @@ import { batchSlice, describeLayout, resolveTrainingLayout, type LayoutModelShap
 import { destroyParallel, initializeParallel, isParallelInitialized, type ParallelState } from '../parallel/mesh.js';
 import { agreeAll, agreeMax } from '../distributed/agree.js';
 import { GPTStage } from '../parallel/pipeline/gpt-stage.js';
+import { schedulePlacement } from '../parallel/pipeline/schedules.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
 import { expertParallel } from '../parallel/expert-parallel.js';
@@ -260,7 +261,7 @@ function checkOptions<H extends { lr: number }>(options: TrainSetupOptions<H>, w
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
   // (A probe that passes the model checks: with virtual stages, one layer per model chunk; with cp, a
   // sequence and heads that split; with ep, experts that split.)
-  const v0 = isInt(flags.virtualStages, 1) ? flags.virtualStages! : 1;
+  const v0 = flags.schedule === 'zb-v' ? 2 : isInt(flags.virtualStages, 1) ? flags.virtualStages! : 1;
   const cp0 = isInt(flags.cp, 1) ? flags.cp! : 1;
   const probe: LayoutModelShape = { nLayer: pp0 * v0, nHead: tp0 * cp0, nEmbd: tp0 * cp0, vocabSize: tp0, blockSize: tp0 * 2 * cp0,
     ...(isInt(flags.ep, 1) ? { moeExperts: flags.ep } : {}) };
@@ -334,7 +335,7 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   const c = full?.shape;
   await agreeOnSetup(world, problems, 'model', c ? `${full!.family} layers=${c.nLayer} heads=${c.nHead}/${c.nKvHead} width=${c.nEmbd} ffn=${c.ffnHidden} vocab=${c.vocabSize} ctx=${seqLen}` : 'rejected');
 
-  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp, layout.virtualStages);
+  const stage = owner = new GPTStage(full!, mesh?.ppRank ?? 0, layout.pp, layout.virtualStages, schedulePlacement(layout.schedule));
   let trainer: ParallelTrainer<H>;
   try {
     const groups = (options.paramGroups ?? nanoGPTGroups<H>)(stage.namedParameters());

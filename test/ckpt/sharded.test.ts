@@ -88,6 +88,14 @@ const interleavedRuns = Object.fromEntries(Object.entries(interleavedTargets).ma
 const interleavedBack = interleavedRuns['PP2 1F1B']!.then((t) => (t.code !== 0 ? [t, t]
   : Promise.all([launch('iback', 2, [...DEEP, ...INTERLEAVED, '--steps', '5', '--resume', ckpt('itarget1'), '--save-loaded', '--save', ckpt('iback')]),
     launch('iback-single', 1, [...DEEP, '--steps', '5', '--resume', ckpt('itarget1')])])));
+// ZB-V (2 chunks per rank in a V: rank 0 holds layers 0 and 3 and both ends of the model, rank 1 layers 1
+// and 2): saved so, it loads in one process, and that process's re-saved state loads back under ZB-V.
+const ZBV = ['--pp', '2', '--schedule', 'zb-v', '--micro-batches', '2'];
+const zbvSource = launch('vsource', 2, [...DEEP, ...ZBV, '--steps', '3', '--save', ckpt('vsource')]);
+const zbvSingle = zbvSource.then((s) => (s.code !== 0 ? s : launch('vtarget', 1, [...DEEP, '--steps', '4', '--resume', ckpt('vsource'), '--save-loaded', '--save', ckpt('vtarget')])));
+const zbvBack = zbvSingle.then((t) => (t.code !== 0 ? [t, t]
+  : Promise.all([launch('vback', 2, [...DEEP, ...ZBV, '--steps', '5', '--resume', ckpt('vtarget'), '--save-loaded', '--save', ckpt('vback')]),
+    launch('vback-single', 1, [...DEEP, '--steps', '5', '--resume', ckpt('vtarget')])])));
 // A Llama (multi-query: its one key/value head replicated under TP) saved under TP2×PP2×DP2 ZeRO-1 and
 // loaded in one process and under TP3; a GPT checkpoint loaded into a Llama is refused by name.
 const llamaSource = launch('llama-source', 8, ['--model', 'llama', '--tp', '2', '--pp', '2', '--zero', '1', '--steps', '3', '--save', ckpt('llama-source')]);
@@ -141,6 +149,22 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
     expect(single.code, single.output).toBe(0);
     expect(b.start).toBe(4);
     expectSameState(at('iback', 4), at('itarget1', 4));
+    // The step after the load agrees with one process's step from the same checkpoint.
+    expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('PP2 ZB-V → one process → PP2 ZB-V: the V\'s checkpoint loads under another layout and back', async () => {
+    const s = await zbvSource;
+    expect(s.code, s.output).toBe(0);
+    const t = await zbvSingle;
+    expect(t.code, t.output).toBe(0);
+    expect(t.start).toBe(3);
+    expectSameState(at('vtarget', 3), at('vsource', 3));
+    const [b, single] = await zbvBack;
+    expect(b.code, b.output).toBe(0);
+    expect(single.code, single.output).toBe(0);
+    expect(b.start).toBe(4);
+    expectSameState(at('vback', 4), at('vtarget', 4));
     // The step after the load agrees with one process's step from the same checkpoint.
     expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
   }, QUEUED_TEST_TIMEOUT_MS);

@@ -70,6 +70,13 @@ const layouts = {
   'PP3 ZB-H1, 4 micro-batches (a middle stage)': launchRun('pp3-zb', 3, ['--pp', '3', '--schedule', 'zb-h1', '--micro-batches', '4']),
   'PP2×DP2 ZB-H1, 2 micro-batches (bucket hooks after W)': launchRun('pp2-dp2-zb', 4, ['--pp', '2', '--dp', '2', '--schedule', 'zb-h1', '--micro-batches', '2']),
   'PP2×DP2 ZB-H1 ZeRO-1, 2 micro-batches': launchRun('pp2-dp2-zb-zero1', 4, ['--pp', '2', '--dp', '2', '--zero', '1', '--schedule', 'zb-h1', '--micro-batches', '2']),
+  // ZeRO 2 and 3 under zero bubble: a micro-batch's gradients are reduced after its W.
+  'PP2×DP2 ZB-H1 ZeRO-2, 2 micro-batches': launchRun('pp2-dp2-zb-zero2', 4, ['--pp', '2', '--dp', '2', '--zero', '2', '--schedule', 'zb-h1', '--micro-batches', '2']),
+  'PP2×DP2 ZB-H1 ZeRO-3, 2 micro-batches': launchRun('pp2-dp2-zb-zero3', 4, ['--pp', '2', '--dp', '2', '--zero', '3', '--schedule', 'zb-h1', '--micro-batches', '2']),
+  // ZB-V: 2 chunks per rank in a V (4 layers: one per chunk), the first rank holding both ends.
+  'PP2 ZB-V, 4 micro-batches': deep('PP2 ZB-V, 4 micro-batches', launchRun('pp2-zbv', 2, ['--layers', '4', '--pp', '2', '--schedule', 'zb-v', '--micro-batches', '4'])),
+  'PP2×DP2 ZB-V ZeRO-3, 2 micro-batches': deep('PP2×DP2 ZB-V ZeRO-3, 2 micro-batches',
+    launchRun('pp2-dp2-zbv-zero3', 4, ['--layers', '4', '--pp', '2', '--dp', '2', '--zero', '3', '--schedule', 'zb-v', '--micro-batches', '2'])),
 };
 const TOLERANCE = 1e-5;
 // Parameters after 3 AdamW steps: Adam's update of a near-zero gradient (|g| ~ eps) magnifies f32
@@ -153,6 +160,15 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
     }
   }, QUEUED_TEST_TIMEOUT_MS);
 
+  it('ZB-V stages hold a V: the first rank both ends of the model (one copy of the tied table), the last rank the middle', async () => {
+    const run = await layouts['PP2 ZB-V, 4 micro-batches'];
+    expect(run.code, run.output).toBe(0);
+    const [first, last] = [...run.ranks].sort((a, b) => a.coords.pp - b.coords.pp).map((r) => [...r.params.keys()]);
+    expect(first!.filter((n) => !/^h\.[03]\./.test(n))).toEqual(['wte.weight', 'wpe.weight', 'lnF.weight', 'lnF.bias']);
+    expect(first!.some((n) => n.startsWith('h.0.')) && first!.some((n) => n.startsWith('h.3.'))).toBe(true);
+    expect(last!.every((n) => /^h\.[12]\./.test(n))).toBe(true);
+  }, QUEUED_TEST_TIMEOUT_MS);
+
   it('pipeline stages hold their own layers: embeddings first, LayerNorm and tied head last', async () => {
     const run = await layouts['PP2 GPipe, 2 micro-batches'];
     expect(run.code, run.output).toBe(0);
@@ -199,6 +215,9 @@ describe('training layout validation', () => {
     // --virtual-stages > 1 selects the interleaved schedule.
     expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, virtualStages: 2 }, { ...shape, nLayer: 4 }, 2, 4)).toEqual({ ...defaults, pp: 2, microBatches: 2, schedule: 'interleaved', virtualStages: 2 });
     expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'zb-h1', zero: 1 }, shape, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, zero: 1, microBatches: 2, schedule: 'zb-h1' });
+    // Every ZeRO stage with the zero-bubble schedules; zb-v always 2 chunks per rank.
+    expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'zb-h1', zero: 3 }, shape, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, zero: 3, microBatches: 2, schedule: 'zb-h1' });
+    expect(parallel.resolveTrainingLayout({ pp: 2, microBatches: 2, schedule: 'zb-v', zero: 2 }, { ...shape, nLayer: 4 }, 4, 4)).toEqual({ ...defaults, pp: 2, dp: 2, zero: 2, microBatches: 2, schedule: 'zb-v', virtualStages: 2 });
   });
   it.each([
     [{ dp: 3 }, 2, 6, /job has 2 processes/],
@@ -208,13 +227,16 @@ describe('training layout validation', () => {
     [{ dp: 3 }, 3, 4, /does not divide the global batch of 4/],
     [{ dp: 2, microBatches: 4 }, 2, 4, /dp·micro-batches = 2·4 does not divide the global batch of 4/],
     [{ microBatches: 0 }, 1, 4, /--micro-batches must be an integer >= 1/],
-    [{ pp: 2, schedule: 'zigzag' }, 2, 4, /--schedule must be gpipe, 1f1b, interleaved, zb-h1, got zigzag/],
+    [{ pp: 2, schedule: 'zigzag' }, 2, 4, /--schedule must be gpipe, 1f1b, interleaved, zb-h1, zb-v, got zigzag/],
     [{ pp: 2, schedule: 'interleaved' }, 2, 4, /--schedule interleaved needs --virtual-stages >= 2/],
     [{ pp: 2, virtualStages: 2, microBatches: 1 }, 2, 4, /--micro-batches to be a multiple of --pp .*: 1 micro-batches over 2 stages/],
     [{ pp: 2, virtualStages: 2, microBatches: 2 }, 2, 4, /--pp 2 × --virtual-stages 2 = 4 model chunks, more than the model's 2 layers/],
     [{ pp: 2, virtualStages: 2, schedule: '1f1b' }, 2, 4, /--virtual-stages 2 needs --schedule interleaved, not 1f1b/],
     [{ virtualStages: 2, microBatches: 2 }, 1, 4, /--schedule interleaved needs --pp >= 2/],
-    [{ pp: 2, dp: 2, zero: 2, schedule: 'zb-h1', microBatches: 2 }, 4, 4, /--schedule zb-h1 defers weight gradients .* use --zero 0 or 1/],
+    [{ pp: 2, schedule: 'zb-v', microBatches: 2 }, 2, 4, /--schedule zb-v cuts the model into 2·pp = 4 chunks, more than the model's 2 layers/],
+    [{ pp: 2, schedule: 'zb-v', virtualStages: 3 }, 2, 4, /--schedule zb-v holds exactly 2 model chunks per rank/],
+    [{ schedule: 'zb-v', microBatches: 2 }, 1, 4, /--schedule zb-v needs --pp >= 2/],
+    [{ pp: 2, dp: 2, ep: 2, zero: 2, schedule: 'zb-h1', microBatches: 2 }, 4, 4, /--schedule zb-h1 with --ep 2 and --zero 2 is not supported yet/],
     [{ zero: 4 }, 2, 4, /--zero must be 0, 1, 2 or 3/],
     [{ zero: 1 }, 1, 4, /--zero 1 shards over the data-parallel ranks, but dp = 1/],
     [{ offload: true }, 1, 4, /--offload .* needs --zero 1, 2 or 3/],

@@ -108,6 +108,8 @@ describe('pipeline schedules in the planner', () => {
     expect(plan.predictBubble({ ...pp4, schedule: 'gpipe' })).toBeCloseTo(3 / 11, 12);
     expect(plan.predictBubble({ ...pp4, schedule: 'interleaved', virtualStages: 2 })).toBeCloseTo(3 / 19, 12);
     expect(plan.predictBubble({ ...pp4, schedule: 'zb-h1' })).toBeCloseTo(3 / 27, 12);
+    // ZB-V: 6m chunk units of work, p − 1 idle per rank.
+    expect(plan.predictBubble({ ...pp4, schedule: 'zb-v', virtualStages: 2 })).toBeCloseTo(3 / 51, 12);
     // The step time's bubble term is the idle time relative to the work: (p - 1)/m for 1F1B.
     const dev = plan.resolveDevice('h100');
     const t = plan.predictStepTime(m, pp4, dev, { seq: 64, microBatchSize: 2, dtype: 'bf16', gpusPerNode: 8 });
@@ -127,6 +129,15 @@ describe('pipeline schedules in the planner', () => {
     for (const s of [1, 2]) {
       expect(plan.estimateStageMemory(m, { ...pp4, schedule: 'zb-h1' }, opts, s).activations).toBeGreaterThan(plan.estimateStageMemory(m, pp4, opts, s).activations);
     }
+    // ZB-V: every rank holds up to p whole-stage micro-batches (2p chunks of half a stage), 1F1B's first-stage peak;
+    // the first rank holds both ends of the model (embeddings and head), the last only layers.
+    const zbv = { ...pp4, schedule: 'zb-v' as const, virtualStages: 2 };
+    expect([0, 1, 2, 3].map((s) => plan.inFlightMicroBatches(zbv, s)).every((x) => x <= 4)).toBe(true);
+    const v0 = plan.estimateStageMemory(m, zbv, opts, 0), v3 = plan.estimateStageMemory(m, zbv, opts, 3);
+    expect(v0.numParams).toBe(plan.stageParams(m, 1, 4, 0, 1, 'v').total);
+    expect(plan.stageParams(m, 1, 4, 0, 1, 'v').head).toBeGreaterThan(0);
+    expect(plan.stageParams(m, 1, 4, 3, 1, 'v')).toMatchObject({ embedding: 0, head: 0, layers: 2 });
+    expect(v0.numParams).toBeGreaterThan(v3.numParams);
     // Interleaving's first stage holds more than 1F1B's (p·(1 + (p - 1)/(p·v)) micro-batches) and its posted receives.
     expect(plan.estimateStageMemory(m, inter, opts, 0).total).toBeGreaterThan(plan.estimateStageMemory(m, pp4, opts, 0).total);
   });
@@ -139,7 +150,15 @@ describe('pipeline schedules in the planner', () => {
     const inter = c.find((x) => !x.skipped && x.layout.schedule === 'interleaved');
     expect(inter!.command).toMatch(/--schedule interleaved --virtual-stages 2/);
     expect(c.some((x) => !x.skipped && x.layout.schedule === 'zb-h1')).toBe(true);
-    expect(c.some((x) => x.skipped?.includes('zb-h1 defers weight gradients, which ZeRO 2 reduces per micro-batch'))).toBe(true);
+    // The zero-bubble schedules run under every ZeRO stage (ZeRO 2/3 reduce after each W): ranked, never skipped for it.
+    for (const schedule of ['zb-h1', 'zb-v'] as const) {
+      for (const zero of [2, 3]) expect(c.some((x) => !x.skipped && x.layout.schedule === schedule && x.layout.zero === zero), `${schedule} ZeRO ${zero}`).toBe(true);
+    }
+    expect(c.filter((x) => x.layout.schedule.startsWith('zb') && x.skipped?.match(/ZeRO/))).toEqual([]);
+    const zbv = c.find((x) => !x.skipped && x.layout.schedule === 'zb-v')!;
+    expect(zbv.layout.virtualStages).toBe(2);
+    expect(zbv.command).toMatch(/--schedule zb-v/);
+    expect(zbv.command).not.toMatch(/--virtual-stages/);
     // Same layout otherwise: interleaving and ZB-H1 predict a shorter step than 1F1B.
     const same = (s: string) => c.find((x) => !x.skipped && x.layout.pp === 4 && x.layout.tp === 1 && x.layout.zero === 1 && !x.layout.offload && x.layout.recompute === 'none' && x.microBatchSize === 1 && x.layout.schedule === s)!;
     expect(same('interleaved').time!.total).toBeLessThan(same('1f1b').time!.total);

@@ -159,7 +159,7 @@ describe('nt.train.setup in one process', () => {
     const base = { model: (shard: nt.train.ModelShard) => new nt.nn.GPT(CONFIG, shard), optimizer: createOptimizer, batchSize: GLOBAL_BATCH, ...quiet };
     await expect(nt.train.setup({ ...base, layout: { tp: 2 } })).rejects.toThrow(/tp·pp·dp = 2·1·1 = 2 but the job has 1 processes/);
     await expect(nt.train.setup({ ...base, argv: ['--zero', '1'] })).rejects.toThrow(/--zero 1 shards over the data-parallel ranks, but dp = 1/);
-    await expect(nt.train.setup({ ...base, argv: ['--schedule', 'zigzag'] })).rejects.toThrow(/--schedule must be gpipe, 1f1b, interleaved, zb-h1, got zigzag/);
+    await expect(nt.train.setup({ ...base, argv: ['--schedule', 'zigzag'] })).rejects.toThrow(/--schedule must be gpipe, 1f1b, interleaved, zb-h1, zb-v, got zigzag/);
     await expect(nt.train.setup({ ...base, argv: ['--virtual-stages', '2', '--micro-batches', '2'] })).rejects.toThrow(/--schedule interleaved needs --pp >= 2/);
     // The early check (before the model exists) does not hold virtual stages against a made-up layer count.
     const early = await nt.train.setup({ ...base, argv: ['--pp', '2', '--virtual-stages', '2', '--micro-batches', '2'] }).catch((e: Error) => e);

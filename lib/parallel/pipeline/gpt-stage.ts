@@ -6,7 +6,7 @@ import { ArgumentError, ShapeError } from '../../errors.js';
 import { Module, type Parameter } from '../../nn/module.js';
 import type { CausalLM } from '../../nn/gpt.js';
 import type { Tensor } from '../../tensor.js';
-import { chunkLayers } from './schedules.js';
+import { chunkLayers, type ChunkPlacement } from './schedules.js';
 
 /** What the parallel trainer runs: a model, or one pipeline stage of it, that ends in a loss on the last stage. */
 export interface PipelineModule extends Module {
@@ -14,8 +14,10 @@ export interface PipelineModule extends Module {
   readonly isFirstStage: boolean;
   /** Whether this is the last pipeline stage (it computes the loss). */
   readonly isLastStage: boolean;
-  /** Model chunks this stage holds (interleaved 1F1B's virtual stages; absent: 1). */
+  /** Model chunks this stage holds (interleaved 1F1B's virtual stages, zb-v's 2; absent: 1). */
   readonly chunks?: number;
+  /** How the chunks map to virtual stages (absent: 'loop'; 'v' under zb-v, where the first stage also computes the loss). */
+  readonly placement?: ChunkPlacement;
   /**
    * Token ids i32 [B, T] on the first stage's chunk 0, the previous (virtual) stage's activation
    * elsewhere → the activation for the next one, or on the last stage's last chunk the mean loss over
@@ -46,8 +48,10 @@ export class GPTStage extends Module implements PipelineModule {
   readonly stages: number;
   /** The global layer range [start, end) this stage runs (its first chunk's, with virtual stages). */
   readonly layers: readonly [number, number];
-  /** Model chunks (virtual stages) this stage holds: chunk k is virtual stage k·stages + stage. */
+  /** Model chunks (virtual stages) this stage holds: chunk k is virtual stage k·stages + stage ('loop'), or stage and 2·stages − 1 − stage ('v'). */
   readonly chunks: number;
+  /** How the chunks map to virtual stages: 'loop' (interleaved 1F1B) or 'v' (zb-v). */
+  readonly placement: ChunkPlacement;
   /** Each chunk's global layer range [start, end). */
   readonly chunkLayers: readonly (readonly [number, number])[];
   /** Whether this is the first stage (it holds the embeddings). */
@@ -62,17 +66,19 @@ export class GPTStage extends Module implements PipelineModule {
   /**
    * Takes ownership of `model`: after this, use the stage (the model's other parameters are
    * disposed). `chunks` > 1: the stage holds chunks stage, stage + stages, ... of stages·chunks
-   * (interleaved 1F1B).
+   * (interleaved 1F1B); with placement 'v' (zb-v, chunks = 2) chunks stage and 2·stages − 1 − stage,
+   * so stage 0 holds the embeddings, the first and the last layers and the head.
    */
-  constructor(model: CausalLM, stage: number, stages: number, chunks = 1) {
+  constructor(model: CausalLM, stage: number, stages: number, chunks = 1, placement: ChunkPlacement = 'loop') {
     super();
     if (!Number.isInteger(stage) || stage < 0 || stage >= stages) throw new ArgumentError(`GPTStage: stage ${stage} is outside [0, ${stages})`);
-    const ranges = chunkLayers(model.shape.nLayer, stages, stage, chunks);
-    this.stage = stage; this.stages = stages; this.chunks = chunks;
+    if (placement !== 'loop' && placement !== 'v') throw new ArgumentError(`GPTStage: placement must be 'loop' or 'v', got ${String(placement)}`);
+    const ranges = chunkLayers(model.shape.nLayer, stages, stage, chunks, placement);
+    this.stage = stage; this.stages = stages; this.chunks = chunks; this.placement = placement;
     this.chunkLayers = ranges;
     this.layers = ranges[0]!;
     this.isFirstStage = stage === 0;
-    this.isLastStage = stage === stages - 1;
+    this.isLastStage = placement === 'v' ? stage === 0 : stage === stages - 1;
     this.#model = model;
     const { before, after } = model.stageModules(this.isFirstStage, this.isLastStage);
     const owned: [string, Module][] = [...before];
@@ -81,10 +87,11 @@ export class GPTStage extends Module implements PipelineModule {
     this.#owned = owned;
     const keep = new Set(this.parameters());
     for (const p of model.parameters()) if (!keep.has(p)) p.dispose();
-    // A tied token table is both the first stage's input table and the last stage's output head.
-    const tied = model.tiedWeight;
-    this.tiedParameters = tied && stages > 1 && (this.isFirstStage || this.isLastStage) ? [tied] : [];
-    this.tiedCountedElsewhere = tied && stages > 1 && this.isLastStage ? [tied] : [];
+    // A tied token table is both the first stage's input table and the last stage's output head (one
+    // copy when one stage is both, as under the V placement).
+    const tied = model.tiedWeight, twoCopies = stages > 1 && placement === 'loop';
+    this.tiedParameters = tied && twoCopies && (this.isFirstStage || this.isLastStage) ? [tied] : [];
+    this.tiedCountedElsewhere = tied && twoCopies && this.isLastStage ? [tied] : [];
   }
 
   /** Also switches the model's own mode (recomputation) and its embedding dropout. */

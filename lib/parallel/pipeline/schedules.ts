@@ -2,7 +2,7 @@
 // micro-batch's forward (F), backward (B; with ZB-H1 only its input gradient) or weight gradient (W)
 // on one of the rank's model chunks — that one runner executes: activations go forward and their
 // gradients backward by tagged point-to-point send/recv in the pipeline group.
-import { backward, deferWeightGrads, noGrad, type DeferredWeightGrads } from '../../autograd/index.js';
+import { backward, deferWeightGrads, detach, noGrad, type DeferredWeightGrads } from '../../autograd/index.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { scope } from '../../memory.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
@@ -25,20 +25,56 @@ export function partitionLayers(numLayers: number, stages: number): [number, num
  * each (interleaved 1F1B's virtual stages): chunk k of rank r is virtual stage k·stages + r of
  * partitionLayers(numLayers, stages·chunks), so a rank holds non-adjacent slices of the model.
  */
-export function chunkLayers(numLayers: number, stages: number, stage: number, chunks = 1): [number, number][] {
+export function chunkLayers(numLayers: number, stages: number, stage: number, chunks = 1, placement: ChunkPlacement = 'loop'): [number, number][] {
   if (!Number.isInteger(chunks) || chunks < 1) throw new ArgumentError(`chunkLayers: virtual stages (chunks per rank) must be an integer >= 1, got ${chunks}`);
   if (!Number.isInteger(stage) || stage < 0 || stage >= stages) throw new ArgumentError(`chunkLayers: stage ${stage} is outside [0, ${stages})`);
   if (chunks > 1 && Number.isInteger(numLayers) && numLayers < stages * chunks) {
     throw new ArgumentError(`chunkLayers: ${numLayers} layers cannot fill ${stages} stages × ${chunks} virtual stages = ${stages * chunks} chunks of at least one layer (--virtual-stages must be <= layers / pp)`);
   }
+  if (placement === 'v' && chunks !== 2) throw new ArgumentError(`chunkLayers: the V placement (zb-v) holds exactly 2 chunks per rank, got ${chunks}`);
   const all = partitionLayers(numLayers, stages * chunks);
-  return Array.from({ length: chunks }, (_, k) => all[k * stages + stage]!);
+  return Array.from({ length: chunks }, (_, k) => all[virtualStageOf(stage, k, stages, placement)]!);
+}
+
+/**
+ * How a rank's model chunks map to virtual stages: 'loop' (interleaved 1F1B: chunk k of rank r is
+ * virtual stage k·p + r, so the activations go around the ring v times) or 'v' (ZB-V: rank r holds
+ * virtual stages r and 2p − 1 − r, so the first chunk goes down the pipeline and the second comes
+ * back; the last rank hands its first chunk's output to its own second chunk, and the first rank
+ * holds both the embeddings and the head).
+ */
+export type ChunkPlacement = 'loop' | 'v';
+
+/** The chunk placement a schedule runs on: 'v' for zb-v, 'loop' for the others. */
+export function schedulePlacement(kind: string): ChunkPlacement { return kind === 'zb-v' ? 'v' : 'loop'; }
+
+/** The virtual stage of chunk `chunk` of rank `rank` among `stages` ranks. */
+export function virtualStageOf(rank: number, chunk: number, stages: number, placement: ChunkPlacement = 'loop'): number {
+  if (placement === 'v') return chunk === 0 ? rank : 2 * stages - 1 - rank;
+  return chunk * stages + rank;
+}
+
+/** Where a virtual stage runs. */
+export interface VirtualStagePlace {
+  /** The pipeline rank. */
+  rank: number;
+  /** The rank's model chunk. */
+  chunk: number;
+}
+
+/** The rank and chunk that run virtual stage `vs` (the inverse of {@link virtualStageOf}). */
+export function rankOfVirtualStage(vs: number, stages: number, placement: ChunkPlacement = 'loop'): VirtualStagePlace {
+  if (placement === 'v') return vs < stages ? { rank: vs, chunk: 0 } : { rank: 2 * stages - 1 - vs, chunk: 1 };
+  return { rank: vs % stages, chunk: Math.floor(vs / stages) };
 }
 
 /** The schedules' names. */
-export type ScheduleKind = 'gpipe' | '1f1b' | 'interleaved' | 'zb-h1';
+export type ScheduleKind = 'gpipe' | '1f1b' | 'interleaved' | 'zb-h1' | 'zb-v';
 /** Every schedule, in the order the docs and the benchmark list them. */
-export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b', 'interleaved', 'zb-h1'];
+export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b', 'interleaved', 'zb-h1', 'zb-v'];
+
+/** Whether a schedule splits each backward into B (input gradient) and W (weight gradient): the zero-bubble ones. */
+export function splitsBackward(kind: string): boolean { return kind === 'zb-h1' || kind === 'zb-v'; }
 
 /** One step of a rank's schedule: F (forward), B (backward; ZB-H1: the input gradient only) or W (ZB-H1's weight gradient). */
 export interface PipelineAction {
@@ -46,7 +82,7 @@ export interface PipelineAction {
   readonly op: 'F' | 'B' | 'W';
   /** The micro-batch. */
   readonly micro: number;
-  /** The rank's model chunk (0 unless interleaved); virtual stage chunk·stages + rank. */
+  /** The rank's model chunk (0 unless interleaved or zb-v); its virtual stage is virtualStageOf(rank, chunk). */
   readonly chunk: number;
 }
 
@@ -56,7 +92,7 @@ export interface ScheduleShape {
   stages: number;
   /** Micro-batches m per step. */
   microBatches: number;
-  /** Model chunks per rank v (interleaved only; default 1). */
+  /** Model chunks per rank v (interleaved: v >= 2; zb-v: 2; default 1). */
   chunks?: number;
 }
 
@@ -71,8 +107,11 @@ export function checkSchedule(kind: string, shape: ScheduleShape, call = 'pipeli
     if (v < 2) throw new ArgumentError(`${call}: the interleaved schedule needs --virtual-stages >= 2 (with 1 chunk per rank it is 1f1b), got ${v}`);
     if (p < 2) throw new ArgumentError(`${call}: the interleaved schedule needs at least 2 pipeline stages, got ${p}`);
     if (m % p !== 0) throw new ArgumentError(`${call}: the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${p} stages`);
+  } else if (kind === 'zb-v') {
+    if (v !== 2) throw new ArgumentError(`${call}: the zb-v schedule holds exactly 2 model chunks per rank (the V: one down the pipeline, one back), got ${v}`);
+    if (p < 2) throw new ArgumentError(`${call}: the zb-v schedule needs at least 2 pipeline stages, got ${p}`);
   } else if (v !== 1) {
-    throw new ArgumentError(`${call}: ${v} virtual stages need the interleaved schedule, not '${kind}'`);
+    throw new ArgumentError(`${call}: ${v} virtual stages need the interleaved schedule (or 2 with zb-v), not '${kind}'`);
   }
 }
 
@@ -83,12 +122,15 @@ export function checkSchedule(kind: string, shape: ScheduleShape, call = 'pipeli
  * micro-batches, backwards through them in reverse, with 2(p − r − 1) + (v − 1)p warm-up forwards.
  * ZB-H1 (Qi et al. 2024): 1F1B's forwards and input-gradient backwards, rank r's weight gradients
  * W lagging r backwards behind and filling the time it would wait; at most p micro-batches hold
- * activations on any rank (1F1B's first rank's peak).
+ * activations on any rank (1F1B's first rank's peak). ZB-V: each rank holds virtual stages r and
+ * 2p − 1 − r, its table built by a list scheduler (zeroBubbleVTables below); at most 2p chunks (p
+ * whole-stage micro-batches) hold activations on any rank.
  */
 export function scheduleTables(kind: ScheduleKind, shape: ScheduleShape): PipelineAction[][] {
   checkSchedule(kind, shape, 'scheduleTables');
   const { stages: p, microBatches: m } = shape, v = shape.chunks ?? 1;
   if (kind === 'zb-h1') return zeroBubbleH1Tables(p, m);
+  if (kind === 'zb-v') return zeroBubbleVTables(p, m);
   const tables: PipelineAction[][] = [];
   for (let r = 0; r < p; r++) {
     const t: PipelineAction[] = [];
@@ -134,6 +176,106 @@ function zeroBubbleH1Tables(p: number, m: number): PipelineAction[][] {
   });
 }
 
+// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): rank r holds virtual stages r
+// and 2p − 1 − r, B and W split as in ZB-H1. The tables come from a list scheduler, as the paper builds
+// its schedules: at each moment every idle rank takes, among the actions whose inputs are there, a
+// backward B first (the earlier rank waits for it), else a forward F (the second chunk's first, nearer
+// the loss) while fewer than 2p chunk activations are held (1F1B's first-rank peak of p whole-stage
+// micro-batches), else its oldest pending W (or, in the eager variant, a W as soon as more than p
+// wait). Each rank's order is that of a timeline that respects every dependency, so the runner cannot
+// deadlock on it whatever the real costs. Which timeline: the scheduler runs with a few planning costs
+// (F = B = W; B a little dearer and W half of it, as measured on the CPU; B twice F) and both W
+// policies, and keeps the table whose mean bubble over ZBV_PROFILES is smallest (then the one best at
+// F = B = W): a table planned for equal costs alone idles far more when B and W are not equal (PP4,
+// 8 micro-batches: 31% with B = 2F against 13.5% for the table kept, which is as good at F = B = W).
+const ZBV_PLANNING: readonly ActionCosts[] = [{ F: 10, B: 10, W: 10 }, { F: 10, B: 12, W: 6 }, { F: 10, B: 20, W: 10 }];
+/** The cost ratios a ZB-V table must do well on (F, B, W per chunk). */
+export const ZBV_PROFILES: readonly ActionCosts[] = [{ F: 1, B: 1, W: 1 }, { F: 1, B: 1.15, W: 0.55 }, { F: 1, B: 2, W: 1 }, { F: 1, B: 1, W: 0.5 }, { F: 1, B: 1.5, W: 0.5 }];
+const zbvCache = new Map<string, PipelineAction[][]>();
+
+function zeroBubbleVTables(p: number, m: number): PipelineAction[][] {
+  const key = `${p}/${m}`;
+  let best = zbvCache.get(key);
+  if (!best) {
+    let score: [number, number] = [Infinity, Infinity];
+    const candidates: [ActionCosts, number, number][] = [];
+    for (const costs of ZBV_PLANNING) for (const eagerW of [Infinity, p]) candidates.push([costs, eagerW, 2 * p]);
+    // Without the memory cap the scheduler always finishes (every forward can run): the last resort.
+    candidates.push([ZBV_PLANNING[0]!, Infinity, Infinity]);
+    for (const [costs, eagerW, cap] of candidates) {
+      if (cap === Infinity && best) break;
+      {
+        let t: PipelineAction[][];
+        try { t = listScheduleV(p, m, costs, eagerW, cap); } catch (e) {
+          if (e instanceof StateError) continue; // this variant fills every rank's memory and stalls
+          throw e;
+        }
+        const bubbles = ZBV_PROFILES.map((c) => simulateSchedule(t, 2, c, 'v').bubble);
+        const s: [number, number] = [bubbles.reduce((x, y) => x + y, 0) / bubbles.length, bubbles[0]!];
+        if (s[0] < score[0] - 1e-12 || (Math.abs(s[0] - score[0]) <= 1e-12 && s[1] < score[1] - 1e-12)) { score = s; best = t; }
+      }
+    }
+    if (zbvCache.size > 256) zbvCache.clear();
+    zbvCache.set(key, best!);
+  }
+  // A copy: callers may not share the cached tables.
+  return best!.map((t) => t.map((a) => ({ ...a })));
+}
+
+// The list scheduler on integer costs (each action takes costs[op] time steps, no communication time).
+function listScheduleV(p: number, m: number, costs: ActionCosts, eagerW: number, cap: number): PipelineAction[][] {
+  const V = 2 * p;
+  const done = new Map<string, number>();
+  const key = (op: string, micro: number, vs: number) => `${op}${micro}:${vs}`;
+  const tables: PipelineAction[][] = Array.from({ length: p }, () => []);
+  const nextF = Array.from({ length: p }, () => [0, 0]), nextB = Array.from({ length: p }, () => [0, 0]);
+  const pendingW: { micro: number; chunk: number }[][] = Array.from({ length: p }, () => []);
+  const held = new Array<number>(p).fill(0), free = new Array<number>(p).fill(0);
+  let remaining = p * 2 * 3 * m;
+  const ready = (k: string, t: number) => { const at = done.get(k); return at !== undefined && at <= t; };
+  // Time jumps from event to event: nothing becomes ready but when some rank's action ends.
+  for (let t = 0; remaining > 0;) {
+    for (let r = 0; r < p; r++) {
+      if (free[r]! > t) continue;
+      let pick: PipelineAction | null = null;
+      if (pendingW[r]!.length > eagerW) pick = { op: 'W', ...pendingW[r]!.shift()! };
+      // B: the lowest micro-batch, the second chunk (earlier in the backward chain) first.
+      if (!pick) {
+        for (const c of [1, 0]) {
+          const i = nextB[r]![c]!, vs = virtualStageOf(r, c, p, 'v');
+          if (i >= m || !ready(key('F', i, vs), t) || (vs < V - 1 && !ready(key('B', i, vs + 1), t))) continue;
+          if (!pick || i < pick.micro) pick = { op: 'B', micro: i, chunk: c };
+        }
+      }
+      if (!pick && held[r]! < cap) {
+        for (const c of [1, 0]) {
+          const i = nextF[r]![c]!, vs = virtualStageOf(r, c, p, 'v');
+          if (i >= m || (vs > 0 && !ready(key('F', i, vs - 1), t))) continue;
+          pick = { op: 'F', micro: i, chunk: c };
+          break;
+        }
+      }
+      if (!pick && pendingW[r]!.length > 0) pick = { op: 'W', ...pendingW[r]!.shift()! };
+      if (!pick) continue;
+      const vs = virtualStageOf(r, pick.chunk, p, 'v');
+      if (pick.op === 'F') { nextF[r]![pick.chunk]!++; held[r]!++; }
+      else if (pick.op === 'B') { nextB[r]![pick.chunk]!++; pendingW[r]!.push({ micro: pick.micro, chunk: pick.chunk }); }
+      else held[r]!--;
+      tables[r]!.push(pick);
+      free[r] = t + costs[pick.op];
+      done.set(key(pick.op, pick.micro, vs), t + costs[pick.op]);
+      remaining--;
+    }
+    const next = Math.min(...free.filter((f) => f > t));
+    if (!Number.isFinite(next)) {
+      if (remaining > 0) throw new StateError(`scheduleTables: the zb-v list scheduler stalled (p ${p}, m ${m}: every rank holds its cap of activations)`);
+      break;
+    }
+    t = next;
+  }
+  return tables;
+}
+
 /** Costs of one micro-batch's work on one chunk for {@link simulateSchedule}, in any time unit. */
 export interface ActionCosts {
   /** Forward. */
@@ -158,9 +300,11 @@ export interface ScheduleSimulation {
  * Runs the tables on an ideal machine (no communication time, the given costs per action) and
  * returns the makespan, the bubble fraction and each rank's peak of micro-batches in flight. Throws
  * a StateError when the tables deadlock (an action waits for one that can never run). Where a
- * table has no W, a B costs costs.B + costs.W (the whole backward).
+ * table has no W, a B costs costs.B + costs.W (the whole backward). `costs` may instead give each
+ * action's own cost (rank, action, its index in the rank's table): a replay of measured actions.
+ * `placement`: how chunks map to virtual stages ('v' for zb-v's tables).
  */
-export function simulateSchedule(tables: readonly (readonly PipelineAction[])[], chunks: number, costs: ActionCosts): ScheduleSimulation {
+export function simulateSchedule(tables: readonly (readonly PipelineAction[])[], chunks: number, costs: ActionCosts | ((rank: number, action: PipelineAction, index: number) => number), placement: ChunkPlacement = 'loop'): ScheduleSimulation {
   const p = tables.length, V = p * chunks;
   const done = new Map<string, number>();
   const key = (op: string, micro: number, vs: number) => `${op}${micro}:${vs}`;
@@ -173,14 +317,14 @@ export function simulateSchedule(tables: readonly (readonly PipelineAction[])[],
     for (let r = 0; r < p; r++) {
       const a = tables[r]![next[r]!];
       if (!a) continue;
-      const vs = a.chunk * p + r;
+      const vs = virtualStageOf(r, a.chunk, p, placement);
       let dep: string | null = null;
       if (a.op === 'F' && vs > 0) dep = key('F', a.micro, vs - 1);
       else if (a.op === 'B') dep = vs < V - 1 ? key('B', a.micro, vs + 1) : key('F', a.micro, vs);
       else if (a.op === 'W') dep = key('B', a.micro, vs);
       const at = dep === null ? 0 : done.get(dep);
       if (at === undefined) continue;
-      const cost = a.op === 'F' ? costs.F : a.op === 'W' ? costs.W : split ? costs.B : costs.B + costs.W;
+      const cost = typeof costs === 'function' ? costs(r, a, next[r]!) : a.op === 'F' ? costs.F : a.op === 'W' ? costs.W : split ? costs.B : costs.B + costs.W;
       const start = Math.max(free[r]!, at);
       free[r] = start + cost; busy[r]! += cost;
       done.set(key(a.op, a.micro, vs), free[r]!);
@@ -199,10 +343,12 @@ export function simulateSchedule(tables: readonly (readonly PipelineAction[])[],
  * The papers' bubble as a fraction of the step (idle over total time; the papers' (p − 1)/m and
  * (p − 1)/(v·m) are relative to the ideal time): GPipe and 1F1B (p − 1)/(m + p − 1), interleaved
  * (p − 1)/(v·m + p − 1), ZB-H1 with F = B = W (idle (p − 1)(T_F + T_B − T_W) per rank)
- * (p − 1)/(3m + p − 1).
+ * (p − 1)/(3m + p − 1); ZB-V with F = B = W per chunk (half a stage: idle p − 1 chunk units per
+ * rank against 6m of work) (p − 1)/(6m + p − 1), when m >= p.
  */
 export function formulaBubble(kind: ScheduleKind, p: number, m: number, v = 1): number {
   if (kind === 'interleaved') return (p - 1) / (v * m + p - 1);
+  if (kind === 'zb-v') return (p - 1) / (6 * m + p - 1);
   if (kind === 'zb-h1') return (p - 1) / (3 * m + p - 1);
   return (p - 1) / (m + p - 1);
 }
@@ -211,8 +357,10 @@ export function formulaBubble(kind: ScheduleKind, p: number, m: number, v = 1): 
 export interface PipelineStage {
   /** The pipeline group; its rank is the stage index. Absent: a single stage (no communication). */
   group?: CollectiveGroup;
-  /** Model chunks this rank holds (interleaved 1F1B's virtual stages; default 1). */
+  /** Model chunks this rank holds (interleaved 1F1B's virtual stages, zb-v's 2; default 1). */
   chunks?: number;
+  /** How the chunks map to virtual stages (default 'loop'; zb-v's 'v'): forwardOnly follows it, runSchedule checks it against the schedule's. */
+  placement?: ChunkPlacement;
   /**
    * Runs this stage's chunk `chunk` on micro-batch `m`. `input` is null on the first virtual stage
    * (it reads its own data) and the received activation (a leaf that requires grad) elsewhere. The
@@ -250,7 +398,9 @@ class StageRunner {
   readonly size: number;
   readonly chunks: number;
   readonly #posted = new Map<string, { buf: Tensor; work: CollectiveWork }>();
-  constructor(readonly stage: PipelineStage, readonly numMicroBatches: number) {
+  /** Hand-offs between two chunks of this rank (zb-v's turn of the V on the last rank): activations ('F…') and gradients ('B…') by receiving action. */
+  readonly #local = new Map<string, Tensor>();
+  constructor(readonly stage: PipelineStage, readonly numMicroBatches: number, readonly placement: ChunkPlacement = 'loop') {
     this.rank = stage.group?.rank ?? 0; this.size = stage.group?.size ?? 1;
     this.chunks = stage.chunks ?? 1;
     if (this.chunks > 1 && this.size < 2) throw new ArgumentError(`pipeline: ${this.chunks} model chunks need a pipeline group of at least 2 stages`);
@@ -259,7 +409,9 @@ class StageRunner {
   }
 
   get group(): CollectiveGroup { return this.stage.group!; }
-  #vs(chunk: number): number { return chunk * this.size + this.rank; }
+  #vs(chunk: number): number { return virtualStageOf(this.rank, chunk, this.size, this.placement); }
+  /** The rank and chunk of a virtual stage. */
+  #at(vs: number): VirtualStagePlace { return rankOfVirtualStage(vs, this.size, this.placement); }
   isFirst(chunk: number): boolean { return this.#vs(chunk) === 0; }
   isLast(chunk: number): boolean { return this.#vs(chunk) === this.size * this.chunks - 1; }
   #key(m: number, chunk: number): string { return `${m}:${chunk}`; }
@@ -277,17 +429,24 @@ class StageRunner {
     const k = `${a.op}${this.#key(a.micro, a.chunk)}`;
     if (this.#posted.has(k)) return;
     const g = this.group, vs = this.#vs(a.chunk);
+    const from = this.#at(a.op === 'F' ? vs - 1 : vs + 1);
+    if (from.rank === this.rank) return; // handed over locally
     // The gradient of this chunk's output has the shape of the next virtual stage's input.
-    const shape = a.op === 'F' ? this.stage.inputShape(a.micro, a.chunk) : this.stage.inputShape(a.micro, Math.floor((vs + 1) / this.size));
+    const shape = a.op === 'F' ? this.stage.inputShape(a.micro, a.chunk) : this.stage.inputShape(a.micro, from.chunk);
     const buf = emptyOn([...shape], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
-    const peer = a.op === 'F' ? (g.rank - 1 + g.size) % g.size : (g.rank + 1) % g.size;
+    const peer = from.rank;
     this.#posted.set(k, { buf, work: g.recv(buf, peer, { tag: this.#tag(a.micro, vs, a.op === 'B') }) });
   }
 
   /** The buffer of a receive posted by prepost(), once it has arrived. */
   async #received(a: PipelineAction): Promise<Tensor> {
+    const k = `${a.op}${this.#key(a.micro, a.chunk)}`;
+    const local = this.#local.get(k);
+    if (local) { this.#local.delete(k); return local; }
     this.prepost(a);
-    const k = `${a.op}${this.#key(a.micro, a.chunk)}`, { buf, work } = this.#posted.get(k)!;
+    const posted = this.#posted.get(k);
+    if (!posted) throw new StateError(`pipeline: ${a.op} of micro-batch ${a.micro} (chunk ${a.chunk}) found nothing to receive (its chunk on this rank has not run)`);
+    const { buf, work } = posted;
     this.#posted.delete(k);
     try { await work; } catch (e) { buf.dispose(); throw e; }
     return buf;
@@ -308,9 +467,15 @@ class StageRunner {
       if (output.size !== 1) throw new StateError(`pipeline: the last stage must return a scalar loss, got ${output.describe()}`);
       this.losses[m] = output.item();
     } else {
-      // A send pins its tensor's storage until it completes; sends are awaited at the end of the schedule.
-      const g = this.group;
-      this.sends.push(g.send(output, (g.rank + 1) % g.size, { tag: this.#tag(m, this.#vs(chunk) + 1, false) }));
+      const to = this.#at(this.#vs(chunk) + 1);
+      if (to.rank === this.rank) {
+        // The next virtual stage is this rank's other chunk: it takes an alias of the output.
+        this.#local.set(`F${this.#key(m, to.chunk)}`, detach(output));
+      } else {
+        // A send pins its tensor's storage until it completes; sends are awaited at the end of the schedule.
+        const g = this.group;
+        this.sends.push(g.send(output, to.rank, { tag: this.#tag(m, this.#vs(chunk) + 1, false) }));
+      }
     }
     if (keepForBackward) this.inFlight.set(this.#key(m, chunk), { input, output });
     else { output.dispose(); input?.dispose(); }
@@ -338,8 +503,15 @@ class StageRunner {
     f.output.dispose();
     if (f.input) {
       if (!f.input.grad) throw new StateError(`pipeline: micro-batch ${m}'s input received no gradient (does the stage's output depend on its input?)`);
-      const g = this.group;
-      this.sends.push(g.send(f.input.grad, (g.rank - 1 + g.size) % g.size, { tag: this.#tag(m, this.#vs(chunk) - 1, true) }));
+      const to = this.#at(this.#vs(chunk) - 1);
+      if (to.rank === this.rank) {
+        // The previous virtual stage is this rank's other chunk: the gradient is handed over (not freed with the input).
+        this.#local.set(`B${this.#key(m, to.chunk)}`, f.input.grad);
+        f.input.grad = null;
+      } else {
+        const g = this.group;
+        this.sends.push(g.send(f.input.grad, to.rank, { tag: this.#tag(m, this.#vs(chunk) - 1, true) }));
+      }
       f.input.dispose();
     }
   }
@@ -371,6 +543,8 @@ class StageRunner {
       for (const w of this.sends) await w;
     } finally {
       for (const { buf } of this.#posted.values()) buf.dispose();
+      for (const t of this.#local.values()) t.dispose();
+      this.#local.clear();
       for (const w of this.deferred.values()) w.dispose();
     }
     return this.losses;
@@ -390,14 +564,18 @@ export async function runSchedule(kind: ScheduleKind, stage: PipelineStage, numM
   checkMicroBatches(numMicroBatches, kind);
   const size = stage.group?.size ?? 1, chunks = stage.chunks ?? 1;
   checkSchedule(kind, { stages: size, microBatches: numMicroBatches, chunks }, kind);
-  const run = new StageRunner(stage, numMicroBatches);
+  const placement = schedulePlacement(kind);
+  if (stage.placement !== undefined && stage.placement !== placement) throw new ArgumentError(`${kind}: the stage's chunks are placed '${stage.placement}', but the schedule runs them '${placement}' (build the model for the schedule it runs)`);
+  const run = new StageRunner(stage, numMicroBatches, placement);
   const table = scheduleTables(kind, { stages: size, microBatches: numMicroBatches, chunks })[run.rank]!;
   // Gloo completes a send when its receiver posts the receive, and a rank's point-to-point waits run
   // one after the other: interleaving's messages around the ring (the last rank feeds the first)
   // could leave two ranks each waiting behind a send to the other. Posting every receive of the step
-  // first rules that out (2·m·v boundary-sized buffers). The other schedules' chains post each receive
-  // when its action starts (no buffer allocated early: the planner's memory model counts none).
-  return run.runTable(table, kind === 'interleaved' ? Infinity : 1);
+  // first rules that out (2·m·v boundary-sized buffers). ZB-V's messages go both ways between the same
+  // ranks (activations down and back up the V, gradients likewise): its receives are posted first too
+  // (but for the last rank's local hand-offs). The other schedules' chains post each receive when its
+  // action starts (no buffer allocated early: the planner's memory model counts none).
+  return run.runTable(table, kind === 'interleaved' || kind === 'zb-v' ? Infinity : 1);
 }
 
 /**
@@ -437,12 +615,22 @@ export function zeroBubbleH1(stage: PipelineStage, numMicroBatches: number): Pro
 }
 
 /**
+ * ZB-V (zero bubble with a V-shaped placement, Qi et al. 2024): each rank holds 2 chunks
+ * (`stage.chunks` = 2), virtual stages r and 2p − 1 − r, so the first rank holds both ends of the
+ * model; B and W split as in ZB-H1. With equal F, B and W per chunk the bubble is half ZB-H1's,
+ * with 1F1B's first-stage activation peak on every rank.
+ */
+export function zeroBubbleV(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
+  return runSchedule('zb-v', stage, numMicroBatches);
+}
+
+/**
  * Evaluation: every micro-batch forward without autograd through every chunk, each stage passing its
  * activation on and keeping nothing. Returns the last stage's per-micro-batch losses (empty elsewhere).
  */
 export async function forwardOnly(stage: PipelineStage, numMicroBatches: number): Promise<number[]> {
   checkMicroBatches(numMicroBatches, 'forwardOnly');
-  const run = new StageRunner(stage, numMicroBatches);
+  const run = new StageRunner(stage, numMicroBatches, stage.placement ?? 'loop');
   const table: PipelineAction[] = [];
   for (let m = 0; m < numMicroBatches; m++) for (let c = 0; c < run.chunks; c++) table.push({ op: 'F', micro: m, chunk: c });
   // With chunks the activations go around the ring: every receive is posted first, as in training.

@@ -424,6 +424,19 @@ export class ZeroStage3Optimizer<H extends { lr: number }> extends ShardedOptimi
     return this;
   }
 
+  /**
+   * Runs fn (a zero-bubble pipeline's input-gradient pass) with the units' gradient reduce-scatters
+   * held back until {@link reduceHeld} (the weight gradients come later, in the W pass).
+   */
+  holdReductions<T>(fn: () => T | Promise<T>): Promise<T> {
+    return this.shards.holdReductions(fn);
+  }
+
+  /** Reduce-scatters the gradients the units hold (after a W pass: the micro-batch's gradients are final). */
+  reduceHeld(): void {
+    this.shards.reduceHeld();
+  }
+
   /** What gathering did so far (prefetched and on-demand gathers, peak gathered bytes). */
   get gatherStats(): Readonly<GatherStats> {
     return this.shards.stats;

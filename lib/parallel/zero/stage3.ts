@@ -105,6 +105,8 @@ export class ParameterPartition extends ChunkedShards {
   #gatheredBytes = 0;
   /** Whether the parameters gave up their bytes (a refused construction leaves them whole). */
   #evicted = false;
+  /** Inside holdReductions(): units release their parameters after backward but keep their gradients full. */
+  #holding = 0;
   readonly stats: GatherStats = { prefetched: 0, onDemand: 0, unused: 0, reduceScatters: 0, peakGatheredBytes: 0 };
 
   /** Copies this rank's chunks into the masters; the parameters keep their bytes until evictParameters(). */
@@ -228,7 +230,7 @@ export class ParameterPartition extends ChunkedShards {
   // Identity whose backward runs after every op of the unit: its gradients are complete.
   #enter(x: Tensor, unit: Unit): Tensor {
     return record('zero3.reduceScatterUnit', x.reshape(x.shape), [x], (g) => {
-      this.#reduceScatter(unit);
+      if (this.#holding === 0) this.#reduceScatter(unit);
       this.#release(unit);
       return [g];
     });
@@ -335,6 +337,25 @@ export class ParameterPartition extends ChunkedShards {
     this.#finishReduction();
     this.stats.reduceScatters++;
     this.#reducing = { unit, work: this.group.reduceScatter(out, input, { op: 'avg' }), input, out };
+  }
+
+  /**
+   * Runs fn (a zero-bubble schedule's input-gradient pass B, whose weight gradients come later in
+   * its W) with the units' reduce-scatters held back: each unit still releases its parameters when
+   * its backward ends, but its gradients stay full until {@link reduceHeld}.
+   */
+  async holdReductions<T>(fn: () => T | Promise<T>): Promise<T> {
+    this.#holding++;
+    try { return await fn(); } finally { this.#holding--; }
+  }
+
+  /**
+   * Reduce-scatters, unit by unit in order, the gradients the units hold full (after a W pass, when
+   * the micro-batch's gradients are final; a later B's contributions already there go with them:
+   * the shards add up). The root unit waits for step(), as always.
+   */
+  reduceHeld(): void {
+    for (const u of this.#units) this.#reduceScatter(u);
   }
 
   #finishReduction(): void {
