@@ -30,11 +30,15 @@ describe('resolveTrainingLayout with --ep', () => {
     expect(nt.parallel.resolveTrainingLayout({ ep: 2 }, model, 4, 8)).toMatchObject({ dp: 4, ep: 2 });
     expect(nt.parallel.describeLayout(nt.parallel.resolveTrainingLayout({ ep: 2 }, model, 4, 8))).toMatch(/dp=4 ep=2 zero=0/);
     expect(nt.parallel.resolveTrainingLayout({}, model, 2, 8).ep).toBeUndefined();
+    // ZeRO shards the experts over their expert-data-parallel copies (test/parallel/moe-equivalence.test.ts).
+    for (const zero of [1, 2, 3] as const) {
+      expect(nt.parallel.resolveTrainingLayout({ ep: 2, zero }, model, 4, 8)).toMatchObject({ dp: 4, ep: 2, zero });
+      expect(nt.parallel.resolveTrainingLayout({ ep: 2, zero }, model, 2, 8)).toMatchObject({ dp: 2, ep: 2, zero });
+    }
   });
   it.each([
     [{ ep: 3 }, 6, /--ep 3 must divide the model's 8 experts/],
     [{ ep: 4, tp: 2 }, 4, /--ep 4 must divide the data-parallel size dp = 2/],
-    [{ ep: 2, zero: 1 }, 2, /--zero 1 with --ep 2 is not supported yet/],
     [{ ep: 0 }, 2, /--ep must be an integer >= 1/],
   ])('%j on %i ranks: %s', (flags, world, message) => {
     expect(() => nt.parallel.resolveTrainingLayout(flags, model, world, 12)).toThrow(message);
