@@ -12,13 +12,13 @@
 # Check that a directory nodetron exported loads in transformers and gives the golden logits:
 #   npx tsx scripts/golden/llama-export.ts /tmp/nt-llama [--dtype bf16] [--shard-bytes 20000]
 #   python3 scripts/golden/llama.py --verify /tmp/nt-llama
-import argparse
-import base64
-import json
 import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_golden  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, '..', '..', 'test', 'golden', 'llama')
@@ -31,22 +31,12 @@ MODELS = {
     'hf-tiny-bf16': dict(config=BASE, dtype=torch.bfloat16, shard=None),
     'hf-tied': dict(config={**BASE, 'num_key_value_heads': 1, 'tie_word_embeddings': True}, dtype=torch.float32, shard=None),
 }
-BATCH, SEQ = 2, 16
 
 
-def b64(t):
-    return base64.b64encode(t.detach().contiguous().to(torch.float32).numpy().astype('<f4').tobytes()).decode()
-
-
-def tokens():
-    g = torch.Generator().manual_seed(7)
-    return torch.randint(0, BASE['vocab_size'], (BATCH, SEQ), generator=g)
-
-
-def build(config):
+def build(spec):
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**config))
+    model = LlamaForCausalLM(LlamaConfig(**spec['config']))
     # HF initializes RMSNorm scales to 1; perturb them so the tests see each one used.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -55,56 +45,9 @@ def build(config):
     return model.eval()
 
 
-def logits_of(model, ids):
-    with torch.no_grad():
-        return model(ids).logits.float()
-
-
 def write():
-    os.makedirs(OUT, exist_ok=True)
-    ids = tokens()
-    out = {'batch': BATCH, 'seq': SEQ, 'tokens': ids.flatten().tolist(), 'models': {}}
-    for name, spec in MODELS.items():
-        model = build(spec['config'])
-        if spec['dtype'] != torch.float32:
-            # The bf16 weights, computed in f32. Only the parameters are rounded: model.to(bf16) would
-            # round the rotary inv_freq buffer too, which from_pretrained recomputes in f32.
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(p.to(spec['dtype']).float())
-        logits = logits_of(model, ids)
-        save = model.to(spec['dtype'])
-        kw = {'safe_serialization': True}
-        if spec['shard']:
-            kw['max_shard_size'] = spec['shard']
-        save.save_pretrained(os.path.join(OUT, name), **kw)
-        out['models'][name] = {'logits': b64(logits), 'shape': list(logits.shape)}
-        print(name, list(logits.shape), os.listdir(os.path.join(OUT, name)))
-    with open(os.path.join(OUT, 'logits.json'), 'w') as f:
-        json.dump(out, f)
-        f.write('\n')
-
-
-def verify(path, reference):
-    """Loads an export with transformers and compares its logits with the golden model's."""
-    from transformers import LlamaForCausalLM
-    with open(os.path.join(OUT, 'logits.json')) as f:
-        golden = json.load(f)
-    ids = torch.tensor(golden['tokens']).view(golden['batch'], golden['seq'])
-    model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    got = logits_of(model, ids)
-    want = torch.frombuffer(bytearray(base64.b64decode(golden['models'][reference]['logits'])), dtype=torch.float32).view(got.shape)
-    err = (got - want).abs().max().item()
-    scale = want.abs().max().item()
-    print(f'{path}: max |logits - golden {reference}| = {err:.3g} (logits up to {scale:.3g})')
-    return err <= 1e-4 * max(1.0, scale)
+    hf_golden.write(OUT, MODELS, build, BASE['vocab_size'])
 
 
 if __name__ == '__main__':
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--verify', help='a directory nodetron exported (from the hf-tiny golden model)')
-    ap.add_argument('--reference', default='hf-tiny', help='which golden model the export came from')
-    a = ap.parse_args()
-    if a.verify:
-        sys.exit(0 if verify(a.verify, a.reference) else 1)
-    write()
+    hf_golden.main(OUT, write, 'hf-tiny', 'the hf-tiny golden model')

@@ -16,13 +16,13 @@
 # Check that a directory nodetron exported loads in transformers and gives the golden logits:
 #   npx tsx scripts/golden/moe-export.ts /tmp/nt-mixtral --from mixtral [--dtype bf16] [--shard-bytes 20000]
 #   python3 scripts/golden/moe.py --verify /tmp/nt-mixtral --reference mixtral
-import argparse
-import base64
-import json
 import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_golden  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, '..', '..', 'test', 'golden', 'moe')
@@ -41,16 +41,6 @@ MODELS = {
     'qwen2-moe': dict(kind='qwen2_moe', config=QWEN, dtype=torch.float32, shard=None),
     'qwen2-moe-step2': dict(kind='qwen2_moe', config=QWEN_STEP2, dtype=torch.bfloat16, shard=None),
 }
-BATCH, SEQ = 2, 16
-
-
-def b64(t):
-    return base64.b64encode(t.detach().contiguous().to(torch.float32).numpy().astype('<f4').tobytes()).decode()
-
-
-def tokens():
-    g = torch.Generator().manual_seed(7)
-    return torch.randint(0, COMMON['vocab_size'], (BATCH, SEQ), generator=g)
 
 
 def classes(kind):
@@ -61,10 +51,10 @@ def classes(kind):
     return Qwen2MoeConfig, Qwen2MoeForCausalLM
 
 
-def build(kind, config):
-    config_class, model_class = classes(kind)
+def build(spec):
+    config_class, model_class = classes(spec['kind'])
     torch.manual_seed(SEED)
-    model = model_class(config_class(**config))
+    model = model_class(config_class(**spec['config']))
     # HF initializes RMSNorm scales to 1 and biases to 0; perturb them so the tests see each one used.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -75,58 +65,9 @@ def build(kind, config):
     return model.eval()
 
 
-def logits_of(model, ids):
-    with torch.no_grad():
-        return model(ids).logits.float()
-
-
 def write():
-    os.makedirs(OUT, exist_ok=True)
-    ids = tokens()
-    out = {'batch': BATCH, 'seq': SEQ, 'tokens': ids.flatten().tolist(), 'models': {}}
-    for name, spec in MODELS.items():
-        model = build(spec['kind'], spec['config'])
-        if spec['dtype'] != torch.float32:
-            # The bf16 weights, computed in f32 (only the parameters rounded: the rotary buffer stays f32).
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.copy_(p.to(spec['dtype']).float())
-        logits = logits_of(model, ids)
-        save = model.to(spec['dtype'])
-        kw = {'safe_serialization': True}
-        if spec['shard']:
-            kw['max_shard_size'] = spec['shard']
-        save.save_pretrained(os.path.join(OUT, name), **kw)
-        gen = os.path.join(OUT, name, 'generation_config.json')
-        if os.path.exists(gen):
-            os.remove(gen)
-        out['models'][name] = {'logits': b64(logits), 'shape': list(logits.shape)}
-        print(name, list(logits.shape), sorted(os.listdir(os.path.join(OUT, name))))
-    with open(os.path.join(OUT, 'logits.json'), 'w') as f:
-        json.dump(out, f)
-        f.write('\n')
-
-
-def verify(path, reference):
-    """Loads an export with transformers (AutoModelForCausalLM: the class its config.json names) and compares its logits with the golden model's."""
-    from transformers import AutoModelForCausalLM
-    with open(os.path.join(OUT, 'logits.json')) as f:
-        golden = json.load(f)
-    ids = torch.tensor(golden['tokens']).view(golden['batch'], golden['seq'])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    got = logits_of(model, ids)
-    want = torch.frombuffer(bytearray(base64.b64decode(golden['models'][reference]['logits'])), dtype=torch.float32).view(got.shape)
-    err = (got - want).abs().max().item()
-    scale = want.abs().max().item()
-    print(f'{path}: {type(model).__name__}: max |logits - golden {reference}| = {err:.3g} (logits up to {scale:.3g})')
-    return err <= 1e-4 * max(1.0, scale)
+    hf_golden.write(OUT, MODELS, build, COMMON['vocab_size'], keep_generation_config=False)
 
 
 if __name__ == '__main__':
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--verify', help='a directory nodetron exported (from one of the golden models)')
-    ap.add_argument('--reference', default='mixtral', help='which golden model the export came from')
-    a = ap.parse_args()
-    if a.verify:
-        sys.exit(0 if verify(a.verify, a.reference) else 1)
-    write()
+    hf_golden.main(OUT, write, 'mixtral', 'one of the golden models')
