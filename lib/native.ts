@@ -219,11 +219,14 @@ export function cpu(): BackendAddon {
   addon.setErrorFactory(factory);
   // A setting from the environment handed to the addon's setter when set and not empty; a bad or
   // unsupported value fails every load with an ArgumentError naming the variable.
-  const fromEnv = (variable: string, setter: 'setCpuIsa' | 'setBf16Gemm') => {
+  const fromEnv = (variable: string, setter: 'setCpuIsa' | 'setBf16Gemm' | 'setKernelThreads') => {
     const value = process.env[variable];
     if (value === undefined || value === '') return;
     try {
-      addon[setter](value);
+      if (setter === 'setKernelThreads') {
+        if (!/^\d+$/.test(value.trim())) throw new Error(`${setter}: expected a whole number of threads, got '${value}'`);
+        addon.setKernelThreads(Number(value.trim()));
+      } else addon[setter](value);
     } catch (e) {
       throw new ArgumentError(`${variable}=${value}: ${(e as Error).message.replace(new RegExp(`^${setter}: `), '')}`, 'load');
     }
@@ -234,6 +237,9 @@ export function cpu(): BackendAddon {
   // NODETRON_BF16_GEMM=auto|fallback: bf16 GEMMs on the AVX512_BF16 kernel where the CPU has it
   // (auto, the default) or widened to f32 for cblas_sgemm (fallback; native/cpu/kernels/gemm_bf16.cc).
   fromEnv('NODETRON_BF16_GEMM', 'setBf16Gemm');
+  // NODETRON_KERNEL_THREADS=n: the cpu kernels' thread pool (default: the cores, at most 4), as
+  // OPENBLAS_NUM_THREADS is OpenBLAS's; 1 when ranks share a machine's cores one each.
+  fromEnv('NODETRON_KERNEL_THREADS', 'setKernelThreads');
   // NODETRON_MEMORY_LIMIT=bytes (K, M, G, T suffixes are powers of 1024): the most host storage this
   // process holds at once; an allocation past it is an OutOfMemoryError (native/core/core.cc).
   const limit = process.env.NODETRON_MEMORY_LIMIT;

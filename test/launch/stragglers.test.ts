@@ -3,7 +3,9 @@
 // (NODETRON_METRICS); stragglerScores and `nodetron trace stragglers` name rank 2 and only it, the
 // other ranks scoring near 1 — while every rank's step time is about the same (the job is synchronous).
 // On cpu the score uses CPU time (wall time on a loaded machine measures the OS's sharing of the
-// cores); one BLAS thread per rank, as ranks sharing a machine's cores should have.
+// cores); one BLAS thread and one kernel thread per rank, as ranks sharing a machine's cores should have
+// (the score reads the main thread's CPU time: with a kernel pool, part of the compute would run on its
+// workers, uncounted, and the main thread's waits for them, counted).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -24,7 +26,7 @@ describe('straggler scores', () => {
     const metrics = join(dir, 'metrics');
     const r = await runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '4', scriptPath(join(fixtures, 'train-metrics.ts')),
       '--data', join(dir, 'data'), '--steps', '16', '--layers', '4', '--width', '128', '--ctx', '128'],
-    { cwd: root, limitMs: 300_000, env: { ...process.env, NODETRON_METRICS: metrics, NODETRON_DEBUG_SLOW_RANK: '2', OPENBLAS_NUM_THREADS: '1' } });
+    { cwd: root, limitMs: 300_000, env: { ...process.env, NODETRON_METRICS: metrics, NODETRON_DEBUG_SLOW_RANK: '2', OPENBLAS_NUM_THREADS: '1', NODETRON_KERNEL_THREADS: '1' } });
     expect(r.code, r.output).toBe(0);
     const m = readMetrics(metrics);
     expect([...m.keys()]).toEqual([0, 1, 2, 3]);

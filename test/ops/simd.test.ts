@@ -5,6 +5,7 @@
 // propagates it); setCpuIsa and NODETRON_CPU_ISA validation; the FMA peak routine.
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { ArgumentError } from '../../lib/errors.js';
@@ -282,6 +283,16 @@ describe('choosing the SIMD level', () => {
     const bad = run('fast');
     expect(bad.status).not.toBe(0);
     expect(bad.stderr).toMatch(/NODETRON_CPU_ISA=fast: unknown instruction-set level 'fast'; expected one of auto, baseline, avx2, avx512/);
+  }, 120_000);
+
+  it('NODETRON_KERNEL_THREADS sets the kernels\' thread pool for the process, and a bad value fails with its name', () => {
+    const run = (value: string) => spawnSync(process.execPath, ['--input-type=module', '-e',
+      `import { cpu } from ${JSON.stringify(pathToFileURL(join(packageRoot, 'dist', 'native.js')).href)}; try { console.log(cpu().kernelThreads()); } catch (e) { console.log(e.name + ': ' + e.message); }`],
+    { encoding: 'utf8', env: { ...process.env, NODETRON_KERNEL_THREADS: value } });
+    expect(run('1').stdout.trim()).toBe('1');
+    expect(run('3').stdout.trim()).toBe('3');
+    expect(run('0').stdout.trim()).toBe('ArgumentError: NODETRON_KERNEL_THREADS=0: need 1 to 256 threads, got 0');
+    expect(run('two').stdout.trim()).toBe('ArgumentError: NODETRON_KERNEL_THREADS=two: expected a whole number of threads, got \'two\'');
   }, 120_000);
 
   it('fmaPeak measures positive GFLOP/s at each supported level and rejects bad arguments', () => {
