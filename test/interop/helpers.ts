@@ -54,3 +54,32 @@ export function expectSameWeights(a: nt.nn.GPT, b: nt.nn.GPT, dtype: nt.DType = 
     expect(Buffer.from(bytesOf(p, dtype)).equals(Buffer.from(bytesOf(pb.get(name)!, dtype))), name).toBe(true);
   }
 }
+
+/** The golden files of scripts/golden/llama.py or moe.py (test/golden/<family>/): each model's logits for one batch of tokens. */
+export interface HFGolden { batch: number; seq: number; tokens: number[]; models: Record<string, { logits: string; shape: number[] }> }
+
+/** The golden directory of a Llama family (test/golden/llama or moe), its logits.json, and a model's logits for its tokens. */
+export function llamaGolden(family: 'llama' | 'moe'): { dir: string; golden: HFGolden; logitsOf: (model: nt.nn.Llama) => Float32Array } {
+  const dir = join(__dirname, '..', 'golden', family);
+  const golden = JSON.parse(readFileSync(join(dir, 'logits.json'), 'utf8')) as HFGolden;
+  const logitsOf = (model: nt.nn.Llama): Float32Array => {
+    model.eval();
+    return nt.scope(() => nt.noGrad(() => {
+      const idx = nt.tensor(Int32Array.from(golden.tokens), [golden.batch, golden.seq]);
+      return model.forward(idx).logits!.toArraySync() as Float32Array;
+    }));
+  };
+  return { dir, golden, logitsOf };
+}
+
+/**
+ * Two Llamas with equal configs and the same parameters, bit for bit in `dtype`; `anyOrder`: their
+ * parameter names compared as sets (else in order).
+ */
+export function expectSameLlamaWeights(a: nt.nn.Llama, b: nt.nn.Llama, dtype: nt.DType = 'f32', anyOrder = false): void {
+  expect(a.config).toEqual(b.config);
+  const pb = new Map(b.namedParameters());
+  const names = (xs: string[]) => (anyOrder ? [...xs].sort() : xs);
+  expect(names(a.namedParameters().map(([k]) => k))).toEqual(names([...pb.keys()]));
+  for (const [name, p] of a.namedParameters()) expect(Buffer.from(bytesOf(p, dtype)).equals(Buffer.from(bytesOf(pb.get(name)!, dtype))), name).toBe(true);
+}

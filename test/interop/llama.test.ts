@@ -9,31 +9,16 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { SafetensorsFile } from '../../lib/io/safetensors.js';
-import { bytesOf } from '../../lib/io/tensor-bytes.js';
-import { f32, relErr, scratch, HF_DIR } from './helpers.js';
+import { expectSameLlamaWeights, f32, llamaGolden, relErr, scratch, HF_DIR } from './helpers.js';
 
 const { exportLlamaHF, importLlamaHF, exportHF, importHF } = nt.interop;
-const GOLDEN = join(__dirname, '..', 'golden', 'llama');
-const golden = JSON.parse(readFileSync(join(GOLDEN, 'logits.json'), 'utf8')) as {
-  batch: number; seq: number; tokens: number[]; models: Record<string, { logits: string; shape: number[] }>;
-};
+const { dir: GOLDEN, golden, logitsOf } = llamaGolden('llama');
 const work = scratch('nt-llama-hf-');
 let n = 0;
 const fresh = () => join(work, `d${n++}`);
 
-function logitsOf(model: nt.nn.Llama): Float32Array {
-  model.eval();
-  return nt.scope(() => nt.noGrad(() => {
-    const idx = nt.tensor(Int32Array.from(golden.tokens), [golden.batch, golden.seq]);
-    return model.forward(idx).logits!.toArraySync() as Float32Array;
-  }));
-}
-
 function expectSameWeights(a: nt.nn.Llama, b: nt.nn.Llama, dtype: nt.DType = 'f32'): void {
-  expect(a.config).toEqual(b.config);
-  const pb = new Map(b.namedParameters());
-  expect(a.namedParameters().map(([k]) => k)).toEqual([...pb.keys()]);
-  for (const [name, p] of a.namedParameters()) expect(Buffer.from(bytesOf(p, dtype)).equals(Buffer.from(bytesOf(pb.get(name)!, dtype))), name).toBe(true);
+  expectSameLlamaWeights(a, b, dtype);
 }
 
 describe('Hugging Face Llama interop', () => {
