@@ -4,52 +4,16 @@
 // under EP2×DP2 with ZeRO 3 and under EP2 with ZeRO 2 (no expert copies): each state re-saved right
 // after its load equals the source bit for bit (every expert whole under its global name, the
 // optimizer's moments and step counts), and the step after the load agrees with one process.
-import { cpSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { afterAll, describe, expect, it } from 'vitest';
+import { cpSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
-import { nodeArgs, scriptPath } from '../helpers/node-script.js';
+import { type CheckpointRun as Result, checkpointRuns, expectSameCheckpointState as expectSameState } from '../helpers/ckpt-runs.js';
+import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
-const script = join(root, 'test', 'fixtures', 'ckpt', 'train.ts');
-const work = mkdtempSync(join(tmpdir(), 'nt-ckpt-moe-'));
-afterAll(() => rmSync(work, { recursive: true, force: true }));
-const pool = new JobPool();
-
-interface Result { code: number | null; output: string; losses: Record<number, number>; start: number }
-function launch(name: string, nproc: number, flags: string[]): Promise<Result> {
-  const out = join(work, `out-${name}`);
-  return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), '--out', out, ...MOE, ...flags],
-      { cwd: root, limitMs: 300_000 });
-    if (code !== 0) return { code, output, losses: {}, start: -1 };
-    const r = JSON.parse(readFileSync(join(out, 'result-0.json'), 'utf8')) as { losses: Record<number, number>; start: number };
-    return { code, output, ...r };
-  });
-}
-const ckpt = (name: string) => join(work, `ckpt-${name}`);
-const at = (name: string, step: number) => join(ckpt(name), nt.ckpt.stepDirName(step));
 // 4 experts, a global batch of 4 (dp 4 takes a sequence each), no dropout (layouts draw it differently).
 const MOE = ['--moe-experts', '4', '--batch', '4', '--dropout', '0'];
 
-/** Every tensor of checkpoint a equals b's, bit for bit, and the optimizer's step counts agree. */
-function expectSameState(a: string, b: string): void {
-  const ma = nt.ckpt.readManifest(a), mb = nt.ckpt.readManifest(b);
-  expect(Object.keys(ma.tensors).sort()).toEqual(Object.keys(mb.tensors).sort());
-  for (const key of Object.keys(ma.tensors)) {
-    const ta = nt.ckpt.readTensor(a, key), tb = nt.ckpt.readTensor(b, key);
-    expect(ta.shape, key).toEqual(tb.shape);
-    const ua = new Uint32Array(ta.data.buffer), ub = new Uint32Array(tb.data.buffer);
-    let diff = -1;
-    for (let i = 0; i < ua.length && diff < 0; i++) if (ua[i] !== ub[i]) diff = i;
-    expect(diff, `${key} differs at element ${diff}: ${ta.data[diff]} vs ${tb.data[diff]}`).toBe(-1);
-  }
-  expect(ma.optimizer.steps).toEqual(mb.optimizer.steps);
-}
+const { launch, at, ckpt } = checkpointRuns('nt-ckpt-moe-', { common: MOE, limitMs: 300_000 });
 
 const source = launch('source', 4, ['--ep', '2', '--dp', '4', '--zero', '1', '--steps', '3', '--save', ckpt('source')]);
 const resave = (name: string, nproc: number, flags: string[], from: string) => (s: Result) => (s.code !== 0 ? s

@@ -3,50 +3,16 @@
 // (saved under TP2×PP2×DP2 ZeRO-1, loaded in one process, under DP3 ZeRO-3, TP3 and DP3 without ZeRO: the state
 // re-saved there equals the source exactly, and the next step agrees across layouts), and a rank
 // killed under `launch --max-restarts 1` finishing where an uninterrupted run does.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterAll, describe, expect, it } from 'vitest';
-import * as nt from '../../lib/index.js';
-import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
+import { describe, expect, it } from 'vitest';
+import { checkpointRuns, expectSameCheckpointState as expectSameState } from '../helpers/ckpt-runs.js';
+import { QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
 import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const launcher = join(root, 'test', 'fixtures', 'launch', 'launcher.ts');
-const script = join(root, 'test', 'fixtures', 'ckpt', 'train.ts');
-const work = mkdtempSync(join(tmpdir(), 'nt-ckpt-mp-'));
-afterAll(() => rmSync(work, { recursive: true, force: true }));
-const pool = new JobPool();
-
-interface Result { code: number | null; output: string; losses: Record<number, number>; start: number }
-function launch(name: string, nproc: number, flags: string[], launchFlags: string[] = []): Promise<Result> {
-  const out = join(work, `out-${name}`);
-  return pool.run(async () => {
-    const { code, output } = await runProcess(process.execPath, [...nodeArgs(launcher), '--nproc-per-node', String(nproc), ...launchFlags, scriptPath(script), '--out', out, ...flags],
-      { cwd: root, limitMs: 240_000 });
-    if (code !== 0) return { code, output, losses: {}, start: -1 };
-    const r = JSON.parse(readFileSync(join(out, 'result-0.json'), 'utf8')) as { losses: Record<number, number>; start: number };
-    return { code, output, ...r };
-  });
-}
-const ckpt = (name: string) => join(work, `ckpt-${name}`);
-const at = (name: string, step: number) => join(ckpt(name), nt.ckpt.stepDirName(step));
-
-/** Every tensor of checkpoint a equals b's, bit for bit. */
-function expectSameState(a: string, b: string): void {
-  const ma = nt.ckpt.readManifest(a), mb = nt.ckpt.readManifest(b);
-  expect(Object.keys(ma.tensors).sort()).toEqual(Object.keys(mb.tensors).sort());
-  for (const key of Object.keys(ma.tensors)) {
-    const ta = nt.ckpt.readTensor(a, key), tb = nt.ckpt.readTensor(b, key);
-    expect(ta.shape, key).toEqual(tb.shape);
-    const ua = new Uint32Array(ta.data.buffer), ub = new Uint32Array(tb.data.buffer);
-    let diff = -1;
-    for (let i = 0; i < ua.length && diff < 0; i++) if (ua[i] !== ub[i]) diff = i;
-    expect(diff, `${key} differs at element ${diff}: ${ta.data[diff]} vs ${tb.data[diff]}`).toBe(-1);
-  }
-  expect(ma.optimizer.steps).toEqual(mb.optimizer.steps);
-}
+const { launch, at, ckpt, pool } = checkpointRuns('nt-ckpt-mp-', { limitMs: 240_000 });
 
 const resumeLayouts: Record<string, [number, string[]]> = {
   'DP2 ZeRO-2': [2, ['--zero', '2']],
