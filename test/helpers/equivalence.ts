@@ -50,6 +50,20 @@ export function equivalenceRunner<R extends RankResult = RankResult>(opts: { scr
   };
 }
 
+/**
+ * A single-process reference of the fixtures (vocabulary 64, 3 steps) trained: it ran, an untrained
+ * model predicts roughly uniformly over the 64 tokens (first loss within 1 of ln 64), training lowers
+ * the loss, and every gradient norm is finite and positive.
+ */
+export function expectReferenceTrains(r: Trained): void {
+  expect(r.code, r.output).toBe(0);
+  const { losses, gradNorms } = r.ranks[0]!;
+  expect(losses).toHaveLength(3);
+  expect(Math.abs(losses[0]! - Math.log(64))).toBeLessThan(1);
+  expect(losses[2]!).toBeLessThan(losses[0]!);
+  expect(gradNorms.every((n) => n > 0 && Number.isFinite(n))).toBe(true);
+}
+
 /** Rank r's result-<r>.json with its params-<r>.f32 split into parameters by the listed names and shapes. */
 function readRank<R extends RankResult>(out: string, r: number): R {
   const res = JSON.parse(readFileSync(join(out, `result-${r}.json`), 'utf8')) as Omit<R, 'params' | 'shapes'> & { params: { name: string; shape: number[] }[] };
