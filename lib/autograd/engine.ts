@@ -184,17 +184,25 @@ export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulat
   if (typeof hook !== 'function') throw new ArgumentError(`registerPostAccumulateGradHook: hook must be a function, got ${typeof hook}`);
   if (leaf.gradFn !== null) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; post-accumulate-grad hooks go on leaves (tensors whose gradient is accumulated into .grad)`);
   if (!leaf.requiresGrad) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} does not require grad, so it never gets a gradient`);
-  let list = gradHooks.get(leaf);
-  if (!list) { list = []; gradHooks.set(leaf, list); hookedLeafCount++; }
-  list.push(hook);
+  return addToLeaf(gradHooks, leaf, hook, (d) => { hookedLeafCount += d; });
+}
+
+/**
+ * Appends item to leaf's list in lists; the handle takes it out again (once). onLeaves(+1) runs
+ * when leaf's list is made, onLeaves(-1) when it empties and goes.
+ */
+function addToLeaf<T>(lists: WeakMap<Tensor, T[]>, leaf: Tensor, item: T, onLeaves?: (delta: 1 | -1) => void): RemovableHandle {
+  let list = lists.get(leaf);
+  if (!list) { list = []; lists.set(leaf, list); onLeaves?.(1); }
+  list.push(item);
   let removed = false;
   return {
     remove() {
       if (removed) return;
       removed = true;
-      const hooks = gradHooks.get(leaf)!;
-      hooks.splice(hooks.indexOf(hook), 1);
-      if (hooks.length === 0) { gradHooks.delete(leaf); hookedLeafCount--; }
+      const l = lists.get(leaf)!;
+      l.splice(l.indexOf(item), 1);
+      if (l.length === 0) { lists.delete(leaf); onLeaves?.(-1); }
     },
   };
 }
@@ -218,19 +226,7 @@ export function registerGradAllocator(leaf: Tensor, allocate: GradAllocator): Re
   checkTensor(leaf, 'registerGradAllocator', 'leaf');
   if (typeof allocate !== 'function') throw new ArgumentError(`registerGradAllocator: allocate must be a function, got ${typeof allocate}`);
   if (leaf.gradFn !== null) throw new AutogradError(`registerGradAllocator: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; only leaves have a .grad to allocate`);
-  let list = gradAllocators.get(leaf);
-  if (!list) { list = []; gradAllocators.set(leaf, list); }
-  list.push(allocate);
-  let removed = false;
-  return {
-    remove() {
-      if (removed) return;
-      removed = true;
-      const l = gradAllocators.get(leaf)!;
-      l.splice(l.indexOf(allocate), 1);
-      if (l.length === 0) gradAllocators.delete(leaf);
-    },
-  };
+  return addToLeaf(gradAllocators, leaf, allocate);
 }
 
 // The tensor a registered allocator gives leaf's gradient, checked, or null.

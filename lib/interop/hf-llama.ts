@@ -26,7 +26,7 @@ import { isLlamaMoEBlock, Llama, llamaConfig, type CheckedLlamaConfig } from '..
 import { fmtShape, sameShape } from '../shape.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
 import { writeAtomically, writeJSONAtomically } from './gpt2.js';
-import { HFCheckpoint, readHFJSON, tensorSetProblems, type HFDType, type ImportHFOptions } from './hf.js';
+import { fillParameters, HFCheckpoint, readHFJSON, tensorSetProblems, type HFDType, type ImportHFOptions } from './hf.js';
 
 const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };
 const isHFDType = (d: unknown): d is HFDType => typeof d === 'string' && Object.hasOwn(TORCH_DTYPE, d);
@@ -340,21 +340,13 @@ export function importLlamaHF(dir: string, opts: Omit<ImportHFOptions, 'dropout'
       if (!isHFDType(d)) throw new StateError(`importLlamaHF: tensor '${p.hf}' is ${e.dtype}; the weights must be F32, BF16 or F16`);
     }
     if (misshaped.length > 0) throw new ShapeError(`importLlamaHF: ${dir}: tensors do not match config.json: ${misshaped.join('; ')}`);
-    const model = new Llama(config, { device: opts.device, dtype });
-    try {
-      const params = new Map(model.namedParameters());
-      for (const p of expected) {
-        const f = ckpt.where.get(p.hf)!;
-        const d = DTYPE_OF_SAFETENSORS[f.entry(p.hf).dtype] as HFDType;
-        const bytes = f.readBytes(p.hf);
-        if (bytes.byteLength !== dtypeSize(d) * p.shape.reduce((a, b) => a * b, 1)) throw new StateError(`importLlamaHF: '${p.hf}' holds ${bytes.byteLength} bytes`);
-        loadBytes(params.get(p.name)!, bytes, d);
-      }
-    } catch (e) {
-      model.dispose();
-      throw e;
-    }
-    return model;
+    return fillParameters(new Llama(config, { device: opts.device, dtype }), expected, (param, p) => {
+      const f = ckpt.where.get(p.hf)!;
+      const d = DTYPE_OF_SAFETENSORS[f.entry(p.hf).dtype] as HFDType;
+      const bytes = f.readBytes(p.hf);
+      if (bytes.byteLength !== dtypeSize(d) * p.shape.reduce((a, b) => a * b, 1)) throw new StateError(`importLlamaHF: '${p.hf}' holds ${bytes.byteLength} bytes`);
+      loadBytes(param, bytes, d);
+    });
   } finally {
     ckpt.close();
   }

@@ -13,6 +13,7 @@ import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js'
 import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, SafetensorsFile, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import { Llama } from '../nn/llama.js';
+import type { Parameter } from '../nn/module.js';
 import { exportLlamaHF, type ExportLlamaHFOptions } from './hf-llama.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically, writeJSONAtomically } from './gpt2.js';
@@ -221,6 +222,21 @@ const readJSON = (path: string): unknown => readHFJSON(path);
 const BUFFER = /^h\.\d+\.attn\.(bias|masked_bias)$/;
 
 /**
+ * Fills a freshly built model's parameters from a checkpoint: fill(parameter, entry) for each expected
+ * entry (by its nodetron name); when one fails, the model is disposed and the error passed on.
+ */
+export function fillParameters<M extends GPT | Llama, E extends { name: string }>(model: M, expected: readonly E[], fill: (param: Parameter, entry: E) => void): M {
+  try {
+    const params = new Map(model.namedParameters());
+    for (const e of expected) fill(params.get(e.name)!, e);
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+  return model;
+}
+
+/**
  * Reads a GPT-2 directory (config.json and model.safetensors, or a sharded index) into a new nodetron
  * GPT, in training mode like any new GPT (from_pretrained returns eval mode: call eval() for
  * inference). Tensors may be f32, bf16 or f16 and are cast to opts.dtype. Every missing, unexpected or
@@ -279,18 +295,10 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
       return { bytes: ckpt.where.get(stored)!.readBytes(stored), dtype: d, stored };
     };
     if (byName.has('lm_head.weight') || raw.tie_word_embeddings === false) checkTied(byName.has('lm_head.weight') ? read('lm_head.weight') : null, read('wte.weight'), config, dir);
-    const model = new GPT(config, { device: opts.device, dtype });
-    try {
-      const params = new Map(model.namedParameters());
-      for (const p of expected) {
-        const { bytes, dtype: d } = read(p.hf);
-        loadBytes(params.get(p.name)!, isConv1D(p.name) ? transposeBytes(bytes, p.shape[1]!, p.shape[0]!, dtypeSize(d)) : bytes, d);
-      }
-    } catch (e) {
-      model.dispose();
-      throw e;
-    }
-    return model;
+    return fillParameters(new GPT(config, { device: opts.device, dtype }), expected, (param, p) => {
+      const { bytes, dtype: d } = read(p.hf);
+      loadBytes(param, isConv1D(p.name) ? transposeBytes(bytes, p.shape[1]!, p.shape[0]!, dtypeSize(d)) : bytes, d);
+    });
   } finally {
     ckpt.close();
   }

@@ -486,6 +486,27 @@ export interface CausalLM extends Module {
 
 
 /**
+ * The first part of both models' embed(): checks token ids idx (i32 [B, T]) against the context
+ * limit (T times the context-parallel parts) and looks them up in the token table; returns the
+ * embeddings of the sequence layout's chunk [start, start + count) of the t positions.
+ */
+export function lookUpTokens(model: Pick<CausalLM, 'contextLayout' | 'sequenceLayout'>, call: string, idx: Tensor, table: TokenEmbedding,
+  [limitName, limit]: readonly [string, number]): { tokens: Tensor; t: number; start: number; count: number } {
+  checkTensor(idx, call, 'idx');
+  if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`${call}: idx must be i32 [B, T], got ${idx.describe()}`);
+  const t = idx.shape[1]!, cp = model.contextLayout?.parts ?? 1;
+  if (t * cp > limit) {
+    throw new ShapeError(`${call}: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds ${limitName} ${limit}`);
+  }
+  const { start, count } = model.sequenceLayout.chunk(t);
+  const tokens = table.forward(idx);
+  if (tokens.shape[1] !== count) {
+    throw new StateError(`${call}: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
+  }
+  return { tokens, t, start, count };
+}
+
+/**
  * What a model's constructor takes from its options (the GPT's and nt.nn.Llama's): the generator (the
  * options' own, else one seeded with `seed`), the layers' device and dtype, the linear factory and the
  * vocabulary and sequence layouts, with their defaults.
@@ -560,17 +581,7 @@ export class GPT extends Module implements CausalLM {
 
   /** Token plus position embeddings of idx (i32 [B, T]) → [B, T, C] (the sequence layout's chunk of T). */
   embed(idx: Tensor): Tensor {
-    checkTensor(idx, 'GPT.forward', 'idx');
-    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`GPT.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const t = idx.shape[1]!, cp = this.contextLayout?.parts ?? 1;
-    if (t * cp > this.config.blockSize) {
-      throw new ShapeError(`GPT.forward: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds blockSize ${this.config.blockSize}`);
-    }
-    const { start, count } = this.sequenceLayout.chunk(t);
-    const tokens = this.wte.forward(idx);
-    if (tokens.shape[1] !== count) {
-      throw new StateError(`GPT.forward: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
-    }
+    const { tokens, t, start, count } = lookUpTokens(this, 'GPT.forward', idx, this.wte, ['blockSize', this.config.blockSize]);
     // Each chunk adds its own positions, so every position embedding is added exactly once.
     using pos = this.contextLayout ? tensor(this.contextLayout.positions(t).subarray(start, start + count), [count], { device: idx.device })
       : arange(start, start + count, 1, { device: idx.device });

@@ -17,7 +17,7 @@ import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
-  generateTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
+  generateTokens, lookUpTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
   type ContextLayout, type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
 } from './gpt.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
@@ -400,18 +400,7 @@ export class Llama extends Module implements CausalLM {
 
   /** Token ids i32 [B, T] → [B, T', C] (T': the sequence layout's chunk). */
   embed(idx: Tensor): Tensor {
-    checkTensor(idx, 'Llama.forward', 'idx');
-    if (idx.ndim !== 2 || idx.dtype !== 'i32') throw new ArgumentError(`Llama.forward: idx must be i32 [B, T], got ${idx.describe()}`);
-    const t = idx.shape[1]!, cp = this.contextLayout?.parts ?? 1;
-    if (t * cp > this.config.maxPositionEmbeddings) {
-      throw new ShapeError(`Llama.forward: sequence length ${t * cp}${cp > 1 ? ` (${t} tokens on each of ${cp} context-parallel processes)` : ''} exceeds maxPositionEmbeddings ${this.config.maxPositionEmbeddings}`);
-    }
-    const { count } = this.sequenceLayout.chunk(t);
-    const tokens = this.embedTokens.forward(idx);
-    if (tokens.shape[1] !== count) {
-      throw new StateError(`Llama.forward: the token embedding gave ${tokens.describe()}, but the sequence layout holds ${count} of the ${t} positions here (pair the vocabulary and sequence layouts)`);
-    }
-    return tokens;
+    return lookUpTokens(this, 'Llama.forward', idx, this.embedTokens, ['maxPositionEmbeddings', this.config.maxPositionEmbeddings]).tokens;
   }
 
   /** Blocks [start, end) over x [B, T', C] (recomputed in backward when config.recompute). */

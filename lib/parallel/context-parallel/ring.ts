@@ -26,6 +26,12 @@ export function finishSync(work: CollectiveWork, call: string, group: Collective
   work.waitSync();
 }
 
+/** The checks both context-parallel attentions make of their packed input: qkv [B, T/cp, 3·heads·D]. */
+export function checkPackedQkv(call: string, qkv: Tensor, heads: number): void {
+  if (!Number.isInteger(heads) || heads < 1) throw new ArgumentError(`${call}: heads must be a positive integer, got ${heads}`);
+  if (qkv.ndim !== 3 || qkv.shape[2]! % (3 * heads) !== 0) throw new ShapeError(`${call}: qkv must be [B, T/cp, 3·heads·D] with ${heads} heads, got ${qkv.describe()}`);
+}
+
 /** A range of token positions of a sequence. */
 export interface TokenRange {
   /** The first position. */
@@ -65,8 +71,7 @@ export interface RingAttentionOptions {
  */
 export function ringAttentionPacked(qkv: Tensor, heads: number, group: CollectiveGroup, opts: RingAttentionOptions = {}): Tensor {
   const call = 'ringAttentionPacked';
-  if (!Number.isInteger(heads) || heads < 1) throw new ArgumentError(`${call}: heads must be a positive integer, got ${heads}`);
-  if (qkv.ndim !== 3 || qkv.shape[2]! % (3 * heads) !== 0) throw new ShapeError(`${call}: qkv must be [B, T/cp, 3·heads·D] with ${heads} heads, got ${qkv.describe()}`);
+  checkPackedQkv(call, qkv, heads);
   if (qkv.dtype !== 'f32' && qkv.dtype !== 'bf16' && qkv.dtype !== 'f16') throw new ArgumentError(`${call}: qkv must be f32, bf16 or f16, got ${qkv.dtype}`);
   const [B, Tl, W] = qkv.shape as [number, number, number];
   const cp = group.size, r = group.rank;

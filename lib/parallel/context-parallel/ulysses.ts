@@ -5,11 +5,11 @@
 // (cp−1)/cp of its q, k, v and of its output, independent of the ring's cp steps.
 import { needsGrad, record } from '../../autograd/engine.js';
 import { dtypeCode } from '../../dtype.js';
-import { ArgumentError, ShapeError, StateError } from '../../errors.js';
+import { ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { attentionPacked } from '../../ops/index.js';
-import { finishSync, type TokenRange } from './ring.js';
+import { checkPackedQkv, finishSync, type TokenRange } from './ring.js';
 
 /** Rank `rank`'s contiguous chunk of a sequence of seqLen tokens split cp ways; a ShapeError when cp does not divide it. */
 export function ulyssesChunk(seqLen: number, cp: number, rank: number): TokenRange {
@@ -96,8 +96,7 @@ export interface UlyssesAttentionOptions {
  */
 export function ulyssesAttentionPacked(qkv: Tensor, heads: number, group: CollectiveGroup, opts: UlyssesAttentionOptions = {}): Tensor {
   const call = 'ulyssesAttentionPacked';
-  if (!Number.isInteger(heads) || heads < 1) throw new ArgumentError(`${call}: heads must be a positive integer, got ${heads}`);
-  if (qkv.ndim !== 3 || qkv.shape[2]! % (3 * heads) !== 0) throw new ShapeError(`${call}: qkv must be [B, T/cp, 3·heads·D] with ${heads} heads, got ${qkv.describe()}`);
+  checkPackedQkv(call, qkv, heads);
   const cp = group.size;
   if (heads % cp !== 0) throw new ShapeError(`${call}: ${heads} attention heads (per tensor-parallel rank) are not divisible by cp = ${cp}; Ulysses gives each context-parallel rank heads/cp whole heads (use --cp-mode ring)`);
   if (cp === 1) return attentionPacked(qkv, heads, { causal: true, scale: opts.scale });
