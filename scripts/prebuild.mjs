@@ -8,7 +8,7 @@
 //                                               lib/native.ts finds them on the machine at run time)
 //   node scripts/prebuild.mjs [--check]   (--check: only verify that the prebuilt cpu addon loads alone)
 import { execFileSync, spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -77,7 +77,10 @@ try {
       log('no cuda addon in build/Release: the package will have the cpu backend only');
     }
     const files = readdirSync(out, { recursive: true }).map(String);
-    writeFileSync(join(out, 'MANIFEST.txt'), `built from ${cpuAddon.replace(root + '/', '')} on ${new Date().toISOString()}\n${files.join('\n')}\n`);
+    // The cuda addon's build record (nvcc, architectures, libraries), so a package says what it holds.
+    const status = join(root, 'build', 'cuda-status.txt');
+    const cuda = existsSync(status) ? `cuda backend: ${readFileSync(status, 'utf8').trim()}\n` : '';
+    writeFileSync(join(out, 'MANIFEST.txt'), `built from ${cpuAddon.replace(root + '/', '')} on ${new Date().toISOString()}\n${cuda}${files.join('\n')}\n`);
   }
   check();
 } catch (e) {

@@ -3,10 +3,15 @@
 // line to run), the CUDA wheels for the cuda backend (pip, where nvcc and pip are present), npm
 // packages, the native build (cmake-js), the TypeScript build, the prebuilt binaries `npm pack`
 // ships (scripts/prebuild.mjs) and the example's token shards it ships beside them. Each step is skipped when done.
-//   node scripts/setup.mjs [--force]      (in a checkout of the repository; scripts/install.mjs is what
-//                                         `npm install nodetron` runs in a user's project)
+//   node scripts/setup.mjs [--force] [--release]   (in a checkout of the repository; scripts/install.mjs
+//                                         is what `npm install nodetron` runs in a user's project)
+// The cuda backend is compiled for NODETRON_CUDA_ARCHS when it is set (CMake's syntax, ';' or ','
+// between entries; the test set-up sets it, see scripts/test.mjs), else for the release set
+// (Ampere and Hopper SASS, Hopper PTX). A build made for other architectures is rebuilt when
+// NODETRON_CUDA_ARCHS asks for others, and for the release set with --force or --release (`npm pack`
+// runs --release first, so a package never ships a test build's cuda addon).
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -14,6 +19,11 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const force = process.argv.includes('--force');
+// CMakeLists.txt's NT_CUDA_RELEASE_ARCHS.
+const RELEASE_CUDA_ARCHS = '80-real;90-real;90-virtual';
+const normArchs = (a) => a.split(/[;,\s]+/).filter(Boolean).join(';');
+const wantedCudaArchs = process.env.NODETRON_CUDA_ARCHS ? normArchs(process.env.NODETRON_CUDA_ARCHS)
+  : force || process.argv.includes('--release') ? RELEASE_CUDA_ARCHS : null;
 const log = (m) => console.error(`[nodetron setup] ${m}`);
 
 function run(cmd, args, opts = {}) {
@@ -100,26 +110,47 @@ function npmPackages() {
 }
 
 // 4. Native addons --------------------------------------------------------------------------------
+/** The CUDA architectures of the cuda addon in build/ (from build/cuda-status.txt), or null when none was built. */
+function builtCudaArchs() {
+  const status = join(root, 'build', 'cuda-status.txt');
+  if (!existsSync(status)) return null;
+  const text = readFileSync(status, 'utf8');
+  if (!text.startsWith('built')) return null;
+  const m = /archs ([^,]+),/.exec(text);
+  return m ? normArchs(m[1]) : RELEASE_CUDA_ARCHS; // builds from before the record had the release set
+}
+
 function nativeBuild() {
-  const addon = join(root, 'build', 'Release', 'nodetron.node');
-  const built = existsSync(addon) ? statSync(addon).mtimeMs : 0;
+  // When the last build succeeded (ninja relinks nothing when an edit changes no object, so the addons' own times can stay older than the sources).
+  const stamp = join(root, 'build', 'setup-built.stamp');
+  const built = existsSync(stamp) && existsSync(join(root, 'build', 'Release', 'nodetron.node')) ? statSync(stamp).mtimeMs : 0;
   const sources = newest(['native', 'CMakeLists.txt']);
-  if (!force && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
-  log('building the native addons (cmake-js)');
+  const archs = builtCudaArchs();
+  const otherArchs = wantedCudaArchs !== null && archs !== null && archs !== wantedCudaArchs;
+  if (!force && !otherArchs && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
+  log(otherArchs ? `building the native addons (cmake-js), the cuda addon for ${wantedCudaArchs} instead of ${archs}` : 'building the native addons (cmake-js)');
   const cmakeJs = createRequire(join(root, 'package.json')).resolve('cmake-js/bin/cmake-js');
   // Ninja's own default, cores + 2: a compile waiting on the disk leaves no core idle, and on a machine
   // that is busy with other work the build keeps its share (two jobs beside two busy loops got half the cores).
   const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(availableParallelism() + 2);
-  if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build'], { env: { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs } })) {
+  const env = { ...process.env, CMAKE_BUILD_PARALLEL_LEVEL: jobs };
+  const defs = wantedCudaArchs ? [`--CDNT_CUDA_ARCHS=${wantedCudaArchs}`] : [];
+  // cmake-js compile configures only a build folder without a CMake cache: a new architecture list
+  // needs its own configure (ninja then recompiles only the cuda objects).
+  if (defs.length && existsSync(join(root, 'build', 'CMakeCache.txt')) && !run(process.execPath, [cmakeJs, 'configure', '--out', 'build', ...defs], { env })) {
+    throw new Error('configuring the native build failed (see the output above)');
+  }
+  if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build', ...defs], { env })) {
     throw new Error('the native build failed (see the compiler output above)');
   }
+  writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
 
 // 6. Prebuilt binaries: what `npm pack` ships (scripts/prebuild.mjs; copies, no second build) -----
 function prebuilds() {
   const out = join(root, 'prebuilds', `${process.platform}-${process.arch}`, 'nodetron.napi.node');
-  const addon = join(root, 'build', 'Release', 'nodetron.node');
-  if (!force && existsSync(out) && statSync(out).mtimeMs >= statSync(addon).mtimeMs) return;
+  const addons = ['nodetron.node', 'nodetron_cuda.node'].map((a) => join(root, 'build', 'Release', a)).filter(existsSync);
+  if (!force && existsSync(out) && addons.every((a) => statSync(out).mtimeMs >= statSync(a).mtimeMs)) return;
   log('collecting the prebuilt binaries (scripts/prebuild.mjs)');
   if (!run(process.execPath, [join(root, 'scripts', 'prebuild.mjs')])) throw new Error('collecting the prebuilt binaries failed');
 }

@@ -7,6 +7,14 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+// The cuda backend is compiled for this machine's GPUs only, or where there is none for one
+// architecture (Hopper): there the build is a compile check, and the kernels have no per-architecture
+// code. That halves the CUDA compile; `npm run build` and `npm pack` build the release set.
+if (!process.env.NODETRON_CUDA_ARCHS) {
+  const smi = spawnSync('nvidia-smi', ['--query-gpu=compute_cap', '--format=csv,noheader'], { encoding: 'utf8' });
+  const caps = smi.status === 0 ? [...new Set(smi.stdout.split('\n').map((l) => l.trim().replace('.', '')).filter((c) => /^\d+$/.test(c)))] : [];
+  process.env.NODETRON_CUDA_ARCHS = caps.length ? caps.map((c) => `${c}-real`).join(';') : '90-real';
+}
 const setup = spawnSync(process.execPath, [join(root, 'scripts', 'setup.mjs')], { stdio: 'inherit', cwd: root });
 if (setup.status !== 0) {
   console.log('0 passed, 1 failed (setup failed)');

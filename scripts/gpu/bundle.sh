@@ -17,6 +17,11 @@ root=$(git rev-parse --show-toplevel)
 cd "$root"
 [ -d dist ] && [ -f build/Release/nodetron.node ] || { echo "bundle.sh: build/Release/nodetron.node or dist/ missing: run node scripts/setup.mjs first" >&2; exit 1; }
 [ -f build/Release/nodetron_cuda.node ] || echo "bundle.sh: warning: build/Release/nodetron_cuda.node is missing (no nvcc here?): the device run will find no cuda backend" >&2
+# The GPU machines are Hopper (H100/H200): the cuda addon must hold sm_90 code (a test set-up may
+# have built one other architecture only; scripts/test.mjs).
+if [ -f build/Release/nodetron_cuda.node ] && grep -q 'archs ' build/cuda-status.txt 2>/dev/null && ! grep -qE 'archs [^,]*90-(real|virtual)' build/cuda-status.txt; then
+  echo "bundle.sh: the cuda addon was built without Hopper code ($(grep -o 'archs [^,]*' build/cuda-status.txt)): run node scripts/setup.mjs --release first" >&2; exit 1
+fi
 limit_mib=${NODETRON_BUNDLE_LIMIT_MIB:-60}
 
 stage=$(mktemp -d)
