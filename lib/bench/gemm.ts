@@ -59,7 +59,7 @@ export function measureFmaPeak(isa = 'auto', seconds = 0.5): FmaPeak {
   return { isa: r.isa, gflops: r.gflops, gflopsAllThreads: r.gflopsAllThreads, gflopsOneThread: r.gflopsOneThread, gflopsOneThreadCpuTime: r.gflopsOneThreadCpuTime, threads: r.threads, chains: r.chains, lanes: r.lanes };
 }
 
-function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
+function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[], minSeconds = 0.4): Row[] {
   const rows: Row[] = [];
   const addon = cpu();
   for (const [name, m, n, k] of shapes) {
@@ -69,14 +69,14 @@ function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
     // Interleave the two so that clock and cache state affect both alike.
     let tN = Infinity, tC = Infinity;
     for (let r = 0; r < 3; r++) {
-      tN = Math.min(tN, timeIt(() => matmul(a, b).dispose(), { minSeconds: 0.4, rounds: 3 }));
-      tC = Math.min(tC, timeIt(() => addon.cblasSgemmLoop(a.storage, b.storage, c.storage, m, n, k, 1), { minSeconds: 0.4, rounds: 3 }));
+      tN = Math.min(tN, timeIt(() => matmul(a, b).dispose(), { minSeconds, rounds: 3 }));
+      tC = Math.min(tC, timeIt(() => addon.cblasSgemmLoop(a.storage, b.storage, c.storage, m, n, k, 1), { minSeconds, rounds: 3 }));
     }
     rows.push({ name: `${name} f32`, m, n, k, nodetronGflops: flops / tN / 1e9, cblasGflops: flops / tC / 1e9, ratio: tC / tN });
     for (const dt of dtypes.filter((d) => d !== 'f32')) {
       const ah = a.to(dt), bh = b.to(dt);
       let t = Infinity;
-      for (let r = 0; r < 3; r++) t = Math.min(t, timeIt(() => matmul(ah, bh).dispose(), { minSeconds: 0.4, rounds: 3 }));
+      for (let r = 0; r < 3; r++) t = Math.min(t, timeIt(() => matmul(ah, bh).dispose(), { minSeconds, rounds: 3 }));
       rows.push({ name: `${name} ${dt}`, m, n, k, nodetronGflops: flops / t / 1e9, cblasGflops: NaN, ratio: NaN });
       ah.dispose(); bh.dispose();
     }
@@ -87,10 +87,10 @@ function gemmRows(shapes: typeof SHAPES, dtypes: ('f32' | 'bf16')[]): Row[] {
 
 const addonThreads = (): number => cpu().kernelThreads() as number;
 
-function dispatchCosts(): Record<string, number> {
+function dispatchCosts(minSeconds = 0.5): Record<string, number> {
   const addon = cpu();
   const x = randn([1], { seed: 1 }), y = randn([1, 1], { seed: 2 });
-  const us = (fn: () => void) => timeIt(fn, { minSeconds: 0.5, rounds: 5, warmup: 1000 }) * 1e6;
+  const us = (fn: () => void) => timeIt(fn, { minSeconds, rounds: 5, warmup: 1000 }) * 1e6;
   const out: Record<string, number> = {
     'native no-op call': us(() => addon.noop()),
     'reshape (no copy, new tensor)': us(() => x.reshape([1, 1]).dispose()),
@@ -137,7 +137,8 @@ export async function main(argv: string[]): Promise<number> {
   console.log('# peak: the larger of all threads together and one thread alone times the thread count (best of 5 runs each; other load can only lower them)');
   console.log(`# the machine's peak here: ${peak.gflops.toFixed(1)} GFLOP/s (${peak.isa}); the cpu kernels run at ${all.cpu.isa.active}\n`);
   const shapes = [...(o.quick ? SHAPES.slice(0, 1) : SHAPES), ...(o.bf16 && !o.quick ? MODEL_SHAPES : [])];
-  const rows = gemmRows(shapes, o.bf16 ? ['f32', 'bf16'] : ['f32']);
+  // --quick: one shape and a quarter of the timing (a smoke run: the numbers are rougher).
+  const rows = gemmRows(shapes, o.bf16 ? ['f32', 'bf16'] : ['f32'], o.quick ? 0.1 : 0.4);
   for (const r of rows) r.peakPercent = (100 * r.nodetronGflops) / peak.gflops;
   let torch: { torch?: string; error?: string } | undefined;
   if (o.bf16) {
@@ -162,7 +163,7 @@ export async function main(argv: string[]): Promise<number> {
       `${r.peakPercent!.toFixed(1)}%`, ...(o.bf16 ? [r.torchGflops === undefined ? '-' : r.torchGflops.toFixed(1)] : [])]));
   const own = o.quick ? undefined : openblasOwnChoice();
   if (own) console.log(`\nOpenBLAS left to its own choice (${own.coreType}): cblas_sgemm 2048^3 = ${own.gflops.toFixed(1)} GFLOP/s`);
-  const dispatch = dispatchCosts();
+  const dispatch = dispatchCosts(o.quick ? 0.125 : 0.5);
   console.log('');
   printTable(['tiny op (cpu, 1 element)', 'µs per call'], Object.entries(dispatch).map(([k, v]) => [k, v.toFixed(3)]));
   writeJson(o.json as string | undefined, { bench: 'gemm', machine: machineRecord(), rows, openblasOwnChoice: own, dispatchMicroseconds: dispatch,

@@ -5,7 +5,8 @@
 // in a fresh process). After every step <out>/results.json is rewritten and <out>/run.log gets the
 // step's full output: two files, so everything comes back from a machine that returns at most 8.
 // Standard output gets one line per step and, last, the summary table (a reply may show only its tail).
-// Without a GPU every step records "skipped" with `no GPU: <reason>` and the run exits 0 (never "passed").
+// Without a GPU every step records "skipped" with `no GPU: <reason>` and the run exits 0 (never "passed");
+// after the first step that finds no GPU, the others are recorded so without starting a process.
 //
 //   node scripts/gpu/run.mjs [--out DIR] [--budget S] [--only id,id] [--skip id,id] [--list]
 //
@@ -140,8 +141,15 @@ writeFileSync(logFile, `nodetron device run ${new Date().toISOString()} budget $
 for (const step of steps) {
   const left = Math.min(phaseEnd(step.phase), budgetS) - elapsedS();
   const limitS = Math.min(limitFor(step), left);
+  // Once a step has found no GPU (outside the dry run), the later steps would each start a process only
+  // to find the same: they are recorded skipped with that reason, unstarted (simulated steps still run).
+  const noGpu = process.env.NODETRON_GPU_RUN_DRY ? undefined : done.find((r) => r.status === 'skipped' && /^no GPU: /.test(r.reason ?? ''))?.reason;
+  const simulated = (process.env.NODETRON_GPU_RUN_SIMULATE ?? '').split(',').some((p) => p.split(':')[0] === step.id);
   if (left < (step.minS ?? 5)) {
     done.push({ step: step.id, phase: step.phase, status: 'not run', reason: `no time left in its phase (${Math.max(0, left).toFixed(0)} s of ${step.minS ?? 5} s needed)`, limitS: 0, wallS: 0, checksPassed: 0, checksFailed: 0, info: {}, checks: [], bench: [] });
+  } else if (noGpu && !simulated) {
+    appendFileSync(logFile, `\n== ${new Date().toISOString()} step ${step.id} not started: an earlier step found ${noGpu}\n`);
+    done.push({ step: step.id, phase: step.phase, status: 'skipped', reason: noGpu, exitCode: 0, signal: null, timedOut: false, limitS: Number(limitS.toFixed(1)), wallS: 0, checksPassed: 0, checksFailed: 0, info: {}, checks: [], bench: [] });
   } else {
     const r = await runStep(step, limitS);
     done.push(r);

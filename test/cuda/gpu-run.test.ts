@@ -87,11 +87,11 @@ describe.skipIf(nt.cuda.isAvailable())('scripts/gpu/run.mjs without a GPU', () =
 
   it('keeps to the budget: a hanging step is cut at its phase end, and a step with no time left is not run', () => {
     const t0 = Date.now();
-    const { code, steps } = runPlan('budget', ['--budget', '30', '--only', 'nccl,gemm-perf'], { NODETRON_GPU_RUN_SIMULATE: 'nccl:hang' });
+    const { code, steps } = runPlan('budget', ['--budget', '12', '--only', 'nccl,gemm-perf'], { NODETRON_GPU_RUN_SIMULATE: 'nccl:hang' });
     expect(code).toBe(1);
-    // Correctness ends at 285/540 of the budget (15.8 s of 30); gemm-perf needs 20 s and gets none.
+    // Correctness ends at 285/540 of the budget (6.3 s of 12); gemm-perf needs 20 s and gets none.
     expect(steps[0]).toMatchObject({ step: 'nccl', status: 'timeout' });
-    expect(steps[0]!.limitS).toBeLessThan(16.5);
+    expect(steps[0]!.limitS).toBeLessThan(6.6);
     expect(steps[1]).toMatchObject({ step: 'gemm-perf', status: 'not run' });
     expect(steps[1]!.reason).toMatch(/no time left/);
     expect(Date.now() - t0).toBeLessThan(120_000);
