@@ -41,9 +41,11 @@ const shared = {
   // at a load average of 35 the 4-rank collectives test ran past runRanks' old 60 s limit).
   testTimeout: 180_000,
   hookTimeout: 180_000,
-  // --enable-source-maps: launched processes that run compiled code (test/helpers/node-script.ts) name
-  // the .ts sources in their stack traces, as they do under tsx (the flight recorder's "issued at").
-  env: { NODETRON_WARN_LEAKS: '0', NODE_OPTIONS: [process.env.NODE_OPTIONS, '--enable-source-maps'].filter(Boolean).join(' ') },
+  // Launched processes run compiled code (test/helpers/node-script.ts) without source maps: parsing them
+  // costs each process start about 0.04 CPU-s, some 5% of a multi-process file's CPU. The flight
+  // recorder's test, which reads .ts names in stack traces, turns them on for its own processes; set
+  // NODE_OPTIONS=--enable-source-maps to have them everywhere while debugging.
+  env: { NODETRON_WARN_LEAKS: '0' },
   // Transpiles the rank fixtures once, so launched processes skip tsx (test/helpers/node-script.ts).
   globalSetup: ['test/helpers/global-setup.ts'],
 };

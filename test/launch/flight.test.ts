@@ -11,6 +11,9 @@ import { nodeArgs, scriptPath } from '../helpers/node-script.js';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const fixtures = join(root, 'test', 'fixtures', 'launch');
 const pool = new JobPool();
+// The ranks run compiled JavaScript where it is fresh: with source maps, the stacks that issued a
+// collective name the .ts sources, as under tsx.
+const SOURCE_MAPS = { NODE_OPTIONS: [process.env.NODE_OPTIONS, '--enable-source-maps'].filter(Boolean).join(' ') };
 const dirs: string[] = [];
 afterAll(() => { for (const d of dirs) rmSync(d, { recursive: true, force: true }); });
 
@@ -19,7 +22,7 @@ function launch(nproc: number, env: NodeJS.ProcessEnv, flags: string[] = []) {
   dirs.push(dir);
   return pool.run(async () => {
     const r = await runProcess(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', String(nproc), '--stop-grace-ms', '2000', ...flags,
-      scriptPath(join(fixtures, 'flight.ts'))], { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_FLIGHT_DIR: dir, ...env } });
+      scriptPath(join(fixtures, 'flight.ts'))], { cwd: root, limitMs: 120_000, env: { ...process.env, NODETRON_FLIGHT_DIR: dir, ...SOURCE_MAPS, ...env } });
     return { ...r, dir };
   });
 }
