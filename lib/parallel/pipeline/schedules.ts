@@ -225,14 +225,15 @@ function zeroBubbleVTables(p: number, m: number): PipelineAction[][] {
 // The list scheduler on integer costs (each action takes costs[op] time steps, no communication time).
 function listScheduleV(p: number, m: number, costs: ActionCosts, eagerW: number, cap: number): PipelineAction[][] {
   const V = 2 * p;
-  const done = new Map<string, number>();
-  const key = (op: string, micro: number, vs: number) => `${op}${micro}:${vs}`;
+  // When each (op, micro-batch, virtual stage) finishes; NaN until scheduled (NaN <= t is false).
+  const done = new Float64Array(3 * m * V).fill(NaN);
+  const key = (op: string, micro: number, vs: number) => ((op === 'F' ? 0 : op === 'B' ? 1 : 2) * m + micro) * V + vs;
   const tables: PipelineAction[][] = Array.from({ length: p }, () => []);
   const nextF = Array.from({ length: p }, () => [0, 0]), nextB = Array.from({ length: p }, () => [0, 0]);
   const pendingW: { micro: number; chunk: number }[][] = Array.from({ length: p }, () => []);
   const held = new Array<number>(p).fill(0), free = new Array<number>(p).fill(0);
   let remaining = p * 2 * 3 * m;
-  const ready = (k: string, t: number) => { const at = done.get(k); return at !== undefined && at <= t; };
+  const ready = (k: number, t: number) => done[k]! <= t;
   // Time jumps from event to event: nothing becomes ready but when some rank's action ends.
   for (let t = 0; remaining > 0;) {
     for (let r = 0; r < p; r++) {
@@ -263,7 +264,7 @@ function listScheduleV(p: number, m: number, costs: ActionCosts, eagerW: number,
       else held[r]!--;
       tables[r]!.push(pick);
       free[r] = t + costs[pick.op];
-      done.set(key(pick.op, pick.micro, vs), t + costs[pick.op]);
+      done[key(pick.op, pick.micro, vs)] = t + costs[pick.op];
       remaining--;
     }
     const next = Math.min(...free.filter((f) => f > t));
@@ -306,8 +307,12 @@ export interface ScheduleSimulation {
  */
 export function simulateSchedule(tables: readonly (readonly PipelineAction[])[], chunks: number, costs: ActionCosts | ((rank: number, action: PipelineAction, index: number) => number), placement: ChunkPlacement = 'loop'): ScheduleSimulation {
   const p = tables.length, V = p * chunks;
-  const done = new Map<string, number>();
-  const key = (op: string, micro: number, vs: number) => `${op}${micro}:${vs}`;
+  // When each (op, micro-batch, virtual stage) finished, NaN until it has: a flat array (the planner
+  // simulates tables of thousands of actions for every candidate layout).
+  let M = 0;
+  for (const t of tables) for (const a of t) M = Math.max(M, a.micro + 1);
+  const done = new Float64Array(3 * M * V).fill(NaN);
+  const key = (op: string, micro: number, vs: number) => ((op === 'F' ? 0 : op === 'B' ? 1 : 2) * M + micro) * V + vs;
   const split = tables.some((t) => t.some((a) => a.op === 'W'));
   const next = new Array<number>(p).fill(0), free = new Array<number>(p).fill(0), busy = new Array<number>(p).fill(0);
   const held = new Array<number>(p).fill(0), peak = new Array<number>(p).fill(0);
@@ -318,16 +323,17 @@ export function simulateSchedule(tables: readonly (readonly PipelineAction[])[],
       const a = tables[r]![next[r]!];
       if (!a) continue;
       const vs = virtualStageOf(r, a.chunk, p, placement);
-      let dep: string | null = null;
+      if (!(vs >= 0 && vs < V && a.micro >= 0)) throw new StateError(`simulateSchedule: rank ${r}'s action ${next[r]} (${a.op} of micro-batch ${a.micro}, chunk ${a.chunk}) is outside ${p} stages of ${chunks} chunks`);
+      let dep: number | null = null;
       if (a.op === 'F' && vs > 0) dep = key('F', a.micro, vs - 1);
       else if (a.op === 'B') dep = vs < V - 1 ? key('B', a.micro, vs + 1) : key('F', a.micro, vs);
       else if (a.op === 'W') dep = key('B', a.micro, vs);
-      const at = dep === null ? 0 : done.get(dep);
-      if (at === undefined) continue;
+      const at = dep === null ? 0 : done[dep]!;
+      if (Number.isNaN(at)) continue;
       const cost = typeof costs === 'function' ? costs(r, a, next[r]!) : a.op === 'F' ? costs.F : a.op === 'W' ? costs.W : split ? costs.B : costs.B + costs.W;
       const start = Math.max(free[r]!, at);
       free[r] = start + cost; busy[r]! += cost;
-      done.set(key(a.op, a.micro, vs), free[r]!);
+      done[key(a.op, a.micro, vs)] = free[r]!;
       if (a.op === 'F') peak[r] = Math.max(peak[r]!, ++held[r]!);
       else if (a.op === (split ? 'W' : 'B')) held[r]!--;
       next[r]!++; remaining--; progressed = true;
