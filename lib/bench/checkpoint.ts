@@ -28,7 +28,7 @@ import { expectPositionals, parseOptions } from '../cmdline/args.js';
 /** The layouts measured: ranks (processes) and ZeRO stage. `one`: a single process writes everything. */
 const LAYOUTS: Record<string, { ranks: number; zero: 0 | 3 }> = { one: { ranks: 1, zero: 0 }, dp2: { ranks: 2, zero: 0 }, zero3: { ranks: 2, zero: 3 } };
 const SAVE_INTERVAL = 20;
-/** Timed synchronous save rounds (each with a dd beside it), after WARMUP_ROUNDS untimed ones. */
+/** Timed synchronous save rounds (each with a dd beside it; --rounds), after WARMUP_ROUNDS untimed ones. */
 const SYNC_ROUNDS = 7;
 const WARMUP_ROUNDS = 2;
 
@@ -47,7 +47,8 @@ interface RankRecord {
 
 /** One rank (under the launcher): warm up, time steps, save N times with a step after each, load the last. */
 async function rankMain(argv: string[]): Promise<number> {
-  const o = parseOptions(argv, { layout: 'string', config: 'string', saves: 'number', dir: 'string', out: 'string' });
+  const o = parseOptions(argv, { layout: 'string', config: 'string', saves: 'number', rounds: 'number', dir: 'string', out: 'string' });
+  const rounds = (o.rounds as number | undefined) ?? SYNC_ROUNDS;
   const name = o.layout as string;
   const [c] = selectConfigs((o.config as string | undefined) ?? 'small');
   const { world, rank } = await dist.init({ timeoutMs: 600_000 });
@@ -94,7 +95,7 @@ async function rankMain(argv: string[]): Promise<number> {
   const syncRoot = join(o.dir as string, `${name}-sync`);
   const sync = new Checkpointer(syncRoot, { async: false });
   const syncMs: number[] = [], ddMs: number[] = [];
-  for (let i = 0; i < WARMUP_ROUNDS + SYNC_ROUNDS; i++) {
+  for (let i = 0; i < WARMUP_ROUNDS + rounds; i++) {
     let dd: number | null = null, save = 0;
     const timeSave = async () => {
       await world.barrier();
@@ -140,14 +141,16 @@ function ddSeconds(dir: string, bytes: number): number | null {
 
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
-    layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'outfile', 'compare-torch': 'boolean', help: 'boolean',
+    layout: 'string', config: { kind: 'string', choices: ['small', 'tiny'] }, saves: { kind: 'positive', max: 1000 }, rounds: { kind: 'positive', max: 1000 }, dir: 'string', out: 'string', json: 'outfile', 'compare-torch': 'boolean', help: 'boolean',
   }, { h: 'help' });
   if (o.help) {
-    console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout one,dp2,zero3] [--saves 3] [--dir D] [--compare-torch] [--json F]
+    console.log(`usage: nodetron bench checkpoint [--config small|tiny] [--layout one,dp2,zero3] [--saves 3] [--rounds ${SYNC_ROUNDS}] [--dir D] [--compare-torch] [--json F]
   Saves a GPT's training state (weights + AdamW state) under each layout (one: 1 process; dp2, zero3: 2 ranks), in the background
-  while training goes on; reports the stall per save, save and load bandwidth, beside dd on the same disk.`);
+  while training goes on (--saves of them); reports the stall per save, save and load bandwidth, beside dd on the same disk
+  (--rounds synchronous saves, each beside a dd, after ${WARMUP_ROUNDS} untimed ones).`);
     return 0;
   }
+  const rounds = (o.rounds as number | undefined) ?? SYNC_ROUNDS;
   const layouts = ((o.layout as string | undefined) ?? 'one,dp2,zero3').split(',').map((s) => s.trim());
   expectPositionals(o, 'nothing', 0);
   for (const l of layouts) if (!Object.hasOwn(LAYOUTS, l)) throw new ArgumentError(`bench checkpoint: unknown --layout ${l} (${Object.keys(LAYOUTS).join(', ')})`);
@@ -163,7 +166,7 @@ export async function main(argv: string[]): Promise<number> {
       const out = join(dir, `out-${layout}`);
       mkdirSync(out);
       const code = await launch(['--nproc-per-node', String(LAYOUTS[layout]!.ranks), fileURLToPath(import.meta.url), '--layout', layout, '--config', config,
-        '--saves', String((o.saves as number | undefined) ?? 3), '--dir', dir, '--out', out]);
+        '--saves', String((o.saves as number | undefined) ?? 3), '--rounds', String(rounds), '--dir', dir, '--out', out]);
       if (code !== 0) return code;
       const r0 = JSON.parse(readFileSync(join(out, 'rank-0.json'), 'utf8')) as RankRecord;
       for (const d of [layout, `${layout}-sync`]) rmSync(join(dir, d), { recursive: true, force: true });
@@ -190,8 +193,8 @@ export async function main(argv: string[]): Promise<number> {
         (r.bytes / (r.loadMs / 1000) / MB).toFixed(0),
         t ? (r.bytes / t.saveS / MB).toFixed(0) : '-', t ? (t.asyncStallS * 1000).toFixed(1) : '-'];
     }));
-  console.log(`stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of ${SYNC_ROUNDS});
-dd MB/s: dd writing the same bytes fsynced to the same directory beside each of those saves, before and after in turn (median of ${SYNC_ROUNDS}, after ${WARMUP_ROUNDS} untimed rounds);
+  console.log(`stall: median of background saves (the first one allocates the staging buffer); save MB/s: checkpoint bytes / synchronous save() → manifest committed (median of ${rounds});
+dd MB/s: dd writing the same bytes fsynced to the same directory beside each of those saves, before and after in turn (median of ${rounds}, after ${WARMUP_ROUNDS} untimed rounds);
 save/dd: the ratio of the two medians; best: of the fastest of each;
 one: one process writes the whole state; dp2: the two replicas write half the state each; zero3: each rank its shard. load: every rank loads its parts (replicas read the whole model), files verified by CRC-32`);
   writeJson(o.json as string | undefined, { bench: 'checkpoint', config, machine: machineRecord(), results });
