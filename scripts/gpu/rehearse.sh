@@ -5,11 +5,18 @@
 # once with xz), the dry-run path (NODETRON_GPU_RUN_DRY=1: correctness's device-neutral checks with the
 # cpu as the "device"); then checks what landed in $OUT against the machine's limits on what comes back
 # (at most 8 files, 16 MiB each, two folders down, names of letters, digits, '.', '_', '-').
-#   bash scripts/gpu/rehearse.sh            (makes the bundle first when .device/bundle.tar.xz is missing)
+#   bash scripts/gpu/rehearse.sh            (makes the bundle first when .device/bundle.tar.xz is missing
+#                                            or was made from another commit than HEAD)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-[ -f .device/bundle.tar.xz ] || bash scripts/gpu/bundle.sh
+# A bundle of an older commit would rehearse (and on the device, run) old code: remake it.
+bundled=$( [ -f .device/bundle.tar.xz ] && tar -xJOf .device/bundle.tar.xz runtime/COMMIT 2>/dev/null || true)
+head=$(git rev-parse --short HEAD)
+if [ "${bundled%-dirty}" != "$head" ]; then
+  echo "rehearse.sh: the bundle is ${bundled:-missing}, HEAD is $head: making it again"
+  bash scripts/gpu/bundle.sh
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/repo/.device" "$work/bin" "$work/out-python" "$work/out-xz"
