@@ -68,7 +68,12 @@ try {
     }
     log(`cpu addon with ${shipped.join(', ')}`);
     const cudaAddon = join(root, 'build', 'Release', 'nodetron_cuda.node');
-    if (existsSync(cudaAddon)) {
+    // Only the addon of the last configure's record: one left over from an earlier build that the
+    // last one skipped (NODETRON_CUDA=0, no toolkit) is not shipped.
+    const statusFile = join(root, 'build', 'cuda-status.txt');
+    const cudaBuilt = existsSync(statusFile) && readFileSync(statusFile, 'utf8').startsWith('built');
+    if (existsSync(cudaAddon) && !cudaBuilt) log('build/Release/nodetron_cuda.node is left over from an earlier build (build/cuda-status.txt says it was not built): not shipped');
+    if (existsSync(cudaAddon) && cudaBuilt) {
       mkdirSync(join(out, 'cuda'));
       copyFileSync(cudaAddon, join(out, 'cuda', 'nodetron_cuda.node'));
       strip(join(out, 'cuda', 'nodetron_cuda.node'));

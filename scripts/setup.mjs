@@ -5,11 +5,11 @@
 // ships (scripts/prebuild.mjs) and the example's token shards it ships beside them. Each step is skipped when done.
 //   node scripts/setup.mjs [--force] [--release]   (in a checkout of the repository; scripts/install.mjs
 //                                         is what `npm install nodetron` runs in a user's project)
-// The cuda backend is compiled for NODETRON_CUDA_ARCHS when it is set (CMake's syntax, ';' or ','
-// between entries; the test set-up sets it, see scripts/test.mjs), else for the release set
-// (Ampere and Hopper SASS, Hopper PTX). A build made for other architectures is rebuilt when
-// NODETRON_CUDA_ARCHS asks for others, and for the release set with --force or --release (`npm pack`
-// runs --release first, so a package never ships a test build's cuda addon).
+// The cuda backend's architectures: a first build compiles NODETRON_CUDA_ARCHS when it is set (CMake's
+// syntax, ';' or ',' between entries; the test set-up sets it, see scripts/test.mjs), else the release
+// set (Ampere and Hopper SASS, Hopper PTX). Later runs keep the build's set unless NODETRON_CUDA_ARCHS
+// names an architecture it lacks; --force rebuilds for NODETRON_CUDA_ARCHS or the release set, and
+// --release (what `npm pack` runs first) for the release set whatever the environment says.
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -22,9 +22,16 @@ const force = process.argv.includes('--force');
 // CMakeLists.txt's NT_CUDA_RELEASE_ARCHS.
 const RELEASE_CUDA_ARCHS = '80-real;90-real;90-virtual';
 const normArchs = (a) => a.split(/[;,\s]+/).filter(Boolean).join(';');
-const wantedCudaArchs = process.env.NODETRON_CUDA_ARCHS ? normArchs(process.env.NODETRON_CUDA_ARCHS)
-  : force || process.argv.includes('--release') ? RELEASE_CUDA_ARCHS : null;
+const release = process.argv.includes('--release');
 const log = (m) => console.error(`[nodetron setup] ${m}`);
+// --release: the release set whatever NODETRON_CUDA_ARCHS says (a package never ships fewer); else
+// NODETRON_CUDA_ARCHS; else, with --force, the release set; else whatever the build already has.
+const envArchs = process.env.NODETRON_CUDA_ARCHS ? normArchs(process.env.NODETRON_CUDA_ARCHS) : null;
+if (release && envArchs && envArchs !== RELEASE_CUDA_ARCHS) log(`--release: the cuda addon is built for ${RELEASE_CUDA_ARCHS}, not NODETRON_CUDA_ARCHS=${envArchs}`);
+const wantedCudaArchs = release ? RELEASE_CUDA_ARCHS : envArchs ?? (force ? RELEASE_CUDA_ARCHS : null);
+// --release and --force want exactly that set; otherwise a build that has every wanted architecture
+// (a release build, when the tests want one) is kept rather than recompiled.
+const exactArchs = release || force;
 
 function run(cmd, args, opts = {}) {
   const r = spawnSync(cmd, args, { stdio: 'inherit', cwd: root, ...opts });
@@ -126,7 +133,8 @@ function nativeBuild() {
   const built = existsSync(stamp) && existsSync(join(root, 'build', 'Release', 'nodetron.node')) ? statSync(stamp).mtimeMs : 0;
   const sources = newest(['native', 'CMakeLists.txt']);
   const archs = builtCudaArchs();
-  const otherArchs = wantedCudaArchs !== null && archs !== null && archs !== wantedCudaArchs;
+  const otherArchs = wantedCudaArchs !== null && archs !== null
+    && (exactArchs ? archs !== wantedCudaArchs : !wantedCudaArchs.split(';').every((a) => archs.split(';').includes(a)));
   if (!force && !otherArchs && built > sources && existsSync(join(root, 'build', 'cuda-status.txt'))) return;
   log(otherArchs ? `building the native addons (cmake-js), the cuda addon for ${wantedCudaArchs} instead of ${archs}` : 'building the native addons (cmake-js)');
   const cmakeJs = createRequire(join(root, 'package.json')).resolve('cmake-js/bin/cmake-js');
@@ -137,7 +145,7 @@ function nativeBuild() {
   const defs = wantedCudaArchs ? [`--CDNT_CUDA_ARCHS=${wantedCudaArchs}`] : [];
   // cmake-js compile configures only a build folder without a CMake cache: a new architecture list
   // needs its own configure (ninja then recompiles only the cuda objects).
-  if (defs.length && existsSync(join(root, 'build', 'CMakeCache.txt')) && !run(process.execPath, [cmakeJs, 'configure', '--out', 'build', ...defs], { env })) {
+  if (otherArchs && existsSync(join(root, 'build', 'CMakeCache.txt')) && !run(process.execPath, [cmakeJs, 'configure', '--out', 'build', ...defs], { env })) {
     throw new Error('configuring the native build failed (see the output above)');
   }
   if (!run(process.execPath, [cmakeJs, 'compile', '--out', 'build', ...defs], { env })) {

@@ -13,7 +13,11 @@ const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 if (!process.env.NODETRON_CUDA_ARCHS) {
   const smi = spawnSync('nvidia-smi', ['--query-gpu=compute_cap', '--format=csv,noheader'], { encoding: 'utf8' });
   const caps = smi.status === 0 ? [...new Set(smi.stdout.split('\n').map((l) => l.trim().replace('.', '')).filter((c) => /^\d+$/.test(c)))] : [];
-  process.env.NODETRON_CUDA_ARCHS = caps.length ? caps.map((c) => `${c}-real`).join(';') : '90-real';
+  // Only what this nvcc can compile for (an older GPU than its oldest target gets the compile check).
+  const nvcc = ['nvcc', '/usr/local/cuda/bin/nvcc'].map((c) => spawnSync(c, ['--list-gpu-arch'], { encoding: 'utf8' })).find((r) => r.status === 0);
+  const known = new Set((nvcc?.stdout ?? '').split('\n').map((l) => /^compute_(\d+)$/.exec(l.trim())?.[1]).filter(Boolean));
+  const usable = caps.filter((c) => known.has(c));
+  process.env.NODETRON_CUDA_ARCHS = usable.length ? usable.map((c) => `${c}-real`).join(';') : '90-real';
 }
 const setup = spawnSync(process.execPath, [join(root, 'scripts', 'setup.mjs')], { stdio: 'inherit', cwd: root });
 if (setup.status !== 0) {

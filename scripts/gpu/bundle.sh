@@ -19,8 +19,17 @@ cd "$root"
 [ -f build/Release/nodetron_cuda.node ] || echo "bundle.sh: warning: build/Release/nodetron_cuda.node is missing (no nvcc here?): the device run will find no cuda backend" >&2
 # The GPU machines are Hopper (H100/H200): the cuda addon must hold sm_90 code (a test set-up may
 # have built one other architecture only; scripts/test.mjs).
-if [ -f build/Release/nodetron_cuda.node ] && grep -q 'archs ' build/cuda-status.txt 2>/dev/null && ! grep -qE 'archs [^,]*90-(real|virtual)' build/cuda-status.txt; then
-  echo "bundle.sh: the cuda addon was built without Hopper code ($(grep -o 'archs [^,]*' build/cuda-status.txt)): run node scripts/setup.mjs --release first" >&2; exit 1
+archs=$(grep -o 'archs [^,]*' build/cuda-status.txt 2>/dev/null | cut -c7- || true)
+if [ -f build/Release/nodetron_cuda.node ] && [ -n "$archs" ]; then
+  case ";$archs;" in
+    *\;90\;*|*\;90-real\;*|*\;90-virtual\;*|*\;90a\;*|*\;90a-real\;*|*\;90a-virtual\;*) ;;
+    *\;native\;*|*\;all\;*|*\;all-major\;*) echo "bundle.sh: warning: the cuda addon was built for '$archs': make sure that includes sm_90" >&2 ;;
+    *) echo "bundle.sh: the cuda addon was built without Hopper code (archs $archs): run node scripts/setup.mjs --release first" >&2; exit 1 ;;
+  esac
+fi
+# What travels must be what HEAD's sources build: dist/ older than lib/ is stale.
+if [ -n "$(find lib -newer dist/index.js -name '*.ts' -print -quit)" ]; then
+  echo "bundle.sh: dist/ is older than lib/: run node scripts/setup.mjs first" >&2; exit 1
 fi
 limit_mib=${NODETRON_BUNDLE_LIMIT_MIB:-60}
 

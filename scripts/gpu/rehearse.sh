@@ -11,10 +11,11 @@ set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
 # A bundle of an older commit would rehearse (and on the device, run) old code: remake it.
+# A tree with uncommitted changes always gets a new one (its "-dirty" commit says nothing of which changes).
 bundled=$( [ -f .device/bundle.tar.xz ] && tar -xJOf .device/bundle.tar.xz runtime/COMMIT 2>/dev/null || true)
-head=$(git rev-parse --short HEAD)
-if [ "${bundled%-dirty}" != "$head" ]; then
-  echo "rehearse.sh: the bundle is ${bundled:-missing}, HEAD is $head: making it again"
+head=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+if [ "$bundled" != "$head" ] || [ "${head%-dirty}" != "$head" ]; then
+  echo "rehearse.sh: the bundle is from ${bundled:-nothing (missing or unreadable)}, the tree is $head: making it again"
   bash scripts/gpu/bundle.sh
 fi
 work=$(mktemp -d)

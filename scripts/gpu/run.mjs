@@ -143,7 +143,10 @@ for (const step of steps) {
   const limitS = Math.min(limitFor(step), left);
   // Once a step has found no GPU (outside the dry run), the later steps would each start a process only
   // to find the same: they are recorded skipped with that reason, unstarted (simulated steps still run).
-  const noGpu = process.env.NODETRON_GPU_RUN_DRY ? undefined : done.find((r) => r.status === 'skipped' && /^no GPU: /.test(r.reason ?? ''))?.reason;
+  // Only while every step so far found no GPU: a step that ran on the GPU means a later "no GPU" is a
+  // fault of that step, not of the machine.
+  const isNoGpu = (r) => r.status === 'skipped' && /^no GPU: /.test(r.reason ?? '');
+  const noGpu = process.env.NODETRON_GPU_RUN_DRY || !done.length || !done.every(isNoGpu) ? undefined : done[0].reason;
   const simulated = (process.env.NODETRON_GPU_RUN_SIMULATE ?? '').split(',').some((p) => p.split(':')[0] === step.id);
   if (left < (step.minS ?? 5)) {
     done.push({ step: step.id, phase: step.phase, status: 'not run', reason: `no time left in its phase (${Math.max(0, left).toFixed(0)} s of ${step.minS ?? 5} s needed)`, limitS: 0, wallS: 0, checksPassed: 0, checksFailed: 0, info: {}, checks: [], bench: [] });

@@ -115,6 +115,11 @@ describe('schedule tables', () => {
   it('a deadlocking table is a StateError; bad shapes and names are ArgumentErrors', () => {
     const bad: PipelineAction[][] = [[{ op: 'B', micro: 0, chunk: 0 }, { op: 'F', micro: 0, chunk: 0 }], [{ op: 'F', micro: 0, chunk: 0 }, { op: 'B', micro: 0, chunk: 0 }]];
     expect(() => simulateSchedule(bad, 1, { F: 1, B: 1, W: 1 })).toThrow(nt.StateError);
+    // Actions outside the tables' micro-batches or stages are named, not simulated.
+    const fractional: PipelineAction[][] = [[{ op: 'F', micro: 0.5, chunk: 0 }, { op: 'B', micro: 0.5, chunk: 0 }]];
+    expect(() => simulateSchedule(fractional, 1, { F: 1, B: 1, W: 1 })).toThrow(/micro-batch 0.5/);
+    const chunkOutside: PipelineAction[][] = [[{ op: 'F', micro: 0, chunk: 1 }, { op: 'B', micro: 0, chunk: 1 }]];
+    expect(() => simulateSchedule(chunkOutside, 1, { F: 1, B: 1, W: 1 })).toThrow(/outside 1 stages of 1 chunks/);
     expect(() => scheduleTables('interleaved', { stages: 2, microBatches: 3, chunks: 2 })).toThrow(/multiple of the pipeline stages/);
     expect(() => scheduleTables('interleaved', { stages: 2, microBatches: 4, chunks: 1 })).toThrow(/--virtual-stages >= 2/);
     expect(() => scheduleTables('1f1b', { stages: 2, microBatches: 4, chunks: 2 })).toThrow(/need the interleaved schedule/);

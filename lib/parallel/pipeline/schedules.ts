@@ -310,7 +310,12 @@ export function simulateSchedule(tables: readonly (readonly PipelineAction[])[],
   // When each (op, micro-batch, virtual stage) finished, NaN until it has: a flat array (the planner
   // simulates tables of thousands of actions for every candidate layout).
   let M = 0;
-  for (const t of tables) for (const a of t) M = Math.max(M, a.micro + 1);
+  for (const [r, t] of tables.entries()) {
+    for (const [i, a] of t.entries()) {
+      if (!Number.isInteger(a.micro) || a.micro < 0) throw new StateError(`simulateSchedule: rank ${r}'s action ${i} has micro-batch ${a.micro} (a non-negative integer is needed)`);
+      M = Math.max(M, a.micro + 1);
+    }
+  }
   const done = new Float64Array(3 * M * V).fill(NaN);
   const key = (op: string, micro: number, vs: number) => ((op === 'F' ? 0 : op === 'B' ? 1 : 2) * M + micro) * V + vs;
   const split = tables.some((t) => t.some((a) => a.op === 'W'));
@@ -323,7 +328,7 @@ export function simulateSchedule(tables: readonly (readonly PipelineAction[])[],
       const a = tables[r]![next[r]!];
       if (!a) continue;
       const vs = virtualStageOf(r, a.chunk, p, placement);
-      if (!(vs >= 0 && vs < V && a.micro >= 0)) throw new StateError(`simulateSchedule: rank ${r}'s action ${next[r]} (${a.op} of micro-batch ${a.micro}, chunk ${a.chunk}) is outside ${p} stages of ${chunks} chunks`);
+      if (!(Number.isInteger(vs) && vs >= 0 && vs < V)) throw new StateError(`simulateSchedule: rank ${r}'s action ${next[r]} (${a.op} of micro-batch ${a.micro}, chunk ${a.chunk}) is outside ${p} stages of ${chunks} chunks`);
       let dep: number | null = null;
       if (a.op === 'F' && vs > 0) dep = key('F', a.micro, vs - 1);
       else if (a.op === 'B') dep = vs < V - 1 ? key('B', a.micro, vs + 1) : key('F', a.micro, vs);
