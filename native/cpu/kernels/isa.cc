@@ -185,12 +185,14 @@ static Napi::Value FmaPeak(const Napi::CallbackInfo& info) {
   if (!(seconds > 0 && seconds <= 60)) fail(Err::Argument, "fmaPeak: seconds must be in (0, 60], got " + std::to_string(seconds));
   int64_t threads = kernelThreads();
   double sink = 0;
-  // Calibrate: grow the round count until one run takes a fiftieth of the target.
+  // Calibrate: grow the round count until one run takes a fiftieth of the target, timed on the calling
+  // thread alone: on a loaded machine waking the pool's threads can take longer than such a short run,
+  // which kept the count small and the all-threads figure a measure of that latency (0.6 GFLOP/s seen).
   int64_t iters = 1 << 12;
-  double t = timePeak(isa, iters, threads, &sink);
+  double t = timePeak(isa, iters, 1, &sink);
   while (t < seconds / 50 && iters < (int64_t(1) << 40)) {
     iters *= 4;
-    t = timePeak(isa, iters, threads, &sink);
+    t = timePeak(isa, iters, 1, &sink);
   }
   constexpr int kRuns = 5;
   iters = std::max<int64_t>(1, int64_t(double(iters) * (seconds / (2 * kRuns)) / std::max(t, 1e-9)));
