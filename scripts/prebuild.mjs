@@ -68,10 +68,12 @@ try {
     }
     log(`cpu addon with ${shipped.join(', ')}`);
     const cudaAddon = join(root, 'build', 'Release', 'nodetron_cuda.node');
-    // Only the addon of the last configure's record: one left over from an earlier build that the
-    // last one skipped (NODETRON_CUDA=0, no toolkit) is not shipped.
+    // The last configure's record of the cuda addon (nvcc, architectures, libraries): only the addon it
+    // says was built is shipped (one left over from an earlier build that the last one skipped, with
+    // NODETRON_CUDA=0 or no toolkit, is not), and MANIFEST.txt carries it, so a package says what it holds.
     const statusFile = join(root, 'build', 'cuda-status.txt');
-    const cudaBuilt = existsSync(statusFile) && readFileSync(statusFile, 'utf8').startsWith('built');
+    const cudaStatus = existsSync(statusFile) ? readFileSync(statusFile, 'utf8').trim() : null;
+    const cudaBuilt = cudaStatus?.startsWith('built') ?? false;
     if (existsSync(cudaAddon) && !cudaBuilt) log('build/Release/nodetron_cuda.node is left over from an earlier build (build/cuda-status.txt says it was not built): not shipped');
     if (existsSync(cudaAddon) && cudaBuilt) {
       mkdirSync(join(out, 'cuda'));
@@ -82,9 +84,7 @@ try {
       log('no cuda addon in build/Release: the package will have the cpu backend only');
     }
     const files = readdirSync(out, { recursive: true }).map(String);
-    // The cuda addon's build record (nvcc, architectures, libraries), so a package says what it holds.
-    const status = join(root, 'build', 'cuda-status.txt');
-    const cuda = existsSync(status) ? `cuda backend: ${readFileSync(status, 'utf8').trim()}\n` : '';
+    const cuda = cudaStatus !== null ? `cuda backend: ${cudaStatus}\n` : '';
     writeFileSync(join(out, 'MANIFEST.txt'), `built from ${cpuAddon.replace(root + '/', '')} on ${new Date().toISOString()}\n${cuda}${files.join('\n')}\n`);
   }
   check();

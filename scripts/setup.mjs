@@ -19,9 +19,11 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const force = process.argv.includes('--force');
-// CMakeLists.txt's NT_CUDA_RELEASE_ARCHS.
-const RELEASE_CUDA_ARCHS = '80-real;90-real;90-virtual';
 const normArchs = (a) => a.split(/[;,\s]+/).filter(Boolean).join(';');
+// The release set, as CMakeLists.txt defines it (NT_CUDA_RELEASE_ARCHS): one definition for both.
+const releaseMatch = /set\(NT_CUDA_RELEASE_ARCHS "([^"]+)"\)/.exec(readFileSync(join(root, 'CMakeLists.txt'), 'utf8'));
+if (!releaseMatch) throw new Error('CMakeLists.txt no longer sets NT_CUDA_RELEASE_ARCHS, which scripts/setup.mjs reads');
+const RELEASE_CUDA_ARCHS = normArchs(releaseMatch[1]);
 const release = process.argv.includes('--release');
 const log = (m) => console.error(`[nodetron setup] ${m}`);
 // --release: the release set whatever NODETRON_CUDA_ARCHS says (a package never ships fewer); else
