@@ -1,7 +1,7 @@
 // One step of scripts/gpu/run.mjs, in its own process: node scripts/gpu/check.mjs <step id> <json file>.
 // Runs the step's function from scripts/gpu/stages/<file>.mjs with a Recorder that rewrites <json file>
 // after every check. Exits 0 when the step passed or was skipped (no GPU), 1 when a check failed.
-import { PLAN, Recorder } from './common.mjs';
+import { PLAN, Recorder, simulatedFate } from './common.mjs';
 
 const [id, file] = [process.argv[2], process.argv[3]];
 const step = PLAN.find((s) => s.id === id);
@@ -12,7 +12,7 @@ if (!step || !file) {
 const rec = new Recorder(file, id, step.phase);
 
 // Test hook: NODETRON_GPU_RUN_SIMULATE="nccl:hang,gemm:crash" (before anything else, so it works without a GPU).
-const sim = (process.env.NODETRON_GPU_RUN_SIMULATE ?? '').split(',').map((p) => p.split(':')).find(([s]) => s === id)?.[1];
+const sim = simulatedFate(id);
 if (sim) {
   rec.check({ name: `simulated ${sim}: a check recorded before it`, ok: true });
   if (sim === 'hang') setInterval(() => {}, 1 << 30);

@@ -110,3 +110,8 @@ export const PLAN = [
 ];
 /** The whole run's budget: one device command may run 600 s; the rest is unpacking and the reply. */
 export const BUDGET_S = 540;
+
+/** Test hook: what NODETRON_GPU_RUN_SIMULATE="nccl:hang,gemm:crash" makes step `id` do ('hang', 'crash', 'throw', 'fail'), or undefined. */
+export function simulatedFate(id) {
+  return (process.env.NODETRON_GPU_RUN_SIMULATE ?? '').split(',').map((p) => p.split(':')).find(([s]) => s === id)?.[1];
+}

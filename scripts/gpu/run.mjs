@@ -18,7 +18,7 @@ import { spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { BUDGET_S, PHASES, PLAN, root } from './common.mjs';
+import { BUDGET_S, PHASES, PLAN, root, simulatedFate } from './common.mjs';
 
 const argv = process.argv.slice(2);
 const known = new Set(['--out', '--budget', '--only', '--skip', '--list']);
@@ -107,6 +107,9 @@ function runStep(step, limitS) {
   });
 }
 
+/** Whether a step's record says it found no GPU. */
+const isNoGpu = (r) => r.status === 'skipped' && /^no GPU: /.test(r.reason ?? '');
+
 /** Kernel coverage over every correctness step: each counts the interface kernels it called. */
 function coverage(results) {
   const ran = results.filter((r) => r.phase === 'correctness' && r.info.kernelCalls);
@@ -145,9 +148,8 @@ for (const step of steps) {
   // to find the same: they are recorded skipped with that reason, unstarted (simulated steps still run).
   // Only while every step so far found no GPU: a step that ran on the GPU means a later "no GPU" is a
   // fault of that step, not of the machine.
-  const isNoGpu = (r) => r.status === 'skipped' && /^no GPU: /.test(r.reason ?? '');
   const noGpu = process.env.NODETRON_GPU_RUN_DRY || !done.length || !done.every(isNoGpu) ? undefined : done[0].reason;
-  const simulated = (process.env.NODETRON_GPU_RUN_SIMULATE ?? '').split(',').some((p) => p.split(':')[0] === step.id);
+  const simulated = simulatedFate(step.id) !== undefined;
   if (left < (step.minS ?? 5)) {
     done.push({ step: step.id, phase: step.phase, status: 'not run', reason: `no time left in its phase (${Math.max(0, left).toFixed(0)} s of ${step.minS ?? 5} s needed)`, limitS: 0, wallS: 0, checksPassed: 0, checksFailed: 0, info: {}, checks: [], bench: [] });
   } else if (noGpu && !simulated) {
