@@ -73,6 +73,19 @@ const wrongFamily = source.then((s) => (s.code !== 0 ? s : launch('wrong-family'
 const killed = launch('killed', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('killed'), '--save-every', '2', '--sync', '--resume', ckpt('killed'), '--kill-at', '4', '--kill-rank', '1'], ['--max-restarts', '1']);
 const unkilled = launch('unkilled', 2, ['--zero', '1', '--steps', '6', '--save', ckpt('unkilled')]);
 
+/**
+ * A pipeline run that loaded `source`'s step-4 state and re-saved it as `saved`, beside one process that
+ * loaded the same: both ran, the re-saved state equals the source, and the step after the load agrees
+ * with the single process's from the same checkpoint.
+ */
+function expectLoadedBack([b, single]: Awaited<typeof zbvBack>, saved: string, source: string): void {
+  expect(b.code, b.output).toBe(0);
+  expect(single.code, single.output).toBe(0);
+  expect(b.start).toBe(4);
+  expectSameState(at(saved, 4), at(source, 4));
+  expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
+}
+
 describe('sharded checkpoints (launcher + Gloo)', () => {
   it.each(Object.keys(resumeLayouts))('%s: stopped at step 3 and resumed is bit-identical to an uninterrupted run', async (name) => {
     const { i, straight, resumed } = resumeRuns[name]!;
@@ -110,13 +123,7 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it('PP2 1F1B → PP2 interleaved: a state saved without virtual stages loads back into them', async () => {
-    const [b, single] = await interleavedBack;
-    expect(b.code, b.output).toBe(0);
-    expect(single.code, single.output).toBe(0);
-    expect(b.start).toBe(4);
-    expectSameState(at('iback', 4), at('itarget1', 4));
-    // The step after the load agrees with one process's step from the same checkpoint.
-    expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
+    expectLoadedBack(await interleavedBack, 'iback', 'itarget1');
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it('PP2 ZB-V → one process → PP2 ZB-V: the V\'s checkpoint loads under another layout and back', async () => {
@@ -126,13 +133,7 @@ describe('sharded checkpoints (launcher + Gloo)', () => {
     expect(t.code, t.output).toBe(0);
     expect(t.start).toBe(3);
     expectSameState(at('vtarget', 3), at('vsource', 3));
-    const [b, single] = await zbvBack;
-    expect(b.code, b.output).toBe(0);
-    expect(single.code, single.output).toBe(0);
-    expect(b.start).toBe(4);
-    expectSameState(at('vback', 4), at('vtarget', 4));
-    // The step after the load agrees with one process's step from the same checkpoint.
-    expect(Math.abs(b.losses[4]! - single.losses[4]!)).toBeLessThan(1e-5 * Math.abs(single.losses[4]!));
+    expectLoadedBack(await zbvBack, 'vback', 'vtarget');
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it.each(Object.keys(llamaTargets))('Llama TP2×PP2×DP2 ZeRO-1 → %s: the loaded state equals the saved one, and training goes on', async (name) => {
