@@ -9,7 +9,7 @@ import { keep } from './memory.js';
 import { checkTensorList, emptyOn, type Tensor } from './tensor.js';
 
 /** Ops that run in the autocast dtype: their cost is in tensor-core GEMMs that accumulate in f32. */
-export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue', 'linearCrossEntropy']);
+export const AUTOCAST_LOW_PRECISION_OPS: ReadonlySet<string> = new Set(['matmul', 'linear', 'bmm', 'attention', 'gemmEpilogue', 'linearCrossEntropy', 'vocabParallelLinearCrossEntropy']);
 /** Ops kept in f32 under autocast: reductions and exponentials whose range or sums a 16-bit type loses. */
 export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
   'softmax', 'logSoftmax', 'crossEntropy', 'layerNorm', 'rmsNorm', 'sum', 'mean', 'norm', 'exp', 'log', 'pow',

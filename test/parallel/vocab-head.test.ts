@@ -26,6 +26,15 @@ describe('vocabParallelLinearCrossEntropy (multi-process)', () => {
             expect(c.singleVsUnfused, `${c.name}: single-process fused vs unfused dx`).toBeLessThan(1e-5);
           }
           expect(r.result.errors).toEqual(['ArgumentError', 'ShapeError', 'ShapeError']);
+          // bf16 autocast: the single process's bf16 head within bf16 rounding, f32 loss and gradients,
+          // and visibly not the f32 computation.
+          const a = r.result.autocast;
+          expect(a.lossDtype).toBe('f32');
+          expect(a.gradDtypes).toEqual(['f32', 'f32']);
+          expect(Math.abs(a.loss - a.lossSingle)).toBeLessThan(2e-3 * Math.max(1, Math.abs(a.lossSingle)));
+          expect(a.dxDiff).toBeLessThan(2e-2);
+          expect(a.dwDiff).toBeLessThan(2e-2);
+          expect(a.dxVsF32).toBeGreaterThan(1e-4);
         }
       } finally {
         rmSync(dir, { recursive: true, force: true });
