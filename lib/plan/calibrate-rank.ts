@@ -62,7 +62,7 @@ async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {
     layers: 'number', heads: 'number', width: 'number', ctx: 'number', batch: 'number', vocab: 'number',
     tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', recompute: 'boolean',
-    'micro-batches': 'number', schedule: 'string', 'virtual-stages': 'number', steps: 'number', out: 'string', 'fail-at': 'string', cp: 'number', 'cp-mode': 'string',
+    'micro-batches': 'number', schedule: 'string', 'virtual-stages': 'number', steps: 'number', out: 'string', 'fail-at': 'string', cp: 'number', 'cp-mode': 'string', precision: 'string',
   });
   outDir = o.out as string | undefined;
   // --fail-at RANK:STEP (fault injection for tests): that rank throws at the start of that step, while
@@ -89,6 +89,7 @@ async function main(argv: string[]): Promise<number> {
   const model = new GPTStage(new GPT(config, { seed: 1, ...tensorParallel, ...context }), mesh?.ppRank ?? 0, layout.pp, layout.virtualStages, schedulePlacement(layout.schedule));
   const trainer = await ParallelTrainer.create<AdamWOptions>(model, [{ params: model.parameters() }], {
     mesh, zero: layout.zero, ...(layout.cpMode ? { cpMode: layout.cpMode } : {}), microBatches: layout.microBatches, schedule: layout.schedule, maxGradNorm: 1,
+    precision: (o.precision as 'f32' | 'bf16' | undefined) ?? 'f32',
     createOptimizer: (groups) => new AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
   });
   const slice = batchSlice(batch, mesh?.dpRank ?? 0, layout.dp);

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { ArgumentError, errorFromCode, StateError, type NodetronError } from '../errors.js';
 import { resolveTrainingLayout } from '../parallel/layout.js';
 import { SCHEDULE_KINDS } from '../parallel/pipeline/schedules.js';
-import { estimateStageMemory, type PlanLayout } from './memory.js';
+import { estimateStageMemory, type PlanDType, type PlanLayout } from './memory.js';
 import type { PlanModel } from './models.js';
 import type { CalibrationRankError, CalibrationRankResult } from './calibrate-rank.js';
 
@@ -123,6 +123,8 @@ const CALIBRATION_HANG_TIMEOUT_MS = 120_000;
 export interface CalibrateOptions {
   /** Training steps per rank (default 3; the peak is taken over the steps after the first). */
   steps?: number;
+  /** The training precision measured (default 'f32'): 'bf16' trains under bf16 autocast (the trainer's precision) and compares with the planner's bf16 figures. */
+  dtype?: PlanDType;
   /** Fault injection for tests: world rank `rank` throws at the start of step `step`. */
   failAt?: {
     /** The world rank that throws. */
@@ -159,6 +161,8 @@ function jobFailure(spec: string, out: string, world: number, code: number): Nod
 export async function calibrateLayout(spec: string, shape: CalibrationShape = CALIBRATION_SHAPE, options: number | CalibrateOptions = {}): Promise<CalibrationRow> {
   const o: CalibrateOptions = typeof options === 'number' ? { steps: options } : options;
   const steps = o.steps ?? 3;
+  const dtype = o.dtype ?? 'f32';
+  if (dtype !== 'f32' && dtype !== 'bf16') throw new ArgumentError(`calibrateLayout: dtype must be 'f32' or 'bf16', got ${JSON.stringify(dtype)}`);
   const layout = checkCalibrationLayout(spec, shape);
   const world = layout.dp * layout.tp * layout.pp * (layout.cp ?? 1);
   if (o.failAt && !(Number.isInteger(o.failAt.rank) && Number.isInteger(o.failAt.step) && o.failAt.rank >= 0 && o.failAt.step >= 0)) {
@@ -173,6 +177,7 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     if (layout.sequenceParallel) args.push('--sp');
     if (layout.cp) args.push('--cp', String(layout.cp), '--cp-mode', layout.cpMode ?? 'ring');
     if (layout.recompute === 'full') args.push('--recompute');
+    if (dtype !== 'f32') args.push('--precision', dtype);
     if (o.failAt) args.push('--fail-at', `${o.failAt.rank}:${o.failAt.step}`);
     const { main: launch } = await import('../launch/cli.js');
     // A rank that fails exits and the launcher stops the others; should ranks ever stay alive without
@@ -180,7 +185,7 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     const code = await launch(['--nproc-per-node', String(world), '--hang-timeout-ms', String(CALIBRATION_HANG_TIMEOUT_MS), script, ...args, '--out', out]);
     if (code !== 0) throw jobFailure(spec, out, world, code);
     const model = calibrationModel(shape);
-    const opts = { seq: shape.ctx, microBatchSize: shape.batch / layout.dp / layout.microBatches, dtype: 'f32' as const };
+    const opts = { seq: shape.ctx, microBatchSize: shape.batch / layout.dp / layout.microBatches, dtype, model: 'nodetron' as const, backend: 'cpu' as const };
     const ranks = Array.from({ length: world }, (_, r) => {
       const m = JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as CalibrationRankResult;
       const predicted = estimateStageMemory(model, layout, opts, m.ppRank).total;

@@ -3,7 +3,7 @@
 // on its CPU allocator, for f32), the fused LM head's chunk of logits and its gradients, communication
 // buckets, ZeRO-3's gathered layers.
 import { ArgumentError } from '../errors.js';
-import { linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
+import { LINEAR_CE_CHUNK_BYTES, LINEAR_CE_CUDA_CHUNK_BYTES, linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, layerParams, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
 import { checkSchedule, rankOfVirtualStage, schedulePlacement, scheduleTables, splitsBackward, virtualStageOf, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 
@@ -131,9 +131,66 @@ export interface MemoryOptions {
    * each large tensor to the CPU allocator's size class instead.
    */
   overhead?: number;
-  /** Optimizer state bytes per parameter beside the weights (K): 12 for mixed-precision Adam (fp32 master, m, v), 8 for f32 Adam (m, v). */
+  /** Optimizer state bytes per parameter beside the weights (K): 8 for nodetron's Adam (m, v beside its f32 weights), 12 for the published recipe's (fp32 master, m, v). */
   optimizerBytesPerParam?: number;
+  /**
+   * Whose bf16 training is estimated (default 'megatron'; f32 is always nodetron's). 'megatron': the
+   * published mixed-precision recipe, the ZeRO paper's (2 + 2 + K)Ψ with K = 12 and Korthikanti et
+   * al.'s activations. 'nodetron': what nodetron's own bf16 autocast keeps (f32 weights, gradients and
+   * Adam moments; per micro-batch in flight the 16-bit copies of the weights and the tensors its ops
+   * save), measured on its CPU backend (`nodetron plan --calibrate --dtype bf16`); its cuda side (the
+   * head's 1 GiB chunks, the allocator) waits for a GPU run to be measured.
+   */
+  model?: 'nodetron' | 'megatron';
+  /**
+   * The backend whose op variants and allocator the nodetron model follows (default: 'cuda' for bf16,
+   * 'cpu' for f32). It sets the fused head's chunk budget (64 MiB on cpu, 1 GiB on cuda) and, on
+   * cuda, the overhead factor on the total.
+   */
+  backend?: 'cpu' | 'cuda';
 }
+
+/** Counts of same-sized activation tensors: how many are f32 and how many 16-bit. */
+export interface TensorCounts {
+  /** f32 tensors. */
+  f32: number;
+  /** 16-bit (bf16/f16) tensors. */
+  half: number;
+}
+
+/**
+ * What nodetron's ops keep in one training precision, in tensors of s·b·h elements (whole: every
+ * tensor-parallel rank holds it; split: 1/tp of it per rank). Measured on the CPU backend with
+ * `nodetron plan --calibrate` (test/plan/calibration.test.ts); the f32 figures are the F32_* constants.
+ */
+export interface PrecisionProfile {
+  /** Saved for backward per block, whole-width. */
+  blockReplicated: TensorCounts;
+  /** Saved for backward per block, split. */
+  blockSplit: TensorCounts;
+  /** Made per block and saved by nothing, alive until the micro-batch's forward ends, whole-width. */
+  transientReplicated: TensorCounts;
+  /** The same, split. */
+  transientSplit: TensorCounts;
+  /** Kept per block between ZB-H1's B and W, whole-width. */
+  deferredReplicated: TensorCounts;
+  /** The same, split. */
+  deferredSplit: TensorCounts;
+  /** Context parallelism's one more split tensor per layer (ring: the compact queries; Ulysses: the head-sharded output). */
+  contextLayer: TensorCounts;
+  /** Ulysses' whole-sequence q, k, v kept until the forward ends (split, per layer). */
+  ulyssesTransient: TensorCounts;
+  /** Outside the blocks without a pipeline (whole-width). */
+  embedding: TensorCounts;
+  /** Outside the blocks on a pipeline stage, per micro-batch in flight (whole-width). */
+  stageOutside: Readonly<Record<'first' | 'middle' | 'last', TensorCounts>>;
+  /** Bytes per weight parameter of the 16-bit copies autocast makes once per micro-batch's forward and its ops save for backward (0 in f32). */
+  weightCopyBytes: number;
+  /** Bytes per element of the fused head's logits block and of the table and input gradients it makes in the forward. */
+  headBytes: 2 | 4;
+}
+
+const counts = (f32: number, half = 0): TensorCounts => ({ f32, half });
 
 /** Bytes one rank holds at its peak, by kind. */
 export interface MemoryEstimate {
@@ -252,6 +309,35 @@ export const F32_STAGE_OUTSIDE: Readonly<{
   last: number;
 }> = { first: 2, middle: 1, last: 3 };
 
+/** nodetron's f32 training (the F32_* constants). */
+export const F32_PROFILE: Readonly<PrecisionProfile> = {
+  blockReplicated: counts(F32_BLOCK_REPLICATED), blockSplit: counts(F32_BLOCK_SPLIT),
+  transientReplicated: counts(F32_BLOCK_TRANSIENT_REPLICATED), transientSplit: counts(F32_BLOCK_TRANSIENT_SPLIT),
+  deferredReplicated: counts(F32_DEFERRED_REPLICATED), deferredSplit: counts(F32_DEFERRED_SPLIT),
+  contextLayer: counts(1), ulyssesTransient: counts(3),
+  embedding: counts(F32_EMBEDDING),
+  stageOutside: { first: counts(F32_STAGE_OUTSIDE.first), middle: counts(F32_STAGE_OUTSIDE.middle), last: counts(F32_STAGE_OUTSIDE.last) },
+  weightCopyBytes: 0, headBytes: 4,
+};
+
+/**
+ * nodetron's bf16 autocast (PyTorch's policy: GEMMs and attention in bf16, norms and losses in f32,
+ * f32 weights). Per block it saves the two LayerNorms' f32 inputs and the 16-bit casts of their
+ * outputs (the QKV and MLP inputs), whole-width; the 16-bit QKV output (3), attention output (1),
+ * MLP pre-activation (4) and GELU output (4), split. Measured by walking the autograd graph of the
+ * calibration model under bf16 autocast, and by the peak's growth per layer (`nodetron plan
+ * --calibrate --dtype bf16`, 2 against 4 layers).
+ */
+export const BF16_PROFILE: Readonly<PrecisionProfile> = {
+  blockReplicated: counts(2, 2), blockSplit: counts(0, 12),
+  transientReplicated: counts(2, 2), transientSplit: counts(0, 0),
+  deferredReplicated: counts(0, 4), deferredSplit: counts(0, 16),
+  contextLayer: counts(0, 1), ulyssesTransient: counts(0, 3),
+  embedding: counts(3),
+  stageOutside: { first: counts(2), middle: counts(1), last: counts(3) },
+  weightCopyBytes: 2, headBytes: 2,
+};
+
 function bucketBytesOf(o: MemoryOptions): number { return o.bucketBytes ?? 25 * 2 ** 20; }
 
 /**
@@ -309,14 +395,21 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const shard = Math.ceil((psi - expertPsi) / (dp * cp)) + Math.ceil(expertPsi / (dp / ep));
   const f32 = opts.dtype === 'f32';
   const w = f32 ? 4 : 2;
+  // The published recipe keeps 16-bit weights and gradients beside a 12-byte optimizer state; nodetron
+  // keeps f32 weights and gradients in both precisions (autocast casts the weights per forward).
+  if (opts.model !== undefined && opts.model !== 'nodetron' && opts.model !== 'megatron') throw new ArgumentError(`estimateMemory: model must be 'nodetron' or 'megatron', got ${JSON.stringify(opts.model)}`);
+  const published = !f32 && (opts.model ?? 'megatron') === 'megatron';
+  if (opts.model === 'megatron' && f32) throw new ArgumentError('estimateMemory: model \'megatron\' is the published bf16 recipe; f32 is estimated for nodetron only');
+  if (opts.backend !== undefined && opts.backend !== 'cpu' && opts.backend !== 'cuda') throw new ArgumentError(`estimateMemory: backend must be 'cpu' or 'cuda', got ${JSON.stringify(opts.backend)}`);
   // Expert parallelism: the running MoE layer's routed rows, sent to the experts' ranks and received back.
   const moeLayersHere = m.moe ? nLayers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer) : 0;
   const allToAll = ep > 1 && moeLayersHere > 0 ? 2 * s * b * m.moe!.topK * h * w : 0;
   const moeFields = m.moe ? { expertParams: expertPsi, allToAll } : {};
-  const K = opts.optimizerBytesPerParam ?? (f32 ? 8 : 12);
+  const K = opts.optimizerBytesPerParam ?? (published ? 12 : 8);
+  const stateW = published ? 2 : 4;
   // ZeRO (Rajbhandari et al. 2020): (2 + 2 + K)Ψ, sharding K from stage 1, gradients from 2, weights at 3.
-  const params = w * (zero === 3 ? shard : psi);
-  let grads = w * (zero >= 2 ? shard : psi);
+  const params = stateW * (zero === 3 ? shard : psi);
+  let grads = stateW * (zero >= 2 ? shard : psi);
   let optimizerState = K * (zero >= 1 ? shard : psi);
   let hostBytes = 0;
   if (layout.offload && zero > 0) {
@@ -328,8 +421,8 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The fused head sees every row of the micro-batch (sequence parallelism gathers them) over the
   // vocabulary held here, LINEAR_CE_CHUNK_BYTES of logits at a time.
   const localVocab = m.vocabSize / t;
-  const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
-  if (!f32) {
+  const chunkElems = (bytes: number, budget?: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes, budget) * localVocab;
+  if (published) {
     // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
     // Ulysses: the head-sharded output beside the merged one).
     const layer = korthikantiLayerBytes(m, s, b, t, sp, layout.recompute) + (cp > 1 && layout.recompute !== 'full' ? (w * s * b * h) / t : 0);
@@ -367,23 +460,31 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // - the end of the first stage's backward: every gradient and the token table's dense [V/tp, h]
   //   gradient before it is added, with the activations of the micro-batches still in flight.
   const sc = sizeClass;
-  const unitRep = (4 * s * b * h) / (sp ? t : 1), unitSplit = (4 * s * b * h) / t;
+  const P = f32 ? F32_PROFILE : BF16_PROFILE;
+  const backend = opts.backend ?? (f32 ? 'cpu' : 'cuda');
+  const unitRep = (4 * s * b * h) / (sp ? t : 1);
+  // Elements of a whole-width and of a split s·b·h tensor, and the bytes of `c` such tensors of each kind.
+  const eRep = (s * b * h) / (sp ? t : 1), eSplit = (s * b * h) / t;
+  const n = (c: TensorCounts, elems: number) => c.f32 * sc(4 * elems) + c.half * sc(2 * elems);
   const scores = 4 * b * (m.nHead / t) * s;
   // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
   // Ulysses: the head-sharded output beside the merged one).
-  const fullLayer = F32_BLOCK_REPLICATED * sc(unitRep) + F32_BLOCK_SPLIT * sc(unitSplit) + F32_SCORES * sc(scores) + (cp > 1 ? sc(unitSplit) : 0);
+  const fullLayer = n(P.blockReplicated, eRep) + n(P.blockSplit, eSplit) + F32_SCORES * sc(scores) + (cp > 1 ? n(P.contextLayer, eSplit) : 0);
   const storedLayer = layout.recompute === 'full' ? sc(unitRep) : fullLayer;
   // Each in-flight micro-batch's saved tensors (1F1B: min(pp − stage, m); GPipe: m; no pipeline: one),
   // and the s·b·h tensors outside its blocks (F32_EMBEDDING without a pipeline; F32_STAGE_OUTSIDE in one).
-  const outside = pp === 1 ? F32_EMBEDDING : F32_STAGE_OUTSIDE[first ? 'first' : last ? 'last' : 'middle'];
-  const perHeld = nLayers * storedLayer + outside * sc(unitRep);
+  const outside = n(pp === 1 ? P.embedding : P.stageOutside[first ? 'first' : last ? 'last' : 'middle'], eRep);
+  // Under autocast each micro-batch's forward casts the layers' weights once (16-bit), and its ops
+  // save the copies for backward (a recomputed block casts them again in its backward).
+  const weightCopies = layout.recompute === 'full' ? 0 : P.weightCopyBytes * sp_.layerParams;
+  const perHeld = nLayers * storedLayer + outside + weightCopies;
   // ZB-H1: between a micro-batch's B and its W the linear layers keep their inputs (2 whole-width and
   // 5 split s·b·h tensors per block), their output gradients (2 whole and 7 split: the QKV's, the
   // projections', the MLP's pre-GELU one) and the MLP's pre-GELU value (4 split); the rest of its saved
   // tensors went with B. Recomputed blocks compute every gradient in B.
   // On the last stage the fused head's [V/tp, h] weight gradient, made in the forward, waits for W too.
-  const perDeferred = (layout.recompute === 'full' ? 0 : nLayers * (F32_DEFERRED_REPLICATED * sc(unitRep) + F32_DEFERRED_SPLIT * sc(unitSplit)))
-    + (last ? sc((4 * m.vocabSize * h) / t) : 0);
+  const perDeferred = (layout.recompute === 'full' ? 0 : nLayers * (n(P.deferredReplicated, eRep) + n(P.deferredSplit, eSplit)))
+    + (last ? sc((P.headBytes * m.vocabSize * h) / t) : 0);
   const standard = layout.schedule === 'gpipe' || layout.schedule === '1f1b' || pp === 1;
   const states = standard ? [] : scheduleStates(layout, stage);
   const stateActivations = (x: ScheduleState) => x.held * perHeld + x.deferred * perDeferred;
@@ -403,16 +504,23 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // ZeRO 3 keeps the embeddings, final norm and tied head gathered from the forward to the step.
   const table = (4 * m.vocabSize * h) / t;
   if (zero === 3) buffers += sc(table) + 4 * (sp_.embedding + sp_.head - (first ? table / 4 : 0) - (last && !first ? table / 4 : 0));
-  const tableGrad = sc(table), chunk = sc(4 * chunkElems(4));
+  // The head's logits block; in 16 bits over several chunks also the f32 accumulator of the table's
+  // gradient, and autocast's 16-bit copy of the table, alive until the forward ends.
+  const budget = backend === 'cuda' ? LINEAR_CE_CUDA_CHUNK_BYTES : LINEAR_CE_CHUNK_BYTES;
+  const headRows = linearCrossEntropyChunkRows(s * b, localVocab, P.headBytes, budget);
+  const halfTable = (2 * m.vocabSize * h) / t;
+  const tableGrad = sc(table);
+  const chunk = sc(P.headBytes * headRows * localVocab)
+    + (P.headBytes === 2 ? (headRows < s * b ? sc(table) : 0) + sc(halfTable) : 0);
   // The head's forward: each micro-batch whose head ran and whose backward has not holds its table
   // and input gradients; the one running holds a chunk of logits. Under GPipe every forward comes
   // before any backward (no gradients yet); under 1F1B or accumulation later heads meet them.
-  const headGrads = tableGrad + sc(unitRep * (sp ? t : 1));
+  const headGrads = sc((P.headBytes * m.vocabSize * h) / t) + sc(P.headBytes * s * b * h);
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
   // Ulysses saves the whole-sequence q, k, v it gathered instead of this rank's, which then stays until the forward ends (3 more).
-  const ulyssesTransient = cp > 1 && layout.cpMode === 'ulysses' ? 3 * sc(unitSplit) : 0;
-  const transient = layout.recompute === 'full' ? 0 : nLayers * (F32_BLOCK_TRANSIENT_REPLICATED * sc(unitRep) + F32_BLOCK_TRANSIENT_SPLIT * sc(unitSplit) + ulyssesTransient);
+  const ulyssesTransient = cp > 1 && layout.cpMode === 'ulysses' ? n(P.ulyssesTransient, eSplit) : 0;
+  const transient = layout.recompute === 'full' ? 0 : nLayers * (n(P.transientReplicated, eRep) + n(P.transientSplit, eSplit) + ulyssesTransient);
   const laterHead = last && accumulating && !(pp > 1 && layout.schedule === 'gpipe');
   interface Phase { grads: number; activations: number; logits: number; buffers: number }
   const phases: Phase[] = [];
@@ -436,7 +544,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   if (pp > 1 && !first) {
     const perMicroBatch = held > 0 ? activations / held : 0;
     const layerGrads = (4 * layerParams(m, t, ep)) / (zero >= 2 ? dp : 1);
-    const running = Math.max(allGrads + storedLayer + outside * sc(unitRep), Math.min(allGrads, layerGrads) + perMicroBatch);
+    const running = Math.max(allGrads + storedLayer + outside, Math.min(allGrads, layerGrads) + perMicroBatch);
     phases.push({ grads: allGrads, activations: (held - 1) * perMicroBatch + running - allGrads, logits: 0, buffers: 0 });
   }
   // The end of the first stage's backward of a micro-batch, when the embedding makes the token
@@ -444,7 +552,8 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // there, so the new one is a second [V/tp, h] tensor until it is added; the activations are freed.
   // In a pipeline the first stage has no head: the first micro-batch's table gradient becomes .grad,
   // each later one is added to it, beside the micro-batches still in flight after that backward.
-  if (first && pp === 1) phases.push({ grads: allGrads, activations: 0, logits: 0, buffers: tableGrad });
+  // In 16 bits the head's 16-bit table gradient, handed to backward, is still held then (its f32 cast is in grads).
+  if (first && pp === 1) phases.push({ grads: allGrads, activations: 0, logits: 0, buffers: tableGrad + (P.headBytes === 2 ? sc(halfTable) : 0) });
   else if (first) {
     const perMicroBatch = held > 0 ? activations / held : 0;
     // After the k-th backward: 1F1B runs w = min(pp − 1, m) warm-up forwards, then each of its first
@@ -469,7 +578,10 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // table's [V/tp, h] gradient (the other gradients are small tensors; ZeRO 2/3 shard them flat).
   const tables = (first ? 1 : 0) + (last && !(first && m.tied) ? 1 : 0);
   const gradRounding = peak.grads > 0 && zero < 2 ? tables * (tableGrad - table) : 0;
-  const overhead = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0) + gradRounding;
+  const rounding = sc(params) - params + (optimizerState > 0 ? 2 * sc(optimizerState / 2) - optimizerState : 0) + gradRounding;
+  // On cuda a factor for the caching allocator's fragmentation and workspaces (an assumption).
+  const factor = backend === 'cuda' ? (opts.overhead ?? 1.1) - 1 : 0;
+  const overhead = rounding + factor * (params + peak.grads + optimizerState + activations + logits + buffers + rounding);
   const total = params + peak.grads + optimizerState + activations + logits + buffers + overhead;
   return { stage, numParams: psi, params, grads: peak.grads, optimizerState, activations, logits, buffers, overhead, total, hostBytes, inFlight: held, ...moeFields };
 }

@@ -26,8 +26,10 @@ export interface PlanOptions {
   dtype: PlanDType;
   /** The device's compute, links and memory. */
   device: PlanDevice;
-  /** bf16: factor on the memory total for allocator fragmentation and workspaces (default 1.1). */
+  /** On a GPU: factor on the memory total for allocator fragmentation and workspaces (default 1.1). */
   overhead?: number;
+  /** Whose bf16 training the memory follows (default 'megatron', the published recipe; 'nodetron': nodetron's own, see MemoryOptions.model). */
+  memoryModel?: 'nodetron' | 'megatron';
 }
 
 /** One candidate: its layout, memory, time and command, or why it was skipped. */
@@ -159,8 +161,8 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   const gpusPerNode = o.gpus / nodes;
   const cpu = o.device.name === 'cpu';
   const sizes = o.microBatchSize ? [o.microBatchSize] : [1, 2, 4, 8];
-  // nodetron recomputes whole blocks; selective recomputation is modelled for 16-bit training (Megatron's).
-  const recomputes: Recompute[] = o.dtype === 'f32' ? ['none', 'full'] : ['none', 'selective', 'full'];
+  // nodetron recomputes whole blocks; selective recomputation is Megatron's (the published model only).
+  const recomputes: Recompute[] = o.dtype === 'bf16' && (o.memoryModel ?? 'megatron') === 'megatron' ? ['none', 'selective', 'full'] : ['none', 'full'];
   const out: PlanCandidate[] = [];
   // Context parallelism (cp > 1, ring or Ulysses) splits each sequence; like tp it stays inside a node.
   const cps = (tp: number, pp: number) => divisors(o.gpus / (tp * pp)).filter((c) => c === 1 || tp * c <= gpusPerNode);
@@ -178,7 +180,7 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
           ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
         const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
-        const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead });
+        const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead, backend: cpu ? 'cpu' : 'cuda', ...(o.memoryModel ? { model: o.memoryModel } : {}) });
         const time = predictStepTime(m, layout, o.device, { seq: o.seq, microBatchSize: b, dtype: o.dtype, gpusPerNode });
         out.push({ layout, microBatchSize: b, memory, fits: memory.total <= o.gpuMemory, time,
           ...(noCommand ? { commandNote: noCommand } : { command: launchCommand(m, layout, { seq: o.seq, globalBatch: o.globalBatch, nodes, gpusPerNode, cpu }) }) });

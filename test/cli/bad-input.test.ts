@@ -72,6 +72,8 @@ const CASES: Array<[string[], RegExp]> = [
   [['plan', '--model', 'gpt2', '--gpus', '8', '--gemm-json', garbageJson], /is not a JSON object/],
   [['plan', '--model', 'gpt2', '--gpus', '8', '--json', join(dir, 'no', 'such', 'dir', 'x.json')], /does not exist/],
   [['plan', '--model', 'gpt2', '--gpus', '8', '--json', dir], /is a directory/],
+  [['plan', '--model', 'gpt2', '--gpus', '8', '--dtype', 'f32', '--memory-model', 'megatron'], /published bf16 recipe: use it with --dtype bf16/],
+  [['plan', '--model', 'gpt2', '--gpus', '8', '--memory-model', 'deepspeed'], /--memory-model/],
   [['plan', '--calibrate', '--layouts', 'dp64'], /needs 64 ranks/],
   [['plan', '--calibrate', '--layouts', 'dp=x'], /cannot read "dp=x" \(dpN, tpN/],
   [['plan', '--calibrate', '--layouts', ';'], /at least one layout/],

@@ -213,3 +213,49 @@ describe('plan: Llama-shaped models', () => {
     expect(nt.plan.layoutProblem(llama, { ...base, tp: 16, dp: 4 }, 4096, 64, 1)).toBeNull();
   });
 });
+
+describe('plan: nodetron\'s bf16 model (--memory-model nodetron)', () => {
+  const m = plan.PLAN_MODELS.gpt2!, psi = plan.totalParams(m);
+  const o = { seq: 1024, microBatchSize: 4, dtype: 'bf16' as const, model: 'nodetron' as const };
+  it('f32 weights, gradients and Adam moments (4 + 4 + 8)Ψ split by ZeRO stage, as in f32', () => {
+    for (const zero of [0, 1, 2, 3] as const) {
+      const e = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, backend: 'cpu' });
+      const f = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, dtype: 'f32' });
+      expect([e.params, e.optimizerState]).toEqual([f.params, f.optimizerState]);
+      const z = nt.parallel.zeroMemoryFormula(psi, 4, zero);
+      expect([e.params, e.optimizerState]).toEqual([z.params, z.optimizerState]);
+    }
+  });
+  it('each micro-batch in flight holds its own 16-bit copies of the stage\'s layer weights (not under full recomputation)', () => {
+    const pp4 = { ...base, pp: 4, microBatches: 8 };
+    const stage0 = (l: nt.plan.PlanLayout) => plan.estimateStageMemory(m, l, { ...o, backend: 'cpu' }, 0);
+    const copies = 2 * plan.stageParams(m, 1, 4, 0).layerParams;
+    // 1F1B's first stage holds 4 micro-batches, GPipe's all 8: four more copies beside four more micro-batches' tensors.
+    const more = stage0({ ...pp4, schedule: 'gpipe' }).activations - stage0(pp4).activations;
+    const perMicroBatch = stage0(pp4).activations / 4;
+    expect(more).toBeCloseTo(4 * perMicroBatch, -2);
+    expect(perMicroBatch).toBeGreaterThan(copies);
+    // Under full recomputation a micro-batch keeps its blocks' f32 inputs only (the copies are made again in backward).
+    // That is what f32 training keeps (the same f32 residual stream), with no 16-bit copies.
+    const rcMore = (opts: nt.plan.MemoryOptions) => plan.estimateStageMemory(m, { ...pp4, schedule: 'gpipe', recompute: 'full' }, opts, 0).activations
+      - plan.estimateStageMemory(m, { ...pp4, recompute: 'full' }, opts, 0).activations;
+    expect(rcMore({ ...o, backend: 'cpu' })).toBe(rcMore({ seq: o.seq, microBatchSize: o.microBatchSize, dtype: 'f32' }));
+  });
+  it('the head\'s chunks follow the backend (64 MiB on cpu, 1 GiB on cuda); cuda adds the allocator factor', () => {
+    const cpu = plan.estimateMemory(m, base, { ...o, backend: 'cpu' }), gpu = plan.estimateMemory(m, base, { ...o, backend: 'cuda' });
+    expect(gpu.logits).toBeGreaterThan(cpu.logits);
+    expect(gpu.overhead).toBeGreaterThan(0.09 * (gpu.total - gpu.overhead));
+    expect(cpu.overhead).toBeLessThan(0.01 * cpu.total);
+  });
+  it('bad options are errors: megatron with f32, unknown models and backends', () => {
+    expect(() => plan.estimateMemory(m, base, { seq: 8, microBatchSize: 1, dtype: 'f32', model: 'megatron' })).toThrow(/published bf16 recipe/);
+    expect(() => plan.estimateMemory(m, base, { seq: 8, microBatchSize: 1, dtype: 'bf16', model: 'deepspeed' as never })).toThrow(/model must be/);
+    expect(() => plan.estimateMemory(m, base, { seq: 8, microBatchSize: 1, dtype: 'bf16', backend: 'tpu' as never })).toThrow(/backend must be/);
+  });
+  it('the planner offers selective recomputation only for the published recipe', () => {
+    const dev = plan.resolveDevice('h100');
+    const rc = (memoryModel?: 'nodetron' | 'megatron') => new Set(plan.planLayouts(m, { gpus: 2, gpuMemory: 80 * GiB, seq: 1024, globalBatch: 8, dtype: 'bf16', device: dev, ...(memoryModel ? { memoryModel } : {}) }).map((c) => c.layout.recompute));
+    expect(rc()).toContain('selective');
+    expect(rc('nodetron')).not.toContain('selective');
+  });
+});

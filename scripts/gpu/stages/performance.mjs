@@ -74,6 +74,19 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   const flopsPerToken = 6 * nParams + 12 * cfg.nLayer * cfg.nEmbd * T;
   const peakTf = PEAK_BF16.find(([re]) => re.test(gpu))?.[1];
   const result = { tokS, ms, mfu: peakTf ? (tokS * flopsPerToken) / (peakTf * 1e12) : null, peakBytes: nt.memoryStats(DEV).peak, params: nParams, flopsPerToken, peakTflops: peakTf ?? null };
+  // The planner's bf16 figures for this step (one device, one micro-batch of B): nodetron's own model
+  // (measured on the CPU backend; this run measures its cuda side) and the published recipe's.
+  try {
+    const pm = nt.plan.modelFromConfig({ ...cfg, n_positions: cfg.blockSize }, 'gpt2-step');
+    const layout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+    const o = { seq: T, microBatchSize: B, dtype: 'bf16' };
+    result.plannerBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'nodetron', backend: DEV }).total;
+    result.plannerMegatronBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'megatron' }).total;
+    rec.info('gpt2PlannerMemory', { measuredPeakBytes: result.peakBytes, nodetron: result.plannerBytes, megatron: result.plannerMegatronBytes,
+      nodetronError: (result.plannerBytes - result.peakBytes) / result.peakBytes, megatronError: (result.plannerMegatronBytes - result.peakBytes) / result.peakBytes });
+  } catch (e) {
+    rec.info('gpt2PlannerMemory', { error: String(e) });
+  }
   writeFileSync(join(ctx.work, 'gpt2-nodetron.json'), JSON.stringify(result));
   rec.bench({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} step bf16 B${B} T${T}`, value: tokS, unit: 'tokens/s', msPerStep: ms, mfu: result.mfu, peakBytes: result.peakBytes, params: nParams });
   if (!DRY) {
