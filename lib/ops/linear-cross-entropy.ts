@@ -321,19 +321,23 @@ export function checkHeadOptions(call: string, opts: LinearCrossEntropyOptions):
  * graph (retainGraph) throws AutogradError.
  */
 export function linearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, opts: LinearCrossEntropyOptions = {}): Tensor {
-  const call = 'linearCrossEntropy';
-  // Under autocast the GEMMs run in the low dtype (f32 accumulation) and the loss comes out in f32,
-  // as linear in bf16 followed by crossEntropy (an f32 op) would give it.
+  return headUnderAutocast('linearCrossEntropy', x, weight, opts.bias ?? null,
+    (x2, w2, b2, lossDtype) => linearCrossEntropyIn(x2, w2, targets, { ...opts, bias: b2 }, lossDtype));
+}
+
+/**
+ * A fused head (`call`) as autocast wants it (internal: the single-process and vocabulary-parallel
+ * heads): under autocast for `call` the GEMMs run in the low dtype (f32 accumulation) on x, weight and
+ * bias cast to it, and the loss comes out in f32, as a 16-bit linear followed by crossEntropy (an f32
+ * op) would give it; otherwise `head` gets its inputs as they are and no loss dtype (x's).
+ */
+export function headUnderAutocast(call: string, x: Tensor, weight: Tensor, bias: Tensor | null,
+  head: (x: Tensor, weight: Tensor, bias: Tensor | null, lossDtype: DType | undefined) => Tensor): Tensor {
   const low = autocastDtypeFor(call);
-  if (low !== undefined) {
-    const bias0 = opts.bias ?? null;
-    const cast = (t: unknown) => t instanceof Tensor && !t.disposed && isFloating(t.dtype) && t.dtype !== low;
-    if (cast(x) || cast(weight) || cast(bias0)) {
-      return runCast(low, [x, weight, bias0] as const, (x2, w2, b2) => linearCrossEntropyIn(x2, w2, targets, { ...opts, bias: b2 }, 'f32'));
-    }
-    return linearCrossEntropyIn(x, weight, targets, opts, 'f32');
-  }
-  return linearCrossEntropyIn(x, weight, targets, opts, undefined);
+  if (low === undefined) return head(x, weight, bias, undefined);
+  const cast = (t: unknown) => t instanceof Tensor && !t.disposed && isFloating(t.dtype) && t.dtype !== low;
+  if (cast(x) || cast(weight) || cast(bias)) return runCast(low, [x, weight, bias] as const, (x2, w2, b2) => head(x2, w2, b2, 'f32'));
+  return head(x, weight, bias, 'f32');
 }
 
 function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: LinearCrossEntropyOptions, lossDtype: DType | undefined): Tensor {

@@ -1,16 +1,14 @@
 // The vocabulary split across the tensor-parallel group (Megatron's VocabParallelEmbedding and
 // vocab-parallel cross-entropy): rank r holds the contiguous rows [r·V/tp, (r+1)·V/tp) of the token
 // table, so the tied LM head yields that slice of every row's logits and the loss never gathers them.
-import { autocastDtypeFor } from '../../amp.js';
 import { needsGrad, own, record, save } from '../../autograd/engine.js';
-import { type DType, isFloating } from '../../dtype.js';
+import type { DType } from '../../dtype.js';
 import { tensor } from '../../creation.js';
 import { ArgumentError, ShapeError } from '../../errors.js';
 import { normal } from '../../nn/init.js';
 import { Module, type Parameter } from '../../nn/module.js';
 import { checkFloats, checkIndices, code, emptyLike } from '../../ops/common.js';
 import { checkLossInputs, checkLossOptions, countTargets } from '../../ops/loss.js';
-import { runCast } from '../../ops/autocast.js';
 import { embedding } from '../../ops/embedding.js';
 import { mul } from '../../ops/elementwise.js';
 import { defaultGenerator, type Generator } from '../../random.js';
@@ -18,7 +16,7 @@ import type { Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { divisible, initAndTakeRows } from './layers.js';
 import { allReduceSync, copyToRegion, gatherFromSequenceRegion, reduceFromRegion, reduceScatterToSequenceRegion } from './mappings.js';
-import { checkHeadOptions, checkHeadShapes, chunkedLinearCrossEntropy, flattenRows, type HeadChunkRule, type LinearCrossEntropyOptions } from '../../ops/linear-cross-entropy.js';
+import { checkHeadOptions, checkHeadShapes, chunkedLinearCrossEntropy, flattenRows, headUnderAutocast, type HeadChunkRule, type LinearCrossEntropyOptions } from '../../ops/linear-cross-entropy.js';
 
 /** The vocabulary rows [start, end) that group rank `rank` holds when `vocabSize` is split `size` ways. */
 export function vocabRange(vocabSize: number, rank: number, size: number, call = 'vocabRange'): {
@@ -247,16 +245,7 @@ export interface VocabParallelLinearCrossEntropyOptions extends Omit<LinearCross
  */
 export function vocabParallelLinearCrossEntropy(x: Tensor, weight: Tensor, targets: Tensor, group: CollectiveGroup,
   opts: VocabParallelLinearCrossEntropyOptions = {}): Tensor {
-  const call = 'vocabParallelLinearCrossEntropy';
-  // Under autocast the GEMMs run in the low dtype (f32 accumulation) and the loss comes out in f32, as
-  // in the single-process linearCrossEntropy.
-  const low = autocastDtypeFor(call);
-  if (low !== undefined) {
-    const cast = (t: Tensor) => !t.disposed && isFloating(t.dtype) && t.dtype !== low;
-    if (cast(x) || cast(weight)) return runCast(low, [x, weight] as const, (x2, w2) => vocabParallelHead(x2, w2, targets, group, opts, 'f32'));
-    return vocabParallelHead(x, weight, targets, group, opts, 'f32');
-  }
-  return vocabParallelHead(x, weight, targets, group, opts, undefined);
+  return headUnderAutocast('vocabParallelLinearCrossEntropy', x, weight, null, (x2, w2, _bias, lossDtype) => vocabParallelHead(x2, w2, targets, group, opts, lossDtype));
 }
 
 function vocabParallelHead(x: Tensor, weight: Tensor, targets: Tensor, group: CollectiveGroup, opts: VocabParallelLinearCrossEntropyOptions, lossDtype: DType | undefined): Tensor {
