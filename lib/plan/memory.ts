@@ -126,9 +126,10 @@ export interface MemoryOptions {
   /** Gradient bucket bytes (nodetron's default 25 MiB). */
   bucketBytes?: number;
   /**
-   * bf16: factor on the total for the caching allocator's fragmentation and the CUDA context's
-   * workspaces (default 1.1: an assumption, not a measurement). f32 ignores it: its model rounds
-   * each large tensor to the CPU allocator's size class instead.
+   * Factor on the total for the caching allocator's fragmentation and the CUDA context's workspaces
+   * (default 1.1: an assumption, not a measurement), for the published bf16 model and for nodetron's
+   * on cuda. nodetron's on cpu ignores it: it rounds each large tensor to the CPU allocator's size
+   * class instead.
    */
   overhead?: number;
   /** Optimizer state bytes per parameter beside the weights (K): 8 for nodetron's Adam (m, v beside its f32 weights), 12 for the published recipe's (fp32 master, m, v). */
@@ -371,6 +372,9 @@ function checkLayout(m: PlanModel, l: PlanLayout, o: MemoryOptions): void {
   for (const k of ['dp', 'tp', 'pp', 'microBatches'] as const) if (!Number.isInteger(l[k]) || l[k] < 1) bad.push(`${k} must be an integer >= 1`);
   if (!Number.isInteger(o.seq) || o.seq < 1 || !Number.isInteger(o.microBatchSize) || o.microBatchSize < 1) bad.push('seq and microBatchSize must be integers >= 1');
   if (l.pp > m.nLayer) bad.push(`pp ${l.pp} exceeds the ${m.nLayer} layers`);
+  if (o.model !== undefined && o.model !== 'nodetron' && o.model !== 'megatron') bad.push(`model must be 'nodetron' or 'megatron', got ${JSON.stringify(o.model)}`);
+  else if (o.model === 'megatron' && o.dtype === 'f32') bad.push('model \'megatron\' is the published bf16 recipe; f32 is estimated for nodetron only');
+  if (o.backend !== undefined && o.backend !== 'cpu' && o.backend !== 'cuda') bad.push(`backend must be 'cpu' or 'cuda', got ${JSON.stringify(o.backend)}`);
   if (bad.length) throw new ArgumentError(`estimateMemory: ${bad.join('; ')}`);
 }
 
@@ -395,16 +399,13 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const shard = Math.ceil((psi - expertPsi) / (dp * cp)) + Math.ceil(expertPsi / (dp / ep));
   const f32 = opts.dtype === 'f32';
   const w = f32 ? 4 : 2;
-  // The published recipe keeps 16-bit weights and gradients beside a 12-byte optimizer state; nodetron
-  // keeps f32 weights and gradients in both precisions (autocast casts the weights per forward).
-  if (opts.model !== undefined && opts.model !== 'nodetron' && opts.model !== 'megatron') throw new ArgumentError(`estimateMemory: model must be 'nodetron' or 'megatron', got ${JSON.stringify(opts.model)}`);
   const published = !f32 && (opts.model ?? 'megatron') === 'megatron';
-  if (opts.model === 'megatron' && f32) throw new ArgumentError('estimateMemory: model \'megatron\' is the published bf16 recipe; f32 is estimated for nodetron only');
-  if (opts.backend !== undefined && opts.backend !== 'cpu' && opts.backend !== 'cuda') throw new ArgumentError(`estimateMemory: backend must be 'cpu' or 'cuda', got ${JSON.stringify(opts.backend)}`);
   // Expert parallelism: the running MoE layer's routed rows, sent to the experts' ranks and received back.
   const moeLayersHere = m.moe ? nLayers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer) : 0;
   const allToAll = ep > 1 && moeLayersHere > 0 ? 2 * s * b * m.moe!.topK * h * w : 0;
   const moeFields = m.moe ? { expertParams: expertPsi, allToAll } : {};
+  // The published recipe keeps 16-bit weights and gradients beside a 12-byte optimizer state; nodetron
+  // keeps f32 weights and gradients in both precisions (autocast casts the weights per forward).
   const K = opts.optimizerBytesPerParam ?? (published ? 12 : 8);
   const stateW = published ? 2 : 4;
   // ZeRO (Rajbhandari et al. 2020): (2 + 2 + K)Ψ, sharding K from stage 1, gradients from 2, weights at 3.
@@ -421,7 +422,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The fused head sees every row of the micro-batch (sequence parallelism gathers them) over the
   // vocabulary held here, LINEAR_CE_CHUNK_BYTES of logits at a time.
   const localVocab = m.vocabSize / t;
-  const chunkElems = (bytes: number, budget?: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes, budget) * localVocab;
+  const chunkElems = (bytes: number) => linearCrossEntropyChunkRows(s * b, localVocab, bytes) * localVocab;
   if (published) {
     // Context parallelism keeps one more [s/cp, b, h/t] tensor per layer (ring: the compact queries;
     // Ulysses: the head-sharded output beside the merged one).
@@ -462,6 +463,9 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const sc = sizeClass;
   const P = f32 ? F32_PROFILE : BF16_PROFILE;
   const backend = opts.backend ?? (f32 ? 'cpu' : 'cuda');
+  // A [V/tp, h] table at the head's element size: the table gradient the head makes in its forward;
+  // in 16 bits also the size of autocast's copy of the table.
+  const headTable = sc((P.headBytes * m.vocabSize * h) / t);
   const unitRep = (4 * s * b * h) / (sp ? t : 1);
   // Elements of a whole-width and of a split s·b·h tensor, and the bytes of `c` such tensors of each kind.
   const eRep = (s * b * h) / (sp ? t : 1), eSplit = (s * b * h) / t;
@@ -484,7 +488,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // tensors went with B. Recomputed blocks compute every gradient in B.
   // On the last stage the fused head's [V/tp, h] weight gradient, made in the forward, waits for W too.
   const perDeferred = (layout.recompute === 'full' ? 0 : nLayers * (n(P.deferredReplicated, eRep) + n(P.deferredSplit, eSplit)))
-    + (last ? sc((P.headBytes * m.vocabSize * h) / t) : 0);
+    + (last ? headTable : 0);
   const standard = layout.schedule === 'gpipe' || layout.schedule === '1f1b' || pp === 1;
   const states = standard ? [] : scheduleStates(layout, stage);
   const stateActivations = (x: ScheduleState) => x.held * perHeld + x.deferred * perDeferred;
@@ -508,14 +512,13 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // gradient, and autocast's 16-bit copy of the table, alive until the forward ends.
   const budget = backend === 'cuda' ? LINEAR_CE_CUDA_CHUNK_BYTES : LINEAR_CE_CHUNK_BYTES;
   const headRows = linearCrossEntropyChunkRows(s * b, localVocab, P.headBytes, budget);
-  const halfTable = (2 * m.vocabSize * h) / t;
   const tableGrad = sc(table);
   const chunk = sc(P.headBytes * headRows * localVocab)
-    + (P.headBytes === 2 ? (headRows < s * b ? sc(table) : 0) + sc(halfTable) : 0);
+    + (P.headBytes === 2 ? (headRows < s * b ? sc(table) : 0) + headTable : 0);
   // The head's forward: each micro-batch whose head ran and whose backward has not holds its table
   // and input gradients; the one running holds a chunk of logits. Under GPipe every forward comes
   // before any backward (no gradients yet); under 1F1B or accumulation later heads meet them.
-  const headGrads = sc((P.headBytes * m.vocabSize * h) / t) + sc(P.headBytes * s * b * h);
+  const headGrads = headTable + sc(P.headBytes * s * b * h);
   // The running micro-batch's forward has not ended: its blocks' unsaved intermediates are alive
   // (a recomputed block keeps none).
   // Ulysses saves the whole-sequence q, k, v it gathered instead of this rank's, which then stays until the forward ends (3 more).
@@ -553,7 +556,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // In a pipeline the first stage has no head: the first micro-batch's table gradient becomes .grad,
   // each later one is added to it, beside the micro-batches still in flight after that backward.
   // In 16 bits the head's 16-bit table gradient, handed to backward, is still held then (its f32 cast is in grads).
-  if (first && pp === 1) phases.push({ grads: allGrads, activations: 0, logits: 0, buffers: tableGrad + (P.headBytes === 2 ? sc(halfTable) : 0) });
+  if (first && pp === 1) phases.push({ grads: allGrads, activations: 0, logits: 0, buffers: tableGrad + (P.headBytes === 2 ? headTable : 0) });
   else if (first) {
     const perMicroBatch = held > 0 ? activations / held : 0;
     // After the k-th backward: 1F1B runs w = min(pp − 1, m) warm-up forwards, then each of its first

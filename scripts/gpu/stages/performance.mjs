@@ -78,7 +78,7 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   // (measured on the CPU backend; this run measures its cuda side) and the published recipe's.
   try {
     const pm = nt.plan.modelFromConfig({ ...cfg, n_positions: cfg.blockSize }, 'gpt2-step');
-    const layout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+    const layout = nt.plan.parseLayoutSpec('dp1');
     const o = { seq: T, microBatchSize: B, dtype: 'bf16' };
     result.plannerBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'nodetron', backend: DEV }).total;
     result.plannerMegatronBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'megatron' }).total;
