@@ -2,9 +2,10 @@
 // rank's record, checks that the parts tile every tensor exactly once, writes the manifest last and
 // renames the temporary directory into place; pruning removes a manifest before anything else; and
 // recovery puts back a step's previous copy that a crash left aside.
-import { existsSync, fsyncSync, openSync, closeSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { StateError, TimeoutError } from '../errors.js';
+import { fsyncDir, writeAll, writeFileAtomically } from '../io/files.js';
 import { coverageProblem, partIntervals } from './intervals.js';
 import { listCheckpoints, MANIFEST, rankRecordName, stepDirName, type Manifest, type ManifestTensor, type RankRecord } from './format.js';
 
@@ -23,21 +24,9 @@ export function recoverAsideCopies(root: string): void {
   }
 }
 
-/** Writes JSON to a temporary name, fsyncs it and renames it into place: readers see all of it or none. */
+/** Writes JSON to `${path}.tmp`, fsyncs it and renames it into place: readers see all of it or none. */
 export function writeJsonDurably(path: string, value: unknown): void {
-  const tmp = `${path}.tmp`;
-  writeFileSync(tmp, JSON.stringify(value));
-  const fd = openSync(tmp, 'r');
-  try { fsyncSync(fd); } finally { closeSync(fd); }
-  renameSync(tmp, path);
-}
-
-/** Fsyncs a directory, so renames in it survive a crash. */
-export function fsyncDir(path: string): void {
-  try {
-    const fd = openSync(path, 'r');
-    try { fsyncSync(fd); } finally { closeSync(fd); }
-  } catch { /* some filesystems refuse fsync on directories */ }
+  writeFileAtomically(path, (fd) => writeAll(fd, Buffer.from(JSON.stringify(value)), 0), { tmp: `${path}.tmp` });
 }
 
 /** Rank 0: waits for every rank's record of this save, checks coverage, writes the manifest last, renames. */

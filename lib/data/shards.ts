@@ -1,9 +1,9 @@
 // Token shards in llm.c's format (also modded-nanogpt's): a header of 256 little-endian int32
 // (magic 20240520, version 1, token count), then the tokens as uint16. Written to a temporary name,
-// fsynced and renamed; read with positional reads of the windows asked for, never whole.
-import { closeSync, fstatSync, fsyncSync, openSync, readSync, renameSync, writeSync } from 'node:fs';
+// fsynced and renamed (writeFileAtomically); read with positional reads of the windows asked for, never whole.
+import { closeSync, fstatSync, readSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
-import { closeOnThrow, openForReading } from '../io/files.js';
+import { closeOnThrow, openForReading, writeAll, writeFileAtomically } from '../io/files.js';
 
 /** Magic number in the first int32 of a token shard (llm.c's). */
 export const TOKEN_SHARD_MAGIC = 20240520;
@@ -19,20 +19,10 @@ export function writeTokenShard(path: string, tokens: Uint16Array): void {
   header[0] = TOKEN_SHARD_MAGIC;
   header[1] = TOKEN_SHARD_VERSION;
   header[2] = tokens.length;
-  const tmp = `${path}.tmp-${process.pid}`;
-  const fd = openSync(tmp, 'w');
-  try {
-    let at = 0;
-    for (const part of [new Uint8Array(header.buffer), new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)]) {
-      let done = 0;
-      while (done < part.length) done += writeSync(fd, part, done, part.length - done, at + done);
-      at += part.length;
-    }
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-  renameSync(tmp, path);
+  writeFileAtomically(path, (fd) => {
+    const at = writeAll(fd, new Uint8Array(header.buffer), 0);
+    writeAll(fd, new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength), at);
+  });
 }
 
 /** An open shard: its token count and positional reads of token ranges. */

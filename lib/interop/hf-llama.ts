@@ -25,7 +25,8 @@ import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, type SafetensorsTensor, wri
 import { isLlamaMoEBlock, Llama, llamaConfig, type CheckedLlamaConfig } from '../nn/llama.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
-import { writeAtomically, writeJSONAtomically } from './gpt2.js';
+import { writeJSONAtomically } from './gpt2.js';
+import { writeAtomically } from '../io/files.js';
 import { fillParameters, HFCheckpoint, readHFJSON, tensorSetProblems, type HFDType, type ImportHFOptions } from './hf.js';
 
 const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };

@@ -16,7 +16,8 @@ import { Llama } from '../nn/llama.js';
 import type { Parameter } from '../nn/module.js';
 import { exportLlamaHF, type ExportLlamaHFOptions } from './hf-llama.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeAtomically, writeJSONAtomically } from './gpt2.js';
+import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeJSONAtomically } from './gpt2.js';
+import { writeAtomically } from '../io/files.js';
 import { bytesOf, loadBytes, valuesOf } from '../io/tensor-bytes.js';
 
 /** The dtypes a Hugging Face export can hold. */

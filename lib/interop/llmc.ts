@@ -5,12 +5,12 @@
 // [maxT, C], then each block tensor stacked over the layers ([L, ...]: ln1w, ln1b, qkvw, qkvb,
 // attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb), then lnfw and lnfb. Linear weights are
 // [out, in], as in nodetron, so nothing is transposed; every tensor has the file's dtype.
-import { closeSync, fstatSync, fsyncSync, openSync } from 'node:fs';
+import { closeSync, fstatSync } from 'node:fs';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
-import { writeAll } from '../io/files.js';
+import { writeAll, writeFileAtomically } from '../io/files.js';
 import { GPT, type GPTConfig, padVocab } from '../nn/gpt.js';
-import { BLOCK_PARAMS, blockParamShape, checkGPT2, openForRead, readAt, writeAtomically } from './gpt2.js';
+import { BLOCK_PARAMS, blockParamShape, checkGPT2, openForRead, readAt } from './gpt2.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
 
 /** header[0] of an llm.c model file. */
@@ -107,17 +107,11 @@ export function writeLlmc(model: GPT, path: string, opts: WriteLlmcOptions = {})
   const header = new Int32Array(256);
   header.set([LLMC_MAGIC, version, c.blockSize, c.vocabSize, c.nLayer, c.nHead, c.nEmbd, vp]);
   const { slots, wtePadBytes } = layout(h);
-  writeAtomically(path, (tmp) => {
-    const fd = openSync(tmp, 'w');
-    try {
-      let at = writeAll(fd, new Uint8Array(header.buffer), 0);
-      for (const s of slots) {
-        at += writeAll(fd, bytesOf(params.get(s.name)!, dtype), at);
-        if (s.name === 'wte.weight') at += writeZeros(fd, wtePadBytes, at);
-      }
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
+  writeFileAtomically(path, (fd) => {
+    let at = writeAll(fd, new Uint8Array(header.buffer), 0);
+    for (const s of slots) {
+      at += writeAll(fd, bytesOf(params.get(s.name)!, dtype), at);
+      if (s.name === 'wte.weight') at += writeZeros(fd, wtePadBytes, at);
     }
   });
 }
