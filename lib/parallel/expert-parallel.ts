@@ -10,16 +10,8 @@ import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { embedding } from '../ops/index.js';
 import type { MoEParallel } from '../nn/moe.js';
 import { emptyOn, type Tensor } from '../tensor.js';
-import type { CollectiveGroup, CollectiveWork } from '../distributed/group.js';
-
-/** Finishes a collective inside a synchronous call (forward or backward), or a StateError when the group cannot. */
-function waitSync(work: CollectiveWork, call: string, group: CollectiveGroup): void {
-  if (!work.waitSync) {
-    void work.then(() => undefined, () => undefined);
-    throw new StateError(`${call}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync), which autograd needs inside forward and backward`);
-  }
-  work.waitSync();
-}
+import type { CollectiveGroup } from '../distributed/group.js';
+import { finishSync } from '../distributed/finish-sync.js';
 
 function allToAllOf(group: CollectiveGroup, call: string): NonNullable<CollectiveGroup['allToAll']> {
   if (typeof group.allToAll !== 'function') throw new StateError(`${call}: group '${group.name}' has no allToAll (expert parallelism needs a process group)`);
@@ -39,7 +31,7 @@ export function allToAllRows(x: Tensor, group: CollectiveGroup, sendRows: readon
   if (sendRows.reduce((a, b) => a + b, 0) !== x.shape[0]) throw new ShapeError(`${call}: sendRows ${JSON.stringify(sendRows)} do not add up to the ${x.shape[0]} rows of x`);
   const exchange = (t: Tensor, send: readonly number[], recv: readonly number[]): Tensor => {
     const out = emptyOn([recv.reduce((a, b) => a + b, 0), c], t.dtype, t.deviceInfo);
-    waitSync(allToAllOf(group, call)(out, t, { sendCounts: send.map((r) => r * c), recvCounts: recv.map((r) => r * c) }), call, group);
+    finishSync(() => allToAllOf(group, call)(out, t, { sendCounts: send.map((r) => r * c), recvCounts: recv.map((r) => r * c) }), { call, group, buffers: [out] });
     return out;
   };
   const out = exchange(x, sendRows, recvRows);
@@ -52,10 +44,16 @@ export function allToAllRows(x: Tensor, group: CollectiveGroup, sendRows: readon
 export function exchangeCounts(counts: readonly number[], block: number, group: CollectiveGroup): number[] {
   const call = 'exchangeCounts';
   if (counts.length !== block * group.size) throw new ArgumentError(`${call}: ${counts.length} counts are not ${group.size} blocks of ${block}`);
-  using send = tensor(Int32Array.from(counts), [counts.length], { dtype: 'i32' });
-  using recv = tensor(new Int32Array(counts.length), [counts.length], { dtype: 'i32' });
-  waitSync(allToAllOf(group, call)(recv, send), call, group);
-  return Array.from(recv.toArraySync());
+  const allToAll = allToAllOf(group, call);
+  const send = tensor(Int32Array.from(counts), [counts.length], { dtype: 'i32' });
+  const recv = tensor(new Int32Array(counts.length), [counts.length], { dtype: 'i32' });
+  finishSync(() => allToAll(recv, send), { call, group, buffers: [send, recv] });
+  try {
+    return Array.from(recv.toArraySync());
+  } finally {
+    send.dispose();
+    recv.dispose();
+  }
 }
 
 /** Options of {@link expertParallel}. */
@@ -87,9 +85,13 @@ export function expertParallel({ experts, epGroup, countGroup }: ExpertParallelO
   };
   if (countGroup && countGroup.size > 1) {
     par.sumCounts = (counts) => {
-      using t = tensor(Float32Array.from(counts), [counts.length]);
-      waitSync(countGroup.allReduce(t, { op: 'sum' }), 'MoE router counts', countGroup);
-      return Array.from(t.toArraySync());
+      const t = tensor(Float32Array.from(counts), [counts.length]);
+      finishSync(() => countGroup.allReduce(t, { op: 'sum' }), { call: 'MoE router counts', group: countGroup, buffers: [t] });
+      try {
+        return Array.from(t.toArraySync());
+      } finally {
+        t.dispose();
+      }
     };
   }
   if (epGroup && ep > 1) {

@@ -11,20 +11,12 @@
 // fully visible (a > b), causal on the diagonal (a = b: the same chunk), or invisible (a < b).
 import { accumulateInto, needsGrad, own, record, save } from '../../autograd/engine.js';
 import { dtypeCode } from '../../dtype.js';
-import { ArgumentError, ShapeError, StateError } from '../../errors.js';
+import { ArgumentError, ShapeError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
-import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
+import type { CollectiveGroup } from '../../distributed/group.js';
+import { finishSync } from '../../distributed/finish-sync.js';
 import { add, div, exp, log, mul, scale as scaleBy, sqrt, sub } from '../../ops/index.js';
 import { flashLayout } from '../../ops/attention.js';
-
-/** Finishes `work` before returning (autograd's forward and backward are synchronous). */
-export function finishSync(work: CollectiveWork, call: string, group: CollectiveGroup): void {
-  if (!work.waitSync) {
-    throw new StateError(`${call}: group '${group.name}' cannot complete a communication synchronously (its Work has no waitSync), ` +
-      'which context parallelism needs inside forward and backward');
-  }
-  work.waitSync();
-}
 
 /** The checks both context-parallel attentions make of their packed input: qkv [B, T/cp, 3·heads·D]. */
 export function checkPackedQkv(call: string, qkv: Tensor, heads: number): void {
@@ -105,18 +97,14 @@ export function ringAttentionPacked(qkv: Tensor, heads: number, group: Collectiv
   const shift = (t: Tensor): Tensor => {
     const into = emptyOn(t.shape, t.dtype, dev);
     // Even ranks send first and odd ranks receive first, so blocking transports never wait on each other in a cycle.
-    try {
+    finishSync(() => {
       if (r % 2 === 0) {
-        const s = group.send(t, next), v = group.recv(into, prev);
-        finishSync(s, call, group); finishSync(v, call, group);
-      } else {
-        const v = group.recv(into, prev), s = group.send(t, next);
-        finishSync(v, call, group); finishSync(s, call, group);
+        const s = group.send(t, next);
+        return [s, group.recv(into, prev)];
       }
-    } catch (e) {
-      into.dispose();
-      throw e;
-    }
+      const v = group.recv(into, prev);
+      return [v, group.send(t, next)];
+    }, { call, group, buffers: [into] });
     return into;
   };
 

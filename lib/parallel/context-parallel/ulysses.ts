@@ -9,7 +9,8 @@ import { ShapeError, StateError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { attentionPacked } from '../../ops/index.js';
-import { checkPackedQkv, finishSync, type TokenRange } from './ring.js';
+import { checkPackedQkv, type TokenRange } from './ring.js';
+import { finishSync } from '../../distributed/finish-sync.js';
 
 /** Rank `rank`'s contiguous chunk of a sequence of seqLen tokens split cp ways; a ShapeError when cp does not divide it. */
 export function ulyssesChunk(seqLen: number, cp: number, rank: number): TokenRange {
@@ -28,12 +29,7 @@ function permuted(x: Tensor, outShape: number[], shape: number[], srcStrides: nu
 function exchange(send: Tensor, group: CollectiveGroup, call: string): Tensor {
   if (!group.allToAll) throw new StateError(`${call}: group '${group.name}' has no allToAll, which Ulysses context parallelism needs (use the ring mode or a ProcessGroup)`);
   const out = emptyOn(send.shape, send.dtype, send.deviceInfo);
-  try {
-    finishSync(group.allToAll(out, send), call, group);
-  } catch (e) {
-    out.dispose();
-    throw e;
-  }
+  finishSync(() => group.allToAll!(out, send), { call, group, buffers: [out] });
   return out;
 }
 

@@ -4,34 +4,21 @@
 //
 // How backward waits for communication: nodetron's autograd is synchronous (a BackwardFn returns
 // tensors), while collectives return Work. These functions finish each collective with
-// Work.waitSync() before returning. A group that cannot block (no waitSync) is refused with a
-// StateError at its first collective, on every rank alike; on CUDA a stream wait would make waitSync
-// free, on CPU the communicator thread does the work while the JS thread blocks.
+// Work.waitSync() before returning (finishSync, lib/distributed/finish-sync.ts). A group that cannot
+// block (no waitSync) is refused with a StateError at its first collective, on every rank alike; on
+// CUDA a stream wait makes waitSync free, on CPU the communicator thread does the work while the JS
+// thread blocks.
 import { needsGrad, record } from '../../autograd/engine.js';
 import { dtypeCode } from '../../dtype.js';
-import { ShapeError, StateError } from '../../errors.js';
+import { ShapeError } from '../../errors.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
+import { finishSync } from '../../distributed/finish-sync.js';
 import type { ReduceOp } from '../../distributed/collectives.js';
 
-/**
- * Finishes `work` before returning. On failure `buffers` (tensors the collective reads or writes
- * that the caller would free) are released only once the work has settled, so a collective still
- * running in the group never touches freed memory; the caller frees them after a success.
- */
-function finish(work: CollectiveWork, call: string, group: CollectiveGroup, buffers: Tensor[] = []): void {
-  const release = () => { for (const b of buffers) b.dispose(); };
-  if (!work.waitSync) {
-    work.then(release, release);
-    throw new StateError(`${call}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync), ` +
-      'which autograd needs inside forward and backward; use a backend that offers it (the file-backed group on CPU)');
-  }
-  try {
-    work.waitSync();
-  } catch (e) {
-    release();
-    throw e;
-  }
+/** Finishes `work` (or starts it, then finishes it) before returning: finishSync, which on failure releases `buffers` once it has settled. */
+function finish(work: CollectiveWork | (() => CollectiveWork), call: string, group: CollectiveGroup, buffers: Tensor[] = []): void {
+  finishSync(work, { call, group, buffers });
 }
 
 /** In-place allReduce of t, finished before returning (usable inside forward and backward). */
@@ -90,7 +77,7 @@ function gatherDim(x: Tensor, dim: number, group: CollectiveGroup, call: string)
   const { outer, extent, inner } = around(x, dim, call);
   const n = group.size, width = extent * inner;
   const flat = emptyOn([n * x.size], x.dtype, x.deviceInfo);
-  finish(group.allGather(flat, x), call, group, [flat]);
+  finish(() => group.allGather(flat, x), call, group, [flat]);
   // flat is [rank, outer, extent·inner]; the result is [outer, rank, extent·inner].
   const out = emptyOn(withDim(x.shape, dim, n * extent), x.dtype, x.deviceInfo);
   x.backend.copy_strided(flat.storage, out.storage, dtypeCode(x.dtype), new Int32Array([outer, n, width]), new Int32Array([width, outer * width, 1]), 0,
@@ -104,7 +91,7 @@ function reduceScatterDim(x: Tensor, dim: number, group: CollectiveGroup, call: 
   const { chunk } = chunkOf(x, dim, group.size, call);
   const staged = chunksFirst(x, dim, group.size, call);
   const out = emptyOn(withDim(x.shape, dim, chunk), x.dtype, x.deviceInfo);
-  finish(group.reduceScatter(out, staged, { op: 'sum' }), call, group, [staged, out]);
+  finish(() => group.reduceScatter(out, staged, { op: 'sum' }), call, group, [staged, out]);
   staged.dispose();
   return out;
 }

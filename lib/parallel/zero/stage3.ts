@@ -37,6 +37,7 @@ import { keep } from '../../memory.js';
 import { Module } from '../../nn/module.js';
 import { emptyOn, Tensor } from '../../tensor.js';
 import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
+import { finishSync } from '../../distributed/finish-sync.js';
 import { ChunkedShards, type ShardRun } from './chunks.js';
 
 /** A module whose parameters are gathered together: its slots are the parameters only it uses. */
@@ -70,14 +71,6 @@ export interface GatherStats {
 }
 
 const CALL = 'ZeroOptimizer(stage 3)';
-
-function finishSync(work: CollectiveWork, group: CollectiveGroup): void {
-  if (!work.waitSync) {
-    throw new StateError(`${CALL}: group '${group.name}' cannot complete a collective synchronously (its Work has no waitSync); ` +
-      'parameters are gathered inside forward and backward, which cannot await. Use a process group from nt.distributed (Gloo or NCCL)');
-  }
-  work.waitSync();
-}
 
 /** The modules in a model's array fields (GPT: its blocks `h`), the usual repeated layers. */
 export function defaultUnits(model: Module): Module[] {
@@ -258,9 +251,12 @@ export class ParameterPartition extends ChunkedShards {
       local.dispose();
       throw e;
     }
-    // A group that cannot block is refused at the first gather, the same on every rank (the
-    // buffers stay with the op it started).
-    if (!work.waitSync) finishSync(work, this.group);
+    // A group that cannot block is refused at the first gather, the same on every rank (the buffers
+    // are released once the op it started has settled).
+    if (!work.waitSync) {
+      this.#countGathered(-full.nbytes);
+      finishSync(work, { call: CALL, group: this.group, buffers: [full, local] });
+    }
     unit.inFlight = { work, full, local };
   }
 
@@ -280,7 +276,7 @@ export class ParameterPartition extends ChunkedShards {
     const { work, full, local } = unit.inFlight!;
     unit.inFlight = null;
     try {
-      finishSync(work, this.group);
+      finishSync(work, { call: CALL, group: this.group });
       local.dispose();
       for (const s of unit.slots) {
         const p = s.part.param;
@@ -307,7 +303,7 @@ export class ParameterPartition extends ChunkedShards {
       const { work, full, local } = unit.inFlight;
       unit.inFlight = null;
       this.stats.unused++;
-      try { finishSync(work, this.group); } finally { this.#countGathered(-full.nbytes); full.dispose(); local.dispose(); }
+      try { finishSync(work, { call: CALL, group: this.group }); } finally { this.#countGathered(-full.nbytes); full.dispose(); local.dispose(); }
     }
     if (!unit.gathered) return;
     for (const s of unit.slots) {
@@ -362,11 +358,8 @@ export class ParameterPartition extends ChunkedShards {
     const r = this.#reducing;
     if (!r) return;
     this.#reducing = null;
-    try {
-      finishSync(r.work, this.group);
-    } finally {
-      r.input.dispose();
-    }
+    finishSync(r.work, { call: CALL, group: this.group, buffers: [r.input, r.out] });
+    r.input.dispose();
     this.foldReduced(r.unit, r.out);
   }
 
