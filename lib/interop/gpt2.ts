@@ -1,10 +1,9 @@
 // What the Hugging Face and llm.c converters share: the check that a nodetron GPT is a plain GPT-2
 // (the one model both formats describe), the names and shapes of its parameters for a config, host-side
-// transposes of raw bytes, and JSON files written atomically (lib/io/files.ts). Moves of
+// transposes of raw bytes, and reads of whole byte ranges. Moves of
 // bytes between parameters and files (dtype casts on the parameter's device) are lib/io/tensor-bytes.ts.
 import { openSync, readSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
-import { writeAll, writeFileAtomically } from '../io/files.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import type { Parameter } from '../nn/module.js';
 import { fmtShape, sameShape } from '../shape.js';
@@ -86,17 +85,6 @@ export function transposeBytes(bytes: Uint8Array, rows: number, cols: number, el
     }
   }
   return out;
-}
-
-/**
- * Writes `value` as indented JSON (and a final newline) to `path` atomically and durably (writeFileAtomically) (config.json, a shard index). Integer values of the keys in `floatKeys` are written with a
- * decimal point (0.0, not 0): transformers 5 validates a config's float fields strictly and refuses an int.
- */
-export function writeJSONAtomically(path: string, value: unknown, floatKeys: ReadonlySet<string> = new Set()): void {
-  const MARK = 'nodetron-float:';
-  let text = JSON.stringify(value, (k, v: unknown) => (floatKeys.has(k) && typeof v === 'number' && Number.isInteger(v) && Math.abs(v) < 1e15 ? `${MARK}${v}` : v), 2);
-  if (floatKeys.size > 0) text = text.replace(new RegExp(`"${MARK}(-?\\d+)"`, 'g'), '$1.0');
-  writeFileAtomically(path, (fd) => writeAll(fd, Buffer.from(text + '\n'), 0));
 }
 
 /** Reads exactly into.length bytes at `position` of an open file; a StateError names the file when it ends first. */

@@ -17,20 +17,16 @@
 // convert_llama_weights_to_hf.py permutes Meta's q/k rows from interleaved pairs to halves), which is
 // the layout nodetron's rope computes, so q_proj and k_proj are read and written as they are. Meta's
 // original consolidated.*.pth files (interleaved pairs) are not read: convert them with transformers first.
-import { mkdirSync, existsSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { dtypeSize, parseDType } from '../dtype.js';
+import { dtypeSize } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
 import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { isLlamaMoEBlock, Llama, llamaConfig, type CheckedLlamaConfig } from '../nn/llama.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
-import { writeJSONAtomically } from './gpt2.js';
 import { writeAtomically } from '../io/files.js';
-import { fillParameters, HFCheckpoint, readHFJSON, tensorSetProblems, type HFDType, type ImportHFOptions } from './hf.js';
-
-const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };
-const isHFDType = (d: unknown): d is HFDType => typeof d === 'string' && Object.hasOwn(TORCH_DTYPE, d);
+import { exportDType, fillParameters, HFCheckpoint, isHFDType, openHFDirectory, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
 
 /** Options of {@link exportLlamaHF}. */
 export interface ExportLlamaHFOptions {
@@ -208,9 +204,7 @@ export function exportLlamaHF(model: Llama, dir: string, opts: ExportLlamaHFOpti
   if (!(model instanceof Llama)) throw new ArgumentError('exportLlamaHF: model must be an nt.nn.Llama');
   if (typeof dir !== 'string' || dir === '') throw new ArgumentError('exportLlamaHF: dir must be a non-empty path');
   if (opts === null || typeof opts !== 'object') throw new ArgumentError('exportLlamaHF: options must be an object like { dtype: \'bf16\' }');
-  const own = model.embedTokens.weight.dtype;
-  const dtype = opts.dtype ?? (isHFDType(own) ? own : 'f32');
-  if (!isHFDType(dtype)) throw new ArgumentError(`exportLlamaHF: dtype must be one of f32, bf16, f16, got ${JSON.stringify(dtype)}`);
+  const dtype = exportDType(model.embedTokens.weight.dtype, opts.dtype, 'exportLlamaHF');
   const maxShard = opts.maxShardBytes;
   if (maxShard !== undefined && (!Number.isInteger(maxShard) || maxShard <= 0)) throw new ArgumentError(`exportLlamaHF: maxShardBytes must be a positive integer, got ${maxShard}`);
   const arch = opts.architecture ?? llamaHFArchitecture(model.config);
@@ -316,13 +310,12 @@ function llamaFromHF(json: unknown, where: string): { config: CheckedLlamaConfig
  * another model family is a StateError. Rotary buffers (rotary_emb.inv_freq) that older exports hold are skipped.
  */
 export function importLlamaHF(dir: string, opts: Omit<ImportHFOptions, 'dropout'> = {}): Llama {
-  if (typeof dir !== 'string' || dir === '') throw new ArgumentError('importLlamaHF: dir must be a non-empty path');
-  if (opts === null || typeof opts !== 'object') throw new ArgumentError('importLlamaHF: options must be an object like { dtype: \'bf16\' }');
-  const dtype = parseDType(opts.dtype ?? 'f32', 'importLlamaHF');
-  if (!isHFDType(dtype)) throw new DTypeError(`importLlamaHF: dtype must be f32, bf16 or f16, got ${dtype}`);
-  const configPath = join(dir, 'config.json');
-  if (!existsSync(configPath)) throw new StateError(`importLlamaHF: ${dir} has no config.json`);
-  const { config, arch } = llamaFromHF(readHFJSON(configPath, 'importLlamaHF'), configPath);
+  return readLlama(openHFDirectory(dir, opts, 'importLlamaHF'), opts);
+}
+
+function readLlama({ dir, dtype, configPath, config: json }: OpenedHFDirectory, opts: ImportHFOptions): Llama {
+  if (opts.dropout !== undefined) throw new ArgumentError(`importHF: ${dir} holds a Llama, which has no dropout; leave out the dropout option`);
+  const { config, arch } = llamaFromHF(json, configPath);
   const ckpt = new HFCheckpoint(dir, 'importLlamaHF');
   try {
     const expected = llamaParams(config).map((p) => ({ ...p, hf: llamaHFName(p.name, arch) }));
@@ -352,3 +345,11 @@ export function importLlamaHF(dir: string, opts: Omit<ImportHFOptions, 'dropout'
     ckpt.close();
   }
 }
+
+/** The Llama family's Hugging Face reader and writer (importHF and exportHF find it by model_type llama, mixtral or qwen2_moe and nn.Llama). */
+export const llamaHF: HFFamily<Llama, ExportLlamaHFOptions> = {
+  name: 'Llama', className: 'nn.Llama', modelTypes: Object.keys(ARCH_OF_TYPE),
+  owns: (model): model is Llama => model instanceof Llama,
+  read: readLlama,
+  write: exportLlamaHF,
+};

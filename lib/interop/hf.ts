@@ -1,4 +1,5 @@
-// Hugging Face GPT-2 checkpoints (Llama's: hf-llama.ts; exportHF takes either model). exportHF writes a directory that transformers'
+// Hugging Face GPT-2 checkpoints (Llama's: hf-llama.ts; nt.interop's importHF and exportHF, hf-auto.ts, pick
+// the family). exportHF writes a directory that transformers'
 // GPT2LMHeadModel.from_pretrained loads: model.safetensors with the names save_pretrained gives
 // (transformer.h.<i>.attn.c_attn.weight, ...), the Conv1D weights in GPT-2's [in, out] orientation
 // (nodetron's Linear is [out, in], like torch.nn.Linear), the tied head left out as save_pretrained
@@ -6,42 +7,23 @@
 // written by exportHF or save_pretrained, or the Hub's own gpt2 checkpoints (names without the
 // `transformer.` prefix, attention-mask buffers, a separate lm_head.weight equal to the token table,
 // a sharded model.safetensors.index.json), in f32, bf16 or f16.
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { type DType, dtypeSize, parseDType } from '../dtype.js';
+import { dtypeSize } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
-import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, SafetensorsFile, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
+import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
-import { Llama } from '../nn/llama.js';
-import type { Parameter } from '../nn/module.js';
-import { exportLlamaHF, type ExportLlamaHFOptions } from './hf-llama.js';
+import { exportDType, fillParameters, HFCheckpoint, isHFDType, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
 import { fmtShape, sameShape } from '../shape.js';
-import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes, writeJSONAtomically } from './gpt2.js';
+import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes } from './gpt2.js';
 import { writeAtomically } from '../io/files.js';
 import { bytesOf, loadBytes, valuesOf } from '../io/tensor-bytes.js';
-
-/** The dtypes a Hugging Face export can hold. */
-export type HFDType = 'f32' | 'bf16' | 'f16';
 
 /** Options of {@link exportHF}. */
 export interface ExportHFOptions {
   /** The dtype of the saved tensors (default: the model's, f32 when it is not one of these). */
   dtype?: HFDType;
 }
-
-/** Options of {@link importHF}. */
-export interface ImportHFOptions {
-  /** Device of the model (default cpu). */
-  device?: string;
-  /** Dtype of the model's parameters (default f32, as from_pretrained gives); the file's dtype is cast to it. */
-  dtype?: DType | string;
-  /** The model's dropout (default: config.json's resid_pdrop). */
-  dropout?: number;
-}
-
-/** The torch_dtype config.json names for each dtype an export can hold (its keys are the HFDTypes). */
-const TORCH_DTYPE: Record<HFDType, string> = { f32: 'float32', bf16: 'bfloat16', f16: 'float16' };
-const isHFDType = (d: unknown): d is HFDType => typeof d === 'string' && Object.hasOwn(TORCH_DTYPE, d);
 
 /** GPT-2's token ids for <|endoftext|> (bos and eos), written when the vocabulary holds it. */
 const GPT2_EOT = 50256;
@@ -115,13 +97,10 @@ export function hfConfig(c: Readonly<GPTConfig>, dtype: HFDType = 'f32'): Record
  * GPT2LMHeadModel.from_pretrained(dir) loads the model. The model must be a whole GPT-2: biases,
  * two LayerNorms per block, no sliding window, default vocabulary and linear layouts.
  */
-export function exportHF(model: GPT | Llama, dir: string, opts: ExportHFOptions & ExportLlamaHFOptions = {}): void {
-  if (model instanceof Llama) { exportLlamaHF(model, dir, opts); return; }
+function exportGPT2(model: GPT, dir: string, opts: ExportHFOptions): void {
   const params = checkGPT2(model, 'exportHF');
   if (typeof dir !== 'string' || dir === '') throw new ArgumentError(`exportHF: dir must be a non-empty path`);
-  const own = model.wte.weight.dtype;
-  const dtype = opts.dtype ?? (isHFDType(own) ? own : 'f32');
-  if (!isHFDType(dtype)) throw new ArgumentError(`exportHF: dtype must be one of ${Object.keys(TORCH_DTYPE).join(', ')}, got ${JSON.stringify(dtype)}`);
+  const dtype = exportDType(model.wte.weight.dtype, opts.dtype, 'exportHF');
   const size = dtypeSize(dtype);
   const tensors: SafetensorsTensor[] = [];
   for (const { name, shape } of gpt2Params(model.config)) {
@@ -142,7 +121,6 @@ export function exportHF(model: GPT | Llama, dir: string, opts: ExportHFOptions 
 export function configFromHF(json: unknown, where: string, dropout?: number): GPTConfig {
   if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new StateError(`importHF: ${where} is not a JSON object`);
   const j = json as Record<string, unknown>;
-  if (j.model_type === 'llama' || j.model_type === 'mixtral' || j.model_type === 'qwen2_moe') throw new StateError(`importHF: ${where} is a Llama (model_type '${j.model_type}'); read it with nt.interop.importLlamaHF`);
   if (j.model_type !== 'gpt2') throw new StateError(`importHF: ${where} has model_type ${JSON.stringify(j.model_type)}; only 'gpt2' is read`);
   const int = (key: string): number => {
     const v = j[key];
@@ -168,74 +146,8 @@ export function configFromHF(json: unknown, where: string, dropout?: number): GP
   return { vocabSize, blockSize, nLayer, nHead, nEmbd, dropout: drop, bias: true };
 }
 
-/** Where each tensor of a checkpoint lives: model.safetensors, or the shards a model.safetensors.index.json names. */
-export class HFCheckpoint {
-  readonly files = new Map<string, SafetensorsFile>();
-  /** Tensor name (as stored) → its file. */
-  readonly where = new Map<string, SafetensorsFile>();
-  /** Opens `dir`'s weights; `call` names the importer in errors. */
-  constructor(readonly dir: string, readonly call = 'importHF') {
-    try {
-      const single = join(dir, 'model.safetensors'), index = join(dir, 'model.safetensors.index.json');
-      if (existsSync(single)) {
-        const f = this.#open(single);
-        for (const name of f.names) this.where.set(name, f);
-      } else if (existsSync(index)) {
-        const json = readHFJSON(index, this.call) as { weight_map?: unknown };
-        const map = json?.weight_map;
-        if (map === null || typeof map !== 'object' || Object.values(map).some((v) => typeof v !== 'string' || v.includes('/') || v.includes('\\'))) {
-          throw new StateError(`${this.call}: ${index} has no weight_map of tensor names to file names in ${dir}`);
-        }
-        for (const [name, file] of Object.entries(map as Record<string, string>)) {
-          const f = this.files.get(file) ?? this.#open(join(dir, file), file);
-          if (!f.header.tensors.has(name)) throw new StateError(`${this.call}: ${index} puts '${name}' in ${file}, which has no such tensor`);
-          this.where.set(name, f);
-        }
-      } else {
-        const bin = existsSync(join(dir, 'pytorch_model.bin')) ? ' (pytorch_model.bin is not read: save the model with safe_serialization=True)' : '';
-        throw new StateError(`${this.call}: ${dir} has no model.safetensors or model.safetensors.index.json${bin}`);
-      }
-    } catch (e) {
-      this.close();
-      throw e;
-    }
-  }
-  #open(path: string, key = path): SafetensorsFile {
-    const f = SafetensorsFile.open(path);
-    this.files.set(key, f);
-    return f;
-  }
-  close(): void {
-    for (const f of this.files.values()) f.close();
-    this.files.clear();
-  }
-}
-
-/** The JSON at `path`; StateError (naming `call`) when it cannot be read or parsed. */
-export function readHFJSON(path: string, call = 'importHF'): unknown {
-  let text: string;
-  try { text = readFileSync(path, 'utf8'); } catch (e) { throw new StateError(`${call}: cannot read ${path}: ${(e as Error).message}`); }
-  try { return JSON.parse(text); } catch (e) { throw new StateError(`${call}: ${path} is not JSON (${(e as Error).message})`); }
-}
-const readJSON = (path: string): unknown => readHFJSON(path);
-
 /** Tensors of GPT-2 checkpoints that are not parameters: the causal-mask buffers older transformers saved. */
 const BUFFER = /^h\.\d+\.attn\.(bias|masked_bias)$/;
-
-/**
- * Fills a freshly built model's parameters from a checkpoint: fill(parameter, entry) for each expected
- * entry (by its nodetron name); when one fails, the model is disposed and the error passed on.
- */
-export function fillParameters<M extends GPT | Llama, E extends { name: string }>(model: M, expected: readonly E[], fill: (param: Parameter, entry: E) => void): M {
-  try {
-    const params = new Map(model.namedParameters());
-    for (const e of expected) fill(params.get(e.name)!, e);
-  } catch (e) {
-    model.dispose();
-    throw e;
-  }
-  return model;
-}
 
 /**
  * Reads a GPT-2 directory (config.json and model.safetensors, or a sharded index) into a new nodetron
@@ -244,15 +156,8 @@ export function fillParameters<M extends GPT | Llama, E extends { name: string }
  * misshaped tensor is named: StateError for missing and unexpected ones, ShapeError for shapes; a
  * separate lm_head.weight must equal the token table (nodetron's head is tied), else ArgumentError.
  */
-export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
-  if (typeof dir !== 'string' || dir === '') throw new ArgumentError(`importHF: dir must be a non-empty path`);
-  if (opts === null || typeof opts !== 'object') throw new ArgumentError(`importHF: options must be an object like { dtype: 'bf16' }`);
-  // Options are checked before any file is read.
-  const dtype = parseDType(opts.dtype ?? 'f32', 'importHF');
-  if (dtype !== 'f32' && dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`importHF: dtype must be f32, bf16 or f16, got ${dtype}`);
-  const configPath = join(dir, 'config.json');
-  if (!existsSync(configPath)) throw new StateError(`importHF: ${dir} has no config.json`);
-  const raw = readJSON(configPath) as Record<string, unknown>;
+function importGPT2({ dir, dtype, configPath, config: json }: OpenedHFDirectory, opts: ImportHFOptions): GPT {
+  const raw = json as Record<string, unknown>;
   const config = configFromHF(raw, configPath, opts.dropout);
   const ckpt = new HFCheckpoint(dir);
   try {
@@ -305,14 +210,6 @@ export function importHF(dir: string, opts: ImportHFOptions = {}): GPT {
   }
 }
 
-/** "missing tensors: …; unexpected tensors: …" for an import's error, naming what is there: null when nothing is missing or unexpected. */
-export function tensorSetProblems(missing: readonly string[], unexpected: readonly string[]): string | null {
-  const parts: string[] = [];
-  if (missing.length > 0) parts.push(`missing tensors: ${missing.join(', ')}`);
-  if (unexpected.length > 0) parts.push(`unexpected tensors: ${unexpected.join(', ')}`);
-  return parts.length > 0 ? parts.join('; ') : null;
-}
-
 /** An untied head cannot be held by nodetron's GPT: lm_head.weight must equal the token table element for element. */
 function checkTied(head: { bytes: Uint8Array; dtype: HFDType; stored: string } | null, wte: { bytes: Uint8Array; dtype: HFDType; stored: string },
   c: GPTConfig, dir: string): void {
@@ -325,3 +222,11 @@ function checkTied(head: { bytes: Uint8Array; dtype: HFDType; stored: string } |
     }
   }
 }
+
+/** GPT-2's Hugging Face reader and writer (importHF and exportHF find it by model_type 'gpt2' and nn.GPT). */
+export const gpt2HF: HFFamily<GPT, ExportHFOptions> = {
+  name: 'GPT-2', className: 'nn.GPT', modelTypes: ['gpt2'],
+  owns: (model): model is GPT => model instanceof GPT,
+  read: importGPT2,
+  write: exportGPT2,
+};

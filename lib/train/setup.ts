@@ -31,7 +31,7 @@ import { Checkpointer, type SaveResult } from '../ckpt/checkpoint.js';
 import type { CheckpointItems } from '../ckpt/items.js';
 import type { LoadResult } from '../ckpt/load.js';
 import { TokenLoader } from '../data/loader.js';
-import { exportHF } from '../interop/hf.js';
+import { exportHF } from '../interop/hf-auto.js';
 import type { Tensor } from '../tensor.js';
 import { layoutFromArgs, type LayoutArgs } from './flags.js';
 import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress, type ProgressOptions } from './progress.js';

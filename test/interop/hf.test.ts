@@ -142,7 +142,7 @@ describe('importHF', () => {
   it('refuses configs nodetron cannot compute, and incomplete directories', () => {
     const t = [...goldenTensors().values()];
     const cases: Array<[(c: Record<string, unknown>) => void, RegExp]> = [
-      [(c) => { c.model_type = 'llama'; }, /is a Llama \(model_type 'llama'\); read it with nt\.interop\.importLlamaHF/],
+      [(c) => { c.model_type = 'bert'; }, /has model_type "bert"; nodetron reads 'gpt2' \(GPT-2\); 'llama', 'mixtral', 'qwen2_moe' \(Llama\)/],
       [(c) => { c.activation_function = 'relu'; }, /activation_function is "relu"/],
       [(c) => { c.layer_norm_epsilon = 1e-6; }, /layer_norm_epsilon is 0\.000001/],
       [(c) => { c.n_inner = 100; }, /n_inner is 100/],

@@ -76,7 +76,13 @@ describe('Hugging Face Llama interop', () => {
   });
   it('refuses a checkpoint of another family, settings Llama does not compute, missing and misshaped tensors', () => {
     expect(() => importLlamaHF(HF_DIR)).toThrow(/model_type "gpt2"; only 'llama', 'mixtral' and 'qwen2_moe' are read/);
-    expect(() => importHF(join(GOLDEN, 'hf-tied'))).toThrow(/is a Llama \(model_type 'llama'\); read it with nt\.interop\.importLlamaHF/);
+    // importHF reads every family by its model_type, as transformers' Auto classes do: the same Llama importLlamaHF builds.
+    const auto = importHF(join(GOLDEN, 'hf-tied')), direct = importLlamaHF(join(GOLDEN, 'hf-tied'));
+    try {
+      expect(auto).toBeInstanceOf(nt.nn.Llama);
+      expectSameWeights(auto as nt.nn.Llama, direct);
+    } finally { auto.dispose(); direct.dispose(); }
+    expect(() => importHF(join(GOLDEN, 'hf-tied'), { dropout: 0.1 })).toThrow(/holds a Llama, which has no dropout/);
     const edited = (edit: (c: Record<string, unknown>) => void, files = ['model.safetensors']) => {
       const dir = fresh();
       mkdirSync(dir);
