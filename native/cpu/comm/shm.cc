@@ -165,6 +165,8 @@ void ShmSegment::barrier(std::chrono::milliseconds timeout) {
     if (spins < 64) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
+#elif defined(__aarch64__)
+      __asm__ __volatile__("yield");
 #endif
     } else if (spins < 20000) {
       sched_yield();

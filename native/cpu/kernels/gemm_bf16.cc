@@ -7,10 +7,13 @@
 // columns (whichever is longer) and pack their own panels, so each element's sum is computed the same
 // way whatever the thread count. Only the kernel part of this file is compiled for AVX-512 + BF16
 // (GCC target pragma); gemm.cc calls it only when bf16GemmActive(), so the addon still loads and runs
-// on CPUs without these instructions.
+// on CPUs without these instructions. On other architectures (arm64) the kernel is not compiled:
+// bf16GemmSupported() is false there and bf16 GEMMs are widened to f32 for cblas_sgemm.
 #include "gemm_bf16.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -25,8 +28,12 @@ namespace nt::cpu {
 namespace {
 std::atomic<int> gMode{int(Bf16GemmMode::Auto)};
 bool detectBf16() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
 }
 const bool gSupported = detectBf16();
 }  // namespace
@@ -34,6 +41,7 @@ const bool gSupported = detectBf16();
 bool bf16GemmSupported() { return gSupported; }
 Bf16GemmMode bf16GemmMode() { return Bf16GemmMode(gMode.load(std::memory_order_relaxed)); }
 void setBf16GemmMode(Bf16GemmMode mode) { gMode.store(int(mode), std::memory_order_relaxed); }
+#if defined(__x86_64__)
 bool bf16GemmActive() {
   return gSupported && gMode.load(std::memory_order_relaxed) == int(Bf16GemmMode::Auto) && cpuIsa() == Isa::Avx512;
 }
@@ -371,5 +379,16 @@ void gemmBf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
   }
   gemmDirect(Problem{ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, cBf16}, threaded);
 }
+
+#else
+
+bool bf16GemmActive() { return false; }
+
+// Never reached: gemm.cc calls gemmBf16 only when bf16GemmActive(), which is false on this architecture.
+void gemmBf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t, float, void*, int64_t, bool, bool) {
+  fail(Err::Native, "gemmBf16: the AVX512_BF16 kernel is not compiled on this architecture");
+}
+
+#endif
 
 }  // namespace nt::cpu

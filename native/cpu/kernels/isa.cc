@@ -1,7 +1,13 @@
-// The instruction-set level the cpu kernels run at (util.h NT_SIMD: baseline, AVX2, AVX-512), its
-// runtime setting (setCpuIsa, what NODETRON_CPU_ISA drives), and the measured FMA peak of this
-// machine at each level (fmaPeak: independent FMA chains on every kernel thread).
+// The instruction-set level the cpu kernels run at (util.h NT_SIMD: baseline, AVX2, AVX-512 on x86-64;
+// baseline (scalar) and NEON on arm64), its runtime setting (setCpuIsa, what NODETRON_CPU_ISA drives),
+// and the measured FMA peak of this machine at each level (fmaPeak: independent FMA chains on every
+// kernel thread).
+#if defined(__x86_64__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -12,6 +18,8 @@
 namespace nt::cpu {
 
 namespace {
+
+#if defined(__x86_64__)
 
 // GCC's __builtin_cpu_supports checks the CPUID bits and, for AVX and AVX-512, that the OS saves the
 // wider registers (XGETBV), which is what makes a level safe to run.
@@ -47,6 +55,56 @@ Isa parseIsa(const std::string& name, const char* call) {
   fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name +
                           "'; expected one of auto, baseline, avx2, avx512 (supported here: " + supportedList() + ")");
 }
+
+#elif defined(__aarch64__)
+
+// ASIMD (NEON) is part of the arm64 base architecture; the kernel's HWCAP says so all the same.
+Isa detectIsa() { return (getauxval(AT_HWCAP) & HWCAP_ASIMD) ? Isa::Neon : Isa::Baseline; }
+
+const Isa gBest = detectIsa();
+std::atomic<int> gIsa{int(gBest)};
+
+const char* const kNames[] = {"baseline", "neon"};
+constexpr int kLevels = 2;
+
+std::string supportedList() {
+  std::string s;
+  for (int i = 0; i <= int(gBest); i++) s += std::string(i ? ", " : "") + kNames[i];
+  return s;
+}
+
+// Parses a level name ("auto" = the best supported); throws ArgumentError for anything else, for a
+// level this CPU lacks, and, by name, for the x86-64 levels (a setting carried over from an x86 machine).
+Isa parseIsa(const std::string& name, const char* call) {
+  if (name == "auto") return gBest;
+  for (int i = 0; i < kLevels; i++) {
+    if (name != kNames[i]) continue;
+    if (i > int(gBest))
+      fail(Err::Argument, std::string(call) + ": this CPU does not support " + name + " (ASIMD); supported here: " + supportedList() + ", or auto");
+    return Isa(i);
+  }
+  if (name == "avx2" || name == "avx512")
+    fail(Err::Argument, std::string(call) + ": '" + name + "' is an x86-64 level and this is an arm64 (aarch64) build; expected one of auto, " +
+                            "baseline, neon (supported here: " + supportedList() + ")");
+  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name +
+                          "'; expected one of auto, baseline, neon (supported here: " + supportedList() + ")");
+}
+
+#else
+
+// Another architecture: one level, the build's own code.
+const Isa gBest = Isa::Baseline;
+std::atomic<int> gIsa{int(gBest)};
+const char* const kNames[] = {"baseline"};
+
+std::string supportedList() { return "baseline"; }
+
+Isa parseIsa(const std::string& name, const char* call) {
+  if (name == "auto" || name == "baseline") return Isa::Baseline;
+  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name + "'; expected one of auto, baseline (supported here: baseline)");
+}
+
+#endif
 
 }  // namespace
 
@@ -86,13 +144,21 @@ NT_EXPORT("setCpuIsa", SetCpuIsa);
 // chains to cover the FMA latency on every port (4 cycles × 2 ports on recent cores), few enough to
 // stay in registers. The chains' sum is returned so that the loop is not removed. Flops per round:
 // chains × lanes × 2. The baseline level has no FMA (x86-64-v2): a multiply and an add, also 2 flops.
+// arm64: 16 chains (Neoverse V2, NVIDIA Grace's core, has four 128-bit FMA pipes of 4 cycles' latency:
+// 16 in flight; arm64 has 32 vector registers), of 4 lanes (NEON) or 1 (the scalar baseline, fmadd).
+#if defined(__aarch64__)
+constexpr int kChains = 16;
+#else
 constexpr int kChains = 12;
+#endif
 
 struct PeakCtx {
   Isa isa;
   int64_t iters;
   std::vector<double>* sinks;  // one result per part, read after the pool returns
 };
+
+#if defined(__x86_64__)
 
 NT_TARGET_V4 static double fmaChainsV4(int64_t iters, float seed) {
   __m512 acc[kChains];
@@ -143,6 +209,61 @@ static void peakTask(void* p, int64_t part) {
                                    : fmaChainsV2(c->iters, seed);
   (*c->sinks)[size_t(part)] = r;
 }
+
+#elif defined(__aarch64__)
+
+static double fmaChainsNeon(int64_t iters, float seed) {
+  float32x4_t acc[kChains];
+  for (int u = 0; u < kChains; u++) acc[u] = vdupq_n_f32(seed + 0.001f * float(u));
+  const float32x4_t m = vdupq_n_f32(0.99999994f), c = vdupq_n_f32(1e-7f);
+  for (int64_t i = 0; i < iters; i++)
+    for (int u = 0; u < kChains; u++) acc[u] = vfmaq_f32(c, acc[u], m);  // c + acc·m
+  float32x4_t s = acc[0];
+  for (int u = 1; u < kChains; u++) s = vaddq_f32(s, acc[u]);
+  return double(vaddvq_f32(s));
+}
+
+// Scalar chains (fmadd on s registers), kept scalar like the kernels' baseline copies.
+NT_TARGET_SCALAR static double fmaChainsScalar(int64_t iters, float seed) {
+  float acc[kChains];
+  for (int u = 0; u < kChains; u++) acc[u] = seed + 0.001f * float(u);
+  const float m = 0.99999994f, c = 1e-7f;
+  for (int64_t i = 0; i < iters; i++)
+    for (int u = 0; u < kChains; u++) acc[u] = std::fma(acc[u], m, c);
+  double t = 0;
+  for (float v : acc) t += v;
+  return t;
+}
+
+static int lanes(Isa isa) { return isa == Isa::Neon ? 4 : 1; }
+
+static void peakTask(void* p, int64_t part) {
+  auto* c = static_cast<PeakCtx*>(p);
+  float seed = 1.0f + 0.01f * float(part);
+  (*c->sinks)[size_t(part)] = c->isa == Isa::Neon ? fmaChainsNeon(c->iters, seed) : fmaChainsScalar(c->iters, seed);
+}
+
+#else
+
+static double fmaChainsScalar(int64_t iters, float seed) {
+  float acc[kChains];
+  for (int u = 0; u < kChains; u++) acc[u] = seed + 0.001f * float(u);
+  const float m = 0.99999994f, c = 1e-7f;
+  for (int64_t i = 0; i < iters; i++)
+    for (int u = 0; u < kChains; u++) acc[u] = acc[u] * m + c;
+  double t = 0;
+  for (float v : acc) t += v;
+  return t;
+}
+
+static int lanes(Isa) { return 1; }
+
+static void peakTask(void* p, int64_t part) {
+  auto* c = static_cast<PeakCtx*>(p);
+  (*c->sinks)[size_t(part)] = fmaChainsScalar(c->iters, 1.0f + 0.01f * float(part));
+}
+
+#endif
 
 // Seconds for `threads` kernel threads (1: the calling thread alone) to run `iters` rounds each at
 // `isa` (wall time of the slowest).

@@ -12,6 +12,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define NT_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define NT_CPU_RELAX() __asm__ __volatile__("yield")
 #else
 #define NT_CPU_RELAX() std::this_thread::yield()
 #endif

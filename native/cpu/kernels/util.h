@@ -42,12 +42,16 @@ inline float fastExp(float x) {
 }
 
 // ---- runtime SIMD dispatch -----------------------------------------------------------------------
-// The addon is compiled for x86-64-v2 (SSE4.2) so that one prebuilt binary runs on any x86-64 machine
+// x86-64: the addon is compiled for x86-64-v2 (SSE4.2) so that one prebuilt binary runs on any x86-64 machine
 // of the last decade. The hot row loops (cross-entropy, softmax, GELU, norms, AdamW, attention's
 // softmax) are compiled three times more or less, and one copy is chosen per call from cpuIsa():
 //   Isa::Avx512  x86-64-v4 (AVX-512 F/BW/CD/DQ/VL + FMA), 512-bit vectors
 //   Isa::Avx2    x86-64-v3 (AVX2 + FMA), 256-bit vectors
 //   Isa::Baseline the build's own x86-64-v2 code, 128-bit vectors
+// aarch64 (arm64: Graviton, NVIDIA Grace): the addon is compiled for armv8-a, whose ASIMD (NEON) every
+// arm64 CPU has, so there are two copies:
+//   Isa::Neon     the build's own armv8-a code, auto-vectorized to 128-bit NEON vectors
+//   Isa::Baseline the same body compiled without vectorization (scalar), the reference to compare against
 // Why explicit copies and not GCC's target_clones (which the loader resolves once, from CPUID): the
 // choice must be forceable at run time (NODETRON_CPU_ISA / setCpuIsa) so tests can check every path
 // against the float64 reference on one machine, and users can compare; and it is one relaxed atomic
@@ -57,10 +61,17 @@ inline float fastExp(float x) {
 // `<name>Body`; NT_SIMD defines `<name>V4` and `<name>V3` with target attributes and `flatten` (so the
 // body and everything it calls -- fastExp, sumLanes, their lambdas -- are inlined and compiled for that
 // target, never left as a baseline call), `<name>V2` at the build's baseline, and `<name>` that picks
-// one. setCpuIsa refuses a level the CPU (and OS) does not support, so a forced path cannot fault.
+// one (on aarch64: `<name>Neon` at the build's own target and `<name>Scalar` without vectorization).
+// setCpuIsa refuses a level the CPU (and OS) does not support, so a forced path cannot fault.
 // Floating-point results differ between levels only by rounding (FMA contraction, lane order of the
 // sums); test/ops/simd.test.ts checks every level against float64.
+#if defined(__x86_64__)
 enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
+#elif defined(__aarch64__)
+enum class Isa : int { Baseline = 0, Neon = 1 };
+#else
+enum class Isa : int { Baseline = 0 };
+#endif
 
 // The level the kernels run at now (the best supported one unless set otherwise).
 Isa cpuIsa();
@@ -69,6 +80,8 @@ Isa bestIsa();
 const char* isaName(Isa isa);
 
 #define NT_SIMD_BODY static inline __attribute__((always_inline))
+
+#if defined(__x86_64__)
 #define NT_TARGET_V4 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"), flatten))
 #define NT_TARGET_V3 __attribute__((target("arch=x86-64-v3"), flatten))
 
@@ -84,6 +97,22 @@ const char* isaName(Isa isa);
       default: name##V2 args; return;                                 \
     }                                                                 \
   }
+#elif defined(__aarch64__)
+// The scalar copy: the loops stay scalar (no loop or SLP vectorization) after the body is inlined.
+#define NT_TARGET_SCALAR __attribute__((optimize("no-tree-vectorize", "no-tree-slp-vectorize"), flatten))
+
+#define NT_SIMD(name, params, args)                                          \
+  __attribute__((flatten)) static void name##Neon params { name##Body args; } \
+  NT_TARGET_SCALAR static void name##Scalar params { name##Body args; }      \
+  static inline void name params {                                           \
+    if (cpuIsa() == Isa::Neon) name##Neon args;                              \
+    else name##Scalar args;                                                  \
+  }
+#else
+// Other architectures: one copy, the build's own code.
+#define NT_SIMD(name, params, args) \
+  __attribute__((flatten)) static void name params { name##Body args; }
+#endif
 
 // Σ f(j) for j < n, in 16 independent partial sums so the loop vectorizes without reassociation flags.
 template <class F>
