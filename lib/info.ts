@@ -29,15 +29,16 @@ export interface Info {
     avx512: boolean;
     /**
      * The SIMD level of the cpu kernels (cross-entropy, softmax, GELU, norms, AdamW, attention's softmax):
-     * baseline (x86-64-v2, SSE4.2), avx2 (x86-64-v3) or avx512 (x86-64-v4).
+     * on x86-64 baseline (x86-64-v2, SSE4.2), avx2 (x86-64-v3) or avx512 (x86-64-v4); on arm64 baseline
+     * (scalar, not vectorized) or neon (armv8-a ASIMD, 128-bit vectors).
      */
     isa: {
       /** The level the kernels run at now: the best supported one, or what NODETRON_CPU_ISA chose. */
-      active: 'baseline' | 'avx2' | 'avx512';
+      active: 'baseline' | 'avx2' | 'avx512' | 'neon';
       /** The best level this CPU and OS support. */
-      best: 'baseline' | 'avx2' | 'avx512';
+      best: 'baseline' | 'avx2' | 'avx512' | 'neon';
       /** Every level this CPU supports, baseline first. */
-      supported: ('baseline' | 'avx2' | 'avx512')[];
+      supported: ('baseline' | 'avx2' | 'avx512' | 'neon')[];
       /** NODETRON_CPU_ISA as set in the environment, when it is. */
       env?: string;
     };
@@ -78,7 +79,8 @@ function cudaInfo(): { cuda: BackendInfo; nccl: BackendInfo } {
   try {
     const addon = cuda();
     const devices = addon.deviceInfo ? addon.deviceInfo() : [];
-    const libs = addon.libraryInfo ? addon.libraryInfo() : {};
+    // The environment switches as the addon read them at load: NODETRON_CUDA_SYNC (sync), NODETRON_CUDA_EPILOGUES (epilogues).
+    const libs = { ...(addon.libraryInfo ? addon.libraryInfo() : {}), ...(addon.switches ? { switches: addon.switches() } : {}) };
     if (!devices.length) {
       const why = addon.driverStatus ? addon.driverStatus() : 'no CUDA device found';
       return { cuda: { available: false, reason: why, ...libs }, nccl: { available: false, reason: why, version: libs.nccl } };

@@ -134,7 +134,7 @@ export const CUDA_ONLY_EXPORTS = [
   'NcclComm', 'currentStream', 'debugSync', 'deviceCount', 'deviceInfo', 'driverStatus', 'eventCreate', 'eventDestroy', 'eventElapsedMs', 'eventQuery',
   'eventRecord', 'eventSynchronize', 'gemmPlanCache', 'gemm_epilogue', 'graphAbort', 'graphBegin', 'graphCapturing', 'graphDestroy', 'graphEnd', 'graphLaunch',
   'libraryInfo', 'ncclUniqueId', 'ncclVersion', 'recordStream', 'setCurrentStream',
-  'setMatmulTf32', 'streamCreate', 'streamDestroy', 'streamQuery', 'streamSynchronize', 'streamWaitEvent', 'synchronize',
+  'setMatmulTf32', 'streamCreate', 'streamDestroy', 'streamQuery', 'streamSynchronize', 'streamWaitEvent', 'switches', 'synchronize',
 ] as const;
 
 /** A loaded addon: the shared kernels, and its own calls (CPU_ONLY_EXPORTS / CUDA_ONLY_EXPORTS) by name. */

@@ -1,6 +1,7 @@
 // Host-only pieces of the cuBLASLt GEMM (native/cuda/kernels/gemm.cu) that need no CUDA, so the
 // test-only addon checks them on machines without a GPU: the pointer alignment cuBLASLt's
-// heuristic is told, the key a cached plan is found by, and the bounded cache that holds plans.
+// heuristic is told, the key a cached plan is found by, the bounded cache that holds plans, the
+// choice between a fused epilogue and the composed one, and the per-stream workspaces' books.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace nt::cuda::lt {
 
@@ -99,6 +101,89 @@ class LruCache {
   std::list<std::pair<K, std::shared_ptr<V>>> order_;  // most recent first
   std::map<K, typename std::list<std::pair<K, std::shared_ptr<V>>>::iterator> index_;
   CacheStats stats_;
+};
+
+// The epilogues of gemm_epilogue (their numbers are the JS argument's).
+enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3, kBGrad = 4, kDGeluBGrad = 5 };
+
+// What decides how an epilogue runs.
+struct EpilogueCase {
+  int epilogue = kNone;
+  bool fusedAllowed = true;  // NODETRON_CUDA_EPILOGUES is not 0
+  bool aux = false;          // a GELU forward writes its pre-activation into aux
+  bool auxFits = true;       // cuBLASLt's aux rules hold (leading dimension and batch stride % 8, 16-byte aligned)
+  bool heuristicFound = true;     // cuBLASLt's heuristic offered an algorithm with the epilogue
+  bool fusedNotSupported = false;  // cublasLtMatmul then answered CUBLAS_STATUS_NOT_SUPPORTED
+  bool betaZero = true;
+  int64_t batch = 1, m = 0, n = 0, strideC = 0;
+};
+
+// How it runs. fused: cuBLASLt's epilogue. Otherwise the plain GEMM writes `intoAux ? aux : C`
+// (C's old values copied into aux first when beta != 0 and intoAux, so beta·C is still added) and
+// the epilogue follows as kernels, over the whole [batch·M, N] block or one matrix at a time when
+// the batch is strided (C's batch stride is not M·N).
+struct EpiloguePlan {
+  bool fused = false;
+  bool intoAux = false;
+  bool copyCToAux = false;
+  bool perMatrix = false;
+};
+
+inline bool isGeluForward(int e) { return e == kGelu || e == kGeluBias; }
+
+inline EpiloguePlan planEpilogue(const EpilogueCase& c) {
+  EpiloguePlan p;
+  if (c.epilogue == kNone) return p;
+  p.fused = c.fusedAllowed && c.auxFits && c.heuristicFound && !c.fusedNotSupported;
+  if (p.fused) return p;
+  p.intoAux = isGeluForward(c.epilogue) && c.aux;
+  p.copyCToAux = p.intoAux && !c.betaZero;
+  // The bias kernel takes the batch stride itself; bgrad and dgelu+bgrad take one matrix.
+  p.perMatrix = c.batch > 1 && c.strideC != c.m * c.n && isGeluForward(c.epilogue);
+  return p;
+}
+
+// The cuBLASLt workspaces of one device, one per stream (GEMMs on different streams may overlap).
+// A stream's workspace is allocated by its first GEMM and released when the stream is destroyed
+// (a graph's side stream with the graph) or at teardown. P is the pointer type.
+template <typename P>
+class WorkspaceTable {
+ public:
+  // The stream's workspace, or null (then the caller allocates one and add()s it).
+  P find(int64_t stream) const {
+    auto it = byStream_.find(stream);
+    return it == byStream_.end() ? P{} : it->second.first;
+  }
+  // Records `p` of `bytes` for `stream`; false (and nothing recorded) when the stream already has
+  // one (another thread won the race: the caller frees its own).
+  bool add(int64_t stream, P p, size_t bytes) {
+    if (!byStream_.emplace(stream, std::make_pair(p, bytes)).second) return false;
+    bytes_ += bytes;
+    return true;
+  }
+  // Removes the stream's workspace and returns it (null when it had none) for the caller to free.
+  P remove(int64_t stream) {
+    auto it = byStream_.find(stream);
+    if (it == byStream_.end()) return P{};
+    P p = it->second.first;
+    bytes_ -= it->second.second;
+    byStream_.erase(it);
+    return p;
+  }
+  // Removes them all (teardown) and returns them.
+  std::vector<P> removeAll() {
+    std::vector<P> out;
+    for (auto& [s, e] : byStream_) out.push_back(e.first);
+    byStream_.clear();
+    bytes_ = 0;
+    return out;
+  }
+  size_t count() const { return byStream_.size(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::map<int64_t, std::pair<P, size_t>> byStream_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace nt::cuda::lt

@@ -10,6 +10,12 @@
 // or write) are deferred until the graph is destroyed. Destroying the graph synchronizes its stream,
 // performs those frees and retires the pool (its segments go back to the device once every block in
 // them is free: tensors the capture made and the caller still holds keep theirs until disposed).
+// The cuBLASLt workspace of the side stream is freed when lib/cuda/graph.ts destroys that stream
+// right after the graph (streamDestroy).
+//
+// Host transfers. write and read are refused while the device captures (runtime.cc, staging.h):
+// a captured write would copy from a staging buffer later writes reuse, a captured read cannot
+// return values. After a discarded capture the device's staging events are made anew.
 #include <mutex>
 #include <vector>
 
@@ -47,6 +53,11 @@ int64_t allocationStream(int device, int64_t stream) {
   std::lock_guard<std::mutex> lock(graphsMutex);
   if (size_t(device) < captures.size() && captures[size_t(device)].stream == stream) return captures[size_t(device)].pool;
   return stream;
+}
+
+int64_t capturingStream(int device) {
+  std::lock_guard<std::mutex> lock(graphsMutex);
+  return size_t(device) < captures.size() ? captures[size_t(device)].stream : -1;
 }
 
 bool deferFreeDuringCapture(int device, void* p) {
@@ -132,6 +143,7 @@ static Napi::Value GraphEnd(const Napi::CallbackInfo& info) {
     cudaStreamSynchronize(streamById(ended.stream, device, "graphEnd"));
     cudaGetLastError();
     retire(device, ended.pool, ended.deferred);
+    resetStagingEvents(device);
     check(e, failed);
   }
   std::lock_guard<std::mutex> lock(graphsMutex);
@@ -156,6 +168,9 @@ static Napi::Value GraphAbort(const Napi::CallbackInfo& info) {
   cudaStreamSynchronize(streamById(ended.stream, device, "graphAbort"));
   cudaGetLastError();
   retire(device, ended.pool, ended.deferred);
+  // Host transfers are refused during a capture (staging.h); should a staging event have been
+  // recorded into it all the same, it could not be queried again: the device's are made anew.
+  resetStagingEvents(device);
   return info.Env().Undefined();
 }
 NT_EXPORT("graphAbort", GraphAbort);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../core/alloc_stats.h"
+#include "staging.h"
 
 namespace nt::cuda {
 
@@ -151,40 +152,53 @@ cudaEvent_t eventHandle(int64_t id, const char* call) { return eventById(id, cal
 
 // ---- pinned staging for transfers --------------------------------------------------------------
 // Host<->device copies go through page-locked buffers so they are true DMA transfers. A buffer is
-// reused once the event recorded after its copy has completed; large transfers go in chunks.
+// reused once the event recorded after its copy has completed; large transfers go in chunks
+// (native/cuda/staging.h holds the logic, shared with the test-only addon's simulated runtime).
 static constexpr size_t kStagingChunkBytes = size_t(16) << 20;
-struct Staging {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  cudaEvent_t done = nullptr;
-  int device = -1;
-};
-static std::deque<Staging> staging;
 
-static Staging& acquireStaging(int device, size_t bytes) {
-  for (Staging& s : staging) {
-    if (s.device != device || s.bytes < bytes) continue;
-    cudaError_t q = cudaEventQuery(s.done);
-    if (q == cudaErrorNotReady) continue;
+struct CudaStagingRt {
+  using Stream = cudaStream_t;
+  using Event = cudaEvent_t;
+  void* hostAlloc(size_t bytes) {
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    return p;
+  }
+  Event createEvent(int device) {
+    useDevice(device);
+    cudaEvent_t e;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  void destroyEvent(Event e) {
+    if (cudaEventDestroy(e) != cudaSuccess) cudaGetLastError();
+  }
+  bool ready(Event e) {
+    cudaError_t q = cudaEventQuery(e);
+    if (q == cudaErrorNotReady) return false;
     check(q, "cudaEventQuery");
-    return s;
+    return true;
   }
-  if (staging.size() >= 8) {  // bounded: wait for the oldest buffer of this device instead of growing
-    for (Staging& s : staging) {
-      if (s.device != device || s.bytes < bytes) continue;
-      check(cudaEventSynchronize(s.done), "cudaEventSynchronize");
-      return s;
-    }
+  void wait(Event e) { check(cudaEventSynchronize(e), "cudaEventSynchronize"); }
+  void record(Event e, Stream s) { check(cudaEventRecord(e, s), "cudaEventRecord"); }
+  staging::EventState probe(Event e) {
+    cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return staging::EventState::Ready;
+    if (q == cudaErrorNotReady) return staging::EventState::Pending;
+    cudaGetLastError();
+    return staging::EventState::Broken;
   }
-  Staging s;
-  s.device = device;
-  s.bytes = std::max(bytes, size_t(1) << 20);
-  check(cudaHostAlloc(&s.ptr, s.bytes, cudaHostAllocDefault), "cudaHostAlloc");
-  check(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check(cudaEventRecord(s.done, nullptr), "cudaEventRecord");
-  staging.push_back(s);
-  return staging.back();
-}
+  void toDevice(void* dst, const void* src, size_t n, Stream s) {
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+  }
+  void toHost(void* dst, const void* src, size_t n, Stream s) {
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  }
+};
+static CudaStagingRt stagingRt;
+static staging::Pool<CudaStagingRt> stagingPool(stagingRt);
+
+void resetStagingEvents(int device) { stagingPool.resetEvents(device); }
 
 // ---- DeviceStorage -----------------------------------------------------------------------------
 Napi::FunctionReference DeviceStorage::ctor;
@@ -309,43 +323,42 @@ static const bool debugSync = [] {
 static Napi::Value DebugSync(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), debugSync); }
 NT_EXPORT("debugSync", DebugSync);
 
+// switches() -> { sync, epilogues }: the environment switches as the addon read them when it loaded
+// (NODETRON_CUDA_SYNC, NODETRON_CUDA_EPILOGUES), for nt.info().
+static Napi::Value Switches(const Napi::CallbackInfo& info) {
+  Napi::Object o = Napi::Object::New(info.Env());
+  o.Set("sync", debugSync);
+  o.Set("epilogues", gemmFusedEpilogues());
+  return o;
+}
+NT_EXPORT("switches", Switches);
+
 // ---- exported functions ------------------------------------------------------------------------
 static int deviceArg(const Args& a, size_t i) {
   return a.info.Length() > i && !a.info[i].IsUndefined() ? int(a.size(i)) : 0;
 }
 
 // write(storage, offsetBytes, typedArray): host -> device, ordered on the current stream. Returns
-// once the data sits in a staging buffer, so the caller may reuse its array at once.
+// once the data sits in a staging buffer, so the caller may reuse its array at once. Refused while
+// the device captures a CUDA graph (staging.h says why).
 static Napi::Value Write(const Napi::CallbackInfo& info) {
   auto [s, off, src] = typedArrayRange<DeviceStorage>(info, "write");
+  int64_t capture = capturingStream(s->device());
   useDevice(s->device());
-  cudaStream_t st = currentStream(s->device());
-  for (size_t done = 0; done < src.bytes;) {
-    size_t n = std::min(kStagingChunkBytes, src.bytes - done);
-    Staging& buf = acquireStaging(s->device(), n);
-    std::memcpy(buf.ptr, src.data + done, n);
-    check(cudaMemcpyAsync(s->data() + off + done, buf.ptr, n, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-    check(cudaEventRecord(buf.done, st), "cudaEventRecord");
-    done += n;
-  }
+  staging::hostToDevice(stagingRt, stagingPool, "write", s->device(), capture, currentStream(s->device()), s->data() + off, src.data,
+                        src.bytes, kStagingChunkBytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("write", Write);
 
-// read(storage, offsetBytes, typedArray): device -> host; waits for the current stream.
+// read(storage, offsetBytes, typedArray): device -> host; waits for the current stream. Refused
+// while the device captures a CUDA graph.
 static Napi::Value Read(const Napi::CallbackInfo& info) {
   auto [s, off, dst] = typedArrayRange<DeviceStorage>(info, "read");
+  int64_t capture = capturingStream(s->device());
   useDevice(s->device());
-  cudaStream_t st = currentStream(s->device());
-  for (size_t done = 0; done < dst.bytes;) {
-    size_t n = std::min(kStagingChunkBytes, dst.bytes - done);
-    Staging& buf = acquireStaging(s->device(), n);
-    check(cudaMemcpyAsync(buf.ptr, s->data() + off + done, n, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync");
-    check(cudaEventRecord(buf.done, st), "cudaEventRecord");
-    check(cudaEventSynchronize(buf.done), "cudaEventSynchronize");
-    std::memcpy(dst.data + done, buf.ptr, n);
-    done += n;
-  }
+  staging::deviceToHost(stagingRt, stagingPool, "read", s->device(), capture, currentStream(s->device()), dst.data, s->data() + off,
+                        dst.bytes, kStagingChunkBytes);
   return info.Env().Undefined();
 }
 NT_EXPORT("read", Read);
@@ -465,6 +478,7 @@ static Napi::Value StreamDestroy(const Napi::CallbackInfo& info) {
     std::lock_guard<std::mutex> lock(streamsMutex);
     streams[size_t(id)].stream = nullptr;
   }
+  releaseGemmWorkspace(d, id);  // its cuBLASLt workspace (a graph's side stream: with the graph)
   allocator(d).streamDestroyed(alloc::StreamId(id));
   return info.Env().Undefined();
 }

@@ -33,6 +33,16 @@ cudaStream_t currentStream(int device);
 // A non-blocking stream for library work (NCCL), owned by the runtime; returns its id.
 int64_t createStream(int device, int priority);
 
+// Graph capture (graph.cc): the stream a capture runs on for the device, -1 when none.
+int64_t capturingStream(int device);
+// Staging (runtime.cc): replaces the device's staging events after a discarded capture.
+void resetStagingEvents(int device);
+
+// cuBLASLt (kernels/gemm.cu): frees the stream's GEMM workspace (streamDestroy, after the stream's
+// work finished), and whether fused epilogues are allowed (NODETRON_CUDA_EPILOGUES is not 0).
+void releaseGemmWorkspace(int device, int64_t stream);
+bool gemmFusedEpilogues();
+
 // Events are numbered too (from 1); JS destroys them with eventDestroy.
 int64_t eventCreateId(int device, bool timing);
 cudaEvent_t eventHandle(int64_t id, const char* call);

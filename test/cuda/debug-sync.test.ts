@@ -36,3 +36,26 @@ describe.skipIf(!loadable.ok)('the cuda addon reads NODETRON_CUDA_SYNC when it l
     expect(debugSync('0')).toBe('false');
   });
 });
+
+describe.skipIf(!loadable.ok)('the cuda addon reads NODETRON_CUDA_EPILOGUES when it loads (cuBLASLt fused epilogues, on by default)', () => {
+  const switches = (value: string | undefined): { sync: boolean; epilogues: boolean } => {
+    const env = { ...process.env };
+    delete env.NODETRON_CUDA_EPILOGUES;
+    delete env.NODETRON_CUDA_SYNC;
+    if (value !== undefined) env.NODETRON_CUDA_EPILOGUES = value;
+    const script = `import(${JSON.stringify(join(packageRoot, 'dist', 'native.js'))}).then((m) => console.log(JSON.stringify(m.cuda().switches())))`;
+    const r = spawnSync(process.execPath, ['-e', script], { env, encoding: 'utf8', timeout: 60_000 });
+    expect(r.status, r.stderr).toBe(0);
+    return JSON.parse(r.stdout.trim());
+  };
+  it('off with 0 (or false/no/off), on when unset or anything else', () => {
+    expect(switches(undefined)).toEqual({ sync: false, epilogues: true });
+    for (const v of ['0', 'false', 'OFF', 'no']) expect(switches(v).epilogues).toBe(false);
+    expect(switches('1').epilogues).toBe(true);
+  });
+  it('nt.info() reports the switches under backends.cuda', async () => {
+    const nt = await import('../../lib/index.js');
+    const { cuda } = await import('../../lib/native.js');
+    expect(nt.info().backends.cuda.switches).toEqual(cuda().switches());
+  });
+});

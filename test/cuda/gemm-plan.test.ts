@@ -52,3 +52,72 @@ describe('cuBLASLt plan cache (LRU)', () => {
     expect(t.heldSurvives).toBe(true);
   });
 });
+
+describe('how gemm_epilogue runs an epilogue (lt::planEpilogue)', () => {
+  const E = { none: 0, bias: 1, gelu: 2, geluBias: 3, bgrad: 4, dgeluBgrad: 5 };
+  const plan = (c: Record<string, unknown>) => testingAddon().gemmEpiloguePlan({ m: 16, n: 32, ...c }) as
+    { fused: boolean; intoAux: boolean; copyCToAux: boolean; perMatrix: boolean };
+  const composed = { fused: false, intoAux: false, copyCToAux: false, perMatrix: false };
+
+  it('fuses when allowed and cuBLASLt both offers and accepts an algorithm', () => {
+    for (const e of [E.bias, E.gelu, E.geluBias, E.bgrad, E.dgeluBgrad]) expect(plan({ epilogue: e }).fused).toBe(true);
+    expect(plan({ epilogue: E.none })).toEqual(composed);  // a plain GEMM has nothing to fuse
+  });
+
+  it('composes when cublasLtMatmul answers NOT_SUPPORTED after a successful heuristic, when the heuristic finds nothing, or when the aux breaks cuBLASLt\'s rules', () => {
+    for (const e of [E.bias, E.gelu, E.geluBias, E.bgrad, E.dgeluBgrad]) {
+      expect(plan({ epilogue: e, fusedNotSupported: true }).fused).toBe(false);
+      expect(plan({ epilogue: e, heuristicFound: false }).fused).toBe(false);
+    }
+    expect(plan({ epilogue: E.geluBias, aux: true, auxFits: false })).toEqual({ ...composed, intoAux: true });
+  });
+
+  it('NODETRON_CUDA_EPILOGUES=0 composes every epilogue', () => {
+    for (const e of [E.bias, E.gelu, E.geluBias, E.bgrad, E.dgeluBgrad]) expect(plan({ epilogue: e, fusedAllowed: false }).fused).toBe(false);
+  });
+
+  it('a GELU forward with an aux makes the pre-activation in aux, copying C there first when beta != 0', () => {
+    const off = { fusedAllowed: false };
+    expect(plan({ ...off, epilogue: E.gelu, aux: true })).toEqual({ ...composed, intoAux: true });
+    expect(plan({ ...off, epilogue: E.geluBias, aux: true, betaZero: false })).toEqual({ ...composed, intoAux: true, copyCToAux: true });
+    // without an aux the product is made in C and GELU runs in place, beta or not
+    expect(plan({ ...off, epilogue: E.geluBias, betaZero: false })).toEqual(composed);
+    // the bias epilogue never uses aux
+    expect(plan({ ...off, epilogue: E.bias, aux: true, betaZero: false })).toEqual(composed);
+  });
+
+  it('a GELU over a strided batch runs one matrix at a time; contiguous batches and the bias kernel run as one', () => {
+    const off = { fusedAllowed: false, batch: 4 };
+    expect(plan({ ...off, epilogue: E.gelu, strideC: 16 * 32 + 8 }).perMatrix).toBe(true);
+    expect(plan({ ...off, epilogue: E.gelu, strideC: 16 * 32 }).perMatrix).toBe(false);
+    expect(plan({ ...off, epilogue: E.bias, strideC: 16 * 32 + 8 }).perMatrix).toBe(false);  // addBiasKernel takes the stride
+    expect(plan({ fusedAllowed: false, epilogue: E.gelu, batch: 1, strideC: 0 }).perMatrix).toBe(false);
+  });
+});
+
+describe('cuBLASLt workspaces per stream (lt::WorkspaceTable)', () => {
+  const MiB32 = 32 * 2 ** 20;
+  const trace = (ops: (string | number)[][]) => testingAddon().gemmWorkspaceTrace(MiB32, ops) as { count: number; bytes: number; freed: number[] }[];
+
+  it('one workspace per stream, freed when the stream (a graph\'s side stream) is destroyed', () => {
+    const t = trace([['use', 0], ['use', 0], ['use', 5], ['use', 7], ['destroy', 5], ['destroy', 5], ['use', 0]]);
+    expect(t.map((r) => r.count)).toEqual([1, 1, 2, 3, 2, 2, 2]);
+    expect(t.map((r) => r.bytes / MiB32)).toEqual([1, 1, 2, 3, 2, 2, 2]);
+    expect(t[4]!.freed).toEqual([2]);  // stream 5's workspace (the second one made)
+    expect(t[5]!.freed).toEqual([]);   // destroying twice frees nothing more
+  });
+
+  it('teardown frees every remaining workspace', () => {
+    const t = trace([['use', 0], ['use', 3], ['destroy', 3], ['use', 4], ['teardown'], ['use', 0]]);
+    expect(t[4]).toEqual({ count: 0, bytes: 0, freed: [1, 3] });
+    expect(t[5]).toMatchObject({ count: 1, bytes: MiB32 });  // a later GEMM makes one again
+  });
+
+  it('many graphs made and disposed hold no workspace afterwards', () => {
+    const ops: (string | number)[][] = [['use', 0]];
+    for (let s = 1; s <= 100; s++) ops.push(['use', s], ['destroy', s]);
+    const t = trace(ops);
+    expect(t.at(-1)).toMatchObject({ count: 1, bytes: MiB32 });
+    expect(Math.max(...t.map((r) => r.count))).toBe(2);
+  });
+});

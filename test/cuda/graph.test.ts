@@ -1,10 +1,12 @@
 // nt.cuda.graph (lib/cuda/graph.ts, native/cuda/graph.cc). Without a GPU: the cpu graph (replay calls
 // fn), the typed errors of bad arguments and of a missing GPU. With one: a captured chain of ops
-// replays to the eager result, each replay seeing the inputs' current values; a host read inside the
-// capture fails it with GraphCaptureError naming the op, and a capture after that works; disposing
-// the graph returns the capture's memory.
+// replays to the eager result, each replay seeing the inputs' current values; a host read or write
+// inside the capture fails it with GraphCaptureError naming the op, and transfers and captures after
+// that work; disposing the graph returns the capture's memory and its stream's cuBLASLt workspace.
+// (The staging logic behind the refusal runs without a GPU in test/cuda/staging.test.ts.)
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { cuda as cudaAddon } from '../../lib/native.js';
 
 const hasGpu = nt.cuda.isAvailable();
 
@@ -68,6 +70,43 @@ describe.skipIf(!hasGpu)('nt.cuda.graph on a GPU', () => {
       nt.cuda.synchronize();
       expect(Array.from(y!.to('cpu').toArraySync())).toEqual(Array.from(nt.mul(x, 2).to('cpu').toArraySync()));
       g.dispose();
+    });
+  });
+
+  it('a host read or write inside fn is refused (GraphCaptureError naming it) before staging; later transfers work', () => {
+    nt.scope(() => {
+      const x = nt.randn([8, 8], { device: 'cuda', seed: 5 });
+      const values = new Float32Array(64).map((_, i) => i);
+      const attempts: [string, () => void][] = [
+        ['write', () => { x.backend.write(x.storage, 0, values); }],
+        ['read', () => { x.backend.read(x.storage, 0, new Float32Array(64)); }],
+      ];
+      for (const [op, transfer] of attempts) {
+        let err: unknown;
+        try { nt.cuda.graph(() => { nt.mul(x, 2); transfer(); }, { warmup: 0 }); } catch (e) { err = e; }
+        expect(err).toBeInstanceOf(nt.GraphCaptureError);
+        expect((err as nt.GraphCaptureError).op).toBe(op);
+        expect((err as Error).message).toMatch(/outside the captured function/);
+        expect(nt.cuda.isCapturing()).toBe(false);
+        // every later transfer works: the staging events were not left in the discarded capture
+        x.backend.write(x.storage, 0, values);
+        expect(Array.from(x.to('cpu').toArraySync())).toEqual(Array.from(values));
+      }
+    });
+  });
+
+  it('disposing a graph frees the cuBLASLt workspace its stream allocated', () => {
+    nt.scope(() => {
+      const x = nt.randn([64, 96], { device: 'cuda', seed: 6 }), w = nt.randn([128, 96], { device: 'cuda', seed: 7 });
+      nt.linear(x, w);  // the default stream's workspace exists before
+      nt.cuda.synchronize();
+      const before = cudaAddon().gemmPlanCache(0) as { workspaces: number; workspaceBytes: number };
+      for (let i = 0; i < 3; i++) {
+        const g = nt.cuda.graph(() => { nt.linear(x, w); }, { warmup: i % 2 });  // warm-up 0: the workspace comes from the capture's pool
+        expect((cudaAddon().gemmPlanCache(0) as { workspaces: number }).workspaces).toBe(before.workspaces + 1);
+        g.dispose();
+        expect(cudaAddon().gemmPlanCache(0)).toMatchObject({ workspaces: before.workspaces, workspaceBytes: before.workspaceBytes });
+      }
     });
   });
 });

@@ -2,9 +2,13 @@
 // accumulation, transposes, strided batches, and bias / GELU epilogues. Row-major like the cpu gemm.
 #include <cublasLt.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "../gemm_plan.h"
@@ -20,6 +24,18 @@ static void checkLt(cublasStatus_t s, const char* ltCall, const char* op) {
 }
 
 static bool allowTf32 = false;
+
+// NODETRON_CUDA_EPILOGUES=0 (or false/no/off), read once at load: every epilogue runs composed (the
+// plain GEMM, then the bias / GELU / bias-gradient kernels) instead of as cuBLASLt's fused one.
+static const bool fusedEpilogues = [] {
+  const char* v = std::getenv("NODETRON_CUDA_EPILOGUES");
+  if (!v) return true;
+  std::string s(v);
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return !(s == "0" || s == "false" || s == "no" || s == "off");
+}();
+bool gemmFusedEpilogues() { return fusedEpilogues; }
+
 static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 static constexpr size_t kPlanCacheSize = 512;  // plans per device; a GPT step uses a few dozen shapes
 
@@ -30,7 +46,9 @@ struct LtPlan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool found = false;  // false: cuBLASLt offers no algorithm for this key (cached too)
+  // false: cuBLASLt offers no algorithm for this key, or its cublasLtMatmul answered NOT_SUPPORTED
+  // (cached too). Set once by buildPlan, cleared under `mutex`; read under `mutex`.
+  bool found = false;
   std::mutex mutex;
   ~LtPlan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
@@ -42,12 +60,56 @@ struct LtPlan {
 
 struct LtDevice {
   cublasLtHandle_t handle = nullptr;
-  std::map<int64_t, void*> workspaces;  // per stream: gemms on different streams may overlap
+  lt::WorkspaceTable<void*> workspaces;  // per stream: gemms on different streams may overlap
   lt::LruCache<lt::PlanKey, LtPlan> plans{kPlanCacheSize};  // the handle is per device, so per handle too
 };
 static std::mutex ltMutex;
-// Never destroyed: at process exit cuBLASLt may already be unloading.
+// Not destroyed by a static destructor (at process exit cuBLASLt may already be unloading): the
+// Node environments' cleanup hook below releases what it holds.
 static std::map<int, LtDevice>& ltDevices = *new std::map<int, LtDevice>();
+
+// The Node environments (main thread, workers) that ran a GEMM. When the last one is torn down, the
+// workspaces go back to the allocator, the plans and the cuBLASLt handles are destroyed (a later
+// environment makes them again).
+static std::set<napi_env>& ltEnvs = *new std::set<napi_env>();
+
+static void ltTeardown(void* arg) {
+  std::map<int, std::vector<void*>> freed;
+  {
+    std::lock_guard<std::mutex> lock(ltMutex);
+    ltEnvs.erase(static_cast<napi_env>(arg));
+    if (!ltEnvs.empty()) return;
+    for (auto& [device, d] : ltDevices) {
+      freed[device] = d.workspaces.removeAll();
+      d.plans.clear();
+      if (d.handle) cublasLtDestroy(d.handle);
+      d.handle = nullptr;
+    }
+  }
+  for (auto& [device, ps] : freed)
+    for (void* p : ps) {
+      try { deviceFree(device, p); } catch (...) {}  // teardown cannot report; the allocator's books stay consistent
+    }
+}
+
+static void ltRegisterEnv(napi_env env) {
+  {
+    std::lock_guard<std::mutex> lock(ltMutex);
+    if (!ltEnvs.insert(env).second) return;
+  }
+  napi_add_env_cleanup_hook(env, ltTeardown, env);
+}
+
+void releaseGemmWorkspace(int device, int64_t stream) {
+  void* p;
+  {
+    std::lock_guard<std::mutex> lock(ltMutex);
+    auto it = ltDevices.find(device);
+    if (it == ltDevices.end()) return;
+    p = it->second.workspaces.remove(stream);
+  }
+  if (p) deviceFree(device, p);
+}
 
 static cublasLtHandle_t ltHandle(int device, const char* op) {
   std::lock_guard<std::mutex> lock(ltMutex);
@@ -56,17 +118,24 @@ static cublasLtHandle_t ltHandle(int device, const char* op) {
   return d.handle;
 }
 
+// The current stream's workspace, allocated by its first GEMM and freed when the stream is
+// destroyed (releaseGemmWorkspace, from streamDestroy) or at teardown.
 static void* workspace(int device) {
   int64_t stream = currentStreamId(device);
   {
     std::lock_guard<std::mutex> lock(ltMutex);
-    auto it = ltDevices[device].workspaces.find(stream);
-    if (it != ltDevices[device].workspaces.end()) return it->second;
+    if (void* p = ltDevices[device].workspaces.find(stream)) return p;
   }
   void* p = deviceAlloc(device, kWorkspaceBytes, "gemm workspace");
+  bool added;
+  {
+    std::lock_guard<std::mutex> lock(ltMutex);
+    added = ltDevices[device].workspaces.add(stream, p, kWorkspaceBytes);
+  }
+  if (added) return p;
+  deviceFree(device, p);
   std::lock_guard<std::mutex> lock(ltMutex);
-  ltDevices[device].workspaces[stream] = p;
-  return p;
+  return ltDevices[device].workspaces.find(stream);
 }
 
 template <typename T>
@@ -173,7 +242,7 @@ __global__ void addBiasKernel(T* c, const T* bias, int64_t batch, int64_t mn, in
   }
 }
 
-enum Epilogue { kNone = 0, kBias = 1, kGelu = 2, kGeluBias = 3, kBGrad = 4, kDGeluBGrad = 5 };
+using lt::kNone, lt::kBias, lt::kGelu, lt::kGeluBias, lt::kBGrad, lt::kDGeluBGrad;
 
 // gelu.cu's kernels, for the epilogue fallbacks below.
 void launchGeluEpilogue(DType dt, cudaStream_t st, void* pre, const void* bias, void* y, int64_t rows, int64_t cols, const char* call);
@@ -298,67 +367,88 @@ static void runGemm(KernelCall& k, const char* call, bool withEpilogue) {
   if (bias) key.alignBias = lt::alignmentBytes(reinterpret_cast<uintptr_t>(bias));
   if (aux) key.alignAux = lt::alignmentBytes(reinterpret_cast<uintptr_t>(aux), batch, sC * es);
   int device = k.device();
+  ltRegisterEnv(k.info().Env());
   cublasLtHandle_t handle = ltHandle(device, call);
   void* ws = workspace(device);
+  lt::EpilogueCase ec;
+  ec.epilogue = int(epilogue);
+  ec.fusedAllowed = fusedEpilogues;
+  ec.aux = aux != nullptr;
   // cuBLASLt's GELU aux must have a leading dimension (our N) divisible by 8, and a batch stride too.
-  bool auxFits = !aux || (N % 8 == 0 && (batch <= 1 || sC % 8 == 0) && key.alignAux >= 16);
-  std::shared_ptr<LtPlan> plan;
-  if (auxFits) plan = planFor(device, handle, key, type, ctype, bias, aux, call);
-  // Without a cuBLASLt algorithm for the epilogue: the plain GEMM, then the epilogue as kernels.
-  bool after = epilogue != kNone && (!plan || !plan->found);
-  void* target = pc;
-  if (after) {
-    if (geluFwd && beta != 0.0f)
-      fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for the " + ename + " epilogue with beta != 0 (" +
-                            std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + ")",
-           "cublasLtMatmulAlgoGetHeuristic");
-    bool contiguous = batch <= 1 || sC == M * N;
-    if (epilogue != kBias && !contiguous)
-      fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for the " + ename + " epilogue over a strided batch",
-           "cublasLtMatmulAlgoGetHeuristic");
-    if (geluFwd && aux) target = aux;  // the GEMM writes the pre-activation, the kernel gelu(pre + bias) into C
-    key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    key.alignBias = 256;
-    key.alignAux = 256;
-    if (target == aux) key.alignC = lt::alignmentBytes(reinterpret_cast<uintptr_t>(aux), batch, sC * es);
-    plan = planFor(device, handle, key, type, ctype, nullptr, nullptr, call);
+  ec.auxFits = !aux || (N % 8 == 0 && (batch <= 1 || sC % 8 == 0) && key.alignAux >= 16);
+  ec.betaZero = beta == 0.0f;
+  ec.batch = batch;
+  ec.m = M;
+  ec.n = N;
+  ec.strideC = batch > 1 ? sC : M * N;
+  lt::EpiloguePlan ep = lt::planEpilogue(ec);
+  if (ep.fused) {
+    // cuBLASLt's fused epilogue, unless its heuristic offers no algorithm or cublasLtMatmul refuses
+    // the one it offered (CUBLAS_STATUS_NOT_SUPPORTED: the plan remembers, later calls go composed).
+    std::shared_ptr<LtPlan> plan = planFor(device, handle, key, type, ctype, bias, aux, call);
+    std::lock_guard<std::mutex> lock(plan->mutex);
+    ec.heuristicFound = plan->found;
+    if (plan->found) {
+      if (bias) setAttr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
+      if (aux) setAttr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
+      cublasStatus_t st = cublasLtMatmul(handle, plan->op, &alpha, pb, plan->a, pa, plan->b, &beta, pc, plan->c, pc, plan->c, &plan->algo, ws,
+                                         kWorkspaceBytes, stream);
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        checkLt(st, "cublasLtMatmul", call);
+        return;
+      }
+      plan->found = false;
+      ec.fusedNotSupported = true;
+    }
+    ep = lt::planEpilogue(ec);
   }
-  if (!plan->found)
-    fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for " + dtypeName(dt) + (cdt != dt ? "->f32 " : " ") +
-                          std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " (epilogue " + ename + ")",
-         "cublasLtMatmulAlgoGetHeuristic");
+  // The plain GEMM (into C, or into aux for a GELU forward that keeps its pre-activation there),
+  // then the epilogue as kernels.
+  void* target = ep.intoAux ? aux : pc;
+  key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  key.alignBias = 256;
+  key.alignAux = 256;
+  if (ep.intoAux) key.alignC = lt::alignmentBytes(reinterpret_cast<uintptr_t>(aux), batch, sC * es);
+  if (ep.copyCToAux)  // beta·C is added to the product: C's values go where the product is made
+    check(cudaMemcpyAsync(aux, pc, size_t(extent(sC, M * N) * es), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  std::shared_ptr<LtPlan> plan = planFor(device, handle, key, type, ctype, nullptr, nullptr, call);
   {
     std::lock_guard<std::mutex> lock(plan->mutex);
-    if (!after && bias) setAttr(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, call);
-    if (!after && aux) setAttr(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux, call);
+    if (!plan->found)
+      fail(Err::Native, std::string(call) + ": cuBLASLt has no algorithm for " + dtypeName(dt) + (cdt != dt ? "->f32 " : " ") +
+                            std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " (epilogue " + ename + ")",
+           "cublasLtMatmulAlgoGetHeuristic");
     checkLt(cublasLtMatmul(handle, plan->op, &alpha, pb, plan->a, pa, plan->b, &beta, target, plan->c, target, plan->c, &plan->algo,
                            ws, kWorkspaceBytes, stream),
             "cublasLtMatmul", call);
   }
-  if (after) {
-    int64_t rows = batch * M;  // contiguous batches (checked above) are one [batch·M, N] matrix
-    if (epilogue == kBias) {
-      int64_t total = batch * M * N;
-      int64_t stride = batch > 1 ? sC : M * N;
-      NT_DISPATCH_FLOAT(cdt, call, T,
-                        addBiasKernel<T><<<gridFor(total), kThreads, 0, stream>>>(static_cast<T*>(pc), static_cast<const T*>(bias), batch,
-                                                                                 M * N, N, stride));
-    } else if (geluFwd) {
-      launchGeluEpilogue(dt, stream, target, bias, pc, rows, N, call);
-    } else if (epilogue == kDGeluBGrad) {
-      launchDGeluBGrad(device, dt, stream, aux, pc, bias, rows, N, call);
-    } else {  // kBGrad: bias[i] = sum over the K rows of the stored A [K, M] of column i
-      NT_DISPATCH_FLOAT(dt, call, T, {
-        if (cdt == DType::F32)
-          launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<float*>(bias),
-                              static_cast<float*>(nullptr), call);
-        else
-          launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<T*>(bias),
-                              static_cast<T*>(nullptr), call);
-      });
+  if (epilogue == kNone) return;
+  if (epilogue == kBias) {
+    int64_t total = batch * M * N;
+    NT_DISPATCH_FLOAT(cdt, call, T,
+                      addBiasKernel<T><<<gridFor(total), kThreads, 0, stream>>>(static_cast<T*>(pc), static_cast<const T*>(bias), batch,
+                                                                               M * N, N, ec.strideC));
+  } else if (geluFwd) {  // C has A's dtype here (checked above)
+    if (ep.perMatrix) {
+      for (int64_t b = 0; b < batch; b++)
+        launchGeluEpilogue(dt, stream, static_cast<uint8_t*>(target) + b * sC * es, bias, static_cast<uint8_t*>(pc) + b * sC * es, M, N,
+                           call);
+    } else {
+      launchGeluEpilogue(dt, stream, target, bias, pc, batch * M, N, call);  // contiguous batches: one [batch·M, N] matrix
     }
-    k.launched();
+  } else if (epilogue == kDGeluBGrad) {
+    launchDGeluBGrad(device, dt, stream, aux, pc, bias, M, N, call);  // batch 1 (checked above)
+  } else {  // kBGrad: bias[i] = sum over the K rows of the stored A [K, M] of column i
+    NT_DISPATCH_FLOAT(dt, call, T, {
+      if (cdt == DType::F32)
+        launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<float*>(bias),
+                            static_cast<float*>(nullptr), call);
+      else
+        launchColumnSums<1>(device, stream, StoredColumns<T>{static_cast<const T*>(pa), M}, K, M, static_cast<T*>(bias),
+                            static_cast<T*>(nullptr), call);
+    });
   }
+  k.launched();
 }
 
 // gemm(A, B, C, dtype, batch, M, N, K, transA, transB, alpha, beta, strideA, strideB, strideC)
@@ -371,19 +461,27 @@ NT_CUDA_KERNEL("gemm", Gemm) { runGemm(k, call, false); }
 // bias[N] = C's column sums (batch 1, beta 0; aux the forward's pre-activation [M, N]: cuBLASLt's
 // DGELU_BGRAD). cDtype (default A's dtype) may be f32 for bf16/f16 A and B (f32 accumulation and
 // output; bias in C's dtype). GELU is cuBLASLt's tanh approximation. Where cuBLASLt has no
-// algorithm for an epilogue (or N is not a multiple of 8 with an aux), the plain GEMM runs and the
-// epilogue follows as the kernels of bias_gelu_forward/backward and a column sum.
+// algorithm for an epilogue, its cublasLtMatmul answers NOT_SUPPORTED for the one its heuristic
+// offered, N is not a multiple of 8 with an aux, or NODETRON_CUDA_EPILOGUES=0, the plain GEMM runs
+// and the epilogue follows as the kernels of bias_gelu_forward/backward and a column sum
+// (lt::planEpilogue in gemm_plan.h decides).
 NT_CUDA_KERNEL("gemm_epilogue", GemmEpilogue) { runGemm(k, call, true); }
 
-// gemmPlanCache(device) -> { size, capacity, hits, misses, evictions }: the cuBLASLt plan cache.
+// gemmPlanCache(device) -> { size, capacity, hits, misses, evictions, workspaces, workspaceBytes }: the
+// cuBLASLt plan cache, and the GEMM workspaces held (one per stream that ran a GEMM and still exists).
 static Napi::Value GemmPlanCache(const Napi::CallbackInfo& info) {
   Args a{info, "gemmPlanCache"};
   int device = info.Length() > 0 && !info[0].IsUndefined() ? int(a.size(0)) : 0;
   lt::CacheStats st;
+  size_t workspaces = 0, workspaceBytes = 0;
   {
     std::lock_guard<std::mutex> lock(ltMutex);
     auto it = ltDevices.find(device);
-    if (it != ltDevices.end()) st = it->second.plans.stats();
+    if (it != ltDevices.end()) {
+      st = it->second.plans.stats();
+      workspaces = it->second.workspaces.count();
+      workspaceBytes = it->second.workspaces.bytes();
+    }
   }
   Napi::Object o = Napi::Object::New(info.Env());
   o.Set("size", double(st.size));
@@ -391,6 +489,8 @@ static Napi::Value GemmPlanCache(const Napi::CallbackInfo& info) {
   o.Set("hits", double(st.hits));
   o.Set("misses", double(st.misses));
   o.Set("evictions", double(st.evictions));
+  o.Set("workspaces", double(workspaces));
+  o.Set("workspaceBytes", double(workspaceBytes));
   return o;
 }
 NT_EXPORT("gemmPlanCache", GemmPlanCache);
