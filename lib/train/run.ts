@@ -1,0 +1,355 @@
+// nt.train's TrainingRun: one rank's run as setup() assembled it. A step (this replica's rows of the
+// global batch or the next batch of its data, the learning rate of the step, a progress line with
+// tokens/s, MFU and memory, a validation loss, a checkpoint), evaluation, save and resume, and the
+// whole model for sampling and export; close releases everything set-up built.
+import * as dist from '../distributed/init.js';
+import { tensor } from '../creation.js';
+import { ArgumentError, StateError } from '../errors.js';
+import { memoryStats } from '../memory.js';
+import { slice } from '../ops/index.js';
+import type { CausalLM, GenerateOptions, GPT } from '../nn/gpt.js';
+import type { Llama } from '../nn/llama.js';
+import type { MoEStats } from '../nn/moe.js';
+import { cosineWithWarmup } from '../optim/schedule.js';
+import { describeLayout, type TrainingLayout } from '../parallel/layout.js';
+import type { ParallelState } from '../parallel/mesh.js';
+import type { GPTStage } from '../parallel/pipeline/gpt-stage.js';
+import type { ParallelTrainer } from '../parallel/trainer.js';
+import { Checkpointer, type SaveResult } from '../ckpt/checkpoint.js';
+import type { CheckpointItems } from '../ckpt/items.js';
+import type { LoadResult } from '../ckpt/load.js';
+import { TokenLoader } from '../data/loader.js';
+import { exportHF } from '../interop/hf-auto.js';
+import type { Tensor } from '../tensor.js';
+import type { ParallelParts, Teardown } from './assembly.js';
+import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './options.js';
+import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress } from './progress.js';
+
+/** What one step did. */
+export interface StepResult {
+  /** Steps done after this one (1-based number of the step). */
+  step: number;
+  /** The loss of the global batch (the same on every rank). */
+  loss: number;
+  /** The global gradient norm before clipping (when maxGradNorm is set). */
+  gradNorm?: number;
+  /** The learning rate used (when the run sets one). */
+  lr?: number;
+  /** The validation loss, when this step evaluated (TokenData.evalEvery). */
+  valLoss?: number;
+  /** The checkpoint saved after this step, if any. */
+  saved?: SaveResult;
+  /** MoE routing of the step on this rank (models with MoE layers; see ParallelTrainer's step result). */
+  moe?: MoEStats;
+}
+
+export interface RunParts<H extends { lr: number }> extends ParallelParts<H> {
+  layout: TrainingLayout;
+  rank: number;
+  worldSize: number;
+  loader: TokenLoader | null;
+  rows: { start: number; count: number };
+  /** Releases everything set-up built; the run adds its checkpointer. */
+  teardown: Teardown;
+}
+
+/**
+ * A training run as {@link setup} built it, on one rank. Every method that trains, evaluates, saves
+ * or gathers is collective: every rank calls it in the same order.
+ */
+export class TrainingRun<H extends { lr: number }> {
+  /** The checked layout. */
+  readonly layout: TrainingLayout;
+  /** This process's rank in the job (0 without a launcher). */
+  readonly rank: number;
+  /** Processes in the job. */
+  readonly worldSize: number;
+  /** The mesh (null in one process). */
+  readonly mesh: ParallelState | null;
+  /** This rank's part of the model: its pipeline stage (of its tensor-parallel slices). */
+  readonly model: GPTStage;
+  /** The model the factory built, a GPT or a Llama (the stage holds its parameters; its generator is checkpointed). */
+  readonly gpt: CausalLM;
+  /** The trainer of the layout. */
+  readonly trainer: ParallelTrainer<H>;
+  /** The training data loader (null without token shards). */
+  readonly loader: TokenLoader | null;
+  /** Tokens per sequence. */
+  readonly seqLen: number;
+  /** Sequences per step, over all data-parallel ranks. */
+  readonly batchSize: number;
+  /** Total steps, when known. */
+  readonly steps: number | undefined;
+  /** Device of the model and batches. */
+  readonly device: string;
+  /** Model FLOPs per trained token ({@link modelFlopsPerToken}). */
+  readonly flopsPerToken: number;
+  /** This data-parallel replica's rows [start, start + count) of each global batch. */
+  readonly rows: {
+    /** The first row. */
+    start: number;
+    /** Rows per step (batchSize / dp). */
+    count: number;
+  };
+  readonly #options: TrainSetupOptions<H>;
+  /** The options the model factory received (seed, device, tensor-parallel layers, recomputation). */
+  readonly #shard: ModelShard;
+  /** Releases what set-up built (and the checkpointer): on close. */
+  readonly #teardown: Teardown;
+  readonly #checkpointer: Checkpointer | null;
+  readonly #items: CheckpointItems;
+  readonly #log: (line: string) => void;
+  readonly #every: number;
+  readonly #peakFlops: number | undefined;
+  #step = 0;
+  #avg: number | undefined;
+  #timing: { t0: number; from: number } | null = null;
+  #closed = false;
+
+  /** @internal Built by {@link setup}. */
+  constructor(options: TrainSetupOptions<H>, parts: RunParts<H>) {
+    this.#options = options;
+    this.layout = parts.layout; this.rank = parts.rank; this.worldSize = parts.worldSize; this.mesh = parts.mesh;
+    this.model = parts.stage; this.gpt = parts.full; this.trainer = parts.trainer; this.loader = parts.loader;
+    this.seqLen = parts.seqLen; this.rows = parts.rows; this.#shard = parts.shard; this.device = parts.shard.device; this.#teardown = parts.teardown;
+    this.batchSize = options.batchSize; this.steps = options.steps;
+    this.flopsPerToken = modelFlopsPerToken(this.gpt, this.seqLen);
+    const progress = options.progress;
+    const print = progress === false ? () => {} : progress?.log ?? ((line: string) => console.log(line));
+    this.#log = this.rank === 0 ? print : () => {};
+    this.#every = progress ? progress.every ?? 10 : 10;
+    this.#peakFlops = (progress ? progress.peakFlops : undefined) ?? detectPeakFlops(this.device);
+    const ck = options.checkpoint;
+    const checkpointer = this.#checkpointer = ck?.dir ? new Checkpointer(ck.dir, { keep: ck.keep ?? 3 }) : null;
+    // Released first: the checkpoint in flight finishes before the model it was taken from goes.
+    if (checkpointer) this.#teardown.add(() => checkpointer.close());
+    const scheduler = { state: () => ({ step: this.#step }), loadState: () => {} };
+    this.#items = { model: this.trainer, ...(this.loader ? { loader: this.loader } : {}), scheduler, rng: { model: this.gpt.generator }, layout: this.layout };
+    const c = this.gpt.shape;
+    const heads = c.nKvHead === c.nHead ? `${c.nHead} heads` : `${c.nHead} heads (${c.nKvHead} kv)`;
+    this.log(`${this.gpt.family === 'gpt' ? 'GPT' : 'Llama'}: ${c.nLayer} layers, ${heads}, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
+      `${(this.model.numParameters() / 1e6).toFixed(2)}M parameters${this.layout.tp * this.layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${this.device}`);
+    this.log(`layout ${describeLayout(this.layout)}: ${this.worldSize} process(es), ${this.rows.count} sequences per replica per step` +
+      (this.layout.pp > 1 ? `, layers ${this.model.layers[0]}..${this.model.layers[1] - 1} on rank 0` : ''));
+  }
+
+  /** Steps done (the next step's 0-based index): 0 at the start, the checkpoint's step after a resume. */
+  get stepsDone(): number { return this.#step; }
+
+  /** Whether this rank prints (rank 0, unless progress is off). */
+  get isLogger(): boolean { return this.rank === 0; }
+
+  /** Prints a line on rank 0 (through the progress log; nothing when progress is off). */
+  log(line: string): void { this.#log(line); }
+
+  /** The learning rate of step `step` (0-based), or undefined when the run leaves it to the optimizer. */
+  lrAt(step: number): number | undefined {
+    const lr = this.#options.lr;
+    if (lr === undefined) return undefined;
+    if (typeof lr === 'number') return lr;
+    if (typeof lr === 'function') return lr(step);
+    return cosineWithWarmup(step, { ...lr, maxSteps: lr.maxSteps ?? this.steps! });
+  }
+
+  /** This replica's rows of a global batch (the caller owns the returned tensors when they are new). */
+  #rowsOf(batch: Batch, release: Tensor[]): Batch {
+    const { inputs, targets } = batch;
+    if (!inputs || !targets || typeof inputs.shape !== 'object' || typeof targets.shape !== 'object') throw new ArgumentError('TrainingRun: a batch is { inputs, targets }, two int32 [batchSize, seqLen] tensors');
+    if (inputs.ndim !== 2 || inputs.shape[0] !== this.batchSize || targets.ndim !== 2 || targets.shape[0] !== this.batchSize || targets.shape[1] !== inputs.shape[1]) {
+      throw new ArgumentError(`TrainingRun: a batch must be the global batch, [${this.batchSize}, T] inputs and targets (every rank passes the same one; the run takes this replica's rows), got ${inputs.describe()} and ${targets.describe()}`);
+    }
+    if (this.layout.dp === 1) return { inputs, targets };
+    const { start, count } = this.rows;
+    const mine = { inputs: slice(inputs, 0, start, start + count), targets: slice(targets, 0, start, start + count) };
+    release.push(mine.inputs, mine.targets);
+    return mine;
+  }
+
+  /**
+   * One optimizer step. With a batch: the global batch ([batchSize, seqLen] on every rank; the run
+   * trains this replica's rows). Without: the next batch of the run's data. Then, as configured:
+   * the learning rate of the step, a progress line, a validation loss, a checkpoint.
+   */
+  async step(batch?: Batch): Promise<StepResult> {
+    if (this.#closed) throw new StateError('TrainingRun.step: the run is closed');
+    const index = this.#step;
+    // Tensors this step made (slices, loaded batches), released after it.
+    const release: Tensor[] = [];
+    let local: Batch;
+    if (batch) local = this.#rowsOf(batch, release);
+    else if (this.loader) { local = await this.loader.next(); release.push(local.inputs, local.targets); }
+    else if (typeof this.#options.data === 'function') {
+      const global = await this.#options.data(index);
+      release.push(global.inputs, global.targets);
+      local = this.#rowsOf(global, release);
+    } else throw new ArgumentError('TrainingRun.step: no batch given and the run has no data (give setup a data option, or pass step({ inputs, targets }))');
+    this.#timing ??= { t0: performance.now(), from: index };
+    const lr = this.lrAt(index);
+    let r;
+    try {
+      r = await this.trainer.step(local.inputs, local.targets, lr === undefined ? {} : { lr });
+    } finally {
+      for (const t of release) t.dispose();
+    }
+    this.#step = index + 1;
+    const result: StepResult = { step: this.#step, loss: r.loss, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(lr !== undefined ? { lr } : {}), ...(r.moe ? { moe: r.moe } : {}) };
+    this.#avg = this.#avg === undefined ? r.loss : 0.9 * this.#avg + 0.1 * r.loss;
+    const last = this.steps !== undefined && this.#step === this.steps;
+    if (index % this.#every === 0 || last) this.log(this.#progressLine(result));
+    const data = this.#options.data;
+    if (data && typeof data === 'object' && data.val && data.evalEvery && (this.#step % data.evalEvery === 0 || last)) {
+      result.valLoss = await this.evaluate();
+      this.log(`step ${this.#step}: val loss ${result.valLoss.toFixed(4)}`);
+    }
+    const every = this.#options.checkpoint?.every ?? 50;
+    if (this.#checkpointer && (this.#step % every === 0 || last)) result.saved = await this.save();
+    return result;
+  }
+
+  #progressLine(r: StepResult): string {
+    const elapsed = (performance.now() - this.#timing!.t0) / 1000;
+    const done = r.step - this.#timing!.from;
+    const tokensPerSecond = (done * this.batchSize * this.seqLen) / elapsed;
+    const mfu = this.#peakFlops ? (tokensPerSecond * this.flopsPerToken) / (this.#peakFlops * this.worldSize) : undefined;
+    return formatProgress({
+      step: r.step, ...(this.steps !== undefined ? { steps: this.steps, etaSeconds: (elapsed / done) * (this.steps - r.step) } : {}),
+      loss: r.loss, avgLoss: this.#avg!, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(r.lr !== undefined ? { lr: r.lr } : {}),
+      tokensPerSecond, ...(mfu !== undefined ? { mfu } : {}), peakBytes: memoryStats(this.device).peak, ...(r.moe ? { moe: moeProgress(r.moe) } : {}),
+    });
+  }
+
+  /**
+   * The mean loss over validation batches without gradients, on every rank. With no argument: the
+   * data's `val` shards, the same windows every time (`evalBatches` of them). Or a number of batches
+   * from there, or global batches to evaluate.
+   */
+  async evaluate(batches?: number | Batch[]): Promise<number> {
+    if (Array.isArray(batches)) {
+      if (batches.length === 0) throw new ArgumentError('TrainingRun.evaluate: no batches');
+      let total = 0;
+      for (const b of batches) {
+        const release: Tensor[] = [];
+        try {
+          const local = this.#rowsOf(b, release);
+          total += await this.trainer.evaluate(local.inputs, local.targets);
+        } finally { for (const t of release) t.dispose(); }
+      }
+      return total / batches.length;
+    }
+    const data = this.#options.data;
+    if (!data || typeof data !== 'object' || !data.val) throw new ArgumentError('TrainingRun.evaluate: the run has no validation shards (data.val); pass batches to evaluate');
+    const n = batches ?? data.evalBatches ?? 4;
+    if (!isInt(n, 1)) throw new ArgumentError(`TrainingRun.evaluate: the number of batches must be an integer >= 1, got ${n}`);
+    const val = new TokenLoader({
+      batchSize: this.rows.count, seqLen: this.seqLen, dpRank: this.mesh?.dpRank ?? 0, dpSize: this.layout.dp,
+      tpGroup: this.mesh?.tpGroup ?? null, device: this.device, files: data.val, seed: data.evalSeed ?? 7,
+    });
+    try {
+      let total = 0;
+      for (let i = 0; i < n; i++) {
+        const { inputs, targets } = await val.next();
+        try { total += await this.trainer.evaluate(inputs, targets); } finally { inputs.dispose(); targets.dispose(); }
+      }
+      return total / n;
+    } finally { val.close(); }
+  }
+
+  /**
+   * Saves a checkpoint of the current step (model, optimizer, data position, schedule, random
+   * generators, layout) under checkpoint.dir, written in the background; the line goes to the log.
+   */
+  async save(): Promise<SaveResult> {
+    if (!this.#checkpointer) throw new ArgumentError('TrainingRun.save: the run has no checkpoint directory (setup({ checkpoint: { dir } }))');
+    const saved = await this.#checkpointer.save(this.#step, this.#items);
+    this.log(`checkpoint step ${this.#step}: training held ${saved.stallMs.toFixed(1)} ms, writing ${saved.dir} in the background`);
+    return saved;
+  }
+
+  /**
+   * Loads the newest complete checkpoint under `dir` (any layout's) and continues from its step;
+   * returns null (and starts from where it is) when there is none.
+   */
+  async resume(dir: string): Promise<LoadResult | null> {
+    const loaded = await new Checkpointer(dir).loadLatest(this.#items);
+    if (loaded) {
+      this.#step = loaded.step;
+      this.#timing = null;
+      this.log(`resumed from ${loaded.dir} (step ${loaded.step}${loaded.optimizerLoaded ? '' : ', no optimizer state'})`);
+    } else this.log(`no complete checkpoint under ${dir}: starting from step ${this.#step}`);
+    return loaded;
+  }
+
+  /**
+   * Runs `fn` with the whole model on every rank that can hold it: with one pipeline stage, the GPT
+   * (its tensor-parallel slices); under ZeRO 3 a copy gathered from the shards (collective over the
+   * data-parallel group, disposed after `fn`). Returns fn's result, or null with pipeline stages
+   * (no rank holds every layer; fn is not called). Every rank calls it.
+   */
+  async withFullModel<T>(fn: (model: CausalLM) => T | Promise<T>): Promise<T | null> {
+    const whole = this.model.model;
+    if (!whole) return null;
+    if (this.layout.zero !== 3) return await fn(whole);
+    const values = await this.trainer.fullParameters();
+    const copy = this.gpt.rebuild(this.#shard);
+    try {
+      copy.loadStateDict(Object.fromEntries(this.model.namedParameters().map(([n], i) => [n, values[i]!])));
+      for (const v of values) v.dispose();
+      return await fn(copy);
+    } finally { copy.dispose(); }
+  }
+
+  /**
+   * Samples `maxNewTokens` tokens after `prompt` (token ids). Collective: every rank calls it; a
+   * tensor-parallel group samples together. Returns the prompt and the new tokens on the ranks that
+   * sampled (rank 0, and every rank when tp > 1), null elsewhere and with pipeline stages.
+   */
+  async generate(prompt: readonly number[], maxNewTokens: number, opts: GenerateOptions = {}): Promise<number[] | null> {
+    if (!Array.isArray(prompt) || prompt.length === 0) throw new ArgumentError('TrainingRun.generate: prompt must be a non-empty array of token ids');
+    return this.withFullModel((gpt) => {
+      // MoE layers communicate over the data-parallel ranks (router counts, expert parallelism's
+      // all-to-all), so there every rank samples along and rank 0 returns the tokens.
+      const together = gpt.shape.moeExperts !== undefined && this.layout.dp > 1;
+      if (this.rank !== 0 && this.layout.tp === 1 && !together) return null;
+      using idx = tensor(Int32Array.from(prompt), [1, prompt.length], { device: this.device });
+      if (!gpt.contextLayout) {
+        const tokens = gpt.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+        return together && this.rank !== 0 && this.layout.tp === 1 ? null : tokens;
+      }
+      // Under context parallelism each rank samples from a copy without it (the same parameters).
+      const plain = gpt.rebuild({ ...this.#shard, contextLayout: undefined });
+      try {
+        plain.loadStateDict(Object.fromEntries(gpt.namedParameters()));
+        return plain.generate(idx, maxNewTokens, { seed: this.#shard.seed, ...opts })[0]!;
+      } finally { plain.dispose(); }
+    });
+  }
+
+  /**
+   * Writes the model as a Hugging Face directory (GPT-2, or LlamaForCausalLM / MixtralForCausalLM / Qwen2MoeForCausalLM for a Llama) from rank 0 (collective under ZeRO 3).
+   * Returns false, writing nothing, when the layout splits the model (tp > 1, pp > 1 or ep > 1).
+   */
+  async exportHF(dir: string): Promise<boolean> {
+    if (this.layout.tp > 1 || this.layout.pp > 1 || (this.layout.ep ?? 1) > 1) return false;
+    // A GPT-2 directory for the GPT, a LlamaForCausalLM one for a Llama.
+    await this.withFullModel((model) => { if (this.rank === 0) exportHF(model as GPT | Llama, dir); });
+    return true;
+  }
+
+  /** Finishes the checkpoint in flight, releases the loader, trainer and model, and leaves the job. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    try {
+      await this.#teardown.run();
+    } finally {
+      if (dist.isInitialized()) await dist.destroy();
+    }
+  }
+}
+
+/** A step's MoE statistics as the progress line shows them. */
+function moeProgress(s: MoEStats): MoEProgress {
+  const total = s.tokensPerExpert.reduce((a, b) => a + b, 0);
+  const mean = total / Math.max(1, s.tokensPerExpert.length);
+  return { auxLoss: s.auxLoss, droppedShare: s.routed > 0 ? s.dropped / s.routed : 0, imbalance: mean > 0 ? Math.max(...s.tokensPerExpert) / mean : 0 };
+}
