@@ -120,8 +120,9 @@ const usage = `usage: nodetron dashboard [DIR] [--port P (8050; 0: any)] [--host
                           [--html FILE]
   serves a page over the per-step metrics of a job run with NODETRON_TRACE=DIR or NODETRON_METRICS=DIR (DIR defaults
   to those variables): loss and throughput, a rank × step heat-map of compute time naming the slowest ranks (straggler
-  score: a rank's median compute time over the ranks' median; named at X and above), memory per rank. It reads DIR at
-  every refresh, so it can run beside the job. --html FILE writes the page once, self-contained, and exits.`;
+  score: the median over steps of a rank's compute time over the step's median rank; named at X and above), memory
+  per rank. It reads DIR at every refresh, so it can run beside the job. --html FILE writes the page once,
+  self-contained, and exits.`;
 
 /** Runs `nodetron dashboard`; returns the exit code once the server is stopped (SIGINT/SIGTERM). */
 export async function main(argv: string[]): Promise<number> {

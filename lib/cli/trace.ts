@@ -50,8 +50,8 @@ export function mergeTraces(dir: string): { traceEvents: RankTrace['traceEvents'
 const usage = `usage: nodetron trace merge DIR [--out FILE (DIR/merged.trace.json)]
          joins the per-rank traces a job run with NODETRON_TRACE=DIR wrote into one file for Perfetto or chrome://tracing
        nodetron trace stragglers DIR [--threshold X (1.15)] [--skip N (1)] [--metric auto|cpu|compute|step] [--json]
-         each rank's median compute time per step (without waits in collectives; auto: CPU time on cpu devices,
-         wall time on GPUs) against the ranks' median,
+         each rank's median over steps of its compute time (without waits in collectives; auto: CPU time on cpu
+         devices, wall time on GPUs) against the same step's median rank,
          from the metrics a job run with NODETRON_TRACE=DIR or NODETRON_METRICS=DIR wrote; names ranks at or above X`;
 
 /** Runs `nodetron trace merge|stragglers`; returns the exit code (usage errors are thrown as UsageError). */

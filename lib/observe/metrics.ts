@@ -2,9 +2,10 @@
 // implies it) every rank appends one JSON line per training step to dir/rank-R.metrics.jsonl: step,
 // step time, compute time (forward, backward and optimizer, without waits in collectives), loss,
 // tokens/s, device memory and process RSS. stragglerScores() reads them back and scores each rank by
-// its median compute time against the ranks' (lower) median — the idea of Megatron-LM's straggler
-// detector and of MegaScale's per-rank timing: in a synchronous job every rank's step time is that
-// of the slowest, so only the time a rank spends computing tells which rank is slow. The dashboard
+// the median over steps of its compute time against the step's (lower) median rank — the idea of
+// Megatron-LM's straggler detector and of MegaScale's per-rank timing: in a synchronous job every
+// rank's step time is that of the slowest, so only the time a rank spends computing tells which rank
+// is slow. The dashboard
 // (lib/cli/dashboard.ts) and `nodetron trace stragglers` both use it.
 // On cpu devices the score uses the main thread's CPU time in those phases: wall time there mostly
 // measures how the OS shares the cores (a loaded machine would hide or invent stragglers), and the
@@ -138,7 +139,7 @@ export interface RankScore {
   medianMs: number;
   /** Median step time (ms). */
   medianStepMs: number;
-  /** medianMs / the ranks' lower median: 1 is typical, 1.3 is 30% slower. */
+  /** Median over steps of the rank's time / the step's lower median over ranks: 1 is typical, 1.3 is 30% slower. */
   score: number;
   /** Whether score >= threshold. */
   straggler: boolean;
@@ -148,7 +149,7 @@ export interface RankScore {
 export interface StragglerReport {
   /** Per rank, by rank. */
   ranks: RankScore[];
-  /** The reference: the lower median over ranks of their medians (ms). */
+  /** The ranks' typical time: the lower median over ranks of their medians (ms; the table's reference line). */
   referenceMs: number;
   /** Ranks scored as stragglers, slowest first. */
   stragglers: number[];
@@ -166,10 +167,15 @@ export function lowerMedian(xs: readonly number[]): number {
 }
 
 /**
- * Straggler score per rank: its median time per step (compute time by default, over steps after
- * `skip`) divided by the lower median of those medians over the ranks. The lower median is the
- * reference so that with two ranks the faster one is it, and with more a minority of slow ranks
- * cannot move it; a rank at or above `threshold` is named.
+ * Straggler score per rank: the median over steps (after `skip`) of its time in that step (compute
+ * time by default) divided by the step's reference, the lower median of that step's times over the
+ * ranks. The lower median is the reference so that with two ranks the faster one is it, and with more
+ * a minority of slow ranks cannot move it; a rank at or above `threshold` is named. Scoring each step
+ * against the same step's ranks cancels what changes with time on every rank at once (warm-up,
+ * another job's burst on a shared machine), which a ratio of whole-run medians keeps. Steps are
+ * matched by their step number (a rank's last record of a number counts, as after a restart), and
+ * one counts when more than half of the ranks recorded it; a rank with no such step is scored by
+ * its median against `referenceMs`.
  */
 export function stragglerScores(metrics: Map<number, StepMetrics[]> | Record<number, StepMetrics[]>, opts: StragglerOptions = {}): StragglerReport {
   const skip = opts.skip ?? 1, threshold = opts.threshold ?? 1.15, asked = opts.metric ?? 'auto';
@@ -183,11 +189,22 @@ export function stragglerScores(metrics: Map<number, StepMetrics[]> | Record<num
   const per = entries.map(([rank, rows]) => {
     // A rank with fewer steps than skip + 1 is scored on what it has.
     const used = rows.length > skip ? rows.slice(skip) : rows;
-    return { rank, steps: used.length, medianMs: lowerMedian(used.map((r) => r[metric])), medianStepMs: lowerMedian(used.map((r) => r.stepMs)) };
+    const byStep = new Map(used.map((r) => [r.step, r[metric]] as const));
+    return { rank, steps: used.length, byStep, medianMs: lowerMedian(used.map((r) => r[metric])), medianStepMs: lowerMedian(used.map((r) => r.stepMs)) };
   }).filter((r) => r.steps > 0).sort((a, b) => a.rank - b.rank);
   const referenceMs = lowerMedian(per.map((r) => r.medianMs));
-  const ranks = per.map((r) => {
-    const score = referenceMs > 0 ? r.medianMs / referenceMs : 1;
+  // Each step's reference: the lower median of its times over the ranks that recorded it (a majority).
+  const stepRef = new Map<number, number>();
+  for (const step of new Set(per.flatMap((r) => [...r.byStep.keys()]))) {
+    const times = per.flatMap((r) => (r.byStep.has(step) ? [r.byStep.get(step)!] : []));
+    if (times.length * 2 > per.length) stepRef.set(step, lowerMedian(times));
+  }
+  const ranks = per.map(({ byStep, ...r }) => {
+    const ratios = [...byStep].flatMap(([step, ms]) => {
+      const ref = stepRef.get(step);
+      return ref === undefined ? [] : [ref > 0 ? ms / ref : 1];
+    });
+    const score = ratios.length > 0 ? lowerMedian(ratios) : referenceMs > 0 ? r.medianMs / referenceMs : 1;
     return { ...r, score, straggler: score >= threshold };
   });
   const stragglers = ranks.filter((r) => r.straggler).sort((a, b) => b.score - a.score).map((r) => r.rank);

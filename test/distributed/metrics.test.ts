@@ -1,5 +1,5 @@
-// Straggler scores from per-step metrics (lib/observe/metrics.ts): the reference is the lower
-// median of the ranks' medians, warm-up steps are skipped, the threshold names ranks, bad options
+// Straggler scores from per-step metrics (lib/observe/metrics.ts): each step is scored against the
+// lower median rank of the same step, warm-up steps are skipped, the threshold names ranks, bad options
 // are ArgumentErrors; the debug slow-rank variable is parsed strictly.
 import { afterEach, describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
@@ -47,6 +47,21 @@ describe('stragglerScores', () => {
     expect(stragglerScores({ 0: rows(0, [0, 10, 10]), 1: rows(1, [0, 20, 20]) }).ranks.map((x) => x.score)).toEqual([1, 2]);
     const r = stragglerScores({ 0: rows(0, [0, 10]), 1: rows(1, [0, 13]), 2: rows(2, [0, 10]), 3: rows(3, [0, 20]), 4: rows(4, [0, 10]) });
     expect(r.stragglers).toEqual([3, 1]);
+  });
+
+  it('scores each step against the same step of the other ranks', () => {
+    // Every rank speeds up as it warms (40, 30, then 20 ms); rank 3 has written only its first two
+    // steps when the metrics are read (a live dashboard): its median (30) against the others' (20)
+    // would be 1.5, but step for step it is as fast as they are.
+    const warm = [40, 30, 20, 20, 20];
+    const m = { 0: rows(0, warm), 1: rows(1, warm), 2: rows(2, warm.map((x) => x * 1.3)), 3: rows(3, warm.slice(0, 2)) };
+    const r = stragglerScores(m, { metric: 'computeMs' });
+    expect(r.ranks.map((x) => x.score)).toEqual([1, 1, 1.3, 1]);
+    expect(r.stragglers).toEqual([2]);
+    // A step only a minority of the ranks recorded has no reference: rank 2 ahead by five slow steps
+    // (its median 100 ms) is scored on the steps the others recorded too.
+    const ahead = stragglerScores({ ...m, 2: rows(2, [...warm, 100, 100, 100, 100, 100]) }, { metric: 'computeMs' });
+    expect(ahead.ranks[2]!.score).toBe(1);
   });
 
   it('rejects bad options', () => {
