@@ -1,6 +1,7 @@
 // The tape: graph nodes that ops record, and backward(), which walks them in reverse topological
 // order, accumulates gradients into leaves, runs the leaves' grad-ready hooks as each leaf's gradient
-// becomes final, and frees each node's saved tensors.
+// becomes final, and frees each node's saved tensors. Weight-gradient work that deferWeightGrads()
+// holds back (zero-bubble pipelines' W) lives in deferred.ts; backward() asks it where each node's work goes.
 import { dtypeCode, isFloating } from '../dtype.js';
 import { BINARY } from '../kernel-codes.js';
 import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
@@ -9,6 +10,7 @@ import { fmtShape, sameShape } from '../shape.js';
 import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '../tensor.js';
 import { isGradEnabled, noGrad } from './grad-mode.js';
 import { BackwardRegions, gradRegion, traceEnabled } from '../observe/trace.js';
+import { absorbable, activeDeferral, consumerCounts, deferralPlan, dropItem, type DeferredGroup } from './deferred.js';
 
 /** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
 export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
@@ -258,7 +260,7 @@ export function queueBackwardCallback(fn: () => void): void {
  * still lead to each hooked leaf, which leaves received a gradient, and which hooks have run.
  * Backward calls nested in it (a recompute() block's re-run) only report the leaves they accumulate into.
  */
-class HookPass {
+export class HookPass {
   readonly #remaining = new Map<Tensor, number>();
   readonly #received = new Set<Tensor>();
   readonly #done = new Set<Tensor>();
@@ -374,6 +376,7 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   // Only the outermost backward() runs hooks; a nested one (a recompute() block's re-run) reports to it.
   const pass = backwardDepth === 0 && hookedLeafCount > 0 ? new HookPass(order) : null;
   // Inside deferWeightGrads(): the outermost call keeps the weight-gradient work of its nodes for later.
+  const deferral = activeDeferral();
   const group: DeferredGroup | null = deferral !== null && backwardDepth === 0 ? { pass, items: [], retainGraph: !!opts.retainGraph } : null;
   const grads = new Map<Node, Tensor>([[root, seedGrad(t, grad)]]);
   const claimed = new Set<Tensor>();
@@ -447,210 +450,16 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
   }
 }
 
-/**
- * Where a node's gradient work goes inside deferWeightGrads(): 'split' (input part now, weight part
- * later: the op has a split and every weight position is a deferrable leaf, a weight's transform or
- * nothing), 'all' (every gradient goes to deferrable leaves or their transforms: the whole node waits)
- * or 'now'. A weight's transform is a node between an op and a weight (a gradient scale such as expert
- * parallelism's 1/ep, a cast) whose only consumer in the graph is that op and whose gradients all go to
- * deferrable leaves: the deferred work runs it too (absorbs it), so the weight GEMM behind it waits.
- */
-function deferralPlan(node: Node, now: ReadonlySet<Tensor>, consumers: ReadonlyMap<Node, number>): 'now' | 'split' | 'all' {
-  if (node.hiddenLeaves.length > 0) return 'now';
-  const leaf = (e: Node | Tensor | null) => e instanceof Tensor && !now.has(e);
-  const deferrable = (e: Node | Tensor | null) => leaf(e) || absorbable(e, now, consumers);
-  const split = node.split;
-  if (split && split.weights.some((i) => deferrable(node.edges[i] ?? null)) && split.weights.every((i) => (node.edges[i] ?? null) === null || deferrable(node.edges[i]!))) return 'split';
-  const live = node.edges.filter((e) => e !== null);
-  return live.length > 0 && live.every(deferrable) ? 'all' : 'now';
-}
-
-/** Whether edge e is a weight's transform that deferred work can absorb (see {@link deferralPlan}). */
-function absorbable(e: Node | Tensor | null, now: ReadonlySet<Tensor>, consumers: ReadonlyMap<Node, number>): e is Node {
-  if (!(e instanceof Node) || consumers.get(e) !== 1 || e.hiddenLeaves.length > 0) return false;
-  const live = e.edges.filter((x) => x !== null);
-  return live.length > 0 && live.every((x) => x instanceof Tensor && !now.has(x));
-}
-
-/** The nodes of `order` other nodes feed their gradients into, with how many edges lead to each. */
-function consumerCounts(order: readonly Node[]): Map<Node, number> {
-  const counts = new Map<Node, number>();
-  for (const node of order) for (const e of node.edges) if (e instanceof Node) counts.set(e, (counts.get(e) ?? 0) + 1);
-  return counts;
-}
-
-/** One node's weight-gradient work held back by deferWeightGrads(). */
-interface DeferredItem {
-  readonly node: Node;
-  /** The gradient of the node's output (the work reads it; freed once it ran). */
-  readonly gradOut: Tensor;
-  /** Computes the gradients of the node's deferred inputs (null elsewhere). */
-  readonly compute: () => (Tensor | null)[];
-  /** Frees what compute would have used, when it never runs. */
-  readonly drop?: () => void;
-  /** The weights' transforms among the node's edges that this work runs too (kept alive until then). */
-  readonly absorbed: readonly Node[];
-}
-
-/** Frees a deferred item without running it. */
-function dropItem(item: DeferredItem, retainGraph: boolean): void {
-  item.drop?.();
-  item.gradOut.dispose();
-  // As if the work had run: backward() frees a node's saved tensors once done with it.
-  for (const node of [item.node, ...item.absorbed]) {
-    if (!retainGraph) node.release();
-    node.unref();
-  }
-}
-
-/** The deferred work of one backward() call, with its hook bookkeeping (left open until the work runs). */
-interface DeferredGroup {
-  readonly pass: HookPass | null;
-  readonly items: DeferredItem[];
-  readonly retainGraph: boolean;
-}
-
-// The deferWeightGrads() call in progress (null when none).
-let deferral: { now: ReadonlySet<Tensor>; groups: DeferredGroup[] } | null = null;
-
-/**
- * Weight-gradient work held back by {@link deferWeightGrads}: run() computes it (the same kernels on
- * the same tensors as an ordinary backward), accumulates it into the leaves' .grad and then runs
- * what the backward() calls left open: the leaves' post-accumulate-grad hooks and the callbacks they
- * queued (gradient buckets launch there). dispose() drops it without computing.
- */
-export class DeferredWeightGrads {
-  #groups: DeferredGroup[];
-  /** @internal */
-  constructor(groups: DeferredGroup[]) { this.#groups = groups; }
-
-  /** The number of ops whose weight gradients wait. */
-  get pending(): number { return this.#groups.reduce((n, g) => n + g.items.length, 0); }
-
-  /** Computes every deferred weight gradient, in the order backward() reached them; a second call does nothing. */
-  run(): void {
-    const groups = this.#groups;
-    this.#groups = [];
-    for (let gi = 0; gi < groups.length; gi++) {
-      const group = groups[gi]!;
-      try {
-        runPass(group.pass, () => {
-          const claimed = new Set<Tensor>();
-          while (group.items.length > 0) {
-            const item = group.items.shift()!;
-            const { node, gradOut, compute } = item;
-            let out: (Tensor | null)[];
-            try {
-              out = noGrad(compute);
-            } catch (e) {
-              gradOut.dispose();
-              for (const n of [node, ...item.absorbed]) n.unref();
-              throw e;
-            }
-            const owned = new Set<Tensor>([gradOut]);
-            const transforms: [Node, Tensor][] = [];
-            node.edges.forEach((edge, i) => {
-              const ig = out[i];
-              if (!ig) return;
-              owned.add(ig);
-              if (edge instanceof Tensor) accumulateLeaf(edge, ig, claimed, gradOut);
-              else if (edge instanceof Node && item.absorbed.includes(edge)) transforms.push([edge, ig]);
-            });
-            // A weight's transform: its backward on the gradient just computed, into its leaves.
-            for (const [t, g] of transforms) {
-              const tg = noGrad(() => t.apply(g));
-              t.edges.forEach((edge, i) => {
-                const x = tg[i];
-                if (!x) return;
-                owned.add(x);
-                if (edge instanceof Tensor) accumulateLeaf(edge, x, claimed, g);
-              });
-            }
-            for (const x of owned) if (!claimed.has(x)) x.dispose();
-            if (group.pass) group.pass.nodeDone(node);
-            if (!group.retainGraph) node.release();
-            node.unref();
-            for (const t of item.absorbed) {
-              if (group.pass) group.pass.nodeDone(t);
-              if (!group.retainGraph) t.release();
-              t.unref();
-            }
-          }
-        });
-      } catch (e) {
-        // The rest is dropped: its gradients would be incomplete anyway.
-        for (const g of groups.slice(gi)) for (const item of g.items) dropItem(item, g.retainGraph);
-        throw e;
-      }
-    }
-  }
-
-  /** Frees the held work without computing it (the weights keep the gradients they had). */
-  dispose(): void {
-    for (const g of this.#groups) for (const item of g.items) dropItem(item, g.retainGraph);
-    this.#groups = [];
-  }
-
-  /** Same as dispose() (for `using`). */
-  [Symbol.dispose](): void { this.dispose(); }
-}
-
-/** What {@link deferWeightGrads} returns. */
-export interface DeferredBackward<T> {
-  /** What fn returned. */
-  result: T;
-  /** The held-back weight-gradient work: run() it (the W pass), or dispose() it. */
-  weightGrads: DeferredWeightGrads;
-}
-
-/** Options of {@link deferWeightGrads}. */
-export interface DeferWeightGradsOptions {
-  /** Leaves whose gradients are computed at once all the same (a pipeline stage's received activation, which the previous stage waits for). */
-  now?: Iterable<Tensor>;
-}
-
-/**
- * Runs `fn` (synchronous) with weight-gradient work deferred: every backward() it calls computes
- * the gradients that flow on to other ops and to the leaves in `now` (the input-gradient pass, a
- * zero-bubble pipeline's B), and holds back the gradients of the other leaves — the weights: the
- * weight GEMMs of linear layers (their input-gradient GEMM runs now), and whole ops all of whose
- * inputs are such leaves (an embedding's scatter). The returned handle's run() does that work
- * later (the W pass) and only then fires the weights' post-accumulate-grad hooks, so gradient
- * buckets and ZeRO see each gradient once it is final. The gradients equal an ordinary backward's
- * (same kernels on the same tensors). A node between an op and a weight that only that op consumes
- * and whose gradients go to weights alone (a gradient scale, an autocast cast) is absorbed: it runs
- * with the op's deferred work, so the weight GEMM behind it waits too. Ops inside recompute() blocks,
- * and ops without a split whose inputs mix weights and activations (LayerNorm), compute everything at once.
- */
-export function deferWeightGrads<T>(fn: () => T, opts: DeferWeightGradsOptions = {}): DeferredBackward<T> {
-  if (typeof fn !== 'function') throw new ArgumentError(`deferWeightGrads: fn must be a function, got ${typeof fn}`);
-  if (deferral !== null) throw new AutogradError('deferWeightGrads: already inside deferWeightGrads() (they do not nest)');
-  if (backwardDepth > 0) throw new AutogradError('deferWeightGrads: called inside a backward() (from a hook or an op\'s backward)');
-  const ctx = { now: new Set(opts.now ?? []), groups: [] as DeferredGroup[] };
-  deferral = ctx;
-  let result: T;
-  try {
-    result = fn();
-    if (result instanceof Promise) throw new ArgumentError('deferWeightGrads: fn must be synchronous (backward() is)');
-  } catch (e) {
-    new DeferredWeightGrads(ctx.groups).dispose();
-    throw e;
-  } finally {
-    deferral = null;
-  }
-  return { result, weightGrads: new DeferredWeightGrads(ctx.groups) };
-}
-
 // Runs one backward's work with `pass` as the active hook bookkeeping (when it is the outermost
 // call), then the hooks of leaves only uncounted paths reached.
-function runPass(pass: HookPass | null, work: () => void, deferred: DeferredGroup | null = null): void {
+export function runPass(pass: HookPass | null, work: () => void, deferred: DeferredGroup | null = null): void {
   const outer = activePass;
   if (pass) activePass = pass;
   backwardDepth++;
   try {
     work();
     // Work held back: the pass stays open (its hooks and callbacks run when the work does).
-    if (deferred && deferred.items.length > 0) { deferral!.groups.push(deferred); return; }
+    if (deferred && deferred.items.length > 0) { activeDeferral()!.groups.push(deferred); return; }
     if (pass) {
       pass.finish();
       // A callback may queue another (it runs in the same loop).
@@ -674,7 +483,7 @@ function claim(g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): Tensor {
   return g;
 }
 
-function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): void {
+export function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): void {
   if (leaf.disposed) return;
   if (!sameShape(leaf.shape, g.shape)) throw new ShapeError(`backward: gradient ${fmtShape(g.shape)} does not match ${leaf.describe()}`);
   if (activePass !== null && gradHooks.has(leaf)) activePass.received(leaf);
