@@ -6,7 +6,8 @@
 #   runtime/node           this machine's node, stripped
 #   runtime/lib/           the addons' non-system libraries (OpenBLAS, Gloo and their deps; the CUDA
 #                          libraries come from the device's own driver and pip wheels)
-#   runtime/env.sh         sourced on the device: PATH, LD_LIBRARY_PATH, the commit, an ldd/glibc preflight
+#   runtime/env.sh         sourced on the device: PATH, the library path for node (NODETRON_LD_LIBRARY_PATH;
+#                          device.sh sets it for node alone), the commit, an ldd/glibc preflight
 #   runtime/COMMIT         the git commit (with "-dirty" when the tree has changes)
 #   project/               build/Release/{nodetron,nodetron_cuda}.node, dist/ and the node_modules needed at
 #                          run time (runtime dependencies, tsx for the parallel step's .ts fixtures)
@@ -70,7 +71,9 @@ echo "$commit" >"$stage/runtime/COMMIT"
 
 cat >"$stage/runtime/env.sh" <<'ENV'
 # Sourced on the GPU machine from the repository root: node on PATH, the packed project files
-# restored here, the bundled and the device's CUDA wheel libraries on LD_LIBRARY_PATH, a preflight.
+# restored here, the bundled and the device's CUDA wheel libraries in NODETRON_LD_LIBRARY_PATH (device.sh
+# puts them in front of LD_LIBRARY_PATH for node alone: torch's children keep the machine's own path,
+# kept in NODETRON_SYSTEM_LD_LIBRARY_PATH, and load the CUDA libraries torch was built with), a preflight.
 _ntb=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PATH="$_ntb:$PATH"
 export NODETRON_COMMIT="$(cat "$_ntb/COMMIT")"
@@ -89,12 +92,14 @@ if [ -z "$_nv" ]; then
   done
 fi
 _nv=${_nv#:}
-export LD_LIBRARY_PATH="$_ntb/lib${_nv:+:$_nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NODETRON_SYSTEM_LD_LIBRARY_PATH="${LD_LIBRARY_PATH-}"
+export NODETRON_LD_LIBRARY_PATH="$_ntb/lib${_nv:+:$_nv}"
+_nodepath="$NODETRON_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "node $(node --version) from the bundle (commit $NODETRON_COMMIT); CUDA wheel libs: ${_nv:-none found}"
 # Preflight: libraries ldd cannot resolve, and the glibc/libstdc++ versions the addons need vs have.
 echo "glibc here: $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}'); GLIBCXX here: $(strings "$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')" 2>/dev/null | grep -E '^GLIBCXX_3' | sort -V | tail -1)"
 for _a in $(find build/Release -name '*.node' 2>/dev/null); do
-  _miss=$(ldd "$_a" 2>&1 | grep -E 'not found|GLIBC' || true)
+  _miss=$(LD_LIBRARY_PATH="$_nodepath" ldd "$_a" 2>&1 | grep -E 'not found|GLIBC' || true)
   [ -z "$_miss" ] || echo "preflight: $_a: $_miss"
   _need=$(objdump -T "$_a" 2>/dev/null | grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -uV | awk -F_ '{v[$1]=$0} END {for (k in v) printf "%s ", v[k]}')
   [ -z "$_need" ] || echo "preflight: $_a needs at most: $_need"

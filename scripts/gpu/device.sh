@@ -5,6 +5,10 @@
 # Unpacks the bundle (with xz, or python's tarfile where the machine has no xz), puts the bundled node and
 # the libraries on the paths (runtime/env.sh), then runs scripts/gpu/run.mjs, whose results go to $OUT
 # (the only folder the machine sends back). NODETRON_UNPACK=python forces the tarfile path (rehearsals).
+# The bundle's and the CUDA wheels' library folders go on LD_LIBRARY_PATH for node alone (run.mjs gives
+# the python children the machine's own path back). Scratch goes to .device/work (NODETRON_GPU_RUN_WORK),
+# which a second command on the still-warm machine finds: the torch steps start from the GPT-2 weights the
+# first one wrote. NODETRON_CUDA_EPILOGUES, NODETRON_FLASH_SIMT and NODETRON_CUDA_SYNC pass through.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${NODETRON_BUNDLE:-.device/bundle.tar.xz}
@@ -32,7 +36,8 @@ fi
 echo "unpacked $bundle with $how in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') s into $dest"
 # shellcheck source=/dev/null
 source "$dest/runtime/env.sh"
-node scripts/gpu/run.mjs "$@"
+export NODETRON_GPU_RUN_WORK="${NODETRON_GPU_RUN_WORK:-$PWD/.device/work}"
+LD_LIBRARY_PATH="$NODETRON_LD_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" node scripts/gpu/run.mjs "$@"
 rc=$?
 rm -rf "$dest"
 exit $rc

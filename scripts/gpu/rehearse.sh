@@ -2,9 +2,11 @@
 # Rehearses the device run here, without a GPU, as the GPU machine will see it: a clean copy of the tree
 # that travels (tracked and untracked-not-ignored files, plus the carried .device/bundle.tar.xz), a PATH
 # with no node on it, $OUT set; the bundle unpacked by scripts/gpu/device.sh (once with python's tarfile,
-# once with xz), the dry-run path (NODETRON_GPU_RUN_DRY=1: correctness's device-neutral checks with the
-# cpu as the "device"); then checks what landed in $OUT against the machine's limits on what comes back
-# (at most 8 files, 16 MiB each, two folders down, names of letters, digits, '.', '_', '-').
+# once with xz), the dry-run path (NODETRON_GPU_RUN_DRY=1: every step's code, the device-only blocks
+# included, with the cpu as the "device" at small shapes): the first command, then the second command it
+# printed, as an operator would paste it, into a fresh $OUT; then checks what landed in each $OUT against
+# the machine's limits on what comes back (at most 8 files, 16 MiB each, two folders down, names of
+# letters, digits, '.', '_', '-').
 #   bash scripts/gpu/rehearse.sh            (makes the bundle first when .device/bundle.tar.xz is missing
 #                                            or was made from another commit than HEAD)
 set -euo pipefail
@@ -20,7 +22,7 @@ if [ "$bundled" != "$head" ] || [ "${head%-dirty}" != "$head" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/repo/.device" "$work/bin" "$work/out-python" "$work/out-xz"
+mkdir -p "$work/repo/.device" "$work/bin" "$work/out-python" "$work/out-xz" "$work/out-second"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work/repo"
 cp .device/bundle.tar.xz "$work/repo/.device/"
 echo "tree that travels: $(du -sm "$work/repo" | cut -f1) MiB (bundle included)"
@@ -42,29 +44,46 @@ run() {  # run <unpack> <out> <run.mjs args...>
 }
 echo "== unpacked with python's tarfile, preflight only"
 run python "$work/out-python" --only preflight | tail -n 4
-echo "== unpacked with xz, the whole plan (dry)"
+bad=0
+landed() {  # landed <out> <run output>: what came back, against the machine's limits
+  local out=$1 f rel depth count
+  count=$(find "$out" -type f | wc -l)
+  (cd "$out" && find . -type f -printf '%P %s bytes\n')
+  [ "$count" -le 8 ] || { echo "REHEARSAL FAIL: $count files in OUT (at most 8 come back)"; bad=1; }
+  while IFS= read -r f; do
+    rel=${f#"$out"/}
+    depth=$(awk -F/ '{print NF - 1}' <<<"$rel")
+    [ "$depth" -le 2 ] || { echo "REHEARSAL FAIL: $rel is $depth folders down"; bad=1; }
+    [[ $(basename "$rel") =~ ^[A-Za-z0-9._-]+$ ]] || { echo "REHEARSAL FAIL: $rel has a name that would not come back"; bad=1; }
+    [ "$(stat -c %s "$f")" -le $((16 << 20)) ] || { echo "REHEARSAL FAIL: $rel is over 16 MiB"; bad=1; }
+  done < <(find "$out" -type f)
+  for f in results.json run.log; do [ -s "$out/$f" ] || { echo "REHEARSAL FAIL: $f missing in OUT"; bad=1; }; done
+  grep -q 'from the bundle' "$2" || { echo "REHEARSAL FAIL: the bundled node did not run"; bad=1; }
+  node -e '
+    const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    const ran = r.steps.filter((s) => s.status !== "skipped" && s.status !== "not run");
+    const time = (ph) => r.steps.filter((s) => s.phase === ph).reduce((t, s) => t + s.wallS, 0).toFixed(0);
+    console.log(`results.json: ${r.steps.length} steps (${ran.map((s) => s.step + " " + s.status).join(", ") || "all skipped"}), ${r.checks.filter((c) => c.ok).length} of ${r.checks.length} checks passed, ${r.elapsedS.toFixed(0)} s (correctness ${time("correctness")} s), commit ${r.commit}`);
+    if (r.steps.length < Number(process.argv[2]) || r.checks.some((c) => !c.ok)) process.exit(1);
+  ' "$out/results.json" "$3" || { echo "REHEARSAL FAIL: results.json is incomplete or a dry check failed"; bad=1; }
+}
+echo "== unpacked with xz, the first command (dry)"
 set +e
 run xz "$work/out-xz" | tee "$work/run.out" | tail -n 40
 rc=${PIPESTATUS[0]}
 set -e
 echo "== what landed in \$OUT (exit code $rc)"
-bad=0
-count=$(find "$work/out-xz" -type f | wc -l)
-(cd "$work/out-xz" && find . -type f -printf '%P %s bytes\n')
-[ "$count" -le 8 ] || { echo "REHEARSAL FAIL: $count files in OUT (at most 8 come back)"; bad=1; }
-while IFS= read -r f; do
-  rel=${f#"$work/out-xz"/}
-  depth=$(awk -F/ '{print NF - 1}' <<<"$rel")
-  [ "$depth" -le 2 ] || { echo "REHEARSAL FAIL: $rel is $depth folders down"; bad=1; }
-  [[ $(basename "$rel") =~ ^[A-Za-z0-9._-]+$ ]] || { echo "REHEARSAL FAIL: $rel has a name that would not come back"; bad=1; }
-  [ "$(stat -c %s "$f")" -le $((16 << 20)) ] || { echo "REHEARSAL FAIL: $rel is over 16 MiB"; bad=1; }
-done < <(find "$work/out-xz" -type f)
-for f in results.json run.log; do [ -s "$work/out-xz/$f" ] || { echo "REHEARSAL FAIL: $f missing in OUT"; bad=1; }; done
-grep -q 'from the bundle' "$work/run.out" || { echo "REHEARSAL FAIL: the bundled node did not run"; bad=1; }
-node -e '
-  const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
-  const ran = r.steps.filter((s) => s.status !== "skipped" && s.status !== "not run");
-  console.log(`results.json: ${r.steps.length} steps (${ran.map((s) => s.step + " " + s.status).join(", ") || "all skipped"}), ${r.checks.length} checks, commit ${r.commit}`);
-  if (r.steps.length < 10 || r.checks.some((c) => !c.ok)) process.exit(1);
-' "$work/out-xz/results.json" || { echo "REHEARSAL FAIL: results.json is incomplete or a dry check failed"; bad=1; }
+landed "$work/out-xz" "$work/run.out" 10
+# The second command as the first one printed it (its last line), pasted.
+second=$(tail -n 1 "$work/run.out" | sed -n 's/^  bash scripts\/gpu\/device.sh //p')
+if [ -z "$second" ]; then
+  echo "REHEARSAL FAIL: the first command printed no second command"; bad=1
+else
+  echo "== the second command: device.sh $second"
+  set +e
+  # shellcheck disable=SC2086
+  run xz "$work/out-second" $second | tee "$work/second.out" | tail -n 16
+  set -e
+  landed "$work/out-second" "$work/second.out" 3
+fi
 [ $bad -eq 0 ] && echo "rehearsal passed" || { echo "rehearsal failed"; exit 1; }
