@@ -24,11 +24,15 @@ const usage = `usage: nodetron plan --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|
   --dtype bf16|f32     bf16 autocast (default) or f32 (nodetron on CPU)
   --memory-model megatron|nodetron  whose bf16 memory: the published recipe (default) or nodetron's own
                        autocast, measured on its CPU backend (plan --calibrate --dtype bf16)
+  --bf16-path native|widen  nodetron's model with --gpu cpu: bf16 GEMMs on the AVX512_BF16 kernel or
+                       widened to f32 (the fallback); default what this machine runs (nodetron info)
   --gpu NAME           h100 (default), h200, a100, a100-40g, l40s or cpu (a quick GEMM probe here)
   --gemm-json F        GEMM FLOP/s from \`nodetron bench gemm --json\`;  --comm-json F  bus bandwidth from \`bench comm --json\`
   --top K              layouts printed (default 10);  --json F  write every candidate
   --calibrate [--layouts a;b] [--dtype f32|bf16]  run small layouts here (CPU; f32 by default, bf16 under
-                       autocast) and print predicted vs measured peak per rank`;
+                       autocast, on the bf16 GEMM path this machine runs: NODETRON_BF16_GEMM=fallback
+                       and NODETRON_CPU_ISA=avx2 take the widening one) and print predicted vs measured
+                       peak per rank`;
 
 /** Reads 80G, 80GB, 80GiB, 40000M, 1.5T (powers of 1024). */
 export function parseMemory(text: string): number {
@@ -75,12 +79,14 @@ async function calibrate(o: Record<string, unknown>): Promise<number> {
   const rows = [];
   const dtype = ((o.dtype as string | undefined) ?? 'f32') as 'bf16' | 'f32';
   for (const l of layouts) rows.push(await calibrateLayout(l, CALIBRATION_SHAPE, { dtype }));
-  console.log(`\ncalibration: GPT ${CALIBRATION_SHAPE.layers} layers, width ${CALIBRATION_SHAPE.width}, ${CALIBRATION_SHAPE.heads} heads, ctx ${CALIBRATION_SHAPE.ctx}, batch ${CALIBRATION_SHAPE.batch}, vocab ${CALIBRATION_SHAPE.vocab} (${dtype === 'bf16' ? 'bf16 autocast' : 'f32'}, cpu)`);
+  const bf16Path = rows[0]?.ranks[0]?.bf16Path;
+  const precision = dtype === 'bf16' ? `bf16 autocast, ${bf16Path === 'widen' ? 'GEMMs widened to f32' : 'AVX512_BF16 GEMMs'}` : 'f32';
+  console.log(`\ncalibration: GPT ${CALIBRATION_SHAPE.layers} layers, width ${CALIBRATION_SHAPE.width}, ${CALIBRATION_SHAPE.heads} heads, ctx ${CALIBRATION_SHAPE.ctx}, batch ${CALIBRATION_SHAPE.batch}, vocab ${CALIBRATION_SHAPE.vocab} (${precision}, cpu)`);
   printTable(['layout', 'rank', 'stage', 'predicted MiB', 'measured MiB', 'error'],
     rows.flatMap((r) => r.ranks.map((k) => [r.layout, k.rank, k.ppRank, mib(k.predicted), mib(k.peak), `${(100 * k.error).toFixed(1)}%`])));
   const worst = Math.max(...rows.map((r) => r.maxError));
   console.log(`largest error ${(100 * worst).toFixed(1)}% over ${rows.length} layouts`);
-  writeJson(o.json as string | undefined, { bench: 'plan-calibration', machine: machineRecord(), shape: CALIBRATION_SHAPE, dtype, rows });
+  writeJson(o.json as string | undefined, { bench: 'plan-calibration', machine: machineRecord(), shape: CALIBRATION_SHAPE, dtype, ...(dtype === 'bf16' ? { bf16Path } : {}), rows });
   return 0;
 }
 
@@ -91,7 +97,7 @@ export async function main(argv: string[]): Promise<number> {
     model: 'string', gpus: { kind: 'positive', max: 1 << 20 }, 'gpu-memory': 'string', nodes: { kind: 'positive', max: 1 << 16 }, seq: { kind: 'positive', max: 1 << 24 },
     batch: { kind: 'positive', max: 1 << 30 }, 'micro-batch-size': { kind: 'positive', max: 1 << 20 }, dtype: { kind: 'string', choices: ['bf16', 'f32'] }, gpu: 'string',
     'gemm-json': 'infile', 'comm-json': 'infile', top: 'positive', json: 'outfile', calibrate: 'boolean', layouts: 'string', help: 'boolean',
-    'memory-model': { kind: 'string', choices: ['nodetron', 'megatron'] },
+    'memory-model': { kind: 'string', choices: ['nodetron', 'megatron'] }, 'bf16-path': { kind: 'string', choices: ['native', 'widen'] },
   }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   expectPositionals(o, 'nothing', 0);
@@ -111,7 +117,9 @@ export async function main(argv: string[]): Promise<number> {
   const globalBatch = (o.batch as number | undefined) ?? 8 * gpus;
   const memoryModel = o['memory-model'] as 'nodetron' | 'megatron' | undefined;
   if (memoryModel === 'megatron' && dtype === 'f32') throw new UsageError('--memory-model megatron is the published bf16 recipe: use it with --dtype bf16');
-  const candidates = planLayouts(model, { gpus, nodes: o.nodes as number | undefined, gpuMemory, seq, globalBatch, microBatchSize: o['micro-batch-size'] as number | undefined, dtype, device, ...(memoryModel ? { memoryModel } : {}) });
+  const bf16Path = o['bf16-path'] as 'native' | 'widen' | undefined;
+  if (bf16Path === 'widen' && gpuName !== 'cpu') throw new UsageError('--bf16-path widen is the cpu backend\'s fallback: use it with --gpu cpu');
+  const candidates = planLayouts(model, { gpus, nodes: o.nodes as number | undefined, gpuMemory, seq, globalBatch, microBatchSize: o['micro-batch-size'] as number | undefined, dtype, device, ...(memoryModel ? { memoryModel } : {}), ...(bf16Path ? { bf16Path } : {}) });
   const ok = candidates.filter((c) => !c.skipped);
   const top = ok.slice(0, (o.top as number | undefined) ?? 10);
   console.log(`${model.name}: ${(totalParams(model) / 1e9).toFixed(2)}B parameters, ${model.nLayer} layers, width ${model.nEmbd}, ${model.nHead} heads, vocab ${model.vocabSize}; ` +

@@ -23,6 +23,7 @@ import { schedulePlacement } from '../parallel/pipeline/schedules.js';
 import { tensorParallelGPTOptions } from '../parallel/tensor-parallel/gpt.js';
 import { contextParallelLayout } from '../parallel/context-parallel/gpt.js';
 import { ParallelTrainer } from '../parallel/trainer.js';
+import { cpuBf16Path, type Bf16GemmPath } from './memory.js';
 
 /** What one calibration rank measured. */
 export interface CalibrationRankResult {
@@ -40,6 +41,8 @@ export interface CalibrationRankResult {
   allocated: number;
   /** Parameters this rank's stage holds (its tensor-parallel slices, before ZeRO sharding). */
   numParams: number;
+  /** How this rank's bf16 GEMMs ran: on the AVX512_BF16 kernel ('native') or widened to f32 for sgemm ('widen'). */
+  bf16Path: Bf16GemmPath;
 }
 
 /** What a failed calibration rank writes to <out>/rank-<rank>.error.json. */
@@ -105,7 +108,7 @@ async function main(argv: string[]): Promise<number> {
   const mem = memoryStats();
   const result: CalibrationRankResult = {
     rank: par.rank, tpRank: mesh?.tpRank ?? 0, ppRank: mesh?.ppRank ?? 0, dpRank: mesh?.dpRank ?? 0,
-    peak: mem.peak, allocated: mem.allocated, numParams: model.numParameters(),
+    peak: mem.peak, allocated: mem.allocated, numParams: model.numParameters(), bf16Path: cpuBf16Path(),
   };
   writeFileSync(join(o.out as string, `rank-${par.rank}.json`), JSON.stringify(result));
   trainer.dispose();

@@ -188,7 +188,8 @@ export async function calibrateLayout(spec: string, shape: CalibrationShape = CA
     const opts = { seq: shape.ctx, microBatchSize: shape.batch / layout.dp / layout.microBatches, dtype, model: 'nodetron' as const, backend: 'cpu' as const };
     const ranks = Array.from({ length: world }, (_, r) => {
       const m = JSON.parse(readFileSync(join(out, `rank-${r}.json`), 'utf8')) as CalibrationRankResult;
-      const predicted = estimateStageMemory(model, layout, opts, m.ppRank).total;
+      // The GEMM path the rank ran (the AVX512_BF16 kernel or the widening fallback) is the one predicted.
+      const predicted = estimateStageMemory(model, layout, { ...opts, bf16Path: m.bf16Path }, m.ppRank).total;
       return { ...m, predicted, error: (predicted - m.peak) / m.peak };
     });
     return { layout: spec, ranks, maxError: Math.max(...ranks.map((r) => Math.abs(r.error))) };

@@ -5,6 +5,7 @@
 import { ArgumentError } from '../errors.js';
 import { LINEAR_CE_CHUNK_BYTES, LINEAR_CE_CUDA_CHUNK_BYTES, linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, layerParams, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
+import { cpu as cpuAddon } from '../native.js';
 import { checkSchedule, rankOfVirtualStage, schedulePlacement, scheduleTables, splitsBackward, virtualStageOf, type ScheduleKind } from '../parallel/pipeline/schedules.js';
 
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
@@ -149,6 +150,31 @@ export interface MemoryOptions {
    * cuda, the overhead factor on the total.
    */
   backend?: 'cpu' | 'cuda';
+  /**
+   * How the nodetron model's backend runs 16-bit GEMMs (bf16 only). 'native': on 16-bit operands as
+   * they are (cuBLASLt on cuda; the AVX512_BF16 kernel on cpu). 'widen': the cpu fallback
+   * (`nt.info().cpu.bf16Gemm.kernel` 'sgemm': no AVX512_BF16, a SIMD level below avx512, or
+   * NODETRON_BF16_GEMM=fallback), where each GEMM makes f32 copies of its 16-bit operands and output
+   * for cblas_sgemm, alive while it runs: at the fused head a [rows, V/tp] f32 block beside the
+   * table's f32 copy. Default: 'native' on cuda; on cpu the kernel this process's addon runs now
+   * ('native' where the addon cannot load). cuda has no 'widen'.
+   */
+  bf16Path?: Bf16GemmPath;
+}
+
+/** How 16-bit GEMMs run: on the 16-bit operands ('native') or on f32 copies of them ('widen', the cpu fallback). */
+export type Bf16GemmPath = 'native' | 'widen';
+
+/**
+ * The bf16 GEMM path of this process's cpu backend: 'native' when the AVX512_BF16 kernel runs now,
+ * 'widen' when bf16 GEMMs are widened to f32 for cblas_sgemm; 'native' where the addon cannot load.
+ */
+export function cpuBf16Path(): Bf16GemmPath {
+  try {
+    return (cpuAddon().gemmBf16Kernel() as { kernel: string }).kernel === 'sgemm' ? 'widen' : 'native';
+  } catch {
+    return 'native';
+  }
 }
 
 /** Counts of same-sized activation tensors: how many are f32 and how many 16-bit. */
@@ -375,6 +401,8 @@ function checkLayout(m: PlanModel, l: PlanLayout, o: MemoryOptions): void {
   if (o.model !== undefined && o.model !== 'nodetron' && o.model !== 'megatron') bad.push(`model must be 'nodetron' or 'megatron', got ${JSON.stringify(o.model)}`);
   else if (o.model === 'megatron' && o.dtype === 'f32') bad.push('model \'megatron\' is the published bf16 recipe; f32 is estimated for nodetron only');
   if (o.backend !== undefined && o.backend !== 'cpu' && o.backend !== 'cuda') bad.push(`backend must be 'cpu' or 'cuda', got ${JSON.stringify(o.backend)}`);
+  if (o.bf16Path !== undefined && o.bf16Path !== 'native' && o.bf16Path !== 'widen') bad.push(`bf16Path must be 'native' or 'widen', got ${JSON.stringify(o.bf16Path)}`);
+  else if (o.bf16Path === 'widen' && (o.backend ?? (o.dtype === 'f32' ? 'cpu' : 'cuda')) === 'cuda') bad.push("bf16Path 'widen' is the cpu backend's fallback; cuda runs bf16 GEMMs natively");
   if (bad.length) throw new ArgumentError(`estimateMemory: ${bad.join('; ')}`);
 }
 
@@ -512,6 +540,18 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // gradient, and autocast's 16-bit copy of the table, alive until the forward ends.
   const budget = backend === 'cuda' ? LINEAR_CE_CUDA_CHUNK_BYTES : LINEAR_CE_CHUNK_BYTES;
   const headRows = linearCrossEntropyChunkRows(s * b, localVocab, P.headBytes, budget);
+  // bf16 on the cpu fallback ('widen'): a GEMM of op(A) [r, k], op(B) [k, n], C [r, n] makes f32 copies
+  // of its 16-bit A, B and C (native/cpu/kernels/gemm.cc, F32View), alive while it runs. A linear
+  // layer's forward and its two backward GEMMs (dX = dY·W, dW = dYᵀ·X) copy the same three sizes (the
+  // weight's 16-bit autocast copy among them); the head's three per chunk the x rows, the [V/tp, h]
+  // table and the [rows, V/tp] logits block or its gradient. The largest of a block's linear layers
+  // (QKV, attention projection, MLP up and down) counts where a block's GEMM runs, the head's at the head.
+  const widen = !f32 && (opts.bf16Path ?? (backend === 'cpu' ? cpuBf16Path() : 'native')) === 'widen';
+  const gemmViews = (r: number, k: number, c: number) => sc(4 * r * k) + sc(4 * k * c) + sc(4 * r * c);
+  const blockViews = widen && nLayers > 0
+    ? Math.max(gemmViews(s * b, h, (3 * h) / t), gemmViews(s * b, h / t, h), gemmViews(s * b, h, m.ffn / t), gemmViews(s * b, m.ffn / t, h))
+    : 0;
+  const headViews = widen && last ? gemmViews(headRows, h, localVocab) : 0;
   const tableGrad = sc(table);
   const chunk = sc(P.headBytes * headRows * localVocab)
     + (P.headBytes === 2 ? (headRows < s * b ? sc(table) : 0) + headTable : 0);
@@ -530,15 +570,15 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The head's gradients wait per micro-batch in flight on the last chunk (all of them but under interleaving).
   const headHeld = standard ? held : Math.max(...states.map((x) => x.lastChunk));
   if (standard) {
-    if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: headHeld * headGrads + transient });
-    else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient });
+    if (last) phases.push({ grads: laterHead ? grads : 0, activations, logits: chunk, buffers: headHeld * headGrads + transient + headViews });
+    else phases.push({ grads: gradsInForward ? allGrads : 0, activations, logits: 0, buffers: transient + blockViews });
   } else {
     // Interleaved and ZB-H1: each forward of the table with what is held then (the last stage's head
     // on its last chunk; interleaving's posted receives; the gradients once a backward has run).
     for (const x of states) {
       const posted = x.posted * sc(unitRep);
-      if (last && x.onLastChunk) phases.push({ grads: x.afterBackward ? grads : 0, activations: stateActivations(x), logits: chunk, buffers: x.lastChunk * headGrads + transient + posted });
-      else phases.push({ grads: x.afterBackward ? allGrads : 0, activations: stateActivations(x), logits: 0, buffers: transient + posted });
+      if (last && x.onLastChunk) phases.push({ grads: x.afterBackward ? grads : 0, activations: stateActivations(x), logits: chunk, buffers: x.lastChunk * headGrads + transient + posted + headViews });
+      else phases.push({ grads: x.afterBackward ? allGrads : 0, activations: stateActivations(x), logits: 0, buffers: transient + posted + blockViews });
     }
   }
   // A backward on a later stage: the other in-flight micro-batches' saved tensors beside the running
@@ -548,7 +588,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
     const perMicroBatch = held > 0 ? activations / held : 0;
     const layerGrads = (4 * layerParams(m, t, ep)) / (zero >= 2 ? dp : 1);
     const running = Math.max(allGrads + storedLayer + outside, Math.min(allGrads, layerGrads) + perMicroBatch);
-    phases.push({ grads: allGrads, activations: (held - 1) * perMicroBatch + running - allGrads, logits: 0, buffers: 0 });
+    phases.push({ grads: allGrads, activations: (held - 1) * perMicroBatch + running - allGrads, logits: 0, buffers: blockViews });
   }
   // The end of the first stage's backward of a micro-batch, when the embedding makes the token
   // table's dense gradient. Without a pipeline the head's gradient of the tied table is already
@@ -572,7 +612,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   // The first of equal phases wins (the forward's breakdown).
   const peak = phases.reduce((a, p) => (sum(p) > sum(a) ? p : a));
   // Full recomputation: one layer's activations rebuilt in its backward (after the head is done).
-  const headPhase = last ? headHeld * headGrads + chunk + transient : 0;
+  const headPhase = last ? headHeld * headGrads + chunk + transient + headViews : 0;
   const recomputeExtra = layout.recompute === 'full' && nLayers > 0 ? Math.max(0, fullLayer + 4 * psi - headPhase) : 0;
   activations = peak.activations + recomputeExtra;
   logits = peak.logits;

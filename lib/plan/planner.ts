@@ -4,7 +4,7 @@
 import { join, relative, sep } from 'node:path';
 import { ArgumentError } from '../errors.js';
 import { packageRoot } from '../native.js';
-import { estimateMemory, type MemoryEstimate, type PlanDType, type PlanLayout, type Recompute } from './memory.js';
+import { estimateMemory, type Bf16GemmPath, type MemoryEstimate, type PlanDType, type PlanLayout, type Recompute } from './memory.js';
 import type { PlanModel } from './models.js';
 import { predictStepTime, type PlanDevice, type StepTime } from './time.js';
 
@@ -30,6 +30,8 @@ export interface PlanOptions {
   overhead?: number;
   /** Whose bf16 training the memory follows (default 'megatron', the published recipe; 'nodetron': nodetron's own, see MemoryOptions.model). */
   memoryModel?: 'nodetron' | 'megatron';
+  /** How bf16 GEMMs run on the cpu device for nodetron's model (default: what this machine's addon runs; see MemoryOptions.bf16Path). */
+  bf16Path?: Bf16GemmPath;
 }
 
 /** One candidate: its layout, memory, time and command, or why it was skipped. */
@@ -180,7 +182,7 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
           ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
         const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
-        const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead, backend: cpu ? 'cpu' : 'cuda', ...(o.memoryModel ? { model: o.memoryModel } : {}) });
+        const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead, backend: cpu ? 'cpu' : 'cuda', ...(o.memoryModel ? { model: o.memoryModel } : {}), ...(o.bf16Path ? { bf16Path: o.bf16Path } : {}) });
         const time = predictStepTime(m, layout, o.device, { seq: o.seq, microBatchSize: b, dtype: o.dtype, gpusPerNode });
         out.push({ layout, microBatchSize: b, memory, fits: memory.total <= o.gpuMemory, time,
           ...(noCommand ? { commandNote: noCommand } : { command: launchCommand(m, layout, { seq: o.seq, globalBatch: o.globalBatch, nodes, gpusPerNode, cpu }) }) });
