@@ -1,14 +1,14 @@
 // Llama (Touvron et al.; Hugging Face's LlamaForCausalLM): token embedding, pre-RMSNorm blocks of
 // grouped-query attention with rotary position embeddings (rotate-half layout) and a SwiGLU MLP, a final
 // RMSNorm and an untied (or tied) LM head; no biases. Configured like Hugging Face's LlamaConfig
-// (snake_case or camelCase). Built through the GPT's seams (lib/nn/gpt.ts): a LinearFactory for every
+// (snake_case or camelCase). Built through the CausalLM seams (lib/nn/causal-lm.ts): a LinearFactory for every
 // projection (tensor parallelism substitutes its split layers, with the key/value heads split or
 // replicated), a VocabLayout for the table, the head and the loss, a SequenceLayout for the norms and
 // residuals; it is a CausalLM, so pipeline stages, the parallel trainer and nt.train.setup take it as
 // they take the GPT. The MLP is a replaceable module (LlamaOptions.mlp); with numLocalExperts > 0 the
 // config makes Mixtral or Qwen2-MoE: nt.nn.MoE (router, SwiGLU experts, Qwen2-MoE's sigmoid-gated
 // shared expert) in the MLP slot of the blocks isLlamaMoEBlock names, its auxiliary losses reaching the
-// training loss as the GPT's do, its experts split by expert parallelism (GPTOptions.moeParallel).
+// training loss as the GPT's do, its experts split by expert parallelism (CausalLMOptions.moeParallel).
 import { recompute } from '../autograd/index.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { add, cat, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
@@ -17,9 +17,9 @@ import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import {
-  generateTokens, lookUpTokens, modelParts, type AttentionHeads, type CausalLM, type GenerateOptions, type GPTConfig,
-  type ContextLayout, type GPTOptions, type GPTOutput, type LinearFactory, type LinearLike, type ModelShape, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
-} from './gpt.js';
+  generateTokens, lookUpTokens, modelParts, type AttentionHeads, type CausalLM, type CausalLMOptions, type CausalLMOutput, type GenerateOptions,
+  type ContextLayout, type LinearFactory, type LinearFactoryModel, type LinearLike, type ModelShape, type ParameterCounts, type StageModules, type SequenceLayout, type TokenEmbedding, type VocabLayout,
+} from './causal-lm.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
 import { addMoEStats, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
@@ -181,9 +181,9 @@ export function llamaMoEConfig(config: CheckedLlamaConfig): MoEConfig | null {
   };
 }
 
-/** The GPT-shaped summary a LinearFactory receives as `config` (tensor parallelism checks its heads, width and vocabulary). */
-function factoryConfig(c: CheckedLlamaConfig): GPTConfig {
-  return { vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings, nLayer: c.numHiddenLayers, nHead: c.numAttentionHeads, nEmbd: c.hiddenSize, dropout: 0, bias: false };
+/** The dimensions a LinearFactory receives as `config` (tensor parallelism checks its heads, width and vocabulary). */
+function factoryModel(c: CheckedLlamaConfig): LinearFactoryModel {
+  return { nHead: c.numAttentionHeads, nEmbd: c.hiddenSize, vocabSize: c.vocabSize };
 }
 
 /** What {@link LlamaBlock} needs of its MLP: x [B, T', C] → [B, T', C] (a mixture of experts may take its place). */
@@ -195,8 +195,44 @@ export interface LlamaMLPLike extends Module {
 /** Builds a block's MLP (default: {@link LlamaMLP}); `layer` is the block's index. */
 export type LlamaMLPFactory = (config: CheckedLlamaConfig, opts: { layer: LayerOptions; factory: LinearFactory; index: number }) => LlamaMLPLike;
 
-/** Options of {@link Llama}: the GPT's (seed, device, dtype, tensor-parallel seams) plus the MLP's factory. */
-export interface LlamaOptions extends GPTOptions {
+/** The Llama config fields the parameter and FLOP counts read. */
+export type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'
+  | 'qkvBias' | 'numLocalExperts' | 'numExpertsPerTok' | 'moeIntermediateSize' | 'sharedExpertIntermediateSize' | 'decoderSparseStep' | 'mlpOnlyLayers'>;
+
+/**
+ * Parameters of a Llama of this configuration, all of them (a tied head counted once): RMSNorm scales
+ * only, q/k/v biases under qkvBias. MoE blocks (numLocalExperts > 0, as nt.nn.isLlamaMoEBlock places them)
+ * count the router, the experts (with `active`, only the numExpertsPerTok a token goes through) and the
+ * gated shared expert.
+ */
+export function llamaParameterCount(config: LlamaCountConfig, active = false): number {
+  const { vocabSize: v, hiddenSize: c, intermediateSize: f, numHiddenLayers: l, numAttentionHeads: h } = config;
+  const kv = config.numKeyValueHeads ?? h, d = c / h;
+  const attn = c * h * d + 2 * c * kv * d + h * d * c + (config.qkvBias ? (h + 2 * kv) * d : 0);
+  const block = attn + 2 * c;
+  const e = config.numLocalExperts ?? 0, step = config.decoderSparseStep ?? 1, only = config.mlpOnlyLayers ?? [];
+  let mlps = 0;
+  for (let i = 0; i < l; i++) {
+    if (e > 0 && !only.includes(i) && (i + 1) % step === 0) {
+      const m = config.moeIntermediateSize ?? f, s = config.sharedExpertIntermediateSize ?? 0;
+      mlps += e * c + (active ? Math.min(config.numExpertsPerTok ?? 2, e) : e) * 3 * c * m + (s > 0 ? 3 * c * s + c : 0);
+    } else mlps += 3 * c * f;
+  }
+  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + mlps + c;
+}
+
+/**
+ * A Llama's model FLOPs per trained token at `seqLen`: 6·N (N without the token table, a lookup; the
+ * untied head's table counted; under MoE the parameters a token goes through) plus 12·L·H·D·T for
+ * attention's two matrix products, as for the GPT.
+ */
+export function llamaFlopsPerToken(config: LlamaCountConfig, seqLen: number): number {
+  const lookup = config.tieWordEmbeddings ? 0 : config.vocabSize * config.hiddenSize;
+  return 6 * (llamaParameterCount(config, true) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
+}
+
+/** Options of {@link Llama}: every CausalLM's (seed, device, dtype, tensor-parallel seams) plus the MLP's factory. */
+export interface LlamaOptions extends CausalLMOptions {
   /** Builds each block's MLP (default: the SwiGLU LlamaMLP). */
   mlp?: LlamaMLPFactory;
 }
@@ -228,7 +264,7 @@ export class LlamaAttention extends Module {
     this.headDim = D;
     this.#theta = config.ropeTheta;
     const attention: AttentionHeads = { heads: H, kvHeads: KV, headDim: D };
-    const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config), attention };
+    const opts = { bias: false, std: config.initializerRange, layer, config: factoryModel(config), attention };
     const qkv = { ...opts, bias: config.qkvBias };
     this.qProj = factory(c, H * D, { ...qkv, role: 'attn.q' });
     this.kProj = factory(c, KV * D, { ...qkv, role: 'attn.k' });
@@ -284,7 +320,7 @@ export class LlamaMLP extends Module {
   constructor(config: CheckedLlamaConfig, layer: LayerOptions, factory: LinearFactory) {
     super();
     const c = config.hiddenSize, f = config.intermediateSize;
-    const opts = { bias: false, std: config.initializerRange, layer, config: factoryConfig(config) };
+    const opts = { bias: false, std: config.initializerRange, layer, config: factoryModel(config) };
     this.gateProj = factory(c, f, { ...opts, role: 'mlp.gate' });
     this.upProj = factory(c, f, { ...opts, role: 'mlp.up' });
     this.downProj = factory(f, c, { ...opts, role: 'mlp.down' });
@@ -326,7 +362,7 @@ export class LlamaBlock extends Module {
 }
 
 /** The dense SwiGLU MLP, or in the blocks isLlamaMoEBlock names a mixture of experts (the GPT's nt.nn.MoE: router, SwiGLU experts, the gated shared expert). */
-function defaultMLP(moeParallel: GPTOptions['moeParallel']): LlamaMLPFactory {
+function defaultMLP(moeParallel: CausalLMOptions['moeParallel']): LlamaMLPFactory {
   let parallel: MoEParallel | undefined;
   return (config, { layer, factory, index }) => {
     const moe = llamaMoEConfig(config);
@@ -393,6 +429,12 @@ export class Llama extends Module implements CausalLM {
       vocabSize: c.vocabSize, blockSize: c.maxPositionEmbeddings, ...(this.#moeExperts !== undefined ? { moeExperts: this.#moeExperts } : {}),
     };
   }
+  /** Its parameters from its config (a whole model's, whatever this process holds): all of them, and those one token goes through. */
+  get parameterCounts(): ParameterCounts {
+    return { total: llamaParameterCount(this.config), active: llamaParameterCount(this.config, true) };
+  }
+  /** Model FLOPs per trained token at `seqLen` ({@link llamaFlopsPerToken}). */
+  flopsPerToken(seqLen: number): number { return llamaFlopsPerToken(this.config, seqLen); }
   /** The blocks (layers). */
   get blocks(): readonly Module[] { return this.layers; }
   /** The token table when the head is tied to it. */
@@ -412,7 +454,7 @@ export class Llama extends Module implements CausalLM {
   }
 
   /** The final RMSNorm and the LM head over x [B, T', C]; the mean cross-entropy from the fused head when targets are given. */
-  head(x: Tensor, targets?: Tensor): GPTOutput {
+  head(x: Tensor, targets?: Tensor): CausalLMOutput {
     const layout = this.vocabLayout;
     const hidden = rmsNorm(x, this.sequenceLayout.replicated(this.norm.weight), this.norm.eps);
     const b = x.shape[0]!, t = x.shape[1]! * this.sequenceLayout.parts;
@@ -433,7 +475,7 @@ export class Llama extends Module implements CausalLM {
    * idx: i32 [B, T]; targets: i32 [B, T] (optional). Without targets: the logits [B, T, vocabSize]
    * (this rank's vocabulary slice under a vocabulary-parallel layout). With targets: the mean loss.
    */
-  forward(idx: Tensor, targets?: Tensor): GPTOutput {
+  forward(idx: Tensor, targets?: Tensor): CausalLMOutput {
     return this.head(this.forwardBlocks(this.embed(idx)), targets);
   }
 
@@ -456,7 +498,7 @@ export class Llama extends Module implements CausalLM {
   }
 
   /** A new Llama of this config with other options (the MLP factory kept). */
-  rebuild(opts: GPTOptions): Llama { return new Llama(this.config, { mlp: this.#opts.mlp, ...opts }); }
+  rebuild(opts: CausalLMOptions): Llama { return new Llama(this.config, { mlp: this.#opts.mlp, ...opts }); }
 
   /** Appends maxNewTokens sampled tokens to each row of idx (as GPT.generate). */
   generate(idx: Tensor, maxNewTokens: number, opts: GenerateOptions = {}): number[][] {

@@ -1,11 +1,13 @@
-// Training progress: the model FLOPs of a GPT or a Llama (6N + attention, as nanoGPT and PaLM count them), the
-// peak FLOP/s MFU is measured against (given, or detected for a few GPUs), and the compact line a run
+// Training progress: the model FLOPs per token a model counts itself (CausalLM.flopsPerToken: 6N +
+// attention, as nanoGPT and PaLM count them), the peak FLOP/s MFU is measured against (given, or detected for a few GPUs), and the compact line a run
 // prints every N steps on rank 0: loss, learning rate, tokens/s, MFU, peak memory, ETA.
 import { info } from '../info.js';
 import { getFloat32MatmulPrecision } from '../cuda/index.js';
 import { parseDevice } from '../device.js';
-import type { CausalLM, GPTConfig } from '../nn/gpt.js';
-import type { LlamaConfig } from '../nn/llama.js';
+import type { CausalLM } from '../nn/causal-lm.js';
+// The families' counts live beside them (lib/nn/gpt.ts, lib/nn/llama.ts); nt.train has always offered them.
+export { gptParameterCount, gptActiveParameterCount, gptFlopsPerToken } from '../nn/gpt.js';
+export { llamaParameterCount, llamaFlopsPerToken, type LlamaCountConfig } from '../nn/llama.js';
 
 /** Progress output of a training run (rank 0 only). */
 export interface ProgressOptions {
@@ -21,88 +23,9 @@ export interface ProgressOptions {
   log?: (line: string) => void;
 }
 
-/** Parameters of a GPT of this configuration, all of them (the tied head counted once). */
-export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
-  return gptParameters(config, false);
-}
-
-/**
- * Parameters one token goes through (MoE: the router, its topK experts and the shared experts, not
- * the other experts); gptParameterCount for a dense GPT.
- */
-export function gptActiveParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
-  return gptParameters(config, true);
-}
-
-function gptParameters(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>, active: boolean): number {
-  const { vocabSize: v, blockSize: t, nLayer: l, nEmbd: c, bias } = config;
-  const b = bias ? 1 : 0;
-  const norm = c * (1 + b);
-  const attn = c * 3 * c + b * 3 * c + c * c + b * c;
-  const mlp = c * 4 * c + b * 4 * c + 4 * c * c + b * c;
-  const moe = config.moe;
-  // An MoE block: the router [E, C], SwiGLU experts of 3·C·H each, the shared experts' 3·C·(shared·H).
-  const moeMlp = moe ? (() => {
-    const h = moe.hidden ?? 4 * c, shared = moe.sharedExperts ?? 0;
-    return moe.experts * c + (active ? moe.topK : moe.experts) * 3 * c * h + 3 * c * shared * h;
-  })() : 0;
-  const moeBlocks = moe ? Math.floor(l / (moe.every ?? 1)) : 0;
-  const block = attn + norm * (config.parallelBlock ? 1 : 2);
-  return v * c + t * c + l * block + (l - moeBlocks) * mlp + moeBlocks * moeMlp + norm;
-}
-
-/**
- * Model FLOPs per trained token (forward and backward) at sequence length `seqLen`: 6·N for the
- * parameters (N without the position table, which is a lookup) plus 12·L·C·T for attention's two
- * matrix products (T: the positions each one attends to, the window when it is shorter). Recomputation
- * is not counted (model FLOPs, not hardware FLOPs).
- */
-export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'window' | 'moe'>, seqLen: number): number {
-  // Under MoE, the parameters a token goes through (its topK experts).
-  const n = gptActiveParameterCount(config) - config.blockSize * config.nEmbd;
-  const attended = config.window !== undefined ? Math.min(config.window, seqLen) : seqLen;
-  return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
-}
-
-/** The Llama config fields the parameter and FLOP counts read. */
-export type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'intermediateSize' | 'numHiddenLayers' | 'numAttentionHeads' | 'numKeyValueHeads' | 'tieWordEmbeddings'
-  | 'qkvBias' | 'numLocalExperts' | 'numExpertsPerTok' | 'moeIntermediateSize' | 'sharedExpertIntermediateSize' | 'decoderSparseStep' | 'mlpOnlyLayers'>;
-
-/**
- * Parameters of a Llama of this configuration, all of them (a tied head counted once): RMSNorm scales
- * only, q/k/v biases under qkvBias. MoE blocks (numLocalExperts > 0, as nt.nn.isLlamaMoEBlock places them)
- * count the router, the experts (with `active`, only the numExpertsPerTok a token goes through) and the
- * gated shared expert.
- */
-export function llamaParameterCount(config: LlamaCountConfig, active = false): number {
-  const { vocabSize: v, hiddenSize: c, intermediateSize: f, numHiddenLayers: l, numAttentionHeads: h } = config;
-  const kv = config.numKeyValueHeads ?? h, d = c / h;
-  const attn = c * h * d + 2 * c * kv * d + h * d * c + (config.qkvBias ? (h + 2 * kv) * d : 0);
-  const block = attn + 2 * c;
-  const e = config.numLocalExperts ?? 0, step = config.decoderSparseStep ?? 1, only = config.mlpOnlyLayers ?? [];
-  let mlps = 0;
-  for (let i = 0; i < l; i++) {
-    if (e > 0 && !only.includes(i) && (i + 1) % step === 0) {
-      const m = config.moeIntermediateSize ?? f, s = config.sharedExpertIntermediateSize ?? 0;
-      mlps += e * c + (active ? Math.min(config.numExpertsPerTok ?? 2, e) : e) * 3 * c * m + (s > 0 ? 3 * c * s + c : 0);
-    } else mlps += 3 * c * f;
-  }
-  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + mlps + c;
-}
-
-/**
- * A Llama's model FLOPs per trained token at `seqLen`: 6·N (N without the token table, a lookup; the
- * untied head's table counted; under MoE the parameters a token goes through) plus 12·L·H·D·T for
- * attention's two matrix products, as for the GPT.
- */
-export function llamaFlopsPerToken(config: LlamaCountConfig, seqLen: number): number {
-  const lookup = config.tieWordEmbeddings ? 0 : config.vocabSize * config.hiddenSize;
-  return 6 * (llamaParameterCount(config, true) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
-}
-
-/** Model FLOPs per trained token of a built GPT or Llama ({@link gptFlopsPerToken}, {@link llamaFlopsPerToken}). */
+/** Model FLOPs per trained token of a built model: its own count (CausalLM.flopsPerToken). */
 export function modelFlopsPerToken(model: CausalLM, seqLen: number): number {
-  return model.family === 'llama' ? llamaFlopsPerToken(model.config as LlamaConfig, seqLen) : gptFlopsPerToken(model.config as GPTConfig, seqLen);
+  return model.flopsPerToken(seqLen);
 }
 
 // Dense peaks by GPU name: [fp32, tf32] FLOP/s (SXM parts; vendors' data sheets).
