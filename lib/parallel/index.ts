@@ -1,12 +1,15 @@
-// Parallelism: the TP × PP × DP mesh, tensor-parallel mappings, layers and GPT, data-parallel gradient buckets, ZeRO.
+// Parallelism: the TP × CP × PP × DP mesh (expert parallelism carved out of DP), tensor-, sequence-, context-,
+// expert- and pipeline-parallel layers and schedules for the GPT and Llama, data-parallel gradient buckets, ZeRO.
 // Where each thing lives (lib/parallel/…):
-//   mesh.ts                    the TP × PP × DP mesh and its process groups (Megatron's parallel_state)
+//   mesh.ts                    the TP × CP × PP × DP mesh and its process groups, expert ones too (Megatron's parallel_state)
 //   layout.ts                  checking a layout request (--tp/--pp/--dp/--zero…) and joining the job with it
-//   trainer.ts                 ParallelTrainer: one rank's training step for any layout
+//   trainer.ts                 ParallelTrainer: one rank's training step for any layout (its checks: trainer-checks.ts)
+//   families.ts                the trainer's parameter families (parameters, group, sync, optimizer) and its one step path's pieces
 //   tensor parallel (TP)       tensor-parallel/: mappings.ts (region collectives, sequence parallel too),
 //                              layers.ts (column/row-parallel linear), vocab.ts (embedding, cross-entropy), gpt.ts
 //   sequence parallel (SP)     tensor-parallel/mappings.ts (…SequenceRegion) and gpt.ts (sequenceParallelLayout)
-//   pipeline parallel (PP)     pipeline/: schedules.ts (GPipe, 1F1B), gpt-stage.ts (a GPT cut into stages)
+//   pipeline parallel (PP)     pipeline/: schedules.ts (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V), gpt-stage.ts
+//                              (any CausalLM cut into stages)
 //   context parallel (CP)      context-parallel/: ring.ts (ring attention), ulysses.ts (Ulysses all-to-all),
 //                              gpt.ts (the GPT's ContextLayout, a batch's tokens per rank)
 //   data parallel (DP)         data-parallel/buffer.ts: GradBuffer, all-reduce on the bucket engine
@@ -18,6 +21,8 @@
 //   ZeRO stage 3               zero/stage3.ts: parameters partitioned, gathered unit by unit
 //   flat buffers               flat.ts: parameters packed back to back, bucket splitting
 //   expert parallel (EP)       expert-parallel.ts: MoE experts split over ranks, the autograd all-to-all of rows
+//   collectives in autograd    finishSync (lib/distributed/finish-sync.ts): every layer above finishes its
+//                              collectives with it (one behaviour on failure)
 // The group interface all of it runs over is CollectiveGroup (lib/distributed/group.ts); nt.distributed's
 // ProcessGroup implements it; the in-process and file-backed groups for tests are in lib/testing (nodetron/testing).
 export {
