@@ -8,8 +8,10 @@
 // pipeline stages) the way Megatron-core does it: the layer's output passes through an identity whose
 // backward also seeds the auxiliary loss's graph with `coefficient · moeAuxLossScale()`, so a block's
 // backward (re-run or not, on whichever stage) differentiates loss + aux. The scale is the factor the
-// trainer applied to the loss before backward (1 for loss.backward(); ParallelTrainer sets 1/m for m
-// micro-batches). The value of the auxiliary loss is reported beside the LM loss (stats).
+// trainer applied to the loss before backward: a layer's step context when its trainer gives it one
+// (ParallelTrainer passes 1/m for m micro-batches to its own model's layers, for its step only), else
+// the process default (1 for loss.backward(); a loop of its own sets it with setMoEAuxLossScale). The
+// value of the auxiliary loss is reported beside the LM loss (stats).
 //
 // Where experts live: every expert in this process by default; an MoEParallel (lib/parallel's
 // expert parallelism) holds a contiguous range of them here and moves rows to the ranks holding
@@ -90,10 +92,19 @@ export function checkMoEConfig(c: MoEConfig, call = 'MoE'): Required<Omit<MoECon
 
 let auxLossScale = 1;
 
-/** The factor the loss was multiplied by before backward, applied to the auxiliary losses' gradient (default 1). */
+/**
+ * What a trainer tells the MoE layers of the model it steps, for that step (MoE.stepContext): the
+ * factor it multiplied the loss by before backward, which the auxiliary losses' gradient carries too.
+ */
+export interface MoEStepContext {
+  /** The loss's scale (ParallelTrainer: 1/m for m micro-batches). */
+  readonly auxLossScale: number;
+}
+
+/** The process default of the factor the loss was multiplied by before backward, for layers without a step context (default 1). */
 export function moeAuxLossScale(): number { return auxLossScale; }
 
-/** Sets the auxiliary losses' gradient scale (ParallelTrainer sets 1/m for m micro-batches); returns the previous value. */
+/** Sets the process default of the auxiliary losses' gradient scale (a training loop of its own; ParallelTrainer passes its scale to its layers instead); returns the previous value. */
 export function setMoEAuxLossScale(s: number): number {
   if (typeof s !== 'number' || !Number.isFinite(s)) throw new ArgumentError(`setMoEAuxLossScale: the scale must be a finite number, got ${String(s)}`);
   const prev = auxLossScale;
@@ -101,11 +112,11 @@ export function setMoEAuxLossScale(s: number): number {
   return prev;
 }
 
-/** out unchanged; backward passes the gradient on and seeds aux (a scalar) with coef·moeAuxLossScale(). */
-function attachAuxLoss(out: Tensor, aux: Tensor): Tensor {
+/** out unchanged; backward passes the gradient on and seeds aux (a scalar) with the scale `scaleOf` gives then. */
+function attachAuxLoss(out: Tensor, aux: Tensor, scaleOf: () => number): Tensor {
   if (!needsGrad(out, aux)) return out;
   const y = alias(out);
-  return record('moeAuxLoss', y, [out, aux], (g) => [g, full(aux.shape, auxLossScale, { device: g.device, dtype: aux.dtype })]);
+  return record('moeAuxLoss', y, [out, aux], (g) => [g, full(aux.shape, scaleOf(), { device: g.device, dtype: aux.dtype })]);
 }
 
 /** Identity forward; backward multiplies the gradient by s (expert weights under expert parallelism). */
@@ -255,6 +266,11 @@ export class MoE extends Module {
   readonly config: ReturnType<typeof checkMoEConfig>;
   /** The first global expert held here. */
   readonly expertStart: number;
+  /**
+   * The step context of the trainer stepping this layer (ParallelTrainer sets it for its step and
+   * clears it after); null: the auxiliary losses' gradient takes the process default (setMoEAuxLossScale).
+   */
+  stepContext: MoEStepContext | null = null;
   readonly #parallel: MoEParallel | null;
   #stats: MoEStats;
 
@@ -371,7 +387,9 @@ export class MoE extends Module {
       s.zLoss += zv!;
       s.auxLoss += auxv!;
     }
-    out = attachAuxLoss(out, aux);
+    // The context of the step this forward belongs to (a recomputed forward's too: it runs inside the step).
+    const context = this.stepContext;
+    out = attachAuxLoss(out, aux, () => context?.auxLossScale ?? auxLossScale);
     return out.reshape(x.shape);
   }
 }

@@ -1,7 +1,11 @@
-// Gradient clipping by the global L2 norm over a set of parameters.
+// Gradient clipping by the global L2 norm: over the parameters of one process (clipGradNorm), and
+// the one norm of a gradient split over ranks (globalGradNorm), which the tensor-parallel GPT, ZeRO
+// and ParallelTrainer all take.
 import { dtypeCode } from '../dtype.js';
 import { ArgumentError } from '../errors.js';
 import { checkTensorList, type Tensor } from '../tensor.js';
+import type { CollectiveGroup } from '../distributed/group.js';
+import { reduceTotals } from '../distributed/totals.js';
 
 /** The gradients of the parameters that have one, bucketed by device (one native call per device). */
 function gradsByDevice(params: Iterable<Tensor>, call: string): Tensor[][] {
@@ -23,6 +27,31 @@ export function gradSumSquares(params: Iterable<Tensor>): number {
     for (const s of sums) total += s;
   }
   return total;
+}
+
+/** One part of a gradient split over ranks: this rank's sum of squares of it, and the groups over which such sums add. */
+export interface GradNormPart {
+  /** This rank's sum of squared gradient elements of the part (gradSumSquares, a ZeRO shard's). */
+  sumSquares: number;
+  /**
+   * The groups whose members hold the part's other pieces, summed over in turn (a ZeRO shard's
+   * data-parallel group; the experts' expert-parallel group). Absent or empty: this rank holds the whole part.
+   */
+  groups?: readonly CollectiveGroup[];
+}
+
+/**
+ * The L2 norm of a gradient split over ranks, the same on every rank: each part's sum of squares
+ * summed over its own groups, the parts added, the total summed over `groups` (those holding the
+ * model's other slices and stages: tensor- and pipeline-parallel). Sums cross ranks in f32 on each
+ * group's agreement device (their relative rounding, 1e-7, is far below what clipping needs); a
+ * sum that crosses no group of more than one rank stays a float64.
+ */
+export async function globalGradNorm(parts: readonly GradNormPart[], groups: readonly CollectiveGroup[] = []): Promise<number> {
+  let total = 0;
+  for (const p of parts) total += p.groups && p.groups.length > 0 ? (await reduceTotals([p.sumSquares], p.groups.map((group) => ({ group }))))[0]! : p.sumSquares;
+  if (groups.length > 0) total = (await reduceTotals([total], groups.map((group) => ({ group }))))[0]!;
+  return Math.sqrt(total);
 }
 
 /** Multiplies every gradient by factor in place. */

@@ -6,6 +6,7 @@ import { readLaunchEnv } from '../distributed/env.js';
 import { ArgumentError } from '../errors.js';
 import { initializeParallel, type ParallelState } from './mesh.js';
 import { agreeAll } from '../distributed/agree.js';
+import type { WorldGroup } from '../distributed/group.js';
 import { checkTensorParallelConfig } from './tensor-parallel/gpt.js';
 import { SCHEDULE_KINDS, type ScheduleKind } from './pipeline/schedules.js';
 
@@ -227,9 +228,10 @@ export interface ParallelTraining {
  * job, checks that every rank resolved the same layout for the same model and batch, and builds the
  * mesh. A rank whose flags are rejected, or that disagrees with the others, makes every rank throw
  * an ArgumentError before any training communication (with more than one process, after joining
- * the job: a caller that catches it calls nt.distributed.destroy() before returning).
+ * the job: a caller that catches it calls nt.distributed.destroy() before returning). With
+ * `options.world` the mesh is built over that world (groups the caller made) instead of joining the job.
  */
-export async function initParallelTraining(flags: LayoutFlags, model: LayoutModelShape, globalBatch: number): Promise<ParallelTraining> {
+export async function initParallelTraining(flags: LayoutFlags, model: LayoutModelShape, globalBatch: number, options: { world?: WorldGroup } = {}): Promise<ParallelTraining> {
   const env = readLaunchEnv();
   let layout: TrainingLayout | null = null, rejected: unknown = null;
   try { layout = resolveTrainingLayout(flags, model, env.worldSize, globalBatch); } catch (e) { rejected = e; }
@@ -237,15 +239,16 @@ export async function initParallelTraining(flags: LayoutFlags, model: LayoutMode
     if (rejected) throw rejected;
     return { layout: layout!, rank: 0, mesh: null };
   }
-  await dist.init();
+  if (!options.world) await dist.init();
+  const world = options.world ?? dist.world();
   const { nLayer, nHead, nEmbd, vocabSize } = model;
   const mine = layout ? `${describeLayout(layout)}; model layers=${nLayer} heads=${nHead} width=${nEmbd} vocab=${vocabSize}; batch ${globalBatch}` : 'rejected';
   // The runtime stays up: the caller reports the error and leaves (nt.distributed.destroy(), or exit).
-  await agreeAll(dist.world(), rejected as Error | null, {
+  await agreeAll(world, rejected as Error | null, {
     failedElsewhere: (ranks) => new ArgumentError(`training layout: layout flags rejected on ${ranks} (see the error there); every rank stops`),
     settings: mine,
     mismatch: () => new ArgumentError(`training layout: the ranks were started with different settings (this rank: ${mine})`),
   });
-  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ...(layout!.cp ? { cp: layout!.cp } : {}), ...(layout!.ep ? { ep: layout!.ep } : {}) });
+  const mesh = await initializeParallel({ tp: layout!.tp, pp: layout!.pp, dp: layout!.dp, ...(layout!.cp ? { cp: layout!.cp } : {}), ...(layout!.ep ? { ep: layout!.ep } : {}) }, options.world ? { world: options.world } : {});
   return { layout: layout!, rank: env.rank, mesh };
 }

@@ -1,29 +1,37 @@
-// ParallelTrainer: the training step of one rank of any TP × CP × PP × DP layout (layout.ts checks the
+// ParallelTrainer: the training step of one rank of any TP × CP × PP × DP × EP layout (layout.ts checks the
 // layout): this rank's tokens under context parallelism, micro-batches through the pipeline schedule,
-// gradient averaging over the data- and context-parallel ranks (GradBuffer, or ZeRO 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by
-// the norm of the whole model's gradient, the update.
+// gradient averaging per parameter family (families.ts: the dense parameters over the data- and
+// context-parallel ranks, the experts over their expert-data-parallel copies; GradBuffer or ZeRO
+// 1/2/3), the tied embedding's gradient summed over the first and last stage, clipping by the norm of
+// the whole model's gradient (one function over every family), the update. Every total the trainer
+// reduces (loss, counted tokens, norm) goes on the group's agreement device, so NCCL-only groups work.
+// The option checks are trainer-checks.ts's.
 import { autocast } from '../amp.js';
 import { ArgumentError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
-import { clipFactor, gradSumSquares, scaleGrads } from '../optim/clip.js';
+import { clipFactor } from '../optim/clip.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { Module, Parameter } from '../nn/module.js';
-import { addMoEStats, moeLayers, setMoEAuxLossScale, type MoEStats } from '../nn/moe.js';
+import { addMoEStats, moeLayers, type MoEStats, type MoEStepContext } from '../nn/moe.js';
 import { emptyOn, type Tensor } from '../tensor.js';
-import { tensor } from '../creation.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { agreeAll } from '../distributed/agree.js';
+import { reduceTotals } from '../distributed/totals.js';
 import { traceEnabled, traceSpan } from '../observe/trace.js';
 import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics } from '../observe/metrics.js';
-import { GradBuffer } from './data-parallel/buffer.js';
 import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
 import { contextSlice } from './context-parallel/gpt.js';
+import {
+  buildFamilies, disposeFamilies, familiesGradNorm, finishBucketSync, finishShardedSync, holdingSync, optimizersOf, scaleFamilyGrads, updateFamilies, zeroFamilyGrads, zeroOf,
+  type ParamFamily,
+} from './families.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { forwardOnly, runSchedule, SCHEDULE_KINDS, splitsBackward, type PipelineStage } from './pipeline/schedules.js';
+import { forwardOnly, runSchedule, type PipelineStage } from './pipeline/schedules.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
-import { ZeroOptimizer, type GradNormScope, type ZeroParamGroup, type InnerOptimizerFactory } from './zero/optimizer.js';
+import { checkTrainerSetup } from './trainer-checks.js';
+import type { ZeroOptimizer, ZeroParamGroup, InnerOptimizerFactory } from './zero/optimizer.js';
 
 /**
  * What one rank of a trainer holds of the training state: the description a checkpoint reads
@@ -140,17 +148,8 @@ export class ParallelTrainer<H extends { lr: number }> {
   readonly #schedule: PipelineScheduleName;
   readonly #precision: TrainingPrecision;
   readonly #cpMode: ContextParallelMode;
-  readonly #optimizer: Optimizer<H> | null;
-  readonly #zero: ZeroOptimizer<H> | null;
-  readonly #grads: GradBuffer | null;
-  /** Expert parameters under expert parallelism: averaged over the expert-data-parallel group (null: none, or ep = dp). */
-  #expertGrads: GradBuffer | null = null;
-  /** Expert parameters under expert parallelism (different on each expert-parallel rank). */
-  readonly #expertParams: Set<Parameter>;
-  /** Under ZeRO with expert parallelism: the experts' ZeRO optimizer over the expert-data-parallel group (null: none). */
-  #expertZero: ZeroOptimizer<H> | null = null;
-  /** Under ZeRO with expert parallelism and no expert-data-parallel copies (ep = dp): the experts' own, unsharded optimizer. */
-  #expertOptimizer: Optimizer<H> | null = null;
+  /** The parameter families (families.ts): dense, and the experts under expert parallelism. */
+  readonly #families: ParamFamily<H>[];
   /** Parameters whose gradient another rank counts in the norm. */
   readonly #countedElsewhere: Set<Parameter>;
   /** Steps taken (the per-step metrics' index). */
@@ -175,58 +174,15 @@ export class ParallelTrainer<H extends { lr: number }> {
     this.#schedule = options.schedule ?? '1f1b';
     this.#precision = options.precision ?? 'f32';
     this.#cpMode = options.cpMode ?? 'ring';
-    const zero = options.zero ?? 0;
     this.#rank = mesh?.world.rank ?? Number(process.env.RANK ?? 0);
     this.#slowdown = debugSlowdown(this.#rank);
     this.#measure = metricsEnabled || this.#slowdown > 0;
     this.#countedElsewhere = new Set(model.tiedCountedElsewhere);
-    this.#expertParams = new Set(mesh && mesh.epSize > 1 ? moeLayers(model).flatMap((l) => l.experts.flatMap((e) => e.parameters())) : []);
     // Replicated parameters (LayerNorms, positions, row-parallel biases) have equal gradients on every tensor-parallel rank.
     if (mesh && mesh.tpSize > 1 && mesh.tpRank > 0) for (const p of tensorParallelParameters(model).replicated) this.#countedElsewhere.add(p);
-    const bucketing = options.bucketBytes ? { bucketBytes: options.bucketBytes } : {};
-    if (zero !== 0) {
-      // The tied embedding's gradient is complete only after the stages sum it, so ZeRO 1/2 leave it
-      // out of the reduce-scatters that start during backward.
-      const deferGrads = mesh?.embeddingGroup ? model.tiedParameters : [];
-      // Under expert parallelism the experts are copies over the expert-data-parallel group only, so
-      // they get a ZeRO optimizer of their own over that group (or, with no copies, a plain one);
-      // everything else is sharded over the data-parallel group as without experts.
-      const experts = this.#expertParams;
-      const split = experts.size > 0 ? splitParamGroups(paramGroups, experts) : { dense: paramGroups, experts: [] };
-      const sharded = new ZeroOptimizer(split.dense, options.createOptimizer, {
-        group: mesh!.dpCpGroup, stage: zero, offload: options.offload ?? false, deferGrads, bucketOrder: model.parameters().filter((p) => !experts.has(p)), ...bucketing,
-      });
-      if (experts.size > 0) {
-        const edp = mesh!.edpGroup;
-        try {
-          if (edp && edp.size > 1) {
-            this.#expertZero = new ZeroOptimizer(split.experts, options.createOptimizer, {
-              group: edp, stage: zero, offload: options.offload ?? false, bucketOrder: model.parameters().filter((p) => experts.has(p)), ...bucketing,
-            });
-          } else this.#expertOptimizer = options.createOptimizer(split.experts);
-        } catch (e) {
-          sharded.dispose();
-          throw e;
-        }
-      }
-      if (sharded.stage === 3) sharded.attach(model, { entries: ['forwardStage'], exclude: experts });
-      // ZeRO 3's units for the experts: each expert, gathered for its forward and backward.
-      if (this.#expertZero?.stage === 3) {
-        this.#expertZero.attach(model, { units: moeLayers(model).flatMap((l) => l.experts), entries: ['forwardStage'], exclude: model.parameters().filter((p) => !experts.has(p)) });
-      }
-      this.#zero = sharded;
-      this.#optimizer = null;
-      this.#grads = null;
-    } else {
-      this.#zero = null;
-      this.#optimizer = options.createOptimizer(paramGroups);
-      const experts = this.#expertParams;
-      const dense = model.parameters().filter((p) => !experts.has(p));
-      // Context-parallel ranks hold the same parameters as data-parallel ones: dense gradients average over both.
-      this.#grads = mesh && mesh.dpCpGroup.size > 1 && dense.length > 0 ? new GradBuffer(dense, { group: mesh.dpCpGroup, ...bucketing }) : null;
-      const edp = mesh?.edpGroup ?? null;
-      this.#expertGrads = experts.size > 0 && edp && edp.size > 1 ? new GradBuffer([...experts], { group: edp, ...bucketing }) : null;
-    }
+    this.#families = buildFamilies(model, paramGroups, mesh, {
+      zero: options.zero ?? 0, offload: options.offload ?? false, bucketBytes: options.bucketBytes, createOptimizer: options.createOptimizer,
+    });
   }
 
   /**
@@ -248,18 +204,16 @@ export class ParallelTrainer<H extends { lr: number }> {
   }
 
   /** The ZeRO optimizer (null at ZeRO 0): its reduceStats or gatherStats tell what communication did. Under expert parallelism it holds everything but the experts. */
-  get zero(): ZeroOptimizer<H> | null { return this.#zero; }
+  get zero(): ZeroOptimizer<H> | null { return zeroOf(this.#families[0]); }
 
   /** Under ZeRO with expert parallelism: the experts' ZeRO optimizer over the expert-data-parallel group (null otherwise). */
-  get expertZero(): ZeroOptimizer<H> | null { return this.#expertZero; }
+  get expertZero(): ZeroOptimizer<H> | null { return zeroOf(this.#experts()); }
 
   /** The optimizer that holds the state (ZeRO's inner one over the shard when sharded; under ZeRO with expert parallelism, the non-expert parameters'). */
-  get optimizer(): Optimizer<H> { return this.#zero ? this.#zero.inner : this.#optimizer!; }
+  get optimizer(): Optimizer<H> { return this.#families[0]!.optimizer; }
 
-  /** Every optimizer that updates a part of this rank's parameters (one, but for ZeRO with expert parallelism). */
-  #optimizers(): Optimizer<H>[] {
-    return [this.optimizer, ...(this.#expertZero ? [this.#expertZero.inner] : []), ...(this.#expertOptimizer ? [this.#expertOptimizer] : [])];
-  }
+  /** The experts' family under expert parallelism, else undefined. */
+  #experts(): ParamFamily<H> | undefined { return this.#families.find((f) => f.name === 'experts'); }
 
   /**
    * Forward and backward of this rank's rows of the global batch (inputs on the first stage, targets
@@ -270,38 +224,35 @@ export class ParallelTrainer<H extends { lr: number }> {
     const t0 = performance.now();
     this.#computeMs = 0;
     this.#cpuMs = 0;
-    // The MoE auxiliary losses' gradient carries the loss's scale: each micro-batch's loss weighs 1/m.
-    const auxScale = setMoEAuxLossScale(1 / this.#microBatches);
+    const families = this.#families;
     const result = await scope(async () => {
+      // The MoE auxiliary losses' gradient carries the loss's scale: each micro-batch's loss weighs 1/m.
+      // The step context goes to this trainer's own MoE layers, for this step only.
+      const context: MoEStepContext = { auxLossScale: 1 / this.#microBatches };
+      const layers = moeLayers(this.#model);
       let losses: number[];
+      for (const l of layers) l.stepContext = context;
       try {
         const stage = await this.#contextStage(inputs, targets, true);
         losses = await traceSpan('forward+backward', () => runSchedule(this.#schedule, stage, this.#microBatches));
       } finally {
-        setMoEAuxLossScale(auxScale);
+        for (const l of layers) l.stepContext = null;
       }
       // The debug slowdown: this rank computes (1 + F) times as long (a test hook for straggler detection).
       if (this.#slowdown > 0) traceSpan('debug slowdown', () => this.#timed(() => busyWaitCpu(this.#cpuMs * this.#slowdown)));
-      if (opts.lr !== undefined) for (const o of this.#optimizers()) o.setLr(opts.lr);
+      if (opts.lr !== undefined) for (const o of optimizersOf(families)) o.setLr(opts.lr);
+      // Bucketed all-reduces write the averages back into .grad, after which the stages sum the tied
+      // embedding; ZeRO reduce-scatters that gradient (deferred) itself, so the stages' sum comes first.
+      await finishBucketSync(families);
+      await this.#sumTiedGrads();
+      await finishShardedSync(families);
       let gradNorm: number | undefined;
-      if (this.#zero && (this.#expertZero || this.#expertOptimizer)) {
-        await this.#sumTiedGrads();
-        gradNorm = await traceSpan('optimizer (ZeRO, experts)', () => this.#zeroStepWithExperts());
-      } else if (this.#zero) {
-        // ZeRO reduce-scatters the tied embedding's gradient (deferred) inside its step, so the stages' sum comes first.
-        await this.#sumTiedGrads();
-        const normScope: GradNormScope = { skip: this.#countedElsewhere, groups: this.#modelParallelGroups() };
-        ({ gradNorm } = await traceSpan('optimizer (ZeRO)', () => this.#zero!.step(this.#maxGradNorm === undefined ? {} : { maxGradNorm: this.#maxGradNorm, normScope })));
-        this.#zero.zeroGrad();
-      } else {
-        // finishGradSync writes the averaged buckets back into .grad, after which the stages sum.
-        if (this.#grads) await traceSpan('grad sync', () => this.#grads!.finishGradSync());
-        if (this.#expertGrads) await traceSpan('grad sync (experts)', () => this.#expertGrads!.finishGradSync());
-        await this.#sumTiedGrads();
-        if (this.#maxGradNorm !== undefined) gradNorm = await this.#clipGradNorm(this.#maxGradNorm);
-        this.#timed(() => traceSpan('optimizer', () => this.#optimizer!.step()));
-        this.#optimizer!.zeroGrad();
+      if (this.#maxGradNorm !== undefined) {
+        gradNorm = await familiesGradNorm(families, this.#countedElsewhere, this.#modelParallelGroups());
+        scaleFamilyGrads(families, clipFactor(gradNorm, this.#maxGradNorm));
       }
+      await traceSpan('optimizer', () => updateFamilies(families, (fn) => this.#timed(fn)));
+      zeroFamilyGrads(families);
       const loss = await this.#globalLoss(losses);
       return gradNorm === undefined ? { loss } : { loss, gradNorm };
     });
@@ -309,45 +260,6 @@ export class ParallelTrainer<H extends { lr: number }> {
     const moe = this.#takeMoEStats();
     if (metricsEnabled) this.#recordMetrics(inputs, performance.now() - t0, result.loss, moe);
     return moe ? { ...result, moe } : result;
-  }
-
-  /**
-   * ZeRO with expert parallelism: both sharded optimizers finish their reductions, the norm adds the
-   * non-expert shards (over the data-parallel group) and the experts' (over their expert-data-parallel
-   * copies, then the expert-parallel group, whose ranks hold other experts), both clip by it and update.
-   */
-  async #zeroStepWithExperts(): Promise<number | undefined> {
-    const dense = this.#zero!, ez = this.#expertZero, eo = this.#expertOptimizer, mesh = this.#mesh!;
-    await dense.reduceGradients();
-    if (ez) await ez.reduceGradients();
-    let gradNorm: number | undefined;
-    if (this.#maxGradNorm !== undefined) {
-      const skip = this.#countedElsewhere;
-      using d = tensor(new Float32Array([dense.shardGradSumSquares(skip)]), [1]);
-      await dense.group.allReduce(d, { op: 'sum' });
-      const expertParams = [...this.#expertParams].filter((p) => !skip.has(p));
-      using e = tensor(new Float32Array([ez ? ez.shardGradSumSquares(skip) : gradSumSquares(expertParams)]), [1]);
-      if (ez) await ez.group.allReduce(e, { op: 'sum' });
-      await mesh.epGroup!.allReduce(e, { op: 'sum' });
-      using total = tensor(new Float32Array([d.toArraySync()[0]! + e.toArraySync()[0]!]), [1]);
-      for (const g of this.#modelParallelGroups()) await g.allReduce(total, { op: 'sum' });
-      gradNorm = Math.sqrt(total.toArraySync()[0]!);
-      const factor = clipFactor(gradNorm, this.#maxGradNorm);
-      if (factor < 1) {
-        dense.scaleShardGrads(factor);
-        if (ez) ez.scaleShardGrads(factor);
-        else scaleGrads([...this.#expertParams], factor);
-      }
-    }
-    await this.#timed(async () => {
-      await dense.step();
-      if (ez) await ez.step();
-      else eo!.step();
-    });
-    dense.zeroGrad();
-    ez?.zeroGrad();
-    eo?.zeroGrad();
-    return gradNorm;
   }
 
   /** The MoE layers' statistics since the last step (summed over layers); undefined without MoE layers. */
@@ -404,15 +316,13 @@ export class ParallelTrainer<H extends { lr: number }> {
     if (local.shape[0]! % m !== 0) throw new ArgumentError(`ParallelTrainer: inputs must be [B, T] with B divisible by the ${m} micro-batches, got ${inputs.describe()}`);
     // Counted targets per micro-batch, here and over the group.
     const rowsPer = local.shape[0]! / m, ids = localTargets.toArraySync(), width = localTargets.shape[1]!;
-    using counts = tensor(Float32Array.from({ length: m }, (_, i) => {
+    const mine = Array.from({ length: m }, (_, i) => {
       let n = 0;
       for (let j = i * rowsPer * width; j < (i + 1) * rowsPer * width; j++) if (ids[j] !== IGNORE_INDEX) n++;
       return n;
-    }), [m]);
-    const mine = counts.toArraySync();
-    await mesh.cpGroup.allReduce(counts, { op: 'sum' });
-    const total = counts.toArraySync();
-    const weights = Array.from(mine, (n, i) => (total[i]! > 0 ? (n * cp) / total[i]! : 0));
+    });
+    const total = await reduceTotals(mine, [{ group: mesh.cpGroup }]);
+    const weights = mine.map((n, i) => (total[i]! > 0 ? (n * cp) / total[i]! : 0));
     return this.#pipelineStage(local, localTargets, training, weights);
   }
 
@@ -423,10 +333,6 @@ export class ParallelTrainer<H extends { lr: number }> {
     const rowsPer = rows / m;
     const microBatch = (t: Tensor, i: number) => (m === 1 ? t : slice(t, 0, i * rowsPer, (i + 1) * rowsPer));
     const pp = this.#mesh && this.#mesh.ppSize > 1 ? this.#mesh.ppGroup : undefined;
-    // Gradient communication held back on non-final micro-batches: data parallel (GradBuffer) and
-    // ZeRO-1 communicate once per step; ZeRO-2 reduce-scatters every micro-batch (its gradients are
-    // sharded as they are produced); ZeRO-3 as each unit's backward ends.
-    const grads = !training ? null : this.#grads ?? (this.#zero?.stage === 1 ? this.#zero : null);
     const chunks = model.chunks ?? 1;
     const lastChunk = (c: number) => model.isLastStage && c === chunks - 1;
     return {
@@ -443,25 +349,9 @@ export class ParallelTrainer<H extends { lr: number }> {
         const w = (m > 1 ? 1 / m : 1) * (lossWeights ? lossWeights[i]! : 1);
         return lastChunk(chunk) && w !== 1 ? scale(out, w) : out;
       },
-      runBackward: (i, final, go, info) => this.#timed(() => computeSpan(info.phase === 'weight' ? 'weight grad' : 'backward', () => {
-        const experts = !training ? null : this.#expertGrads ?? (this.#expertZero?.stage === 1 ? this.#expertZero : null);
-        const held = experts && !final ? () => experts.noSync(go) : go;
-        const zero = training ? this.#zero : null;
-        // ZeRO 2 and 3 under a zero-bubble schedule: a micro-batch's gradients are final only after its
-        // W, and the next micro-batch's B may come first. B runs with the reductions held back (ZeRO 2:
-        // its hooks off, the gradients it makes accumulate in full; ZeRO 3: the units release their
-        // parameters but keep their gradients); W reduces (ZeRO 2: its hooks fill the buckets and the
-        // pass's end launches the rest, B's gradients included; ZeRO 3: every unit reduce-scatters).
-        if (zero && zero.stage >= 2 && info.phase !== 'backward') {
-          if (info.phase === 'input') return zero.stage === 3 ? zero.holdReductions(held) : zero.noSync(held);
-          const out = held() as void | Promise<void>;
-          if (zero.stage !== 3) return out;
-          if (out) return out.then(() => zero.reduceHeld());
-          zero.reduceHeld();
-          return;
-        }
-        return grads && !final ? grads.noSync(held) : held();
-      }, { microBatch: i, chunk: info.chunk })),
+      // Gradient communication held back where the gradients are not final (families.ts's holdingSync).
+      runBackward: (i, final, go, info) => this.#timed(() => computeSpan(info.phase === 'weight' ? 'weight grad' : 'backward',
+        () => (training ? holdingSync(this.#families, final, info.phase, go) : go()), { microBatch: i, chunk: info.chunk })),
     };
   }
 
@@ -481,41 +371,17 @@ export class ParallelTrainer<H extends { lr: number }> {
     return mesh ? [mesh.tpGroup, mesh.ppGroup].filter((g) => g.size > 1) : [];
   }
 
-  // The norm of the whole model's gradient: each rank's parameters that no other rank counts, summed
-  // over the model-parallel groups (data-parallel replicas hold the same averaged gradient).
-  async #clipGradNorm(maxGradNorm: number): Promise<number> {
-    const params = this.#model.parameters();
-    const experts = this.#expertParams;
-    let sumSquares = gradSumSquares(params.filter((p) => !this.#countedElsewhere.has(p) && !experts.has(p)));
-    if (experts.size > 0) {
-      // Each expert-parallel rank holds other experts: their squares add over the expert-parallel group.
-      using e = tensor(new Float32Array([gradSumSquares([...experts].filter((p) => !this.#countedElsewhere.has(p)))]), [1]);
-      await this.#mesh!.epGroup!.allReduce(e, { op: 'sum' });
-      sumSquares += e.toArraySync()[0]!;
-    }
-    const groups = this.#modelParallelGroups();
-    if (groups.length > 0) {
-      using total = tensor(new Float32Array([sumSquares]), [1]);
-      for (const g of groups) await g.allReduce(total, { op: 'sum' });
-      sumSquares = total.toArraySync()[0]!;
-    }
-    const norm = Math.sqrt(sumSquares);
-    const factor = clipFactor(norm, maxGradNorm);
-    if (factor < 1) scaleGrads(params, factor);
-    return norm;
-  }
-
-  /** The last stage's micro-batch losses (each already weighted 1/m) → the global batch mean, on every rank. */
+  /**
+   * The last stage's micro-batch losses (each already weighted 1/m) → the global batch mean, on every
+   * rank: only the last stage holds a loss (the others add zeros), then the mean over the data- and
+   * context-parallel ranks (context-parallel losses come weighted by their token shares).
+   */
   async #globalLoss(losses: number[]): Promise<number> {
     const local = losses.reduce((a, b) => a + b, 0);
     const mesh = this.#mesh;
-    if (!mesh || (mesh.ppSize === 1 && mesh.dpCpGroup.size === 1)) return local;
-    using t = tensor(new Float32Array([local]), [1]);
-    // Only the last stage holds a loss (the others add zeros); then the mean over the data-parallel
-    // and context-parallel ranks (context-parallel losses come weighted by their token shares).
-    if (mesh.ppSize > 1) await mesh.ppGroup.allReduce(t, { op: 'sum' });
-    if (mesh.dpCpGroup.size > 1) await mesh.dpCpGroup.allReduce(t, { op: 'avg' });
-    return t.toArraySync()[0]!;
+    if (!mesh) return local;
+    const [loss] = await reduceTotals([local], [{ group: mesh.ppGroup, op: 'sum' }, { group: mesh.dpCpGroup, op: 'avg' }]);
+    return loss!;
   }
 
   /**
@@ -525,9 +391,9 @@ export class ParallelTrainer<H extends { lr: number }> {
    */
   async fullParameters(): Promise<Tensor[]> {
     const params = this.#model.parameters();
-    if (!this.#zero) return params.map((p) => p.clone());
     const byParam = new Map<Tensor, Tensor>();
-    for (const z of [this.#zero, this.#expertZero]) {
+    for (const f of this.#families) {
+      const z = zeroOf(f);
       if (!z) continue;
       const values = await z.fullParameters();
       z.params.forEach((p, i) => byParam.set(p, values[i]!));
@@ -541,22 +407,18 @@ export class ParallelTrainer<H extends { lr: number }> {
    * another rank saves, and its place among the identical data-parallel replicas.
    */
   checkpointHoldings(): TrainerHoldings<H> {
+    const [dense] = this.#families, experts = this.#experts();
+    const place = (g: CollectiveGroup | null): ReplicaPlace | null => (g ? { index: g.rank, count: g.size } : null);
     const mesh = this.#mesh;
-    const edp = mesh?.edpGroup ?? null;
     return {
       model: this.#model,
-      optimizer: this.#zero ? null : this.#optimizer,
-      zero: this.#zero,
+      optimizer: zeroOf(dense) ? null : dense!.optimizer,
+      zero: zeroOf(dense),
       savedElsewhere: this.#countedElsewhere,
       // Context-parallel ranks hold the same state as data-parallel replicas.
       replica: mesh ? { index: mesh.dpCpGroup.rank, count: mesh.dpCpGroup.size } : null,
-      ...(this.#expertParams.size > 0 ? {
-        experts: {
-          params: this.#expertParams,
-          optimizer: this.#zero ? this.#expertOptimizer : this.#optimizer,
-          zero: this.#expertZero,
-          replica: edp && edp.size > 1 ? { index: edp.rank, count: edp.size } : null,
-        },
+      ...(experts ? {
+        experts: { params: new Set(experts.params), optimizer: zeroOf(experts) ? null : experts.optimizer, zero: zeroOf(experts), replica: place(experts.replicas) },
       } : {}),
     };
   }
@@ -566,12 +428,7 @@ export class ParallelTrainer<H extends { lr: number }> {
 
   /** Frees the trainer's optimizer, ZeRO shards and gradient buffers (the model stays with its owner). */
   dispose(): void {
-    this.#zero?.dispose();
-    this.#expertZero?.dispose();
-    this.#expertOptimizer?.dispose();
-    this.#optimizer?.dispose();
-    this.#grads?.dispose();
-    this.#expertGrads?.dispose();
+    disposeFamilies(this.#families);
   }
 }
 
@@ -597,70 +454,5 @@ function computeSpan<T>(name: string, fn: () => T, args: Record<string, unknown>
   }, 'compute', args);
 }
 
-/** The parameter groups cut in two: without the experts, and the experts only (groups left empty dropped). */
-function splitParamGroups<H>(groups: ZeroParamGroup<H>[], experts: ReadonlySet<Tensor>): { dense: ZeroParamGroup<H>[]; experts: ZeroParamGroup<H>[] } {
-  const part = (keep: (p: Tensor) => boolean) => groups.map((g) => ({ ...g, params: [...g.params].filter(keep) })).filter((g) => g.params.length > 0);
-  return { dense: part((p) => !experts.has(p)), experts: part((p) => experts.has(p)) };
-}
-
 /** Targets with this value are not counted (crossEntropy's default ignoreIndex). */
 const IGNORE_INDEX = -100;
-
-/** The trainer's local checks; throws an ArgumentError naming every problem. */
-function checkTrainerSetup<H extends { lr: number }>(model: PipelineModule, paramGroups: ZeroParamGroup<H>[], options: ParallelTrainerOptions<H>): void {
-  const problems: string[] = [];
-  const { mesh } = options;
-  const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
-  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
-  if (zero !== 0 && (!mesh || mesh.dpCpGroup.size === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
-  const cpMode = options.cpMode ?? 'ring';
-  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`cpMode must be 'ring' or 'ulysses', got ${String(cpMode)}`);
-  if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
-  const chunks = model.chunks ?? 1, placement = model.placement ?? 'loop';
-  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`schedule must be one of ${SCHEDULE_KINDS.map((k) => `'${k}'`).join(', ')}, got ${String(schedule)}`);
-  else if (schedule === 'zb-v') {
-    if (chunks !== 2 || placement !== 'v') problems.push('the zb-v schedule needs a model of 2 chunks per stage placed in a V (GPTStage(model, stage, stages, 2, \'v\'))');
-    if ((mesh?.ppSize ?? 1) < 2) problems.push('the zb-v schedule needs 2 or more pipeline stages');
-  } else if (placement !== 'loop') problems.push(`a model whose chunks are placed '${placement}' needs the zb-v schedule, not '${schedule}'`);
-  else if (schedule === 'interleaved') {
-    const stages = mesh?.ppSize ?? 1;
-    if (chunks < 2) problems.push('the interleaved schedule needs a model of 2 or more chunks per stage (GPTStage(model, stage, stages, chunks))');
-    if (stages < 2) problems.push('the interleaved schedule needs 2 or more pipeline stages');
-    else if (Number.isInteger(m) && m % stages !== 0) problems.push(`the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${stages} stages`);
-  } else if (chunks > 1) problems.push(`a model of ${chunks} chunks per stage needs the interleaved schedule, not '${schedule}'`);
-  const precision = options.precision ?? 'f32';
-  if (precision !== 'f32' && precision !== 'bf16') {
-    problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);
-  }
-  const stages = mesh?.ppSize ?? 1, stage = mesh?.ppRank ?? 0;
-  // Under the V placement the first stage also computes the loss.
-  if (model.isFirstStage !== (stage === 0) || model.isLastStage !== (placement === 'v' ? stage === 0 : stage === stages - 1)) {
-    problems.push(`the model is ${model.isFirstStage ? 'a first' : 'not a first'} and ${model.isLastStage ? 'a last' : 'not a last'} stage, but this rank is pipeline stage ${stage} of ${stages}`);
-  }
-  if (mesh && mesh.tpSize > 1 && tensorParallelParameters(model).sharded.length === 0) {
-    problems.push(`tp = ${mesh.tpSize}, but the model has no tensor-parallel layers (every rank would hold and train the whole model)`);
-  }
-  const named = new Map(model.namedParameters().map(([n, p]) => [p, n] as const));
-  const listed = new Set<Tensor>();
-  for (const g of paramGroups) {
-    for (const p of g.params) {
-      if (listed.has(p)) problems.push(`${named.get(p as Parameter) ?? p.describe()} is in the parameter groups twice`);
-      else if (!named.has(p as Parameter)) problems.push(`the parameter groups hold ${p.describe()}, which is not one of the model's parameters`);
-      listed.add(p);
-    }
-  }
-  if (mesh && mesh.epSize > 1 && splitsBackward(schedule) && (zero === 2 || zero === 3)) {
-    problems.push(`the ${schedule} schedule with expert parallelism (ep = ${mesh.epSize}) and ZeRO ${zero} is not supported yet (the experts' ZeRO would reduce before each W): use ZeRO 0 or 1`);
-  }
-  if (mesh && mesh.epSize > 1) {
-    const layers = moeLayers(model);
-    if (layers.length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
-    else if (layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
-      problems.push(`ep = ${mesh.epSize}, but the MoE layers hold ${layers[0]!.experts.length} of their ${layers[0]!.config.experts} experts here: ` +
-        'build the model with moeParallel: nt.parallel.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
-    }
-  }
-  const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);
-  if (missing.length > 0) problems.push(`the model's parameter(s) ${missing.join(', ')} are in no parameter group, so the optimizer would never update them`);
-  if (problems.length > 0) throw new ArgumentError(`ParallelTrainer: ${problems.join('; ')}`);
-}

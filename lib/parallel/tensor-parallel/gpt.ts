@@ -3,10 +3,9 @@
 // fewer than the ranks: llama.ts), the vocabulary (token table, tied head, loss) by
 // rows; with sequence parallelism the regions between them hold a chunk of the sequence per rank.
 // Each rank's weights are exact slices of the single-process model built from the same seed.
-import { tensor } from '../../creation.js';
 import { ArgumentError, ShapeError } from '../../errors.js';
 import type { Module, Parameter } from '../../nn/module.js';
-import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
+import { clipFactor, globalGradNorm, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { GPT, padVocab, type GPTConfig, type GPTOptions, type LinearFactory, type SequenceLayout, type VocabLayout } from '../../nn/gpt.js';
 import { constant, normal } from '../../nn/init.js';
 import { linear } from '../../ops/index.js';
@@ -176,10 +175,7 @@ export async function clipTensorParallelGradNorm(model: Module, group: Collectiv
     throw new ArgumentError(`clipTensorParallelGradNorm: maxNorm must be a number > 0, got ${maxNorm}`);
   }
   const { sharded, replicated } = tensorParallelParameters(model);
-  // f32 carries the partial sums: their relative rounding (1e-7) is far below what clipping needs.
-  using partial = tensor(new Float32Array([gradSumSquares(sharded)]), [1], { device: model.parameters()[0]?.device });
-  await group.allReduce(partial, { op: 'sum' });
-  const norm = Math.sqrt(partial.item() + gradSumSquares(replicated));
+  const norm = await globalGradNorm([{ sumSquares: gradSumSquares(sharded), groups: [group] }, { sumSquares: gradSumSquares(replicated) }]);
   if (maxNorm !== undefined) {
     const factor = clipFactor(norm, maxNorm);
     if (factor < 1) scaleGrads(model.parameters(), factor);

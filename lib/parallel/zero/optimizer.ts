@@ -9,8 +9,7 @@
 // `new ZeroOptimizer(params, factory, { stage })` builds the one its stage names.
 import { dtypeCode } from '../../dtype.js';
 import { ArgumentError } from '../../errors.js';
-import { tensor } from '../../creation.js';
-import { clipFactor, gradSumSquares, scaleGrads } from '../../optim/clip.js';
+import { clipFactor, globalGradNorm, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
 import type { Optimizer } from '../../optim/optimizer.js';
 import { emptyOn, type Tensor } from '../../tensor.js';
@@ -287,11 +286,8 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
   // The shards partition the averaged gradient (padding holds zeros), so the global sum of squares
   // is the group sum of the shards' sums (then summed over the scope's model-parallel groups).
   async #clipShardGrads(maxGradNorm: number, scope: GradNormScope): Promise<number> {
-    const local = this.shardGradSumSquares(new Set(scope.skip ?? []));
-    using total = tensor(new Float32Array([local]), [1], { device: this.params[0]!.device });
-    await this.group.allReduce(total, { op: 'sum' });
-    for (const g of scope.groups ?? []) if (g.size > 1) await g.allReduce(total, { op: 'sum' });
-    const norm = Math.sqrt(total.toArraySync()[0]!);
+    const part = { sumSquares: this.shardGradSumSquares(new Set(scope.skip ?? [])), groups: [this.group] };
+    const norm = await globalGradNorm([part], (scope.groups ?? []).filter((g) => g.size > 1));
     this.scaleShardGrads(clipFactor(norm, maxGradNorm));
     return norm;
   }
