@@ -31,11 +31,11 @@ export const RUN_LIMIT_MS = 240_000;
  * `launchRun(name, nproc, flags)` for one fixture: makes `<work>/<name>` at once, then (queued on its
  * own JobPool) runs `launcher --nproc-per-node <nproc> <script> <leadingArgs> --out <work>/<name>
  * <flags>` and reads back each rank's results. nproc 0 runs the script alone, without the launcher,
- * as one process (rank 0). A failed run has no ranks.
+ * as one process (rank 0). A failed run has no ranks. `env(name)`: the run's environment (default: this process's).
  */
-export function equivalenceRunner<R extends RankResult = RankResult>(opts: { script: string; work: string; leadingArgs?: string[] }):
+export function equivalenceRunner<R extends RankResult = RankResult>(opts: { script: string; work: string; leadingArgs?: string[]; env?: (name: string) => NodeJS.ProcessEnv }):
   (name: string, nproc: number, flags: string[]) => Promise<Trained<R>> {
-  const { script, work, leadingArgs = [] } = opts;
+  const { script, work, leadingArgs = [], env } = opts;
   const pool = new JobPool();
   return (name, nproc, flags) => {
     const out = join(work, name);
@@ -43,7 +43,7 @@ export function equivalenceRunner<R extends RankResult = RankResult>(opts: { scr
     return pool.run(async () => {
       const rest = [...leadingArgs, '--out', out, ...flags];
       const args = nproc === 0 ? [...nodeArgs(script), ...rest] : [...nodeArgs(launcher), '--nproc-per-node', String(nproc), scriptPath(script), ...rest];
-      const { code, output } = await runProcess(process.execPath, args, { cwd: root, limitMs: RUN_LIMIT_MS });
+      const { code, output } = await runProcess(process.execPath, args, { cwd: root, limitMs: RUN_LIMIT_MS, ...(env ? { env: env(name) } : {}) });
       const ranks = code !== 0 ? [] : Array.from({ length: Math.max(1, nproc) }, (_, r) => readRank<R>(out, r));
       return { code, output, ranks };
     });
