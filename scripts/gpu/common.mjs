@@ -1,7 +1,7 @@
 // Shared by the staged GPU run's stages (scripts/gpu/stages/*.mjs): the recorder that rewrites a stage's
 // JSON after every check (a crash or hang keeps what was done), comparisons, python/torch discovery.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -91,8 +91,22 @@ export function pythonEnv(extra = {}) {
   return env;
 }
 
-/** A python that imports torch: NODETRON_PYTHON, the first python3/python on PATH, then venvs and conda. */
+/**
+ * A python that imports torch: NODETRON_PYTHON, the first python3/python on PATH, then venvs and conda.
+ * The answer is kept in $NODETRON_GPU_RUN_WORK/python.json for the run's later steps (each import of
+ * torch costs seconds; a loaded machine's first try may take most of preflight's limit).
+ */
 export function findPython() {
+  const cache = process.env.NODETRON_GPU_RUN_WORK ? join(process.env.NODETRON_GPU_RUN_WORK, 'python.json') : null;
+  if (cache) {
+    try { const c = JSON.parse(readFileSync(cache, 'utf8')); if (c.torch || c.python === null || existsSync(c.python)) return c; } catch { /* not yet */ }
+  }
+  const found = findPythonUncached();
+  if (cache) try { writeFileSync(cache, JSON.stringify(found)); } catch { /* scratch gone */ }
+  return found;
+}
+
+function findPythonUncached() {
   const candidates = [process.env.NODETRON_PYTHON, 'python3', 'python'];
   for (const base of [process.env.VIRTUAL_ENV, process.env.CONDA_PREFIX, '/opt/conda', '/usr/local', '/usr', join(root, '.venv'), join(process.env.HOME ?? '/root', '.venv')]) {
     if (base) candidates.push(join(base, 'bin', 'python3'));
@@ -104,7 +118,7 @@ export function findPython() {
   }
   let fallback = null;
   for (const py of [...new Set(candidates.filter(Boolean))]) {
-    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 20_000, env: pythonEnv() });
+    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 30_000, env: pythonEnv() });
     if (r.status === 0) return { python: py, torch: JSON.parse(r.stdout.trim().split('\n').pop()).torch };
     if (r.error === undefined && fallback === null) fallback = py;
   }
@@ -160,7 +174,7 @@ export function commit() {
  * parallel run and compute-sanitizer go to the second, with the failed steps' variants.
  */
 export const PHASES = [
-  { name: 'preflight', endS: 25 },
+  { name: 'preflight', endS: 30 },
   { name: 'correctness', endS: 205 },
   { name: 'gpt2', endS: 320 },
   { name: 'gemm', endS: 360 },
@@ -170,7 +184,7 @@ export const PHASES = [
 // time: ops-f32 13.7 s, ops-f16 12.8, ops-bf16 9.6, kernels 5.8, gemm 2.5, optim-amp 1.5, memory 0.5,
 // nccl 0.04; docs/gpu.md) plus ~5 s of process start and CUDA initialization, about doubled.
 export const PLAN = [
-  { id: 'preflight', phase: 'preflight', file: 'preflight', fn: 'run', limitS: 25 },
+  { id: 'preflight', phase: 'preflight', file: 'preflight', fn: 'run', limitS: 30, variants: [''] },
   { id: 'nccl', phase: 'correctness', file: 'correctness', sections: ['nccl'], limitS: 15, sync: true, variants: ['nosync'] },
   { id: 'gemm', phase: 'correctness', file: 'correctness', sections: ['gemm'], limitS: 20, sync: true, variants: ['noepi'] },
   { id: 'ops-f32', phase: 'correctness', file: 'correctness', sections: ['ops-f32'], limitS: 30, sync: true, variants: ['simt', 'noepi'] },
@@ -178,7 +192,7 @@ export const PLAN = [
   { id: 'ops-f16', phase: 'correctness', file: 'correctness', sections: ['ops-f16'], limitS: 25, sync: true, variants: ['simt', 'noepi'] },
   { id: 'kernels', phase: 'correctness', file: 'correctness', sections: ['kernels'], limitS: 25, sync: true, variants: ['simt', 'noepi'] },
   { id: 'optim-amp', phase: 'correctness', file: 'correctness', sections: ['optim', 'amp', 'gpt'], limitS: 20, sync: true, variants: ['simt', 'noepi'] },
-  { id: 'memory', phase: 'correctness', file: 'correctness', sections: ['streams', 'allocator', 'oom'], limitS: 20, sync: true, variants: ['nosync'] },
+  { id: 'memory', phase: 'correctness', file: 'correctness', sections: ['streams', 'allocator', 'oom'], limitS: 15, sync: true, variants: ['nosync'] },
   { id: 'gpt2-step', phase: 'gpt2', file: 'performance', fn: 'gpt2Step', limitS: 60, minS: 25, retry: 'simt', variants: ['simt+noepi', 'simt+sync'] },
   { id: 'gpt2-torch-eager', phase: 'gpt2', file: 'performance', fn: 'gpt2Torch', args: { mode: 'eager' }, limitS: 45, minS: 25, torch: true, variants: [''] },
   { id: 'gemm-perf', phase: 'gemm', file: 'performance', fn: 'gemmPerf', limitS: 40, minS: 20, torch: true },

@@ -9,6 +9,8 @@
 # letters, digits, '.', '_', '-').
 #   bash scripts/gpu/rehearse.sh            (makes the bundle first when .device/bundle.tar.xz is missing
 #                                            or was made from another commit than HEAD)
+#   bash scripts/gpu/rehearse.sh --keep-bundle   (rehearses the bundle there is, whatever its commit: for a
+#                                            shared tree whose other changes would remake it every time)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -16,7 +18,9 @@ cd "$root"
 # A tree with uncommitted changes always gets a new one (its "-dirty" commit says nothing of which changes).
 bundled=$( [ -f .device/bundle.tar.xz ] && tar -xJOf .device/bundle.tar.xz runtime/COMMIT 2>/dev/null || true)
 head=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
-if [ "$bundled" != "$head" ] || [ "${head%-dirty}" != "$head" ]; then
+if [ "${1:-}" = --keep-bundle ] && [ -n "$bundled" ]; then
+  echo "rehearse.sh: rehearsing the bundle of $bundled as it is (the tree is $head)"
+elif [ "$bundled" != "$head" ] || [ "${head%-dirty}" != "$head" ]; then
   echo "rehearse.sh: the bundle is from ${bundled:-nothing (missing or unreadable)}, the tree is $head: making it again"
   bash scripts/gpu/bundle.sh
 fi

@@ -32,7 +32,10 @@ export async function run(rec, nt, noGpu) {
     const addon = ['build/Release/nodetron_cuda.node', `prebuilds/${process.platform}-${process.arch}/cuda/nodetron_cuda.node`].map((p) => join(root, p)).find(existsSync);
     const ldd = addon ? spawnSync('ldd', [addon], { encoding: 'utf8', timeout: 15_000 }) : null;
     const lddText = ldd ? `${ldd.stdout ?? ''}${ldd.stderr ?? ''}`.trim() : 'no cuda addon in build/Release or prebuilds/';
-    rec.info('cudaLoad', { reason: noGpu, addon: addon ?? null, ldd: lddText.slice(0, 6000), LD_LIBRARY_PATH: process.env.LD_LIBRARY_PATH ?? null, NODETRON_LD_LIBRARY_PATH: process.env.NODETRON_LD_LIBRARY_PATH ?? null });
+    // The folders lib/native.ts tries for cuBLASLt and NCCL by absolute path when the loader does not find them.
+    let searched = null;
+    try { searched = (await import('../../../dist/native.js')).cudaLibraryDirs(); } catch (e) { searched = String(e?.message ?? e).split('\n')[0]; }
+    rec.info('cudaLoad', { reason: noGpu, addon: addon ?? null, ldd: lddText.slice(0, 6000), LD_LIBRARY_PATH: process.env.LD_LIBRARY_PATH ?? null, NODETRON_LD_LIBRARY_PATH: process.env.NODETRON_LD_LIBRARY_PATH ?? null, cudaLibraryDirs: searched });
     rec.data.reason = noGpu;
     const missing = lddText.split('\n').filter((l) => /not found/.test(l)).map((l) => l.trim()).join('; ');
     rec.check({ name: 'the cuda addon loads on this GPU machine', ok: false, error: `${noGpu}${missing ? ` | ldd: ${missing}` : ''} | LD_LIBRARY_PATH=${process.env.LD_LIBRARY_PATH ?? ''}` });
