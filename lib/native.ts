@@ -1,7 +1,7 @@
 // The only module that touches the native addons: loads the cpu addon (choosing OpenBLAS's kernel
 // for this CPU first), registers the typed-error factory, and loads the cuda addon lazily.
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, openSync, readdirSync, readFileSync, readSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -179,6 +179,10 @@ function chooseBlasCore(): BlasChoice {
   if (forced === 'auto') {
     return { coreType: inherited ?? null, reason: inherited ? 'OPENBLAS_CORETYPE (NODETRON_BLAS_CORETYPE=auto)' : "OpenBLAS's own detection (NODETRON_BLAS_CORETYPE=auto)" };
   }
+  // The AVX-512 choice below is x86-64's; elsewhere (arm64) OpenBLAS picks its own kernels.
+  if (process.arch !== 'x64') {
+    return { coreType: inherited ?? null, reason: inherited ? 'set by OPENBLAS_CORETYPE' : `OpenBLAS's own detection (${process.arch})` };
+  }
   const f = cpuFlags();
   const avx512 = ['avx512f', 'avx512bw', 'avx512vl', 'avx512dq'].every((x) => f.has(x));
   if (!avx512) {
@@ -197,6 +201,42 @@ function chooseBlasCore(): BlasChoice {
 let cpuAddon: BackendAddon | undefined;
 let blasChoice: BlasChoice | undefined;
 
+// ---- which binary: this machine's architecture ----------------------------------------------------
+/** ELF e_machine of the architectures nodetron builds for, by process.arch. */
+const ELF_MACHINES: Record<string, number> = { x64: 62, arm64: 183 };
+
+/** The process.arch an ELF file was built for ('e_machine N' when nodetron does not build for it), or undefined when unreadable. */
+export function elfArch(path: string): string | undefined {
+  try {
+    const fd = openSync(path, 'r');
+    try {
+      const h = Buffer.alloc(20);
+      if (readSync(fd, h, 0, 20, 0) !== 20 || h.readUInt32BE(0) !== 0x7f454c46) return undefined;
+      const machine = h.readUInt16LE(18);
+      return Object.keys(ELF_MACHINES).find((a) => ELF_MACHINES[a] === machine) ?? `e_machine ${machine}`;
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The cpu addon for this process's architecture. node-gyp-build takes a checkout's build/Release first
+ * whatever it was built for; when that is another architecture's (an arm64 Node under qemu in an x64
+ * checkout, as .ci/arm64-smoke.sh runs it), the prebuilt binary of this architecture is taken instead.
+ */
+export function cpuAddonFile(): string {
+  const load = require('node-gyp-build') as { path(dir: string): string };
+  const chosen = load.path(packageRoot);
+  const arch = elfArch(chosen);
+  if (arch === undefined || arch === process.arch || !(process.arch in ELF_MACHINES)) return chosen;
+  const prebuilt = join(packageRoot, 'prebuilds', `${process.platform}-${process.arch}`, 'nodetron.napi.node');
+  if (existsSync(prebuilt)) return prebuilt;
+  throw new Error(`${chosen} is built for ${arch}, this Node.js is ${process.arch}, and there is no ${prebuilt}`);
+}
+
 const factory = (code: string, message: string, call: string) => errorFromCode(code, message, call);
 
 /** The cpu addon, loaded on first use. */
@@ -206,8 +246,7 @@ export function cpu(): BackendAddon {
   blasChoice = { ...chooseBlasCore(), ...(inherited ? { inherited } : {}) };
   let addon: BackendAddon;
   try {
-    const load = require('node-gyp-build') as (dir: string) => BackendAddon;
-    addon = load(packageRoot);
+    addon = require(cpuAddonFile()) as BackendAddon;
   } catch (e) {
     throw new BackendUnavailableError(
       `the nodetron native addon could not be loaded (${(e as Error).message.split('\n')[0]}). ` +
@@ -231,8 +270,8 @@ export function cpu(): BackendAddon {
       throw new ArgumentError(`${variable}=${value}: ${(e as Error).message.replace(new RegExp(`^${setter}: `), '')}`, 'load');
     }
   };
-  // NODETRON_CPU_ISA=auto|baseline|avx2|avx512: the SIMD level of the cpu kernels (default: the best
-  // this CPU supports; native/cpu/kernels/util.h).
+  // NODETRON_CPU_ISA=auto|baseline|avx2|avx512 (x86-64) or auto|baseline|neon (arm64): the SIMD level of
+  // the cpu kernels (default: the best this CPU supports; native/cpu/kernels/util.h).
   fromEnv('NODETRON_CPU_ISA', 'setCpuIsa');
   // NODETRON_BF16_GEMM=auto|fallback: bf16 GEMMs on the AVX512_BF16 kernel where the CPU has it
   // (auto, the default) or widened to f32 for cblas_sgemm (fallback; native/cpu/kernels/gemm_bf16.cc).
@@ -261,7 +300,7 @@ function cudaAddonPath(): string | undefined {
   // The prebuilt cuda addon sits in a folder of its own, so node-gyp-build never takes it for the cpu addon.
   for (const p of ['build/Release/nodetron_cuda.node', 'build/Debug/nodetron_cuda.node', `prebuilds/${process.platform}-${process.arch}/cuda/nodetron_cuda.node`]) {
     const full = join(packageRoot, p);
-    if (existsSync(full)) return full;
+    if (existsSync(full) && [undefined, process.arch as string].includes(elfArch(full))) return full;
   }
   return undefined;
 }

@@ -99,7 +99,9 @@ function collectArm64(required) {
   const addon = join(arm64Build, 'nodetron.node');
   rmSync(arm64Out, { recursive: true, force: true });
   const sources = Math.max(newestUnder(join(root, 'native')), statSync(join(root, 'CMakeLists.txt')).mtimeMs);
-  if (!existsSync(addon) || statSync(addon).mtimeMs < sources) {
+  // scripts/arm64/build.mjs stamps each successful build (ninja need not relink the addon after every edit).
+  const stamp = join(arm64Build, 'built.stamp');
+  if (!existsSync(addon) || !existsSync(stamp) || statSync(stamp).mtimeMs < sources) {
     const why = existsSync(addon) ? 'build-arm64/nodetron.node is older than native/' : 'there is no build-arm64/nodetron.node';
     if (required) throw new Error(`${why}: run node scripts/arm64/build.mjs`);
     log(`WARNING: ${why}: the package will have no linux-arm64 binary (node scripts/arm64/build.mjs cross-builds it)`);
@@ -125,7 +127,8 @@ function collectArm64(required) {
 /** Loads the arm64 prebuilt addon under qemu-aarch64-static with an arm64 Node.js, when both are here. */
 function checkArm64(required) {
   if (!existsSync(join(arm64Out, 'nodetron.napi.node'))) return;
-  const node = process.env.NODETRON_ARM64_NODE;
+  // NODETRON_ARM64_NODE, else the arm64 Node.js .ci/arm64-smoke.sh keeps in build-arm64/node/<major>.
+  const node = process.env.NODETRON_ARM64_NODE ?? join(arm64Build, 'node', process.versions.node.split('.')[0], 'package', 'bin', 'node');
   const qemu = spawnSync('sh', ['-c', 'command -v qemu-aarch64-static'], { encoding: 'utf8' }).stdout.trim();
   if (!qemu || !node || !existsSync(node)) {
     const msg = 'the linux-arm64 addon was not loaded here (needs qemu-aarch64-static and an arm64 node in NODETRON_ARM64_NODE; .ci/arm64-smoke.sh runs it)';

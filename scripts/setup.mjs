@@ -156,13 +156,30 @@ function nativeBuild() {
   writeFileSync(stamp, `${new Date().toISOString()}\n`);
 }
 
+// 4b. The linux-arm64 cpu addon, cross-built for what `npm pack` ships (--release on x64 only) -----
+// scripts/arm64/build.mjs installs the cross toolchain with apt when root, else fails naming the apt
+// line. NODETRON_ARM64=0 packs without it (linux-x64 only), with a warning.
+const packArm64 = release && process.platform === 'linux' && process.arch === 'x64';
+function arm64Build() {
+  if (!packArm64) return false;
+  if (process.env.NODETRON_ARM64 === '0') {
+    log('WARNING: NODETRON_ARM64=0: the package will have NO linux-arm64 binary (arm64 users build from source)');
+    return false;
+  }
+  log('cross-building the linux-arm64 cpu addon (scripts/arm64/build.mjs, into build-arm64/)');
+  if (!run(process.execPath, [join(root, 'scripts', 'arm64', 'build.mjs')])) {
+    throw new Error('the linux-arm64 cross build failed (see above); NODETRON_ARM64=0 packs linux-x64 only');
+  }
+  return true;
+}
+
 // 6. Prebuilt binaries: what `npm pack` ships (scripts/prebuild.mjs; copies, no second build) -----
-function prebuilds() {
+function prebuilds(arm64) {
   const out = join(root, 'prebuilds', `${process.platform}-${process.arch}`, 'nodetron.napi.node');
   const addons = ['nodetron.node', 'nodetron_cuda.node'].map((a) => join(root, 'build', 'Release', a)).filter(existsSync);
-  if (!force && existsSync(out) && addons.every((a) => statSync(out).mtimeMs >= statSync(a).mtimeMs)) return;
+  if (!force && !release && existsSync(out) && addons.every((a) => statSync(out).mtimeMs >= statSync(a).mtimeMs)) return;
   log('collecting the prebuilt binaries (scripts/prebuild.mjs)');
-  if (!run(process.execPath, [join(root, 'scripts', 'prebuild.mjs')])) throw new Error('collecting the prebuilt binaries failed');
+  if (!run(process.execPath, [join(root, 'scripts', 'prebuild.mjs'), ...(arm64 ? ['--arm64'] : [])])) throw new Error('collecting the prebuilt binaries failed');
 }
 
 // 7. The example's token shards: what `npm pack` ships beside examples/gpt/train.ts, so the example (and
@@ -203,7 +220,7 @@ try {
   try { nativeBuild(); } catch (e) { nativeError = e; }
   await ts;
   if (nativeError) throw nativeError;
-  prebuilds();
+  prebuilds(arm64Build());
   exampleShards();
 } catch (e) {
   log(`error: ${e.message}`);

@@ -97,7 +97,10 @@ export function buildArm64({ force = false, qemu = false } = {}) {
   ensureToolchain({ qemu });
   glooSysroot();
   const addon = join(buildDir, 'nodetron.node');
-  if (!force && existsSync(addon) && statSync(addon).mtimeMs > newest(['native', 'CMakeLists.txt', 'cmake'])) return addon;
+  // When the last build succeeded (ninja relinks nothing when an edit changes no object of this addon,
+  // e.g. one under native/cuda, so the addon's own time can stay older than the sources).
+  const stamp = join(buildDir, 'built.stamp');
+  if (!force && existsSync(addon) && existsSync(stamp) && statSync(stamp).mtimeMs > newest(['native', 'CMakeLists.txt', 'cmake'])) return addon;
   const headers = [join(root, 'node_modules', 'node-api-headers', 'include'), join(root, 'node_modules', 'node-addon-api')];
   for (const h of headers) if (!existsSync(h)) throw new Error(`${h} is missing: run npm install first`);
   if (!existsSync(join(buildDir, 'CMakeCache.txt')) || force) {
@@ -114,6 +117,7 @@ export function buildArm64({ force = false, qemu = false } = {}) {
   log('building build-arm64/nodetron.node');
   const jobs = process.env.CMAKE_BUILD_PARALLEL_LEVEL ?? String(availableParallelism() + 2);
   if (!run('cmake', ['--build', buildDir, '--target', 'nodetron', '--parallel', jobs])) throw new Error('the arm64 cross build failed (see the compiler output above)');
+  writeFileSync(stamp, `${new Date().toISOString()}\n`);
   return addon;
 }
 
