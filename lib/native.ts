@@ -392,7 +392,8 @@ export function driverMismatch(driver: { major: number; version: string } | unde
 export function cudaLibraryDirs(env: NodeJS.ProcessEnv = process.env): string[] {
   const dirs: string[] = [];
   for (const v of ['CUDA_HOME', 'CUDA_PATH', 'NCCL_HOME']) if (env[v]) dirs.push(join(env[v]!, 'lib64'), join(env[v]!, 'lib'));
-  dirs.push('/usr/local/cuda/lib64', '/usr/local/cuda/targets/x86_64-linux/lib');
+  // The toolkit's own folder per architecture: x86_64-linux, or sbsa-linux on arm64 servers (Grace).
+  dirs.push('/usr/local/cuda/lib64', `/usr/local/cuda/targets/${process.arch === 'arm64' ? 'sbsa' : 'x86_64'}-linux/lib`);
   // The nvidia wheels: ask each python on PATH where its `nvidia` package is, then look where pip installs.
   for (const py of ['python3', 'python']) {
     const r = spawnSync(py, ['-c', 'import nvidia,os;print("\\n".join(os.path.join(p,d,"lib") for p in nvidia.__path__ for d in os.listdir(p)))'],
