@@ -23,7 +23,7 @@
 // when set (device.sh: .device/work, kept between two commands on a warm machine), else a temporary folder.
 // Test hooks (test/cuda/gpu-run.test.ts): NODETRON_GPU_RUN_SIMULATE="nccl:hang,gemm:crash" makes those
 // steps hang or crash at their start; NODETRON_GPU_RUN_LIMIT_S="nccl:3" (or "5" for every step) sets limits.
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -141,6 +141,13 @@ function coverage(results) {
 }
 
 const order = (id) => PLAN.findIndex((p) => p.id === id.split('@')[0]);
+// The GPU and driver as the driver names them, for a command without the preflight step (the second one:
+// keep.mjs names its file by the GPU).
+const smi = (() => {
+  const r = spawnSync('nvidia-smi', ['--query-gpu=name,driver_version', '--format=csv,noheader'], { encoding: 'utf8', timeout: 15_000 });
+  const [name, driver] = r.status === 0 ? r.stdout.split('\n')[0].split(',').map((x) => x.trim()) : [];
+  return { name: name || null, driver: driver || null };
+})();
 function writeResults(second) {
   const mine = new Set(done.map((r) => r.step));
   const all = [...(previous?.steps ?? []).filter((s) => !mine.has(s.step)).map((s) => ({ ...s, checks: (previous.checks ?? []).filter((c) => c.step === s.step), bench: (previous.bench ?? []).filter((b) => b.step === s.step), info: previous.info?.[s.step] ?? {} })), ...done]
@@ -150,7 +157,7 @@ function writeResults(second) {
   const summary = {
     kind: 'nodetron-gpu-run', commit: info.commit ?? null, date: new Date().toISOString().slice(0, 10), budgetS, elapsedS: elapsedS(),
     args: argv,
-    machine: { gpu: info.gpu ?? null, driver: info.driver ?? null, nvidiaSmi: info.nvidiaSmi ?? null, libraries: info.libraries ?? null, torch: info.torch ?? null, node: process.version },
+    machine: { gpu: info.gpu ?? smi.name, driver: info.driver ?? smi.driver, nvidiaSmi: info.nvidiaSmi ?? null, libraries: info.libraries ?? null, torch: info.torch ?? null, node: process.version },
     steps: all.map(({ checks, bench, info: _i, ...s }) => s),
     checks: [...all.flatMap((s) => s.checks.map((c) => ({ step: s.step, ...c }))), ...(cov ? [{ step: 'coverage', ...cov }] : [])],
     bench: all.flatMap((s) => s.bench.map((b) => ({ step: s.step, ...b }))),
@@ -190,7 +197,9 @@ while (queue.length) {
   }
   const r = done.at(-1);
   line(r);
-  writeResults();
+  // The second command as it would be if the run ended here (the steps still queued count as not run),
+  // so a first command cut off by the device's own limit still leaves one in results.json.
+  writeResults(secondCommand([...done, ...queue.map((q) => ({ step: q.id, status: 'not run' }))], elapsedS()));
   // The GPT-2 step again at once with its retry variant (flash attention on SIMT kernels) when it failed,
   // crashed or hung: both outcomes are recorded, and the torch steps compare with the last losses written.
   if (step.retry && !sel.variant && ['failed', 'crashed', 'timeout'].includes(r.status)) queue.unshift(parseSelector(`${step.id}@${step.retry}`));
