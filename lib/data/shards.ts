@@ -1,9 +1,9 @@
 // Token shards in llm.c's format (also modded-nanogpt's): a header of 256 little-endian int32
 // (magic 20240520, version 1, token count), then the tokens as uint16. Written to a temporary name,
 // fsynced and renamed (writeFileAtomically); read with positional reads of the windows asked for, never whole.
-import { closeSync, fstatSync, readSync } from 'node:fs';
+import { closeSync, fstatSync } from 'node:fs';
 import { ArgumentError, StateError } from '../errors.js';
-import { closeOnThrow, openForReading, writeAll, writeFileAtomically } from '../io/files.js';
+import { closeOnThrow, openForReading, readAll, writeAll, writeFileAtomically } from '../io/files.js';
 
 /** Magic number in the first int32 of a token shard (llm.c's). */
 export const TOKEN_SHARD_MAGIC = 20240520;
@@ -37,7 +37,7 @@ export class TokenShard {
       const size = fstatSync(fd).size;
       if (size < HEADER_BYTES) throw new StateError(`${path}: ${size} bytes is shorter than the 1024-byte header of a token shard`);
       const header = new Int32Array(256);
-      readFully(fd, new Uint8Array(header.buffer), 0, path);
+      readAll(fd, new Uint8Array(header.buffer), 0, path);
       if (header[0] !== TOKEN_SHARD_MAGIC) throw new StateError(`${path}: not a token shard (magic ${header[0]}, expected ${TOKEN_SHARD_MAGIC})`);
       if (header[1] !== TOKEN_SHARD_VERSION) throw new StateError(`${path}: token shard version ${header[1]}, this reader knows ${TOKEN_SHARD_VERSION}`);
       const n = header[2]!;
@@ -60,7 +60,7 @@ export class TokenShard {
     }
     if (this.#fd === null) throw new StateError(`${this.path}: the shard is closed`);
     const out = into ?? new Uint16Array(count);
-    readFully(this.#fd, new Uint8Array(out.buffer, out.byteOffset, count * 2), HEADER_BYTES + 2 * start, this.path);
+    readAll(this.#fd, new Uint8Array(out.buffer, out.byteOffset, count * 2), HEADER_BYTES + 2 * start, this.path);
     return out;
   }
 
@@ -71,13 +71,4 @@ export class TokenShard {
   }
   /** close(), for `using` declarations. */
   [Symbol.dispose](): void { this.close(); }
-}
-
-function readFully(fd: number, into: Uint8Array, position: number, path: string): void {
-  let done = 0;
-  while (done < into.length) {
-    const n = readSync(fd, into, done, into.length - done, position + done);
-    if (n === 0) throw new StateError(`${path}: unexpected end of file`);
-    done += n;
-  }
 }

@@ -1,9 +1,8 @@
 // What the Hugging Face and llm.c converters share: the check that a nodetron GPT is a plain GPT-2
 // (the one model both formats describe), the names and shapes of its parameters for a config, host-side
-// transposes of raw bytes, and reads of whole byte ranges. Moves of
+// transposes of raw bytes. Moves of
 // bytes between parameters and files (dtype casts on the parameter's device) are lib/io/tensor-bytes.ts.
-import { openSync, readSync } from 'node:fs';
-import { ArgumentError, StateError } from '../errors.js';
+import { ArgumentError } from '../errors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
 import type { Parameter } from '../nn/module.js';
 import { fmtShape, sameShape } from '../shape.js';
@@ -85,24 +84,4 @@ export function transposeBytes(bytes: Uint8Array, rows: number, cols: number, el
     }
   }
   return out;
-}
-
-/** Reads exactly into.length bytes at `position` of an open file; a StateError names the file when it ends first. */
-export function readAt(fd: number, into: Uint8Array, position: number, what: string): Uint8Array {
-  let done = 0;
-  while (done < into.length) {
-    const n = readSync(fd, into, done, Math.min(into.length - done, 1 << 30), position + done);
-    if (n === 0) throw new StateError(`${what}: unexpected end of file at byte ${position + done}`);
-    done += n;
-  }
-  return into;
-}
-
-/** Opens a file for reading; a StateError names it when it cannot be opened. */
-export function openForRead(path: string, call: string): number {
-  try {
-    return openSync(path, 'r');
-  } catch (e) {
-    throw new StateError(`${call}: cannot open ${path}: ${(e as Error).message}`);
-  }
 }

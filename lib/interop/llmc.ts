@@ -8,9 +8,9 @@
 import { closeSync, fstatSync } from 'node:fs';
 import { type DType, dtypeSize, parseDType } from '../dtype.js';
 import { ArgumentError, StateError } from '../errors.js';
-import { writeAll, writeFileAtomically } from '../io/files.js';
+import { openForReading, readAll, writeAll, writeFileAtomically } from '../io/files.js';
 import { GPT, type GPTConfig, padVocab } from '../nn/gpt.js';
-import { BLOCK_PARAMS, blockParamShape, checkGPT2, openForRead, readAt } from './gpt2.js';
+import { BLOCK_PARAMS, blockParamShape, checkGPT2 } from './gpt2.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
 
 /** header[0] of an llm.c model file. */
@@ -125,7 +125,7 @@ function writeZeros(fd: number, n: number, position: number): number {
 /** Reads and checks the header of an open llm.c model file (of `size` bytes). */
 function headerOf(fd: number, size: number, path: string): LlmcHeader {
   if (size < LLMC_HEADER_BYTES) throw new StateError(`readLlmc: ${path} has ${size} bytes, too short for an llm.c model header (${LLMC_HEADER_BYTES})`);
-  const raw = readAt(fd, new Uint8Array(LLMC_HEADER_BYTES), 0, path);
+  const raw = readAll(fd, new Uint8Array(LLMC_HEADER_BYTES), 0, path);
   const h = new Int32Array(raw.buffer, 0, 256);
   if (h[0] !== LLMC_MAGIC) {
     const other = OTHER_MAGICS[h[0]!];
@@ -146,7 +146,7 @@ function headerOf(fd: number, size: number, path: string): LlmcHeader {
 
 /** The header of the llm.c model file at `path` (checked: magic, version, sizes), without reading its tensors. */
 export function readLlmcHeader(path: string): LlmcHeader {
-  const fd = openForRead(path, 'readLlmc');
+  const fd = openForReading(path, (reason) => `readLlmc: cannot open ${path}: ${reason}`);
   try {
     return headerOf(fd, fstatSync(fd).size, path);
   } finally {
@@ -163,7 +163,7 @@ export function readLlmc(path: string, opts: ReadLlmcOptions = {}): GPT {
   const dropout = opts.dropout ?? 0;
   if (typeof dropout !== 'number' || !(dropout >= 0 && dropout < 1)) throw new ArgumentError(`readLlmc: dropout must be in [0, 1), got ${dropout}`);
   const dtype = parseDType(opts.dtype ?? 'f32', 'readLlmc');
-  const fd = openForRead(path, 'readLlmc');
+  const fd = openForReading(path, (reason) => `readLlmc: cannot open ${path}: ${reason}`);
   try {
     const size = fstatSync(fd).size;
     const h = headerOf(fd, size, path);
@@ -175,7 +175,7 @@ export function readLlmc(path: string, opts: ReadLlmcOptions = {}): GPT {
     const model = new GPT(config, { device: opts.device, dtype });
     try {
       const params = new Map(model.namedParameters());
-      for (const s of slots) loadBytes(params.get(s.name)!, readAt(fd, new Uint8Array(s.bytes), s.offset, path), h.dtype);
+      for (const s of slots) loadBytes(params.get(s.name)!, readAll(fd, new Uint8Array(s.bytes), s.offset, path), h.dtype);
     } catch (e) {
       model.dispose();
       throw e;

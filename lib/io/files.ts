@@ -1,7 +1,7 @@
 // File helpers shared by the file formats (safetensors, llm.c model files, token shards, Hugging Face
 // directories, checkpoints): whole writes and reads by file descriptor, and atomic, durable writes
 // (a temporary file beside the target, fsynced, renamed into place).
-import { closeSync, fsyncSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, openSync, readSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { StateError } from '../errors.js';
 
 /** Writes all of `bytes` at `position` (in chunks of at most 1 GiB); returns bytes.length. */
@@ -9,6 +9,17 @@ export function writeAll(fd: number, bytes: Uint8Array, position: number): numbe
   let done = 0;
   while (done < bytes.length) done += writeSync(fd, bytes, done, Math.min(bytes.length - done, 1 << 30), position + done);
   return bytes.length;
+}
+
+/** Reads exactly into.length bytes at `position` (in chunks of at most 1 GiB); a StateError worded `${what}: unexpected end of file at byte N` when the file ends first. */
+export function readAll(fd: number, into: Uint8Array, position: number, what: string): Uint8Array {
+  let done = 0;
+  while (done < into.length) {
+    const n = readSync(fd, into, done, Math.min(into.length - done, 1 << 30), position + done);
+    if (n === 0) throw new StateError(`${what}: unexpected end of file at byte ${position + done}`);
+    done += n;
+  }
+  return into;
 }
 
 /** Opens `path` for reading; a failure becomes a StateError worded by `describe(reason)`. */

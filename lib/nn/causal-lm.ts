@@ -255,8 +255,8 @@ export interface StageModules {
  * decoder-only model: the GPT and nt.nn.Llama both are one. forward = head(forwardBlocks(embed(idx))).
  */
 export interface CausalLM extends Module {
-  /** The model family ('gpt' or 'llama'); checkpoints record it. */
-  readonly family: 'gpt' | 'llama';
+  /** The model family ('gpt', 'llama', or a new family's own name); checkpoints record it. */
+  readonly family: string;
   /** The checked config. */
   readonly config: Readonly<object>;
   /**
