@@ -79,7 +79,7 @@ function cudaInfo(): { cuda: BackendInfo; nccl: BackendInfo } {
   try {
     const addon = cuda();
     const devices = addon.deviceInfo ? addon.deviceInfo() : [];
-    // The environment switches as the addon read them at load: NODETRON_CUDA_SYNC (sync), NODETRON_CUDA_EPILOGUES (epilogues).
+    // The environment switches as the addon read them at load: NODETRON_CUDA_SYNC (sync), NODETRON_CUDA_EPILOGUES (epilogues), NODETRON_CUDA_VECTOR (vector).
     const libs = { ...(addon.libraryInfo ? addon.libraryInfo() : {}), ...(addon.switches ? { switches: addon.switches() } : {}) };
     if (!devices.length) {
       const why = addon.driverStatus ? addon.driverStatus() : 'no CUDA device found';

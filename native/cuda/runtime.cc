@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -323,12 +324,24 @@ static const bool debugSync = [] {
 static Napi::Value DebugSync(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), debugSync); }
 NT_EXPORT("debugSync", DebugSync);
 
-// switches() -> { sync, epilogues }: the environment switches as the addon read them when it loaded
-// (NODETRON_CUDA_SYNC, NODETRON_CUDA_EPILOGUES), for nt.info().
+// NODETRON_CUDA_VECTOR=0 (or false/no/off), read once at load: the row kernels (norms, softmax,
+// cross-entropy) keep to scalar loads (kernels/common.cuh, rowVectorizable).
+static const bool vectorRows = [] {
+  const char* v = std::getenv("NODETRON_CUDA_VECTOR");
+  if (!v) return true;
+  std::string s(v);
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return !(s == "0" || s == "false" || s == "no" || s == "off");
+}();
+bool rowVectorLoads() { return vectorRows; }
+
+// switches() -> { sync, epilogues, vector }: the environment switches as the addon read them when it
+// loaded (NODETRON_CUDA_SYNC, NODETRON_CUDA_EPILOGUES, NODETRON_CUDA_VECTOR), for nt.info().
 static Napi::Value Switches(const Napi::CallbackInfo& info) {
   Napi::Object o = Napi::Object::New(info.Env());
   o.Set("sync", debugSync);
   o.Set("epilogues", gemmFusedEpilogues());
+  o.Set("vector", vectorRows);
   return o;
 }
 NT_EXPORT("switches", Switches);

@@ -42,6 +42,8 @@ void resetStagingEvents(int device);
 // work finished), and whether fused epilogues are allowed (NODETRON_CUDA_EPILOGUES is not 0).
 void releaseGemmWorkspace(int device, int64_t stream);
 bool gemmFusedEpilogues();
+// Whether the row kernels may use 16-byte loads (NODETRON_CUDA_VECTOR is not 0; kernels/common.cuh).
+bool rowVectorLoads();
 
 // Events are numbered too (from 1); JS destroys them with eventDestroy.
 int64_t eventCreateId(int device, bool timing);

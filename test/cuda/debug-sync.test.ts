@@ -37,21 +37,21 @@ describe.skipIf(!loadable.ok)('the cuda addon reads NODETRON_CUDA_SYNC when it l
   });
 });
 
-describe.skipIf(!loadable.ok)('the cuda addon reads NODETRON_CUDA_EPILOGUES when it loads (cuBLASLt fused epilogues, on by default)', () => {
-  const switches = (value: string | undefined): { sync: boolean; epilogues: boolean } => {
+describe.skipIf(!loadable.ok)('the cuda addon reads NODETRON_CUDA_EPILOGUES and NODETRON_CUDA_VECTOR when it loads (both on by default)', () => {
+  const switches = (vars: Record<string, string>): { sync: boolean; epilogues: boolean; vector: boolean } => {
     const env = { ...process.env };
-    delete env.NODETRON_CUDA_EPILOGUES;
-    delete env.NODETRON_CUDA_SYNC;
-    if (value !== undefined) env.NODETRON_CUDA_EPILOGUES = value;
+    for (const k of ['NODETRON_CUDA_EPILOGUES', 'NODETRON_CUDA_VECTOR', 'NODETRON_CUDA_SYNC']) delete env[k];
+    Object.assign(env, vars);
     const script = `import(${JSON.stringify(join(packageRoot, 'dist', 'native.js'))}).then((m) => console.log(JSON.stringify(m.cuda().switches())))`;
     const r = spawnSync(process.execPath, ['-e', script], { env, encoding: 'utf8', timeout: 60_000 });
     expect(r.status, r.stderr).toBe(0);
     return JSON.parse(r.stdout.trim());
   };
   it('off with 0 (or false/no/off), on when unset or anything else', () => {
-    expect(switches(undefined)).toEqual({ sync: false, epilogues: true });
-    for (const v of ['0', 'false', 'OFF', 'no']) expect(switches(v).epilogues).toBe(false);
-    expect(switches('1').epilogues).toBe(true);
+    expect(switches({})).toEqual({ sync: false, epilogues: true, vector: true });
+    expect(switches({ NODETRON_CUDA_EPILOGUES: '0', NODETRON_CUDA_VECTOR: 'off' })).toEqual({ sync: false, epilogues: false, vector: false });
+    for (const v of ['false', 'OFF', 'no']) expect(switches({ NODETRON_CUDA_EPILOGUES: v }).epilogues).toBe(false);
+    expect(switches({ NODETRON_CUDA_EPILOGUES: '1', NODETRON_CUDA_VECTOR: 'yes' })).toEqual({ sync: false, epilogues: true, vector: true });
   });
   it('nt.info() reports the switches under backends.cuda', async () => {
     const nt = await import('../../lib/index.js');

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -179,6 +180,40 @@ template <typename T>
 __host__ __device__ constexpr int vecWidth() { return int(16 / sizeof(T)); }
 // True for nullptr too (an absent optional input is never read).
 inline bool alignedTo(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+// ---- row kernels with 16-byte loads (LayerNorm/RMSNorm, softmax, cross-entropy) -------------------
+// A row kernel templated on a width W walks its row in packs of W elements: thread t takes packs
+// t, t + blockDim.x, ... (W = 1: the scalar kernel, element by element). W = vecWidth<T>() loads and
+// stores 16 bytes at a time; it needs every row of every array it touches 16-byte aligned, i.e. the
+// base pointers aligned and the row length a multiple of W (rowVectorizable). Sums then run in
+// another order than the scalar kernel's (each thread adds W neighbours in turn), so results may
+// differ from it in the last bits of f32, deterministically for a given alignment and shape.
+template <int W, typename T>
+__device__ __forceinline__ Pack<T, W> loadPack(const T* p, int64_t j) {
+  return *reinterpret_cast<const Pack<T, W>*>(p + j);
+}
+template <int W, typename T>
+__device__ __forceinline__ void storePack(T* p, int64_t j, const Pack<T, W>& v) {
+  *reinterpret_cast<Pack<T, W>*>(p + j) = v;
+}
+
+// NODETRON_CUDA_VECTOR=0 (or false/no/off), read once when the addon loads (runtime.cc): the row
+// kernels above keep to their scalar form everywhere.
+bool rowVectorLoads();
+
+// Whether a row kernel over rows of `cols` elements may run with W = vecWidth<T>() for these
+// arrays (null ones are not read): the switch is on, cols is a multiple of the width, and every
+// pointer is 16-byte aligned.
+template <typename T>
+inline bool rowVectorizable(int64_t cols, std::initializer_list<const void*> arrays) {
+  if (!rowVectorLoads() || cols % vecWidth<T>() != 0) return false;
+  for (const void* p : arrays)
+    if (!alignedTo(p, 16)) return false;
+  return true;
+}
+
+// Threads for a row of `units` (elements or packs): a multiple of 32 for the block reductions.
+inline unsigned rowThreads(int64_t units) { return units >= 1024 ? 1024 : units >= 256 ? 256 : 64; }
 
 // out[i] = f(a[i], b[i], c[i]) over n contiguous elements (f takes and returns f32; a null input reads
 // as 0). vec: every non-null pointer is 16-byte aligned, so packs of vecWidth<T>() elements are

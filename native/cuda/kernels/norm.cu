@@ -5,34 +5,45 @@
 
 namespace nt::cuda {
 
-// Forward of one row. residual != nullptr: the row is x + residual, also written to `sum`.
-// rms: y = x * rstd * w (no mean, no bias), rstd = 1 / sqrt(mean(x^2) + eps).
-template <typename T, bool kRms>
+// Forward of one row, walked in packs of W (common.cuh's row kernels). residual != nullptr: the row
+// is x + residual, also written to `sum`. rms: y = x * rstd * w (no mean, no bias),
+// rstd = 1 / sqrt(mean(x^2) + eps).
+template <typename T, bool kRms, int W>
 __global__ void normForwardKernel(const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, float* mean,
                                   float* rstd, int64_t cols, float eps) {
+  using P = Pack<T, W>;
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
   const T* xr = x + r * cols;
   float s = 0.0f, ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float v = toF32(xr[j]);
+  for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+    P v = loadPack<W>(xr, j);
     if (residual) {
-      v += toF32(residual[r * cols + j]);
-      sum[r * cols + j] = fromF32<T>(v);
-      v = toF32(sum[r * cols + j]);  // normalize what was stored, as the cpu path does
+      P rv = loadPack<W>(residual + r * cols, j);
+#pragma unroll
+      for (int k = 0; k < W; k++) v.v[k] = fromF32<T>(toF32(v.v[k]) + toF32(rv.v[k]));
+      storePack<W>(sum + r * cols, j, v);  // normalize what was stored, as the cpu path does
     }
-    s += v;
-    ss += v * v;
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+      float f = toF32(v.v[k]);
+      s += f;
+      ss += f * f;
+    }
   }
   s = blockSum(s, scratch);
   float m = kRms ? 0.0f : s / float(cols);
-  const T* src = residual ? sum : x;
+  const T* src = (residual ? sum : x) + r * cols;
   if (!kRms) {  // a second pass over (x - mean): E[x^2] - mean^2 loses digits when |mean| >> std
     __syncthreads();  // the row sum was written by this block's own threads (fused path)
     ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      float d = toF32(src[r * cols + j]) - m;
-      ss += d * d;
+    for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+      P v = loadPack<W>(src, j);
+#pragma unroll
+      for (int k = 0; k < W; k++) {
+        float d = toF32(v.v[k]) - m;
+        ss += d * d;
+      }
     }
   }
   ss = blockSum(ss, scratch);
@@ -41,34 +52,79 @@ __global__ void normForwardKernel(const T* x, const T* residual, T* sum, const T
     if (mean) mean[r] = m;
     rstd[r] = rs;
   }
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float v = (toF32(src[r * cols + j]) - m) * rs;
-    if (w) v *= toF32(w[j]);
-    if (b) v += toF32(b[j]);
-    y[r * cols + j] = fromF32<T>(v);
+  for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+    P v = loadPack<W>(src, j), wv{}, bv{}, out;
+    if (w) wv = loadPack<W>(w, j);
+    if (b) bv = loadPack<W>(b, j);
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+      float o = (toF32(v.v[k]) - m) * rs;
+      if (w) o *= toF32(wv.v[k]);
+      if (b) o += toF32(bv.v[k]);
+      out.v[k] = fromF32<T>(o);
+    }
+    storePack<W>(y + r * cols, j, out);
   }
 }
 
 // dx of one row: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (rms: no mean(g) term).
-template <typename T, bool kRms>
+template <typename T, bool kRms, int W>
 __global__ void normBackwardKernel(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, int64_t cols) {
+  using P = Pack<T, W>;
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
+  const T *dyr = dy + r * cols, *xr = x + r * cols;
   float m = kRms ? 0.0f : mean[r], rs = rstd[r];
   float sg = 0.0f, sgx = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float g = toF32(dy[r * cols + j]) * (w ? toF32(w[j]) : 1.0f);
-    float xh = (toF32(x[r * cols + j]) - m) * rs;
-    sg += g;
-    sgx += g * xh;
+  for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+    P gv = loadPack<W>(dyr, j), xv = loadPack<W>(xr, j), wv{};
+    if (w) wv = loadPack<W>(w, j);
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+      float g = toF32(gv.v[k]) * (w ? toF32(wv.v[k]) : 1.0f);
+      float xh = (toF32(xv.v[k]) - m) * rs;
+      sg += g;
+      sgx += g * xh;
+    }
   }
   sg = blockSum(sg, scratch) / float(cols);
   sgx = blockSum(sgx, scratch) / float(cols);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float g = toF32(dy[r * cols + j]) * (w ? toF32(w[j]) : 1.0f);
-    float xh = (toF32(x[r * cols + j]) - m) * rs;
-    dx[r * cols + j] = fromF32<T>(rs * (g - (kRms ? 0.0f : sg) - xh * sgx));
+  for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+    P gv = loadPack<W>(dyr, j), xv = loadPack<W>(xr, j), wv{}, out;
+    if (w) wv = loadPack<W>(w, j);
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+      float g = toF32(gv.v[k]) * (w ? toF32(wv.v[k]) : 1.0f);
+      float xh = (toF32(xv.v[k]) - m) * rs;
+      out.v[k] = fromF32<T>(rs * (g - (kRms ? 0.0f : sg) - xh * sgx));
+    }
+    storePack<W>(dx + r * cols, j, out);
   }
+}
+
+// Launch helpers over [rows, cols]; true when the kernel ran with 16-byte packs.
+template <typename T, bool kRms>
+bool launchNormForward(cudaStream_t st, const T* x, const T* residual, T* sum, const T* w, const T* b, T* y, float* mean, float* rstd,
+                       int64_t rows, int64_t cols, float eps) {
+  constexpr int N = vecWidth<T>();
+  bool vec = rowVectorizable<T>(cols, {x, residual, sum, w, b, y});
+  if (vec)
+    normForwardKernel<T, kRms, N><<<unsigned(rows), rowThreads(cols / N), 0, st>>>(x, residual, sum, w, b, y, mean, rstd, cols, eps);
+  else
+    normForwardKernel<T, kRms, 1><<<unsigned(rows), rowThreads(cols), 0, st>>>(x, residual, sum, w, b, y, mean, rstd, cols, eps);
+  return vec;
+}
+
+template <typename T, bool kRms>
+bool launchNormBackward(cudaStream_t st, const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, int64_t rows,
+                        int64_t cols) {
+  constexpr int N = vecWidth<T>();
+  bool vec = rowVectorizable<T>(cols, {dy, x, w, dx});
+  if (vec)
+    normBackwardKernel<T, kRms, N><<<unsigned(rows), rowThreads(cols / N), 0, st>>>(dy, x, w, mean, rstd, dx, cols);
+  else
+    normBackwardKernel<T, kRms, 1><<<unsigned(rows), rowThreads(cols), 0, st>>>(dy, x, w, mean, rstd, dx, cols);
+  return vec;
 }
 
 // Row r's contributions to dW[j] (dy·x̂, x̂ computed as the cpu kernel does) and dB[j] (dy), summed
@@ -89,7 +145,6 @@ struct NormParamRows {
   }
 };
 
-static unsigned rowThreads(int64_t cols) { return cols >= 1024 ? 1024 : cols >= 256 ? 256 : 64; }
 
 
 // ---- the cpu backend's signatures (lib/ops calls both backends the same way) ----------------------
@@ -110,9 +165,8 @@ static void normForward(KernelCall& k, const char* call) {
   if (rows == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T,
-                    normForwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-                        static_cast<const T*>(x), nullptr, nullptr, static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y),
-                        mean, rstd, cols, eps));
+                    (launchNormForward<T, kRms>(st, static_cast<const T*>(x), nullptr, nullptr, static_cast<const T*>(w),
+                                                static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, rows, cols, eps)));
 }
 NT_CUDA_KERNEL("layernorm_forward", LayernormForward) { normForward<false>(k, call); }
 NT_CUDA_KERNEL("rmsnorm_forward", RmsnormForward) { normForward<true>(k, call); }
@@ -135,8 +189,8 @@ static void normBackward(KernelCall& k, const char* call) {
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T, {
     if (rows > 0)
-      normBackwardKernel<T, kRms><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd, static_cast<T*>(dx), cols);
+      launchNormBackward<T, kRms>(st, static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), mean, rstd,
+                                  static_cast<T*>(dx), rows, cols);
     launchColumnSums<2>(k.device(), st, NormParamRows<T, kRms>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, cols},
                         rows, cols, static_cast<T*>(dw), static_cast<T*>(db), call);
   });
@@ -161,9 +215,9 @@ NT_CUDA_KERNEL("add_layernorm_forward", AddLayernormForwardAbi) {
   if (rows == 0) return;
   cudaStream_t st = k.stream();
   NT_DISPATCH_FLOAT(dt, call, T,
-                    normForwardKernel<T, false><<<unsigned(rows), rowThreads(cols), 0, st>>>(
-                        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), static_cast<const T*>(w),
-                        static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, cols, eps));
+                    (launchNormForward<T, false>(st, static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum),
+                                                 static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(y), mean, rstd, rows,
+                                                 cols, eps)));
 }
 
 }  // namespace nt::cuda

@@ -4,15 +4,34 @@
 
 namespace nt::cuda {
 
-template <typename T>
+template <typename T, int W>
 __global__ void softmaxForwardKernel(const T* x, T* y, int64_t cols, bool logSoftmax) {
   __shared__ float scratch[32];
   int64_t r = blockIdx.x;
-  float lse = rowLogSumExp(x + r * cols, cols, scratch);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float v = toF32(x[r * cols + j]) - lse;
-    y[r * cols + j] = fromF32<T>(logSoftmax ? v : expf(v));
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  float lse = rowLogSumExp<T, W>(xr, cols, scratch);
+  for (int64_t j = int64_t(threadIdx.x) * W; j < cols; j += int64_t(blockDim.x) * W) {
+    Pack<T, W> v = loadPack<W>(xr, j), out;
+#pragma unroll
+    for (int k = 0; k < W; k++) {
+      float d = toF32(v.v[k]) - lse;
+      out.v[k] = fromF32<T>(logSoftmax ? d : expf(d));
+    }
+    storePack<W>(yr, j, out);
   }
+}
+
+// Launches softmaxForwardKernel over [rows, cols]; true when it ran with 16-byte packs.
+template <typename T>
+bool launchSoftmaxForward(cudaStream_t st, const T* x, T* y, int64_t rows, int64_t cols, bool logSoftmax) {
+  constexpr int N = vecWidth<T>();
+  bool vec = rowVectorizable<T>(cols, {x, y});
+  if (vec)
+    softmaxForwardKernel<T, N><<<unsigned(rows), rowThreads(cols / N), 0, st>>>(x, y, cols, logSoftmax);
+  else
+    softmaxForwardKernel<T, 1><<<unsigned(rows), rowThreads(cols), 0, st>>>(x, y, cols, logSoftmax);
+  return vec;
 }
 
 
@@ -26,7 +45,8 @@ NT_CUDA_KERNEL("softmax_forward", SoftmaxForwardAbi) {
   void* x = k.data("inp", dt, rows * cols);
   void* y = k.data("out", dt, rows * cols);
   if (rows * cols == 0) return;
-  NT_LAUNCH_FLOAT(k, dt, softmaxForwardKernel, unsigned(rows), rowThreads(cols), static_cast<const T*>(x), static_cast<T*>(y), cols, log);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T, launchSoftmaxForward<T>(st, static_cast<const T*>(x), static_cast<T*>(y), rows, cols, log));
 }
 
 // softmax_backward(out, gradOut, gradIn, rows, cols, dtype, log)
@@ -38,8 +58,9 @@ NT_CUDA_KERNEL("softmax_backward", SoftmaxBackwardAbi) {
   void* dy = k.data("gradOut", dt, rows * cols);
   void* dx = k.data("gradIn", dt, rows * cols);
   if (rows * cols == 0) return;
-  NT_LAUNCH_FLOAT(k, dt, softmaxBackwardKernel, unsigned(rows), rowThreads(cols),
-                  static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), cols, log);
+  cudaStream_t st = k.stream();
+  NT_DISPATCH_FLOAT(dt, call, T,
+                    launchSoftmaxBackward<T>(st, static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols, log));
 }
 
 }  // namespace nt::cuda

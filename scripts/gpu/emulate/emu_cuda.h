@@ -47,6 +47,7 @@ T __shfl_xor_sync(unsigned, T v, int o) {
   w.arrive_and_wait();
   return r;
 }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) { std::memset(p, v, n); return 0; }
 template <class... P, class... A>
 void emuLaunch(void (*k)(P...), dim3 grid, dim3 block, size_t, cudaStream_t, A... args) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the cuda backend's elementwise, reduction, norm-gradient, bias+GELU, SwiGLU, RoPE and cast kernels (and the
-# launch helpers that choose their grids and paths) on the CPU under an emulation of the CUDA execution
+# Runs the cuda backend's elementwise, reduction, norm (forward, backward, gradients), softmax,
+# cross-entropy, bias+GELU, SwiGLU, RoPE and cast kernels (and the launch helpers that choose their
+# grids and paths, 16-byte or scalar) on the CPU under an emulation of the CUDA execution
 # model (emu_cuda.h: blocks in turn, a block's threads as real threads, __syncthreads and warp shuffles
 # as barriers), built with AddressSanitizer and UBSan, against scalar references (test.cc). For
 # developing kernels on a machine without a GPU; it checks index math, vector/scalar paths, grid

@@ -1,6 +1,7 @@
 // Checks of the emulated cuda kernels against scalar references (see run.sh).
 #include "kernels_emu.h"
 #include <random>
+#include <type_traits>
 #include <cstdio>
 using namespace nt;
 using namespace nt::cuda;
@@ -319,7 +320,198 @@ template <class T> void testRope(int64_t B, int64_t S, int64_t H, int64_t D, boo
   }
 }
 
+// ---- row kernels with 16-byte packs (norms, softmax, cross-entropy) ------------------------------
+// Each runs twice, with the vector path allowed (NODETRON_CUDA_VECTOR unset) and not (=0), on aligned
+// rows (width a multiple of the pack, pointers 16-byte aligned: the pack kernel must run), rows shifted
+// by one element and odd widths (the scalar kernel must run, bit for bit as with vectors off), against
+// double references. Tolerances: a sum of n f32 terms in any order is within (n-1)·u·Σ|terms| of the
+// exact sum (u = 2^-24), so a value made from a few such sums over a row of `cols` is within
+// (cols + 8)·u of its scale; expf/logf/rsqrtf add a few u, storing in T half an ulp of T (ulpT below
+// is a whole ulp, relative).
+bool g_vectorRows = true;
+namespace nt::cuda { bool rowVectorLoads() { return g_vectorRows; } }
+template <class T> constexpr double ulpT() { return sizeof(T) == 4 ? 0x1p-23 : std::is_same_v<T, bf16> ? 0x1p-7 : 0x1p-10; }
+// The spacing of T's subnormals: below the normal range a stored value is off by up to half of it, whatever its size.
+template <class T> constexpr double tinyT() { return sizeof(T) == 4 ? 0x1p-149 : std::is_same_v<T, bf16> ? 0x1p-133 : 0x1p-24; }
+constexpr double kU = 0x1p-24;
+template <class T> static const char* tname() { return sizeof(T) == 4 ? "f32" : std::is_same_v<T, bf16> ? "bf16" : "f16"; }
+template <class T> static bool expectVec(int64_t cols, size_t shift) { return shift == 0 && cols % vecWidth<T>() == 0; }
+
+template <class T, bool kRms> void testNormRows(int64_t rows, int64_t cols, size_t shift, bool withResidual) {
+  size_t n = size_t(rows * cols);
+  auto vx = conv<T>(randv(n)), vr = conv<T>(randv(n)), vw = conv<T>(randv(size_t(cols))), vb = conv<T>(randv(size_t(cols))), vg = conv<T>(randv(n));
+  for (auto& v : vx) v = fromF32<T>(toF32(v) + 3.0f);  // a mean well away from 0 (the two-pass variance)
+  Buf<T> x(n, shift), res(n, shift), w(size_t(cols), shift), b(size_t(cols), shift), g(n, shift);
+  std::memcpy(x.p, vx.data(), n * sizeof(T)); std::memcpy(res.p, vr.data(), n * sizeof(T)); std::memcpy(w.p, vw.data(), size_t(cols) * sizeof(T));
+  std::memcpy(b.p, vb.data(), size_t(cols) * sizeof(T)); std::memcpy(g.p, vg.data(), n * sizeof(T));
+  const T* resP = withResidual ? res.p : nullptr;
+  const T* bP = kRms ? nullptr : b.p;
+  struct Out { Buf<T> sum, y, dx; std::vector<float> mean, rstd; bool vecF, vecB; };
+  auto run = [&](bool allow, size_t sh) {
+    g_vectorRows = allow;
+    Out o{Buf<T>(n, sh), Buf<T>(n, sh), Buf<T>(n, sh), std::vector<float>(size_t(rows)), std::vector<float>(size_t(rows)), false, false};
+    o.vecF = launchNormForward<T, kRms>(nullptr, x.p, resP, withResidual ? o.sum.p : nullptr, w.p, bP, o.y.p, kRms ? nullptr : o.mean.data(), o.rstd.data(), rows, cols, 1e-5f);
+    const T* src = withResidual ? o.sum.p : x.p;
+    o.vecB = launchNormBackward<T, kRms>(nullptr, g.p, src, w.p, kRms ? nullptr : o.mean.data(), o.rstd.data(), o.dx.p, rows, cols);
+    g_vectorRows = true;
+    return o;
+  };
+  Out on = run(true, shift), off = run(false, shift);
+  const char* what = kRms ? "rmsnorm" : withResidual ? "add_layernorm" : "layernorm";
+  EXPECT(on.vecF == expectVec<T>(cols, shift) && on.vecB == on.vecF && !off.vecF && !off.vecB, "%s %s %ldx%ld shift %zu: vector path %d/%d", what, tname<T>(), long(rows), long(cols), shift, on.vecF, on.vecB);
+  for (const Out* o : {&on, &off})
+    for (int64_t r = 0; r < rows; r++) {
+      std::vector<double> src(static_cast<size_t>(cols));
+      double sabs = 0;
+      for (int64_t j = 0; j < cols; j++) {
+        size_t i = size_t(r * cols + j);
+        T st = withResidual ? fromF32<T>(toF32(vx[i]) + toF32(vr[i])) : vx[i];
+        if (withResidual) EXPECT(same(o->sum.p[i], st), "%s sum r=%ld j=%ld", what, long(r), long(j));
+        src[size_t(j)] = toF32(st);
+        sabs += std::fabs(src[size_t(j)]);
+      }
+      double m = 0, v = 0;
+      if (!kRms) { for (double s : src) m += s; m /= double(cols); }
+      for (double s : src) v += (s - m) * (s - m);
+      double rs = 1.0 / std::sqrt(v / double(cols) + 1e-5), tolRow = double(cols + 8) * kU;
+      if (!kRms) EXPECT(std::fabs(o->mean[size_t(r)] - m) <= tolRow * sabs / double(cols), "%s %s mean r=%ld got %.9g want %.9g", what, tname<T>(), long(r), o->mean[size_t(r)], m);
+      EXPECT(std::fabs(o->rstd[size_t(r)] - rs) <= tolRow * rs, "%s %s rstd r=%ld got %.9g want %.9g", what, tname<T>(), long(r), o->rstd[size_t(r)], rs);
+      // backward from the kernel's own statistics (both paths get the same inputs)
+      double mk = kRms ? 0.0 : o->mean[size_t(r)], rk = o->rstd[size_t(r)], sg = 0, sgx = 0, sgAbs = 0;
+      for (int64_t j = 0; j < cols; j++) {
+        double gj = double(toF32(vg[size_t(r * cols + j)])) * toF32(vw[size_t(j)]), xh = (src[size_t(j)] - mk) * rk;
+        sg += gj; sgx += gj * xh; sgAbs += std::fabs(gj) * (1 + std::fabs(xh));
+      }
+      sg /= double(cols); sgx /= double(cols);
+      for (int64_t j = 0; j < cols; j++) {
+        size_t i = size_t(r * cols + j);
+        double wj = toF32(vw[size_t(j)]), bj = kRms ? 0.0 : toF32(vb[size_t(j)]), d = src[size_t(j)] - m;
+        double want = d * rs * wj + bj;
+        double tol = tolRow * (std::fabs(d) * rs * std::fabs(wj) + std::fabs(bj) + rs * std::fabs(wj) * sabs / double(cols)) + ulpT<T>() * std::fabs(want) + tinyT<T>();
+        EXPECT(std::fabs(toF32(o->y.p[i]) - want) <= tol, "%s %s y r=%ld j=%ld got %.9g want %.9g", what, tname<T>(), long(r), long(j), toF32(o->y.p[i]), want);
+        double gj = double(toF32(vg[i])) * wj, xh = (src[size_t(j)] - mk) * rk;
+        double dwant = rk * (gj - (kRms ? 0.0 : sg) - xh * sgx);
+        double dtol = tolRow * rk * (std::fabs(gj) + (std::fabs(xh) + 1) * sgAbs / double(cols)) + ulpT<T>() * std::fabs(dwant) + tinyT<T>();
+        EXPECT(std::fabs(toF32(o->dx.p[i]) - dwant) <= dtol, "%s %s dx r=%ld j=%ld got %.9g want %.9g", what, tname<T>(), long(r), long(j), toF32(o->dx.p[i]), dwant);
+      }
+    }
+  if (!on.vecF)  // the scalar kernel ran both times: the same bits
+    for (size_t i = 0; i < n; i++) EXPECT(same(on.y.p[i], off.y.p[i]) && same(on.dx.p[i], off.dx.p[i]), "%s scalar paths differ at %zu", what, i);
+}
+
+template <class T> void testSoftmaxRows(int64_t rows, int64_t cols, size_t shift, bool logSoftmax) {
+  size_t n = size_t(rows * cols);
+  auto vx = randv(n), vg = conv<T>(randv(n));
+  for (auto& v : vx) v *= 4.0f;
+  auto tx = conv<T>(vx);
+  Buf<T> x(n, shift), g(n, shift);
+  std::memcpy(x.p, tx.data(), n * sizeof(T)); std::memcpy(g.p, vg.data(), n * sizeof(T));
+  struct Out { Buf<T> y, dx; bool vecF, vecB; };
+  auto run = [&](bool allow) {
+    g_vectorRows = allow;
+    Out o{Buf<T>(n, shift), Buf<T>(n, shift), false, false};
+    o.vecF = launchSoftmaxForward<T>(nullptr, x.p, o.y.p, rows, cols, logSoftmax);
+    o.vecB = launchSoftmaxBackward<T>(nullptr, o.y.p, g.p, o.dx.p, rows, cols, logSoftmax, 0.5f);
+    g_vectorRows = true;
+    return o;
+  };
+  Out on = run(true), off = run(false);
+  const char* what = logSoftmax ? "log_softmax" : "softmax";
+  EXPECT(on.vecF == expectVec<T>(cols, shift) && on.vecB == on.vecF && !off.vecF, "%s %s %ldx%ld shift %zu: vector path %d", what, tname<T>(), long(rows), long(cols), shift, on.vecF);
+  for (const Out* o : {&on, &off})
+    for (int64_t r = 0; r < rows; r++) {
+      double mx = -INFINITY, s = 0;
+      for (int64_t j = 0; j < cols; j++) mx = std::max(mx, double(toF32(tx[size_t(r * cols + j)])));
+      for (int64_t j = 0; j < cols; j++) s += std::exp(double(toF32(tx[size_t(r * cols + j)])) - mx);
+      double lse = mx + std::log(s), tolL = double(cols + 8) * kU * (1 + std::fabs(lse));
+      // backward from the stored y (the kernel's input): s2 = Σ dy·y (softmax) or Σ dy (log-softmax)
+      double s2 = 0, s2abs = 0;
+      for (int64_t j = 0; j < cols; j++) {
+        size_t i = size_t(r * cols + j);
+        double yv = toF32(o->y.p[i]), gv = toF32(vg[i]);
+        s2 += logSoftmax ? gv : gv * yv; s2abs += logSoftmax ? std::fabs(gv) : std::fabs(gv * yv);
+      }
+      for (int64_t j = 0; j < cols; j++) {
+        size_t i = size_t(r * cols + j);
+        double d = double(toF32(tx[i])) - lse, want = logSoftmax ? d : std::exp(d);
+        double tol = logSoftmax ? tolL + kU * std::fabs(toF32(tx[i])) + ulpT<T>() * std::fabs(want) : std::fabs(want) * (tolL + 4 * kU + ulpT<T>()) + tinyT<T>();
+        EXPECT(std::fabs(toF32(o->y.p[i]) - want) <= tol, "%s %s y r=%ld j=%ld got %.9g want %.9g", what, tname<T>(), long(r), long(j), toF32(o->y.p[i]), want);
+        double yv = toF32(o->y.p[i]), gv = toF32(vg[i]);
+        double dwant = 0.5 * (logSoftmax ? gv - std::exp(yv) * s2 : yv * (gv - s2));
+        double scaleY = logSoftmax ? std::exp(yv) : std::fabs(yv);
+        double dtol = 0.5 * (double(cols + 8) * kU * scaleY * s2abs + 8 * kU * (std::fabs(gv) + scaleY * std::fabs(s2))) + ulpT<T>() * std::fabs(dwant) + tinyT<T>();
+        EXPECT(std::fabs(toF32(o->dx.p[i]) - dwant) <= dtol, "%s %s dx r=%ld j=%ld got %.9g want %.9g", what, tname<T>(), long(r), long(j), toF32(o->dx.p[i]), dwant);
+      }
+    }
+  if (!on.vecF)
+    for (size_t i = 0; i < n; i++) EXPECT(same(on.y.p[i], off.y.p[i]) && same(on.dx.p[i], off.dx.p[i]), "%s scalar paths differ at %zu", what, i);
+}
+
+template <class T> void testCrossEntropyRows(int64_t rows, int64_t vocab, size_t shift) {
+  size_t n = size_t(rows * vocab);
+  auto vx = randv(n);
+  for (auto& v : vx) v *= 3.0f;
+  auto tx = conv<T>(vx);
+  Buf<T> x(n, shift);
+  std::memcpy(x.p, tx.data(), n * sizeof(T));
+  std::vector<int32_t> t(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; r++) t[size_t(r)] = r == 1 ? -100 : int32_t((r * 7919 + 3) % vocab);  // row 1 ignored
+  T dloss = fromF32<T>(0.75f);
+  struct Out { std::vector<float> loss, lse; Buf<T> dx; bool vecF, vecB; };
+  auto run = [&](bool allow) {
+    g_vectorRows = allow;
+    Out o{std::vector<float>(size_t(rows)), std::vector<float>(size_t(rows)), Buf<T>(n, shift), false, false};
+    o.vecF = launchCrossEntropyForward<T>(nullptr, x.p, t.data(), o.loss.data(), o.lse.data(), rows, vocab, -100);
+    o.vecB = launchCrossEntropyBackward<T, T>(nullptr, x.p, t.data(), o.lse.data(), &dloss, o.dx.p, rows, vocab, -100, 0, 0.5f);
+    g_vectorRows = true;
+    return o;
+  };
+  Out on = run(true), off = run(false);
+  EXPECT(on.vecF == expectVec<T>(vocab, shift) && on.vecB == on.vecF && !off.vecF, "cross_entropy %s %ldx%ld shift %zu: vector path %d", tname<T>(), long(rows), long(vocab), shift, on.vecF);
+  for (const Out* o : {&on, &off})
+    for (int64_t r = 0; r < rows; r++) {
+      double mx = -INFINITY, s = 0;
+      for (int64_t j = 0; j < vocab; j++) mx = std::max(mx, double(toF32(tx[size_t(r * vocab + j)])));
+      for (int64_t j = 0; j < vocab; j++) s += std::exp(double(toF32(tx[size_t(r * vocab + j)])) - mx);
+      double lse = mx + std::log(s), tolL = double(vocab + 8) * kU * (1 + std::fabs(lse));
+      int32_t tr = t[size_t(r)];
+      double want = tr == -100 ? 0.0 : lse - toF32(tx[size_t(r * vocab + tr)]);
+      EXPECT(std::fabs(o->lse[size_t(r)] - lse) <= tolL, "cross_entropy %s lse r=%ld got %.9g want %.9g", tname<T>(), long(r), o->lse[size_t(r)], lse);
+      EXPECT(std::fabs(o->loss[size_t(r)] - want) <= tolL + kU * std::fabs(want), "cross_entropy %s loss r=%ld got %.9g want %.9g", tname<T>(), long(r), o->loss[size_t(r)], want);
+    }
+  // The backward has no reduction: with the same lse both paths give the same bits, and match
+  // g·(exp(x - lse) - [j == t]) from the kernel's lse (expf within a few u; the store within ulpT).
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < vocab; j++) {
+      size_t i = size_t(r * vocab + j);
+      int32_t tr = t[size_t(r)];
+      double g = tr == -100 ? 0.0 : 0.75 * 0.5, p = std::exp(double(toF32(tx[i])) - on.lse[size_t(r)]);
+      double want = g * (p - (j == tr ? 1.0 : 0.0));
+      EXPECT(std::fabs(toF32(on.dx.p[i]) - want) <= g * 8 * kU * (p + 1) + ulpT<T>() * std::fabs(want) + tinyT<T>(), "cross_entropy %s dlogits r=%ld j=%ld got %.9g want %.9g", tname<T>(), long(r), long(j), toF32(on.dx.p[i]), want);
+      if (on.lse[size_t(r)] == off.lse[size_t(r)]) EXPECT(same(on.dx.p[i], off.dx.p[i]), "cross_entropy %s dlogits vector vs scalar r=%ld j=%ld", tname<T>(), long(r), long(j));
+    }
+}
+
+static void testRowKernels() {
+  long before = checks;
+  // (rows, cols): aligned widths for f32 (pack 4) and 16-bit (pack 8), odd widths, and shifted rows
+  for (size_t sh : {0, 1}) {
+    for (int64_t c : {64, 768, 13}) {
+      testNormRows<float, false>(3, c, sh, false); testNormRows<bf16, false>(3, c, sh, false); testNormRows<f16, true>(2, c, sh, false);
+      testNormRows<float, false>(2, c, sh, true); testNormRows<bf16, false>(2, c, sh, true);
+      testSoftmaxRows<float>(3, c, sh, false); testSoftmaxRows<bf16>(2, c, sh, true); testSoftmaxRows<f16>(2, c, sh, false);
+      testCrossEntropyRows<float>(3, c, sh); testCrossEntropyRows<bf16>(3, c, sh);
+    }
+    testNormRows<float, true>(2, 4100, sh, false);   // 1025 f32 packs: 1024 threads, one with two packs
+    testCrossEntropyRows<bf16>(2, 8200, sh);         // 1025 bf16 packs
+    testSoftmaxRows<float>(2, 36, sh, true);         // 9 packs on 64 threads
+  }
+  testNormRows<float, false>(2, 12, 2, false);  // width a multiple of 4 but 8-byte aligned rows: scalar
+  std::printf("row kernels (vector and scalar paths): %ld checks\n", checks - before);
+}
+
 int main() {
+  testRowKernels();
   testOptim<float>(true); testOptim<bf16>(true); testOptim<float>(false);
   for (size_t n : {1, 3, 7, 8, 9, 33, 4097}) for (size_t sh : {0, 1}) { testMap<float>(n, sh); testMap<bf16>(n, sh); testMap<f16>(n, sh); }
   testRowSums<float>(1, 1); testRowSums<float>(1, 3); testRowSums<float>(1, 100003); testRowSums<float>(3, 20011);
