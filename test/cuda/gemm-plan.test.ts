@@ -1,5 +1,6 @@
 // The host-only parts of the cuBLASLt GEMM (native/cuda/gemm_plan.h, through the test-only addon):
-// the alignment each matrix is declared with, and the bounded plan cache. No GPU needed.
+// the alignment each matrix is declared with, the bounded plan cache, the choice between cuBLASLt's
+// fused epilogue and the composed one, and the books of the per-stream workspaces. No GPU needed.
 import { describe, expect, it } from 'vitest';
 import { testingAddon } from '../../lib/testing/native.js';
 
