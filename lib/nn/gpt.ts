@@ -17,6 +17,7 @@ import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './laye
 import { Module, type Parameter } from './module.js';
 import { addMoEStats, checkMoEConfig, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 import { traceLayer } from '../observe/trace.js';
+import { moeLayerParameters } from './counts.js';
 import {
   lookUpTokens, modelParts, generateTokens, type CausalLM, type CausalLMOptions, type CausalLMOutput, type CausalLMLogitsOutput,
   type ContextLayout, type GenerateOptions, type LinearFactory, type LinearLike, type ModelShape, type ParameterCounts, type SequenceLayout, type StageModules, type TokenEmbedding,
@@ -413,7 +414,10 @@ function gptParameters(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLay
   // An MoE block: the router [E, C], SwiGLU experts of 3·C·H each, the shared experts' 3·C·(shared·H).
   const moeMlp = moe ? (() => {
     const h = moe.hidden ?? 4 * c, shared = moe.sharedExperts ?? 0;
-    return moe.experts * c + (active ? moe.topK : moe.experts) * 3 * c * h + 3 * c * shared * h;
+    return moeLayerParameters({
+      width: c, experts: moe.experts, routed: active ? moe.topK : moe.experts, hidden: h,
+      sharedHidden: shared > 0 ? moe.sharedHidden ?? shared * h : 0, sharedGate: shared > 0 && moe.sharedGate === true,
+    });
   })() : 0;
   const moeBlocks = moe ? Math.floor(l / (moe.every ?? 1)) : 0;
   const block = attn + norm * (config.parallelBlock ? 1 : 2);

@@ -22,6 +22,7 @@ import {
 } from './causal-lm.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
+import { moeLayerParameters } from './counts.js';
 import { addMoEStats, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 
 /**
@@ -215,7 +216,7 @@ export function llamaParameterCount(config: LlamaCountConfig, active = false): n
   for (let i = 0; i < l; i++) {
     if (e > 0 && !only.includes(i) && (i + 1) % step === 0) {
       const m = config.moeIntermediateSize ?? f, s = config.sharedExpertIntermediateSize ?? 0;
-      mlps += e * c + (active ? Math.min(config.numExpertsPerTok ?? 2, e) : e) * 3 * c * m + (s > 0 ? 3 * c * s + c : 0);
+      mlps += moeLayerParameters({ width: c, experts: e, routed: active ? Math.min(config.numExpertsPerTok ?? 2, e) : e, hidden: m, sharedHidden: s, sharedGate: s > 0 });
     } else mlps += 3 * c * f;
   }
   return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + mlps + c;

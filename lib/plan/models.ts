@@ -3,6 +3,7 @@
 // pipeline stage and tensor-parallel rank holds.
 import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
+import { moeLayerParameters } from '../nn/counts.js';
 
 /** A decoder-only transformer's shape, as the planner sees it. */
 export interface PlanModel {
@@ -128,9 +129,9 @@ export function moeLayerCount(m: PlanModel): number {
 
 /** One MoE layer's MLP-slot parameters on one of ep expert-parallel ranks (router and shared experts whole, routed experts / ep); `active`: those one token goes through. */
 function moeSlotParams(m: PlanModel, ep: number, active = false): number {
-  const e = m.moe!, h = m.nEmbd;
-  const routed = active ? e.topK : e.experts / ep;
-  return e.experts * h + routed * 3 * h * e.ffn + 3 * h * e.sharedFfn;
+  const e = m.moe!;
+  // The planner's shared experts have no gate (a Qwen2-MoE's [1, C] gate per layer is left out of its estimates).
+  return moeLayerParameters({ width: m.nEmbd, experts: e.experts, routed: active ? e.topK : e.experts / ep, hidden: e.ffn, sharedHidden: e.sharedFfn, sharedGate: false });
 }
 
 /** The routed experts' parameters over the whole model (0 for a dense model). */
