@@ -22,6 +22,7 @@ fail() { echo "arm64 smoke: FAILED ($1) after $((SECONDS - start)) s"; exit 1; }
 # 1. The cross toolchain, qemu, the cross build and the arm64 prebuilt binary (serialized with other builds).
 lock() { if command -v flock >/dev/null; then flock /tmp/nt-build.lock "$@"; else "$@"; fi; }
 lock node scripts/arm64/build.mjs --qemu || fail "the arm64 cross build"
+echo "arm64 smoke: cross build ready at $((SECONDS - start)) s"
 QEMU=$(command -v qemu-aarch64-static) || fail "qemu-aarch64-static is not installed"
 
 # 2. An arm64 Node.js of this Node's major version, from the npm registry (cached in build-arm64/node).
@@ -39,12 +40,13 @@ arm64() { timeout 600 "$QEMU" "$ARM_NODE" "$@"; }
 [ "$(arm64 -p process.arch 2>/dev/null)" = arm64 ] || fail "the arm64 node does not run under qemu"
 
 NODETRON_ARM64_NODE=$PWD/$ARM_NODE lock node scripts/prebuild.mjs --arm64 || fail "collecting prebuilds/linux-arm64"
+echo "arm64 smoke: prebuilds/linux-arm64 collected at $((SECONDS - start)) s"
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # 3. (a), (b) and the arm64 half of (d), in one arm64 process (each start under qemu costs seconds).
 arm64 scripts/arm64/smoke.mjs checks > "$out/arm64.json" 2> "$out/arm64.err" || { cat "$out/arm64.json" "$out/arm64.err" | tail -20; fail "load, GEMM, softmax or training on arm64"; }
-echo "arm64 smoke: checks $(cat "$out/arm64.json")"
+echo "arm64 smoke: checks at $((SECONDS - start)) s: $(cat "$out/arm64.json")"
 
 # 4. (c) two arm64 ranks.
 port=$((20000 + RANDOM % 20000))
@@ -54,7 +56,7 @@ for r in 0 1; do
   pids[$r]=$!
 done
 for r in 0 1; do wait "${pids[$r]}" || { tail -20 "$out/rank$r.json"; fail "the 2-rank Gloo allreduce (rank $r)"; }; done
-echo "arm64 smoke: allreduce $(cat "$out/rank0.json") $(cat "$out/rank1.json")"
+echo "arm64 smoke: allreduce at $((SECONDS - start)) s: $(cat "$out/rank0.json") $(cat "$out/rank1.json")"
 
 # 5. (d) the same training natively on x64, and the comparison.
 node scripts/arm64/smoke.mjs train > "$out/x64.json" || fail "training on x64"

@@ -69,8 +69,9 @@ if (mode === 'checks') {
   let badIsa = '';
   try { addon.setCpuIsa('avx2'); } catch (e) { badIsa = e.message; }
   if (!/x86-64 level.*auto, baseline, neon/.test(badIsa)) fail(`setCpuIsa('avx2') said: ${badIsa || 'nothing'}`);
-  const peak = addon.fmaPeak('neon', 0.05);
-  if (!(peak.gflops > 0) || peak.lanes !== 4) fail(`fmaPeak ${JSON.stringify(peak)}`);
+  const peak = addon.fmaPeak('neon', 0.05), scalarPeak = addon.fmaPeak('baseline', 0.05);
+  if (!(peak.gflops > 0) || peak.lanes !== 4 || peak.chains !== 16) fail(`fmaPeak neon ${JSON.stringify(peak)}`);
+  if (!(scalarPeak.gflops > 0) || scalarPeak.lanes !== 1) fail(`fmaPeak baseline ${JSON.stringify(scalarPeak)}`);
 
   // (b) GEMM (OpenBLAS) against float64. For a dot product of length K in float32 the computed value is
   // within γ_K·Σ|a_k·b_k| of the exact one, γ_K = K·u/(1 − K·u) (Higham, Accuracy and Stability, §3.1),
