@@ -118,7 +118,7 @@ function findPythonUncached() {
   }
   let fallback = null;
   for (const py of [...new Set(candidates.filter(Boolean))]) {
-    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 30_000, env: pythonEnv() });
+    const r = spawnSync(py, ['-c', 'import torch,json;print(json.dumps({"torch":torch.__version__}))'], { encoding: 'utf8', timeout: 60_000, env: pythonEnv() });
     if (r.status === 0) return { python: py, torch: JSON.parse(r.stdout.trim().split('\n').pop()).torch };
     if (r.error === undefined && fallback === null) fallback = py;
   }

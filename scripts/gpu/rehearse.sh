@@ -11,6 +11,8 @@
 #                                            or was made from another commit than HEAD)
 #   bash scripts/gpu/rehearse.sh --keep-bundle   (rehearses the bundle there is, whatever its commit: for a
 #                                            shared tree whose other changes would remake it every time)
+#   bash scripts/gpu/rehearse.sh [--keep-bundle] --budget 1200   (further arguments go to the first command's
+#                                            run.mjs: a loaded machine needs a longer budget, whose phases scale)
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -18,7 +20,9 @@ cd "$root"
 # A tree with uncommitted changes always gets a new one (its "-dirty" commit says nothing of which changes).
 bundled=$( [ -f .device/bundle.tar.xz ] && tar -xJOf .device/bundle.tar.xz runtime/COMMIT 2>/dev/null || true)
 head=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
-if [ "${1:-}" = --keep-bundle ] && [ -n "$bundled" ]; then
+keep=0
+if [ "${1:-}" = --keep-bundle ]; then keep=1; shift; fi
+if [ $keep = 1 ] && [ -n "$bundled" ]; then
   echo "rehearse.sh: rehearsing the bundle of $bundled as it is (the tree is $head)"
 elif [ "$bundled" != "$head" ] || [ "${head%-dirty}" != "$head" ]; then
   echo "rehearse.sh: the bundle is from ${bundled:-nothing (missing or unreadable)}, the tree is $head: making it again"
@@ -73,7 +77,7 @@ landed() {  # landed <out> <run output>: what came back, against the machine's l
 }
 echo "== unpacked with xz, the first command (dry)"
 set +e
-run xz "$work/out-xz" | tee "$work/run.out" | tail -n 40
+run xz "$work/out-xz" "$@" | tee "$work/run.out" | tail -n 40
 rc=${PIPESTATUS[0]}
 set -e
 echo "== what landed in \$OUT (exit code $rc)"
