@@ -25,6 +25,43 @@ export interface LinearCrossEntropyOptions extends CrossEntropyOptions {
    * beyond float rounding.
    */
   chunkRows?: number;
+  /**
+   * Pad the vocabulary of the head's GEMMs to a multiple of this many columns (0: no padding; default
+   * {@link padVocabFromEnv}, i.e. NODETRON_PAD_VOCAB or 0). The weight is copied into a [Vp, C] buffer
+   * whose extra rows are zero, the GEMMs run on Vp columns (an aligned leading dimension: llm.c pads
+   * GPT-2's 50257 to 50304), the extra logits are set to −inf before the cross-entropy kernels so they
+   * add nothing to the log-sum-exp and get no gradient, and the weight's (and bias's) gradient is
+   * sliced back to [V, C]. The loss and gradients equal the unpadded ones up to the order of the
+   * kernels' sums (see test/ops/pad-vocab.test.ts).
+   */
+  padVocab?: number;
+}
+
+/**
+ * The head's vocabulary padding from NODETRON_PAD_VOCAB: a non-negative integer (0 or unset: none);
+ * anything else is an ArgumentError (read on every call, so a test or benchmark can switch it).
+ */
+export function padVocabFromEnv(): number {
+  const raw = process.env.NODETRON_PAD_VOCAB;
+  if (raw === undefined || raw === '') return 0;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 0 || n > 65536) {
+    throw new ArgumentError(`NODETRON_PAD_VOCAB must be an integer in [0, 65536] (0: no padding), got '${raw}'`);
+  }
+  return n;
+}
+
+/** V rounded up to a multiple of `multiple` (V itself for 0 or 1). */
+export function paddedVocab(v: number, multiple: number): number {
+  return multiple > 1 ? Math.ceil(v / multiple) * multiple : v;
+}
+
+/** dst[offset, offset + count) = value (elements of dst's dtype), without touching the rest of dst. */
+function fillRange(dst: Tensor, offset: number, count: number, value: number): void {
+  if (count <= 0) return;
+  using one = emptyOn([1], dst.dtype, dst.deviceInfo);
+  one.backend.fill(one.storage, code(one), 1, value);
+  dst.backend.copy_strided(one.storage, dst.storage, code(dst), new Int32Array([count]), new Int32Array([0]), 0, new Int32Array([1]), offset);
 }
 
 /**
@@ -101,10 +138,13 @@ function gemm(c: Tensor, a: Tensor, b: Tensor, m: number, n: number, k: number, 
  * a second backward through the same graph throws AutogradError.
  */
 export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tensor | null, extra: readonly Tensor[], rule: HeadChunkRule,
-  reduction: 'mean' | 'sum', chunkRows?: number, lossDtype: DType = x.dtype): Tensor {
+  reduction: 'mean' | 'sum', chunkRows?: number, lossDtype: DType = x.dtype, padVocab = 0): Tensor {
   const call = rule.call;
   const [N, C] = x.shape as [number, number];
-  const V = weight.shape[0]!;
+  const V0 = weight.shape[0]!;
+  // With padding every GEMM, block and gradient buffer below is Vp wide; dw and db stay [V0].
+  const V = paddedVocab(V0, padVocab);
+  const padded = V !== V0;
   const grad = needsGrad(x, weight, bias);
   const wants = (t: Tensor) => t.requiresGrad || t.gradFn !== null;
   const needX = grad && wants(x), needW = grad && wants(weight), needB = grad && bias !== null && wants(bias);
@@ -131,6 +171,16 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   let onDevice = false;
   try {
     const block = temp([Math.min(rows, N), V]);
+    // The padded weight: rows [V0, V) are zero (so the pad columns' gradient adds nothing to dx).
+    let w = weight;
+    if (padded) {
+      w = temp([V, C], weight.dtype);
+      w.backend.copy(w.storage, 0, weight.storage, 0, V0 * C * dtypeSize(weight.dtype));
+      fillRange(w, V0 * C, (V - V0) * C, 0);
+    }
+    // A scalar −inf for the pad columns of every chunk's logits.
+    const negInf = padded ? temp([1]) : null;
+    if (negInf) negInf.backend.fill(negInf.storage, code(negInf), 1, -Infinity);
     const xc = whole ? x : temp([rows, C]);
     const dxc = needX && !whole ? temp([rows, C]) : null;
     const blockF32 = wide && !ltWide && (needB || !mixed) ? temp([rows, V], 'f32') : null, xcF32 = wide && !ltWide && !mixed ? temp([rows, C], 'f32') : null;
@@ -143,6 +193,9 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
     if (needX) dx = emptyLike(x);
     if (needW) dw = emptyLike(weight);
     if (needB) db = emptyLike(bias!);
+    // Where the GEMMs and sums write the gradients in the weight's dtype: [V] wide buffers when padded (sliced after the loop).
+    const dwT = dw && padded && !wide ? temp([V, C], weight.dtype) : dw;
+    const dbT = db && padded && !wide ? temp([V], bias!.dtype) : db;
     // No rows: no GEMM writes the weight's gradient, no sum the bias's.
     for (const t of N === 0 ? [dw, db] : []) if (t) t.backend.fill(t.storage, code(t), t.size, 0);
     for (let c = 0, start = 0; start < N; c++, start += rows) {
@@ -150,9 +203,11 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
       if (!whole) copyRows(xc, x, start, m, C);
       if (bias) {
         // Every row starts from the bias; the GEMM accumulates onto it (as linear does).
-        block.backend.copy_strided(bias.storage, block.storage, code(bias), new Int32Array([m, V]), new Int32Array([0, 1]), 0, new Int32Array([V, 1]), 0);
+        block.backend.copy_strided(bias.storage, block.storage, code(bias), new Int32Array([m, V0]), new Int32Array([0, 1]), 0, new Int32Array([V, 1]), 0);
       }
-      gemm(block, xc, weight, m, V, C, false, true, bias !== null);
+      gemm(block, xc, w, m, V, C, false, true, bias !== null);
+      // The pad columns' logits are −inf: exp of them is 0 in the log-sum-exp and in the gradient.
+      if (negInf) block.backend.copy_strided(negInf.storage, block.storage, code(block), new Int32Array([m, V - V0]), new Int32Array([0, 0]), 0, new Int32Array([V, 1]), V0);
       const r = rule.rows(block, start, m);
       try {
         if (typeof r.loss === 'number') total += r.loss;
@@ -174,9 +229,9 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
         r.lse.dispose(); r.targets.dispose();
       }
       if (dx) {
-        if (whole) gemm(dx, block, weight, m, C, V, false, false);
+        if (whole) gemm(dx, block, w, m, C, V, false, false);
         else {
-          gemm(dxc!, block, weight, m, C, V, false, false);
+          gemm(dxc!, block, w, m, C, V, false, false);
           const b = dtypeSize(x.dtype);
           dx.backend.copy(dx.storage, start * C * b, dxc!.storage, 0, m * C * b);
         }
@@ -199,19 +254,22 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
           xc.backend.cast(xc.storage, code(xc), xcF32!.storage, dtypeCode('f32'), m * C);
           gemm(dwF32!, blockF32!, xcF32!, V, C, m, true, false, c > 0);
         } else {
-          gemm(dw, block, xc, V, C, m, true, false, c > 0);
+          gemm(dwT!, block, xc, V, C, m, true, false, c > 0);
         }
       }
       if (db) {
         // The bias's gradient: the column sums of the logits' gradient, added up over the chunks.
-        const src = wide ? blockF32! : block, acc = wide ? dbAcc! : db;
+        const src = wide ? blockF32! : block, acc = wide ? dbAcc! : dbT!;
         const into = c === 0 ? acc : dbChunk!;
         src.backend.sum_to(src.storage, into.storage, code(src), new Int32Array([m, V]), new Int32Array([0, 1]), V);
         if (c > 0) acc.backend.binary(BINARY.add, acc.storage, into.storage, acc.storage, code(acc), new Int32Array([V]), new Int32Array([1]), new Int32Array([1]));
       }
     }
-    if (dw && wide) dw.backend.cast(dwF32!.storage, dtypeCode('f32'), dw.storage, code(dw), V * C);
-    if (db && wide) db.backend.cast(dbAcc!.storage, dtypeCode('f32'), db.storage, code(db), V);
+    // The first V0 rows of the [V] buffers are the gradients (a prefix of row-major storage).
+    if (dw && wide) dw.backend.cast(dwF32!.storage, dtypeCode('f32'), dw.storage, code(dw), V0 * C);
+    if (db && wide) db.backend.cast(dbAcc!.storage, dtypeCode('f32'), db.storage, code(db), V0);
+    if (dw && dwT !== dw && N > 0) dw.backend.copy(dw.storage, 0, dwT!.storage, 0, V0 * C * dtypeSize(dw.dtype));
+    if (db && dbT !== db && N > 0) db.backend.copy(db.storage, 0, dbT!.storage, 0, V0 * dtypeSize(db.dtype));
   } catch (e) {
     dx?.dispose(); dw?.dispose(); db?.dispose();
     throw e;
@@ -301,13 +359,17 @@ export function flattenRows(call: string, x: Tensor, targets: Tensor): [Tensor, 
 }
 
 /** Checks reduction, ignoreIndex and chunkRows of the heads' options. */
-export function checkHeadOptions(call: string, opts: LinearCrossEntropyOptions): { reduction: 'mean' | 'sum'; ignoreIndex: number; chunkRows: number | undefined } {
+export function checkHeadOptions(call: string, opts: LinearCrossEntropyOptions): { reduction: 'mean' | 'sum'; ignoreIndex: number; chunkRows: number | undefined; padVocab: number } {
   const { reduction, ignoreIndex } = checkLossOptions(call, opts);
   const chunkRows = opts.chunkRows;
   if (chunkRows !== undefined && (!Number.isInteger(chunkRows) || chunkRows < 1)) {
     throw new ArgumentError(`${call}: chunkRows must be a positive integer, got ${chunkRows}`);
   }
-  return { reduction, ignoreIndex, chunkRows };
+  const padVocab = opts.padVocab ?? padVocabFromEnv();
+  if (!Number.isInteger(padVocab) || padVocab < 0 || padVocab > 65536) {
+    throw new ArgumentError(`${call}: padVocab must be an integer in [0, 65536] (0: no padding), got ${padVocab}`);
+  }
+  return { reduction, ignoreIndex, chunkRows, padVocab };
 }
 
 /**
@@ -344,7 +406,7 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
   const call = 'linearCrossEntropy';
   [x, targets] = flattenRows(call, x, targets);
   const { n, v } = checkHeadShapes(call, x, weight, targets);
-  const { reduction, ignoreIndex, chunkRows } = checkHeadOptions(call, opts);
+  const { reduction, ignoreIndex, chunkRows, padVocab } = checkHeadOptions(call, opts);
   const bias = opts.bias ?? null;
   if (bias !== null) {
     checkFloats(call, { x, weight }, { bias });
@@ -357,7 +419,8 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
       const tc = emptyLike(targets, [rows]), losses = emptyLike(logits, [rows], 'f32'), lse = emptyLike(logits, [rows], 'f32');
       try {
         tc.backend.copy(tc.storage, 0, targets.storage, start * 4, rows * 4);
-        logits.backend.cross_entropy_forward(logits.storage, tc.storage, losses.storage, lse.storage, rows, v, ignoreIndex, code(logits));
+        // The block's width: V, or the padded vocabulary (its pad columns are −inf).
+        logits.backend.cross_entropy_forward(logits.storage, tc.storage, losses.storage, lse.storage, rows, logits.shape[1]!, ignoreIndex, code(logits));
         // The per-row losses stay on the device: the chunk loop sums them there (no synchronization per chunk).
         return { loss: losses, lse, targets: tc, ignore: ignoreIndex, shard: false };
       } catch (e) {
@@ -366,5 +429,5 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
       }
     },
   };
-  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows, lossDtype ?? x.dtype);
+  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows, lossDtype ?? x.dtype, padVocab);
 }

@@ -250,7 +250,7 @@ export function vocabParallelLinearCrossEntropy(x: Tensor, weight: Tensor, targe
 
 function vocabParallelHead(x: Tensor, weight: Tensor, targets: Tensor, group: CollectiveGroup, opts: VocabParallelLinearCrossEntropyOptions, lossDtype: DType | undefined): Tensor {
   const call = 'vocabParallelLinearCrossEntropy';
-  const { reduction, ignoreIndex, chunkRows } = checkHeadOptions(call, opts);
+  const { reduction, ignoreIndex, chunkRows, padVocab } = checkHeadOptions(call, opts);
   checkFloats(call, { x, weight });
   if (opts.sequenceParallel && x.ndim !== 3) throw new ShapeError(`${call}: under sequence parallelism x must be this rank's chunk [B, T/${group.size}, C], got ${x.describe()}`);
   // Every rank's slice needs the whole input; its gradient is the sum of the slices' parts.
@@ -266,10 +266,11 @@ function vocabParallelHead(x: Tensor, weight: Tensor, targets: Tensor, group: Co
       using fwdT = emptyLike(fwdAll, [count]);
       fwdT.backend.copy(fwdT.storage, 0, fwdAll.storage, start * 4, count * 4);
       const bwd = bwdTargets.subarray(start, start + count);
-      const { lse, total } = combineShardRows(logits, fwdT, fwdTargets.subarray(start, start + count), bwd, count, localVocab, group, call);
+      // The block's width: this slice's vocabulary, or its padded width (pad columns −inf, no target there).
+      const { lse, total } = combineShardRows(logits, fwdT, fwdTargets.subarray(start, start + count), bwd, count, logits.shape[1]!, group, call);
       const lseT = tensor(lse, [count], { device });
       return { loss: total, lse: lseT, targets: tensor(bwd, [count], { dtype: 'i32', device }), ignore: IGNORED, shard: true };
     },
   };
-  return chunkedLinearCrossEntropy(rows, weight, null, [flatTargets], rule, reduction, chunkRows, lossDtype ?? rows.dtype);
+  return chunkedLinearCrossEntropy(rows, weight, null, [flatTargets], rule, reduction, chunkRows, lossDtype ?? rows.dtype, padVocab);
 }
