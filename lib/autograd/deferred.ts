@@ -8,6 +8,7 @@ import { ArgumentError, AutogradError } from '../errors.js';
 import { Tensor } from '../tensor.js';
 import { noGrad } from './grad-mode.js';
 import { accumulateLeaf, inBackward, Node, runPass, type HookPass } from './engine.js';
+import { GradTargets, type GradTarget } from './grad-homes.js';
 
 /**
  * Where a node's gradient work goes inside deferWeightGrads(): 'split' (input part now, weight part
@@ -46,8 +47,8 @@ export interface DeferredItem {
   readonly node: Node;
   /** The gradient of the node's output (the work reads it; freed once it ran). */
   readonly gradOut: Tensor;
-  /** Computes the gradients of the node's deferred inputs (null elsewhere). */
-  readonly compute: () => (Tensor | null)[];
+  /** Computes the gradients of the node's deferred inputs (null elsewhere), into the leaves' homes where `target` offers them. */
+  readonly compute: (target: GradTarget) => (Tensor | null)[];
   /** Frees what compute would have used, when it never runs. */
   readonly drop?: () => void;
   /** The weights' transforms among the node's edges that this work runs too (kept alive until then). */
@@ -111,9 +112,11 @@ export class DeferredWeightGrads {
             const item = group.items.shift()!;
             const { node, gradOut, compute } = item;
             let out: (Tensor | null)[];
+            const targets = new GradTargets(node.edges);
             try {
-              out = noGrad(compute);
+              out = noGrad(() => compute(targets.target));
             } catch (e) {
+              targets.abandon();
               gradOut.dispose();
               for (const n of [node, ...item.absorbed]) n.unref();
               throw e;
@@ -121,10 +124,10 @@ export class DeferredWeightGrads {
             const owned = new Set<Tensor>([gradOut]);
             const transforms: [Node, Tensor][] = [];
             node.edges.forEach((edge, i) => {
-              const ig = out[i];
-              if (!ig) return;
-              owned.add(ig);
-              if (edge instanceof Tensor) accumulateLeaf(edge, ig, claimed, gradOut);
+              const ig = out[i], home = targets.at(i);
+              if (!ig) { if (home) targets.abandon(i); return; }
+              if (ig !== home) owned.add(ig);
+              if (edge instanceof Tensor) accumulateLeaf(edge, ig, claimed, gradOut, home);
               else if (edge instanceof Node && item.absorbed.includes(edge)) transforms.push([edge, ig]);
             });
             // A weight's transform: its backward on the gradient just computed, into its leaves.

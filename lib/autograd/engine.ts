@@ -11,9 +11,15 @@ import { checkTensor, checkTensorList, emptyOn, Tensor, type GradNode } from '..
 import { isGradEnabled, noGrad } from './grad-mode.js';
 import { BackwardRegions, gradRegion, traceEnabled } from '../observe/trace.js';
 import { absorbable, activeDeferral, consumerCounts, deferralPlan, dropItem, type DeferredGroup } from './deferred.js';
+import { addToLeaf, allocatedGrad, GradTargets, noTarget, type GradTarget, type RemovableHandle } from './grad-homes.js';
 
-/** Computes the gradients of an op's inputs from the gradient of its output (null: no gradient). */
-export type BackwardFn = (gradOut: Tensor) => (Tensor | null)[];
+export { registerGradAllocator, type GradAllocator, type GradTarget, type RemovableHandle } from './grad-homes.js';
+
+/**
+ * Computes the gradients of an op's inputs from the gradient of its output (null: no gradient).
+ * `target(i)` offers a tensor to write input i's gradient into ({@link GradTarget}; may be ignored).
+ */
+export type BackwardFn = (gradOut: Tensor, target: GradTarget) => (Tensor | null)[];
 
 /**
  * An op's backward in two parts (zero-bubble pipelines' B and W): `inputs(g)` computes the
@@ -28,7 +34,7 @@ export interface SplitBackward {
    * The first part; its closure owns whatever it kept for the second (and frees it when run; `drop`,
    * when given, frees it when the second part is dropped instead).
    */
-  inputs(gradOut: Tensor): { grads: (Tensor | null)[]; weightGrads: () => (Tensor | null)[]; drop?: () => void };
+  inputs(gradOut: Tensor): { grads: (Tensor | null)[]; weightGrads: (target: GradTarget) => (Tensor | null)[]; drop?: () => void };
 }
 
 /** A recorded op: its backward, the edges to its inputs and the tensors it saved. */
@@ -79,13 +85,13 @@ export class Node implements GradNode {
   get released(): boolean { return this.#backward === null; }
   /**
    * Runs the backward function: the gradients of the inputs (null for an input that needs none) given the output's
-   * gradient. Throws AutogradError once the node was released.
+   * gradient, `target` offering where a leaf's gradient may be written. Throws AutogradError once the node was released.
    */
-  apply(gradOut: Tensor): (Tensor | null)[] {
+  apply(gradOut: Tensor, target: GradTarget = noTarget): (Tensor | null)[] {
     if (this.#backward === null) {
       throw new AutogradError(`backward through '${this.name}' a second time: its saved tensors were freed by the first backward (pass { retainGraph: true } to the first call)`);
     }
-    return this.#backward(gradOut);
+    return this.#backward(gradOut, target);
   }
   /** Frees the saved tensors; a later apply() throws. */
   release(): void {
@@ -165,12 +171,6 @@ export function record(name: string, out: Tensor, inputs: readonly Tensor[], bac
 /** Called with the leaf once its gradient of a backward() call is complete (PyTorch's post-accumulate-grad hook). */
 export type PostAccumulateGradHook = (leaf: Tensor) => void;
 
-/** What a hook registration returns: `remove()` unregisters it (a second call does nothing). */
-export interface RemovableHandle {
-  /** Unregisters the hook; later calls do nothing. */
-  remove(): void;
-}
-
 const gradHooks = new WeakMap<Tensor, PostAccumulateGradHook[]>();
 // Leaves with at least one hook: at zero, backward() skips all bookkeeping for hooks.
 let hookedLeafCount = 0;
@@ -187,61 +187,6 @@ export function registerPostAccumulateGradHook(leaf: Tensor, hook: PostAccumulat
   if (leaf.gradFn !== null) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; post-accumulate-grad hooks go on leaves (tensors whose gradient is accumulated into .grad)`);
   if (!leaf.requiresGrad) throw new AutogradError(`registerPostAccumulateGradHook: ${leaf.describe()} does not require grad, so it never gets a gradient`);
   return addToLeaf(gradHooks, leaf, hook, (d) => { hookedLeafCount += d; });
-}
-
-/**
- * Appends item to leaf's list in lists; the handle takes it out again (once). onLeaves(+1) runs
- * when leaf's list is made, onLeaves(-1) when it empties and goes.
- */
-function addToLeaf<T>(lists: WeakMap<Tensor, T[]>, leaf: Tensor, item: T, onLeaves?: (delta: 1 | -1) => void): RemovableHandle {
-  let list = lists.get(leaf);
-  if (!list) { list = []; lists.set(leaf, list); onLeaves?.(1); }
-  list.push(item);
-  let removed = false;
-  return {
-    remove() {
-      if (removed) return;
-      removed = true;
-      const l = lists.get(leaf)!;
-      l.splice(l.indexOf(item), 1);
-      if (l.length === 0) { lists.delete(leaf); onLeaves?.(-1); }
-    },
-  };
-}
-
-/**
- * Gives a leaf's gradient a home: called when backward() has a gradient for `leaf` and `leaf.grad`
- * is empty; returns an uninitialized tensor of the leaf's shape and dtype that the gradient is
- * copied into and that becomes `leaf.grad` (later gradients accumulate into it in place), or null
- * to let backward keep the gradient it computed. A data-parallel gradient buffer hands out views
- * of its flat buckets this way (Megatron's main_grad), so gradients are never copied into buckets.
- */
-export type GradAllocator = (leaf: Tensor) => Tensor | null;
-
-const gradAllocators = new WeakMap<Tensor, GradAllocator[]>();
-
-/**
- * Registers where `leaf`'s gradient is allocated when it has none ({@link GradAllocator}). With
- * several allocators the first registered that returns a tensor wins.
- */
-export function registerGradAllocator(leaf: Tensor, allocate: GradAllocator): RemovableHandle {
-  checkTensor(leaf, 'registerGradAllocator', 'leaf');
-  if (typeof allocate !== 'function') throw new ArgumentError(`registerGradAllocator: allocate must be a function, got ${typeof allocate}`);
-  if (leaf.gradFn !== null) throw new AutogradError(`registerGradAllocator: ${leaf.describe()} is computed by '${(leaf.gradFn as Node).name}'; only leaves have a .grad to allocate`);
-  return addToLeaf(gradAllocators, leaf, allocate);
-}
-
-// The tensor a registered allocator gives leaf's gradient, checked, or null.
-function allocatedGrad(leaf: Tensor): Tensor | null {
-  for (const allocate of gradAllocators.get(leaf) ?? []) {
-    const t = allocate(leaf);
-    if (t === null) continue;
-    if (!(t instanceof Tensor) || t.disposed || t.dtype !== leaf.dtype || t.device !== leaf.device || !sameShape(t.shape, leaf.shape)) {
-      throw new AutogradError(`backward: the gradient allocator of ${leaf.describe()} returned ${t instanceof Tensor ? t.toString() : String(t)}, not a live tensor of its shape, dtype and device`);
-    }
-    return t;
-  }
-  return null;
 }
 
 /**
@@ -406,10 +351,12 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
           // Every gradient of this node goes to a weight: the whole node waits, holding its output's gradient.
           claimed.delete(g);
           node.ref(); // the graph's owner may dispose the output before the work runs
-          group!.items.push({ node, gradOut: keep(g), compute: () => node.apply(g), absorbed: absorb(node, node.edges.map((_, i) => i)) });
+          group!.items.push({ node, gradOut: keep(g), compute: (target) => node.apply(g, target), absorbed: absorb(node, node.edges.map((_, i) => i)) });
           continue;
         }
         let inputGrads: (Tensor | null)[];
+        // Leaves' gradient homes the op may write into (not for a split's input part: its leaves are activations).
+        const targets = new GradTargets(node.edges);
         if (plan === 'split') {
           const part = noGrad(() => node.split!.inputs(g));
           inputGrads = part.grads;
@@ -417,20 +364,20 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
           node.ref();
           group!.items.push({ node, gradOut: keep(g), compute: part.weightGrads, absorbed: absorb(node, node.split!.weights), ...(part.drop ? { drop: part.drop } : {}) });
         } else {
-          inputGrads = noGrad(() => node.apply(g));
+          try { inputGrads = noGrad(() => node.apply(g, targets.target)); } catch (e) { targets.abandon(); throw e; }
         }
         const owned = new Set<Tensor>(plan === 'split' ? [] : [g]);
         node.edges.forEach((edge, i) => {
-          const ig = inputGrads[i];
-          if (!ig) return;
-          owned.add(ig);
+          const ig = inputGrads[i], home = targets.at(i);
+          if (!ig) { if (home) targets.abandon(i); return; }
+          if (ig !== home) owned.add(ig);
           if (!edge) return;
           if (edge instanceof Node) {
             const prev = grads.get(edge);
             if (prev) accumulateInto(prev, ig);
             else grads.set(edge, claim(ig, claimed, g));
           } else {
-            accumulateLeaf(edge, ig, claimed, g);
+            accumulateLeaf(edge, ig, claimed, g, home);
           }
         });
         claimed.delete(g);
@@ -483,18 +430,23 @@ function claim(g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): Tensor {
   return g;
 }
 
-export function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor): void {
+/**
+ * Adds g to leaf's gradient. `home`: the gradient home the op was handed for this leaf (GradTargets):
+ * g is that home, written by the op, or the op's own tensor, copied in.
+ */
+export function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gradOut?: Tensor, home?: Tensor): void {
   if (leaf.disposed) return;
   if (!sameShape(leaf.shape, g.shape)) throw new ShapeError(`backward: gradient ${fmtShape(g.shape)} does not match ${leaf.describe()}`);
   if (activePass !== null && gradHooks.has(leaf)) activePass.received(leaf);
-  if (leaf.grad && !leaf.grad.disposed) {
+  if (!home && leaf.grad && !leaf.grad.disposed) {
     accumulateInto(leaf.grad, g);
     return;
   }
-  const slot = allocatedGrad(leaf);
+  const slot = home ?? allocatedGrad(leaf);
   if (slot) {
-    // Copied, not claimed: backward frees g as any gradient it does not hand on.
-    if (g.dtype === slot.dtype) slot.backend.copy(slot.storage, 0, g.storage, 0, slot.nbytes);
+    // Copied, not claimed: backward frees g as any gradient it does not hand on (nothing to copy when the op wrote it there).
+    if (g === slot) { /* written in place */ }
+    else if (g.dtype === slot.dtype) slot.backend.copy(slot.storage, 0, g.storage, 0, slot.nbytes);
     else { using c = g.to(slot.dtype); slot.backend.copy(slot.storage, 0, c.storage, 0, slot.nbytes); }
     leaf.grad = keep(slot);
   } else {

@@ -33,6 +33,19 @@ export function emptyLike(t: Tensor, shape: readonly number[] = t.shape, dtype =
   return emptyOn(shape, dtype, t.deviceInfo);
 }
 
+/**
+ * Where an op's backward writes a gradient it overwrites completely: `home` (a leaf's gradient home
+ * from the engine's GradTarget, written in place) when it is what emptyLike(t, shape) would make,
+ * else a new tensor. On cpu the kernels compute the same on either (OpenBLAS and the bf16 GEMM do
+ * not look at where C starts), so the gradient's bits do not change. On cuda the home is not taken:
+ * cuBLASLt picks its algorithm by the pointers' alignment (native/cuda/gemm_plan.h), and a bucket
+ * packs its views without aligning them, so a view could get another algorithm than a fresh buffer.
+ */
+export function gradOut(home: Tensor | null, t: Tensor, shape: readonly number[] = t.shape): Tensor {
+  if (home && home.deviceInfo.type === 'cpu' && home.dtype === t.dtype && home.device === t.device && home.shape.length === shape.length && home.shape.every((d, i) => d === shape[i])) return home;
+  return emptyLike(t, shape);
+}
+
 /** Native dtype code of a tensor. */
 export function code(t: Tensor): number {
   return dtypeCode(t.dtype);

@@ -3,7 +3,7 @@ import { needsGrad, record, save } from '../autograd/engine.js';
 import { ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import { checkSameDevice, type Tensor } from '../tensor.js';
-import { checkFloats, checkIndices, code, emptyLike } from './common.js';
+import { checkFloats, checkIndices, code, emptyLike, gradOut } from './common.js';
 
 /** weight[ids]: ids i32 of any shape, weight [V, C] → [...ids.shape, C]. Out-of-range ids throw ArgumentError. */
 export function embedding(ids: Tensor, weight: Tensor): Tensor {
@@ -16,8 +16,9 @@ export function embedding(ids: Tensor, weight: Tensor): Tensor {
   weight.backend.embedding_forward(ids.storage, weight.storage, out.storage, ids.size, V, C, code(weight));
   if (!needsGrad(weight)) return out;
   const is = save(ids);
-  return record('embedding', out, [ids, weight], (g) => {
-    const dw = emptyLike(g, [V, C]);
+  return record('embedding', out, [ids, weight], (g, target) => {
+    // The scatter zeroes dw first: it may be the weight's gradient home (a bucket's view).
+    const dw = gradOut(target(1), g, [V, C]);
     g.backend.embedding_backward(is.storage, g.storage, dw.storage, is.size, V, C, code(g));
     return [null, dw];
   }, [is]);

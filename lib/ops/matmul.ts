@@ -6,7 +6,7 @@ import { DTypeError, ShapeError } from '../errors.js';
 import { fmtShape, numel } from '../shape.js';
 import type { Tensor } from '../tensor.js';
 import { autocastRun } from './autocast.js';
-import { checkFloats, checkOptions, code, emptyLike } from './common.js';
+import { checkFloats, checkOptions, code, emptyLike, gradOut } from './common.js';
 import { sumTo } from './elementwise.js';
 
 /** Options of {@link matmul}. */
@@ -96,25 +96,29 @@ export function matmulForward(a: Tensor, b: Tensor, opts: MatmulOptions = {}): T
   return out;
 }
 
+/** Where a backward may write an input's gradient: the engine's GradTarget at that input's position. */
+type Into = () => Tensor | null;
+
 /**
  * Gradients of out = alpha·op(A)·op(B) from g, per the plan. A shared operand (batch stride 0)
- * gets the sum over the batch: GEMMs accumulate into one matrix with beta = 1.
+ * gets the sum over the batch: GEMMs accumulate into one matrix with beta = 1. `intoA`/`intoB`:
+ * where the engine lets dA/dB be written (a leaf's gradient home; see gradOut).
  */
 function matmulBackward(g: Tensor, a: Tensor | null, b: Tensor | null, aLike: Tensor, bLike: Tensor, p: GemmPlan,
-  transA: boolean, transB: boolean, alpha: number, needA: boolean, needB: boolean): [Tensor | null, Tensor | null] {
+  transA: boolean, transB: boolean, alpha: number, needA: boolean, needB: boolean, intoA?: Into, intoB?: Into): [Tensor | null, Tensor | null] {
   const { batch, m, n, k } = p;
   const sG = m * n;
   let dA: Tensor | null = null, dB: Tensor | null = null;
   if (needA) {
     const shared = p.strideA === 0 && batch > 1;
-    dA = emptyOn0(aLike, shared);
+    dA = emptyOn0(aLike, shared, intoA);
     const sC = shared ? 0 : m * k, beta = shared ? 1 : 0;
     if (!transA) gemm(dA, g, b!, batch, m, k, n, false, !transB, sG, p.strideB, sC, alpha, beta);
     else gemm(dA, b!, g, batch, k, m, n, transB, true, p.strideB, sG, sC, alpha, beta);
   }
   if (needB) {
     const shared = p.strideB === 0 && batch > 1;
-    dB = emptyOn0(bLike, shared);
+    dB = emptyOn0(bLike, shared, intoB);
     const sC = shared ? 0 : k * n, beta = shared ? 1 : 0;
     if (!transB) gemm(dB, a!, g, batch, k, n, m, !transA, false, p.strideA, sG, sC, alpha, beta);
     else gemm(dB, g, a!, batch, n, k, m, true, transA, sG, p.strideA, sC, alpha, beta);
@@ -122,8 +126,8 @@ function matmulBackward(g: Tensor, a: Tensor | null, b: Tensor | null, aLike: Te
   return [dA, dB];
 }
 
-function emptyOn0(like: Tensor, zero: boolean): Tensor {
-  const t = emptyLike(like);
+function emptyOn0(like: Tensor, zero: boolean, into?: Into): Tensor {
+  const t = gradOut(into?.() ?? null, like);
   if (zero) t.backend.fill(t.storage, dtypeCode(t.dtype), t.size, 0);
   return t;
 }
@@ -141,7 +145,8 @@ export function matmul(a: Tensor, b: Tensor, opts: MatmulOptions = {}): Tensor {
   const needA = a.requiresGrad || a.gradFn !== null, needB = b.requiresGrad || b.gradFn !== null;
   // dA needs B and dB needs A: save only what the required gradients read.
   const as = save(a), bs = save(b);
-  return record('matmul', out, [a, b], (g) => matmulBackward(g, needB ? as : null, needA ? bs : null, as, bs, plan, transA, transB, alpha, needA, needB), [as, bs]);
+  return record('matmul', out, [a, b], (g, target) => matmulBackward(g, needB ? as : null, needA ? bs : null, as, bs, plan, transA, transB, alpha, needA, needB,
+    () => target(0), () => target(1)), [as, bs]);
 }
 
 /** The argument checks of linear and linearGelu (`call` names the op); returns the out-features. */
@@ -194,12 +199,12 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor | null): Tensor 
   if (!needsGrad(x, weight, bias)) return out;
   const { needX, needW, needBias } = linearNeeds(x, weight, bias);
   const xs = save(x), ws = save(weight);
-  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g) => linearBackward(g, xs, ws, needX, needW, needBias), [xs, ws], {
+  return record('linear', out, bias ? [x, weight, bias] : [x, weight], (g, target) => linearBackward(g, xs, ws, needX, needW, needBias, () => target(1)), [xs, ws], {
     // Zero-bubble pipelines (deferWeightGrads): dx now, dW and the bias gradient later; the same calls as linearBackward.
     weights: bias ? [1, 2] : [1],
     inputs: (g) => ({
       grads: [linearBackward(g, xs, ws, needX, false, false)[0], null, null],
-      weightGrads: () => { const [, dw, db] = linearBackward(g, xs, ws, false, needW, needBias); return [null, dw, db]; },
+      weightGrads: (target) => { const [, dw, db] = linearBackward(g, xs, ws, false, needW, needBias, () => target(1)); return [null, dw, db]; },
     }),
   });
 }
@@ -228,10 +233,10 @@ export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Ten
     g.backend.bias_gelu_backward(pre.storage, g.storage, dPre.storage, db ? db.storage : null, rows, outF, code(g));
     return { dPre, db };
   };
-  return record('linearGelu', out, bias ? [x, weight, bias] : [x, weight], (g) => {
+  return record('linearGelu', out, bias ? [x, weight, bias] : [x, weight], (g, target) => {
     const { dPre, db } = geluBackward(g);
     try {
-      const [dx, dw] = matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, needX, needW);
+      const [dx, dw] = matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, needX, needW, undefined, () => target(1));
       return [dx, dw, db];
     } finally {
       dPre.dispose();
@@ -249,8 +254,8 @@ export function linearGelu(x: Tensor, weight: Tensor, bias?: Tensor | null): Ten
       } catch (e) { dPre.dispose(); db?.dispose(); throw e; }
       return {
         grads: [dx, null, null],
-        weightGrads: () => {
-          try { return [null, matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, false, needW)[1], db]; } finally { dPre.dispose(); }
+        weightGrads: (target) => {
+          try { return [null, matmulBackward(dPre, xs, ws, xs, ws, plan, false, true, 1, false, needW, undefined, () => target(1))[1], db]; } finally { dPre.dispose(); }
         },
         drop: () => { dPre.dispose(); db?.dispose(); },
       };
@@ -266,15 +271,16 @@ export function linearNeeds(x: Tensor, weight: Tensor, bias: Tensor | null | und
 
 /**
  * Gradients of y = x Wᵀ (+ b) from g (y's shape) with respect to x, W and b, each only when asked
- * (null otherwise). For ops that run linear's GEMMs on an input they rebuild in backward.
+ * (null otherwise). For ops that run linear's GEMMs on an input they rebuild in backward. `intoW`:
+ * where the engine lets dW be written (the GradTarget of the weight's position).
  */
-export function linearBackward(g: Tensor, x: Tensor, weight: Tensor, needX: boolean, needW: boolean, needBias: boolean): [Tensor | null, Tensor | null, Tensor | null] {
+export function linearBackward(g: Tensor, x: Tensor, weight: Tensor, needX: boolean, needW: boolean, needBias: boolean, intoW?: Into): [Tensor | null, Tensor | null, Tensor | null] {
   const plan = planMatmul(x.shape, weight.shape, false, true, 'linear backward');
   if (needW && needBias) {
     const fused = weightAndBiasGrads(g, x, weight, plan);
     if (fused) return [needX ? matmulBackward(g, x, weight, x, weight, plan, false, true, 1, true, false)[0] : null, fused[0], fused[1]];
   }
-  const [dx, dw] = matmulBackward(g, x, weight, x, weight, plan, false, true, 1, needX, needW);
+  const [dx, dw] = matmulBackward(g, x, weight, x, weight, plan, false, true, 1, needX, needW, undefined, intoW);
   return [dx, dw, needBias ? sumTo(g, [weight.shape[0]!]) : null];
 }
 
@@ -337,7 +343,7 @@ export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2
   const needPre = needX || needW1 || needB1;
   const xs = save(x), w1s = save(w1), w2s = save(w2);
   const inputs = [x, w1, ...(b1 ? [b1] : []), w2, ...(b2 ? [b2] : [])];
-  return record('geluMlp', out, inputs, (g) => {
+  return record('geluMlp', out, inputs, (g, target) => {
     // The hidden layer first: dPre = (g·W2)·gelu'(pre), db1 = Σ_rows dPre, dx and dW1; then dW2 = gᵀh and
     // db2 = Σ_rows g, allocated after dPre is freed (the larger of the two is never held with the other).
     let dx: Tensor | null = null, dw1: Tensor | null = null, db1: Tensor | null = null;
@@ -357,7 +363,7 @@ export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2
             dh.dispose();
           }
         }
-        [dx, dw1] = matmulBackward(dPre, xs, w1s, xs, w1s, plan1, false, true, 1, needX, needW1);
+        [dx, dw1] = matmulBackward(dPre, xs, w1s, xs, w1s, plan1, false, true, 1, needX, needW1, undefined, () => target(1));
       } finally {
         dPre.dispose();
       }
@@ -365,7 +371,7 @@ export function geluMlp(x: Tensor, w1: Tensor, b1: Tensor | null | undefined, w2
     }
     let dw2: Tensor | null = null, db2: Tensor | null = null;
     if (needW2 && needB2) [dw2, db2] = weightAndBiasGrads(g, h, w2s, plan2) ?? [null, null];
-    if (needW2 && !dw2) dw2 = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, false, true)[1];
+    if (needW2 && !dw2) dw2 = matmulBackward(g, h, w2s, h, w2s, plan2, false, true, 1, false, true, undefined, () => target(b1 ? 3 : 2))[1];
     if (needB2 && !db2) db2 = sumTo(g, [w2s.shape[0]!]);
     return [dx, dw1, ...(b1 ? [db1] : []), dw2, ...(b2 ? [db2] : [])];
   }, [xs, w1s, w2s, own(h), own(pre)]);
