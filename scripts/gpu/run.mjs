@@ -27,7 +27,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { BUDGET_S, PHASES, PLAN, SWITCHES, parseSelector, root, secondCommand, simulatedFate } from './common.mjs';
+import { BUDGET_S, PHASES, PLAN, SWITCHES, commit, parseSelector, root, secondCommand, simulatedFate } from './common.mjs';
 
 const argv = process.argv.slice(2);
 const known = new Set(['--out', '--budget', '--only', '--skip', '--list', '--all']);
@@ -155,7 +155,7 @@ function writeResults(second) {
   const info = Object.assign({}, ...all.map((s) => s.info));
   const cov = coverage(all);
   const summary = {
-    kind: 'nodetron-gpu-run', commit: info.commit ?? null, date: new Date().toISOString().slice(0, 10), budgetS, elapsedS: elapsedS(),
+    kind: 'nodetron-gpu-run', commit: info.commit ?? commit(), date: new Date().toISOString().slice(0, 10), budgetS, elapsedS: elapsedS(),
     args: argv,
     machine: { gpu: info.gpu ?? smi.name, driver: info.driver ?? smi.driver, nvidiaSmi: info.nvidiaSmi ?? null, libraries: info.libraries ?? null, torch: info.torch ?? null, node: process.version },
     steps: all.map(({ checks, bench, info: _i, ...s }) => s),
