@@ -4,6 +4,8 @@
 // run there as one GEMM loop over the rows grouped by local expert, and come back the same way. The
 // all-to-all is an autograd function whose backward is the reverse all-to-all. The router's counts
 // are summed over the data-parallel group so the load-balancing loss is that of the whole batch.
+// The counts' small tensors go on each group's agreement device (lib/distributed/agree.ts): cpu when
+// the group communicates there, else its first device (an NCCL-only group takes only cuda tensors).
 import { needsGrad, record } from '../autograd/engine.js';
 import { tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
@@ -12,6 +14,7 @@ import type { MoEParallel } from '../nn/moe.js';
 import { emptyOn, type Tensor } from '../tensor.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { finishSync } from '../distributed/finish-sync.js';
+import { agreementDevice } from '../distributed/agree.js';
 
 function allToAllOf(group: CollectiveGroup, call: string): NonNullable<CollectiveGroup['allToAll']> {
   if (typeof group.allToAll !== 'function') throw new StateError(`${call}: group '${group.name}' has no allToAll (expert parallelism needs a process group)`);
@@ -45,8 +48,16 @@ export function exchangeCounts(counts: readonly number[], block: number, group: 
   const call = 'exchangeCounts';
   if (counts.length !== block * group.size) throw new ArgumentError(`${call}: ${counts.length} counts are not ${group.size} blocks of ${block}`);
   const allToAll = allToAllOf(group, call);
-  const send = tensor(Int32Array.from(counts), [counts.length], { dtype: 'i32' });
-  const recv = tensor(new Int32Array(counts.length), [counts.length], { dtype: 'i32' });
+  const device = agreementDevice(group);
+  const send = tensor(Int32Array.from(counts), [counts.length], { dtype: 'i32', device });
+  let recv: Tensor;
+  try {
+    recv = tensor(new Int32Array(counts.length), [counts.length], { dtype: 'i32', device });
+  } catch (e) {
+    send.dispose();
+    throw e;
+  }
+  // On failure finishSync frees the buffers once the exchange has settled.
   finishSync(() => allToAll(recv, send), { call, group, buffers: [send, recv] });
   try {
     return Array.from(recv.toArraySync());
@@ -85,7 +96,7 @@ export function expertParallel({ experts, epGroup, countGroup }: ExpertParallelO
   };
   if (countGroup && countGroup.size > 1) {
     par.sumCounts = (counts) => {
-      const t = tensor(Float32Array.from(counts), [counts.length]);
+      const t = tensor(Float32Array.from(counts), [counts.length], { device: agreementDevice(countGroup) });
       finishSync(() => countGroup.allReduce(t, { op: 'sum' }), { call: 'MoE router counts', group: countGroup, buffers: [t] });
       try {
         return Array.from(t.toArraySync());

@@ -10,6 +10,7 @@ import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { reduceTotals } from '../../lib/distributed/totals.js';
 import { globalGradNorm } from '../../lib/optim/clip.js';
+import { exchangeCounts, expertParallel } from '../../lib/parallel/expert-parallel.js';
 import type { CollectiveGroup } from '../../lib/distributed/group.js';
 import { root } from '../helpers/equivalence.js';
 import { ncclRanksClosedAfterEach } from './fake-nccl.js';
@@ -73,6 +74,23 @@ describe('totals on a group that communicates only on cuda:0', () => {
       const norms = await onEvery(groups, (g) => globalGradNorm([{ sumSquares: 1, groups: [g] }]));
       for (const e of norms) expect(e).toBeInstanceOf(nt.BackendUnavailableError);
     }
+    await Promise.all(groups.map((g) => (g as nt.distributed.ProcessGroup).barrier()));
+  });
+});
+
+describe('expert parallelism\'s router counts on a group that communicates only on cuda:0', () => {
+  // exchangeCounts and sumCounts finish their collective synchronously (inside the MoE layer's
+  // forward), which the in-process fake can complete only once every rank has posted: ranks of one
+  // process run one after the other, so only the failure before any collective is checked here (the
+  // NCCL path itself runs in test/parallel/nccl-only-equivalence.test.ts, ranks in separate processes).
+  // On a GPU machine the fake, which moves host memory, cannot stand in for cuda storages: skipped there.
+  it.skipIf(nt.cuda.isAvailable())('get cuda counts: without a GPU making them fails (BackendUnavailableError), not the group refusing host tensors', async () => {
+    const { groups } = await ncclRanks(2, { deviceKey: 'cuda:0' });
+    const mine = [[1, 2], [3, 4]];
+    const exchange = (g: CollectiveGroup, i: number) => Promise.resolve().then(() => exchangeCounts(mine[i]!, 1, g));
+    const sum = (g: CollectiveGroup, i: number) => Promise.resolve().then(() => expertParallel({ experts: 2, epGroup: null, countGroup: g }).sumCounts!(mine[i]!));
+    for (const e of await onEvery(groups, exchange)) expect(e).toBeInstanceOf(nt.BackendUnavailableError);
+    for (const e of await onEvery(groups, sum)) expect(e).toBeInstanceOf(nt.BackendUnavailableError);
     await Promise.all(groups.map((g) => (g as nt.distributed.ProcessGroup).barrier()));
   });
 });
