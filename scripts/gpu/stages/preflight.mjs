@@ -30,8 +30,10 @@ export async function run(rec, nt, noGpu) {
     // A GPU is there and nodetron cannot use it: what the loader saw, for the fix (the other steps'
     // PyTorch parts still run).
     const addon = ['build/Release/nodetron_cuda.node', `prebuilds/${process.platform}-${process.arch}/cuda/nodetron_cuda.node`].map((p) => join(root, p)).find(existsSync);
-    const ldd = addon ? spawnSync('ldd', [addon], { encoding: 'utf8', timeout: 15_000 }) : null;
-    const lddText = ldd ? `${ldd.stdout ?? ''}${ldd.stderr ?? ''}`.trim() : 'no cuda addon in build/Release or prebuilds/';
+    const lddOf = (path) => { const r = spawnSync('ldd', [path], { encoding: 'utf8', timeout: 15_000 }); return `${r.stdout ?? ''}${r.stderr ?? ''}`.trim(); };
+    // Where nodetron itself did not load, the cpu addon's libraries (OpenBLAS, Gloo) are the suspects too.
+    const cpuAddon = nt ? null : join(root, 'build', 'Release', 'nodetron.node');
+    const lddText = [addon ? lddOf(addon) : 'no cuda addon in build/Release or prebuilds/', ...(cpuAddon && existsSync(cpuAddon) ? [`${cpuAddon}:\n${lddOf(cpuAddon)}`] : [])].join('\n');
     // The folders lib/native.ts tries for cuBLASLt and NCCL by absolute path when the loader does not find them.
     let searched = null;
     try { searched = (await import('../../../dist/native.js')).cudaLibraryDirs(); } catch (e) { searched = String(e?.message ?? e).split('\n')[0]; }
