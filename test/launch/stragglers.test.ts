@@ -6,13 +6,14 @@
 // cores); one BLAS thread and one kernel thread per rank, as ranks sharing a machine's cores should have
 // (the score reads the main thread's CPU time: with a kernel pool, part of the compute would run on its
 // workers, uncounted, and the main thread's waits for them, counted).
-// Why 2x and a threshold of 1.4: with 4 ranks on 2 cores beside other jobs, a healthy rank's CPU time
-// per step still moves with what shares its core (caches refilled after every switch, page faults,
-// the JIT's background thread): healthy scores from 0.94 to 1.09 were measured over 40 runs here, and
-// 1.16 once (issue #36, with the old whole-run statistic) — too close to a 30% slowdown and the default
-// 1.15 to test against. A 2x slowdown scored against 1.4 (about sqrt 2, midway on a log scale) leaves
-// a factor 1.4 either way: a healthy rank is named only if it uses 40% more CPU than the step's
-// typical rank in most steps, and rank 2 is missed only if it uses 29% less than twice as much.
+// Why 2x and a threshold of 1.4: with 4 ranks on 2 cores beside other jobs, a healthy rank's CPU time per
+// step still moves with what shares its core (caches refilled after every switch, page faults, the JIT's
+// background thread): healthy ranks scored 0.95 to 1.02 over about 50 runs here (load averages 20 to 240,
+// some with a busy loop per core beside), and 1.16 once (issue #36, with the earlier whole-run statistic)
+// — too close to a 30% slowdown and the default 1.15 to test against. A 2x slowdown scored against 1.4
+// (about sqrt 2, midway on a log scale) leaves a factor 1.4 either way: a healthy rank is named only if
+// it uses 40% more CPU than the step's typical rank in most steps, and rank 2 is missed only if it uses
+// 29% less than twice as much.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
