@@ -101,97 +101,187 @@ export interface LayoutFlags {
 }
 
 /**
- * Resolves and checks a layout. Every problem is listed in one ArgumentError, so every rank (each
- * runs the same check on the same inputs) fails the same way before any communication.
+ * Resolves and checks a layout by the rule book ({@link layoutProblems}). Every problem is listed in
+ * one ArgumentError, so every rank (each runs the same check on the same inputs) fails the same way
+ * before any communication.
  */
 export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShape, worldSize: number, globalBatch: number): TrainingLayout {
-  const problems: string[] = [];
-  const intFlag = (name: string, v: number | undefined, fallback: number, min: number): number => {
-    if (v === undefined) return fallback;
-    if (!Number.isInteger(v) || v < min) { problems.push(`--${name} must be an integer >= ${min}, got ${v}`); return fallback; }
-    return v;
-  };
-  const tp = intFlag('tp', flags.tp, 1, 1), pp = intFlag('pp', flags.pp, 1, 1), cp = intFlag('cp', flags.cp, 1, 1);
-  const dp = intFlag('dp', flags.dp, Math.max(1, Math.floor(worldSize / (tp * cp * pp))), 1);
-  const zero = intFlag('zero', flags.zero, 0, 0);
-  const microBatches = intFlag('micro-batches', flags.microBatches, 1, 1);
-  const ep = intFlag('ep', flags.ep, 1, 1);
-  if (ep > 1) {
-    if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
-    if (model.moeExperts === undefined) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
-    else if (model.moeExperts % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${model.moeExperts} experts`);
-  }
-  if (model.moeExperts !== undefined && (flags.sequenceParallel ?? false)) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
-  if (model.moeExperts !== undefined && cp > 1) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
-  let virtualStages = intFlag('virtual-stages', flags.virtualStages, 1, 1);
-  const schedule = flags.schedule ?? (virtualStages > 1 ? 'interleaved' : '1f1b');
-  // The zero-bubble schedules hold the dense ZeRO 2/3 reductions back until each W; the experts' own
-  // ZeRO (expert parallelism) does not do that yet.
-  if ((schedule === 'zb-h1' || schedule === 'zb-v') && ep > 1 && zero >= 2) problems.push(`--schedule ${schedule} with --ep ${ep} and --zero ${zero} is not supported yet (the experts' ZeRO ${zero} would reduce before each W): use --zero 0 or 1 with expert parallelism`);
-  if (schedule === 'zb-v') {
-    // The V: always 2 chunks per rank (the flag may say so, or nothing).
-    if (flags.virtualStages !== undefined && virtualStages !== 2 && virtualStages !== 1) problems.push(`--schedule zb-v holds exactly 2 model chunks per rank (a V), so --virtual-stages must be 2 or left out, got ${virtualStages}`);
-    virtualStages = 2;
-    if (pp < 2) problems.push('--schedule zb-v needs --pp >= 2');
-    else if (2 * pp > model.nLayer) problems.push(`--schedule zb-v cuts the model into 2·pp = ${2 * pp} chunks, more than the model's ${model.nLayer} layers`);
-  }
-  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`--schedule must be ${SCHEDULE_KINDS.join(', ')}, got ${schedule}`);
-  if (schedule === 'interleaved') {
-    if (virtualStages < 2) problems.push('--schedule interleaved needs --virtual-stages >= 2 (model chunks per pipeline rank; with 1 it is 1f1b)');
-    if (pp < 2) problems.push('--schedule interleaved needs --pp >= 2');
-    else if (microBatches % pp !== 0) problems.push(`--schedule interleaved needs --micro-batches to be a multiple of --pp (as Megatron-LM requires): ${microBatches} micro-batches over ${pp} stages`);
-    if (virtualStages > 1 && pp * virtualStages > model.nLayer) problems.push(`--pp ${pp} × --virtual-stages ${virtualStages} = ${pp * virtualStages} model chunks, more than the model's ${model.nLayer} layers`);
-  } else if (virtualStages > 1 && schedule !== 'zb-v' && (SCHEDULE_KINDS as readonly string[]).includes(schedule)) {
-    problems.push(`--virtual-stages ${virtualStages} needs --schedule interleaved, not ${schedule}`);
-  }
-  if (zero > 3) problems.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
-  if (zero > 0 && dp * cp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
-  const offload = flags.offload ?? false;
-  if (offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
-  if (cp === 1 && tp * pp * dp !== worldSize) problems.push(`tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`);
-  if (cp > 1 && tp * cp * pp * dp !== worldSize) problems.push(`tp·cp·pp·dp = ${tp}·${cp}·${pp}·${dp} = ${tp * cp * pp * dp} but the job has ${worldSize} processes (launch with --nproc-per-node ${tp * cp * pp * dp})`);
-  const cpMode = flags.cpMode ?? 'ring';
-  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`--cp-mode must be ring or ulysses, got ${cpMode}`);
-  if (cp > 1) problems.push(...contextParallelProblems(cp, cpMode, tp, model));
-  try { checkTensorParallelConfig(model, tp); } catch (e) {
-    if (!(e instanceof ArgumentError)) throw e;
-    problems.push(`--tp ${tp}: ${e.message}`);
-  }
-  const sequenceParallel = flags.sequenceParallel ?? false;
-  if (sequenceParallel && tp === 1) problems.push('--sp splits the sequence over the tensor-parallel ranks, but tp = 1');
-  if (sequenceParallel && tp > 1) {
-    if (model.blockSize === undefined) problems.push('--sp needs the sequence length (the model shape\'s blockSize) to check that tp divides it');
-    else if (model.blockSize % tp !== 0) problems.push(`--sp: the sequence length ${model.blockSize} is not a multiple of --tp ${tp}`);
-  }
-  if (pp > model.nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${model.nLayer} layers`);
-  if (globalBatch % (dp * microBatches) !== 0) {
-    problems.push(microBatches === 1 ? `--dp ${dp} does not divide the global batch of ${globalBatch} sequences`
-      : `dp·micro-batches = ${dp}·${microBatches} does not divide the global batch of ${globalBatch} sequences`);
-  }
+  // Unset flags take their defaults; a set one goes to the rules as given (they report bad counts).
+  const count = (v: number | undefined) => (v !== undefined && Number.isInteger(v) && v >= 1 ? v : 1);
+  const tp = flags.tp ?? 1, pp = flags.pp ?? 1, cp = flags.cp ?? 1;
+  const dp = flags.dp ?? Math.max(1, Math.floor(worldSize / (count(flags.tp) * count(flags.cp) * count(flags.pp))));
+  const flagV = flags.virtualStages;
+  const schedule = flags.schedule ?? ((flagV ?? 1) > 1 ? 'interleaved' : '1f1b');
+  // zb-v: always 2 chunks per rank (the flag may say so, or nothing; 1 is taken as left out).
+  const virtualStages = schedule === 'zb-v' && (flagV === undefined || flagV === 1) ? 2 : flagV ?? 1;
+  const ep = flags.ep ?? 1, zero = flags.zero ?? 0, microBatches = flags.microBatches ?? 1;
+  const cpMode = flags.cpMode ?? 'ring', sequenceParallel = flags.sequenceParallel ?? false, offload = flags.offload ?? false;
+  // (Unchecked strings and numbers: the rules check them.)
+  const layout = { tp, pp, dp, cp, ep, zero, offload, sequenceParallel, microBatches, schedule, virtualStages, cpMode } as LayoutRequest;
+  const shape: LayoutShape = { nLayer: model.nLayer, nHead: model.nHead, nEmbd: model.nEmbd, vocabSize: model.vocabSize, worldSize, globalBatch,
+    ...(model.blockSize !== undefined ? { seqLen: model.blockSize } : {}), ...(model.window !== undefined ? { window: model.window } : {}),
+    ...(model.dropout !== undefined ? { dropout: model.dropout } : {}), ...(model.moeExperts !== undefined ? { moeExperts: model.moeExperts } : {}) };
+  const problems = layoutProblems(shape, layout);
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
   return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, virtualStages,
     ...(ep > 1 ? { ep } : {}), ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
 }
 
 /**
- * What context parallelism over cp ranks needs of the model: a sequence split into 2·cp chunks
- * (ring) or cp chunks (Ulysses), each divisible by tp under sequence parallelism; for Ulysses, each
- * tensor-parallel rank's heads divisible by cp; no sliding window (the ring's blocks assume plain
- * causal attention) and no dropout (its masks are drawn per contiguous chunk of the sequence).
+ * The model and batch facts the layout rules read. Every field is optional: a rule whose facts are
+ * absent is not checked (the trainer, for one, sees pipeline stages and their layers, not the whole
+ * model), except `moeExperts`, whose absence means the model has no MoE layers.
  */
-function contextParallelProblems(cp: number, mode: string, tp: number, model: LayoutModelShape): string[] {
+export interface LayoutShape {
+  /** Transformer blocks. */
+  nLayer?: number;
+  /** Attention heads. */
+  nHead?: number;
+  /** Key/value heads (grouped-query attention; default nHead). */
+  nKvHead?: number;
+  /** Embedding width. */
+  nEmbd?: number;
+  /** The MLP's hidden width. */
+  ffn?: number;
+  /** Vocabulary size. */
+  vocabSize?: number;
+  /** The sequence length trained on. */
+  seqLen?: number;
+  /** Sliding-window attention's window (context parallelism refuses it). */
+  window?: number;
+  /** Dropout probability (context parallelism refuses a nonzero one). */
+  dropout?: number;
+  /** The MoE layers' routed experts; absent: the model has no MoE layers. */
+  moeExperts?: number;
+  /** Processes in the job: tp·cp·pp·dp must equal it. */
+  worldSize?: number;
+  /** Sequences per step over all data-parallel replicas. */
+  globalBatch?: number;
+  /** Sequences per micro-batch on one replica (the planner's choice): dp × it must divide the global batch. */
+  microBatchSize?: number;
+}
+
+/**
+ * A layout to check: a TrainingLayout whose virtual stages may be left out (1, or 2 under zb-v).
+ * The rules check its values at run time too (a schedule, ZeRO stage or cpMode from untyped input).
+ */
+export type LayoutRequest = Omit<TrainingLayout, 'virtualStages'> & {
+  /** Model chunks per pipeline rank (default 1; 2 under zb-v). */
+  virtualStages?: number;
+};
+
+/**
+ * The layout rule book: every reason `layout` cannot train a model of `shape`, each a message naming
+ * the rule (by the command-line flag that sets it) and the numbers; empty when it can. Pure. The
+ * command-line flags (resolveTrainingLayout), the trainer (ParallelTrainer.create) and the planner
+ * (nodetron plan's candidate filter) all refuse a layout by these rules, so they agree on what runs.
+ * Counts that are not integers >= 1 (or a ZeRO stage outside 0-3) are reported alone: the other
+ * rules would only repeat them.
+ */
+export function layoutProblems(shape: LayoutShape, layout: LayoutRequest): string[] {
+  const { tp, pp, dp, microBatches: m } = layout, zero: number = layout.zero;
+  const cp = layout.cp ?? 1, ep = layout.ep ?? 1, cpMode: string = layout.cpMode ?? 'ring', schedule: string = layout.schedule;
+  const counts: [string, number][] = [['tp', tp], ['pp', pp], ['dp', dp], ['cp', cp], ['ep', ep], ['micro-batches', m]];
+  if (layout.virtualStages !== undefined) counts.push(['virtual-stages', layout.virtualStages]);
+  const bad = counts.filter(([, v]) => !Number.isInteger(v) || v < 1).map(([name, v]) => `--${name} must be an integer >= 1, got ${v}`);
+  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) bad.push(`--zero must be 0, 1, 2 or 3, got ${zero}`);
+  if (bad.length) return bad;
   const problems: string[] = [];
-  const parts = mode === 'ulysses' ? cp : 2 * cp;
-  if (model.blockSize === undefined) problems.push('--cp needs the sequence length (the model shape\'s blockSize) to check that it splits');
-  else if (model.blockSize % parts !== 0) {
-    problems.push(mode === 'ulysses' ? `--cp ${cp} --cp-mode ulysses: the sequence length ${model.blockSize} is not a multiple of cp = ${cp}`
-      : `--cp ${cp}: ring attention splits the sequence into 2·cp = ${parts} chunks, but the sequence length ${model.blockSize} is not a multiple of ${parts}`);
+  const { nLayer, seqLen, globalBatch } = shape, moe = shape.moeExperts !== undefined;
+  // Tensor parallelism: whole heads, width and vocabulary per rank (the model's own check), key/value
+  // heads split over tp or (more ranks than heads) whole on every rank, and the MLP's columns.
+  if (shape.nHead !== undefined && shape.nEmbd !== undefined && shape.vocabSize !== undefined) {
+    try { checkTensorParallelConfig({ nHead: shape.nHead, nEmbd: shape.nEmbd, vocabSize: shape.vocabSize }, tp); } catch (e) {
+      if (!(e instanceof ArgumentError)) throw e;
+      problems.push(`--tp ${tp}: ${e.message}`);
+    }
   }
-  if (mode === 'ulysses' && (model.nHead / tp) % cp !== 0) {
-    problems.push(`--cp ${cp} --cp-mode ulysses: each tensor-parallel rank's ${model.nHead / tp} heads are not divisible by cp = ${cp} (use --cp-mode ring)`);
+  const kv = shape.nKvHead ?? shape.nHead;
+  if (kv !== undefined && kv % tp !== 0 && tp % kv !== 0) problems.push(`--tp ${tp}: the ${kv} key/value heads neither divide by tp nor divide it`);
+  if (shape.ffn !== undefined && shape.ffn % tp !== 0) problems.push(`--tp ${tp}: the MLP width ${shape.ffn} is not a multiple of tp`);
+  if (nLayer !== undefined && pp > nLayer) problems.push(`--pp ${pp} is more pipeline stages than the model's ${nLayer} layers`);
+  // Sequence parallelism: the regions between tensor-parallel layers hold 1/tp of the sequence.
+  if (layout.sequenceParallel) {
+    if (tp === 1) problems.push('--sp splits the sequence over the tensor-parallel ranks, but tp = 1');
+    else if (seqLen === undefined) problems.push('--sp needs the sequence length (the model shape\'s blockSize) to check that tp divides it');
+    else if (seqLen % tp !== 0) problems.push(`--sp: the sequence length ${seqLen} is not a multiple of --tp ${tp}`);
+    if (moe) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   }
-  if (model.window) problems.push(`--cp ${cp}: sliding-window attention (window ${model.window}) is not supported under context parallelism`);
-  if (model.dropout) problems.push(`--cp ${cp}: dropout ${model.dropout} is not supported under context parallelism (train with dropout 0)`);
+  if (globalBatch !== undefined) {
+    const b = shape.microBatchSize;
+    if (b !== undefined && globalBatch % (dp * b) !== 0) problems.push(`the global batch of ${globalBatch} sequences does not divide into dp × micro-batch size = ${dp} × ${b}`);
+    else if (globalBatch % (dp * m) !== 0) {
+      problems.push(m === 1 ? `--dp ${dp} does not divide the global batch of ${globalBatch} sequences`
+        : `dp·micro-batches = ${dp}·${m} does not divide the global batch of ${globalBatch} sequences`);
+    }
+  }
+  if (shape.worldSize !== undefined && tp * cp * pp * dp !== shape.worldSize) {
+    problems.push(cp === 1 ? `tp·pp·dp = ${tp}·${pp}·${dp} = ${tp * pp * dp} but the job has ${shape.worldSize} processes (launch with --nproc-per-node ${tp * pp * dp})`
+      : `tp·cp·pp·dp = ${tp}·${cp}·${pp}·${dp} = ${tp * cp * pp * dp} but the job has ${shape.worldSize} processes (launch with --nproc-per-node ${tp * cp * pp * dp})`);
+  }
+  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`--cp-mode must be ring or ulysses, got ${cpMode}`);
+  else if (cp > 1) problems.push(...contextParallelProblems(cp, cpMode, tp, layout.sequenceParallel, shape));
+  problems.push(...scheduleProblems(layout, nLayer));
+  if (zero > 0 && dp * cp === 1) problems.push(`--zero ${zero} shards over the data-parallel ranks, but dp = 1`);
+  if (layout.offload && zero === 0) problems.push('--offload moves ZeRO shards to host memory, so it needs --zero 1, 2 or 3');
+  if (ep > 1) {
+    if (dp % ep !== 0) problems.push(`--ep ${ep} must divide the data-parallel size dp = ${dp} (expert-parallel groups are carved out of the data-parallel ranks)`);
+    if (!moe) problems.push(`--ep ${ep} splits MoE experts over ranks, but the model has no MoE layers (set moe in the model config)`);
+    else if (shape.moeExperts! % ep !== 0) problems.push(`--ep ${ep} must divide the model's ${shape.moeExperts} experts`);
+  }
+  // The zero-bubble schedules hold the dense ZeRO 2/3 reductions back until each W; the experts' own
+  // ZeRO (expert parallelism) does not do that yet.
+  if ((schedule === 'zb-h1' || schedule === 'zb-v') && ep > 1 && zero >= 2) problems.push(`--schedule ${schedule} with --ep ${ep} and --zero ${zero} is not supported yet (the experts' ZeRO ${zero} would reduce before each W): use --zero 0 or 1 with expert parallelism`);
+  return problems;
+}
+
+/** The pipeline schedule's rules: a known schedule, and the stages, chunks and micro-batches it needs. */
+function scheduleProblems(layout: LayoutRequest, nLayer: number | undefined): string[] {
+  const problems: string[] = [];
+  const { pp, microBatches: m } = layout, schedule: string = layout.schedule;
+  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) {
+    problems.push(`--schedule must be ${SCHEDULE_KINDS.join(', ')}, got ${schedule}`);
+    return problems;
+  }
+  if (schedule === 'zb-v') {
+    // The V: always 2 chunks per rank.
+    const v = layout.virtualStages ?? 2;
+    if (v !== 2) problems.push(`--schedule zb-v holds exactly 2 model chunks per rank (a V), so --virtual-stages must be 2 or left out, got ${v}`);
+    if (pp < 2) problems.push('--schedule zb-v needs --pp >= 2');
+    else if (nLayer !== undefined && 2 * pp > nLayer) problems.push(`--schedule zb-v cuts the model into 2·pp = ${2 * pp} chunks, more than the model's ${nLayer} layers`);
+    return problems;
+  }
+  const v = layout.virtualStages ?? 1;
+  if (schedule === 'interleaved') {
+    if (v < 2) problems.push('--schedule interleaved needs --virtual-stages >= 2 (model chunks per pipeline rank; with 1 it is 1f1b)');
+    if (pp < 2) problems.push('--schedule interleaved needs --pp >= 2');
+    else if (m % pp !== 0) problems.push(`--schedule interleaved needs --micro-batches to be a multiple of --pp (as Megatron-LM requires): ${m} micro-batches over ${pp} stages`);
+    if (v > 1 && nLayer !== undefined && pp * v > nLayer) problems.push(`--pp ${pp} × --virtual-stages ${v} = ${pp * v} model chunks, more than the model's ${nLayer} layers`);
+  } else if (v > 1) problems.push(`--virtual-stages ${v} needs --schedule interleaved, not ${schedule}`);
+  return problems;
+}
+
+/**
+ * What context parallelism over cp ranks needs of the model: a sequence split into 2·cp chunks
+ * (ring) or cp chunks (Ulysses), each rank's seq/cp tokens divisible by tp under sequence
+ * parallelism; for Ulysses, each tensor-parallel rank's heads divisible by cp; no sliding window (the
+ * ring's blocks assume plain causal attention), no dropout (its masks are drawn per contiguous chunk
+ * of the sequence) and no MoE layers.
+ */
+function contextParallelProblems(cp: number, mode: string, tp: number, sequenceParallel: boolean, shape: LayoutShape): string[] {
+  const problems: string[] = [];
+  const parts = mode === 'ulysses' ? cp : 2 * cp, seq = shape.seqLen;
+  if (seq === undefined) problems.push('--cp needs the sequence length (the model shape\'s blockSize) to check that it splits');
+  else if (seq % parts !== 0) {
+    problems.push(mode === 'ulysses' ? `--cp ${cp} --cp-mode ulysses: the sequence length ${seq} is not a multiple of cp = ${cp}`
+      : `--cp ${cp}: ring attention splits the sequence into 2·cp = ${parts} chunks, but the sequence length ${seq} is not a multiple of ${parts}`);
+  } else if (sequenceParallel && (seq / cp) % tp !== 0) problems.push(`--cp ${cp} --sp: each context-parallel rank's ${seq / cp} tokens are not a multiple of --tp ${tp}`);
+  if (mode === 'ulysses' && shape.nHead !== undefined && (shape.nHead / tp) % cp !== 0) {
+    problems.push(`--cp ${cp} --cp-mode ulysses: each tensor-parallel rank's ${shape.nHead / tp} heads are not divisible by cp = ${cp} (use --cp-mode ring)`);
+  }
+  if (shape.window) problems.push(`--cp ${cp}: sliding-window attention (window ${shape.window}) is not supported under context parallelism`);
+  if (shape.dropout) problems.push(`--cp ${cp}: dropout ${shape.dropout} is not supported under context parallelism (train with dropout 0)`);
+  if (shape.moeExperts !== undefined) problems.push(`--cp ${cp} with MoE layers is not supported yet (router counts, aux losses and expert gradients would need the data × context-parallel group)`);
   return problems;
 }
 
