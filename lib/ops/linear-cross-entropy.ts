@@ -12,6 +12,7 @@ import { ArgumentError, AutogradError, ShapeError } from '../errors.js';
 import { fmtShape } from '../shape.js';
 import { BINARY, UNARY } from '../kernel-codes.js';
 import { emptyOn, Tensor } from '../tensor.js';
+import { isCapturing } from '../cuda/graph.js';
 import { checkFloats, checkIndices, code, emptyLike } from './common.js';
 import { checkLossInputs, checkLossOptions, countTargets, type CrossEntropyOptions } from './loss.js';
 
@@ -100,6 +101,12 @@ export interface HeadChunkRule {
   readonly call: string;
   /** Rows whose loss counts (the mean's denominator). */
   readonly counted: number;
+  /**
+   * The same count as an f32 [1] tensor on x's device, made without reading the targets on the host
+   * (a CUDA graph capture cannot); when given, `counted` is not used and the mean's 1/count stays on
+   * the device (the loop disposes of nothing here: the rule's owner does).
+   */
+  readonly countOnDevice?: Tensor;
   /** Loss of the chunk: `logits` [rows, V held here] are the chunk's logits (a prefix of the block). */
   rows(logits: Tensor, start: number, rows: number): {
     /**
@@ -161,7 +168,15 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   // still sums an f32 copy of the block).
   const ltWide = wide && onCuda && needW;
   const mixed = wide && !onCuda;
-  const scale = reduction === 'sum' ? 1 : rule.counted > 0 ? 1 / rule.counted : 0;
+  const devCount = rule.countOnDevice ?? null;
+  // With the count on the device the backward kernel's scale is 1 and its gradLoss the mean's 1/count (below).
+  const scale = reduction === 'sum' || devCount ? 1 : rule.counted > 0 ? 1 / rule.counted : 0;
+  // 1/count (f32 [1]; inf for no counted rows, which makes the mean NaN as the host path's 0/0 does).
+  using inv = devCount ? emptyOn([1], 'f32', x.deviceInfo) : null;
+  if (inv && devCount) {
+    inv.backend.fill(inv.storage, code(inv), 1, 1);
+    if (reduction === 'mean') inv.backend.binary(BINARY.div, inv.storage, devCount.storage, inv.storage, code(inv), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+  }
   const temps: Tensor[] = [];
   const temp = (shape: number[], dtype = x.dtype) => { const t = emptyOn(shape, dtype, x.deviceInfo); temps.push(t); return t; };
   let dx: Tensor | null = null, dw: Tensor | null = null, db: Tensor | null = null;
@@ -189,7 +204,10 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
     const lossChunk = temp([1], 'f32');
     const dbAcc = needB ? (wide ? temp([V], 'f32') : null) : null, dbChunk = needB && !whole ? temp([V], wide ? 'f32' : x.dtype) : null;
     const one = grad ? temp([1]) : null;
-    if (one) one.backend.fill(one.storage, code(one), 1, 1);
+    if (one) {
+      if (inv) one.backend.cast(inv.storage, code(inv), one.storage, code(one), 1);
+      else one.backend.fill(one.storage, code(one), 1, 1);
+    }
     if (needX) dx = emptyLike(x);
     if (needW) dw = emptyLike(weight);
     if (needB) db = emptyLike(bias!);
@@ -278,7 +296,14 @@ export function chunkedLinearCrossEntropy(x: Tensor, weight: Tensor, bias: Tenso
   }
   const out = emptyLike(x, [], lossDtype);
   const factor = reduction === 'sum' ? 1 : 1 / rule.counted;
-  if (onDevice) {
+  if (inv) {
+    // loss = (device sum + host sum) · (1/count on the device): no host read at all.
+    using acc = emptyLike(out, [], 'f32');
+    acc.backend.fill(acc.storage, code(acc), 1, total);
+    if (onDevice) acc.backend.binary(BINARY.add, acc.storage, lossAcc.storage, acc.storage, code(acc), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+    acc.backend.binary(BINARY.mul, acc.storage, inv.storage, acc.storage, code(acc), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+    out.backend.cast(acc.storage, code(acc), out.storage, code(out), 1);
+  } else if (onDevice) {
     // loss = (device sum + host sum) · factor, without reading the device sum back.
     using acc = emptyLike(out, [], 'f32');
     acc.backend.fill(acc.storage, code(acc), 1, total);
@@ -412,9 +437,13 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
     checkFloats(call, { x, weight }, { bias });
     if (bias.ndim !== 1 || bias.shape[0] !== v) throw new ShapeError(`${call}: bias must be [${v}], got ${fmtShape(bias.shape)}`);
   }
-  const counted = countTargets(call, targets.toArraySync() as Int32Array, ignoreIndex, v);
+  // Under a CUDA graph capture (or NODETRON_HEAD_DEVICE_COUNT=1) the mean's count is a device
+  // reduction: the targets are not read on the host, so not checked there either (the cuda kernel
+  // gives a NaN loss for a target outside the vocabulary).
+  const devCount = headDeviceCount(x) ? countTargetsOnDevice(targets, ignoreIndex) : null;
+  const counted = devCount ? 0 : countTargets(call, targets.toArraySync() as Int32Array, ignoreIndex, v);
   const rule: HeadChunkRule = {
-    call, counted,
+    call, counted, ...(devCount ? { countOnDevice: devCount } : {}),
     rows(logits, start, rows) {
       const tc = emptyLike(targets, [rows]), losses = emptyLike(logits, [rows], 'f32'), lse = emptyLike(logits, [rows], 'f32');
       try {
@@ -429,5 +458,48 @@ function linearCrossEntropyIn(x: Tensor, weight: Tensor, targets: Tensor, opts: 
       }
     },
   };
-  return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows, lossDtype ?? x.dtype, padVocab);
+  try {
+    return chunkedLinearCrossEntropy(x, weight, bias, [targets], rule, reduction, chunkRows, lossDtype ?? x.dtype, padVocab);
+  } finally {
+    devCount?.dispose();
+  }
+}
+
+/**
+ * Whether the head counts its targets on the device: during a CUDA graph capture on x's device, or
+ * with NODETRON_HEAD_DEVICE_COUNT=1 (anything but 0, 1 or unset is an ArgumentError).
+ */
+export function headDeviceCount(x: Tensor): boolean {
+  const raw = process.env.NODETRON_HEAD_DEVICE_COUNT;
+  if (raw !== undefined && raw !== '' && raw !== '0' && raw !== '1') {
+    throw new ArgumentError(`NODETRON_HEAD_DEVICE_COUNT must be 0 or 1, got '${raw}'`);
+  }
+  if (raw === '1') return true;
+  return x.deviceInfo.type === 'cuda' && isCapturing(x.device);
+}
+
+/**
+ * The number of targets that are not ignoreIndex, as an f32 [1] tensor on the targets' device, from
+ * elementwise kernels and a sum (no host read): d = f32(t) − ignoreIndex, min(d·d, 1), summed. Every
+ * step is exact for targets and ignoreIndex of magnitude below 2^24 (an integer d ≠ 0 has d·d ≥ 1,
+ * whatever d·d rounds to), and the sum of ones is exact below 2^24 rows.
+ */
+export function countTargetsOnDevice(targets: Tensor, ignoreIndex: number): Tensor {
+  const n = targets.size;
+  using f = emptyLike(targets, [n], 'f32');
+  using one = emptyLike(targets, [1], 'f32');
+  f.backend.cast(targets.storage, code(targets), f.storage, code(f), n);
+  f.backend.unary(UNARY.addScalar, f.storage, f.storage, n, code(f), -ignoreIndex);
+  const sh = new Int32Array([n]), s1 = new Int32Array([1]), s0 = new Int32Array([0]);
+  f.backend.binary(BINARY.mul, f.storage, f.storage, f.storage, code(f), sh, s1, s1);
+  one.backend.fill(one.storage, code(one), 1, 1);
+  f.backend.binary(BINARY.min, f.storage, one.storage, f.storage, code(f), sh, s1, s0);
+  const count = emptyLike(targets, [1], 'f32');
+  try {
+    f.backend.sum_to(f.storage, count.storage, code(f), sh, s0, 1);
+  } catch (e) {
+    count.dispose();
+    throw e;
+  }
+  return count;
 }
