@@ -181,7 +181,7 @@ export const PHASES = [
   { name: 'rest', endS: 420 },
 ];
 // Correctness limits: the cpu side measured at the device run's shapes (NODETRON_GPU_RUN_SIZES=full, CPU
-// time: ops-f32 13.7 s, ops-f16 12.8, ops-bf16 9.6, kernels 5.8, gemm 2.5, optim-amp 1.5, memory 0.5,
+// time: ops-f32 14.6 s, ops-f16 13.0, ops-bf16 9.4, kernels 6.0, gemm 2.4, optim-amp 1.6, memory 0.5,
 // nccl 0.04; docs/gpu.md) plus ~5 s of process start and CUDA initialization, about doubled.
 export const PLAN = [
   { id: 'preflight', phase: 'preflight', file: 'preflight', fn: 'run', limitS: 30, variants: [''] },
