@@ -53,12 +53,22 @@ function sumLike(call: string, x: Tensor, dim: number | undefined, opts: ReduceO
   checkOptions(call, opts, { keepdim: 'boolean' });
   const { keep, out: outShape } = reducedShapes(x, dim, !!opts.keepdim, call);
   const count = x.size / Math.max(dimsProduct(keep), 1);
-  const summed = sumTo(x, keep);
+  // An f16 mean sums in f32 and rounds once at the end, as PyTorch does: the f16 sum itself would
+  // overflow past 65504 (the mean of a million ones would be Infinity). bf16 shares f32's range.
+  const widen = mean && x.dtype === 'f16';
+  const src = widen ? x.to('f32') : x;
+  const summed = sumTo(src, keep);
   let out = summed === x ? x.clone() : summed;
+  if (src !== x && summed !== src) src.dispose();
   if (mean) {
     const scaled = unaryRaw('scale', out, 1 / count);
     out.dispose();
     out = scaled;
+  }
+  if (widen) {
+    const narrowed = out.to('f16');
+    out.dispose();
+    out = narrowed;
   }
   const shaped = alias(out, outShape);
   out.dispose();

@@ -77,6 +77,26 @@ function refPermute(x: Float64Array, shape: number[], dims: number[]): Float64Ar
   return out;
 }
 
+describe('f16 mean', () => {
+  it('sums in f32: the mean of 2^20 ones is 1, not Infinity (the f16 sum would pass 65504), over everything and over a dim', () => {
+    nt.scope(() => {
+      const ones = nt.ones([1024, 1024], { dtype: 'f16' });
+      expect(Array.from(nt.mean(ones).toArraySync())).toEqual([1]);
+      expect(Array.from(nt.mean(ones.reshape([1, 1 << 20]), 1).toArraySync())).toEqual([1]);
+      expect(nt.mean(ones).dtype).toBe('f16');
+      // the sum itself still overflows in f16, as an f16 sum must
+      expect(nt.sum(ones).toArraySync()[0]).toBe(Infinity);
+    });
+  });
+  it('its gradient stays 1/n in f16', () => {
+    nt.scope(() => {
+      const x = nt.ones([4, 8], { dtype: 'f16', requiresGrad: true });
+      nt.mean(x).backward();
+      expect(Array.from(x.grad!.toArraySync())).toEqual(new Array(32).fill(1 / 32));
+    });
+  });
+});
+
 describe('shape ops', () => {
   const shape = [2, 3, 5];
   const x = f32(randomArray(30, rng(2)));
