@@ -67,6 +67,12 @@ export interface CommBackend {
   recv(buf: NativeStorage, dtype: number, count: number, src: number, tag: number, timeoutMs: number): CommPromise;
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
+  /**
+   * false: point-to-point messages between a pair match in issue order and only tag 0 is taken (NCCL);
+   * a caller that would tag them must post each pair's sends and receives in the same order on both
+   * sides instead. Absent or true: send and recv match by tag (Gloo).
+   */
+  readonly p2pTags?: boolean;
   /** Batching (NCCL group calls): ops between groupStart and groupEnd are issued as one. Absent: ops run one by one. */
   groupStart?(): void;
   /** Issues the ops queued since groupStart() as one. */

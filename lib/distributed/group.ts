@@ -100,6 +100,13 @@ export interface CollectiveGroup {
    * it; ProcessGroup has it.
    */
   allToAll?(out: Tensor, t: Tensor, opts?: { sendCounts?: number[]; recvCounts?: number[] }): CollectiveWork;
+  /**
+   * Whether send/recv of tensors on `device` match by tag. false (NCCL): a pair's messages match in
+   * issue order, only tag 0 is taken. Absent: tagged.
+   */
+  p2pTagged?(device: string): boolean;
+  /** Issues the ops `fn` starts synchronously as one batch (NCCL: one group call). Absent: ops run one by one. */
+  batch?<T>(fn: () => T): T;
 }
 
 /** A world that can create subgroups; every world rank calls newGroup with the same ranks in the same order. */
@@ -188,6 +195,8 @@ export class ProcessGroup implements Group, CollectiveGroup {
   get sharedMemory(): boolean { return [...this.comms.values()].some((c) => c.sharedMemory === true); }
   /** Devices whose tensors this group communicates ('cpu' through Gloo, 'cuda:N' through NCCL). */
   get devices(): string[] { return [...this.comms.keys()]; }
+  /** Whether send/recv of tensors on `device` match by tag (Gloo) or, false, in issue order per pair (NCCL). */
+  p2pTagged(device: string): boolean { return this.comms.get(device)?.p2pTags !== false; }
 
   // The communicator for t's device; ArgumentError naming the devices this group has.
   private commFor(t: unknown, call: string): CommBackend {

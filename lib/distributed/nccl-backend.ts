@@ -195,6 +195,8 @@ interface InFlight {
 export class NcclBackend implements CommBackend {
   /** Marks the promises of this backend as stream-ordered (see Work.wait). */
   static readonly streamOrdered = true;
+  /** NCCL has no tags: point-to-point messages between a pair match in issue order (see send). */
+  readonly p2pTags = false;
   #inFlight: InFlight[] = [];
   #batch: { ops: OpInfo[]; deadline: number; waits: Array<(e: InFlight) => void> } | undefined;
   #broken: string | undefined;

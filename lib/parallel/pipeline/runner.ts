@@ -1,7 +1,9 @@
 // The pipeline runner: one rank executes its schedule table. Activations go forward and their
 // gradients backward by tagged point-to-point send/recv in the pipeline group (or are handed over
 // between two chunks of one rank); receives are posted ahead; under ZB-H1 and ZB-V each backward's
-// weight gradients are deferred to the table's W. runSchedule and the named schedules drive it.
+// weight gradients are deferred to the table's W. On a group whose point-to-point has no tags (NCCL)
+// the messages follow untaggedPlans (messages.ts) instead: in batches (NCCL group calls), each pair's
+// in the same order on both sides. runSchedule and the named schedules drive it.
 import { backward, deferWeightGrads, detach, noGrad, type DeferredWeightGrads } from '../../autograd/index.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { scope } from '../../memory.js';
@@ -10,6 +12,7 @@ import { parseDevice, type Device } from '../../device.js';
 import type { CollectiveGroup, CollectiveWork } from '../../distributed/group.js';
 import { rankOfVirtualStage, schedulePlacement, virtualStageOf, type ChunkPlacement, type VirtualStagePlace } from './placement.js';
 import { checkSchedule, scheduleTables, type PipelineAction, type ScheduleKind } from './tables.js';
+import { untaggedPlans, type PipelineMessage, type PlanStep } from './messages.js';
 
 /** One rank's stage as the pipeline schedules run it. */
 export interface PipelineStage {
@@ -58,8 +61,13 @@ class StageRunner {
   readonly #posted = new Map<string, { buf: Tensor; work: CollectiveWork }>();
   /** Hand-offs between two chunks of this rank (zb-v's turn of the V on the last rank): activations ('F…') and gradients ('B…') by receiving action. */
   readonly #local = new Map<string, Tensor>();
+  /** Untagged (NCCL): sends an action made, issued with its round's batch (aliases that keep the tensors' storage). */
+  readonly #outbox: { t: Tensor; to: number }[] = [];
+  /** Whether the group's point-to-point has no tags on the activations' device (NCCL): the messages then follow untaggedPlans. */
+  readonly untagged: boolean;
   constructor(readonly stage: PipelineStage, readonly numMicroBatches: number, readonly placement: ChunkPlacement = 'loop') {
     this.rank = stage.group?.rank ?? 0; this.size = stage.group?.size ?? 1;
+    this.untagged = this.size > 1 && stage.group?.p2pTagged?.((stage.device ?? parseDevice('cpu')).name) === false;
     this.chunks = stage.chunks ?? 1;
     if (this.chunks > 1 && this.size < 2) throw new ArgumentError(`pipeline: ${this.chunks} model chunks need a pipeline group of at least 2 stages`);
     const tags = 2 * numMicroBatches * this.size * this.chunks;
@@ -83,17 +91,49 @@ class StageRunner {
    * can complete.
    */
   prepost(a: PipelineAction): void {
+    if (this.untagged) return; // the plan's batches post the receives
     if (a.op === 'W' || (a.op === 'F' && this.isFirst(a.chunk)) || (a.op === 'B' && this.isLast(a.chunk))) return;
     const k = `${a.op}${this.#key(a.micro, a.chunk)}`;
     if (this.#posted.has(k)) return;
     const g = this.group, vs = this.#vs(a.chunk);
     const from = this.#at(a.op === 'F' ? vs - 1 : vs + 1);
     if (from.rank === this.rank) return; // handed over locally
+    this.#postRecv(k, a, from.rank, this.#tag(a.micro, vs, a.op === 'B'));
+  }
+
+  // Posts the receive of action a's message from `peer` under key k.
+  #postRecv(k: string, a: { readonly op: PipelineAction['op']; readonly micro: number; readonly chunk: number }, peer: number, tag: number): void {
     // The gradient of this chunk's output has the shape of the next virtual stage's input.
-    const shape = a.op === 'F' ? this.stage.inputShape(a.micro, a.chunk) : this.stage.inputShape(a.micro, from.chunk);
+    const shape = a.op === 'F' ? this.stage.inputShape(a.micro, a.chunk) : this.stage.inputShape(a.micro, this.#at(this.#vs(a.chunk) + 1).chunk);
     const buf = emptyOn([...shape], this.stage.dtype ?? 'f32', this.stage.device ?? parseDevice('cpu'));
-    const peer = from.rank;
-    this.#posted.set(k, { buf, work: g.recv(buf, peer, { tag: this.#tag(a.micro, vs, a.op === 'B') }) });
+    let work: CollectiveWork;
+    try { work = this.group.recv(buf, peer, { tag }); } catch (e) { buf.dispose(); throw e; }
+    this.#posted.set(k, { buf, work });
+  }
+
+  // A message out: tagged, sent now; untagged, kept (an alias) for the round's batch.
+  #send(t: Tensor, to: number, tag: number): void {
+    if (this.untagged) this.#outbox.push({ t: detach(t), to });
+    else this.sends.push(this.group.send(t, to, { tag }));
+  }
+
+  /** Untagged: issues one batch of the plan (one NCCL group call): the round's send, then its receives. */
+  #issueBatch(b: { sends: readonly PipelineMessage[]; recvs: readonly PipelineMessage[] }): void {
+    const out = this.#outbox.splice(0);
+    if (out.length !== b.sends.length || out.some((o, i) => o.to !== b.sends[i]!.peer)) {
+      for (const o of out) o.t.dispose();
+      throw new StateError(`pipeline: rank ${this.rank} made sends to ${JSON.stringify(out.map((o) => o.to))} where its plan sends to ${JSON.stringify(b.sends.map((m) => m.peer))}`);
+    }
+    const g = this.group;
+    const issue = () => {
+      try {
+        for (const o of out) this.sends.push(g.send(o.t, o.to));
+      } finally {
+        for (const o of out) o.t.dispose(); // the sends pin the storage
+      }
+      for (const m of b.recvs) this.#postRecv(`${m.op}${this.#key(m.micro, m.chunk)}`, m, m.peer, 0);
+    };
+    if (g.batch) g.batch(issue); else issue();
   }
 
   /** The buffer of a receive posted by prepost(), once it has arrived. */
@@ -131,8 +171,7 @@ class StageRunner {
         this.#local.set(`F${this.#key(m, to.chunk)}`, detach(output));
       } else {
         // A send pins its tensor's storage until it completes; sends are awaited at the end of the schedule.
-        const g = this.group;
-        this.sends.push(g.send(output, to.rank, { tag: this.#tag(m, this.#vs(chunk) + 1, false) }));
+        this.#send(output, to.rank, this.#tag(m, this.#vs(chunk) + 1, false));
       }
     }
     if (keepForBackward) this.inFlight.set(this.#key(m, chunk), { input, output });
@@ -167,8 +206,7 @@ class StageRunner {
         this.#local.set(`B${this.#key(m, to.chunk)}`, f.input.grad);
         f.input.grad = null;
       } else {
-        const g = this.group;
-        this.sends.push(g.send(f.input.grad, to.rank, { tag: this.#tag(m, this.#vs(chunk) - 1, true) }));
+        this.#send(f.input.grad, to.rank, this.#tag(m, this.#vs(chunk) - 1, true));
       }
       f.input.dispose();
     }
@@ -187,19 +225,34 @@ class StageRunner {
    * Runs a table: each action in order, the receives of the next `lookahead` actions posted ahead
    * (Infinity: the whole table's at the start).
    */
-  async runTable(table: readonly PipelineAction[], lookahead: number, keepForBackward = true): Promise<number[]> {
+  async runTable(table: readonly PipelineAction[], lookahead: number, keepForBackward = true, plan?: readonly PlanStep[]): Promise<number[]> {
     const lastB = table.findLastIndex((a) => a.op === 'B'), lastW = table.findLastIndex((a) => a.op === 'W');
     const split = lastW >= 0;
+    const act = async (i: number) => {
+      const a = table[i]!;
+      if (a.op === 'F') await this.forward(a.micro, a.chunk, keepForBackward);
+      else if (a.op === 'B') await this.backward(a.micro, a.chunk, i === lastB, split);
+      else await this.weight(a.micro, a.chunk, i === lastW);
+    };
+    if (this.untagged && !plan) throw new StateError(`pipeline: group '${this.group.name}' matches point-to-point messages in issue order (no tags) and this run has no message plan`);
     try {
-      for (let i = 0; i < table.length; i++) {
-        if (i === 0 || lookahead !== Infinity) for (let j = i; j < Math.min(table.length, i + lookahead); j++) this.prepost(table[j]!);
-        const a = table[i]!;
-        if (a.op === 'F') await this.forward(a.micro, a.chunk, keepForBackward);
-        else if (a.op === 'B') await this.backward(a.micro, a.chunk, i === lastB, split);
-        else await this.weight(a.micro, a.chunk, i === lastW);
+      if (plan) {
+        let done = 0;
+        for (const step of plan) {
+          if ('batch' in step) { this.#issueBatch(step.batch); continue; }
+          if (step.action !== done) throw new StateError(`pipeline: rank ${this.rank}'s plan runs action ${step.action} after ${done} of its table`);
+          await act(done++);
+        }
+        if (done !== table.length) throw new StateError(`pipeline: rank ${this.rank}'s plan runs ${done} of its table's ${table.length} actions`);
+      } else {
+        for (let i = 0; i < table.length; i++) {
+          if (i === 0 || lookahead !== Infinity) for (let j = i; j < Math.min(table.length, i + lookahead); j++) this.prepost(table[j]!);
+          await act(i);
+        }
       }
       for (const w of this.sends) await w;
     } finally {
+      for (const { t } of this.#outbox.splice(0)) t.dispose();
       for (const { buf } of this.#posted.values()) buf.dispose();
       for (const t of this.#local.values()) t.dispose();
       this.#local.clear();
@@ -233,7 +286,10 @@ export async function runSchedule(kind: ScheduleKind, stage: PipelineStage, numM
   // ranks (activations down and back up the V, gradients likewise): its receives are posted first too
   // (but for the last rank's local hand-offs). The other schedules' chains post each receive when its
   // action starts (no buffer allocated early: the planner's memory model counts none).
-  return run.runTable(table, kind === 'interleaved' || kind === 'zb-v' ? Infinity : 1);
+  // Untagged (NCCL) the messages follow every rank's plan instead (messages.ts).
+  const tables = run.untagged ? scheduleTables(kind, { stages: size, microBatches: numMicroBatches, chunks }) : [];
+  const plan = run.untagged ? untaggedPlans(tables, { stages: size, chunks, placement })[run.rank] : undefined;
+  return run.runTable(table, kind === 'interleaved' || kind === 'zb-v' ? Infinity : 1, true, plan);
 }
 
 /**
@@ -292,5 +348,7 @@ export async function forwardOnly(stage: PipelineStage, numMicroBatches: number)
   const table: PipelineAction[] = [];
   for (let m = 0; m < numMicroBatches; m++) for (let c = 0; c < run.chunks; c++) table.push({ op: 'F', micro: m, chunk: c });
   // With chunks the activations go around the ring: every receive is posted first, as in training.
-  return noGrad(() => run.runTable(table, run.chunks > 1 ? Infinity : 1, false));
+  // Untagged (NCCL): every rank runs the same table, and the messages follow the plan.
+  const plan = run.untagged ? untaggedPlans(Array.from({ length: run.size }, () => table), { stages: run.size, chunks: run.chunks, placement: run.placement })[run.rank] : undefined;
+  return noGrad(() => run.runTable(table, run.chunks > 1 ? Infinity : 1, false, plan));
 }
