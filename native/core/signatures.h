@@ -63,6 +63,8 @@ inline constexpr KernelSignature kKernelSignatures[] = {
     {"rmsnorm_backward", "x:s weight:s rstd:s gradOut:s gradX:s gradW:s rows:n cols:n dtype:d"},
     {"adamw_step",
      "params:S grads:S expAvg:S expAvgSq:S counts:A paramDtypes:A gradDtypes:A lr:f beta1:f beta2:f eps:f weightDecay:f step:i gradScale:f"},
+    {"adamw_step_meta",
+     "params:S grads:S expAvg:S expAvgSq:S counts:A paramDtypes:A gradDtypes:A meta:s beta1:f beta2:f eps:f weightDecay:f gradScale:f"},
     {"lamb_step",
      "params:S grads:S expAvg:S expAvgSq:S counts:A paramDtypes:A gradDtypes:A lr:f beta1:f beta2:f eps:f weightDecay:f step:i gradScale:f "
      "biasCorrection:b"},

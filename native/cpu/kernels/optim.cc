@@ -137,6 +137,42 @@ static Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("adamw_step", AdamwStep);
 
+// The 16 bytes of AdamW's device metadata (adamw_step_meta): lr as a little-endian f64, the step as an
+// i32, 4 bytes of zero. The host path's lr (a double) and step travel unrounded, so both paths compute
+// the same constants.
+static constexpr size_t kAdamMetaBytes = 16;
+
+// adamw_step_meta(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[], meta,
+//                 beta1, beta2, eps, weightDecay, gradScale)
+// adamw_step with lr and step read from `meta` (a storage of at least 16 bytes, see kAdamMetaBytes)
+// when the step runs instead of when it is recorded: the cuda kernel reads them on the device, so a
+// captured CUDA graph replays with the lr and step written into meta before each replay. Here the
+// storage is host memory and the constants are adamw_step's, bit for bit.
+NT_KERNEL("adamw_step_meta", AdamwStepMeta) {
+  ParamGradLists l = paramGradLists(a);
+  std::vector<float*> ms = stateList(info, a.at("expAvg", "S"), call, "expAvg", l.counts);
+  std::vector<float*> vs = stateList(info, a.at("expAvgSq", "S"), call, "expAvgSq", l.counts);
+  const uint8_t* meta = storageData(info, a.at("meta", "s"), call, DType::U8, kAdamMetaBytes);
+  double lr;
+  int32_t step;
+  std::memcpy(&lr, meta, sizeof lr);
+  std::memcpy(&step, meta + 8, sizeof step);
+  double b1 = a.number("beta1"), b2 = a.number("beta2"), eps = a.number("eps"), wd = a.number("weightDecay");
+  float scale = float(a.number("gradScale"));
+  if (step < 1) fail(Err::Argument, "adamw_step_meta: the step in meta must be >= 1 (write the metadata before the step)");
+  AdamwConsts c{float(1.0 - lr * wd), float(lr / (1.0 - std::pow(b1, double(step)))), float(1.0 / std::sqrt(1.0 - std::pow(b2, double(step)))),
+                float(b1), float(b2), float(eps), scale};
+  eachParam(l, [&](size_t k, int64_t n, float* p, const float* g) {
+    float* m = ms[k];
+    float* v = vs[k];
+    int64_t blocks = (n + kAdamBlock - 1) / kAdamBlock;
+    parallelBlocks(blocks, kAdamBlock * 8, [&](int64_t b) {
+      int64_t i = b * kAdamBlock;
+      adamwRange(p + i, g + i, m + i, v + i, std::min(kAdamBlock, n - i), c);
+    });
+  });
+}
+
 NT_SIMD_BODY void triadRangeBody(float* __restrict a, const float* __restrict b, const float* __restrict c, int64_t n) {
   for (int64_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
 }

@@ -37,8 +37,24 @@ __device__ __forceinline__ float adamUpdate(const TensorEntry& t, int64_t i, con
   return (m / h.bias1) / (sqrtf(v / h.bias2) + h.eps);
 }
 
+// AdamW's metadata on the device (adamw_step_meta): 16 bytes, lr as f64 at 0, the step as i32 at 8.
+// Null for adamw_step, whose lr and bias corrections come in Hyper.
+struct DeviceMeta {
+  const uint8_t* meta;
+  double beta1, beta2;
+};
+
 template <typename P, typename G>
-__global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h) {
+__global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, DeviceMeta dm) {
+  if (dm.meta) {
+    // Read when the kernel runs (a captured graph replays with the values written before the replay);
+    // the same double arithmetic as the host computes for adamw_step.
+    double lr = *reinterpret_cast<const double*>(dm.meta);
+    int32_t step = *reinterpret_cast<const int32_t*>(dm.meta + 8);
+    h.lr = float(lr);
+    h.bias1 = float(1.0 - pow(dm.beta1, double(step)));
+    h.bias2 = float(1.0 - pow(dm.beta2, double(step)));
+  }
   Chunk c = chunks[blockIdx.x];
   TensorEntry t = tensors[c.tensor];
   int64_t end = min(c.start + kChunk, t.n);
@@ -107,11 +123,22 @@ __global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks,
   }
 }
 
+// adamw_step_meta's device tables (tensor table | chunks), kept for the process: keyed by their exact
+// bytes (pointers, sizes, chunk starts), so a hit is always the table the call would upload. A captured
+// CUDA graph cannot upload one (a copy from pageable host memory, freed after the call), so a capture
+// reuses the table its eager warm-up step uploaded. At most kMetaTables tables (a few KiB each); past
+// that, calls upload per call as adamw_step does, and a capture of such a call is refused.
+constexpr size_t kMetaTables = 64;
+static std::map<std::pair<int, std::string>, uint8_t*>& metaTables() {
+  static auto* tables = new std::map<std::pair<int, std::string>, uint8_t*>();  // never destroyed: lives as the process
+  return *tables;
+}
+
 // Runs AdamW (or LAMB) over `tensors` (all with parameter dtype pt, gradient dtype gt) on the device's
 // current stream. For LAMB, `norms` (when given) receives each tensor's squared weight and update norms,
 // which makes the call wait for the stream.
 static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensors, DType pt, DType gt, const Hyper& h, bool lamb,
-                              std::vector<double>* norms, const char* call) {
+                              std::vector<double>* norms, const char* call, DeviceMeta dm = {nullptr, 0.0, 0.0}) {
   std::vector<Chunk> chunks;
   std::vector<int32_t> firstChunk;  // tensor k's chunks: firstChunk[k] .. firstChunk[k + 1] - 1
   for (size_t t = 0; t < tensors.size(); t++) {
@@ -129,13 +156,43 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
   size_t tableBytes = align16(count * sizeof(TensorEntry)), chunkBytes = align16(chunks.size() * sizeof(Chunk));
   size_t chunkNormBytes = lamb ? align16(chunks.size() * 2 * sizeof(double)) : 0, normBytes = lamb ? align16(count * 2 * sizeof(double)) : 0;
   size_t firstBytes = lamb ? align16(firstChunk.size() * sizeof(int32_t)) : 0;
+  unsigned blocks = unsigned(chunks.size());
+  if (dm.meta && !lamb) {
+    std::string key(reinterpret_cast<const char*>(tensors.data()), count * sizeof(TensorEntry));
+    key.append(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(Chunk));
+    auto& cache = metaTables();
+    auto it = cache.find({device, key});
+    uint8_t* cached = it == cache.end() ? nullptr : it->second;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(st, &capture), "cudaStreamIsCapturing");
+    if (!cached && capture != cudaStreamCaptureStatusNone) {
+      fail(Err::Native, std::string(call) + ": no device table for these parameters yet (run one step eagerly before capturing it into a CUDA graph)", call);
+    }
+    if (!cached && cache.size() < kMetaTables) {
+      cached = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes, call));
+      try {
+        check(cudaMemcpyAsync(cached, tensors.data(), count * sizeof(TensorEntry), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+        check(cudaMemcpyAsync(cached + tableBytes, chunks.data(), chunks.size() * sizeof(Chunk), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+      } catch (...) {
+        deviceFree(device, cached);
+        throw;
+      }
+      cache[{device, key}] = cached;
+    }
+    if (cached) {
+      NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
+        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(reinterpret_cast<const TensorEntry*>(cached), reinterpret_cast<const Chunk*>(cached + tableBytes), h, dm);
+      }));
+      checkLaunch(call);
+      return;
+    }
+  }
   auto* table = static_cast<uint8_t*>(deviceAlloc(device, tableBytes + chunkBytes + chunkNormBytes + normBytes + firstBytes, call));
   auto* dTensors = reinterpret_cast<TensorEntry*>(table);
   auto* dChunks = reinterpret_cast<Chunk*>(table + tableBytes);
   auto* chunkNorms = reinterpret_cast<double*>(table + tableBytes + chunkBytes);
   auto* normsDev = reinterpret_cast<double*>(table + tableBytes + chunkBytes + chunkNormBytes);
   auto* dFirst = reinterpret_cast<int32_t*>(table + tableBytes + chunkBytes + chunkNormBytes + normBytes);
-  unsigned blocks = unsigned(chunks.size());
   try {
     // Pageable-to-device copies return once the host data is staged, so the vectors may go out of scope.
     check(cudaMemcpyAsync(dTensors, tensors.data(), count * sizeof(TensorEntry), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
@@ -144,7 +201,7 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
       check(cudaMemcpyAsync(dFirst, firstChunk.data(), firstChunk.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
     NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
       if (!lamb) {
-        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h);
+        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, dm);
       } else {
         lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, chunkNorms);
         lambTensorNormsKernel<<<gridFor(int64_t(count)), kThreads, 0, st>>>(chunkNorms, dFirst, normsDev, int64_t(count));
@@ -186,7 +243,7 @@ static std::vector<uint8_t*> deviceStorages(const KernelCall& k, const char* wha
 // adamw_step / lamb_step(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[],
 //   lr, beta1, beta2, eps, weightDecay, step, gradScale[, biasCorrection]): one multi-tensor launch per
 //   (param dtype, grad dtype) pair. lamb_step returns the trust ratios (Float64Array), so it waits for the stream.
-static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb) {
+static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb, bool meta = false) {
   const Args& a = k.args;
   auto [counts, pdt, gdt] = paramGradDtypes(k.info(), a.at("counts", "A"), call);
   std::vector<DType> f32(counts.size(), DType::F32);
@@ -195,13 +252,21 @@ static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb) {
   std::vector<uint8_t*> grads = deviceStorages(k, "grads", counts, gdt, device);
   std::vector<uint8_t*> ms = deviceStorages(k, "expAvg", counts, f32, device);
   std::vector<uint8_t*> vs = deviceStorages(k, "expAvgSq", counts, f32, device);
-  int64_t step = a.int64("step");
+  // adamw_step_meta: lr and step are read on the device from meta's 16 bytes when the kernel runs.
+  DeviceMeta dm{nullptr, 0.0, 0.0};
+  if (meta) {
+    dm.meta = k.data<const uint8_t>("meta", DType::U8, 16);
+    if (device >= 0 && k.device() != device) fail(Err::Device, std::string(call) + ": meta must be on the parameters' device");
+  }
+  int64_t step = meta ? 1 : a.int64("step");
   if (step < 1) fail(Err::Argument, std::string(call) + ": step must be >= 1");
   bool biasCorrection = lamb ? a.boolean("biasCorrection") : true;
   double beta1 = a.number("beta1"), beta2 = a.number("beta2");
-  Hyper h{float(a.number("lr")), float(beta1), float(beta2), float(a.number("eps")), float(a.number("weightDecay")),
+  dm.beta1 = beta1;
+  dm.beta2 = beta2;
+  Hyper h{meta ? 0.0f : float(a.number("lr")), float(beta1), float(beta2), float(a.number("eps")), float(a.number("weightDecay")),
           float(a.number("gradScale")), 1.0f, 1.0f};
-  if (biasCorrection) {
+  if (biasCorrection && !meta) {
     h.bias1 = float(1.0 - std::pow(beta1, double(step)));
     h.bias2 = float(1.0 - std::pow(beta2, double(step)));
   }
@@ -213,7 +278,7 @@ static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb) {
     for (size_t j : members)
       tensors.push_back({params[j], grads[j], reinterpret_cast<float*>(ms[j]), reinterpret_cast<float*>(vs[j]), counts[j]});
     std::vector<double> norms;
-    launchMultiTensor(device, tensors, dtypes.first, dtypes.second, h, lamb, lamb ? &norms : nullptr, call);
+    launchMultiTensor(device, tensors, dtypes.first, dtypes.second, h, lamb, lamb ? &norms : nullptr, call, dm);
     if (lamb)
       for (size_t j = 0; j < members.size(); j++) {
         double pw = norms[2 * j], uu = norms[2 * j + 1];
@@ -223,6 +288,9 @@ static Napi::Value adamFamilyStep(KernelCall& k, const char* call, bool lamb) {
   return ratios;
 }
 NT_CUDA_KERNEL("adamw_step", AdamwStep) { adamFamilyStep(k, call, false); }
+// adamw_step_meta(params[], grads[], expAvg[], expAvgSq[], counts[], paramDtypes[], gradDtypes[], meta,
+//   beta1, beta2, eps, weightDecay, gradScale): adamw_step with lr and step read on the device from meta.
+NT_CUDA_KERNEL("adamw_step_meta", AdamwStepMeta) { adamFamilyStep(k, call, false, true); }
 NT_CUDA_KERNEL_VALUE("lamb_step", LambStep) { return adamFamilyStep(k, call, true); }
 
 template <typename P, typename G>
