@@ -3,6 +3,7 @@
 // on its CPU allocator, for f32), the fused LM head's chunk of logits and its gradients, communication
 // buckets, ZeRO-3's gathered layers.
 import { ArgumentError } from '../errors.js';
+import type { LayoutRequest } from '../parallel/layout.js';
 import { LINEAR_CE_CHUNK_BYTES, LINEAR_CE_CUDA_CHUNK_BYTES, linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
 import { largestLayerParams, layerParams, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
 import { cpu as cpuAddon } from '../native.js';
@@ -11,42 +12,17 @@ import { checkSchedule, rankOfVirtualStage, schedulePlacement, scheduleTables, s
 /** Activation recomputation: none, Megatron's selective (attention core only) or full (each layer's input kept). */
 export type Recompute = 'none' | 'selective' | 'full';
 
-/** One candidate layout: the mesh, ZeRO, recomputation, sequence parallelism and the pipeline schedule. */
-export interface PlanLayout {
-  /** Data-parallel ranks. */
-  dp: number;
-  /** Tensor-parallel ranks. */
-  tp: number;
-  /** Pipeline stages. */
-  pp: number;
-  /** ZeRO stage over the data-parallel group. */
-  zero: 0 | 1 | 2 | 3;
-  /** Optimizer state (and ZeRO 2/3 gradient shards) in host memory. */
-  offload: boolean;
+/**
+ * One candidate layout: the trainer's own layout (the mesh, ZeRO, sequence parallelism, the pipeline
+ * schedule; virtual stages may be left out) plus activation recomputation. Context parallelism's cp
+ * ranks each hold seq/cp tokens of every sequence (gradients average and ZeRO shards over dp × cp);
+ * expert parallelism's ep ranks each hold experts/ep of every MoE layer's routed experts, whose ZeRO
+ * shards span the dp/ep ranks holding the same experts.
+ */
+export type PlanLayout = LayoutRequest & {
   /** Activation recomputation. */
   recompute: Recompute;
-  /** Sequence parallelism (the regions between tensor-parallel layers hold 1/tp of the sequence). */
-  sequenceParallel: boolean;
-  /** Micro-batches per step on each data-parallel replica. */
-  microBatches: number;
-  /** The pipeline schedule. */
-  schedule: ScheduleKind;
-  /**
-   * Context-parallel ranks (default 1): each holds seq/cp tokens of every sequence, so activations
-   * and the head's rows fall by cp; gradients average and ZeRO shards over dp × cp.
-   */
-  cp?: number;
-  /** How attention runs over the context-parallel ranks (default ring). */
-  cpMode?: 'ring' | 'ulysses';
-  /** Model chunks per pipeline rank (the interleaved schedule's virtual stages; default 1). */
-  virtualStages?: number;
-  /**
-   * Expert-parallel ranks (default 1; MoE models): each of ep consecutive data-parallel ranks holds
-   * experts/ep of every MoE layer's routed experts, whose ZeRO shards span the dp/ep ranks holding
-   * the same experts; tokens reach their experts by all-to-alls over the ep ranks.
-   */
-  ep?: number;
-}
+};
 
 /** What a stage holds at one point of its schedule, in micro-batches of the whole stage (a chunk counts 1/v). */
 export interface ScheduleState {

@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
 import { moeLayerParameters } from '../nn/counts.js';
+import { partitionLayers } from '../parallel/pipeline/placement.js';
 
 /** A decoder-only transformer's shape, as the planner sees it. */
 export interface PlanModel {
@@ -187,10 +188,9 @@ export function vStageLayers(nLayer: number, pp: number): number[] {
   return Array.from({ length: pp }, (_, s) => chunks[s]! + chunks[2 * pp - 1 - s]!);
 }
 
-/** Layer ranges per stage, as nodetron's partitionLayers splits them (the first stages take the remainder). */
+/** Layers per stage: the trainer's own partitionLayers (the first stages take the remainder). */
 export function stageLayers(nLayer: number, pp: number): number[] {
-  const base = Math.floor(nLayer / pp), extra = nLayer % pp;
-  return Array.from({ length: pp }, (_, s) => base + (s < extra ? 1 : 0));
+  return partitionLayers(nLayer, pp).map(([start, end]) => end - start);
 }
 
 /**

@@ -3,6 +3,7 @@
 // fits, its predicted step time and the `nodetron launch` command that runs it; ranked.
 import { join, relative, sep } from 'node:path';
 import { ArgumentError } from '../errors.js';
+import { layoutProblems, type LayoutShape } from '../parallel/layout.js';
 import { packageRoot } from '../native.js';
 import { estimateMemory, type Bf16GemmPath, type MemoryEstimate, type PlanDType, type PlanLayout, type Recompute } from './memory.js';
 import type { PlanModel } from './models.js';
@@ -56,40 +57,19 @@ export interface PlanCandidate {
 
 const divisors = (n: number) => Array.from({ length: n }, (_, i) => i + 1).filter((d) => n % d === 0);
 
-/** Why a layout cannot run the model (heads, width, vocabulary, layers, batch), or null. */
+/** The facts nodetron's layout rules ({@link layoutProblems}) read of a plan model, sequence and batch. */
+export function planShape(m: PlanModel, seq: number, globalBatch: number, microBatchSize: number, gpus?: number): LayoutShape {
+  return { nLayer: m.nLayer, nHead: m.nHead, nKvHead: m.nKvHead ?? m.nHead, nEmbd: m.nEmbd, ffn: m.ffn, vocabSize: m.vocabSize, seqLen: seq,
+    globalBatch, microBatchSize, ...(m.moe ? { moeExperts: m.moe.experts } : {}), ...(gpus !== undefined ? { worldSize: gpus } : {}) };
+}
+
+/**
+ * Why a layout cannot run the model (heads, width, vocabulary, layers, batch, schedule, context and
+ * expert parallelism), or null: the first of nodetron's own refusals (layoutProblems, the rules the
+ * trainer and the command-line flags check).
+ */
 export function layoutProblem(m: PlanModel, l: PlanLayout, seq: number, globalBatch: number, b: number): string | null {
-  if (m.nHead % l.tp) return `${m.nHead} heads do not divide by tp ${l.tp}`;
-  // Key/value heads split over tp, or (more ranks than heads) whole on every rank, each using one.
-  const kv = m.nKvHead ?? m.nHead;
-  if (kv % l.tp && l.tp % kv) return `${kv} key/value heads neither divide by tp ${l.tp} nor divide it`;
-  if (m.vocabSize % l.tp) return `vocabulary ${m.vocabSize} does not divide by tp ${l.tp}`;
-  if (m.ffn % l.tp) return `MLP width ${m.ffn} does not divide by tp ${l.tp}`;
-  if (l.pp > m.nLayer) return `pp ${l.pp} exceeds the ${m.nLayer} layers`;
-  if (l.sequenceParallel && seq % l.tp) return `sequence ${seq} does not divide by tp ${l.tp}`;
-  if (globalBatch % (l.dp * b)) return `global batch ${globalBatch} does not divide into dp ${l.dp} × micro-batch size ${b}`;
-  const cp = l.cp ?? 1;
-  if (cp > 1) {
-    const parts = (l.cpMode ?? 'ring') === 'ring' ? 2 * cp : cp;
-    if (seq % parts) return `sequence ${seq} does not divide into ${parts} chunks (cp ${cp} ${l.cpMode ?? 'ring'})`;
-    if (l.cpMode === 'ulysses' && (m.nHead / l.tp) % cp) return `${m.nHead / l.tp} heads per tp rank do not divide by cp ${cp} (Ulysses)`;
-    if (l.sequenceParallel && (seq / cp) % l.tp) return `sequence ${seq} / cp ${cp} does not divide by tp ${l.tp}`;
-  }
-  const v = l.virtualStages ?? 1;
-  if (l.schedule === 'interleaved') {
-    if (l.pp * v > m.nLayer) return `pp ${l.pp} × ${v} virtual stages exceed the ${m.nLayer} layers`;
-    if (l.microBatches % l.pp) return `interleaving needs the ${l.microBatches} micro-batches to be a multiple of pp ${l.pp}`;
-  }
-  if (l.schedule === 'zb-v' && 2 * l.pp > m.nLayer) return `zb-v's 2·pp ${2 * l.pp} chunks exceed the ${m.nLayer} layers`;
-  const ep = l.ep ?? 1;
-  if (ep > 1 && !m.moe) return `ep ${ep} splits MoE experts, and the model has none`;
-  if ((l.schedule === 'zb-h1' || l.schedule === 'zb-v') && ep > 1 && l.zero >= 2) return `${l.schedule} with ep ${ep} and ZeRO ${l.zero} is not supported (nodetron refuses it: the experts' ZeRO would reduce before each W)`;
-  if (m.moe) {
-    if (ep > 1 && l.dp % ep) return `ep ${ep} does not divide dp ${l.dp}`;
-    if (m.moe.experts % ep) return `ep ${ep} does not divide the ${m.moe.experts} experts`;
-    if (cp > 1) return `cp ${cp} with MoE layers is not supported (nodetron refuses --cp with MoE layers)`;
-    if (l.sequenceParallel) return 'sequence parallelism with MoE layers is not supported (nodetron refuses --sp with MoE layers)';
-  }
-  return null;
+  return layoutProblems(planShape(m, seq, globalBatch, b), l)[0] ?? null;
 }
 
 /** The shipped example that trains the plan's models (GPT-2 or Llama blocks, MoE in GPT blocks), as the package installs it. */
@@ -174,13 +154,14 @@ export function planLayouts(m: PlanModel, o: PlanOptions): PlanCandidate[] {
   for (const tp of divisors(gpusPerNode)) for (const pp of divisors(o.gpus / tp)) for (const cp of cps(tp, pp)) for (const cpMode of cp > 1 ? ['ring', 'ulysses'] as const : [null]) {
     const dp = o.gpus / (tp * pp * cp);
     for (const ep of eps(dp)) for (const b of sizes) for (const zero of [0, 1, 2, 3] as const) for (const offload of zero > 0 ? [false, true] : [false]) {
+      // (The rules refuse ZeRO without data-parallel ranks; such layouts are not even listed as skipped.)
       if (zero > 0 && dp * cp === 1) continue;
       for (const recompute of recomputes) for (const sequenceParallel of tp > 1 ? [false, true] : [false]) for (const schedule of pp > 1 ? ['1f1b', 'gpipe', 'interleaved', 'zb-h1', 'zb-v'] as const : ['1f1b'] as const) {
         const microBatches = o.globalBatch % (dp * b) === 0 ? o.globalBatch / (dp * b) : 1;
         // Interleaving with 2 chunks per rank (Megatron's usual choice when the layers allow it).
         const layout: PlanLayout = { dp, tp, pp, zero, offload, recompute, sequenceParallel, microBatches, schedule,
           ...(schedule === 'interleaved' || schedule === 'zb-v' ? { virtualStages: 2 } : {}), ...(cpMode ? { cp, cpMode } : {}), ...(ep > 1 ? { ep } : {}) };
-        const problem = layoutProblem(m, layout, o.seq, o.globalBatch, b);
+        const problem = layoutProblems(planShape(m, o.seq, o.globalBatch, b, o.gpus), layout)[0];
         if (problem) { out.push({ layout, microBatchSize: b, skipped: problem }); continue; }
         const memory = estimateMemory(m, layout, { seq: o.seq, microBatchSize: b, dtype: o.dtype, overhead: o.overhead, backend: cpu ? 'cpu' : 'cuda', ...(o.memoryModel ? { model: o.memoryModel } : {}), ...(o.bf16Path ? { bf16Path: o.bf16Path } : {}) });
         const time = predictStepTime(m, layout, o.device, { seq: o.seq, microBatchSize: b, dtype: o.dtype, gpusPerNode });

@@ -50,11 +50,11 @@ describe('planner with cp', () => {
     expect(withCp.length).toBeGreaterThan(0);
     expect(withCp.every((x) => x.command!.includes(`--cp ${x.layout.cp} --cp-mode ${x.layout.cpMode}`))).toBe(true);
     // gpt2-xl's 25 heads: Ulysses needs them divisible by cp.
-    expect(c.some((x) => x.skipped === '25 heads per tp rank do not divide by cp 2 (Ulysses)')).toBe(true);
+    expect(c.some((x) => x.skipped === '--cp 2 --cp-mode ulysses: each tensor-parallel rank\'s 25 heads are not divisible by cp = 2 (use --cp-mode ring)')).toBe(true);
     // Without cp (and without tp, whose sp also splits the sequence) nothing fits at 64K tokens; with cp 8 some layout does.
     expect(c.filter((x) => !x.skipped && x.fits && x.layout.tp === 1 && (x.layout.cp ?? 1) === 1)).toHaveLength(0);
     expect(c.some((x) => x.fits && x.layout.cp === 8)).toBe(true);
-    expect(plan.layoutProblem(m, { ...base, cp: 4, cpMode: 'ring' }, 4100, 8, 1)).toBe('sequence 4100 does not divide into 8 chunks (cp 4 ring)');
+    expect(plan.layoutProblem(m, { ...base, cp: 4, cpMode: 'ring' }, 4100, 8, 1)).toBe('--cp 4: ring attention splits the sequence into 2·cp = 8 chunks, but the sequence length 4100 is not a multiple of 8');
   });
 });
 

@@ -173,7 +173,7 @@ describe('planner', () => {
     const ok = c.filter((x) => !x.skipped);
     expect(ok[0]!.fits).toBe(true);
     for (let i = 1; i < ok.length && ok[i]!.fits; i++) expect(ok[i]!.time!.total).toBeGreaterThanOrEqual(ok[i - 1]!.time!.total);
-    expect(c.some((x) => x.skipped?.includes('25 heads do not divide by tp 2'))).toBe(true);
+    expect(c.some((x) => x.skipped?.includes('--tp 2: tensor parallelism over 2 ranks must divide the 25 attention heads'))).toBe(true);
     expect(ok[0]!.command).toMatch(/^nodetron launch --nproc-per-node 8 examples\/gpt\/train\.ts .*--tp \d+ --pp \d+ --dp \d+ --zero \d/);
   });
   it('70B does not fit one 80G GPU; fits 64 with sharding', () => {
