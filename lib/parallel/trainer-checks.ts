@@ -5,7 +5,8 @@ import type { Parameter } from '../nn/module.js';
 import { moeLayers } from '../nn/moe.js';
 import type { Tensor } from '../tensor.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
-import { SCHEDULE_KINDS, splitsBackward } from './pipeline/schedules.js';
+import { SCHEDULE_KINDS } from './pipeline/schedules.js';
+import { layoutProblems, type LayoutRequest } from './layout.js';
 import { tensorParallelParameters } from './tensor-parallel/gpt.js';
 import type { ParallelTrainerOptions } from './trainer.js';
 import type { ZeroParamGroup } from './zero/optimizer.js';
@@ -15,23 +16,16 @@ export function checkTrainerSetup<H extends { lr: number }>(model: PipelineModul
   const problems: string[] = [];
   const { mesh } = options;
   const zero = options.zero ?? 0, m = options.microBatches ?? 1, schedule = options.schedule ?? '1f1b';
-  if (zero !== 0 && zero !== 1 && zero !== 2 && zero !== 3) problems.push(`zero must be 0, 1, 2 or 3, got ${String(zero)}`);
-  if (zero !== 0 && (!mesh || mesh.dpCpGroup.size === 1)) problems.push(`ZeRO ${zero} shards over a data-parallel group of more than one rank`);
-  const cpMode = options.cpMode ?? 'ring';
-  if (cpMode !== 'ring' && cpMode !== 'ulysses') problems.push(`cpMode must be 'ring' or 'ulysses', got ${String(cpMode)}`);
-  if (!Number.isInteger(m) || m < 1) problems.push(`microBatches must be an integer >= 1, got ${m}`);
   const chunks = model.chunks ?? 1, placement = model.placement ?? 'loop';
-  if (!(SCHEDULE_KINDS as readonly string[]).includes(schedule)) problems.push(`schedule must be one of ${SCHEDULE_KINDS.map((k) => `'${k}'`).join(', ')}, got ${String(schedule)}`);
-  else if (schedule === 'zb-v') {
-    if (chunks !== 2 || placement !== 'v') problems.push('the zb-v schedule needs a model of 2 chunks per stage placed in a V (GPTStage(model, stage, stages, 2, \'v\'))');
-    if ((mesh?.ppSize ?? 1) < 2) problems.push('the zb-v schedule needs 2 or more pipeline stages');
-  } else if (placement !== 'loop') problems.push(`a model whose chunks are placed '${placement}' needs the zb-v schedule, not '${schedule}'`);
-  else if (schedule === 'interleaved') {
-    const stages = mesh?.ppSize ?? 1;
-    if (chunks < 2) problems.push('the interleaved schedule needs a model of 2 or more chunks per stage (GPTStage(model, stage, stages, chunks))');
-    if (stages < 2) problems.push('the interleaved schedule needs 2 or more pipeline stages');
-    else if (Number.isInteger(m) && m % stages !== 0) problems.push(`the interleaved schedule needs the micro-batches to be a multiple of the pipeline stages (as Megatron-LM requires): ${m} micro-batches over ${stages} stages`);
-  } else if (chunks > 1) problems.push(`a model of ${chunks} chunks per stage needs the interleaved schedule, not '${schedule}'`);
+  // The layout rules (the same book the command-line flags and the planner check) over what this
+  // rank knows: the mesh, the options, the model's chunks and its MoE layers.
+  const moe = moeLayers(model);
+  const layout = { tp: mesh?.tpSize ?? 1, pp: mesh?.ppSize ?? 1, dp: mesh?.dpSize ?? 1, cp: mesh?.cpSize ?? 1, ep: mesh?.epSize ?? 1,
+    zero, offload: options.offload ?? false, sequenceParallel: false, microBatches: m, schedule, virtualStages: chunks, cpMode: options.cpMode ?? 'ring' } as LayoutRequest;
+  problems.push(...layoutProblems(moe.length > 0 ? { moeExperts: moe[0]!.config.experts } : {}, layout));
+  // Whether the model's chunks are placed as the schedule runs them (the V for zb-v, a loop otherwise).
+  if (schedule === 'zb-v' && (chunks !== 2 || placement !== 'v')) problems.push('the zb-v schedule needs a model of 2 chunks per stage placed in a V (GPTStage(model, stage, stages, 2, \'v\'))');
+  else if (schedule !== 'zb-v' && (SCHEDULE_KINDS as readonly string[]).includes(schedule) && placement !== 'loop') problems.push(`a model whose chunks are placed '${placement}' needs the zb-v schedule, not '${schedule}'`);
   const precision = options.precision ?? 'f32';
   if (precision !== 'f32' && precision !== 'bf16') {
     problems.push(`precision must be 'f32' or 'bf16', got ${String(precision)}${precision === 'f16' ? ' (f16 needs loss scaling: run nt.autocast({ dtype: \'f16\' }) with nt.GradScaler in your own loop)' : ''}`);
@@ -53,13 +47,9 @@ export function checkTrainerSetup<H extends { lr: number }>(model: PipelineModul
       listed.add(p);
     }
   }
-  if (mesh && mesh.epSize > 1 && splitsBackward(schedule) && (zero === 2 || zero === 3)) {
-    problems.push(`the ${schedule} schedule with expert parallelism (ep = ${mesh.epSize}) and ZeRO ${zero} is not supported yet (the experts' ZeRO would reduce before each W): use ZeRO 0 or 1`);
-  }
   if (mesh && mesh.epSize > 1) {
-    const layers = moeLayers(model);
-    if (layers.length === 0) problems.push(`ep = ${mesh.epSize}, but the model has no MoE layers to split`);
-    else if (layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
+    const layers = moe;
+    if (layers.length > 0 && layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
       problems.push(`ep = ${mesh.epSize}, but the MoE layers hold ${layers[0]!.experts.length} of their ${layers[0]!.config.experts} experts here: ` +
         'build the model with moeParallel: nt.parallel.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
     }
