@@ -64,6 +64,21 @@ describe('untagged pipeline message plans', () => {
     expect(checked).toBeGreaterThan(200);
   });
 
+  it('evaluation (forwardOnly: every rank runs every micro-batch through its chunks in order) cannot deadlock either', () => {
+    for (let p = 2; p <= 4; p++) {
+      for (let v = 1; v <= 3; v++) {
+        for (let m = 1; m <= 4; m++) {
+          const table: PipelineAction[] = [];
+          for (let i = 0; i < m; i++) for (let c = 0; c < v; c++) table.push({ op: 'F', micro: i, chunk: c });
+          const plans = untaggedPlans(Array.from({ length: p }, () => table), { stages: p, chunks: v, placement: 'loop' });
+          expect(simulateUntagged(plans.map(batchesOf)).stuck, `p${p} v${v} m${m}`).toBeNull();
+          // Every boundary between virtual stages is a message (loop placement: all cross ranks).
+          expect(plans.flat().reduce((n, st) => n + ('batch' in st ? st.batch.sends.length : 0), 0)).toBe(m * (p * v - 1));
+        }
+      }
+    }
+  });
+
   it('the simulator finds a deadlock: each action\'s send batched with the next action\'s receives deadlocks interleaved 1F1B', () => {
     const p = 2, m = 4, v = 2;
     const tables = scheduleTables('interleaved', { stages: p, microBatches: m, chunks: v });
