@@ -119,6 +119,18 @@ if (lowerWanted && lowerWanted !== '0') {
     for (const k of ['passed', 'failed', 'skipped']) totals[k] += lower[k];
   }
 }
+// NODETRON_TEST_ARM64=1 (CI) first runs the Linux arm64 smoke on an x86-64 machine (.ci/arm64-smoke.sh: the
+// cross-built addon under qemu-user with an arm64 Node.js: load, GEMM against float64, a 2-rank Gloo
+// allreduce, 5 GPT steps against x64's losses). It counts as one test in the final line.
+if (process.env.NODETRON_TEST_ARM64 && process.env.NODETRON_TEST_ARM64 !== '0') {
+  if (process.arch !== 'x64') {
+    console.log(`[test] arm64 smoke skipped: it cross-builds from x86-64 (this is ${process.arch})`);
+  } else {
+    const smoke = spawnSync('bash', [join(root, '.ci', 'arm64-smoke.sh')], { stdio: 'inherit', cwd: root });
+    if (smoke.status === 0) totals.passed += 1; else totals.failed += 1;
+    console.log(`[test] arm64 smoke: ${smoke.status === 0 ? 'passed' : 'FAILED'}`);
+  }
+}
 const full = runVitest(process.argv.slice(2), {}, join(root, 'build', 'test-report.json'));
 for (const k of ['passed', 'failed', 'skipped']) totals[k] += full[k];
 console.log(`${totals.passed} passed, ${totals.failed} failed, ${totals.skipped} skipped`);
