@@ -44,17 +44,9 @@ struct DeviceMeta {
   double beta1, beta2;
 };
 
+// One chunk of the multi-tensor AdamW update (the body of both kernels below).
 template <typename P, typename G>
-__global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, DeviceMeta dm) {
-  if (dm.meta) {
-    // Read when the kernel runs (a captured graph replays with the values written before the replay);
-    // the same double arithmetic as the host computes for adamw_step.
-    double lr = *reinterpret_cast<const double*>(dm.meta);
-    int32_t step = *reinterpret_cast<const int32_t*>(dm.meta + 8);
-    h.lr = float(lr);
-    h.bias1 = float(1.0 - pow(dm.beta1, double(step)));
-    h.bias2 = float(1.0 - pow(dm.beta2, double(step)));
-  }
+__device__ __forceinline__ void adamwChunk(const TensorEntry* tensors, const Chunk* chunks, const Hyper& h) {
   Chunk c = chunks[blockIdx.x];
   TensorEntry t = tensors[c.tensor];
   int64_t end = min(c.start + kChunk, t.n);
@@ -64,6 +56,23 @@ __global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyp
     float w = toF32(p[i]);
     p[i] = fromF32<P>(w - h.lr * (u + h.weightDecay * w));
   }
+}
+
+template <typename P, typename G>
+__global__ void adamwKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h) {
+  adamwChunk<P, G>(tensors, chunks, h);
+}
+
+// adamw_step_meta: lr and step read when the kernel runs (a captured graph replays with the values
+// written before the replay), the bias corrections in the same double arithmetic as adamw_step's host code.
+template <typename P, typename G>
+__global__ void adamwMetaKernel(const TensorEntry* tensors, const Chunk* chunks, Hyper h, DeviceMeta dm) {
+  double lr = *reinterpret_cast<const double*>(dm.meta);
+  int32_t step = *reinterpret_cast<const int32_t*>(dm.meta + 8);
+  h.lr = float(lr);
+  h.bias1 = float(1.0 - pow(dm.beta1, double(step)));
+  h.bias2 = float(1.0 - pow(dm.beta2, double(step)));
+  adamwChunk<P, G>(tensors, chunks, h);
 }
 
 // LAMB phase 1: moments, and per chunk the squared norms of the weights and of the update (double,
@@ -123,17 +132,6 @@ __global__ void lambApplyKernel(const TensorEntry* tensors, const Chunk* chunks,
   }
 }
 
-// adamw_step_meta's device tables (tensor table | chunks), kept for the process: keyed by their exact
-// bytes (pointers, sizes, chunk starts), so a hit is always the table the call would upload. A captured
-// CUDA graph cannot upload one (a copy from pageable host memory, freed after the call), so a capture
-// reuses the table its eager warm-up step uploaded. At most kMetaTables tables (a few KiB each); past
-// that, calls upload per call as adamw_step does, and a capture of such a call is refused.
-constexpr size_t kMetaTables = 64;
-static std::map<std::pair<int, std::string>, uint8_t*>& metaTables() {
-  static auto* tables = new std::map<std::pair<int, std::string>, uint8_t*>();  // never destroyed: lives as the process
-  return *tables;
-}
-
 // Runs AdamW (or LAMB) over `tensors` (all with parameter dtype pt, gradient dtype gt) on the device's
 // current stream. For LAMB, `norms` (when given) receives each tensor's squared weight and update norms,
 // which makes the call wait for the stream.
@@ -160,7 +158,14 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
   if (dm.meta && !lamb) {
     std::string key(reinterpret_cast<const char*>(tensors.data()), count * sizeof(TensorEntry));
     key.append(reinterpret_cast<const char*>(chunks.data()), chunks.size() * sizeof(Chunk));
-    auto& cache = metaTables();
+    // adamw_step_meta's device tables (tensor table | chunks), kept for the process: keyed by their
+    // exact bytes (pointers, sizes, chunk starts), so a hit is always the table this call would upload.
+    // A captured CUDA graph cannot upload one (a copy from pageable host memory, freed after the call),
+    // so a capture reuses the table its eager warm-up step uploaded. At most kMetaTables tables (a few
+    // KiB each); past that, calls upload per call as adamw_step does, and a capture of such a call is refused.
+    constexpr size_t kMetaTables = 64;
+    static auto* tables = new std::map<std::pair<int, std::string>, uint8_t*>();  // never destroyed: lives as the process
+    auto& cache = *tables;
     auto it = cache.find({device, key});
     uint8_t* cached = it == cache.end() ? nullptr : it->second;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -181,7 +186,7 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
     }
     if (cached) {
       NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
-        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(reinterpret_cast<const TensorEntry*>(cached), reinterpret_cast<const Chunk*>(cached + tableBytes), h, dm);
+        adamwMetaKernel<P, G><<<blocks, kThreads, 0, st>>>(reinterpret_cast<const TensorEntry*>(cached), reinterpret_cast<const Chunk*>(cached + tableBytes), h, dm);
       }));
       checkLaunch(call);
       return;
@@ -201,7 +206,8 @@ static void launchMultiTensor(int device, const std::vector<TensorEntry>& tensor
       check(cudaMemcpyAsync(dFirst, firstChunk.data(), firstChunk.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
     NT_DISPATCH_FLOAT(pt, call, P, NT_DISPATCH_FLOAT(gt, call, G, {
       if (!lamb) {
-        adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, dm);
+        if (dm.meta) adamwMetaKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, dm);
+        else adamwKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h);
       } else {
         lambNormsKernel<P, G><<<blocks, kThreads, 0, st>>>(dTensors, dChunks, h, chunkNorms);
         lambTensorNormsKernel<<<gridFor(int64_t(count)), kThreads, 0, st>>>(chunkNorms, dFirst, normsDev, int64_t(count));
