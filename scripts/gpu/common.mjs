@@ -218,9 +218,17 @@ export const VARIANTS = {
   noepi: { NODETRON_CUDA_EPILOGUES: '0' },    // cuBLASLt without epilogues (the plain GEMM, then nodetron's kernels)
   sync: { NODETRON_CUDA_SYNC: '1' },          // every launch synchronized: a fault is reported by the op that made it
   nosync: { NODETRON_CUDA_SYNC: '0' },        // the correctness steps' per-launch synchronization off
+  // Issue #35's speed levers, each measured against the GPT-2 step's default path in the second command:
+  padvocab: { NODETRON_PAD_VOCAB: '64' },     // the LM head's vocabulary padded to a multiple of 64 (50257 -> 50304)
+  scalar: { NODETRON_CUDA_VECTOR: '0' },      // the norm, softmax and cross-entropy kernels without their 16-byte loads
 };
+/**
+ * The lever runs the second command makes of the GPT-2 step once it passed (on the variant it passed
+ * with): tokens/s and the first losses with each lever beside the step's own record.
+ */
+export const LEVERS = ['padvocab', 'scalar'];
 /** The environment variables that change what a step runs; results.json records their values per step. */
-export const SWITCHES = ['NODETRON_FLASH_SIMT', 'NODETRON_CUDA_EPILOGUES', 'NODETRON_CUDA_SYNC', 'NODETRON_CUDA_GRAPH', 'TORCHINDUCTOR_COMPILE_THREADS'];
+export const SWITCHES = ['NODETRON_FLASH_SIMT', 'NODETRON_CUDA_EPILOGUES', 'NODETRON_CUDA_SYNC', 'NODETRON_CUDA_GRAPH', 'NODETRON_PAD_VOCAB', 'NODETRON_CUDA_VECTOR', 'NODETRON_HEAD_DEVICE_COUNT', 'NODETRON_ADAMW_DEVICE_META', 'TORCHINDUCTOR_COMPILE_THREADS'];
 
 /** `id` or `id@v1+v2` -> { id, step (the PLAN entry), variant, env } ; throws on an unknown step or variant. */
 export function parseSelector(sel) {
@@ -258,7 +266,14 @@ export function secondCommand(records, firstElapsedS) {
     }
   }
   for (const r of records) if (r.status === 'not run' && !r.step.includes('@')) add(r.step);
-  for (const step of PLAN) if (step.second && !records.some((r) => r.step === step.id)) add(step.id);
+  // The speed levers, on the GPT-2 step's passing variant, after torch.compile (the peer comes first).
+  const passed = rec('gpt2-step').find((r) => r.status === 'passed');
+  const base = passed ? (passed.step.includes('@') ? `${passed.step.split('@')[1]}+` : '') : null;
+  const levers = base === null ? [] : LEVERS.map((v) => `gpt2-step@${base}${v}`).filter((s) => !records.some((r) => r.step === s));
+  for (const step of PLAN) {
+    if (step.second && !records.some((r) => r.step === step.id)) add(step.id);
+    if (step.id === 'gpt2-torch-compile') levers.forEach(add);
+  }
   if (!sels.length) return null;
   // 900 s of device time: ~150 s of machine start-up, the first command (its run, ~15 s of unpacking and
   // the transfers, ~40 s), the second's unpacking; what is left, at most one command's 600 s less unpacking.
