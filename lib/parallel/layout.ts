@@ -122,6 +122,9 @@ export function resolveTrainingLayout(flags: LayoutFlags, model: LayoutModelShap
     ...(model.blockSize !== undefined ? { seqLen: model.blockSize } : {}), ...(model.window !== undefined ? { window: model.window } : {}),
     ...(model.dropout !== undefined ? { dropout: model.dropout } : {}), ...(model.moeExperts !== undefined ? { moeExperts: model.moeExperts } : {}) };
   const problems = layoutProblems(shape, layout);
+  // The flags are checked against a sequence length: without one, sp and cp cannot be.
+  if (model.blockSize === undefined && sequenceParallel && Number.isInteger(tp) && tp > 1) problems.unshift('--sp needs the sequence length (the model shape\'s blockSize) to check that tp divides it');
+  if (model.blockSize === undefined && Number.isInteger(cp) && cp > 1) problems.unshift('--cp needs the sequence length (the model shape\'s blockSize) to check that it splits');
   if (problems.length > 0) throw new ArgumentError(`training layout: ${problems.join('; ')}`);
   return { tp, pp, dp, sequenceParallel, zero: zero as 0 | 1 | 2 | 3, offload, microBatches, schedule: schedule as PipelineScheduleName, virtualStages,
     ...(ep > 1 ? { ep } : {}), ...(cp > 1 ? { cp, cpMode: cpMode as ContextParallelMode } : {}) };
@@ -203,8 +206,7 @@ export function layoutProblems(shape: LayoutShape, layout: LayoutRequest): strin
   // Sequence parallelism: the regions between tensor-parallel layers hold 1/tp of the sequence.
   if (layout.sequenceParallel) {
     if (tp === 1) problems.push('--sp splits the sequence over the tensor-parallel ranks, but tp = 1');
-    else if (seqLen === undefined) problems.push('--sp needs the sequence length (the model shape\'s blockSize) to check that tp divides it');
-    else if (seqLen % tp !== 0) problems.push(`--sp: the sequence length ${seqLen} is not a multiple of --tp ${tp}`);
+    else if (seqLen !== undefined && seqLen % tp !== 0) problems.push(`--sp: the sequence length ${seqLen} is not a multiple of --tp ${tp}`);
     if (moe) problems.push('--sp with MoE layers is not supported yet (each tensor-parallel rank would route a different chunk of the sequence)');
   }
   if (globalBatch !== undefined) {
@@ -271,11 +273,10 @@ function scheduleProblems(layout: LayoutRequest, nLayer: number | undefined): st
 function contextParallelProblems(cp: number, mode: string, tp: number, sequenceParallel: boolean, shape: LayoutShape): string[] {
   const problems: string[] = [];
   const parts = mode === 'ulysses' ? cp : 2 * cp, seq = shape.seqLen;
-  if (seq === undefined) problems.push('--cp needs the sequence length (the model shape\'s blockSize) to check that it splits');
-  else if (seq % parts !== 0) {
+  if (seq !== undefined && seq % parts !== 0) {
     problems.push(mode === 'ulysses' ? `--cp ${cp} --cp-mode ulysses: the sequence length ${seq} is not a multiple of cp = ${cp}`
       : `--cp ${cp}: ring attention splits the sequence into 2·cp = ${parts} chunks, but the sequence length ${seq} is not a multiple of ${parts}`);
-  } else if (sequenceParallel && (seq / cp) % tp !== 0) problems.push(`--cp ${cp} --sp: each context-parallel rank's ${seq / cp} tokens are not a multiple of --tp ${tp}`);
+  } else if (seq !== undefined && sequenceParallel && (seq / cp) % tp !== 0) problems.push(`--cp ${cp} --sp: each context-parallel rank's ${seq / cp} tokens are not a multiple of --tp ${tp}`);
   if (mode === 'ulysses' && shape.nHead !== undefined && (shape.nHead / tp) % cp !== 0) {
     problems.push(`--cp ${cp} --cp-mode ulysses: each tensor-parallel rank's ${shape.nHead / tp} heads are not divisible by cp = ${cp} (use --cp-mode ring)`);
   }
