@@ -65,8 +65,8 @@ export { ringAttentionPacked, ringChunks, type RingAttentionOptions, type TokenR
 export { ulyssesAttentionPacked, ulyssesChunk, type UlyssesAttentionOptions } from './context-parallel/ulysses.js';
 export { contextParallelLayout, contextChunks, contextSlice } from './context-parallel/gpt.js';
 export {
-  resolveTrainingLayout, batchSlice, describeLayout, initParallelTraining,
-  type TrainingLayout, type LayoutModelShape, type LayoutFlags, type ParallelTraining, type PipelineScheduleName, type ContextParallelMode,
+  resolveTrainingLayout, layoutProblems, batchSlice, describeLayout, initParallelTraining,
+  type TrainingLayout, type LayoutModelShape, type LayoutShape, type LayoutRequest, type LayoutFlags, type ParallelTraining, type PipelineScheduleName, type ContextParallelMode,
 } from './layout.js';
 export { expertParallel, allToAllRows, exchangeCounts, type ExpertParallelOptions } from './expert-parallel.js';
 export { ParallelTrainer, type ParallelTrainerOptions, type TrainerStepResult, type TrainingPrecision, type TrainerHoldings, type ExpertHoldings, type ReplicaPlace } from './trainer.js';
