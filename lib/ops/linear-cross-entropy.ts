@@ -28,7 +28,7 @@ export interface LinearCrossEntropyOptions extends CrossEntropyOptions {
   chunkRows?: number;
   /**
    * Pad the vocabulary of the head's GEMMs to a multiple of this many columns (0: no padding; default
-   * {@link padVocabFromEnv}, i.e. NODETRON_PAD_VOCAB or 0). The weight is copied into a [Vp, C] buffer
+   * the environment variable NODETRON_PAD_VOCAB, or 0). The weight is copied into a [Vp, C] buffer
    * whose extra rows are zero, the GEMMs run on Vp columns (an aligned leading dimension: llm.c pads
    * GPT-2's 50257 to 50304), the extra logits are set to −inf before the cross-entropy kernels so they
    * add nothing to the log-sum-exp and get no gradient, and the weight's (and bias's) gradient is
