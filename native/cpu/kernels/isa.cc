@@ -34,27 +34,11 @@ const Isa gBest = detectIsa();
 std::atomic<int> gIsa{int(gBest)};
 
 const char* const kNames[] = {"baseline", "avx2", "avx512"};
-
-std::string supportedList() {
-  std::string s;
-  for (int i = 0; i <= int(gBest); i++) s += std::string(i ? ", " : "") + kNames[i];
-  return s;
-}
-
-// Parses a level name ("auto" = the best supported); throws ArgumentError for anything else or for a
-// level this CPU lacks.
-Isa parseIsa(const std::string& name, const char* call) {
-  if (name == "auto") return gBest;
-  for (int i = 0; i < 3; i++) {
-    if (name != kNames[i]) continue;
-    if (i > int(gBest))
-      fail(Err::Argument, std::string(call) + ": this CPU does not support " + name + " (x86-64-" + (i == 2 ? "v4" : "v3") +
-                              "); supported here: " + supportedList() + ", or auto");
-    return Isa(i);
-  }
-  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name +
-                          "'; expected one of auto, baseline, avx2, avx512 (supported here: " + supportedList() + ")");
-}
+constexpr int kLevels = 3;
+// What each level needs of the CPU, for the error that names a level this one lacks.
+const char* const kNeeds[] = {"", "x86-64-v3", "x86-64-v4"};
+// The levels of other architectures this build names in its error (none on x86-64).
+const char* foreignLevel(const std::string&) { return nullptr; }
 
 #elif defined(__aarch64__)
 
@@ -66,28 +50,10 @@ std::atomic<int> gIsa{int(gBest)};
 
 const char* const kNames[] = {"baseline", "neon"};
 constexpr int kLevels = 2;
-
-std::string supportedList() {
-  std::string s;
-  for (int i = 0; i <= int(gBest); i++) s += std::string(i ? ", " : "") + kNames[i];
-  return s;
-}
-
-// Parses a level name ("auto" = the best supported); throws ArgumentError for anything else, for a
-// level this CPU lacks, and, by name, for the x86-64 levels (a setting carried over from an x86 machine).
-Isa parseIsa(const std::string& name, const char* call) {
-  if (name == "auto") return gBest;
-  for (int i = 0; i < kLevels; i++) {
-    if (name != kNames[i]) continue;
-    if (i > int(gBest))
-      fail(Err::Argument, std::string(call) + ": this CPU does not support " + name + " (ASIMD); supported here: " + supportedList() + ", or auto");
-    return Isa(i);
-  }
-  if (name == "avx2" || name == "avx512")
-    fail(Err::Argument, std::string(call) + ": '" + name + "' is an x86-64 level and this is an arm64 (aarch64) build; expected one of auto, " +
-                            "baseline, neon (supported here: " + supportedList() + ")");
-  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name +
-                          "'; expected one of auto, baseline, neon (supported here: " + supportedList() + ")");
+const char* const kNeeds[] = {"", "ASIMD"};
+// The x86-64 levels are refused by name (a setting carried over from an x86 machine).
+const char* foreignLevel(const std::string& name) {
+  return name == "avx2" || name == "avx512" ? "an x86-64 level and this is an arm64 (aarch64) build" : nullptr;
 }
 
 #else
@@ -96,15 +62,36 @@ Isa parseIsa(const std::string& name, const char* call) {
 const Isa gBest = Isa::Baseline;
 std::atomic<int> gIsa{int(gBest)};
 const char* const kNames[] = {"baseline"};
-
-std::string supportedList() { return "baseline"; }
-
-Isa parseIsa(const std::string& name, const char* call) {
-  if (name == "auto" || name == "baseline") return Isa::Baseline;
-  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name + "'; expected one of auto, baseline (supported here: baseline)");
-}
+constexpr int kLevels = 1;
+const char* const kNeeds[] = {""};
+const char* foreignLevel(const std::string&) { return nullptr; }
 
 #endif
+
+std::string supportedList() {
+  std::string s;
+  for (int i = 0; i <= int(gBest); i++) s += std::string(i ? ", " : "") + kNames[i];
+  return s;
+}
+
+// Parses a level name ("auto" = the best supported); throws ArgumentError for anything else, for a
+// level this CPU lacks, and, by name, for another architecture's levels.
+Isa parseIsa(const std::string& name, const char* call) {
+  if (name == "auto") return gBest;
+  for (int i = 0; i < kLevels; i++) {
+    if (name != kNames[i]) continue;
+    if (i > int(gBest))
+      fail(Err::Argument, std::string(call) + ": this CPU does not support " + name + " (" + kNeeds[i] + "); supported here: " + supportedList() +
+                              ", or auto");
+    return Isa(i);
+  }
+  std::string expected = "auto";
+  for (int i = 0; i < kLevels; i++) expected += std::string(", ") + kNames[i];
+  expected += " (supported here: " + supportedList() + ")";
+  if (const char* foreign = foreignLevel(name))
+    fail(Err::Argument, std::string(call) + ": '" + name + "' is " + foreign + "; expected one of " + expected);
+  fail(Err::Argument, std::string(call) + ": unknown instruction-set level '" + name + "'; expected one of " + expected);
+}
 
 }  // namespace
 
