@@ -46,9 +46,7 @@ const MAX_LINES = 600;
  * it may shrink but not grow, and an entry whose file is back under the ceiling fails until it is
  * removed. This list must be emptied; nothing new goes on it.
  */
-const OVER_MAX_LINES: ReadonlyMap<string, number> = new Map([
-  ['lib/plan/memory.ts', 644],
-]);
+const OVER_MAX_LINES: ReadonlyMap<string, number> = new Map<string, number>([]);
 
 const layerOf = new Map<string, number>(LAYERS.flatMap((rooms, i) => rooms.map((r) => [r, i] as const)));
 
