@@ -10,14 +10,14 @@
 // set (Ampere and Hopper SASS, Hopper PTX). Later runs keep the build's set unless NODETRON_CUDA_ARCHS
 // names an architecture it lacks; --force rebuilds for NODETRON_CUDA_ARCHS or the release set, and
 // --release (what `npm pack` runs first) for the release set whatever the environment says.
-import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { aptInstall, dpkgInstalled, has, newest, root, run } from './sys.mjs';
 
-const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const force = process.argv.includes('--force');
 const normArchs = (a) => a.split(/[;,\s]+/).filter(Boolean).join(';');
 // The release set, as CMakeLists.txt defines it (NT_CUDA_RELEASE_ARCHS): one definition for both.
@@ -35,32 +35,6 @@ const wantedCudaArchs = release ? RELEASE_CUDA_ARCHS : envArchs ?? (force ? RELE
 // (a release build, when the tests want one) is kept rather than recompiled.
 const exactArchs = release || force;
 
-function run(cmd, args, opts = {}) {
-  const r = spawnSync(cmd, args, { stdio: 'inherit', cwd: root, ...opts });
-  return r.status === 0;
-}
-function has(cmd) {
-  return spawnSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' }).status === 0;
-}
-function dpkgInstalled(pkg) {
-  try {
-    return execFileSync('dpkg-query', ['-W', '-f=${Status}', pkg], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().includes('install ok installed');
-  } catch {
-    return false;
-  }
-}
-function newest(paths) {
-  let t = 0;
-  const walk = (p) => {
-    if (!existsSync(p)) return;
-    const s = statSync(p);
-    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e));
-    else t = Math.max(t, s.mtimeMs);
-  };
-  paths.forEach((p) => walk(join(root, p)));
-  return t;
-}
-
 // 1. System packages ------------------------------------------------------------------------------
 function systemPackages() {
   const need = ['cmake', 'g++', 'libopenblas-dev', 'libgloo-dev'];
@@ -77,13 +51,7 @@ function systemPackages() {
   const line = `apt-get install -y ${missing.join(' ')}`;
   if (isRoot) {
     log(`installing ${missing.join(', ')} with apt`);
-    const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
-    if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
-      run('apt-get', ['update'], { env });
-      if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
-        throw new Error(`apt could not install ${missing.join(' ')}; run: sudo ${line}`);
-      }
-    }
+    if (!aptInstall(missing)) throw new Error(`apt could not install ${missing.join(' ')}; run: sudo ${line}`);
   } else {
     throw new Error(`missing system packages: ${missing.join(', ')}. Run: sudo apt-get update && sudo ${line}`);
   }

@@ -12,10 +12,11 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { aptInstall, dpkgInstalled, has, newest, root, run } from '../sys.mjs';
 
-export const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export { root };
 export const buildDir = join(root, 'build-arm64');
 const sysroot = join(buildDir, 'sysroot');
 const log = (m) => console.error(`[nodetron arm64] ${m}`);
@@ -25,20 +26,6 @@ export const APT_PACKAGES = ['g++-aarch64-linux-gnu', 'libopenblas-dev:arm64', '
 const GLOO_DEBS = ['libgloo0:arm64', 'libgloo-dev:arm64'];
 /** The exact commands that bring a Debian/Ubuntu x86-64 machine to cross-build (as root). */
 export const APT_LINE = `dpkg --add-architecture arm64 && apt-get update && apt-get install -y --no-install-recommends ${APT_PACKAGES.join(' ')}`;
-
-function has(cmd) {
-  return spawnSync('sh', ['-c', `command -v ${cmd}`], { stdio: 'ignore' }).status === 0;
-}
-function dpkgInstalled(pkg) {
-  try {
-    return execFileSync('dpkg-query', ['-W', '-f=${Status}', pkg], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().includes('install ok installed');
-  } catch {
-    return false;
-  }
-}
-function run(cmd, args, opts = {}) {
-  return spawnSync(cmd, args, { stdio: 'inherit', cwd: root, ...opts }).status === 0;
-}
 
 /** Installs (as root) or names what the cross build needs; throws when it cannot be had. */
 export function ensureToolchain({ qemu = false } = {}) {
@@ -50,13 +37,9 @@ export function ensureToolchain({ qemu = false } = {}) {
   const line = `dpkg --add-architecture arm64 && apt-get update && apt-get install -y --no-install-recommends ${missing.join(' ')}`;
   if (process.getuid?.() !== 0) throw new Error(`the arm64 cross build needs ${missing.join(', ')}. Run as root: ${line}`);
   log(`installing ${missing.join(', ')} with apt`);
-  const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
   const foreign = execFileSync('dpkg', ['--print-foreign-architectures'], { encoding: 'utf8' }).split(/\s+/);
-  if (!foreign.includes('arm64')) run('dpkg', ['--add-architecture', 'arm64'], { env });
-  if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) {
-    run('apt-get', ['update'], { env });
-    if (!run('apt-get', ['install', '-y', '--no-install-recommends', ...missing], { env })) throw new Error(`apt could not install ${missing.join(' ')}; run: ${line}`);
-  }
+  if (!foreign.includes('arm64')) run('dpkg', ['--add-architecture', 'arm64']);
+  if (!aptInstall(missing)) throw new Error(`apt could not install ${missing.join(' ')}; run: ${line}`);
 }
 
 /** Unpacks the arm64 Gloo .debs into build-arm64/sysroot (once) and points its CMake package there. */
@@ -78,18 +61,6 @@ function glooSysroot() {
   const text = readFileSync(config, 'utf8');
   writeFileSync(config, text.replaceAll('"/usr/lib/', `"${sysroot}/usr/lib/`));
   log(`unpacked ${files.join(', ')} into ${sysroot.replace(root + '/', '')}`);
-}
-
-function newest(paths) {
-  let t = 0;
-  const walk = (p) => {
-    if (!existsSync(p)) return;
-    const s = statSync(p);
-    if (s.isDirectory()) for (const e of readdirSync(p)) walk(join(p, e));
-    else t = Math.max(t, s.mtimeMs);
-  };
-  paths.forEach((p) => walk(join(root, p)));
-  return t;
 }
 
 /** Cross-builds build-arm64/nodetron.node when the sources are newer than it; returns its path. */
