@@ -28,35 +28,26 @@ def between(text, start, end):
     return text[a:b]
 common=open(SRC+'common.cuh').read()
 open(os.path.join(OUT,'native/cuda/kernels/common.cuh'),'w').write(launches(common))
-parts=[]
-r=open(SRC+'reduce.cu').read()
-parts.append(between(r,'// The general case: one thread per output element','// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)\n//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed'))
-e=open(SRC+'elementwise.cu').read()
-parts.append(between(e,'__device__ __forceinline__ float binary(int op','// binary(op, a, b, out, dtype, outShape'))
-g=open(SRC+'gelu.cu').read()
-parts.append(between(g,'__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'))
-parts.append(between(g,'// pre += bias per column','// Host helpers for gemm.cu'))
-# The epilogue fallbacks of gemm.cu: the bgrad column reader (its host code calls the kernels above).
-gm=open(SRC+'gemm.cu').read()
-parts.append(between(gm,'// Row i of op(A) for transA','static const char* epilogueName'))
-nm=open(SRC+'norm.cu').read()
-parts.append(between(nm,'// Forward of one row','// ---- the cpu backend'))
-# The row kernels with 16-byte packs: softmax.cuh's row pieces, softmax and cross-entropy.
-sh=open(SRC+'softmax.cuh').read()
-parts.append(between(sh,'// log(sum(exp(row)))','}  // namespace nt::cuda'))
-sm=open(SRC+'softmax.cu').read()
-parts.append(between(sm,'template <typename T, int W>\n__global__ void softmaxForwardKernel','// ---- the cpu backend'))
-ce=open(SRC+'cross_entropy.cu').read()
-parts.append(between(ce,'template <typename T, int W>\n__global__ void crossEntropyForwardKernel','// ---- the cpu backend'))
-c=open(SRC+'convert.cu').read()
-parts.append(between(c,'// Elements per access of castKernel','template <typename T>\n__global__ void arangeKernel'))
-o=open(SRC+'optim.cu').read()
-parts.append(between(o,'// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'))
-parts.append(between(o,'constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'))
-sw=open(SRC+'swiglu.cu').read()
-parts.append(between(sw,'__device__ __forceinline__ float sigmoidF','NT_CUDA_KERNEL("swiglu_forward"'))
-rp=open(SRC+'rope.cu').read()
-parts.append(between(rp,'// One thread per (row, i < half) pair','// rope(inp, out, positions|null'))
+# The pieces of each .cu file, in order: (file, the text a piece starts with, the text that follows it).
+CUTS=[
+    ('reduce.cu','// The general case: one thread per output element','// sum_to(inp, out, dtype, inShape: Int32Array, outStrides: Int32Array, outCount)\n//   out[Σ idx_d·outStrides_d] += inp[idx] over inShape, out first zeroed'),
+    ('elementwise.cu','__device__ __forceinline__ float binary(int op','// binary(op, a, b, out, dtype, outShape'),
+    ('gelu.cu','__device__ __forceinline__ float geluTanh','// gelu_forward(inp, out, n, dtype)'),
+    ('gelu.cu','// pre += bias per column','// Host helpers for gemm.cu'),
+    # The epilogue fallbacks of gemm.cu: the bgrad column reader (its host code calls the kernels above).
+    ('gemm.cu','// Row i of op(A) for transA','static const char* epilogueName'),
+    ('norm.cu','// Forward of one row','// ---- the cpu backend'),
+    # The row kernels with 16-byte packs: softmax.cuh's row pieces, softmax and cross-entropy.
+    ('softmax.cuh','// log(sum(exp(row)))','}  // namespace nt::cuda'),
+    ('softmax.cu','template <typename T, int W>\n__global__ void softmaxForwardKernel','// ---- the cpu backend'),
+    ('cross_entropy.cu','template <typename T, int W>\n__global__ void crossEntropyForwardKernel','// ---- the cpu backend'),
+    ('convert.cu','// Elements per access of castKernel','template <typename T>\n__global__ void arangeKernel'),
+    ('optim.cu','// x *= alpha (map3Kernel functor','// The tensors of sum_squares and scale_in_place'),
+    ('optim.cu','constexpr int64_t kChunk','// Runs AdamW (or LAMB) over'),
+    ('swiglu.cu','__device__ __forceinline__ float sigmoidF','NT_CUDA_KERNEL("swiglu_forward"'),
+    ('rope.cu','// One thread per (row, i < half) pair','// rope(inp, out, positions|null'),
+]
+parts=[between(open(SRC+f).read(), a, b) for f, a, b in CUTS]
 # The op codes come from native/core/op_codes.h (both backends compile it; run.sh copies it).
 body='#include "native/core/op_codes.h"\n#include "native/cuda/kernels/common.cuh"\nnamespace nt::cuda {\n'+launches('\n'.join(parts))+'\n}\n'
 open(os.path.join(OUT,'kernels_emu.h'),'w').write(body)
