@@ -11,8 +11,8 @@ import { CommError } from '../../lib/errors.js';
 import { createStore, ProcessGroup, StoreServer, type Store } from '../../lib/distributed/index.js';
 import { createNcclBackend, NCCL_PENDING, type NcclAddon, type NcclBackend, type NcclNativeComm } from '../../lib/internal.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
+import { type Buf, CollectiveCalls, ELEMENT_BYTES, reduceElement } from '../helpers/nccl-double.js';
 
-type Buf = { s: NativeStorage; off: number };
 interface Post {
   kind: string;
   rank: number;
@@ -27,23 +27,15 @@ interface Post {
 interface P2P { rank: number; peer: number; buf: Buf; count: number; dtype: number; done: boolean; isSend: boolean }
 type Item = { collective: Post } | { p2p: P2P };
 
-const ELEMENT = [4, 2, 2, 4, 1];
 function readAt(b: Buf, dtype: number, count: number): number[] {
   if (dtype !== 0 && dtype !== 3) throw new Error(`fake nccl: dtype ${dtype} not supported (f32, i32)`);
   const a = dtype === 0 ? new Float32Array(count) : new Int32Array(count);
-  if (count > 0) cpu().read(b.s, b.off * ELEMENT[dtype]!, a);
+  if (count > 0) cpu().read(b.s, b.off * ELEMENT_BYTES[dtype]!, a);
   return Array.from(a);
 }
 function writeAt(b: Buf, dtype: number, values: number[]): void {
   const a = dtype === 0 ? Float32Array.from(values) : Int32Array.from(values, (v) => Math.trunc(v));
-  if (values.length > 0) cpu().write(b.s, b.off * ELEMENT[dtype]!, a);
-}
-function reduce(op: number, xs: number[], dtype: number): number {
-  if (op === 2) return Math.max(...xs);
-  if (op === 3) return Math.min(...xs);
-  if (op === 4) return xs.reduce((a, b) => a * b, 1);
-  const s = xs.reduce((a, b) => a + b, 0);
-  return op === 1 ? (dtype === 3 ? Math.trunc(s / xs.length) : s / xs.length) : s;
+  if (values.length > 0) cpu().write(b.s, b.off * ELEMENT_BYTES[dtype]!, a);
 }
 
 /** Shared by the fake communicators of one unique id. */
@@ -68,7 +60,7 @@ class Fabric {
     }
     const n = this.size, c = first!.count, dt = first!.dtype, byRank = [...posts].sort((a, b) => a.rank - b.rank);
     const inputs = byRank.map((p) => readAt(p.send, dt, first!.kind === 'reduceScatter' || first!.kind === 'allToAll' ? c * n : c));
-    const reduced = (len: number): number[] => Array.from({ length: len }, (_, i) => reduce(first!.op!, inputs.map((x) => x[i]!), dt));
+    const reduced = (len: number): number[] => Array.from({ length: len }, (_, i) => reduceElement(first!.op!, inputs.map((x) => x[i]!), dt));
     for (const p of byRank) {
       switch (p.kind) {
         case 'allReduce': writeAt(p.recv, dt, reduced(c)); break;
@@ -102,7 +94,7 @@ class Fabric {
 const fabrics = new Map<string, Fabric>();
 
 /** One rank's fake communicator; `hang` makes its ops never complete. */
-export class FakeComm implements NcclNativeComm {
+export class FakeComm extends CollectiveCalls implements NcclNativeComm {
   readonly fabric: Fabric;
   #next = 0;
   #group: Item[] | undefined;
@@ -110,6 +102,7 @@ export class FakeComm implements NcclNativeComm {
   destroyed = false;
 
   constructor(private readonly addon: FakeNccl, id: Uint8Array, readonly rank: number, readonly size: number, readonly device: number) {
+    super();
     const key = Buffer.from(id).toString('hex');
     let f = fabrics.get(key);
     if (!f) { f = new Fabric(size); fabrics.set(key, f); }
@@ -138,7 +131,7 @@ export class FakeComm implements NcclNativeComm {
     return this.addon.newEvent(this, items);
   }
 
-  #post(kind: string, send: Buf, recv: Buf, count: number, dtype: number, op?: number, root?: number): number {
+  protected override postCollective(kind: string, send: Buf, recv: Buf, count: number, dtype: number, op?: number, root?: number): number {
     this.#live();
     this.addon.calls.push(kind);
     const k = this.#next++;
@@ -158,24 +151,6 @@ export class FakeComm implements NcclNativeComm {
     return this.#finish([it]);
   }
 
-  allReduce(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number): number {
-    return this.#post('allReduce', { s, off: so }, { s: r, off: ro }, n, dt, op);
-  }
-  broadcast(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, root: number): number {
-    return this.#post('broadcast', { s, off: so }, { s: r, off: ro }, n, dt, undefined, root);
-  }
-  reduce(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number, root: number): number {
-    return this.#post('reduce', { s, off: so }, { s: r, off: ro }, n, dt, op, root);
-  }
-  allGather(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number): number {
-    return this.#post('allGather', { s, off: so }, { s: r, off: ro }, n, dt);
-  }
-  reduceScatter(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number): number {
-    return this.#post('reduceScatter', { s, off: so }, { s: r, off: ro }, n, dt, op);
-  }
-  allToAll(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number): number {
-    return this.#post('allToAll', { s, off: so }, { s: r, off: ro }, n, dt);
-  }
   send(b: NativeStorage, off: number, n: number, dt: number, peer: number): number { return this.#postP2P(true, { s: b, off }, n, dt, peer); }
   recv(b: NativeStorage, off: number, n: number, dt: number, peer: number): number { return this.#postP2P(false, { s: b, off }, n, dt, peer); }
   groupStart(): void { this.#live(); this.addon.calls.push('groupStart'); this.#group = []; }
