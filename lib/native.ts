@@ -101,6 +101,9 @@ export interface BackendKernels {
   rmsnorm_backward(x: S, weight: S, rstd: S, gradOut: S, gradX: S, gradW: S, rows: number, cols: number, dtype: number): void;
   adamw_step(params: S[], grads: S[], expAvg: S[], expAvgSq: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
     lr: number, beta1: number, beta2: number, eps: number, weightDecay: number, step: number, gradScale: number, biasCorrection?: boolean): void;
+  /** adamw_step with lr (f64) and step (i32) read from `meta`, a 16-byte device tensor, when the kernel runs (a captured graph replays with new values). */
+  adamw_step_meta(params: S[], grads: S[], expAvg: S[], expAvgSq: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
+    meta: S, beta1: number, beta2: number, eps: number, weightDecay: number, gradScale: number): void;
   lamb_step(params: S[], grads: S[], expAvg: S[], expAvgSq: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
     lr: number, beta1: number, beta2: number, eps: number, weightDecay: number, step: number, gradScale: number, biasCorrection?: boolean): Float64Array;
   sgd_step(params: S[], grads: S[], momentumBufs: S[], counts: number[], paramDtypes: number[], gradDtypes: number[],
@@ -117,7 +120,7 @@ export const BACKEND_KERNELS = Object.keys({
   cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
   flash_attention_forward: 1, flash_attention_backward: 1,
   embedding_forward: 1, embedding_backward: 1, layernorm_forward: 1, add_layernorm_forward: 1, layernorm_backward: 1, rmsnorm_forward: 1, rmsnorm_backward: 1,
-  adamw_step: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
+  adamw_step: 1, adamw_step_meta: 1, lamb_step: 1, sgd_step: 1, sum_squares: 1, scale_in_place: 1,
 } satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];
 
 /**
