@@ -11,12 +11,10 @@ import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from '
 import { join } from 'node:path';
 import type { NcclAddon, NcclNativeComm } from '../../lib/internal.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
+import { type Buf, CollectiveCalls, ELEMENT_BYTES, reduceElement } from './nccl-double.js';
 
-const BYTES = [4, 2, 2, 4, 1];
 const sleeper = new Int32Array(new SharedArrayBuffer(4));
 
-/** A buffer of an op: a storage and an element offset. */
-interface Buf { s: NativeStorage; off: number }
 interface Header { kind: string; count: number; dtype: number; op: number; root: number }
 
 /** One posted op of a communicator; done once its result is in place. */
@@ -26,12 +24,12 @@ type Item =
   | { kind: 'recv'; file: string; buf: Buf; count: number; dtype: number; done: boolean };
 
 function readBytes(b: Buf, dtype: number, count: number): Buffer {
-  const out = Buffer.alloc(count * BYTES[dtype]!);
-  if (count > 0) cpu().read(b.s, b.off * BYTES[dtype]!, out);
+  const out = Buffer.alloc(count * ELEMENT_BYTES[dtype]!);
+  if (count > 0) cpu().read(b.s, b.off * ELEMENT_BYTES[dtype]!, out);
   return out;
 }
 function writeBytes(b: Buf, dtype: number, bytes: Uint8Array): void {
-  if (bytes.byteLength > 0) cpu().write(b.s, b.off * BYTES[dtype]!, bytes);
+  if (bytes.byteLength > 0) cpu().write(b.s, b.off * ELEMENT_BYTES[dtype]!, bytes);
 }
 function numbers(bytes: Buffer, dtype: number): Float32Array | Int32Array {
   const copy = Uint8Array.from(bytes);
@@ -39,18 +37,11 @@ function numbers(bytes: Buffer, dtype: number): Float32Array | Int32Array {
   if (dtype === 3) return new Int32Array(copy.buffer);
   throw new Error(`file nccl: reductions of dtype code ${dtype} are not supported (f32, i32)`);
 }
-function reduce(op: number, xs: number[], dtype: number): number {
-  if (op === 2) return Math.max(...xs);
-  if (op === 3) return Math.min(...xs);
-  if (op === 4) return xs.reduce((a, b) => a * b, 1);
-  const s = xs.reduce((a, b) => a + b, 0);
-  return op === 1 ? (dtype === 3 ? Math.trunc(s / xs.length) : s / xs.length) : s;
-}
 /** `n` elements of the reduction over the inputs, from element `from` of each. */
 function reduced(inputs: Buffer[], h: Header, from: number, n: number): Uint8Array {
   const arrays = inputs.map((b) => numbers(b, h.dtype));
   const out = h.dtype === 0 ? new Float32Array(n) : new Int32Array(n);
-  for (let i = 0; i < n; i++) out[i] = reduce(h.op, arrays.map((a) => a[from + i]!), h.dtype);
+  for (let i = 0; i < n; i++) out[i] = reduceElement(h.op, arrays.map((a) => a[from + i]!), h.dtype);
   return new Uint8Array(out.buffer);
 }
 
@@ -60,7 +51,7 @@ function publish(path: string, data: Uint8Array): void {
 }
 
 /** One rank's communicator over the directory of its unique id. */
-class FileComm implements NcclNativeComm {
+class FileComm extends CollectiveCalls implements NcclNativeComm {
   readonly #dir: string;
   #seq = 0;
   readonly #sends = new Map<number, number>();
@@ -69,6 +60,7 @@ class FileComm implements NcclNativeComm {
   #broken: string | undefined;
 
   constructor(private readonly addon: FileNccl, id: Uint8Array, readonly rank: number, readonly size: number, readonly device: number) {
+    super();
     this.#dir = join(addon.dir, Buffer.from(id).toString('hex').slice(0, 32));
     mkdirSync(this.#dir, { recursive: true });
     publish(join(this.#dir, `join.${rank}`), new Uint8Array(0));
@@ -76,7 +68,7 @@ class FileComm implements NcclNativeComm {
 
   #file(seq: number, rank: number): string { return join(this.#dir, `c${seq}.${rank}`); }
 
-  #post(kind: string, send: Buf, recv: Buf, count: number, dtype: number, op = -1, root = -1): number {
+  protected override postCollective(kind: string, send: Buf, recv: Buf, count: number, dtype: number, op = -1, root = -1): number {
     this.#live();
     const seq = this.#seq++;
     const header: Header = { kind, count, dtype, op, root };
@@ -115,7 +107,7 @@ class FileComm implements NcclNativeComm {
       }
       return raw.subarray(nl + 1);
     });
-    const size = BYTES[h.dtype]!, c = h.count;
+    const size = ELEMENT_BYTES[h.dtype]!, c = h.count;
     switch (h.kind) {
       case 'allReduce': writeBytes(it.recv, h.dtype, reduced(inputs, h, 0, c)); break;
       case 'broadcast': writeBytes(it.recv, h.dtype, inputs[h.root]!); break;
@@ -143,24 +135,6 @@ class FileComm implements NcclNativeComm {
     }
   }
 
-  allReduce(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number): number {
-    return this.#post('allReduce', { s, off: so }, { s: r, off: ro }, n, dt, op);
-  }
-  broadcast(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, root: number): number {
-    return this.#post('broadcast', { s, off: so }, { s: r, off: ro }, n, dt, -1, root);
-  }
-  reduce(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number, root: number): number {
-    return this.#post('reduce', { s, off: so }, { s: r, off: ro }, n, dt, op, root);
-  }
-  allGather(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number): number {
-    return this.#post('allGather', { s, off: so }, { s: r, off: ro }, n, dt);
-  }
-  reduceScatter(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number, op: number): number {
-    return this.#post('reduceScatter', { s, off: so }, { s: r, off: ro }, n, dt, op);
-  }
-  allToAll(s: NativeStorage, so: number, r: NativeStorage, ro: number, n: number, dt: number): number {
-    return this.#post('allToAll', { s, off: so }, { s: r, off: ro }, n, dt);
-  }
   send(b: NativeStorage, off: number, n: number, dt: number, peer: number): number {
     this.#live();
     const i = this.#sends.get(peer) ?? 0;
