@@ -127,3 +127,41 @@ export function gptTensorParallelSlice(name: string, full: Float32Array, shape: 
   }
   return full;
 }
+
+/**
+ * Checks a parallel run's ranks against the single-process reference `expected`, as the GPT layout
+ * suites do: every rank's losses and gradient norms within `tolerance` of the reference's (relative to
+ * the whole vector); every parameter a rank holds (its tensor-parallel part, gptTensorParallelSlice)
+ * within `paramTolerance` of the model's scale; copies of a parameter on several ranks identical bit
+ * for bit; every parameter (every slice of a split one) held by some rank; and the reference's
+ * parameters moved far more than the tolerance (so agreement is not two copies of the initialization).
+ */
+export function expectMatchesReference(expected: RankResult, ranks: RankResult[], tolerance: number, paramTolerance: number): void {
+  // Parameters are compared at the scale of the whole model's (as one vector): a zero-initialized
+  // bias is tiny after 3 steps, and Adam's sign-like update for near-zero gradients magnifies f32 noise.
+  const scale = Math.max(...[...expected.params.values()].map(maxAbs));
+  const tp = Math.max(...ranks.map((r) => r.coords.tp)) + 1;
+  const held = new Set<string>();
+  for (const r of ranks) {
+    expect(relDiff(r.losses, expected.losses), `losses on rank ${r.rank}`).toBeLessThan(tolerance);
+    expect(relDiff(r.gradNorms, expected.gradNorms), `grad norms on rank ${r.rank}`).toBeLessThan(tolerance);
+    for (const [n, values] of r.params) {
+      const full = expected.params.get(n);
+      expect(full, `${n} on rank ${r.rank}`).toBeDefined();
+      const want = gptTensorParallelSlice(n, full!, expected.shapes.get(n)!, tp, r.coords.tp);
+      const isSlice = want.length < full!.length;
+      held.add(isSlice ? `${n} [tp ${r.coords.tp}]` : n);
+      expect(maxDiff(values, want) / scale, `${n} on rank ${r.rank}`).toBeLessThan(paramTolerance);
+      // Copies stay identical bit for bit (data-parallel replicas, the tied embedding on the first and
+      // last stage, parameters every tensor-parallel rank holds whole).
+      for (const other of ranks) {
+        const copy = other.params.get(n);
+        if (copy && (!isSlice || other.coords.tp === r.coords.tp)) expect(maxDiff(values, copy), `${n}: rank ${r.rank} vs rank ${other.rank}`).toBe(0);
+      }
+    }
+  }
+  const slices = (n: string) => gptTensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, 0).length < expected.params.get(n)!.length;
+  const wanted = [...expected.params.keys()].flatMap((n) => (slices(n) ? Array.from({ length: tp }, (_, t) => `${n} [tp ${t}]`) : [n]));
+  expect([...held].sort()).toEqual(wanted.sort());
+  expect(expected.paramChange).toBeGreaterThan(100 * paramTolerance);
+}

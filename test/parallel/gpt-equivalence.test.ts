@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError, parallel } from '../../lib/index.js';
-import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, expectReferenceTrains, gptTensorParallelSlice, maxAbs, maxDiff, relDiff, root } from '../helpers/equivalence.js';
+import { type RankResult as BaseRankResult, type Trained as BaseTrained, equivalenceRunner, expectMatchesReference, expectReferenceTrains, root } from '../helpers/equivalence.js';
 import { QUEUED_TEST_TIMEOUT_MS } from '../helpers/jobs.js';
 
 const script = join(root, 'test', 'fixtures', 'parallel', 'gpt-train.ts');
@@ -95,36 +95,7 @@ describe('parallel GPT equivalence (launcher + Gloo)', () => {
   it.each(Object.keys(layouts))('%s matches the single process step by step', async (name) => {
     const [ref, run] = await Promise.all([FOUR_LAYERS.has(name) ? single4 : single, layouts[name as keyof typeof layouts]]);
     expect(run.code, run.output).toBe(0);
-    const expected = ref.ranks[0]!;
-    // Parameters are compared at the scale of the whole model's (as one vector): a zero-initialized
-    // bias is tiny after 3 steps, and Adam's sign-like update for near-zero gradients magnifies f32 noise.
-    const scale = Math.max(...[...expected.params.values()].map(maxAbs));
-    const held = new Set<string>();
-    const tp = Math.max(...run.ranks.map((r) => r.coords.tp)) + 1;
-    for (const r of run.ranks) {
-      expect(relDiff(r.losses, expected.losses)).toBeLessThan(TOLERANCE);
-      expect(relDiff(r.gradNorms, expected.gradNorms)).toBeLessThan(TOLERANCE);
-      for (const [n, values] of r.params) {
-        const want = expected.params.get(n);
-        expect(want, `${n} on rank ${r.rank}`).toBeDefined();
-        const slice = gptTensorParallelSlice(n, want!, expected.shapes.get(n)!, tp, r.coords.tp);
-        const isSlice = slice.length < want!.length;
-        held.add(isSlice ? `${n} [tp ${r.coords.tp}]` : n);
-        expect(maxDiff(values, slice) / scale, `${n} on rank ${r.rank}`).toBeLessThan(PARAM_TOLERANCE);
-        // Copies stay identical bit for bit (data-parallel replicas, the tied embedding on the first and
-        // last stage, parameters every tensor-parallel rank holds whole).
-        for (const other of run.ranks) {
-          const copy = other.params.get(n);
-          if (copy && (!isSlice || other.coords.tp === r.coords.tp)) expect(maxDiff(values, copy), `${n}: rank ${r.rank} vs rank ${other.rank}`).toBe(0);
-        }
-      }
-    }
-    // Every parameter of the model (every slice of a split one) is held and trained by some rank.
-    const slices = (n: string) => gptTensorParallelSlice(n, expected.params.get(n)!, expected.shapes.get(n)!, tp, 0).length < expected.params.get(n)!.length;
-    const wanted = [...expected.params.keys()].flatMap((n) => (slices(n) ? Array.from({ length: tp }, (_, t) => `${n} [tp ${t}]`) : [n]));
-    expect([...held].sort()).toEqual(wanted.sort());
-    // The parameters moved far more than the tolerance, so agreement is not two copies of the initialization.
-    expect(expected.paramChange).toBeGreaterThan(100 * PARAM_TOLERANCE);
+    expectMatchesReference(ref.ranks[0]!, run.ranks, TOLERANCE, PARAM_TOLERANCE);
   }, QUEUED_TEST_TIMEOUT_MS);
 
   it('ZeRO 1 and 2 reduce-scatter every gradient bucket from the hooks during backward: stage 1 once per step, stage 2 once per micro-batch', async () => {
