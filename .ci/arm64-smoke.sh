@@ -34,8 +34,8 @@ if [ ! -x "$ARM_NODE" ]; then
   tar -xzf "build-arm64/node/$major/$tgz" -C "build-arm64/node/$major" package/bin/node || fail "unpacking $tgz"
   rm -f "build-arm64/node/$major/$tgz"
 fi
-# qemu-user runs the binary; the arm64 C library comes from Debian's multiarch libc6:arm64 (installed
-# with the arm64 packages), so no -L prefix is needed.
+# qemu-user runs the binary; the arm64 C and C++ runtimes come from Debian's multiarch libc6:arm64 and
+# libstdc++6:arm64 (build.mjs --qemu installs them), so no -L prefix is needed.
 arm64() { timeout 600 "$QEMU" "$ARM_NODE" "$@"; }
 [ "$(arm64 -p process.arch 2>/dev/null)" = arm64 ] || fail "the arm64 node does not run under qemu"
 

@@ -3,7 +3,7 @@
 // on an x86-64 Debian/Ubuntu machine, into build-arm64/ (never build/, which stays this machine's own
 // build), with the toolchain file cmake/aarch64-linux-gnu.cmake. scripts/setup.mjs --release (what
 // `npm pack` runs) calls it, and scripts/prebuild.mjs then collects prebuilds/linux-arm64/ from it.
-//   node scripts/arm64/build.mjs [--qemu]   (--qemu: also make sure qemu-user-static is there, for the smoke)
+//   node scripts/arm64/build.mjs [--qemu]   (--qemu: also make sure qemu-user-static and the arm64 C/C++ runtimes are there, for the smoke)
 // What it needs, installed with apt when run as root (else it fails naming the exact commands):
 //   g++-aarch64-linux-gnu, and through Debian's multiarch libopenblas-dev:arm64, libhiredis-dev:arm64,
 //   libibverbs-dev:arm64 (Gloo's dependencies). Debian's libgloo-dev is not multiarch: installing
@@ -31,7 +31,9 @@ export const APT_LINE = `dpkg --add-architecture arm64 && apt-get update && apt-
 export function ensureToolchain({ qemu = false } = {}) {
   if (process.platform !== 'linux' || process.arch !== 'x64') throw new Error(`the arm64 cross build runs on linux-x64 (this is ${process.platform}-${process.arch})`);
   if (!has('dpkg-query') || !has('apt-get')) throw new Error('the arm64 cross build needs a Debian/Ubuntu machine (dpkg, apt): install an aarch64-linux-gnu cross g++, arm64 OpenBLAS and Gloo, then build with cmake/aarch64-linux-gnu.cmake');
-  const wanted = [...APT_PACKAGES, ...(qemu ? ['qemu-user-static'] : [])];
+  // Under qemu-user the arm64 Node.js and the addon load their C and C++ runtimes from Debian's multiarch
+  // libc6:arm64 and libstdc++6:arm64; no arm64 package above depends on libstdc++6, so it is named here.
+  const wanted = [...APT_PACKAGES, ...(qemu ? ['qemu-user-static', 'libc6:arm64', 'libstdc++6:arm64'] : [])];
   const missing = wanted.filter((p) => !dpkgInstalled(p));
   if (!missing.length) return;
   const line = `dpkg --add-architecture arm64 && apt-get update && apt-get install -y --no-install-recommends ${missing.join(' ')}`;
