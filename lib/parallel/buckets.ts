@@ -31,6 +31,17 @@ function splitIntoBuckets(order: readonly Tensor[], bucketBytes: number): Tensor
   return runs;
 }
 
+/** The engine each bucket belongs to (engineOf finds a GradBuffer's engine through its buckets). */
+const engines = new WeakMap<object, GradientBuckets<unknown>>();
+
+/**
+ * The engine that owns `bucket`, for owners such as GradBuffer that show their buckets but not their
+ * engine (in-job recovery abandons its step and reads or sets its bucket order); undefined for none.
+ */
+export function engineOf(bucket: object): GradientBuckets<unknown> | undefined {
+  return engines.get(bucket);
+}
+
 /** One bucket: a run of parameters, the flat buffer their gradients are packed into, and its collective in flight. */
 export class Bucket<L> {
   /** Parameters whose gradient is in `flat` this round (with one round per step: this step). */
@@ -172,6 +183,7 @@ export class GradientBuckets<L> {
     this.#buckets = runs.map(([ps, deferred], index) => {
       const b = new Bucket(index, ps, sync.layout(ps), deferred);
       ps.forEach((p, i) => this.#where.set(p, [b, i]));
+      engines.set(b, this as GradientBuckets<unknown>);
       return b;
     });
   }
@@ -264,7 +276,15 @@ export class GradientBuckets<L> {
   #settleBlocking(limit: number): void {
     while (this.#inFlight.length > limit && this.#inFlight[0]!.work.waitSync) {
       const r = this.#inFlight.shift()!;
-      r.work.waitSync!();
+      try {
+        r.work.waitSync!();
+      } catch (e) {
+        // Failed (the step is abandoned): its buffers go now (the Work pins their storage until it settles).
+        if (r.bucket.work === r.work) r.bucket.work = null;
+        r.flat.dispose();
+        if (r.out !== r.flat) r.out.dispose();
+        throw e;
+      }
       this.#settle(r);
     }
   }
@@ -334,6 +354,55 @@ export class GradientBuckets<L> {
     for (const r of this.#inFlight) r.discard = true;
     this.#settleBlocking(0);
     this.#resetStep();
+  }
+
+  /**
+   * Abandons the step after a collective failed (in-job recovery: the communicator is dead, so
+   * nothing is awaited): the buffers being filled and the collectives in flight are let go (a Work
+   * pins its tensors' storage until it settles, so freeing them now is safe), the strategy drops what
+   * it keeps per step (discard), marks and flags are reset, noSync() holds are cleared, and a first
+   * step's readiness order, if it was being recorded, starts again. Never throws.
+   */
+  abandon(): void {
+    for (const b of this.#buckets) { b.flat?.dispose(); b.flat = null; b.work = null; }
+    for (const r of this.#inFlight) {
+      r.flat.dispose();
+      if (r.out !== r.flat) r.out.dispose();
+    }
+    this.#inFlight.length = 0;
+    this.#options.sync.discard?.(this.#buckets);
+    this.#syncDisabled = 0;
+    if (this.#recording && this.#readyOrder) this.#readyOrder = [];
+    this.#resetStep();
+  }
+
+  /**
+   * The bucket order as indices into the parameters (what a replacement process needs to issue the
+   * same collectives as ranks that have rebuilt their buckets), and whether the first step's rebuild
+   * is still to come.
+   */
+  orderState(): { order: number[]; rebuilt: boolean } {
+    const index = new Map(this.#params.map((p, i) => [p, i]));
+    return { order: this.#buckets.flatMap((b) => b.params.map((p) => index.get(p)!)), rebuilt: this.#readyOrder === null };
+  }
+
+  /**
+   * Takes another rank's bucket order (orderState()): rebuilds the buckets in it when it was rebuilt
+   * there, so this engine launches the same collectives in the same order. Between steps only.
+   */
+  loadOrderState(s: { order: number[]; rebuilt: boolean }): void {
+    const n = this.#params.length;
+    if (!Array.isArray(s?.order) || s.order.length !== n || new Set(s.order).size !== n || s.order.some((i) => !Number.isInteger(i) || i < 0 || i >= n)) {
+      throw new StateError(`${this.#options.name}: a bucket order must list each of the ${n} parameters once`);
+    }
+    if (this.#inFlight.length > 0 || this.#buckets.some((b) => b.flat !== null)) throw new StateError(`${this.#options.name}: the bucket order can change only between steps`);
+    if (!s.rebuilt) return;
+    this.#readyOrder = null;
+    this.#recording = false;
+    const current = this.orderState().order;
+    if (current.every((i, k) => i === s.order[k])) return;
+    // The deferred parameters keep their own buckets at the end (#assign puts them there again).
+    this.#assign(s.order.map((i) => this.#params[i]!));
   }
 
   /** Bytes of collective inputs (being filled or in flight) and of results in flight apart from their inputs. */

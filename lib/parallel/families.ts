@@ -15,6 +15,7 @@ import type { Parameter } from '../nn/module.js';
 import { moeLayers } from '../nn/moe.js';
 import type { Tensor } from '../tensor.js';
 import { traceSpan } from '../observe/trace.js';
+import { engineOf } from './buckets.js';
 import { GradBuffer } from './data-parallel/buffer.js';
 import type { ParallelState } from './mesh.js';
 import type { PipelineModule } from './pipeline/gpt-stage.js';
@@ -245,6 +246,50 @@ export function zeroFamilyGrads<H extends { lr: number }>(families: readonly Par
     if (!done.has(owner)) owner.zeroGrad();
     done.add(owner);
   }
+}
+
+/**
+ * Abandons a step that failed midway (a collective failed; in-job recovery): every family's
+ * collectives in flight are let go unawaited (the communicator is dead), bucket marks and holds
+ * reset, ZeRO 3's gathered parameters released, every gradient dropped. Never throws for a family
+ * with nothing in flight.
+ */
+export function abandonFamilies<H extends { lr: number }>(families: readonly ParamFamily<H>[]): void {
+  const done = new Set<unknown>();
+  for (const f of families) {
+    if (f.sync.kind === 'buckets') { const b = f.sync.buffer.buckets[0]; if (b) engineOf(b)?.abandon(); }
+    const zero = zeroOf(f);
+    if (zero) zero.abandonStep();
+    const owner = zero ?? f.optimizer;
+    if (!done.has(owner)) owner.zeroGrad();
+    done.add(owner);
+  }
+}
+
+/** A family's gradient bucket order (plain buckets or ZeRO 1/2's; null for none): what a replacement process must launch in. */
+export interface BucketOrder {
+  /** Bucketed parameters, as indices into the engine's parameter list, in bucket order. */
+  order: number[];
+  /** Whether the buckets were rebuilt after the first step (in the order its gradients were ready). */
+  rebuilt: boolean;
+}
+
+/** Each family's bucket order, in family order (null where the family has no buckets). */
+export function familyBucketOrders<H extends { lr: number }>(families: readonly ParamFamily<H>[]): (BucketOrder | null)[] {
+  return families.map((f) => {
+    if (f.sync.kind === 'buckets') { const b = f.sync.buffer.buckets[0]; return b ? engineOf(b)?.orderState() ?? null : null; }
+    return zeroOf(f)?.bucketOrder() ?? null;
+  });
+}
+
+/** Takes the bucket orders familyBucketOrders() gave on another process of the same layout (between steps). */
+export function loadFamilyBucketOrders<H extends { lr: number }>(families: readonly ParamFamily<H>[], orders: readonly (BucketOrder | null)[]): void {
+  families.forEach((f, i) => {
+    const o = orders[i];
+    if (!o) return;
+    if (f.sync.kind === 'buckets') { const b = f.sync.buffer.buckets[0]; if (b) engineOf(b)?.loadOrderState(o); }
+    zeroOf(f)?.loadBucketOrder(o);
+  });
 }
 
 /** Frees the families' ZeRO shards, optimizers and gradient buffers (each once). */

@@ -7,7 +7,7 @@
 // reduces (loss, counted tokens, norm) goes on the group's agreement device, so NCCL-only groups work.
 // The option checks are trainer-checks.ts's.
 import { autocast } from '../amp.js';
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, StateError } from '../errors.js';
 import { memoryStats, scope } from '../memory.js';
 import { scale, slice } from '../ops/index.js';
 import { clipFactor } from '../optim/clip.js';
@@ -23,7 +23,7 @@ import { busyWaitCpu, cpuNowMs, debugSlowdown, metricsEnabled, recordStepMetrics
 import type { ContextParallelMode, PipelineScheduleName } from './layout.js';
 import { contextSlice } from './context-parallel/gpt.js';
 import {
-  buildFamilies, disposeFamilies, familiesGradNorm, finishBucketSync, finishShardedSync, holdingSync, optimizersOf, scaleFamilyGrads, updateFamilies, zeroFamilyGrads, zeroOf,
+  abandonFamilies, buildFamilies, disposeFamilies, familyBucketOrders, loadFamilyBucketOrders, type BucketOrder, familiesGradNorm, finishBucketSync, finishShardedSync, holdingSync, optimizersOf, scaleFamilyGrads, updateFamilies, zeroFamilyGrads, zeroOf,
   type ParamFamily,
 } from './families.js';
 import type { ParallelState } from './mesh.js';
@@ -119,6 +119,19 @@ export interface ParallelTrainerOptions<H extends { lr: number }> {
    * f32. f16 needs loss scaling: use nt.autocast with nt.GradScaler in your own loop.
    */
   precision?: TrainingPrecision;
+}
+
+/**
+ * What a trainer holds beyond the checkpoint's training state that another process of the same
+ * layout needs to go on in step with its peers (in-job recovery's images carry it): the steps taken,
+ * and each family's gradient bucket order (after the first step the buckets are rebuilt in the order
+ * its gradients were ready; a replacement process must launch the same collectives in the same order).
+ */
+export interface TrainerRecoveryState {
+  /** Steps taken (the per-step metrics' index). */
+  steps: number;
+  /** Each family's bucket order, in family order (null: no buckets). */
+  buckets: (BucketOrder | null)[];
 }
 
 /** The compute precisions the trainer runs in. */
@@ -421,6 +434,38 @@ export class ParallelTrainer<H extends { lr: number }> {
         experts: { params: new Set(experts.params), optimizer: zeroOf(experts) ? null : experts.optimizer, zero: zeroOf(experts), replica: place(experts.replicas) },
       } : {}),
     };
+  }
+
+  /**
+   * After step() threw midway (a collective failed: CommError, TimeoutError), puts the trainer back
+   * in a state where the next step() works once the parameters and optimizer are restored (an image,
+   * lib/ckpt/image.ts): every family's collectives in flight are let go unawaited (the communicator
+   * is dead), bucket marks and noSync holds reset (the hooks stay armed), ZeRO 3's gathered
+   * parameters released (re-gathered by the next forward), every gradient and the step's temporary
+   * buffers freed, the MoE layers' step context and statistics dropped. The pipeline runner lives
+   * for one step (its buffers went with the failed step). The values of the parameters and the
+   * optimizer state are whatever the failed step left: restore them before stepping. Safe to call
+   * when no step failed (it drops the gradients).
+   */
+  abandonStep(): void {
+    abandonFamilies(this.#families);
+    for (const l of moeLayers(this.#model)) { l.stepContext = null; l.takeStats(); }
+    this.#computeMs = 0;
+    this.#cpuMs = 0;
+  }
+
+  /** What this trainer holds beyond its training state (see {@link TrainerRecoveryState}); between steps. */
+  recoveryState(): TrainerRecoveryState {
+    return { steps: this.#steps, buckets: familyBucketOrders(this.#families) };
+  }
+
+  /** Takes another process's (or an earlier) recoveryState() of the same layout; between steps. */
+  loadRecoveryState(s: TrainerRecoveryState): void {
+    if (!s || !Number.isInteger(s.steps) || s.steps < 0 || !Array.isArray(s.buckets) || s.buckets.length !== this.#families.length) {
+      throw new StateError(`ParallelTrainer.loadRecoveryState: expected { steps, buckets } with one bucket order per family (${this.#families.length}), got ${JSON.stringify(s)?.slice(0, 200)}`);
+    }
+    loadFamilyBucketOrders(this.#families, s.buckets);
+    this.#steps = s.steps;
   }
 
   /** The job's world (null in one process): checkpoints coordinate their ranks over it. */

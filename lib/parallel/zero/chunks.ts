@@ -229,6 +229,17 @@ export abstract class ChunkedShards {
 
   /** Drops every gradient: the parameters', the runs' shards and the masters'. */
   abstract zeroGrad(): void;
+  /**
+   * Abandons a step that failed midway (a collective failed; nothing is awaited): what the stage
+   * holds for the step is let go and the gradients dropped, so the next step starts clean.
+   */
+  abstract abandon(): void;
+
+  /** The gradient buckets' order (stages 1 and 2 override; stage 3 has no buckets). */
+  orderState(): { order: number[]; rebuilt: boolean } | null { return null; }
+
+  /** Takes a bucket order orderState() gave (stages 1 and 2 override). */
+  loadOrderState(_s: { order: number[]; rebuilt: boolean }): void {}
 
   /** Frees what the subclass holds and the masters. */
   abstract dispose(): void;

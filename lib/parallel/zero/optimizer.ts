@@ -230,6 +230,26 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
     this.shards.zeroGrad();
   }
 
+  /**
+   * Abandons a step that failed midway (a collective failed; in-job recovery): the stage's
+   * collectives in flight are let go unawaited, gathered parameters released, every gradient
+   * dropped. The shards' values are whatever the failed step left: restore them (an image) before
+   * the next step. Never throws.
+   */
+  abandonStep(): void {
+    this.#reduced = false;
+    this.shards.abandon();
+  }
+
+  /**
+   * The gradient buckets' order at stages 1 and 2 (null at 3, which has none): in-job recovery hands
+   * it to a replacement process, so every rank launches the same reduce-scatters in the same order.
+   */
+  bucketOrder(): { order: number[]; rebuilt: boolean } | null { return this.shards.orderState(); }
+
+  /** Takes the bucket order another rank's bucketOrder() gave (between steps; nothing at stage 3). */
+  loadBucketOrder(s: { order: number[]; rebuilt: boolean }): void { this.shards.loadOrderState(s); }
+
   /** Whether reduceGradients() ran since the last update. */
   #reduced = false;
 

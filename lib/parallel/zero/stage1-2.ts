@@ -166,6 +166,20 @@ export class GradientShards extends ChunkedShards {
     for (const m of this.masters) { m.grad?.dispose(); m.grad = null; }
   }
 
+  /** Abandons a failed step: its reductions are let go unawaited (the buckets' abandon), the gradients dropped. */
+  abandon(): void {
+    for (const p of this.parts.keys()) { p.grad?.dispose(); p.grad = null; }
+    this.#buckets.abandon();
+    for (const b of this.#buckets.buckets) { b.layout.gradShard?.dispose(); b.layout.gradShard = null; }
+    for (const m of this.masters) { m.grad?.dispose(); m.grad = null; }
+  }
+
+  /** The bucket order (GradientBuckets.orderState), for a process that must launch the same reductions. */
+  override orderState(): { order: number[]; rebuilt: boolean } { return this.#buckets.orderState(); }
+
+  /** Takes the bucket order another rank's orderState() gave. */
+  override loadOrderState(s: { order: number[]; rebuilt: boolean }): void { this.#buckets.loadOrderState(s); }
+
   /** Bytes of full gradients (the parameters', in buckets being filled or in flight) and of shard gradients. */
   memory(): { fullGrads: number; shardGrads: number } {
     const inBuckets = this.#buckets.memory();

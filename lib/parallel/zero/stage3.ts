@@ -330,7 +330,14 @@ export class ParameterPartition extends ChunkedShards {
     const input = keep(emptyOn([this.group.size * unit.shardCount], 'f32', this.paramDevice, true));
     for (const s of unit.slots) this.packGrad(unit, s, input, true);
     const out = keep(emptyOn([unit.shardCount], 'f32', this.paramDevice));
-    this.#finishReduction();
+    try {
+      this.#finishReduction();
+    } catch (e) {
+      // The previous reduce-scatter failed (the step is abandoned): this one's buffers go too.
+      input.dispose();
+      out.dispose();
+      throw e;
+    }
     this.stats.reduceScatters++;
     this.#reducing = { unit, work: this.group.reduceScatter(out, input, { op: 'avg' }), input, out };
   }
@@ -385,6 +392,36 @@ export class ParameterPartition extends ChunkedShards {
     for (const p of this.parts.keys()) { p.grad?.dispose(); p.grad = null; }
     for (const u of [this.#root, ...this.#units]) { u?.gradShard?.dispose(); if (u) u.gradShard = null; }
     for (const m of this.masters) { m.grad?.dispose(); m.grad = null; }
+  }
+
+  /**
+   * Abandons a step that failed midway (the communicator is dead: nothing is awaited): gathers and the
+   * reduce-scatter in flight are let go (their Works pin the buffers' storage until they settle),
+   * every gathered parameter is evicted again (re-gathered by the next forward), the forward's
+   * bookkeeping and any hold on the reductions cleared, every gradient dropped.
+   */
+  abandon(): void {
+    for (const u of [this.#root, ...this.#units]) {
+      if (!u) continue;
+      if (u.inFlight) {
+        this.#countGathered(-u.inFlight.full.nbytes);
+        u.inFlight.full.dispose();
+        u.inFlight.local.dispose();
+        u.inFlight = null;
+      }
+      if (u.gathered) {
+        for (const s of u.slots) {
+          this.#countGathered(-s.part.param.storageRef.bytes);
+          this.#evict(u, s);
+        }
+        u.gathered = false;
+      }
+    }
+    if (this.#reducing) { this.#reducing.input.dispose(); this.#reducing.out.dispose(); this.#reducing = null; }
+    this.#lastForward = null;
+    this.#inModelForward = false;
+    this.#holding = 0;
+    this.zeroGrad();
   }
 
   /** Bytes of parameter storage gathered now, of full gradients, and of shard gradients (units' and masters'). */
