@@ -425,7 +425,12 @@ export class HolderClient {
   private readonly frames = new HeaderReader();
   private body: { buf: Buffer; have: number; reply: Record<string, unknown> } | undefined;
 
-  private constructor(private readonly socket: Socket, readonly address: string, private readonly token: string | undefined, readonly timeoutMs: number) {
+  private constructor(
+    private readonly socket: Socket,
+    /** `host:port` of the holder. */ readonly address: string,
+    private readonly token: string | undefined,
+    /** Time for each request from its call to its reply (ms). */ readonly timeoutMs: number,
+  ) {
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
     socket.on('error', (e: NodeJS.ErrnoException) => this.fail(`the connection failed (${e.code ?? e.message})`));
     socket.on('close', () => this.fail('the connection was lost'));
@@ -541,10 +546,7 @@ export class HolderClient {
 
   private settle(reply: Record<string, unknown>, body: Buffer | undefined): void {
     const p = this.pending.shift();
-    if (!p) {
-      this.fail('it sent a reply no request asked for');
-      return;
-    }
+    if (!p) return void this.fail('it sent a reply no request asked for');
     clearTimeout(p.timer);
     if (reply.ok === true) p.resolve(reply, body);
     else p.reject(new CommError(`image holder ${this.address}: ${p.what} failed: the holder said: ${String(reply.error ?? 'no reason given')}`, 'HolderClient'));
@@ -576,8 +578,7 @@ export class HolderClient {
       try {
         reply = JSON.parse(got.header.toString('utf8')) as Record<string, unknown>;
       } catch {
-        this.fail('it sent a reply that is not JSON');
-        return;
+        return void this.fail('it sent a reply that is not JSON');
       }
       const front = this.pending[0];
       if (reply.ok === true && front?.payload) {
