@@ -39,7 +39,9 @@ function checkValues(call: string, values: readonly number[]): void {
  */
 export async function agreeMax(group: CollectiveGroup | null, values: readonly number[]): Promise<number[]> {
   checkValues('agreeMax', values);
-  if (!group || group.size <= 1 || values.length === 0) return [...values];
+  // A group a joining process has not connected yet (in-job recovery): the running ranks agreed on
+  // these settings when they started, and the joiner runs the same command, so it answers alone.
+  if (!group || group.size <= 1 || values.length === 0 || (group as { connected?: boolean }).connected === false) return [...values];
   using t = tensor(new Int32Array(values), [values.length], { dtype: 'i32', device: agreementDevice(group) });
   await group.allReduce(t, { op: 'max' });
   return Array.from(t.toArraySync());

@@ -5,6 +5,7 @@ import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
 import type { CommBackend, CommPromise } from './backend.js';
+import { PendingBackend } from './pending.js';
 import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
   checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, outLike, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
@@ -181,12 +182,49 @@ export class ProcessGroup implements Group, CollectiveGroup {
     readonly name: string,
     readonly rank: number,
     readonly ranks: readonly number[],
-    private readonly comms: ReadonlyMap<string, CommBackend>,
+    comms: ReadonlyMap<string, CommBackend>,
     readonly timeoutMs: number,
     private readonly ctx: GroupContext,
   ) {
     if (comms.size === 0) throw new ArgumentError(`group '${name}' needs at least one communicator`);
+    this.comms = new Map(comms);
     if (flightEnabled) flightGroup(this);
+  }
+
+  private comms: Map<string, CommBackend>;
+
+  /**
+   * Whether the group's communicators are connected: false for a group a joining process (a
+   * replacement in in-job recovery) built before it met the running ranks; its ops throw StateError
+   * until {@link rebind} gives it communicators, and agreements on it answer locally (agree.ts).
+   */
+  get connected(): boolean { return ![...this.comms.values()].some((c) => c instanceof PendingBackend); }
+
+  /** Whether destroy() has run. */
+  get destroyed(): boolean { return this.#destroyed; }
+
+  /** @internal In-job recovery: aborts the communicators (their ops in flight fail), keeping them until rebind. */
+  abortCommunicators(reason: string): void {
+    for (const c of this.comms.values()) {
+      try { (c as { abort?: (why: string) => void }).abort?.(reason); } catch { /* already broken */ }
+    }
+  }
+
+  /**
+   * @internal In-job recovery (lib/distributed/init.ts regroup): the group's communicators are
+   * replaced by those of a new generation (the same members, the same devices). The old ones are
+   * aborted (their ops in flight fail) and released in the background; sequence numbers restart at 0.
+   */
+  rebind(comms: ReadonlyMap<string, CommBackend>, reason: string): void {
+    if (comms.size === 0) throw new ArgumentError(`group '${this.name}' needs at least one communicator`);
+    const old = [...this.comms.values()];
+    this.comms = new Map(comms);
+    this.#seq = 0;
+    this.#submitted = Promise.resolve();
+    for (const c of old) {
+      try { (c as { abort?: (why: string) => void }).abort?.(reason); } catch { /* already broken */ }
+      void c.destroy().catch(() => {});
+    }
   }
 
   /** Number of members. */
@@ -202,6 +240,9 @@ export class ProcessGroup implements Group, CollectiveGroup {
   private commFor(t: unknown, call: string): CommBackend {
     const x = checkTensor(t, call, 'tensor');
     const comm = this.comms.get(x.device);
+    if (comm instanceof PendingBackend) {
+      throw new StateError(`${call}: group '${this.name}' is not connected yet (this process is joining a running job; it connects when the run takes it in)`);
+    }
     if (!comm) {
       throw new ArgumentError(`${call}: tensor is on ${x.device} but group '${this.name}' communicates on ${this.devices.join(', ')}` +
         (x.device.startsWith('cuda') ? ' (cuda tensors go through NCCL when every local rank has its own GPU, else through Gloo in host memory; neither is set up here)' : ''));

@@ -480,14 +480,17 @@ export class HolderClient {
    * Sends `bytes` as rank's image of `step` (taken in `generation`); resolves once the holder has stored
    * it. The header and the bytes are handed to the socket before put returns; do not change them until then.
    */
-  async put(rank: number, step: number, generation: number, bytes: Uint8Array): Promise<void> {
+  async put(rank: number, step: number, generation: number, bytes: Uint8Array | readonly Uint8Array[]): Promise<void> {
     const call = 'HolderClient.put';
     checkCount(call, 'rank', rank);
     checkCount(call, 'step', step);
     checkCount(call, 'generation', generation);
-    if (!(bytes instanceof Uint8Array)) throw new ArgumentError(`${call}: bytes must be a Uint8Array`);
-    const header = { op: 'put', rank, step, generation, bytes: bytes.byteLength };
-    await this.request(`put(rank ${rank}, step ${step}, ${bytes.byteLength} bytes)`, header, false, bytes);
+    // An image may come in pieces (encodeImage's head and data): sent one after the other, never joined.
+    const pieces = Array.isArray(bytes) ? bytes as readonly Uint8Array[] : [bytes as Uint8Array];
+    if (pieces.length === 0 || pieces.some((b) => !(b instanceof Uint8Array))) throw new ArgumentError(`${call}: bytes must be a Uint8Array or a non-empty array of them`);
+    const n = pieces.reduce((sum, b) => sum + b.byteLength, 0);
+    const header = { op: 'put', rank, step, generation, bytes: n };
+    await this.request(`put(rank ${rank}, step ${step}, ${n} bytes)`, header, false, pieces);
   }
 
   /** The steps the holder has for `rank`, ascending. */
@@ -515,7 +518,7 @@ export class HolderClient {
     await closed;
   }
 
-  private request(what: string, header: Record<string, unknown>, payload: boolean, bytes?: Uint8Array): Promise<{ reply: Record<string, unknown>; payload: Buffer | undefined }> {
+  private request(what: string, header: Record<string, unknown>, payload: boolean, bytes?: readonly Uint8Array[]): Promise<{ reply: Record<string, unknown>; payload: Buffer | undefined }> {
     if (this.failure) return Promise.reject(new CommError(`image holder ${this.address}: ${what} failed: ${this.failure}`, 'HolderClient'));
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -525,7 +528,7 @@ export class HolderClient {
       }, this.timeoutMs);
       this.pending.push({ what, payload, timer, reject, resolve: (reply, body) => resolve({ reply, payload: body }) });
       this.socket.write(frame(this.token === undefined ? header : { ...header, token: this.token }));
-      if (bytes && bytes.byteLength > 0) this.socket.write(bytes);
+      for (const b of bytes ?? []) if (b.byteLength > 0) this.socket.write(b);
     });
   }
 

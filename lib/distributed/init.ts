@@ -13,8 +13,12 @@ import { selfCheckFromEnv } from './self-check.js';
 import { checkLayout } from './cluster-env.js';
 import { connectLaunchStore, readLaunchEnv, type LaunchEnv } from './env.js';
 import { type Group, NonMemberGroup, ProcessGroup } from './group.js';
+import { PendingBackend } from './pending.js';
 import { type Store, StoreServer } from './store.js';
 import { storeSecurity } from './store-security.js';
+import { awaitSpareAssignment, recoveryEnv } from './recovery-env.js';
+import { watchAbortFile } from './abort.js';
+import { join } from 'node:path';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
 export type BackendChoice = 'auto' | 'gloo' | 'nccl';
@@ -57,13 +61,19 @@ interface Runtime {
   store: Store;
   ownServer: StoreServer | undefined;
   world: ProcessGroup;
-  groups: Group[];
+  groups: ProcessGroup[];
   groupCount: number;
   timeoutMs: number;
   check: boolean;
   verifySizes: boolean;
   sharedMemory: boolean;
   backends: Backends;
+  /** In-job recovery: the generation whose communicators the groups use (0 at the start; NODETRON_GENERATION). */
+  generation: number;
+  /** A replacement that has not met the running ranks yet: groups are built unconnected (PendingBackend). */
+  joining: boolean;
+  /** What each group was built from, for regroup(). */
+  specs: Map<ProcessGroup, { ranks: readonly number[]; sharedMemory: boolean }>;
 }
 
 interface Backends { gloo: boolean; nccl: boolean }
@@ -110,9 +120,20 @@ function stagedCudaDevices(): number {
   }
 }
 
-async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory = rt.sharedMemory): Promise<ProcessGroup> {
+// The communicators of one group: connected (the group's members meet through the store under a
+// prefix of this generation), or, for a joining process, stand-ins that know only their devices.
+async function groupComms(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory: boolean): Promise<Map<string, CommBackend>> {
   const rank = globalRanks.indexOf(rt.env.rank);
   const comms = new Map<string, CommBackend>();
+  const size = globalRanks.length;
+  if (rt.joining) {
+    if (rt.backends.gloo) comms.set('cpu', new PendingBackend(rank, size));
+    if (rt.backends.gloo && !rt.backends.nccl) for (let d = 0; d < stagedCudaDevices(); d++) comms.set(`cuda:${d}`, new PendingBackend(rank, size));
+    if (rt.backends.nccl) comms.set(`cuda:${rt.env.localRank}`, new PendingBackend(rank, size, false));
+    return comms;
+  }
+  // Each generation's communicators meet under their own prefix, so a rank of an older generation never matches them.
+  const gen = rt.generation > 0 ? `gen${rt.generation}/` : '';
   try {
     if (rt.backends.gloo) {
       // Gloo meets through the job's store connection (its calls forwarded from the communicator's
@@ -123,9 +144,9 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
         storeHost: rt.env.masterAddr,
         storePort: rt.env.masterPort,
         ...(viaJobStore ? { store: rt.store } : {}),
-        prefix: viaJobStore ? `gloo/${name}` : `${rt.env.storePrefix}/gloo/${name}`,
+        prefix: viaJobStore ? `gloo/${gen}${name}` : `${rt.env.storePrefix}/gloo/${gen}${name}`,
         rank,
-        size: globalRanks.length,
+        size,
         timeoutMs: rt.timeoutMs,
         ...deviceAddress(rt.env),
         verifySizes: rt.verifySizes,
@@ -145,19 +166,26 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
     }
     if (rt.backends.nccl) {
       comms.set(`cuda:${rt.env.localRank}`, await createNcclBackend({
-        store: rt.store, prefix: `nccl/${name}`, group: name, rank, size: globalRanks.length, device: rt.env.localRank, timeoutMs: rt.timeoutMs,
+        store: rt.store, prefix: `nccl/${gen}${name}`, group: name, rank, size, device: rt.env.localRank, timeoutMs: rt.timeoutMs,
       }));
     }
   } catch (e) {
     for (const c of comms.values()) await c.destroy().catch(() => {});
     throw e;
   }
+  return comms;
+}
+
+async function buildGroup(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory = rt.sharedMemory): Promise<ProcessGroup> {
+  const rank = globalRanks.indexOf(rt.env.rank);
+  const comms = await groupComms(rt, name, globalRanks, sharedMemory);
   const group = new ProcessGroup(name, rank, globalRanks, comms, rt.timeoutMs, {
     store: rt.store,
     check: rt.check,
     makeGroup: (n, ranks) => buildGroup(rt, n, ranks),
   });
   rt.groups.push(group);
+  rt.specs.set(group, { ranks: globalRanks, sharedMemory });
   return group;
 }
 
@@ -211,6 +239,8 @@ export async function init(options: InitOptions = {}): Promise<{
   worldSize: number;
 }> {
   if (runtime) throw new StateError('init: the distributed runtime is already initialized (call destroy() first)');
+  // A hot spare (nodetron launch --spares N) waits here until the launcher gives it a lost rank's place.
+  await awaitSpareAssignment();
   const timeoutMs = options.timeoutMs ?? DEFAULT_COMM_TIMEOUT_MS;
   if (!Number.isFinite(timeoutMs) || timeoutMs < 1) throw new ArgumentError(`init: timeoutMs must be >= 1, got ${timeoutMs}`);
   let env = options.env === undefined ? readLaunchEnv() : checkEnv(options.env);
@@ -229,7 +259,11 @@ export async function init(options: InitOptions = {}): Promise<{
     await ownServer?.server.close();
     throw e;
   }
-  const rt: Runtime = { env, store, ownServer: ownServer?.server, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends };
+  const recovery = recoveryEnv();
+  const rt: Runtime = {
+    env, store, ownServer: ownServer?.server, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends,
+    generation: recovery.generation, joining: recovery.joining, specs: new Map(),
+  };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
   } catch (e) {
@@ -239,12 +273,50 @@ export async function init(options: InitOptions = {}): Promise<{
   }
   runtime = rt;
   installFlightSignal();
+  // In-job recovery: the launcher's abort file makes every communicator fail at once when a rank is lost.
+  if (recovery.dir) watchAbortFile(join(recovery.dir, 'abort'), rt.generation);
+  // A joining process meets the running ranks later (regroup), not here.
+  if (rt.joining) return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
   // `nodetron launch --self-check`: every link timed before training; a failed one fails init on every rank.
   if (process.env.NODETRON_SELF_CHECK) await selfCheckFromEnv(rt.world, rt.store).catch(async (e: unknown) => { await destroy(); throw e; });
   // Tracing: measure this rank's clock offset to rank 0 so `nodetron trace merge` can align the ranks.
   if (traceEnabled) await alignTraceClock(rt.world);
   return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
 }
+
+/**
+ * In-job recovery: gives every group of this process the communicators of `generation` (the same
+ * members; built in the order the groups were created, which is the same on every rank, so the ranks
+ * meet group by group), after aborting the old ones (their ops in flight fail). Survivors call it
+ * after a lost rank's fault; a joining process calls it to meet the running ranks. Collective over
+ * the whole job.
+ */
+export async function regroup(generation: number): Promise<void> {
+  const rt = current('regroup');
+  if (!Number.isSafeInteger(generation) || generation < 1 || (generation <= rt.generation && !rt.joining)) {
+    throw new ArgumentError(`regroup: generation must be an integer above the current one (${rt.generation}), got ${generation}`);
+  }
+  const reason = `generation ${generation}: regrouping after a lost rank`;
+  const live = rt.groups.filter((g) => !g.destroyed);
+  for (const g of live) g.abortCommunicators(reason);
+  rt.generation = generation;
+  rt.joining = false;
+  for (const g of live) {
+    const spec = rt.specs.get(g)!;
+    g.rebind(await groupComms(rt, g.name, spec.ranks, spec.sharedMemory), reason);
+  }
+  const dir = recoveryEnv().dir;
+  if (dir) watchAbortFile(join(dir, 'abort'), generation);
+}
+
+/** In-job recovery: the generation of this process's communicators (0 until the first regroup). */
+export function generation(): number { return current('generation').generation; }
+
+/** In-job recovery: whether this process is a replacement that has not met the running ranks yet. */
+export function isJoining(): boolean { return runtime?.joining ?? false; }
+
+/** The job's store (the launcher's rendezvous store, under this attempt's prefix). */
+export function jobStore(): Store { return current('jobStore').store; }
 
 /** Whether init() has run (and destroy() has not). */
 export function isInitialized(): boolean { return runtime !== undefined; }

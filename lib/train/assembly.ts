@@ -4,6 +4,7 @@
 // a set-up that fails part-way releases what it built. setup() runs the steps and returns the
 // TrainingRun (lib/train/run.ts).
 import * as dist from '../distributed/init.js';
+import { awaitSpareAssignment } from '../distributed/recovery-env.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import type { ProcessGroup } from '../distributed/group.js';
 import { ArgumentError, StateError } from '../errors.js';
@@ -175,6 +176,8 @@ async function buildLoader<H extends { lr: number }>(options: TrainSetupOptions<
  * ```
  */
 export async function setup<H extends { lr: number }>(options: TrainSetupOptions<H>): Promise<TrainingRun<H>> {
+  // A hot spare (nodetron launch --spares N) waits here for a lost rank's place, then sets up as that rank.
+  await awaitSpareAssignment();
   // 1. Validate the options.
   const env = readLaunchEnv();
   const { problems, flags, layout } = checkOptions(options, env.worldSize);
@@ -198,7 +201,9 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     const loader = await buildLoader(options, parts, l, rows, world, teardown);
     const run = new TrainingRun<H>(options, { ...parts, layout: l, rank: env.rank, worldSize: env.worldSize, loader, rows, teardown });
     const ck = options.checkpoint;
-    if (ck?.resume) await run.resume(ck.resume === 'auto' ? ck.dir! : ck.resume);
+    // In-job recovery: a replacement restores the lost rank's state from its peers' memory here.
+    const joined = (options.recover ?? flags.recover) === 'memory' ? await run.startRecovery() : false;
+    if (ck?.resume && !joined) await run.resume(ck.resume === 'auto' ? ck.dir! : ck.resume);
     // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
     resetPeakMemory(parts.shard.device);
     return run;

@@ -12,6 +12,8 @@ export interface LayoutArgs extends LayoutFlags {
   recompute?: boolean;
   /** Compute precision (`--precision bf16`): the forward under bf16 autocast, f32 master weights (default f32). */
   precision?: 'f32' | 'bf16';
+  /** In-job recovery (`--recover memory`): see TrainSetupOptions.recover. */
+  recover?: 'memory' | 'off';
 }
 
 /** A parsed command line: each option's value by name, and the positional arguments in `_`. */
@@ -28,7 +30,7 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
   'micro-batches': 'number', schedule: 'string', precision: 'string', 'virtual-stages': 'number',
-  cp: 'number', 'cp-mode': 'string', ep: 'number',
+  cp: 'number', 'cp-mode': 'string', ep: 'number', recover: 'string',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
@@ -36,14 +38,14 @@ export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
   precision: 'NODETRON_PRECISION', 'virtual-stages': 'NODETRON_VIRTUAL_STAGES',
-  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE', ep: 'NODETRON_EP',
+  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE', ep: 'NODETRON_EP', recover: 'NODETRON_RECOVER',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
 export const LAYOUT_HELP = `Parallel layouts (run under \`nodetron launch --nproc-per-node N\`; tp·pp·dp must equal N; each flag
 also reads from its environment variable, NODETRON_TP, NODETRON_PP, NODETRON_DP, NODETRON_ZERO, NODETRON_SP,
 NODETRON_OFFLOAD, NODETRON_RECOMPUTE, NODETRON_MICRO_BATCHES, NODETRON_SCHEDULE, NODETRON_PRECISION,
-NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP):
+NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP, NODETRON_RECOVER):
   --dp N               data-parallel ranks (default: N / (tp·pp)); each trains batch/dp sequences
   --pp N               pipeline stages: each holds about layers/N layers (embeddings on the first, head on the last)
   --micro-batches M    split each rank's sequences into M micro-batches (default 1); the pipeline
@@ -69,7 +71,10 @@ NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP):
                        data-parallel ranks (N must divide dp and the experts)
   --recompute          recompute each block's activations in backward
   --precision P        f32 | bf16 (default f32): bf16 runs the forward under bf16 autocast (GEMMs and
-                       attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)`;
+                       attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)
+  --recover memory|off in-job recovery (needs \`nodetron launch --spares N\`): each rank's state is copied to
+                       another process's memory after every step; a lost rank is replaced from that copy
+                       and the job goes on from the last complete step, without a restart (docs/recovery.md)`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
@@ -97,6 +102,11 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');
   if (bool('recompute') !== undefined) out.recompute = bool('recompute');
+  if (values.recover !== undefined) {
+    const r = String(values.recover);
+    if (r !== 'memory' && r !== 'off') throw new ArgumentError(`--recover must be memory or off, got ${JSON.stringify(r)}`);
+    out.recover = r;
+  }
   if (values.precision !== undefined) {
     const p = String(values.precision);
     if (p !== 'f32' && p !== 'bf16') throw new ArgumentError(`--precision must be f32 or bf16, got ${JSON.stringify(p)}${p === 'f16' ? ' (f16 needs loss scaling: use nt.autocast with nt.GradScaler in your own loop)' : ''}`);

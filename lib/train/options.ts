@@ -125,6 +125,13 @@ export interface TrainSetupOptions<H extends { lr: number }> {
   progress?: ProgressOptions | false;
   /** Gradient bucket size in bytes (data-parallel and ZeRO 1/2 communication). */
   bucketBytes?: number;
+  /**
+   * In-job recovery (default: `--recover` / NODETRON_RECOVER, else 'off'). 'memory': after every step
+   * each rank's state is copied to another process's memory; when a rank is lost the job goes on
+   * without a restart (a replacement takes its place from that copy, every rank rolls back to the last
+   * step all hold). Needs `nodetron launch --spares N`. See docs/recovery.md.
+   */
+  recover?: 'memory' | 'off';
 }
 
 // Errors every rank throws together (after agreeing): main() lets every rank print before leaving.
@@ -188,6 +195,9 @@ export function checkOptions<H extends { lr: number }>(options: TrainSetupOption
     if (!(e instanceof ArgumentError)) throw e;
     problems.push(e.message);
   }
+  const rec = options.recover ?? flags.recover;
+  if (rec !== undefined && rec !== 'memory' && rec !== 'off') problems.push(`recover must be 'memory' or 'off', got ${JSON.stringify(rec)}`);
+  if (rec === 'memory' && worldSize < 2) problems.push("recover 'memory' keeps each rank's state in another process: run under `nodetron launch --spares N` with at least 2 processes");
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;
   // (A probe that passes the model checks: with virtual stages, one layer per model chunk; with cp, a

@@ -23,6 +23,7 @@ import { exportHF } from '../interop/hf-auto.js';
 import type { Tensor } from '../tensor.js';
 import type { ParallelParts, Teardown } from './assembly.js';
 import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './options.js';
+import { MemoryRecovery } from './recovery.js';
 import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress } from './progress.js';
 
 /** What one step did. */
@@ -105,6 +106,8 @@ export class TrainingRun<H extends { lr: number }> {
   #avg: number | undefined;
   #timing: { t0: number; from: number } | null = null;
   #closed = false;
+  #recovery: MemoryRecovery | null = null;
+  #history: { train: Array<[number, number]>; val: Array<[number, number]> } = { train: [], val: [] };
 
   /** @internal Built by {@link setup}. */
   constructor(options: TrainSetupOptions<H>, parts: RunParts<H>) {
@@ -123,7 +126,14 @@ export class TrainingRun<H extends { lr: number }> {
     const checkpointer = this.#checkpointer = ck?.dir ? new Checkpointer(ck.dir, { keep: ck.keep ?? 3 }) : null;
     // Released first: the checkpoint in flight finishes before the model it was taken from goes.
     if (checkpointer) this.#teardown.add(() => checkpointer.close());
-    const scheduler = { state: () => ({ step: this.#step }), loadState: () => {} };
+    // The schedule's position is the step; under in-job recovery it also carries the loss history, so a
+    // replacement of rank 0 still writes the whole record (the history goes back with the state).
+    const scheduler = {
+      state: () => ({ step: this.#step, ...(this.#recovery ? { history: { train: [...this.#history.train], val: [...this.#history.val] } } : {}) }),
+      loadState: (st: { history?: { train: Array<[number, number]>; val: Array<[number, number]> } }) => {
+        if (st.history) this.#history = { train: [...st.history.train], val: [...st.history.val] };
+      },
+    };
     this.#items = { model: this.trainer, ...(this.loader ? { loader: this.loader } : {}), scheduler, rng: { model: this.gpt.generator }, layout: this.layout };
     const c = this.gpt.shape;
     const heads = c.nKvHead === c.nHead ? `${c.nHead} heads` : `${c.nHead} heads (${c.nKvHead} kv)`;
@@ -132,6 +142,16 @@ export class TrainingRun<H extends { lr: number }> {
     this.log(`layout ${describeLayout(this.layout)}: ${this.worldSize} process(es), ${this.rows.count} sequences per replica per step` +
       (this.layout.pp > 1 ? `, layers ${this.model.layers[0]}..${this.model.layers[1] - 1} on rank 0` : ''));
   }
+
+  /**
+   * The losses so far: `train` as [step, loss] of every step this run did, `val` as [step, loss] of
+   * every validation of the run's own data (evaluate() without batches). Under in-job recovery the
+   * history is part of the recovered state, so a replacement rank holds the whole run's.
+   */
+  get history(): { readonly train: ReadonlyArray<readonly [number, number]>; readonly val: ReadonlyArray<readonly [number, number]> } { return this.#history; }
+
+  /** Whether this process took a lost rank's place in a running job (in-job recovery): it skips what the others did before it came. */
+  get joined(): boolean { return this.#recovery?.joined ?? false; }
 
   /** Steps done (the next step's 0-based index): 0 at the start, the checkpoint's step after a resume. */
   get stepsDone(): number { return this.#step; }
@@ -172,6 +192,57 @@ export class TrainingRun<H extends { lr: number }> {
    */
   async step(batch?: Batch): Promise<StepResult> {
     if (this.#closed) throw new StateError('TrainingRun.step: the run is closed');
+    const rec = this.#recovery;
+    if (!rec) return this.#stepOnce(batch, false);
+    // In-job recovery: the state before the step is held (in memory here, and at the holder) before the
+    // step runs; a lost rank rolls every rank back to the newest step all of them hold, and the steps
+    // since are redone (quietly) before this one, so the caller sees each step once.
+    const target = this.#step;
+    await rec.snapshot(this.#step);
+    for (;;) {
+      try {
+        while (this.#step < target) {
+          if (batch) throw new StateError(`TrainingRun.step: recovery rolled back to step ${this.#step}, and steps before ${target} must be redone from the run's own data; a run given batches by the caller cannot redo them`);
+          await this.#stepOnce(undefined, true);
+          await rec.snapshot(this.#step);
+        }
+        const r = await this.#stepOnce(batch, false);
+        await rec.snapshot(this.#step);
+        return r;
+      } catch (e) {
+        if (this.#closed || !rec.recoverable(e)) throw e;
+        const step = await rec.recover(e, this.#step);
+        if (step === null) await this.#fallBackToDisk(rec);
+        else this.#step = step;
+      }
+    }
+  }
+
+  // Both copies of some rank were lost: every rank (regrouped) loads the newest checkpoint, and says so.
+  async #fallBackToDisk(rec: MemoryRecovery): Promise<void> {
+    const dir = this.#options.checkpoint?.dir ?? null;
+    rec.fellBack(dir);
+    if (!dir) throw new StateError('in-job recovery: no step is held in memory by every rank (both copies of a lost rank were lost), and the run has no checkpoint directory to fall back to');
+    this.log(`in-job recovery: no step is held in memory by every rank; falling back to the newest checkpoint under ${dir}`);
+    const loaded = await this.#resumeFrom(dir);
+    if (!loaded) throw new StateError(`in-job recovery: no step is held in memory by every rank, and ${dir} has no complete checkpoint`);
+  }
+
+  /**
+   * @internal Turns on in-job recovery from peers' memory (setup, with `recover: 'memory'`). A
+   * replacement process restores the lost rank's state from the holder here; returns whether it did
+   * (then a checkpoint resume is skipped).
+   */
+  async startRecovery(): Promise<boolean> {
+    const rec = this.#recovery = await MemoryRecovery.start({ items: this.#items, abandonStep: () => this.trainer.abandonStep(), log: (l) => this.log(l) });
+    this.#teardown.add(() => rec.close());
+    if (!rec.joined) return false;
+    if (rec.joinedStep === null) await this.#fallBackToDisk(rec);
+    else this.#step = rec.joinedStep;
+    return true;
+  }
+
+  async #stepOnce(batch: Batch | undefined, replay: boolean): Promise<StepResult> {
     const index = this.#step;
     // Tensors this step made (slices, loaded batches), released after it.
     const release: Tensor[] = [];
@@ -193,12 +264,14 @@ export class TrainingRun<H extends { lr: number }> {
     }
     this.#step = index + 1;
     const result: StepResult = { step: this.#step, loss: r.loss, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(lr !== undefined ? { lr } : {}), ...(r.moe ? { moe: r.moe } : {}) };
+    this.#history.train.push([this.#step, r.loss]);
     this.#avg = this.#avg === undefined ? r.loss : 0.9 * this.#avg + 0.1 * r.loss;
     const last = this.steps !== undefined && this.#step === this.steps;
+    if (replay) return result;
     if (index % this.#every === 0 || last) this.log(this.#progressLine(result));
     const data = this.#options.data;
     if (data && typeof data === 'object' && data.val && data.evalEvery && (this.#step % data.evalEvery === 0 || last)) {
-      result.valLoss = await this.evaluate();
+      result.valLoss = await this.evaluate();  // (recorded in the history by evaluate)
       this.log(`step ${this.#step}: val loss ${result.valLoss.toFixed(4)}`);
     }
     const every = this.#options.checkpoint?.every ?? 50;
@@ -250,7 +323,11 @@ export class TrainingRun<H extends { lr: number }> {
         const { inputs, targets } = await val.next();
         try { total += await this.trainer.evaluate(inputs, targets); } finally { inputs.dispose(); targets.dispose(); }
       }
-      return total / n;
+      const v = total / n;
+      const h = this.#history.val;
+      if (h.length > 0 && h[h.length - 1]![0] === this.#step) h[h.length - 1] = [this.#step, v];
+      else h.push([this.#step, v]);
+      return v;
     } finally { val.close(); }
   }
 
@@ -270,6 +347,14 @@ export class TrainingRun<H extends { lr: number }> {
    * returns null (and starts from where it is) when there is none.
    */
   async resume(dir: string): Promise<LoadResult | null> {
+    if (this.#recovery?.joined) {
+      this.log(`rank ${this.rank} joined the running job from its peers' memory at step ${this.#step}: no checkpoint read`);
+      return null;
+    }
+    return this.#resumeFrom(dir);
+  }
+
+  async #resumeFrom(dir: string): Promise<LoadResult | null> {
     const loaded = await new Checkpointer(dir).loadLatest(this.#items);
     if (loaded) {
       this.#step = loaded.step;
