@@ -1,12 +1,16 @@
 // The launcher's per-node agent, torchrun's elastic agent as a small state machine:
 // rendezvous (nodes meet in the store) → start (spawn local ranks) → monitor (exits, the job's
 // failure key, heartbeats) → restart (new attempt, new store namespace) or stop (report, exit code).
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+// With `spares` set (--spares N) it runs in-job recovery mode (lib/launch/recovery.ts): lost ranks are
+// replaced inside the attempt, and only what cannot be recovered there takes the restart path.
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CommError, TimeoutError } from '../errors.js';
 import { PrefixStore, type Store } from '../distributed/store.js';
+import { isLoopbackHost } from '../distributed/store-api.js';
 import { analyzeFlight, readFlightDumps } from './flight-analysis.js';
+import { processState, RecoverySession, type RecoveryFallback } from './recovery.js';
 import { scriptCommand, WorkerGroup, type WorkerExit, type WorkerSpec } from './workers.js';
 
 export interface AgentConfig {
@@ -33,6 +37,12 @@ export interface AgentConfig {
   rdzvUrl?: string;
   /** The job token the workers' store clients present (NODETRON_STORE_TOKEN in their environment). */
   storeToken?: string;
+  /** In-job recovery mode with this many hot spares per node (--spares N); undefined: off. */
+  spares?: number;
+  /** Recovery mode: how long a rank may sit stopped (SIGSTOP) before it is killed and replaced (default 1000). */
+  stopTimeoutMs?: number;
+  /** Recovery mode: generations before a loss takes the restart path instead (default 100). */
+  maxRecoveries?: number;
 }
 
 /** The first failure of an attempt, as published in the store for every node to report. */
@@ -52,6 +62,8 @@ interface NodeInfo {
   localWorldSize: number;
   host: string;
   pid: number;
+  /** Recovery mode: where this node's image holder listens (host:port). */
+  holder?: string;
 }
 
 type Outcome = { ok: true } | { ok: false; failure: FailureRecord; fatal?: boolean };
@@ -90,34 +102,43 @@ export class LaunchAgent {
       const agentStore = new PrefixStore(attemptStore, 'agent');
       let outcome: Outcome;
       let group: WorkerGroup | undefined;
+      let recovery: RecoverySession | undefined;
       const flight = this.flightDir(attempt);
       try {
         this.state = 'rendezvous';
-        const nodes = await this.rendezvous(agentStore);
+        if (this.config.spares !== undefined) recovery = await this.openRecovery();
+        const nodes = await this.rendezvous(agentStore, recovery?.holderAddress);
         this.state = 'running';
         const firstFailure: { value?: FailureRecord } = {};
-        group = this.start(attempt, nodes, flight?.dir, (exit, tail) => {
+        const onExit = (exit: WorkerExit, tail: string[]) => {
           if (firstFailure.value || exit.stopped || (exit.exitCode === 0 && !exit.signal)) return;
           firstFailure.value = this.failureOf(exit, tail);
           this.wakeMonitor?.();
-        });
-        outcome = await this.monitor(agentStore, group, firstFailure, flight?.dir);
+        };
+        group = recovery
+          ? this.startRecovery(recovery, attemptStore, attempt, nodes, flight?.dir, firstFailure)
+          : this.start(attempt, nodes, flight?.dir, onExit);
+        outcome = await this.monitor(agentStore, group, firstFailure, flight?.dir, recovery);
       } catch (e) {
         // The store failed or a node never joined: there is nothing to coordinate a restart with.
         if (!(e instanceof CommError || e instanceof TimeoutError)) {
           await group?.stop(this.config.stopGraceMs);
+          await recovery?.close();
           throw e;
         }
         outcome = { ok: false, fatal: true, failure: { node: this.config.nodeRank, reason: e.message, stderrTail: [] } };
       }
       if (outcome.ok) {
         this.state = 'succeeded';
+        await group?.stop(this.config.stopGraceMs);  // nothing runs by now (a spare started at the last moment)
+        await recovery?.close();
         if (flight?.temporary) rmSync(flight.dir, { recursive: true, force: true });
         return 0;
       }
       this.state = 'stopping';
       const stopped = group && flight && !this.interrupted ? await this.requestDumps(group, flight.dir) : undefined;
       await group?.stop(this.config.stopGraceMs);
+      await recovery?.close();
       this.report(attempt, outcome.failure);
       if (group && flight && stopped) this.reportFlight(group, flight.dir, stopped);
       // Nothing was recorded (the workers do not use nt.distributed): leave no empty temp dir behind.
@@ -133,9 +154,9 @@ export class LaunchAgent {
   }
 
   // ---- rendezvous: every node announces itself and waits for the others ------------------------
-  private async rendezvous(agentStore: Store): Promise<NodeInfo[]> {
+  private async rendezvous(agentStore: Store, holder?: string): Promise<NodeInfo[]> {
     const { nnodes, nodeRank, nprocPerNode, joinTimeoutMs } = this.config;
-    const me: NodeInfo = { localWorldSize: nprocPerNode, host: hostname(), pid: process.pid };
+    const me: NodeInfo = { localWorldSize: nprocPerNode, host: hostname(), pid: process.pid, ...(holder !== undefined ? { holder } : {}) };
     await agentStore.set(`node/${nodeRank}`, encodeJson(me));
     const keys = Array.from({ length: nnodes }, (_, r) => `node/${r}`);
     try {
@@ -151,35 +172,72 @@ export class LaunchAgent {
 
   // ---- start: one process per local rank, with the environment contract -----------------------
   private start(attempt: number, nodes: NodeInfo[], flightDir: string | undefined, onExit: (exit: WorkerExit, tail: string[]) => void): WorkerGroup {
-    const { nodeRank, masterAddr, masterPort, runId, rdzvUrl, script, scriptArgs } = this.config;
-    const worldSize = nodes.reduce((n, node) => n + node.localWorldSize, 0);
-    const rankOffset = nodes.slice(0, nodeRank).reduce((n, node) => n + node.localWorldSize, 0);
-    const localWorldSize = nodes[nodeRank]!.localWorldSize;
+    const { script, scriptArgs } = this.config;
+    const { env, rankOffset, localWorldSize } = this.nodeEnv(attempt, nodes, flightDir);
     const specs: WorkerSpec[] = Array.from({ length: localWorldSize }, (_, localRank) => ({
       rank: rankOffset + localRank,
       localRank,
-      env: {
-        ...process.env,
-        RANK: String(rankOffset + localRank),
-        LOCAL_RANK: String(localRank),
-        WORLD_SIZE: String(worldSize),
-        LOCAL_WORLD_SIZE: String(localWorldSize),
-        GROUP_RANK: String(nodeRank),
-        MASTER_ADDR: masterAddr,
-        MASTER_PORT: String(masterPort),
-        NODETRON_RESTART_COUNT: String(attempt),
-        NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
-        ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
-        ...(this.config.storeToken !== undefined ? { NODETRON_STORE_TOKEN: this.config.storeToken } : {}),
-        ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
-        // Progress files only for the hang check that reads them (one write a second per rank otherwise for nothing).
-        NODETRON_FLIGHT_PROGRESS: flightDir && (this.config.hangTimeoutMs ?? 0) > 0 ? '1' : '0',
-      },
+      env: { ...env, RANK: String(rankOffset + localRank), LOCAL_RANK: String(localRank) },
     }));
+    return new WorkerGroup(scriptCommand(script, scriptArgs), specs, onExit);
+  }
+
+  /** The environment every worker of this node shares (all of the contract but RANK and LOCAL_RANK). */
+  private nodeEnv(attempt: number, nodes: NodeInfo[], flightDir: string | undefined): { env: NodeJS.ProcessEnv; rankOffset: number; localWorldSize: number } {
+    const { nodeRank, masterAddr, masterPort, runId, rdzvUrl } = this.config;
+    const worldSize = nodes.reduce((n, node) => n + node.localWorldSize, 0);
+    const rankOffset = nodes.slice(0, nodeRank).reduce((n, node) => n + node.localWorldSize, 0);
+    const localWorldSize = nodes[nodeRank]!.localWorldSize;
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      WORLD_SIZE: String(worldSize),
+      LOCAL_WORLD_SIZE: String(localWorldSize),
+      GROUP_RANK: String(nodeRank),
+      MASTER_ADDR: masterAddr,
+      MASTER_PORT: String(masterPort),
+      NODETRON_RESTART_COUNT: String(attempt),
+      NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
+      ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
+      ...(this.config.storeToken !== undefined ? { NODETRON_STORE_TOKEN: this.config.storeToken } : {}),
+      ...(flightDir ? { NODETRON_FLIGHT_DIR: flightDir } : {}),
+      // Progress files only for the hang check that reads them (one write a second per rank otherwise for nothing).
+      NODETRON_FLIGHT_PROGRESS: flightDir && (this.config.hangTimeoutMs ?? 0) > 0 ? '1' : '0',
+    };
     if (nodeRank === 0 || attempt > 0) {
       this.log(`attempt ${attempt}: world size ${worldSize} over ${nodes.length} node(s); this node runs ranks ${rankOffset}..${rankOffset + localWorldSize - 1}`);
     }
-    return new WorkerGroup(scriptCommand(script, scriptArgs), specs, onExit);
+    return { env, rankOffset, localWorldSize };
+  }
+
+  // ---- in-job recovery mode (--spares): the holder, the ranks, spares and replacements ------------
+  private openRecovery(): Promise<RecoverySession> {
+    const { nodeRank, masterAddr, storeToken, spares } = this.config;
+    const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100 };
+    return RecoverySession.open(nodeRank, options, { loopback: isLoopbackHost(masterAddr), ...(storeToken !== undefined ? { token: storeToken } : {}) }, this.log);
+  }
+
+  private startRecovery(recovery: RecoverySession, attemptStore: Store, attempt: number, nodes: NodeInfo[], flightDir: string | undefined, firstFailure: { value?: FailureRecord }): WorkerGroup {
+    const missing = nodes.findIndex((n) => n.holder === undefined);
+    if (missing >= 0) throw new CommError(`node ${missing} runs without --spares while this node runs in-job recovery mode: give --spares on every node`, 'launch');
+    const { env } = this.nodeEnv(attempt, nodes, flightDir);
+    return recovery.start({
+      nnodes: nodes.length,
+      localWorldSizes: nodes.map((n) => n.localWorldSize),
+      holders: nodes.map((n) => n.holder!),
+      jobStore: new PrefixStore(attemptStore, 'job'),
+      agentStore: new PrefixStore(attemptStore, 'agent'),
+      command: scriptCommand(this.config.script, this.config.scriptArgs),
+      baseEnv: env,
+      stopGraceMs: this.config.stopGraceMs,
+      fallback: (f: RecoveryFallback) => {
+        if (firstFailure.value) return;
+        firstFailure.value = f.exit
+          ? { ...this.failureOf(f.exit, f.stderrTail ?? []), reason: f.reason }
+          : { node: f.node ?? this.config.nodeRank, reason: f.reason, stderrTail: [] };
+        this.wakeMonitor?.();
+      },
+      wake: () => this.wakeMonitor?.(),
+    });
   }
 
   private failureOf(exit: WorkerExit, stderrTail: string[]): FailureRecord {
@@ -198,23 +256,28 @@ export class LaunchAgent {
   }
 
   // ---- monitor: local exits, the job's failure key, heartbeats; until success or a failure -----
-  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }, flightDir?: string): Promise<Outcome> {
+  private async monitor(agentStore: Store, group: WorkerGroup, localFailure: { value?: FailureRecord }, flightDir?: string, recovery?: RecoverySession): Promise<Outcome> {
     const { nnodes, nodeRank, monitorIntervalMs, heartbeatTimeoutMs } = this.config;
     const hangMs = this.config.hangTimeoutMs ?? 0;
-    let localDone = false;
-    void group.wait().then(() => {
-      localDone = true;
-      this.wakeMonitor?.();
-    });
+    let groupDone = false;
+    // In recovery mode the group grows (spares, replacements): the session says when this node's ranks are done.
+    if (!recovery) {
+      void group.wait().then(() => {
+        groupDone = true;
+        this.wakeMonitor?.();
+      });
+    }
     const lastBeat = new Map<number, { value: string; changedAt: number }>();
     let beat = 0;
     let announcedDone = false;
-    const allDone = Array.from({ length: nnodes }, (_, r) => `done/${r}`);
+    const dead = recovery?.dead ?? new Set<number>();
     try {
       for (;;) {
+        const localDone = recovery ? recovery.done : groupDone;
         if (this.interrupted) {
           return { ok: false, failure: { node: nodeRank, reason: `the launcher received ${this.interrupted}`, stderrTail: [] } };
         }
+        if (recovery?.evicted) return { ok: false, fatal: true, failure: { node: nodeRank, reason: recovery.evicted, stderrTail: [] } };
         // The first failure anywhere wins the failure key; every node then reports that one.
         if (localFailure.value) {
           const published = await agentStore.compareSet('failed', '', encodeJson(localFailure.value));
@@ -232,15 +295,21 @@ export class LaunchAgent {
         await agentStore.set(`heartbeat/${nodeRank}`, String(beat++));
         const now = Date.now();
         for (let r = 0; r < nnodes; r++) {
-          if (r === nodeRank || (await agentStore.check([`done/${r}`]))) continue;
+          if (r === nodeRank || dead.has(r) || (await agentStore.check([`done/${r}`]))) continue;
           const value = (await agentStore.tryGet(`heartbeat/${r}`)) ?? new Uint8Array();
           const text = new TextDecoder().decode(value);
           const seen = lastBeat.get(r);
           if (!seen || seen.value !== text) lastBeat.set(r, { value: text, changedAt: now });
           else if (now - seen.changedAt > heartbeatTimeoutMs) {
+            const silence = `node ${r} stopped heartbeating (no heartbeat for ${now - seen.changedAt} ms, limit ${heartbeatTimeoutMs} ms)`;
+            // Recovery mode: the lowest surviving node replaces its ranks (or takes the restart path itself).
+            if (recovery) {
+              recovery.nodeSilent(r, silence);
+              continue;
+            }
             const failure: FailureRecord = {
               node: r,
-              reason: `node ${r} stopped heartbeating (no heartbeat for ${now - seen.changedAt} ms, limit ${heartbeatTimeoutMs} ms)`,
+              reason: silence,
               stderrTail: [],
             };
             await agentStore.compareSet('failed', '', encodeJson(failure));
@@ -255,11 +324,13 @@ export class LaunchAgent {
           await agentStore.set(`done/${nodeRank}`, '1');
           announcedDone = true;
         }
+        const allDone = Array.from({ length: nnodes }, (_, r) => r).filter((r) => !dead.has(r)).map((r) => `done/${r}`);
         if (announcedDone && (await agentStore.check(allDone))) {
-          await this.leave(agentStore);
+          await this.leave(agentStore, dead);
           return { ok: true };
         }
         await new Promise<void>((resolve) => {
+          if (recovery?.done && !announcedDone) return resolve();
           const timer = setTimeout(resolve, monitorIntervalMs);
           this.wakeMonitor = () => {
             clearTimeout(timer);
@@ -279,11 +350,11 @@ export class LaunchAgent {
   }
 
   /** After success: node 0 serves the store, so it waits (briefly) until every node has seen the result before closing it. */
-  private async leave(agentStore: Store): Promise<void> {
+  private async leave(agentStore: Store, dead: Set<number>): Promise<void> {
     const { nnodes, nodeRank, joinTimeoutMs } = this.config;
     await agentStore.set(`left/${nodeRank}`, '1');
     if (nodeRank !== 0) return;
-    const keys = Array.from({ length: nnodes }, (_, r) => `left/${r}`);
+    const keys = Array.from({ length: nnodes }, (_, r) => r).filter((r) => !dead.has(r)).map((r) => `left/${r}`);
     await agentStore.wait(keys, { timeoutMs: joinTimeoutMs }).catch(() => undefined);
   }
 
@@ -352,16 +423,6 @@ export class LaunchAgent {
       lines.push(`rank ${failure.rank} wrote nothing to stderr`);
     }
     for (const l of lines) this.log(l);
-  }
-}
-
-/** A process's state letter from /proc (R, S, T = stopped, Z, ...), or undefined off Linux or once it is gone. */
-function processState(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).charAt(0);
-  } catch {
-    return undefined;
   }
 }
 

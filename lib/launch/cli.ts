@@ -16,10 +16,21 @@
 //   NODETRON_FLIGHT_DIR     where the flight recorder dumps (lib/distributed/flight.ts), a directory per attempt
 //   NODETRON_FLIGHT_PROGRESS  1 under --hang-timeout-ms (ranks then touch a progress file the hang check reads), else 0
 // and the launcher's own environment otherwise. lib/distributed/env.ts reads it (readLaunchEnv).
+// In in-job recovery mode (--spares N) every process also gets
+//   NODETRON_RECOVERY=1, NODETRON_RECOVERY_DIR (this node's directory; its `abort` file holds the newest
+//   generation), NODETRON_HOLDER (host:port of the image holder of node (n+1) mod nodes, which keeps this
+//   rank's in-memory copies), NODETRON_GENERATION (0 for the first ranks); a replacement started anew
+//   NODETRON_JOIN=1 and its generation; a hot spare NODETRON_SPARE=<id> and no RANK/LOCAL_RANK (it waits
+//   for store key recover/spare/<node>/<id>); NODETRON_RECOVERY_EVENTS passes through when set.
 //
 // Behaviour: output lines are prefixed `[rank N]`; when a rank exits non-zero or is killed, every
 // rank of every node is stopped (SIGTERM, then SIGKILL after --stop-grace-ms) and the first failure is
-// reported with its stderr tail; with --max-restarts K the whole job restarts up to K times.
+// reported with its stderr tail; with --max-restarts K the whole job restarts up to K times. With
+// --spares N (lib/launch/recovery.ts, docs/recovery.md) a rank lost to an exit, a stop (SIGSTOP longer
+// than --stop-timeout-ms) or its node's silence is replaced inside the job, when every rank has turned
+// recovery on (store key recover/ready/<rank>): a new generation is announced in the store and in every
+// node's abort file, and a hot spare (N are kept per node) or a new process takes the rank's place; the
+// survivors stay in their processes. Anything else takes the restart path above.
 import { ArgumentError } from '../errors.js';
 import { intOf, readSlurmEnv } from '../distributed/cluster-env.js';
 import { createStore, StoreServer, TCPStore, tokenFromEnv, type Store } from '../distributed/store.js';
@@ -44,6 +55,11 @@ options:
   --stop-grace-ms MS         SIGTERM → SIGKILL grace period when stopping ranks              [3000]
   --hang-timeout-ms MS       stop the job (with the flight recorder's analysis) when no local rank has
                              completed a collective for this long; 0: off (ranks' own timeouts only) [0]
+  --spares N                 in-job recovery mode (docs/recovery.md): a lost rank is replaced in the running job
+                             (survivors stay) by one of N hot spares kept per node, or a new process when none is left;
+                             needs a script that turns recovery on (recover: 'memory'), else the restart path. Give it on every node
+  --stop-timeout-ms MS       with --spares: a rank stopped (SIGSTOP) this long is killed and replaced        [1000]
+  --max-recoveries K         with --spares: after K in-job recoveries a loss restarts the job instead        [100]
   --self-check[=strict]      before training (inside distributed.init): an allreduce and an exchange between
                              every pair of ranks, timed; rank 0 prints a summary naming a failed or slow link,
                              rank or host; a failed link stops the job (strict: a slow one too). Give it on every node
@@ -69,6 +85,9 @@ const INT_OPTIONS: Record<string, keyof LaunchOptions> = {
   '--heartbeat-timeout-ms': 'heartbeatTimeoutMs',
   '--stop-grace-ms': 'stopGraceMs',
   '--hang-timeout-ms': 'hangTimeoutMs',
+  '--spares': 'spares',
+  '--stop-timeout-ms': 'stopTimeoutMs',
+  '--max-recoveries': 'maxRecoveries',
 };
 
 function parseInt10(flag: string, text: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
@@ -100,6 +119,8 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
     heartbeatTimeoutMs: 30_000,
     stopGraceMs: 3000,
     hangTimeoutMs: 0,
+    stopTimeoutMs: 1000,
+    maxRecoveries: 100,
     runId: 'nodetron',
   };
   for (let i = 0; i < argv.length; i++) {
@@ -141,6 +162,11 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
     }
   }
   if (!o.script) throw new ArgumentError('no script given');
+  if (o.spares === undefined) {
+    for (const flag of ['--stop-timeout-ms', '--max-recoveries']) if (given.has(flag)) throw new ArgumentError(`${flag} applies to in-job recovery mode only: give --spares N too`);
+  } else if (o.spares > 1024) {
+    throw new ArgumentError(`--spares must be in [0, 1024], got ${o.spares}`);
+  }
   applyClusterDefaults(o, given, env);
   if (o.nodeRank >= o.nnodes) throw new ArgumentError(`--node-rank ${o.nodeRank} must be < --nnodes ${o.nnodes}`);
   if (o.nnodes > 1 && o.masterPort === undefined) {

@@ -1,11 +1,16 @@
 // A node's group of worker processes: spawning one per local rank (`.ts` through tsx), prefixing
-// their output by rank line by line, keeping each rank's stderr tail, and stopping the group.
+// their output by rank line by line, keeping each rank's stderr tail, and stopping the group. In
+// in-job recovery mode (lib/launch/recovery.ts) the group also grows: hot spares (rank -1 until
+// assigned a lost rank) and replacements are added to it while it runs.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { extname } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
-/** How one worker ended. `signal` is set when it was killed; `stopped` when the launcher stopped it. */
+/**
+ * How one worker ended. `signal` is set when it was killed; `stopped` when the launcher stopped it.
+ * A hot spare has `spare` (its id) and rank -1 until it is assigned a rank (then that rank).
+ */
 export interface WorkerExit {
   rank: number;
   localRank: number;
@@ -13,12 +18,16 @@ export interface WorkerExit {
   exitCode: number | null;
   signal: NodeJS.Signals | null;
   stopped: boolean;
+  spare?: string;
 }
 
 export interface WorkerSpec {
+  /** Global rank; -1 for a hot spare not assigned yet. */
   rank: number;
   localRank: number;
   env: NodeJS.ProcessEnv;
+  /** A hot spare's id (NODETRON_SPARE). */
+  spare?: string;
 }
 
 /** Lines of stderr kept per rank for the failure report. */
@@ -40,10 +49,10 @@ export function scriptCommand(script: string, args: string[]): string[] {
  * Copies a stream to `out` a whole line at a time with a prefix, so lines of different ranks never
  * interleave mid-line; remembers the last lines when `tail` is given.
  */
-function prefixLines(stream: NodeJS.ReadableStream, prefix: string, out: NodeJS.WritableStream, tail?: string[]): Promise<void> {
+function prefixLines(stream: NodeJS.ReadableStream, prefix: () => string, out: NodeJS.WritableStream, tail?: string[]): Promise<void> {
   let partial = '';
   const emit = (line: string) => {
-    out.write(`${prefix}${line}\n`);
+    out.write(`${prefix()}${line}\n`);
     if (tail) {
       tail.push(line);
       if (tail.length > STDERR_TAIL_LINES) tail.shift();
@@ -71,6 +80,8 @@ interface Worker {
   child: ChildProcess;
   stderrTail: string[];
   exit?: WorkerExit;
+  /** The launcher asked it to stop (its exit is not a failure). */
+  stopRequested?: boolean;
   /** Resolves once the process has exited and its output has been written out. */
   done: Promise<WorkerExit>;
 }
@@ -83,44 +94,84 @@ export class WorkerGroup {
    * Starts every worker. `onExit` is called once per worker when it has exited and its output is
    * flushed (so a failure report made there sees the whole stderr tail).
    */
-  constructor(command: string[], specs: WorkerSpec[], onExit: (exit: WorkerExit, stderrTail: string[]) => void) {
-    for (const spec of specs) {
-      const child = spawn(command[0]!, command.slice(1), { env: spec.env, stdio: ['ignore', 'pipe', 'pipe'] });
-      const stderrTail: string[] = [];
-      const prefix = `[rank ${spec.rank}] `;
-      const flushed = Promise.all([
-        prefixLines(child.stdout!, prefix, process.stdout),
-        prefixLines(child.stderr!, prefix, process.stderr, stderrTail),
-      ]);
-      const exited = new Promise<WorkerExit>((resolve) => {
-        child.on('error', (e) => {
-          stderrTail.push(`could not start: ${e.message}`);
-          resolve({ rank: spec.rank, localRank: spec.localRank, pid: child.pid, exitCode: 127, signal: null, stopped: false });
-        });
-        child.on('exit', (exitCode, signal) =>
-          resolve({ rank: spec.rank, localRank: spec.localRank, pid: child.pid, exitCode, signal, stopped: this.stopping }),
-        );
-      });
-      const worker: Worker = { spec, child, stderrTail, done: undefined as unknown as Promise<WorkerExit> };
-      // A grandchild holding the pipes open must not hold up the report: wait at most a second for the flush.
-      worker.done = exited.then(async (exit) => {
-        await Promise.race([flushed, new Promise((r) => setTimeout(r, 1000))]);
-        worker.exit = exit;
-        onExit(exit, stderrTail);
-        return exit;
-      });
-      this.workers.push(worker);
-    }
+  constructor(
+    private readonly command: string[],
+    specs: WorkerSpec[],
+    private readonly onExit: (exit: WorkerExit, stderrTail: string[]) => void,
+  ) {
+    for (const spec of specs) this.add(spec);
   }
 
-  /** Global ranks of the workers, in local-rank order. */
+  /**
+   * Starts one more worker (a hot spare or a replacement) with the group's command; returns its pid
+   * (undefined when it could not start, or once the group is being stopped: then nothing starts).
+   */
+  add(spec: WorkerSpec): number | undefined {
+    if (this.stopping) return undefined;
+    const command = this.command;
+    const child = spawn(command[0]!, command.slice(1), { env: spec.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const stderrTail: string[] = [];
+    // A spare's lines say so until it is assigned a rank.
+    const prefix = () => (spec.rank >= 0 ? `[rank ${spec.rank}] ` : `[spare ${spec.spare}] `);
+    const flushed = Promise.all([
+      prefixLines(child.stdout!, prefix, process.stdout),
+      prefixLines(child.stderr!, prefix, process.stderr, stderrTail),
+    ]);
+    const spare = spec.spare !== undefined ? { spare: spec.spare } : {};
+    const exited = new Promise<WorkerExit>((resolve) => {
+      child.on('error', (e) => {
+        stderrTail.push(`could not start: ${e.message}`);
+        resolve({ rank: spec.rank, localRank: spec.localRank, pid: child.pid, exitCode: 127, signal: null, stopped: false, ...spare });
+      });
+      child.on('exit', (exitCode, signal) =>
+        resolve({ rank: spec.rank, localRank: spec.localRank, pid: child.pid, exitCode, signal, stopped: this.stopping, ...spare }),
+      );
+    });
+    const worker: Worker = { spec, child, stderrTail, done: undefined as unknown as Promise<WorkerExit> };
+    // A grandchild holding the pipes open must not hold up the report: wait at most a second for the flush.
+    worker.done = exited.then(async (exit) => {
+      await Promise.race([flushed, new Promise((r) => setTimeout(r, 1000))]);
+      // The rank a spare was assigned after its exit event but before the flush is still its rank.
+      const out = { ...exit, rank: spec.rank, localRank: spec.localRank, stopped: exit.stopped || worker.stopRequested === true };
+      worker.exit = out;
+      this.onExit(out, stderrTail);
+      return out;
+    });
+    this.workers.push(worker);
+    return child.pid;
+  }
+
+  /**
+   * Hands the running spare `id` the rank `rank` (its output and exit are that rank's from now on);
+   * false when no such spare is running unassigned.
+   */
+  assign(id: string, rank: number, localRank: number): boolean {
+    const w = this.workers.find((x) => x.spec.spare === id && x.spec.rank < 0 && isRunning(x));
+    if (!w) return false;
+    w.spec.rank = rank;
+    w.spec.localRank = localRank;
+    return true;
+  }
+
+  /** The hot spares running unassigned, oldest first. */
+  spares(): { id: string; pid: number | undefined }[] {
+    return this.workers.filter((w) => w.spec.spare !== undefined && w.spec.rank < 0 && isRunning(w)).map((w) => ({ id: w.spec.spare!, pid: w.child.pid }));
+  }
+
+  /** Stops the unassigned spares (SIGTERM, then SIGKILL after `graceMs`); resolves when they have exited. */
+  async stopSpares(graceMs: number): Promise<void> {
+    const spares = this.workers.filter((w) => w.spec.spare !== undefined && w.spec.rank < 0 && isRunning(w));
+    await stopWorkers(spares, graceMs);
+  }
+
+  /** Global ranks of the workers (spares not counted), in start order: local-rank order, then replacements. */
   get ranks(): number[] {
-    return this.workers.map((w) => w.spec.rank);
+    return [...new Set(this.workers.filter((w) => w.spec.rank >= 0).map((w) => w.spec.rank))];
   }
 
-  /** The workers that have not exited. */
+  /** The workers that have not exited (unassigned spares not counted). */
   running(): { rank: number; pid: number | undefined }[] {
-    return this.workers.filter((w) => !w.exit && w.child.exitCode === null && w.child.signalCode === null).map((w) => ({ rank: w.spec.rank, pid: w.child.pid }));
+    return this.workers.filter((w) => w.spec.rank >= 0 && isRunning(w)).map((w) => ({ rank: w.spec.rank, pid: w.child.pid }));
   }
 
   get pids(): (number | undefined)[] {
@@ -135,15 +186,25 @@ export class WorkerGroup {
   /** Stops the workers still running: SIGTERM, then SIGKILL after `graceMs`; resolves when all have exited. */
   async stop(graceMs: number): Promise<WorkerExit[]> {
     this.stopping = true;
-    const running = this.workers.filter((w) => !w.exit && w.child.exitCode === null && w.child.signalCode === null);
-    for (const w of running) w.child.kill('SIGTERM');
-    const killer = setTimeout(() => {
-      for (const w of running) if (w.child.exitCode === null && w.child.signalCode === null) w.child.kill('SIGKILL');
-    }, graceMs);
-    try {
-      return await this.wait();
-    } finally {
-      clearTimeout(killer);
-    }
+    await stopWorkers(this.workers.filter(isRunning), graceMs);
+    return this.wait();
+  }
+}
+
+const isRunning = (w: Worker): boolean => !w.exit && w.child.exitCode === null && w.child.signalCode === null;
+
+/** SIGTERM to each, SIGKILL after `graceMs` to those still running; resolves once all have exited. */
+async function stopWorkers(workers: Worker[], graceMs: number): Promise<void> {
+  for (const w of workers) {
+    w.stopRequested = true;
+    w.child.kill('SIGTERM');
+  }
+  const killer = setTimeout(() => {
+    for (const w of workers) if (w.child.exitCode === null && w.child.signalCode === null) w.child.kill('SIGKILL');
+  }, graceMs);
+  try {
+    await Promise.all(workers.map((w) => w.done));
+  } finally {
+    clearTimeout(killer);
   }
 }

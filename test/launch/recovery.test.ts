@@ -1,0 +1,198 @@
+// Tests of the launcher's in-job recovery mode (`nodetron launch --spares N`, lib/launch/recovery.ts)
+// with a fixture worker that uses none of nodetron's training code (test/fixtures/launch/recovery-worker.ts):
+// a killed rank replaced by a hot spare (and a new spare started) or by a new process (NODETRON_JOIN=1),
+// a stopped rank killed after --stop-timeout-ms and replaced, a rank that never turned recovery on taking
+// the restart path, the holder reachable from the workers, every process gone at the end; and the options.
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, describe, expect, it } from 'vitest';
+import { ArgumentError } from '../../lib/errors.js';
+import { parseLaunchArgs } from '../../lib/launch/cli.js';
+import { nodeArgs } from '../helpers/node-script.js';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const fixtures = join(root, 'test', 'fixtures', 'launch');
+const worker = join(fixtures, 'recovery-worker.ts');
+const work = mkdtempSync(join(tmpdir(), 'nt-recovery-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+interface Event {
+  t: number;
+  src: 'agent' | 'rank';
+  event: string;
+  rank?: number;
+  pid?: number;
+  generation?: number;
+  [k: string]: unknown;
+}
+
+interface Launch {
+  events: () => Event[];
+  /** Resolves with the first event that `pred` accepts (polling the events file). */
+  waitFor: (what: string, pred: (e: Event) => boolean, timeoutMs?: number) => Promise<Event>;
+  done: Promise<{ code: number | null; stdout: string; stderr: string }>;
+}
+
+let runs = 0;
+function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
+  const file = join(work, `events-${runs++}.jsonl`);
+  const child = spawn(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '2', '--monitor-interval-ms', '100', ...args, worker], {
+    cwd: root,
+    env: { ...process.env, NODETRON_RECOVERY_EVENTS: file, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (c) => (stdout += c));
+  child.stderr.on('data', (c) => (stderr += c));
+  const done = new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
+  let exited = false;
+  void done.then(() => (exited = true));
+  const events = (): Event[] => {
+    if (!existsSync(file)) return [];
+    return readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as Event);
+  };
+  const waitFor = async (what: string, pred: (e: Event) => boolean, timeoutMs = 30_000): Promise<Event> => {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const hit = events().find(pred);
+      if (hit) return hit;
+      if (exited || Date.now() > deadline) {
+        child.kill('SIGKILL');
+        const r = await done;
+        throw new Error(`no ${what} event ${exited ? 'before the launcher exited' : `within ${timeoutMs} ms`}:\n${JSON.stringify(events(), null, 1)}\n${r.stderr}`);
+      }
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  };
+  return { events, waitFor, done };
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/** Both first ranks have set recover/ready; returns their pids. */
+async function readyRanks(l: Launch): Promise<number[]> {
+  const pids: number[] = [];
+  for (const rank of [0, 1]) pids.push((await l.waitFor(`rank ${rank} ready`, (e) => e.src === 'rank' && e.event === 'ready' && e.rank === rank && e.generation === 0)).pid!);
+  return pids;
+}
+
+/** Every process the agent started (ranks, spares, replacements) has exited, and the recovery directories are gone. */
+function expectAllGone(events: Event[]): void {
+  const started = events.filter((e) => e.src === 'agent' && e.event === 'worker-started').map((e) => e.pid!);
+  expect(started.length).toBeGreaterThan(0);
+  expect(started.filter(alive)).toEqual([]);
+  for (const e of events.filter((x) => x.event === 'started')) expect(existsSync(String(e.dir))).toBe(false);
+}
+
+describe('nodetron launch --spares (in-job recovery mode)', () => {
+  it('replaces a SIGKILLed rank by a hot spare, starts a new spare, and the job succeeds', async () => {
+    const l = launch(['--spares', '1']);
+    const [, pid1] = await readyRanks(l);
+    await l.waitFor('spare started', (e) => e.event === 'spare-started' && e.spare === 's0');
+    const killedAt = Date.now();
+    process.kill(pid1!, 'SIGKILL');
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    const fault = events.find((e) => e.event === 'fault')!;
+    expect(fault).toMatchObject({ src: 'agent', node: 0, generation: 1, lost: [1], how: 'exit' });
+    const latency = fault.t - killedAt;
+    console.log(`detection latency (SIGKILL → fault event): ${latency} ms`);
+    expect(latency).toBeLessThan(5000);
+    const assigned = events.find((e) => e.event === 'spare-assigned')!;
+    expect(assigned).toMatchObject({ generation: 1, rank: 1, spare: 's0' });
+    // The spare read its assignment key and ran as rank 1 of generation 1, joining, and reached its holder.
+    const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === assigned.pid)!;
+    expect(joined).toMatchObject({ rank: 1, generation: 1, spare: 's0', joining: true, holderReachable: true, recovery: '1' });
+    expect(events.some((e) => e.src === 'rank' && e.event === 'exit' && e.pid === assigned.pid)).toBe(true);
+    // A new spare was started after s0 was used (and stopped at the end: it never ran as a rank).
+    const s1 = events.find((e) => e.event === 'spare-started' && e.spare === 's1')!;
+    expect(s1.t).toBeGreaterThanOrEqual(assigned.t);
+    expect(events.some((e) => e.src === 'rank' && e.pid === s1.pid)).toBe(false);
+    // The survivor saw generation 1 in its abort file and finished in its own process.
+    expect(events.some((e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort' && e.abortGeneration === 1)).toBe(true);
+    expect(events.filter((e) => e.src === 'rank' && e.event === 'exit' && e.rank === 0)).toHaveLength(1);
+    // Every first rank got the holder (one node: its own agent's), reachable.
+    for (const e of events.filter((x) => x.event === 'started' && x.generation === 0)) expect(e).toMatchObject({ holderReachable: true, joining: false });
+    expect(r.stderr).toContain('[nodetron launch node 0] generation 1: rank 1 lost (exit); replaced by spare s0');
+    expect(r.stderr).not.toContain('restarting');
+    expectAllGone(events);
+  }, 90_000);
+
+  it('with --spares 0 starts a new process with NODETRON_JOIN=1 and the lost rank', async () => {
+    const l = launch(['--spares', '0']);
+    const [, pid1] = await readyRanks(l);
+    const killedAt = Date.now();
+    process.kill(pid1!, 'SIGKILL');
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    const fault = events.find((e) => e.event === 'fault')!;
+    expect(fault).toMatchObject({ generation: 1, lost: [1], how: 'exit' });
+    console.log(`detection latency (SIGKILL → fault event, --spares 0): ${fault.t - killedAt} ms`);
+    expect(events.some((e) => e.event === 'spare-started' || e.event === 'spare-assigned')).toBe(false);
+    const started = events.find((e) => e.event === 'replacement-started')!;
+    expect(started).toMatchObject({ rank: 1, generation: 1 });
+    const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === started.pid)!;
+    expect(joined).toMatchObject({ rank: 1, localRank: 1, generation: 1, joining: true, spare: null, holderReachable: true });
+    expect(r.stderr).toContain('generation 1: rank 1 lost (exit); replaced by a new process');
+    expectAllGone(events);
+  }, 90_000);
+
+  it('kills a rank stopped (SIGSTOP) longer than --stop-timeout-ms and replaces it', async () => {
+    const l = launch(['--spares', '1', '--stop-timeout-ms', '500']);
+    const [, pid1] = await readyRanks(l);
+    const stoppedAt = Date.now();
+    process.kill(pid1!, 'SIGSTOP');
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    const fault = events.find((e) => e.event === 'fault')!;
+    expect(fault).toMatchObject({ generation: 1, lost: [1], how: 'stopped' });
+    const latency = fault.t - stoppedAt;
+    console.log(`detection latency (SIGSTOP → fault event, --stop-timeout-ms 500): ${latency} ms`);
+    expect(latency).toBeGreaterThanOrEqual(500);
+    expect(latency).toBeLessThan(6000);
+    expect(alive(pid1!)).toBe(false);
+    expect(events.find((e) => e.event === 'spare-assigned')).toMatchObject({ rank: 1, generation: 1 });
+    expect(r.stderr).toMatch(/rank 1\) has been stopped for \d+ ms \(--stop-timeout-ms 500\): killing it/);
+    expect(r.stderr).toContain('generation 1: rank 1 lost (stopped); replaced by spare s0');
+    expectAllGone(events);
+  }, 90_000);
+
+  it('takes the restart path when a rank never set recover/ready', async () => {
+    const l = launch(['--spares', '1', '--max-restarts', '1'], { RECOVERY_FIXTURE_NOT_READY: '1' });
+    await l.waitFor('rank 0 ready', (e) => e.event === 'ready' && e.rank === 0);
+    const started1 = await l.waitFor('rank 1 started', (e) => e.event === 'started' && e.rank === 1 && e.attempt === 0);
+    process.kill(started1.pid!, 'SIGKILL');
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    expect(events.some((e) => e.event === 'fault' || e.event === 'spare-assigned')).toBe(false);
+    expect(String(events.find((e) => e.event === 'fallback-restart')?.reason)).toMatch(/not every rank has turned in-job recovery on/);
+    expect(r.stderr).toContain('restarting the group (restart 1 of 1)');
+    // The second attempt ran both ranks anew (and recovery mode again), every one finished.
+    expect(events.filter((e) => e.event === 'started' && e.attempt === 1).map((e) => e.rank).sort()).toEqual([0, 1]);
+    expectAllGone(events);
+  }, 90_000);
+
+  it('parses --spares, --stop-timeout-ms and --max-recoveries', () => {
+    const o = parseLaunchArgs(['--spares', '2', '--stop-timeout-ms', '250', '--max-recoveries=3', 's.ts'], {});
+    expect(o).toMatchObject({ spares: 2, stopTimeoutMs: 250, maxRecoveries: 3 });
+    expect(parseLaunchArgs(['s.ts'], {})).toMatchObject({ stopTimeoutMs: 1000, maxRecoveries: 100 });
+    expect((parseLaunchArgs(['s.ts'], {}) as { spares?: number }).spares).toBeUndefined();
+    expect(() => parseLaunchArgs(['--spares', '-1', 's.ts'], {})).toThrow(ArgumentError);
+    expect(() => parseLaunchArgs(['--stop-timeout-ms', '10', 's.ts'], {})).toThrow(/needs|give --spares/);
+  });
+});
