@@ -124,13 +124,13 @@ export const BACKEND_KERNELS = Object.keys({
 } satisfies Record<keyof BackendKernels, 1>) as (keyof BackendKernels)[];
 
 /**
- * What only the cpu addon exports: OpenBLAS and Gloo, kernel threads, the kernels' instruction-set level
+ * What only the cpu addon exports: OpenBLAS and Gloo (with the process-wide communicator abort and abort-file watcher), kernel threads, the kernels' instruction-set level
  * (cpuIsa, setCpuIsa) and the measured FMA peak (fmaPeak), the bf16 GEMM's kernel choice (gemmBf16Kernel,
  * setBf16Gemm), host-storage leaks, the library preloader.
  */
 export const CPU_ONLY_EXPORTS = [
-  'GlooCommunicator', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'gemmBf16Kernel', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBf16Gemm',
-  'setBlasThreads', 'setCpuIsa', 'setHostMemoryLimit', 'setKernelThreads', 'streamTriadLoop',
+  'GlooCommunicator', 'abortCommunicators', 'blasInfo', 'cblasSgemmLoop', 'cpuIsa', 'dlopenGlobal', 'fmaPeak', 'gemmBf16Kernel', 'glooInfo', 'kernelThreads', 'leakedStorages', 'setBf16Gemm',
+  'setBlasThreads', 'setCpuIsa', 'setHostMemoryLimit', 'setKernelThreads', 'stopAbortWatch', 'streamTriadLoop', 'watchAbortFile',
 ] as const;
 /** What only the cuda addon exports: devices, streams and events, cuBLASLt settings and epilogues, NCCL. */
 export const CUDA_ONLY_EXPORTS = [

@@ -68,6 +68,14 @@ export interface CommBackend {
   /** Finishes queued ops, then releases the connections; later ops throw. */
   destroy(): Promise<void>;
   /**
+   * Aborts the communicator from the JS thread at any time, also while an op is blocked in it: every
+   * op in flight rejects promptly with CommError naming `reason`, later ops fail at once, destroy()
+   * still resolves, and peers' ops on the same connections fail too. Idempotent. Gloo: the
+   * communicator's thread is woken (Gloo pairs and the shared-memory segment); NCCL: ncclCommAbort.
+   * Absent on a backend that cannot abort.
+   */
+  abort?(reason: string): void;
+  /**
    * false: point-to-point messages between a pair match in issue order and only tag 0 is taken (NCCL);
    * a caller that would tag them must post each pair's sends and receives in the same order on both
    * sides instead. Absent or true: send and recv match by tag (Gloo).

@@ -29,6 +29,8 @@ export class HostStagedBackend implements CommBackend {
   get sharedMemory(): boolean | undefined { return this.host.sharedMemory; }
   connect(): Promise<void> { return Promise.resolve(); }
   destroy(): Promise<void> { return this.ownsHost ? this.host.destroy() : Promise.resolve(); }
+  /** Aborts the host communicator (whoever owns it): the staged ops in flight reject with its CommError. */
+  abort(reason: string): void { this.host.abort?.(reason); }
 
   // A host storage holding the first `bytes` of `s` (or empty, when the op only writes it).
   #stage(s: NativeStorage, bytes: number, copy: boolean): NativeStorage {

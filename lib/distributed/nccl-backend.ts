@@ -201,6 +201,7 @@ export class NcclBackend implements CommBackend {
   #batch: { ops: OpInfo[]; deadline: number; waits: Array<(e: InFlight) => void> } | undefined;
   #broken: string | undefined;
   #destroyed = false;
+  #aborted = false;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #barrierBuf: NativeStorage | undefined;
 
@@ -499,6 +500,17 @@ export class NcclBackend implements CommBackend {
       throw e;
     }
     return this.native.groupEnd();
+  }
+
+  /**
+   * Aborts the communicator (ncclCommAbort) from the JS thread: the ops in flight reject at once with
+   * CommError naming `reason`, later ops throw, destroy() resolves without waiting on peers. A
+   * no-op after destroy() or an earlier abort.
+   */
+  abort(reason: string): void {
+    if (this.#destroyed || this.#aborted) return;
+    this.#aborted = true;
+    this.#failAll(`the communicator was aborted: ${reason}`, CommError);
   }
 
   /** Waits for the ops in flight, then frees the communicator (ncclCommFinalize + destroy). */

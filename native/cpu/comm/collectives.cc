@@ -102,15 +102,16 @@ std::string listCounts(const std::vector<size_t>& counts) {
 }  // namespace
 
 void connectMesh(CommState& s) {
+  // The store calls are where connect waits on its peers; an abort wakes them (s.interrupt).
   std::unique_ptr<gloo::rendezvous::Store> store;
-  if (s.storeOp) store = std::make_unique<JsStore>(*s.storeOp, s.group, s.timeout);
-  else store = std::make_unique<StoreClient>(s.storeHost, s.storePort, s.group, s.timeout);
+  if (s.storeOp) store = std::make_unique<JsStore>(*s.storeOp, s.group, s.timeout, &s.interrupt);
+  else store = std::make_unique<StoreClient>(s.storeHost, s.storePort, s.group, s.timeout, &s.interrupt);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(s.rank, s.size);
   ctx->setTimeout(s.timeout);
   std::shared_ptr<gloo::transport::Device> dev = tcpDevice(s.deviceHost, s.deviceIface);
   ctx->connectFullMesh(*store, dev);
-  s.context = ctx;
-  s.shm = ShmSegment::open(*store, s.rank, s.size, s.sharedMemory);
+  std::shared_ptr<ShmSegment> segment = ShmSegment::open(*store, s.rank, s.size, s.sharedMemory);
+  s.adopt(ctx, segment);
 }
 
 namespace {

@@ -1,10 +1,13 @@
-// The communicator's work queue thread, failure descriptions and the shared TCP devices.
+// The communicator's work queue thread, aborting it from any thread, failure descriptions and the
+// shared TCP devices.
 #include "communicator.h"
 
 #include <gloo/common/error.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <map>
+
+#include "shm.h"
 
 namespace nt::comm {
 
@@ -17,6 +20,54 @@ void CommState::markBroken(const std::string& why) {
 std::string CommState::whyBroken() {
   std::lock_guard<std::mutex> lock(brokenMutex);
   return brokenReason;
+}
+
+void CommState::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(brokenMutex);
+    if (aborted.load()) return;
+    abortReason = reason;
+    brokenReason = "the communicator was aborted: " + reason +
+                   (broken.load() ? " (after an earlier failure: " + brokenReason + ")" : std::string());
+    broken = true;
+    aborted = true;  // seq_cst: adopt() sees it, or this sees what adopt() published (below)
+  }
+  interrupt.fire(reason);
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::shared_ptr<ShmSegment> segment;
+  {
+    std::lock_guard<std::mutex> lock(handleMutex);
+    ctx = context;
+    segment = shm;
+  }
+  // Both stay alive through these copies even if destroy() releases them meanwhile.
+  if (segment) segment->abort();
+  if (ctx) signalGlooContext(*ctx, "the communicator was aborted: " + reason);
+}
+
+std::string CommState::abortMessage() {
+  std::lock_guard<std::mutex> lock(brokenMutex);
+  return "the communicator was aborted: " + abortReason;
+}
+
+void CommState::adopt(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<ShmSegment> segment) {
+  {
+    std::lock_guard<std::mutex> lock(handleMutex);
+    context = ctx;
+    shm = segment;
+  }
+  if (aborted.load()) {
+    if (segment) segment->abort();
+    if (ctx) signalGlooContext(*ctx, abortMessage());
+    fail(Err::Comm, abortMessage());
+  }
+}
+
+void CommState::release() {
+  std::lock_guard<std::mutex> lock(handleMutex);
+  context.reset();
+  shm.reset();
+  destroyed = true;
 }
 
 void Completion::markStarted() {
@@ -109,7 +160,9 @@ void WorkQueue::loop() {
       items_.pop_front();
     }
     w->completion->markStarted();
-    if (w->marksBrokenOnError && state_->broken.load()) {
+    if (w->marksBrokenOnError && state_->aborted.load()) {
+      w->error = describeFailure(*state_, *w, Err::Comm, state_->abortMessage());
+    } else if (w->marksBrokenOnError && state_->broken.load()) {
       w->error = describeFailure(*state_, *w, Err::Comm,
                                  "the communicator is unusable after an earlier failure: " + state_->whyBroken());
     } else {
@@ -124,6 +177,9 @@ void WorkQueue::loop() {
       } catch (const std::exception& e) {
         w->error = describeFailure(*state_, *w, classify(e.what()), e.what());
       }
+      // An op that failed because the communicator was aborted says so (whatever Gloo or the
+      // shared-memory barrier reported when it woke), as a CommError rather than a timeout.
+      if (w->error && state_->aborted.load()) w->error = describeFailure(*state_, *w, Err::Comm, state_->abortMessage());
       if (w->error && w->marksBrokenOnError && !mismatch) state_->markBroken(w->error->message);
     }
     w->completion->finish(w->error);

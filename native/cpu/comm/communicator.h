@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "abort.h"
 #include "core/nt.h"
 
 namespace nt::comm {
@@ -49,6 +50,26 @@ struct CommState {
   std::atomic<bool> broken{false};
   void markBroken(const std::string& why);
   std::string whyBroken();
+
+  // abort(reason), from any thread: marks the communicator broken with the reason, wakes connect's
+  // store calls (interrupt), aborts the shared-memory segment and sets an exception on every Gloo
+  // pair, so the op in flight fails at once with "the communicator was aborted: <reason>" and later
+  // ops fail without running. Idempotent; the first reason is kept.
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> destroyed{false};  // set once destroy() has released the connections
+  Interrupt interrupt;
+  void abort(const std::string& reason);
+  std::string abortMessage();  // "the communicator was aborted: <reason>"
+  // On the collective thread: `context` and `shm` become the communicator's under handleMutex (so
+  // abort on another thread sees them or sees nothing); when an abort came first, they are aborted
+  // at once and this throws.
+  void adopt(std::shared_ptr<gloo::rendezvous::Context> ctx, std::shared_ptr<ShmSegment> segment);
+  // destroy(): drops the context and the segment (under handleMutex; an abort keeps its own copies alive).
+  void release();
+
+ private:
+  std::mutex handleMutex;
+  std::string abortReason;  // under brokenMutex
 };
 
 // Ranks disagreed before any byte of the collective moved: the op fails on every rank, and the

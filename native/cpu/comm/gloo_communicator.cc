@@ -29,6 +29,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
                                      method<&GlooCommunicator::Send>("send"),
                                      method<&GlooCommunicator::Recv>("recv"),
                                      method<&GlooCommunicator::Destroy>("destroy"),
+                                     method<&GlooCommunicator::Abort>("abort"),
                                      InstanceAccessor("rank", &GlooCommunicator::Rank, nullptr),
                                      InstanceAccessor("size", &GlooCommunicator::Size, nullptr),
                                      InstanceAccessor("pending", &GlooCommunicator::Pending, nullptr),
@@ -77,6 +78,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       queues->queues = {collectives_, pointToPoint_};
       tsfn_.Release();  // the queue threads hold it from here on
       tsfn_.Unref(env);
+      registerCommunicator(state_);  // for abortCommunicators and the abort-file watcher (abort.h)
     } catch (const Error& e) {
       makeError(info.Env(), e.code, e.message, e.call.empty() ? "GlooCommunicator" : e.call).ThrowAsJavaScriptException();
     }
@@ -435,12 +437,23 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     std::shared_ptr<CommState> s = state_;
     w->run = [s] {
       s->markBroken("the communicator was destroyed");
-      s->context.reset();
-      s->shm.reset();
+      s->release();
     };
     Napi::Value p = submit(info, std::move(w), *collectives_);
     shutdown();
     return p;
+  }
+
+  // abort(reason): callable at any time from the JS thread, also while this communicator's thread
+  // is blocked in an op (see CommState::abort): the op in flight rejects promptly with CommError
+  // naming the reason, later ops fail at once, and destroy() still resolves. Storages stay pinned
+  // until each op settles. A no-op after an earlier abort or after destroy().
+  Napi::Value Abort(const Napi::CallbackInfo& info) {
+    Args a{info, "abort"};
+    a.count(1);
+    std::string reason = a.string(0);
+    if (state_) state_->abort(reason);
+    return info.Env().Undefined();
   }
 
   Napi::Value Rank(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), state_ ? state_->rank : -1); }

@@ -66,12 +66,22 @@ void invoke(Napi::Env env, Napi::Function storeOp, Request* raw) {
 
 }  // namespace
 
-JsStore::JsStore(Napi::ThreadSafeFunction storeOp, std::string prefix, std::chrono::milliseconds timeout)
-    : storeOp_(storeOp), prefix_(std::move(prefix)), timeout_(timeout) {}
+JsStore::JsStore(Napi::ThreadSafeFunction storeOp, std::string prefix, std::chrono::milliseconds timeout,
+                 Interrupt* interrupt)
+    : storeOp_(storeOp), prefix_(std::move(prefix)), timeout_(timeout), interrupt_(interrupt) {}
 
 std::vector<char> JsStore::call(const char* op, const std::string& key, const std::vector<char>* value,
                                 std::chrono::milliseconds timeout) {
+  const std::string what = std::string("store ") + op + " '" + key + "'";
   auto pending = std::make_shared<Pending>();
+  // An abort settles the call at once; the JS store's late answer then finds it settled.
+  struct Armed {
+    Interrupt* interrupt;
+    ~Armed() {
+      if (interrupt) interrupt->disarm();
+    }
+  } armed{interrupt_};
+  if (interrupt_) interrupt_->arm([pending] { settle(*pending, std::string("aborted"), {}); }, what);
   auto* req = new Request{op, key, value ? std::optional<std::vector<char>>(*value) : std::nullopt, pending};
   if (storeOp_.BlockingCall(req, invoke) != napi_ok) {
     delete req;
@@ -81,6 +91,9 @@ std::vector<char> JsStore::call(const char* op, const std::string& key, const st
   // The JS store applies its own timeout; this bound only guards against a store that never answers.
   if (!pending->cv.wait_for(lock, timeout + std::chrono::seconds(5), [&] { return pending->done; }))
     fail(Err::Timeout, std::string("store ") + op + " '" + key + "' timed out after " + std::to_string(timeout.count()) + " ms");
+  lock.unlock();
+  if (interrupt_) interrupt_->check(what);
+  lock.lock();
   if (pending->error) fail(Err::Comm, std::string("store ") + op + " '" + key + "': " + *pending->error);
   return pending->value;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "abort.h"
 #include "core/nt.h"
 
 namespace nt::comm {
@@ -17,7 +18,10 @@ namespace nt::comm {
 // until JS calls done, or fails with a Timeout error after `timeout`.
 class JsStore : public gloo::rendezvous::Store {
  public:
-  JsStore(Napi::ThreadSafeFunction storeOp, std::string prefix, std::chrono::milliseconds timeout);
+  // `interrupt` (optional, outliving the store): its firing ends the call being waited for and
+  // makes later calls fail at once.
+  JsStore(Napi::ThreadSafeFunction storeOp, std::string prefix, std::chrono::milliseconds timeout,
+          Interrupt* interrupt = nullptr);
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override;
@@ -28,6 +32,7 @@ class JsStore : public gloo::rendezvous::Store {
   Napi::ThreadSafeFunction storeOp_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  Interrupt* interrupt_;
 };
 
 }  // namespace nt::comm

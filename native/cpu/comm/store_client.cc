@@ -67,28 +67,55 @@ int connectOnce(const std::string& host, int port, std::string& why) {
 
 }  // namespace
 
-StoreClient::StoreClient(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), prefix_(std::move(prefix)), timeout_(timeout) {
+StoreClient::StoreClient(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
+                         Interrupt* interrupt)
+    : host_(host), port_(port), prefix_(std::move(prefix)), timeout_(timeout), interrupt_(interrupt) {
+  const std::string what = "rendezvous store at " + host + ":" + std::to_string(port);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string why;
   auto backoff = std::chrono::milliseconds(10);
   while (true) {
+    if (interrupt_) interrupt_->check(what);
     fd_ = connectOnce(host, port, why);
-    if (fd_ >= 0) return;
-    if (std::chrono::steady_clock::now() + backoff >= deadline) break;
-    std::this_thread::sleep_for(backoff);
+    if (fd_ >= 0) break;
+    if (std::chrono::steady_clock::now() + backoff >= deadline)
+      fail(Err::Timeout, "could not reach the " + what + " within " + std::to_string(timeout.count()) + " ms (" + why + ")");
+    // Slept in short slices so that an abort ends the retries promptly.
+    for (auto slept = std::chrono::milliseconds(0); slept < backoff; slept += std::chrono::milliseconds(10)) {
+      if (interrupt_ && interrupt_->fired()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  fail(Err::Timeout, "could not reach the rendezvous store at " + host + ":" + std::to_string(port) + " within " +
-                         std::to_string(timeout.count()) + " ms (" + why + ")");
+  if (!interrupt_) return;
+  // shutdown() wakes a send or recv blocked on the socket; the fd stays open (and is not reused)
+  // until the destructor disarms the waker and closes it.
+  const int fd = fd_;
+  try {
+    interrupt_->arm([fd] { ::shutdown(fd, SHUT_RDWR); }, what);
+  } catch (...) {
+    close(fd_);
+    fd_ = -1;
+    throw;
+  }
 }
 
 StoreClient::~StoreClient() {
+  if (interrupt_) interrupt_->disarm();
   if (fd_ >= 0) close(fd_);
 }
 
 std::vector<char> StoreClient::request(const std::vector<char>& body, const char* op, const std::string& key) {
   auto where = [&] { return std::string("store ") + op + " '" + key + "' at " + host_ + ":" + std::to_string(port_); };
+  if (interrupt_) interrupt_->check(where());
+  // A failure after an abort shut the socket down names the abort rather than the broken socket.
+  struct AbortFirst {
+    Interrupt* interrupt;
+    std::string what;
+    void operator()() const {
+      if (interrupt) interrupt->check(what);
+    }
+  } abortFirst{interrupt_, where()};
   std::vector<char> frame;
   putU32(frame, static_cast<uint32_t>(body.size()));
   frame.insert(frame.end(), body.begin(), body.end());
@@ -96,7 +123,10 @@ std::vector<char> StoreClient::request(const std::vector<char>& body, const char
   while (off < frame.size()) {
     ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(Err::Comm, where() + ": send failed: " + std::strerror(errno));
+    if (n <= 0) {
+      abortFirst();
+      fail(Err::Comm, where() + ": send failed: " + std::strerror(errno));
+    }
     off += size_t(n);
   }
   auto readAll = [&](char* p, size_t len) {
@@ -104,6 +134,7 @@ std::vector<char> StoreClient::request(const std::vector<char>& body, const char
     while (got < len) {
       ssize_t n = ::recv(fd_, p + got, len - got, 0);
       if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) abortFirst();
       if (n == 0) fail(Err::Comm, where() + ": the store closed the connection");
       if (n < 0) fail(Err::Comm, where() + ": recv failed: " + std::strerror(errno));
       got += size_t(n);

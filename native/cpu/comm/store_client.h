@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "abort.h"
+
 namespace nt::comm {
 
 // One blocking TCP connection; keys are namespaced under `prefix + "/"`. Not thread-safe: a
@@ -16,7 +18,10 @@ namespace nt::comm {
 class StoreClient : public gloo::rendezvous::Store {
  public:
   // Retries the connection until timeoutMs passes (the store may come up after the ranks).
-  StoreClient(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout);
+  // `interrupt` (optional, outliving the client): its firing ends the retries and, by shutting the
+  // socket down, the request in progress; later requests fail at once.
+  StoreClient(const std::string& host, int port, std::string prefix, std::chrono::milliseconds timeout,
+              Interrupt* interrupt = nullptr);
   ~StoreClient() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -33,6 +38,7 @@ class StoreClient : public gloo::rendezvous::Store {
   int port_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  Interrupt* interrupt_;
 };
 
 }  // namespace nt::comm

@@ -1,0 +1,61 @@
+// Aborting every Gloo communicator of the process at once (in-job recovery, issue #37): directly, or
+// from the launcher's abort file through a native watcher thread that runs even while the JS thread
+// blocks in a waitSync(). Typed wrappers over the cpu addon's abortCommunicators, watchAbortFile
+// and stopAbortWatch (native/cpu/comm/abort.cc).
+import { ArgumentError, BackendUnavailableError } from '../errors.js';
+import { cpu } from '../native.js';
+
+interface AbortAddon {
+  abortCommunicators(reason: string): number;
+  watchAbortFile(path: string, generation: number): void;
+  stopAbortWatch(): void;
+}
+
+function addon(call: string): AbortAddon {
+  const a = cpu() as Partial<AbortAddon> & { GlooCommunicator?: unknown };
+  if (typeof a.GlooCommunicator !== 'function') {
+    throw new BackendUnavailableError(`${call}: the cpu addon was built without Gloo (install libgloo-dev and rebuild)`, call);
+  }
+  if (typeof a.abortCommunicators !== 'function' || typeof a.watchAbortFile !== 'function' || typeof a.stopAbortWatch !== 'function') {
+    throw new BackendUnavailableError(`${call}: the cpu addon predates communicator abort; rebuild it (node scripts/setup.mjs)`, call);
+  }
+  return a as AbortAddon;
+}
+
+function checkReason(reason: unknown, call: string): string {
+  if (typeof reason !== 'string' || reason.length === 0) throw new ArgumentError(`${call}: reason must be a non-empty string`, call);
+  return reason;
+}
+
+/**
+ * Aborts every live Gloo communicator of this process: each op in flight rejects promptly with
+ * CommError naming `reason`, later ops fail at once, destroy() still resolves. Returns how many
+ * communicators it aborted (those destroyed or aborted before are not counted). NCCL communicators
+ * are not included: abort them through their group (CommBackend.abort).
+ */
+export function abortAllCommunicators(reason: string): number {
+  const call = 'abortAllCommunicators';
+  return addon(call).abortCommunicators(checkReason(reason, call));
+}
+
+/**
+ * Starts (or retargets) the process's abort-file watcher: a native thread polls `path` every 20 ms,
+ * and when the file holds a decimal number greater than `generation` it aborts every live Gloo
+ * communicator with the reason `generation N started (abort file PATH)`, then watches for more than
+ * N. A missing file or one that is not a plain number is ignored. Works while the JS thread is
+ * blocked in a synchronous wait. The launcher writes the file atomically (tmp + rename).
+ */
+export function watchAbortFile(path: string, generation: number): void {
+  const call = 'watchAbortFile';
+  if (typeof path !== 'string' || path.length === 0) throw new ArgumentError(`${call}: path must be a non-empty string`, call);
+  if (path.includes('\0')) throw new ArgumentError(`${call}: path must not contain a NUL character`, call);
+  if (!Number.isSafeInteger(generation) || generation < 0) {
+    throw new ArgumentError(`${call}: generation must be a non-negative integer, got ${String(generation)}`, call);
+  }
+  addon(call).watchAbortFile(path, generation);
+}
+
+/** Ends the abort-file watcher thread (a no-op when none runs). It also ends at process exit. */
+export function stopAbortWatch(): void {
+  addon('stopAbortWatch').stopAbortWatch();
+}
