@@ -32,6 +32,7 @@ const BENCH_MODULES: Record<string, () => Promise<Command>> = {
   head: () => import('./bench/head.js'),
   trace: () => import('./bench/trace.js'),
   pipeline: () => import('./bench/pipeline.js'),
+  chaos: () => import('./bench/chaos.js'),
 };
 
 const BENCHES = Object.keys(BENCH_MODULES);

@@ -1,0 +1,552 @@
+// `nodetron bench chaos`: in-job recovery under faults (issue #37). Runs a training script under
+// `nodetron launch --spares S ... --recover memory`, kills a random live rank every --kill-every seconds
+// (SIGKILL, SIGSTOP left stopped for the launcher to find, or a whole simulated node's agent and workers),
+// and from the recovery events (NODETRON_RECOVERY_EVENTS, docs: the in-job recovery contract) times each
+// fault → detection → full strength, with steps lost and disk fallbacks; beside it the same run without
+// faults (losses compared bit for bit, the failure-free step time) and the same kills under today's path
+// (--max-restarts, checkpoints, --resume auto). The launcher command is injectable (`launcher`), which is
+// how test/bench/chaos.test.ts runs it against a fake launcher.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, createWriteStream, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { constants } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { randomBytes } from 'node:crypto';
+import { ArgumentError } from '../errors.js';
+import { info } from '../info.js';
+import { median } from './util.js';
+import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
+import { expectPositionals, parseOptions } from '../cmdline/args.js';
+
+export type FaultKind = 'kill' | 'stop' | 'node';
+const FAULT_KINDS: readonly FaultKind[] = ['kill', 'stop', 'node'];
+
+export interface ChaosOptions {
+  /** Ranks per node (launch --nproc-per-node). */
+  nproc: number;
+  /** Simulated nodes: one launcher process per node on this machine (1: no node faults). */
+  nodes: number;
+  spares: number;
+  killEverySec: number;
+  kills: number;
+  faults: FaultKind[];
+  seed: number;
+  steps?: number;
+  /** Layout flags for the script (default --dp 2 --tp 2 --zero 3). */
+  layout: string[];
+  script: string;
+  scriptArgs: string[];
+  baseline: 'restart' | 'none';
+  reference: boolean;
+  /** Where runs write (DIR/reference, DIR/chaos, DIR/baseline, their events and logs). */
+  out: string;
+  /** The command that starts a launcher, before its flags (default: node bin/nodetron.js launch). */
+  launcher?: string[];
+  /** Steps between checkpoints in the baseline (--save-every). */
+  saveEvery: number;
+  /** The baseline's --hang-timeout-ms: how today's launcher finds a stopped rank. */
+  baselineHangMs: number;
+  /** A run still going after this long is killed (its process groups) and reported as timed out. */
+  timeoutSec: number;
+  /** Write the runs' output through to this process's (else only to DIR/<run>.log). */
+  verbose?: boolean;
+  log?: (line: string) => void;
+}
+
+/** One line of NODETRON_RECOVERY_EVENTS. */
+export interface ChaosEvent { t: number; src: 'agent' | 'rank'; node?: number; rank?: number; generation?: number; event: string; [k: string]: unknown }
+
+/** A fault the benchmark caused. `at`: epoch ms just before the signal. */
+export interface Injected { i: number; at: number; how: FaultKind; rank: number | null; node: number; pid: number; ranks: number[] }
+
+export interface ChaosFaultRow {
+  i: number; how: FaultKind; rank: number | null; node: number; ranks: number[];
+  generation: number | null; detectMs: number | null; fullStrengthMs: number | null; stepsLost: number | null;
+  recoveredToStep: number | null; diskFallback: boolean; fallbackRestart: boolean; status: 'recovered' | 'undetected' | 'incomplete' | 'fallback-restart';
+}
+
+export interface BaselineFaultRow { i: number; how: FaultKind; rank: number | null; nextStepMs: number | null; stepsLost: number | null; lastStepBefore: number | null; resumedAt: number | null; status: 'recovered' | 'not-recovered' | 'skipped' }
+
+export interface StepLine { t: number; step: number }
+
+export interface RunResult {
+  name: string; commands: string[][]; wallMs: number; exitCodes: (number | null)[]; timedOut: boolean;
+  injected: Injected[]; skipped: Array<{ i: number; how: FaultKind; reason: string }>;
+  steps: StepLine[]; restarts: number[]; resumes: Array<{ t: number; step: number }>; events: ChaosEvent[]; losses: Map<number, number> | null;
+}
+
+/** A small seeded generator (mulberry32): the same --seed draws the same faults and victims. */
+export function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** The fault plan: per kill, its kind and a draw in [0, 1) that picks the victim among what is live then. */
+export function faultPlan(o: Pick<ChaosOptions, 'kills' | 'faults' | 'seed'>): Array<{ how: FaultKind; u: number }> {
+  const r = seeded(o.seed);
+  return Array.from({ length: o.kills }, () => ({ how: o.faults[Math.floor(r() * o.faults.length)]!, u: r() }));
+}
+
+/** Parses event lines (a torn or foreign line is skipped). */
+export function parseEvents(text: string): ChaosEvent[] {
+  const out: ChaosEvent[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.trim()) continue;
+    try {
+      const e = JSON.parse(line) as ChaosEvent;
+      if (e && typeof e.t === 'number' && typeof e.event === 'string') out.push(e);
+    } catch { /* a partial line */ }
+  }
+  return out.sort((a, b) => a.t - b.t);
+}
+
+/** Which process is each rank now, and on which node, from worker-started / spare-assigned / replacement-started events. */
+export function rankPids(events: readonly ChaosEvent[]): Map<number, { pid: number; node: number }> {
+  const spares = new Map<string, number>(), ranks = new Map<number, { pid: number; node: number }>();
+  for (const e of events) {
+    const node = e.node ?? 0, pid = e.pid as number | undefined;
+    if (e.src !== 'agent') continue;
+    if (e.event === 'worker-started' || e.event === 'spare-started' || e.event === 'replacement-started') {
+      if (typeof pid !== 'number') continue;
+      if (typeof e.spare === 'string' && (e.rank === undefined || e.rank < 0)) spares.set(`${node}/${e.spare}`, pid);
+      else if (typeof e.rank === 'number' && e.rank >= 0) ranks.set(e.rank, { pid, node });
+    } else if (e.event === 'spare-assigned' && typeof e.rank === 'number') {
+      const p = spares.get(`${node}/${String(e.spare)}`);
+      if (p !== undefined) ranks.set(e.rank, { pid: p, node });
+    }
+  }
+  return ranks;
+}
+
+/** A process's state letter in /proc (R, S, D, T, Z...), or null when it is gone. */
+export function procState(pid: number): string | null {
+  try {
+    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return s.slice(s.lastIndexOf(')') + 2, s.lastIndexOf(')') + 3);
+  } catch { return null; }
+}
+
+/** The ranks' pids found in /proc: descendants of `roots` whose environment has RANK and no NODETRON_SPARE. */
+export function procRankPids(roots: number[]): Map<number, { pid: number; node: number }> {
+  const parent = new Map<number, number>();
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const s = readFileSync(`/proc/${d}/stat`, 'utf8');
+      parent.set(Number(d), Number(s.slice(s.lastIndexOf(')') + 2).split(' ')[1]));
+    } catch { /* gone */ }
+  }
+  const out = new Map<number, { pid: number; node: number }>();
+  for (const pid of parent.keys()) {
+    let p: number | undefined = pid, node = -1;
+    for (let hops = 0; p && hops < 8 && node < 0; hops++) { p = parent.get(p); if (p !== undefined) node = roots.indexOf(p); }
+    if (node < 0) continue;
+    try {
+      const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+      const rank = env.find((v) => v.startsWith('RANK='));
+      if (rank && !env.some((v) => v.startsWith('NODETRON_SPARE='))) out.set(Number(rank.slice(5)), { pid, node });
+    } catch { /* gone or not ours */ }
+  }
+  return out;
+}
+
+/** Picks the victim of draw `u` among the live ranks (ascending), or null when none is live. */
+export function pickVictim(live: number[], u: number): number | null {
+  if (live.length === 0) return null;
+  const s = [...live].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(u * s.length))]!;
+}
+
+/** Each fault of the chaos run, matched to the agent's `fault` event and the generation's rank events. */
+export function analyzeFaults(injected: readonly Injected[], events: readonly ChaosEvent[], worldSize: number): ChaosFaultRow[] {
+  const faults = events.filter((e) => e.src === 'agent' && e.event === 'fault');
+  const used = new Set<ChaosEvent>();
+  return injected.map((f) => {
+    const lostOf = (e: ChaosEvent) => (Array.isArray(e.lost) ? (e.lost as number[]) : []);
+    const ev = faults.find((e) => e.t >= f.at && !used.has(e) && lostOf(e).some((r) => f.ranks.includes(r)))
+      ?? faults.find((e) => e.t >= f.at && lostOf(e).some((r) => f.ranks.includes(r)));
+    const row: ChaosFaultRow = { i: f.i, how: f.how, rank: f.rank, node: f.node, ranks: f.ranks, generation: null, detectMs: null, fullStrengthMs: null,
+      stepsLost: null, recoveredToStep: null, diskFallback: false, fallbackRestart: false, status: 'undetected' };
+    const restart = events.find((e) => e.src === 'agent' && e.event === 'fallback-restart' && e.t >= f.at);
+    if (!ev || typeof ev.generation !== 'number') {
+      if (restart) { row.fallbackRestart = true; row.status = 'fallback-restart'; }
+      return row;
+    }
+    used.add(ev);
+    const g = ev.generation;
+    row.generation = g;
+    row.detectMs = ev.t - f.at;
+    // Full strength: the first generation >= g in which every rank completed a first step (a fault during
+    // this one's recovery folds it into the next); its time is the last rank's.
+    const gens = [...new Set(events.filter((e) => e.event === 'first-step' && typeof e.generation === 'number' && e.generation >= g).map((e) => e.generation!))].sort((a, b) => a - b);
+    let fullAt: number | null = null, fullGen = g;
+    for (const h of gens) {
+      const first = new Map<number, number>();
+      for (const e of events) if (e.event === 'first-step' && e.generation === h && typeof e.rank === 'number' && !first.has(e.rank)) first.set(e.rank, e.t);
+      if (first.size >= worldSize) { fullAt = Math.max(...first.values()); fullGen = h; break; }
+    }
+    const rec = events.filter((e) => e.event === 'recovered' && e.generation === g);
+    if (rec.length) {
+      row.stepsLost = Math.max(...rec.map((e) => Number(e.stepsLost ?? 0)));
+      row.recoveredToStep = Math.min(...rec.map((e) => Number(e.step ?? 0)));
+    }
+    row.diskFallback = events.some((e) => e.event === 'fallback-disk' && typeof e.generation === 'number' && e.generation >= g && e.generation <= fullGen);
+    row.fallbackRestart = !!restart && (fullAt === null || restart.t <= fullAt);
+    if (fullAt !== null) row.fullStrengthMs = fullAt - f.at;
+    row.status = row.fallbackRestart ? 'fallback-restart' : fullAt === null ? 'incomplete' : 'recovered';
+    return row;
+  });
+}
+
+/** Each fault of the baseline run: fault → the first step completed after the restart, and the steps redone. */
+export function analyzeBaseline(injected: readonly Injected[], run: Pick<RunResult, 'steps' | 'restarts' | 'resumes' | 'skipped'>): BaselineFaultRow[] {
+  const rows: BaselineFaultRow[] = injected.map((f) => {
+    const restart = run.restarts.find((t) => t >= f.at);
+    const next = restart === undefined ? undefined : run.steps.find((s) => s.t >= restart);
+    // The step the failed attempt had reached: its last progress line (between the restart before and this one),
+    // else the step it had resumed from (no step done: a fault during the previous restart loses nothing more).
+    const end = restart ?? f.at, begin = run.restarts.filter((t) => t < end).at(-1) ?? -Infinity;
+    const inAttempt = (x: { t: number }) => x.t > begin && x.t < end;
+    const lastStepBefore = run.steps.filter(inAttempt).at(-1)?.step ?? run.resumes.filter(inAttempt).at(-1)?.step ?? (begin === -Infinity ? null : 0);
+    // Resumed from a checkpoint's step (its "resumed from" line after the restart), else from scratch.
+    const resume = restart === undefined ? undefined : run.resumes.find((r) => r.t >= restart && (!next || r.t <= next.t));
+    const resumedAt = next ? (resume?.step ?? 0) : null;
+    return { i: f.i, how: f.how, rank: f.rank, nextStepMs: next ? next.t - f.at : null, lastStepBefore, resumedAt,
+      stepsLost: next && lastStepBefore !== null ? Math.max(0, lastStepBefore - resumedAt!) : null, status: next ? 'recovered' : 'not-recovered' };
+  });
+  for (const s of run.skipped) rows.push({ i: s.i, how: s.how, rank: null, nextStepMs: null, stepsLost: null, lastStepBefore: null, resumedAt: null, status: 'skipped' });
+  return rows.sort((a, b) => a.i - b.i);
+}
+
+/** A losses.json's training curve, one loss per step (a step done twice, as after a rollback, keeps its last loss). */
+export function lossesOf(json: unknown): Map<number, number> {
+  const train = (json as { train?: unknown }).train;
+  if (!Array.isArray(train)) throw new ArgumentError('losses.json has no train curve ([[step, loss], ...])');
+  const m = new Map<number, number>();
+  for (const p of train) if (Array.isArray(p) && typeof p[0] === 'number' && typeof p[1] === 'number') m.set(p[0], p[1]);
+  return m;
+}
+
+/** `equal`: every step in both runs, bit-identical; `valuesEqual`: the steps both have are (a restarted run's losses.json starts at its resume). */
+export interface LossComparison { equal: boolean; valuesEqual: boolean; stepsCompared: number; firstDifferingStep: number | null; maxAbsDiff: number; missing: number[] }
+
+/** Compares two runs' losses step by step, bit for bit (`missing`: steps one has and the other lacks). */
+export function compareLosses(ref: Map<number, number>, run: Map<number, number>): LossComparison {
+  const steps = [...new Set([...ref.keys(), ...run.keys()])].sort((a, b) => a - b);
+  let first: number | null = null, max = 0, compared = 0;
+  const missing: number[] = [];
+  for (const s of steps) {
+    const a = ref.get(s), b = run.get(s);
+    if (a === undefined || b === undefined) { missing.push(s); continue; }
+    compared++;
+    if (!Object.is(a, b)) { first ??= s; max = Math.max(max, Math.abs(a - b)); }
+  }
+  return { equal: first === null && missing.length === 0 && compared > 0, valuesEqual: first === null && compared > 0, stepsCompared: compared, firstDifferingStep: first, maxAbsDiff: max, missing };
+}
+
+/** Seconds per step: the median over consecutive progress lines of time / steps between them (the first step's set-up excluded). */
+export function stepSeconds(steps: readonly StepLine[]): number | null {
+  const per: number[] = [];
+  for (let i = 1; i < steps.length; i++) {
+    const d = steps[i]!.step - steps[i - 1]!.step;
+    if (d > 0) per.push((steps[i]!.t - steps[i - 1]!.t) / 1000 / d);
+  }
+  return per.length ? median(per) : null;
+}
+
+export const GOODPUT_DEFINITION = "goodput = (the final losses.json's last step × the failure-free run's median step time) / the run's wall time (launch → exit)";
+
+/** Goodput as {@link GOODPUT_DEFINITION} says. */
+export function goodput(steps: number, stepS: number, wallMs: number): number {
+  return wallMs > 0 ? (steps * stepS * 1000) / wallMs : 0;
+}
+
+const STEP_LINE = /\bstep\s+(\d+)(?:\/\d+)?\s+loss\b/;
+const RESUME_LINE = /resumed from .*\(step (\d+)/;
+const RESTART_LINE = /restarting the group/;
+
+/** A free TCP port on the loopback (the multi-node store's). */
+async function freePort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const s = createServer();
+    s.once('error', rej);
+    s.listen(0, '127.0.0.1', () => { const p = (s.address() as { port: number }).port; s.close(() => res(p)); });
+  });
+}
+
+/** The launcher command lines of one run: one per simulated node. */
+export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', dir: string, port: number | null): string[][] {
+  const launcher = o.launcher ?? [process.execPath, join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'nodetron.js'), 'launch'];
+  const script = [o.script, ...o.layout, ...(o.steps !== undefined ? ['--steps', String(o.steps)] : []), ...o.scriptArgs];
+  const mine = mode === 'baseline'
+    ? { launch: ['--max-restarts', String(o.kills + 1), '--hang-timeout-ms', String(o.baselineHangMs)],
+      script: ['--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--resume', 'auto', '--out', dir] }
+    : { launch: ['--spares', String(o.spares)], script: ['--recover', 'memory', '--out', dir] };
+  return Array.from({ length: o.nodes }, (_, i) => [...launcher, '--nproc-per-node', String(o.nproc),
+    ...(o.nodes > 1 ? ['--nnodes', String(o.nodes), '--node-rank', String(i), '--master-addr', '127.0.0.1', '--master-port', String(port)] : []),
+    ...mine.launch, ...script, ...mine.script]);
+}
+
+/** Runs one phase: its launcher(s), the kill loop (a plan, or none for the reference), the output watched. */
+export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', plan: Array<{ how: FaultKind; u: number }>): Promise<RunResult> {
+  const dir = resolve(o.out, mode);
+  mkdirSync(dir, { recursive: true });
+  const eventsPath = resolve(o.out, `${mode}-events.jsonl`);
+  const commands = launchCommands(o, mode, dir, o.nodes > 1 ? await freePort() : null);
+  const env = { ...process.env, NODETRON_RECOVERY_EVENTS: eventsPath, ...(o.nodes > 1 && !process.env.NODETRON_STORE_TOKEN ? { NODETRON_STORE_TOKEN: randomBytes(16).toString('hex') } : {}) };
+  const logPath = resolve(o.out, `${mode}.log`);
+  const logFile = createWriteStream(logPath);
+  const res: RunResult = { name: mode, commands, wallMs: 0, exitCodes: [], timedOut: false, injected: [], skipped: [], steps: [], restarts: [], resumes: [], events: [], losses: null };
+  const t0 = Date.now();
+  const children: ChildProcess[] = [];
+  const exits = commands.map((cmd, node) => new Promise<number | null>((done) => {
+    // Each launcher leads its own process group: a node fault (and the timeout) kills it with its workers.
+    const c = spawn(cmd[0]!, cmd.slice(1), { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(c);
+    for (const [stream, sink] of [[c.stdout!, process.stdout], [c.stderr!, process.stderr]] as const) {
+      let part = '';
+      stream.on('data', (d: Buffer) => {
+        const lines = (part + d.toString('utf8')).split('\n');
+        part = lines.pop()!;
+        for (const line of lines) {
+          const t = Date.now();
+          logFile.write(`${nodePrefix(o, node)}${line}\n`);
+          if (o.verbose || /generation \d+:/.test(line)) sink.write(`${nodePrefix(o, node)}${line}\n`);
+          const m = STEP_LINE.exec(line), r = RESUME_LINE.exec(line);
+          if (m) res.steps.push({ t, step: Number(m[1]) });
+          if (r) res.resumes.push({ t, step: Number(r[1]) });
+          if (RESTART_LINE.test(line) && node === 0) res.restarts.push(t);
+        }
+      });
+    }
+    c.on('error', (e) => { logFile.write(`could not start ${cmd[0]}: ${e.message}\n`); done(127); });
+    c.on('exit', (code, sig) => done(code ?? (sig ? 128 + (constants.signals[sig] ?? 0) : null)));
+  }));
+  let running = true;
+  const all = Promise.all(exits).then((codes) => { running = false; res.exitCodes = codes; });
+  const killGroup = (c: ChildProcess) => { try { if (c.pid) process.kill(-c.pid, 'SIGKILL'); } catch { /* gone */ } };
+  const timer = setTimeout(() => { res.timedOut = true; for (const c of children) killGroup(c); }, o.timeoutSec * 1000);
+  // Interrupted: the launchers lead their own process groups, so they go down with the benchmark.
+  const onSignal = (sig: NodeJS.Signals) => { for (const c of children) killGroup(c); process.exit(128 + (constants.signals[sig] ?? 0)); };
+  process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
+  // The kill loop.
+  const events = new EventTail(eventsPath);
+  const stopped = new Set<number>(), killed = new Set<number>(), deadNodes = new Set<number>();
+  const worldSize = o.nproc * o.nodes;
+  let armedAt: number | null = null, allUpAt: number | null = null, k = 0;
+  while (running && k < plan.length) {
+    await new Promise((r) => setTimeout(r, 50));
+    if (!running) break;
+    const ev = events.read();
+    const pids = rankPids(ev);
+    if (pids.size < worldSize) for (const [r, p] of procRankPids(children.map((c) => c.pid ?? -1))) if (!pids.has(r)) pids.set(r, p);
+    // Armed at the first completed step; a script that prints no progress lines: once every rank has been up 3 intervals.
+    if (pids.size >= worldSize) allUpAt ??= Date.now();
+    armedAt ??= res.steps[0]?.t ?? (allUpAt !== null && Date.now() - allUpAt > 3 * o.killEverySec * 1000 ? Date.now() : null);
+    // Each fault --kill-every seconds after the one before, once a step has completed since it: a fault strikes a
+    // training job, not a restart's set-up (where today's launcher cannot tell a stopped rank from a slow one).
+    const prev = res.injected.at(-1)?.at;
+    if (armedAt === null || Date.now() < (prev ?? armedAt) + o.killEverySec * 1000) continue;
+    if (prev !== undefined && res.steps.length > 0 && res.steps.at(-1)!.t <= prev) continue;
+    const f = plan[k]!;
+    const live = [...pids].filter(([, p]) => !killed.has(p.pid) && !stopped.has(p.pid) && !deadNodes.has(p.node) && isLive(p.pid));
+    if (f.how === 'node') {
+      if (mode === 'baseline') { res.skipped.push({ i: k, how: 'node', reason: "today's path cannot replace a node without a new launcher" }); k++; continue; }
+      const nodes = [...new Set(live.map(([, p]) => p.node))].filter((n) => n > 0 && !deadNodes.has(n));
+      const victim = pickVictim(nodes, f.u);
+      if (victim === null) continue; // no node other than the master is whole: wait
+      const c = children[victim]!;
+      res.injected.push({ i: k, at: Date.now(), how: 'node', rank: null, node: victim, pid: c.pid ?? -1, ranks: live.filter(([, p]) => p.node === victim).map(([r]) => r) });
+      killGroup(c);
+      deadNodes.add(victim);
+    } else {
+      const rank = pickVictim(live.map(([r]) => r), f.u);
+      if (rank === null) continue; // nothing live right now (mid-recovery): try again shortly
+      const p = pids.get(rank)!;
+      res.injected.push({ i: k, at: Date.now(), how: f.how, rank, node: p.node, pid: p.pid, ranks: [rank] });
+      try { process.kill(p.pid, f.how === 'stop' ? 'SIGSTOP' : 'SIGKILL'); } catch { res.injected.pop(); continue; }
+      (f.how === 'stop' ? stopped : killed).add(p.pid);
+    }
+    o.log?.(`[bench chaos] ${mode}: fault ${k + 1}/${plan.length}: ${f.how} ${res.injected.at(-1)!.rank !== null ? `rank ${res.injected.at(-1)!.rank}` : `node ${res.injected.at(-1)!.node}`} at ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+    k++;
+  }
+  await all;
+  clearTimeout(timer);
+  process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
+  res.wallMs = Date.now() - t0;
+  // A stopped process the launcher never reaped must not outlive the benchmark.
+  for (const pid of stopped) if (procState(pid) !== null) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+  for (const c of children) killGroup(c);
+  await new Promise<void>((r) => logFile.end(r));
+  res.events = events.read();
+  const lossesPath = join(dir, 'losses.json');
+  if (existsSync(lossesPath)) { try { res.losses = lossesOf(JSON.parse(readFileSync(lossesPath, 'utf8'))); } catch { res.losses = null; } }
+  return res;
+}
+
+const nodePrefix = (o: ChaosOptions, node: number) => (o.nodes > 1 ? `[node ${node}] ` : '');
+const isLive = (pid: number) => { const s = procState(pid); return s !== null && !'ZXTtx'.includes(s); };
+
+/** Reads an append-only JSON-lines file as it grows (complete lines only). */
+class EventTail {
+  private offset = 0;
+  private part = '';
+  private readonly all: string[] = [];
+  constructor(private readonly path: string) {}
+  read(): ChaosEvent[] {
+    if (existsSync(this.path)) {
+      const fd = openSync(this.path, 'r');
+      try {
+        const size = fstatSync(fd).size;
+        if (size > this.offset) {
+          const buf = Buffer.alloc(size - this.offset);
+          const n = readSync(fd, buf, 0, buf.length, this.offset);
+          this.offset += n;
+          const lines = (this.part + buf.subarray(0, n).toString('utf8')).split('\n');
+          this.part = lines.pop()!;
+          this.all.push(...lines);
+        }
+      } finally { closeSync(fd); }
+    }
+    return parseEvents(this.all.join('\n'));
+  }
+}
+
+export interface ChaosRecord {
+  bench: 'chaos'; machine: Record<string, unknown>; cuda: unknown; options: Omit<ChaosOptions, 'log'>; goodputDefinition: string;
+  runs: Record<string, { commands: string[][]; wallS: number; exitCodes: (number | null)[]; timedOut: boolean; stepSeconds: number | null; lastStep: number | null; goodput: number | null }>;
+  /** The faults caused (epoch ms, victim, pid): the chaos run's and the baseline's. */
+  injected: { chaos: Injected[]; baseline: Injected[] };
+  faults: ChaosFaultRow[]; baselineFaults: BaselineFaultRow[]; skipped: RunResult['skipped'];
+  losses: LossComparison | null; baselineLosses: LossComparison | null;
+  summary: Record<string, unknown>;
+}
+
+/** Runs the reference, chaos and baseline runs and puts the record together. */
+export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
+  if (o.faults.includes('node') && o.nodes < 2) {
+    throw new ArgumentError("bench chaos: the 'node' fault kills a whole node, and this run has one node (the master, whose loss ends the job): give --nodes 2 or more, or leave 'node' out of --faults");
+  }
+  mkdirSync(o.out, { recursive: true });
+  const plan = faultPlan(o);
+  const ref = o.reference ? await runPhase(o, 'reference', []) : null;
+  const chaos = await runPhase(o, 'chaos', plan);
+  const base = o.baseline === 'restart' ? await runPhase(o, 'baseline', plan) : null;
+  const stepS = (ref && stepSeconds(ref.steps)) ?? stepSeconds(chaos.steps);
+  const lastStep = (r: RunResult) => (r.losses && r.losses.size ? Math.max(...r.losses.keys()) : null);
+  const runs: ChaosRecord['runs'] = {};
+  for (const r of [ref, chaos, base]) {
+    if (!r) continue;
+    const last = lastStep(r);
+    runs[r.name] = { commands: r.commands, wallS: r.wallMs / 1000, exitCodes: r.exitCodes, timedOut: r.timedOut, stepSeconds: stepSeconds(r.steps), lastStep: last,
+      goodput: last !== null && stepS !== null ? goodput(last, stepS, r.wallMs) : null };
+  }
+  const faults = analyzeFaults(chaos.injected, chaos.events, o.nproc * o.nodes);
+  const baselineFaults = base ? analyzeBaseline(base.injected, base) : [];
+  const losses = ref?.losses && chaos.losses ? compareLosses(ref.losses, chaos.losses) : null;
+  const baselineLosses = ref?.losses && base?.losses ? compareLosses(ref.losses, base.losses) : null;
+  const num = (xs: (number | null)[]) => xs.filter((x): x is number => x !== null);
+  const full = num(faults.map((f) => f.fullStrengthMs)), det = num(faults.map((f) => f.detectMs)), nxt = num(baselineFaults.map((f) => f.nextStepMs));
+  const summary = {
+    faults: faults.length, recovered: faults.filter((f) => f.status === 'recovered').length, diskFallbacks: faults.filter((f) => f.diskFallback).length,
+    fallbackRestarts: faults.filter((f) => f.fallbackRestart).length,
+    medianDetectMs: det.length ? median(det) : null, medianFaultToFullStrengthMs: full.length ? median(full) : null, maxFaultToFullStrengthMs: full.length ? Math.max(...full) : null,
+    stepsLostPerFault: faults.map((f) => f.stepsLost), stepTimeSource: ref && stepSeconds(ref.steps) !== null ? 'reference (failure-free) run' : 'chaos run (no reference)',
+    failureFreeStepSeconds: stepS, goodput: runs.chaos?.goodput ?? null, referenceGoodput: runs.reference?.goodput ?? null,
+    lossesEqual: losses?.equal ?? null,
+    baseline: base ? { medianFaultToNextStepMs: nxt.length ? median(nxt) : null, maxFaultToNextStepMs: nxt.length ? Math.max(...nxt) : null,
+      stepsLostPerFault: baselineFaults.map((f) => f.stepsLost), goodput: runs.baseline?.goodput ?? null, lossesEqual: baselineLosses?.equal ?? null } : null,
+  };
+  const { log: _log, ...options } = o;
+  let cuda: unknown = null;
+  try { cuda = info().backends.cuda; } catch { /* the cpu addon is not built: the record goes without */ }
+  return { bench: 'chaos', machine: machineRecordSafe(), cuda, options, goodputDefinition: GOODPUT_DEFINITION, runs, injected: { chaos: chaos.injected, baseline: base?.injected ?? [] }, faults, baselineFaults, skipped: [...chaos.skipped, ...(base?.skipped ?? [])], losses, baselineLosses, summary };
+}
+
+function machineRecordSafe(): Record<string, unknown> {
+  try { return machineRecord(); } catch (e) { return { date: new Date().toISOString(), node: process.version, error: (e as Error).message }; }
+}
+
+const ms = (x: number | null) => (x === null ? '-' : x.toFixed(0));
+
+/** The tables: the runs, each fault (in-memory beside restart-from-checkpoint), the loss comparison. */
+export function printReport(r: ChaosRecord, out: (s: string) => void = console.log): void {
+  out(`\n# nodetron bench chaos: ${r.options.kills} faults (${r.options.faults.join(',')}) every ${r.options.killEverySec} s, ${r.options.nodes} node(s) × ${r.options.nproc} ranks, ${r.options.spares} spare(s), seed ${r.options.seed}`);
+  printTable(['run', 'wall s', 'exit', 'step s (median)', 'last step', 'goodput'], Object.entries(r.runs).map(([name, x]) => [
+    name, x.wallS.toFixed(1), x.timedOut ? 'timed out' : x.exitCodes.join(','), x.stepSeconds === null ? '-' : x.stepSeconds.toFixed(3), x.lastStep ?? '-',
+    x.goodput === null ? '-' : `${(100 * x.goodput).toFixed(1)}%`]), out);
+  out(r.goodputDefinition);
+  out('');
+  const base = new Map(r.baselineFaults.map((b) => [b.i, b]));
+  printTable(['fault', 'kind', 'rank/node', 'gen', 'detect ms', '→ full strength ms', 'steps lost', 'disk fallback', 'status', 'restart: → next step ms', 'restart: steps lost'],
+    r.faults.map((f) => {
+      const b = base.get(f.i);
+      return [f.i + 1, f.how, f.rank !== null ? `rank ${f.rank}` : `node ${f.node}`, f.generation ?? '-', ms(f.detectMs), ms(f.fullStrengthMs), f.stepsLost ?? '-',
+        f.diskFallback ? 'yes' : 'no', f.status, b ? (b.status === 'skipped' ? 'skipped' : ms(b.nextStepMs)) : '-', b?.stepsLost ?? '-'];
+    }), out);
+  const s = r.summary;
+  out(`full strength after a fault: median ${ms(s.medianFaultToFullStrengthMs as number | null)} ms, max ${ms(s.maxFaultToFullStrengthMs as number | null)} ms (fault → the last rank's first completed step of the new generation)`);
+  for (const [name, c] of [['chaos', r.losses], ['baseline', r.baselineLosses]] as const) {
+    if (!c) continue;
+    out(`losses (${name} vs failure-free, ${c.stepsCompared} steps): ${c.equal ? 'bit-identical' : `differ${c.firstDifferingStep !== null ? `: first at step ${c.firstDifferingStep}, max |diff| ${c.maxAbsDiff.toExponential(3)}` : ''}${c.missing.length ? `; ${c.missing.length} step(s) in only one run (first ${c.missing[0]})` : ''}`}`);
+  }
+  for (const k of r.skipped) out(`skipped fault ${k.i + 1} (${k.how}): ${k.reason}`);
+}
+
+const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--spares S (1)] [--kill-every SEC (30)] [--kills N (10)]
+    [--faults kill,stop[,node]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
+    [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
+    [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F]
+  Trains under \`nodetron launch --spares S\` with \`--recover memory\` and kills a random live rank (never a spare) --kill-every
+  seconds after the first completed step, then --kill-every seconds after each fault once a step has completed since: kill = SIGKILL, stop = SIGSTOP (left stopped: the launcher must find it), node = the
+  agent of a simulated node (--nodes M: M launchers on this machine; never node 0) with its workers. Reports per fault: fault →
+  detection (the agent's fault event) → full strength (every rank's first step of the new generation), steps lost, disk fallback;
+  the losses against the same run without faults (bit for bit) and goodput; and, with --baseline restart, the same faults under
+  today's path (--max-restarts, --save/--resume auto; node faults skipped there). --nproc is per node. The script must print
+  progress lines (nt.train's 'step N loss ...': --progress-every 1) and write DIR/losses.json ({train: [[step, loss]...]}).`;
+
+export async function main(argv: string[]): Promise<number> {
+  const o = parseOptions(argv, {
+    nproc: { kind: 'positive', max: 1024 }, nodes: { kind: 'positive', max: 64 }, spares: { kind: 'count', max: 64 }, 'kill-every': { kind: 'number', min: 0.1 },
+    kills: { kind: 'count', max: 10_000 }, faults: 'string', seed: 'count', steps: 'positive', layout: 'string', script: 'string', 'script-args': 'string',
+    baseline: { kind: 'string', choices: ['restart', 'none'] }, reference: 'boolean', 'save-every': 'positive', 'baseline-hang-ms': 'positive',
+    timeout: { kind: 'number', min: 1 }, out: 'string', verbose: 'boolean', json: 'outfile', help: 'boolean',
+  }, { h: 'help' });
+  if (o.help) { console.log(usage); return 0; }
+  expectPositionals(o, 'nothing', 0);
+  const opts = chaosOptions(o as Record<string, unknown>);
+  const record = await runChaos({ ...opts, log: (l) => console.error(l) });
+  printReport(record);
+  writeJson(o.json as string | undefined, record);
+  // The chaos run failed when it timed out or a launcher it did not kill (as a node fault) failed.
+  const c = record.runs.chaos!, killed = new Set(record.injected.chaos.filter((f) => f.how === 'node').map((f) => f.node));
+  return c.timedOut || c.exitCodes.some((x, node) => x !== 0 && !killed.has(node)) ? 1 : 0;
+}
+
+/** The options of the command line (parsed) with their defaults; ArgumentError for a bad --faults. */
+export function chaosOptions(o: Record<string, unknown>): ChaosOptions {
+  const words = (s: string) => s.split(/\s+/).filter(Boolean);
+  const faults = String(o.faults ?? 'kill,stop').split(',').map((s) => s.trim()).filter(Boolean);
+  for (const f of faults) if (!(FAULT_KINDS as readonly string[]).includes(f)) throw new ArgumentError(`bench chaos: unknown fault '${f}' in --faults (kill, stop, node)`);
+  if (faults.length === 0) throw new ArgumentError('bench chaos: --faults lists nothing');
+  const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  return {
+    nproc: (o.nproc as number | undefined) ?? 4, nodes: (o.nodes as number | undefined) ?? 1, spares: (o.spares as number | undefined) ?? 1,
+    killEverySec: (o['kill-every'] as number | undefined) ?? 30, kills: (o.kills as number | undefined) ?? 10, faults: faults as FaultKind[],
+    seed: (o.seed as number | undefined) ?? 1, ...(o.steps !== undefined ? { steps: o.steps as number } : {}),
+    layout: words((o.layout as string | undefined) ?? '--dp 2 --tp 2 --zero 3'),
+    script: (o.script as string | undefined) ?? join(root, 'examples', 'gpt', 'train.ts'),
+    scriptArgs: words((o['script-args'] as string | undefined) ?? '--progress-every 1'),
+    baseline: (o.baseline as 'restart' | 'none' | undefined) ?? 'restart', reference: (o.reference as boolean | undefined) ?? true,
+    out: resolve((o.out as string | undefined) ?? join(process.cwd(), `nt-bench-chaos-${Date.now()}`)),
+    saveEvery: (o['save-every'] as number | undefined) ?? 5, baselineHangMs: (o['baseline-hang-ms'] as number | undefined) ?? 10_000,
+    timeoutSec: (o.timeout as number | undefined) ?? 3600, verbose: Boolean(o.verbose),
+  };
+}
