@@ -391,6 +391,8 @@ export function backward(t: Tensor, grad?: Tensor, opts: BackwardOptions = {}): 
     }, group);
   } catch (e) {
     if (group) for (const item of group.items) dropItem(item, group.retainGraph);
+    // A backward that failed midway (a collective of a lost rank): the nodes it never reached let go of their saved tensors.
+    if (!opts.retainGraph) for (const node of order) if (!node.released && !absorbed.has(node)) node.release();
     throw e;
   } finally {
     for (const g of grads.values()) g.dispose();
