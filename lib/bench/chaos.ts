@@ -7,7 +7,7 @@
 // (--max-restarts, checkpoints, --resume auto). The launcher command is injectable (`launcher`), which is
 // how test/bench/chaos.test.ts runs it against a fake launcher.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, createWriteStream, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync } from 'node:fs';
+import { closeSync, createWriteStream, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { constants } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -297,8 +297,10 @@ export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
 /** Runs one phase: its launcher(s), the kill loop (a plan, or none for the reference), the output watched. */
 export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', plan: Array<{ how: FaultKind; u: number }>): Promise<RunResult> {
   const dir = resolve(o.out, mode);
-  mkdirSync(dir, { recursive: true });
   const eventsPath = resolve(o.out, `${mode}-events.jsonl`);
+  // A fresh start: an earlier run's checkpoints (--resume auto) or events (appended to) must not leak into this one.
+  for (const p of [dir, eventsPath]) rmSync(p, { recursive: true, force: true });
+  mkdirSync(dir, { recursive: true });
   const commands = launchCommands(o, mode, dir, o.nodes > 1 ? await freePort() : null);
   const env = { ...process.env, NODETRON_RECOVERY_EVENTS: eventsPath, ...(o.nodes > 1 && !process.env.NODETRON_STORE_TOKEN ? { NODETRON_STORE_TOKEN: randomBytes(16).toString('hex') } : {}) };
   const logPath = resolve(o.out, `${mode}.log`);

@@ -3,7 +3,7 @@
 // against a fake launcher (test/fixtures/bench/chaos-train.mjs: real rank processes killed and stopped by
 // the benchmark, the contract's events, losses.json) — the real launcher's --spares and the trainer's
 // --recover memory are not used here.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -208,6 +208,9 @@ describe('bench chaos: runs against a fake launcher', () => {
 
   it('kills a whole simulated node: its launcher and its ranks (never node 0)', async () => {
     const out = join(work, 'nodes');
+    // An earlier run's events in the same place must not be read as this run's.
+    mkdirSync(out, { recursive: true });
+    writeFileSync(join(out, 'chaos-events.jsonl'), `${JSON.stringify(ev(1, 'rank', 'recovered', { rank: 0, generation: 1, step: 0, stepsLost: 99 }))}\n`);
     const r = await runChaos(base(out, { nodes: 2, nproc: 1, spares: 0, kills: 1, faults: ['node'], reference: false, baseline: 'none' }));
     expect(r.injected.chaos).toHaveLength(1);
     const f = r.injected.chaos[0]!;
@@ -216,7 +219,7 @@ describe('bench chaos: runs against a fake launcher', () => {
     const rank1 = events.find((e) => e.event === 'worker-started' && e.rank === 1 && e.node === 1)!;
     expect(procState(rank1.pid as number)).toBeNull();
     expect(r.runs.chaos!.exitCodes).toEqual([0, 137]); // node 1's launcher died of SIGKILL; node 0 finished the job
-    expect(r.faults[0]).toMatchObject({ how: 'node', generation: 1, status: 'recovered' });
+    expect(r.faults[0]).toMatchObject({ how: 'node', generation: 1, status: 'recovered', stepsLost: 1 });
     expect(r.runs.chaos!.lastStep).toBe(40);
   }, 120_000);
 });
