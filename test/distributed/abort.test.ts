@@ -33,17 +33,18 @@ async function store(): Promise<StoreServer> {
   return server;
 }
 
-/** Two connected Gloo communicators of one group, both in this process. */
-async function pair(sharedMemory: boolean, verifySizes = false): Promise<[CommBackend, CommBackend]> {
+/** n connected Gloo communicators of one group, all in this process. */
+async function group(n: number, sharedMemory: boolean, verifySizes = false): Promise<CommBackend[]> {
   const s = await store();
   const prefix = `abort-test/${process.pid}/${groupId++}`;
-  const make = (rank: number) => createGlooBackend({ storeHost: '127.0.0.1', storePort: s.port, prefix, rank, size: 2, timeoutMs: OP_TIMEOUT,
+  const make = (rank: number) => createGlooBackend({ storeHost: '127.0.0.1', storePort: s.port, prefix, rank, size: n, timeoutMs: OP_TIMEOUT,
     deviceHost: '127.0.0.1', deviceIface: '', verifySizes, sharedMemory });
-  const comms = await Promise.all([make(0), make(1)]);
+  const comms = await Promise.all(Array.from({ length: n }, (_, rank) => make(rank)));
   open.push(...comms);
   for (const c of comms) expect(c.sharedMemory).toBe(sharedMemory);
-  return comms as [CommBackend, CommBackend];
+  return comms;
 }
+const pair = (sharedMemory: boolean, verifySizes = false) => group(2, sharedMemory, verifySizes) as Promise<[CommBackend, CommBackend]>;
 
 function storage(floats: number): NativeStorage {
   return new (cpu().Storage)(floats * 4, false) as NativeStorage;
@@ -132,6 +133,22 @@ describe('GlooCommunicator.abort', () => {
     }
     expect((results[0]!.error as Error).message).toMatch(/^barrier #1/);
     expect((results[2]!.error as Error).message).toMatch(/^recv from rank 1 \(tag 7\)/);
+  });
+
+  it('wakes an op on a healthy pair when the pair to the next rank failed before (a dead peer)', async () => {
+    const [a, b] = await group(3, false);
+    // Rank 1 goes away: rank 0's pair to it fails on its own, without signalling the pair to rank 2.
+    b!.abort!('rank 1 leaves');
+    await sleep(300);
+    const r = storage(4);
+    const p = a!.recv(r, F32, 4, 2, 1, OP_TIMEOUT);
+    expect(await stillPending(p, 300)).toBe(true);
+    const t0 = performance.now();
+    a!.abort!('rank 1 was lost');
+    const { error, ms } = await outcome(p, t0);
+    expect(error).toBeInstanceOf(CommError);
+    expect((error as Error).message).toContain('the communicator was aborted: rank 1 was lost');
+    expect(ms).toBeLessThan(2000);
   });
 
   it('wakes a connect() waiting on the TCP store for a peer that never comes', async () => {
@@ -274,6 +291,32 @@ describe('the abort-file watcher', () => {
     expect(ms).toBeLessThan(400 + 2000);
     stopAbortWatch();
   });
+});
+
+describe('the watcher and process exit', () => {
+  for (const how of ['the event loop ends', 'process.exit()']) {
+    it(`does not hold the process up when ${how}`, async () => {
+      const dir = tmp();
+      const script = join(dir, 'exit.mjs');
+      writeFileSync(script, `
+        const { watchAbortFile } = await import(process.argv[2]);
+        watchAbortFile(process.argv[3], 0);
+        console.log('watching');
+        ${how === 'process.exit()' ? 'process.exit(0);' : ''}
+      `);
+      const t0 = performance.now();
+      const child = spawn(process.execPath, ['--import', 'tsx', script, pathToFileURL(join(root, 'lib/distributed/abort.ts')).href, join(dir, 'abort')],
+        { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '', err = '';
+      child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
+      child.stderr!.on('data', (d: Buffer) => { err += d.toString(); });
+      const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+      const [code, signal] = await new Promise<[number | null, string | null]>((r) => child.once('exit', (c, s) => r([c, s])));
+      clearTimeout(timer);
+      expect({ code, signal, out: out.trim() }, err).toEqual({ code: 0, signal: null, out: 'watching' });
+      expect(performance.now() - t0).toBeLessThan(60_000);
+    }, 90_000);
+  }
 });
 
 // A rank in a child process (through tsx), looping allReduces with the test's rank 0 until it is killed.
