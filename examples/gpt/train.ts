@@ -14,6 +14,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
+import { lineChartSvg, terminalPlot, type PlotSeries } from './plot.js';
 import { datasetShards, GPT2_VOCAB_SIZE, gpt2Encoder, knownWordShare, loadShards, readTokens, unigramLevel, wordsOf } from './data.js';
 
 // nanoGPT's padding of the GPT-2 vocabulary to a multiple of 64, 50304 (faster kernels, and a
@@ -171,7 +172,7 @@ void nt.train.main('train.ts', async () => {
       if (fit <= 0) planned = run.stepsDone;
       else if (done >= 3) { planned = Math.min(steps, run.stepsDone + fit); estimated = true; }
       // The ranks of a layout must stop together: rank 0's plan (its clock, its measured validation) is everyone's.
-      if (run.mesh && run.worldSize > 1) planned = (await nt.parallel.rangeAcrossRanks(run.mesh.world, [run.rank === 0 ? planned : 0]))?.max[0] ?? planned;
+      if (run.mesh && run.worldSize > 1) planned = (await nt.distributed.rangeAcrossRanks(run.mesh.world, [run.rank === 0 ? planned : 0]))?.max[0] ?? planned;
     }
   }
   if (last && last.valLoss === undefined && run.stepsDone > first) {
@@ -189,14 +190,14 @@ void nt.train.main('train.ts', async () => {
     `(${(mem.allocated / MiB).toFixed(1)} MiB held between steps, ${((mem.peak - mem.allocated) / MiB).toFixed(1)} MiB above it)`);
 
   if (run.isLogger && unigram && trainCurve.length > 1) {
-    const series: nt.train.PlotSeries[] = [{ name: 'train loss', points: trainCurve }, { name: 'val loss', points: valCurve, marker: '●' }];
+    const series: PlotSeries[] = [{ name: 'train loss', points: trainCurve }, { name: 'val loss', points: valCurve, marker: '●' }];
     const plot = { xLabel: 'step', yLabel: 'loss (nats/token)', references: [{ y: unigram.valCrossEntropy, label: 'unigram level' }] };
-    run.log(`\n${nt.train.terminalPlot(series, { ...plot, title: 'loss' })}\n`);
+    run.log(`\n${terminalPlot(series, { ...plot, title: 'loss' })}\n`);
     const out = str('out');
     if (out) {
       mkdirSync(out, { recursive: true });
       const c = config;
-      writeFileSync(join(out, 'loss.svg'), nt.train.lineChartSvg(series, { ...plot, title: `${family === 'llama' ? 'Llama' : 'GPT'} ${c.nLayer}×${c.nEmbd}, ctx ${ctx}, on Moby-Dick: loss per step` }));
+      writeFileSync(join(out, 'loss.svg'), lineChartSvg(series, { ...plot, title: `${family === 'llama' ? 'Llama' : 'GPT'} ${c.nLayer}×${c.nEmbd}, ctx ${ctx}, on Moby-Dick: loss per step` }));
       writeFileSync(join(out, 'losses.json'), `${JSON.stringify({ model: family, config: family === 'llama' ? llamaConfig : c, batch: num('batch', 8), unigram, train: trainCurve, val: valCurve }, null, 1)}\n`);
       run.log(`wrote ${join(out, 'loss.svg')} and losses.json`);
     }

@@ -13,7 +13,7 @@ const c = selectConfigs((o.config as string | undefined) ?? 'tiny')[0]!;
 const steps = (o.steps as number | undefined) ?? 8, warmup = (o.warmup as number | undefined) ?? 2;
 const config = gptConfigOf(c);
 const { layout, mesh } = await nt.parallel.initParallelTraining({}, config, c.batch);
-const stage = new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 1 }), 0, 1);
+const stage = new nt.parallel.pp.GPTStage(new nt.nn.GPT(config, { seed: 1 }), 0, 1);
 const trainer = await nt.parallel.ParallelTrainer.create(stage, [{ params: stage.parameters() }], {
   mesh, maxGradNorm: 1, createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-4, betas: [0.9, 0.95], weightDecay: 0.1 }),
 });

@@ -58,7 +58,7 @@ const ms = times[Math.floor(times.length / 2)]!;
 const rows: Array<{ impl: string; msPerStep: number; tokensPerSec: number; peakRssMiB: number; params: number } & Record<string, unknown>> = [{
   impl: 'nodetron', threads, clock: cpuTime ? 'process CPU time' : 'wall', msPerStep: ms, tokensPerSec: (shape.batch * shape.ctx) / (ms / 1000),
   peakRssMiB: process.resourceUsage().maxRSS / 1024, params: model.numParameters(),
-  ...(moe ? { activeParams: nt.train.llamaParameterCount(model.config, true), rowsPerExpertOverAllSteps: model.takeMoEStats()?.tokensPerExpert } : {}),
+  ...(moe ? { activeParams: nt.nn.llamaParameterCount(model.config, true), rowsPerExpertOverAllSteps: model.takeMoEStats()?.tokensPerExpert } : {}),
 }];
 if (!o['no-torch']) {
   const args = Object.entries(shape).flatMap(([k, v]) => [`--${k}`, String(v)]);

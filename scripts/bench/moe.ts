@@ -28,7 +28,7 @@ const tokens = (step: number) => {
   for (let b = 0; b < batch; b++) { x.set(seq.subarray(b * (ctx + 1), b * (ctx + 1) + ctx), b * ctx); y.set(seq.subarray(b * (ctx + 1) + 1, (b + 1) * (ctx + 1)), b * ctx); }
   return { x, y };
 };
-const adamw = (params: nt.Tensor[] | nt.parallel.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(params as nt.Tensor[], { lr: 1e-3, weightDecay: 0 });
+const adamw = (params: nt.Tensor[] | nt.parallel.zero.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(params as nt.Tensor[], { lr: 1e-3, weightDecay: 0 });
 const cpuTime = o['cpu-time'] === true;
 const now = cpuTime ? () => { const u = process.cpuUsage(); return (u.user + u.system) / 1000; } : () => performance.now();
 const times: number[] = [];
@@ -51,8 +51,8 @@ if (world === 1) {
   const { layout: l, rank: r, mesh } = await nt.parallel.initParallelTraining({ ep: o.ep as number | undefined, dp: o.dp as number | undefined }, { ...config, moeExperts: experts }, batch);
   rank = r;
   layout = nt.parallel.describeLayout(l);
-  const moeParallel = nt.parallel.expertParallel({ experts, epGroup: mesh!.epGroup, countGroup: mesh!.dpGroup });
-  const stage = new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 1, moeParallel }), 0, 1);
+  const moeParallel = nt.parallel.ep.expertParallel({ experts, epGroup: mesh!.epGroup, countGroup: mesh!.dpGroup });
+  const stage = new nt.parallel.pp.GPTStage(new nt.nn.GPT(config, { seed: 1, moeParallel }), 0, 1);
   const trainer = await nt.parallel.ParallelTrainer.create(stage, [{ params: stage.parameters() }], { mesh, maxGradNorm: 1, createOptimizer: (g) => adamw(g) });
   const { start, count } = nt.parallel.batchSlice(batch, mesh!.dpRank, l.dp);
   for (let i = 0; i < warmup + steps; i++) {

@@ -88,7 +88,7 @@ describe('registerPostAccumulateGradHook', () => {
     const block = (i: number) => (h: nt.Tensor) => nt.mul(nt.tanh(nt.matmul(h, ws[i]!)), shared);
     const forward = (useCheckpoint: boolean) => {
       let h = x;
-      for (let i = 0; i < blocks; i++) h = useCheckpoint ? nt.checkpoint(block(i), h) : block(i)(h);
+      for (let i = 0; i < blocks; i++) h = useCheckpoint ? nt.recompute(block(i), h) : block(i)(h);
       return nt.sum(nt.mul(h, shared));
     };
     const params = [...ws, shared];

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { formulaBubble } from '../../lib/internal.js';
 import { main, measureBubbles, measureCosts, measureCpuCosts, replayCpuBubbles, type BenchTraceEvent, type PipelineBenchRow } from '../../lib/bench/pipeline.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-bench-pipeline-test-'));
@@ -43,7 +44,7 @@ describe('bench pipeline', () => {
   it('replays each step\'s table with its actions\' CPU times: a bubble that waiting for a core does not inflate', () => {
     // 1F1B on 2 ranks, 2 micro-batches: rank 0 F0 F1 B0 B1, rank 1 F0 B0 F1 B1. The wall clock is
     // stretched (rank 1 lost its core for 500 µs inside B0) but the CPU times are F = 10, B = 20.
-    const tables = nt.parallel.scheduleTables('1f1b', { stages: 2, microBatches: 2 });
+    const tables = nt.parallel.pp.scheduleTables('1f1b', { stages: 2, microBatches: 2 });
     const rank0 = [span('forward+backward', 0, 2000), span('forward', 0, 10, 10), span('forward', 10, 10, 10), span('backward', 600, 20, 20), span('backward', 1200, 20, 20)];
     const rank1 = [span('forward+backward', 0, 2000), span('forward', 10, 10, 10), span('backward', 20, 520, 20), span('forward', 540, 10, 10), span('backward', 550, 20, 20)];
     const [step] = replayCpuBubbles([rank0, rank1], tables, 1);
@@ -84,7 +85,7 @@ describe('bench pipeline', () => {
       expect(r.steps).toHaveLength(1);
       expect(r.measuredBubble).toBeGreaterThan(0);
       expect(r.measuredBubble).toBeLessThan(1);
-      expect(r.formulaBubble).toBeCloseTo(nt.parallel.formulaBubble(r.schedule, 2, 4, r.virtualStages), 12);
+      expect(r.formulaBubble).toBeCloseTo(formulaBubble(r.schedule, 2, 4, r.virtualStages), 12);
       expect(r.stepMs).toBeGreaterThan(0);
       expect(r.memory.map((x) => x.stage)).toEqual([0, 1]);
       for (const x of r.memory) { expect(x.peak).toBeGreaterThan(0); expect(x.predicted).toBeGreaterThan(0); }

@@ -77,7 +77,7 @@ describe('rank images in one process', () => {
 
   it('a one-rank ParallelTrainer: the round trip, abandonStep with nothing failed, reuse of the buffer, encode/decode', async () => {
     const model = new nt.nn.GPT({ ...config, dropout: 0 }, { seed: 7 });
-    const stage = new nt.parallel.GPTStage(model, 0, 1);
+    const stage = new nt.parallel.pp.GPTStage(model, 0, 1);
     const trainer = await nt.parallel.ParallelTrainer.create(stage, [{ params: stage.parameters() }], {
       mesh: null, maxGradNorm: 1, createOptimizer: (g) => new nt.optim.AdamW(g, { lr: 1e-2 }),
     });

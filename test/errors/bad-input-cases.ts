@@ -5,6 +5,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as nt from '../../lib/index.js';
+import { plan } from '../../lib/internal.js';
 import { SafetensorsFile, writeSafetensors } from '../../lib/io/safetensors.js';
 
 /** An error class of lib/errors.ts. */
@@ -263,13 +264,13 @@ const autograd: BadInput[] = [
   { name: 'zeroGrad: element not a tensor', run: () => nt.zeroGrad([{}] as never), error: A, message: /Tensor/ },
   { name: 'noGrad: not a function', run: () => nt.noGrad(5 as never), error: A, message: /function/ },
   { name: 'enableGrad: not a function', run: () => nt.enableGrad(undefined as never), error: A, message: /function/ },
-  { name: 'checkpoint: fn not a function', run: withT(() => f32(), (x) => nt.checkpoint(5 as never, x)), error: A, message: /fn must be a function/ },
-  { name: 'checkpoint: input not a tensor', run: () => nt.checkpoint((x) => x, 3 as never), error: A, message: /input 0 must be a Tensor/ },
-  { name: 'checkpoint: input disposed', run: () => nt.checkpoint((x) => nt.mul(x, 2), disposed()), error: Dis, message: /disposed/ },
-  { name: 'checkpoint: fn returns a number', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.checkpoint(() => 3 as never, x)), error: A, message: /must return a Tensor/ },
-  { name: 'checkpoint: fn returns undefined', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.checkpoint(() => undefined as never, x)), error: A, message: /must return a Tensor/ },
-  { name: 'checkpoint: fn returns an input', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.checkpoint((a) => a, x)), error: A, message: /returned one of its inputs/ },
-  { name: 'checkpoint: fn returns an array', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.checkpoint((a) => [nt.mul(a, 2)] as never, x)), error: A, message: /must return a Tensor/ },
+  { name: 'recompute: fn not a function', run: withT(() => f32(), (x) => nt.recompute(5 as never, x)), error: A, message: /fn must be a function/ },
+  { name: 'recompute: input not a tensor', run: () => nt.recompute((x) => x, 3 as never), error: A, message: /input 0 must be a Tensor/ },
+  { name: 'recompute: input disposed', run: () => nt.recompute((x) => nt.mul(x, 2), disposed()), error: Dis, message: /disposed/ },
+  { name: 'recompute: fn returns a number', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.recompute(() => 3 as never, x)), error: A, message: /must return a Tensor/ },
+  { name: 'recompute: fn returns undefined', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.recompute(() => undefined as never, x)), error: A, message: /must return a Tensor/ },
+  { name: 'recompute: fn returns an input', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.recompute((a) => a, x)), error: A, message: /returned one of its inputs/ },
+  { name: 'recompute: fn returns an array', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.recompute((a) => [nt.mul(a, 2)] as never, x)), error: A, message: /must return a Tensor/ },
   { name: 'registerPostAccumulateGradHook: non-leaf', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.registerPostAccumulateGradHook(nt.mul(x, 2), () => {})), error: Ag, message: /leaves/ },
   { name: 'registerPostAccumulateGradHook: no grad', run: withT(() => f32(), (x) => nt.registerPostAccumulateGradHook(x, () => {})), error: Ag, message: /does not require grad/ },
   { name: 'registerPostAccumulateGradHook: hook not a function', run: withT(() => nt.ones([2], { requiresGrad: true }), (x) => nt.registerPostAccumulateGradHook(x, 1 as never)), error: A, message: /function/ },
@@ -428,13 +429,13 @@ const higher: BadInput[] = [
   { name: 'ckpt.readManifest: missing', run: () => nt.ckpt.readManifest(join(dir, 'nope')), error: St, message: /cannot read .*manifest\.json/ },
   { name: 'ckpt.stepDirName: negative', run: () => nt.ckpt.stepDirName(-1), error: A, message: /step/ },
   { name: 'ckpt.stepDirName: fractional', run: () => nt.ckpt.stepDirName(1.5), error: A, message: /step/ },
-  { name: 'plan.resolveModel: unknown', run: () => nt.plan.resolveModel('gpt5'), error: A, message: /gpt5/ },
-  { name: 'plan.resolveModel: prototype key', run: () => nt.plan.resolveModel('constructor'), error: A, message: /constructor/ },
-  { name: 'plan.resolveDevice: prototype key', run: () => nt.plan.resolveDevice('toString'), error: A, message: /toString/ },
-  { name: 'plan.resolveDevice: unknown', run: () => nt.plan.resolveDevice('v100x'), error: A, message: /v100x/ },
-  { name: 'plan.planLayouts: gpus 0', run: () => nt.plan.planLayouts(nt.plan.resolveModel('gpt2'), { gpus: 0 } as never), error: A, message: /gpus/ },
-  { name: 'plan.planLayouts: gpus negative', run: () => nt.plan.planLayouts(nt.plan.resolveModel('gpt2'), { gpus: -8 } as never), error: A, message: /gpus/ },
-  { name: 'plan.parseLayoutSpec: garbage', run: () => nt.plan.parseLayoutSpec('dp=x'), error: A, message: /cannot read "dp=x" \(dpN, tpN/ },
+  { name: 'plan.resolveModel: unknown', run: () => plan.resolveModel('gpt5'), error: A, message: /gpt5/ },
+  { name: 'plan.resolveModel: prototype key', run: () => plan.resolveModel('constructor'), error: A, message: /constructor/ },
+  { name: 'plan.resolveDevice: prototype key', run: () => plan.resolveDevice('toString'), error: A, message: /toString/ },
+  { name: 'plan.resolveDevice: unknown', run: () => plan.resolveDevice('v100x'), error: A, message: /v100x/ },
+  { name: 'plan.planLayouts: gpus 0', run: () => plan.planLayouts(plan.resolveModel('gpt2'), { gpus: 0 } as never), error: A, message: /gpus/ },
+  { name: 'plan.planLayouts: gpus negative', run: () => plan.planLayouts(plan.resolveModel('gpt2'), { gpus: -8 } as never), error: A, message: /gpus/ },
+  { name: 'plan.parseLayoutSpec: garbage', run: () => plan.parseLayoutSpec('dp=x'), error: A, message: /cannot read "dp=x" \(dpN, tpN/ },
   { name: 'distributed.init: bad backend', run: () => nt.distributed.init({ backend: 'mpi' as never }), error: A, message: /backend/ },
   { name: 'distributed.world before init', run: () => nt.distributed.world(), error: St, message: /call await nt\.distributed\.init\(\) first/ },
   { name: 'distributed.rank before init', run: () => nt.distributed.rank(), error: St, message: /call await nt\.distributed\.init\(\) first/ },
@@ -448,7 +449,7 @@ const higher: BadInput[] = [
   { name: 'nn.GPT: moe.topK above the experts', run: () => new nt.nn.GPT({ vocabSize: 8, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4, dropout: 0, bias: false, moe: { experts: 2, topK: 3 } }), error: A, message: /GPTConfig\.moe: topK \(3\)/ },
   { name: 'parallel.MeshLayout: ep not dividing dp', run: () => new nt.parallel.MeshLayout({ tp: 1, pp: 1, dp: 6, ep: 4 }), error: A, message: /ep \(4\) must divide dp \(6\)/ },
   { name: 'parallel.resolveTrainingLayout: ep not dividing the experts', run: () => nt.parallel.resolveTrainingLayout({ ep: 4 }, { nLayer: 1, nHead: 1, nEmbd: 4, vocabSize: 8, moeExperts: 6 }, 4, 4), error: A, message: /--ep 4 must divide the model's 6 experts/ },
-  { name: 'parallel.expertParallel: ep not dividing the experts', run: () => nt.parallel.expertParallel({ experts: 6, epGroup: { size: 4, rank: 0 } as never, countGroup: null }), error: A, message: /expert-parallel size 4 must divide the 6 experts/ },
+  { name: 'parallel.expertParallel: ep not dividing the experts', run: () => nt.parallel.ep.expertParallel({ experts: 6, epGroup: { size: 4, rank: 0 } as never, countGroup: null }), error: A, message: /expert-parallel size 4 must divide the 6 experts/ },
   { name: 'train.layoutFromArgs: ep 0', run: () => nt.train.layoutFromArgs(['--ep', '0'], {}), error: A, message: /--ep must be an integer >= 1/ },
 ];
 
@@ -499,8 +500,8 @@ const more: BadInput[] = [
   { name: 'ckpt.load: no checkpoint there', run: withGPT((m) => nt.ckpt.load(join(dir, 'no-ckpt'), { model: m })), error: St, message: /holds no complete checkpoint/ },
   { name: 'ckpt.save: negative step', run: withGPT((m) => nt.ckpt.save(join(dir, 'ck2'), -1, { model: m })), error: A, message: /step must be an integer >= 0/ },
   { name: 'ckpt.save: model not a module', run: () => nt.ckpt.save(join(dir, 'ck3'), 0, { model: {} as never }), error: A, message: /items.model must be a Module/ },
-  { name: 'plan.estimateMemory: dp 0', run: () => nt.plan.estimateMemory(nt.plan.resolveModel('gpt2'), { dp: 0 } as never, {} as never), error: A, message: /layout.dp must be an integer >= 1/ },
-  { name: 'plan.modelFromConfig: empty config', run: () => nt.plan.modelFromConfig({} as never, 'x'), error: A, message: /lacks a positive integer/ },
+  { name: 'plan.estimateMemory: dp 0', run: () => plan.estimateMemory(plan.resolveModel('gpt2'), { dp: 0 } as never, {} as never), error: A, message: /layout.dp must be an integer >= 1/ },
+  { name: 'plan.modelFromConfig: empty config', run: () => plan.modelFromConfig({} as never, 'x'), error: A, message: /lacks a positive integer/ },
   { name: 'distributed.readLaunchEnv: negative RANK', run: () => nt.distributed.readLaunchEnv({ RANK: '-1', WORLD_SIZE: '2', LOCAL_RANK: '0', MASTER_ADDR: 'a', MASTER_PORT: '1' }), error: A, message: /RANK="-1"/ },
   { name: 'parallel.initializeParallel: before init', run: () => nt.parallel.initializeParallel({ tp: 2 } as never), error: St, message: /call nt.distributed.init\(\) first/ },
   { name: 'train.layoutFromArgs: zero 5', run: () => nt.train.layoutFromArgs(['--zero', '5'], {}), error: A, message: /--zero must be 0, 1, 2 or 3/ },

@@ -71,12 +71,12 @@ export function nodeArgs(script: string): string[] {
 }
 
 /**
- * The package for a test whose library call launches the library's own rank script (e.g.
- * plan.calibrateLayout starts calibrate-rank beside itself): dist/index.js when fresh, so those ranks
- * start as compiled code, else lib/index.ts (ranks through tsx).
+ * nodetron/internal (where the planner is) for a test whose library call launches the library's own
+ * rank script (e.g. plan.calibrateLayout starts calibrate-rank beside itself): dist/internal.js when
+ * fresh, so those ranks start as compiled code, else lib/internal.ts (ranks through tsx).
  */
-export async function launchingLibrary(): Promise<typeof import('../../lib/index.js')> {
-  return freshness().dist ? import(pathToFileURL(join(dist, 'index.js')).href) : import('../../lib/index.js');
+export async function launchingInternal(): Promise<typeof import('../../lib/internal.js')> {
+  return freshness().dist ? import(pathToFileURL(join(dist, 'internal.js')).href) : import('../../lib/internal.js');
 }
 
 /**
@@ -87,7 +87,7 @@ export async function launchingLibrary(): Promise<typeof import('../../lib/index
  */
 export async function buildTestScripts(): Promise<boolean> {
   if (mtime(stamp) >= newest(join(root, 'test'), isScript) && existsSync(join(testJs, 'lib'))) return false;
-  // esbuild as tsx (a dependency) brings it: the transpiler tsx itself runs.
+  // esbuild as tsx (a dev dependency, an optional peer of the package) brings it: the transpiler tsx itself runs.
   const esbuild = createRequire(createRequire(join(root, 'package.json')).resolve('tsx'))('esbuild') as typeof import('esbuild');
   const tmp = `${testJs}.tmp-${process.pid}`;
   rmSync(tmp, { recursive: true, force: true });

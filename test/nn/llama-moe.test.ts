@@ -150,14 +150,14 @@ describe('Llama + MoE model', () => {
 });
 
 describe('Llama + MoE parameter counts', () => {
-  it('nt.train.llamaParameterCount counts the built model; active counts only top-k experts', () => {
+  it('nt.nn.llamaParameterCount counts the built model; active counts only top-k experts', () => {
     for (const config of [mixtral, qwen]) {
       const m = new nt.nn.Llama(config, { seed: 1 });
       try {
-        expect(m.numParameters()).toBe(nt.train.llamaParameterCount(m.config));
+        expect(m.numParameters()).toBe(nt.nn.llamaParameterCount(m.config));
         const perExpert = 3 * 16 * (m.config.moeIntermediateSize);
         const moeBlocks = m.layers.filter((b) => b.mlp instanceof nt.nn.MoE).length;
-        expect(nt.train.llamaParameterCount(m.config) - nt.train.llamaParameterCount(m.config, true)).toBe(moeBlocks * (4 - 2) * perExpert);
+        expect(nt.nn.llamaParameterCount(m.config) - nt.nn.llamaParameterCount(m.config, true)).toBe(moeBlocks * (4 - 2) * perExpert);
       } finally { m.dispose(); }
     }
   });

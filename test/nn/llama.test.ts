@@ -117,7 +117,7 @@ describe('nt.nn.Llama', () => {
       });
       const names = big.namedParameters().map(([n]) => n);
       expect(names.includes('lmHead.weight')).toBe(!cfg.tieWordEmbeddings);
-      expect(big.numParameters()).toBe(nt.train.llamaParameterCount(big.config));
+      expect(big.numParameters()).toBe(nt.nn.llamaParameterCount(big.config));
       big.dispose();
     });
   }
@@ -160,7 +160,7 @@ describe('nt.nn.Llama', () => {
       progress: { every: 1, log: (l) => lines.push(l) },
     });
     expect(run.gpt.family).toBe('llama');
-    expect(run.flopsPerToken).toBe(nt.train.llamaFlopsPerToken(base, 8));
+    expect(run.flopsPerToken).toBe(nt.nn.llamaFlopsPerToken(base, 8));
     const losses: number[] = [];
     for (let step = 0; step < 3; step++) { const b = batch(step); losses.push((await run.step(b)).loss); b.inputs.dispose(); b.targets.dispose(); }
     const dir = mkdtempSync(join(tmpdir(), 'nt-llama-run-'));

@@ -38,21 +38,21 @@ describe('cross-entropy argument checks', () => {
     // checks, before any communication (a LocalGroup cannot finish a collective synchronously).
     await runLocalRanks(2, async (g) => {
       const local = nt.zeros([3, 4]), wLocal = nt.zeros([4, 4]);
-      expectError(() => nt.parallel.vocabParallelCrossEntropy(nt.zeros([]), nt.zeros([], { dtype: 'i32' }), g), nt.ShapeError,
+      expectError(() => nt.parallel.tp.vocabParallelCrossEntropy(nt.zeros([]), nt.zeros([], { dtype: 'i32' }), g), nt.ShapeError,
         /^vocabParallelCrossEntropy: localLogits must be \[\.\.\., V\/tp\], got a scalar$/);
-      expectError(() => nt.parallel.vocabParallelCrossEntropy(local, ids(0, 1), g), nt.ShapeError,
+      expectError(() => nt.parallel.tp.vocabParallelCrossEntropy(local, ids(0, 1), g), nt.ShapeError,
         /^vocabParallelCrossEntropy: targets \[2\] must match localLogits \[3, 4\] without its last dimension$/);
-      expectError(() => nt.parallel.vocabParallelLinearCrossEntropy(x, wLocal, ids(0, 1), g), nt.ShapeError,
+      expectError(() => nt.parallel.tp.vocabParallelLinearCrossEntropy(x, wLocal, ids(0, 1), g), nt.ShapeError,
         /^vocabParallelLinearCrossEntropy: targets \[2\] must match x \[3, 4\] without its last dimension$/);
-      expectError(() => nt.parallel.vocabParallelCrossEntropy(local, good, g, { ignoreIndex: 0.5 }), nt.ArgumentError,
+      expectError(() => nt.parallel.tp.vocabParallelCrossEntropy(local, good, g, { ignoreIndex: 0.5 }), nt.ArgumentError,
         /^vocabParallelCrossEntropy: ignoreIndex must be an integer, got 0.5$/);
-      expectError(() => nt.parallel.vocabParallelLinearCrossEntropy(x, wLocal, good, g, { ignoreIndex: 0.5 }), nt.ArgumentError,
+      expectError(() => nt.parallel.tp.vocabParallelLinearCrossEntropy(x, wLocal, good, g, { ignoreIndex: 0.5 }), nt.ArgumentError,
         /^vocabParallelLinearCrossEntropy: ignoreIndex must be an integer, got 0.5$/);
-      expectError(() => nt.parallel.vocabParallelLinearCrossEntropy(x, wLocal, good, g, { reduction: 'avg' as never }), nt.ArgumentError,
+      expectError(() => nt.parallel.tp.vocabParallelLinearCrossEntropy(x, wLocal, good, g, { reduction: 'avg' as never }), nt.ArgumentError,
         /^vocabParallelLinearCrossEntropy: reduction must be 'mean' or 'sum', got avg$/);
       for (const [name, f] of [
-        ['vocabParallelCrossEntropy', () => nt.parallel.vocabParallelCrossEntropy(local, ids(0, 8, 1), g)],
-        ['vocabParallelLinearCrossEntropy', () => nt.parallel.vocabParallelLinearCrossEntropy(x, wLocal, ids(0, 8, 1), g)],
+        ['vocabParallelCrossEntropy', () => nt.parallel.tp.vocabParallelCrossEntropy(local, ids(0, 8, 1), g)],
+        ['vocabParallelLinearCrossEntropy', () => nt.parallel.tp.vocabParallelLinearCrossEntropy(x, wLocal, ids(0, 8, 1), g)],
       ] as const) {
         expectError(f, nt.ArgumentError, new RegExp(`^${name}: target 8 at row 1 is outside the vocabulary \\[0, 8\\) \\(and is not ignoreIndex -100\\)$`));
       }

@@ -57,7 +57,7 @@ describe('resolveTrainingLayout with --ep', () => {
 
 describe('expertParallel without a group', () => {
   it('holds every expert and scales nothing', () => {
-    const p = nt.parallel.expertParallel({ experts: 4, epGroup: null, countGroup: null });
+    const p = nt.parallel.ep.expertParallel({ experts: 4, epGroup: null, countGroup: null });
     expect([p.expertStart, p.expertEnd, p.expertGradScale]).toEqual([0, 4, 1]);
     expect(p.dispatch).toBeUndefined();
     expect(p.sumCounts).toBeUndefined();

@@ -16,7 +16,7 @@ afterAll(() => rmSync(work, { recursive: true, force: true }));
 
 interface RankResult extends BaseRankResult {
   /** ZeRO 1/2: what the gradient reduce-scatters did over the run (null otherwise). */
-  reduceStats: (parallel.ReduceStats & { modelBytes: number }) | null;
+  reduceStats: (parallel.zero.ReduceStats & { modelBytes: number }) | null;
 }
 type Trained = BaseTrained<RankResult>;
 

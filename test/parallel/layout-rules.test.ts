@@ -4,11 +4,11 @@
 // trainer accepts (so what the trainer refuses, the planner refuses).
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { plan } from '../../lib/internal.js';
 import { layoutProblems, type LayoutFlags, type LayoutModelShape, type TrainingLayout } from '../../lib/parallel/layout.js';
 import { checkTrainerSetup } from '../../lib/parallel/trainer-checks.js';
 import type { PlanLayout, PlanModel } from '../../lib/plan/index.js';
 
-const { plan } = nt;
 const GiB = 2 ** 30;
 
 /** The flags a `nodetron launch` of this layout sets (as launchCommand writes them). */
@@ -124,7 +124,7 @@ describe('one layout rule book', () => {
 
   it('the trainer refuses by the same rules, in the same words', () => {
     const config = { vocabSize: 32, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 16, dropout: 0, bias: true };
-    const check = (stage: nt.parallel.GPTStage, options: Record<string, unknown>): string => {
+    const check = (stage: nt.parallel.pp.GPTStage, options: Record<string, unknown>): string => {
       const params = stage.parameters();
       try { checkTrainerSetup(stage, [{ params, lr: 1e-3 }], { mesh: null, createOptimizer: () => { throw new Error('unused'); }, ...options } as never); } catch (e) {
         if (!(e instanceof nt.ArgumentError)) throw e;
@@ -132,7 +132,7 @@ describe('one layout rule book', () => {
       }
       return '';
     };
-    const stage = new nt.parallel.GPTStage(new nt.nn.GPT(config), 0, 1);
+    const stage = new nt.parallel.pp.GPTStage(new nt.nn.GPT(config), 0, 1);
     expect(check(stage, {})).toBe('');
     const flags = (f: LayoutFlags) => { try { nt.parallel.resolveTrainingLayout(f, config, 1, 4); } catch (e) { return (e as Error).message; } return ''; };
     for (const [options, f] of [[{ zero: 1 }, { zero: 1 }], [{ offload: true }, { offload: true }], [{ schedule: 'interleaved' }, { schedule: 'interleaved' }],

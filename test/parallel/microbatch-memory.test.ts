@@ -9,7 +9,7 @@ const config: nt.nn.GPTConfig = { vocabSize: 8192, blockSize: 32, nLayer: 2, nHe
 const B = 16, T = 32;
 
 async function peakOfStep(microBatches: number): Promise<{ peak: number; loss: number }> {
-  const model = new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 3 }), 0, 1);
+  const model = new nt.parallel.pp.GPTStage(new nt.nn.GPT(config, { seed: 3 }), 0, 1);
   const trainer = await nt.parallel.ParallelTrainer.create<nt.optim.AdamWOptions>(model, [{ params: model.parameters() }], {
     mesh: null, microBatches, createOptimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-3 }),
   });

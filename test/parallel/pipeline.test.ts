@@ -155,7 +155,7 @@ describe('GPTStage', () => {
     loss.backward();
     const fullParams = new Map(full.namedParameters().map(([n, p]) => [n, p.toArraySync()]));
     const fullGrads = gradsOf(full);
-    const stages = [0, 1, 2].map((s) => new nt.parallel.GPTStage(new nt.nn.GPT(config, { seed: 5 }), s, 3));
+    const stages = [0, 1, 2].map((s) => new nt.parallel.pp.GPTStage(new nt.nn.GPT(config, { seed: 5 }), s, 3));
     expect(stages.map((s) => s.layers)).toEqual([[0, 1], [1, 2], [2, 3]]);
     expect(stages.map((s) => s.namedParameters().map(([n]) => n).filter((n) => !n.startsWith('h.')))).toEqual([['wte.weight', 'wpe.weight'], [], ['wte.weight', 'lnF.weight', 'lnF.bias']]);
     for (const s of stages) for (const [n, p] of s.namedParameters()) expect(maxAbsDiff(p.toArraySync(), fullParams.get(n)!), n).toBe(0);
@@ -188,12 +188,12 @@ describe('GPTStage', () => {
   it('one stage is the whole model; a stage outside the pipeline is an ArgumentError', () => {
     const gpt = new nt.nn.GPT(config, { seed: 5 });
     const names = gpt.namedParameters().map(([n]) => n);
-    const whole = new nt.parallel.GPTStage(gpt, 0, 1);
+    const whole = new nt.parallel.pp.GPTStage(gpt, 0, 1);
     expect(whole.namedParameters().map(([n]) => n)).toEqual(names);
     expect(whole.model).toBe(gpt);
     expect(whole.tiedParameters).toEqual([]);
-    expect(() => new nt.parallel.GPTStage(new nt.nn.GPT(config), 3, 3)).toThrow(nt.ArgumentError);
-    expect(() => new nt.parallel.GPTStage(new nt.nn.GPT(config), 0, 4)).toThrow(/pp must be <= the number of layers/);
+    expect(() => new nt.parallel.pp.GPTStage(new nt.nn.GPT(config), 3, 3)).toThrow(nt.ArgumentError);
+    expect(() => new nt.parallel.pp.GPTStage(new nt.nn.GPT(config), 0, 4)).toThrow(/pp must be <= the number of layers/);
     expect(nt.ones([1]).item()).toBe(1);
     whole.dispose();
   });
@@ -201,9 +201,9 @@ describe('GPTStage', () => {
 
 describe('ParallelTrainer setup checks', () => {
   const config: nt.nn.GPTConfig = { vocabSize: 16, blockSize: 4, nLayer: 1, nHead: 1, nEmbd: 4, dropout: 0, bias: true };
-  const createOptimizer = (groups: nt.parallel.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(groups, { lr: 1e-3 });
+  const createOptimizer = (groups: nt.parallel.zero.ZeroParamGroup<nt.optim.AdamWOptions>[]) => new nt.optim.AdamW(groups, { lr: 1e-3 });
   it('a parameter outside the optimizer, a foreign one, or ZeRO without data parallelism is an ArgumentError', async () => {
-    const stage = new nt.parallel.GPTStage(new nt.nn.GPT(config), 0, 1);
+    const stage = new nt.parallel.pp.GPTStage(new nt.nn.GPT(config), 0, 1);
     const ps = stage.parameters();
     await expect(nt.parallel.ParallelTrainer.create(stage, [{ params: ps.slice(1) }], { mesh: null, createOptimizer }))
       .rejects.toThrow(/wte\.weight are in no parameter group/);

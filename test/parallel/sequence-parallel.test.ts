@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { sequenceParallelLayout } from '../../lib/internal.js';
 import { runLocalRanks } from '../../lib/testing/index.js';
 import { runRanks } from '../distributed/spawn-ranks.js';
 
@@ -58,7 +59,7 @@ describe('sequence parallelism (in process)', () => {
 
   it('sequenceParallelLayout chunks positions by rank and rejects lengths it does not divide', async () => {
     await runLocalRanks(3, async (g) => {
-      const seq = nt.parallel.sequenceParallelLayout(g);
+      const seq = sequenceParallelLayout(g);
       expect(seq.parts).toBe(3);
       expect(seq.chunk(12)).toEqual({ start: 4 * g.rank, count: 4 });
       expect(() => seq.chunk(10)).toThrow(nt.ShapeError);
@@ -72,7 +73,7 @@ describe('sequence parallelism (in process)', () => {
   it('a GPT under sequence parallelism rejects a sequence length tp does not divide before communicating, and stays usable', async () => {
     const config: nt.nn.GPTConfig = { vocabSize: 64, blockSize: 8, nLayer: 1, nHead: 2, nEmbd: 8, dropout: 0, bias: true };
     await runLocalRanks(2, async (g) => {
-      const model = nt.parallel.tensorParallelGPT(config, { seed: 1, group: g, sequenceParallel: true });
+      const model = nt.parallel.tp.tensorParallelGPT(config, { seed: 1, group: g, sequenceParallel: true });
       expect(model.sequenceLayout.parts).toBe(2);
       const idx = nt.tensor(Int32Array.from([1, 2, 3, 4, 5, 6]), [2, 3]);
       expect(() => model.forward(idx)).toThrow(nt.ShapeError);

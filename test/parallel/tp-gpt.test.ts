@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { tensorParallelLinearFactory } from '../../lib/internal.js';
 import { fileWorld, runLocalRanks } from '../../lib/testing/index.js';
 import { runRanks } from '../distributed/spawn-ranks.js';
 
@@ -73,8 +74,8 @@ describe('tensor-parallel GPT (in process)', () => {
       const group = fileWorld(dir, 0, 1);
       const config = { ...tiny, vocabSize: 50 };
       const ref = new nt.nn.GPT(config, { seed: 4 });
-      const par = new nt.nn.GPT(config, { seed: 4, ...nt.parallel.tensorParallelGPTOptions(group) });
-      expect(par.wte).toBeInstanceOf(nt.parallel.VocabParallelEmbedding);
+      const par = new nt.nn.GPT(config, { seed: 4, ...nt.parallel.tp.tensorParallelGPTOptions(group) });
+      expect(par.wte).toBeInstanceOf(nt.parallel.tp.VocabParallelEmbedding);
       const x = nt.tensor(Int32Array.from({ length: 12 }, (_, i) => (i * 7) % 50), [2, 6]);
       const y = nt.tensor(Int32Array.from({ length: 12 }, (_, i) => (i * 5 + 1) % 50), [2, 6]);
       expect(nt.noGrad(() => par.forward(x).logits.toArraySync())).toEqual(nt.noGrad(() => ref.forward(x).logits.toArraySync()));
@@ -104,7 +105,7 @@ describe('tensor-parallel GPT (in process)', () => {
         return { offset: generator.offsetBlocks, weight: l.weight.toArraySync() };
       };
       for (const role of ['attn.qkv', 'attn.proj', 'mlp.fc', 'mlp.proj'] as const) {
-        const plain = build(nt.nn.defaultLinearFactory, role), split = build(nt.parallel.tensorParallelLinearFactory(group), role);
+        const plain = build(nt.nn.defaultLinearFactory, role), split = build(tensorParallelLinearFactory(group), role);
         expect(plain.offset, role).toBe(16 * 48 / 2);  // one normal draw of the weight (2 per Philox block), nothing else
         expect(split.offset, role).toBe(plain.offset);
         expect(split.weight, role).toEqual(plain.weight);
@@ -122,11 +123,11 @@ describe('tensor-parallel GPT (in process)', () => {
   });
 
   it('checkTensorParallelConfig names every dimension tp does not divide', () => {
-    expect(() => nt.parallel.checkTensorParallelConfig(tiny, 4)).not.toThrow();
-    expect(() => nt.parallel.checkTensorParallelConfig({ ...tiny, nHead: 6, nEmbd: 18, vocabSize: 97 }, 4))
+    expect(() => nt.parallel.tp.checkTensorParallelConfig(tiny, 4)).not.toThrow();
+    expect(() => nt.parallel.tp.checkTensorParallelConfig({ ...tiny, nHead: 6, nEmbd: 18, vocabSize: 97 }, 4))
       .toThrow(/must divide the 6 attention heads, the width 18, the vocabulary of 97 tokens \(pad it: padVocab\(97, 4\) = 100\)/);
-    expect(() => nt.parallel.checkTensorParallelConfig({ ...tiny, vocabSize: 50257 }, 2)).toThrow(nt.ArgumentError);
-    expect(() => nt.parallel.checkTensorParallelConfig(tiny, 0)).toThrow(nt.ArgumentError);
+    expect(() => nt.parallel.tp.checkTensorParallelConfig({ ...tiny, vocabSize: 50257 }, 2)).toThrow(nt.ArgumentError);
+    expect(() => nt.parallel.tp.checkTensorParallelConfig(tiny, 0)).toThrow(nt.ArgumentError);
   });
 
   it('padVocab rounds up to a multiple', () => {
@@ -142,12 +143,12 @@ describe('tensor-parallel GPT (in process)', () => {
   it('bad splits are ArgumentErrors before any communication, and the process stays usable', async () => {
     await runLocalRanks(3, async (g) => {
       const bad = { ...tiny, nHead: 4, nEmbd: 24, vocabSize: 99 };
-      expect(() => nt.parallel.tensorParallelGPT(bad, { group: g })).toThrow(nt.ArgumentError);
-      expect(() => nt.parallel.tensorParallelGPT(bad, { group: g })).toThrow(/4 attention heads/);
+      expect(() => nt.parallel.tp.tensorParallelGPT(bad, { group: g })).toThrow(nt.ArgumentError);
+      expect(() => nt.parallel.tp.tensorParallelGPT(bad, { group: g })).toThrow(/4 attention heads/);
       // Without the builder the layers check too: the vocabulary in the embedding, the heads in the factory.
-      expect(() => new nt.nn.GPT({ ...bad, vocabSize: 98 }, nt.parallel.tensorParallelGPTOptions(g))).toThrow(/vocabulary size \(98\)/);
-      expect(() => new nt.nn.GPT(bad, nt.parallel.tensorParallelGPTOptions(g))).toThrow(/4 attention heads/);
-      expect(() => new nt.parallel.VocabParallelEmbedding(10, 4, { group: g })).toThrow(nt.ArgumentError);
+      expect(() => new nt.nn.GPT({ ...bad, vocabSize: 98 }, nt.parallel.tp.tensorParallelGPTOptions(g))).toThrow(/vocabulary size \(98\)/);
+      expect(() => new nt.nn.GPT(bad, nt.parallel.tp.tensorParallelGPTOptions(g))).toThrow(/4 attention heads/);
+      expect(() => new nt.parallel.tp.VocabParallelEmbedding(10, 4, { group: g })).toThrow(nt.ArgumentError);
       expect(nt.ones([2]).add(1).toArraySync()).toEqual(new Float32Array([2, 2]));
     });
   });
@@ -155,12 +156,12 @@ describe('tensor-parallel GPT (in process)', () => {
   it('vocabParallelCrossEntropy rejects bad targets and shapes before communicating', async () => {
     await runLocalRanks(2, async (g) => {
       const logits = nt.zeros([3, 4]);
-      expect(() => nt.parallel.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 8, 1]), [3]), g)).toThrow(/target 8 at row 1 is outside the vocabulary \[0, 8\)/);
-      expect(() => nt.parallel.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, -1, 1]), [3]), g)).toThrow(nt.ArgumentError);
-      expect(() => nt.parallel.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 1, 2]), [3]), g, { ignoreIndex: 0.5 })).toThrow(nt.ArgumentError);
-      expect(() => nt.parallel.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 1]), [2]), g)).toThrow(nt.ShapeError);
-      expect(() => nt.parallel.vocabParallelCrossEntropy(logits, nt.zeros([3]), g)).toThrow(nt.DTypeError);
-      expect(() => new nt.parallel.VocabParallelEmbedding(8, 4, { group: g }).forward(nt.tensor(Int32Array.from([8]), [1]))).toThrow(/id 8 at position 0/);
+      expect(() => nt.parallel.tp.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 8, 1]), [3]), g)).toThrow(/target 8 at row 1 is outside the vocabulary \[0, 8\)/);
+      expect(() => nt.parallel.tp.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, -1, 1]), [3]), g)).toThrow(nt.ArgumentError);
+      expect(() => nt.parallel.tp.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 1, 2]), [3]), g, { ignoreIndex: 0.5 })).toThrow(nt.ArgumentError);
+      expect(() => nt.parallel.tp.vocabParallelCrossEntropy(logits, nt.tensor(Int32Array.from([0, 1]), [2]), g)).toThrow(nt.ShapeError);
+      expect(() => nt.parallel.tp.vocabParallelCrossEntropy(logits, nt.zeros([3]), g)).toThrow(nt.DTypeError);
+      expect(() => new nt.parallel.tp.VocabParallelEmbedding(8, 4, { group: g }).forward(nt.tensor(Int32Array.from([8]), [1]))).toThrow(/id 8 at position 0/);
       expect(nt.ones([2]).toArraySync()).toEqual(new Float32Array([1, 1]));
     });
   });

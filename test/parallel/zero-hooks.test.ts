@@ -50,7 +50,7 @@ interface RunOptions {
 }
 
 /** One rank: the steps through a ZeroOptimizer, checking after each backward what the stage promises. */
-async function trainRank(g: CollectiveGroup, o: RunOptions): Promise<{ values: Float32Array[]; stats: nt.parallel.ReduceStats }> {
+async function trainRank(g: CollectiveGroup, o: RunOptions): Promise<{ values: Float32Array[]; stats: nt.parallel.zero.ReduceStats }> {
   const params = leafParams();
   const options: ZeroOptions = { group: g, stage: o.stage, bucketBytes: BUCKET_BYTES, overlap: o.overlap ?? true, deferGrads: (o.defer ?? []).map((i) => params[i]!) };
   const zero = new ZeroOptimizer(params, sgd, options);

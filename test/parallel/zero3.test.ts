@@ -112,7 +112,7 @@ function reference(recompute: boolean): { losses: number[]; gradNorms: number[];
 interface ScenarioResult {
   losses: number[]; gradNorms: number[]; params: number[]; readBetweenSteps: string;
   gathers: { prefetched: number; onDemand: number; unused: number; reduceScatters: number }[];
-  memory: nt.parallel.ZeroMemoryBytes; allocatedModel: number; allocatedSharded: number; peakGatheredBytes: number;
+  memory: nt.parallel.zero.ZeroMemoryBytes; allocatedModel: number; allocatedSharded: number; peakGatheredBytes: number;
 }
 
 // Both layouts start at once (mostly process start-up); each rank runs its scenarios in sequence.

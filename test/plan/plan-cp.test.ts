@@ -3,15 +3,15 @@
 // the measured peak per rank of cp 2 and 4 (ring and Ulysses) falls from one process's as predicted.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-import { launchingLibrary } from '../helpers/node-script.js';
+import { plan } from '../../lib/internal.js';
+import { launchingInternal } from '../helpers/node-script.js';
 
-const { plan } = nt;
 // calibrateLayout from dist/ when it is fresh: its launched ranks then start without tsx.
-const launching = await launchingLibrary();
+const launching = await launchingInternal();
 const GiB = 2 ** 30;
 
 describe('planner with cp', () => {
-  const base: nt.plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+  const base: plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
   const m = plan.PLAN_MODELS['7b']!;
   it('activations and the head\'s rows fall by cp; ZeRO shards over dp × cp', () => {
     const opts = { seq: 32768, microBatchSize: 1, dtype: 'bf16' as const };
@@ -60,7 +60,7 @@ describe('planner with cp', () => {
 
 // An activation-heavy shape (context 512, vocabulary 512), so the activations are most of the peak.
 describe('calibration with cp on this machine', () => {
-  const shape: nt.plan.CalibrationShape = { ...plan.CALIBRATION_SHAPE, ctx: 512, vocab: 512, batch: 4 };
+  const shape: plan.CalibrationShape = { ...plan.CALIBRATION_SHAPE, ctx: 512, vocab: 512, batch: 4 };
   it('the measured peak per rank under cp 2 and 4 (ring, Ulysses) falls from one process\'s as predicted (within 8%)', async () => {
     const one = (await launching.plan.calibrateLayout('dp1', shape)).ranks[0]!;
     for (const spec of ['cp2', 'cp2,ulysses', 'cp4']) {

@@ -2,11 +2,11 @@
 // DeepSpeed's model-state estimates, Megatron's theoretical memory, the 7B figures; and the CLI's errors.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { plan } from '../../lib/internal.js';
 import { main } from '../../lib/cli.js';
 
-const { plan } = nt;
 const GB = 1e9, GiB = 2 ** 30;
-const base: nt.plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
+const base: plan.PlanLayout = { dp: 1, tp: 1, pp: 1, zero: 0, offload: false, recompute: 'none', sequenceParallel: false, microBatches: 1, schedule: '1f1b' };
 
 describe('published formulas', () => {
   it('DeepSpeed zero2 as since 0.14.3 (t5-3b, 2851M params, 8 GPUs: 5.31 GB per GPU offloaded, 2Ψ + 18Ψ/N = 11.28 GB not, 127.48 GB per CPU)', () => {
@@ -55,7 +55,7 @@ describe('published formulas', () => {
       const sh = Math.ceil(psi / 4);
       expect([e.params, e.grads, e.optimizerState]).toEqual([2 * (zero === 3 ? sh : psi), 2 * (zero >= 2 ? sh : psi), 12 * (zero >= 1 ? sh : psi)]);
       const f = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, dtype: 'f32' });
-      const z = nt.parallel.zeroMemoryFormula(psi, 4, zero);
+      const z = nt.parallel.zero.zeroMemoryFormula(psi, 4, zero);
       expect([f.params, f.optimizerState]).toEqual([z.params, z.optimizerState]);
     }
   });
@@ -80,9 +80,9 @@ describe('published formulas', () => {
     expect(plan.korthikantiLayerBytes({ ...m, ffn: 4 * h, gated: false }, s, b, 1, false, 'full')).toBeCloseTo(2 * s * b * h);
   });
   it('Megatron theoretical memory (GPT-3 175B, Korthikanti et al.: t8 p8, s2048, b1, SP + selective)', () => {
-    const args: nt.plan.MegatronArgs = { numLayers: 96, hiddenSize: 12288, numAttentionHeads: 96, ffnHiddenSize: 4 * 12288, paddedVocabSize: 51200,
+    const args: plan.MegatronArgs = { numLayers: 96, hiddenSize: 12288, numAttentionHeads: 96, ffnHiddenSize: 4 * 12288, paddedVocabSize: 51200,
       seqLength: 2048, microBatchSize: 1, tensorParallel: 8, pipelineParallel: 8, dataParallel: 1, useDistributedOptimizer: false };
-    const m: nt.plan.PlanModel = { name: 'gpt3', nLayer: 96, nHead: 96, nEmbd: 12288, ffn: 4 * 12288, vocabSize: 51200, gated: false, tied: true, bias: true, positions: 2048, seqLen: 2048 };
+    const m: plan.PlanModel = { name: 'gpt3', nLayer: 96, nHead: 96, nEmbd: 12288, ffn: 4 * 12288, vocabSize: 51200, gated: false, tied: true, bias: true, positions: 2048, seqLen: 2048 };
     // Weights + optimizer: the most loaded shard × 18 bytes = 2 + 4 + 12 (Megatron keeps fp32 grads: the planner's bf16 grads + 2 bytes).
     const shard = (plan.stageParams(m, 8, 8, 0).layerParams + 51200 * 12288 / 8);
     expect(plan.megatronWeightAndOptimizerBytes(args) / shard).toBeCloseTo(18, 1);
@@ -197,20 +197,20 @@ describe('planner', () => {
 });
 
 describe('plan: Llama-shaped models', () => {
-  const llama = nt.plan.resolveModel('70b');
+  const llama = plan.resolveModel('70b');
   it('launch commands train Llama blocks with the model\'s key/value heads and MLP width; GPT-2 shapes train the GPT', () => {
     const o = { seq: 4096, globalBatch: 64, nodes: 1, gpusPerNode: 8, cpu: false };
-    expect(nt.plan.launchCommand(llama, { ...base, tp: 8 }, o)).toMatch(/--layers 80 --heads 64 --width 8192 .* --model llama --kv-heads 8 --ffn 28672 --tp 8/);
-    expect(nt.plan.launchCommand(nt.plan.resolveModel('gpt2'), base, o)).not.toMatch(/--model/);
+    expect(plan.launchCommand(llama, { ...base, tp: 8 }, o)).toMatch(/--layers 80 --heads 64 --width 8192 .* --model llama --kv-heads 8 --ffn 28672 --tp 8/);
+    expect(plan.launchCommand(plan.resolveModel('gpt2'), base, o)).not.toMatch(/--model/);
   });
   it('key/value parameters per rank: split when tp divides the kv heads, whole when the ranks outnumber them', () => {
     const h = 8192, kv = 8 * (h / 64);
-    const attnAt = (tp: number) => nt.plan.layerParams(llama, tp) - (h * 28672 * 3) / tp - 2 * h;
+    const attnAt = (tp: number) => plan.layerParams(llama, tp) - (h * 28672 * 3) / tp - 2 * h;
     expect(attnAt(8)).toBe((h * h + 2 * h * kv + h * h) / 8);
     expect(attnAt(16)).toBe((h * h + h * h) / 16 + 2 * h * kv);
-    expect(nt.plan.layoutProblem(llama, { ...base, tp: 3 }, 4096, 64, 1)).toMatch(/heads/);
+    expect(plan.layoutProblem(llama, { ...base, tp: 3 }, 4096, 64, 1)).toMatch(/heads/);
     // 8 key/value heads over 16 ranks: each pair of ranks shares one.
-    expect(nt.plan.layoutProblem(llama, { ...base, tp: 16, dp: 4 }, 4096, 64, 1)).toBeNull();
+    expect(plan.layoutProblem(llama, { ...base, tp: 16, dp: 4 }, 4096, 64, 1)).toBeNull();
   });
 });
 
@@ -222,13 +222,13 @@ describe('plan: nodetron\'s bf16 model (--memory-model nodetron)', () => {
       const e = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, backend: 'cpu' });
       const f = plan.estimateMemory(m, { ...base, dp: 4, zero }, { ...o, dtype: 'f32' });
       expect([e.params, e.optimizerState]).toEqual([f.params, f.optimizerState]);
-      const z = nt.parallel.zeroMemoryFormula(psi, 4, zero);
+      const z = nt.parallel.zero.zeroMemoryFormula(psi, 4, zero);
       expect([e.params, e.optimizerState]).toEqual([z.params, z.optimizerState]);
     }
   });
   it('each micro-batch in flight holds its own 16-bit copies of the stage\'s layer weights (not under full recomputation)', () => {
     const pp4 = { ...base, pp: 4, microBatches: 8 };
-    const stage0 = (l: nt.plan.PlanLayout) => plan.estimateStageMemory(m, l, { ...o, backend: 'cpu' }, 0);
+    const stage0 = (l: plan.PlanLayout) => plan.estimateStageMemory(m, l, { ...o, backend: 'cpu' }, 0);
     const copies = 2 * plan.stageParams(m, 1, 4, 0).layerParams;
     // 1F1B's first stage holds 4 micro-batches, GPipe's all 8: four more copies beside four more micro-batches' tensors.
     const more = stage0({ ...pp4, schedule: 'gpipe' }).activations - stage0(pp4).activations;
@@ -237,7 +237,7 @@ describe('plan: nodetron\'s bf16 model (--memory-model nodetron)', () => {
     expect(perMicroBatch).toBeGreaterThan(copies);
     // Under full recomputation a micro-batch keeps its blocks' f32 inputs only (the copies are made again in backward).
     // That is what f32 training keeps (the same f32 residual stream), with no 16-bit copies.
-    const rcMore = (opts: nt.plan.MemoryOptions) => plan.estimateStageMemory(m, { ...pp4, schedule: 'gpipe', recompute: 'full' }, opts, 0).activations
+    const rcMore = (opts: plan.MemoryOptions) => plan.estimateStageMemory(m, { ...pp4, schedule: 'gpipe', recompute: 'full' }, opts, 0).activations
       - plan.estimateStageMemory(m, { ...pp4, recompute: 'full' }, opts, 0).activations;
     expect(rcMore({ ...o, backend: 'cpu' })).toBe(rcMore({ seq: o.seq, microBatchSize: o.microBatchSize, dtype: 'f32' }));
   });

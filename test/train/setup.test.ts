@@ -85,12 +85,12 @@ describe('progress arithmetic', () => {
   it('counts a GPT\'s parameters and model FLOPs', () => {
     for (const config of [CONFIG, { ...CONFIG, bias: false, parallelBlock: true }]) {
       const gpt = new nt.nn.GPT(config);
-      expect(nt.train.gptParameterCount(config)).toBe(gpt.numParameters());
+      expect(nt.nn.gptParameterCount(config)).toBe(gpt.numParameters());
       gpt.dispose();
     }
-    const n = nt.train.gptParameterCount(CONFIG) - CONFIG.blockSize * CONFIG.nEmbd;
-    expect(nt.train.gptFlopsPerToken(CONFIG, 16)).toBe(6 * n + 12 * 2 * 32 * 16);
-    expect(nt.train.gptFlopsPerToken({ ...CONFIG, window: 4 }, 16)).toBe(6 * n + 12 * 2 * 32 * 4);
+    const n = nt.nn.gptParameterCount(CONFIG) - CONFIG.blockSize * CONFIG.nEmbd;
+    expect(nt.nn.gptFlopsPerToken(CONFIG, 16)).toBe(6 * n + 12 * 2 * 32 * 16);
+    expect(nt.nn.gptFlopsPerToken({ ...CONFIG, window: 4 }, 16)).toBe(6 * n + 12 * 2 * 32 * 4);
     expect(nt.train.detectPeakFlops('cpu')).toBeUndefined();
     expect(nt.train.formatProgress({ step: 10, steps: 150, loss: 5.12345, avgLoss: 5.3, gradNorm: 1.234, lr: 3e-3, tokensPerSecond: 1234.4, mfu: 0.412, peakBytes: 2 ** 20 * 123.4, etaSeconds: 65 }))
       .toBe('step   10/150  loss 5.1235 (avg 5.3000)  norm 1.23  lr 3.00e-3  | 1234 tok/s  MFU 41.2%  mem 123.4 MiB  ETA 1m05s');

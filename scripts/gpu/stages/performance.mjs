@@ -98,11 +98,12 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   // The planner's bf16 figures for this step (one device, one micro-batch of B): nodetron's own model
   // (measured on the CPU backend; this run measures its cuda side) and the published recipe's.
   try {
-    const pm = nt.plan.modelFromConfig({ ...cfg, n_positions: cfg.blockSize }, 'gpt2-step');
-    const layout = nt.plan.parseLayoutSpec('dp1');
+    const { plan } = await import('../../../dist/internal.js');
+    const pm = plan.modelFromConfig({ ...cfg, n_positions: cfg.blockSize }, 'gpt2-step');
+    const layout = plan.parseLayoutSpec('dp1');
     const o = { seq: T, microBatchSize: B, dtype: 'bf16' };
-    result.plannerBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'nodetron', backend: DEV }).total;
-    result.plannerMegatronBytes = nt.plan.estimateMemory(pm, layout, { ...o, model: 'megatron' }).total;
+    result.plannerBytes = plan.estimateMemory(pm, layout, { ...o, model: 'nodetron', backend: DEV }).total;
+    result.plannerMegatronBytes = plan.estimateMemory(pm, layout, { ...o, model: 'megatron' }).total;
     rec.info('gpt2PlannerMemory', { measuredPeakBytes: result.peakBytes, nodetron: result.plannerBytes, megatron: result.plannerMegatronBytes,
       nodetronError: (result.plannerBytes - result.peakBytes) / result.peakBytes, megatronError: (result.plannerMegatronBytes - result.peakBytes) / result.peakBytes });
   } catch (e) {

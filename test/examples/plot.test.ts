@@ -1,10 +1,10 @@
-// lib/train/plot.ts: the terminal plot's shape and the dots it draws (decoded back from braille), markers
-// and reference lines where their values put them; the SVG is well-formed XML with one polyline per
-// series, circles at a marked series' points, escaped text, and coordinates in the plot's order; round ticks.
+// examples/gpt/plot.ts, the example's loss curves: the terminal plot's shape and the dots it draws
+// (decoded back from braille), markers and reference lines where their values put them; the SVG is
+// well-formed XML with one polyline per series, circles at a marked series' points, escaped text, and
+// coordinates in the plot's order; round ticks.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
-
-const { terminalPlot, lineChartSvg, niceTicks } = nt.train;
+import { lineChartSvg, niceTicks, terminalPlot } from '../../examples/gpt/plot.js';
 
 /** Dots (x, y) of a braille plot area: rows of characters → 2×4 dots per character. */
 function brailleDots(rows: string[]): Array<[number, number]> {

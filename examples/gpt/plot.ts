@@ -1,8 +1,8 @@
-// Loss curves without dependencies: a line chart as a standalone SVG document (lineChartSvg) and as
+// The example's loss curves, without dependencies: a line chart as a standalone SVG document (lineChartSvg) and as
 // text for a terminal (terminalPlot: Unicode braille dots, 2×4 per character cell, so a 60-column plot
 // has 120 horizontal positions). Both take the same series and horizontal reference lines (e.g. the
 // unigram level a language model must beat), and share one choice of axis ranges and ticks.
-import { ArgumentError } from '../errors.js';
+import { ArgumentError } from '../../lib/index.js';
 
 /** One curve: (x, y) points in x order, e.g. (step, loss). */
 export interface PlotSeries {
