@@ -114,14 +114,20 @@ void registerCommunicator(const std::shared_ptr<CommState>& s) {
   r.states = std::move(live);
 }
 
-int abortAllCommunicators(const std::string& reason) {
+namespace {
+
+// The communicators an abort now would reach.
+std::vector<std::shared_ptr<CommState>> liveCommunicators() {
   std::vector<std::shared_ptr<CommState>> targets;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    for (auto& w : r.states)
-      if (auto p = w.lock(); p && !p->destroyed.load() && !p->aborted.load()) targets.push_back(p);
-  }
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& w : r.states)
+    if (auto p = w.lock(); p && !p->destroyed.load() && !p->aborted.load()) targets.push_back(p);
+  return targets;
+}
+
+int abortEach(const std::vector<std::shared_ptr<CommState>>& targets, const std::string& reason) {
+  if (targets.empty()) return 0;
   // Outside the list's lock. Closing a Gloo pair waits for a tick of the device loop (up to 10 ms),
   // so one communicator's abort takes 10-20 ms: they run side by side, and an op blocked in the
   // last one is not held up by the others.
@@ -140,6 +146,10 @@ int abortAllCommunicators(const std::string& reason) {
   }
   return int(targets.size());
 }
+
+}  // namespace
+
+int abortAllCommunicators(const std::string& reason) { return abortEach(liveCommunicators(), reason); }
 
 // ---- the abort-file watcher ----------------------------------------------------------------------
 namespace {
@@ -198,11 +208,17 @@ void watchLoop() {
     const int64_t g = readGeneration(path);
     if (g > watching) {
       lock.lock();
-      // Retargeted meanwhile: the new target is read on the next poll instead.
+      // Retargeted meanwhile: the new target is read on the next poll instead. The communicators
+      // are listed under the lock, so those made after a retarget (a regroup's new generation) are
+      // never aborted for the generation the retarget moved past.
       const bool current = w.path == path && w.generation == watching;
-      if (current) w.generation = g;
+      std::vector<std::shared_ptr<CommState>> targets;
+      if (current) {
+        w.generation = g;
+        targets = liveCommunicators();
+      }
       lock.unlock();
-      if (current) abortAllCommunicators("generation " + std::to_string(g) + " started (abort file " + path + ")");
+      abortEach(targets, "generation " + std::to_string(g) + " started (abort file " + path + ")");
     }
     lock.lock();
     w.cv.wait_for(lock, kPollInterval, [&] { return w.stopping; });
