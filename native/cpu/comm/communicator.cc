@@ -64,10 +64,15 @@ void CommState::adopt(std::shared_ptr<gloo::rendezvous::Context> ctx, std::share
 }
 
 void CommState::release() {
-  std::lock_guard<std::mutex> lock(handleMutex);
-  context.reset();
-  shm.reset();
-  destroyed = true;
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  std::shared_ptr<ShmSegment> segment;
+  {
+    std::lock_guard<std::mutex> lock(handleMutex);
+    ctx.swap(context);
+    segment.swap(shm);
+    destroyed = true;
+  }
+  // Closing the pairs waits for the device loop: done outside the lock an abort takes.
 }
 
 void Completion::markStarted() {
