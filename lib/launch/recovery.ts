@@ -125,6 +125,7 @@ export class RecoverySession {
   private closed = false;
   private poller: Promise<void> | undefined;
   private doneFlag = false;
+  private finishing = false;
   private readonly events: string | undefined;
 
   private constructor(
@@ -233,8 +234,9 @@ export class RecoverySession {
   }
 
   private checkDone(): void {
-    if (this.doneFlag || this.pending.length > 0) return;
+    if (this.finishing || this.pending.length > 0) return;
     for (let r = 0; r < this.ownerOf.length; r++) if (this.ownerOf[r] === this.nodeRank && !this.finished.has(r)) return;
+    this.finishing = true;
     this.keepSpares = false;
     void this.group.stopSpares(this.attempt.stopGraceMs).then(() => {
       this.doneFlag = true;

@@ -11,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
+import { freePort } from '../helpers/net.js';
 import { nodeArgs } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -37,8 +38,8 @@ interface Launch {
 }
 
 let runs = 0;
-function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
-  const file = join(work, `events-${runs++}.jsonl`);
+/** Starts a launcher (2 ranks unless `args` say otherwise) of the fixture; `file` is the events file (shared by the nodes of one job). */
+function launch(args: string[], env: NodeJS.ProcessEnv = {}, file = join(work, `events-${runs++}.jsonl`)): Launch & { kill: (s: NodeJS.Signals) => void } {
   const child = spawn(process.execPath, [...nodeArgs(join(fixtures, 'launcher.ts')), '--nproc-per-node', '2', '--monitor-interval-ms', '100', ...args, worker], {
     cwd: root,
     env: { ...process.env, NODETRON_RECOVERY_EVENTS: file, ...env },
@@ -68,7 +69,7 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}): Launch {
       await new Promise((r) => setTimeout(r, 25));
     }
   };
-  return { events, waitFor, done };
+  return { events, waitFor, done, kill: (sig) => child.kill(sig) };
 }
 
 const alive = (pid: number) => {
@@ -102,51 +103,61 @@ describe('nodetron launch --spares (in-job recovery mode)', () => {
     await l.waitFor('spare started', (e) => e.event === 'spare-started' && e.spare === 's0');
     const killedAt = Date.now();
     process.kill(pid1!, 'SIGKILL');
+    // The spare that took rank 1 is lost in turn: generation 2, the new spare s1 takes it.
+    const s0 = await l.waitFor('spare s0 ready as rank 1', (e) => e.src === 'rank' && e.event === 'ready' && e.rank === 1 && e.generation === 1);
+    process.kill(s0.pid!, 'SIGKILL');
     const r = await l.done;
     const events = l.events();
     expect(r.code, r.stderr).toBe(0);
-    const fault = events.find((e) => e.event === 'fault')!;
-    expect(fault).toMatchObject({ src: 'agent', node: 0, generation: 1, lost: [1], how: 'exit' });
+    const faults = events.filter((e) => e.event === 'fault');
+    expect(faults).toMatchObject([{ src: 'agent', node: 0, generation: 1, lost: [1], how: 'exit' }, { generation: 2, lost: [1], how: 'exit' }]);
+    const fault = faults[0]!;
     const latency = fault.t - killedAt;
     console.log(`detection latency (SIGKILL → fault event): ${latency} ms`);
     expect(latency).toBeLessThan(5000);
-    const assigned = events.find((e) => e.event === 'spare-assigned')!;
-    expect(assigned).toMatchObject({ generation: 1, rank: 1, spare: 's0' });
+    const assignments = events.filter((e) => e.event === 'spare-assigned');
+    expect(assignments).toMatchObject([{ generation: 1, rank: 1, spare: 's0', pid: s0.pid }, { generation: 2, rank: 1, spare: 's1' }]);
+    const assigned = assignments[1]!;
     // The spare read its assignment key and ran as rank 1 of generation 1, joining, and reached its holder.
     const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === assigned.pid)!;
-    expect(joined).toMatchObject({ rank: 1, generation: 1, spare: 's0', joining: true, holderReachable: true, recovery: '1' });
+    expect(joined).toMatchObject({ rank: 1, generation: 2, spare: 's1', joining: true, holderReachable: true, recovery: '1' });
     expect(events.some((e) => e.src === 'rank' && e.event === 'exit' && e.pid === assigned.pid)).toBe(true);
-    // A new spare was started after s0 was used (and stopped at the end: it never ran as a rank).
-    const s1 = events.find((e) => e.event === 'spare-started' && e.spare === 's1')!;
-    expect(s1.t).toBeGreaterThanOrEqual(assigned.t);
-    expect(events.some((e) => e.src === 'rank' && e.pid === s1.pid)).toBe(false);
-    // The survivor saw generation 1 in its abort file and finished in its own process.
-    expect(events.some((e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort' && e.abortGeneration === 1)).toBe(true);
+    // A new spare was started each time one was used (s2, stopped at the end: it never ran as a rank).
+    const s2 = events.find((e) => e.event === 'spare-started' && e.spare === 's2')!;
+    expect(s2.t).toBeGreaterThanOrEqual(assigned.t);
+    expect(events.some((e) => e.src === 'rank' && e.pid === s2.pid)).toBe(false);
+    // The survivor saw both generations in its abort file and finished in its own process.
+    expect(events.filter((e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort').map((e) => e.abortGeneration)).toEqual([1, 2]);
     expect(events.filter((e) => e.src === 'rank' && e.event === 'exit' && e.rank === 0)).toHaveLength(1);
     // Every first rank got the holder (one node: its own agent's), reachable.
     for (const e of events.filter((x) => x.event === 'started' && x.generation === 0)) expect(e).toMatchObject({ holderReachable: true, joining: false });
     expect(r.stderr).toContain('[nodetron launch node 0] generation 1: rank 1 lost (exit); replaced by spare s0');
+    expect(r.stderr).toContain('[nodetron launch node 0] generation 2: rank 1 lost (exit); replaced by spare s1');
     expect(r.stderr).not.toContain('restarting');
     expectAllGone(events);
   }, 90_000);
 
-  it('with --spares 0 starts a new process with NODETRON_JOIN=1 and the lost rank', async () => {
+  it('with --spares 0 starts a new process with NODETRON_JOIN=1 and the lost rank; a lost replacement is the next generation', async () => {
     const l = launch(['--spares', '0']);
     const [, pid1] = await readyRanks(l);
     const killedAt = Date.now();
     process.kill(pid1!, 'SIGKILL');
+    const ready1 = await l.waitFor('replacement ready', (e) => e.src === 'rank' && e.event === 'ready' && e.rank === 1 && e.generation === 1);
+    process.kill(ready1.pid!, 'SIGKILL');
     const r = await l.done;
     const events = l.events();
     expect(r.code, r.stderr).toBe(0);
-    const fault = events.find((e) => e.event === 'fault')!;
-    expect(fault).toMatchObject({ generation: 1, lost: [1], how: 'exit' });
-    console.log(`detection latency (SIGKILL → fault event, --spares 0): ${fault.t - killedAt} ms`);
+    const faults = events.filter((e) => e.event === 'fault');
+    expect(faults).toMatchObject([{ generation: 1, lost: [1], how: 'exit' }, { generation: 2, lost: [1], how: 'exit' }]);
+    console.log(`detection latency (SIGKILL → fault event, --spares 0): ${faults[0]!.t - killedAt} ms`);
     expect(events.some((e) => e.event === 'spare-started' || e.event === 'spare-assigned')).toBe(false);
-    const started = events.find((e) => e.event === 'replacement-started')!;
-    expect(started).toMatchObject({ rank: 1, generation: 1 });
-    const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === started.pid)!;
-    expect(joined).toMatchObject({ rank: 1, localRank: 1, generation: 1, joining: true, spare: null, holderReachable: true });
+    const started = events.filter((e) => e.event === 'replacement-started');
+    expect(started).toMatchObject([{ rank: 1, generation: 1, pid: ready1.pid }, { rank: 1, generation: 2 }]);
+    const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === started[1]!.pid)!;
+    expect(joined).toMatchObject({ rank: 1, localRank: 1, generation: 2, joining: true, spare: null, holderReachable: true });
+    expect(events.some((e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort' && e.abortGeneration === 2)).toBe(true);
     expect(r.stderr).toContain('generation 1: rank 1 lost (exit); replaced by a new process');
+    expect(r.stderr).toContain('generation 2: rank 1 lost (exit); replaced by a new process');
     expectAllGone(events);
   }, 90_000);
 
@@ -185,6 +196,73 @@ describe('nodetron launch --spares (in-job recovery mode)', () => {
     // The second attempt ran both ranks anew (and recovery mode again), every one finished.
     expect(events.filter((e) => e.event === 'started' && e.attempt === 1).map((e) => e.rank).sort()).toEqual([0, 1]);
     expectAllGone(events);
+  }, 90_000);
+
+  it('takes the restart path after --max-recoveries generations', async () => {
+    const l = launch(['--spares', '1', '--max-restarts', '1', '--max-recoveries', '0']);
+    const [, pid1] = await readyRanks(l);
+    process.kill(pid1!, 'SIGKILL');
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    expect(events.some((e) => e.event === 'fault' || e.event === 'spare-assigned')).toBe(false);
+    expect(String(events.find((e) => e.event === 'fallback-restart')?.reason)).toMatch(/more than --max-recoveries 0 generations/);
+    expect(r.stderr).toContain('restarting the group (restart 1 of 1)');
+    expectAllGone(events);
+  }, 90_000);
+
+  it('SIGTERM to the launcher stops its ranks and spares', async () => {
+    const l = launch(['--spares', '2']);
+    await readyRanks(l);
+    await l.waitFor('second spare', (e) => e.event === 'spare-started' && e.spare === 's1');
+    l.kill('SIGTERM');
+    const r = await l.done;
+    expect(r.code).toBe(143);
+    const events = l.events();
+    expect(events.filter((e) => e.event === 'worker-started')).toHaveLength(4);
+    expectAllGone(events);
+  }, 90_000);
+
+  it('two nodes: the ranks copy to the other node\'s holder; a rank lost on node 1 is replaced there; a silent node\'s rank on the surviving node', async () => {
+    const port = String(await freePort());
+    const file = join(work, 'events-nodes.jsonl');
+    const common = ['--nnodes', '2', '--master-port', port, '--nproc-per-node', '1', '--spares', '1', '--heartbeat-timeout-ms', '1500'];
+    const env = { NODETRON_STORE_TOKEN: 'recovery-test-token-0123456789', RECOVERY_FIXTURE_SECONDS: '8' };
+    const node0 = launch([...common, '--node-rank', '0'], env, file);
+    const node1 = launch([...common, '--node-rank', '1'], env, file);
+    const [, pid1] = await readyRanks(node0);
+    const spare1 = await node0.waitFor('node 1 spare', (e) => e.event === 'spare-started' && e.node === 1);
+    const started = node0.events().filter((e) => e.event === 'started' && e.generation === 0);
+    const holderOf = (rank: number) => started.find((e) => e.rank === rank)!.holder;
+    expect(holderOf(0)).not.toEqual(holderOf(1));
+    for (const e of started) expect(e.holderReachable).toBe(true);
+    // Rank 1 (node 1) is killed: node 1's spare takes it, node 0's agent writes generation 1 into its abort file.
+    process.kill(pid1!, 'SIGKILL');
+    const first = await node0.waitFor('node 1 spare as rank 1', (e) => e.src === 'rank' && e.event === 'ready' && e.rank === 1 && e.generation === 1);
+    expect(first.pid).toBe(spare1.pid);
+    await node0.waitFor('rank 0 abort 1', (e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort' && e.abortGeneration === 1);
+    const spare1b = await node0.waitFor('node 1 second spare', (e) => e.event === 'spare-started' && e.node === 1 && e.spare === 's1');
+    // Node 1 dies whole: its agent (and with it its holder), its rank and its spare.
+    const killedAt = Date.now();
+    node1.kill('SIGKILL');
+    process.kill(first.pid!, 'SIGKILL');
+    process.kill(spare1b.pid!, 'SIGKILL');
+    const [r0] = await Promise.all([node0.done, node1.done]);
+    const events = node0.events();
+    expect(r0.code, r0.stderr).toBe(0);
+    const faults = events.filter((e) => e.event === 'fault');
+    expect(faults).toMatchObject([{ node: 1, generation: 1, lost: [1], how: 'exit' }, { node: 0, generation: 2, lost: [1], how: 'node', lostNode: 1 }]);
+    expect(events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === first.pid)).toMatchObject({ rank: 1, generation: 1, holder: holderOf(1) });
+    const fault = faults[1]!;
+    console.log(`detection latency (node killed → fault event, --heartbeat-timeout-ms 1500): ${fault.t - killedAt} ms`);
+    const assigned = events.filter((e) => e.event === 'spare-assigned')[1]!;
+    expect(assigned).toMatchObject({ node: 0, rank: 1, generation: 2, spare: 's0' });
+    // The replacement restores from where rank 1's copies were (node 0's holder, the one after node 1).
+    const joined = events.find((e) => e.src === 'rank' && e.event === 'started' && e.pid === assigned.pid)!;
+    expect(joined).toMatchObject({ rank: 1, generation: 2, joining: true, holder: holderOf(1), holderReachable: true });
+    expect(events.some((e) => e.src === 'rank' && e.rank === 0 && e.event === 'abort' && e.abortGeneration === 2)).toBe(true);
+    expect(r0.stderr).toContain('[nodetron launch node 0] generation 2: rank 1 lost (node); replaced by spare s0');
+    expect(events.filter((e) => e.event === 'worker-started').map((e) => e.pid!).filter(alive)).toEqual([]);
   }, 90_000);
 
   it('parses --spares, --stop-timeout-ms and --max-recoveries', () => {
