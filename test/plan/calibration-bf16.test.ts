@@ -4,10 +4,11 @@
 // lower-level pass (scripts/test.mjs, NODETRON_TEST_LOWER_LEVEL) runs this file on the widening path.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
+import { plan } from '../../lib/internal.js';
 import { launchingInternal } from '../helpers/node-script.js';
 
 // calibrateLayout from dist/ when it is fresh: its launched ranks then start without tsx.
-const { plan } = await launchingInternal();
+const launching = await launchingInternal();
 
 const MiB = (b: number) => (b / 2 ** 20).toFixed(2);
 
@@ -19,7 +20,7 @@ describe(`calibration under bf16 autocast (bf16 GEMMs here: ${plan.cpuBf16Path()
   const path = plan.cpuBf16Path();
   for (const spec of ['dp1', 'tp2,sp', 'pp2,mb4,zb-h1', 'dp2,zero2']) {
     it(`${spec}: every rank within 8%`, async () => {
-      const row = await plan.calibrateLayout(spec, plan.CALIBRATION_SHAPE, { dtype: 'bf16' });
+      const row = await launching.plan.calibrateLayout(spec, plan.CALIBRATION_SHAPE, { dtype: 'bf16' });
       for (const r of row.ranks) {
         // The launched ranks ran the path this process runs (the environment reaches them), and that is the one predicted.
         expect(r.bf16Path, `rank ${r.rank}`).toBe(path);
