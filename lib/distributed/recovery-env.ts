@@ -34,7 +34,7 @@ export function recoveryEnv(env: NodeJS.ProcessEnv = process.env): RecoveryEnv {
 }
 
 /** A spare's assignment, as the launcher writes it at `recover/spare/<node>/<id>`. */
-interface Assignment { rank: number; localRank: number; generation: number }
+interface Assignment { rank: number; localRank: number; generation: number; holder?: string }
 
 /**
  * A hot spare (NODETRON_SPARE set, no RANK) waits until the launcher assigns it a lost rank, then
@@ -69,5 +69,8 @@ export async function awaitSpareAssignment(env: NodeJS.ProcessEnv = process.env)
   env.LOCAL_RANK = String(a.localRank);
   env.NODETRON_GENERATION = String(a.generation);
   env.NODETRON_JOIN = '1';
+  // A rank of a lost node restores from that rank's own holder, and may sit above this node's local ranks.
+  if (typeof a.holder === 'string' && a.holder !== '') env.NODETRON_HOLDER = a.holder;
+  if (Number(env.LOCAL_WORLD_SIZE ?? 0) < a.localRank + 1) env.LOCAL_WORLD_SIZE = String(a.localRank + 1);
   delete env.NODETRON_SPARE;
 }

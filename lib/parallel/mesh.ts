@@ -319,11 +319,13 @@ export async function initializeParallel(layout: ParallelLayout, options: Initia
   return state;
 }
 
-function distributedWorld(): WorldGroup {
+function distributedWorld(): WorldGroup & { readonly connected: boolean } {
   if (!dist.isInitialized()) throw new StateError('initializeParallel: call nt.distributed.init() first (or pass options.world)');
   const w = dist.world();
   return {
     rank: w.rank, size: w.size, ranks: w.ranks, name: w.name, devices: w.devices,
+    // A joining process's world is not connected yet: agreements over it answer locally (agree.ts).
+    get connected() { return w.connected; },
     allReduce: (t, o) => w.allReduce(t, o),
     allGather: (out, t) => w.allGather(out, t),
     reduceScatter: (out, t, o) => w.reduceScatter(out, t, o),

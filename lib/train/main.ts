@@ -20,6 +20,13 @@ export async function main(name: string, fn: () => Promise<number | void>): Prom
     if (!(e instanceof ArgumentError)) {
       console.error(e);
       process.exitCode = 1;
+      // Leave the job, so the launcher sees this rank end: an open store connection or communicator
+      // would keep the process alive (and its peers waiting) forever. At most 5 s for the goodbyes.
+      setTimeout(() => process.exit(1), 5000).unref();
+      try {
+        if (isParallelInitialized()) destroyParallel();
+        if (dist.isInitialized()) await Promise.race([dist.destroy(), new Promise((r) => setTimeout(r, 3000).unref())]);
+      } catch { /* the first error is the one to report */ }
       return;
     }
     console.error(`${name}: ${e.message}`);

@@ -198,7 +198,14 @@ export class MemoryRecovery {
         if (!(await this.#store.tryGet(`recover/gen/${k}`))) break;
         newest = k;
       }
-      if (newest > 0) return newest;
+      if (newest > 0) {
+        // A rank the launcher declared lost (frozen, then woken) was replaced: it must leave, not compete.
+        for (let k = g; k <= newest; k++) {
+          const rec = JSON.parse(new TextDecoder().decode((await this.#store.tryGet(`recover/gen/${k}`))!)) as { lost?: number[] };
+          if (rec.lost?.includes(this.#rank)) throw new StateError(`rank ${this.#rank} was declared lost in generation ${k} and replaced; this process leaves the job`);
+        }
+        return newest;
+      }
       if (Date.now() > deadline) throw error;
       await new Promise((r) => setTimeout(r, 50));
     }
