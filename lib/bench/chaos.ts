@@ -352,11 +352,16 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
     // Armed at the first completed step; a script that prints no progress lines: once every rank has been up 3 intervals.
     if (pids.size >= worldSize) allUpAt ??= Date.now();
     armedAt ??= res.steps[0]?.t ?? (allUpAt !== null && Date.now() - allUpAt > 3 * o.killEverySec * 1000 ? Date.now() : null);
-    // Each fault --kill-every seconds after the one before, once a step has completed since it: a fault strikes a
-    // training job, not a restart's set-up (where today's launcher cannot tell a stopped rank from a slow one).
+    // Each fault --kill-every seconds after the one before, once the job has found that one (its fault event, or the
+    // baseline's restart) and completed a step since: a fault strikes a training job, not a recovery or a restart's
+    // set-up (where today's launcher cannot tell a stopped rank from a slow one).
     const prev = res.injected.at(-1)?.at;
     if (armedAt === null || Date.now() < (prev ?? armedAt) + o.killEverySec * 1000) continue;
-    if (prev !== undefined && res.steps.length > 0 && res.steps.at(-1)!.t <= prev) continue;
+    if (prev !== undefined) {
+      const found = mode === 'baseline' ? res.restarts.find((t) => t > prev)
+        : ev.find((e) => e.src === 'agent' && (e.event === 'fault' || e.event === 'fallback-restart') && e.t >= prev)?.t;
+      if (found === undefined || (res.steps.length > 0 && res.steps.at(-1)!.t <= found)) continue;
+    }
     const f = plan[k]!;
     const live = [...pids].filter(([, p]) => !killed.has(p.pid) && !stopped.has(p.pid) && !deadNodes.has(p.node) && isLive(p.pid));
     if (f.how === 'node') {
@@ -486,18 +491,21 @@ export function printReport(r: ChaosRecord, out: (s: string) => void = console.l
     x.goodput === null ? '-' : `${(100 * x.goodput).toFixed(1)}%`]), out);
   out(r.goodputDefinition);
   out('');
-  const base = new Map(r.baselineFaults.map((b) => [b.i, b]));
-  printTable(['fault', 'kind', 'rank/node', 'gen', 'detect ms', '→ full strength ms', 'steps lost', 'disk fallback', 'status', 'restart: → next step ms', 'restart: steps lost'],
-    r.faults.map((f) => {
-      const b = base.get(f.i);
-      return [f.i + 1, f.how, f.rank !== null ? `rank ${f.rank}` : `node ${f.node}`, f.generation ?? '-', ms(f.detectMs), ms(f.fullStrengthMs), f.stepsLost ?? '-',
-        f.diskFallback ? 'yes' : 'no', f.status, b ? (b.status === 'skipped' ? 'skipped' : ms(b.nextStepMs)) : '-', b?.stepsLost ?? '-'];
+  // One row per planned fault either run caused (a run that ended or hung early caused fewer).
+  const base = new Map(r.baselineFaults.map((b) => [b.i, b])), mem = new Map(r.faults.map((f) => [f.i, f]));
+  const victim = (x: { rank: number | null; node: number }) => (x.rank !== null ? `rank ${x.rank}` : `node ${x.node}`);
+  printTable(['fault', 'kind', 'in-memory: victim', 'gen', 'detect ms', '→ full strength ms', 'steps lost', 'disk fallback', 'status', 'restart: victim', '→ next step ms', 'steps lost', 'status'],
+    [...new Set([...mem.keys(), ...base.keys()])].sort((a, b) => a - b).map((i) => {
+      const f = mem.get(i), b = base.get(i), inj = r.injected.baseline.find((x) => x.i === i);
+      return [i + 1, (f ?? b)!.how, f ? victim(f) : '-', f?.generation ?? '-', ms(f?.detectMs ?? null), ms(f?.fullStrengthMs ?? null), f?.stepsLost ?? '-',
+        f ? (f.diskFallback ? 'yes' : 'no') : '-', f?.status ?? 'not caused', inj ? victim(inj) : '-', ms(b?.nextStepMs ?? null), b?.stepsLost ?? '-', b?.status ?? (r.options.baseline === 'none' ? '-' : 'not caused')];
     }), out);
   const s = r.summary;
   out(`full strength after a fault: median ${ms(s.medianFaultToFullStrengthMs as number | null)} ms, max ${ms(s.maxFaultToFullStrengthMs as number | null)} ms (fault → the last rank's first completed step of the new generation)`);
   for (const [name, c] of [['chaos', r.losses], ['baseline', r.baselineLosses]] as const) {
     if (!c) continue;
-    out(`losses (${name} vs failure-free, ${c.stepsCompared} steps): ${c.equal ? 'bit-identical' : `differ${c.firstDifferingStep !== null ? `: first at step ${c.firstDifferingStep}, max |diff| ${c.maxAbsDiff.toExponential(3)}` : ''}${c.missing.length ? `; ${c.missing.length} step(s) in only one run (first ${c.missing[0]})` : ''}`}`);
+    const values = c.valuesEqual ? 'bit-identical' : c.firstDifferingStep !== null ? `differ: first at step ${c.firstDifferingStep}, max |diff| ${c.maxAbsDiff.toExponential(3)}` : 'none to compare';
+    out(`losses (${name} vs failure-free, ${c.stepsCompared} steps in both): ${values}${c.missing.length ? `; ${c.missing.length} step(s) in only one run's losses.json (first ${c.missing[0]}), so not equal` : ''}`);
   }
   for (const k of r.skipped) out(`skipped fault ${k.i + 1} (${k.how}): ${k.reason}`);
 }
@@ -507,7 +515,7 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
     [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
     [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F]
   Trains under \`nodetron launch --spares S\` with \`--recover memory\` and kills a random live rank (never a spare) --kill-every
-  seconds after the first completed step, then --kill-every seconds after each fault once a step has completed since: kill = SIGKILL, stop = SIGSTOP (left stopped: the launcher must find it), node = the
+  seconds after the first completed step, then --kill-every seconds after each fault once the job found it and completed a step: kill = SIGKILL, stop = SIGSTOP (left stopped: the launcher must find it), node = the
   agent of a simulated node (--nodes M: M launchers on this machine; never node 0) with its workers. Reports per fault: fault →
   detection (the agent's fault event) → full strength (every rank's first step of the new generation), steps lost, disk fallback;
   the losses against the same run without faults (bit for bit) and goodput; and, with --baseline restart, the same faults under

@@ -186,9 +186,10 @@ describe('bench chaos: runs against a fake launcher', () => {
     printReport(r, (l) => lines.push(l));
     const text = lines.join('\n');
     expect(text).toContain(GOODPUT_DEFINITION);
-    expect(text).toMatch(/→ full strength ms .* restart: → next step ms/);
-    expect(lines.filter((l) => /^\d+ +(kill|stop) +rank \d/.test(l))).toHaveLength(3);
-    expect(text).toContain('losses (chaos vs failure-free, 40 steps): bit-identical');
+    expect(text).toMatch(/→ full strength ms .* restart: victim +→ next step ms/);
+    expect(lines.filter((l) => /^\d+ +(kill|stop) +rank \d.* recovered +rank \d.* recovered$/.test(l))).toHaveLength(3);
+    expect(text).toContain('losses (chaos vs failure-free, 40 steps in both): bit-identical\n');
+    expect(text).toMatch(/losses \(baseline vs failure-free, \d+ steps in both\): bit-identical; \d+ step\(s\) in only one run's losses.json \(first 1\), so not equal/);
     expect(JSON.parse(JSON.stringify(r))).toMatchObject({ bench: 'chaos', goodputDefinition: GOODPUT_DEFINITION, summary: { faults: 3, recovered: 3, lossesEqual: true } });
   }, 180_000);
 
