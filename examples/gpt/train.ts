@@ -8,6 +8,7 @@
 // Run: npx tsx examples/gpt/train.ts [--steps 200 | --time-budget 180] [--out DIR] [--device cpu|cuda] [--save DIR --resume auto] [--help]
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --dp 2 --zero 1
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --pp 2 --dp 2 --micro-batches 4
+//      node bin/nodetron.js launch --nproc-per-node 4 --spares 1 examples/gpt/train.ts --dp 2 --tp 2 --zero 3 --recover memory   (a lost rank is replaced from its peers' memory, docs/recovery.md)
 //      node bin/nodetron.js launch --nproc-per-node 2 examples/gpt/train.ts --moe-experts 8 --moe-top-k 2 --ep 2
 //      npx tsx examples/gpt/train.ts --model llama --kv-heads 2
 //      node bin/nodetron.js launch --nproc-per-node 4 examples/gpt/train.ts --model llama --moe-experts 8 --ep 2   (a Mixtral, EP2 × DP2)
@@ -148,22 +149,21 @@ void nt.train.main('train.ts', async () => {
     run.log(`unigram level (token frequencies of the training split${trainIds.length < shards.trainTokens ? `'s first ${trainIds.length} tokens` : ''}, no context): ` +
       `${unigram.valCrossEntropy.toFixed(4)} nats on val, entropy ${unigram.trainEntropy.toFixed(4)} on train`);
   }
-  const trainCurve: Array<[number, number]> = [], valCurve: Array<[number, number]> = [];
+  // The loss curves are the run's history (run.history: every step's loss and every validation), which
+  // under --recover memory goes back with a lost rank's state, so a replaced rank 0 writes the whole record.
   // The cost of one validation, kept back from the budget for the one after the last step.
   let evalSeconds = 0;
-  if (run.stepsDone === 0) {
+  // (A rank that joined a running job, --recover memory, skips what the others did before it came.)
+  if (run.stepsDone === 0 && !run.joined) {
     const t0 = performance.now();
     const v = await run.evaluate();
     evalSeconds = (performance.now() - t0) / 1000;
-    valCurve.push([0, v]);
     run.log(`step 0: val loss ${v.toFixed(4)} (uniform would be ${Math.log(GPT2_VOCAB_SIZE).toFixed(4)})`);
   }
   const first = run.stepsDone, trainStart = elapsed();
   let last: nt.train.StepResult | undefined;
   while (run.stepsDone < planned) {
     last = await run.step();
-    trainCurve.push([last.step, last.loss]);
-    if (last.valLoss !== undefined) valCurve.push([last.step, last.valLoss]);
     if (budget) {
       // Seconds per step so far, the periodic validations included; the steps that fit in what is left,
       // less the final validation and half a step of slack for a step slower than the average.
@@ -177,7 +177,6 @@ void nt.train.main('train.ts', async () => {
   }
   if (last && last.valLoss === undefined && run.stepsDone > first) {
     const v = await run.evaluate();
-    valCurve.push([run.stepsDone, v]);
     run.log(`step ${run.stepsDone}: val loss ${v.toFixed(4)}`);
   }
   if (budget && str('save') && last && !last.saved) await run.save();
@@ -189,6 +188,8 @@ void nt.train.main('train.ts', async () => {
   run.log(`peak ${device} memory in training on rank 0: ${(mem.peak / MiB).toFixed(1)} MiB ` +
     `(${(mem.allocated / MiB).toFixed(1)} MiB held between steps, ${((mem.peak - mem.allocated) / MiB).toFixed(1)} MiB above it)`);
 
+  const trainCurve = run.history.train.map(([s, l]) => [s, l] as [number, number]);
+  const valCurve = run.history.val.map(([s, l]) => [s, l] as [number, number]);
   if (run.isLogger && unigram && trainCurve.length > 1) {
     const series: PlotSeries[] = [{ name: 'train loss', points: trainCurve }, { name: 'val loss', points: valCurve, marker: '●' }];
     const plot = { xLabel: 'step', yLabel: 'loss (nats/token)', references: [{ y: unigram.valCrossEntropy, label: 'unigram level' }] };

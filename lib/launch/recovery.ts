@@ -335,7 +335,12 @@ export class RecoverySession {
   }
 
   /** Why the job cannot recover in process now, or undefined. */
-  private async unrecoverable(): Promise<string | undefined> {
+  private async unrecoverable(lost: readonly Lost[]): Promise<string | undefined> {
+    // A rank that exited with an error code failed in its own code (an exception, a bad input), which a
+    // replacement would meet again: only deaths by a signal (SIGKILL, the OOM killer, a crash), stopped
+    // ranks and lost nodes are faults to recover from.
+    const failed = lost.find((l) => l.exit && !l.exit.signal && l.how === 'exit');
+    if (failed) return `it exited with code ${String(failed.exit!.exitCode)} (an error in the script, not a lost process), so the job takes the restart path (--max-restarts)`;
     const ready = this.ownerOf.map((_, r) => `recover/ready/${r}`);
     if (!(await this.attempt.jobStore.check(ready))) return 'not every rank has turned in-job recovery on (no recover/ready key), so the job restarts';
     if ((await this.attempt.agentStore.add('finished', 0)) > 0) return 'a rank has already finished, so the lost one cannot rejoin its peers; the job restarts';
@@ -345,7 +350,7 @@ export class RecoverySession {
   private async recover(lost: Lost[], lostNode?: number): Promise<void> {
     if (this.closed || this.evicted || lost.length === 0) return;
     const first = lost[0]!;
-    const why = await this.unrecoverable();
+    const why = await this.unrecoverable(lost);
     if (why) return this.fallback({ reason: `${first.reason}; ${why}`, ...(first.exit ? { exit: first.exit, stderrTail: first.stderrTail ?? [] } : {}), ...(lostNode !== undefined ? { node: lostNode } : {}) });
     await this.readGenerations();
     const record: GenerationRecord = {
