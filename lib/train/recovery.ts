@@ -94,6 +94,16 @@ export class MemoryRecovery {
   get steps(): number[] { return this.#images.map((i) => i.step); }
 
   /**
+   * Before a step: the state of `step` completed steps is held here (taken now if it is not) and its
+   * copy has reached the holder, so a rank lost during the step costs that step only. (Sending
+   * overlaps nothing else of the rank's work between steps; what it costs is in docs/recovery.md.)
+   */
+  async beforeStep(step: number): Promise<void> {
+    await this.snapshot(step);
+    await this.#images.find((i) => i.step === step)?.put;
+  }
+
+  /**
    * Copies the state after `step` completed steps into a local image and sends it to the holder in
    * the background. The older of the two buffers is reused once its own send has finished.
    */

@@ -198,13 +198,13 @@ export class TrainingRun<H extends { lr: number }> {
     // step runs; a lost rank rolls every rank back to the newest step all of them hold, and the steps
     // since are redone (quietly) before this one, so the caller sees each step once.
     const target = this.#step;
-    await rec.snapshot(this.#step);
     for (;;) {
       try {
-        while (this.#step < target) {
+        for (;;) {
+          await rec.beforeStep(this.#step);
+          if (this.#step >= target) break;
           if (batch) throw new StateError(`TrainingRun.step: recovery rolled back to step ${this.#step}, and steps before ${target} must be redone from the run's own data; a run given batches by the caller cannot redo them`);
           await this.#stepOnce(undefined, true);
-          await rec.snapshot(this.#step);
         }
         const r = await this.#stepOnce(batch, false);
         await rec.snapshot(this.#step);
