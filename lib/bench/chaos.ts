@@ -43,7 +43,7 @@ export interface ChaosOptions {
   out: string;
   /** The command that starts a launcher, before its flags (default: node bin/nodetron.js launch). */
   launcher?: string[];
-  /** Steps between checkpoints in the baseline (--save-every). */
+  /** Steps between checkpoints (--save-every) in every run: the baseline resumes from them, in-job recovery falls back to them. */
   saveEvery: number;
   /** The baseline's --hang-timeout-ms: how today's launcher finds a stopped rank. */
   baselineHangMs: number;
@@ -288,7 +288,7 @@ export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
   const mine = mode === 'baseline'
     ? { launch: ['--max-restarts', String(o.kills + 1), '--hang-timeout-ms', String(o.baselineHangMs)],
       script: ['--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--resume', 'auto', '--out', dir] }
-    : { launch: ['--spares', String(o.spares)], script: ['--recover', 'memory', '--out', dir] };
+    : { launch: ['--spares', String(o.spares)], script: ['--recover', 'memory', '--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--out', dir] };
   return Array.from({ length: o.nodes }, (_, i) => [...launcher, '--nproc-per-node', String(o.nproc),
     ...(o.nodes > 1 ? ['--nnodes', String(o.nodes), '--node-rank', String(i), '--master-addr', '127.0.0.1', '--master-port', String(port)] : []),
     ...mine.launch, ...script, ...mine.script]);
@@ -514,13 +514,16 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
     [--faults kill,stop[,node]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
     [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
     [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F]
-  Trains under \`nodetron launch --spares S\` with \`--recover memory\` and kills a random live rank (never a spare) --kill-every
-  seconds after the first completed step, then --kill-every seconds after each fault once the job found it and completed a step: kill = SIGKILL, stop = SIGSTOP (left stopped: the launcher must find it), node = the
-  agent of a simulated node (--nodes M: M launchers on this machine; never node 0) with its workers. Reports per fault: fault →
-  detection (the agent's fault event) → full strength (every rank's first step of the new generation), steps lost, disk fallback;
-  the losses against the same run without faults (bit for bit) and goodput; and, with --baseline restart, the same faults under
-  today's path (--max-restarts, --save/--resume auto; node faults skipped there). --nproc is per node. The script must print
-  progress lines (nt.train's 'step N loss ...': --progress-every 1) and write DIR/losses.json ({train: [[step, loss]...]}).`;
+  Trains under \`nodetron launch --spares S\` with \`--recover memory\` and kills a random live rank (never a spare): the first
+  fault --kill-every seconds after the first completed step, each next one --kill-every seconds after the one before once the
+  job has found that one and completed a step. kill = SIGKILL; stop = SIGSTOP (left stopped: the launcher must find it);
+  node = the agent of a simulated node (--nodes M: M launchers on this machine; never node 0) with its workers.
+  Reports per fault: fault → detection (the agent's fault event) → full strength (every rank's first step of the new
+  generation), steps lost, disk fallback; the losses against the same run without faults (bit for bit) and goodput; and,
+  with --baseline restart, the same faults under today's path (--max-restarts, --resume auto; node faults skipped there).
+  Every run saves a checkpoint every --save-every steps (the baseline resumes from them, in-job recovery falls back to them).
+  --nproc is per node. The script must print progress lines (nt.train's 'step N loss ...': --progress-every 1, which
+  --script-args replaces) and write DIR/losses.json ({train: [[step, loss], ...]}).`;
 
 export async function main(argv: string[]): Promise<number> {
   const o = parseOptions(argv, {

@@ -115,7 +115,7 @@ describe('bench chaos: the arithmetic', () => {
     const o = chaosOptions({ nproc: 2, spares: 1, steps: 30, script: 's.ts', 'script-args': '--progress-every 1 --lr 1e-3', out: work });
     expect(o).toMatchObject({ nodes: 1, kills: 10, killEverySec: 30, faults: ['kill', 'stop'], layout: ['--dp', '2', '--tp', '2', '--zero', '3'], baseline: 'restart', reference: true });
     const [chaos] = launchCommands({ ...o, launcher: ['L'] }, 'chaos', '/d', null);
-    expect(chaos).toEqual(['L', '--nproc-per-node', '2', '--spares', '1', 's.ts', '--dp', '2', '--tp', '2', '--zero', '3', '--steps', '30', '--progress-every', '1', '--lr', '1e-3', '--recover', 'memory', '--out', '/d']);
+    expect(chaos).toEqual(['L', '--nproc-per-node', '2', '--spares', '1', 's.ts', '--dp', '2', '--tp', '2', '--zero', '3', '--steps', '30', '--progress-every', '1', '--lr', '1e-3', '--recover', 'memory', '--save', '/d/ckpt', '--save-every', '5', '--out', '/d']);
     const [base] = launchCommands({ ...o, launcher: ['L'] }, 'baseline', '/b', null);
     expect(base!.join(' ')).toBe('L --nproc-per-node 2 --max-restarts 11 --hang-timeout-ms 10000 s.ts --dp 2 --tp 2 --zero 3 --steps 30 --progress-every 1 --lr 1e-3 --save /b/ckpt --save-every 5 --resume auto --out /b');
     const two = launchCommands({ ...o, nodes: 2, launcher: ['L'] }, 'chaos', '/d', 4321);
