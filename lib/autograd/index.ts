@@ -7,4 +7,4 @@ export {
 } from './engine.js';
 export { deferWeightGrads, DeferredWeightGrads, type DeferWeightGradsOptions, type DeferredBackward } from './deferred.js';
 export { isGradEnabled, noGrad, enableGrad } from './grad-mode.js';
-export { recompute, checkpoint } from './recompute.js';
+export { recompute } from './recompute.js';

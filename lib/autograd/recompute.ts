@@ -1,5 +1,4 @@
-// Activation recomputation (`nt.recompute`; PyTorch calls it activation checkpointing, hence the old
-// name `nt.checkpoint`): run a block without recording its graph, keep only its inputs, and rebuild the
+// Activation recomputation (`nt.recompute`; PyTorch calls it activation checkpointing): run a block without recording its graph, keep only its inputs, and rebuild the
 // graph in backward to get the gradients (trading compute for memory). Saving a run is `nt.ckpt`.
 import { autocast, autocastState } from '../amp.js';
 import { scope } from '../memory.js';
@@ -67,8 +66,3 @@ function checkResult(out: unknown, inputs: readonly Tensor[]): asserts out is Te
   throw new ArgumentError(`recompute: fn must return a Tensor, it returned ${what}`);
 }
 
-/**
- * @deprecated The old name of {@link recompute}, the same function, kept so existing code runs. It is
- * activation recomputation, not saving: a run's checkpoints are `nt.ckpt`.
- */
-export const checkpoint: typeof recompute = recompute;

@@ -196,7 +196,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
   /**
    * Whether the group's communicators are connected: false for a group a joining process (a
    * replacement in in-job recovery) built before it met the running ranks; its ops throw StateError
-   * until {@link rebind} gives it communicators, and agreements on it answer locally (agree.ts).
+   * until it regroups (`regroup` in lib/distributed/init.ts) and is given communicators, and agreements on it answer locally (agree.ts).
    */
   get connected(): boolean { return ![...this.comms.values()].some((c) => c instanceof PendingBackend); }
 

@@ -13,6 +13,14 @@ import type { CollectiveGroup, CollectiveWork } from '../distributed/group.js';
 import { ArgumentError, StateError } from '../errors.js';
 import type { Tensor } from '../tensor.js';
 
+
+/** A family's gradient bucket order (plain buckets or ZeRO 1/2's; null for none): what a replacement process must launch in. */
+export interface BucketOrder {
+  /** Bucketed parameters, as indices into the engine's parameter list, in bucket order. */
+  order: number[];
+  /** Whether the buckets were rebuilt after the first step (in the order its gradients were ready). */
+  rebuilt: boolean;
+}
 /** Default bucket size: 25 MB as PyTorch DDP; tiny models end up in one bucket. */
 export const DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024;
 
@@ -381,7 +389,7 @@ export class GradientBuckets<L> {
    * same collectives as ranks that have rebuilt their buckets), and whether the first step's rebuild
    * is still to come.
    */
-  orderState(): { order: number[]; rebuilt: boolean } {
+  orderState(): BucketOrder {
     const index = new Map(this.#params.map((p, i) => [p, i]));
     return { order: this.#buckets.flatMap((b) => b.params.map((p) => index.get(p)!)), rebuilt: this.#readyOrder === null };
   }
@@ -390,7 +398,7 @@ export class GradientBuckets<L> {
    * Takes another rank's bucket order (orderState()): rebuilds the buckets in it when it was rebuilt
    * there, so this engine launches the same collectives in the same order. Between steps only.
    */
-  loadOrderState(s: { order: number[]; rebuilt: boolean }): void {
+  loadOrderState(s: BucketOrder): void {
     const n = this.#params.length;
     if (!Array.isArray(s?.order) || s.order.length !== n || new Set(s.order).size !== n || s.order.some((i) => !Number.isInteger(i) || i < 0 || i >= n)) {
       throw new StateError(`${this.#options.name}: a bucket order must list each of the ${n} parameters once`);

@@ -266,13 +266,8 @@ export function abandonFamilies<H extends { lr: number }>(families: readonly Par
   }
 }
 
-/** A family's gradient bucket order (plain buckets or ZeRO 1/2's; null for none): what a replacement process must launch in. */
-export interface BucketOrder {
-  /** Bucketed parameters, as indices into the engine's parameter list, in bucket order. */
-  order: number[];
-  /** Whether the buckets were rebuilt after the first step (in the order its gradients were ready). */
-  rebuilt: boolean;
-}
+import type { BucketOrder } from './buckets.js';
+export type { BucketOrder };
 
 /** Each family's bucket order, in family order (null where the family has no buckets). */
 export function familyBucketOrders<H extends { lr: number }>(families: readonly ParamFamily<H>[]): (BucketOrder | null)[] {

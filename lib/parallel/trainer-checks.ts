@@ -51,7 +51,7 @@ export function checkTrainerSetup<H extends { lr: number }>(model: PipelineModul
     const layers = moe;
     if (layers.length > 0 && layers.some((l) => l.experts.length * mesh.epSize !== l.config.experts)) {
       problems.push(`ep = ${mesh.epSize}, but the MoE layers hold ${layers[0]!.experts.length} of their ${layers[0]!.config.experts} experts here: ` +
-        'build the model with moeParallel: nt.parallel.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
+        'build the model with moeParallel: nt.parallel.ep.expertParallel({ experts, epGroup: mesh.epGroup, countGroup: mesh.dpGroup })');
     }
   }
   const missing = [...named].filter(([p]) => !listed.has(p)).map(([, n]) => n);

@@ -1,4 +1,4 @@
-// `nt.plan`: per-rank memory and step time of training layouts, the ranked candidates for a model on
+// The planner (`nodetron plan`; `plan` in nodetron/internal): per-rank memory and step time of training layouts, the ranked candidates for a model on
 // N devices, published reference formulas (DeepSpeed, Megatron) and calibration on this machine.
 export { PLAN_MODELS, resolveModel, modelFromConfig, layerParams, stageLayers, vStageLayers, stageParams, totalParams, largestLayerParams, moeLayerCount, expertParams, activeParams, stageExpertParams, type PlanModel, type PlanMoE, type StageParams } from './models.js';
 export {

@@ -5,7 +5,7 @@
 // (LAYOUT_FLAGS, LAYOUT_ENV) are in nodetron/internal; the example's loss plots are examples/gpt/plot.ts.
 export {
   setup, main, TrainingRun,
-  type TrainSetupOptions, type ModelShard, type Batch, type TokenData, type BatchSource, type CheckpointOptions, type LearningRate, type StepResult,
+  type TrainSetupOptions, type ModelShard, type Batch, type TokenData, type BatchSource, type CheckpointOptions, type LearningRate, type StepResult, type RunHistory,
 } from './setup.js';
 export { layoutFromArgs, parseArgs, LAYOUT_HELP, type LayoutArgs, type OptionKind, type ParsedOptions } from './flags.js';
 export { modelFlopsPerToken, detectPeakFlops, formatProgress, formatDuration, type ProgressOptions, type ProgressSample, type MoEProgress } from './progress.js';

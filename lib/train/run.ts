@@ -26,6 +26,14 @@ import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './op
 import { MemoryRecovery } from './recovery.js';
 import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress } from './progress.js';
 
+/** A run's losses so far ({@link TrainingRun.history}). */
+export interface RunHistory {
+  /** [step, loss] of every step the run did (1-based steps). */
+  readonly train: ReadonlyArray<readonly [number, number]>;
+  /** [step, loss] of every validation of the run's own data (step 0: before training). */
+  readonly val: ReadonlyArray<readonly [number, number]>;
+}
+
 /** What one step did. */
 export interface StepResult {
   /** Steps done after this one (1-based number of the step). */
@@ -148,7 +156,7 @@ export class TrainingRun<H extends { lr: number }> {
    * every validation of the run's own data (evaluate() without batches). Under in-job recovery the
    * history is part of the recovered state, so a replacement rank holds the whole run's.
    */
-  get history(): { readonly train: ReadonlyArray<readonly [number, number]>; readonly val: ReadonlyArray<readonly [number, number]> } { return this.#history; }
+  get history(): RunHistory { return this.#history; }
 
   /** Whether this process took a lost rank's place in a running job (in-job recovery): it skips what the others did before it came. */
   get joined(): boolean { return this.#recovery?.joined ?? false; }

@@ -13,5 +13,5 @@ export {
   type ModelShard, type Batch, type TokenData, type BatchSource, type CheckpointOptions, type LearningRate, type TrainSetupOptions,
 } from './options.js';
 export { setup } from './assembly.js';
-export { TrainingRun, type StepResult } from './run.js';
+export { TrainingRun, type StepResult, type RunHistory } from './run.js';
 export { main } from './main.js';

@@ -5,6 +5,7 @@
 // parameter is split evenly, any run of parameters makes an even collective, so gradients can be
 // reduce-scattered run by run as backward produces them.
 import { accumulateInto } from '../../autograd/engine.js';
+import type { BucketOrder } from '../buckets.js';
 import { parseDevice, type Device } from '../../device.js';
 import { ArgumentError, StateError } from '../../errors.js';
 import { keep } from '../../memory.js';
@@ -236,10 +237,10 @@ export abstract class ChunkedShards {
   abstract abandon(): void;
 
   /** The gradient buckets' order (stages 1 and 2 override; stage 3 has no buckets). */
-  orderState(): { order: number[]; rebuilt: boolean } | null { return null; }
+  orderState(): BucketOrder | null { return null; }
 
   /** Takes a bucket order orderState() gave (stages 1 and 2 override). */
-  loadOrderState(_s: { order: number[]; rebuilt: boolean }): void {}
+  loadOrderState(_s: BucketOrder): void {}
 
   /** Frees what the subclass holds and the masters. */
   abstract dispose(): void;

@@ -8,6 +8,7 @@
 // gatherStats), so using a stage's method on the other is a type error, not a run-time refusal.
 // `new ZeroOptimizer(params, factory, { stage })` builds the one its stage names.
 import { dtypeCode } from '../../dtype.js';
+import type { BucketOrder } from '../buckets.js';
 import { ArgumentError } from '../../errors.js';
 import { clipFactor, globalGradNorm, gradSumSquares, scaleGrads } from '../../optim/clip.js';
 import { Lamb } from '../../optim/lamb.js';
@@ -245,10 +246,10 @@ abstract class ShardedOptimizerBase<H extends { lr: number }, S extends ChunkedS
    * The gradient buckets' order at stages 1 and 2 (null at 3, which has none): in-job recovery hands
    * it to a replacement process, so every rank launches the same reduce-scatters in the same order.
    */
-  bucketOrder(): { order: number[]; rebuilt: boolean } | null { return this.shards.orderState(); }
+  bucketOrder(): BucketOrder | null { return this.shards.orderState(); }
 
   /** Takes the bucket order another rank's bucketOrder() gave (between steps; nothing at stage 3). */
-  loadBucketOrder(s: { order: number[]; rebuilt: boolean }): void { this.shards.loadOrderState(s); }
+  loadBucketOrder(s: BucketOrder): void { this.shards.loadOrderState(s); }
 
   /** Whether reduceGradients() ran since the last update. */
   #reduced = false;
