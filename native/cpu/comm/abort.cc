@@ -126,20 +126,25 @@ std::vector<std::shared_ptr<CommState>> liveCommunicators() {
   return targets;
 }
 
-int abortEach(const std::vector<std::shared_ptr<CommState>>& targets, const std::string& reason) {
+int abortEach(std::vector<std::shared_ptr<CommState>> targets, const std::string& reason) {
+  // All are marked first: an op that fails because another of them closed its pairs names the abort.
+  std::vector<std::shared_ptr<CommState>> marked;
+  for (auto& s : targets)
+    if (s->markAborted(reason)) marked.push_back(s);
+  targets = std::move(marked);
   if (targets.empty()) return 0;
   // Outside the list's lock. Closing a Gloo pair waits for a tick of the device loop (up to 10 ms),
   // so one communicator's abort takes 10-20 ms: they run side by side, and an op blocked in the
   // last one is not held up by the others.
   if (targets.size() == 1) {
-    targets[0]->abort(reason);
+    targets[0]->wake();
   } else {
     std::vector<std::thread> threads;
     for (auto& s : targets) {
       try {
-        threads.emplace_back([s, &reason] { s->abort(reason); });
+        threads.emplace_back([s] { s->wake(); });
       } catch (const std::system_error&) {
-        s->abort(reason);  // no thread to be had: in turn
+        s->wake();  // no thread to be had: in turn
       }
     }
     for (auto& t : threads) t.join();

@@ -5,6 +5,10 @@
 #include <gloo/common/error.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <map>
 
 #include "shm.h"
@@ -23,15 +27,22 @@ std::string CommState::whyBroken() {
 }
 
 void CommState::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(brokenMutex);
-    if (aborted.load()) return;
-    abortReason = reason;
-    brokenReason = "the communicator was aborted: " + reason +
-                   (broken.load() ? " (after an earlier failure: " + brokenReason + ")" : std::string());
-    broken = true;
-    aborted = true;  // seq_cst: adopt() sees it, or this sees what adopt() published (below)
-  }
+  if (markAborted(reason)) wake();
+}
+
+bool CommState::markAborted(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(brokenMutex);
+  if (aborted.load()) return false;
+  abortReason = reason;
+  brokenReason = "the communicator was aborted: " + reason +
+                 (broken.load() ? " (after an earlier failure: " + brokenReason + ")" : std::string());
+  broken = true;
+  aborted = true;  // seq_cst: adopt() sees it, or wake() sees what adopt() published
+  return true;
+}
+
+void CommState::wake() {
+  const std::string reason = abortMessage().substr(std::string("the communicator was aborted: ").size());
   interrupt.fire(reason);
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   std::shared_ptr<ShmSegment> segment;
@@ -43,6 +54,70 @@ void CommState::abort(const std::string& reason) {
   // Both stay alive through these copies even if destroy() releases them meanwhile.
   if (segment) segment->abort();
   if (ctx) signalGlooContext(*ctx, "the communicator was aborted: " + reason);
+  // Ops that stay blocked anyway (a transfer in progress, see `queues`) are abandoned by a helper.
+  std::shared_ptr<CommState> self = shared_from_this();
+  try {
+    std::thread([self] { self->abandonStuck(); }).detach();
+  } catch (const std::system_error&) {
+    // No thread to be had: such ops end at their own timeout.
+  }
+}
+
+namespace {
+
+// Whether the thread `tid` of this process is blocked in a futex wait (a condition variable: Gloo's
+// buffer waits, or a queue with nothing to do); nullopt when /proc cannot tell.
+std::optional<bool> blockedInFutex(int tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  std::string first;
+  if (!(f >> first)) return std::nullopt;
+  if (first == "running") return false;
+  try {
+    return std::stol(first) == long(SYS_futex);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void CommState::abandonStuck() {
+  // An op whose thread is seen blocked in a futex wait 3 times, 10 ms apart, is stuck in Gloo (a
+  // thread that is still computing or copying reaches its next Gloo call, which throws, within
+  // that time); one still running after 2 s is abandoned whatever it does. Only then is the
+  // promise settled ahead of the thread: all pairs are closed by then, so nothing writes into
+  // the op's buffers any more, and the thread leaves its wait only by throwing.
+  constexpr auto kPoll = std::chrono::milliseconds(10);
+  constexpr auto kCap = std::chrono::milliseconds(2000);
+  constexpr int kSamples = 3;
+  std::vector<std::shared_ptr<WorkQueue>> qs;
+  for (auto& w : queues)
+    if (auto q = w.lock()) qs.push_back(q);
+  std::vector<int> seen(qs.size(), 0);
+  std::vector<bool> done(qs.size(), false);
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    const bool capped = std::chrono::steady_clock::now() - start >= kCap;
+    bool waiting = false;
+    for (size_t i = 0; i < qs.size(); i++) {
+      if (done[i]) continue;
+      const int tid = qs[i]->runningThread();
+      if (tid == 0) {
+        seen[i] = 0;
+        continue;
+      }
+      const std::optional<bool> blocked = blockedInFutex(tid);
+      seen[i] = blocked.value_or(false) ? seen[i] + 1 : 0;
+      if (seen[i] >= kSamples || capped) {
+        qs[i]->abandon();
+        done[i] = true;
+      } else {
+        waiting = true;
+      }
+    }
+    if (!waiting || capped) return;
+    std::this_thread::sleep_for(kPoll);
+  }
 }
 
 std::string CommState::abortMessage() {
@@ -133,7 +208,8 @@ void WorkQueue::stopAndJoin(std::chrono::milliseconds grace) {
 }
 
 void QueueSet::finalize(Napi::Env, QueueSet* set, QueueSet*) {
-  for (auto& q : set->queues) q->stopAndJoin(std::chrono::seconds(5));
+  // An aborted communicator's thread may be stuck in an abandoned op until its timeout: not waited for.
+  for (auto& q : set->queues) q->stopAndJoin(q->aborted() ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000));
   delete set;
 }
 
@@ -155,6 +231,10 @@ void WorkQueue::stop() {
 
 void WorkQueue::loop() {
   bool closing = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tid_ = int(::syscall(SYS_gettid));
+  }
   while (true) {
     std::unique_ptr<Work> w;
     {
@@ -163,6 +243,7 @@ void WorkQueue::loop() {
       if (items_.empty()) break;
       w = std::move(items_.front());
       items_.pop_front();
+      current_ = w.get();
     }
     w->completion->markStarted();
     if (w->marksBrokenOnError && state_->aborted.load()) {
@@ -187,6 +268,10 @@ void WorkQueue::loop() {
       if (w->error && state_->aborted.load()) w->error = describeFailure(*state_, *w, Err::Comm, state_->abortMessage());
       if (w->error && w->marksBrokenOnError && !mismatch) state_->markBroken(w->error->message);
     }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      current_ = nullptr;
+    }
     w->completion->finish(w->error);
     // When the thread-safe function is closing (environment teardown), nobody can receive the
     // result and JS objects in the Work must not be touched off the JS thread: leaked on purpose.
@@ -198,6 +283,7 @@ void WorkQueue::loop() {
   {
     std::lock_guard<std::mutex> lock(tsfnMutex_);
     if (!closing && !cutOff_) tsfn_.Release();
+    released_ = true;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -206,19 +292,72 @@ void WorkQueue::loop() {
   cv_.notify_all();
 }
 
+void Settlement::settle(Napi::Env env, const std::optional<Error>& error) {
+  if (done) return;
+  done = true;
+  if (error) deferred->Reject(makeError(env, error->code, error->message, error->call).Value());
+  else deferred->Resolve(env.Undefined());
+  if (settled) settled();
+}
+
 bool WorkQueue::deliver(Work* raw) {
   std::lock_guard<std::mutex> lock(tsfnMutex_);
-  if (cutOff_) return false;
+  if (cutOff_ || released_) return false;
   napi_status st = tsfn_.BlockingCall(raw, [](Napi::Env env, Napi::Function, Work* done) {
     std::unique_ptr<Work> owned(done);
-    if (owned->error) {
-      owned->deferred->Reject(makeError(env, owned->error->code, owned->error->message, owned->error->call).Value());
-    } else {
-      owned->deferred->Resolve(env.Undefined());
-    }
-    if (owned->settled) owned->settled();
+    owned->settlement->settle(env, owned->error);
   });
   return st == napi_ok;
+}
+
+bool WorkQueue::settleEarly(std::shared_ptr<Settlement> settlement, Error error) {
+  struct Early {
+    std::shared_ptr<Settlement> settlement;
+    Error error;
+  };
+  std::lock_guard<std::mutex> lock(tsfnMutex_);
+  if (cutOff_ || released_) return false;
+  auto* early = new Early{std::move(settlement), std::move(error)};
+  napi_status st = tsfn_.BlockingCall(early, [](Napi::Env env, Napi::Function, Early* raw) {
+    std::unique_ptr<Early> owned(raw);
+    owned->settlement->settle(env, owned->error);
+  });
+  if (st != napi_ok) delete early;
+  return st == napi_ok;
+}
+
+bool WorkQueue::aborted() const { return state_->aborted.load(); }
+
+int WorkQueue::runningThread() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_ ? tid_ : 0;
+}
+
+void WorkQueue::abandon() {
+  std::deque<std::unique_ptr<Work>> queued;
+  std::shared_ptr<Completion> completion;
+  std::shared_ptr<Settlement> settlement;
+  std::optional<Error> error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queued.swap(items_);
+    // op, seq and bytes are fixed before a Work is queued; the thread writes only its error.
+    if (current_) {
+      completion = current_->completion;
+      settlement = current_->settlement;
+      error = describeFailure(*state_, *current_, Err::Comm, state_->abortMessage());
+    }
+  }
+  // Ops queued behind it never ran: they come back now, with their storages.
+  for (auto& w : queued) {
+    w->error = describeFailure(*state_, *w, Err::Comm, state_->abortMessage());
+    w->completion->finish(w->error);
+    deliver(w.release());  // when closing, leaked on purpose (see loop)
+  }
+  if (completion) {
+    completion->finish(error);
+    settleEarly(settlement, *error);
+  }
 }
 
 

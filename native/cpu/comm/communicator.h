@@ -23,9 +23,10 @@
 namespace nt::comm {
 
 class ShmSegment;
+class WorkQueue;
 
 // What a communicator is, shared by its threads (which may outlive the JS object).
-struct CommState {
+struct CommState : std::enable_shared_from_this<CommState> {
   int rank = 0;
   int size = 1;
   std::string group;  // the store prefix; names the group in errors
@@ -58,7 +59,17 @@ struct CommState {
   std::atomic<bool> aborted{false};
   std::atomic<bool> destroyed{false};  // set once destroy() has released the connections
   Interrupt interrupt;
+  // The communicator's queues, for abort: Gloo 0.5's pairs do not signal a transfer in progress
+  // (its buffer is then in neither list a pair signals), so an op waiting on one sleeps until its
+  // timeout. Such an op, seen blocked after the abort, is abandoned (WorkQueue::abandon).
+  std::vector<std::weak_ptr<WorkQueue>> queues;
   void abort(const std::string& reason);
+  // abort() in two steps, so that aborting several communicators marks them all before waking any
+  // (an op failing because a peer communicator closed its pairs then names the abort too).
+  bool markAborted(const std::string& reason);  // false when aborted before
+  void wake();
+  // Run by abort on a helper thread: abandons the ops still blocked after the abort.
+  void abandonStuck();
   std::string abortMessage();  // "the communicator was aborted: <reason>"
   // On the collective thread: `context` and `shm` become the communicator's under handleMutex (so
   // abort on another thread sees them or sees nothing); when an abort came first, they are aborted
@@ -92,6 +103,15 @@ struct Completion {
   void finish(const std::optional<Error>& e);
 };
 
+// A Work's promise, settled once on the JS thread: when the Work comes back, or earlier when an
+// abort abandons it (the Work, and the storages it keeps alive, come back when its thread is done).
+struct Settlement {
+  std::optional<Napi::Promise::Deferred> deferred;
+  std::function<void()> settled;  // JS-thread bookkeeping after the promise settles
+  bool done = false;
+  void settle(Napi::Env env, const std::optional<Error>& error);
+};
+
 // One unit of work: runs on a queue thread, then settles its promise on the JS thread.
 struct Work {
   std::string op;
@@ -100,9 +120,8 @@ struct Work {
   std::function<void()> run;
   bool marksBrokenOnError = true;
   std::optional<Error> error;
-  std::optional<Napi::Promise::Deferred> deferred;
+  std::shared_ptr<Settlement> settlement = std::make_shared<Settlement>();
   std::vector<Napi::ObjectReference> keepAlive;  // storages (and the communicator) in use
-  std::function<void()> settled;                 // JS-thread bookkeeping after the promise settles
   std::shared_ptr<Completion> completion = std::make_shared<Completion>();
 };
 
@@ -121,12 +140,21 @@ class WorkQueue : public std::enable_shared_from_this<WorkQueue> {
   // thread still inside an op after `grace` (a peer that hangs until the op's timeout) is cut off
   // from the thread-safe function and detached instead, so process exit is not held up.
   void stopAndJoin(std::chrono::milliseconds grace);
+  bool aborted() const;
+  // The kernel id of the thread while it runs an op, else 0.
+  int runningThread();
+  // After an abort, from another thread: the op the thread is stuck in and the ops queued behind
+  // it settle now with the abort's error (waitSync returns, promises reject); the thread itself
+  // stays in Gloo until the op's own timeout, and the storages stay referenced until then.
+  void abandon();
 
  private:
   WorkQueue(std::shared_ptr<CommState> state, Napi::ThreadSafeFunction tsfn);
   void loop();
   // Hands a finished Work to the JS thread; false once the thread-safe function is closing.
   bool deliver(Work* raw);
+  // Settles a promise ahead of its Work (abandon); false once the thread-safe function is closing.
+  bool settleEarly(std::shared_ptr<Settlement> settlement, Error error);
   std::shared_ptr<CommState> state_;
   Napi::ThreadSafeFunction tsfn_;
   std::thread thread_;
@@ -135,9 +163,12 @@ class WorkQueue : public std::enable_shared_from_this<WorkQueue> {
   std::deque<std::unique_ptr<Work>> items_;
   bool stopping_ = false;
   bool exited_ = false;
-  // Guards every use of tsfn_ by the thread against the finalizer cutting it off.
+  Work* current_ = nullptr;  // the Work the thread runs (under mutex_)
+  int tid_ = 0;
+  // Guards every use of tsfn_ against the finalizer cutting it off and the thread releasing it.
   std::mutex tsfnMutex_;
   bool cutOff_ = false;
+  bool released_ = false;
 };
 
 // The queues of one communicator, owned by its thread-safe function's finalizer.

@@ -76,6 +76,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
       collectives_ = WorkQueue::start(state_, tsfn_);
       pointToPoint_ = WorkQueue::start(state_, tsfn_);
       queues->queues = {collectives_, pointToPoint_};
+      state_->queues = {collectives_, pointToPoint_};
       tsfn_.Release();  // the queue threads hold it from here on
       tsfn_.Unref(env);
       registerCommunicator(state_);  // for abortCommunicators and the abort-file watcher (abort.h)
@@ -162,7 +163,7 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
     auto w = std::make_unique<Work>();
     w->op = op;
     w->seq = seq;
-    w->deferred.emplace(Napi::Promise::Deferred::New(info.Env()));
+    w->settlement->deferred.emplace(Napi::Promise::Deferred::New(info.Env()));
     w->keepAlive.push_back(Napi::Persistent(Value()));
     return w;
   }
@@ -173,11 +174,19 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   // bounded by their own timeouts).
   Napi::Value submit(const Napi::CallbackInfo& info, std::unique_ptr<Work> w, WorkQueue& q,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
-    Napi::Promise p = w->deferred->Promise();
+    Napi::Promise p = w->settlement->deferred->Promise();
     Napi::Env env = info.Env();
     if (timeout.count() > 0) p.Set("waitSync", waitSyncFunction(env, w->completion, timeout, w->op));
+    // After an abort an op fails here at once: its queue's thread may still be stuck in the op
+    // the abort abandoned (destroy() alone goes on, and resolves at once, see Destroy).
+    if (state_->aborted.load() && w->op != "destroy") {
+      w->error = describeFailure(*state_, *w, Err::Comm, state_->abortMessage());
+      w->completion->finish(w->error);
+      w->settlement->settle(env, w->error);
+      return p;
+    }
     if (pending_++ == 0) tsfn_.Ref(env);
-    w->settled = [this, env] {
+    w->settlement->settled = [this, env] {
       if (--pending_ == 0) tsfn_.Unref(env);
     };
     q.push(std::move(w));
@@ -428,6 +437,16 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
   // unusable afterwards (ops throw).
   Napi::Value Destroy(const Napi::CallbackInfo& info) {
     if (!collectives_) {
+      auto d = Napi::Promise::Deferred::New(info.Env());
+      d.Resolve(info.Env().Undefined());
+      return d.Promise();
+    }
+    if (state_->aborted.load()) {
+      // Nothing to wait for: the connections are closed, and a thread still stuck in an abandoned
+      // op keeps the state (and the context) alive until that op's timeout ends it.
+      state_->markBroken("the communicator was destroyed");
+      state_->destroyed = true;
+      shutdown();
       auto d = Napi::Promise::Deferred::New(info.Env());
       d.Resolve(info.Env().Undefined());
       return d.Promise();
