@@ -465,8 +465,10 @@ class GlooCommunicator : public Napi::ObjectWrap<GlooCommunicator> {
 
   // abort(reason): callable at any time from the JS thread, also while this communicator's thread
   // is blocked in an op (see CommState::abort): the op in flight rejects promptly with CommError
-  // naming the reason, later ops fail at once, and destroy() still resolves. Storages stay pinned
-  // until each op settles. A no-op after an earlier abort or after destroy().
+  // naming the reason, later ops fail at once, and destroy() still resolves. An op's storages stay
+  // referenced until its thread has left it; an op abandoned while stuck (CommState::abandonStuck)
+  // settles earlier, once every pair is closed and its thread can only leave the wait by throwing.
+  // A no-op after an earlier abort or after destroy().
   Napi::Value Abort(const Napi::CallbackInfo& info) {
     Args a{info, "abort"};
     a.count(1);
