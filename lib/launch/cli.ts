@@ -31,12 +31,13 @@
 // recovery on (store key recover/ready/<rank>): a new generation is announced in the store and in every
 // node's abort file, and a hot spare (N are kept per node) or a new process takes the rank's place; the
 // survivors stay in their processes. Anything else takes the restart path above.
-import { ArgumentError } from '../errors.js';
+import { ArgumentError, UsageError } from '../errors.js';
 import { intOf, readSlurmEnv } from '../distributed/cluster-env.js';
 import { createStore, StoreServer, TCPStore, tokenFromEnv, type Store } from '../distributed/store.js';
 import { isLoopbackHost } from '../distributed/store-api.js';
 import { storeSecurity, type StoreSecurity } from '../distributed/store-security.js';
 import { LaunchAgent, type AgentConfig } from './agent.js';
+import { isTypeScript, scriptCommand } from './workers.js';
 
 const usage = `usage: nodetron launch [options] script.(ts|js|mjs) [script args]
 
@@ -66,7 +67,9 @@ options:
 
 Under srun (one task per node), --nnodes, --node-rank and --master-addr default to SLURM_NNODES,
 SLURM_NODEID and the first host of SLURM_NODELIST, and --master-port to MASTER_PORT or one derived from
-SLURM_JOB_ID. A job over several nodes needs NODETRON_STORE_TOKEN (the same secret on every node).`;
+SLURM_JOB_ID. A job over several nodes needs NODETRON_STORE_TOKEN (the same secret on every node).
+
+A .ts/.mts/.cts script runs through tsx, an optional peer dependency: npm install --save-dev tsx.`;
 
 interface LaunchOptions extends Omit<AgentConfig, 'masterPort' | 'nprocPerNode'> {
   masterPort: number | undefined;
@@ -223,7 +226,13 @@ async function detectNprocPerNode(): Promise<number> {
   }
 }
 
-export async function main(argv: string[]): Promise<number> {
+/** How main looks things up; tests replace it. */
+export interface LaunchMainOptions {
+  /** Where tsx is looked up for a TypeScript script (lib/launch/workers.ts tsxSearchPath: this package, then the working directory's project). */
+  tsxFrom?: readonly string[];
+}
+
+export async function main(argv: string[], options: LaunchMainOptions = {}): Promise<number> {
   let parsed: LaunchOptions | 'help';
   try {
     parsed = parseLaunchArgs(argv);
@@ -237,6 +246,17 @@ export async function main(argv: string[]): Promise<number> {
   if (parsed === 'help') {
     console.log(usage);
     return 0;
+  }
+  // A TypeScript script needs tsx (an optional peer dependency): checked once here, before any store or
+  // worker starts, so a missing tsx is one message and exit 2 rather than a failure per worker group.
+  if (isTypeScript(parsed.script)) {
+    try {
+      scriptCommand(parsed.script, [], options.tsxFrom);
+    } catch (e) {
+      if (!(e instanceof UsageError)) throw e;
+      console.error(`nodetron launch: ${e.message}`);
+      return 2;
+    }
   }
   let security: StoreSecurity;
   try {

@@ -1,11 +1,13 @@
-// A node's group of worker processes: spawning one per local rank (`.ts` through tsx), prefixing
+// A node's group of worker processes: spawning one per local rank (`.ts` through tsx, an optional peer
+// dependency, resolved from this package or the working directory's project), prefixing
 // their output by rank line by line, keeping each rank's stderr tail, and stopping the group. In
 // in-job recovery mode (lib/launch/recovery.ts) the group also grows: hot spares (rank -1 until
 // assigned a lost rank) and replacements are added to it while it runs.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createRequire } from 'node:module';
-import { extname } from 'node:path';
+import { extname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { UsageError } from '../errors.js';
 
 /**
  * How one worker ended. `signal` is set when it was killed; `stopped` when the launcher stopped it.
@@ -33,13 +35,52 @@ export interface WorkerSpec {
 /** Lines of stderr kept per rank for the failure report. */
 export const STDERR_TAIL_LINES = 20;
 
-const require = createRequire(import.meta.url);
+/**
+ * Where tsx is looked up, in order: nodetron's own location (a project that installed both, or a
+ * checkout of nodetron), then the project in the working directory (nodetron installed elsewhere, e.g.
+ * globally). Each entry is a file path or URL a require is created from.
+ */
+export function tsxSearchPath(cwd: string = process.cwd()): string[] {
+  return [import.meta.url, join(cwd, 'package.json')];
+}
 
-/** The node command line for a script: `.ts`/`.mts`/`.cts` through tsx's loader (resolved from this package, so any cwd works), others with plain node. */
-export function scriptCommand(script: string, args: string[]): string[] {
+/**
+ * The file URL of tsx's loader (its main export, which `node --import tsx` loads: it registers both
+ * the ESM and the CommonJS hooks), resolved from the first place in `from` that has tsx installed;
+ * undefined when none has it. tsx is an optional peer dependency of nodetron.
+ */
+export function resolveTsx(from: readonly string[] = tsxSearchPath()): string | undefined {
+  for (const base of from) {
+    try {
+      return pathToFileURL(createRequire(base).resolve('tsx')).href;
+    } catch {
+      // not installed there: try the next place
+    }
+  }
+  return undefined;
+}
+
+/** Whether `script` is TypeScript (`.ts`/`.mts`/`.cts`), which the launcher runs through tsx. */
+export function isTypeScript(script: string): boolean {
   const ext = extname(script);
-  if (ext === '.ts' || ext === '.mts' || ext === '.cts') {
-    const tsx = pathToFileURL(require.resolve('tsx')).href;
+  return ext === '.ts' || ext === '.mts' || ext === '.cts';
+}
+
+/**
+ * The node command line for a script: `.ts`/`.mts`/`.cts` through tsx's loader (resolveTsx: from this
+ * package, then from the working directory's project, so any cwd works), others with plain node. A
+ * TypeScript script without tsx installed is a UsageError saying how to get it. `tsxFrom` replaces the
+ * places tsx is looked up (tsxSearchPath).
+ */
+export function scriptCommand(script: string, args: string[], tsxFrom?: readonly string[]): string[] {
+  if (isTypeScript(script)) {
+    const tsx = resolveTsx(tsxFrom);
+    if (tsx === undefined) {
+      throw new UsageError(
+        `\`${script}\` is TypeScript: \`nodetron launch\` runs .ts scripts with tsx, an optional peer dependency that is not installed here; ` +
+          'install it in your project (`npm install --save-dev tsx`) or launch a compiled .js',
+      );
+    }
     return [process.execPath, '--import', tsx, script, ...args];
   }
   return [process.execPath, script, ...args];

@@ -1,13 +1,16 @@
 // Tests of `nodetron launch` (run from source through test/fixtures/launch/launcher.ts): the
 // environment contract, rank prefixes, fail-fast with the stderr tail, signals, restarts, two nodes
-// on loopback forming one job, heartbeats, argument errors, and readLaunchEnv.
+// on loopback forming one job, heartbeats, argument errors, a .ts script without tsx (an optional peer),
+// and readLaunchEnv.
 import { spawn, spawnSync } from 'node:child_process';
-import { networkInterfaces } from 'node:os';
+import { mkdirSync, mkdtempSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { networkInterfaces, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
-import { ArgumentError, distributed } from '../../lib/index.js';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { describe, expect, it, vi } from 'vitest';
+import { ArgumentError, distributed, UsageError } from '../../lib/index.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
+import { resolveTsx, scriptCommand, tsxSearchPath } from '../../lib/launch/workers.js';
 import { freePort } from '../helpers/net.js';
 import { nodeArgs } from '../helpers/node-script.js';
 
@@ -237,6 +240,50 @@ describe('nodetron launch', () => {
       );
     } finally {
       await blocker.close();
+    }
+  });
+
+  it('a .ts script without tsx installed is one usage error (exit 2) saying how to get it; tsx is found in the project too', async () => {
+    const { main } = await import('../../lib/launch/cli.js');
+    const dir = mkdtempSync(join(tmpdir(), 'nt-no-tsx-'));
+    try {
+      // A project without tsx: nothing to resolve it from.
+      const empty = join(dir, 'empty');
+      mkdirSync(empty);
+      writeFileSync(join(empty, 'package.json'), '{"name":"empty","private":true}');
+      const hint = '`train.ts` is TypeScript: `nodetron launch` runs .ts scripts with tsx, an optional peer dependency that is not installed here; ' +
+        'install it in your project (`npm install --save-dev tsx`) or launch a compiled .js';
+      expect(() => scriptCommand('train.ts', [], [join(empty, 'package.json')])).toThrow(UsageError);
+      expect(() => scriptCommand('train.ts', [], [join(empty, 'package.json')])).toThrow(hint);
+      for (const ext of ['.mts', '.cts']) expect(() => scriptCommand(`s${ext}`, [], [join(empty, 'package.json')])).toThrow(/is TypeScript/);
+      // JavaScript needs nothing.
+      expect(scriptCommand('s.mjs', ['a'], [join(empty, 'package.json')])).toEqual([process.execPath, 's.mjs', 'a']);
+
+      const errors: string[] = [];
+      const spy = vi.spyOn(console, 'error').mockImplementation((...a: unknown[]) => void errors.push(a.join(' ')));
+      let code: number;
+      try {
+        code = await main(['--nproc-per-node', '2', '--spares', '1', 'train.ts', '--steps', '1'], { tsxFrom: [join(empty, 'package.json')] });
+      } finally {
+        spy.mockRestore();
+      }
+      expect(code).toBe(2);
+      expect(errors).toEqual([`nodetron launch: ${hint}`]);
+
+      // A project that has tsx (a link to this checkout's) is where it is found when nodetron's own place has none.
+      const project = join(dir, 'project');
+      mkdirSync(join(project, 'node_modules'), { recursive: true });
+      writeFileSync(join(project, 'package.json'), '{"name":"project","private":true}');
+      symlinkSync(join(root, 'node_modules', 'tsx'), join(project, 'node_modules', 'tsx'));
+      const loader = resolveTsx([join(empty, 'package.json'), join(project, 'package.json')]);
+      expect(loader).toBe(pathToFileURL(realpathSync(join(root, 'node_modules', 'tsx', 'dist', 'loader.mjs'))).href);
+      expect(scriptCommand('s.ts', ['a'], [join(empty, 'package.json'), join(project, 'package.json')])).toEqual([process.execPath, '--import', loader, 's.ts', 'a']);
+      expect(resolveTsx([join(empty, 'package.json')])).toBeUndefined();
+      // By default nodetron's own place comes first, then the working directory's project.
+      expect(tsxSearchPath(project)).toEqual([expect.stringMatching(/^file:.*\/launch\/workers\.(ts|js)$/), join(project, 'package.json')]);
+      expect(resolveTsx()).toBe(pathToFileURL(realpathSync(join(root, 'node_modules', 'tsx', 'dist', 'loader.mjs'))).href);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 
