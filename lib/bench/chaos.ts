@@ -508,6 +508,7 @@ export function printReport(r: ChaosRecord, out: (s: string) => void = console.l
     out(`losses (${name} vs failure-free, ${c.stepsCompared} steps in both): ${values}${c.missing.length ? `; ${c.missing.length} step(s) in only one run's losses.json (first ${c.missing[0]}), so not equal` : ''}`);
   }
   for (const k of r.skipped) out(`skipped fault ${k.i + 1} (${k.how}): ${k.reason}`);
+  out(`each run's output and events: ${join(r.options.out, '<run>.log')}, ${join(r.options.out, '<run>-events.jsonl')} (run: ${Object.keys(r.runs).join(', ')})`);
 }
 
 const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--spares S (1)] [--kill-every SEC (30)] [--kills N (10)]
