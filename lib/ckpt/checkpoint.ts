@@ -83,7 +83,6 @@ export class Checkpointer {
   /** Deletion of pruned checkpoints, off the save's path (close() waits for it). */
   #deleting: Promise<void> = Promise.resolve();
   #failure: Error | null = null;
-  #saves = 0;
   /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
   #staging: SharedArrayBuffer | null = null;
   /** Stall of each save so far (ms). */
@@ -119,12 +118,14 @@ export class Checkpointer {
     // this one; the same collective agrees on the save's id.
     let saveId = '';
     try {
-      const world = worldOf(items), count = ++this.#saves;
+      const world = worldOf(items);
       const { max: [a, b] } = await agreeAll(world, failure, {
         failedElsewhere: (ranks) => new StateError(`checkpoint save of step ${step}: the previous save failed on ${ranks} (see the error there); every rank stops`),
         values: saveIdDraws(world),
       });
-      saveId = `${count}-${a!.toString(36)}${b!.toString(36)}`;
+      // The same on every rank: the step and rank 0's random draws (not a per-process count of saves,
+      // which a rank that joined the job later, in-job recovery, would count differently).
+      saveId = `${step}-${a!.toString(36)}${b!.toString(36)}`;
     } catch (e) { failure ??= e as Error; }
     if (failure) { unlock(); throw failure; }
     const waitMs = performance.now() - t0;

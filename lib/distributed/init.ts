@@ -301,12 +301,14 @@ export async function regroup(generation: number): Promise<void> {
   for (const g of live) g.abortCommunicators(reason);
   rt.generation = generation;
   rt.joining = false;
+  // The watcher moves to this generation before its communicators exist, so a file it has not read
+  // yet (still saying g) never aborts them.
+  const dir = recoveryEnv().dir;
+  if (dir) watchAbortFile(join(dir, 'abort'), generation);
   for (const g of live) {
     const spec = rt.specs.get(g)!;
     g.rebind(await groupComms(rt, g.name, spec.ranks, spec.sharedMemory), reason);
   }
-  const dir = recoveryEnv().dir;
-  if (dir) watchAbortFile(join(dir, 'abort'), generation);
 }
 
 /** In-job recovery: the generation of this process's communicators (0 until the first regroup). */
