@@ -17,7 +17,7 @@ import { PendingBackend } from './pending.js';
 import { type Store, StoreServer } from './store.js';
 import { storeSecurity } from './store-security.js';
 import { awaitSpareAssignment, recoveryEnv } from './recovery-env.js';
-import { watchAbortFile } from './abort.js';
+import { abortAllCommunicators, watchAbortFile } from './abort.js';
 import { join } from 'node:path';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
@@ -298,6 +298,8 @@ export async function regroup(generation: number): Promise<void> {
   }
   const reason = `generation ${generation}: regrouping after a lost rank`;
   const live = rt.groups.filter((g) => !g.destroyed);
+  // Every Gloo communicator of the process at once (side by side, ~20 ms), then each group's others (NCCL).
+  if (rt.backends.gloo) abortAllCommunicators(reason);
   for (const g of live) g.abortCommunicators(reason);
   rt.generation = generation;
   rt.joining = false;

@@ -198,6 +198,17 @@ describe('nodetron launch --spares (in-job recovery mode)', () => {
     expectAllGone(events);
   }, 90_000);
 
+  it('takes the restart path when a rank exits with an error code (the script failed; a replacement would fail again)', async () => {
+    const l = launch(['--spares', '1', '--max-restarts', '1'], { RECOVERY_FIXTURE_FAIL: '1' });
+    const r = await l.done;
+    const events = l.events();
+    expect(r.code, r.stderr).toBe(0);
+    expect(events.some((e) => e.event === 'fault' || e.event === 'spare-assigned')).toBe(false);
+    expect(String(events.find((e) => e.event === 'fallback-restart')?.reason)).toMatch(/exited with code 1 \(an error in the script/);
+    expect(r.stderr).toContain('restarting the group (restart 1 of 1)');
+    expectAllGone(events);
+  }, 90_000);
+
   it('takes the restart path after --max-recoveries generations', async () => {
     const l = launch(['--spares', '1', '--max-restarts', '1', '--max-recoveries', '0']);
     const [, pid1] = await readyRanks(l);
