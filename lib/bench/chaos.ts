@@ -261,7 +261,16 @@ export function stepSeconds(steps: readonly StepLine[]): number | null {
   return per.length ? median(per) : null;
 }
 
-export const GOODPUT_DEFINITION = "goodput = (the final losses.json's last step × the failure-free run's median step time) / the run's wall time (launch → exit)";
+export const GOODPUT_DEFINITION = "goodput = (the final losses.json's last step × the failure-free run's median step time) / the run's wall time (launch → exit); " +
+  'training goodput = the same over the training window only (steps between the first and the last progress line, over the time between them: start-up and the end left out)';
+
+/** Goodput over the training window: from the first progress line to the last (start-up, evaluation at the ends and exit left out). */
+export function trainingGoodput(steps: readonly StepLine[], stepS: number): number | null {
+  if (steps.length < 2) return null;
+  const first = steps[0]!, last = steps[steps.length - 1]!;
+  const wall = last.t - first.t;
+  return wall > 0 ? ((last.step - first.step) * stepS * 1000) / wall : null;
+}
 
 /** Goodput as {@link GOODPUT_DEFINITION} says. */
 export function goodput(steps: number, stepS: number, wallMs: number): number {
@@ -428,7 +437,7 @@ class EventTail {
 
 export interface ChaosRecord {
   bench: 'chaos'; machine: Record<string, unknown>; cuda: unknown; options: Omit<ChaosOptions, 'log'>; goodputDefinition: string;
-  runs: Record<string, { commands: string[][]; wallS: number; exitCodes: (number | null)[]; timedOut: boolean; stepSeconds: number | null; lastStep: number | null; goodput: number | null }>;
+  runs: Record<string, { commands: string[][]; wallS: number; exitCodes: (number | null)[]; timedOut: boolean; stepSeconds: number | null; lastStep: number | null; goodput: number | null; trainingGoodput: number | null }>;
   /** The faults caused (epoch ms, victim, pid): the chaos run's and the baseline's. */
   injected: { chaos: Injected[]; baseline: Injected[] };
   faults: ChaosFaultRow[]; baselineFaults: BaselineFaultRow[]; skipped: RunResult['skipped'];
@@ -453,7 +462,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
     if (!r) continue;
     const last = lastStep(r);
     runs[r.name] = { commands: r.commands, wallS: r.wallMs / 1000, exitCodes: r.exitCodes, timedOut: r.timedOut, stepSeconds: stepSeconds(r.steps), lastStep: last,
-      goodput: last !== null && stepS !== null ? goodput(last, stepS, r.wallMs) : null };
+      goodput: last !== null && stepS !== null ? goodput(last, stepS, r.wallMs) : null, trainingGoodput: stepS !== null ? trainingGoodput(r.steps, stepS) : null };
   }
   const faults = analyzeFaults(chaos.injected, chaos.events, o.nproc * o.nodes);
   const baselineFaults = base ? analyzeBaseline(base.injected, base) : [];
@@ -467,6 +476,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
     medianDetectMs: det.length ? median(det) : null, medianFaultToFullStrengthMs: full.length ? median(full) : null, maxFaultToFullStrengthMs: full.length ? Math.max(...full) : null,
     stepsLostPerFault: faults.map((f) => f.stepsLost), stepTimeSource: ref && stepSeconds(ref.steps) !== null ? 'reference (failure-free) run' : 'chaos run (no reference)',
     failureFreeStepSeconds: stepS, goodput: runs.chaos?.goodput ?? null, referenceGoodput: runs.reference?.goodput ?? null,
+    trainingGoodput: runs.chaos?.trainingGoodput ?? null,
     lossesEqual: losses?.equal ?? null,
     baseline: base ? { medianFaultToNextStepMs: nxt.length ? median(nxt) : null, maxFaultToNextStepMs: nxt.length ? Math.max(...nxt) : null,
       stepsLostPerFault: baselineFaults.map((f) => f.stepsLost), goodput: runs.baseline?.goodput ?? null, lossesEqual: baselineLosses?.equal ?? null } : null,
@@ -486,9 +496,9 @@ const ms = (x: number | null) => (x === null ? '-' : x.toFixed(0));
 /** The tables: the runs, each fault (in-memory beside restart-from-checkpoint), the loss comparison. */
 export function printReport(r: ChaosRecord, out: (s: string) => void = console.log): void {
   out(`\n# nodetron bench chaos: ${r.options.kills} faults (${r.options.faults.join(',')}) every ${r.options.killEverySec} s, ${r.options.nodes} node(s) × ${r.options.nproc} ranks, ${r.options.spares} spare(s), seed ${r.options.seed}`);
-  printTable(['run', 'wall s', 'exit', 'step s (median)', 'last step', 'goodput'], Object.entries(r.runs).map(([name, x]) => [
+  printTable(['run', 'wall s', 'exit', 'step s (median)', 'last step', 'goodput', 'training goodput'], Object.entries(r.runs).map(([name, x]) => [
     name, x.wallS.toFixed(1), x.timedOut ? 'timed out' : x.exitCodes.join(','), x.stepSeconds === null ? '-' : x.stepSeconds.toFixed(3), x.lastStep ?? '-',
-    x.goodput === null ? '-' : `${(100 * x.goodput).toFixed(1)}%`]), out);
+    x.goodput === null ? '-' : `${(100 * x.goodput).toFixed(1)}%`, x.trainingGoodput === null ? '-' : `${(100 * x.trainingGoodput).toFixed(1)}%`]), out);
   out(r.goodputDefinition);
   out('');
   // One row per planned fault either run caused (a run that ended or hung early caused fewer).
