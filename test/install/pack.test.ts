@@ -4,9 +4,11 @@
 // with a PATH that has no cmake and no C++ compiler (so a source build could not even start), once
 // with --build-from-source (the cpu backend: NODETRON_CUDA=0 keeps the CUDA compile out of the suite).
 // In the prebuilt project `npx nodetron plan` prints launch commands whose script the package ships
-// (a Llama preset's trains Llama blocks), and the best one for a tiny GPT runs there as printed (one step).
+// (a Llama preset's trains Llama blocks), and the best one for a tiny GPT runs there as printed (one step):
+// first refused (exit 2, saying how to get tsx: an optional peer dependency the install leaves out), then
+// run after `npm install --save-dev tsx` in the project.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -99,7 +101,22 @@ function planAndTrain(dir: string, env: NodeJS.ProcessEnv): void {
   expect(existsSync(join(dir, 'node_modules', '@stdlib', 'datasets-moby-dick'))).toBe(false);
   // As printed, plus one step and no sample (the flags the example takes after the plan's).
   const [npx, ...args] = command.split(' ');
-  const trained = run(npx!, [...args, '--steps', '1', '--generate', '0', '--eval-interval', '100'], 300_000);
+  const launchArgs = [...args, '--steps', '1', '--generate', '0', '--eval-interval', '100'];
+  // tsx is an optional peer dependency: not installed with nodetron, so the TypeScript example is first
+  // refused with one usage error (exit 2, no rank started) that says how to get it.
+  expect(existsSync(join(dir, 'node_modules', 'tsx'))).toBe(false);
+  const refused = spawnSync(npx!, launchArgs, { cwd: dir, env, encoding: 'utf8', timeout: 120_000 });
+  expect(refused.status, `${command} without tsx:\n${refused.stdout}\n${refused.stderr}`).toBe(2);
+  expect(refused.stderr).toContain(
+    `nodetron launch: \`${script}\` is TypeScript: \`nodetron launch\` runs .ts scripts with tsx, an optional peer dependency that is not installed here; ` +
+      'install it in your project (`npm install --save-dev tsx`) or launch a compiled .js',
+  );
+  expect(refused.stdout).not.toMatch(/\[rank \d+\]/);
+  // As the message says (the checkout's version, so npm's cache serves it), then the launch runs.
+  const tsx = (JSON.parse(readFileSync(join(root, 'node_modules', 'tsx', 'package.json'), 'utf8')) as { version: string }).version;
+  run('npm', ['install', '--save-dev', `tsx@${tsx}`, '--prefer-offline', '--no-audit', '--no-fund'], 300_000);
+  expect(existsSync(join(dir, 'node_modules', 'tsx'))).toBe(true);
+  const trained = run(npx!, launchArgs, 300_000);
   expect(trained).toMatch(/step +1\/1/);
 }
 
