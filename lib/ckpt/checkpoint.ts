@@ -85,6 +85,9 @@ export class Checkpointer {
   #failure: Error | null = null;
   /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
   #staging: SharedArrayBuffer | null = null;
+  /** Bumped by abandonInFlight: saves started before it neither commit nor report a failure. */
+  #epoch = 0;
+  #abandonedWhy = '';
   /** Stall of each save so far (ms). */
   readonly stalls: number[] = [];
 
@@ -147,6 +150,8 @@ export class Checkpointer {
 
     const dir = join(this.root, stepDirName(step));
     const tmp = join(this.root, tmpDirName(step));
+    const epoch = this.#epoch;
+    const abandoned = () => (this.#epoch !== epoch ? this.#abandonedWhy : null);
     mkdirSync(tmp, { recursive: true });
     const header = encodeRankHeader(snap, step, rank);
 
@@ -154,7 +159,7 @@ export class Checkpointer {
     const done = (async () => {
       await writeRankFiles(this.#writer, tmp, header, snap, { step, rank, saveId });
       if (rank === 0) {
-        await traceSpan('checkpoint commit', () => commit(this.root, tmp, dir, { step, saveId, worldSize, common: snap.common!, timeoutMs: this.commitTimeoutMs }), 'checkpoint', { step });
+        await traceSpan('checkpoint commit', () => commit(this.root, tmp, dir, { step, saveId, worldSize, common: snap.common!, timeoutMs: this.commitTimeoutMs, abandoned }), 'checkpoint', { step });
         if (Number.isFinite(this.keep)) {
           // Pruned steps stop being checkpoints at once (manifest removed, directory renamed aside);
           // their bytes are deleted in the background, so a save does not wait for hundreds of MB of unlinks.
@@ -165,9 +170,19 @@ export class Checkpointer {
     })();
     // A background save's failure is thrown by the next save() or wait(); a synchronous save throws it here.
     const failed = done.then(() => null, (e: Error) => e);
-    void failed.then((e) => { if (e && this.async) this.#failure = e; }).finally(unlock);
+    void failed.then((e) => { if (e && this.async && !abandoned()) this.#failure = e; }).finally(unlock);
     if (!this.async) { const e = await failed; if (e) throw e; }
     return { step, dir, stallMs, waitMs, copyMs: stallMs - waitMs, done };
+  }
+
+  /**
+   * Gives up the save in flight, if any (in-job recovery: a lost rank will never write its file, and
+   * every rank has rolled back past it): rank 0 stops waiting for the other ranks' files, the
+   * checkpoint stays incomplete (loads skip it), and its failure is not reported by the next save.
+   */
+  abandonInFlight(reason: string): void {
+    this.#epoch++;
+    this.#abandonedWhy = reason;
   }
 
   /** Waits for the save in flight; throws if a background save failed (once). */

@@ -31,7 +31,7 @@ export function writeJsonDurably(path: string, value: unknown): void {
 
 /** Rank 0: waits for every rank's record of this save, checks coverage, writes the manifest last, renames. */
 export async function commit(root: string, tmp: string, dir: string,
-  o: { step: number; saveId: string; worldSize: number; common: Pick<Manifest, 'optimizer' | 'state' | 'layout'>; timeoutMs: number }): Promise<void> {
+  o: { step: number; saveId: string; worldSize: number; common: Pick<Manifest, 'optimizer' | 'state' | 'layout'>; timeoutMs: number; abandoned?: () => string | null }): Promise<void> {
   const records: RankRecord[] = [];
   const deadline = Date.now() + o.timeoutMs;
   for (let r = 0; r < o.worldSize; r++) {
@@ -40,6 +40,8 @@ export async function commit(root: string, tmp: string, dir: string,
       let rec: RankRecord | null = null;
       try { rec = JSON.parse(readFileSync(path, 'utf8')) as RankRecord; } catch { rec = null; }
       if (rec && rec.saveId === o.saveId) { records.push(rec); break; }
+      const why = o.abandoned?.();
+      if (why) throw new StateError(`checkpoint save of step ${o.step} abandoned (${why}); it stays incomplete in ${tmp}`);
       if (Date.now() > deadline) throw new TimeoutError(`checkpoint save of step ${o.step}: rank ${r} did not finish writing within ${o.timeoutMs} ms; the checkpoint stays incomplete in ${tmp}`, 'checkpoint');
       await new Promise((res) => setTimeout(res, 20));
     }

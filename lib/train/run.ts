@@ -220,6 +220,8 @@ export class TrainingRun<H extends { lr: number }> {
       } catch (e) {
         if (this.#closed || !rec.recoverable(e)) throw e;
         const step = await rec.recover(e, this.#step);
+        // A save in flight waits for files a lost rank will never write: every rank rolled back past it.
+        this.#checkpointer?.abandonInFlight('in-job recovery rolled the run back');
         if (step === null) await this.#fallBackToDisk(rec);
         else this.#step = step;
       }

@@ -272,3 +272,22 @@ describe('checkpoints in one process', () => {
     expect(bits(fresh.model.parameters())).toEqual(bits(run.model.parameters()));
   });
 });
+
+describe('a save in flight, abandoned (in-job recovery)', () => {
+  it("rank 0's commit stops waiting for a rank that will never write, and says why", async () => {
+    const { commit } = await import('../../lib/ckpt/commit.js');
+    const root = mkdtempSync(join(tmpdir(), 'nt-ckpt-abandon-'));
+    const tmp = join(root, '.tmp-step-00000007');
+    mkdirSync(tmp, { recursive: true });
+    let reason: string | null = null;
+    setTimeout(() => { reason = 'in-job recovery rolled the run back'; }, 100);
+    const t0 = Date.now();
+    // Two ranks, neither of which wrote its record: without the abandonment this waits the full 60 s.
+    await expect(commit(root, tmp, join(root, 'step-00000007'), {
+      step: 7, saveId: '7-x', worldSize: 2, common: { optimizer: { groups: null, steps: {} }, state: {}, layout: null }, timeoutMs: 60_000, abandoned: () => reason,
+    })).rejects.toThrow(/abandoned \(in-job recovery rolled the run back\)/);
+    expect(Date.now() - t0).toBeLessThan(30_000);
+    expect(existsSync(join(root, 'step-00000007'))).toBe(false);
+    rmSync(root, { recursive: true, force: true });
+  });
+});
