@@ -11,6 +11,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { lcgGlobalBatch } from '../helpers/token-batch.js';
 import * as nt from '../../lib/index.js';
 import { decodeImage, encodeImage, restoreImage, takeImage, type RankImage } from '../../lib/ckpt/image.js';
 import type { CheckpointItems } from '../../lib/ckpt/items.js';
@@ -25,11 +26,8 @@ const config: nt.nn.GPTConfig = { vocabSize: 64, blockSize: 16, nLayer: 2, nHead
 const B = 4, T = 16;
 
 function batch(step: number): { x: nt.Tensor; y: nt.Tensor } {
-  let s = (step + 1) * 7919;
-  const seq = new Int32Array(B * (T + 1)).map(() => { s = (s * 1103515245 + 12345) % 2147483648; return s % 64; });
-  const x = new Int32Array(B * T), y = new Int32Array(B * T);
-  for (let b = 0; b < B; b++) { x.set(seq.subarray(b * (T + 1), b * (T + 1) + T), b * T); y.set(seq.subarray(b * (T + 1) + 1, (b + 1) * (T + 1)), b * T); }
-  return { x: nt.tensor(x, [B, T]), y: nt.tensor(y, [B, T]) };
+  const b = lcgGlobalBatch(step, B, T, 64);
+  return { x: nt.tensor(b.x, [B, T]), y: nt.tensor(b.y, [B, T]) };
 }
 
 /** A data position and a schedule, both restored by the image. */
