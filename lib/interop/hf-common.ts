@@ -1,8 +1,8 @@
 // What the Hugging Face readers and writers of every model family share (lib/interop/hf.ts: GPT-2,
 // hf-llama.ts: Llama, Mixtral, Qwen2-MoE): the dtypes a directory holds and config.json's names for
-// them, the one reader of a directory's config.json and import options, where each tensor of a
-// checkpoint lives (model.safetensors or shards), filling a new model's parameters, and JSON files
-// written atomically.
+// them, the one reader of a config.json (a directory's, and the planner's `--model config.json`) and
+// its names for a decoder's dimensions, import options, where each tensor of a checkpoint lives
+// (model.safetensors or shards), filling a new model's parameters, and JSON files written atomically.
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { type DType, parseDType } from '../dtype.js';
@@ -44,7 +44,7 @@ export interface OpenedHFDirectory {
   dtype: HFDType;
   /** `dir`/config.json, for messages. */
   configPath: string;
-  /** Its JSON, not yet checked. */
+  /** Its JSON object, its fields not yet checked. */
   config: unknown;
 }
 
@@ -69,7 +69,7 @@ export interface HFFamily<M extends Module = Module, O = object> {
 
 /**
  * The checks every importer makes before it reads a tensor: `dir` and `opts` well formed, the model's
- * dtype one of f32, bf16, f16, and `dir`/config.json present and JSON. Returns the dtype, the config's
+ * dtype one of f32, bf16, f16, and `dir`/config.json present and a JSON object. Returns the dtype, the config's
  * path (for messages) and its JSON.
  */
 export function openHFDirectory(dir: unknown, opts: unknown, call: string): OpenedHFDirectory {
@@ -80,7 +80,47 @@ export function openHFDirectory(dir: unknown, opts: unknown, call: string): Open
   if (!isHFDType(dtype)) throw new DTypeError(`${call}: dtype must be f32, bf16 or f16, got ${dtype}`);
   const configPath = join(dir, 'config.json');
   if (!existsSync(configPath)) throw new StateError(`${call}: ${dir} has no config.json`);
-  return { dir, dtype, configPath, config: readHFJSON(configPath, call) };
+  return { dir, dtype, configPath, config: readHFConfig(configPath, call) };
+}
+
+/**
+ * A config.json as a JSON object: the one reader of a Hugging Face config, whoever reads it (the
+ * importers through openHFDirectory and readHFJSON, the planner's `--model config.json`). StateError
+ * (naming `call`, and `what` the file is when given) when it cannot be read, is not JSON or not an object.
+ */
+export function readHFConfig(path: string, call: string, what?: string): Record<string, unknown> {
+  const json = readHFJSON(path, call, what);
+  if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new StateError(`${call}: ${what ? `${what} ` : ''}${path} is not a JSON object`);
+  return json as Record<string, unknown>;
+}
+
+/**
+ * config.json's names for a decoder's dimensions in every family nodetron reads, the first present
+ * taken: GPT-2's (n_layer, n_head, n_embd, n_inner, n_positions, n_ctx), Llama's and Mixtral's
+ * (num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, intermediate_size,
+ * max_position_embeddings, num_local_experts, num_experts_per_tok), Qwen2-MoE's (num_experts,
+ * moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step).
+ */
+export const HF_CONFIG_KEYS = {
+  layers: ['n_layer', 'num_hidden_layers'],
+  heads: ['n_head', 'num_attention_heads'],
+  kvHeads: ['num_key_value_heads'],
+  width: ['n_embd', 'hidden_size'],
+  vocab: ['vocab_size'],
+  ffn: ['intermediate_size', 'n_inner'],
+  positions: ['n_positions', 'max_position_embeddings'],
+  context: ['n_positions', 'max_position_embeddings', 'n_ctx'],
+  experts: ['num_local_experts', 'num_experts'],
+  topK: ['num_experts_per_tok'],
+  expertFfn: ['moe_intermediate_size'],
+  sharedExpertFfn: ['shared_expert_intermediate_size'],
+  sparseStep: ['decoder_sparse_step'],
+} as const satisfies Record<string, readonly string[]>;
+
+/** A dimension of a config.json: the number under the first of its HF_CONFIG_KEYS names that holds one (undefined: none does). */
+export function hfConfigNumber(config: Readonly<Record<string, unknown>>, dim: keyof typeof HF_CONFIG_KEYS): number | undefined {
+  for (const k of HF_CONFIG_KEYS[dim]) if (typeof config[k] === 'number') return config[k] as number;
+  return undefined;
 }
 
 /** Where each tensor of a checkpoint lives: model.safetensors, or the shards a model.safetensors.index.json names. */
@@ -126,11 +166,12 @@ export class HFCheckpoint {
   }
 }
 
-/** The JSON at `path`; StateError (naming `call`) when it cannot be read or parsed. */
-export function readHFJSON(path: string, call = 'importHF'): unknown {
+/** The JSON at `path`; StateError (naming `call`, and `what` the file is when given) when it cannot be read or parsed. */
+export function readHFJSON(path: string, call = 'importHF', what?: string): unknown {
+  const file = what ? `${what} ${path}` : path;
   let text: string;
-  try { text = readFileSync(path, 'utf8'); } catch (e) { throw new StateError(`${call}: cannot read ${path}: ${(e as Error).message}`); }
-  try { return JSON.parse(text); } catch (e) { throw new StateError(`${call}: ${path} is not JSON (${(e as Error).message})`); }
+  try { text = readFileSync(path, 'utf8'); } catch (e) { throw new StateError(`${call}: cannot read ${file}: ${(e as Error).message}`); }
+  try { return JSON.parse(text); } catch (e) { throw new StateError(`${call}: ${file} is not JSON (${(e as Error).message})`); }
 }
 
 /**

@@ -2,7 +2,7 @@
 // ZeRO paper's states) and nodetron's own training, as the largest of the moments (phases) of its step.
 import { ArgumentError } from '../errors.js';
 import { LINEAR_CE_CHUNK_BYTES, LINEAR_CE_CUDA_CHUNK_BYTES, linearCrossEntropyChunkRows } from '../ops/linear-cross-entropy.js';
-import { largestLayerParams, layerParams, stageExpertParams, stageParams, type PlanModel } from './models.js';
+import { largestLayerParams, layerParams, moeLayerCount, stageExpertParams, stageParams, type PlanModel } from './models.js';
 import { schedulePlacement, splitsBackward } from '../parallel/pipeline/schedules.js';
 import type { MemoryEstimate, MemoryOptions, PlanLayout, Recompute } from './memory.js';
 import { inFlightMicroBatches, scheduleStates, type ScheduleState } from './schedule-states.js';
@@ -78,7 +78,7 @@ export function estimateStageMemory(m: PlanModel, layout: PlanLayout, opts: Memo
   const w = f32 ? 4 : 2;
   const published = !f32 && (opts.model ?? 'megatron') === 'megatron';
   // Expert parallelism: the running MoE layer's routed rows, sent to the experts' ranks and received back.
-  const moeLayersHere = m.moe ? nLayers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer) : 0;
+  const moeLayersHere = m.moe ? nLayers * (moeLayerCount(m) / m.nLayer) : 0;
   const allToAll = ep > 1 && moeLayersHere > 0 ? 2 * s * b * m.moe!.topK * h * w : 0;
   const moeFields = m.moe ? { expertParams: expertPsi, allToAll } : {};
   // The published recipe keeps 16-bit weights and gradients beside a 12-byte optimizer state; nodetron

@@ -3,7 +3,8 @@
 import { readFileSync } from 'node:fs';
 import { ArgumentError } from '../errors.js';
 import type { PlanLayout, PlanDType } from './memory.js';
-import { stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
+import { moeSlotParameters } from '../nn/counts.js';
+import { decoderShape, moeLayerCount, stageExpertParams, stageLayers, stageParams, type PlanModel } from './models.js';
 import { checkSchedule, schedulePlacement, scheduleTables, simulateSchedule } from '../parallel/pipeline/schedules.js';
 
 /** A device's compute and links: FLOP/s achieved in GEMMs, bytes/s of bus bandwidth inside and between nodes. */
@@ -112,8 +113,9 @@ export interface StepTime {
 export function stepFlops(m: PlanModel, globalBatch: number, seq: number, recompute: 'none' | 'selective' | 'full'): number {
   const h = m.nEmbd, L = m.nLayer;
   const dense = (m.ffn / (4 * h)) * (m.gated ? 1.5 : 1);
-  const share = m.moe ? Math.floor(L / m.moe.every) / L : 0;
-  const moeScale = m.moe ? (m.moe.topK * 3 * m.moe.ffn + 3 * m.moe.sharedFfn + m.moe.experts) / (8 * h) : 0;
+  const share = moeLayerCount(m) / L;
+  // An MoE layer's MLP slot as a dense one's multiple: the parameters a token goes through over 8h².
+  const moeScale = m.moe ? moeSlotParameters(decoderShape(m), 1, true) / (8 * h * h) : 0;
   const mlpScale = (1 - share) * dense + share * moeScale;
   const layer = 24 * globalBatch * seq * L * h * h * ((1 + 2 * mlpScale) / 3 + seq / (6 * h));
   const head = 6 * globalBatch * seq * h * m.vocabSize;
@@ -197,7 +199,7 @@ export function predictStepTime(m: PlanModel, l: PlanLayout, dev: PlanDevice, o:
 export function expertParallelSeconds(m: PlanModel, l: PlanLayout, act: number, layers: number, bw: number): number {
   const ep = l.ep ?? 1;
   if (ep === 1 || !m.moe) return 0;
-  const moeLayers = layers * (Math.floor(m.nLayer / m.moe.every) / m.nLayer);
+  const moeLayers = layers * (moeLayerCount(m) / m.nLayer);
   const exchanges = l.recompute === 'full' ? 6 : 4;
   return (l.microBatches * moeLayers * exchanges * ((act / (l.cp ?? 1)) * m.moe.topK) * ((ep - 1) / ep)) / bw;
 }
