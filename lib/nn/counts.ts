@@ -48,6 +48,10 @@ export interface DecoderShape {
   tied: boolean;
   /** Rows of a learned position table (0: rotary positions). */
   positions: number;
+  /** Biases on q, k and v alone in a model without other biases (Qwen2-MoE's qkv_bias). */
+  qkvBias?: boolean;
+  /** Norms in each layer (default 2; a GPT's parallelBlock shares one between attention and the MLP). */
+  layerNorms?: number;
   /** Mixture of experts in the MLP slot of some layers; absent for a dense model. */
   moe?: DecoderMoE;
 }
@@ -77,7 +81,8 @@ export interface DecoderMoE {
 export function attentionParameters(s: DecoderShape, tp = 1): { qkv: number; proj: number } {
   const h = s.width, kv = s.kvHeads * (h / s.heads), b = s.bias ? 1 : 0;
   const kvPerRank = s.kvHeads % tp === 0 ? kv / tp : kv;
-  return { qkv: (h * h + b * h) / tp + 2 * (h * kvPerRank + b * kvPerRank), proj: (h * h) / tp + b * h };
+  const qkv = (h * h + b * h) / tp + 2 * (h * kvPerRank + b * kvPerRank);
+  return { qkv: s.qkvBias && !s.bias ? qkv + h / tp + 2 * kvPerRank : qkv, proj: (h * h) / tp + b * h };
 }
 
 /** A dense MLP's parameters on one of tp ranks: the column-parallel input (two matrices when gated) and the row-parallel output (its bias replicated). */
@@ -86,9 +91,9 @@ export function mlpParameters(s: DecoderShape, tp = 1): { input: number; output:
   return { input: ((s.gated ? 2 : 1) * (h * s.ffn + b * s.ffn)) / tp, output: (s.ffn * h) / tp + b * h };
 }
 
-/** A layer's two norms (LayerNorm weight and bias, or an RMSNorm scale), whole on every rank. */
+/** A layer's norms (LayerNorm weight and bias, or an RMSNorm scale; two unless `layerNorms` says), whole on every rank. */
 export function layerNormParameters(s: DecoderShape): number {
-  return 2 * s.width * (s.bias ? 2 : 1);
+  return (s.layerNorms ?? 2) * s.width * (s.bias ? 2 : 1);
 }
 
 /** One MoE layer's MLP slot on one of ep expert-parallel ranks (router and shared experts whole, routed experts / ep); `active`: those one token goes through. */

@@ -1,7 +1,9 @@
 // The planner counts with the models' own arithmetic (lib/nn/counts.ts) and reads config.json with
 // interop's one reader: its totals and active counts equal nn.GPT's and nn.Llama's for the same
 // configs (a Qwen2-MoE differs by exactly the q/k/v biases and shared-expert gates the planner leaves
-// out), a layer's parameters split over tensor- and expert-parallel ranks add back up to the whole,
+// out), lib/nn/counts.ts alone gives both models' counts from their configs (parallel blocks, gated
+// shared experts, q/k/v biases, dense-only layers), a layer's parameters split over tensor- and
+// expert-parallel ranks add back up to the whole,
 // and a config file the importers refuse as no JSON object the planner refuses too.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -77,6 +79,37 @@ describe('lib/nn/counts.ts', () => {
     const { total, active } = decoderParameterCounts(moe);
     expect(total - active).toBe(2 * 6 * expert);
     expect(decoderParameterCounts(gqa)).toEqual({ total: 4 * layerParameters(gqa) + 2 * 1000 * 256 + 256, active: 4 * layerParameters(gqa) + 2 * 1000 * 256 + 256 });
+  });
+
+  it("a decoder's counts equal nn.GPT's (parallel blocks, gated shared experts) and nn.Llama's (q/k/v biases, dense-only layers) from the same config", () => {
+    type GPTConfig = Parameters<typeof nt.nn.gptParameterCount>[0];
+    const gptShape = (c: GPTConfig): DecoderShape => {
+      const moe = c.moe, hidden = moe?.hidden ?? 4 * c.nEmbd, shared = moe?.sharedExperts ?? 0;
+      return {
+        layers: c.nLayer, width: c.nEmbd, heads: 4, kvHeads: 4, ffn: 4 * c.nEmbd, vocab: c.vocabSize, gated: false, bias: c.bias ?? true, tied: true, positions: c.blockSize,
+        layerNorms: c.parallelBlock ? 1 : 2,
+        ...(moe ? { moe: { layers: Math.floor(c.nLayer / (moe.every ?? 1)), experts: moe.experts, topK: moe.topK, hidden, sharedHidden: shared > 0 ? moe.sharedHidden ?? shared * hidden : 0, sharedGate: shared > 0 && moe.sharedGate === true } } : {}),
+      };
+    };
+    const g = { vocabSize: 500, blockSize: 64, nLayer: 4, nEmbd: 32, bias: true };
+    for (const c of [g, { ...g, bias: false }, { ...g, parallelBlock: true }, { ...g, moe: { experts: 4, topK: 2, every: 2, hidden: 16, sharedExperts: 1, sharedHidden: 24, sharedGate: true } }] as GPTConfig[]) {
+      expect(decoderParameterCounts(gptShape(c))).toEqual({ total: nt.nn.gptParameterCount(c), active: nt.nn.gptActiveParameterCount(c) });
+    }
+    const llamaShape = (c: nt.nn.CheckedLlamaConfig): DecoderShape => {
+      const e = c.numLocalExperts ?? 0, step = c.decoderSparseStep ?? 1, only = c.mlpOnlyLayers ?? [], shared = c.sharedExpertIntermediateSize ?? 0;
+      const moeLayers = Array.from({ length: c.numHiddenLayers }, (_, i) => i).filter((i) => !only.includes(i) && (i + 1) % step === 0).length;
+      return {
+        layers: c.numHiddenLayers, width: c.hiddenSize, heads: c.numAttentionHeads, kvHeads: c.numKeyValueHeads, ffn: c.intermediateSize, vocab: c.vocabSize,
+        gated: true, bias: false, tied: c.tieWordEmbeddings, positions: 0, qkvBias: c.qkvBias,
+        ...(e > 0 ? { moe: { layers: moeLayers, experts: e, topK: Math.min(c.numExpertsPerTok ?? 2, e), hidden: c.moeIntermediateSize ?? c.intermediateSize, sharedHidden: shared, sharedGate: shared > 0 } } : {}),
+      };
+    };
+    const l = { vocab_size: 300, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64 };
+    const qwen = { ...l, num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 16, shared_expert_intermediate_size: 24, qkv_bias: true };
+    for (const json of [l, { ...l, tie_word_embeddings: true }, qwen, { ...qwen, decoder_sparse_step: 2, mlp_only_layers: [1] }]) {
+      const c = nt.nn.llamaConfig(json);
+      expect(decoderParameterCounts(llamaShape(c))).toEqual({ total: nt.nn.llamaParameterCount(c), active: nt.nn.llamaParameterCount(c, true) });
+    }
   });
 
   it('the planner hands its model to them whole (decoderShape)', () => {
