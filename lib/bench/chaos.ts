@@ -366,6 +366,9 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
     // set-up (where today's launcher cannot tell a stopped rank from a slow one).
     const prev = res.injected.at(-1)?.at;
     if (armedAt === null || Date.now() < (prev ?? armedAt) + o.killEverySec * 1000) continue;
+    // Training is over (the last step printed): what follows (the final validation, sampling, exit) is not
+    // a training step, and in-job recovery protects only those, so no fault is aimed at it.
+    if (o.steps !== undefined && (res.steps.at(-1)?.step ?? 0) >= o.steps) break;
     if (prev !== undefined) {
       const found = mode === 'baseline' ? res.restarts.find((t) => t > prev)
         : ev.find((e) => e.src === 'agent' && (e.event === 'fault' || e.event === 'fallback-restart') && e.t >= prev)?.t;

@@ -213,7 +213,7 @@ export class LaunchAgent {
   private openRecovery(): Promise<RecoverySession> {
     const { nodeRank, masterAddr, storeToken, spares } = this.config;
     const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100 };
-    return RecoverySession.open(nodeRank, options, { loopback: isLoopbackHost(masterAddr), ...(storeToken !== undefined ? { token: storeToken } : {}) }, this.log);
+    return RecoverySession.open(nodeRank, options, { loopback: isLoopbackHost(masterAddr), single: this.config.nnodes === 1, ...(storeToken !== undefined ? { token: storeToken } : {}) }, this.log);
   }
 
   private startRecovery(recovery: RecoverySession, attemptStore: Store, attempt: number, nodes: NodeInfo[], flightDir: string | undefined, firstFailure: { value?: FailureRecord }): WorkerGroup {

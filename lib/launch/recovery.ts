@@ -10,7 +10,11 @@
 import { appendFileSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
 import { ImageHolder } from '../distributed/holder.js';
+
+/** The token each holder of this process wants (random on a job without one). */
+const holderTokens = new WeakMap<ImageHolder, string | undefined>();
 import type { Store } from '../distributed/store.js';
 import { WorkerGroup, type WorkerExit, type WorkerSpec } from './workers.js';
 
@@ -145,9 +149,14 @@ export class RecoverySession {
    * Starts this node's holder (on loopback when the job's store is, else on every interface, advertised
    * as NODETRON_GLOO_HOST or this host's name, as Gloo's devices are) and the recovery directory.
    */
-  static async open(nodeRank: number, options: RecoveryOptions, where: { loopback: boolean; token?: string }, log: (line: string) => void): Promise<RecoverySession> {
+  static async open(nodeRank: number, options: RecoveryOptions, where: { loopback: boolean; token?: string; single?: boolean }, log: (line: string) => void): Promise<RecoverySession> {
     const host = where.loopback ? '127.0.0.1' : '0.0.0.0';
-    const holder = await ImageHolder.start({ host, ...(where.token !== undefined ? { token: where.token } : {}), log: (l) => log(`holder: ${l}`) });
+    // A one-node job without a token (on loopback) still keeps its copies to itself: the holder wants a
+    // random token that only this node's workers are given (NODETRON_HOLDER_TOKEN). (Several nodes
+    // share the job token; on loopback without one, a simulation, the holders want none.)
+    const token = where.token ?? (where.loopback && where.single ? randomBytes(16).toString('hex') : undefined);
+    const holder = await ImageHolder.start({ host, ...(token !== undefined ? { token } : {}), log: (l) => log(`holder: ${l}`) });
+    holderTokens.set(holder, token);
     const advertised = where.loopback ? '127.0.0.1' : process.env.NODETRON_GLOO_HOST?.trim() || hostname();
     const address = `${advertised.includes(':') ? `[${advertised}]` : advertised}:${holder.port}`;
     const dir = mkdtempSync(join(tmpdir(), `nodetron-recovery-${nodeRank}-`));
@@ -407,7 +416,8 @@ export class RecoverySession {
   }
 
   private recoveryEnv(): NodeJS.ProcessEnv {
-    const env: NodeJS.ProcessEnv = { ...this.attempt.baseEnv, NODETRON_RECOVERY: '1', NODETRON_RECOVERY_DIR: this.dir };
+    const token = holderTokens.get(this.holder);
+    const env: NodeJS.ProcessEnv = { ...this.attempt.baseEnv, NODETRON_RECOVERY: '1', NODETRON_RECOVERY_DIR: this.dir, ...(token !== undefined ? { NODETRON_HOLDER_TOKEN: token } : {}) };
     for (const k of ['RANK', 'LOCAL_RANK', 'NODETRON_SPARE', 'NODETRON_JOIN', 'NODETRON_GENERATION']) delete env[k];
     return env;
   }

@@ -69,7 +69,7 @@ export class MemoryRecovery {
     }
     let holder: HolderClient | null = null;
     if (env.holder) {
-      const token = process.env.NODETRON_STORE_TOKEN?.trim() || undefined;
+      const token = process.env.NODETRON_HOLDER_TOKEN?.trim() || process.env.NODETRON_STORE_TOKEN?.trim() || undefined;
       holder = await HolderClient.connect(env.holder, { ...(token ? { token } : {}), timeoutMs: 60_000 });
     }
     const r = new MemoryRecovery(target, holder);
@@ -99,7 +99,7 @@ export class MemoryRecovery {
    * overlaps nothing else of the rank's work between steps; what it costs is in docs/recovery.md.)
    */
   async beforeStep(step: number): Promise<void> {
-    await this.snapshot(step);
+    await this.snapshot(step, false);
     await this.#images.find((i) => i.step === step)?.put;
   }
 
@@ -107,7 +107,11 @@ export class MemoryRecovery {
    * Copies the state after `step` completed steps into a local image and sends it to the holder in
    * the background. The older of the two buffers is reused once its own send has finished.
    */
-  async snapshot(step: number): Promise<void> {
+  async snapshot(step: number, completed = true): Promise<void> {
+    if (this.#afterRecovery && completed) {
+      this.#event('first-step', { step });
+      this.#afterRecovery = null;
+    }
     if (this.#images.some((i) => i.step === step)) return;
     let reuse: LocalImage | undefined;
     if (this.#images.length >= 2) {
@@ -118,10 +122,6 @@ export class MemoryRecovery {
     const entry: LocalImage = { step, image, put: Promise.resolve() };
     entry.put = this.#send(entry);
     this.#images.push(entry);
-    if (this.#afterRecovery) {
-      this.#event('first-step', { step });
-      this.#afterRecovery = null;
-    }
   }
 
   async #send(entry: LocalImage): Promise<void> {
@@ -174,22 +174,32 @@ export class MemoryRecovery {
     }
   }
 
-  // A replacement: meets the running ranks in its generation and restores the lost rank's image from the holder.
+  // A replacement: meets the running ranks in its generation and restores the lost rank's image from the
+  // holder. Another rank lost meanwhile (the survivors move on to a later generation): it follows them there.
   async #join(): Promise<void> {
     const t0 = Date.now();
-    const g = this.#generation;
     if (!this.#holder) throw new StateError(`rank ${this.#rank} joins a running job but has no holder to restore from (NODETRON_HOLDER is unset)`);
-    await dist.regroup(g);
-    const have = await this.#holder.list(this.#rank);
-    const step = await this.#agree(g, have);
-    this.joined = true;
-    this.#afterRecovery = { generation: g };
-    if (step === null) { this.#joinedStep = null; return; }
-    const image = decodeImage(await this.#holder.get(this.#rank, step));
-    restoreImage(this.#target.items, image);
-    this.#images = [{ step, image, put: Promise.resolve() }];
-    this.#joinedStep = step;
-    this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true });
+    let g = this.#generation;
+    for (;;) {
+      try {
+        await dist.regroup(g);
+        this.#generation = g;
+        const have = await this.#holder.list(this.#rank);
+        const step = await this.#agree(g, have);
+        this.joined = true;
+        this.#afterRecovery = { generation: g };
+        if (step === null) { this.#joinedStep = null; return; }
+        const image = decodeImage(await this.#holder.get(this.#rank, step));
+        restoreImage(this.#target.items, image);
+        this.#images = [{ step, image, put: Promise.resolve() }];
+        this.#joinedStep = step;
+        this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true });
+        return;
+      } catch (e) {
+        if (!this.recoverable(e)) throw e;
+        g = await this.#awaitGeneration(g + 1, e);
+      }
+    }
   }
 
   #joinedStep: number | null = 0;
@@ -225,7 +235,14 @@ export class MemoryRecovery {
   async #agree(g: number, have: number[]): Promise<number | null> {
     await this.#store.set(`recover/gen/${g}/have/${this.#rank}`, JSON.stringify(have));
     const keys = Array.from({ length: this.#worldSize }, (_, r) => `recover/gen/${g}/have/${r}`);
-    await this.#store.wait(keys, { timeoutMs: AGREE_WAIT_MS });
+    // In short waits: a rank lost before it published (the launcher then starts generation g + 1) must
+    // not hold the others here, since the abort file does not reach a store wait.
+    const deadline = Date.now() + AGREE_WAIT_MS;
+    while (!(await this.#store.check(keys))) {
+      if (await this.#store.tryGet(`recover/gen/${g + 1}`)) throw new CommError(`generation ${g + 1} started while the ranks of generation ${g} agreed on a step`, 'recovery');
+      if (Date.now() > deadline) throw new TimeoutError(`generation ${g}: not every rank said which steps it holds within ${AGREE_WAIT_MS} ms`, 'recovery');
+      await new Promise((r) => setTimeout(r, 20));
+    }
     let common: Set<number> | null = null;
     for (const k of keys) {
       const steps = JSON.parse(await this.#store.getString(k)) as number[];

@@ -277,12 +277,13 @@ export class TrainingRun<H extends { lr: number }> {
     this.#history.train.push([this.#step, r.loss]);
     this.#avg = this.#avg === undefined ? r.loss : 0.9 * this.#avg + 0.1 * r.loss;
     const last = this.steps !== undefined && this.#step === this.steps;
-    if (replay) return result;
-    if (index % this.#every === 0 || last) this.log(this.#progressLine(result));
+    // A step redone after a rollback prints nothing, but validates and saves as its step number says:
+    // every rank redoes the same steps (some the caller has seen, some not), and those are collectives.
+    if (!replay && (index % this.#every === 0 || last)) this.log(this.#progressLine(result));
     const data = this.#options.data;
     if (data && typeof data === 'object' && data.val && data.evalEvery && (this.#step % data.evalEvery === 0 || last)) {
       result.valLoss = await this.evaluate();  // (recorded in the history by evaluate)
-      this.log(`step ${this.#step}: val loss ${result.valLoss.toFixed(4)}`);
+      if (!replay) this.log(`step ${this.#step}: val loss ${result.valLoss.toFixed(4)}`);
     }
     const every = this.#options.checkpoint?.every ?? 50;
     if (this.#checkpointer && (this.#step % every === 0 || last)) result.saved = await this.save();

@@ -4,7 +4,7 @@
 // the failure-free run's bit for bit, under each layout family (DP × TP with ZeRO-3, PP × DP with 1F1B,
 // CP × DP with ZeRO-1, expert parallelism with ZeRO-2). The failure-free reference runs without
 // recovery at all, so the copies, regrouping and rollback are shown to change no number.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -34,8 +34,8 @@ function launch(name: string, launchFlags: string[], scriptFlags: string[]): Pro
   });
 }
 
-const cases: Array<{ name: string; layout: string[]; kill: string[]; spares: number }> = [
-  { name: 'dp2-tp2-zero3, SIGKILL of rank 1, hot spare', layout: ['--dp', '2', '--tp', '2', '--zero', '3'], kill: ['--kill-rank', '1', '--kill-after', '3'], spares: 1 },
+const cases: Array<{ name: string; layout: string[]; kill: string[]; spares: number; save?: boolean }> = [
+  { name: 'dp2-tp2-zero3, SIGKILL of rank 1, hot spare, checkpoints every 2 steps', layout: ['--dp', '2', '--tp', '2', '--zero', '3'], kill: ['--kill-rank', '1', '--kill-after', '3'], spares: 1, save: true },
   { name: 'pp2-dp2 1f1b, SIGKILL of rank 0, a process started anew', layout: ['--pp', '2', '--dp', '2', '--micro-batches', '2', '--schedule', '1f1b'], kill: ['--kill-rank', '0', '--kill-after', '4'], spares: 0 },
   { name: 'cp2-dp2-zero1, SIGSTOP of rank 3, hot spare', layout: ['--cp', '2', '--dp', '2', '--zero', '1'], kill: ['--kill-rank', '3', '--kill-after', '2', '--kill-signal', 'SIGSTOP'], spares: 1 },
   { name: 'dp4 ep2 (MoE) zero2, SIGKILL of rank 2, hot spare', layout: ['--dp', '4', '--ep', '2', '--zero', '2', '--experts', '4'], kill: ['--kill-rank', '2', '--kill-after', '5'], spares: 1 },
@@ -47,7 +47,7 @@ describe('in-job recovery from peers\' memory', () => {
       const slug = c.name.replace(/[^a-z0-9]+/gi, '-');
       const [reference, chaos] = await Promise.all([
         launch(`${slug}-ref`, [], c.layout),
-        launch(`${slug}-chaos`, ['--spares', String(c.spares)], [...c.layout, '--recover', 'memory', ...c.kill]),
+        launch(`${slug}-chaos`, ['--spares', String(c.spares)], [...c.layout, '--recover', 'memory', ...c.kill, ...(c.save ? ['--save', join(work, `${slug}-ckpt`)] : [])]),
       ]);
       expect(reference.code, reference.output).toBe(0);
       expect(chaos.code, chaos.output).toBe(0);
@@ -62,6 +62,11 @@ describe('in-job recovery from peers\' memory', () => {
       for (const e of recovered.filter((x) => !x.joined)) expect(e.stepsLost as number).toBeLessThanOrEqual(2);
       expect(chaos.events.some((e) => e.event === 'fallback-disk' || e.event === 'fallback-restart')).toBe(false);
       expect(chaos.output).not.toMatch(/restarting the group/);
+      if (c.save) {
+        // Saves went on through the rollback (the redone steps save as their numbers say): the last is complete.
+        expect(readdirSync(join(work, `${slug}-ckpt`)).filter((d) => /^step-\d+$/.test(d)).length).toBeGreaterThan(0);
+        expect(readdirSync(join(work, `${slug}-ckpt`))).toContain(`step-${String(STEPS).padStart(8, '0')}`);
+      }
       if (c.kill[1] === '0') {
         // Rank 0's replacement wrote the record: it holds the whole run's history, though it did only the last steps itself.
         expect(chaos.own[0]).toBeGreaterThan(1);
