@@ -202,7 +202,7 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     const run = new TrainingRun<H>(options, { ...parts, layout: l, rank: env.rank, worldSize: env.worldSize, loader, rows, teardown });
     const ck = options.checkpoint;
     // In-job recovery: a replacement restores the lost rank's state from its peers' memory here.
-    const joined = (options.recover ?? flags.recover) === 'memory' ? await run.startRecovery() : false;
+    const joined = (options.recover ?? flags.recover) === 'memory' ? await run.startRecovery(options.recoverEvery ?? flags.recoverEvery ?? 1) : false;
     if (ck?.resume && !joined) await run.resume(ck.resume === 'auto' ? ck.dir! : ck.resume);
     // The peak from here on is training's (weights, gradients, optimizer state, activations), not set-up's.
     resetPeakMemory(parts.shard.device);

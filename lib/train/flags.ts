@@ -14,6 +14,8 @@ export interface LayoutArgs extends LayoutFlags {
   precision?: 'f32' | 'bf16';
   /** In-job recovery (`--recover memory`): see TrainSetupOptions.recover. */
   recover?: 'memory' | 'off';
+  /** In-job recovery: copy the state every N steps (`--recover-every N`, default 1): see TrainSetupOptions.recoverEvery. */
+  recoverEvery?: number;
 }
 
 /** A parsed command line: each option's value by name, and the positional arguments in `_`. */
@@ -30,7 +32,7 @@ export type OptionKind = 'string' | 'number' | 'boolean';
 export const LAYOUT_FLAGS: Readonly<Record<string, OptionKind>> = Object.freeze({
   tp: 'number', pp: 'number', dp: 'number', zero: 'number', sp: 'boolean', offload: 'boolean', recompute: 'boolean',
   'micro-batches': 'number', schedule: 'string', precision: 'string', 'virtual-stages': 'number',
-  cp: 'number', 'cp-mode': 'string', ep: 'number', recover: 'string',
+  cp: 'number', 'cp-mode': 'string', ep: 'number', recover: 'string', 'recover-every': 'number',
 });
 
 /** Each layout flag's environment variable (the command line wins when both are given). */
@@ -38,7 +40,7 @@ export const LAYOUT_ENV: Readonly<Record<string, string>> = Object.freeze({
   tp: 'NODETRON_TP', pp: 'NODETRON_PP', dp: 'NODETRON_DP', zero: 'NODETRON_ZERO', sp: 'NODETRON_SP', offload: 'NODETRON_OFFLOAD',
   recompute: 'NODETRON_RECOMPUTE', 'micro-batches': 'NODETRON_MICRO_BATCHES', schedule: 'NODETRON_SCHEDULE',
   precision: 'NODETRON_PRECISION', 'virtual-stages': 'NODETRON_VIRTUAL_STAGES',
-  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE', ep: 'NODETRON_EP', recover: 'NODETRON_RECOVER',
+  cp: 'NODETRON_CP', 'cp-mode': 'NODETRON_CP_MODE', ep: 'NODETRON_EP', recover: 'NODETRON_RECOVER', 'recover-every': 'NODETRON_RECOVER_EVERY',
 });
 
 /** Usage text of the layout flags, for a script's `--help`. */
@@ -74,11 +76,12 @@ NODETRON_VIRTUAL_STAGES, NODETRON_CP, NODETRON_CP_MODE, NODETRON_EP, NODETRON_RE
                        attention in bf16 with f32 accumulation; parameters, gradients, optimizer in f32)
   --recover memory|off in-job recovery (needs \`nodetron launch --spares N\`): each rank's state is copied to
                        another process's memory after every step; a lost rank is replaced from that copy
-                       and the job goes on from the last complete step, without a restart (docs/recovery.md)`;
+                       and the job goes on from the last complete step, without a restart (docs/recovery.md)
+  --recover-every N    copy the state every N steps instead (default 1): less copying, up to N steps redone`;
 
 function toLayout(values: Record<string, string | number | boolean | undefined>): LayoutArgs {
   const out: LayoutArgs = {};
-  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp', 'ep']) {
+  for (const k of ['tp', 'pp', 'dp', 'micro-batches', 'virtual-stages', 'cp', 'ep', 'recover-every']) {
     const v = values[k];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) >= 1)) throw new ArgumentError(`--${k} must be an integer >= 1, got ${String(v)}`);
   }
@@ -102,6 +105,7 @@ function toLayout(values: Record<string, string | number | boolean | undefined>)
   if (bool('sp') !== undefined) out.sequenceParallel = bool('sp');
   if (bool('offload') !== undefined) out.offload = bool('offload');
   if (bool('recompute') !== undefined) out.recompute = bool('recompute');
+  if (num('recover-every') !== undefined) out.recoverEvery = num('recover-every');
   if (values.recover !== undefined) {
     const r = String(values.recover);
     if (r !== 'memory' && r !== 'off') throw new ArgumentError(`--recover must be memory or off, got ${JSON.stringify(r)}`);

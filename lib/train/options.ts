@@ -132,6 +132,12 @@ export interface TrainSetupOptions<H extends { lr: number }> {
    * step all hold). Needs `nodetron launch --spares N`. See docs/recovery.md.
    */
   recover?: 'memory' | 'off';
+  /**
+   * In-job recovery: copy the state every N steps (default: `--recover-every`, else 1). Each copy costs
+   * a pass over the rank's state and its transfer (docs/recovery.md has the measured cost); a lost rank
+   * then costs up to N steps.
+   */
+  recoverEvery?: number;
 }
 
 // Errors every rank throws together (after agreeing): main() lets every rank print before leaving.
@@ -197,6 +203,8 @@ export function checkOptions<H extends { lr: number }>(options: TrainSetupOption
   }
   const rec = options.recover ?? flags.recover;
   if (rec !== undefined && rec !== 'memory' && rec !== 'off') problems.push(`recover must be 'memory' or 'off', got ${JSON.stringify(rec)}`);
+  const every = options.recoverEvery ?? flags.recoverEvery;
+  if (every !== undefined && !isInt(every, 1)) problems.push(`recoverEvery must be an integer >= 1, got ${String(every)}`);
   if (rec === 'memory' && worldSize < 2) problems.push("recover 'memory' keeps each rank's state in another process: run under `nodetron launch --spares N` with at least 2 processes");
   // The layout against the world and the batch now (the model's shape is checked once it is built).
   const tp0 = isInt(flags.tp, 1) ? flags.tp! : 1, pp0 = isInt(flags.pp, 1) ? flags.pp! : 1;

@@ -28,6 +28,8 @@ export interface RecoveryTarget {
   abandonStep(): void;
   /** Progress lines (rank 0). */
   log(line: string): void;
+  /** Copy the state every this many steps (1: after every step). */
+  every: number;
 }
 
 interface LocalImage { step: number; image: RankImage; put: Promise<void> }
@@ -113,6 +115,8 @@ export class MemoryRecovery {
       this.#afterRecovery = null;
     }
     if (this.#images.some((i) => i.step === step)) return;
+    // Every N steps (and always a first one: the start, a resume or a join).
+    if (this.#images.length > 0 && step % this.#target.every !== 0) return;
     let reuse: LocalImage | undefined;
     if (this.#images.length >= 2) {
       reuse = this.#images.shift()!;

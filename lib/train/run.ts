@@ -243,8 +243,8 @@ export class TrainingRun<H extends { lr: number }> {
    * replacement process restores the lost rank's state from the holder here; returns whether it did
    * (then a checkpoint resume is skipped).
    */
-  async startRecovery(): Promise<boolean> {
-    const rec = this.#recovery = await MemoryRecovery.start({ items: this.#items, abandonStep: () => this.trainer.abandonStep(), log: (l) => this.log(l) });
+  async startRecovery(every = 1): Promise<boolean> {
+    const rec = this.#recovery = await MemoryRecovery.start({ items: this.#items, abandonStep: () => this.trainer.abandonStep(), log: (l) => this.log(l), every });
     this.#teardown.add(() => rec.close());
     if (!rec.joined) return false;
     if (rec.joinedStep === null) await this.#fallBackToDisk(rec);

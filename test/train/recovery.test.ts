@@ -34,10 +34,10 @@ function launch(name: string, launchFlags: string[], scriptFlags: string[]): Pro
   });
 }
 
-const cases: Array<{ name: string; layout: string[]; kill: string[]; spares: number; save?: boolean }> = [
+const cases: Array<{ name: string; layout: string[]; kill: string[]; spares: number; save?: boolean; every?: number }> = [
   { name: 'dp2-tp2-zero3, SIGKILL of rank 1, hot spare, checkpoints every 2 steps', layout: ['--dp', '2', '--tp', '2', '--zero', '3'], kill: ['--kill-rank', '1', '--kill-after', '3'], spares: 1, save: true },
   { name: 'pp2-dp2 1f1b, SIGKILL of rank 0, a process started anew', layout: ['--pp', '2', '--dp', '2', '--micro-batches', '2', '--schedule', '1f1b'], kill: ['--kill-rank', '0', '--kill-after', '4'], spares: 0 },
-  { name: 'cp2-dp2-zero1, SIGSTOP of rank 3, hot spare', layout: ['--cp', '2', '--dp', '2', '--zero', '1'], kill: ['--kill-rank', '3', '--kill-after', '2', '--kill-signal', 'SIGSTOP'], spares: 1 },
+  { name: 'cp2-dp2-zero1, SIGSTOP of rank 3, hot spare, a copy every 2 steps', layout: ['--cp', '2', '--dp', '2', '--zero', '1', '--recover-every', '2'], kill: ['--kill-rank', '3', '--kill-after', '3', '--kill-signal', 'SIGSTOP'], spares: 1, every: 2 },
   { name: 'dp4 ep2 (MoE) zero2, SIGKILL of rank 2, hot spare', layout: ['--dp', '4', '--ep', '2', '--zero', '2', '--experts', '4'], kill: ['--kill-rank', '2', '--kill-after', '5'], spares: 1 },
 ];
 
@@ -59,7 +59,8 @@ describe('in-job recovery from peers\' memory', () => {
       expect(fault, chaos.output).toBeDefined();
       const recovered = chaos.events.filter((e) => e.event === 'recovered');
       expect(recovered.length).toBeGreaterThanOrEqual(4);
-      for (const e of recovered.filter((x) => !x.joined)) expect(e.stepsLost as number).toBeLessThanOrEqual(2);
+      // The step in progress, and the one whose copy may still have been on its way; with a copy every N steps, up to N more.
+      for (const e of recovered.filter((x) => !x.joined)) expect(e.stepsLost as number).toBeLessThanOrEqual((c.every ?? 1) + 1);
       expect(chaos.events.some((e) => e.event === 'fallback-disk' || e.event === 'fallback-restart')).toBe(false);
       expect(chaos.output).not.toMatch(/restarting the group/);
       if (c.save) {
