@@ -56,3 +56,13 @@ export function runProcess(cmd: string, args: string[], opts: { cwd: string; lim
     });
   });
 }
+
+/** Whether a process with this id is alive (signal 0 reaches it). */
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}

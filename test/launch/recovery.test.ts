@@ -12,6 +12,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
 import { freePort } from '../helpers/net.js';
+import { isAlive as alive } from '../helpers/jobs.js';
 import { nodeArgs } from '../helpers/node-script.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -72,14 +73,6 @@ function launch(args: string[], env: NodeJS.ProcessEnv = {}, file = join(work, `
   return { events, waitFor, done, kill: (sig) => child.kill(sig) };
 }
 
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-};
 
 /** Both first ranks have set recover/ready; returns their pids. */
 async function readyRanks(l: Launch): Promise<number[]> {
