@@ -206,25 +206,23 @@ export class ProcessGroup implements Group, CollectiveGroup {
   /** @internal In-job recovery: aborts the communicators (their ops in flight fail), keeping them until rebind. */
   abortCommunicators(reason: string): void {
     for (const c of this.comms.values()) {
-      try { (c as { abort?: (why: string) => void }).abort?.(reason); } catch { /* already broken */ }
+      try { c.abort?.(reason); } catch { /* already broken */ }
     }
   }
 
   /**
    * @internal In-job recovery (lib/distributed/init.ts regroup): the group's communicators are
-   * replaced by those of a new generation (the same members, the same devices). The old ones are
-   * aborted (their ops in flight fail) and released in the background; sequence numbers restart at 0.
+   * replaced by those of a new generation (the same members, the same devices). The old ones, which
+   * regroup aborted first (abortCommunicators), are released in the background; sequence numbers
+   * restart at 0.
    */
-  rebind(comms: ReadonlyMap<string, CommBackend>, reason: string): void {
+  rebind(comms: ReadonlyMap<string, CommBackend>): void {
     if (comms.size === 0) throw new ArgumentError(`group '${this.name}' needs at least one communicator`);
     const old = [...this.comms.values()];
     this.comms = new Map(comms);
     this.#seq = 0;
     this.#submitted = Promise.resolve();
-    for (const c of old) {
-      try { (c as { abort?: (why: string) => void }).abort?.(reason); } catch { /* already broken */ }
-      void c.destroy().catch(() => {});
-    }
+    for (const c of old) void c.destroy().catch(() => {});
   }
 
   /** Number of members. */

@@ -72,8 +72,10 @@ interface Runtime {
   generation: number;
   /** A replacement that has not met the running ranks yet: groups are built unconnected (PendingBackend). */
   joining: boolean;
-  /** What each group was built from, for regroup(). */
-  specs: Map<ProcessGroup, { ranks: readonly number[]; sharedMemory: boolean }>;
+  /** Whether each group was asked for shared memory (its members are its ranks), for regroup(). */
+  sharedMemoryOf: Map<ProcessGroup, boolean>;
+  /** The node's recovery directory (its abort file), when the launcher recovers lost ranks. */
+  recoveryDir: string | undefined;
 }
 
 interface Backends { gloo: boolean; nccl: boolean }
@@ -185,7 +187,7 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
     makeGroup: (n, ranks) => buildGroup(rt, n, ranks),
   });
   rt.groups.push(group);
-  rt.specs.set(group, { ranks: globalRanks, sharedMemory });
+  rt.sharedMemoryOf.set(group, sharedMemory);
   return group;
 }
 
@@ -262,7 +264,7 @@ export async function init(options: InitOptions = {}): Promise<{
   const recovery = recoveryEnv();
   const rt: Runtime = {
     env, store, ownServer: ownServer?.server, world: undefined as unknown as ProcessGroup, groups: [], groupCount: 0, timeoutMs, check, verifySizes, sharedMemory, backends,
-    generation: recovery.generation, joining: recovery.joining, specs: new Map(),
+    generation: recovery.generation, joining: recovery.joining, sharedMemoryOf: new Map(), recoveryDir: recovery.dir,
   };
   try {
     rt.world = await buildGroup(rt, 'world', Array.from({ length: env.worldSize }, (_, i) => i));
@@ -274,7 +276,7 @@ export async function init(options: InitOptions = {}): Promise<{
   runtime = rt;
   installFlightSignal();
   // In-job recovery: the launcher's abort file makes every communicator fail at once when a rank is lost.
-  if (recovery.dir) watchAbortFile(join(recovery.dir, 'abort'), rt.generation);
+  if (rt.recoveryDir) watchAbortFile(join(rt.recoveryDir, 'abort'), rt.generation);
   // A joining process meets the running ranks later (regroup), not here.
   if (rt.joining) return { world: rt.world, rank: env.rank, worldSize: env.worldSize };
   // `nodetron launch --self-check`: every link timed before training; a failed one fails init on every rank.
@@ -305,19 +307,12 @@ export async function regroup(generation: number): Promise<void> {
   rt.joining = false;
   // The watcher moves to this generation before its communicators exist, so a file it has not read
   // yet (still saying g) never aborts them.
-  const dir = recoveryEnv().dir;
-  if (dir) watchAbortFile(join(dir, 'abort'), generation);
-  for (const g of live) {
-    const spec = rt.specs.get(g)!;
-    g.rebind(await groupComms(rt, g.name, spec.ranks, spec.sharedMemory), reason);
-  }
+  if (rt.recoveryDir) watchAbortFile(join(rt.recoveryDir, 'abort'), generation);
+  for (const g of live) g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!));
 }
 
 /** In-job recovery: the generation of this process's communicators (0 until the first regroup). */
 export function generation(): number { return current('generation').generation; }
-
-/** In-job recovery: whether this process is a replacement that has not met the running ranks yet. */
-export function isJoining(): boolean { return runtime?.joining ?? false; }
 
 /** The job's store (the launcher's rendezvous store, under this attempt's prefix). */
 export function jobStore(): Store { return current('jobStore').store; }
