@@ -1,7 +1,9 @@
 // Aborting every Gloo communicator of the process at once (in-job recovery, issue #37): directly, or
 // from the launcher's abort file through a native watcher thread that runs even while the JS thread
 // blocks in a waitSync(). Typed wrappers over the cpu addon's abortCommunicators, watchAbortFile
-// and stopAbortWatch (native/cpu/comm/abort.cc).
+// and stopAbortWatch (native/cpu/comm/abort.cc), and the abort file read from JS (readAbortFile,
+// abortWhileConnecting: a regroup's communicators made after the watcher read the file).
+import { readFileSync } from 'node:fs';
 import { ArgumentError, BackendUnavailableError } from '../errors.js';
 import { cpu } from '../native.js';
 
@@ -58,4 +60,38 @@ export function watchAbortFile(path: string, generation: number): void {
 /** Ends the abort-file watcher thread (a no-op when none runs). It also ends at process exit. */
 export function stopAbortWatch(): void {
   addon('stopAbortWatch').stopAbortWatch();
+}
+
+/** The generation an abort file says (its decimal content), or -1 when it is missing or not a plain number (as the watcher reads it). */
+export function readAbortFile(path: string): number {
+  let text: string;
+  try { text = readFileSync(path, 'utf8'); } catch { return -1; }
+  const m = /^\s*(\d{1,15})\s*$/.exec(text);
+  return m ? Number(m[1]) : -1;
+}
+
+/** How often abortWhileConnecting reads the abort file (the native watcher's own period is 20 ms). */
+const CONNECTING_POLL_MS = 20;
+
+/**
+ * While a regroup builds the communicators of `generation`: reads the abort file `path` every 20 ms
+ * and, once it says a later generation, aborts every live Gloo communicator (the ones connecting
+ * then, and any made after), so a connect waiting for a peer of `generation` that will never come
+ * (a replacement that died while it started) fails at once instead of at its timeout. The native
+ * watcher cannot do this alone: it aborts the communicators that exist when it reads the file and
+ * then watches above that generation, so those a regroup makes after that read are not its targets.
+ * Returns the function that stops the polling.
+ */
+export function abortWhileConnecting(path: string, generation: number): () => void {
+  const call = 'abortWhileConnecting';
+  if (typeof path !== 'string' || path.length === 0) throw new ArgumentError(`${call}: path must be a non-empty string`, call);
+  if (!Number.isSafeInteger(generation) || generation < 0) throw new ArgumentError(`${call}: generation must be a non-negative integer, got ${String(generation)}`, call);
+  const native = addon(call);
+  const check = (): void => {
+    const g = readAbortFile(path);
+    if (g > generation) native.abortCommunicators(`generation ${g} started while generation ${generation} connected (abort file ${path})`);
+  };
+  const timer = setInterval(check, CONNECTING_POLL_MS);
+  timer.unref();
+  return () => clearInterval(timer);
 }

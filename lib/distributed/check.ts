@@ -23,13 +23,16 @@ export function describeCollective(d: CollectiveDescription): string {
 }
 
 /**
- * Publishes `d` under the group's key for `seq` and compares it with every other rank's; throws
- * CommError naming both descriptions at the first mismatch, TimeoutError when a rank never publishes.
+ * Publishes `d` under the group's key for `seq` (in `generation`: in-job recovery restarts sequence
+ * numbers at 0 in each generation, so an older generation's keys must never be read as this one's) and
+ * compares it with every other rank's; throws CommError naming both descriptions at the first mismatch,
+ * TimeoutError when a rank never publishes.
  */
 export async function verifyCollective(store: Store, group: string, rank: number, size: number, d: CollectiveDescription,
-  timeoutMs: number): Promise<void> {
+  timeoutMs: number, generation = 0): Promise<void> {
   const mine = describeCollective(d);
-  const key = (r: number): string => `check/${group}/${d.seq}/${r}`;
+  const gen = generation > 0 ? `gen${generation}/` : '';
+  const key = (r: number): string => `check/${gen}${group}/${d.seq}/${r}`;
   await store.set(key(rank), mine);
   for (let r = 0; r < size; r++) {
     if (r === rank) continue;

@@ -5,7 +5,7 @@ import { dtypeCode } from '../dtype.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { checkTensor, emptyOn, type Tensor } from '../tensor.js';
 import type { CommBackend, CommPromise } from './backend.js';
-import { PendingBackend } from './pending.js';
+import { NotConnectedError, PendingBackend } from './pending.js';
 import { verifyCollective, type CollectiveDescription } from './check.js';
 import {
   checkCommTensor, checkRank, checkSameDType, checkSize, checkTimeoutMs, outLike, parseReduceOp, REDUCE_OP_CODES, type ReduceOp, splitCounts,
@@ -45,6 +45,8 @@ export interface GroupContext {
   store: Store;
   /** Run the check-mode agreement before each collective. */
   check: boolean;
+  /** In-job recovery: the generation of the communicators the group is built with (default 0); check mode's keys carry it. */
+  generation?: number;
   /** Builds subgroups (init.ts), so split() stays collective over this group. */
   makeGroup(name: string, globalRanks: readonly number[]): Promise<ProcessGroup>;
 }
@@ -165,6 +167,9 @@ export class ProcessGroup implements Group, CollectiveGroup {
   /** Always true: this process is a member. */
   readonly isMember = true;
   #seq = 0;
+  // The generation of the communicators (in-job recovery); check mode's store keys carry it, since
+  // sequence numbers restart at 0 in each generation.
+  #generation: number;
   #splits = 0;
   #destroyed = false;
   // Check mode publishes descriptions through the store; this chain keeps native calls in call order.
@@ -188,6 +193,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
   ) {
     if (comms.size === 0) throw new ArgumentError(`group '${name}' needs at least one communicator`);
     this.comms = new Map(comms);
+    this.#generation = ctx.generation ?? 0;
     if (flightEnabled) flightGroup(this);
   }
 
@@ -214,13 +220,14 @@ export class ProcessGroup implements Group, CollectiveGroup {
    * @internal In-job recovery (lib/distributed/init.ts regroup): the group's communicators are
    * replaced by those of a new generation (the same members, the same devices). The old ones, which
    * regroup aborted first (abortCommunicators), are released in the background; sequence numbers
-   * restart at 0.
+   * restart at 0, and check mode's keys are those of `generation`.
    */
-  rebind(comms: ReadonlyMap<string, CommBackend>): void {
+  rebind(comms: ReadonlyMap<string, CommBackend>, generation: number): void {
     if (comms.size === 0) throw new ArgumentError(`group '${this.name}' needs at least one communicator`);
     const old = [...this.comms.values()];
     this.comms = new Map(comms);
     this.#seq = 0;
+    this.#generation = generation;
     this.#submitted = Promise.resolve();
     for (const c of old) void c.destroy().catch(() => {});
   }
@@ -239,7 +246,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
     const x = checkTensor(t, call, 'tensor');
     const comm = this.comms.get(x.device);
     if (comm instanceof PendingBackend) {
-      throw new StateError(`${call}: group '${this.name}' is not connected yet (this process is joining a running job; it connects when the run takes it in)`);
+      throw new NotConnectedError(`${call}: group '${this.name}'`);
     }
     if (!comm) {
       throw new ArgumentError(`${call}: tensor is on ${x.device} but group '${this.name}' communicates on ${this.devices.join(', ')}` +
@@ -294,7 +301,7 @@ export class ProcessGroup implements Group, CollectiveGroup {
       }
     }
     const d = { ...desc, seq };
-    const chained = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs)).then(() => {
+    const chained = this.#submitted.then(() => verifyCollective(this.ctx.store, this.name, this.rank, this.size, d, timeoutMs, this.#generation)).then(() => {
       opStarted(rec);
       return run(seq);
     });

@@ -2,7 +2,7 @@
 // builds the world group and later subgroups (newGroup), and tears everything down (destroy).
 import { hostname } from 'node:os';
 import { setCudaDevice } from '../device.js';
-import { ArgumentError, StateError } from '../errors.js';
+import { ArgumentError, CommError, StateError } from '../errors.js';
 import { cpu, cuda } from '../native.js';
 import { type CommBackend, createGlooBackend } from './backend.js';
 import { HostStagedBackend } from './host-staging.js';
@@ -17,7 +17,7 @@ import { PendingBackend } from './pending.js';
 import { type Store, StoreServer } from './store.js';
 import { storeSecurity } from './store-security.js';
 import { awaitSpareAssignment, recoveryEnv } from './recovery-env.js';
-import { abortAllCommunicators, watchAbortFile } from './abort.js';
+import { abortAllCommunicators, abortWhileConnecting, readAbortFile, watchAbortFile } from './abort.js';
 import { join } from 'node:path';
 
 /** Which communicators a group gets: Gloo for cpu tensors, NCCL for cuda tensors, or both. */
@@ -184,6 +184,7 @@ async function buildGroup(rt: Runtime, name: string, globalRanks: readonly numbe
   const group = new ProcessGroup(name, rank, globalRanks, comms, rt.timeoutMs, {
     store: rt.store,
     check: rt.check,
+    generation: rt.generation,
     makeGroup: (n, ranks) => buildGroup(rt, n, ranks),
   });
   rt.groups.push(group);
@@ -305,10 +306,27 @@ export async function regroup(generation: number): Promise<void> {
   for (const g of live) g.abortCommunicators(reason);
   rt.generation = generation;
   rt.joining = false;
+  if (!rt.recoveryDir) {
+    for (const g of live) g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!), generation);
+    return;
+  }
   // The watcher moves to this generation before its communicators exist, so a file it has not read
-  // yet (still saying g) never aborts them.
-  if (rt.recoveryDir) watchAbortFile(join(rt.recoveryDir, 'abort'), generation);
-  for (const g of live) g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!));
+  // yet (still saying g) never aborts them. A later generation (a peer of this one lost while it
+  // started: it never comes) must end the wait for it at once, not at the collective timeout: the
+  // file is read before each group connects, and polled while it does (abortWhileConnecting: the
+  // watcher alone misses communicators made after it read the file).
+  const file = join(rt.recoveryDir, 'abort');
+  watchAbortFile(file, generation);
+  const stop = abortWhileConnecting(file, generation);
+  try {
+    for (const g of live) {
+      const later = readAbortFile(file);
+      if (later > generation) throw new CommError(`regroup: generation ${later} started before generation ${generation} connected (abort file ${file})`, 'regroup');
+      g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!), generation);
+    }
+  } finally {
+    stop();
+  }
 }
 
 /** In-job recovery: the generation of this process's communicators (0 until the first regroup). */
@@ -363,4 +381,33 @@ export async function destroy(): Promise<void> {
   }
   await rt.store.close();
   await rt.ownServer?.close();
+}
+
+/**
+ * In-job recovery's reshape (a shrink to fewer data-parallel replicas, or the grow back): leaves this
+ * process's world, its communicators aborted and released, and becomes rank `rank` of a world of
+ * `worldSize` ranks in `generation`, as a joining process: the groups built from here on are
+ * unconnected until regroup(generation) meets the new world's other ranks, group by group. The store
+ * connection and the recovery directory stay. Not collective; every rank of the new world calls it
+ * (and then builds the same groups in the same order, and regroups).
+ */
+export async function rejoinAs(generation: number, rank: number, worldSize: number): Promise<ProcessGroup> {
+  const rt = current('rejoinAs');
+  if (!Number.isSafeInteger(generation) || generation < rt.generation) throw new ArgumentError(`rejoinAs: generation must be an integer >= the current one (${rt.generation}), got ${generation}`);
+  if (!Number.isInteger(worldSize) || worldSize < 1 || !Number.isInteger(rank) || rank < 0 || rank >= worldSize) throw new ArgumentError(`rejoinAs: rank ${rank} of a world of ${worldSize}`);
+  const reason = `generation ${generation}: this process leaves its world for a reshaped one`;
+  if (rt.backends.gloo) abortAllCommunicators(reason);
+  for (const g of rt.groups) {
+    g.abortCommunicators(reason);
+    void g.destroy().catch(() => {});
+  }
+  rt.env = { ...rt.env, rank, worldSize };
+  rt.groups = [];
+  rt.groupCount = 0;
+  rt.sharedMemoryOf = new Map();
+  rt.generation = generation;
+  rt.joining = true;
+  if (rt.recoveryDir) watchAbortFile(join(rt.recoveryDir, 'abort'), generation);
+  rt.world = await buildGroup(rt, 'world', Array.from({ length: worldSize }, (_, i) => i));
+  return rt.world;
 }

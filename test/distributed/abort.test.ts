@@ -13,7 +13,7 @@ import { ArgumentError, CommError } from '../../lib/errors.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
 import { StoreServer } from '../../lib/distributed/index.js';
 import { createGlooBackend, type CommBackend, type CommPromise } from '../../lib/distributed/backend.js';
-import { abortAllCommunicators, stopAbortWatch, watchAbortFile } from '../../lib/distributed/abort.js';
+import { abortAllCommunicators, abortWhileConnecting, readAbortFile, stopAbortWatch, watchAbortFile } from '../../lib/distributed/abort.js';
 import { HostStagedBackend } from '../../lib/distributed/host-staging.js';
 import { ncclRanksClosedAfterEach } from './fake-nccl.js';
 
@@ -290,6 +290,55 @@ describe('the abort-file watcher', () => {
     expect((error as Error).message).toContain(`the communicator was aborted: generation 4 started (abort file ${path})`);
     expect(ms).toBeLessThan(400 + 2000);
     stopAbortWatch();
+  });
+});
+
+describe('abortWhileConnecting (a regroup connecting after the watcher read the file)', () => {
+  it('aborts a connect() made after the watcher moved past the generation, which the watcher alone leaves waiting', async () => {
+    const s = await store();
+    const dir = tmp();
+    const path = join(dir, 'abort');
+    const Ctor = cpu().GlooCommunicator as new (...args: unknown[]) => CommBackend;
+    const lonely = (name: string) => new Ctor('127.0.0.1', s.port, `abort-test/${process.pid}/${name}`, 0, 2, OP_TIMEOUT, '127.0.0.1', '', true, false, null);
+    // The watcher reads generation 2 and moves on to watching above it.
+    writeAtomically(path, '2\n');
+    watchAbortFile(path, 1);
+    await sleep(200);
+    expect(readAbortFile(path)).toBe(2);
+    // A communicator of generation 1 made now (a regroup's next group) is not the watcher's target.
+    const before = lonely('after-read-a');
+    const p = before.connect();
+    expect(await stillPending(p, 300)).toBe(true);
+    // Polling the file while connecting aborts it, and any made later, until stopped.
+    const t0 = performance.now();
+    const stop = abortWhileConnecting(path, 1);
+    const { error, ms } = await outcome(p, t0);
+    timing('connect made after the watcher read the file, rejected by abortWhileConnecting', ms);
+    expect(error).toBeInstanceOf(CommError);
+    expect((error as Error).message).toContain(`generation 2 started while generation 1 connected (abort file ${path})`);
+    expect(ms).toBeLessThan(2000);
+    const later = lonely('after-read-b');
+    expect((await outcome(later.connect(), 0)).error).toBeInstanceOf(CommError);
+    stop();
+    const after = lonely('after-stop');
+    const q = after.connect();
+    expect(await stillPending(q, 300)).toBe(true);
+    after.abort!('cleanup');
+    await outcome(q, 0);
+    for (const c of [before, later, after]) await c.destroy();
+    stopAbortWatch();
+  });
+
+  it('reads the abort file as the watcher does, and checks its arguments', () => {
+    const dir = tmp();
+    const path = join(dir, 'abort');
+    expect(readAbortFile(path)).toBe(-1);
+    for (const [text, g] of [['3\n', 3], [' 12 ', 12], ['', -1], ['x1', -1], ['1 2', -1]] as const) {
+      writeAtomically(path, text);
+      expect(readAbortFile(path)).toBe(g);
+    }
+    expect(() => abortWhileConnecting('', 0)).toThrow(ArgumentError);
+    expect(() => abortWhileConnecting(path, -1)).toThrow(ArgumentError);
   });
 });
 
