@@ -1,20 +1,21 @@
 // The image holder of in-job recovery (issue #37): an in-memory server, run inside the launcher's
 // agent, that keeps each rank's newest state images (lib/ckpt/image.ts) sent by the workers of
-// another node, and the client the workers use to put them after every step and a replacement uses
-// to get its lost rank's image back. TCP, one request per frame: a 4-byte little-endian length, a
-// JSON header, then `bytes` payload bytes when the header says (docs: the holder protocol of the
-// in-job recovery contract). node:net only.
+// another node. The client the workers use to put them after every step and a replacement uses to
+// get its lost rank's image back is HolderClient (lib/distributed/holder-client.ts, re-exported here).
+// TCP, one request per frame: a 4-byte little-endian length, a JSON header, then `bytes` payload
+// bytes when the header says (docs: the holder protocol of the in-job recovery contract). node:net only.
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { createServer, connect as netConnect, type Server, type Socket } from 'node:net';
-import { constants as bufferConstants } from 'node:buffer';
-import { ArgumentError, CommError, TimeoutError } from '../errors.js';
+import { createServer, type Server, type Socket } from 'node:net';
+import { ArgumentError, CommError } from '../errors.js';
+import { frame, HeaderReader, isCount } from './holder-client.js';
 
-/** Largest JSON header of a frame, either way. */
-export const HOLDER_MAX_HEADER_BYTES = 64 << 10;
+export {
+  HolderClient, type HolderClientOptions, HOLDER_MAX_HEADER_BYTES, DEFAULT_HOLDER_TIMEOUT_MS, DEFAULT_HOLDER_RECONNECT_ATTEMPTS,
+  DEFAULT_HOLDER_RECONNECT_TIMEOUT_MS,
+} from './holder-client.js';
+
 /** Default cap on one image's payload (ImageHolderOptions.maxImageBytes). */
 export const DEFAULT_HOLDER_MAX_IMAGE_BYTES = 16 * 2 ** 30;
-/** Default request timeout of a HolderClient (ms), counted from the call. */
-export const DEFAULT_HOLDER_TIMEOUT_MS = 60_000;
 // How long a connection being closed after a refusal waits for its reply to be flushed.
 const CLOSE_GRACE_MS = 5000;
 
@@ -96,52 +97,6 @@ function sealStage(put: Receiving): void {
 }
 
 const digest = (token: string): Buffer => createHash('sha256').update(token).digest();
-
-/** A whole frame: length, JSON header. */
-function frame(header: object): Buffer {
-  const json = Buffer.from(JSON.stringify(header), 'utf8');
-  const out = Buffer.allocUnsafe(4 + json.length);
-  out.writeUInt32LE(json.length, 0);
-  json.copy(out, 4);
-  return out;
-}
-
-const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
-
-/** Reads frames' length prefixes and JSON headers out of a byte stream; the caller reads payloads. */
-class HeaderReader {
-  private readonly len = Buffer.alloc(4);
-  private lenHave = 0;
-  private buf: Buffer | undefined;
-  private have = 0;
-
-  /**
-   * Consumes bytes of `chunk` from `at` until a header is complete or the chunk ends. Returns where it
-   * stopped and the header when one completed, or the error of a length out of [1, 64 KiB].
-   */
-  take(chunk: Buffer, at: number): { at: number; header?: Buffer; error?: string } {
-    if (!this.buf) {
-      const k = Math.min(4 - this.lenHave, chunk.length - at);
-      chunk.copy(this.len, this.lenHave, at, at + k);
-      this.lenHave += k;
-      at += k;
-      if (this.lenHave < 4) return { at };
-      this.lenHave = 0;
-      const n = this.len.readUInt32LE(0);
-      if (n === 0 || n > HOLDER_MAX_HEADER_BYTES) return { at, error: `malformed frame: a header of ${n} bytes (1 to ${HOLDER_MAX_HEADER_BYTES} allowed)` };
-      this.buf = Buffer.allocUnsafe(n);
-      this.have = 0;
-    }
-    const k = Math.min(this.buf.length - this.have, chunk.length - at);
-    chunk.copy(this.buf, this.have, at, at + k);
-    this.have += k;
-    at += k;
-    if (this.have < this.buf.length) return { at };
-    const header = this.buf;
-    this.buf = undefined;
-    return { at, header };
-  }
-}
 
 /** The first field of `names` that is not an integer >= 0, as a refusal message; undefined when all are. */
 function badField(req: Record<string, unknown>, names: string[]): string | undefined {
@@ -380,221 +335,3 @@ export class ImageHolder {
   }
 }
 
-/** Options of {@link HolderClient.connect}. */
-export interface HolderClientOptions {
-  /** The job token (NODETRON_STORE_TOKEN), when the holder checks one. */
-  token?: string;
-  /** Time for the connection, and for each request from its call to its reply (default DEFAULT_HOLDER_TIMEOUT_MS). */
-  timeoutMs?: number;
-}
-
-/** A request sent and not yet answered. */
-interface Pending {
-  what: string;
-  resolve(reply: Record<string, unknown>, payload: Buffer | undefined): void;
-  reject(error: Error): void;
-  timer: NodeJS.Timeout;
-  /** A get, whose ok reply is followed by the payload. */
-  payload: boolean;
-}
-
-/** Splits `host:port` (an IPv6 host in brackets). */
-function parseAddress(address: string): { host: string; port: number } {
-  const m = /^(?:\[([^\]]+)\]|([^:]+)):(\d+)$/.exec(typeof address === 'string' ? address.trim() : '');
-  const port = m ? Number(m[3]) : NaN;
-  if (!m || !(port >= 1 && port <= 65535)) throw new ArgumentError(`HolderClient.connect: the holder address must be host:port, got ${JSON.stringify(address)}`);
-  return { host: m[1] ?? m[2]!, port };
-}
-
-const checkCount = (call: string, name: string, v: unknown): number => {
-  if (!isCount(v)) throw new ArgumentError(`${call}: ${name} must be an integer >= 0, got ${String(v)}`);
-  return v;
-};
-
-/**
- * A worker's connection to its image holder. Requests are pipelined in order on one connection and
- * answered in order. A put writes its header, then the caller's bytes as they are (no copy): the caller
- * must not change them until the put resolves. Errors name the holder and the op: CommError when the
- * connection is lost or the holder refuses, TimeoutError when a request is not answered in time (the
- * connection is then abandoned). After a failure every later call fails with CommError at once.
- */
-export class HolderClient {
-  private readonly pending: Pending[] = [];
-  private failure: string | undefined;
-  // Reading replies: the length, the header, then a get's payload.
-  private readonly frames = new HeaderReader();
-  private body: { buf: Buffer; have: number; reply: Record<string, unknown> } | undefined;
-
-  private constructor(
-    private readonly socket: Socket,
-    /** `host:port` of the holder. */ readonly address: string,
-    private readonly token: string | undefined,
-    /** Time for each request from its call to its reply (ms). */ readonly timeoutMs: number,
-  ) {
-    socket.on('data', (chunk: Buffer) => this.onData(chunk));
-    socket.on('error', (e: NodeJS.ErrnoException) => this.fail(`the connection failed (${e.code ?? e.message})`));
-    socket.on('close', () => this.fail('the connection was lost'));
-  }
-
-  /**
-   * Connects to the holder at `address` (host:port), retrying a refused connection until `timeoutMs`
-   * has passed (the agent may still be starting it), then checks the token with one list request.
-   */
-  static async connect(address: string, options: HolderClientOptions = {}): Promise<HolderClient> {
-    const { host, port } = parseAddress(address);
-    const timeoutMs = options.timeoutMs ?? DEFAULT_HOLDER_TIMEOUT_MS;
-    if (typeof timeoutMs !== 'number' || !(timeoutMs > 0) || !Number.isFinite(timeoutMs)) {
-      throw new ArgumentError(`HolderClient.connect: timeoutMs must be a finite number > 0, got ${timeoutMs}`);
-    }
-    const deadline = Date.now() + timeoutMs;
-    let backoff = 20;
-    let last = 'no attempt made';
-    for (;;) {
-      const socket = await new Promise<Socket | undefined>((resolve) => {
-        const s = netConnect({ host, port, noDelay: true });
-        const timer = setTimeout(() => { last = 'ETIMEDOUT'; s.destroy(); resolve(undefined); }, Math.max(deadline - Date.now(), 1));
-        s.once('connect', () => { clearTimeout(timer); s.removeAllListeners('error'); resolve(s); });
-        s.once('error', (e: NodeJS.ErrnoException) => { clearTimeout(timer); last = e.code ?? e.message; s.destroy(); resolve(undefined); });
-      });
-      if (socket) {
-        const client = new HolderClient(socket, `${host.includes(':') ? `[${host}]` : host}:${port}`, options.token, timeoutMs);
-        try {
-          await client.list(0);
-        } catch (e) {
-          client.socket.destroy();
-          throw e;
-        }
-        return client;
-      }
-      if (Date.now() + backoff >= deadline) break;
-      await new Promise((r) => setTimeout(r, backoff));
-      backoff = Math.min(backoff * 2, 500);
-    }
-    throw new CommError(`could not reach the image holder at ${address} within ${timeoutMs} ms (last error: ${last})`, 'HolderClient.connect');
-  }
-
-  /** Whether the connection has failed or was closed (every call then fails). */
-  get broken(): boolean { return this.failure !== undefined; }
-
-  /**
-   * Sends `bytes` as rank's image of `step` (taken in `generation`); resolves once the holder has stored
-   * it. The header and the bytes are handed to the socket before put returns; do not change them until then.
-   */
-  async put(rank: number, step: number, generation: number, bytes: Uint8Array | readonly Uint8Array[]): Promise<void> {
-    const call = 'HolderClient.put';
-    checkCount(call, 'rank', rank);
-    checkCount(call, 'step', step);
-    checkCount(call, 'generation', generation);
-    // An image may come in pieces (encodeImage's head and data): sent one after the other, never joined.
-    const pieces = Array.isArray(bytes) ? bytes as readonly Uint8Array[] : [bytes as Uint8Array];
-    if (pieces.length === 0 || pieces.some((b) => !(b instanceof Uint8Array))) throw new ArgumentError(`${call}: bytes must be a Uint8Array or a non-empty array of them`);
-    const n = pieces.reduce((sum, b) => sum + b.byteLength, 0);
-    const header = { op: 'put', rank, step, generation, bytes: n };
-    await this.request(`put(rank ${rank}, step ${step}, ${n} bytes)`, header, false, pieces);
-  }
-
-  /** The steps the holder has for `rank`, ascending. */
-  async list(rank: number): Promise<number[]> {
-    checkCount('HolderClient.list', 'rank', rank);
-    const { reply } = await this.request(`list(rank ${rank})`, { op: 'list', rank }, false);
-    const steps = reply.steps;
-    if (!Array.isArray(steps) || !steps.every(isCount)) throw this.fail(`it answered list(rank ${rank}) with a malformed reply`);
-    return steps as number[];
-  }
-
-  /** Rank's image of `step`; CommError when the holder has none. */
-  async get(rank: number, step: number): Promise<Uint8Array> {
-    checkCount('HolderClient.get', 'rank', rank);
-    checkCount('HolderClient.get', 'step', step);
-    const { payload } = await this.request(`get(rank ${rank}, step ${step})`, { op: 'get', rank, step }, true);
-    return payload!;
-  }
-
-  /** Closes the connection; requests still pending fail with CommError. */
-  async close(): Promise<void> {
-    if (this.socket.destroyed) return;
-    const closed = new Promise<void>((resolve) => this.socket.once('close', () => resolve()));
-    this.fail('the client closed the connection');
-    await closed;
-  }
-
-  private request(what: string, header: Record<string, unknown>, payload: boolean, bytes?: readonly Uint8Array[]): Promise<{ reply: Record<string, unknown>; payload: Buffer | undefined }> {
-    if (this.failure) return Promise.reject(new CommError(`image holder ${this.address}: ${what} failed: ${this.failure}`, 'HolderClient'));
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        const error = new TimeoutError(`image holder ${this.address}: ${what} was not answered within ${this.timeoutMs} ms`, 'HolderClient');
-        reject(error);
-        this.fail(`the connection was abandoned after ${what} timed out`);
-      }, this.timeoutMs);
-      this.pending.push({ what, payload, timer, reject, resolve: (reply, body) => resolve({ reply, payload: body }) });
-      this.socket.write(frame(this.token === undefined ? header : { ...header, token: this.token }));
-      for (const b of bytes ?? []) if (b.byteLength > 0) this.socket.write(b);
-    });
-  }
-
-  /**
-   * Records the first failure (`reason`), fails every pending request with it (naming each op) and ends
-   * the connection. Returns the CommError of the failure.
-   */
-  private fail(reason: string): CommError {
-    if (!this.failure) this.failure = reason;
-    for (const p of this.pending.splice(0)) {
-      clearTimeout(p.timer);
-      p.reject(new CommError(`image holder ${this.address}: ${p.what} failed: ${this.failure}`, 'HolderClient'));
-    }
-    this.body = undefined;
-    this.socket.destroy();
-    return new CommError(`image holder ${this.address}: ${this.failure}`, 'HolderClient');
-  }
-
-  private settle(reply: Record<string, unknown>, body: Buffer | undefined): void {
-    const p = this.pending.shift();
-    if (!p) return void this.fail('it sent a reply no request asked for');
-    clearTimeout(p.timer);
-    if (reply.ok === true) p.resolve(reply, body);
-    else p.reject(new CommError(`image holder ${this.address}: ${p.what} failed: the holder said: ${String(reply.error ?? 'no reason given')}`, 'HolderClient'));
-  }
-
-  private onData(chunk: Buffer): void {
-    let at = 0;
-    while (at < chunk.length && !this.failure) {
-      if (this.body) {
-        const b = this.body;
-        const k = Math.min(b.buf.length - b.have, chunk.length - at);
-        chunk.copy(b.buf, b.have, at, at + k);
-        b.have += k;
-        at += k;
-        if (b.have === b.buf.length) {
-          this.body = undefined;
-          this.settle(b.reply, b.buf);
-        }
-        continue;
-      }
-      const got = this.frames.take(chunk, at);
-      at = got.at;
-      if (got.error) {
-        this.fail(`it sent a ${got.error}`);
-        return;
-      }
-      if (!got.header) continue;
-      let reply: Record<string, unknown>;
-      try {
-        reply = JSON.parse(got.header.toString('utf8')) as Record<string, unknown>;
-      } catch {
-        return void this.fail('it sent a reply that is not JSON');
-      }
-      const front = this.pending[0];
-      if (reply.ok === true && front?.payload) {
-        const n = reply.bytes;
-        if (!isCount(n) || n > bufferConstants.MAX_LENGTH) {
-          this.fail(`it announced a payload of ${String(n)} bytes, which this process cannot receive`);
-          return;
-        }
-        if (n === 0) this.settle(reply, Buffer.alloc(0));
-        else this.body = { buf: Buffer.allocUnsafeSlow(n), have: 0, reply };
-        continue;
-      }
-      this.settle(reply, undefined);
-    }
-  }
-}

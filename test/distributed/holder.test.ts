@@ -2,14 +2,20 @@
 // the newest-`keep` eviction and the rollback rule (a put of step s drops steps >= s), stale
 // generations, the token, malformed and hostile frames answered without harm, a client lost
 // mid-payload leaving nothing half-stored, concurrent clients, a 64 MB image, and the client's
-// errors (connection lost, holder refusal, timeout) as CommError/TimeoutError naming holder and op.
+// errors (connection lost, holder refusal, timeout) as CommError/TimeoutError naming holder and op, and
+// its reconnection: a holder process SIGKILLed and restarted costs the puts made while it is down, not
+// the later ones; a connection lost under a put is reopened and the put sent again.
+import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { connect, createServer, type Socket } from 'node:net';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ArgumentError, CommError, TimeoutError } from '../../lib/errors.js';
 import { HolderClient, ImageHolder } from '../../lib/distributed/holder.js';
 
 const TOKEN = 'holder-test-token-0123456789';
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const open: { close(): Promise<void> }[] = [];
 afterEach(async () => {
   for (const o of open.splice(0).reverse()) await o.close();
@@ -336,5 +342,81 @@ describe('ImageHolder and HolderClient', () => {
     await expect(c.get(0, -2)).rejects.toThrow(ArgumentError);
     await expect(HolderClient.connect('no-port')).rejects.toThrow(ArgumentError);
     await expect(HolderClient.connect('[::1]:0')).rejects.toThrow(ArgumentError);
+  });
+
+  it('reconnects after its holder process is SIGKILLed and restarted: the puts made while it is down fail, later ones go through', async () => {
+    // The holder in its own process (as in an agent), on a port the restarted one takes again.
+    const script = `const { ImageHolder } = await import(process.argv[1]);
+      const h = await ImageHolder.start({ port: Number(process.argv[2]), token: process.argv[3] });
+      console.log(String(h.port));
+      setInterval(() => {}, 1 << 30);`;
+    const children: ChildProcess[] = [];
+    const startHolder = async (port: number): Promise<number> => {
+      const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, pathToFileURL(join(root, 'lib/distributed/holder.ts')).href, String(port), TOKEN],
+        { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+      children.push(child);
+      let err = '';
+      child.stderr!.on('data', (d: Buffer) => { err += d.toString(); });
+      return new Promise<number>((resolve, reject) => {
+        child.stdout!.once('data', (d: Buffer) => resolve(Number(d.toString().trim())));
+        child.once('exit', (code) => reject(new Error(`the holder process exited (${code}): ${err}`)));
+      });
+    };
+    const killed = (child: ChildProcess) => new Promise<void>((r) => { child.once('exit', () => r()); child.kill('SIGKILL'); });
+    try {
+      const port = await startHolder(0);
+      const c = await client(`127.0.0.1:${port}`, { token: TOKEN });
+      await c.put(3, 1, 0, Buffer.from('one'));
+      await killed(children[0]!);
+      // Down: the put fails within its bounded attempts (a refused connection is quick), naming the op.
+      const t0 = Date.now();
+      const e = await c.put(3, 2, 0, Buffer.from('two')).catch((x: unknown) => x);
+      expect(e).toBeInstanceOf(CommError);
+      expect((e as Error).message).toMatch(/put\(rank 3, step 2, 3 bytes\) failed: .*could not reconnect in 3 attempt\(s\) \(last error: ECONNREFUSED\)/);
+      expect(Date.now() - t0).toBeLessThan(10_000);
+      expect(c.broken).toBe(true);
+      // Within the hold-off a call fails at once, without dialing.
+      const t1 = Date.now();
+      await expect(c.list(3)).rejects.toThrow(/next try in \d+ ms/);
+      expect(Date.now() - t1).toBeLessThan(500);
+      // Restarted (empty, as a new agent's holder is): once the hold-off has passed, puts go through again.
+      expect(await startHolder(port)).toBe(port);
+      await new Promise((r) => setTimeout(r, 1100));
+      await c.put(3, 3, 0, Buffer.from('three'));
+      await c.put(3, 4, 0, Buffer.from('four'));
+      expect(c.broken).toBe(false);
+      expect(c.reconnections).toBe(1);
+      expect(await c.list(3)).toEqual([3, 4]);
+      expect(Buffer.from(await c.get(3, 4)).toString()).toBe('four');
+    } finally {
+      for (const child of children) if (child.exitCode === null && child.signalCode === null) await killed(child);
+    }
+  }, 120_000);
+
+  it('a connection lost under a put is reopened and the put sent again: no copy lost', async () => {
+    const h = await holder();
+    const c = await client(h.address);
+    await c.put(0, 1, 0, Buffer.alloc(10, 1));
+    const image = randomBytes(16 << 20);
+    const put = c.put(0, 2, 0, image);
+    await until(() => h.bytesArriving > 0);
+    // The holder's side of the connection goes (a reset link), the holder itself stays.
+    for (const s of (h as unknown as { sockets: Set<Socket> }).sockets) s.destroy();
+    await put;
+    expect(c.reconnections).toBe(1);
+    expect(h.steps(0)).toEqual([1, 2]);
+    expect(Buffer.from(await c.get(0, 2)).equals(image)).toBe(true);
+  }, 60_000);
+
+  it('with reconnectAttempts 0 keeps the old behaviour: after a failure every call fails at once', async () => {
+    const h = await holder();
+    const c = await client(h.address, { reconnectAttempts: 0 });
+    await c.put(0, 1, 0, Buffer.alloc(4));
+    for (const s of (h as unknown as { sockets: Set<Socket> }).sockets) s.destroy();
+    await until(() => c.broken);
+    await expect(c.put(0, 2, 0, Buffer.alloc(4))).rejects.toThrow(/put\(rank 0, step 2, 4 bytes\) failed: the connection was lost/);
+    expect(c.reconnections).toBe(0);
+    await expect(HolderClient.connect(h.address, { reconnectAttempts: -1 })).rejects.toThrow(ArgumentError);
+    await expect(HolderClient.connect(h.address, { reconnectTimeoutMs: 0 })).rejects.toThrow(ArgumentError);
   });
 });
