@@ -1,6 +1,7 @@
 // In-job recovery's side of a worker's environment (nodetron launch --spares N): whether recovery is on,
-// the generation this process starts in, whether it joins a running job (a replacement), and a hot
-// spare's wait for the lost rank whose place it takes. docs/recovery.md has the whole protocol.
+// the generation this process starts in, whether it joins a running job (a replacement), how long a
+// rank whose collective failed waits for the launcher's next generation (and the launcher's rule for
+// it), and a hot spare's wait for the lost rank whose place it takes. docs/recovery.md has the whole protocol.
 import { ArgumentError, TimeoutError } from '../errors.js';
 import { connectLaunchStore, readLaunchEnv } from './env.js';
 
@@ -16,6 +17,30 @@ export interface RecoveryEnv {
   dir: string | undefined;
   /** The holder of this rank's in-memory copies (NODETRON_HOLDER, host:port). */
   holder: string | undefined;
+  /**
+   * How long a rank whose collective failed waits for the launcher to announce the next generation
+   * before it takes the failure for its own (NODETRON_RECOVERY_GENERATION_WAIT_MS, which the launcher
+   * sets from its detection times: generationWaitMs; DEFAULT_GENERATION_WAIT_MS when unset).
+   */
+  generationWaitMs: number;
+}
+
+/** The generation wait of a worker started without NODETRON_RECOVERY_GENERATION_WAIT_MS (ms). */
+export const DEFAULT_GENERATION_WAIT_MS = 60_000;
+
+/**
+ * The launcher's rule for NODETRON_RECOVERY_GENERATION_WAIT_MS: twice its longest time to detect a loss
+ * (a stopped rank: --stop-timeout-ms; a silent node: --heartbeat-timeout-ms plus one monitor interval)
+ * plus 10 s for announcing the generation, and never below DEFAULT_GENERATION_WAIT_MS, so a survivor
+ * whose collective failed always outwaits the launcher's detection of the loss that failed it.
+ */
+export function generationWaitMs(launcher: { stopTimeoutMs: number; heartbeatTimeoutMs: number; monitorIntervalMs?: number }): number {
+  const { stopTimeoutMs, heartbeatTimeoutMs, monitorIntervalMs = 1000 } = launcher;
+  for (const [k, v] of Object.entries({ stopTimeoutMs, heartbeatTimeoutMs, monitorIntervalMs })) {
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new ArgumentError(`generationWaitMs: ${k} must be a finite number >= 0, got ${String(v)}`);
+  }
+  const detection = Math.max(stopTimeoutMs, heartbeatTimeoutMs + monitorIntervalMs);
+  return Math.max(DEFAULT_GENERATION_WAIT_MS, Math.ceil(2 * detection + 10_000));
 }
 
 /** Reads the recovery variables; ArgumentError naming a malformed one. */
@@ -24,12 +49,18 @@ export function recoveryEnv(env: NodeJS.ProcessEnv = process.env): RecoveryEnv {
   const generation = raw === undefined || raw === '' ? 0 : Number(raw);
   if (!Number.isSafeInteger(generation) || generation < 0) throw new ArgumentError(`environment variable NODETRON_GENERATION=${JSON.stringify(raw)} must be an integer >= 0`);
   const enabled = env.NODETRON_RECOVERY === '1';
+  const rawWait = env.NODETRON_RECOVERY_GENERATION_WAIT_MS?.trim();
+  const generationWait = rawWait === undefined || rawWait === '' ? DEFAULT_GENERATION_WAIT_MS : Number(rawWait);
+  if (!Number.isSafeInteger(generationWait) || generationWait < 1) {
+    throw new ArgumentError(`environment variable NODETRON_RECOVERY_GENERATION_WAIT_MS=${JSON.stringify(rawWait)} must be an integer >= 1 (milliseconds)`);
+  }
   return {
     enabled,
     generation,
     joining: env.NODETRON_JOIN === '1',
     dir: enabled ? env.NODETRON_RECOVERY_DIR?.trim() || undefined : undefined,
     holder: enabled ? env.NODETRON_HOLDER?.trim() || undefined : undefined,
+    generationWaitMs: generationWait,
   };
 }
 
