@@ -166,18 +166,28 @@ export class TokenLoader {
         this.#shards[shard]!.read(offset, T + 1, window);
         for (let t = 0; t < T; t++) { x[row * T + t] = window[t]!; y[row * T + t] = window[t + 1]!; }
       }
-      const inputs = tensor(x, [B, T], { device: this.device }), targets = tensor(y, [B, T], { device: this.device });
-      if (this.tpGroup) {
-        await this.tpGroup.broadcast(inputs, { root: 0 });
-        await this.tpGroup.broadcast(targets, { root: 0 });
-      }
-      return { inputs, targets };
+      const batch = { inputs: tensor(x, [B, T], { device: this.device }), targets: tensor(y, [B, T], { device: this.device }) };
+      return this.tpGroup ? this.#broadcast(batch) : batch;
     }
     const device = parseDevice(this.device, 'TokenLoader');
-    const inputs = emptyOn([B, T], 'i32', device), targets = emptyOn([B, T], 'i32', device);
-    await this.tpGroup!.broadcast(inputs, { root: 0 });
-    await this.tpGroup!.broadcast(targets, { root: 0 });
-    return { inputs, targets };
+    return this.#broadcast({ inputs: emptyOn([B, T], 'i32', device), targets: emptyOn([B, T], 'i32', device) });
+  }
+
+  /**
+   * Broadcasts a batch from tensor-parallel rank 0 to its group. When a broadcast fails (a lost peer:
+   * in-job recovery goes on in this process) the batch is released before the error is rethrown, once
+   * the collective has settled, so a failed step leaves no batch behind.
+   */
+  async #broadcast(batch: TokenBatch): Promise<TokenBatch> {
+    try {
+      await this.tpGroup!.broadcast(batch.inputs, { root: 0 });
+      await this.tpGroup!.broadcast(batch.targets, { root: 0 });
+      return batch;
+    } catch (e) {
+      batch.inputs.dispose();
+      batch.targets.dispose();
+      throw e;
+    }
   }
 
   /** The global window number at position `i` of this epoch's order. */

@@ -172,6 +172,32 @@ describe('TokenLoader', () => {
     expect(got[1]!.r).toEqual(reference);
   });
 
+  it('releases the batch when the tensor-parallel broadcast fails (a lost peer), on the reader and on a receiver', async () => {
+    // Groups whose broadcast fails: rejecting at the first or the second broadcast, or throwing at the call.
+    const failing = (rank: number, how: 'first' | 'second' | 'throws') => {
+      let calls = 0;
+      return {
+        rank, size: 2, ranks: [0, 1],
+        broadcast: () => {
+          calls++;
+          if (how === 'throws') throw new nt.CommError('allReduce: the group is not connected yet', 'notConnected');
+          if (how === 'first' || calls === 2) return Promise.reject(new nt.CommError('broadcast: peer lost', 'broadcast'));
+          return Promise.resolve();
+        },
+      } as unknown as nt.distributed.CollectiveGroup;
+    };
+    for (const rank of [0, 1]) {
+      for (const how of ['first', 'second', 'throws'] as const) {
+        const l = new nt.data.TokenLoader({ files, batchSize: 2, seqLen: T, seed: 4, tpGroup: failing(rank, how) });
+        expect(l.isReader).toBe(rank === 0);
+        const before = nt.memoryStats('cpu').liveTensors;
+        await expect(l.next()).rejects.toThrow(nt.CommError);
+        expect({ rank, how, leaked: nt.memoryStats('cpu').liveTensors - before }).toEqual({ rank, how, leaked: 0 });
+        l.close();
+      }
+    }
+  });
+
   it('refuses bad options with the reason', () => {
     expect(() => new nt.data.TokenLoader({ files: [], batchSize: 1, seqLen: 4 })).toThrow(/at least one/);
     expect(() => new nt.data.TokenLoader({ files, batchSize: 1, seqLen: 4, dpRank: 2, dpSize: 2 })).toThrow(/not a rank/);
