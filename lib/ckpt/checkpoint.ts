@@ -21,18 +21,30 @@
 // and fills each local part from whichever saved parts cover its elements (lib/ckpt/intervals.ts),
 // so TP × PP × DP × ZeRO layouts convert into one another and into a single process.
 import { traceSpan } from '../observe/trace.js';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ArgumentError, StateError } from '../errors.js';
 import { tensor } from '../creation.js';
 import { agree, agreeAll, agreementDevice, formatRanks } from '../distributed/agree.js';
 import { FileWriter } from './writer.js';
-import { DamagedCheckpointError, listCheckpoints, MANIFEST, stepDirName, tmpDirName } from './format.js';
+import { DamagedCheckpointError, listCheckpoints, MANIFEST, rankRecordName, stepDirName, tmpDirName } from './format.js';
 import { checkItems, worldOf, type CheckpointItems } from './items.js';
 import { encodeRankHeader, saveIdDraws, takeSnapshot, writeRankFiles } from './save.js';
 import { commit, prune, recoverAsideCopies } from './commit.js';
 import { loadCheckpoint, type LoadResult } from './load.js';
+
+/** One abandonInFlight: why, the newest step whose save it keeps, the ranks that will never write. */
+interface Abandonment { why: string; through: number; lost: readonly number[] }
+
+/** Whether rank `r`'s record of save `saveId` is in `tmp` (written last by that rank, atomically). */
+function hasRecord(tmp: string, r: number, saveId: string): boolean {
+  try {
+    return (JSON.parse(readFileSync(join(tmp, rankRecordName(r)), 'utf8')) as { saveId?: unknown }).saveId === saveId;
+  } catch {
+    return false;
+  }
+}
 
 /** What {@link Checkpointer.save} returns. */
 export interface SaveResult {
@@ -85,9 +97,11 @@ export class Checkpointer {
   #failure: Error | null = null;
   /** Host memory holding this rank's last snapshot while the writer thread writes it (stage 2). */
   #staging: SharedArrayBuffer | null = null;
-  /** Bumped by abandonInFlight: saves started before it neither commit nor report a failure. */
-  #epoch = 0;
-  #abandonedWhy = '';
+  /**
+   * Every abandonInFlight so far, in order: a save started after k of them is judged by those from k
+   * on (the epoch of a save is how many had happened when it started).
+   */
+  readonly #abandons: Abandonment[] = [];
   /** Stall of each save so far (ms). */
   readonly stalls: number[] = [];
 
@@ -150,8 +164,8 @@ export class Checkpointer {
 
     const dir = join(this.root, stepDirName(step));
     const tmp = join(this.root, tmpDirName(step));
-    const epoch = this.#epoch;
-    const abandoned = () => (this.#epoch !== epoch ? this.#abandonedWhy : null);
+    const epoch = this.#abandons.length;
+    const abandoned = () => this.#abandonedSince(epoch, step, tmp, saveId);
     mkdirSync(tmp, { recursive: true });
     const header = encodeRankHeader(snap, step, rank);
 
@@ -179,10 +193,33 @@ export class Checkpointer {
    * Gives up the save in flight, if any (in-job recovery: a lost rank will never write its file, and
    * every rank has rolled back past it): rank 0 stops waiting for the other ranks' files, the
    * checkpoint stays incomplete (loads skip it), and its failure is not reported by the next save.
+   *
+   * With `keep`, a save of a step <= `keep.through` (the step every rank rolled back to: its state is
+   * the one the run goes on from, so the save is valid) goes on: rank 0 commits it once every rank's
+   * file is there, and gives it up quietly, as above, only if a rank of `keep.lost` (the ranks the
+   * recovery replaced, which will never write their part of it) has not written its file. A save of a
+   * later step is given up.
    */
-  abandonInFlight(reason: string): void {
-    this.#epoch++;
-    this.#abandonedWhy = reason;
+  abandonInFlight(reason: string, keep?: { through: number; lost: readonly number[] }): void {
+    if (typeof reason !== 'string' || reason === '') throw new ArgumentError('Checkpointer.abandonInFlight: reason must be a non-empty string');
+    if (keep !== undefined) {
+      if (!Number.isSafeInteger(keep.through)) throw new ArgumentError(`Checkpointer.abandonInFlight: keep.through must be an integer step, got ${String(keep.through)}`);
+      if (!Array.isArray(keep.lost) || !keep.lost.every((r) => Number.isSafeInteger(r) && r >= 0)) {
+        throw new ArgumentError('Checkpointer.abandonInFlight: keep.lost must list the lost ranks (integers >= 0)');
+      }
+    }
+    this.#abandons.push({ why: reason, through: keep?.through ?? -Infinity, lost: [...(keep?.lost ?? [])] });
+  }
+
+  // Why the save of `step` (saveId, in `tmp`) started at `epoch` is given up, or null while it goes on.
+  #abandonedSince(epoch: number, step: number, tmp: string, saveId: string): string | null {
+    for (let k = epoch; k < this.#abandons.length; k++) {
+      const a = this.#abandons[k]!;
+      if (step > a.through) return a.why;
+      const missing = a.lost.filter((r) => !hasRecord(tmp, r, saveId));
+      if (missing.length > 0) return `${a.why}; lost rank${missing.length > 1 ? 's' : ''} ${missing.join(', ')} never wrote ${missing.length > 1 ? 'their' : 'its'} part of step ${step}`;
+    }
+    return null;
   }
 
   /** Waits for the save in flight; throws if a background save failed (once). */

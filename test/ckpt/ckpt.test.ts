@@ -290,4 +290,80 @@ describe('a save in flight, abandoned (in-job recovery)', () => {
     expect(existsSync(join(root, 'step-00000007'))).toBe(false);
     rmSync(root, { recursive: true, force: true });
   });
+
+  // Two in-process ranks, each a data-parallel replica saving half of one GPT; rank 1 writes under
+  // `rank1Root` (a different directory: to rank 0's commit, a rank that never writes its part).
+  async function twoRankSave(root: string, rank1Root: string, step: number) {
+    const worlds = await localWorld(2);
+    const models = [0, 1].map(() => new nt.nn.GPT(config, { seed: 5 }));
+    const rankItems = (r: number) => ({
+      model: {
+        world: worlds[r]!,
+        checkpointHoldings: () => ({ model: models[r]!, optimizer: null, zero: null, savedElsewhere: new Set<nt.Tensor>(), replica: { index: r, count: 2 } }),
+      },
+    });
+    const cps = [new nt.ckpt.Checkpointer(root), new nt.ckpt.Checkpointer(rank1Root)];
+    const saved = await Promise.all(cps.map((c, r) => c.save(step, rankItems(r))));
+    await saved[1]!.done;
+    return { cps, saved, models, rankItems };
+  }
+  const tmpOf = (root: string, step: number) => join(root, `.tmp-step-${String(step).padStart(8, '0')}`);
+  const settled = (p: Promise<unknown>, ms: number) => Promise.race([p.then(() => 'settled', () => 'settled'), new Promise((r) => setTimeout(() => r('pending'), ms))]);
+
+  it('keeps a save of a step <= the rollback step: it commits once every file is in', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'nt-ckpt-keep-'));
+    const other = mkdtempSync(join(tmpdir(), 'nt-ckpt-keep-other-'));
+    try {
+      // Step 4 is the rollback step; rank 1 (a survivor, not lost) has not finished writing its part yet.
+      const { cps, saved, models } = await twoRankSave(root, other, 4);
+      expect(await settled(saved[0]!.done, 200)).toBe('pending');
+      cps[0]!.abandonInFlight('in-job recovery rolled the run back', { through: 4, lost: [] });
+      expect(await settled(saved[0]!.done, 200)).toBe('pending');
+      // Its part arrives: the save commits as if nothing had happened.
+      for (const f of readdirSync(tmpOf(other, 4))) writeFileSync(join(tmpOf(root, 4), f), readFileSync(join(tmpOf(other, 4), f)));
+      await saved[0]!.done;
+      await cps[0]!.wait();
+      expect(existsSync(join(root, 'step-00000004', 'manifest.json'))).toBe(true);
+      expect(cps[0]!.list().map((c) => c.step)).toEqual([4]);
+      for (const c of cps) await c.close();
+      for (const m of models) m.dispose();
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+      rmSync(other, { recursive: true, force: true });
+    }
+  });
+
+  it('gives up a kept save whose lost rank never wrote its part, and any save after the rollback step, quietly', async () => {
+    const root = mkdtempSync(join(tmpdir(), 'nt-ckpt-keep-'));
+    const other = mkdtempSync(join(tmpdir(), 'nt-ckpt-keep-other-'));
+    try {
+      // Kept (step 4 <= 4), but rank 1 was lost and its record is not there: given up, not failed.
+      const a = await twoRankSave(root, other, 4);
+      a.cps[0]!.abandonInFlight('in-job recovery rolled the run back', { through: 4, lost: [1] });
+      await expect(a.saved[0]!.done).rejects.toThrow(/abandoned \(in-job recovery rolled the run back; lost rank 1 never wrote its part of step 4\)/);
+      await a.cps[0]!.wait();
+      expect(existsSync(join(root, 'step-00000004'))).toBe(false);
+      // A save of a step after the rollback step (6 > 5) is given up even though no rank was lost.
+      const b = await twoRankSave(root, other, 6);
+      b.cps[0]!.abandonInFlight('in-job recovery rolled the run back', { through: 5, lost: [] });
+      await expect(b.saved[0]!.done).rejects.toThrow(/abandoned \(in-job recovery rolled the run back\)/);
+      await b.cps[0]!.wait();
+      // Without keep, as before: every save in flight is given up.
+      const c = await twoRankSave(root, other, 3);
+      c.cps[0]!.abandonInFlight('rolled back');
+      await expect(c.saved[0]!.done).rejects.toThrow(/abandoned \(rolled back\)/);
+      await c.cps[0]!.wait();
+      expect(readdirSync(root).filter((d) => d.startsWith('step-'))).toEqual([]);
+      expect(() => c.cps[0]!.abandonInFlight('')).toThrow(nt.ArgumentError);
+      expect(() => c.cps[0]!.abandonInFlight('x', { through: 1.5, lost: [] })).toThrow(/keep.through/);
+      expect(() => c.cps[0]!.abandonInFlight('x', { through: 1, lost: [-1] })).toThrow(/keep.lost/);
+      for (const r of [a, b, c]) {
+        for (const cp of r.cps) await cp.close();
+        for (const m of r.models) m.dispose();
+      }
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+      rmSync(other, { recursive: true, force: true });
+    }
+  });
 });
