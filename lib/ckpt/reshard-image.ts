@@ -327,12 +327,19 @@ export async function restoreFromImages(items: CheckpointItems, images: ImageSou
   if (items.scaler && first.scaler) items.scaler.loadStateDict(first.scaler);
   const bytes = plan.parts.reduce((s, { part }) => s + part.count * dtypeSize(part.tensor.dtype), 0);
   traceSpan('recovery reshard', () => {
-    const scratch = new Uint8Array(Math.max(8, ...plan.parts.map(({ part }) => part.count * dtypeSize(part.tensor.dtype))));
+    // A part of few pieces goes straight from the images' bytes into the tensor (no staging copy); one
+    // of many (a tensor-parallel slice's rows) is assembled in host memory first and written at once.
+    let scratch: Uint8Array | null = null;
     for (const { part, pieces } of plan.parts) {
       const t = part.tensor, size = dtypeSize(t.dtype);
+      t.markModified();
+      if (pieces.length <= 16) {
+        for (const p of pieces) t.backend.write(t.storage, (part.offset + p.to - part.start) * size, pieceBytes(fetched.get(p.rank)!, p, t.dtype));
+        continue;
+      }
+      if (!scratch || scratch.byteLength < part.count * size) scratch = new Uint8Array(part.count * size);
       const host = scratch.subarray(0, part.count * size);
       for (const p of pieces) host.set(pieceBytes(fetched.get(p.rank)!, p, t.dtype), (p.to - part.start) * size);
-      t.markModified();
       t.backend.write(t.storage, part.offset * size, host);
     }
   }, 'checkpoint', { step: plan.step, bytes });
