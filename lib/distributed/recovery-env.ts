@@ -4,6 +4,7 @@
 // it), and a hot spare's wait for the lost rank whose place it takes. docs/recovery.md has the whole protocol.
 import { ArgumentError, TimeoutError } from '../errors.js';
 import { connectLaunchStore, readLaunchEnv } from './env.js';
+import type { Store } from './store.js';
 
 /** What the launcher's recovery mode says about this process. */
 export interface RecoveryEnv {
@@ -62,6 +63,24 @@ export function recoveryEnv(env: NodeJS.ProcessEnv = process.env): RecoveryEnv {
     holder: enabled ? env.NODETRON_HOLDER?.trim() || undefined : undefined,
     generationWaitMs: generationWait,
   };
+}
+
+/**
+ * The ranks the launcher declared lost in generations `from` to `to` (its records `recover/gen/<g>`,
+ * field `lost`), ascending, each once; a generation without a record (not announced) adds none. What
+ * a recovery that went from generation from - 1 to `to` replaced: their processes are gone, so
+ * whatever they had in flight (a checkpoint's part) will never be written.
+ */
+export async function lostRanks(store: Pick<Store, 'tryGet'>, from: number, to: number): Promise<number[]> {
+  if (!Number.isSafeInteger(from) || !Number.isSafeInteger(to) || from < 1) throw new ArgumentError(`lostRanks: generations must be integers, from >= 1, got ${from} to ${to}`);
+  const lost = new Set<number>();
+  for (let g = from; g <= to; g++) {
+    const raw = await store.tryGet(`recover/gen/${g}`);
+    if (!raw) continue;
+    const rec = JSON.parse(new TextDecoder().decode(raw)) as { lost?: unknown };
+    if (Array.isArray(rec.lost)) for (const r of rec.lost) if (Number.isSafeInteger(r) && (r as number) >= 0) lost.add(r as number);
+  }
+  return [...lost].sort((a, b) => a - b);
 }
 
 /** A spare's assignment, as the launcher writes it at `recover/spare/<node>/<id>`. */

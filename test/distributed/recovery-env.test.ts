@@ -1,9 +1,10 @@
 // recoveryEnv (lib/distributed/recovery-env.ts): the in-job recovery variables of a worker's environment,
 // the generation wait (NODETRON_RECOVERY_GENERATION_WAIT_MS) among them, and generationWaitMs, the
-// launcher's rule for that wait: always longer than the launcher's own time to detect a loss.
+// launcher's rule for that wait: always longer than the launcher's own time to detect a loss; and
+// lostRanks, the ranks the launcher's generation records say were lost.
 import { describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
-import { DEFAULT_GENERATION_WAIT_MS, generationWaitMs, recoveryEnv } from '../../lib/distributed/recovery-env.js';
+import { DEFAULT_GENERATION_WAIT_MS, generationWaitMs, lostRanks, recoveryEnv } from '../../lib/distributed/recovery-env.js';
 
 describe('recoveryEnv', () => {
   it('reads recovery, generation, joining, directory, holder and the generation wait', () => {
@@ -40,5 +41,22 @@ describe('generationWaitMs (the launcher sets NODETRON_RECOVERY_GENERATION_WAIT_
     }
     expect(() => generationWaitMs({ stopTimeoutMs: -1, heartbeatTimeoutMs: 1 })).toThrow(ArgumentError);
     expect(() => generationWaitMs({ stopTimeoutMs: 1, heartbeatTimeoutMs: Number.NaN })).toThrow(/heartbeatTimeoutMs/);
+  });
+});
+
+describe('lostRanks', () => {
+  it("collects the lost ranks of the launcher's generation records from..to, each once, ascending", async () => {
+    const records = new Map<string, string>([
+      ['recover/gen/1', JSON.stringify({ generation: 1, lost: [3], reason: 'x' })],
+      ['recover/gen/2', JSON.stringify({ generation: 2, lost: [5, 1, 3], reason: 'y' })],
+      ['recover/gen/4', JSON.stringify({ generation: 4, lost: [7], reason: 'z' })],
+    ]);
+    const store = { tryGet: async (k: string) => (records.has(k) ? new TextEncoder().encode(records.get(k)!) : undefined) };
+    expect(await lostRanks(store, 1, 1)).toEqual([3]);
+    expect(await lostRanks(store, 1, 2)).toEqual([1, 3, 5]);
+    expect(await lostRanks(store, 2, 4)).toEqual([1, 3, 5, 7]);
+    expect(await lostRanks(store, 3, 3)).toEqual([]);
+    expect(await lostRanks(store, 5, 4)).toEqual([]);
+    await expect(lostRanks(store, 0, 2)).rejects.toThrow(ArgumentError);
   });
 });
