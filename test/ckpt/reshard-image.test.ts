@@ -9,7 +9,8 @@
 // process (nodetron/testing's local ranks) for DP4 ZeRO-1 → DP2 ZeRO-1, PP2×DP2 1F1B → PP2×DP1, DP2
 // ZeRO-2 → DP1 and DP1 → DP2 ZeRO-1 (growing back); DP2×TP2 ZeRO-3 → DP1×TP2 and DP4 ZeRO-3 → DP2
 // ZeRO-3 need synchronous collectives (tensor parallelism, ZeRO-3's gathers), so they run through the
-// launcher (test/fixtures/ckpt/reshard-image-rank.ts). Then the refusals: an element no image holds is a
+// launcher (test/fixtures/ckpt/reshard-image-rank.ts). f32 images restore a bf16 model (and back) with the
+// disk load's conversions, bit for bit. Then the refusals: an element no image holds is a
 // StateError naming the tensor and range and changes nothing, as do images without their splits and
 // images of two steps.
 import { createHash } from 'node:crypto';
@@ -24,6 +25,7 @@ import { imagesNeeded, restoreFromImages, takeLayoutImage, type ImageHead } from
 import type { WorldGroup } from '../../lib/distributed/group.js';
 import { localWorld } from '../../lib/testing/index.js';
 import { lcgGlobalBatch } from '../helpers/token-batch.js';
+import { bytesOf } from '../../lib/io/tensor-bytes.js';
 import { relDiff, root } from '../helpers/equivalence.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
 import { nodeArgs, scriptPath } from '../helpers/node-script.js';
@@ -154,6 +156,24 @@ describe('restoring under another layout from in-memory images (in one process)'
       console.log(`${x.name} → ${y.name}: images read per new rank ${fromImages.map((m) => `[${m.needed.join(',')}]`).join(' ')} of ${oldWorld}; losses ${fromImages[0]!.losses.map((l) => l.toFixed(6)).join(', ')}`);
     }, 120_000);
   }
+
+  it('f32 images restore a bf16 model and bf16 images an f32 one, converted as a disk load converts (the same bits)', async () => {
+    const bits = (m: nt.nn.GPT) => m.parameters().map((p) => Buffer.from(bytesOf(p, p.dtype)).toString('hex'));
+    for (const [from, to] of [['f32', 'bf16'], ['bf16', 'f32']] as const) {
+      const dir = join(work, `convert-${from}-${to}`);
+      const source = new nt.nn.GPT(config, { seed: 5, dtype: from });
+      const image = decodeImage(wire(takeLayoutImage({ model: source }, 0)));
+      await nt.ckpt.save(dir, 0, { model: source });
+      const [memory, disk] = [new nt.nn.GPT(config, { seed: 9, dtype: to }), new nt.nn.GPT(config, { seed: 9, dtype: to })];
+      const fresh = bits(memory);
+      expect((await restoreFromImages({ model: memory }, () => image, 1)).ranks).toEqual([0]);
+      await nt.ckpt.load(dir, { model: disk });
+      expect(bits(memory)).toEqual(bits(disk));
+      expect(bits(memory)).not.toEqual(fresh);
+      expect(memory.parameters()[0]!.dtype).toBe(to);
+      for (const m of [source, memory, disk]) m.dispose();
+    }
+  });
 
   it('an element no image holds is a StateError naming the tensor and its range, and nothing changes; images without splits, or of two steps, are refused', async () => {
     const x: Layout = { name: 'DP2 ZeRO-1', pp: 1, dp: 2, zero: 1 };
