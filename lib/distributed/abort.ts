@@ -66,7 +66,8 @@ export function stopAbortWatch(): void {
 export function readAbortFile(path: string): number {
   let text: string;
   try { text = readFileSync(path, 'utf8'); } catch { return -1; }
-  const m = /^\s*(\d{1,15})\s*$/.exec(text);
+  // As native/cpu/comm/abort.cc's readGeneration: leading whitespace, digits, then whitespace or the end.
+  const m = /^[ \t\r\n]*(\d{1,15})(?:[ \t\r\n]|$)/.exec(text.slice(0, 63));
   return m ? Number(m[1]) : -1;
 }
 

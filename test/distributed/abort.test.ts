@@ -333,7 +333,7 @@ describe('abortWhileConnecting (a regroup connecting after the watcher read the 
     const dir = tmp();
     const path = join(dir, 'abort');
     expect(readAbortFile(path)).toBe(-1);
-    for (const [text, g] of [['3\n', 3], [' 12 ', 12], ['', -1], ['x1', -1], ['1 2', -1]] as const) {
+    for (const [text, g] of [['3\n', 3], [' 12 ', 12], ['', -1], ['x1', -1], ['12x', -1], ['1 2', 1]] as const) {
       writeAtomically(path, text);
       expect(readAbortFile(path)).toBe(g);
     }
