@@ -43,6 +43,8 @@ export interface AgentConfig {
   stopTimeoutMs?: number;
   /** Recovery mode: generations before a loss takes the restart path instead (default 100). */
   maxRecoveries?: number;
+  /** Recovery mode: a loss with no hot spare free shrinks data parallelism and grows back (--shrink). */
+  shrink?: boolean;
 }
 
 /** The first failure of an attempt, as published in the store for every node to report. */
@@ -212,7 +214,7 @@ export class LaunchAgent {
   // ---- in-job recovery mode (--spares): the holder, the ranks, spares and replacements ------------
   private openRecovery(): Promise<RecoverySession> {
     const { nodeRank, masterAddr, storeToken, spares } = this.config;
-    const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100 };
+    const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100, shrink: this.config.shrink ?? false };
     return RecoverySession.open(nodeRank, options, { loopback: isLoopbackHost(masterAddr), single: this.config.nnodes === 1, ...(storeToken !== undefined ? { token: storeToken } : {}) }, this.log);
   }
 

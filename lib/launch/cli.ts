@@ -61,6 +61,9 @@ options:
                              needs a script that turns recovery on (recover: 'memory'), else the restart path. Give it on every node
   --stop-timeout-ms MS       with --spares: a rank stopped (SIGSTOP) this long is killed and replaced        [1000]
   --max-recoveries K         with --spares: after K in-job recoveries a loss restarts the job instead        [100]
+  --shrink                   with --spares: a loss with no hot spare free shrinks data parallelism instead of waiting:
+                             the intact replicas go on (the same global batch, more micro-batches) while the lost
+                             replica's processes start anew, and the job grows back once they are ready
   --self-check[=strict]      before training (inside distributed.init): an allreduce and an exchange between
                              every pair of ranks, timed; rank 0 prints a summary naming a failed or slow link,
                              rank or host; a failed link stops the job (strict: a slow one too). Give it on every node
@@ -137,6 +140,11 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
     const eq = arg.indexOf('=');
     const flag = eq >= 0 ? arg.slice(0, eq) : arg;
     given.add(flag);
+    if (flag === '--shrink') {
+      if (eq >= 0) throw new ArgumentError('--shrink takes no value');
+      o.shrink = true;
+      continue;
+    }
     if (flag === '--self-check') {
       const mode = eq >= 0 ? arg.slice(eq + 1) : '1';
       if (mode !== '1' && mode !== 'strict') throw new ArgumentError(`--self-check takes no value or =strict, got ${JSON.stringify(mode)}`);
@@ -166,7 +174,7 @@ export function parseLaunchArgs(argv: string[], env: NodeJS.ProcessEnv = process
   }
   if (!o.script) throw new ArgumentError('no script given');
   if (o.spares === undefined) {
-    for (const flag of ['--stop-timeout-ms', '--max-recoveries']) if (given.has(flag)) throw new ArgumentError(`${flag} applies to in-job recovery mode only: give --spares N too`);
+    for (const flag of ['--stop-timeout-ms', '--max-recoveries', '--shrink']) if (given.has(flag)) throw new ArgumentError(`${flag} applies to in-job recovery mode only: give --spares N too`);
   } else if (o.spares > 1024) {
     throw new ArgumentError(`--spares must be in [0, 1024], got ${o.spares}`);
   }

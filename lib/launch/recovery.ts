@@ -23,6 +23,8 @@ export interface RecoveryOptions {
   spares: number;
   stopTimeoutMs: number;
   maxRecoveries: number;
+  /** A loss with no hot spare free shrinks data parallelism while the lost replica starts anew, then grows back (--shrink). */
+  shrink?: boolean;
 }
 
 /** What the agent tells a recovery session about its attempt (after the rendezvous). */
@@ -62,10 +64,28 @@ interface GenerationRecord {
   at: number;
   node: number;
   by: number;
-  how: How;
+  how: How | 'grow';
+  /** --shrink, no spare free: the survivors may go on with fewer data-parallel replicas (their plan at recover/gen/<g>/plan). */
+  shrink?: boolean;
+  /** The grow back: the shrunk world whose images every rank restores from (its reshape generation and size). */
+  from?: { epoch: number; worldSize: number };
 }
 
 type How = 'exit' | 'stopped' | 'node';
+
+/** A shrunk job, on every node: the ranks out of it (restarted for the grow back) and who announces the grow. */
+interface Shrunk {
+  generation: number;
+  /** Job ranks of the shrunk world, by its ranks. */
+  members: number[];
+  /** Job ranks outside it: each runs anew, waiting for the grow back. */
+  out: number[];
+  /** The node that announces the grow back (the one that handled the loss). */
+  by: number;
+}
+
+/** How long the launcher waits for the survivors' shrink plan. */
+const PLAN_WAIT_MS = 120_000;
 
 interface Lost {
   rank: number;
@@ -131,6 +151,9 @@ export class RecoverySession {
   private doneFlag = false;
   private finishing = false;
   private readonly events: string | undefined;
+  /** Set while the job is shrunk (--shrink), until the grow back. */
+  private shrunk: Shrunk | null = null;
+  private growing = false;
 
   private constructor(
     private readonly nodeRank: number,
@@ -272,6 +295,7 @@ export class RecoverySession {
       try {
         this.killStopped();
         await this.readGenerations();
+        await this.checkGrow();
       } catch {
         // The store is gone: the agent's monitor sees it and ends the attempt.
       }
@@ -314,7 +338,12 @@ export class RecoverySession {
           this.attempt.wake();
         }
       }
+      if (record.how === 'grow') {
+        this.shrunk = null;
+        this.growing = false;
+      }
       this.writeAbort(next);
+      if (record.shrink) this.enqueue(() => this.afterShrink(record));
     }
   }
 
@@ -359,7 +388,7 @@ export class RecoverySession {
   private async recover(lost: Lost[], lostNode?: number): Promise<void> {
     if (this.closed || this.evicted || lost.length === 0) return;
     const first = lost[0]!;
-    const why = await this.unrecoverable(lost);
+    const why = this.shrunk ? 'a rank was lost while the job was shrunk (--shrink recovers one loss at a time), so the job restarts' : await this.unrecoverable(lost);
     if (why) return this.fallback({ reason: `${first.reason}; ${why}`, ...(first.exit ? { exit: first.exit, stderrTail: first.stderrTail ?? [] } : {}), ...(lostNode !== undefined ? { node: lostNode } : {}) });
     await this.readGenerations();
     const record: GenerationRecord = {
@@ -370,6 +399,8 @@ export class RecoverySession {
       node: lostNode ?? this.nodeRank,
       by: this.nodeRank,
       how: first.how,
+      // --shrink: with no hot spare free, the survivors decide whether fewer replicas can go on.
+      ...(this.options.shrink && this.group.spares().length === 0 ? { shrink: true } : {}),
     };
     // Another agent may have announced generation g for another fault: ours is then the next one.
     for (let g = this.generation + 1; ; g++) {
@@ -382,8 +413,87 @@ export class RecoverySession {
     }
     const g = record.generation;
     await this.readGenerations();  // up to ours: the abort file says g
-    this.event('fault', { generation: g, lost: record.lost, reason: record.reason, how: record.how, ...(lostNode !== undefined ? { lostNode } : {}) });
-    for (const l of lost) await this.replace(l, g);
+    this.event('fault', { generation: g, lost: record.lost, reason: record.reason, how: record.how, ...(lostNode !== undefined ? { lostNode } : {}), ...(record.shrink ? { shrink: true } : {}) });
+    // (A shrink's replacements wait for the survivors' plan: afterShrink, queued by readGenerations.)
+    if (!record.shrink) for (const l of lost) await this.replace(l, g);
+  }
+
+  /**
+   * A --shrink generation, on every node: waits for the survivors' plan. Refused (the layout cannot
+   * shrink): the node that handled the loss replaces the lost ranks as usual. Else every rank outside
+   * the shrunk world that this node runs (the lost ones, and the survivors of their replicas, which
+   * are stopped) starts anew as a grow joiner (NODETRON_GROW), and the job is shrunk until the grow back.
+   */
+  private async afterShrink(record: GenerationRecord): Promise<void> {
+    const g = record.generation;
+    const deadline = Date.now() + PLAN_WAIT_MS;
+    let plan: { members?: number[]; refused?: string } | undefined;
+    while (!plan) {
+      const v = await this.attempt.jobStore.tryGet(`recover/gen/${g}/plan`);
+      if (v) plan = JSON.parse(decode(v)) as typeof plan;
+      else if (this.closed || this.generation > g) return;
+      else if (Date.now() > deadline) return this.fallback({ reason: `generation ${g}: the survivors gave no shrink plan within ${PLAN_WAIT_MS} ms, so the job restarts` });
+      else await sleep(POLL_MS);
+    }
+    if (plan.refused !== undefined || !plan.members) {
+      this.log(`generation ${g}: no shrink (${plan.refused ?? 'no plan'}); the lost ranks are replaced`);
+      if (record.by === this.nodeRank) for (const rank of record.lost) await this.replace({ rank, how: record.how as How, reason: record.reason }, g);
+      return;
+    }
+    const members = plan.members;
+    const out = this.ownerOf.map((_, r) => r).filter((r) => !members.includes(r));
+    this.shrunk = { generation: g, members, out, by: record.by };
+    this.event('shrink', { generation: g, members, out });
+    this.log(`generation ${g}: no spare free; the job goes on as ${members.length} rank(s) (job ranks ${members.join(',')}) while ranks ${out.join(',')} start anew`);
+    for (const r of out) {
+      if (this.ownerOf[r] !== this.nodeRank) continue;
+      const old = this.current.get(r);
+      this.current.set(r, undefined);
+      this.finished.delete(r);
+      if (old !== undefined && !record.lost.includes(r)) { try { process.kill(old, 'SIGKILL'); } catch { /* gone */ } }
+      const pid = this.group.add({ rank: r, localRank: this.localRankOf[r]!, env: { ...this.rankEnv(r, g, true), NODETRON_GROW: String(g) } });
+      this.current.set(r, pid);
+      this.event('worker-started', { rank: r, pid, generation: g, grow: true });
+    }
+  }
+
+  /**
+   * While shrunk: once every rank outside the shrunk world is ready again, the node that handled the
+   * loss announces the grow back (a generation every rank joins, restoring from the shrunk world's
+   * images). When the shrunk world finishes training first, the waiting ranks are stopped as done.
+   */
+  private async checkGrow(): Promise<void> {
+    const s = this.shrunk;
+    if (!s || this.growing || this.closed) return;
+    if ((await this.attempt.agentStore.add('finished', 0)) >= s.members.length) {
+      for (const r of s.out) {
+        if (this.ownerOf[r] !== this.nodeRank) continue;
+        const pid = this.current.get(r);
+        this.current.set(r, undefined);
+        if (pid !== undefined) { try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ } }
+        this.finished.add(r);
+      }
+      this.shrunk = null;
+      this.checkDone();
+      return;
+    }
+    if (s.by !== this.nodeRank) return;
+    if (!(await this.attempt.jobStore.check(s.out.map((r) => `recover/grow/${s.generation}/ready/${r}`)))) return;
+    this.growing = true;
+    this.enqueue(async () => {
+      await this.readGenerations();
+      const record: GenerationRecord = { generation: 0, lost: [], reason: `grow back: ranks ${s.out.join(',')} are ready`, at: Date.now(), node: this.nodeRank, by: this.nodeRank, how: 'grow',
+        from: { epoch: s.generation, worldSize: s.members.length } };
+      for (let g = this.generation + 1; ; g++) {
+        if (g > this.options.maxRecoveries) return this.fallback({ reason: `the grow back would pass --max-recoveries ${this.options.maxRecoveries} generations, so the job restarts` });
+        record.generation = g;
+        const json = JSON.stringify(record);
+        if (decode(await this.attempt.jobStore.compareSet(`recover/gen/${g}`, '', json)) === json) break;
+      }
+      await this.readGenerations();
+      this.event('grow', { generation: record.generation, from: record.from });
+      this.log(`generation ${record.generation}: ranks ${s.out.join(',')} are ready; the job grows back`);
+    });
   }
 
   private async replace(l: Lost, g: number): Promise<void> {

@@ -9,8 +9,7 @@ import { readLaunchEnv } from '../distributed/env.js';
 import type { ProcessGroup } from '../distributed/group.js';
 import { ArgumentError, StateError } from '../errors.js';
 import { resetPeakMemory } from '../memory.js';
-import { GPT, type CausalLM } from '../nn/gpt.js';
-import { Llama } from '../nn/llama.js';
+import { causalLMProblems, isCausalLM, type CausalLM } from '../nn/causal-lm.js';
 import type { Parameter } from '../nn/module.js';
 import { batchSlice, describeLayout, resolveTrainingLayout, type TrainingLayout } from '../parallel/layout.js';
 import { destroyParallel, initializeParallel, isParallelInitialized, type ParallelState } from '../parallel/mesh.js';
@@ -24,36 +23,14 @@ import type { ZeroParamGroup } from '../parallel/zero/optimizer.js';
 import { TokenLoader } from '../data/loader.js';
 import type { LayoutArgs } from './flags.js';
 import { agreeOnSetup, checkOptions, collectiveErrors, type ModelShard, type TrainSetupOptions } from './options.js';
-import { TrainingRun } from './run.js';
+import { TrainingRun, type RunParts } from './run.js';
+import { Teardown } from './teardown.js';
 
 /** nanoGPT's grouping: weight decay on matrices except the position table, none on biases, LayerNorms and positions. */
 function nanoGPTGroups<H extends { lr: number }>(named: Array<[string, Parameter]>): ZeroParamGroup<H>[] {
   const decay = named.filter(([n, p]) => p.ndim >= 2 && n !== 'wpe.weight').map(([, p]) => p);
   const decaySet = new Set(decay);
   return [{ params: decay } as unknown as ZeroParamGroup<H>, { params: named.map(([, p]) => p).filter((p) => !decaySet.has(p)), weightDecay: 0 } as unknown as ZeroParamGroup<H>];
-}
-
-/**
- * What set-up has built so far, released by one path, last built first: a set-up that fails after
- * building anything runs it, and so does {@link TrainingRun.close}. Every release runs even when one
- * throws; the first error is thrown after the rest.
- */
-export class Teardown {
-  #releases: Array<() => void | Promise<void>> = [];
-
-  /** Registers a release (run before the ones registered earlier). */
-  add(release: () => void | Promise<void>): void { this.#releases.push(release); }
-
-  /** Runs every release once, last registered first. */
-  async run(): Promise<void> {
-    const releases = this.#releases.reverse();
-    this.#releases = [];
-    let failure: { error: unknown } | null = null;
-    for (const release of releases) {
-      try { await release(); } catch (e) { failure ??= { error: e }; }
-    }
-    if (failure) throw failure.error;
-  }
 }
 
 /** This rank's part of the model and its trainer: what {@link buildParallelState} returns. */
@@ -87,14 +64,15 @@ async function buildParallelState<H extends { lr: number }>(options: TrainSetupO
   };
   const problems: string[] = [];
   let full: CausalLM | null = null;
-  // The model's owner: the GPT or Llama, then the pipeline stage that takes it over.
+  // The model's owner: the model the factory built (any CausalLM), then the pipeline stage that takes it over.
   let owner: { dispose(): void } | null = null;
   teardown.add(() => owner?.dispose());
   try {
     const built: unknown = options.model(shard);
-    if (!(built instanceof GPT || built instanceof Llama)) {
+    // Any family's model: the CausalLM contract, not a list of classes.
+    if (!isCausalLM(built)) {
       const what = built === null || typeof built !== 'object' ? String(built) : (built.constructor?.name ?? 'an object');
-      problems.push(`model: the factory must return an nt.nn.GPT or nt.nn.Llama (shard) => new nt.nn.GPT(config, shard), got ${what}`);
+      problems.push(`model: the factory must return an nt.nn.GPT or nt.nn.Llama, or another family's CausalLM, (shard) => new nt.nn.GPT(config, shard), got ${what} (${causalLMProblems(built).join('; ')})`);
       if (built && typeof (built as { dispose?: unknown }).dispose === 'function') (built as { dispose(): void }).dispose();
     } else {
       full = owner = built;
@@ -191,15 +169,12 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
   await agreeOnSetup(world, problems, 'layout flags', settings);
   const l = layout!;
 
-  // Everything built from here on is released by `teardown`: on any failure below, and by TrainingRun.close.
-  const teardown = new Teardown();
+  // 2-3. This rank's parts (mesh, model shard, stage, trainer, rows, loader), each released by the
+  // parts' teardown on a failure; then the run (schedule, checkpoints), which releases them on close.
+  const parts = await buildParts(options, flags, l, env.worldSize, world);
+  let run: TrainingRun<H> | null = null;
   try {
-    // 2. Build the parallel state once: mesh, model shard, GPT, stage, trainer.
-    const parts = await buildParallelState(options, flags, l, env.worldSize, world, teardown);
-    // 3. Wire: this replica's rows and data, the run (schedule, checkpoints), the resume.
-    const rows = batchSlice(options.batchSize, parts.mesh?.dpRank ?? 0, l.dp);
-    const loader = await buildLoader(options, parts, l, rows, world, teardown);
-    const run = new TrainingRun<H>(options, { ...parts, layout: l, rank: env.rank, worldSize: env.worldSize, loader, rows, teardown });
+    run = new TrainingRun<H>(options, parts);
     const ck = options.checkpoint;
     // In-job recovery: a replacement restores the lost rank's state from its peers' memory here.
     const joined = (options.recover ?? flags.recover) === 'memory' ? await run.startRecovery(options.recoverEvery ?? flags.recoverEvery ?? 1) : false;
@@ -209,6 +184,26 @@ export async function setup<H extends { lr: number }>(options: TrainSetupOptions
     return run;
   } catch (e) {
     // The set-up's error is the one to report; a release that fails too is not.
+    await (run ? run.release() : parts.teardown.run()).catch(() => {});
+    throw e;
+  }
+}
+
+/**
+ * Steps 2 and 3: this rank's parts under `layout` over `world` (setup, and in-job recovery's reshape):
+ * the mesh, the model shard, its stage and trainer, this replica's rows and its data loader. What is
+ * built is registered with the parts' own teardown, which a failure here runs.
+ */
+export async function buildParts<H extends { lr: number }>(options: TrainSetupOptions<H>, flags: LayoutArgs, layout: TrainingLayout,
+  worldSize: number, world: ProcessGroup | null): Promise<RunParts<H>> {
+  const teardown = new Teardown();
+  try {
+    const parts = await buildParallelState(options, flags, layout, worldSize, world, teardown);
+    const rows = batchSlice(options.batchSize, parts.mesh?.dpRank ?? 0, layout.dp);
+    const loader = await buildLoader(options, parts, layout, rows, world, teardown);
+    return { ...parts, flags, layout, rank: world?.rank ?? 0, worldSize, loader, rows, teardown,
+      rebuild: (f, l, n, w) => buildParts(options, f, l, n, w) };
+  } catch (e) {
     await teardown.run().catch(() => {});
     throw e;
   }

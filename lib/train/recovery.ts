@@ -12,8 +12,10 @@ import { recoveryEnv } from '../distributed/recovery-env.js';
 import { HolderClient } from '../distributed/holder.js';
 import { CommError, StateError, TimeoutError } from '../errors.js';
 import type { Store } from '../distributed/store.js';
-import { decodeImage, encodeImage, restoreImage, takeImage, type RankImage } from '../ckpt/image.js';
+import { decodeImage, encodeImage, restoreImage, type RankImage } from '../ckpt/image.js';
+import { restoreFromImages, takeLayoutImage } from '../ckpt/reshard-image.js';
 import type { CheckpointItems } from '../ckpt/items.js';
+import { imageKey, type ReshapePlan } from './shrink.js';
 
 /** How long a rank whose collective failed waits for the launcher to announce the next generation. */
 const GENERATION_WAIT_MS = 60_000;
@@ -22,23 +24,53 @@ const AGREE_WAIT_MS = 300_000;
 
 /** What the recovery needs of the run. */
 export interface RecoveryTarget {
-  /** This rank's training state (the same items a checkpoint saves). */
-  items: CheckpointItems;
+  /** This rank's training state (the same items a checkpoint saves; new ones after a reshape). */
+  readonly items: CheckpointItems;
   /** Drops what a failed step left behind (pending collectives, gradients, gathered parameters). */
   abandonStep(): void;
   /** Progress lines (rank 0). */
   log(line: string): void;
   /** Copy the state every this many steps (1: after every step). */
   every: number;
+  /** The shrunk world after losing world ranks `lost` of the world whose job ranks are `members` (shrink.ts's planShrink). */
+  planShrink(members: readonly number[], lost: readonly number[]): ReshapePlan | { refused: string };
+  /** The job's own world: every job rank, under the layout the run started with (the grow back). */
+  jobPlan(): ReshapePlan;
+  /** Releases the parts, joins the next world as `rank` in `generation` and builds the plan's layout there (unconnected). */
+  reshape(plan: ReshapePlan, generation: number, rank: number): Promise<void>;
 }
 
-interface LocalImage { step: number; image: RankImage; put: Promise<void> }
+/** The world whose images a reshape restores from: the reshape generation that made it (0: the first) and its size. */
+export interface ImageWorld { epoch: number; worldSize: number }
+
+/** `recover/gen/<g>` as the launcher writes it (the fields the ranks read). */
+interface GenerationRecord {
+  lost?: number[];
+  how?: string;
+  /** No hot spare was free for the loss: the data-parallel survivors may go on without the lost replicas. */
+  shrink?: boolean;
+  /** The grow back: every job rank in the job's own layout, from the images of the shrunk world `from`. */
+  from?: ImageWorld;
+}
+
+/** The token the holders want (the one-node holder's own, else the job's). */
+function holderToken(): string | undefined {
+  return process.env.NODETRON_HOLDER_TOKEN?.trim() || process.env.NODETRON_STORE_TOKEN?.trim() || undefined;
+}
+
+interface LocalImage { step: number; key: number; image: RankImage; put: Promise<void> }
 
 /** A rank's in-memory recovery: its images, the holder, the generations. */
 export class MemoryRecovery {
   readonly #target: RecoveryTarget;
-  readonly #rank: number;
-  readonly #worldSize: number;
+  /** This process's job rank (its RANK slot in the launcher), whatever its rank in a reshaped world. */
+  readonly #jobRank: number;
+  /** The job ranks of the current world, by world rank (the identity until a shrink). */
+  #members: number[];
+  /** The reshape generation that made the current world (0: the job's first), which keys its images. */
+  #epoch = 0;
+  readonly #holderAddress: string | undefined;
+  readonly #clients = new Map<string, Promise<HolderClient>>();
   readonly #store: Store;
   readonly #holder: HolderClient | null;
   readonly #events: string | undefined;
@@ -50,10 +82,11 @@ export class MemoryRecovery {
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
 
-  private constructor(target: RecoveryTarget, holder: HolderClient | null) {
+  private constructor(target: RecoveryTarget, holder: HolderClient | null, holderAddress: string | undefined) {
     this.#target = target;
-    this.#rank = dist.rank();
-    this.#worldSize = dist.worldSize();
+    this.#jobRank = dist.rank();
+    this.#members = Array.from({ length: dist.worldSize() }, (_, r) => r);
+    this.#holderAddress = holderAddress;
     this.#store = dist.jobStore();
     this.#holder = holder;
     this.#generation = dist.generation();
@@ -71,19 +104,22 @@ export class MemoryRecovery {
     }
     let holder: HolderClient | null = null;
     if (env.holder) {
-      const token = process.env.NODETRON_HOLDER_TOKEN?.trim() || process.env.NODETRON_STORE_TOKEN?.trim() || undefined;
+      const token = holderToken();
       holder = await HolderClient.connect(env.holder, { ...(token ? { token } : {}), timeoutMs: 60_000 });
     }
-    const r = new MemoryRecovery(target, holder);
-    if (env.joining) await r.#join();
-    await r.#store.set(`recover/ready/${r.#rank}`, '1');
+    const r = new MemoryRecovery(target, holder, env.holder);
+    const grow = process.env.NODETRON_GROW?.trim();
+    if (grow) await r.#growJoin(Number(grow));
+    else if (env.joining) await r.#join();
+    await r.#publishWhere();
+    await r.#store.set(`recover/ready/${r.#jobRank}`, '1');
     return r;
   }
 
   /** Appends an event line for `nodetron bench chaos` (NODETRON_RECOVERY_EVENTS). */
   #event(event: string, fields: Record<string, unknown>): void {
     if (!this.#events) return;
-    const line = JSON.stringify({ t: Date.now(), src: 'rank', rank: this.#rank, generation: this.#generation, event, ...fields });
+    const line = JSON.stringify({ t: Date.now(), src: 'rank', rank: this.#jobRank, generation: this.#generation, event, ...fields });
     try { appendFileSync(this.#events, `${line}\n`); } catch { /* the record is best effort */ }
   }
 
@@ -122,8 +158,8 @@ export class MemoryRecovery {
       reuse = this.#images.shift()!;
       await reuse.put;
     }
-    const image = takeImage(this.#target.items, step, reuse?.image);
-    const entry: LocalImage = { step, image, put: Promise.resolve() };
+    const image = takeLayoutImage(this.#target.items, step, reuse?.image);
+    const entry: LocalImage = { step, key: imageKey(this.#epoch, dist.rank()), image, put: Promise.resolve() };
     entry.put = this.#send(entry);
     this.#images.push(entry);
   }
@@ -131,10 +167,10 @@ export class MemoryRecovery {
   async #send(entry: LocalImage): Promise<void> {
     if (!this.#holder) return;
     try {
-      await this.#holder.put(this.#rank, entry.step, this.#generation, encodeImage(entry.image));
+      await this.#holder.put(entry.key, entry.step, this.#generation, encodeImage(entry.image));
     } catch (e) {
       // Training goes on without a remote copy; a loss of this rank then falls back to a checkpoint.
-      if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#rank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on without one\n`);
+      if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#jobRank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on without one\n`);
       this.#putFailed = true;
     }
   }
@@ -153,6 +189,20 @@ export class MemoryRecovery {
     for (;;) {
       const g = await this.#awaitGeneration(next, error);
       try {
+        const rec = await this.#record(g);
+        if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, stepsDone, 'grow');
+        if (rec.shrink) {
+          const plan = this.#shrinkPlan(rec);
+          // The lowest surviving rank tells the launcher (which starts replacements on a refusal, else the lost replicas' processes anew).
+          const lostWorld = new Set((rec.lost ?? []).map((j) => this.#members.indexOf(j)));
+          const lowest = this.#members.findIndex((_, w) => !lostWorld.has(w));
+          if (dist.rank() === lowest) await this.#store.set(`recover/gen/${g}/plan`, JSON.stringify('refused' in plan ? plan : { members: plan.members, layout: plan.layout }));
+          if (!('refused' in plan)) {
+            if (!plan.members.includes(this.#jobRank)) return await this.#retire(g);
+            return await this.#reshapeTo(g, plan, { epoch: this.#epoch, worldSize: this.#members.length }, t0, stepsDone, 'shrink');
+          }
+          this.#target.log(`generation ${g}: no shrink (${plan.refused}); waiting for the lost rank's replacement`);
+        }
         await dist.regroup(g);
         this.#generation = g;
         const step = await this.#agree(g, this.steps);
@@ -178,24 +228,110 @@ export class MemoryRecovery {
     }
   }
 
+  /** The launcher's record of generation g. */
+  async #record(g: number): Promise<GenerationRecord> {
+    return JSON.parse(await this.#store.getString(`recover/gen/${g}`)) as GenerationRecord;
+  }
+
+  /** The shrunk world for a loss without a spare (the same plan on every survivor: a pure function of the same facts). */
+  #shrinkPlan(rec: GenerationRecord): ReshapePlan | { refused: string } {
+    const lost = (rec.lost ?? []).map((j) => this.#members.indexOf(j)).filter((w) => w >= 0);
+    if (this.#epoch !== 0) return { refused: 'the job is already reshaped' };
+    return this.#target.planShrink(this.#members, lost);
+  }
+
+  /**
+   * A reshape (shrink or grow back) in generation g: this process joins the plan's world, builds its
+   * layout there, meets the others, agrees on the newest step whose images the world `from` holds
+   * complete, and restores this rank's new state from them (lib/ckpt/reshard-image.ts).
+   */
+  async #reshapeTo(g: number, plan: ReshapePlan, from: ImageWorld, t0: number, stepsDone: number, kind: 'shrink' | 'grow'): Promise<number | null> {
+    const rank = plan.members.indexOf(this.#jobRank);
+    await this.#target.reshape(plan, g, rank);
+    await dist.regroup(g);
+    this.#generation = g;
+    const step = await this.#restoreFrom(g, from, plan);
+    if (step === null) return null;
+    const lost = stepsDone + 1 - step;
+    this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0, reshape: kind, worldSize: plan.members.length });
+    this.#target.log(`generation ${g}: ${kind === 'shrink' ? 'no spare was free; the intact data-parallel replicas go on' : 'the job grew back'} under ${plan.layout.dp} replica(s), ` +
+      `from step ${step} of the images in memory, in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
+    return step;
+  }
+
+  // After a reshape's regroup: the step, the restore, this world's bookkeeping.
+  async #restoreFrom(g: number, from: ImageWorld, plan: ReshapePlan): Promise<number | null> {
+    const step = await this.#agree(g, await this.#completeSteps(from));
+    this.#members = [...plan.members];
+    this.#epoch = g;
+    this.#afterRecovery = { generation: g };
+    const mine = this.#images;
+    this.#images = [];
+    if (step === null) return null;
+    await restoreFromImages(this.#target.items, async (r) => {
+      const local = mine.find((i) => i.step === step && i.key === imageKey(from.epoch, r));
+      return local ? local.image : decodeImage(await (await this.#client(from.epoch, r)).get(imageKey(from.epoch, r), step));
+    }, from.worldSize);
+    await this.#publishWhere();
+    return step;
+  }
+
+  /** The steps for which every rank of world `from` has an image at its holder. */
+  async #completeSteps(from: ImageWorld): Promise<number[]> {
+    let common: Set<number> | null = null;
+    for (let r = 0; r < from.worldSize; r++) {
+      const steps = await (await this.#client(from.epoch, r)).list(imageKey(from.epoch, r));
+      common = common === null ? new Set(steps) : new Set(steps.filter((x) => common!.has(x)));
+    }
+    return [...(common ?? [])].sort((x, y) => x - y);
+  }
+
+  /** Says where this rank's images go (its holder), for a reshape's readers. */
+  async #publishWhere(): Promise<void> {
+    if (this.#holderAddress) await this.#store.set(`recover/where/${imageKey(this.#epoch, dist.rank())}`, this.#holderAddress);
+  }
+
+  /** A connection to the holder of world `epoch`'s rank r's images. */
+  async #client(epoch: number, r: number): Promise<HolderClient> {
+    const address = await this.#store.getString(`recover/where/${imageKey(epoch, r)}`, { timeoutMs: AGREE_WAIT_MS });
+    let c = this.#clients.get(address);
+    if (!c) {
+      const token = holderToken();
+      c = this.#holderAddress === address && this.#holder ? Promise.resolve(this.#holder) : HolderClient.connect(address, { ...(token ? { token } : {}), timeoutMs: 60_000 });
+      this.#clients.set(address, c);
+    }
+    return c;
+  }
+
+  // A survivor the shrink leaves out (its replica lost a rank): it waits for the launcher, which stops
+  // this process and starts the rank anew for the grow back.
+  async #retire(g: number): Promise<never> {
+    this.#event('retired', {});
+    this.#target.log(`generation ${g}: rank ${this.#jobRank}'s replica lost a rank; this process leaves the shrunk job`);
+    await this.#store.getString(`recover/gen/${g}/released/${this.#jobRank}`, { timeoutMs: AGREE_WAIT_MS }).catch(() => undefined);
+    throw new StateError(`rank ${this.#jobRank} left the job in generation ${g} (a shrink), and the launcher did not stop this process`);
+  }
+
   // A replacement: meets the running ranks in its generation and restores the lost rank's image from the
   // holder. Another rank lost meanwhile (the survivors move on to a later generation): it follows them there.
   async #join(): Promise<void> {
     const t0 = Date.now();
-    if (!this.#holder) throw new StateError(`rank ${this.#rank} joins a running job but has no holder to restore from (NODETRON_HOLDER is unset)`);
+    if (!this.#holder) throw new StateError(`rank ${this.#jobRank} joins a running job but has no holder to restore from (NODETRON_HOLDER is unset)`);
     let g = this.#generation;
     for (;;) {
       try {
         await dist.regroup(g);
         this.#generation = g;
-        const have = await this.#holder.list(this.#rank);
+        this.#epoch = await this.#epochAt(g);
+        const key = imageKey(this.#epoch, dist.rank());
+        const have = await this.#holder.list(key);
         const step = await this.#agree(g, have);
         this.joined = true;
         this.#afterRecovery = { generation: g };
         if (step === null) { this.#joinedStep = null; return; }
-        const image = decodeImage(await this.#holder.get(this.#rank, step));
+        const image = decodeImage(await this.#holder.get(key, step));
         restoreImage(this.#target.items, image);
-        this.#images = [{ step, image, put: Promise.resolve() }];
+        this.#images = [{ step, key, image, put: Promise.resolve() }];
         this.#joinedStep = step;
         this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true });
         return;
@@ -203,6 +339,46 @@ export class MemoryRecovery {
         if (!this.recoverable(e)) throw e;
         g = await this.#awaitGeneration(g + 1, e);
       }
+    }
+  }
+
+  /** The reshape generation that made the world of generation g (0 when none did). */
+  async #epochAt(g: number): Promise<number> {
+    let epoch = 0;
+    for (let k = 1; k <= g; k++) {
+      const v = await this.#store.tryGet(`recover/gen/${k}`);
+      if (!v) continue;
+      const rec = JSON.parse(new TextDecoder().decode(v)) as GenerationRecord;
+      if (rec.how === 'grow') epoch = k;
+      else if (rec.shrink) {
+        const plan = await this.#store.tryGet(`recover/gen/${k}/plan`);
+        if (plan && !('refused' in (JSON.parse(new TextDecoder().decode(plan)) as object))) epoch = k;
+      }
+    }
+    return epoch;
+  }
+
+  // A process the launcher started for the grow back (NODETRON_GROW: the shrink's generation): set up
+  // under the job's layout with unconnected groups, it says it is ready and waits for the grow
+  // generation, then meets every rank there and restores its state from the shrunk world's images.
+  async #growJoin(shrinkGeneration: number): Promise<void> {
+    const t0 = Date.now();
+    if (!Number.isSafeInteger(shrinkGeneration) || shrinkGeneration < 1) throw new StateError(`NODETRON_GROW=${shrinkGeneration} is not a generation`);
+    await this.#store.set(`recover/grow/${shrinkGeneration}/ready/${this.#jobRank}`, '1');
+    let next = shrinkGeneration + 1;
+    for (;;) {
+      const v = await this.#store.getString(`recover/gen/${next}`, { timeoutMs: 24 * 3600_000 });
+      const rec = JSON.parse(v) as GenerationRecord;
+      if (rec.how === 'grow' && rec.from) {
+        await dist.regroup(next);
+        this.#generation = next;
+        const step = await this.#restoreFrom(next, rec.from, this.#target.jobPlan());
+        this.joined = true;
+        this.#joinedStep = step;
+        if (step !== null) this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true, reshape: 'grow' });
+        return;
+      }
+      next++;
     }
   }
 
@@ -225,8 +401,8 @@ export class MemoryRecovery {
       if (newest > 0) {
         // A rank the launcher declared lost (frozen, then woken) was replaced: it must leave, not compete.
         for (let k = g; k <= newest; k++) {
-          const rec = JSON.parse(new TextDecoder().decode((await this.#store.tryGet(`recover/gen/${k}`))!)) as { lost?: number[] };
-          if (rec.lost?.includes(this.#rank)) throw new StateError(`rank ${this.#rank} was declared lost in generation ${k} and replaced; this process leaves the job`);
+          const rec = JSON.parse(new TextDecoder().decode((await this.#store.tryGet(`recover/gen/${k}`))!)) as GenerationRecord;
+          if (rec.lost?.includes(this.#jobRank)) throw new StateError(`rank ${this.#jobRank} was declared lost in generation ${k} and replaced; this process leaves the job`);
         }
         return newest;
       }
@@ -235,10 +411,11 @@ export class MemoryRecovery {
     }
   }
 
-  // Every rank publishes the steps it can restore; the answer is the newest step all of them have.
+  // Every rank of the current world publishes the steps it can restore; the answer is the newest step all of them have.
   async #agree(g: number, have: number[]): Promise<number | null> {
-    await this.#store.set(`recover/gen/${g}/have/${this.#rank}`, JSON.stringify(have));
-    const keys = Array.from({ length: this.#worldSize }, (_, r) => `recover/gen/${g}/have/${r}`);
+    const me = dist.rank(), size = dist.worldSize();
+    await this.#store.set(`recover/gen/${g}/have/${me}`, JSON.stringify(have));
+    const keys = Array.from({ length: size }, (_, r) => `recover/gen/${g}/have/${r}`);
     // In short waits: a rank lost before it published (the launcher then starts generation g + 1) must
     // not hold the others here, since the abort file does not reach a store wait.
     const deadline = Date.now() + AGREE_WAIT_MS;
@@ -256,9 +433,10 @@ export class MemoryRecovery {
     return best < 0 ? null : best;
   }
 
-  /** Closes the holder connection. */
+  /** Closes the holder connections. */
   async close(): Promise<void> {
     await Promise.allSettled(this.#images.map((i) => i.put));
     await this.#holder?.close();
+    for (const c of this.#clients.values()) await c.then((x: HolderClient) => (x === this.#holder ? undefined : x.close())).catch(() => undefined);
   }
 }

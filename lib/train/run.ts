@@ -21,7 +21,11 @@ import type { LoadResult } from '../ckpt/load.js';
 import { TokenLoader } from '../data/loader.js';
 import { exportHF } from '../interop/hf-auto.js';
 import type { Tensor } from '../tensor.js';
-import type { ParallelParts, Teardown } from './assembly.js';
+import type { ParallelParts } from './assembly.js';
+import type { LayoutArgs } from './flags.js';
+import { Teardown } from './teardown.js';
+import { planShrink, type ReshapePlan } from './shrink.js';
+import type { ProcessGroup } from '../distributed/group.js';
 import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './options.js';
 import { MemoryRecovery } from './recovery.js';
 import { detectPeakFlops, formatProgress, modelFlopsPerToken, type MoEProgress } from './progress.js';
@@ -53,13 +57,17 @@ export interface StepResult {
 }
 
 export interface RunParts<H extends { lr: number }> extends ParallelParts<H> {
+  /** The layout flags the parts were built from. */
+  flags: LayoutArgs;
   layout: TrainingLayout;
   rank: number;
   worldSize: number;
   loader: TokenLoader | null;
   rows: { start: number; count: number };
-  /** Releases everything set-up built; the run adds its checkpointer. */
+  /** Releases these parts (trainer, loader, model, mesh). */
   teardown: Teardown;
+  /** Builds the parts of another layout over another world (in-job recovery's reshape). */
+  rebuild(flags: LayoutArgs, layout: TrainingLayout, worldSize: number, world: ProcessGroup | null): Promise<RunParts<H>>;
 }
 
 /**
@@ -67,24 +75,27 @@ export interface RunParts<H extends { lr: number }> extends ParallelParts<H> {
  * or gathers is collective: every rank calls it in the same order.
  */
 export class TrainingRun<H extends { lr: number }> {
+  // This rank's parts (mesh, model, trainer, loader, layout): replaced when in-job recovery reshapes
+  // the job (a shrink to fewer data-parallel replicas, or the grow back).
+  #p: RunParts<H>;
   /** The checked layout. */
-  readonly layout: TrainingLayout;
+  get layout(): TrainingLayout { return this.#p.layout; }
   /** This process's rank in the job (0 without a launcher). */
-  readonly rank: number;
+  get rank(): number { return this.#p.rank; }
   /** Processes in the job. */
-  readonly worldSize: number;
+  get worldSize(): number { return this.#p.worldSize; }
   /** The mesh (null in one process). */
-  readonly mesh: ParallelState | null;
+  get mesh(): ParallelState | null { return this.#p.mesh; }
   /** This rank's part of the model: its pipeline stage (of its tensor-parallel slices). */
-  readonly model: GPTStage;
+  get model(): GPTStage { return this.#p.stage; }
   /** The model the factory built, a GPT or a Llama (the stage holds its parameters; its generator is checkpointed). */
-  readonly gpt: CausalLM;
+  get gpt(): CausalLM { return this.#p.full; }
   /** The trainer of the layout. */
-  readonly trainer: ParallelTrainer<H>;
+  get trainer(): ParallelTrainer<H> { return this.#p.trainer; }
   /** The training data loader (null without token shards). */
-  readonly loader: TokenLoader | null;
+  get loader(): TokenLoader | null { return this.#p.loader; }
   /** Tokens per sequence. */
-  readonly seqLen: number;
+  get seqLen(): number { return this.#p.seqLen; }
   /** Sequences per step, over all data-parallel ranks. */
   readonly batchSize: number;
   /** Total steps, when known. */
@@ -94,19 +105,20 @@ export class TrainingRun<H extends { lr: number }> {
   /** Model FLOPs per trained token ({@link modelFlopsPerToken}). */
   readonly flopsPerToken: number;
   /** This data-parallel replica's rows [start, start + count) of each global batch. */
-  readonly rows: {
+  get rows(): {
     /** The first row. */
     start: number;
     /** Rows per step (batchSize / dp). */
     count: number;
-  };
+  } { return this.#p.rows; }
   readonly #options: TrainSetupOptions<H>;
   /** The options the model factory received (seed, device, tensor-parallel layers, recomputation). */
-  readonly #shard: ModelShard;
-  /** Releases what set-up built (and the checkpointer): on close. */
-  readonly #teardown: Teardown;
+  get #shard(): ModelShard { return this.#p.shard; }
+  /** Releases the checkpointer and the recovery, then the current parts: on close. */
+  readonly #teardown = new Teardown();
   readonly #checkpointer: Checkpointer | null;
-  readonly #items: CheckpointItems;
+  #items!: CheckpointItems;
+  readonly #scheduler: { state(): unknown; loadState(st: never): void };
   readonly #log: (line: string) => void;
   readonly #every: number;
   readonly #peakFlops: number | undefined;
@@ -120,14 +132,15 @@ export class TrainingRun<H extends { lr: number }> {
   /** @internal Built by {@link setup}. */
   constructor(options: TrainSetupOptions<H>, parts: RunParts<H>) {
     this.#options = options;
-    this.layout = parts.layout; this.rank = parts.rank; this.worldSize = parts.worldSize; this.mesh = parts.mesh;
-    this.model = parts.stage; this.gpt = parts.full; this.trainer = parts.trainer; this.loader = parts.loader;
-    this.seqLen = parts.seqLen; this.rows = parts.rows; this.#shard = parts.shard; this.device = parts.shard.device; this.#teardown = parts.teardown;
+    this.#p = parts;
+    this.#teardown.add(() => this.#p.teardown.run());
+    this.device = parts.shard.device;
     this.batchSize = options.batchSize; this.steps = options.steps;
     this.flopsPerToken = modelFlopsPerToken(this.gpt, this.seqLen);
     const progress = options.progress;
     const print = progress === false ? () => {} : progress?.log ?? ((line: string) => console.log(line));
-    this.#log = this.rank === 0 ? print : () => {};
+    // The rank that prints is the world's rank 0, whichever process that is after a reshape.
+    this.#log = (line) => { if (this.rank === 0) print(line); };
     this.#every = progress ? progress.every ?? 10 : 10;
     this.#peakFlops = (progress ? progress.peakFlops : undefined) ?? detectPeakFlops(this.device);
     const ck = options.checkpoint;
@@ -136,19 +149,47 @@ export class TrainingRun<H extends { lr: number }> {
     if (checkpointer) this.#teardown.add(() => checkpointer.close());
     // The schedule's position is the step; under in-job recovery it also carries the loss history, so a
     // replacement of rank 0 still writes the whole record (the history goes back with the state).
-    const scheduler = {
+    const scheduler = this.#scheduler = {
       state: () => ({ step: this.#step, ...(this.#recovery ? { history: { train: [...this.#history.train], val: [...this.#history.val] } } : {}) }),
       loadState: (st: { history?: { train: Array<[number, number]>; val: Array<[number, number]> } }) => {
         if (st.history) this.#history = { train: [...st.history.train], val: [...st.history.val] };
       },
     };
-    this.#items = { model: this.trainer, ...(this.loader ? { loader: this.loader } : {}), scheduler, rng: { model: this.gpt.generator }, layout: this.layout };
+    this.#items = this.#itemsOf(parts);
     const c = this.gpt.shape;
     const heads = c.nKvHead === c.nHead ? `${c.nHead} heads` : `${c.nHead} heads (${c.nKvHead} kv)`;
-    this.log(`${this.gpt.family === 'gpt' ? 'GPT' : 'Llama'}: ${c.nLayer} layers, ${heads}, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
+    this.log(`${this.gpt.constructor.name || this.gpt.family}: ${c.nLayer} layers, ${heads}, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
       `${(this.model.numParameters() / 1e6).toFixed(2)}M parameters${this.layout.tp * this.layout.pp > 1 ? ' on rank 0 (its part of the model)' : ''} on ${this.device}`);
     this.log(`layout ${describeLayout(this.layout)}: ${this.worldSize} process(es), ${this.rows.count} sequences per replica per step` +
       (this.layout.pp > 1 ? `, layers ${this.model.layers[0]}..${this.model.layers[1] - 1} on rank 0` : ''));
+  }
+
+  /** What a checkpoint or an in-memory image of this run holds: the trainer's state, the data position, the schedule, the generator. */
+  #itemsOf(p: RunParts<H>): CheckpointItems {
+    return { model: p.trainer, ...(p.loader ? { loader: p.loader } : {}), scheduler: this.#scheduler, rng: { model: p.full.generator }, layout: p.layout };
+  }
+
+  /**
+   * In-job recovery's reshape: releases this rank's parts (trainer, loader, model, mesh), leaves its
+   * world and joins the next one as rank `rank` of `plan.members.length` in `generation`, and builds
+   * the parts of `plan.layout` there with unconnected groups (the caller regroups, then restores the
+   * state from the old world's images). The run object stays the caller's.
+   */
+  async #reshape(plan: ReshapePlan, generation: number, rank: number): Promise<void> {
+    const old = this.#p;
+    await old.teardown.run();
+    const world = await dist.rejoinAs(generation, rank, plan.members.length);
+    this.#p = await old.rebuild(plan.flags as LayoutArgs, plan.layout, plan.members.length, world);
+    this.#items = this.#itemsOf(this.#p);
+    this.#timing = null;
+    this.log(`generation ${generation}: reshaped to ${describeLayout(plan.layout)} over ${plan.members.length} process(es)`);
+  }
+
+  /** @internal Releases what set-up built without leaving the job (a set-up that failed after the run existed). */
+  async release(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#teardown.run();
   }
 
   /**
@@ -244,7 +285,21 @@ export class TrainingRun<H extends { lr: number }> {
    * (then a checkpoint resume is skipped).
    */
   async startRecovery(every = 1): Promise<boolean> {
-    const rec = this.#recovery = await MemoryRecovery.start({ items: this.#items, abandonStep: () => this.trainer.abandonStep(), log: (l) => this.log(l), every });
+    // The job's own layout (the grow back returns to it), as this rank set up.
+    const job = { flags: this.#p.flags, layout: this.#p.layout, worldSize: this.#p.worldSize };
+    const shape = { ...this.gpt.shape, blockSize: this.seqLen };
+    // (`run` for the getter: private fields are read through the class's own object.)
+    // eslint-disable-next-line @typescript-eslint/no-this-alias
+    const run = this;
+    const rec = this.#recovery = await MemoryRecovery.start({
+      get items() { return run.#items; },
+      abandonStep: () => this.trainer.abandonStep(),
+      log: (l) => this.log(l),
+      every,
+      planShrink: (members, lost) => planShrink({ layout: this.layout, flags: this.#p.flags, members, lost, shape, globalBatch: this.batchSize }),
+      jobPlan: () => ({ members: Array.from({ length: job.worldSize }, (_, r) => r), layout: job.layout, flags: job.flags }),
+      reshape: (plan, generation, rank) => this.#reshape(plan, generation, rank),
+    });
     this.#teardown.add(() => rec.close());
     if (!rec.joined) return false;
     if (rec.joinedStep === null) await this.#fallBackToDisk(rec);
