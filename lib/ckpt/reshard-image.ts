@@ -124,8 +124,8 @@ function sourceIntervals(q: ImagePart, oldRank: number, fullShape: readonly numb
 }
 
 /**
- * Removes from `remaining` (sorted by global index, disjoint) what `source` (sorted) covers; returns
- * the pieces taken (global index, index in the wanted part, index in the source part, length).
+ * Removes from `remaining` (sorted by global index, disjoint) what `source` (sorted, disjoint) covers;
+ * returns what is left and the pieces taken (element index in the wanted part, in the source part, length).
  */
 function carve(remaining: Interval[], source: readonly Interval[]): { left: Interval[]; taken: Array<{ to: number; from: number; length: number }> } {
   const left: Interval[] = [], taken: Array<{ to: number; from: number; length: number }> = [];
