@@ -1,14 +1,16 @@
 // What the Hugging Face readers and writers of every model family share (lib/interop/hf.ts: GPT-2,
-// hf-llama.ts: Llama, Mixtral, Qwen2-MoE): the dtypes a directory holds and config.json's names for
-// them, the one reader of a config.json (a directory's, and the planner's `--model config.json`) and
-// its names for a decoder's dimensions, import options, where each tensor of a checkpoint lives
-// (model.safetensors or shards), filling a new model's parameters, and JSON files written atomically.
+// hf-llama.ts: Llama, Mixtral, Qwen2-MoE): the registry of families each family's file adds itself to
+// (registerHFFamily), the dtypes a directory holds and config.json's names for them, the one reader of
+// a config.json (a directory's, and the planner's `--model config.json`) and its one table of names for
+// a decoder's dimensions, import options, where each tensor of a checkpoint lives (model.safetensors or
+// shards), filling a new model's parameters, and JSON files written atomically.
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { type DType, parseDType } from '../dtype.js';
 import { ArgumentError, DTypeError, StateError } from '../errors.js';
 import { writeAll, writeFileAtomically } from '../io/files.js';
 import { SafetensorsFile } from '../io/safetensors.js';
+import { LLAMA_CONFIG_JSON_KEYS, type LlamaConfig } from '../nn/llama.js';
 import type { Module, Parameter } from '../nn/module.js';
 
 /** The dtypes a Hugging Face export can hold. */
@@ -65,6 +67,55 @@ export interface HFFamily<M extends Module = Module, O = object> {
   read(opened: OpenedHFDirectory, opts: ImportHFOptions): M;
   /** Writes the model to a directory transformers loads. */
   write(model: M, dir: string, opts: O): void;
+  /**
+   * What its config.json implies about the decoder beyond the dimensions HF_CONFIG_KEYS names: the
+   * planner (`nodetron plan --model config.json`) reads a config of this family's model_type with it.
+   */
+  decoder?: HFDecoderTraits;
+}
+
+/** A family's decoder, as far as its config.json's dimensions do not say it (HFFamily.decoder). */
+export interface HFDecoderTraits {
+  /** A gated MLP (SwiGLU: three matrices) instead of GPT-2's two. */
+  gated: boolean;
+  /** Biases in every linear layer and LayerNorm (GPT-2) instead of bias-free layers. */
+  bias: boolean;
+  /** Whether the head is tied to the token table when config.json has no tie_word_embeddings. */
+  tied: boolean;
+  /** A learned position table of HF_CONFIG_KEYS.positions rows (GPT-2) instead of rotary positions. */
+  learnedPositions: boolean;
+}
+
+/** The registered families, in registration order (hf-auto.ts's importHF and exportHF search them). */
+const FAMILIES: HFFamily<Module, never>[] = [];
+
+/**
+ * Adds a model family's Hugging Face reader and writer to those importHF, exportHF and the planner find
+ * (by config.json's model_type, by the model's class): each family's file registers its own when it
+ * is loaded (GPT-2: hf.ts, the Llamas: hf-llama.ts), so a new family is added by its own file alone.
+ * A model_type another family reads already is an ArgumentError; registering the same family again does nothing.
+ */
+export function registerHFFamily<M extends Module, O>(family: HFFamily<M, O>): void {
+  const f = family as unknown as HFFamily<Module, never>;
+  if (FAMILIES.includes(f)) return;
+  if (f === null || typeof f !== 'object' || typeof f.name !== 'string' || !Array.isArray(f.modelTypes) || typeof f.owns !== 'function' || typeof f.read !== 'function' || typeof f.write !== 'function') {
+    throw new ArgumentError('registerHFFamily: a family is { name, className, modelTypes, owns, read, write }');
+  }
+  for (const other of FAMILIES) {
+    const taken = f.modelTypes.filter((t) => other.modelTypes.includes(t));
+    if (taken.length) throw new ArgumentError(`registerHFFamily: ${f.name}'s model_type ${taken.map((t) => `'${t}'`).join(', ')} is read by ${other.name} already`);
+  }
+  FAMILIES.push(f);
+}
+
+/** The registered families (see registerHFFamily). */
+export function hfFamilies(): readonly HFFamily<Module, never>[] {
+  return FAMILIES;
+}
+
+/** The registered family that reads config.json's `modelType`, or undefined. */
+export function hfFamilyOf(modelType: unknown): HFFamily<Module, never> | undefined {
+  return FAMILIES.find((f) => typeof modelType === 'string' && f.modelTypes.includes(modelType));
 }
 
 /**
@@ -94,33 +145,51 @@ export function readHFConfig(path: string, call: string, what?: string): Record<
   return json as Record<string, unknown>;
 }
 
+/** config.json's names of a Llama config field, in the order of nn/llama.ts's table (the one list of the Llamas' names). */
+const llamaKeys = (field: keyof LlamaConfig): string[] => Object.entries(LLAMA_CONFIG_JSON_KEYS).filter(([, f]) => f === field).map(([k]) => k);
+
 /**
  * config.json's names for a decoder's dimensions in every family nodetron reads, the first present
- * taken: GPT-2's (n_layer, n_head, n_embd, n_inner, n_positions, n_ctx), Llama's and Mixtral's
- * (num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, intermediate_size,
- * max_position_embeddings, num_local_experts, num_experts_per_tok), Qwen2-MoE's (num_experts,
- * moe_intermediate_size, shared_expert_intermediate_size, decoder_sparse_step).
+ * taken: GPT-2's (n_layer, n_head, n_embd, n_inner, n_positions, n_ctx; transformers' GPT2Config takes
+ * the Llama names as aliases of them), Llama's and Mixtral's (num_hidden_layers, num_attention_heads,
+ * num_key_value_heads, hidden_size, intermediate_size, max_position_embeddings, num_local_experts,
+ * num_experts_per_tok), Qwen2-MoE's (num_experts, moe_intermediate_size, shared_expert_intermediate_size,
+ * decoder_sparse_step); the Llamas' names are those of nn/llama.ts's LLAMA_CONFIG_JSON_KEYS. The
+ * planner reads them leniently (hfConfigNumber), GPT-2's reader strictly (hfConfigInteger).
  */
 export const HF_CONFIG_KEYS = {
-  layers: ['n_layer', 'num_hidden_layers'],
-  heads: ['n_head', 'num_attention_heads'],
-  kvHeads: ['num_key_value_heads'],
-  width: ['n_embd', 'hidden_size'],
-  vocab: ['vocab_size'],
-  ffn: ['intermediate_size', 'n_inner'],
-  positions: ['n_positions', 'max_position_embeddings'],
-  context: ['n_positions', 'max_position_embeddings', 'n_ctx'],
-  experts: ['num_local_experts', 'num_experts'],
-  topK: ['num_experts_per_tok'],
-  expertFfn: ['moe_intermediate_size'],
-  sharedExpertFfn: ['shared_expert_intermediate_size'],
-  sparseStep: ['decoder_sparse_step'],
+  layers: ['n_layer', ...llamaKeys('numHiddenLayers')],
+  heads: ['n_head', ...llamaKeys('numAttentionHeads')],
+  kvHeads: llamaKeys('numKeyValueHeads'),
+  width: ['n_embd', ...llamaKeys('hiddenSize')],
+  vocab: llamaKeys('vocabSize'),
+  ffn: [...llamaKeys('intermediateSize'), 'n_inner'],
+  positions: ['n_positions', ...llamaKeys('maxPositionEmbeddings')],
+  context: ['n_positions', ...llamaKeys('maxPositionEmbeddings'), 'n_ctx'],
+  experts: llamaKeys('numLocalExperts'),
+  topK: llamaKeys('numExpertsPerTok'),
+  expertFfn: llamaKeys('moeIntermediateSize'),
+  sharedExpertFfn: llamaKeys('sharedExpertIntermediateSize'),
+  sparseStep: llamaKeys('decoderSparseStep'),
 } as const satisfies Record<string, readonly string[]>;
 
 /** A dimension of a config.json: the number under the first of its HF_CONFIG_KEYS names that holds one (undefined: none does). */
 export function hfConfigNumber(config: Readonly<Record<string, unknown>>, dim: keyof typeof HF_CONFIG_KEYS): number | undefined {
   for (const k of HF_CONFIG_KEYS[dim]) if (typeof config[k] === 'number') return config[k] as number;
   return undefined;
+}
+
+/**
+ * A dimension a family's reader requires: the value under the first of its HF_CONFIG_KEYS names
+ * present, a positive integer; else a StateError `${call}: ${where}: <name> must be a positive integer`
+ * naming the name present (or the first one when none is).
+ */
+export function hfConfigInteger(config: Readonly<Record<string, unknown>>, dim: keyof typeof HF_CONFIG_KEYS, call: string, where: string): number {
+  const names: readonly string[] = HF_CONFIG_KEYS[dim];
+  const key = names.find((k) => config[k] !== undefined) ?? names[0]!;
+  const v = config[key];
+  if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new StateError(`${call}: ${where}: ${key} must be a positive integer, got ${JSON.stringify(v)}`);
+  return v;
 }
 
 /** Where each tensor of a checkpoint lives: model.safetensors, or the shards a model.safetensors.index.json names. */

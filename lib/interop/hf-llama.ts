@@ -26,7 +26,7 @@ import { isLlamaMoEBlock, Llama, llamaConfig, type CheckedLlamaConfig } from '..
 import { fmtShape, sameShape } from '../shape.js';
 import { bytesOf, loadBytes } from '../io/tensor-bytes.js';
 import { writeAtomically } from '../io/files.js';
-import { exportDType, fillParameters, HFCheckpoint, isHFDType, openHFDirectory, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
+import { exportDType, fillParameters, HFCheckpoint, isHFDType, openHFDirectory, registerHFFamily, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
 
 /** Options of {@link exportLlamaHF}. */
 export interface ExportLlamaHFOptions {
@@ -352,4 +352,6 @@ export const llamaHF: HFFamily<Llama, ExportLlamaHFOptions> = {
   owns: (model): model is Llama => model instanceof Llama,
   read: readLlama,
   write: exportLlamaHF,
+  decoder: { gated: true, bias: false, tied: false, learnedPositions: false },
 };
+registerHFFamily(llamaHF);

@@ -13,7 +13,7 @@ import { dtypeSize } from '../dtype.js';
 import { ArgumentError, DTypeError, ShapeError, StateError } from '../errors.js';
 import { DTYPE_OF_SAFETENSORS, SAFETENSORS_DTYPE_OF, type SafetensorsTensor, writeSafetensors } from '../io/safetensors.js';
 import { GPT, type GPTConfig } from '../nn/gpt.js';
-import { exportDType, fillParameters, HFCheckpoint, isHFDType, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
+import { exportDType, fillParameters, HFCheckpoint, hfConfigInteger, isHFDType, registerHFFamily, tensorSetProblems, TORCH_DTYPE, writeJSONAtomically, type HFDType, type HFFamily, type ImportHFOptions, type OpenedHFDirectory } from './hf-common.js';
 import { fmtShape, sameShape } from '../shape.js';
 import { checkGPT2, GPT2_LAYER_NORM_EPS, gpt2Params, transposeBytes } from './gpt2.js';
 import { writeAtomically } from '../io/files.js';
@@ -122,12 +122,9 @@ export function configFromHF(json: unknown, where: string, dropout?: number): GP
   if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new StateError(`importHF: ${where} is not a JSON object`);
   const j = json as Record<string, unknown>;
   if (j.model_type !== 'gpt2') throw new StateError(`importHF: ${where} has model_type ${JSON.stringify(j.model_type)}; only 'gpt2' is read`);
-  const int = (key: string): number => {
-    const v = j[key];
-    if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new StateError(`importHF: ${where}: ${key} must be a positive integer, got ${JSON.stringify(v)}`);
-    return v;
-  };
-  const [nEmbd, nHead, nLayer, blockSize, vocabSize] = [int('n_embd'), int('n_head'), int('n_layer'), int('n_positions'), int('vocab_size')];
+  // The dimensions under interop's one table of config.json names (GPT-2's first, then the aliases GPT2Config takes).
+  const int = (dim: 'width' | 'heads' | 'layers' | 'positions' | 'vocab'): number => hfConfigInteger(j, dim, 'importHF', where);
+  const [nEmbd, nHead, nLayer, blockSize, vocabSize] = [int('width'), int('heads'), int('layers'), int('positions'), int('vocab')];
   if (nEmbd % nHead !== 0) throw new StateError(`importHF: ${where}: n_embd ${nEmbd} is not divisible by n_head ${nHead}`);
   const refuse = (what: string) => { throw new StateError(`importHF: ${where}: ${what}, which nodetron's GPT does not compute`); };
   const act = j.activation_function ?? 'gelu_new';
@@ -229,4 +226,6 @@ export const gpt2HF: HFFamily<GPT, ExportHFOptions> = {
   owns: (model): model is GPT => model instanceof GPT,
   read: importGPT2,
   write: exportGPT2,
+  decoder: { gated: false, bias: true, tied: true, learnedPositions: true },
 };
+registerHFFamily(gpt2HF);

@@ -15,7 +15,7 @@ import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import { constant, normal } from './init.js';
 import { Embedding, Linear, type LayerOptions } from './layers.js';
-import type { Module, Parameter } from './module.js';
+import { Module, type Parameter } from './module.js';
 import type { MoEParallel } from './moe.js';
 
 /** The role of a linear layer in a block, which tells a tensor-parallel factory how to split it. */
@@ -309,6 +309,33 @@ export interface CausalLM extends Module {
   rebuild(opts: CausalLMOptions): CausalLM;
   /** Appends sampled tokens (see generateTokens). */
   generate(idx: Tensor, maxNewTokens: number, opts?: GenerateOptions): number[][];
+}
+
+/** The CausalLM members a model must have, by kind: the contract as a list, which isCausalLM checks. */
+const CAUSAL_LM_METHODS = ['flopsPerToken', 'embed', 'forwardBlocks', 'head', 'forward', 'gatherLogits', 'stageModules', 'rebuild', 'generate'] as const;
+const CAUSAL_LM_FIELDS = ['config', 'shape', 'parameterCounts', 'blocks', 'generator', 'vocabLayout', 'sequenceLayout', 'contextLayout', 'tiedWeight'] as const;
+
+/**
+ * What `model` lacks of the CausalLM contract (empty when it is one): a Module with a family name, a
+ * blockPrefix, the fields and the methods above. nt.train.setup takes any model of any family that
+ * passes (the GPT, nt.nn.Llama, or a family of one's own), as the pipeline stage and the trainer do.
+ */
+export function causalLMProblems(model: unknown): string[] {
+  if (model === null || typeof model !== 'object') return [`it is ${model === null ? 'null' : typeof model}, not a model`];
+  const m = model as Record<string, unknown>;
+  const problems: string[] = [];
+  if (!(model instanceof Module)) problems.push('it is not an nt.nn.Module');
+  for (const k of ['family', 'blockPrefix'] as const) if (typeof m[k] !== 'string' || m[k] === '') problems.push(`${k} is not a non-empty string`);
+  const missingFields = CAUSAL_LM_FIELDS.filter((k) => !(k in m));
+  if (missingFields.length) problems.push(`it has no ${missingFields.join(', ')}`);
+  const missingMethods = CAUSAL_LM_METHODS.filter((k) => typeof m[k] !== 'function');
+  if (missingMethods.length) problems.push(`it has no method ${missingMethods.join(', ')}`);
+  return problems;
+}
+
+/** Whether `model` is a CausalLM (see causalLMProblems): what nt.train.setup checks a factory's model by, whatever its family. */
+export function isCausalLM(model: unknown): model is CausalLM {
+  return causalLMProblems(model).length === 0;
 }
 
 

@@ -2,8 +2,10 @@
 // alone: one MoE layer's MLP slot, a layer's attention, MLP and norms on one of tp tensor-parallel
 // ranks, a pipeline stage's parameters (embeddings on the first stage, final norm and head on the
 // last), the routed experts a share of layers holds, the whole model's total and active parameters.
-// The GPT's and Llama's counts (gpt.ts, llama.ts: CausalLM.parameterCounts and flopsPerToken) and
-// the planner (lib/plan/models.ts, which works from configs without a model) take them from here.
+// Model FLOPs per token. The GPT's and Llama's counts (gpt.ts, llama.ts: CausalLM.parameterCounts and
+// flopsPerToken, nn.gptParameterCount, nn.llamaParameterCount...) and the planner (lib/plan/models.ts,
+// which works from configs without a model) take them from here; a new family describes its shape as a
+// DecoderShape and counts with them too.
 
 /** One MoE layer's shape, as its parameters see it. */
 export interface MoELayerShape {
@@ -146,11 +148,33 @@ export function routedExpertParameters(s: DecoderShape, moeLayers: number, ep = 
   return s.moe ? moeLayers * (s.moe.experts / ep) * 3 * s.width * s.moe.hidden : 0;
 }
 
-/** The whole model's parameters: all of them (a tied table once), and those one token goes through (an MoE layer's top-k experts, not the others; `total` for a dense model). */
+/**
+ * The whole model's parameters, each kind of layer counted exactly (no averaging over dense and MoE
+ * layers): all of them (a tied table once), and those one token goes through (an MoE layer's router,
+ * top-k experts and shared experts, not the other experts; `total` for a dense model). The GPT's and
+ * Llama's parameterCounts (nn.gptParameterCount, nn.llamaParameterCount) are this.
+ */
 export function decoderParameterCounts(s: DecoderShape): { total: number; active: number } {
-  const total = stageParameters(s, { layers: s.layers, first: true, last: true }).total;
-  if (!s.moe) return { total, active: total };
-  return { total, active: total + s.moe.layers * (moeSlotParameters(s, 1, true) - moeSlotParameters(s)) };
+  const { qkv, proj } = attentionParameters(s), { input, output } = mlpParameters(s);
+  const moeLayers = s.moe ? s.moe.layers : 0;
+  const table = s.vocab * s.width;
+  const outside = table + s.positions * s.width + (s.bias ? 2 : 1) * s.width + (s.tied ? 0 : table);
+  const common = outside + s.layers * (qkv + proj + layerNormParameters(s)) + (s.layers - moeLayers) * (input + output);
+  if (!s.moe) return { total: common, active: common };
+  return { total: common + moeLayers * moeSlotParameters(s), active: common + moeLayers * moeSlotParameters(s, 1, true) };
+}
+
+/**
+ * Model FLOPs per trained token (forward and backward) at sequence length `seqLen`: 6 per parameter a
+ * token goes through, lookups left out (the position table, and the token table unless the head is tied
+ * to it), plus 12·L·C·T for attention's two matrix products (T: the positions each token attends to, the
+ * sliding `window` when it is shorter). Recomputation not counted (model FLOPs, not hardware FLOPs), as
+ * nanoGPT and PaLM count them. The GPT's and Llama's flopsPerToken are this.
+ */
+export function decoderFlopsPerToken(s: DecoderShape, seqLen: number, window?: number): number {
+  const lookups = s.positions * s.width + (s.tied ? 0 : s.vocab * s.width);
+  const attended = window !== undefined ? Math.min(window, seqLen) : seqLen;
+  return 6 * (decoderParameterCounts(s).active - lookups) + 12 * s.layers * s.width * attended;
 }
 
 /** The largest single module's parameters (DeepSpeed's largest_layer_params): the token table, or a dense layer's MLP input if larger. */

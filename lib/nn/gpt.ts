@@ -17,7 +17,7 @@ import { Dropout, Embedding, LayerNorm, Linear, type LayerOptions } from './laye
 import { Module, type Parameter } from './module.js';
 import { addMoEStats, checkMoEConfig, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 import { traceLayer } from '../observe/trace.js';
-import { moeLayerParameters } from './counts.js';
+import { decoderFlopsPerToken, decoderParameterCounts, type DecoderShape } from './counts.js';
 import {
   lookUpTokens, modelParts, generateTokens, type CausalLM, type CausalLMOptions, type CausalLMOutput, type CausalLMLogitsOutput,
   type ContextLayout, type GenerateOptions, type LinearFactory, type LinearLike, type ModelShape, type ParameterCounts, type SequenceLayout, type StageModules, type TokenEmbedding,
@@ -358,7 +358,7 @@ export class GPT extends Module implements CausalLM {
   }
   /** Its parameters from its config (a whole model's, whatever this process holds): all of them, and those one token goes through. */
   get parameterCounts(): ParameterCounts {
-    return { total: gptParameterCount(this.config), active: gptActiveParameterCount(this.config) };
+    return decoderParameterCounts(gptDecoderShape(this.config));
   }
   /** Model FLOPs per trained token at `seqLen` ({@link gptFlopsPerToken}). */
   flopsPerToken(seqLen: number): number { return gptFlopsPerToken(this.config, seqLen); }
@@ -393,7 +393,7 @@ export class GPT extends Module implements CausalLM {
 
 /** Parameters of a GPT of this configuration, all of them (the tied head counted once). */
 export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
-  return gptParameters(config, false);
+  return decoderParameterCounts(gptDecoderShape(config)).total;
 }
 
 /**
@@ -401,40 +401,42 @@ export function gptParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSi
  * the other experts); gptParameterCount for a dense GPT.
  */
 export function gptActiveParameterCount(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>): number {
-  return gptParameters(config, true);
+  return decoderParameterCounts(gptDecoderShape(config)).active;
 }
 
-function gptParameters(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'>, active: boolean): number {
-  const { vocabSize: v, blockSize: t, nLayer: l, nEmbd: c, bias } = config;
-  const b = bias ? 1 : 0;
-  const norm = c * (1 + b);
-  const attn = c * 3 * c + b * 3 * c + c * c + b * c;
-  const mlp = c * 4 * c + b * 4 * c + 4 * c * c + b * c;
-  const moe = config.moe;
-  // An MoE block: the router [E, C], SwiGLU experts of 3·C·H each, the shared experts' 3·C·(shared·H).
-  const moeMlp = moe ? (() => {
-    const h = moe.hidden ?? 4 * c, shared = moe.sharedExperts ?? 0;
-    return moeLayerParameters({
-      width: c, experts: moe.experts, routed: active ? moe.topK : moe.experts, hidden: h,
-      sharedHidden: shared > 0 ? moe.sharedHidden ?? shared * h : 0, sharedGate: shared > 0 && moe.sharedGate === true,
-    });
-  })() : 0;
-  const moeBlocks = moe ? Math.floor(l / (moe.every ?? 1)) : 0;
-  const block = attn + norm * (config.parallelBlock ? 1 : 2);
-  return v * c + t * c + l * block + (l - moeBlocks) * mlp + moeBlocks * moeMlp + norm;
+/** The GPT config fields its parameter and FLOP counts read. */
+type GPTCountConfig = Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'moe'> & { nHead?: number };
+
+/**
+ * A GPT's shape as lib/nn/counts.ts counts it: learned positions, a GELU MLP of 4·nEmbd, the head tied
+ * to the token table, biases and LayerNorms as config.bias says (one LayerNorm per block under
+ * parallelBlock), and the MoE blocks isMoEBlock places (their shared experts gated only when sharedGate).
+ * The head count does not change a count (every head's width is nEmbd / nHead); nHead is 1 when absent.
+ */
+export function gptDecoderShape(config: GPTCountConfig): DecoderShape {
+  const { nEmbd: c, moe } = config, heads = config.nHead ?? 1;
+  const shape: DecoderShape = {
+    layers: config.nLayer, width: c, heads, kvHeads: heads, ffn: 4 * c, vocab: config.vocabSize, gated: false, bias: config.bias !== false, tied: true,
+    positions: config.blockSize, layerNorms: config.parallelBlock ? 1 : 2,
+  };
+  if (moe) {
+    const hidden = moe.hidden ?? 4 * c, shared = moe.sharedExperts ?? 0;
+    shape.moe = {
+      layers: Math.floor(config.nLayer / (moe.every ?? 1)), experts: moe.experts, topK: moe.topK, hidden,
+      sharedHidden: shared > 0 ? moe.sharedHidden ?? shared * hidden : 0, sharedGate: shared > 0 && moe.sharedGate === true,
+    };
+  }
+  return shape;
 }
 
 /**
  * Model FLOPs per trained token (forward and backward) at sequence length `seqLen`: 6·N for the
  * parameters (N without the position table, which is a lookup) plus 12·L·C·T for attention's two
  * matrix products (T: the positions each one attends to, the window when it is shorter). Recomputation
- * is not counted (model FLOPs, not hardware FLOPs).
+ * is not counted (model FLOPs, not hardware FLOPs). lib/nn/counts.ts's decoderFlopsPerToken.
  */
 export function gptFlopsPerToken(config: Pick<GPTConfig, 'vocabSize' | 'blockSize' | 'nLayer' | 'nEmbd' | 'bias' | 'parallelBlock' | 'window' | 'moe'>, seqLen: number): number {
-  // Under MoE, the parameters a token goes through (its topK experts).
-  const n = gptActiveParameterCount(config) - config.blockSize * config.nEmbd;
-  const attended = config.window !== undefined ? Math.min(config.window, seqLen) : seqLen;
-  return 6 * n + 12 * config.nLayer * config.nEmbd * attended;
+  return decoderFlopsPerToken(gptDecoderShape(config), seqLen, config.window);
 }
 
 function checkConfig(c: GPTConfig): GPTConfig {

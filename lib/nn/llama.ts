@@ -22,7 +22,7 @@ import {
 } from './causal-lm.js';
 import { RMSNorm, type LayerOptions } from './layers.js';
 import { Module, type Parameter } from './module.js';
-import { moeLayerParameters } from './counts.js';
+import { decoderFlopsPerToken, decoderParameterCounts, type DecoderShape } from './counts.js';
 import { addMoEStats, MoE, moeLayers, type MoEConfig, type MoEParallel, type MoEStats } from './moe.js';
 
 /**
@@ -82,7 +82,12 @@ export interface LlamaConfig {
 /** A checked LlamaConfig: every optional field filled. */
 export type CheckedLlamaConfig = Required<LlamaConfig>;
 
-const SNAKE: Record<string, keyof LlamaConfig> = {
+/**
+ * config.json's names of the LlamaConfig fields (Hugging Face's LlamaConfig, MixtralConfig and
+ * Qwen2MoeConfig: num_experts is Qwen2-MoE's num_local_experts): the one table of them, which
+ * llamaConfig reads and interop's HF_CONFIG_KEYS (lib/interop/hf-common.ts) takes the Llamas' names from.
+ */
+export const LLAMA_CONFIG_JSON_KEYS: Readonly<Record<string, keyof LlamaConfig>> = {
   vocab_size: 'vocabSize', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_hidden_layers: 'numHiddenLayers',
   num_attention_heads: 'numAttentionHeads', num_key_value_heads: 'numKeyValueHeads', rope_theta: 'ropeTheta', rms_norm_eps: 'rmsNormEps',
   tie_word_embeddings: 'tieWordEmbeddings', max_position_embeddings: 'maxPositionEmbeddings', initializer_range: 'initializerRange',
@@ -90,7 +95,7 @@ const SNAKE: Record<string, keyof LlamaConfig> = {
   moe_intermediate_size: 'moeIntermediateSize', shared_expert_intermediate_size: 'sharedExpertIntermediateSize', decoder_sparse_step: 'decoderSparseStep',
   mlp_only_layers: 'mlpOnlyLayers', norm_topk_prob: 'normTopkProb', router_aux_loss_coef: 'routerAuxLossCoef', router_jitter_noise: 'routerJitterNoise',
 };
-const CAMEL = new Set<string>([...Object.values(SNAKE), 'recompute', 'routerZLossCoef']);
+const CAMEL = new Set<string>([...Object.values(LLAMA_CONFIG_JSON_KEYS), 'recompute', 'routerZLossCoef']);
 
 /**
  * Checks a Llama config given in camelCase or Hugging Face's snake_case (a config.json's fields; keys
@@ -105,7 +110,7 @@ export function llamaConfig(input: LlamaConfig | Record<string, unknown>): Check
   const c: Partial<Record<keyof LlamaConfig, unknown>> = {};
   for (const [k, v] of Object.entries(input)) {
     if (v === undefined) continue;
-    const key = SNAKE[k] ?? (CAMEL.has(k) ? (k as keyof LlamaConfig) : undefined);
+    const key = (Object.hasOwn(LLAMA_CONFIG_JSON_KEYS, k) ? LLAMA_CONFIG_JSON_KEYS[k] : undefined) ?? (CAMEL.has(k) ? (k as keyof LlamaConfig) : undefined);
     if (key === undefined) continue;
     if (key in c && c[key] !== v) throw new ArgumentError(`LlamaConfig: ${k} is given twice with different values (${String(c[key])} and ${String(v)})`);
     c[key] = v;
@@ -201,35 +206,45 @@ export type LlamaCountConfig = Pick<LlamaConfig, 'vocabSize' | 'hiddenSize' | 'i
   | 'qkvBias' | 'numLocalExperts' | 'numExpertsPerTok' | 'moeIntermediateSize' | 'sharedExpertIntermediateSize' | 'decoderSparseStep' | 'mlpOnlyLayers'>;
 
 /**
+ * A Llama's shape as lib/nn/counts.ts counts it: no biases but q/k/v's under qkvBias, RMSNorm scales,
+ * rotary positions (no table), a SwiGLU MLP, the head tied or not, and the MoE blocks isLlamaMoEBlock
+ * places (numLocalExperts > 0: router, experts of moeIntermediateSize, the sigmoid-gated shared expert).
+ * Reads the config's fields as given, with llamaConfig's defaults for the optional ones.
+ */
+export function llamaDecoderShape(config: LlamaCountConfig): DecoderShape {
+  const { vocabSize, hiddenSize: width, intermediateSize: ffn, numHiddenLayers: layers, numAttentionHeads: heads } = config;
+  const shape: DecoderShape = {
+    layers, width, heads, kvHeads: config.numKeyValueHeads ?? heads, ffn, vocab: vocabSize, gated: true, bias: false, tied: config.tieWordEmbeddings === true,
+    positions: 0, qkvBias: config.qkvBias === true,
+  };
+  const e = config.numLocalExperts ?? 0, step = config.decoderSparseStep ?? 1, only = config.mlpOnlyLayers ?? [];
+  if (e > 0) {
+    let moeLayers = 0;
+    for (let i = 0; i < layers; i++) if (!only.includes(i) && (i + 1) % step === 0) moeLayers++;
+    const shared = config.sharedExpertIntermediateSize ?? 0;
+    shape.moe = { layers: moeLayers, experts: e, topK: Math.min(config.numExpertsPerTok ?? 2, e), hidden: config.moeIntermediateSize ?? ffn, sharedHidden: shared, sharedGate: shared > 0 };
+  }
+  return shape;
+}
+
+/**
  * Parameters of a Llama of this configuration, all of them (a tied head counted once): RMSNorm scales
  * only, q/k/v biases under qkvBias. MoE blocks (numLocalExperts > 0, as nt.nn.isLlamaMoEBlock places them)
  * count the router, the experts (with `active`, only the numExpertsPerTok a token goes through) and the
- * gated shared expert.
+ * gated shared expert. lib/nn/counts.ts's decoderParameterCounts of the shape llamaDecoderShape gives.
  */
 export function llamaParameterCount(config: LlamaCountConfig, active = false): number {
-  const { vocabSize: v, hiddenSize: c, intermediateSize: f, numHiddenLayers: l, numAttentionHeads: h } = config;
-  const kv = config.numKeyValueHeads ?? h, d = c / h;
-  const attn = c * h * d + 2 * c * kv * d + h * d * c + (config.qkvBias ? (h + 2 * kv) * d : 0);
-  const block = attn + 2 * c;
-  const e = config.numLocalExperts ?? 0, step = config.decoderSparseStep ?? 1, only = config.mlpOnlyLayers ?? [];
-  let mlps = 0;
-  for (let i = 0; i < l; i++) {
-    if (e > 0 && !only.includes(i) && (i + 1) % step === 0) {
-      const m = config.moeIntermediateSize ?? f, s = config.sharedExpertIntermediateSize ?? 0;
-      mlps += moeLayerParameters({ width: c, experts: e, routed: active ? Math.min(config.numExpertsPerTok ?? 2, e) : e, hidden: m, sharedHidden: s, sharedGate: s > 0 });
-    } else mlps += 3 * c * f;
-  }
-  return v * c * (config.tieWordEmbeddings ? 1 : 2) + l * block + mlps + c;
+  const counts = decoderParameterCounts(llamaDecoderShape(config));
+  return active ? counts.active : counts.total;
 }
 
 /**
  * A Llama's model FLOPs per trained token at `seqLen`: 6·N (N without the token table, a lookup; the
  * untied head's table counted; under MoE the parameters a token goes through) plus 12·L·H·D·T for
- * attention's two matrix products, as for the GPT.
+ * attention's two matrix products, as for the GPT (lib/nn/counts.ts's decoderFlopsPerToken).
  */
 export function llamaFlopsPerToken(config: LlamaCountConfig, seqLen: number): number {
-  const lookup = config.tieWordEmbeddings ? 0 : config.vocabSize * config.hiddenSize;
-  return 6 * (llamaParameterCount(config, true) - lookup) + 12 * config.numHiddenLayers * config.hiddenSize * seqLen;
+  return decoderFlopsPerToken(llamaDecoderShape(config), seqLen);
 }
 
 /** Options of {@link Llama}: every CausalLM's (seed, device, dtype, tensor-parallel seams) plus the MLP's factory. */
@@ -432,7 +447,7 @@ export class Llama extends Module implements CausalLM {
   }
   /** Its parameters from its config (a whole model's, whatever this process holds): all of them, and those one token goes through. */
   get parameterCounts(): ParameterCounts {
-    return { total: llamaParameterCount(this.config), active: llamaParameterCount(this.config, true) };
+    return decoderParameterCounts(llamaDecoderShape(this.config));
   }
   /** Model FLOPs per trained token at `seqLen` ({@link llamaFlopsPerToken}). */
   flopsPerToken(seqLen: number): number { return llamaFlopsPerToken(this.config, seqLen); }

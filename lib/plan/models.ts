@@ -1,8 +1,9 @@
 // The model shapes `nodetron plan` knows (GPT-2 sizes, Llama-2 7B/13B/70B), reading a config.json
-// (Hugging Face GPT-2 or Llama keys, or the planner's own), and the parameters each pipeline stage and
+// (Hugging Face keys, the family its model_type names telling what they do not, or the planner's own), and the parameters each pipeline stage and
 // tensor-parallel rank holds: counted by lib/nn/counts.ts (the models' own counts) from the model's shape.
 import { ArgumentError, StateError } from '../errors.js';
 import { HF_CONFIG_KEYS, hfConfigNumber, readHFConfig } from '../interop/hf-common.js';
+import { hfFamilyOf } from '../interop/hf-auto.js';
 import {
   decoderParameterCounts, largestModuleParameters, layerParameters, routedExpertParameters, stageParameters, type DecoderShape, type StageParameters,
 } from '../nn/counts.js';
@@ -101,10 +102,14 @@ export function modelFromConfig(c: Record<string, unknown>, name = 'config'): Pl
   const nEmbd = num('nEmbd', 'width'), vocabSize = num('vocabSize', 'vocab');
   const missing = Object.entries({ layers: nLayer, heads: nHead, width: nEmbd, vocabulary: vocabSize }).filter(([, v]) => !(Number.isInteger(v) && v! > 0)).map(([k]) => k);
   if (missing.length) throw new ArgumentError(`plan: the model config ${name} lacks a positive integer ${missing.join(', ')} (n_layer/num_hidden_layers, n_head/num_attention_heads, n_embd/hidden_size, vocab_size)`);
-  const llamaLike = typeof c.intermediate_size === 'number' || c.model_type === 'llama' || c.gated === true;
-  const gated = typeof c.gated === 'boolean' ? c.gated : llamaLike;
+  // What the dimensions do not say comes from the planner's own keys, else from the family config.json's
+  // model_type names (its registered HFFamily's decoder traits: registerHFFamily), else is guessed from
+  // the keys: a gated MLP, no biases, an untied head and rotary positions when it names intermediate_size.
+  const ownGated = typeof c.gated === 'boolean' ? c.gated : undefined;
+  const traits = ownGated === undefined ? hfFamilyOf(c.model_type)?.decoder : undefined;
+  const gated = ownGated ?? traits?.gated ?? typeof c.intermediate_size === 'number';
   const ffn = num('ffn', 'ffn') ?? 4 * nEmbd!;
-  const positions = num('positions') ?? (gated ? 0 : num(null, 'positions') ?? 1024);
+  const positions = num('positions') ?? ((traits ? traits.learnedPositions : !gated) ? num(null, 'positions') ?? 1024 : 0);
   const seqLen = num('seqLen', 'context') ?? 1024;
   // MoE: Mixtral (num_local_experts, num_experts_per_tok), Qwen2-MoE (num_experts, moe_intermediate_size,
   // shared_expert_intermediate_size, decoder_sparse_step) or a GPTConfig's moe object.
@@ -123,8 +128,8 @@ export function modelFromConfig(c: Record<string, unknown>, name = 'config'): Pl
   }
   return {
     name, nLayer: nLayer!, nHead: nHead!, nKvHead: num('nKvHead', 'kvHeads') ?? nHead!, nEmbd: nEmbd!, ffn, vocabSize: vocabSize!,
-    gated, tied: typeof c.tied === 'boolean' ? c.tied : typeof c.tie_word_embeddings === 'boolean' ? c.tie_word_embeddings : !gated,
-    bias: typeof c.bias === 'boolean' ? c.bias : !gated, positions, seqLen, ...(moe ? { moe } : {}),
+    gated, tied: typeof c.tied === 'boolean' ? c.tied : typeof c.tie_word_embeddings === 'boolean' ? c.tie_word_embeddings : traits?.tied ?? !gated,
+    bias: typeof c.bias === 'boolean' ? c.bias : traits?.bias ?? !gated, positions, seqLen, ...(moe ? { moe } : {}),
   };
 }
 

@@ -1,17 +1,22 @@
 // The planner counts with the models' own arithmetic (lib/nn/counts.ts) and reads config.json with
 // interop's one reader: its totals and active counts equal nn.GPT's and nn.Llama's for the same
 // configs (a Qwen2-MoE differs by exactly the q/k/v biases and shared-expert gates the planner leaves
-// out), lib/nn/counts.ts alone gives both models' counts from their configs (parallel blocks, gated
-// shared experts, q/k/v biases, dense-only layers), a layer's parameters split over tensor- and
-// expert-parallel ranks add back up to the whole,
-// and a config file the importers refuse as no JSON object the planner refuses too.
+// out). counts.ts is checked against the models themselves, not a copy of its arithmetic: the GPT's and
+// Llama's counts (and FLOPs per token) equal the sizes of the parameters a built model holds, for dense,
+// biasless, parallel-block, grouped-query, tied, q/k/v-biased and MoE configs (the experts a token skips
+// counted from the MoE layers' own parameters), and a pipeline stage's count equals what the trainer's
+// stage holds. A layer's parameters split over tensor- and expert-parallel ranks add back up to the
+// whole, and a config file the importers refuse as no JSON object the planner refuses too.
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { plan } from '../../lib/internal.js';
-import { attentionParameters, decoderParameterCounts, layerParameters, mlpParameters, type DecoderShape } from '../../lib/nn/counts.js';
+import { attentionParameters, decoderParameterCounts, layerParameters, mlpParameters, stageParameters, type DecoderShape } from '../../lib/nn/counts.js';
+import { GPTStage } from '../../lib/parallel/pipeline/gpt-stage.js';
+import { gptDecoderShape } from '../../lib/nn/gpt.js';
+import { llamaDecoderShape } from '../../lib/nn/llama.js';
 import { HF_CONFIG_KEYS, hfConfigNumber, readHFConfig } from '../../lib/interop/hf-common.js';
 import { decoderShape } from '../../lib/plan/models.js';
 
@@ -81,34 +86,67 @@ describe('lib/nn/counts.ts', () => {
     expect(decoderParameterCounts(gqa)).toEqual({ total: 4 * layerParameters(gqa) + 2 * 1000 * 256 + 256, active: 4 * layerParameters(gqa) + 2 * 1000 * 256 + 256 });
   });
 
-  it("a decoder's counts equal nn.GPT's (parallel blocks, gated shared experts) and nn.Llama's (q/k/v biases, dense-only layers) from the same config", () => {
-    type GPTConfig = Parameters<typeof nt.nn.gptParameterCount>[0];
-    const gptShape = (c: GPTConfig): DecoderShape => {
-      const moe = c.moe, hidden = moe?.hidden ?? 4 * c.nEmbd, shared = moe?.sharedExperts ?? 0;
-      return {
-        layers: c.nLayer, width: c.nEmbd, heads: 4, kvHeads: 4, ffn: 4 * c.nEmbd, vocab: c.vocabSize, gated: false, bias: c.bias ?? true, tied: true, positions: c.blockSize,
-        layerNorms: c.parallelBlock ? 1 : 2,
-        ...(moe ? { moe: { layers: Math.floor(c.nLayer / (moe.every ?? 1)), experts: moe.experts, topK: moe.topK, hidden, sharedHidden: shared > 0 ? moe.sharedHidden ?? shared * hidden : 0, sharedGate: shared > 0 && moe.sharedGate === true } } : {}),
-      };
-    };
-    const g = { vocabSize: 500, blockSize: 64, nLayer: 4, nEmbd: 32, bias: true };
-    for (const c of [g, { ...g, bias: false }, { ...g, parallelBlock: true }, { ...g, moe: { experts: 4, topK: 2, every: 2, hidden: 16, sharedExperts: 1, sharedHidden: 24, sharedGate: true } }] as GPTConfig[]) {
-      expect(decoderParameterCounts(gptShape(c))).toEqual({ total: nt.nn.gptParameterCount(c), active: nt.nn.gptActiveParameterCount(c) });
-    }
-    const llamaShape = (c: nt.nn.CheckedLlamaConfig): DecoderShape => {
-      const e = c.numLocalExperts ?? 0, step = c.decoderSparseStep ?? 1, only = c.mlpOnlyLayers ?? [], shared = c.sharedExpertIntermediateSize ?? 0;
-      const moeLayers = Array.from({ length: c.numHiddenLayers }, (_, i) => i).filter((i) => !only.includes(i) && (i + 1) % step === 0).length;
-      return {
-        layers: c.numHiddenLayers, width: c.hiddenSize, heads: c.numAttentionHeads, kvHeads: c.numKeyValueHeads, ffn: c.intermediateSize, vocab: c.vocabSize,
-        gated: true, bias: false, tied: c.tieWordEmbeddings, positions: 0, qkvBias: c.qkvBias,
-        ...(e > 0 ? { moe: { layers: moeLayers, experts: e, topK: Math.min(c.numExpertsPerTok ?? 2, e), hidden: c.moeIntermediateSize ?? c.intermediateSize, sharedHidden: shared, sharedGate: shared > 0 } } : {}),
-      };
-    };
-    const l = { vocab_size: 300, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64 };
+  it("the models' counts (counts.ts) equal the parameters the models hold: GPTs (no biases, parallel blocks, gated shared experts, MoE in 1 of 3 layers) and Llamas (tied, GQA, q/k/v biases, dense-only layers, Mixtral)", () => {
+    const g = { vocabSize: 97, blockSize: 24, nLayer: 4, nHead: 4, nEmbd: 16, dropout: 0, bias: true };
+    const gpts: nt.nn.GPTConfig[] = [
+      g, { ...g, bias: false }, { ...g, parallelBlock: true, nHead: 2 },
+      { ...g, moe: { experts: 4, topK: 2, every: 2, hidden: 8, sharedExperts: 1, sharedHidden: 12, sharedGate: true } },
+      { ...g, nLayer: 3, bias: false, moe: { experts: 3, topK: 1, every: 2, hidden: 20, sharedExperts: 2 } },
+    ];
+    const l = { vocab_size: 53, hidden_size: 32, intermediate_size: 48, num_hidden_layers: 4, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64 };
     const qwen = { ...l, num_experts: 4, num_experts_per_tok: 2, moe_intermediate_size: 16, shared_expert_intermediate_size: 24, qkv_bias: true };
-    for (const json of [l, { ...l, tie_word_embeddings: true }, qwen, { ...qwen, decoder_sparse_step: 2, mlp_only_layers: [1] }]) {
-      const c = nt.nn.llamaConfig(json);
-      expect(decoderParameterCounts(llamaShape(c))).toEqual({ total: nt.nn.llamaParameterCount(c), active: nt.nn.llamaParameterCount(c, true) });
+    const llamas = [
+      l, { ...l, tie_word_embeddings: true, num_key_value_heads: 4 }, { ...l, num_key_value_heads: 1 }, qwen,
+      { ...qwen, decoder_sparse_step: 2, mlp_only_layers: [1] }, { ...l, num_local_experts: 3, num_experts_per_tok: 2, num_hidden_layers: 3 },
+    ];
+    const models: Array<[string, () => nt.nn.CausalLM, number]> = [
+      ...gpts.map((c, i) => [`gpt ${i}`, () => new nt.nn.GPT(c), c.moe?.topK ?? 0] as [string, () => nt.nn.CausalLM, number]),
+      ...llamas.map((c, i) => [`llama ${i}`, () => new nt.nn.Llama(c), 'num_experts_per_tok' in c ? c.num_experts_per_tok : 0] as [string, () => nt.nn.CausalLM, number]),
+    ];
+    for (const [name, build, topK] of models) {
+      const m = build();
+      try {
+        const named = m.namedParameters();
+        const size = (re: RegExp) => named.filter(([n]) => re.test(n)).reduce((a, [, p]) => a + p.size, 0);
+        const total = size(/./);
+        // Of each MoE layer's routed experts a token goes through topK; every expert of a layer is the same size.
+        let inactive = 0;
+        for (const moe of nt.nn.moeLayers(m)) {
+          const own = moe.namedParameters();
+          const sum = (re: RegExp) => own.filter(([n]) => re.test(n)).reduce((acc, [, p]) => acc + p.size, 0);
+          const experts = moe.config.experts, expert = sum(/^experts\.0\./);
+          expect(sum(/^experts\./), name).toBe(experts * expert);
+          inactive += (experts - topK) * expert;
+        }
+        expect(m.parameterCounts, name).toEqual({ total, active: total - inactive });
+        // FLOPs: 6 per parameter a token goes through, the lookup tables (positions; an untied input table) left out, and attention.
+        const s = m.shape, lookups = size(/^wpe\./) + (m.tiedWeight ? 0 : size(/^embedTokens\./));
+        for (const t of [1, 7, s.blockSize]) expect(m.flopsPerToken(t), name).toBe(6 * (total - inactive - lookups) + 12 * s.nLayer * s.nEmbd * t);
+      } finally { m.dispose(); }
+    }
+    // The public count functions are the same arithmetic.
+    for (const c of gpts) expect([nt.nn.gptParameterCount(c), nt.nn.gptActiveParameterCount(c)]).toEqual([new nt.nn.GPT(c).parameterCounts.total, new nt.nn.GPT(c).parameterCounts.active]);
+    for (const c of llamas) expect(nt.nn.llamaParameterCount(nt.nn.llamaConfig(c))).toBe(decoderParameterCounts(llamaDecoderShape(nt.nn.llamaConfig(c))).total);
+  });
+
+  it("a pipeline stage's parameters (stageParameters) are those the trainer's stage holds: tied and untied heads, every stage of pp = 1..3", () => {
+    const gpt: nt.nn.GPTConfig = { vocabSize: 61, blockSize: 16, nLayer: 5, nHead: 2, nEmbd: 8, dropout: 0, bias: true };
+    const llama = { vocab_size: 61, hidden_size: 16, intermediate_size: 24, num_hidden_layers: 5, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 16 };
+    const cases: Array<[string, () => nt.nn.CausalLM, DecoderShape]> = [
+      ['gpt', () => new nt.nn.GPT(gpt), gptDecoderShape(gpt)],
+      ['llama', () => new nt.nn.Llama(llama), llamaDecoderShape(nt.nn.llamaConfig(llama))],
+      ['llama tied', () => new nt.nn.Llama({ ...llama, tie_word_embeddings: true }), llamaDecoderShape(nt.nn.llamaConfig({ ...llama, tie_word_embeddings: true }))],
+    ];
+    for (const [name, build, shape] of cases) {
+      for (const pp of [1, 2, 3]) {
+        for (let stage = 0; stage < pp; stage++) {
+          const s = new GPTStage(build(), stage, pp);
+          try {
+            const counted = stageParameters(shape, { layers: s.layers[1] - s.layers[0], first: stage === 0, last: stage === pp - 1 });
+            expect(counted.total, `${name} pp ${pp} stage ${stage}`).toBe(s.numParameters());
+          } finally { s.dispose(); }
+        }
+      }
     }
   });
 
