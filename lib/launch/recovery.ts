@@ -478,7 +478,9 @@ export class RecoverySession {
       return;
     }
     if (s.by !== this.nodeRank) return;
-    if (!(await this.attempt.jobStore.check(s.out.map((r) => `recover/grow/${s.generation}/ready/${r}`)))) return;
+    // The ranks outside are set up again, and every rank of the shrunk world has a copy at its holder (what the grow back restores).
+    const ready = [...s.out.map((r) => `recover/grow/${s.generation}/ready/${r}`), ...s.members.map((_, r) => `recover/epoch/${s.generation}/put/${r}`)];
+    if (!(await this.attempt.jobStore.check(ready))) return;
     this.growing = true;
     this.enqueue(async () => {
       await this.readGenerations();

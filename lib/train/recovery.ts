@@ -78,6 +78,8 @@ export class MemoryRecovery {
   // The images of the newest two completed steps (double-buffered: a put reads one while the next is taken).
   #images: LocalImage[] = [];
   #putFailed = false;
+  /** The reshaped world whose first copy this rank has announced. */
+  #announced = 0;
   #afterRecovery: { generation: number } | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
@@ -168,6 +170,12 @@ export class MemoryRecovery {
     if (!this.#holder) return;
     try {
       await this.#holder.put(entry.key, entry.step, this.#generation, encodeImage(entry.image));
+      // A reshaped world's first copy at its holder: the launcher grows the job back only once every
+      // rank of the shrunk world has one (the grow back restores from them).
+      if (this.#epoch > 0 && this.#announced !== this.#epoch) {
+        this.#announced = this.#epoch;
+        await this.#store.set(`recover/epoch/${this.#epoch}/put/${dist.rank()}`, String(entry.step));
+      }
     } catch (e) {
       // Training goes on without a remote copy; a loss of this rank then falls back to a checkpoint.
       if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#jobRank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on without one\n`);
@@ -236,7 +244,7 @@ export class MemoryRecovery {
   /** The shrunk world for a loss without a spare (the same plan on every survivor: a pure function of the same facts). */
   #shrinkPlan(rec: GenerationRecord): ReshapePlan | { refused: string } {
     const lost = (rec.lost ?? []).map((j) => this.#members.indexOf(j)).filter((w) => w >= 0);
-    if (this.#epoch !== 0) return { refused: 'the job is already reshaped' };
+    if (this.#members.length !== this.#target.jobPlan().members.length) return { refused: 'the job is shrunk already (one loss at a time)' };
     return this.#target.planShrink(this.#members, lost);
   }
 
