@@ -33,3 +33,10 @@ export { LAYOUT_FLAGS, LAYOUT_ENV } from './train/flags.js';
 // The layout planner behind `nodetron plan`: per-rank memory and step time of layouts, the ranked
 // candidates for a model on N devices, published reference formulas, calibration (docs/planning.md).
 export * as plan from './plan/index.js';
+// A model family of one's own (docs/architecture.md, "Adding a model family"): the contract's check, the
+// count arithmetic, and the Hugging Face registry importHF/exportHF and the planner read.
+export { isCausalLM, causalLMProblems } from './nn/causal-lm.js';
+export { decoderFlopsPerToken, type DecoderShape } from './nn/counts.js';
+export { gptDecoderShape } from './nn/gpt.js';
+export { llamaDecoderShape } from './nn/llama.js';
+export { registerHFFamily, type HFFamily } from './interop/hf-common.js';

@@ -5,7 +5,7 @@ import type { ProcessGroup } from '../distributed/group.js';
 import { agreeAll } from '../distributed/agree.js';
 import { ArgumentError } from '../errors.js';
 import type { GPT, GPTOptions } from '../nn/gpt.js';
-import type { Llama } from '../nn/llama.js';
+import type { CausalLM } from '../nn/causal-lm.js';
 import type { Parameter } from '../nn/module.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { CosineWithWarmupOptions } from '../optim/schedule.js';
@@ -83,11 +83,11 @@ export type LearningRate = number | ((step: number) => number) | (Omit<CosineWit
 /** The options of {@link setup}. */
 export interface TrainSetupOptions<H extends { lr: number }> {
   /**
-   * Builds the model on every rank: `(shard) => new nt.nn.GPT(config, shard)` or
-   * `(shard) => new nt.nn.Llama(config, shard)`. It must return an nt.nn.GPT or nt.nn.Llama built
-   * with the shard's options (its tensor-parallel layers, device and seed).
+   * Builds the model on every rank: `(shard) => new nt.nn.GPT(config, shard)`,
+   * `(shard) => new nt.nn.Llama(config, shard)`, or any model family's CausalLM (docs/architecture.md,
+   * "Adding a model family"), built with the shard's options (its tensor-parallel layers, device and seed).
    */
-  model: (shard: ModelShard) => GPT | Llama;
+  model: (shard: ModelShard) => CausalLM;
   /** Builds the optimizer from parameter groups (ZeRO passes this rank's shards): `(groups) => new nt.optim.AdamW(groups, {...})`. */
   optimizer: (groups: ZeroParamGroup<H>[]) => Optimizer<H>;
   /** Sequences per step over all data-parallel ranks (the global batch). */

@@ -482,7 +482,7 @@ export class TrainingRun<H extends { lr: number }> {
   async exportHF(dir: string): Promise<boolean> {
     if (this.layout.tp > 1 || this.layout.pp > 1 || (this.layout.ep ?? 1) > 1) return false;
     // A GPT-2 directory for the GPT, a LlamaForCausalLM one for a Llama.
-    await this.withFullModel((model) => { if (this.rank === 0) exportHF(model as GPT | Llama, dir); });
+    await this.withFullModel((model) => { if (this.rank === 0) exportHF(model, dir); });
     return true;
   }
 

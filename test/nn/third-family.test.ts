@@ -161,7 +161,7 @@ describe('a third model family, with no edit to lib/', () => {
     let built: ToyLM | null = null;
     const run = await nt.train.setup({
       // TrainSetupOptions.model is typed as returning a GPT or a Llama (lib/train/options.ts); at run time setup takes any CausalLM.
-      model: (shard) => (built = new ToyLM(CONFIG, shard)) as unknown as nt.nn.GPT,
+      model: (shard) => (built = new ToyLM(CONFIG, shard)),
       optimizer: (groups) => new nt.optim.AdamW(groups, { lr: 1e-2 }),
       batchSize: 2, seqLen: 8, steps: 1, layout: {},
       progress: { every: 1, peakFlops: 1e12, log: (l) => lines.push(l) },
