@@ -28,6 +28,8 @@ export interface ChaosOptions {
   /** Simulated nodes: one launcher process per node on this machine (1: no node faults). */
   nodes: number;
   spares: number;
+  /** launch --shrink: a loss with no spare free shrinks data parallelism, then grows back. */
+  shrink?: boolean;
   killEverySec: number;
   kills: number;
   faults: FaultKind[];
@@ -64,6 +66,8 @@ export interface ChaosFaultRow {
   i: number; how: FaultKind; rank: number | null; node: number; ranks: number[];
   generation: number | null; detectMs: number | null; fullStrengthMs: number | null; stepsLost: number | null;
   recoveredToStep: number | null; diskFallback: boolean; fallbackRestart: boolean; status: 'recovered' | 'undetected' | 'incomplete' | 'fallback-restart';
+  /** --shrink: the job went on with fewer replicas (then grew back); training again: the first step after the fault, by any rank. */
+  shrunk?: boolean; trainingAgainMs?: number | null;
 }
 
 export interface BaselineFaultRow { i: number; how: FaultKind; rank: number | null; nextStepMs: number | null; stepsLost: number | null; lastStepBefore: number | null; resumedAt: number | null; status: 'recovered' | 'not-recovered' | 'skipped' }
@@ -192,10 +196,17 @@ export function analyzeFaults(injected: readonly Injected[], events: readonly Ch
       for (const e of events) if (e.event === 'first-step' && e.generation === h && typeof e.rank === 'number' && !first.has(e.rank)) first.set(e.rank, e.t);
       if (first.size >= worldSize) { fullAt = Math.max(...first.values()); fullGen = h; break; }
     }
-    const rec = events.filter((e) => e.event === 'recovered' && e.generation === g);
-    if (rec.length) {
-      row.stepsLost = Math.max(...rec.map((e) => Number(e.stepsLost ?? 0)));
-      row.recoveredToStep = Math.min(...rec.map((e) => Number(e.step ?? 0)));
+    // Steps lost: each generation up to full strength rolls back (a shrink and its grow back: two).
+    for (let h = g; h <= fullGen; h++) {
+      const rec = events.filter((e) => e.event === 'recovered' && e.generation === h);
+      if (!rec.length) continue;
+      row.stepsLost = (row.stepsLost ?? 0) + Math.max(...rec.map((e) => Number(e.stepsLost ?? 0)));
+      if (h === g) row.recoveredToStep = Math.min(...rec.map((e) => Number(e.step ?? 0)));
+    }
+    if (events.some((e) => e.src === 'agent' && e.event === 'shrink' && e.generation === g)) {
+      row.shrunk = true;
+      const again = events.filter((e) => e.event === 'first-step' && e.generation === g).map((e) => e.t);
+      row.trainingAgainMs = again.length ? Math.min(...again) - f.at : null;
     }
     row.diskFallback = events.some((e) => e.event === 'fallback-disk' && typeof e.generation === 'number' && e.generation >= g && e.generation <= fullGen);
     row.fallbackRestart = !!restart && (fullAt === null || restart.t <= fullAt);
@@ -297,7 +308,7 @@ export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
   const mine = mode === 'baseline'
     ? { launch: ['--max-restarts', String(o.kills + 1), '--hang-timeout-ms', String(o.baselineHangMs)],
       script: ['--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--resume', 'auto', '--out', dir] }
-    : { launch: ['--spares', String(o.spares)], script: ['--recover', 'memory', '--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--out', dir] };
+    : { launch: ['--spares', String(o.spares), ...(o.shrink ? ['--shrink'] : [])], script: ['--recover', 'memory', '--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--out', dir] };
   return Array.from({ length: o.nodes }, (_, i) => [...launcher, '--nproc-per-node', String(o.nproc),
     ...(o.nodes > 1 ? ['--nnodes', String(o.nodes), '--node-rank', String(i), '--master-addr', '127.0.0.1', '--master-port', String(port)] : []),
     ...mine.launch, ...script, ...mine.script]);
@@ -498,7 +509,7 @@ const ms = (x: number | null) => (x === null ? '-' : x.toFixed(0));
 
 /** The tables: the runs, each fault (in-memory beside restart-from-checkpoint), the loss comparison. */
 export function printReport(r: ChaosRecord, out: (s: string) => void = console.log): void {
-  out(`\n# nodetron bench chaos: ${r.options.kills} faults (${r.options.faults.join(',')}) every ${r.options.killEverySec} s, ${r.options.nodes} node(s) × ${r.options.nproc} ranks, ${r.options.spares} spare(s), seed ${r.options.seed}`);
+  out(`\n# nodetron bench chaos: ${r.options.kills} faults (${r.options.faults.join(',')}) every ${r.options.killEverySec} s, ${r.options.nodes} node(s) × ${r.options.nproc} ranks, ${r.options.spares} spare(s)${r.options.shrink ? ', --shrink' : ''}, seed ${r.options.seed}`);
   printTable(['run', 'wall s', 'exit', 'step s (median)', 'last step', 'goodput', 'training goodput'], Object.entries(r.runs).map(([name, x]) => [
     name, x.wallS.toFixed(1), x.timedOut ? 'timed out' : x.exitCodes.join(','), x.stepSeconds === null ? '-' : x.stepSeconds.toFixed(3), x.lastStep ?? '-',
     x.goodput === null ? '-' : `${(100 * x.goodput).toFixed(1)}%`, x.trainingGoodput === null ? '-' : `${(100 * x.trainingGoodput).toFixed(1)}%`]), out);
@@ -511,7 +522,7 @@ export function printReport(r: ChaosRecord, out: (s: string) => void = console.l
     [...new Set([...mem.keys(), ...base.keys()])].sort((a, b) => a - b).map((i) => {
       const f = mem.get(i), b = base.get(i), inj = r.injected.baseline.find((x) => x.i === i);
       return [i + 1, (f ?? b)!.how, f ? victim(f) : '-', f?.generation ?? '-', ms(f?.detectMs ?? null), ms(f?.fullStrengthMs ?? null), f?.stepsLost ?? '-',
-        f ? (f.diskFallback ? 'yes' : 'no') : '-', f?.status ?? 'not caused', inj ? victim(inj) : '-', ms(b?.nextStepMs ?? null), b?.stepsLost ?? '-', b?.status ?? (r.options.baseline === 'none' ? '-' : 'not caused')];
+        f ? (f.diskFallback ? 'yes' : 'no') : '-', f ? (f.shrunk ? `${f.status} (shrunk: training again at ${ms(f.trainingAgainMs ?? null)} ms)` : f.status) : 'not caused', inj ? victim(inj) : '-', ms(b?.nextStepMs ?? null), b?.stepsLost ?? '-', b?.status ?? (r.options.baseline === 'none' ? '-' : 'not caused')];
     }), out);
   const s = r.summary;
   out(`full strength after a fault: median ${ms(s.medianFaultToFullStrengthMs as number | null)} ms, max ${ms(s.maxFaultToFullStrengthMs as number | null)} ms (fault → the last rank's first completed step of the new generation)`);
@@ -527,8 +538,8 @@ export function printReport(r: ChaosRecord, out: (s: string) => void = console.l
 const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--spares S (1)] [--kill-every SEC (30)] [--kills N (10)]
     [--faults kill,stop[,node]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
     [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
-    [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F]
-  Trains under \`nodetron launch --spares S\` with \`--recover memory\` and kills a random live rank (never a spare): the first
+    [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F] [--shrink]
+  Trains under \`nodetron launch --spares S\` (with --shrink: \`--shrink\` too) with \`--recover memory\` and kills a random live rank (never a spare): the first
   fault --kill-every seconds after the first completed step, each next one --kill-every seconds after the one before once the
   job has found that one and completed a step. kill = SIGKILL; stop = SIGSTOP (left stopped: the launcher must find it);
   node = the agent of a simulated node (--nodes M: M launchers on this machine; never node 0) with its workers.
@@ -544,7 +555,7 @@ export async function main(argv: string[]): Promise<number> {
     nproc: { kind: 'positive', max: 1024 }, nodes: { kind: 'positive', max: 64 }, spares: { kind: 'count', max: 64 }, 'kill-every': { kind: 'number', min: 0.1 },
     kills: { kind: 'count', max: 10_000 }, faults: 'string', seed: 'count', steps: 'positive', layout: 'string', script: 'string', 'script-args': 'string',
     baseline: { kind: 'string', choices: ['restart', 'none'] }, reference: 'boolean', 'save-every': 'positive', 'baseline-hang-ms': 'positive',
-    timeout: { kind: 'number', min: 1 }, out: 'string', verbose: 'boolean', json: 'outfile', help: 'boolean',
+    timeout: { kind: 'number', min: 1 }, out: 'string', verbose: 'boolean', json: 'outfile', help: 'boolean', shrink: 'boolean',
   }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   expectPositionals(o, 'nothing', 0);
@@ -566,6 +577,7 @@ export function chaosOptions(o: Record<string, unknown>): ChaosOptions {
   const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
   return {
     nproc: (o.nproc as number | undefined) ?? 4, nodes: (o.nodes as number | undefined) ?? 1, spares: (o.spares as number | undefined) ?? 1,
+    ...(o.shrink ? { shrink: true } : {}),
     killEverySec: (o['kill-every'] as number | undefined) ?? 30, kills: (o.kills as number | undefined) ?? 10, faults: faults as FaultKind[],
     seed: (o.seed as number | undefined) ?? 1, ...(o.steps !== undefined ? { steps: o.steps as number } : {}),
     layout: words((o.layout as string | undefined) ?? '--dp 2 --tp 2 --zero 3'),

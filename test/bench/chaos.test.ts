@@ -83,6 +83,22 @@ describe('bench chaos: the arithmetic', () => {
     expect(analyzeFaults([inj(0, 50, 0)], restarted, 2)[0]).toMatchObject({ status: 'fallback-restart', fallbackRestart: true });
   });
 
+  it('a shrink (--shrink): training again with the shrunk world, full strength at the grow back, the steps both roll back', () => {
+    const events = parseEvents([
+      ev(1000, 'agent', 'fault', { generation: 1, lost: [3], shrink: true }),
+      ev(1100, 'agent', 'shrink', { generation: 1, members: [0, 1], out: [2, 3] }),
+      ev(1400, 'rank', 'recovered', { rank: 0, generation: 1, step: 5, stepsLost: 1 }),
+      ev(1420, 'rank', 'recovered', { rank: 1, generation: 1, step: 5, stepsLost: 1 }),
+      ev(1700, 'rank', 'first-step', { rank: 1, generation: 1 }), ev(1690, 'rank', 'first-step', { rank: 0, generation: 1 }),
+      ev(3000, 'agent', 'grow', { generation: 2, from: { epoch: 1, worldSize: 2 } }),
+      ...[0, 1].map((rank) => ev(3300, 'rank', 'recovered', { rank, generation: 2, step: 9, stepsLost: 1 })),
+      ...[2, 3].map((rank) => ev(3350, 'rank', 'recovered', { rank, generation: 2, step: 9, stepsLost: 0, joined: true })),
+      ...[0, 1, 2, 3].map((rank) => ev(3500 + rank, 'rank', 'first-step', { rank, generation: 2 })),
+    ].map((e) => JSON.stringify(e)).join('\n'));
+    const [row] = analyzeFaults([inj(0, 900, 3)], events, 4);
+    expect(row).toMatchObject({ generation: 1, detectMs: 100, shrunk: true, trainingAgainMs: 790, fullStrengthMs: 2603, stepsLost: 2, recoveredToStep: 5, status: 'recovered' });
+  });
+
   it('times the baseline: fault → the first step after the restart, and the steps redone since the checkpoint', () => {
     const steps = [1, 2, 3, 4, 5, 6, 7].map((s) => ({ t: s * 100, step: s })).concat([{ t: 2000, step: 6 }, { t: 2100, step: 7 }, { t: 3000, step: 1 }]);
     // Fault 2 strikes during the restart after fault 1 (that attempt completed no step): it loses nothing more.
