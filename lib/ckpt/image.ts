@@ -202,6 +202,24 @@ export function encodeImage(image: RankImage): Uint8Array[] {
   return [head, image.data];
 }
 
+/**
+ * The header of encodeImage's bytes without the tensor bytes: its step, part table and state (what
+ * restoreFromImages plans from), from the image's first bytes. `need` is set instead when `bytes`
+ * ends before the header does: fetch that many. A StateError for bytes that are not an image's start.
+ */
+export function decodeImageHead(bytes: Uint8Array): { head: { step: number; parts: ImagePart[]; state: ImageState } } | { need: number } {
+  const bad = (why: string) => new StateError(`decodeImageHead: not a rank image (${why})`);
+  if (!(bytes instanceof Uint8Array) || bytes.byteLength < 8) return { need: 8 };
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (view.getUint32(0, true) !== MAGIC) throw bad('wrong magic');
+  const n = view.getUint32(4, true);
+  if (8 + n > bytes.byteLength) return { need: 8 + n };
+  let h: { step: number; parts: ImagePart[]; state: ImageState };
+  try { h = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n))) as typeof h; } catch (e) { throw bad(`header: ${(e as Error).message}`); }
+  if (!h || !Number.isInteger(h.step) || !Array.isArray(h.parts) || !h.state) throw bad('header without step, parts and state');
+  return { head: { step: h.step, parts: h.parts, state: h.state } };
+}
+
 /** The image encodeImage's bytes hold; its data is a view of `bytes` (not copied). A StateError for bytes that are not one. */
 export function decodeImage(bytes: Uint8Array): RankImage {
   const bad = (why: string) => new StateError(`decodeImage: not a rank image (${why})`);

@@ -331,11 +331,12 @@ export class HolderClient {
     return steps as number[];
   }
 
-  /** Rank's image of `step`; CommError when the holder has none. */
-  async get(rank: number, step: number): Promise<Uint8Array> {
+  /** Rank's image of `step` (with `limit`: its first `limit` bytes, e.g. the header decodeImageHead reads); CommError when the holder has none. */
+  async get(rank: number, step: number, limit?: number): Promise<Uint8Array> {
     checkCount('HolderClient.get', 'rank', rank);
     checkCount('HolderClient.get', 'step', step);
-    const { payload } = await this.#request(`get(rank ${rank}, step ${step})`, { op: 'get', rank, step }, true);
+    if (limit !== undefined) checkCount('HolderClient.get', 'limit', limit);
+    const { payload } = await this.#request(`get(rank ${rank}, step ${step}${limit !== undefined ? `, first ${limit} bytes` : ''})`, { op: 'get', rank, step, ...(limit !== undefined ? { limit } : {}) }, true);
     return payload!;
   }
 

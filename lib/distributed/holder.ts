@@ -178,6 +178,11 @@ export class ImageHolder {
     return (this.ranks.get(rank)?.images ?? []).map((i) => i.step);
   }
 
+  /** The keys (ranks) with images held. */
+  heldKeys(): number[] {
+    return [...this.ranks].filter(([, r]) => r.images.length > 0).map(([k]) => k);
+  }
+
   /** Forgets `rank`'s images (its generation floor stays, so an old process cannot put again). */
   drop(rank: number): void {
     const r = this.ranks.get(rank);
@@ -300,12 +305,20 @@ export class ImageHolder {
       if (r.op === 'get') {
         const bad = badField(r, ['rank', 'step']);
         if (bad) return refuse(`malformed get: ${bad}`);
+        if (r.limit !== undefined && !isCount(r.limit)) return refuse('malformed get: limit must be an integer >= 0');
         const image = this.ranks.get(r.rank as number)?.images.find((i) => i.step === r.step);
         if (!image) return refuse(`get: no image of rank ${r.rank as number} at step ${r.step as number} (held: [${this.steps(r.rank as number).join(', ')}])`);
         // The stored chunks go to the socket as they are (one writev); a later put that drops them does not touch them.
+        // With a limit, only the image's first bytes (a reader's header).
+        const bytes = r.limit === undefined ? image.bytes : Math.min(image.bytes, r.limit as number);
         socket.cork();
-        reply({ ok: true, bytes: image.bytes, generation: image.generation });
-        for (const part of image.parts) socket.write(part);
+        reply({ ok: true, bytes, generation: image.generation });
+        let left = bytes;
+        for (const part of image.parts) {
+          if (left <= 0) break;
+          socket.write(part.byteLength <= left ? part : part.subarray(0, left));
+          left -= part.byteLength;
+        }
         socket.uncork();
         return;
       }
@@ -335,3 +348,15 @@ export class ImageHolder {
   }
 }
 
+/**
+ * The holder key of world rank `rank`'s images in the world that reshape generation `epoch` made (0:
+ * the job's first world; in-job recovery's shrink and grow back, lib/train/shrink.ts).
+ */
+export function imageKey(epoch: number, rank: number): number {
+  return epoch * 1_000_000 + rank;
+}
+
+/** The world (reshape generation) whose images `key` names. */
+export function imageEpoch(key: number): number {
+  return Math.floor(key / 1_000_000);
+}

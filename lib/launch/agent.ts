@@ -214,7 +214,8 @@ export class LaunchAgent {
   // ---- in-job recovery mode (--spares): the holder, the ranks, spares and replacements ------------
   private openRecovery(): Promise<RecoverySession> {
     const { nodeRank, masterAddr, storeToken, spares } = this.config;
-    const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100, shrink: this.config.shrink ?? false };
+    const options = { spares: spares ?? 0, stopTimeoutMs: this.config.stopTimeoutMs ?? 1000, maxRecoveries: this.config.maxRecoveries ?? 100, shrink: this.config.shrink ?? false,
+      heartbeatTimeoutMs: this.config.heartbeatTimeoutMs, monitorIntervalMs: this.config.monitorIntervalMs };
     return RecoverySession.open(nodeRank, options, { loopback: isLoopbackHost(masterAddr), single: this.config.nnodes === 1, ...(storeToken !== undefined ? { token: storeToken } : {}) }, this.log);
   }
 

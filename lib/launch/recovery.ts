@@ -11,7 +11,8 @@ import { appendFileSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFil
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { ImageHolder } from '../distributed/holder.js';
+import { ImageHolder, imageEpoch } from '../distributed/holder.js';
+import { generationWaitMs } from '../distributed/recovery-env.js';
 
 /** The token each holder of this process wants (random on a job without one). */
 const holderTokens = new WeakMap<ImageHolder, string | undefined>();
@@ -25,6 +26,9 @@ export interface RecoveryOptions {
   maxRecoveries: number;
   /** A loss with no hot spare free shrinks data parallelism while the lost replica starts anew, then grows back (--shrink). */
   shrink?: boolean;
+  /** The agents' heartbeat timeout and monitor interval: how long the ranks wait for a generation follows from them. */
+  heartbeatTimeoutMs?: number;
+  monitorIntervalMs?: number;
 }
 
 /** What the agent tells a recovery session about its attempt (after the rendezvous). */
@@ -153,7 +157,10 @@ export class RecoverySession {
   private readonly events: string | undefined;
   /** Set while the job is shrunk (--shrink), until the grow back. */
   private shrunk: Shrunk | null = null;
-  private growing = false;
+  /** A shrink generation whose plan is not read yet. */
+  private reshaping = false;
+  /** The reshape generation that made the ranks' current world (their images' keys: lib/train/shrink.ts's imageKey). */
+  private epoch = 0;
 
   private constructor(
     private readonly nodeRank: number,
@@ -339,11 +346,21 @@ export class RecoverySession {
         }
       }
       if (record.how === 'grow') {
+        // The shrunk world grew back at a step boundary of its own (no abort: its ranks are between steps).
         this.shrunk = null;
-        this.growing = false;
+        this.reshaping = false;
+        this.event('grow', { generation: next, from: record.from });
+        this.log(`generation ${next}: the job grows back (${record.reason})`);
+        this.dropImagesBefore(record.from?.epoch ?? 0);
+        this.epoch = next;
+        continue;
       }
       this.writeAbort(next);
-      if (record.shrink) this.enqueue(() => this.afterShrink(record));
+      if (record.shrink) {
+        // Until the plan is read (and, with a plan, until the grow back), another loss restarts the job.
+        this.reshaping = true;
+        this.enqueue(() => this.afterShrink(record));
+      }
     }
   }
 
@@ -388,7 +405,7 @@ export class RecoverySession {
   private async recover(lost: Lost[], lostNode?: number): Promise<void> {
     if (this.closed || this.evicted || lost.length === 0) return;
     const first = lost[0]!;
-    const why = this.shrunk ? 'a rank was lost while the job was shrunk (--shrink recovers one loss at a time), so the job restarts' : await this.unrecoverable(lost);
+    const why = this.shrunk || this.reshaping ? 'a rank was lost while the job was shrinking or shrunk (--shrink recovers one loss at a time), so the job restarts' : await this.unrecoverable(lost);
     if (why) return this.fallback({ reason: `${first.reason}; ${why}`, ...(first.exit ? { exit: first.exit, stderrTail: first.stderrTail ?? [] } : {}), ...(lostNode !== undefined ? { node: lostNode } : {}) });
     await this.readGenerations();
     const record: GenerationRecord = {
@@ -400,7 +417,8 @@ export class RecoverySession {
       by: this.nodeRank,
       how: first.how,
       // --shrink: with no hot spare free, the survivors decide whether fewer replicas can go on.
-      ...(this.options.shrink && this.group.spares().length === 0 ? { shrink: true } : {}),
+      // (Not for a lost node: its holder kept the survivors' copies, which a reshape restores from.)
+      ...(this.options.shrink && this.group.spares().length === 0 && first.how !== 'node' ? { shrink: true } : {}),
     };
     // Another agent may have announced generation g for another fault: ours is then the next one.
     for (let g = this.generation + 1; ; g++) {
@@ -435,6 +453,7 @@ export class RecoverySession {
       else if (Date.now() > deadline) return this.fallback({ reason: `generation ${g}: the survivors gave no shrink plan within ${PLAN_WAIT_MS} ms, so the job restarts` });
       else await sleep(POLL_MS);
     }
+    this.reshaping = false;
     if (plan.refused !== undefined || !plan.members) {
       this.log(`generation ${g}: no shrink (${plan.refused ?? 'no plan'}); the lost ranks are replaced`);
       if (record.by === this.nodeRank) for (const rank of record.lost) await this.replace({ rank, how: record.how as How, reason: record.reason }, g);
@@ -443,6 +462,9 @@ export class RecoverySession {
     const members = plan.members;
     const out = this.ownerOf.map((_, r) => r).filter((r) => !members.includes(r));
     this.shrunk = { generation: g, members, out, by: record.by };
+    // The shrunk world restores from the current world's images: older worlds' are not needed again.
+    this.dropImagesBefore(this.epoch);
+    this.epoch = g;
     this.event('shrink', { generation: g, members, out });
     this.log(`generation ${g}: no spare free; the job goes on as ${members.length} rank(s) (job ranks ${members.join(',')}) while ranks ${out.join(',')} start anew`);
     for (const r of out) {
@@ -457,45 +479,28 @@ export class RecoverySession {
     }
   }
 
+  /** Drops this node's holder's images of the worlds before `epoch` (a reshape restores only from the world just before it). */
+  private dropImagesBefore(epoch: number): void {
+    for (const key of this.holder.heldKeys()) if (imageEpoch(key) < epoch) this.holder.drop(key);
+  }
+
   /**
-   * While shrunk: once every rank outside the shrunk world is ready again, the node that handled the
-   * loss announces the grow back (a generation every rank joins, restoring from the shrunk world's
-   * images). When the shrunk world finishes training first, the waiting ranks are stopped as done.
+   * While shrunk: when the shrunk world finishes training (its ranks grow the job back themselves, at a
+   * step boundary, once the ranks outside are ready), the waiting ranks are stopped as done.
    */
   private async checkGrow(): Promise<void> {
     const s = this.shrunk;
-    if (!s || this.growing || this.closed) return;
-    if ((await this.attempt.agentStore.add('finished', 0)) >= s.members.length) {
-      for (const r of s.out) {
-        if (this.ownerOf[r] !== this.nodeRank) continue;
-        const pid = this.current.get(r);
-        this.current.set(r, undefined);
-        if (pid !== undefined) { try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ } }
-        this.finished.add(r);
-      }
-      this.shrunk = null;
-      this.checkDone();
-      return;
+    if (!s || this.closed) return;
+    if ((await this.attempt.agentStore.add('finished', 0)) < s.members.length) return;
+    for (const r of s.out) {
+      if (this.ownerOf[r] !== this.nodeRank) continue;
+      const pid = this.current.get(r);
+      this.current.set(r, undefined);
+      if (pid !== undefined) { try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ } }
+      this.finished.add(r);
     }
-    if (s.by !== this.nodeRank) return;
-    // The ranks outside are set up again, and every rank of the shrunk world has a copy at its holder (what the grow back restores).
-    const ready = [...s.out.map((r) => `recover/grow/${s.generation}/ready/${r}`), ...s.members.map((_, r) => `recover/epoch/${s.generation}/put/${r}`)];
-    if (!(await this.attempt.jobStore.check(ready))) return;
-    this.growing = true;
-    this.enqueue(async () => {
-      await this.readGenerations();
-      const record: GenerationRecord = { generation: 0, lost: [], reason: `grow back: ranks ${s.out.join(',')} are ready`, at: Date.now(), node: this.nodeRank, by: this.nodeRank, how: 'grow',
-        from: { epoch: s.generation, worldSize: s.members.length } };
-      for (let g = this.generation + 1; ; g++) {
-        if (g > this.options.maxRecoveries) return this.fallback({ reason: `the grow back would pass --max-recoveries ${this.options.maxRecoveries} generations, so the job restarts` });
-        record.generation = g;
-        const json = JSON.stringify(record);
-        if (decode(await this.attempt.jobStore.compareSet(`recover/gen/${g}`, '', json)) === json) break;
-      }
-      await this.readGenerations();
-      this.event('grow', { generation: record.generation, from: record.from });
-      this.log(`generation ${record.generation}: ranks ${s.out.join(',')} are ready; the job grows back`);
-    });
+    this.shrunk = null;
+    this.checkDone();
   }
 
   private async replace(l: Lost, g: number): Promise<void> {
@@ -530,6 +535,8 @@ export class RecoverySession {
   private recoveryEnv(): NodeJS.ProcessEnv {
     const token = holderTokens.get(this.holder);
     const env: NodeJS.ProcessEnv = { ...this.attempt.baseEnv, NODETRON_RECOVERY: '1', NODETRON_RECOVERY_DIR: this.dir, ...(token !== undefined ? { NODETRON_HOLDER_TOKEN: token } : {}) };
+    // A rank whose collective failed waits this long for the next generation: longer than this launcher's worst detection.
+    env.NODETRON_RECOVERY_GENERATION_WAIT_MS = String(generationWaitMs({ stopTimeoutMs: this.options.stopTimeoutMs, heartbeatTimeoutMs: this.options.heartbeatTimeoutMs ?? 30_000, monitorIntervalMs: this.options.monitorIntervalMs ?? 200 }));
     for (const k of ['RANK', 'LOCAL_RANK', 'NODETRON_SPARE', 'NODETRON_JOIN', 'NODETRON_GENERATION']) delete env[k];
     return env;
   }

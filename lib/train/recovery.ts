@@ -8,17 +8,16 @@
 // from the holder. No checkpoint file is read. docs/recovery.md describes the protocol and its limits.
 import { appendFileSync } from 'node:fs';
 import * as dist from '../distributed/init.js';
-import { recoveryEnv } from '../distributed/recovery-env.js';
-import { HolderClient } from '../distributed/holder.js';
+import { agreeMax } from '../distributed/agree.js';
+import { lostRanks, recoveryEnv } from '../distributed/recovery-env.js';
+import { HolderClient, imageEpoch, imageKey } from '../distributed/holder.js';
 import { CommError, StateError, TimeoutError } from '../errors.js';
 import type { Store } from '../distributed/store.js';
-import { decodeImage, encodeImage, restoreImage, type RankImage } from '../ckpt/image.js';
+import { decodeImage, decodeImageHead, encodeImage, restoreImage, type RankImage } from '../ckpt/image.js';
 import { restoreFromImages, takeLayoutImage } from '../ckpt/reshard-image.js';
 import type { CheckpointItems } from '../ckpt/items.js';
-import { imageKey, type ReshapePlan } from './shrink.js';
+import type { ReshapePlan } from './shrink.js';
 
-/** How long a rank whose collective failed waits for the launcher to announce the next generation. */
-const GENERATION_WAIT_MS = 60_000;
 /** How long the ranks wait for each other's restorable steps in a recovery. */
 const AGREE_WAIT_MS = 300_000;
 
@@ -83,6 +82,8 @@ export class MemoryRecovery {
   #afterRecovery: { generation: number } | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
+  /** The job ranks the last in-memory rollback replaced (null after a reshape or a fallback): a save in flight that they never joined is given up. */
+  lastLost: number[] | null = null;
 
   private constructor(target: RecoveryTarget, holder: HolderClient | null, holderAddress: string | undefined) {
     this.#target = target;
@@ -127,7 +128,8 @@ export class MemoryRecovery {
 
   /** Whether an error thrown by a step is a lost peer's doing (a failed or aborted collective). */
   recoverable(e: unknown): boolean {
-    return e instanceof CommError || e instanceof TimeoutError || (e instanceof StateError && /not connected yet/.test(e.message));
+    // (A group a joining process has not connected yet throws NotConnectedError, a CommError.)
+    return e instanceof CommError || e instanceof TimeoutError;
   }
 
   /** The steps whose image this rank holds. */
@@ -138,9 +140,37 @@ export class MemoryRecovery {
    * copy has reached the holder, so a rank lost during the step costs that step only. (Sending
    * overlaps nothing else of the rank's work between steps; what it costs is in docs/recovery.md.)
    */
-  async beforeStep(step: number): Promise<void> {
+  async beforeStep(step: number): Promise<number | null | undefined> {
     await this.snapshot(step, false);
     await this.#images.find((i) => i.step === step)?.put;
+    return this.#growHere(step);
+  }
+
+  /**
+   * While the job is shrunk, at a step boundary (every rank of the shrunk world has its copy of `step`
+   * at its holder): when every rank outside is ready again, the whole world grows back here, with no
+   * step lost (rank 0 writes the grow generation; the ranks outside wait for it). Returns the step to go
+   * on from (null: no complete step in memory, the run falls back to a checkpoint), or undefined when
+   * nothing happened. A collective over the shrunk world (one number).
+   */
+  async #growHere(step: number): Promise<number | null | undefined> {
+    const job = this.#target.jobPlan();
+    if (this.#epoch === 0 || this.#members.length === job.members.length) return undefined;
+    const out = job.members.filter((r) => !this.#members.includes(r));
+    const ready = dist.rank() === 0 && (await this.#store.check(out.map((r) => `recover/grow/${this.#epoch}/ready/${r}`))) ? 1 : 0;
+    const [go] = await agreeMax(dist.world(), [ready]);
+    if (!go) return undefined;
+    const t0 = Date.now(), g = this.#generation + 1;
+    if (dist.rank() === 0) {
+      const record = { generation: g, lost: [], reason: `grow back at step ${step}: ranks ${out.join(',')} are ready`, at: t0, node: -1, by: -1, how: 'grow',
+        from: { epoch: this.#epoch, worldSize: this.#members.length } };
+      await this.#store.compareSet(`recover/gen/${g}`, '', JSON.stringify(record));
+    }
+    // Rank 0's grow, or a fault's generation that took g first (then the fault's recovery follows).
+    const rec = JSON.parse(await this.#store.getString(`recover/gen/${g}`, { timeoutMs: AGREE_WAIT_MS })) as GenerationRecord;
+    if (rec.how !== 'grow' || !rec.from) throw new CommError(`generation ${g} (a fault) started before the grow back`, 'recovery');
+    this.#target.abandonStep();
+    return this.#reshapeTo(g, job, rec.from, t0, step - 1, 'grow');
   }
 
   /**
@@ -177,8 +207,8 @@ export class MemoryRecovery {
         await this.#store.set(`recover/epoch/${this.#epoch}/put/${dist.rank()}`, String(entry.step));
       }
     } catch (e) {
-      // Training goes on without a remote copy; a loss of this rank then falls back to a checkpoint.
-      if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#jobRank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on without one\n`);
+      // Training goes on; the client reconnects for the next copy. A loss of this rank before one arrives falls back to a checkpoint.
+      if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#jobRank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on, and the next copy is sent again (a loss before one arrives falls back to a checkpoint)\n`);
       this.#putFailed = true;
     }
   }
@@ -194,6 +224,8 @@ export class MemoryRecovery {
     const t0 = Date.now();
     this.#target.abandonStep();
     let next = this.#generation + 1;
+    const firstGeneration = next;
+    this.lastLost = null;
     for (;;) {
       const g = await this.#awaitGeneration(next, error);
       try {
@@ -226,6 +258,7 @@ export class MemoryRecovery {
         this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0 });
         this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
         this.#afterRecovery = { generation: g };
+        this.lastLost = await lostRanks(this.#store, firstGeneration, g);
         return step;
       } catch (e) {
         // Another rank was lost while regrouping: the launcher announces the generation after.
@@ -276,10 +309,24 @@ export class MemoryRecovery {
     const mine = this.#images;
     this.#images = [];
     if (step === null) return null;
+    // Planned from the images' headers (a few kilobytes each): only the images holding this rank's new
+    // parts are fetched whole, this process's own first (from its memory when it has it).
+    const local = (r: number) => mine.find((i) => i.step === step && i.key === imageKey(from.epoch, r));
+    const heads = async (r: number) => {
+      const own = local(r);
+      if (own) return { step: own.image.step, parts: own.image.parts, state: own.image.state };
+      const c = await this.#client(from.epoch, r);
+      let got = decodeImageHead(await c.get(imageKey(from.epoch, r), step, 16 << 10));
+      if ('need' in got) got = decodeImageHead(await c.get(imageKey(from.epoch, r), step, got.need));
+      if ('need' in got) throw new StateError(`the header of old rank ${r}'s image of step ${step} is cut short at its holder`);
+      return got.head;
+    };
+    const ownKey = mine.find((i) => imageEpoch(i.key) === from.epoch)?.key;
+    const oldRank = ownKey === undefined ? -1 : ownKey - imageKey(from.epoch, 0);
     await restoreFromImages(this.#target.items, async (r) => {
-      const local = mine.find((i) => i.step === step && i.key === imageKey(from.epoch, r));
-      return local ? local.image : decodeImage(await (await this.#client(from.epoch, r)).get(imageKey(from.epoch, r), step));
-    }, from.worldSize);
+      const own = local(r);
+      return own ? own.image : decodeImage(await (await this.#client(from.epoch, r)).get(imageKey(from.epoch, r), step));
+    }, from.worldSize, { heads, ...(oldRank >= 0 ? { prefer: [oldRank] } : {}) });
     await this.#publishWhere();
     return step;
   }
@@ -398,7 +445,8 @@ export class MemoryRecovery {
   fellBack(dir: string | null): void { this.#event('fallback-disk', { dir }); }
 
   async #awaitGeneration(g: number, error: unknown): Promise<number> {
-    const deadline = Date.now() + GENERATION_WAIT_MS;
+    // How long a rank whose collective failed waits for the next generation: longer than the launcher's worst detection.
+    const deadline = Date.now() + recoveryEnv().generationWaitMs;
     for (;;) {
       // A later generation may already be out (two faults close together): take the newest.
       let newest = 0;

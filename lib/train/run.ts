@@ -177,8 +177,10 @@ export class TrainingRun<H extends { lr: number }> {
    */
   async #reshape(plan: ReshapePlan, generation: number, rank: number): Promise<void> {
     const old = this.#p;
-    await old.teardown.run();
+    // The old world's communicators go first (aborted: a collective still on the old buffers ends),
+    // then the old parts' buffers.
     const world = await dist.rejoinAs(generation, rank, plan.members.length);
+    await old.teardown.run();
     this.#p = await old.rebuild(plan.flags as LayoutArgs, plan.layout, plan.members.length, world);
     this.#items = this.#itemsOf(this.#p);
     this.#timing = null;
@@ -250,7 +252,14 @@ export class TrainingRun<H extends { lr: number }> {
     for (;;) {
       try {
         for (;;) {
-          await rec.beforeStep(this.#step);
+          const moved = await rec.beforeStep(this.#step);
+          if (moved !== undefined) {
+            // The job grew back at this step boundary (another layout: a save in flight of the shrunk world is given up).
+            this.#checkpointer?.abandonInFlight('the job grew back to its own layout');
+            if (moved === null) await this.#fallBackToDisk(rec);
+            else this.#step = moved;
+            continue;
+          }
           if (this.#step >= target) break;
           if (batch) throw new StateError(`TrainingRun.step: recovery rolled back to step ${this.#step}, and steps before ${target} must be redone from the run's own data; a run given batches by the caller cannot redo them`);
           await this.#stepOnce(undefined, true);
@@ -262,7 +271,8 @@ export class TrainingRun<H extends { lr: number }> {
         if (this.#closed || !rec.recoverable(e)) throw e;
         const step = await rec.recover(e, this.#step);
         // A save in flight waits for files a lost rank will never write: every rank rolled back past it.
-        this.#checkpointer?.abandonInFlight('in-job recovery rolled the run back');
+        // (Saves of steps up to the rollback go on when every rank's part will come; a reshape gives them up.)
+        this.#checkpointer?.abandonInFlight('in-job recovery rolled the run back', step === null || rec.lastLost === null ? undefined : { through: step, lost: rec.lastLost });
         if (step === null) await this.#fallBackToDisk(rec);
         else this.#step = step;
       }

@@ -69,8 +69,3 @@ export function planShrink<F extends LayoutFlags>(o: {
   }
   return { refused: `no smaller data-parallel layout fits (${problems.join('; ')})` };
 }
-
-/** The holder key of world rank `rank`'s images in the world that reshape generation `epoch` made (0: the job's first world). */
-export function imageKey(epoch: number, rank: number): number {
-  return epoch * 1_000_000 + rank;
-}

@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { lcgGlobalBatch } from '../helpers/token-batch.js';
 import * as nt from '../../lib/index.js';
-import { decodeImage, encodeImage, restoreImage, takeImage, type RankImage } from '../../lib/ckpt/image.js';
+import { decodeImage, decodeImageHead, encodeImage, restoreImage, takeImage, type RankImage } from '../../lib/ckpt/image.js';
 import type { CheckpointItems } from '../../lib/ckpt/items.js';
 import { JobPool, QUEUED_TEST_TIMEOUT_MS, runProcess } from '../helpers/jobs.js';
 import { nodeArgs, scriptPath } from '../helpers/node-script.js';
@@ -106,6 +106,13 @@ describe('rank images in one process', () => {
     expect(Buffer.from(decoded.data).equals(Buffer.from(image.data))).toBe(true);
     expect(() => decodeImage(bytes.subarray(0, bytes.byteLength - 1))).toThrow(nt.StateError);
     expect(() => decodeImage(new Uint8Array(16))).toThrow(nt.StateError);
+    // Its header alone, from the first bytes (what a reshape plans from): too few bytes say how many.
+    const headLength = (pieces[0]!.byteLength);
+    expect(decodeImageHead(bytes.subarray(0, 4))).toEqual({ need: 8 });
+    const short = decodeImageHead(bytes.subarray(0, 20));
+    expect('need' in short && short.need > 20 && short.need <= headLength).toBe(true);
+    expect(decodeImageHead(bytes.subarray(0, headLength))).toEqual({ head: { step: 2, parts: image.parts, state: JSON.parse(JSON.stringify(image.state)) } });
+    expect(() => decodeImageHead(new Uint8Array(16))).toThrow(nt.StateError);
     trainer.abandonStep();  // no step failed: harmless
     restoreImage(items, decoded);
     expect(await train(3)).toEqual(first);

@@ -302,6 +302,16 @@ describe('ImageHolder and HolderClient', () => {
     expect(Buffer.from(back.buffer, back.byteOffset, back.length).equals(image)).toBe(true);
   }, 120_000);
 
+  it('serves an image\'s first bytes (get with a limit: a reader\'s header), across the chunks it arrived in', async () => {
+    const h = await holder();
+    const c = await client(h.address);
+    const image = randomBytes(3 << 20);
+    await c.put(7, 4, 0, [image.subarray(0, 100), image.subarray(100, 5000), image.subarray(5000)]);
+    for (const limit of [0, 50, 100, 4321, 5000, 70_000]) expect(Buffer.from(await c.get(7, 4, limit)).equals(image.subarray(0, limit))).toBe(true);
+    expect((await c.get(7, 4, 10 << 20)).length).toBe(image.length);
+    expect(Buffer.from(await c.get(7, 4)).equals(image)).toBe(true);
+  });
+
   it('fails pending and later calls with CommError when the holder goes away, without unhandled rejections', async () => {
     const h = await ImageHolder.start();
     const c = await client(h.address);
