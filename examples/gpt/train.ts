@@ -143,8 +143,15 @@ void nt.train.main('train.ts', async () => {
   run.log(`${shards.trainTokens} train / ${shards.valTokens} val tokens`);
   // The bar to clear: a model that ignores context can do no better than the token frequencies (counted
   // on the first 50M training tokens of a large dataset, and scored on the first 5M validation tokens).
-  const trainIds = run.isLogger ? readTokens(shards.train, 50e6) : new Uint16Array(0);
-  const unigram = run.isLogger ? unigramLevel(trainIds, readTokens(shards.val, 5e6), GPT2_VOCAB_SIZE) : undefined;
+  // Counted by the rank that prints, when it first needs them (under --recover memory a shrunk job's rank 0
+  // may be another process than at the start).
+  let trainIds: Uint16Array = new Uint16Array(0), unigram: ReturnType<typeof unigramLevel> | undefined;
+  const countUnigram = () => {
+    if (!run.isLogger || unigram) return;
+    trainIds = readTokens(shards.train, 50e6);
+    unigram = unigramLevel(trainIds, readTokens(shards.val, 5e6), GPT2_VOCAB_SIZE);
+  };
+  countUnigram();
   if (unigram) {
     run.log(`unigram level (token frequencies of the training split${trainIds.length < shards.trainTokens ? `'s first ${trainIds.length} tokens` : ''}, no context): ` +
       `${unigram.valCrossEntropy.toFixed(4)} nats on val, entropy ${unigram.trainEntropy.toFixed(4)} on train`);
@@ -188,6 +195,7 @@ void nt.train.main('train.ts', async () => {
   run.log(`peak ${device} memory in training on rank 0: ${(mem.peak / MiB).toFixed(1)} MiB ` +
     `(${(mem.allocated / MiB).toFixed(1)} MiB held between steps, ${((mem.peak - mem.allocated) / MiB).toFixed(1)} MiB above it)`);
 
+  countUnigram();
   const trainCurve = run.history.train.map(([s, l]) => [s, l] as [number, number]);
   const valCurve = run.history.val.map(([s, l]) => [s, l] as [number, number]);
   if (run.isLogger && unigram && trainCurve.length > 1) {
