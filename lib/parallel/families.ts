@@ -103,7 +103,12 @@ export function buildFamilies<H extends { lr: number }>(model: PipelineModule, p
   // of the reduce-scatters that start during backward.
   const deferGrads = mesh!.embeddingGroup ? model.tiedParameters : [];
   const split = expertParams.length > 0 ? splitParamGroups(paramGroups, experts) : { dense: paramGroups, experts: [] };
-  const dense = new ZeroOptimizer(split.dense, o.createOptimizer, { group: dpCp, stage, offload: o.offload, deferGrads, bucketOrder: denseParams, ...bucketing });
+  // ZeRO 1/2's buckets are fixed at construction: laid out in the order gradients are final in the
+  // pass that synchronizes (a pipeline stage of several chunks says it), so their reduce-scatters overlap it.
+  const readyOrder = (model as { gradientReadyOrder?(): Tensor[] }).gradientReadyOrder?.();
+  const denseSet = new Set<Tensor>(denseParams);
+  const denseOrder = readyOrder && readyOrder.length === all.length ? readyOrder.filter((p) => denseSet.has(p)) : denseParams;
+  const dense = new ZeroOptimizer(split.dense, o.createOptimizer, { group: dpCp, stage, offload: o.offload, deferGrads, bucketOrder: denseOrder, ...bucketing });
   const families: ParamFamily<H>[] = [{ name: 'dense', params: denseParams, replicas: dpCp, partsOver: [], sync: { kind: 'zero', zero: dense }, optimizer: dense.inner }];
   try {
     if (expertParams.length > 0) {

@@ -114,6 +114,25 @@ export class GPTStage extends Module implements PipelineModule {
     return m.head(x, targets).loss!;
   }
 
+  /**
+   * This stage's parameters in an order whose reverse is the order their gradients are final in the
+   * step's last backward pass, the one that synchronizes: with several chunks that pass is chunk 0's
+   * (interleaved 1F1B and zb-v end with it), so chunk 0's blocks come last, then the embeddings, the
+   * other chunks, the head. Gradient buckets fixed at construction (ZeRO 1/2) are laid out by it, so
+   * their reduce-scatters start during that pass. One chunk: the parameters' own order.
+   */
+  gradientReadyOrder(): Parameter[] {
+    if (this.chunks === 1) return this.parameters();
+    const m = this.#model;
+    const { before, after } = m.stageModules(this.isFirstStage, this.isLastStage);
+    const paramsOf = (mods: Array<[string, Module]>) => mods.flatMap(([, mod]) => mod.parameters());
+    const blocksOf = (chunk: number) => { const [start, end] = this.chunkLayers[chunk]!; return m.blocks.slice(start, end).flatMap((b) => b.parameters()); };
+    const order = [...paramsOf(after)];
+    for (let c = this.chunks - 1; c >= 1; c--) order.push(...blocksOf(c));
+    order.push(...paramsOf(before), ...blocksOf(0));
+    return [...new Set(order)];
+  }
+
   /** [B, T, C], or under sequence parallelism this rank's chunk [B, T/tp, C]. */
   activationShape(batch: number, seqLen: number): number[] {
     const { blockSize, nEmbd } = this.#model.shape;
