@@ -170,7 +170,7 @@ export class MemoryRecovery {
     const rec = JSON.parse(await this.#store.getString(`recover/gen/${g}`, { timeoutMs: AGREE_WAIT_MS })) as GenerationRecord;
     if (rec.how !== 'grow' || !rec.from) throw new CommError(`generation ${g} (a fault) started before the grow back`, 'recovery');
     this.#target.abandonStep();
-    return this.#reshapeTo(g, job, rec.from, t0, step - 1, 'grow');
+    return this.#reshapeTo(g, job, rec.from, t0, step, 'grow');
   }
 
   /**
@@ -214,13 +214,14 @@ export class MemoryRecovery {
   }
 
   /**
-   * After a step threw `error` with `stepsDone` completed steps: waits for the launcher's next
+   * After a step threw `error` (`reached`: the steps done, plus the one in progress when the error came
+   * from inside a step; the steps lost are counted from it): waits for the launcher's next
    * generation, regroups, agrees on the newest step every rank holds, and restores it. Returns that
    * step, or null when no step is held by every rank (both copies of a rank lost: the caller falls
    * back to a checkpoint, collectively). Rethrows `error` when no new generation comes (the failure
    * was not a lost rank).
    */
-  async recover(error: unknown, stepsDone: number): Promise<number | null> {
+  async recover(error: unknown, reached: number): Promise<number | null> {
     const t0 = Date.now();
     this.#target.abandonStep();
     let next = this.#generation + 1;
@@ -230,7 +231,7 @@ export class MemoryRecovery {
       const g = await this.#awaitGeneration(next, error);
       try {
         const rec = await this.#record(g);
-        if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, stepsDone, 'grow');
+        if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, reached, 'grow');
         if (rec.shrink) {
           const plan = this.#shrinkPlan(rec);
           // The lowest surviving rank tells the launcher (which starts replacements on a refusal, else the lost replicas' processes anew).
@@ -239,7 +240,7 @@ export class MemoryRecovery {
           if (dist.rank() === lowest) await this.#store.set(`recover/gen/${g}/plan`, JSON.stringify('refused' in plan ? plan : { members: plan.members, layout: plan.layout }));
           if (!('refused' in plan)) {
             if (!plan.members.includes(this.#jobRank)) return await this.#retire(g);
-            return await this.#reshapeTo(g, plan, { epoch: this.#epoch, worldSize: this.#members.length }, t0, stepsDone, 'shrink');
+            return await this.#reshapeTo(g, plan, { epoch: this.#epoch, worldSize: this.#members.length }, t0, reached, 'shrink');
           }
           this.#target.log(`generation ${g}: no shrink (${plan.refused}); waiting for the lost rank's replacement`);
         }
@@ -254,7 +255,7 @@ export class MemoryRecovery {
         const local = this.#images.find((i) => i.step === step)!;
         restoreImage(this.#target.items, local.image);
         this.#images = this.#images.filter((i) => i.step <= step);
-        const lost = stepsDone + 1 - step;
+        const lost = reached - step;
         this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0 });
         this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
         this.#afterRecovery = { generation: g };
@@ -286,14 +287,14 @@ export class MemoryRecovery {
    * layout there, meets the others, agrees on the newest step whose images the world `from` holds
    * complete, and restores this rank's new state from them (lib/ckpt/reshard-image.ts).
    */
-  async #reshapeTo(g: number, plan: ReshapePlan, from: ImageWorld, t0: number, stepsDone: number, kind: 'shrink' | 'grow'): Promise<number | null> {
+  async #reshapeTo(g: number, plan: ReshapePlan, from: ImageWorld, t0: number, reached: number, kind: 'shrink' | 'grow'): Promise<number | null> {
     const rank = plan.members.indexOf(this.#jobRank);
     await this.#target.reshape(plan, g, rank);
     await dist.regroup(g);
     this.#generation = g;
     const step = await this.#restoreFrom(g, from, plan);
     if (step === null) return null;
-    const lost = stepsDone + 1 - step;
+    const lost = reached - step;
     this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0, reshape: kind, worldSize: plan.members.length });
     this.#target.log(`generation ${g}: ${kind === 'shrink' ? 'no spare was free; the intact data-parallel replicas go on' : 'the job grew back'} under ${plan.layout.dp} replica(s), ` +
       `from step ${step} of the images in memory, in ${Date.now() - t0} ms (${lost} step(s) to redo)`);

@@ -249,6 +249,7 @@ export class TrainingRun<H extends { lr: number }> {
     // step runs; a lost rank rolls every rank back to the newest step all of them hold, and the steps
     // since are redone (quietly) before this one, so the caller sees each step once.
     const target = this.#step;
+    let running = false;
     for (;;) {
       try {
         for (;;) {
@@ -262,14 +263,20 @@ export class TrainingRun<H extends { lr: number }> {
           }
           if (this.#step >= target) break;
           if (batch) throw new StateError(`TrainingRun.step: recovery rolled back to step ${this.#step}, and steps before ${target} must be redone from the run's own data; a run given batches by the caller cannot redo them`);
+          running = true;
           await this.#stepOnce(undefined, true);
+          running = false;
         }
+        running = true;
         const r = await this.#stepOnce(batch, false);
+        running = false;
         await rec.snapshot(this.#step);
         return r;
       } catch (e) {
         if (this.#closed || !rec.recoverable(e)) throw e;
-        const step = await rec.recover(e, this.#step);
+        // (The steps to redo: those done since the step restored, and the one in progress if any.)
+        const step = await rec.recover(e, this.#step + (running ? 1 : 0));
+        running = false;
         // A save in flight waits for files a lost rank will never write: every rank rolled back past it.
         // (Saves of steps up to the rollback go on when every rank's part will come; a reshape gives them up.)
         this.#checkpointer?.abandonInFlight('in-job recovery rolled the run back', step === null || rec.lastLost === null ? undefined : { through: step, lost: rec.lastLost });
