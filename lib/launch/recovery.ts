@@ -302,7 +302,7 @@ export class RecoverySession {
       try {
         this.killStopped();
         await this.readGenerations();
-        await this.checkGrow();
+        await this.checkShrunkDone();
       } catch {
         // The store is gone: the agent's monitor sees it and ends the attempt.
       }
@@ -488,7 +488,7 @@ export class RecoverySession {
    * While shrunk: when the shrunk world finishes training (its ranks grow the job back themselves, at a
    * step boundary, once the ranks outside are ready), the waiting ranks are stopped as done.
    */
-  private async checkGrow(): Promise<void> {
+  private async checkShrunkDone(): Promise<void> {
     const s = this.shrunk;
     if (!s || this.closed) return;
     if ((await this.attempt.agentStore.add('finished', 0)) < s.members.length) return;

@@ -167,7 +167,7 @@ export class MemoryRecovery {
       await this.#store.compareSet(`recover/gen/${g}`, '', JSON.stringify(record));
     }
     // Rank 0's grow, or a fault's generation that took g first (then the fault's recovery follows).
-    const rec = JSON.parse(await this.#store.getString(`recover/gen/${g}`, { timeoutMs: AGREE_WAIT_MS })) as GenerationRecord;
+    const rec = await this.#record(g, AGREE_WAIT_MS);
     if (rec.how !== 'grow' || !rec.from) throw new CommError(`generation ${g} (a fault) started before the grow back`, 'recovery');
     this.#target.abandonStep();
     return this.#reshapeTo(g, job, rec.from, t0, step, 'grow');
@@ -233,10 +233,11 @@ export class MemoryRecovery {
         const rec = await this.#record(g);
         if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, reached, 'grow');
         if (rec.shrink) {
-          const plan = this.#shrinkPlan(rec);
+          // (The lost ranks in this world's numbering.)
+          const lostWorld = (rec.lost ?? []).map((j) => this.#members.indexOf(j)).filter((w) => w >= 0);
+          const plan = this.#shrinkPlan(lostWorld);
           // The lowest surviving rank tells the launcher (which starts replacements on a refusal, else the lost replicas' processes anew).
-          const lostWorld = new Set((rec.lost ?? []).map((j) => this.#members.indexOf(j)));
-          const lowest = this.#members.findIndex((_, w) => !lostWorld.has(w));
+          const lowest = this.#members.findIndex((_, w) => !lostWorld.includes(w));
           if (dist.rank() === lowest) await this.#store.set(`recover/gen/${g}/plan`, JSON.stringify('refused' in plan ? plan : { members: plan.members, layout: plan.layout }));
           if (!('refused' in plan)) {
             if (!plan.members.includes(this.#jobRank)) return await this.#retire(g);
@@ -270,14 +271,19 @@ export class MemoryRecovery {
     }
   }
 
-  /** The launcher's record of generation g. */
-  async #record(g: number): Promise<GenerationRecord> {
-    return JSON.parse(await this.#store.getString(`recover/gen/${g}`)) as GenerationRecord;
+  /** The record of generation g (waiting for it up to `timeoutMs`; the store's default wait without). */
+  async #record(g: number, timeoutMs?: number): Promise<GenerationRecord> {
+    return JSON.parse(await this.#store.getString(`recover/gen/${g}`, timeoutMs === undefined ? undefined : { timeoutMs })) as GenerationRecord;
+  }
+
+  /** The record of generation g, or undefined when it is not out yet. */
+  async #tryRecord(g: number): Promise<GenerationRecord | undefined> {
+    const v = await this.#store.tryGet(`recover/gen/${g}`);
+    return v ? JSON.parse(new TextDecoder().decode(v)) as GenerationRecord : undefined;
   }
 
   /** The shrunk world for a loss without a spare (the same plan on every survivor: a pure function of the same facts). */
-  #shrinkPlan(rec: GenerationRecord): ReshapePlan | { refused: string } {
-    const lost = (rec.lost ?? []).map((j) => this.#members.indexOf(j)).filter((w) => w >= 0);
+  #shrinkPlan(lost: number[]): ReshapePlan | { refused: string } {
     if (this.#members.length !== this.#target.jobPlan().members.length) return { refused: 'the job is shrunk already (one loss at a time)' };
     return this.#target.planShrink(this.#members, lost);
   }
@@ -402,9 +408,8 @@ export class MemoryRecovery {
   async #epochAt(g: number): Promise<number> {
     let epoch = 0;
     for (let k = 1; k <= g; k++) {
-      const v = await this.#store.tryGet(`recover/gen/${k}`);
-      if (!v) continue;
-      const rec = JSON.parse(new TextDecoder().decode(v)) as GenerationRecord;
+      const rec = await this.#tryRecord(k);
+      if (!rec) continue;
       if (rec.how === 'grow') epoch = k;
       else if (rec.shrink) {
         const plan = await this.#store.tryGet(`recover/gen/${k}/plan`);
@@ -423,8 +428,7 @@ export class MemoryRecovery {
     await this.#store.set(`recover/grow/${shrinkGeneration}/ready/${this.#jobRank}`, '1');
     let next = shrinkGeneration + 1;
     for (;;) {
-      const v = await this.#store.getString(`recover/gen/${next}`, { timeoutMs: 24 * 3600_000 });
-      const rec = JSON.parse(v) as GenerationRecord;
+      const rec = await this.#record(next, 24 * 3600_000);
       if (rec.how === 'grow' && rec.from) {
         await dist.regroup(next);
         this.#generation = next;
@@ -449,20 +453,16 @@ export class MemoryRecovery {
     // How long a rank whose collective failed waits for the next generation: longer than the launcher's worst detection.
     const deadline = Date.now() + recoveryEnv().generationWaitMs;
     for (;;) {
-      // A later generation may already be out (two faults close together): take the newest.
+      // A later generation may already be out (two faults close together): take the newest. A rank the
+      // launcher declared lost (frozen, then woken) was replaced: it must leave, not compete.
       let newest = 0;
       for (let k = g; ; k++) {
-        if (!(await this.#store.tryGet(`recover/gen/${k}`))) break;
+        const rec = await this.#tryRecord(k);
+        if (!rec) break;
+        if (rec.lost?.includes(this.#jobRank)) throw new StateError(`rank ${this.#jobRank} was declared lost in generation ${k} and replaced; this process leaves the job`);
         newest = k;
       }
-      if (newest > 0) {
-        // A rank the launcher declared lost (frozen, then woken) was replaced: it must leave, not compete.
-        for (let k = g; k <= newest; k++) {
-          const rec = JSON.parse(new TextDecoder().decode((await this.#store.tryGet(`recover/gen/${k}`))!)) as GenerationRecord;
-          if (rec.lost?.includes(this.#jobRank)) throw new StateError(`rank ${this.#jobRank} was declared lost in generation ${k} and replaced; this process leaves the job`);
-        }
-        return newest;
-      }
+      if (newest > 0) return newest;
       if (Date.now() > deadline) throw error;
       await new Promise((r) => setTimeout(r, 50));
     }

@@ -50,6 +50,17 @@ function expectClose(chaos: Outcome, reference: Outcome, steps: number): void {
   expect(chaos.output).not.toMatch(/restarting the group/);
 }
 
+/** The failure-free run and the run with a kill under `--spares 0 --shrink`, side by side; both must succeed. */
+async function pair(name: string, layout: string[], chaosFlags: string[], steps: number): Promise<[Outcome, Outcome]> {
+  const [reference, chaos] = await Promise.all([
+    launch(`${name}-ref`, [], layout, steps),
+    launch(`${name}-chaos`, ['--spares', '0', '--shrink'], [...layout, '--recover', 'memory', ...chaosFlags], steps),
+  ]);
+  expect(reference.code, reference.output).toBe(0);
+  expect(chaos.code, chaos.output).toBe(0);
+  return [reference, chaos];
+}
+
 const cases = [
   { name: 'dp2-tp2-zero3, SIGKILL of rank 3: one replica of TP2 goes on (zero 0), then grows back', layout: ['--dp', '2', '--tp', '2', '--zero', '3'], kill: 3, members: [0, 1], out: [2, 3] },
   { name: 'pp2-dp2 1f1b, SIGKILL of rank 0: the other replica goes on with 4 micro-batches', layout: ['--pp', '2', '--dp', '2', '--micro-batches', '2', '--schedule', '1f1b'], kill: 0, members: [2, 3], out: [0, 1] },
@@ -61,12 +72,7 @@ describe('in-job recovery: shrink without a spare, then grow back', () => {
   for (const c of cases) {
     it(`${c.name}; losses within the layout tolerance of the failure-free run`, async () => {
       const steps = 24, slug = c.name.replace(/[^a-z0-9]+/gi, '-').slice(0, 40);
-      const [reference, chaos] = await Promise.all([
-        launch(`${slug}-ref`, [], c.layout, steps),
-        launch(`${slug}-chaos`, ['--spares', '0', '--shrink'], [...c.layout, '--recover', 'memory', '--kill-rank', String(c.kill), '--kill-after', '3', '--step-delay-ms', '150'], steps),
-      ]);
-      expect(reference.code, reference.output).toBe(0);
-      expect(chaos.code, chaos.output).toBe(0);
+      const [reference, chaos] = await pair(slug, c.layout, ['--kill-rank', String(c.kill), '--kill-after', '3', '--step-delay-ms', '150'], steps);
       expectClose(chaos, reference, steps);
       const shrink = chaos.events.find((e) => e.event === 'shrink');
       expect(shrink, chaos.output).toMatchObject({ generation: 1, members: c.members, out: c.out });
@@ -84,12 +90,7 @@ describe('in-job recovery: shrink without a spare, then grow back', () => {
 
   it('a job that ends while shrunk ends cleanly: the waiting processes are stopped as done', async () => {
     const steps = 8, layout = ['--dp', '4', '--zero', '2'];
-    const [reference, chaos] = await Promise.all([
-      launch('end-shrunk-ref', [], layout, steps),
-      launch('end-shrunk-chaos', ['--spares', '0', '--shrink'], [...layout, '--recover', 'memory', '--kill-rank', '1', '--kill-after', '3', '--grow-delay-ms', '600000'], steps),
-    ]);
-    expect(reference.code, reference.output).toBe(0);
-    expect(chaos.code, chaos.output).toBe(0);
+    const [reference, chaos] = await pair('end-shrunk', layout, ['--kill-rank', '1', '--kill-after', '3', '--grow-delay-ms', '600000'], steps);
     expectClose(chaos, reference, steps);
     expect(chaos.events.find((e) => e.event === 'shrink')).toMatchObject({ members: [0, 2], out: [1, 3] });
     expect(chaos.events.some((e) => e.event === 'grow')).toBe(false);
@@ -98,12 +99,7 @@ describe('in-job recovery: shrink without a spare, then grow back', () => {
 
   it('a layout that cannot shrink (dp 1) replaces the lost rank as without --shrink', async () => {
     const steps = 6, layout = ['--tp', '2', '--pp', '2'];
-    const [reference, chaos] = await Promise.all([
-      launch('no-shrink-ref', [], layout, steps),
-      launch('no-shrink-chaos', ['--spares', '0', '--shrink'], [...layout, '--recover', 'memory', '--kill-rank', '2', '--kill-after', '2'], steps),
-    ]);
-    expect(reference.code, reference.output).toBe(0);
-    expect(chaos.code, chaos.output).toBe(0);
+    const [reference, chaos] = await pair('no-shrink', layout, ['--kill-rank', '2', '--kill-after', '2'], steps);
     // Nothing reshaped: the same layout, bit for bit.
     expect(chaos.train).toEqual(reference.train);
     expect(chaos.output).toMatch(/no shrink \(the layout has one data-parallel replica/);
