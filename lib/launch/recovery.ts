@@ -77,15 +77,13 @@ interface GenerationRecord {
 
 type How = 'exit' | 'stopped' | 'node';
 
-/** A shrunk job, on every node: the ranks out of it (restarted for the grow back) and who announces the grow. */
+/** A shrunk job, on every node: the ranks in it and the ranks out of it (restarted for the grow back). */
 interface Shrunk {
   generation: number;
   /** Job ranks of the shrunk world, by its ranks. */
   members: number[];
   /** Job ranks outside it: each runs anew, waiting for the grow back. */
   out: number[];
-  /** The node that announces the grow back (the one that handled the loss). */
-  by: number;
 }
 
 /** How long the launcher waits for the survivors' shrink plan. */
@@ -461,7 +459,7 @@ export class RecoverySession {
     }
     const members = plan.members;
     const out = this.ownerOf.map((_, r) => r).filter((r) => !members.includes(r));
-    this.shrunk = { generation: g, members, out, by: record.by };
+    this.shrunk = { generation: g, members, out };
     // The shrunk world restores from the current world's images: older worlds' are not needed again.
     this.dropImagesBefore(this.epoch);
     this.epoch = g;

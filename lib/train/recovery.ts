@@ -77,8 +77,6 @@ export class MemoryRecovery {
   // The images of the newest two completed steps (double-buffered: a put reads one while the next is taken).
   #images: LocalImage[] = [];
   #putFailed = false;
-  /** The reshaped world whose first copy this rank has announced. */
-  #announced = 0;
   #afterRecovery: { generation: number } | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
@@ -200,12 +198,6 @@ export class MemoryRecovery {
     if (!this.#holder) return;
     try {
       await this.#holder.put(entry.key, entry.step, this.#generation, encodeImage(entry.image));
-      // A reshaped world's first copy at its holder: the launcher grows the job back only once every
-      // rank of the shrunk world has one (the grow back restores from them).
-      if (this.#epoch > 0 && this.#announced !== this.#epoch) {
-        this.#announced = this.#epoch;
-        await this.#store.set(`recover/epoch/${this.#epoch}/put/${dist.rank()}`, String(entry.step));
-      }
     } catch (e) {
       // Training goes on; the client reconnects for the next copy. A loss of this rank before one arrives falls back to a checkpoint.
       if (!this.#putFailed) process.stderr.write(`nodetron: rank ${this.#jobRank}: could not send its in-memory copy to the holder (${(e as Error).message}); training goes on, and the next copy is sent again (a loss before one arrives falls back to a checkpoint)\n`);
