@@ -117,7 +117,6 @@ export class TrainingRun<H extends { lr: number }> {
   /** Releases the checkpointer and the recovery, then the current parts: on close. */
   readonly #teardown = new Teardown();
   readonly #checkpointer: Checkpointer | null;
-  #items!: CheckpointItems;
   readonly #scheduler: { state(): unknown; loadState(st: never): void };
   readonly #log: (line: string) => void;
   readonly #every: number;
@@ -155,7 +154,6 @@ export class TrainingRun<H extends { lr: number }> {
         if (st.history) this.#history = { train: [...st.history.train], val: [...st.history.val] };
       },
     };
-    this.#items = this.#itemsOf(parts);
     const c = this.gpt.shape;
     const heads = c.nKvHead === c.nHead ? `${c.nHead} heads` : `${c.nHead} heads (${c.nKvHead} kv)`;
     this.log(`${this.gpt.constructor.name || this.gpt.family}: ${c.nLayer} layers, ${heads}, width ${c.nEmbd}, ctx ${this.seqLen}, vocab ${c.vocabSize}; ` +
@@ -164,8 +162,9 @@ export class TrainingRun<H extends { lr: number }> {
       (this.layout.pp > 1 ? `, layers ${this.model.layers[0]}..${this.model.layers[1] - 1} on rank 0` : ''));
   }
 
-  /** What a checkpoint or an in-memory image of this run holds: the trainer's state, the data position, the schedule, the generator. */
-  #itemsOf(p: RunParts<H>): CheckpointItems {
+  /** What a checkpoint or an in-memory image of this run holds (of its current parts): the trainer's state, the data position, the schedule, the generator. */
+  get #items(): CheckpointItems {
+    const p = this.#p;
     return { model: p.trainer, ...(p.loader ? { loader: p.loader } : {}), scheduler: this.#scheduler, rng: { model: p.full.generator }, layout: p.layout };
   }
 
@@ -182,7 +181,6 @@ export class TrainingRun<H extends { lr: number }> {
     const world = await dist.rejoinAs(generation, rank, plan.members.length);
     await old.teardown.run();
     this.#p = await old.rebuild(plan.flags as LayoutArgs, plan.layout, plan.members.length, world);
-    this.#items = this.#itemsOf(this.#p);
     this.#timing = null;
     this.log(`generation ${generation}: reshaped to ${describeLayout(plan.layout)} over ${plan.members.length} process(es)`);
   }
