@@ -449,7 +449,10 @@ export function accumulateLeaf(leaf: Tensor, g: Tensor, claimed: Set<Tensor>, gr
     // Copied, not claimed: backward frees g as any gradient it does not hand on (nothing to copy when the op wrote it there).
     if (g === slot) { /* written in place */ }
     else if (g.dtype === slot.dtype) slot.backend.copy(slot.storage, 0, g.storage, 0, slot.nbytes);
-    else { using c = g.to(slot.dtype); slot.backend.copy(slot.storage, 0, c.storage, 0, slot.nbytes); }
+    // Another dtype (autocast's 16-bit gradient of an f32 leaf) is cast straight into the home: no
+    // converted copy beside it (the token table's would be a second full-size f32 gradient).
+    else if (g.device === slot.device) slot.backend.cast(g.storage, dtypeCode(g.dtype), slot.storage, dtypeCode(slot.dtype), slot.size);
+    else { using c = g.to({ dtype: slot.dtype, device: slot.device }); slot.backend.copy(slot.storage, 0, c.storage, 0, slot.nbytes); }
     leaf.grad = keep(slot);
   } else {
     const own = claim(g, claimed, gradOut);

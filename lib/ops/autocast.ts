@@ -5,7 +5,7 @@
 import { autocastDtypeFor, autocastWeightCast, countActivationCast } from '../amp.js';
 import { needsGrad, Node, record } from '../autograd/engine.js';
 import { isGradEnabled } from '../autograd/grad-mode.js';
-import { type DType, isFloating, parseDType } from '../dtype.js';
+import { type DType, dtypeCode, isFloating, parseDType } from '../dtype.js';
 import { DTypeError } from '../errors.js';
 import { checkTensor, Tensor } from '../tensor.js';
 
@@ -20,7 +20,14 @@ export function cast(x: Tensor, dtype: DType | string): Tensor {
   const out = x.to(to);
   if (!needsGrad(x)) return out;
   const from = x.dtype;
-  return record('cast', out, [x], (g) => [g.to(from)]);
+  // The gradient is cast straight into x's gradient home when backward hands one (a weight's bucket
+  // view): an elementwise cast, so any alignment serves, and no converted copy sits beside the home.
+  return record('cast', out, [x], (g, target) => {
+    const home = target(0);
+    if (home === null || home.dtype !== from || home.device !== g.device || home.size !== g.size) return [g.to(from)];
+    home.backend.cast(g.storage, dtypeCode(g.dtype), home.storage, dtypeCode(from), g.size);
+    return [home];
+  });
 }
 
 // A cached weight copy serves an op only if it can carry the gradient the op needs: made with a

@@ -39,6 +39,18 @@ function splitIntoBuckets(order: readonly Tensor[], bucketBytes: number): Tensor
   return runs;
 }
 
+/**
+ * The buckets' parameter runs for `order` (the first bucket first): consecutive runs of about
+ * `bucketBytes` of the parameters not in `deferred`, then those of the deferred ones (launched last).
+ * What the engine cuts its buckets from, and what ZeRO 1/2 lay their shards out by before it exists.
+ */
+export function bucketRuns(order: readonly Tensor[], deferred: ReadonlySet<Tensor>, bucketBytes: number): { params: Tensor[]; deferred: boolean }[] {
+  return [
+    ...splitIntoBuckets(order.filter((p) => !deferred.has(p)), bucketBytes).map((params) => ({ params, deferred: false })),
+    ...splitIntoBuckets(order.filter((p) => deferred.has(p)), bucketBytes).map((params) => ({ params, deferred: true })),
+  ];
+}
+
 /** The engine each bucket belongs to (engineOf finds a GradBuffer's engine through its buckets). */
 const engines = new WeakMap<object, GradientBuckets<unknown>>();
 
@@ -69,7 +81,7 @@ export class Bucket<L> {
 export interface BucketSync<L> {
   /** The layout of a bucket holding `params`, in this order. */
   layout(params: readonly Tensor[]): L;
-  /** A zero-filled input for the bucket's collective, kept out of scopes (the engine frees it). */
+  /** The input of the bucket's collective, kept out of scopes (the engine frees it); pack() writes every parameter's range before it launches. */
   allocate(b: Bucket<L>): Tensor;
   /** Copies the gradient of the bucket's parameter `i`, if it has one, into `flat` (and may free it). */
   pack(b: Bucket<L>, i: number, flat: Tensor): void;
@@ -105,6 +117,11 @@ export interface GradientBucketsOptions<L> {
   maxInFlight?: number;
   /** Called at each mark with sync on, before the gradient is packed. */
   onReady?: () => void;
+  /**
+   * Rebuild the buckets after the first step in the order its gradients were ready (default true).
+   * False keeps the first buckets for good (ZeRO 1/2: which rank holds which elements follows them).
+   */
+  rebuild?: boolean;
 }
 
 /** What the engine launched (counts since construction). */
@@ -166,7 +183,7 @@ export class GradientBuckets<L> {
     if (options.overlap) {
       for (const p of params) if (p.requiresGrad && !this.#deferred.has(p)) this.#hooks.push(registerPostAccumulateGradHook(p, (q) => this.mark(q)));
     }
-    this.#readyOrder = this.#hooks.length > 0 ? [] : null;
+    this.#readyOrder = this.#hooks.length > 0 && options.rebuild !== false ? [] : null;
   }
 
   /** The buckets in launch order, the deferred ones last. */
@@ -182,13 +199,10 @@ export class GradientBuckets<L> {
   // Consecutive runs of `order` of about bucketBytes each, the deferred parameters' last.
   #assign(order: readonly Tensor[]): void {
     const { bucketBytes, sync } = this.#options;
-    const runs = [
-      ...splitIntoBuckets(order.filter((p) => !this.#deferred.has(p)), bucketBytes).map((ps) => [ps, false] as const),
-      ...splitIntoBuckets(order.filter((p) => this.#deferred.has(p)), bucketBytes).map((ps) => [ps, true] as const),
-    ];
+    const runs = bucketRuns(order, this.#deferred, bucketBytes);
     this.#where.clear();
     if (this.#buckets.length > 0) this.#options.sync.discard?.(this.#buckets);
-    this.#buckets = runs.map(([ps, deferred], index) => {
+    this.#buckets = runs.map(({ params: ps, deferred }, index) => {
       const b = new Bucket(index, ps, sync.layout(ps), deferred);
       ps.forEach((p, i) => this.#where.set(p, [b, i]));
       engines.set(b, this as GradientBuckets<unknown>);
@@ -238,6 +252,19 @@ export class GradientBuckets<L> {
     if (this.#recording) this.#readyOrder?.push(p);
     this.#pack(b, i);
     for (let c = this.#buckets[this.#next]; c && !c.deferred && c.pending === 0; c = this.#buckets[this.#next]) this.#launch(c, true);
+  }
+
+  /**
+   * Where p's gradient can be written this round: its bucket, its index there and the bucket's
+   * input (allocated now when the round has none yet; with noSync() held too, so accumulation lands
+   * in it); null when p is not bucketed or was marked already this round.
+   */
+  home(p: Tensor): { bucket: Bucket<L>; index: number; flat: Tensor } | null {
+    const where = this.#where.get(p);
+    if (!where || where[0].marked.has(p)) return null;
+    const [b, i] = where;
+    b.flat ??= this.#options.sync.allocate(b);
+    return { bucket: b, index: i, flat: b.flat };
   }
 
   #pack(b: Bucket<L>, i: number): void {

@@ -103,8 +103,8 @@ export function buildFamilies<H extends { lr: number }>(model: PipelineModule, p
   // of the reduce-scatters that start during backward.
   const deferGrads = mesh!.embeddingGroup ? model.tiedParameters : [];
   const split = expertParams.length > 0 ? splitParamGroups(paramGroups, experts) : { dense: paramGroups, experts: [] };
-  // ZeRO 1/2's first bucket layout (before they see the order gradients become ready): the order
-  // gradients are final in the pass that synchronizes (a pipeline stage of several chunks says it).
+  // ZeRO 1/2's buckets are fixed at construction: laid out in the order gradients are final in the
+  // pass that synchronizes (a pipeline stage of several chunks says it), so their reduce-scatters overlap it.
   const readyOrder = (model as { gradientReadyOrder?(): Tensor[] }).gradientReadyOrder?.();
   const denseSet = new Set<Tensor>(denseParams);
   const denseOrder = readyOrder && readyOrder.length === all.length ? readyOrder.filter((p) => denseSet.has(p)) : denseParams;

@@ -1,4 +1,4 @@
-// GPTStage.gradientReadyOrder (lib/parallel/pipeline/gpt-stage.ts): the order ZeRO 1/2 lay their first
+// GPTStage.gradientReadyOrder (lib/parallel/pipeline/gpt-stage.ts): the order ZeRO 1/2 lay their fixed
 // gradient buckets out in. Reversed, it must start with the chunk whose backward synchronizes (chunk 0,
 // the last backward of interleaved 1F1B and zb-v), so the first buckets fill, and their reduce-scatters
 // start, during that pass; with one chunk it is the parameters' own order.

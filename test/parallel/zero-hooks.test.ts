@@ -1,14 +1,15 @@
 // ZeRO stages 1 and 2 driven by backward on simulated ranks: every bucket's reduce-scatter starts
 // from the gradient hooks while backward runs, stage 2 frees each gradient as it is packed and
 // reduces every micro-batch, stage 1 once per step; the updated parameters equal a float64 SGD
-// step on the mean gradient (over several steps, micro-batches, rebuilt buckets, deferred
-// parameters, overlap off); misuse fails clearly and leaves the optimizer usable.
+// step on the mean gradient (over several steps, micro-batches, deferred parameters, overlap off);
+// the buckets stay as built (each laid out flat, rank r holding its contiguous range), gradients
+// are written into them in place; misuse fails clearly and leaves the optimizer usable.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { runLocalRanks } from '../../lib/testing/index.js';
 import { ZeroOptimizer, ZeroStage3Optimizer, type ZeroOptions } from '../../lib/parallel/zero/optimizer.js';
 import type { CollectiveGroup } from '../../lib/distributed/group.js';
-import { ALL, chainLoss, leafParams, maxAbsDiff, meanOverRanks } from './helpers.js';
+import { ALL, CHAIN_SHAPES, chainLoss, leafParams, maxAbsDiff, meanOverRanks } from './helpers.js';
 
 const LR = 0.5;
 // Every parameter of CHAIN_SHAPES is at most 84 bytes: about one parameter per bucket.
@@ -97,10 +98,10 @@ describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
     }
   }
 
-  it('rebuilds the buckets in the first step\'s ready order: later steps launch buckets as their gradients come', async () => {
+  it('keeps the buckets it was built with (they decide which rank holds which elements): every step launches like the first, another order is refused', async () => {
     // The backward uses the parameters in reverse, so the gradients are ready in creation order, the
-    // opposite of the first step's buckets: the first bucket completes only at the last hook, which
-    // launches them all. After the rebuild each hook launches its own bucket.
+    // opposite of the buckets: the first bucket completes only at the last hook, which launches them
+    // all, in every step (plain data parallelism would rebuild its buckets after the first).
     const reversed = [...ALL].reverse();
     const results = await runLocalRanks(2, async (g) => {
       const params = leafParams();
@@ -108,6 +109,7 @@ describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
       // Registered before the optimizer's, so each runs just before the optimizer's hook of the same gradient.
       for (const p of params) nt.registerPostAccumulateGradHook(p, () => { launchedAtEntry.push(zero!.reduceStats.reduceScatters); });
       zero = new ZeroOptimizer(params, sgd, { group: g, stage: 2, bucketBytes: BUCKET_BYTES });
+      const order = zero.bucketOrder()!;
       const perStep: number[][] = [];
       for (let step = 0; step < 3; step++) {
         const before = zero.reduceStats.reduceScatters;
@@ -117,6 +119,9 @@ describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
         await zero.step();
         zero.zeroGrad();
       }
+      expect(zero.bucketOrder()).toEqual(order);
+      zero.loadBucketOrder(order);
+      expect(() => zero!.loadBucketOrder({ order: [...order.order].reverse(), rebuilt: true })).toThrow(/fixed at construction/);
       const values = params.map((p) => p.toArraySync() as Float32Array);
       const buckets = zero.reduceStats.buckets;
       zero.dispose();
@@ -125,10 +130,82 @@ describe('ZeroOptimizer stages 1 and 2 from the gradient hooks', () => {
     expectClose(results, expected(2, [reversed, reversed, reversed], 1));
     for (const { perStep, buckets } of results) {
       expect(buckets).toBeGreaterThanOrEqual(4);
-      // Step 1: nothing launched before the last gradient's hook.
-      expect(perStep[0]!.at(-1)).toBe(0);
-      // Steps 2 and 3: by the last gradient's hook every other bucket is on its way.
-      for (const launched of perStep.slice(1)) expect(launched.at(-1)).toBe(buckets - 1);
+      // Nothing launched before the last gradient's hook, in every step.
+      for (const launched of perStep) expect(launched).toEqual(launched.map(() => 0));
+    }
+  });
+
+  it('gradients are written into their bucket: each .grad a view of it through noSync micro-batches (stage 1), the view let go once marked (stage 2), a hand-set gradient copied in', async () => {
+    for (const stage of [1, 2] as const) {
+      const results = await runLocalRanks(2, async (g) => {
+        const params = leafParams();
+        const zero = new ZeroOptimizer(params, sgd, { group: g, stage, bucketBytes: BUCKET_BYTES });
+        const shards = (zero as unknown as { shards: { gradIsView(p: nt.Tensor): boolean } }).shards;
+        for (let step = 0; step < 2; step++) {
+          await zero.noSync(() => chainLoss(params, g.rank, 2 * step).backward());
+          // Accumulating under noSync: every gradient is its bucket's view (nothing was copied).
+          for (const p of params) expect(shards.gradIsView(p)).toBe(true);
+          chainLoss(params, g.rank, 2 * step + 1).backward();
+          for (const p of params) {
+            if (stage === 1) expect(shards.gradIsView(p)).toBe(true);
+            else expect(p.grad).toBeNull();
+          }
+          await zero.step();
+          zero.zeroGrad();
+        }
+        // A gradient set by hand (not a view) is copied into the bucket once: stage 1 keeps the view, stage 2 nothing.
+        const handSet = params.map((p) => nt.full(p.shape as number[], 0.25));
+        params.forEach((p, i) => { p.grad = handSet[i]!; });
+        await zero.step();
+        for (const [i, p] of params.entries()) {
+          expect(handSet[i]!.disposed).toBe(true);
+          if (stage === 1) expect(shards.gradIsView(p)).toBe(true);
+          else expect(p.grad).toBeNull();
+        }
+        zero.zeroGrad();
+        const values = params.map((p) => p.toArraySync() as Float32Array);
+        zero.dispose();
+        return { values };
+      });
+      const want = expected(2, [ALL, ALL], 2).map((v) => v.map((x) => x - LR * 0.25));
+      expectClose(results, want);
+    }
+  });
+
+  it('each rank holds a contiguous range of every bucket laid out flat: the ranks\' holdings partition every parameter, padding held by nobody', async () => {
+    for (const world of [2, 3, 4]) {
+      const held = await runLocalRanks(world, async (g) => {
+        const params = leafParams();
+        const zero = new ZeroOptimizer(params, sgd, { group: g, stage: 1, bucketBytes: BUCKET_BYTES });
+        const chunks = zero.localChunks().map((c) => ({ param: params.indexOf(c.param), start: c.start, count: c.count, master: c.master, masterOffset: c.masterOffset }));
+        // The master holds this rank's elements, nothing more, equal to the parameters' values.
+        const masterSize = zero.masters.reduce((s, m) => s + m.size, 0);
+        expect(masterSize).toBe(chunks.reduce((s, c) => s + c.count, 0));
+        for (const c of chunks) {
+          const want = (params[c.param]!.toArraySync() as Float32Array).subarray(c.start, c.start + c.count);
+          const got = (zero.masters[c.master]!.toArraySync() as Float32Array).subarray(c.masterOffset, c.masterOffset + c.count);
+          expect(got).toEqual(want);
+        }
+        zero.dispose();
+        return chunks;
+      });
+      // Buckets (reverse creation order, 64 bytes): [4], [3], [2, 1], [0]: each laid out flat, rank r holds [r·S, (r+1)·S).
+      const sizes = CHAIN_SHAPES.map((s) => s.reduce((a, b) => a * b, 1));
+      for (const bucket of [[4], [3], [2, 1], [0]]) {
+        const total = bucket.reduce((s, i) => s + sizes[i]!, 0), shard = Math.ceil(total / world);
+        let offset = 0;
+        for (const i of bucket) {
+          for (let r = 0; r < world; r++) {
+            const lo = Math.max(offset, r * shard), hi = Math.min(offset + sizes[i]!, (r + 1) * shard);
+            const mine = held[r]!.filter((c) => c.param === i);
+            if (hi > lo) expect(mine.map(({ start, count }) => ({ start, count }))).toEqual([{ start: lo - offset, count: hi - lo }]);
+            else expect(mine).toEqual([]);
+          }
+          offset += sizes[i]!;
+        }
+      }
+      // Every element of every parameter is held by exactly one rank.
+      sizes.forEach((n, i) => expect(held.flat().filter((c) => c.param === i).reduce((s, c) => s + c.count, 0)).toBe(n));
     }
   });
 

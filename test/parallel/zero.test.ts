@@ -1,6 +1,6 @@
 // ZeRO stages 1 and 2 on simulated data-parallel ranks: three AdamW steps must match an unsharded
 // AdamW on the averaged gradients (odd sizes, uneven shards, two parameter groups, ± offload), and
-// the bytes each rank holds must match the memory formula.
+// the bytes each rank holds must match the memory formula (rank 0, the fullest) and the flat split.
 import { describe, expect, it } from 'vitest';
 import * as nt from '../../lib/index.js';
 import { AdamW } from '../../lib/optim/adamw.js';
@@ -60,7 +60,12 @@ describe('ZeroOptimizer', () => {
           if (stage === 2) expect(params.every((p) => p.grad === null)).toBe(true);
         }
         const measured = zero.memoryBytes();
-        expect(measured).toEqual(zeroMemoryFormula(SHAPES.map(numel), world, stage, STATE_BYTES[kind]));
+        // One bucket laid out flat: rank r holds [r·S, (r+1)·S) of Ψ elements (S = ceil(Ψ/N)), rank 0 the most.
+        const psi = SHAPES.map(numel).reduce((a, b) => a + b, 0), s = Math.ceil(psi / world);
+        const held = Math.max(0, Math.min(s, psi - g.rank * s)), k = STATE_BYTES[kind];
+        const grads = stage === 1 ? 4 * psi + 4 * held : 4 * held;
+        expect(measured).toEqual({ params: 4 * psi, grads, optimizerState: k * held, masterShard: 4 * held, total: 4 * psi + grads + k * held + 4 * held });
+        if (g.rank === 0) expect(measured).toEqual(zeroMemoryFormula(SHAPES.map(numel), world, stage, STATE_BYTES[kind]));
         const out = params.map((p) => p.toArraySync());
         zero.dispose();
         return out;
@@ -72,7 +77,7 @@ describe('ZeroOptimizer', () => {
     });
   }
 
-  it('the optimizer state is sharded: each rank holds ceil(size/N) elements of each parameter in each moment', async () => {
+  it('the optimizer state is sharded: the ranks hold disjoint ranges of the flat bucket, Ψ elements in all, ceil(Ψ/N) on each but the last', async () => {
     const sizes = await runLocalRanks(4, async (g) => {
       const params = makeParams();
       const zero = new ZeroOptimizer(params, (groups) => new AdamW(groups), { group: g, stage: 1 });
@@ -82,8 +87,9 @@ describe('ZeroOptimizer', () => {
       zero.dispose();
       return bytes;
     });
-    const chunks = SHAPES.reduce((s, x) => s + Math.ceil(numel(x) / 4), 0);
-    expect(sizes).toEqual([1, 2, 3, 4].map(() => 2 * 4 * chunks));
+    const psi = SHAPES.reduce((s, x) => s + numel(x), 0), shard = Math.ceil(psi / 4);
+    expect(sizes).toEqual([0, 1, 2, 3].map((r) => 2 * 4 * Math.min(shard, psi - r * shard)));
+    expect(sizes.reduce((a, b) => a + b, 0)).toBe(2 * 4 * psi);
   });
 
   it('rejects LAMB, stage 4, non-f32 parameters, and a factory that ignores the shards', async () => {

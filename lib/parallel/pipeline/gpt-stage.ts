@@ -118,9 +118,8 @@ export class GPTStage extends Module implements PipelineModule {
    * This stage's parameters in an order whose reverse is the order their gradients are final in the
    * step's last backward pass, the one that synchronizes: with several chunks that pass is chunk 0's
    * (interleaved 1F1B and zb-v end with it), so chunk 0's blocks come last, then the embeddings, the
-   * other chunks, the head. ZeRO 1/2 lay their first buckets out by it (before they have seen the
-   * order gradients become ready), so their reduce-scatters can start during that pass. One chunk: the
-   * parameters' own order.
+   * other chunks, the head. Gradient buckets fixed at construction (ZeRO 1/2) are laid out by it, so
+   * their reduce-scatters start during that pass. One chunk: the parameters' own order.
    */
   gradientReadyOrder(): Parameter[] {
     if (this.chunks === 1) return this.parameters();

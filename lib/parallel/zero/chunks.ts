@@ -1,9 +1,10 @@
-// The shard layout every ZeRO stage shares: each parameter cut into equal per-rank chunks over the
-// data-parallel group (the last zero-padded), this rank's chunks packed into one master tensor per
-// parameter group, and the packing of a run of parameters (a stage-3 unit, a stage-1/2 gradient
-// bucket) into the rank-major buffers its allGather and reduceScatter move. Because every
-// parameter is split evenly, any run of parameters makes an even collective, so gradients can be
-// reduce-scattered run by run as backward produces them.
+// The shard layout every ZeRO stage shares: which elements of each parameter each rank of the
+// data-parallel group holds, and this rank's pieces packed into one master tensor per parameter
+// group. Two splits: stage 3 cuts each parameter into equal per-rank chunks (the last zero-padded)
+// and packs a run of parameters (a unit) into the rank-major buffers its allGather and
+// reduceScatter move, so any run makes an even collective; stages 1 and 2 give the split
+// themselves (`held`: each rank's contiguous range of every gradient bucket laid out flat,
+// stage1-2.ts), so a gradient written into its bucket is already in the reduce-scatter's input.
 import { accumulateInto } from '../../autograd/engine.js';
 import type { BucketOrder } from '../buckets.js';
 import { parseDevice, type Device } from '../../device.js';
@@ -13,11 +14,19 @@ import { emptyOn, type Tensor } from '../../tensor.js';
 import { copyElements, FlatLayout } from '../flat.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 
-/** Where one parameter's chunk lives: chunk `rank` of ceil(size/N) elements, zero-padded at the end. */
+/** An element range of a parameter: [start, start + count) (count ≤ 0: nothing). */
+export interface ElementRange { start: number; count: number }
+
+/**
+ * Where one parameter's chunks live: by default chunk `rank` of ceil(size/N) elements, zero-padded
+ * at the end; with `held`, the range each rank holds.
+ */
 export interface PartitionedParam {
   param: Tensor;
-  /** Elements of each rank's chunk. */
+  /** Elements of each rank's chunk (the even split; with `held`, the most any rank holds). */
   chunk: number;
+  /** The elements each rank holds, by rank (stages 1 and 2); null: the even split. */
+  held: readonly ElementRange[] | null;
   /** The parameter group (and master tensor) holding this rank's chunk, and where in it. */
   master: number;
   masterOffset: number;
@@ -58,8 +67,12 @@ export abstract class ChunkedShards {
   protected readonly paramDevice: Device;
   protected readonly call: string;
 
-  /** Copies this rank's chunks into the masters (on the CPU with `offload`). */
-  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean, call: string) {
+  /**
+   * Copies this rank's chunks into the masters (on the CPU with `offload`). `held`: the elements
+   * each rank holds of each parameter, by rank (default: the even split); a master keeps exactly
+   * this rank's elements then, and with the even split a whole chunk per parameter (padding included).
+   */
+  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean, call: string, held?: ReadonlyMap<Tensor, readonly ElementRange[]>) {
     this.group = group;
     this.call = call;
     const n = group.size;
@@ -72,9 +85,11 @@ export abstract class ChunkedShards {
     this.masters = groups.map((ps, gi) => {
       let offset = 0;
       for (const p of ps) {
-        const chunk = Math.ceil(p.size / n);
-        this.parts.set(p, { param: p, chunk, master: gi, masterOffset: offset });
-        offset += chunk;
+        const ranges = held?.get(p) ?? null;
+        if (held && (!ranges || ranges.length !== n)) throw new ArgumentError(`${call}: no split of ${p.describe()} over the ${n} ranks`);
+        const chunk = ranges ? Math.max(...ranges.map((r) => r.count)) : Math.ceil(p.size / n);
+        this.parts.set(p, { param: p, chunk, held: ranges, master: gi, masterOffset: offset });
+        offset += ranges ? Math.max(0, ranges[group.rank]!.count) : chunk;
       }
       const master = keep(emptyOn([offset], 'f32', masterDevice, true));
       for (const p of ps) {
@@ -95,12 +110,13 @@ export abstract class ChunkedShards {
   get params(): Tensor[] { return [...this.parts.keys()]; }
 
   /** The elements of the parameter that rank `rank`'s chunk covers (count ≤ 0: padding only). */
-  protected rangeOf(part: PartitionedParam, rank = this.group.rank): { start: number; count: number } {
+  protected rangeOf(part: PartitionedParam, rank = this.group.rank): ElementRange {
+    if (part.held) return part.held[rank]!;
     const start = rank * part.chunk;
     return { start, count: Math.min(part.chunk, part.param.size - start) };
   }
 
-  /** The slots of a run holding `params` (with their names for messages) in the given order. */
+  /** The slots of a run (even split) holding `params` (with their names for messages) in the given order. */
   protected slotsOf(params: readonly (readonly [Tensor, string])[]): { slots: ShardSlot[]; shardCount: number } {
     const slots: ShardSlot[] = [];
     let offset = 0;
@@ -133,23 +149,26 @@ export abstract class ChunkedShards {
     return out;
   }
 
-  /** This rank's chunks of the run's parameters, from the masters, on the parameters' device: its part of the run's allGather. */
+  /** Copies `count` elements of a master (from `masterOffset`) into `dst` at `offset`, across devices when offloaded. */
+  protected copyFromMaster(dst: Tensor, offset: number, master: Tensor, masterOffset: number, count: number): void {
+    if (count <= 0) return;
+    if (master.device === dst.device) copyElements(dst, offset, master, masterOffset, count);
+    else {
+      using host = emptyOn([count], 'f32', master.deviceInfo);
+      copyElements(host, 0, master, masterOffset, count);
+      using here = host.to(dst.device);
+      copyElements(dst, offset, here, 0, count);
+    }
+  }
+
+  /** This rank's chunks of the run's parameters, from the masters, on the parameters' device: its part of the run's allGather (stage 3). */
   protected localShard(run: ShardRun): Tensor {
     const local = emptyOn([run.shardCount], 'f32', this.paramDevice, true);
-    for (const s of run.slots) {
-      const master = this.masters[s.part.master]!;
-      if (master.device === local.device) copyElements(local, s.offset, master, s.part.masterOffset, s.part.chunk);
-      else {
-        using host = emptyOn([s.part.chunk], 'f32', master.deviceInfo);
-        copyElements(host, 0, master, s.part.masterOffset, s.part.chunk);
-        using here = host.to(local.device);
-        copyElements(local, s.offset, here, 0, s.part.chunk);
-      }
-    }
+    for (const s of run.slots) this.copyFromMaster(local, s.offset, this.masters[s.part.master]!, s.part.masterOffset, s.part.chunk);
     return local;
   }
 
-  /** Writes an allGather's result ([rank][run shard]) into the parameters' own storage. */
+  /** Writes an allGather's result ([rank][run shard], even split) into the parameters' own storage. */
   protected unpackGathered(run: ShardRun, full: Tensor): void {
     const n = this.group.size;
     for (const s of run.slots) {
@@ -161,7 +180,7 @@ export abstract class ChunkedShards {
   }
 
   /**
-   * Copies the slot's parameter's gradient rank by rank into `input` ([rank][run shard]), the input
+   * Copies the slot's parameter's gradient rank by rank into `input` ([rank][run shard], even split), the input
    * of the run's reduceScatter (where nothing is copied the input keeps its zeros). With `release`
    * the gradient is freed (p.grad becomes null). Returns whether the parameter had a gradient.
    */
@@ -178,7 +197,7 @@ export abstract class ChunkedShards {
   }
 
   /** Adds a finished reduceScatter's output (this rank's shard of the run) into run.gradShard, on the masters' device; consumes `out`. */
-  protected foldReduced(run: ShardRun, out: Tensor): void {
+  protected foldReduced(run: { gradShard: Tensor | null }, out: Tensor): void {
     const masterDevice = this.masters[0]!.deviceInfo;
     const shard = out.device === masterDevice.name ? out : keep(out.to(masterDevice.name));
     if (shard !== out) out.dispose();
@@ -190,12 +209,17 @@ export abstract class ChunkedShards {
     }
   }
 
-  /** The masters' gradients from the runs' reduced shards (zeros for a run nothing reached); frees the runs' shards. */
-  protected writeMasterGrads(runs: readonly ShardRun[]): void {
+  /** Zero-filled gradients for the masters (what a run nothing reached leaves). */
+  protected zeroMasterGrads(): void {
     for (const m of this.masters) {
       m.grad?.dispose();
       m.grad = keep(emptyOn(m.shape, 'f32', m.deviceInfo, true));
     }
+  }
+
+  /** The masters' gradients from the runs' reduced shards (zeros for a run nothing reached); frees the runs' shards (stage 3). */
+  protected writeMasterGrads(runs: readonly ShardRun[]): void {
+    this.zeroMasterGrads();
     for (const run of runs) {
       if (!run.gradShard) continue;
       for (const s of run.slots) copyElements(this.masters[s.part.master]!.grad!, s.part.masterOffset, run.gradShard, s.offset, s.part.chunk);
@@ -206,10 +230,11 @@ export abstract class ChunkedShards {
 
   /**
    * Collective: every parameter's full value gathered from the masters, as new tensors in `params`
-   * order (the caller owns them).
+   * order (the caller owns them). The even split only (stage 3; stages 1 and 2 keep whole parameters).
    */
   async fullParameters(): Promise<Tensor[]> {
     const n = this.group.size;
+    if ([...this.parts.values()].some((part) => part.held)) throw new StateError(`${this.call}: fullParameters gathers the even split only; these parameters are whole on every rank`);
     const out = new Map<Tensor, Tensor>();
     for (const master of this.masters) {
       using local = master.device === this.paramDevice.name ? master.clone() : master.to(this.paramDevice.name);

@@ -1,6 +1,7 @@
 // ZeRO stages 1, 2 and 3 (DeepSpeed), the optimizers users create: each data-parallel rank keeps the
-// optimizer state (and, at stage 2, the gradients) of its chunks of every parameter (chunks.ts);
-// at stages 1 and 2 the gradients are reduce-scattered bucket by bucket as backward produces them
+// optimizer state (and, at stage 2, the gradients) of its share of the parameters (chunks.ts);
+// at stages 1 and 2 the gradients are written into flat buckets and reduce-scattered bucket by
+// bucket as backward produces them, each rank holding a contiguous range of every bucket
 // (stage1-2.ts), the step updates the local chunks and allgathers the updated parameters. Stage 3
 // shards the parameters too (stage3.ts): they are gathered unit by unit inside forward and backward.
 // One class per stage behind one interface: ZeroStage12Optimizer and ZeroStage3Optimizer implement
@@ -52,8 +53,9 @@ export interface ZeroOptions {
   deferGrads?: Iterable<Tensor>;
   /**
    * Stages 1 and 2: every parameter in the order the model creates them (model.parameters()), whose
-   * reverse the first step's buckets follow (default: the parameter groups' order). After the first
-   * step the buckets follow the order the gradients were ready in.
+   * reverse the buckets follow (default: the parameter groups' order). Each bucket is laid out flat
+   * and each rank holds a contiguous range of it, so the buckets stay as built (never rebuilt in
+   * the order gradients were ready in, as plain data parallelism's are).
    */
   bucketOrder?: Iterable<Tensor>;
 }
@@ -521,8 +523,11 @@ export const ZeroOptimizer: ZeroOptimizerConstructor = class ZeroOptimizer {
  * views of the parameters: at stages 1 and 2 each rank also keeps a 4Ψ/N f32 master copy of its
  * shard, and at stage 1 the shard's reduced gradient (4Ψ/N) beside the full gradients. At stage 3
  * the master shard is the parameter shard (counted once, as params). Given Ψ, a shard is ceil(Ψ/N)
- * elements (the paper's Ψ/N); given every parameter's size, exactly what this implementation holds:
- * each parameter is padded to N equal chunks, Σ ceil(size/N) elements. Not counted: what a step
+ * elements (the paper's Ψ/N); given every parameter's size, what this implementation holds on its
+ * fullest rank: at stages 1 and 2 each bucket is laid out flat and rank r holds [r·S, (r+1)·S) of
+ * it, so with one bucket rank 0 holds ceil(Ψ/N) (later ranks what is left, the padding held by
+ * nobody; B buckets, each split so, give rank 0 up to B − 1 elements more than this counts); at
+ * stage 3, exactly, each parameter padded to N equal chunks, Σ ceil(size/N) elements. Not counted: what a step
  * needs transiently — the gradient buckets being filled or reduced during backward (stages 1, 2), at
  * stage 3 the gathered parameters of the model's root unit, of the unit running and of the one
  * being prefetched (ZeroOptimizer.gatherStats.peakGatheredBytes measures it).
@@ -530,7 +535,7 @@ export const ZeroOptimizer: ZeroOptimizerConstructor = class ZeroOptimizer {
 export function zeroMemoryFormula(numParams: number | readonly number[], ranks: number, stage: 0 | ZeroStage, stateBytesPerParam = 8): ZeroMemoryBytes {
   const sizes = typeof numParams === 'number' ? null : numParams;
   const psi = sizes ? sizes.reduce((a, b) => a + b, 0) : numParams as number;
-  const shard = stage === 0 ? psi : sizes ? sizes.reduce((a, b) => a + Math.ceil(b / ranks), 0) : Math.ceil(psi / ranks);
+  const shard = stage === 0 ? psi : sizes && stage === 3 ? sizes.reduce((a, b) => a + Math.ceil(b / ranks), 0) : Math.ceil(psi / ranks);
   const params = 4 * (stage === 3 ? shard : psi);
   const grads = stage === 0 ? 4 * psi : stage === 1 ? 4 * psi + 4 * shard : 4 * shard;
   const optimizerState = stateBytesPerParam * shard;
