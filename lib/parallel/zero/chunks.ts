@@ -25,12 +25,15 @@ export interface PartitionedParam {
   param: Tensor;
   /** Elements of each rank's chunk (the even split; with `held`, the most any rank holds). */
   chunk: number;
-  /** The elements each rank holds, by rank (stages 1 and 2); null: the even split. */
-  held: readonly ElementRange[] | null;
+  /** The elements rank r holds (stages 1 and 2); null: the even split. */
+  held: ((rank: number) => ElementRange) | null;
   /** The parameter group (and master tensor) holding this rank's chunk, and where in it. */
   master: number;
   masterOffset: number;
 }
+
+/** How a parameter is split when the caller gives the split (stages 1 and 2): rank r's range, and the most any rank holds. */
+export interface HeldSplit { range: (rank: number) => ElementRange; chunk: number }
 
 /** This rank's chunk of one parameter: where it is in the masters and which elements of the parameter it holds. */
 export interface LocalChunk { param: Tensor; master: number; masterOffset: number; start: number; count: number }
@@ -72,7 +75,7 @@ export abstract class ChunkedShards {
    * each rank holds of each parameter, by rank (default: the even split); a master keeps exactly
    * this rank's elements then, and with the even split a whole chunk per parameter (padding included).
    */
-  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean, call: string, held?: ReadonlyMap<Tensor, readonly ElementRange[]>) {
+  constructor(groups: readonly Tensor[][], group: CollectiveGroup, offload: boolean, call: string, held?: ReadonlyMap<Tensor, HeldSplit>) {
     this.group = group;
     this.call = call;
     const n = group.size;
@@ -85,11 +88,11 @@ export abstract class ChunkedShards {
     this.masters = groups.map((ps, gi) => {
       let offset = 0;
       for (const p of ps) {
-        const ranges = held?.get(p) ?? null;
-        if (held && (!ranges || ranges.length !== n)) throw new ArgumentError(`${call}: no split of ${p.describe()} over the ${n} ranks`);
-        const chunk = ranges ? Math.max(...ranges.map((r) => r.count)) : Math.ceil(p.size / n);
-        this.parts.set(p, { param: p, chunk, held: ranges, master: gi, masterOffset: offset });
-        offset += ranges ? Math.max(0, ranges[group.rank]!.count) : chunk;
+        const split = held?.get(p) ?? null;
+        if (held && !split) throw new ArgumentError(`${call}: no split of ${p.describe()} over the ${n} ranks`);
+        const chunk = split ? split.chunk : Math.ceil(p.size / n);
+        this.parts.set(p, { param: p, chunk, held: split ? split.range : null, master: gi, masterOffset: offset });
+        offset += split ? Math.max(0, split.range(group.rank).count) : chunk;
       }
       const master = keep(emptyOn([offset], 'f32', masterDevice, true));
       for (const p of ps) {
@@ -111,7 +114,7 @@ export abstract class ChunkedShards {
 
   /** The elements of the parameter that rank `rank`'s chunk covers (count ≤ 0: padding only). */
   protected rangeOf(part: PartitionedParam, rank = this.group.rank): ElementRange {
-    if (part.held) return part.held[rank]!;
+    if (part.held) return part.held(rank);
     const start = rank * part.chunk;
     return { start, count: Math.min(part.chunk, part.param.size - start) };
   }

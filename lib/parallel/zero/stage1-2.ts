@@ -33,7 +33,7 @@ import { emptyOn, viewOf, type Tensor } from '../../tensor.js';
 import type { CollectiveGroup } from '../../distributed/group.js';
 import { bucketRuns, GradientBuckets, type Bucket, type BucketSync } from '../buckets.js';
 import { copyElements, FlatLayout } from '../flat.js';
-import { ChunkedShards, type ElementRange, type PartitionedParam } from './chunks.js';
+import { ChunkedShards, type ElementRange, type HeldSplit, type PartitionedParam } from './chunks.js';
 
 export interface GradientShardOptions {
   stage: 1 | 2;
@@ -106,13 +106,19 @@ function heldRange(offset: number, count: number, shard: number, r: number): Ele
 
 /**
  * Which elements of each parameter each of `n` ranks holds when the buckets cut from `order` (first
- * bucket first) are laid out flat: what the masters are built from, before the buckets exist.
+ * bucket first) are laid out flat: what the masters are built from, before the buckets exist. A
+ * parameter's split is computed on demand (no per-rank list: O(parameters), not O(parameters × ranks)).
  */
-function flatHoldings(order: readonly Tensor[], deferred: ReadonlySet<Tensor>, bucketBytes: number, n: number): Map<Tensor, ElementRange[]> {
-  const held = new Map<Tensor, ElementRange[]>();
+function flatHoldings(order: readonly Tensor[], deferred: ReadonlySet<Tensor>, bucketBytes: number, n: number): Map<Tensor, HeldSplit> {
+  const held = new Map<Tensor, HeldSplit>();
   for (const run of bucketRuns(order, deferred, bucketBytes)) {
     const { layout, shard } = flatLayoutOf(run.params, n);
-    for (const e of layout.entries) held.set(e.param, Array.from({ length: n }, (_, r) => heldRange(e.offset, e.count, shard, r)));
+    for (const { param, offset, count } of layout.entries) {
+      // The ranks whose ranges it overlaps: the most any of them holds.
+      let chunk = 0;
+      for (let r = Math.floor(offset / shard); r * shard < offset + count && r < n; r++) chunk = Math.max(chunk, heldRange(offset, count, shard, r).count);
+      held.set(param, { range: (r) => heldRange(offset, count, shard, r), chunk });
+    }
   }
   return held;
 }
