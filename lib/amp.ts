@@ -15,6 +15,14 @@ export const AUTOCAST_F32_OPS: ReadonlySet<string> = new Set([
   'softmax', 'logSoftmax', 'crossEntropy', 'layerNorm', 'rmsNorm', 'sum', 'mean', 'norm', 'exp', 'log', 'pow',
 ]);
 
+/**
+ * Norm ops that, with a low-precision residual stream (autocast's `lowPrecisionResidual`), compute in
+ * the autocast dtype when their input is in it (the residual stream), instead of in f32: the norm's
+ * statistics still accumulate in f32 inside the kernel, and its output comes out in 16 bits, ready
+ * for the next GEMM (the add + norm + cast in one pass).
+ */
+export const AUTOCAST_RESIDUAL_NORM_OPS: ReadonlySet<string> = new Set(['layerNorm', 'rmsNorm']);
+
 /** The 16-bit float dtypes autocast and master weights compute in. */
 export type LowPrecision = 'bf16' | 'f16';
 
@@ -48,7 +56,7 @@ class CastCache {
   }
 }
 
-interface AutocastState { dtype: LowPrecision; enabled: boolean; cache: CastCache }
+interface AutocastState { dtype: LowPrecision; enabled: boolean; residual: boolean; cache: CastCache }
 const autocastStore = new AsyncLocalStorage<AutocastState>();
 
 /** Counts of autocast's casts since the process started (or the last {@link resetAutocastStats}). */
@@ -66,6 +74,31 @@ export function autocastStats(): AutocastStats { return { ...stats }; }
 /** Zeroes autocast's cast counters. */
 export function resetAutocastStats(): void { stats.weightCasts = 0; stats.weightCacheHits = 0; stats.activationCasts = 0; }
 
+/** Options of {@link autocast}. */
+export interface AutocastOptions {
+  /** The 16-bit dtype of the low-precision ops (default 'bf16'). */
+  dtype?: LowPrecision;
+  /** false: the region runs its ops as without autocast (default true). */
+  enabled?: boolean;
+  /**
+   * Keep the models' residual stream in `dtype` too (llm.c's bf16 activations): nt.nn's decoders cast
+   * the embeddings' output to `dtype` as their blocks start, the residual adds run in it, and the norms
+   * (AUTOCAST_RESIDUAL_NORM_OPS) read it and write their output in it (add + norm + cast fused), with
+   * f32 statistics. Less memory traffic and no per-GEMM activation casts, at the cost of a residual
+   * stream rounded to 8 mantissa bits (bf16). Default false (f32 residual, norms in f32), or
+   * NODETRON_LOW_PRECISION_RESIDUAL=1; a nested region inherits its outer region's choice.
+   */
+  lowPrecisionResidual?: boolean;
+}
+
+/** NODETRON_LOW_PRECISION_RESIDUAL: '1' turns the low-precision residual stream on by default. */
+function lowPrecisionResidualDefault(): boolean {
+  const v = process.env.NODETRON_LOW_PRECISION_RESIDUAL;
+  if (v === undefined || v === '' || v === '0') return false;
+  if (v === '1') return true;
+  throw new ArgumentError(`NODETRON_LOW_PRECISION_RESIDUAL must be 0 or 1, got ${JSON.stringify(v)}`);
+}
+
 /**
  * Runs fn with autocast on: ops in AUTOCAST_LOW_PRECISION_OPS compute in `dtype`, ops in
  * AUTOCAST_F32_OPS in f32, the rest in their inputs' dtype. Nests; works across await (an async fn's
@@ -73,15 +106,19 @@ export function resetAutocastStats(): void { stats.weightCasts = 0; stats.weight
  * for the outermost region and freed when it ends; a weight rewritten in place inside the region (an
  * optimizer step: its {@link Tensor.version} moves) is cast again.
  */
-export function autocast<T>(opts: { dtype?: LowPrecision; enabled?: boolean }, fn: () => T): T {
+export function autocast<T>(opts: AutocastOptions, fn: () => T): T {
   if (opts === null || typeof opts !== 'object') throw new ArgumentError(`autocast: options must be an object like { dtype: 'bf16' }, got ${opts === null ? 'null' : typeof opts}`);
   const dtype = opts.dtype ?? 'bf16';
   if (dtype !== 'bf16' && dtype !== 'f16') throw new DTypeError(`autocast: dtype must be 'bf16' or 'f16', got ${String(dtype)}`);
   if (opts.enabled !== undefined && typeof opts.enabled !== 'boolean') throw new ArgumentError(`autocast: enabled must be a boolean, got ${typeof opts.enabled}`);
+  if (opts.lowPrecisionResidual !== undefined && typeof opts.lowPrecisionResidual !== 'boolean') {
+    throw new ArgumentError(`autocast: lowPrecisionResidual must be a boolean, got ${typeof opts.lowPrecisionResidual}`);
+  }
   if (typeof fn !== 'function') throw new ArgumentError(`autocast: fn must be a function, got ${fn === null ? 'null' : typeof fn}`);
   const outer = autocastStore.getStore();
   const cache = outer?.cache ?? new CastCache();
-  const run = () => autocastStore.run({ dtype, enabled: opts.enabled ?? true, cache }, fn);
+  const residual = opts.lowPrecisionResidual ?? outer?.residual ?? lowPrecisionResidualDefault();
+  const run = () => autocastStore.run({ dtype, enabled: opts.enabled ?? true, residual, cache }, fn);
   if (outer) return run();
   let result: T;
   try {
@@ -108,6 +145,23 @@ export function autocastDtypeFor(op: string): DType | undefined {
 }
 
 /**
+ * Internal (the ops' autocast casts): the dtype `op` computes in when its first floating input is in
+ * `inputDtype`: under a low-precision residual stream a norm over a 16-bit input stays in 16 bits;
+ * otherwise {@link autocastDtypeFor}.
+ */
+export function autocastDtypeForInput(op: string, inputDtype: DType | undefined): DType | undefined {
+  const s = autocastStore.getStore();
+  if (s?.enabled && s.residual && inputDtype === s.dtype && AUTOCAST_RESIDUAL_NORM_OPS.has(op)) return s.dtype;
+  return autocastDtypeFor(op);
+}
+
+/** The dtype of the residual stream under the current autocast: its 16-bit dtype with lowPrecisionResidual, else undefined (as computed). */
+export function autocastResidualDtype(): LowPrecision | undefined {
+  const s = autocastStore.getStore();
+  return s?.enabled && s.residual ? s.dtype : undefined;
+}
+
+/**
  * Internal (the ops' autocast casts): the cached `dtype` copy of weight `t` in the current region when
  * `usable` accepts it; otherwise `cast()` makes one, which the cache keeps until the region ends.
  */
@@ -128,9 +182,11 @@ export function autocastState(): {
   enabled: boolean;
   /** The autocast dtype, or undefined when autocast is off. */
   dtype: LowPrecision | undefined;
+  /** Whether the residual stream is kept in the autocast dtype (false when autocast is off). */
+  lowPrecisionResidual: boolean;
 } {
   const s = autocastStore.getStore();
-  return { enabled: !!s?.enabled, dtype: s?.enabled ? s.dtype : undefined };
+  return { enabled: !!s?.enabled, dtype: s?.enabled ? s.dtype : undefined, lowPrecisionResidual: !!s?.enabled && s.residual };
 }
 
 /** Internal: counts an activation cast (see {@link autocastStats}). */

@@ -23,7 +23,7 @@ export { backward, detach, zeroGrad, noGrad, enableGrad, isGradEnabled, recomput
 export { info, type Info } from './info.js';
 export * as cuda from './cuda/index.js';
 export {
-  autocast, autocastDtypeFor, autocastState, autocastStats, resetAutocastStats, type AutocastStats, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
+  autocast, type AutocastOptions, autocastDtypeFor, autocastState, autocastStats, resetAutocastStats, type AutocastStats, GradScaler, type GradScalerOptions, MasterWeights, type LowPrecision,
 } from './amp.js';
 export { version } from './version.js';
 export * as distributed from './distributed/index.js';

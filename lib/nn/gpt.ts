@@ -10,6 +10,7 @@ import { arange, tensor } from '../creation.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { geluMlp } from '../ops/matmul.js';
 import { add, addLayerNorm, attentionPacked, embedding, gelu, layerNorm, linearGelu } from '../ops/index.js';
+import { residualStream } from '../ops/autocast.js';
 import { Generator } from '../random.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import { normal } from './init.js';
@@ -307,6 +308,7 @@ export class GPT extends Module implements CausalLM {
 
   /** Blocks [start, end) over x [B, T, C] (T: the sequence layout's chunk; recomputed in backward when config.recompute). */
   forwardBlocks(x: Tensor, start = 0, end = this.h.length): Tensor {
+    x = residualStream(x); // 16 bits under autocast's lowPrecisionResidual
     for (const [j, block] of this.h.slice(start, end).entries()) {
       x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? recompute((y: Tensor) => block.forward(y), x) : block.forward(x)));
     }

@@ -12,6 +12,7 @@
 import { recompute } from '../autograd/index.js';
 import { ArgumentError, ShapeError, StateError } from '../errors.js';
 import { add, cat, groupedQueryAttention, rmsNorm, rope, swiglu } from '../ops/index.js';
+import { residualStream } from '../ops/autocast.js';
 import { tensor } from '../creation.js';
 import { traceLayer } from '../observe/trace.js';
 import { Generator } from '../random.js';
@@ -463,6 +464,7 @@ export class Llama extends Module implements CausalLM {
 
   /** Blocks [start, end) over x [B, T', C] (recomputed in backward when config.recompute). */
   forwardBlocks(x: Tensor, start = 0, end = this.layers.length): Tensor {
+    x = residualStream(x); // 16 bits under autocast's lowPrecisionResidual
     for (const [j, block] of this.layers.slice(start, end).entries()) {
       x = traceLayer('block', start + j, () => (this.config.recompute && this.training ? recompute((y: Tensor) => block.forward(y), x) : block.forward(x)));
     }

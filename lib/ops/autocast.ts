@@ -2,7 +2,7 @@
 // casts an op applies to its inputs under nt.autocast (lib/amp.ts holds the policy and the weight-cast
 // cache). Ops in AUTOCAST_LOW_PRECISION_OPS cast their floating inputs to bf16/f16, ops in
 // AUTOCAST_F32_OPS to f32; then they run as usual on the cast inputs.
-import { autocastDtypeFor, autocastWeightCast, countActivationCast } from '../amp.js';
+import { autocastDtypeForInput, autocastResidualDtype, autocastWeightCast, countActivationCast } from '../amp.js';
 import { needsGrad, Node, record } from '../autograd/engine.js';
 import { isGradEnabled } from '../autograd/grad-mode.js';
 import { type DType, dtypeCode, isFloating, parseDType } from '../dtype.js';
@@ -62,7 +62,8 @@ function needsCast(x: unknown, dtype: DType): x is Tensor {
  * what it saved of them).
  */
 export function autocastRun<A extends readonly unknown[], R>(op: string, inputs: A, fn: (...cast: A) => R): R | undefined {
-  const dtype = autocastDtypeFor(op);
+  const first = inputs[0];
+  const dtype = autocastDtypeForInput(op, first instanceof Tensor && !first.disposed ? first.dtype : undefined);
   if (dtype === undefined || !inputs.some((x) => needsCast(x, dtype))) return undefined;
   return runCast(dtype, inputs, fn);
 }
@@ -76,6 +77,16 @@ export function runCast<A extends readonly unknown[], R>(dtype: DType, inputs: A
   } finally {
     for (const t of temps) t.dispose();
   }
+}
+
+/**
+ * x as the residual stream of a decoder's blocks: under autocast with lowPrecisionResidual, an f32 x
+ * (the embeddings' output, or a pipeline stage's received activation) cast to the autocast dtype,
+ * differentiably; otherwise x itself.
+ */
+export function residualStream(x: Tensor): Tensor {
+  const dtype = autocastResidualDtype();
+  return dtype === undefined || x.dtype === dtype || !isFloating(x.dtype) ? x : cast(x, dtype);
 }
 
 /**

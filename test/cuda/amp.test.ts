@@ -76,8 +76,8 @@ describe('autocast policy', () => {
       expect(nt.autocastDtypeFor('softmax')).toBe('f32');
       expect(nt.autocastDtypeFor('add')).toBeUndefined();
       nt.autocast({ dtype: 'f16' }, () => expect(nt.autocastDtypeFor('linear')).toBe('f16'));
-      nt.autocast({ enabled: false }, () => expect(nt.autocastState()).toEqual({ enabled: false, dtype: undefined }));
-      expect(nt.autocastState()).toEqual({ enabled: true, dtype: 'bf16' });
+      nt.autocast({ enabled: false }, () => expect(nt.autocastState()).toEqual({ enabled: false, dtype: undefined, lowPrecisionResidual: false }));
+      expect(nt.autocastState()).toEqual({ enabled: true, dtype: 'bf16', lowPrecisionResidual: false });
     });
     expect(nt.autocastState().enabled).toBe(false);
     expect(() => nt.autocast({ dtype: 'f32' as 'bf16' }, () => 0)).toThrow(nt.DTypeError);

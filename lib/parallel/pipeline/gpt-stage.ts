@@ -7,6 +7,7 @@ import { Module, type Parameter } from '../../nn/module.js';
 import type { CausalLM } from '../../nn/gpt.js';
 import type { Tensor } from '../../tensor.js';
 import { chunkLayers, type ChunkPlacement } from './schedules.js';
+import { cast } from '../../ops/autocast.js';
 
 /** What the parallel trainer runs: a model, or one pipeline stage of it, that ends in a loss on the last stage. */
 export interface PipelineModule extends Module {
@@ -109,7 +110,9 @@ export class GPTStage extends Module implements PipelineModule {
     let x = this.isFirstStage && chunk === 0 ? m.embed(input) : input;
     const [start, end] = this.chunkLayers[chunk]!;
     x = m.forwardBlocks(x, start, end);
-    if (!this.isLastStage || chunk !== this.chunks - 1) return x;
+    // The pipeline moves f32 activations (its receives are f32): a 16-bit residual stream is cast back
+    // for the next stage, which casts it again as its blocks start.
+    if (!this.isLastStage || chunk !== this.chunks - 1) return x.dtype === 'f32' ? x : cast(x, 'f32');
     if (targets === null) throw new ArgumentError('GPTStage.forwardStage: the last stage needs targets to compute the loss');
     return m.head(x, targets).loss!;
   }
