@@ -48,7 +48,11 @@ std::string hostIdentity() {
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
-  return std::string(host) + "|" + boot;
+  // The network namespace too: ranks in different namespaces (bench chaos --netns: one per simulated node)
+  // are different hosts, so their bytes go over the network and a link cut there cuts them.
+  char ns[128] = {0};
+  ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  return std::string(host) + "|" + boot + "|" + (n > 0 ? std::string(ns, size_t(n)) : std::string());
 }
 
 std::string randomHex() {
