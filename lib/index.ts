@@ -29,7 +29,7 @@ export { version } from './version.js';
 export * as distributed from './distributed/index.js';
 export * as nn from './nn/index.js';
 export * as optim from './optim/index.js';
-export { trainStep, evaluate, type LossModel, type TrainStepOptions, type TrainStepResult } from './step.js';
+export { trainStep, evaluate, captureTrainStep, type CapturedTrainStep, type CaptureTrainStepOptions, type CapturedStepResult, type CapturableModel, type LossModel, type TrainStepOptions, type TrainStepResult } from './step.js';
 export * as parallel from './parallel/index.js';
 export * as ckpt from './ckpt/index.js';
 export * as interop from './interop/index.js';

@@ -105,12 +105,14 @@ export class AdamW extends Optimizer<AdamWOptions> {
    * Before replaying a captured step (deviceMeta): advances the step of every parameter that has a
    * gradient, as step() would, and writes each group's [lr, step] (its current options.lr, so a
    * schedule that sets the group's lr applies) into the metadata the captured kernels read. Not
-   * during a capture (a host write); a StateError when no eager step made the metadata.
+   * during a capture (a host write); a StateError when no eager step made the metadata. `all`: every
+   * parameter that has state instead (a captured whole step makes and drops its gradients inside the
+   * graph, so none is there before the replay).
    */
-  advanceDeviceMeta(): void {
+  advanceDeviceMeta(opts: { all?: boolean } = {}): void {
     if (!this.deviceMeta) throw new StateError('AdamW.advanceDeviceMeta: deviceMeta is off');
     for (const g of this.paramGroups) {
-      const ready = g.params.filter((p) => p.grad !== null);
+      const ready = g.params.filter((p) => (opts.all ? this.state.has(p) : p.grad !== null));
       if (ready.length === 0) continue;
       const metas = this.metas.get(g.options);
       if (!metas) throw new StateError('AdamW.advanceDeviceMeta: no metadata yet (run one step eagerly first)');

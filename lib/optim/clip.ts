@@ -2,7 +2,13 @@
 // the one norm of a gradient split over ranks (globalGradNorm), which the tensor-parallel GPT, ZeRO
 // and ParallelTrainer all take.
 import { dtypeCode } from '../dtype.js';
-import { ArgumentError } from '../errors.js';
+import { BINARY } from '../kernel-codes.js';
+import { noGrad } from '../autograd/grad-mode.js';
+import { scope } from '../memory.js';
+import { add, div, mul, sqrt } from '../ops/elementwise.js';
+import { sum } from '../ops/reduce.js';
+import { emptyOn } from '../tensor.js';
+import { ArgumentError, StateError } from '../errors.js';
 import { checkTensorList, type Tensor } from '../tensor.js';
 import type { CollectiveGroup } from '../distributed/group.js';
 import { reduceTotals } from '../distributed/totals.js';
@@ -81,4 +87,43 @@ export function clipFactor(norm: number, maxNorm: number): number {
   if (typeof norm !== 'number' || norm < 0) throw new ArgumentError(`clipFactor: norm must be a number >= 0, got ${String(norm)}`);
   if (typeof maxNorm !== 'number' || !(maxNorm > 0)) throw new ArgumentError(`clipFactor: maxNorm must be a finite number > 0, got ${String(maxNorm)}`);
   return Math.min(1, maxNorm / (norm + 1e-6));
+}
+
+/** Multiplies each gradient in place by the one-element `factor` (broadcast), on the gradients' device. */
+function scaleGradsBy(grads: readonly Tensor[], factor: Tensor): void {
+  const byDtype = new Map<string, Tensor>();
+  for (const g of grads) {
+    let f = byDtype.get(g.dtype);
+    if (!f) { f = g.dtype === factor.dtype ? factor : factor.to(g.dtype); byDtype.set(g.dtype, f); }
+    // In place: out aliases the gradient (an elementwise kernel), the factor read with stride 0.
+    g.backend.binary(BINARY.mul, g.storage, f.storage, g.storage, dtypeCode(g.dtype), new Int32Array([g.size]), new Int32Array([1]), new Int32Array([0]));
+  }
+}
+
+/**
+ * The gradients' global L2 norm as a one-element f32 device tensor, and the gradients scaled in place by
+ * min(1, maxNorm / (norm + 1e-6)) (PyTorch's clip_grad_norm_), without a host read. A NaN or infinite
+ * norm leaves the gradients as they are (fmin returns the other operand), as clipGradNorm does.
+ */
+export function clipGradNormOnDevice(params: readonly Tensor[], maxNorm: number): Tensor {
+  if (typeof maxNorm !== 'number' || !(maxNorm > 0) || maxNorm === Infinity) throw new ArgumentError(`clipGradNormOnDevice: maxNorm must be a finite number > 0, got ${String(maxNorm)}`);
+  const grads = params.map((p) => p.grad).filter((g): g is Tensor => g !== null && !g.disposed);
+  if (grads.length === 0) throw new StateError('clipGradNormOnDevice: no parameter has a gradient');
+  // The temporaries go with the scope; the norm (returned) moves to the caller's.
+  return scope(() => noGrad(() => {
+    let total: Tensor | null = null;
+    for (const g of grads) {
+      const g32 = g.dtype === 'f32' ? g : g.to('f32');
+      const s = sum(mul(g32, g32));
+      total = total === null ? s : add(total, s);
+    }
+    const norm = sqrt(total!);
+    const ratio = div(maxNorm, add(norm, 1e-6));
+    const one = emptyOn(ratio.shape, 'f32', ratio.deviceInfo);
+    one.backend.fill(one.storage, dtypeCode('f32'), one.size, 1);
+    const factor = emptyOn(ratio.shape, 'f32', ratio.deviceInfo);
+    factor.backend.binary(BINARY.min, one.storage, ratio.storage, factor.storage, dtypeCode('f32'), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
+    scaleGradsBy(grads, factor);
+    return norm;
+  }));
 }

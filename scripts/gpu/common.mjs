@@ -220,6 +220,7 @@ export const VARIANTS = {
   nosync: { NODETRON_CUDA_SYNC: '0' },        // the correctness steps' per-launch synchronization off
   // Issue #35's speed levers, each measured against the GPT-2 step's default path in the second command:
   residual: { NODETRON_LOW_PRECISION_RESIDUAL: '1' }, // the residual stream in bf16, norms reading and writing it (add + norm + cast fused)
+  graph: { NODETRON_CUDA_GRAPH: '1' },        // the whole step (clipping, AdamW, zeroGrad) captured into one CUDA graph
   padvocab: { NODETRON_PAD_VOCAB: '64' },     // the LM head's vocabulary padded to a multiple of 64 (50257 -> 50304)
   scalar: { NODETRON_CUDA_VECTOR: '0' },      // the norm, softmax and cross-entropy kernels without their 16-byte loads
 };
@@ -227,7 +228,7 @@ export const VARIANTS = {
  * The lever runs the second command makes of the GPT-2 step once it passed (on the variant it passed
  * with): tokens/s and the first losses with each lever beside the step's own record.
  */
-export const LEVERS = ['residual', 'padvocab', 'scalar'];
+export const LEVERS = ['residual', 'graph', 'padvocab', 'scalar'];
 /** The environment variables that change what a step runs; results.json records their values per step. */
 export const SWITCHES = ['NODETRON_FLASH_SIMT', 'NODETRON_CUDA_EPILOGUES', 'NODETRON_CUDA_SYNC', 'NODETRON_CUDA_GRAPH', 'NODETRON_LOW_PRECISION_RESIDUAL', 'NODETRON_PAD_VOCAB', 'NODETRON_CUDA_VECTOR', 'NODETRON_HEAD_DEVICE_COUNT', 'NODETRON_ADAMW_DEVICE_META', 'TORCHINDUCTOR_COMPILE_THREADS'];
 

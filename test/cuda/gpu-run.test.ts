@@ -69,7 +69,7 @@ describe('scripts/gpu/run.mjs: the plan', () => {
       rec('preflight', 'passed'), rec('nccl', 'timeout'), rec('gemm', 'failed'), rec('ops-bf16', 'crashed'), rec('kernels', 'passed'),
       rec('gpt2-step', 'failed'), rec('gpt2-step@simt', 'passed'), rec('gpt2-torch-eager', 'failed'), rec('gemm-perf', 'crashed'), rec('dispatch', 'not run'),
     ], 420);
-    expect(second.only).toEqual(['nccl@nosync', 'gemm@noepi', 'ops-bf16@simt', 'ops-bf16@noepi', 'gpt2-torch-eager', 'gemm-perf@sync', 'dispatch', 'gpt2-torch-compile', 'gpt2-step@simt+residual', 'gpt2-step@simt+padvocab', 'gpt2-step@simt+scalar', 'parallel', 'sanitizer']);
+    expect(second.only).toEqual(['nccl@nosync', 'gemm@noepi', 'ops-bf16@simt', 'ops-bf16@noepi', 'gpt2-torch-eager', 'gemm-perf@sync', 'dispatch', 'gpt2-torch-compile', 'gpt2-step@simt+residual', 'gpt2-step@simt+graph', 'gpt2-step@simt+padvocab', 'gpt2-step@simt+scalar', 'parallel', 'sanitizer']);
     expect(second.line).toBe(`bash scripts/gpu/device.sh --only ${second.only.join(',')} --budget ${second.budgetS}`);
     // 900 s of device time less start-up, the first command and the transfers: at most what the steps need.
     expect(second.budgetS).toBeLessThanOrEqual(900 - 150 - 420);
@@ -77,7 +77,7 @@ describe('scripts/gpu/run.mjs: the plan', () => {
     expect(common.secondCommand([rec('gpt2-step', 'failed'), rec('gpt2-step@simt', 'failed')], 420).only.slice(0, 2)).toEqual(['gpt2-step@simt+noepi', 'gpt2-step@simt+sync']);
     expect(() => common.parseSelector('gemm@fast')).toThrow(/unknown variant fast/);
     // The speed levers run on the GPT-2 step's plain path when it passed plainly, and not at all when it never passed.
-    expect(common.secondCommand([rec('gpt2-step', 'passed')], 420).only).toEqual(['gpt2-torch-compile', 'gpt2-step@residual', 'gpt2-step@padvocab', 'gpt2-step@scalar', 'parallel', 'sanitizer']);
+    expect(common.secondCommand([rec('gpt2-step', 'passed')], 420).only).toEqual(['gpt2-torch-compile', 'gpt2-step@residual', 'gpt2-step@graph', 'gpt2-step@padvocab', 'gpt2-step@scalar', 'parallel', 'sanitizer']);
     expect(common.parseSelector('gpt2-step@residual').env).toEqual({ NODETRON_LOW_PRECISION_RESIDUAL: '1' });
     expect(common.parseSelector('gpt2-step@padvocab').env).toEqual({ NODETRON_PAD_VOCAB: '64' });
     expect(common.parseSelector('ops-f16@simt+noepi').env).toEqual({ NODETRON_FLASH_SIMT: '1', NODETRON_CUDA_EPILOGUES: '0' });

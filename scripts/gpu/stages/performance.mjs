@@ -76,10 +76,16 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
   writeFileSync(`${prefix}-tokens.bin`, new Uint8Array(tokens.buffer));
   const x = nt.tensor(tokens.slice(0, B * T), [B, T]).to(DEV), y = nt.tensor(tokens.slice(B * T), [B, T]).to(DEV);
   const opt = new nt.optim.AdamW(model.parameters(), ADAMW);
-  const step = () => nt.autocast({ dtype: 'bf16' }, () => nt.trainStep(model, opt, x, y));
+  // NODETRON_CUDA_GRAPH=1 (the lever gpt2-step@graph): the whole step captured into one CUDA graph after
+  // one eager step (nt.captureTrainStep; a capture that fails falls back to eager steps, and says why).
+  const graphed = process.env.NODETRON_CUDA_GRAPH === '1' ? nt.captureTrainStep(model, opt, { device: DEV }) : null;
+  const step = graphed
+    ? () => nt.autocast({ dtype: 'bf16' }, () => graphed.step(x, y))
+    : () => nt.autocast({ dtype: 'bf16' }, () => nt.trainStep(model, opt, x, y));
   const losses = [];
   for (let s = 0; s < GPT2.losses; s++) losses.push(step().loss);
   rec.info('gpt2Losses', losses);
+  if (graphed) rec.info('gpt2CapturedStep', { captured: graphed.captured, fallbackReason: graphed.fallbackReason });
   const finite = losses.every(Number.isFinite);
   rec.check({ name: `GPT-2 ${DRY ? 'tiny (dry)' : '124M'} bf16 (${attention}): ${GPT2.losses} finite losses, falling`, ok: finite && losses.at(-1) < losses[0], error: finite && losses.at(-1) < losses[0] ? undefined : JSON.stringify(losses) });
   // Only finite losses go to the torch steps (a failed attempt's NaNs would fail their comparison for
@@ -120,6 +126,7 @@ export async function gpt2Step(rec, nt, noGpu, ctx) {
     rec.info('gpt2Kernels', { totalMs: total, kernels: table });
     console.log(`GPT-2 step per cuda kernel (${total.toFixed(1)} ms):\n` + table.slice(0, 12).map((t) => `  ${t.kernel} ${t.calls} calls ${t.ms.toFixed(2)} ms ${((100 * t.ms) / total).toFixed(1)}%`).join('\n'));
   }
+  graphed?.dispose();
   opt.dispose(); model.dispose(); x.dispose(); y.dispose();
 }
 
