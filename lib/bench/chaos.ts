@@ -14,13 +14,16 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { randomBytes } from 'node:crypto';
 import { ArgumentError } from '../errors.js';
+import { lossThreshold, netnsExec, NetnsTopology, type NetnsPlan } from './netns.js';
 import { info } from '../info.js';
 import { median } from './util.js';
 import { machineRecord, printTable, writeJson } from '../cmdline/report.js';
 import { expectPositionals, parseOptions } from '../cmdline/args.js';
 
-export type FaultKind = 'kill' | 'stop' | 'node';
-const FAULT_KINDS: readonly FaultKind[] = ['kill', 'stop', 'node'];
+export type FaultKind = 'kill' | 'stop' | 'node' | 'link';
+const FAULT_KINDS: readonly FaultKind[] = ['kill', 'stop', 'node', 'link'];
+/** Faults that take out a whole node (its ranks all lost at once; never node 0; skipped by the baseline). */
+export const isNodeFault = (how: FaultKind): boolean => how === 'node' || how === 'link';
 
 export interface ChaosOptions {
   /** Ranks per node (launch --nproc-per-node). */
@@ -51,6 +54,14 @@ export interface ChaosOptions {
   baselineHangMs: number;
   /** A run still going after this long is killed (its process groups) and reported as timed out. */
   timeoutSec: number;
+  /** Each simulated node in a network namespace of its own (lib/bench/netns.ts): Linux, root, `ip`. */
+  netns?: boolean;
+  /** --netns: the percentage of packets dropped on entering each node's namespace, all run long (nftables). */
+  netLoss?: number;
+  /** --netns: how long a node cut off by a link fault gets to end on its own once the others have exited, before the bench kills it. */
+  linkGraceSec?: number;
+  /** The launchers' --heartbeat-timeout-ms (every run; default: the launcher's). */
+  heartbeatTimeoutMs?: number;
   /** Write the runs' output through to this process's (else only to DIR/<run>.log). */
   verbose?: boolean;
   log?: (line: string) => void;
@@ -60,7 +71,11 @@ export interface ChaosOptions {
 export interface ChaosEvent { t: number; src: 'agent' | 'rank'; node?: number; rank?: number; generation?: number; event: string; [k: string]: unknown }
 
 /** A fault the benchmark caused. `at`: epoch ms just before the signal. */
-export interface Injected { i: number; at: number; how: FaultKind; rank: number | null; node: number; pid: number; ranks: number[] }
+export interface Injected {
+  i: number; at: number; how: FaultKind; rank: number | null; node: number; pid: number; ranks: number[];
+  /** A link fault: ms from the fault until the cut-off node's launcher exited on its own (null: it had not, and the bench killed it). */
+  cutLauncherExitMs?: number | null;
+}
 
 export interface ChaosFaultRow {
   i: number; how: FaultKind; rank: number | null; node: number; ranks: number[];
@@ -78,6 +93,8 @@ export interface RunResult {
   name: string; commands: string[][]; wallMs: number; exitCodes: (number | null)[]; timedOut: boolean;
   injected: Injected[]; skipped: Array<{ i: number; how: FaultKind; reason: string }>;
   steps: StepLine[]; restarts: number[]; resumes: Array<{ t: number; step: number }>; events: ChaosEvent[]; losses: Map<number, number> | null;
+  /** Epoch ms at which each launcher exited (null: not seen). */
+  exitAt?: (number | null)[];
 }
 
 /** A small seeded generator (mulberry32): the same --seed draws the same faults and victims. */
@@ -302,36 +319,43 @@ async function freePort(): Promise<number> {
 }
 
 /** The launcher command lines of one run: one per simulated node. */
-export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', dir: string, port: number | null): string[][] {
+export function launchCommands(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', dir: string, port: number | null, net?: NetnsPlan): string[][] {
   const launcher = o.launcher ?? [process.execPath, join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'nodetron.js'), 'launch'];
   const script = [o.script, ...o.layout, ...(o.steps !== undefined ? ['--steps', String(o.steps)] : []), ...o.scriptArgs];
   const mine = mode === 'baseline'
     ? { launch: ['--max-restarts', String(o.kills + 1), '--hang-timeout-ms', String(o.baselineHangMs)],
       script: ['--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--resume', 'auto', '--out', dir] }
     : { launch: ['--spares', String(o.spares), ...(o.shrink ? ['--shrink'] : [])], script: ['--recover', 'memory', '--save', join(dir, 'ckpt'), '--save-every', String(o.saveEvery), '--out', dir] };
-  return Array.from({ length: o.nodes }, (_, i) => [...launcher, '--nproc-per-node', String(o.nproc),
-    ...(o.nodes > 1 ? ['--nnodes', String(o.nodes), '--node-rank', String(i), '--master-addr', '127.0.0.1', '--master-port', String(port)] : []),
-    ...mine.launch, ...script, ...mine.script]);
+  // --netns: each node's launcher in its namespace, node 0's address the master's.
+  return Array.from({ length: o.nodes }, (_, i) => {
+    const cmd = [...launcher, '--nproc-per-node', String(o.nproc),
+      ...(o.nodes > 1 ? ['--nnodes', String(o.nodes), '--node-rank', String(i), '--master-addr', net ? net.addresses[0]! : '127.0.0.1', '--master-port', String(port)] : []),
+      ...(o.heartbeatTimeoutMs !== undefined ? ['--heartbeat-timeout-ms', String(o.heartbeatTimeoutMs)] : []), ...mine.launch, ...script, ...mine.script];
+    return net ? netnsExec(net, i, cmd) : cmd;
+  });
 }
 
 /** Runs one phase: its launcher(s), the kill loop (a plan, or none for the reference), the output watched. */
-export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', plan: Array<{ how: FaultKind; u: number }>): Promise<RunResult> {
+export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'baseline', plan: Array<{ how: FaultKind; u: number }>, net?: NetnsTopology): Promise<RunResult> {
   const dir = resolve(o.out, mode);
   const eventsPath = resolve(o.out, `${mode}-events.jsonl`);
   // A fresh start: an earlier run's checkpoints (--resume auto) or events (appended to) must not leak into this one.
   for (const p of [dir, eventsPath]) rmSync(p, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
-  const commands = launchCommands(o, mode, dir, o.nodes > 1 ? await freePort() : null);
+  const commands = launchCommands(o, mode, dir, o.nodes > 1 ? await freePort() : null, net?.plan);
   const env = { ...process.env, NODETRON_RECOVERY_EVENTS: eventsPath, ...(o.nodes > 1 && !process.env.NODETRON_STORE_TOKEN ? { NODETRON_STORE_TOKEN: randomBytes(16).toString('hex') } : {}) };
+  // --netns: Gloo listens, and the node's holder is advertised, at the node's own address.
+  const envOf = (node: number) => (net ? { ...env, NODETRON_GLOO_HOST: net.plan.addresses[node]! } : env);
   const logPath = resolve(o.out, `${mode}.log`);
   const logFile = createWriteStream(logPath);
-  const res: RunResult = { name: mode, commands, wallMs: 0, exitCodes: [], timedOut: false, injected: [], skipped: [], steps: [], restarts: [], resumes: [], events: [], losses: null };
+  const res: RunResult = { name: mode, commands, wallMs: 0, exitCodes: [], timedOut: false, injected: [], skipped: [], steps: [], restarts: [], resumes: [], events: [], losses: null, exitAt: commands.map(() => null) };
   const t0 = Date.now();
   const children: ChildProcess[] = [];
   const exits = commands.map((cmd, node) => new Promise<number | null>((done) => {
     // Each launcher leads its own process group: a node fault (and the timeout) kills it with its workers.
-    const c = spawn(cmd[0]!, cmd.slice(1), { env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    const c = spawn(cmd[0]!, cmd.slice(1), { env: envOf(node), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
     children.push(c);
+    liveLaunchers.add(c);
     for (const [stream, sink] of [[c.stdout!, process.stdout], [c.stderr!, process.stderr]] as const) {
       let part = '';
       stream.on('data', (d: Buffer) => {
@@ -349,10 +373,19 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
       });
     }
     c.on('error', (e) => { logFile.write(`could not start ${cmd[0]}: ${e.message}\n`); done(127); });
-    c.on('exit', (code, sig) => done(code ?? (sig ? 128 + (constants.signals[sig] ?? 0) : null)));
+    c.on('exit', (code, sig) => { res.exitAt![node] = Date.now(); liveLaunchers.delete(c); done(code ?? (sig ? 128 + (constants.signals[sig] ?? 0) : null)); });
   }));
   let running = true;
   const all = Promise.all(exits).then((codes) => { running = false; res.exitCodes = codes; });
+  // Every launcher but the ones cut off by a link fault has exited (those get --link-grace to end on their own).
+  const cutNodes = new Set<number>();
+  const othersDone = (async () => {
+    for (;;) {
+      if (!running) return;
+      if (children.length === commands.length && children.every((c, n) => cutNodes.has(n) || res.exitAt![n] !== null)) return;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  })();
   const killGroup = (c: ChildProcess) => { try { if (c.pid) process.kill(-c.pid, 'SIGKILL'); } catch { /* gone */ } };
   const timer = setTimeout(() => { res.timedOut = true; for (const c of children) killGroup(c); }, o.timeoutSec * 1000);
   // Interrupted: the launchers lead their own process groups, so they go down with the benchmark.
@@ -387,14 +420,19 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
     }
     const f = plan[k]!;
     const live = [...pids].filter(([, p]) => !killed.has(p.pid) && !stopped.has(p.pid) && !deadNodes.has(p.node) && isLive(p.pid));
-    if (f.how === 'node') {
-      if (mode === 'baseline') { res.skipped.push({ i: k, how: 'node', reason: "today's path cannot replace a node without a new launcher" }); k++; continue; }
+    if (isNodeFault(f.how)) {
+      if (mode === 'baseline') { res.skipped.push({ i: k, how: f.how, reason: "today's path cannot replace a node without a new launcher" }); k++; continue; }
       const nodes = [...new Set(live.map(([, p]) => p.node))].filter((n) => n > 0 && !deadNodes.has(n));
       const victim = pickVictim(nodes, f.u);
       if (victim === null) continue; // no node other than the master is whole: wait
       const c = children[victim]!;
-      res.injected.push({ i: k, at: Date.now(), how: 'node', rank: null, node: victim, pid: c.pid ?? -1, ranks: live.filter(([, p]) => p.node === victim).map(([r]) => r) });
-      killGroup(c);
+      res.injected.push({ i: k, at: Date.now(), how: f.how, rank: null, node: victim, pid: c.pid ?? -1, ranks: live.filter(([, p]) => p.node === victim).map(([r]) => r) });
+      if (f.how === 'link') {
+        // Cut off, not killed: the node's processes must find out and end by themselves.
+        if (!net) throw new ArgumentError("bench chaos: the 'link' fault needs --netns");
+        net.linkDown(victim);
+        cutNodes.add(victim);
+      } else killGroup(c);
       deadNodes.add(victim);
     } else {
       const rank = pickVictim(live.map(([r]) => r), f.u);
@@ -407,7 +445,17 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
     o.log?.(`[bench chaos] ${mode}: fault ${k + 1}/${plan.length}: ${f.how} ${res.injected.at(-1)!.rank !== null ? `rank ${res.injected.at(-1)!.rank}` : `node ${res.injected.at(-1)!.node}`} at ${((Date.now() - t0) / 1000).toFixed(1)} s`);
     k++;
   }
+  await othersDone;
+  // A node cut off by a link fault: its launcher should see the store gone, stop its workers and exit; what
+  // of it is still alive after the grace period is killed (and recorded as not having ended on its own).
+  const benchKilled = new Set<number>();
+  if (cutNodes.size > 0) {
+    const graceEnd = Date.now() + (o.linkGraceSec ?? 30) * 1000;
+    while (running && Date.now() < graceEnd && [...cutNodes].some((n) => res.exitAt![n] === null)) await new Promise((r) => setTimeout(r, 100));
+    for (const n of cutNodes) if (res.exitAt![n] === null) { benchKilled.add(n); o.log?.(`[bench chaos] ${mode}: node ${n}'s launcher, cut off, had not exited ${o.linkGraceSec ?? 30} s after the others: killed`); killGroup(children[n]!); }
+  }
   await all;
+  for (const f of res.injected) if (f.how === 'link') f.cutLauncherExitMs = res.exitAt![f.node] !== null && !benchKilled.has(f.node) ? res.exitAt![f.node]! - f.at : null;
   clearTimeout(timer);
   process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
   res.wallMs = Date.now() - t0;
@@ -420,6 +468,9 @@ export async function runPhase(o: ChaosOptions, mode: 'chaos' | 'reference' | 'b
   if (existsSync(lossesPath)) { try { res.losses = lossesOf(JSON.parse(readFileSync(lossesPath, 'utf8'))); } catch { res.losses = null; } }
   return res;
 }
+
+/** Every launcher of the phase running now (an interrupted --netns run kills them before it removes their namespaces). */
+const liveLaunchers = new Set<ChildProcess>();
 
 const nodePrefix = (o: ChaosOptions, node: number) => (o.nodes > 1 ? `[node ${node}] ` : '');
 const isLive = (pid: number) => { const s = procState(pid); return s !== null && !'ZXTtx'.includes(s); };
@@ -457,6 +508,16 @@ export interface ChaosRecord {
   faults: ChaosFaultRow[]; baselineFaults: BaselineFaultRow[]; skipped: RunResult['skipped'];
   losses: LossComparison | null; baselineLosses: LossComparison | null;
   summary: Record<string, unknown>;
+  /** --netns: the namespaces, bridge, subnet and addresses the runs used, and the packet loss. */
+  network?: { namespaces: string[]; bridge: string; hostVeths: string[]; subnet: string; addresses: string[]; lossPercent: number; lossRule: string | null; lossIn: string[]; delay: null; left: string[] };
+}
+
+/** ArgumentError for network options that do not fit together (--netns, --net-loss, the link fault, --nodes). */
+export function checkNetOptions(o: Pick<ChaosOptions, 'netns' | 'netLoss' | 'faults' | 'nodes'>): void {
+  if (o.netns && o.nodes < 2) throw new ArgumentError('bench chaos: --netns puts each simulated node in a network namespace of its own: give --nodes 2 or more');
+  if (o.faults.includes('link') && !o.netns) throw new ArgumentError("bench chaos: the 'link' fault sets a node's network link down, and needs --netns (each node in a network namespace)");
+  if (o.netLoss !== undefined && o.netLoss > 0 && !o.netns) throw new ArgumentError('bench chaos: --net-loss drops packets between network namespaces, and needs --netns');
+  if (o.netLoss !== undefined && !(o.netLoss >= 0 && o.netLoss <= 100)) throw new ArgumentError(`bench chaos: --net-loss is a percentage from 0 to 100, got ${o.netLoss}`);
 }
 
 /** Runs the reference, chaos and baseline runs and puts the record together. */
@@ -464,11 +525,31 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
   if (o.faults.includes('node') && o.nodes < 2) {
     throw new ArgumentError("bench chaos: the 'node' fault kills a whole node, and this run has one node (the master, whose loss ends the job): give --nodes 2 or more, or leave 'node' out of --faults");
   }
+  checkNetOptions(o);
   mkdirSync(o.out, { recursive: true });
   const plan = faultPlan(o);
-  const ref = o.reference ? await runPhase(o, 'reference', []) : null;
-  const chaos = await runPhase(o, 'chaos', plan);
-  const base = o.baseline === 'restart' ? await runPhase(o, 'baseline', plan) : null;
+  // --netns: the namespaces live for the whole benchmark and are removed however it ends (an error, SIGINT or
+  // SIGTERM: the launchers are killed first, then the topology's exit hook removes it).
+  const net = o.netns ? NetnsTopology.create(o.nodes, { lossPercent: o.netLoss ?? 0, ...(o.log ? { log: o.log } : {}) }) : undefined;
+  const onSignal = (sig: NodeJS.Signals) => {
+    for (const c of liveLaunchers) try { if (c.pid) process.kill(-c.pid, 'SIGKILL'); } catch { /* gone */ }
+    process.exit(128 + (constants.signals[sig] ?? 0));
+  };
+  if (net) process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
+  let ref: RunResult | null, chaos: RunResult, base: RunResult | null, netLeft: string[] = [];
+  try {
+    ref = o.reference ? await runPhase(o, 'reference', [], net) : null;
+    // --net-loss strikes the runs with faults; the reference stays failure-free (and loss-free).
+    if (net && (o.netLoss ?? 0) > 0) { net.setLoss(true); o.log?.(`[bench chaos] --net-loss: ${o.netLoss}% of the packets entering each namespace dropped (${net.lossActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
+    chaos = await runPhase(o, 'chaos', plan, net);
+    base = o.baseline === 'restart' ? await runPhase(o, 'baseline', plan, net) : null;
+  } finally {
+    if (net) {
+      process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
+      netLeft = net.teardown();
+      if (netLeft.length) o.log?.(`[bench chaos] --netns: could not remove ${netLeft.join(', ')}`);
+    }
+  }
   const stepS = (ref && stepSeconds(ref.steps)) ?? stepSeconds(chaos.steps);
   const lastStep = (r: RunResult) => (r.losses && r.losses.size ? Math.max(...r.losses.keys()) : null);
   const runs: ChaosRecord['runs'] = {};
@@ -492,13 +573,17 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
     failureFreeStepSeconds: stepS, goodput: runs.chaos?.goodput ?? null, referenceGoodput: runs.reference?.goodput ?? null,
     trainingGoodput: runs.chaos?.trainingGoodput ?? null,
     lossesEqual: losses?.equal ?? null,
+    ...(chaos.injected.some((f) => f.how === 'link') ? { cutNodes: chaos.injected.filter((f) => f.how === 'link').map((f) => ({ node: f.node, launcherExitedAfterMs: f.cutLauncherExitMs ?? null, endedOnItsOwn: f.cutLauncherExitMs != null })) } : {}),
     baseline: base ? { medianFaultToNextStepMs: nxt.length ? median(nxt) : null, maxFaultToNextStepMs: nxt.length ? Math.max(...nxt) : null,
       stepsLostPerFault: baselineFaults.map((f) => f.stepsLost), goodput: runs.baseline?.goodput ?? null, lossesEqual: baselineLosses?.equal ?? null } : null,
   };
   const { log: _log, ...options } = o;
   let cuda: unknown = null;
   try { cuda = info().backends.cuda; } catch { /* the cpu addon is not built: the record goes without */ }
-  return { bench: 'chaos', machine: machineRecordSafe(), cuda, options, goodputDefinition: GOODPUT_DEFINITION, runs, injected: { chaos: chaos.injected, baseline: base?.injected ?? [] }, faults, baselineFaults, skipped: [...chaos.skipped, ...(base?.skipped ?? [])], losses, baselineLosses, summary };
+  const network = net ? { namespaces: net.plan.namespaces, bridge: net.plan.bridge, hostVeths: net.plan.hostVeths, subnet: `${net.plan.subnet}.0/24`, addresses: net.plan.addresses,
+    lossPercent: net.plan.lossPercent, lossRule: net.plan.lossPercent > 0 ? `inet nodetron input: iifname != "lo" numgen random mod 10000 < ${lossThreshold(net.plan.lossPercent)} drop` : null,
+    lossIn: net.plan.lossPercent > 0 ? ['chaos', ...(base ? ['baseline'] : [])] : [], delay: null, left: netLeft } : undefined;
+  return { bench: 'chaos', machine: machineRecordSafe(), cuda, options, goodputDefinition: GOODPUT_DEFINITION, runs, injected: { chaos: chaos.injected, baseline: base?.injected ?? [] }, faults, baselineFaults, skipped: [...chaos.skipped, ...(base?.skipped ?? [])], losses, baselineLosses, summary, ...(network ? { network } : {}) };
 }
 
 function machineRecordSafe(): Record<string, unknown> {
@@ -536,9 +621,10 @@ export function printReport(r: ChaosRecord, out: (s: string) => void = console.l
 }
 
 const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--spares S (1)] [--kill-every SEC (30)] [--kills N (10)]
-    [--faults kill,stop[,node]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
+    [--faults kill,stop[,node][,link]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
     [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
-    [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F] [--shrink]
+    [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F] [--shrink] [--heartbeat-timeout-ms MS]
+    [--netns [--net-loss PCT (0)] [--link-grace SEC (30)]]
   Trains under \`nodetron launch --spares S\` (with --shrink: \`--shrink\` too) with \`--recover memory\` and kills a random live rank (never a spare): the first
   fault --kill-every seconds after the first completed step, each next one --kill-every seconds after the one before once the
   job has found that one and completed a step. kill = SIGKILL; stop = SIGSTOP (left stopped: the launcher must find it);
@@ -547,6 +633,13 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
   generation), steps lost, disk fallback; the losses against the same run without faults (bit for bit) and goodput; and,
   with --baseline restart, the same faults under today's path (--max-restarts, --resume auto; node faults skipped there).
   Every run saves a checkpoint every --save-every steps (the baseline resumes from them, in-job recovery falls back to them).
+  --netns (Linux, root, \`ip\`; --nodes 2 or more): each node in a network namespace of its own (a bridge, a veth per
+  node, addresses 10.x.y.(node+1)/24 on a subnet no route uses; the launcher under \`ip netns exec\`, NODETRON_GLOO_HOST
+  its address), all removed at the end; then shared memory is never used between nodes. link = set a random node's
+  link down (never node 0) and leave it down: the job replaces its ranks as for a node fault; its launcher should
+  end by itself (the bench records when; after --link-grace s past the others' exit it kills what is left).
+  --net-loss PCT drops PCT% of the packets entering each namespace all run long (nftables, numgen random). No delay:
+  this kernel has no sch_netem. --heartbeat-timeout-ms goes to every launcher (a cut node is found by its silence).
   --nproc is per node. The script must print progress lines (nt.train's 'step N loss ...': --progress-every 1, which
   --script-args replaces) and write DIR/losses.json ({train: [[step, loss], ...]}).`;
 
@@ -556,6 +649,7 @@ export async function main(argv: string[]): Promise<number> {
     kills: { kind: 'count', max: 10_000 }, faults: 'string', seed: 'count', steps: 'positive', layout: 'string', script: 'string', 'script-args': 'string',
     baseline: { kind: 'string', choices: ['restart', 'none'] }, reference: 'boolean', 'save-every': 'positive', 'baseline-hang-ms': 'positive',
     timeout: { kind: 'number', min: 1 }, out: 'string', verbose: 'boolean', json: 'outfile', help: 'boolean', shrink: 'boolean',
+    netns: 'boolean', 'net-loss': { kind: 'number', min: 0 }, 'link-grace': { kind: 'number', min: 0 }, 'heartbeat-timeout-ms': 'positive',
   }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   expectPositionals(o, 'nothing', 0);
@@ -564,7 +658,7 @@ export async function main(argv: string[]): Promise<number> {
   printReport(record);
   writeJson(o.json as string | undefined, record);
   // The chaos run failed when it timed out or a launcher it did not kill (as a node fault) failed.
-  const c = record.runs.chaos!, killed = new Set(record.injected.chaos.filter((f) => f.how === 'node').map((f) => f.node));
+  const c = record.runs.chaos!, killed = new Set(record.injected.chaos.filter((f) => isNodeFault(f.how)).map((f) => f.node));
   return c.timedOut || c.exitCodes.some((x, node) => x !== 0 && !killed.has(node)) ? 1 : 0;
 }
 
@@ -572,10 +666,10 @@ export async function main(argv: string[]): Promise<number> {
 export function chaosOptions(o: Record<string, unknown>): ChaosOptions {
   const words = (s: string) => s.split(/\s+/).filter(Boolean);
   const faults = String(o.faults ?? 'kill,stop').split(',').map((s) => s.trim()).filter(Boolean);
-  for (const f of faults) if (!(FAULT_KINDS as readonly string[]).includes(f)) throw new ArgumentError(`bench chaos: unknown fault '${f}' in --faults (kill, stop, node)`);
+  for (const f of faults) if (!(FAULT_KINDS as readonly string[]).includes(f)) throw new ArgumentError(`bench chaos: unknown fault '${f}' in --faults (kill, stop, node, link)`);
   if (faults.length === 0) throw new ArgumentError('bench chaos: --faults lists nothing');
   const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
-  return {
+  const opts: ChaosOptions = {
     nproc: (o.nproc as number | undefined) ?? 4, nodes: (o.nodes as number | undefined) ?? 1, spares: (o.spares as number | undefined) ?? 1,
     ...(o.shrink ? { shrink: true } : {}),
     killEverySec: (o['kill-every'] as number | undefined) ?? 30, kills: (o.kills as number | undefined) ?? 10, faults: faults as FaultKind[],
@@ -587,5 +681,10 @@ export function chaosOptions(o: Record<string, unknown>): ChaosOptions {
     out: resolve((o.out as string | undefined) ?? join(process.cwd(), `nt-bench-chaos-${Date.now()}`)),
     saveEvery: (o['save-every'] as number | undefined) ?? 5, baselineHangMs: (o['baseline-hang-ms'] as number | undefined) ?? 10_000,
     timeoutSec: (o.timeout as number | undefined) ?? 3600, verbose: Boolean(o.verbose),
+    ...(o.netns ? { netns: true } : {}), ...(o['net-loss'] !== undefined ? { netLoss: o['net-loss'] as number } : {}),
+    ...(o['link-grace'] !== undefined ? { linkGraceSec: o['link-grace'] as number } : {}),
+    ...(o['heartbeat-timeout-ms'] !== undefined ? { heartbeatTimeoutMs: o['heartbeat-timeout-ms'] as number } : {}),
   };
+  checkNetOptions(opts);
+  return opts;
 }

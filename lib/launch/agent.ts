@@ -270,6 +270,8 @@ export class LaunchAgent {
         this.wakeMonitor?.();
       });
     }
+    // Every store call of the pass must answer within the heartbeat timeout (see answered()).
+    const ask = <T>(p: Promise<T>): Promise<T> => this.answered(p, heartbeatTimeoutMs);
     const lastBeat = new Map<number, { value: string; changedAt: number }>();
     let beat = 0;
     let announcedDone = false;
@@ -283,23 +285,23 @@ export class LaunchAgent {
         if (recovery?.evicted) return { ok: false, fatal: true, failure: { node: nodeRank, reason: recovery.evicted, stderrTail: [] } };
         // The first failure anywhere wins the failure key; every node then reports that one.
         if (localFailure.value) {
-          const published = await agentStore.compareSet('failed', '', encodeJson(localFailure.value));
+          const published = await ask(agentStore.compareSet('failed', '', encodeJson(localFailure.value)));
           return { ok: false, failure: JSON.parse(new TextDecoder().decode(published)) as FailureRecord };
         }
-        const remote = await agentStore.tryGet('failed');
+        const remote = await ask(agentStore.tryGet('failed'));
         if (remote) return { ok: false, failure: JSON.parse(new TextDecoder().decode(remote)) as FailureRecord };
 
         const hang = hangMs > 0 && flightDir ? stalled(group, flightDir, hangMs) : undefined;
         if (hang) {
           const failure: FailureRecord = { node: nodeRank, reason: hang, stderrTail: [] };
-          const published = await agentStore.compareSet('failed', '', encodeJson(failure));
+          const published = await ask(agentStore.compareSet('failed', '', encodeJson(failure)));
           return { ok: false, failure: JSON.parse(new TextDecoder().decode(published)) as FailureRecord };
         }
-        await agentStore.set(`heartbeat/${nodeRank}`, String(beat++));
+        await ask(agentStore.set(`heartbeat/${nodeRank}`, String(beat++)));
         const now = Date.now();
         for (let r = 0; r < nnodes; r++) {
-          if (r === nodeRank || dead.has(r) || (await agentStore.check([`done/${r}`]))) continue;
-          const value = (await agentStore.tryGet(`heartbeat/${r}`)) ?? new Uint8Array();
+          if (r === nodeRank || dead.has(r) || (await ask(agentStore.check([`done/${r}`])))) continue;
+          const value = (await ask(agentStore.tryGet(`heartbeat/${r}`))) ?? new Uint8Array();
           const text = new TextDecoder().decode(value);
           const seen = lastBeat.get(r);
           if (!seen || seen.value !== text) lastBeat.set(r, { value: text, changedAt: now });
@@ -315,7 +317,7 @@ export class LaunchAgent {
               reason: silence,
               stderrTail: [],
             };
-            await agentStore.compareSet('failed', '', encodeJson(failure));
+            await ask(agentStore.compareSet('failed', '', encodeJson(failure)));
             return { ok: false, failure };
           }
         }
@@ -324,11 +326,11 @@ export class LaunchAgent {
         // while this pass awaited the store: go round again rather than announce a failed node done.
         if (localDone && localFailure.value) continue;
         if (localDone && !announcedDone) {
-          await agentStore.set(`done/${nodeRank}`, '1');
+          await ask(agentStore.set(`done/${nodeRank}`, '1'));
           announcedDone = true;
         }
         const allDone = Array.from({ length: nnodes }, (_, r) => r).filter((r) => !dead.has(r)).map((r) => `done/${r}`);
-        if (announcedDone && (await agentStore.check(allDone))) {
+        if (announcedDone && (await ask(agentStore.check(allDone)))) {
           await this.leave(agentStore, dead);
           return { ok: true };
         }
@@ -350,6 +352,22 @@ export class LaunchAgent {
         failure: { node: nodeRank, reason: `lost the rendezvous store (${e.message}); node 0 may have died`, stderrTail: [] },
       };
     }
+  }
+
+  /**
+   * `p`, a store call, or CommError when it has not answered within `ms`: a store behind a cut link neither
+   * answers nor fails (no reset comes back), and the monitor would wait on it for ever. The connection is then
+   * closed, which fails every other call waiting on it (the recovery session's poll), so the attempt can end.
+   */
+  private answered<T>(p: Promise<T>, ms: number): Promise<T> {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        void this.store.close().catch(() => undefined);
+        reject(new CommError(`the store did not answer within ${ms} ms (--heartbeat-timeout-ms)`, 'launch'));
+      }, ms);
+    });
+    return Promise.race([p, late]).finally(() => clearTimeout(timer));
   }
 
   /** After success: node 0 serves the store, so it waits (briefly) until every node has seen the result before closing it. */

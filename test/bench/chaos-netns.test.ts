@@ -1,0 +1,148 @@
+// `nodetron bench chaos --netns`: the names, addresses and command lines (always), the option checks, and one
+// short real run (2 nodes × 2 ranks in network namespaces, 1 spare per node, a link fault) where this machine
+// can create network namespaces (root, `ip netns add` working); elsewhere that test is skipped.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { ArgumentError } from '../../lib/errors.js';
+import { analyzeFaults, chaosOptions, checkNetOptions, isNodeFault, launchCommands, runChaos, type ChaosEvent, type ChaosOptions, type Injected } from '../../lib/bench/chaos.js';
+import { linkDownCommand, lossCommands, lossRemoveCommands, lossThreshold, netnsExec, netnsPlan, pickSubnet, setupCommands, teardownCommands } from '../../lib/bench/netns.js';
+
+const work = mkdtempSync(join(tmpdir(), 'nt-bench-chaos-netns-test-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+/** Root, and `ip netns add` works here (a container without CAP_SYS_ADMIN or without iproute2 cannot). */
+const canNetns = (() => {
+  if (process.platform !== 'linux' || process.getuid?.() !== 0) return false;
+  const name = `nt-probe-${process.pid}`;
+  const add = spawnSync('ip', ['netns', 'add', name]);
+  if (add.error || add.status !== 0) return false;
+  spawnSync('ip', ['netns', 'del', name]);
+  return true;
+})();
+
+const listed = () => `${spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout}\n${spawnSync('ip', ['-o', 'link', 'show'], { encoding: 'utf8' }).stdout}`;
+
+describe('bench chaos --netns: names, addresses, command lines', () => {
+  it('picks a 10.x.y.0/24 that overlaps no route or address in use', () => {
+    // Draws that land on taken subnets are skipped; the default route says nothing.
+    const draws = [9 / 254, 3 / 256, 9 / 254, 4 / 256, 9 / 254, 5 / 256];
+    let i = 0;
+    const rand = () => draws[i++ % draws.length]!;
+    expect(pickSubnet(['0.0.0.0/0', '10.10.3.0/24', '10.10.4.7', '192.0.2.0/24'], rand)).toBe('10.10.5');
+    expect(pickSubnet(['default'], () => 0)).toBe('10.1.0');
+    // A /8 over all of 10/8: nothing is free.
+    expect(() => pickSubnet(['10.0.0.0/8'], () => 0)).toThrow(/every 10\.x\.y\.0\/24 overlaps/);
+    // A /16 covering the drawn one: the draw moves on.
+    let j = 0;
+    const r2 = () => [0.5, 0, 0.9, 0][j++ % 4]!;
+    const got = pickSubnet(['10.128.0.0/16'], r2);
+    expect(got).not.toMatch(/^10\.128\./);
+    expect(got).toMatch(/^10\.\d+\.\d+$/);
+  });
+
+  it('names every namespace and interface after the run suffix, within 15 characters, and addresses node i as .(i+1)', () => {
+    const p = netnsPlan(3, 'a1b2c3', '10.77.5', 1.5);
+    expect(p.namespaces).toEqual(['nodetron-a1b2c3-0', 'nodetron-a1b2c3-1', 'nodetron-a1b2c3-2']);
+    expect(p.addresses).toEqual(['10.77.5.1', '10.77.5.2', '10.77.5.3']);
+    expect(p.bridge).toBe('ntbra1b2c3');
+    expect(p.hostVeths).toEqual(['ntva1b2c3n0', 'ntva1b2c3n1', 'ntva1b2c3n2']);
+    for (const n of [p.bridge, ...p.hostVeths, ...p.nodeVeths]) expect(n.length).toBeLessThanOrEqual(15);
+    expect(netnsPlan(64, 'ffffff', '10.1.1').hostVeths[63]!.length).toBeLessThanOrEqual(15);
+    expect(() => netnsPlan(2, 'bad suffix!', '10.1.1')).toThrow(ArgumentError);
+    const setup = setupCommands(p).map((c) => c.join(' '));
+    expect(setup[0]).toBe('ip link add ntbra1b2c3 type bridge');
+    expect(setup).toContain('ip link add ntva1b2c3n1 type veth peer name ntpa1b2c3n1 netns nodetron-a1b2c3-1');
+    expect(setup).toContain('ip link set ntva1b2c3n1 master ntbra1b2c3 up');
+    expect(setup).toContain('ip -n nodetron-a1b2c3-1 addr add 10.77.5.2/24 dev ntpa1b2c3n1');
+    expect(setup).toContain('ip -n nodetron-a1b2c3-2 link set lo up');
+    expect(setup.some((c) => c.includes('nft'))).toBe(false); // the loss is set per run (lossCommands)
+    expect(lossThreshold(1.5)).toBe(150);
+    const loss = lossCommands(p).map((c) => c.join(' '));
+    expect(loss).toHaveLength(9);
+    expect(loss).toContain('ip netns exec nodetron-a1b2c3-0 nft add rule inet nodetron input iifname != lo numgen random mod 10000 < 150 drop');
+    expect(lossRemoveCommands(p).map((c) => c.join(' '))).toContain('ip netns exec nodetron-a1b2c3-2 nft delete table inet nodetron');
+    expect(lossCommands(netnsPlan(2, 'x', '10.1.1', 0))).toEqual([]);
+    expect(teardownCommands(p).map((c) => c.join(' '))).toEqual([
+      'ip link del ntva1b2c3n0', 'ip link del ntva1b2c3n1', 'ip link del ntva1b2c3n2',
+      'ip netns del nodetron-a1b2c3-0', 'ip netns del nodetron-a1b2c3-1', 'ip netns del nodetron-a1b2c3-2', 'ip link del ntbra1b2c3']);
+    expect(linkDownCommand(p, 2)).toEqual(['ip', 'link', 'set', 'ntva1b2c3n2', 'down']);
+    expect(netnsExec(p, 1, ['node', 'x.js'])).toEqual(['ip', 'netns', 'exec', 'nodetron-a1b2c3-1', 'node', 'x.js']);
+  });
+
+  it("runs each node's launcher under `ip netns exec`, with node 0's address as the master's", () => {
+    const o = { ...chaosOptions({ nproc: 2, nodes: 2, spares: 1, netns: true, faults: 'link', steps: 8, script: 's.ts', layout: '--dp 2', 'script-args': '' }), launcher: ['L'] };
+    const p = netnsPlan(2, 'abc123', '10.9.8');
+    const [n0, n1] = launchCommands(o, 'chaos', '/d', 4321, p);
+    expect(n0!.join(' ')).toBe('ip netns exec nodetron-abc123-0 L --nproc-per-node 2 --nnodes 2 --node-rank 0 --master-addr 10.9.8.1 --master-port 4321 --spares 1 s.ts --dp 2 --steps 8 --recover memory --save /d/ckpt --save-every 5 --out /d');
+    expect(n1!.slice(0, 4)).toEqual(['ip', 'netns', 'exec', 'nodetron-abc123-1']);
+    expect(n1).toContain('10.9.8.1');
+    expect(n1!.join(' ')).toContain('--node-rank 1 --master-addr 10.9.8.1');
+    // Without --netns: on the loopback, no `ip`.
+    const [plain] = launchCommands({ ...o, netns: false }, 'chaos', '/d', 4321);
+    expect(plain![0]).toBe('L');
+    expect(plain).toContain('127.0.0.1');
+    // --heartbeat-timeout-ms goes to every launcher.
+    expect(launchCommands({ ...o, heartbeatTimeoutMs: 5000 }, 'reference', '/d', 1, p)[1]!.join(' ')).toContain('--heartbeat-timeout-ms 5000');
+  });
+
+  it('refuses network options that do not fit together, naming what is missing', () => {
+    expect(() => chaosOptions({ faults: 'link', nodes: 2 })).toThrow(/'link' fault .* needs --netns/);
+    expect(() => chaosOptions({ netns: true, nodes: 1 })).toThrow(/--netns .* --nodes 2 or more/);
+    expect(() => chaosOptions({ netns: true })).toThrow(ArgumentError); // one node by default
+    expect(() => chaosOptions({ 'net-loss': 1, nodes: 2 })).toThrow(/--net-loss .* needs --netns/);
+    expect(() => chaosOptions({ 'net-loss': 101, nodes: 2, netns: true })).toThrow(/0 to 100/);
+    expect(() => chaosOptions({ faults: 'kill,cut' })).toThrow(/unknown fault 'cut' .*link/);
+    const ok = chaosOptions({ netns: true, nodes: 2, faults: 'link,kill', 'net-loss': 0.5, 'link-grace': 5 });
+    expect(ok).toMatchObject({ netns: true, nodes: 2, faults: ['link', 'kill'], netLoss: 0.5, linkGraceSec: 5 });
+    expect(() => checkNetOptions({ netns: true, nodes: 2, faults: ['link'], netLoss: 0 })).not.toThrow();
+  });
+
+  it('analyzes a link fault as a node fault: all its ranks lost at once, matched to the fault event', () => {
+    expect(isNodeFault('link')).toBe(true);
+    expect(isNodeFault('node')).toBe(true);
+    expect(isNodeFault('kill')).toBe(false);
+    const e = (t: number, src: 'agent' | 'rank', event: string, f: Record<string, unknown> = {}): ChaosEvent => ({ t, src, event, node: 0, ...f });
+    const injected: Injected[] = [{ i: 0, at: 1000, how: 'link', rank: null, node: 1, pid: 5, ranks: [2, 3] }];
+    const rows = analyzeFaults(injected, [
+      e(9000, 'agent', 'fault', { generation: 1, lost: [2, 3], how: 'node', lostNode: 1 }),
+      e(13000, 'rank', 'recovered', { rank: 0, generation: 1, step: 3, stepsLost: 1 }),
+      ...[0, 1, 2, 3].map((r) => e(15000 + r, 'rank', 'first-step', { rank: r, generation: 1, step: 4 })),
+    ], 4);
+    expect(rows).toEqual([expect.objectContaining({ how: 'link', rank: null, node: 1, ranks: [2, 3], generation: 1, detectMs: 8000, fullStrengthMs: 14003, stepsLost: 1, diskFallback: false, status: 'recovered' })]);
+  });
+});
+
+describe('bench chaos --netns: a real run', () => {
+  // Leaves the namespaces for nothing else: refused as a user error on a machine that cannot make them.
+  it.skipIf(!canNetns)('cuts a node off (link down): the job replaces its ranks from memory, the cut node ends by itself, nothing is left behind', async () => {
+    const before = listed();
+    const out = join(work, 'link');
+    const o: ChaosOptions = {
+      ...chaosOptions({ nproc: 2, nodes: 2, spares: 1, netns: true, faults: 'link', kills: 1, 'kill-every': 3, steps: 8, baseline: 'none',
+        'heartbeat-timeout-ms': 5000, 'link-grace': 20, timeout: 240, out }),
+      log: () => undefined,
+    };
+    const r = await runChaos(o);
+    expect(r.network?.namespaces).toHaveLength(2);
+    expect(r.network?.left).toEqual([]);
+    // Everything this run made is gone (and nothing else was touched).
+    const after = listed();
+    for (const n of [...r.network!.namespaces, r.network!.bridge, ...r.network!.hostVeths]) {
+      expect(before.includes(n)).toBe(false);
+      expect(after.includes(n)).toBe(false);
+    }
+    expect(r.runs.chaos!.commands[1]!.slice(0, 4)).toEqual(['ip', 'netns', 'exec', r.network!.namespaces[1]]);
+    expect(r.injected.chaos).toHaveLength(1);
+    expect(r.injected.chaos[0]).toMatchObject({ how: 'link', node: 1, rank: null, ranks: [2, 3] });
+    expect(r.faults).toHaveLength(1);
+    expect(r.faults[0]).toMatchObject({ how: 'link', status: 'recovered', diskFallback: false, fallbackRestart: false });
+    // The cut-off launcher lost the store, stopped its workers and exited on its own (the bench did not kill it).
+    expect(r.injected.chaos[0]!.cutLauncherExitMs).not.toBeNull();
+    expect(r.runs.chaos!.exitCodes[0]).toBe(0);
+    // The job lost nothing: the losses are the failure-free run's, bit for bit.
+    expect(r.losses).toMatchObject({ equal: true, stepsCompared: 8 });
+  }, 300_000);
+});
