@@ -132,11 +132,19 @@ export interface CapturedStepResult {
   gradNorm?: number;
 }
 
+/** Throws ArgumentError when the model holds a Dropout with p > 0 in training mode (a replay would draw the same mask). */
+function checkNoDropout(model: CapturableModel): void {
+  if (!(model instanceof Module)) return;
+  for (const [name, m] of model.namedModules()) {
+    if (m instanceof Dropout && m.p > 0 && m.training) throw new ArgumentError(`captureTrainStep: ${name || 'the model'} is a Dropout with p ${m.p} in training mode; a replay would draw the same mask every step (set dropout to 0)`);
+  }
+}
+
 /**
  * A training step captured into a CUDA graph: `step(inputs, targets)` copies the batch into the graph's
  * input tensors and replays forward, backward, clipping, AdamW and zeroGrad with one launch, then reads
  * the loss (one host read after the replay). The first `warmup` calls run eagerly (real steps), the
- * next one captures and replays. Requires an nt.optim.AdamW (its deviceMeta is turned on: lr and step
+ * next one captures and replays. Requires an nt.optim.AdamW (its deviceMeta is turned on for good: lr and step
  * come from device memory, written before each replay; a learning-rate schedule that sets the group's
  * lr applies), a model without active dropout (a replay would draw the same masks), and inputs of one
  * shape and dtype on the step's device. Run it inside `nt.autocast(...)` for mixed precision. On the cpu
@@ -181,12 +189,9 @@ export class CapturedTrainStep {
     }
     if (!Number.isInteger(warmup) || warmup < 1) throw new ArgumentError(`captureTrainStep: warmup must be an integer >= 1 (an eager step makes AdamW's state), got ${String(warmup)}`);
     if (typeof fallback !== 'boolean') throw new ArgumentError(`captureTrainStep: fallback must be a boolean, got ${typeof fallback}`);
-    if (model instanceof Module) {
-      for (const [name, m] of model.namedModules()) {
-        if (m instanceof Dropout && m.p > 0 && m.training) throw new ArgumentError(`captureTrainStep: ${name || 'the model'} is a Dropout with p ${m.p} in training mode; a replay would draw the same mask every step (set dropout to 0)`);
-      }
-    }
+    checkNoDropout(model);
     this.device = parseDevice(options.device ?? model.parameters()[0]?.device ?? 'cpu', 'captureTrainStep').name;
+    // For good: the optimizer's later steps read lr and step from its device metadata too (the same values).
     optimizer.deviceMeta = true;
   }
 
@@ -248,12 +253,18 @@ export class CapturedTrainStep {
     });
   }
 
-  // Captures the body (no warm-up: the eager steps were it). AdamW's step under the capture records its
+  // Captures the body (no warm-up: the eager steps were it). (Dropout is checked again: the model may
+  // have been switched to training mode since construction.) AdamW's step under the capture records its
   // kernels reading the metadata and advances nothing: the replay that follows does the step.
   #capture(): void {
+    checkNoDropout(this.model);
     try {
       this.#graph = graph(() => this.#body(), { warmup: 0, device: this.device });
     } catch (e) {
+      // The aborted capture ran the body's JavaScript: gradients it made and autocast's cached weight
+      // casts point at memory it never wrote. Drop the gradients, and bump the weights' versions so no
+      // cached cast is served to the eager steps that follow.
+      for (const p of this.model.parameters()) { p.grad?.dispose(); p.grad = null; p.markModified(); }
       if (!(e instanceof GraphCaptureError) || this.options.fallback === false) throw e;
       this.fallbackReason = e.message;
     }

@@ -21,7 +21,7 @@ export function recompute(fn: (...inputs: Tensor[]) => Tensor, ...inputs: Tensor
   // The re-run computes in the dtypes the forward did: it re-enters the forward's autocast state
   // (backward may run outside the autocast region, or inside one the forward was not in).
   const ac = autocastState();
-  const asForward = <T>(f: () => T): T => autocast(ac.enabled ? { dtype: ac.dtype!, enabled: true } : { enabled: false }, f);
+  const asForward = <T>(f: () => T): T => autocast(ac.enabled ? { dtype: ac.dtype!, enabled: true, lowPrecisionResidual: ac.lowPrecisionResidual } : { enabled: false }, f);
   // Scopes release fn's intermediates at once, in the forward and in the re-run. The leaves fn's
   // ops see are the parameters the re-run will accumulate into (grad-ready hooks wait for them).
   const { result: out, leaves } = collectLeaves(() => noGrad(() => scope(() => fn(...inputs))));

@@ -24,6 +24,7 @@ import { full, tensor, zeros } from '../creation.js';
 import { ArgumentError, ShapeError } from '../errors.js';
 import { add, cat, embedding, exp, linear, log, max, mean, mul, scale, softmax, sub, sum, swiglu, tanh } from '../ops/index.js';
 import { emptyLike } from '../ops/common.js';
+import { residualStream } from '../ops/autocast.js';
 import { dtypeSize } from '../dtype.js';
 import { checkTensor, type Tensor } from '../tensor.js';
 import { normal } from './init.js';
@@ -358,7 +359,8 @@ export class MoE extends Module {
     const ys = par?.dispatch ? par.dispatch(xs, r.kept, (rows, counts) => this.#runLocal(rows, counts)) : this.#runLocal(xs, r.kept);
     const ysz = cat([ys, zeros([1, c], { ...dev, dtype: ys.dtype })], 0);
     const slots = embedding(tensor(r.combine, [n * k], { ...dev, dtype: 'i32' }), ysz).reshape([n, k, c]);
-    let out = sum(mul(slots, weights.reshape([n, k, 1])), 1);
+    // Weighted in f32 (the sum over k is an f32 op under autocast), then back to a 16-bit residual stream when there is one.
+    let out = residualStream(sum(mul(slots, weights.reshape([n, k, 1])), 1));
     if (this.shared) {
       const y = this.shared.forward(x2);
       // sigmoid(z) = (1 + tanh(z/2)) / 2, per token [N, 1].

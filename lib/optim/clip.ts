@@ -102,8 +102,9 @@ function scaleGradsBy(grads: readonly Tensor[], factor: Tensor): void {
 
 /**
  * The gradients' global L2 norm as a one-element f32 device tensor, and the gradients scaled in place by
- * min(1, maxNorm / (norm + 1e-6)) (PyTorch's clip_grad_norm_), without a host read. A NaN or infinite
- * norm leaves the gradients as they are (fmin returns the other operand), as clipGradNorm does.
+ * min(1, maxNorm / (norm + 1e-6)) (PyTorch's clip_grad_norm_), without a host read. As clipGradNorm:
+ * a NaN norm leaves the gradients as they are (fmin returns the other operand); an infinite one gives
+ * the factor 0 (finite gradients become 0, infinite ones NaN), for the caller's overflow handling.
  */
 export function clipGradNormOnDevice(params: readonly Tensor[], maxNorm: number): Tensor {
   if (typeof maxNorm !== 'number' || !(maxNorm > 0) || maxNorm === Infinity) throw new ArgumentError(`clipGradNormOnDevice: maxNorm must be a finite number > 0, got ${String(maxNorm)}`);

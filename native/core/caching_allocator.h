@@ -184,12 +184,22 @@ class CachingAllocator {
     b->usedOn.push_back(stream);
   }
 
+  // `pool` is a CUDA graph's memory pool (a key its capture allocates under): its free blocks are
+  // not released by emptyCache or an out-of-memory retry while it lives, because the graph's replays
+  // still write them (the capture freed them to the pool, the graph kept their addresses). Retired by
+  // streamDestroyed(pool) when the graph is destroyed.
+  void poolCreated(StreamId pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pools_.insert(pool);
+  }
+
   // `stream` was destroyed after all its work finished (ids are never reused). Blocks recorded as
   // used on it no longer wait for it; its segments are released once fully free (now, or when their
   // last block is freed), since no later request can be served from them.
   void streamDestroyed(StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     dead_.insert(stream);
+    pools_.erase(stream);
     for (auto& [ptr, b] : live_) {
       auto& u = b->usedOn;
       for (size_t i = 0; i < u.size();) {
@@ -358,12 +368,13 @@ class CachingAllocator {
     }
   }
 
-  // Releases every fully free cached segment (only those of *onlyStream when given).
+  // Releases every fully free cached segment (only those of *onlyStream when given), but a live graph
+  // pool's (poolCreated).
   void releaseCached(const StreamId* onlyStream = nullptr) {
     for (std::set<Block*, BlockLess>* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (b->prev || b->next || (onlyStream && b->stream != *onlyStream)) {
+        if (b->prev || b->next || (onlyStream && b->stream != *onlyStream) || pools_.count(b->stream)) {
           ++it;
           continue;
         }
@@ -381,6 +392,7 @@ class CachingAllocator {
   std::unordered_map<char*, Block*> segments_;  // base -> first block
   std::vector<Block*> pending_;
   std::set<StreamId> dead_;  // destroyed streams
+  std::set<StreamId> pools_;  // live CUDA graph pools (poolCreated until streamDestroyed)
   AllocatorStats stats_;
 };
 

@@ -5,7 +5,8 @@
 // Memory. Allocations made on the capturing stream during a capture come from a pool of their own:
 // the caching allocator's blocks are keyed by stream, and the capture's requests use a key far above
 // any stream id (kPoolBase + n), so its blocks are handed out only to that capture (reuse inside the
-// capture follows the captured stream order, as on a stream) and never to later eager work. Frees
+// capture follows the captured stream order, as on a stream) and never to later eager work, and
+// emptyCache or an out-of-memory retry does not release them while the graph lives (poolCreated). Frees
 // during the capture of blocks outside the pool (tensors made before it, which the graph may read
 // or write) are deferred until the graph is destroyed. Destroying the graph synchronizes its stream,
 // performs those frees and retires the pool (its segments go back to the device once every block in
@@ -96,6 +97,8 @@ static Napi::Value GraphBegin(const Napi::CallbackInfo& info) {
     c.pool = pool;
     c.deferred.clear();
   }
+  // Its free blocks stay out of emptyCache's reach until the pool is retired (the replays use them).
+  allocator(device).poolCreated(alloc::StreamId(pool));
   useDevice(device);
   cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
   if (e != cudaSuccess) {

@@ -77,6 +77,7 @@ class HostAllocatorSim : public Napi::ObjectWrap<HostAllocatorSim> {
                                      InstanceMethod("setStreamBusy", &HostAllocatorSim::SetStreamBusy),
                                      InstanceMethod("destroyStream", &HostAllocatorSim::DestroyStream),
                                      InstanceMethod("emptyCache", &HostAllocatorSim::EmptyCache),
+                                     InstanceMethod("poolCreated", &HostAllocatorSim::PoolCreated),
                                      InstanceMethod("resetPeak", &HostAllocatorSim::ResetPeak),
                                      InstanceMethod("stats", &HostAllocatorSim::Stats),
                                      InstanceMethod("segments", &HostAllocatorSim::Segments)});
@@ -142,6 +143,13 @@ class HostAllocatorSim : public Napi::ObjectWrap<HostAllocatorSim> {
       memory_->setBusy(s, false);
       memory_->forget(s);
       if (notify) allocator_->streamDestroyed(s);
+      return info.Env().Undefined();
+    });
+  }
+  // Marks `stream` as a live CUDA graph pool (graph.cc does it at graphBegin; destroyStream retires it).
+  Napi::Value PoolCreated(const Napi::CallbackInfo& info) {
+    return run(info, "poolCreated", [&](const Args& a) {
+      allocator_->poolCreated(alloc::StreamId(a.size(0)));
       return info.Env().Undefined();
     });
   }

@@ -83,6 +83,36 @@ describe('a bf16 residual stream (autocast lowPrecisionResidual)', () => {
     }));
   });
 
+  it('MoE blocks keep the stream in bf16 (the router weights cast to it)', () => {
+    using model = new nt.nn.GPT({ ...CFG, moe: { experts: 4, topK: 2 } }, { seed: 1 });
+    using idx = nt.tensor(Int32Array.from({ length: 2 * T }, (_, i) => i % 64), [2, T], { dtype: 'i32' });
+    nt.noGrad(() => nt.scope(() => {
+      for (const residual of [false, true]) {
+        const h = nt.autocast({ dtype: 'bf16', lowPrecisionResidual: residual }, () => model.forwardBlocks(model.embed(idx)));
+        expect(h.dtype).toBe(residual ? 'bf16' : 'f32');
+      }
+    }));
+    const f32 = train(() => new nt.nn.GPT({ ...CFG, moe: { experts: 4, topK: 2 } }, { seed: 2 }), false, 10);
+    const bf16 = train(() => new nt.nn.GPT({ ...CFG, moe: { experts: 4, topK: 2 } }, { seed: 2 }), true, 10);
+    expect(maxAbsDiff(f32.losses, bf16.losses)).toBeLessThan(0.05);
+  }, 60_000);
+
+  it('recomputation re-runs a block with the forward\'s residual stream, also when backward runs outside the region', () => {
+    const grads = (outside: boolean) => {
+      using model = new nt.nn.GPT({ ...CFG, recompute: true }, { seed: 4 });
+      const { x, y } = lcgGlobalBatch(0, B, T, 64);
+      using xt = nt.tensor(x, [B, T]), yt = nt.tensor(y, [B, T]);
+      nt.scope(() => {
+        if (outside) nt.autocast({ dtype: 'bf16', lowPrecisionResidual: true }, () => model.forward(xt, yt)).loss!.backward();
+        else nt.autocast({ dtype: 'bf16', lowPrecisionResidual: true }, () => model.forward(xt, yt).loss!.backward());
+      });
+      const out = model.parameters().map((p) => Array.from(p.grad!.toArraySync()));
+      model.zeroGrad();
+      return out;
+    };
+    expect(grads(true)).toEqual(grads(false));
+  }, 60_000);
+
   it('a pipeline stage sends f32 (its receives are f32) and its gradient reaches the input and the weights', () => {
     using model = new nt.nn.GPT(CFG, { seed: 1 });
     const stage = new GPTStage(model, 0, 2);

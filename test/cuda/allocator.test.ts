@@ -13,6 +13,7 @@ interface Sim {
   recordStream(p: number, stream: number): void;
   setStreamBusy(stream: number, busy: boolean): void;
   destroyStream(stream: number, notify?: boolean): void;
+  poolCreated(stream: number): void;
   emptyCache(): void;
   resetPeak(): void;
   stats(): Record<string, number>;
@@ -204,6 +205,25 @@ describe('caching allocator (host simulation)', () => {
     sim.resetPeak();
     expect(sim.stats().peak).toBe(512);
     sim.free(b);
+    sim.emptyCache();
+    expect(sim.stats().reserved).toBe(0);
+    checkInvariants(sim);
+  });
+
+  it('keeps a live CUDA graph pool\'s free segments through emptyCache; releases them once the pool is retired', () => {
+    // A captured step frees its temporaries to its pool while the graph's replays still write them.
+    const sim = newSim(256 * MiB);
+    const POOL = 77;
+    sim.poolCreated(POOL);
+    const a = sim.allocate(4 * MiB, POOL), b = sim.allocate(4 * MiB, 0);
+    sim.free(a);
+    sim.free(b);
+    sim.emptyCache();
+    expect(sim.segments().map((s) => s.stream)).toEqual([POOL]);
+    // An allocation that does not fit flushes the cache and retries: the pool's segment stays too.
+    expect(() => sim.allocate(253 * MiB, 0)).toThrow();
+    expect(sim.segments().map((s) => s.stream)).toEqual([POOL]);
+    sim.destroyStream(POOL);
     sim.emptyCache();
     expect(sim.stats().reserved).toBe(0);
     checkInvariants(sim);

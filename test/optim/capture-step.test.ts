@@ -106,13 +106,40 @@ describe('clipGradNormOnDevice', () => {
     const before = ps.map((p) => bits(p.grad!));
     nt.optim.clipGradNormOnDevice(ps, 1).dispose();
     expect(ps.map((p) => bits(p.grad!))).toEqual(before);
+    ps[0]!.grad!.dispose();
     ps[0]!.grad = nt.tensor([NaN, 1], [2]);
     const n = nt.optim.clipGradNormOnDevice(ps, 1);
     expect(Number.isNaN(n.item())).toBe(true);
-    expect(Array.from(ps[1]!.grad!.toArraySync())).toEqual(Array.from(nt.scale(ps[1]!, 0.01).toArraySync()));
-    expect(() => nt.optim.clipGradNormOnDevice([nt.tensor([1], [1])], 1)).toThrow(/no parameter has a gradient/);
+    using want = nt.scale(ps[1]!, 0.01);
+    expect(Array.from(ps[1]!.grad!.toArraySync())).toEqual(Array.from(want.toArraySync()));
+    using bare = nt.tensor([1], [1]);
+    expect(() => nt.optim.clipGradNormOnDevice([bare], 1)).toThrow(/no parameter has a gradient/);
     expect(() => nt.optim.clipGradNormOnDevice(ps, 0)).toThrow(nt.ArgumentError);
     n.dispose();
-    for (const p of ps) p.dispose();
+    for (const p of ps) { p.grad?.dispose(); p.dispose(); }
+  });
+});
+
+describe('AdamW.advanceDeviceMeta({ all: true }) (what a replay of a captured whole step is preceded by)', () => {
+  it('advances every parameter that has state, gradients dropped or not, and writes [lr, step] into the metadata', () => {
+    const w = nt.tensor([1, 2, 3], [3]), v = nt.tensor([4, 5], [2]);
+    w.requiresGrad = true; v.requiresGrad = true;
+    const opt = new nt.optim.AdamW([w, v], { lr: 0.5 });
+    opt.deviceMeta = true;
+    w.grad = nt.ones([3]); v.grad = nt.ones([2]);
+    opt.step();
+    opt.zeroGrad();
+    expect([opt.state.get(w)!.step, opt.state.get(v)!.step]).toEqual([1, 1]);
+    // As after a captured step's zeroGrad: no gradient, so the default advances nothing.
+    opt.advanceDeviceMeta();
+    expect([opt.state.get(w)!.step, opt.state.get(v)!.step]).toEqual([1, 1]);
+    opt.setLr(0.25);
+    opt.advanceDeviceMeta({ all: true });
+    expect([opt.state.get(w)!.step, opt.state.get(v)!.step]).toEqual([2, 2]);
+    const meta = opt.deviceMetaOf(0);
+    expect(meta).toHaveLength(1);
+    const bytes = new DataView((meta[0]!.toArraySync() as Uint8Array).slice().buffer);
+    expect([bytes.getFloat64(0, true), bytes.getInt32(8, true)]).toEqual([0.25, 2]);
+    opt.dispose(); w.dispose(); v.dispose();
   });
 });
