@@ -171,7 +171,7 @@ export class NetnsTopology {
         throw new StateError(`bench chaos --netns: \`${cmd.join(' ')}\` failed: ${r.out || 'no output'}`);
       }
     }
-    t.log(`[bench chaos] --netns: ${nodes} namespaces ${plan.namespaces.join(', ')} on bridge ${plan.bridge}, ${plan.subnet}.0/24${plan.lossPercent > 0 ? `, ${plan.lossPercent}% of incoming packets dropped in each` : ''}`);
+    t.log(`[bench chaos] --netns: ${nodes} namespaces ${plan.namespaces.join(', ')} on bridge ${plan.bridge}, ${plan.subnet}.0/24${plan.lossPercent > 0 ? `; ${plan.lossPercent}% of incoming packets to be dropped in each during the runs with faults` : ''}`);
     return t;
   }
 

@@ -360,6 +360,7 @@ export class LaunchAgent {
    * closed, which fails every other call waiting on it (the recovery session's poll), so the attempt can end.
    */
   private answered<T>(p: Promise<T>, ms: number): Promise<T> {
+    if (!(ms > 0)) return p;
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
