@@ -638,7 +638,8 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
   its address), all removed at the end; then shared memory is never used between nodes. link = set a random node's
   link down (never node 0) and leave it down: the job replaces its ranks as for a node fault; its launcher should
   end by itself (the bench records when; after --link-grace s past the others' exit it kills what is left).
-  --net-loss PCT drops PCT% of the packets entering each namespace all run long (nftables, numgen random). No delay:
+  --net-loss PCT drops PCT% of the packets entering each namespace from its link during the runs with faults (the
+  reference stays loss-free; nftables, numgen random). No delay:
   this kernel has no sch_netem. --heartbeat-timeout-ms goes to every launcher (a cut node is found by its silence).
   --nproc is per node. The script must print progress lines (nt.train's 'step N loss ...': --progress-every 1, which
   --script-args replaces) and write DIR/losses.json ({train: [[step, loss], ...]}).`;
