@@ -270,8 +270,9 @@ export class LaunchAgent {
         this.wakeMonitor?.();
       });
     }
-    // Every store call of the pass must answer within the heartbeat timeout (see answered()).
-    const ask = <T>(p: Promise<T>): Promise<T> => this.answered(p, heartbeatTimeoutMs);
+    // Every store call of the pass must answer within the heartbeat timeout (see answered()), on the nodes
+    // that reach the store over the network (node 0 serves it: its calls cannot be cut off from it).
+    const ask = <T>(p: Promise<T>): Promise<T> => (nodeRank === 0 ? p : this.answered(p, heartbeatTimeoutMs));
     const lastBeat = new Map<number, { value: string; changedAt: number }>();
     let beat = 0;
     let announcedDone = false;
