@@ -270,9 +270,12 @@ export class LaunchAgent {
         this.wakeMonitor?.();
       });
     }
-    // Every store call of the pass must answer within the heartbeat timeout (see answered()), on the nodes
-    // that reach the store over the network (node 0 serves it: its calls cannot be cut off from it).
-    const ask = <T>(p: Promise<T>): Promise<T> => (nodeRank === 0 ? p : this.answered(p, heartbeatTimeoutMs));
+    // Every store call of the pass must answer within twice the heartbeat timeout, at least 10 s (see
+    // answered()), on the nodes that reach the store over the network (node 0 serves it: its calls cannot
+    // be cut off from it). Generous: a loaded node 0 answers late, and the other nodes find a cut node by
+    // its heartbeat anyway; this only lets the cut node itself end.
+    const storeDeadlineMs = heartbeatTimeoutMs > 0 ? Math.max(2 * heartbeatTimeoutMs, 10_000) : 0;
+    const ask = <T>(p: Promise<T>): Promise<T> => (nodeRank === 0 ? p : this.answered(p, storeDeadlineMs));
     const lastBeat = new Map<number, { value: string; changedAt: number }>();
     let beat = 0;
     let announcedDone = false;
@@ -366,7 +369,7 @@ export class LaunchAgent {
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
         void this.store.close().catch(() => undefined);
-        reject(new CommError(`the store did not answer within ${ms} ms (--heartbeat-timeout-ms)`, 'launch'));
+        reject(new CommError(`the store did not answer within ${ms} ms (twice --heartbeat-timeout-ms, at least 10 s)`, 'launch'));
       }, ms);
     });
     return Promise.race([p, late]).finally(() => clearTimeout(timer));

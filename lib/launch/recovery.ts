@@ -73,6 +73,8 @@ interface GenerationRecord {
   shrink?: boolean;
   /** The grow back: the shrunk world whose images every rank restores from (its reshape generation and size). */
   from?: { epoch: number; worldSize: number };
+  /** A lost node: every job rank's holder from now on (a survivor whose holder was on that node moves its copies to the next live one). */
+  holders?: string[];
 }
 
 type How = 'exit' | 'stopped' | 'node';
@@ -417,6 +419,8 @@ export class RecoverySession {
       // --shrink: with no hot spare free, the survivors decide whether fewer replicas can go on.
       // (Not for a lost node: its holder kept the survivors' copies, which a reshape restores from.)
       ...(this.options.shrink && this.group.spares().length === 0 && first.how !== 'node' ? { shrink: true } : {}),
+      // The survivors whose copies went to the lost node's holder send them to the next live node's.
+      ...(lostNode !== undefined ? { holders: this.holderNodeOf.map((_, r) => this.holderFor(r, lostNode)) } : {}),
     };
     // Another agent may have announced generation g for another fault: ours is then the next one.
     for (let g = this.generation + 1; ; g++) {
@@ -522,11 +526,11 @@ export class RecoverySession {
   }
 
   // ---- processes -------------------------------------------------------------------------------
-  /** The holder that keeps rank r's copies (the node after its first node), or the next live one. */
-  private holderFor(rank: number): string {
+  /** The holder that keeps rank r's copies (the node after its first node), or the next live one (`lost`: a node also taken as dead). */
+  private holderFor(rank: number, lost?: number): string {
     const { holders, nnodes } = this.attempt;
     let n = this.holderNodeOf[rank]!;
-    for (let i = 0; i < nnodes && this.dead.has(n); i++) n = (n + 1) % nnodes;
+    for (let i = 0; i < nnodes && (this.dead.has(n) || n === lost); i++) n = (n + 1) % nnodes;
     return holders[n]!;
   }
 

@@ -50,6 +50,8 @@ interface GenerationRecord {
   shrink?: boolean;
   /** The grow back: every job rank in the job's own layout, from the images of the shrunk world `from`. */
   from?: ImageWorld;
+  /** A lost node: every job rank's holder from now on (the launcher's choice). */
+  holders?: string[];
 }
 
 /** The token the holders want (the one-node holder's own, else the job's). */
@@ -68,10 +70,10 @@ export class MemoryRecovery {
   #members: number[];
   /** The reshape generation that made the current world (0: the job's first), which keys its images. */
   #epoch = 0;
-  readonly #holderAddress: string | undefined;
+  #holderAddress: string | undefined;
   readonly #clients = new Map<string, Promise<HolderClient>>();
   readonly #store: Store;
-  readonly #holder: HolderClient | null;
+  #holder: HolderClient | null;
   readonly #events: string | undefined;
   #generation: number;
   // The images of the newest two completed steps (double-buffered: a put reads one while the next is taken).
@@ -223,6 +225,7 @@ export class MemoryRecovery {
       const g = await this.#awaitGeneration(next, error);
       try {
         const rec = await this.#record(g);
+        await this.#rehome(rec, g);
         if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, reached, 'grow');
         if (rec.shrink) {
           // (The lost ranks in this world's numbering.)
@@ -338,6 +341,29 @@ export class MemoryRecovery {
       common = common === null ? new Set(steps) : new Set(steps.filter((x) => common!.has(x)));
     }
     return [...(common ?? [])].sort((x, y) => x - y);
+  }
+
+  /**
+   * After a lost node: when the launcher moved this rank's copies to another holder (its own was on that
+   * node), connect to it, give up the copies still on their way to the lost one (their node is gone; a
+   * put there would wait out its timeout), and say where the images go now. The next copy goes there.
+   */
+  async #rehome(rec: GenerationRecord, g: number): Promise<void> {
+    const next = rec.holders?.[this.#jobRank];
+    if (!next || next === this.#holderAddress || !this.#holder) return;
+    const token = holderToken();
+    const client = await HolderClient.connect(next, { ...(token ? { token } : {}), timeoutMs: 60_000 });
+    const old = this.#holder;
+    this.#putFailed = true; // the given-up puts fail quietly
+    await old.close().catch(() => undefined);
+    await Promise.all(this.#images.map((i) => i.put));
+    this.#clients.delete(this.#holderAddress!);
+    this.#holder = client;
+    this.#holderAddress = next;
+    this.#putFailed = false;
+    await this.#publishWhere();
+    this.#event('rehomed', { holder: next });
+    this.#target.log(`generation ${g}: rank ${this.#jobRank}'s holder was on the lost node; its copies go to ${next} from now on`);
   }
 
   /** Says where this rank's images go (its holder), for a reshape's readers. */

@@ -2,7 +2,7 @@
 // short real run (2 nodes × 2 ranks in network namespaces, 1 spare per node, a link fault) where this machine
 // can create network namespaces (root, `ip netns add` working); elsewhere that test is skipped.
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -144,5 +144,10 @@ describe('bench chaos --netns: a real run', () => {
     expect(r.runs.chaos!.exitCodes[0]).toBe(0);
     // The job lost nothing: the losses are the failure-free run's, bit for bit.
     expect(r.losses).toMatchObject({ equal: true, stepsCompared: 8 });
+    // The survivors whose holder was on the cut node (node 0's ranks: their copies went to node 1) send
+    // their copies to a live holder from the recovery on, instead of waiting out puts to the cut one.
+    const events = readFileSync(join(out, 'chaos-events.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as ChaosEvent);
+    expect(events.filter((e) => e.event === 'rehomed').map((e) => e.rank).sort()).toEqual([0, 1]);
+    expect(readFileSync(join(out, 'chaos.log'), 'utf8')).not.toMatch(/could not send its in-memory copy/);
   }, 300_000);
 });
