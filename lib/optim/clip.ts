@@ -5,7 +5,7 @@ import { dtypeCode } from '../dtype.js';
 import { BINARY } from '../kernel-codes.js';
 import { noGrad } from '../autograd/grad-mode.js';
 import { scope } from '../memory.js';
-import { add, div, mul, sqrt } from '../ops/elementwise.js';
+import { add, binaryRaw, div, mul, sqrt } from '../ops/elementwise.js';
 import { sum } from '../ops/reduce.js';
 import { emptyOn } from '../tensor.js';
 import { ArgumentError, StateError } from '../errors.js';
@@ -122,9 +122,7 @@ export function clipGradNormOnDevice(params: readonly Tensor[], maxNorm: number)
     const ratio = div(maxNorm, add(norm, 1e-6));
     const one = emptyOn(ratio.shape, 'f32', ratio.deviceInfo);
     one.backend.fill(one.storage, dtypeCode('f32'), one.size, 1);
-    const factor = emptyOn(ratio.shape, 'f32', ratio.deviceInfo);
-    factor.backend.binary(BINARY.min, one.storage, ratio.storage, factor.storage, dtypeCode('f32'), new Int32Array([1]), new Int32Array([1]), new Int32Array([1]));
-    scaleGradsBy(grads, factor);
+    scaleGradsBy(grads, binaryRaw(BINARY.min, one, ratio, 'clipGradNormOnDevice'));
     return norm;
   }));
 }
