@@ -2,9 +2,10 @@
 // from the launcher's abort file through a native watcher thread that runs even while the JS thread
 // blocks in a waitSync(). Typed wrappers over the cpu addon's abortCommunicators, watchAbortFile
 // and stopAbortWatch (native/cpu/comm/abort.cc), and the abort file read from JS (readAbortFile,
-// abortWhileConnecting: a regroup's communicators made after the watcher read the file).
+// abortWhileConnecting: a regroup's communicators made after the watcher read the file; untilAborted:
+// a wait no communicator abort reaches).
 import { readFileSync } from 'node:fs';
-import { ArgumentError, BackendUnavailableError } from '../errors.js';
+import { ArgumentError, BackendUnavailableError, CommError } from '../errors.js';
 import { cpu } from '../native.js';
 
 interface AbortAddon {
@@ -95,4 +96,35 @@ export function abortWhileConnecting(path: string, generation: number): () => vo
   const timer = setInterval(check, CONNECTING_POLL_MS);
   timer.unref();
   return () => clearInterval(timer);
+}
+
+/**
+ * Waits for `work` unless the abort file `path` announces a generation after `generation` first: then
+ * rejects with a CommError naming `what` (the lost-peer error in-job recovery handles), and `work`
+ * goes on unawaited. For a wait no communicator abort reaches, such as a rank's in-memory copy on its
+ * way to a holder whose node was cut off: without this, the wait lasts until the copy's own timeout
+ * while the others regroup. Reads the file every 20 ms while `work` is pending (once at the start).
+ */
+export async function untilAborted<T>(work: Promise<T>, path: string, generation: number, what: string): Promise<T> {
+  const call = 'untilAborted';
+  if (typeof path !== 'string' || path.length === 0) throw new ArgumentError(`${call}: path must be a non-empty string`, call);
+  if (!Number.isSafeInteger(generation) || generation < 0) throw new ArgumentError(`${call}: generation must be a non-negative integer, got ${String(generation)}`, call);
+  const later = (): CommError | undefined => {
+    const g = readAbortFile(path);
+    return g > generation ? new CommError(`${what}: generation ${g} started (abort file ${path}) while this rank waited`, call) : undefined;
+  };
+  const now = later();
+  if (now) throw now;
+  let timer: ReturnType<typeof setInterval> | undefined;
+  const aborted = new Promise<never>((_, reject) => {
+    timer = setInterval(() => {
+      const e = later();
+      if (e) reject(e);
+    }, CONNECTING_POLL_MS);
+  });
+  try {
+    return await Promise.race([work, aborted]);
+  } finally {
+    clearInterval(timer);
+  }
 }

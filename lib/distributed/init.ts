@@ -332,6 +332,12 @@ export async function regroup(generation: number): Promise<void> {
 /** In-job recovery: the generation of this process's communicators (0 until the first regroup). */
 export function generation(): number { return current('generation').generation; }
 
+/** In-job recovery: the launcher's abort file for this process (undefined when the job runs without in-job recovery). */
+export function abortFile(): string | undefined {
+  const dir = current('abortFile').recoveryDir;
+  return dir ? join(dir, 'abort') : undefined;
+}
+
 /** The job's store (the launcher's rendezvous store, under this attempt's prefix). */
 export function jobStore(): Store { return current('jobStore').store; }
 

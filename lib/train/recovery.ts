@@ -9,6 +9,7 @@
 import { appendFileSync } from 'node:fs';
 import * as dist from '../distributed/init.js';
 import { agreeMax } from '../distributed/agree.js';
+import { untilAborted } from '../distributed/abort.js';
 import { lostRanks, recoveryEnv } from '../distributed/recovery-env.js';
 import { HolderClient, imageEpoch, imageKey } from '../distributed/holder.js';
 import { CommError, StateError, TimeoutError } from '../errors.js';
@@ -137,27 +138,36 @@ export class MemoryRecovery {
 
   /**
    * Before a step: the state of `step` completed steps is held here (taken now if it is not) and its
-   * copy has reached the holder, so a rank lost during the step costs that step only. (Sending
-   * overlaps nothing else of the rank's work between steps; what it costs is in docs/recovery.md.)
+   * copy has reached the holder, on every rank (a one-number collective over the world, on the steps
+   * a copy is taken), so a rank lost during the step, or while its copy is on its way, costs one step
+   * only: no rank starts step `step` + 1 before every copy of `step` is held. (Sending overlaps
+   * nothing else of the rank's work between steps; what it costs is in docs/recovery.md.)
    */
   async beforeStep(step: number): Promise<number | null | undefined> {
     await this.snapshot(step, false);
-    await this.#images.find((i) => i.step === step)?.put;
+    const put = this.#images.find((i) => i.step === step)?.put;
+    // A later generation ends the wait (its copy may be on its way to a node cut off from the network,
+    // which no communicator abort reaches): the step's recovery follows, and re-homes the copies.
+    const file = dist.abortFile();
+    if (put) await (file ? untilAborted(put, file, this.#generation, `rank ${this.#jobRank}: sending its copy of step ${step} to the holder`) : put);
     return this.#growHere(step);
   }
 
   /**
-   * While the job is shrunk, at a step boundary (every rank of the shrunk world has its copy of `step`
-   * at its holder): when every rank outside is ready again, the whole world grows back here, with no
+   * At a step boundary where a copy was taken, the agreement that every rank's copy is held. While the
+   * job is shrunk, at every step boundary: when every rank outside is ready again, the whole world grows back here, with no
    * step lost (rank 0 writes the grow generation; the ranks outside wait for it). Returns the step to go
    * on from (null: no complete step in memory, the run falls back to a checkpoint), or undefined when
    * nothing happened. A collective over the shrunk world (one number).
    */
   async #growHere(step: number): Promise<number | null | undefined> {
     const job = this.#target.jobPlan();
-    if (this.#epoch === 0 || this.#members.length === job.members.length) return undefined;
+    const shrunk = this.#epoch !== 0 && this.#members.length !== job.members.length;
+    // (The same on every rank: the step, the run's copy period and whether the job is shrunk.)
+    if (!shrunk && step % this.#target.every !== 0) return undefined;
     const out = job.members.filter((r) => !this.#members.includes(r));
-    const ready = dist.rank() === 0 && (await this.#store.check(out.map((r) => `recover/grow/${this.#epoch}/ready/${r}`))) ? 1 : 0;
+    const ready = shrunk && dist.rank() === 0 && (await this.#store.check(out.map((r) => `recover/grow/${this.#epoch}/ready/${r}`))) ? 1 : 0;
+    // Every rank's copy of `step` is at its holder once this returns (and, shrunk, whether to grow back).
     const [go] = await agreeMax(dist.world(), [ready]);
     if (!go) return undefined;
     const t0 = Date.now(), g = this.#generation + 1;
@@ -221,11 +231,12 @@ export class MemoryRecovery {
     let next = this.#generation + 1;
     const firstGeneration = next;
     this.lastLost = null;
+    let rehomed = false;
     for (;;) {
       const g = await this.#awaitGeneration(next, error);
       try {
         const rec = await this.#record(g);
-        await this.#rehome(rec, g);
+        if (await this.#rehome(rec, g)) rehomed = true;
         if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, reached, 'grow');
         if (rec.shrink) {
           // (The lost ranks in this world's numbering.)
@@ -251,6 +262,9 @@ export class MemoryRecovery {
         const local = this.#images.find((i) => i.step === step)!;
         restoreImage(this.#target.items, local.image);
         this.#images = this.#images.filter((i) => i.step <= step);
+        // Its copies went to the lost node: the step the job goes on from is sent to the new holder now
+        // (the next step waits for it), so a loss before the next copy does not fall back to disk.
+        if (rehomed) local.put = this.#send(local);
         const lost = reached - step;
         this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0 });
         this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
@@ -348,9 +362,9 @@ export class MemoryRecovery {
    * node), connect to it, give up the copies still on their way to the lost one (their node is gone; a
    * put there would wait out its timeout), and say where the images go now. The next copy goes there.
    */
-  async #rehome(rec: GenerationRecord, g: number): Promise<void> {
+  async #rehome(rec: GenerationRecord, g: number): Promise<boolean> {
     const next = rec.holders?.[this.#jobRank];
-    if (!next || next === this.#holderAddress || !this.#holder) return;
+    if (!next || next === this.#holderAddress || !this.#holder) return false;
     const token = holderToken();
     const client = await HolderClient.connect(next, { ...(token ? { token } : {}), timeoutMs: 60_000 });
     const old = this.#holder;
@@ -364,6 +378,7 @@ export class MemoryRecovery {
     await this.#publishWhere();
     this.#event('rehomed', { holder: next });
     this.#target.log(`generation ${g}: rank ${this.#jobRank}'s holder was on the lost node; its copies go to ${next} from now on`);
+    return true;
   }
 
   /** Says where this rank's images go (its holder), for a reshape's readers. */

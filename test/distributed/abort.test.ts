@@ -13,7 +13,7 @@ import { ArgumentError, CommError } from '../../lib/errors.js';
 import { cpu, type NativeStorage } from '../../lib/native.js';
 import { StoreServer } from '../../lib/distributed/index.js';
 import { createGlooBackend, type CommBackend, type CommPromise } from '../../lib/distributed/backend.js';
-import { abortAllCommunicators, abortWhileConnecting, readAbortFile, stopAbortWatch, watchAbortFile } from '../../lib/distributed/abort.js';
+import { abortAllCommunicators, abortWhileConnecting, readAbortFile, stopAbortWatch, untilAborted, watchAbortFile } from '../../lib/distributed/abort.js';
 import { HostStagedBackend } from '../../lib/distributed/host-staging.js';
 import { ncclRanksClosedAfterEach } from './fake-nccl.js';
 
@@ -339,6 +339,35 @@ describe('abortWhileConnecting (a regroup connecting after the watcher read the 
     }
     expect(() => abortWhileConnecting('', 0)).toThrow(ArgumentError);
     expect(() => abortWhileConnecting(path, -1)).toThrow(ArgumentError);
+  });
+});
+
+describe('untilAborted (a wait no communicator abort reaches: a copy on its way to a cut-off holder)', () => {
+  it('rejects a wait that never ends once the file says a later generation, and only then', async () => {
+    const path = join(tmp(), 'abort');
+    const never = new Promise<void>(() => undefined);
+    // No file, or the same generation: it waits.
+    const p = untilAborted(never, path, 3, 'sending the copy of step 5');
+    expect(await stillPending(p, 150)).toBe(true);
+    writeAtomically(path, '3\n');
+    expect(await stillPending(p, 150)).toBe(true);
+    const t0 = performance.now();
+    writeAtomically(path, '4\n');
+    const { error, ms } = await outcome(p, t0);
+    expect(error).toBeInstanceOf(CommError);
+    expect((error as Error).message).toBe(`sending the copy of step 5: generation 4 started (abort file ${path}) while this rank waited`);
+    expect(ms).toBeLessThan(2000);
+    // A later generation already out: rejected at once, even for work that would end.
+    await expect(untilAborted(Promise.resolve(1), path, 2, 'x')).rejects.toBeInstanceOf(CommError);
+  });
+
+  it('passes the work through (its value or its error) while no later generation comes', async () => {
+    const path = join(tmp(), 'abort');
+    writeAtomically(path, '1\n');
+    expect(await untilAborted(new Promise((r) => setTimeout(() => r(7), 60)), path, 1, 'x')).toBe(7);
+    await expect(untilAborted(Promise.reject(new RangeError('own')), path, 1, 'x')).rejects.toBeInstanceOf(RangeError);
+    await expect(untilAborted(Promise.resolve(0), '', 1, 'x')).rejects.toBeInstanceOf(ArgumentError);
+    await expect(untilAborted(Promise.resolve(0), path, -1, 'x')).rejects.toBeInstanceOf(ArgumentError);
   });
 });
 
