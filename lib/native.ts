@@ -43,6 +43,8 @@ export interface BackendKernels {
   memoryStats(device?: number): { allocated: number; reserved: number; peak: number; allocations: number; [k: string]: number };
   resetPeakMemory(device?: number): void;
   emptyCache(device?: number): void;
+  /** prctl(PR_SET_PDEATHSIG): `signal` comes when the parent ends (a launcher's worker does not outlive it); false where there is no such setting (not Linux). */
+  setParentDeathSignal(signal: number): boolean;
   noop(): void;
   read(s: S, offsetBytes: number, out: ArrayBufferView): void;
   write(s: S, offsetBytes: number, src: ArrayBufferView): void;
@@ -114,7 +116,7 @@ export interface BackendKernels {
 
 /** The names of BackendKernels as a runtime list; `satisfies` keeps it equal to the interface's keys. */
 export const BACKEND_KERNELS = Object.keys({
-  Storage: 1, setErrorFactory: 1, memoryStats: 1, resetPeakMemory: 1, emptyCache: 1, noop: 1, read: 1, write: 1, copy: 1,
+  Storage: 1, setErrorFactory: 1, memoryStats: 1, resetPeakMemory: 1, emptyCache: 1, setParentDeathSignal: 1, noop: 1, read: 1, write: 1, copy: 1,
   cast: 1, fill: 1, arange: 1, random_fill: 1, gemm: 1, binary: 1, unary: 1, unary_backward: 1, sum_to: 1, max_dim: 1, max_dim_backward: 1,
   copy_strided: 1, gelu_forward: 1, gelu_backward: 1, bias_gelu_forward: 1, bias_gelu_backward: 1, swiglu_forward: 1, swiglu_backward: 1, rope: 1, softmax_forward: 1, softmax_backward: 1, cross_entropy_forward: 1,
   cross_entropy_backward: 1, cross_entropy_shard_backward: 1, attention_softmax_forward: 1, attention_softmax_backward: 1,
@@ -242,6 +244,23 @@ export function cpuAddonFile(): string {
 
 const factory = (code: string, message: string, call: string) => errorFromCode(code, message, call);
 
+/**
+ * A worker of `nodetron launch` (NODETRON_LAUNCHER_PID, the launcher's pid, is its parent) gets SIGKILL
+ * from the kernel when the launcher ends, so a launcher killed with SIGKILL (which cannot stop its
+ * workers) leaves none behind, holding cores, GPUs and ports. A process the launcher did not start
+ * itself (a worker's own child, which inherits the variable) is left alone. A launcher gone before
+ * the setting took hold: the worker ends here, saying why.
+ */
+function dieWithLauncher(addon: Pick<BackendKernels, 'setParentDeathSignal'>): void {
+  const launcher = process.env.NODETRON_LAUNCHER_PID;
+  if (!launcher || String(process.ppid) !== launcher || typeof addon.setParentDeathSignal !== 'function') return;
+  if (!addon.setParentDeathSignal(9)) return;
+  if (String(process.ppid) !== launcher) {
+    process.stderr.write(`nodetron: the launcher (pid ${launcher}) that started this worker is gone; the worker ends\n`);
+    process.kill(process.pid, 'SIGKILL');
+  }
+}
+
 /** The cpu addon, loaded on first use. */
 export function cpu(): BackendAddon {
   if (cpuAddon) return cpuAddon;
@@ -286,6 +305,7 @@ export function cpu(): BackendAddon {
   // process holds at once; an allocation past it is an OutOfMemoryError (native/core/core.cc).
   const limit = process.env.NODETRON_MEMORY_LIMIT;
   if (limit !== undefined && limit.trim() !== '') addon.setHostMemoryLimit(parseMemoryLimit(limit));
+  dieWithLauncher(addon);
   cpuAddon = addon;
   return addon;
 }

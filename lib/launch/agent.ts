@@ -198,6 +198,8 @@ export class LaunchAgent {
       MASTER_ADDR: masterAddr,
       MASTER_PORT: String(masterPort),
       NODETRON_RESTART_COUNT: String(attempt),
+      // A worker's parent: its kernel ends it with this process (lib/native.ts dieWithLauncher).
+      NODETRON_LAUNCHER_PID: String(process.pid),
       NODETRON_STORE_PREFIX: `${runId}/attempt${attempt}/job`,
       ...(rdzvUrl ? { NODETRON_RDZV: rdzvUrl } : {}),
       ...(this.config.storeToken !== undefined ? { NODETRON_STORE_TOKEN: this.config.storeToken } : {}),

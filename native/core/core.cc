@@ -9,6 +9,12 @@
 #include <new>
 #include <unordered_map>
 #include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 namespace nt {
 
@@ -429,6 +435,25 @@ static Napi::Value SetHostMemoryLimit(const Napi::CallbackInfo& info) {
 }
 NT_EXPORT("setHostMemoryLimit", SetHostMemoryLimit);
 #endif
+
+// setParentDeathSignal(signal): the kernel sends `signal` to this process when its parent (the thread
+// that started it) ends: a worker of `nodetron launch` does not outlive a launcher killed with
+// SIGKILL. Returns false where the kernel has no such setting (not Linux); the caller decides what
+// to do when the parent is already gone (this never ends the process itself).
+static Napi::Value SetParentDeathSignal(const Napi::CallbackInfo& info) {
+  if (!info[0].IsNumber()) fail(Err::Argument, "setParentDeathSignal: expected a signal number");
+  double v = info[0].As<Napi::Number>().DoubleValue();
+  if (!(v >= 1 && v <= 64) || v != double(int(v))) fail(Err::Argument, "setParentDeathSignal: the signal must be an integer in [1, 64]");
+#ifdef __linux__
+  if (prctl(PR_SET_PDEATHSIG, static_cast<unsigned long>(v), 0, 0, 0) != 0) {
+    fail(Err::Native, std::string("prctl(PR_SET_PDEATHSIG) failed: ") + std::strerror(errno), "setParentDeathSignal");
+  }
+  return Napi::Boolean::New(info.Env(), true);
+#else
+  return Napi::Boolean::New(info.Env(), false);
+#endif
+}
+NT_EXPORT("setParentDeathSignal", SetParentDeathSignal);
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   Storage::Init(env, exports);

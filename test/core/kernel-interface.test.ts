@@ -31,8 +31,8 @@ describe('the kernel interface (lib/native.ts)', () => {
   });
 });
 
-// Calls that are not kernels (memory, errors, the dispatch floor) have no signature.
-const RUNTIME = new Set(['Storage', 'setErrorFactory', 'memoryStats', 'resetPeakMemory', 'emptyCache', 'noop']);
+// Calls that are not kernels (memory, errors, the parent-death signal, the dispatch floor) have no signature.
+const RUNTIME = new Set(['Storage', 'setErrorFactory', 'memoryStats', 'resetPeakMemory', 'emptyCache', 'setParentDeathSignal', 'noop']);
 
 describe('one declarative signature per kernel (native/core/signatures.h)', () => {
   const kernels = BACKEND_KERNELS.filter((k) => !RUNTIME.has(k));

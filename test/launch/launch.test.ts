@@ -3,13 +3,14 @@
 // on loopback forming one job, heartbeats, argument errors, a .ts script without tsx (an optional peer),
 // and readLaunchEnv.
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { networkInterfaces, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { describe, expect, it, vi } from 'vitest';
 import { ArgumentError, distributed, UsageError } from '../../lib/index.js';
 import { parseLaunchArgs } from '../../lib/launch/cli.js';
+import { cpu } from '../../lib/native.js';
 import { resolveTsx, scriptCommand, tsxSearchPath } from '../../lib/launch/workers.js';
 import { freePort } from '../helpers/net.js';
 import { nodeArgs } from '../helpers/node-script.js';
@@ -312,6 +313,25 @@ describe('nodetron launch', () => {
     const pids = [...r.stdout.matchAll(/sleeping pid (\d+)/g)].map((m) => Number(m[1]));
     expect(pids.length).toBe(2);
     for (const pid of pids) expect(alive(pid)).toBe(false);
+  });
+
+  it.skipIf(process.platform !== 'linux')('a launcher killed with SIGKILL leaves no worker behind (the kernel ends them with it)', async () => {
+    const l = launch(['--nproc-per-node', '2', join(fixtures, 'orphan.ts')]);
+    await l.stdoutMatches(/WORKER \d+/, 2, 60_000);
+    l.signal('SIGKILL');
+    const r = await l.done;
+    const pids = [...r.stdout.matchAll(/WORKER (\d+)/g)].map((m) => Number(m[1]));
+    expect(pids.length).toBe(2);
+    // (The workers sleep for a minute: without the parent-death signal they would outlive this wait.
+    // A killed orphan may stay a zombie until whatever adopted it reaps it: that counts as ended.)
+    const running = (pid: number) => {
+      try { return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'utf8')); } catch { return false; }
+    };
+    const deadline = Date.now() + 10_000;
+    while (pids.some(running) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 50));
+    for (const pid of pids) expect(running(pid), `worker ${pid}`).toBe(false);
+    // (Only bad arguments here: a good one would tie this test process to its parent.)
+    for (const bad of [0, 65, 1.5, '9']) expect(() => cpu().setParentDeathSignal(bad as number)).toThrow(ArgumentError);
   });
 
   it('bad arguments are usage errors (exit 2) with the reason', async () => {
