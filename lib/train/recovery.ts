@@ -17,7 +17,7 @@ import type { Store } from '../distributed/store.js';
 import { decodeImage, decodeImageHead, encodeImage, restoreImage, type RankImage } from '../ckpt/image.js';
 import { restoreFromImages, takeLayoutImage } from '../ckpt/reshard-image.js';
 import type { CheckpointItems } from '../ckpt/items.js';
-import type { ReshapePlan } from './shrink.js';
+import type { ReshapePlan, ShrinkMemory } from './shrink.js';
 
 /** How long the ranks wait for each other's restorable steps in a recovery. */
 const AGREE_WAIT_MS = 300_000;
@@ -32,8 +32,13 @@ export interface RecoveryTarget {
   log(line: string): void;
   /** Copy the state every this many steps (1: after every step). */
   every: number;
-  /** The shrunk world after losing world ranks `lost` of the world whose job ranks are `members` (shrink.ts's planShrink). */
-  planShrink(members: readonly number[], lost: readonly number[]): ReshapePlan | { refused: string };
+  /**
+   * The shrunk world after losing world ranks `lost` of the world whose job ranks are `members`
+   * (shrink.ts's planShrink), avoiding a world a member of which would pass its device's limit (`memory`: what each survivor said).
+   */
+  planShrink(members: readonly number[], lost: readonly number[], memory: ReadonlyMap<number, ShrinkMemory>): ReshapePlan | { refused: string };
+  /** What this rank says of its memory for a shrink (shrink-memory.ts's shrinkMemoryOf). */
+  shrinkMemory(): ShrinkMemory;
   /** The job's own world: every job rank, under the layout the run started with (the grow back). */
   jobPlan(): ReshapePlan;
   /** Releases the parts, joins the next world as `rank` in `generation` and builds the plan's layout there (unconnected). */
@@ -241,7 +246,7 @@ export class MemoryRecovery {
         if (rec.shrink) {
           // (The lost ranks in this world's numbering.)
           const lostWorld = (rec.lost ?? []).map((j) => this.#members.indexOf(j)).filter((w) => w >= 0);
-          const plan = this.#shrinkPlan(lostWorld);
+          const plan = this.#shrinkPlan(lostWorld, await this.#survivorsMemory(g, rec.lost ?? []));
           // The lowest surviving rank tells the launcher (which starts replacements on a refusal, else the lost replicas' processes anew).
           const lowest = this.#members.findIndex((_, w) => !lostWorld.includes(w));
           if (dist.rank() === lowest) await this.#store.set(`recover/gen/${g}/plan`, JSON.stringify('refused' in plan ? plan : { members: plan.members, layout: plan.layout }));
@@ -292,9 +297,28 @@ export class MemoryRecovery {
   }
 
   /** The shrunk world for a loss without a spare (the same plan on every survivor: a pure function of the same facts). */
-  #shrinkPlan(lost: number[]): ReshapePlan | { refused: string } {
+  #shrinkPlan(lost: number[], memory: ReadonlyMap<number, ShrinkMemory>): ReshapePlan | { refused: string } {
     if (this.#members.length !== this.#target.jobPlan().members.length) return { refused: 'the job is shrunk already (one loss at a time)' };
-    return this.#target.planShrink(this.#members, lost);
+    return this.#target.planShrink(this.#members, lost, memory);
+  }
+
+  /**
+   * Generation g's shrink: every survivor publishes what it says of its memory, and reads every other
+   * survivor's (in short waits: a survivor lost meanwhile makes generation g + 1, which ends this).
+   */
+  async #survivorsMemory(g: number, lostJobRanks: readonly number[]): Promise<Map<number, ShrinkMemory>> {
+    await this.#store.set(`recover/gen/${g}/memory/${this.#jobRank}`, JSON.stringify(this.#target.shrinkMemory()));
+    const survivors = this.#members.filter((j) => !lostJobRanks.includes(j));
+    const keys = survivors.map((j) => `recover/gen/${g}/memory/${j}`);
+    const deadline = Date.now() + AGREE_WAIT_MS;
+    while (!(await this.#store.check(keys))) {
+      if (await this.#store.tryGet(`recover/gen/${g + 1}`)) throw new CommError(`generation ${g + 1} started while the survivors of generation ${g} said what memory they have`, 'recovery');
+      if (Date.now() > deadline) throw new TimeoutError(`generation ${g}: not every survivor said what memory it has within ${AGREE_WAIT_MS} ms`, 'recovery');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const out = new Map<number, ShrinkMemory>();
+    for (let i = 0; i < survivors.length; i++) out.set(survivors[i]!, JSON.parse(await this.#store.getString(keys[i]!)) as ShrinkMemory);
+    return out;
   }
 
   /**

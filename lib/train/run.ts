@@ -25,6 +25,7 @@ import type { ParallelParts } from './assembly.js';
 import type { LayoutArgs } from './flags.js';
 import { Teardown } from './teardown.js';
 import { planShrink, type ReshapePlan } from './shrink.js';
+import { shrinkMemoryOf } from './shrink-memory.js';
 import type { ProcessGroup } from '../distributed/group.js';
 import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './options.js';
 import { MemoryRecovery } from './recovery.js';
@@ -311,7 +312,8 @@ export class TrainingRun<H extends { lr: number }> {
       abandonStep: () => this.trainer.abandonStep(),
       log: (l) => this.log(l),
       every,
-      planShrink: (members, lost) => planShrink({ layout: this.layout, flags: this.#p.flags, members, lost, shape, globalBatch: this.batchSize }),
+      planShrink: (members, lost, memory) => planShrink({ layout: this.layout, flags: this.#p.flags, members, lost, shape, globalBatch: this.batchSize, memory }),
+      shrinkMemory: () => shrinkMemoryOf({ device: this.device, trainer: this.trainer as ParallelTrainer<{ lr: number }>, layout: this.layout, stage: this.mesh?.ppRank ?? 0 }),
       jobPlan: () => ({ members: Array.from({ length: job.worldSize }, (_, r) => r), layout: job.layout, flags: job.flags }),
       reshape: (plan, generation, rank) => this.#reshape(plan, generation, rank),
     });

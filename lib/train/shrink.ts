@@ -33,6 +33,11 @@ function meshOf(layout: TrainingLayout): MeshLayout {
 export function planShrink<F extends LayoutFlags>(o: {
   layout: TrainingLayout; flags: F; members: readonly number[]; lost: readonly number[];
   shape: LayoutModelShape; globalBatch: number;
+  /**
+   * What each surviving job rank said of its memory (shrinkMemoryOf): a smaller world one of whose
+   * members would pass its device's limit is not chosen. Absent: memory is not checked.
+   */
+  memory?: ReadonlyMap<number, ShrinkMemory>;
 }): ReshapePlan<F> | { refused: string } {
   const { layout } = o;
   const mesh = meshOf(layout);
@@ -65,7 +70,30 @@ export function planShrink<F extends LayoutFlags>(o: {
       const c = nextMesh.coords(r);
       return o.members[mesh.rankOf({ tp: c.tp, pp: c.pp, cp: c.cp, dp: kept[c.dp]! })]!;
     });
+    const tight = o.memory ? tooFull(o.memory, members, d) : undefined;
+    if (tight) { problems.push(`dp ${d}: ${tight}`); continue; }
     return { members, layout: next, flags };
   }
   return { refused: `no smaller data-parallel layout fits (${problems.join('; ')})` };
+}
+
+/** What a rank says of its memory when the job may shrink (every survivor publishes its own; the plan reads them all). */
+export interface ShrinkMemory {
+  /** The most its training device can hold (bytes): the GPU's memory, NODETRON_MEMORY_LIMIT on the cpu; 0 when none is known (then not checked). */
+  limit: number;
+  /** Its predicted peak (bytes) with d data-parallel replicas, by d (1 .. dp − 1). */
+  peaks: Record<string, number>;
+}
+
+const MiB = 2 ** 20;
+
+// The first member of a d-replica world whose predicted peak passes its limit, as a refusal.
+function tooFull(memory: ReadonlyMap<number, ShrinkMemory>, members: readonly number[], d: number): string | undefined {
+  for (const j of members) {
+    const m = memory.get(j);
+    const peak = m?.peaks[String(d)];
+    if (!m || !(m.limit > 0) || peak === undefined) continue;
+    if (peak > m.limit) return `job rank ${j} would need about ${(peak / MiB).toFixed(1)} MiB, above its device's ${(m.limit / MiB).toFixed(1)} MiB`;
+  }
+  return undefined;
 }

@@ -26,12 +26,12 @@ const LOSS_RTOL = 1e-4;
 
 interface Outcome { code: number | null; output: string; train: Array<[number, number]>; worldSize: number; events: Array<Record<string, unknown>> }
 
-function launch(name: string, launchFlags: string[], scriptFlags: string[], steps: number): Promise<Outcome> {
+function launch(name: string, launchFlags: string[], scriptFlags: string[], steps: number, env: NodeJS.ProcessEnv = {}): Promise<Outcome> {
   return pool.run(async () => {
     const out = join(work, `${name}.json`), events = join(work, `${name}.events.jsonl`);
     writeFileSync(events, '');
     const args = [...nodeArgs(launcher), '--nproc-per-node', '4', ...launchFlags, scriptPath('test/fixtures/recovery/train.ts'), '--steps', String(steps), '--out', out, ...scriptFlags];
-    const r = await runProcess(process.execPath, args, { cwd: root, limitMs: LIMIT_MS, env: { ...process.env, NODETRON_RECOVERY_EVENTS: events } });
+    const r = await runProcess(process.execPath, args, { cwd: root, limitMs: LIMIT_MS, env: { ...process.env, ...env, NODETRON_RECOVERY_EVENTS: events } });
     let parsed: { train: Array<[number, number]>; worldSize: number } = { train: [], worldSize: 0 };
     try { parsed = JSON.parse(readFileSync(out, 'utf8')) as typeof parsed; } catch { /* reported by the test */ }
     const lines = readFileSync(events, 'utf8').split('\n').filter((l) => l.trim() !== '');
@@ -51,10 +51,10 @@ function expectClose(chaos: Outcome, reference: Outcome, steps: number): void {
 }
 
 /** The failure-free run and the run with a kill under `--spares 0 --shrink`, side by side; both must succeed. */
-async function pair(name: string, layout: string[], chaosFlags: string[], steps: number): Promise<[Outcome, Outcome]> {
+async function pair(name: string, layout: string[], chaosFlags: string[], steps: number, env: NodeJS.ProcessEnv = {}): Promise<[Outcome, Outcome]> {
   const [reference, chaos] = await Promise.all([
     launch(`${name}-ref`, [], layout, steps),
-    launch(`${name}-chaos`, ['--spares', '0', '--shrink'], [...layout, '--recover', 'memory', ...chaosFlags], steps),
+    launch(`${name}-chaos`, ['--spares', '0', '--shrink'], [...layout, '--recover', 'memory', ...chaosFlags], steps, env),
   ]);
   expect(reference.code, reference.output).toBe(0);
   expect(chaos.code, chaos.output).toBe(0);
@@ -103,6 +103,14 @@ describe('in-job recovery: shrink without a spare, then grow back', () => {
     // Nothing reshaped: the same layout, bit for bit.
     expect(chaos.train).toEqual(reference.train);
     expect(chaos.output).toMatch(/no shrink \(the layout has one data-parallel replica/);
+    expect(chaos.events.some((e) => e.event === 'shrink')).toBe(false);
+  }, QUEUED_TEST_TIMEOUT_MS);
+
+  it('a smaller world that would not fit in memory (NODETRON_SHRINK_MEMORY_LIMIT) is not chosen: the lost rank is replaced as without --shrink', async () => {
+    const steps = 6, layout = ['--dp', '2', '--tp', '2', '--zero', '3'];
+    const [reference, chaos] = await pair('no-room', layout, ['--kill-rank', '3', '--kill-after', '2'], steps, { NODETRON_SHRINK_MEMORY_LIMIT: '1K' });
+    expect(chaos.train).toEqual(reference.train);
+    expect(chaos.output).toMatch(/no shrink \(no smaller data-parallel layout fits \(dp 1: job rank [01] would need about [\d.]+ MiB, above its device's 0\.0 MiB\)\)/);
     expect(chaos.events.some((e) => e.event === 'shrink')).toBe(false);
   }, QUEUED_TEST_TIMEOUT_MS);
 });

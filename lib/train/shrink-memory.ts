@@ -1,0 +1,93 @@
+// In-job recovery's shrink (docs/recovery.md "Shrink without a spare"): what a rank says of its memory
+// before the survivors choose the smaller world, so that none is chosen whose members would pass their
+// device's limit. Each survivor predicts its own peak under each smaller data-parallel size from what
+// it measured (its peak and what it holds between steps) and the exact sizes of its sharded state, and
+// publishes it with its limit; every survivor then plans from the same facts (shrink.ts's planShrink).
+import { cuda, parseMemoryLimit } from '../native.js';
+import { memoryStats } from '../memory.js';
+import { ArgumentError } from '../errors.js';
+import { zeroMemoryFormula } from '../parallel/zero/optimizer.js';
+import { inFlightMicroBatches, type PlanLayout } from '../plan/memory.js';
+import type { TrainingLayout } from '../parallel/layout.js';
+import type { ParallelTrainer } from '../parallel/trainer.js';
+import type { ShrinkMemory } from './shrink.js';
+
+/** One ZeRO optimizer of a rank, as predictShrunkPeak needs it. */
+export interface ShardedState {
+  /** The sizes (elements) of the parameters it shards. */
+  sizes: readonly number[];
+  /** Its stage. */
+  stage: 1 | 2 | 3;
+  /** The ranks it shards over now (its data-parallel group; the expert-data-parallel one for experts). */
+  ranks: number;
+  /** Optimizer state bytes per parameter element (Adam: 8). */
+  stateBytesPerParam: number;
+  /** Whether its shards live in host memory (--offload): then only parameters and gradients count on the device. */
+  offload: boolean;
+}
+
+/**
+ * A rank's peak on its device with `d` of the `dp` data-parallel replicas: what it holds between
+ * steps, changed by what sharding over fewer ranks adds (zeroMemoryFormula, per sharded optimizer;
+ * with one replica ZeRO becomes stage 0 and --offload is dropped, so the whole state comes to the
+ * device), plus the activations above it (peak − held), scaled by the micro-batches in flight
+ * (`inFlight`: the schedule's count for a number of micro-batches; they grow by dp/d). An estimate
+ * from measured peaks and the state's exact sizes; transient buffers of a step other than
+ * activations are taken to stay as they were.
+ */
+export function predictShrunkPeak(o: {
+  peak: number; held: number; dp: number; d: number; microBatches: number;
+  sharded: readonly ShardedState[]; inFlight: (microBatches: number) => number;
+}): number {
+  if (!Number.isInteger(o.d) || o.d < 1 || o.d >= o.dp) throw new ArgumentError(`predictShrunkPeak: d must be an integer in [1, ${o.dp - 1}], got ${o.d}`);
+  let delta = 0;
+  for (const z of o.sharded) {
+    const after = o.d === 1 ? 1 : z.ranks * o.d / o.dp;
+    const before = zeroMemoryFormula(z.sizes, z.ranks, z.stage, z.stateBytesPerParam);
+    const now = zeroMemoryFormula(z.sizes, Math.max(1, Math.round(after)), o.d === 1 ? 0 : z.stage, z.stateBytesPerParam);
+    const onDevice = (m: typeof now, offload: boolean) => offload ? m.params + m.grads : m.total;
+    delta += onDevice(now, z.offload && o.d > 1) - onDevice(before, z.offload);
+  }
+  const activations = Math.max(0, o.peak - o.held);
+  const ratio = o.inFlight(o.microBatches * o.dp / o.d) / Math.max(1, o.inFlight(o.microBatches));
+  return o.held + delta + activations * ratio;
+}
+
+/**
+ * This rank's ShrinkMemory: its predicted peak for every smaller data-parallel size of `layout`, and the
+ * most it may hold: NODETRON_SHRINK_MEMORY_LIMIT when set, else its device's (a GPU's memory; on the
+ * cpu NODETRON_MEMORY_LIMIT, else 0: not checked).
+ */
+export function shrinkMemoryOf(o: { device: string; trainer: ParallelTrainer<{ lr: number }>; layout: TrainingLayout; stage: number }): ShrinkMemory {
+  const stats = memoryStats(o.device);
+  const h = o.trainer.checkpointHoldings();
+  const sharded: ShardedState[] = [];
+  for (const z of [h.zero, h.experts?.zero]) {
+    if (!z) continue;
+    const elements = z.masters.reduce((n, m) => n + m.size, 0);
+    const state = z.memoryBytes().optimizerState;
+    sharded.push({ sizes: z.params.map((p) => p.size), stage: z.stage, ranks: z.group.size, offload: z.offload,
+      stateBytesPerParam: elements > 0 && state > 0 ? state / elements : 8 });
+  }
+  const plan = { ...o.layout, recompute: 'none' } as unknown as PlanLayout;
+  const inFlight = (m: number) => inFlightMicroBatches({ ...plan, microBatches: m }, o.stage);
+  const peaks: Record<string, number> = {};
+  for (let d = 1; d < o.layout.dp; d++) {
+    peaks[String(d)] = Math.ceil(predictShrunkPeak({ peak: stats.peak, held: stats.allocated, dp: o.layout.dp, d, microBatches: o.layout.microBatches, sharded, inFlight }));
+  }
+  return { limit: deviceLimit(o.device), peaks };
+}
+
+// NODETRON_SHRINK_MEMORY_LIMIT (bytes, K/M/G/T suffixes) when set: the most a rank may need after a
+// shrink (headroom on a GPU shared with other work); else the device's whole memory.
+function deviceLimit(device: string): number {
+  const own = process.env.NODETRON_SHRINK_MEMORY_LIMIT;
+  if (own && own.trim() !== '') return parseMemoryLimit(own);
+  const m = /^cuda(?::(\d+))?$/.exec(device);
+  if (m) {
+    const info = (cuda().deviceInfo as () => Array<{ totalMemory?: number }>)()[Number(m[1] ?? 0)];
+    return info?.totalMemory ?? 0;
+  }
+  const env = process.env.NODETRON_MEMORY_LIMIT;
+  return env && env.trim() !== '' ? parseMemoryLimit(env) : 0;
+}
