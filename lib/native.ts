@@ -247,18 +247,38 @@ const factory = (code: string, message: string, call: string) => errorFromCode(c
 /**
  * A worker of `nodetron launch` (NODETRON_LAUNCHER_PID, the launcher's pid, is its parent) gets SIGKILL
  * from the kernel when the launcher ends, so a launcher killed with SIGKILL (which cannot stop its
- * workers) leaves none behind, holding cores, GPUs and ports. A process the launcher did not start
- * itself (a worker's own child, which inherits the variable) is left alone. A launcher gone before
- * the setting took hold: the worker ends here, saying why.
+ * workers) leaves none behind, holding cores, GPUs and ports. Set when the cpu addon loads (every
+ * training script loads it at start). A launcher already gone then (before the setting, or before the
+ * addon loaded): the worker ends here, saying why. A process with the variable whose parent is not
+ * the launcher while the launcher lives (a worker's own child) is left alone. Where the kernel refuses
+ * the setting (a sandbox), a warning, and the worker runs on.
  */
 function dieWithLauncher(addon: Pick<BackendKernels, 'setParentDeathSignal'>): void {
   const launcher = process.env.NODETRON_LAUNCHER_PID;
-  if (!launcher || String(process.ppid) !== launcher || typeof addon.setParentDeathSignal !== 'function') return;
-  if (!addon.setParentDeathSignal(9)) return;
-  if (String(process.ppid) !== launcher) {
+  if (!launcher || !/^\d+$/.test(launcher) || typeof addon.setParentDeathSignal !== 'function') return;
+  const gone = (): boolean => {
+    try {
+      process.kill(Number(launcher), 0);
+      return false;
+    } catch (e) {
+      return (e as NodeJS.ErrnoException).code === 'ESRCH';
+    }
+  };
+  const end = (): void => {
     process.stderr.write(`nodetron: the launcher (pid ${launcher}) that started this worker is gone; the worker ends\n`);
     process.kill(process.pid, 'SIGKILL');
+  };
+  if (String(process.ppid) !== launcher) {
+    if (gone()) end();
+    return;
   }
+  try {
+    if (!addon.setParentDeathSignal(9)) return;
+  } catch (e) {
+    process.stderr.write(`nodetron: this worker is not tied to its launcher (${(e as Error).message}); if the launcher is killed with SIGKILL, stop its workers by hand\n`);
+    return;
+  }
+  if (String(process.ppid) !== launcher) end();
 }
 
 /** The cpu addon, loaded on first use. */

@@ -18,6 +18,7 @@ import { decodeImage, decodeImageHead, encodeImage, restoreImage, type RankImage
 import { restoreFromImages, takeLayoutImage } from '../ckpt/reshard-image.js';
 import type { CheckpointItems } from '../ckpt/items.js';
 import type { ReshapePlan, ShrinkMemory } from './shrink.js';
+import type { MeasuredMemory } from './shrink-memory.js';
 
 /** How long the ranks wait for each other's restorable steps in a recovery. */
 const AGREE_WAIT_MS = 300_000;
@@ -37,8 +38,10 @@ export interface RecoveryTarget {
    * (shrink.ts's planShrink), avoiding a world a member of which would pass its device's limit (`memory`: what each survivor said).
    */
   planShrink(members: readonly number[], lost: readonly number[], memory: ReadonlyMap<number, ShrinkMemory>): ReshapePlan | { refused: string };
-  /** What this rank says of its memory for a shrink (shrink-memory.ts's shrinkMemoryOf). */
-  shrinkMemory(): ShrinkMemory;
+  /** What this rank says of its memory for a shrink (shrink-memory.ts's shrinkMemoryOf), from what it measured at its last step boundary (null: none yet). */
+  shrinkMemory(measured: MeasuredMemory | null): ShrinkMemory;
+  /** This rank's peak so far and what it holds now, on its training device (read after each completed step). */
+  memoryNow(): MeasuredMemory;
   /** The job's own world: every job rank, under the layout the run started with (the grow back). */
   jobPlan(): ReshapePlan;
   /** Releases the parts, joins the next world as `rank` in `generation` and builds the plan's layout there (unconnected). */
@@ -86,6 +89,10 @@ export class MemoryRecovery {
   #images: LocalImage[] = [];
   #putFailed = false;
   #afterRecovery: { generation: number } | null = null;
+  // Whether a step boundary's copy agreement has run (the run's first boundary always has one).
+  #agreedOnce = false;
+  // This rank's memory at its last completed step's end (a shrink's estimate starts from it).
+  #measured: MeasuredMemory | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
   /** The job ranks the last in-memory rollback replaced (null after a reshape or a fallback): a save in flight that they never joined is given up. */
@@ -168,8 +175,11 @@ export class MemoryRecovery {
   async #growHere(step: number): Promise<number | null | undefined> {
     const job = this.#target.jobPlan();
     const shrunk = this.#epoch !== 0 && this.#members.length !== job.members.length;
-    // (The same on every rank: the step, the run's copy period and whether the job is shrunk.)
-    if (!shrunk && step % this.#target.every !== 0) return undefined;
+    // (The same on every rank: the step, the run's copy period, whether the job is shrunk, and whether
+    // this is the first boundary of the run or since a recovery, where every rank took or holds a copy
+    // of a step that need not be a multiple of the period.)
+    if (!shrunk && step % this.#target.every !== 0 && this.#afterRecovery === null && this.#agreedOnce) return undefined;
+    this.#agreedOnce = true;
     const out = job.members.filter((r) => !this.#members.includes(r));
     const ready = shrunk && dist.rank() === 0 && (await this.#store.check(out.map((r) => `recover/grow/${this.#epoch}/ready/${r}`))) ? 1 : 0;
     // Every rank's copy of `step` is at its holder once this returns (and, shrunk, whether to grow back).
@@ -193,6 +203,7 @@ export class MemoryRecovery {
    * the background. The older of the two buffers is reused once its own send has finished.
    */
   async snapshot(step: number, completed = true): Promise<void> {
+    if (completed) this.#measured = this.#target.memoryNow();
     if (this.#afterRecovery && completed) {
       this.#event('first-step', { step });
       this.#afterRecovery = null;
@@ -307,7 +318,15 @@ export class MemoryRecovery {
    * survivor's (in short waits: a survivor lost meanwhile makes generation g + 1, which ends this).
    */
   async #survivorsMemory(g: number, lostJobRanks: readonly number[]): Promise<Map<number, ShrinkMemory>> {
-    await this.#store.set(`recover/gen/${g}/memory/${this.#jobRank}`, JSON.stringify(this.#target.shrinkMemory()));
+    let mine: ShrinkMemory;
+    try {
+      mine = this.#target.shrinkMemory(this.#measured);
+    } catch (e) {
+      // An estimate that fails must not end the recovery: this rank's memory is then not checked.
+      process.stderr.write(`nodetron: rank ${this.#jobRank}: no memory estimate for the shrink (${(e as Error).message}); its memory is not checked\n`);
+      mine = { limit: 0, peaks: {} };
+    }
+    await this.#store.set(`recover/gen/${g}/memory/${this.#jobRank}`, JSON.stringify(mine));
     const survivors = this.#members.filter((j) => !lostJobRanks.includes(j));
     const keys = survivors.map((j) => `recover/gen/${g}/memory/${j}`);
     const deadline = Date.now() + AGREE_WAIT_MS;

@@ -25,7 +25,7 @@ import type { ParallelParts } from './assembly.js';
 import type { LayoutArgs } from './flags.js';
 import { Teardown } from './teardown.js';
 import { planShrink, type ReshapePlan } from './shrink.js';
-import { shrinkMemoryOf } from './shrink-memory.js';
+import { shrinkMemoryLimit, shrinkMemoryOf } from './shrink-memory.js';
 import type { ProcessGroup } from '../distributed/group.js';
 import { isInt, type Batch, type ModelShard, type TrainSetupOptions } from './options.js';
 import { MemoryRecovery } from './recovery.js';
@@ -303,6 +303,7 @@ export class TrainingRun<H extends { lr: number }> {
   async startRecovery(every = 1): Promise<boolean> {
     // The job's own layout (the grow back returns to it), as this rank set up.
     const job = { flags: this.#p.flags, layout: this.#p.layout, worldSize: this.#p.worldSize };
+    shrinkMemoryLimit(); // (a bad NODETRON_SHRINK_MEMORY_LIMIT fails here, not at the first fault)
     const shape = { ...this.gpt.shape, blockSize: this.seqLen };
     // (`run` for the getter: private fields are read through the class's own object.)
     // eslint-disable-next-line @typescript-eslint/no-this-alias
@@ -313,7 +314,8 @@ export class TrainingRun<H extends { lr: number }> {
       log: (l) => this.log(l),
       every,
       planShrink: (members, lost, memory) => planShrink({ layout: this.layout, flags: this.#p.flags, members, lost, shape, globalBatch: this.batchSize, memory }),
-      shrinkMemory: () => shrinkMemoryOf({ device: this.device, trainer: this.trainer as ParallelTrainer<{ lr: number }>, layout: this.layout, stage: this.mesh?.ppRank ?? 0 }),
+      shrinkMemory: (measured) => shrinkMemoryOf({ device: this.device, trainer: this.trainer as ParallelTrainer<{ lr: number }>, layout: this.layout, stage: this.mesh?.ppRank ?? 0, measured }),
+      memoryNow: () => { const m = memoryStats(this.device); return { peak: m.peak, held: m.allocated }; },
       jobPlan: () => ({ members: Array.from({ length: job.worldSize }, (_, r) => r), layout: job.layout, flags: job.flags }),
       reshape: (plan, generation, rank) => this.#reshape(plan, generation, rank),
     });

@@ -3,7 +3,7 @@
 // device's limit. Each survivor predicts its own peak under each smaller data-parallel size from what
 // it measured (its peak and what it holds between steps) and the exact sizes of its sharded state, and
 // publishes it with its limit; every survivor then plans from the same facts (shrink.ts's planShrink).
-import { cuda, parseMemoryLimit } from '../native.js';
+import { parseMemoryLimit } from '../native.js';
 import { memoryStats } from '../memory.js';
 import { ArgumentError } from '../errors.js';
 import { zeroMemoryFormula } from '../parallel/zero/optimizer.js';
@@ -53,13 +53,24 @@ export function predictShrunkPeak(o: {
   return o.held + delta + activations * ratio;
 }
 
+/** A rank's memory at a step boundary, on its training device (bytes). */
+export interface MeasuredMemory {
+  /** The highest allocated so far (since setup). */
+  peak: number;
+  /** Allocated at the boundary: what it holds between steps. */
+  held: number;
+}
+
 /**
- * This rank's ShrinkMemory: its predicted peak for every smaller data-parallel size of `layout`, and the
- * most it may hold: NODETRON_SHRINK_MEMORY_LIMIT when set, else its device's (a GPU's memory; on the
- * cpu NODETRON_MEMORY_LIMIT, else 0: not checked).
+ * This rank's ShrinkMemory: its predicted peak for every smaller data-parallel size of `layout` that
+ * splits the global batch's micro-batches evenly (none when `measured` is null: no step completed
+ * yet, so its memory is not checked), and the most it may hold: NODETRON_SHRINK_MEMORY_LIMIT when set,
+ * else on the cpu NODETRON_MEMORY_LIMIT (0 otherwise, and on a GPU: not checked).
  */
-export function shrinkMemoryOf(o: { device: string; trainer: ParallelTrainer<{ lr: number }>; layout: TrainingLayout; stage: number }): ShrinkMemory {
-  const stats = memoryStats(o.device);
+export function shrinkMemoryOf(o: { device: string; trainer: ParallelTrainer<{ lr: number }>; layout: TrainingLayout; stage: number; measured: MeasuredMemory | null }): ShrinkMemory {
+  const limit = deviceLimit(o.device);
+  const peaks: Record<string, number> = {};
+  if (!o.measured) return { limit, peaks };
   const h = o.trainer.checkpointHoldings();
   const sharded: ShardedState[] = [];
   for (const z of [h.zero, h.experts?.zero]) {
@@ -71,23 +82,37 @@ export function shrinkMemoryOf(o: { device: string; trainer: ParallelTrainer<{ l
   }
   const plan = { ...o.layout, recompute: 'none' } as unknown as PlanLayout;
   const inFlight = (m: number) => inFlightMicroBatches({ ...plan, microBatches: m }, o.stage);
-  const peaks: Record<string, number> = {};
+  const total = o.layout.microBatches * o.layout.dp;
   for (let d = 1; d < o.layout.dp; d++) {
-    peaks[String(d)] = Math.ceil(predictShrunkPeak({ peak: stats.peak, held: stats.allocated, dp: o.layout.dp, d, microBatches: o.layout.microBatches, sharded, inFlight }));
+    if (total % d !== 0) continue;  // (no such world: planShrink passes over it)
+    try {
+      peaks[String(d)] = Math.ceil(predictShrunkPeak({ ...o.measured, dp: o.layout.dp, d, microBatches: o.layout.microBatches, sharded, inFlight }));
+    } catch {
+      // A schedule that cannot run this count of micro-batches: the rule book refuses that world too.
+    }
   }
-  return { limit: deviceLimit(o.device), peaks };
+  return { limit, peaks };
 }
 
-// NODETRON_SHRINK_MEMORY_LIMIT (bytes, K/M/G/T suffixes) when set: the most a rank may need after a
-// shrink (headroom on a GPU shared with other work); else the device's whole memory.
-function deviceLimit(device: string): number {
+/** NODETRON_SHRINK_MEMORY_LIMIT in bytes (K, M, G, T suffixes), or undefined when unset; an ArgumentError naming it when it is not a size. */
+export function shrinkMemoryLimit(): number | undefined {
   const own = process.env.NODETRON_SHRINK_MEMORY_LIMIT;
-  if (own && own.trim() !== '') return parseMemoryLimit(own);
-  const m = /^cuda(?::(\d+))?$/.exec(device);
-  if (m) {
-    const info = (cuda().deviceInfo as () => Array<{ totalMemory?: number }>)()[Number(m[1] ?? 0)];
-    return info?.totalMemory ?? 0;
+  if (own === undefined || own.trim() === '') return undefined;
+  try {
+    return parseMemoryLimit(own);
+  } catch (e) {
+    throw new ArgumentError(`NODETRON_SHRINK_MEMORY_LIMIT=${own}: ${(e as Error).message}`, 'shrinkMemoryLimit');
   }
+}
+
+// NODETRON_SHRINK_MEMORY_LIMIT when set; else on the cpu NODETRON_MEMORY_LIMIT (0 without it: not
+// checked). On a GPU only the variable sets it: the addon's deviceInfo() would make a context on every
+// GPU of the node from every rank, and the allocator's counts leave out the CUDA context, the libraries'
+// workspaces and other processes, so the headroom is the user's to say.
+function deviceLimit(device: string): number {
+  const own = shrinkMemoryLimit();
+  if (own !== undefined) return own;
+  if (device.startsWith('cuda')) return 0;
   const env = process.env.NODETRON_MEMORY_LIMIT;
   return env && env.trim() !== '' ? parseMemoryLimit(env) : 0;
 }

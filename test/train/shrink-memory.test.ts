@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
 import { resolveTrainingLayout } from '../../lib/parallel/layout.js';
 import { planShrink, type ShrinkMemory } from '../../lib/train/shrink.js';
-import { predictShrunkPeak, type ShardedState } from '../../lib/train/shrink-memory.js';
+import { predictShrunkPeak, shrinkMemoryLimit, shrinkMemoryOf, type ShardedState } from '../../lib/train/shrink-memory.js';
 
 const one = () => 1;
 
@@ -63,5 +63,36 @@ describe('planShrink with the survivors\' memory', () => {
     const unknown = new Map([...tight].map(([j, m]) => [j, { ...m, limit: 0 }]));
     const u = planShrink({ layout, flags, members: [0, 1, 2, 3], lost: [1], shape, globalBatch: 8, memory: unknown });
     expect('refused' in u ? u.refused : u.members).toEqual([0, 2]);
+  });
+});
+
+describe('shrinkMemoryOf', () => {
+  const shape = { nLayer: 4, nHead: 4, nEmbd: 32, vocabSize: 64, blockSize: 16 };
+  const trainer = { checkpointHoldings: () => ({ zero: null }) } as unknown as Parameters<typeof shrinkMemoryOf>[0]['trainer'];
+
+  it('predicts only the worlds whose micro-batches split evenly (a ZB-H1 pipeline over 3 replicas has none), and none before a step', () => {
+    const layout = resolveTrainingLayout({ pp: 2, dp: 4, microBatches: 2, schedule: 'zb-h1' }, shape, 8, 16);
+    const m = shrinkMemoryOf({ device: 'cpu', trainer, layout, stage: 0, measured: { peak: 3000, held: 1000 } });
+    expect(Object.keys(m.peaks).sort()).toEqual(['1', '2']);
+    expect(m.peaks['2']).toBeGreaterThanOrEqual(3000);
+    expect(shrinkMemoryOf({ device: 'cpu', trainer, layout, stage: 0, measured: null }).peaks).toEqual({});
+  });
+
+  it('takes NODETRON_SHRINK_MEMORY_LIMIT as the limit, and names it when it is not a size', () => {
+    const layout = resolveTrainingLayout({ dp: 2 }, shape, 2, 8);
+    const saved = process.env.NODETRON_SHRINK_MEMORY_LIMIT;
+    try {
+      process.env.NODETRON_SHRINK_MEMORY_LIMIT = '3M';
+      expect(shrinkMemoryOf({ device: 'cpu', trainer, layout, stage: 0, measured: { peak: 1, held: 1 } }).limit).toBe(3 * 2 ** 20);
+      expect(shrinkMemoryOf({ device: 'cuda:0', trainer, layout, stage: 0, measured: null }).limit).toBe(3 * 2 ** 20);
+      process.env.NODETRON_SHRINK_MEMORY_LIMIT = 'lots';
+      expect(() => shrinkMemoryLimit()).toThrow(/NODETRON_SHRINK_MEMORY_LIMIT=lots/);
+      delete process.env.NODETRON_SHRINK_MEMORY_LIMIT;
+      expect(shrinkMemoryLimit()).toBeUndefined();
+      expect(shrinkMemoryOf({ device: 'cuda:0', trainer, layout, stage: 0, measured: null }).limit).toBe(0);
+    } finally {
+      if (saved === undefined) delete process.env.NODETRON_SHRINK_MEMORY_LIMIT;
+      else process.env.NODETRON_SHRINK_MEMORY_LIMIT = saved;
+    }
   });
 });
