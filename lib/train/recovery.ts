@@ -89,8 +89,10 @@ export class MemoryRecovery {
   #images: LocalImage[] = [];
   #putFailed = false;
   #afterRecovery: { generation: number } | null = null;
-  // Whether a step boundary's copy agreement has run (the run's first boundary always has one).
-  #agreedOnce = false;
+  // Whether the next step boundary agrees that every copy is held whatever its step: the run's first,
+  // and the first after a recovery, a join or a reshape (set at the same point on every rank; cleared
+  // by that agreement, so the ranks that redo steps and a joiner that does not stay in step).
+  #agreeNext = true;
   // This rank's memory at its last completed step's end (a shrink's estimate starts from it).
   #measured: MeasuredMemory | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
@@ -178,8 +180,8 @@ export class MemoryRecovery {
     // (The same on every rank: the step, the run's copy period, whether the job is shrunk, and whether
     // this is the first boundary of the run or since a recovery, where every rank took or holds a copy
     // of a step that need not be a multiple of the period.)
-    if (!shrunk && step % this.#target.every !== 0 && this.#afterRecovery === null && this.#agreedOnce) return undefined;
-    this.#agreedOnce = true;
+    if (!shrunk && step % this.#target.every !== 0 && !this.#agreeNext) return undefined;
+    this.#agreeNext = false;
     const out = job.members.filter((r) => !this.#members.includes(r));
     const ready = shrunk && dist.rank() === 0 && (await this.#store.check(out.map((r) => `recover/grow/${this.#epoch}/ready/${r}`))) ? 1 : 0;
     // Every rank's copy of `step` is at its holder once this returns (and, shrunk, whether to grow back).
@@ -273,6 +275,7 @@ export class MemoryRecovery {
         if (step === null) {
           this.#images = [];
           this.#afterRecovery = { generation: g };
+          this.#agreeNext = true;
           return null;
         }
         const local = this.#images.find((i) => i.step === step)!;
@@ -285,6 +288,7 @@ export class MemoryRecovery {
         this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0 });
         this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
         this.#afterRecovery = { generation: g };
+        this.#agreeNext = true;
         this.lastLost = await lostRanks(this.#store, firstGeneration, g);
         return step;
       } catch (e) {
@@ -365,6 +369,7 @@ export class MemoryRecovery {
     this.#members = [...plan.members];
     this.#epoch = g;
     this.#afterRecovery = { generation: g };
+    this.#agreeNext = true;
     const mine = this.#images;
     this.#images = [];
     if (step === null) return null;
@@ -466,6 +471,7 @@ export class MemoryRecovery {
         const step = await this.#agree(g, have);
         this.joined = true;
         this.#afterRecovery = { generation: g };
+        this.#agreeNext = true;
         if (step === null) { this.#joinedStep = null; return; }
         const image = decodeImage(await this.#holder.get(key, step));
         restoreImage(this.#target.items, image);

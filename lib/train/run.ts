@@ -123,6 +123,8 @@ export class TrainingRun<H extends { lr: number }> {
   readonly #every: number;
   readonly #peakFlops: number | undefined;
   #step = 0;
+  // Whether a step's forward, backward or update is under way (in-job recovery counts it among the steps lost).
+  #inStep = false;
   #avg: number | undefined;
   #timing: { t0: number; from: number } | null = null;
   #closed = false;
@@ -248,7 +250,7 @@ export class TrainingRun<H extends { lr: number }> {
     // step runs; a lost rank rolls every rank back to the newest step all of them hold, and the steps
     // since are redone (quietly) before this one, so the caller sees each step once.
     const target = this.#step;
-    let running = false;
+    this.#inStep = false;
     for (;;) {
       try {
         for (;;) {
@@ -262,20 +264,20 @@ export class TrainingRun<H extends { lr: number }> {
           }
           if (this.#step >= target) break;
           if (batch) throw new StateError(`TrainingRun.step: recovery rolled back to step ${this.#step}, and steps before ${target} must be redone from the run's own data; a run given batches by the caller cannot redo them`);
-          running = true;
+          this.#inStep = true;
           await this.#stepOnce(undefined, true);
-          running = false;
+          this.#inStep = false;
         }
-        running = true;
+        this.#inStep = true;
         const r = await this.#stepOnce(batch, false);
-        running = false;
+        this.#inStep = false;
         await rec.snapshot(this.#step);
         return r;
       } catch (e) {
         if (this.#closed || !rec.recoverable(e)) throw e;
         // (The steps to redo: those done since the step restored, and the one in progress if any.)
-        const step = await rec.recover(e, this.#step + (running ? 1 : 0));
-        running = false;
+        const step = await rec.recover(e, this.#step + (this.#inStep ? 1 : 0));
+        this.#inStep = false;
         // A save in flight waits for files a lost rank will never write: every rank rolled back past it.
         // (Saves of steps up to the rollback go on when every rank's part will come; a reshape gives them up.)
         this.#checkpointer?.abandonInFlight('in-job recovery rolled the run back', step === null || rec.lastLost === null ? undefined : { through: step, lost: rec.lastLost });
@@ -347,6 +349,8 @@ export class TrainingRun<H extends { lr: number }> {
       for (const t of release) t.dispose();
     }
     this.#step = index + 1;
+    // (The optimizer step is done: a loss from here on, in a validation or a checkpoint, costs the steps since the copy restored, not one more.)
+    this.#inStep = false;
     const result: StepResult = { step: this.#step, loss: r.loss, ...(r.gradNorm !== undefined ? { gradNorm: r.gradNorm } : {}), ...(lr !== undefined ? { lr } : {}), ...(r.moe ? { moe: r.moe } : {}) };
     this.#history.train.push([this.#step, r.loss]);
     this.#avg = this.#avg === undefined ? r.loss : 0.9 * this.#avg + 0.1 * r.loss;
