@@ -333,12 +333,7 @@ export class MemoryRecovery {
     await this.#store.set(`recover/gen/${g}/memory/${this.#jobRank}`, JSON.stringify(mine));
     const survivors = this.#members.filter((j) => !lostJobRanks.includes(j));
     const keys = survivors.map((j) => `recover/gen/${g}/memory/${j}`);
-    const deadline = Date.now() + AGREE_WAIT_MS;
-    while (!(await this.#store.check(keys))) {
-      if (await this.#store.tryGet(`recover/gen/${g + 1}`)) throw new CommError(`generation ${g + 1} started while the survivors of generation ${g} said what memory they have`, 'recovery');
-      if (Date.now() > deadline) throw new TimeoutError(`generation ${g}: not every survivor said what memory it has within ${AGREE_WAIT_MS} ms`, 'recovery');
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await this.#awaitKeys(g, keys, `the survivors of generation ${g} said what memory they have`, 'not every survivor said what memory it has');
     const out = new Map<number, ShrinkMemory>();
     for (let i = 0; i < survivors.length; i++) out.set(survivors[i]!, JSON.parse(await this.#store.getString(keys[i]!)) as ShrinkMemory);
     return out;
@@ -555,14 +550,7 @@ export class MemoryRecovery {
     const me = dist.rank(), size = dist.worldSize();
     await this.#store.set(`recover/gen/${g}/have/${me}`, JSON.stringify(have));
     const keys = Array.from({ length: size }, (_, r) => `recover/gen/${g}/have/${r}`);
-    // In short waits: a rank lost before it published (the launcher then starts generation g + 1) must
-    // not hold the others here, since the abort file does not reach a store wait.
-    const deadline = Date.now() + AGREE_WAIT_MS;
-    while (!(await this.#store.check(keys))) {
-      if (await this.#store.tryGet(`recover/gen/${g + 1}`)) throw new CommError(`generation ${g + 1} started while the ranks of generation ${g} agreed on a step`, 'recovery');
-      if (Date.now() > deadline) throw new TimeoutError(`generation ${g}: not every rank said which steps it holds within ${AGREE_WAIT_MS} ms`, 'recovery');
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await this.#awaitKeys(g, keys, `the ranks of generation ${g} agreed on a step`, 'not every rank said which steps it holds');
     let common: Set<number> | null = null;
     for (const k of keys) {
       const steps = JSON.parse(await this.#store.getString(k)) as number[];
@@ -570,6 +558,21 @@ export class MemoryRecovery {
     }
     const best = Math.max(-1, ...(common ?? []));
     return best < 0 ? null : best;
+  }
+
+  /**
+   * Waits until every key of generation g's `keys` is in the store, in short waits: a rank lost before
+   * it published (the launcher then starts generation g + 1) must not hold the others here, since the
+   * abort file does not reach a store wait. CommError when g + 1 starts (`doing`: what the ranks were
+   * doing), TimeoutError after AGREE_WAIT_MS (`missing`: what did not come).
+   */
+  async #awaitKeys(g: number, keys: string[], doing: string, missing: string): Promise<void> {
+    const deadline = Date.now() + AGREE_WAIT_MS;
+    while (!(await this.#store.check(keys))) {
+      if (await this.#store.tryGet(`recover/gen/${g + 1}`)) throw new CommError(`generation ${g + 1} started while ${doing}`, 'recovery');
+      if (Date.now() > deadline) throw new TimeoutError(`generation ${g}: ${missing} within ${AGREE_WAIT_MS} ms`, 'recovery');
+      await new Promise((r) => setTimeout(r, 20));
+    }
   }
 
   /** Closes the holder connections. */
