@@ -63,6 +63,8 @@ export interface ChaosOptions {
   netns?: boolean;
   /** --netns: the percentage of packets dropped on entering each node's namespace, all run long (nftables). */
   netLoss?: number;
+  /** --netns: the ms every connection between nodes is held each way (a relay: lib/bench/delay-relay.ts), in the runs with faults. */
+  netDelayMs?: number;
   /** --netns: how long a node cut off by a link fault gets to end on its own once the others have exited, before the bench kills it. */
   linkGraceSec?: number;
   /** The launchers' --heartbeat-timeout-ms (every run; default: the launcher's). */
@@ -372,15 +374,19 @@ export interface ChaosRecord {
   losses: LossComparison | null; baselineLosses: LossComparison | null;
   summary: Record<string, unknown>;
   /** --netns: the namespaces, bridge, subnet and addresses the runs used, and the packet loss. */
-  network?: { namespaces: string[]; bridge: string; hostVeths: string[]; subnet: string; addresses: string[]; lossPercent: number; lossRule: string | null; lossIn: string[]; delay: null; left: string[] };
+  network?: { namespaces: string[]; bridge: string; hostVeths: string[]; subnet: string; addresses: string[]; lossPercent: number; lossRule: string | null; lossIn: string[];
+    /** --net-delay: the relay's hold each way, the runs it was on in, and what it carried (connections, bytes both ways). */
+    delay: { msEachWay: number; how: string; in: string[]; relayed: { connections: number; failed: number; bytes: number } | null } | null; left: string[] };
 }
 
 /** ArgumentError for network options that do not fit together (--netns, --net-loss, the link fault, --nodes). */
-export function checkNetOptions(o: Pick<ChaosOptions, 'netns' | 'netLoss' | 'faults' | 'nodes'>): void {
+export function checkNetOptions(o: Pick<ChaosOptions, 'netns' | 'netLoss' | 'netDelayMs' | 'faults' | 'nodes'>): void {
   if (o.netns && o.nodes < 2) throw new ArgumentError('bench chaos: --netns puts each simulated node in a network namespace of its own: give --nodes 2 or more');
   if (o.faults.includes('link') && !o.netns) throw new ArgumentError("bench chaos: the 'link' fault sets a node's network link down, and needs --netns (each node in a network namespace)");
   if (o.netLoss !== undefined && o.netLoss > 0 && !o.netns) throw new ArgumentError('bench chaos: --net-loss drops packets between network namespaces, and needs --netns');
   if (o.netLoss !== undefined && !(o.netLoss >= 0 && o.netLoss <= 100)) throw new ArgumentError(`bench chaos: --net-loss is a percentage from 0 to 100, got ${o.netLoss}`);
+  if (o.netDelayMs !== undefined && o.netDelayMs > 0 && !o.netns) throw new ArgumentError('bench chaos: --net-delay delays the connections between network namespaces, and needs --netns');
+  if (o.netDelayMs !== undefined && !(o.netDelayMs >= 0 && o.netDelayMs <= 10_000)) throw new ArgumentError(`bench chaos: --net-delay is a number of ms from 0 to 10000, got ${o.netDelayMs}`);
 }
 
 /** Runs the reference, chaos and baseline runs and puts the record together. */
@@ -393,21 +399,24 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
   const plan = faultPlan(o);
   // --netns: the namespaces live for the whole benchmark and are removed however it ends (an error, SIGINT or
   // SIGTERM: the launchers are killed first, then the topology's exit hook removes it).
-  const net = o.netns ? NetnsTopology.create(o.nodes, { lossPercent: o.netLoss ?? 0, ...(o.log ? { log: o.log } : {}) }) : undefined;
+  const net = o.netns ? NetnsTopology.create(o.nodes, { lossPercent: o.netLoss ?? 0, delayMs: o.netDelayMs ?? 0, ...(o.log ? { log: o.log } : {}) }) : undefined;
   const onSignal = (sig: NodeJS.Signals) => {
     for (const c of liveLaunchers) try { if (c.pid) process.kill(-c.pid, 'SIGKILL'); } catch { /* gone */ }
     process.exit(128 + (constants.signals[sig] ?? 0));
   };
   if (net) process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
-  let ref: RunResult | null, chaos: RunResult, base: RunResult | null, netLeft: string[] = [];
+  let ref: RunResult | null, chaos: RunResult, base: RunResult | null, netLeft: string[] = [], relayed: ReturnType<NetnsTopology['delayStats']> = null;
   try {
     ref = o.reference ? await runPhase(o, 'reference', [], net) : null;
     // --net-loss strikes the runs with faults; the reference stays failure-free (and loss-free).
     if (net && (o.netLoss ?? 0) > 0) { net.setLoss(true); o.log?.(`[bench chaos] --net-loss: ${o.netLoss}% of the packets entering each namespace dropped (${net.lossActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
+    if (net && (o.netDelayMs ?? 0) > 0) { await net.setDelay(true); o.log?.(`[bench chaos] --net-delay: every connection between nodes held ${o.netDelayMs} ms each way by a relay on ${net.plan.relayAddress} (${net.delayActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
     chaos = await runPhase(o, 'chaos', plan, net);
     base = o.baseline === 'restart' ? await runPhase(o, 'baseline', plan, net) : null;
   } finally {
     if (net) {
+      relayed = net.delayStats();
+      await net.setDelay(false).catch(() => undefined);
       process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
       netLeft = net.teardown();
       if (netLeft.length) o.log?.(`[bench chaos] --netns: could not remove ${netLeft.join(', ')}`);
@@ -445,7 +454,9 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
   try { cuda = info().backends.cuda; } catch { /* the cpu addon is not built: the record goes without */ }
   const network = net ? { namespaces: net.plan.namespaces, bridge: net.plan.bridge, hostVeths: net.plan.hostVeths, subnet: `${net.plan.subnet}.0/24`, addresses: net.plan.addresses,
     lossPercent: net.plan.lossPercent, lossRule: net.plan.lossPercent > 0 ? `inet nodetron input: iifname != "lo" numgen random mod 10000 < ${lossThreshold(net.plan.lossPercent)} drop` : null,
-    lossIn: net.plan.lossPercent > 0 ? ['chaos', ...(base ? ['baseline'] : [])] : [], delay: null, left: netLeft } : undefined;
+    lossIn: net.plan.lossPercent > 0 ? ['chaos', ...(base ? ['baseline'] : [])] : [],
+    delay: net.plan.delayMs > 0 ? { msEachWay: net.plan.delayMs, how: `a relay in the root namespace on ${net.plan.relayAddress} (nftables dnat in each namespace; the original destination from its conntrack table) holds each chunk`, in: ['chaos', ...(base ? ['baseline'] : [])], relayed } : null,
+    left: netLeft } : undefined;
   return { bench: 'chaos', machine: machineRecordSafe(), cuda, options, goodputDefinition: GOODPUT_DEFINITION, runs, injected: { chaos: chaos.injected, baseline: base?.injected ?? [] }, faults, baselineFaults, skipped: [...chaos.skipped, ...(base?.skipped ?? [])], losses, baselineLosses, summary, ...(network ? { network } : {}) };
 }
 
@@ -487,7 +498,7 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
     [--faults kill,stop[,node][,link]] [--seed X (1)] [--steps K] [--layout '<flags>' ('--dp 2 --tp 2 --zero 3')] [--script F (examples/gpt/train.ts)]
     [--script-args '...' ('--progress-every 1')] [--baseline restart|none] [--reference=true|false] [--save-every E (5)] [--baseline-hang-ms MS (10000)]
     [--timeout SEC (3600)] [--out DIR] [--verbose] [--json F] [--shrink] [--heartbeat-timeout-ms MS]
-    [--netns [--net-loss PCT (0)] [--link-grace SEC (30)]]
+    [--netns [--net-loss PCT (0)] [--net-delay MS (0)] [--link-grace SEC (30)]]
   Trains under \`nodetron launch --spares S\` (with --shrink: \`--shrink\` too) with \`--recover memory\` and kills a random live rank (never a spare): the first
   fault --kill-every seconds after the first completed step, each next one --kill-every seconds after the one before once the
   job has found that one and completed a step. kill = SIGKILL; stop = SIGSTOP (left stopped: the launcher must find it);
@@ -502,8 +513,9 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
   link down (never node 0) and leave it down: the job replaces its ranks as for a node fault; its launcher should
   end by itself (the bench records when; after --link-grace s past the others' exit it kills what is left).
   --net-loss PCT drops PCT% of the packets entering each namespace from its link during the runs with faults (the
-  reference stays loss-free; nftables, numgen random). No delay:
-  this kernel has no sch_netem. --heartbeat-timeout-ms goes to every launcher (a cut node is found by its silence).
+  reference stays loss-free; nftables, numgen random). --net-delay MS holds every TCP connection between two nodes MS ms
+  each way during those runs (this kernel has no sch_netem: each namespace's nat rule sends the connection to a relay
+  in the bench's process, which finds its destination in the namespace's conntrack table). --heartbeat-timeout-ms goes to every launcher (a cut node is found by its silence).
   --nproc is per node. The script must print progress lines (nt.train's 'step N loss ...': --progress-every 1, which
   --script-args replaces) and write DIR/losses.json ({train: [[step, loss], ...]}).`;
 
@@ -513,7 +525,7 @@ export async function main(argv: string[]): Promise<number> {
     kills: { kind: 'count', max: 10_000 }, faults: 'string', seed: 'count', steps: 'positive', layout: 'string', script: 'string', 'script-args': 'string',
     baseline: { kind: 'string', choices: ['restart', 'none'] }, reference: 'boolean', 'save-every': 'positive', 'baseline-hang-ms': 'positive',
     timeout: { kind: 'number', min: 1 }, out: 'string', verbose: 'boolean', json: 'outfile', help: 'boolean', shrink: 'boolean',
-    netns: 'boolean', 'net-loss': { kind: 'number', min: 0 }, 'link-grace': { kind: 'number', min: 0 }, 'heartbeat-timeout-ms': 'positive',
+    netns: 'boolean', 'net-loss': { kind: 'number', min: 0 }, 'net-delay': { kind: 'number', min: 0, max: 10_000 }, 'link-grace': { kind: 'number', min: 0 }, 'heartbeat-timeout-ms': 'positive',
   }, { h: 'help' });
   if (o.help) { console.log(usage); return 0; }
   expectPositionals(o, 'nothing', 0);
@@ -546,6 +558,7 @@ export function chaosOptions(o: Record<string, unknown>): ChaosOptions {
     saveEvery: (o['save-every'] as number | undefined) ?? 5, baselineHangMs: (o['baseline-hang-ms'] as number | undefined) ?? 10_000,
     timeoutSec: (o.timeout as number | undefined) ?? 3600, verbose: Boolean(o.verbose),
     ...(o.netns ? { netns: true } : {}), ...(o['net-loss'] !== undefined ? { netLoss: o['net-loss'] as number } : {}),
+    ...(o['net-delay'] !== undefined ? { netDelayMs: o['net-delay'] as number } : {}),
     ...(o['link-grace'] !== undefined ? { linkGraceSec: o['link-grace'] as number } : {}),
     ...(o['heartbeat-timeout-ms'] !== undefined ? { heartbeatTimeoutMs: o['heartbeat-timeout-ms'] as number } : {}),
   };

@@ -2,12 +2,14 @@
 // One namespace per node (its launcher runs under `ip netns exec`), a bridge in the root namespace, one veth
 // pair per node (the node's end, with the node's address, in its namespace; the other end on the bridge),
 // loopback up in each. Faults: a node's link set down (its root-side veth), and packet loss on every
-// namespace's input (nftables: `numgen random mod 10000 < N drop`). Delay is not offered: this kernel has no
-// sch_netem. The names carry a random per-run suffix (parallel runs cannot collide) and everything is torn down
+// namespace's input (nftables: `numgen random mod 10000 < N drop`), and delay (this kernel has no sch_netem:
+// every connection between nodes goes through a relay in the root namespace that holds each chunk,
+// lib/bench/delay-relay.ts; the namespaces' nat rule sends it there). The names carry a random per-run suffix (parallel runs cannot collide) and everything is torn down
 // by {@link NetnsTopology.teardown} (which runs again on the process's exit, so an interrupted run leaves nothing).
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { ArgumentError, StateError } from '../errors.js';
+import { DelayRelay, namespaceDestination } from './delay-relay.js';
 
 /** The names and addresses of one run's namespaces. */
 export interface NetnsPlan {
@@ -26,6 +28,10 @@ export interface NetnsPlan {
   addresses: string[];
   /** --net-loss: the percentage of packets dropped on entering each namespace (0: none). */
   lossPercent: number;
+  /** --net-delay: the ms the relay holds each chunk of a connection between nodes, each way (0: no relay). */
+  delayMs: number;
+  /** The relay's address: subnet.254, on the bridge in the root namespace (with --net-delay). */
+  relayAddress: string;
 }
 
 const IFNAMSIZ = 15;
@@ -60,11 +66,11 @@ export function pickSubnet(taken: readonly string[], rand: () => number = Math.r
 }
 
 /** The names and addresses of `nodes` namespaces with this suffix in this subnet. */
-export function netnsPlan(nodes: number, suffix: string, subnet: string, lossPercent = 0): NetnsPlan {
+export function netnsPlan(nodes: number, suffix: string, subnet: string, lossPercent = 0, delayMs = 0): NetnsPlan {
   if (!/^[0-9a-z]{1,6}$/.test(suffix)) throw new ArgumentError(`bench chaos --netns: the name suffix must be 1 to 6 of [0-9a-z], got '${suffix}'`);
   if (nodes < 1 || nodes > 64) throw new ArgumentError(`bench chaos --netns: 1 to 64 nodes, got ${nodes}`);
   const plan: NetnsPlan = {
-    suffix, subnet, lossPercent,
+    suffix, subnet, lossPercent, delayMs, relayAddress: `${subnet}.254`,
     namespaces: Array.from({ length: nodes }, (_, i) => `nodetron-${suffix}-${i}`),
     bridge: `ntbr${suffix}`,
     hostVeths: Array.from({ length: nodes }, (_, i) => `ntv${suffix}n${i}`),
@@ -114,6 +120,32 @@ export function lossRemoveCommands(plan: NetnsPlan): string[][] {
   return plan.lossPercent <= 0 ? [] : plan.namespaces.map((_, i) => netnsExec(plan, i, ['nft', 'delete', 'table', 'inet', 'nodetron']));
 }
 
+/**
+ * --net-delay: in each namespace a nat output chain that sends
+ * every new TCP connection to another node (not to its own address, nor to the relay) to the relay at
+ * `relayPort`.
+ */
+export function delayCommands(plan: NetnsPlan, relayPort: number): string[][] {
+  if (plan.delayMs <= 0) return [];
+  return plan.namespaces.flatMap((_, i) => {
+    const nft = (...a: string[]) => netnsExec(plan, i, ['nft', ...a]);
+    return [nft('add', 'table', 'ip', 'nodetron_delay'), nft('add', 'chain', 'ip', 'nodetron_delay', 'output', '{ type nat hook output priority -100; policy accept; }'),
+      nft('add', 'rule', 'ip', 'nodetron_delay', 'output', 'ip', 'daddr', '!=', `{ ${plan.addresses[i]}, ${plan.relayAddress} }`, 'ip', 'daddr', `${plan.subnet}.0/24`,
+        'meta', 'l4proto', 'tcp', 'dnat', 'to', `${plan.relayAddress}:${relayPort}`)];
+  });
+}
+
+/** --net-delay: the relay's address on the bridge (added before the relay listens there). */
+export function relayAddressCommand(plan: NetnsPlan): string[] {
+  return ['ip', 'addr', 'add', `${plan.relayAddress}/24`, 'dev', plan.bridge];
+}
+
+/** Removes the --net-delay chains and the relay's address again. */
+export function delayRemoveCommands(plan: NetnsPlan): string[][] {
+  if (plan.delayMs <= 0) return [];
+  return [...plan.namespaces.map((_, i) => netnsExec(plan, i, ['nft', 'delete', 'table', 'ip', 'nodetron_delay'])), ['ip', 'addr', 'del', `${plan.relayAddress}/24`, 'dev', plan.bridge]];
+}
+
 /** The commands that remove it all (each may fail when that part is already gone). */
 export function teardownCommands(plan: NetnsPlan): string[][] {
   // Deleting the root-side veth deletes its pair even when a namespace lingers (a process still in it).
@@ -136,7 +168,7 @@ export function netnsMissing(needNft: boolean): string | null {
   if (process.platform !== 'linux') return `Linux (this is ${process.platform})`;
   if (typeof process.getuid !== 'function' || process.getuid() !== 0) return 'root (network namespaces are created with `ip netns add`)';
   if (!run(['ip', '-V']).ok) return 'the `ip` command (iproute2)';
-  if (needNft && !run(['nft', '--version']).ok) return 'the `nft` command (nftables), for --net-loss';
+  if (needNft && !run(['nft', '--version']).ok) return 'the `nft` command (nftables), for --net-loss and --net-delay';
   return null;
 }
 
@@ -154,14 +186,15 @@ export function takenNetworks(): string[] {
 /** One run's namespaces, bridge and veths: built by {@link NetnsTopology.create}, removed by teardown(). */
 export class NetnsTopology {
   private down = false;
+  private relay: DelayRelay | null = null;
   private readonly onExit = () => this.teardown();
   private constructor(readonly plan: NetnsPlan, private readonly log: (line: string) => void) {}
 
   /** Builds it (StateError naming what is missing or what failed; whatever was built is removed again). */
-  static create(nodes: number, opts: { lossPercent?: number; log?: (line: string) => void } = {}): NetnsTopology {
-    const missing = netnsMissing((opts.lossPercent ?? 0) > 0);
+  static create(nodes: number, opts: { lossPercent?: number; delayMs?: number; log?: (line: string) => void } = {}): NetnsTopology {
+    const missing = netnsMissing((opts.lossPercent ?? 0) > 0 || (opts.delayMs ?? 0) > 0);
     if (missing) throw new StateError(`bench chaos --netns needs ${missing}`);
-    const plan = netnsPlan(nodes, netnsSuffix(), pickSubnet(takenNetworks()), opts.lossPercent ?? 0);
+    const plan = netnsPlan(nodes, netnsSuffix(), pickSubnet(takenNetworks()), opts.lossPercent ?? 0, opts.delayMs ?? 0);
     const t = new NetnsTopology(plan, opts.log ?? (() => undefined));
     process.on('exit', t.onExit);
     for (const cmd of setupCommands(plan)) {
@@ -188,6 +221,39 @@ export class NetnsTopology {
     return /numgen random mod 10000 < \d+ drop/.test(run(netnsExec(this.plan, node, ['nft', 'list', 'ruleset'])).out);
   }
 
+  /**
+   * --net-delay: starts (true) the relay in this process and the namespaces' rules that send every
+   * connection between nodes through it, or removes both (false). New connections only: turn it on
+   * before the launchers start.
+   */
+  async setDelay(on: boolean): Promise<void> {
+    if (this.plan.delayMs <= 0) return;
+    if (on && !this.relay) {
+      const address = run(relayAddressCommand(this.plan));
+      if (!address.ok) throw new StateError(`bench chaos --net-delay: \`${relayAddressCommand(this.plan).join(' ')}\` failed: ${address.out || 'no output'}`);
+      const relay = await DelayRelay.start({ host: this.plan.relayAddress, delayMs: this.plan.delayMs, destination: namespaceDestination(this.plan.namespaces, this.plan.addresses), log: this.log });
+      this.relay = relay;
+      for (const cmd of delayCommands(this.plan, relay.port)) {
+        const r = run(cmd);
+        if (!r.ok) throw new StateError(`bench chaos --net-delay: \`${cmd.join(' ')}\` failed: ${r.out || 'no output'}`);
+      }
+    } else if (!on && this.relay) {
+      for (const cmd of delayRemoveCommands(this.plan)) run(cmd);
+      await this.relay.close();
+      this.relay = null;
+    }
+  }
+
+  /** What the relay carried (null without --net-delay or before it started). */
+  delayStats(): { connections: number; failed: number; bytes: number } | null {
+    return this.relay ? { connections: this.relay.connections, failed: this.relay.failed, bytes: this.relay.bytes } : null;
+  }
+
+  /** Whether the delay rule is in place in node `node`'s namespace (its nft ruleset lists it). */
+  delayActive(node: number): boolean {
+    return new RegExp(`dnat to ${this.plan.relayAddress.replace(/\./g, '\\.')}:\\d+`).test(run(netnsExec(this.plan, node, ['nft', 'list', 'ruleset'])).out);
+  }
+
   /** Sets node `node`'s link down. */
   linkDown(node: number): void {
     const r = run(linkDownCommand(this.plan, node));
@@ -199,6 +265,7 @@ export class NetnsTopology {
     if (!this.down) {
       this.down = true;
       process.off('exit', this.onExit);
+      if (this.relay) { void this.relay.close(); this.relay = null; }
       for (const cmd of teardownCommands(this.plan)) run(cmd);
     }
     return leftovers(this.plan);

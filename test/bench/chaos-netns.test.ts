@@ -1,14 +1,14 @@
 // `nodetron bench chaos --netns`: the names, addresses and command lines (always), the option checks, and one
 // short real run (2 nodes × 2 ranks in network namespaces, 1 spare per node, a link fault) where this machine
 // can create network namespaces (root, `ip netns add` working); elsewhere that test is skipped.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ArgumentError } from '../../lib/errors.js';
 import { analyzeFaults, chaosOptions, checkNetOptions, isNodeFault, launchCommands, runChaos, type ChaosEvent, type ChaosOptions, type Injected } from '../../lib/bench/chaos.js';
-import { linkDownCommand, lossCommands, lossRemoveCommands, lossThreshold, netnsExec, netnsPlan, pickSubnet, setupCommands, teardownCommands } from '../../lib/bench/netns.js';
+import { delayCommands, delayRemoveCommands, linkDownCommand, lossCommands, lossRemoveCommands, lossThreshold, netnsExec, netnsPlan, NetnsTopology, pickSubnet, relayAddressCommand, setupCommands, teardownCommands } from '../../lib/bench/netns.js';
 
 const work = mkdtempSync(join(tmpdir(), 'nt-bench-chaos-netns-test-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -70,6 +70,15 @@ describe('bench chaos --netns: names, addresses, command lines', () => {
       'ip netns del nodetron-a1b2c3-0', 'ip netns del nodetron-a1b2c3-1', 'ip netns del nodetron-a1b2c3-2', 'ip link del ntbra1b2c3']);
     expect(linkDownCommand(p, 2)).toEqual(['ip', 'link', 'set', 'ntva1b2c3n2', 'down']);
     expect(netnsExec(p, 1, ['node', 'x.js'])).toEqual(['ip', 'netns', 'exec', 'nodetron-a1b2c3-1', 'node', 'x.js']);
+    // --net-delay: each namespace sends its new TCP connections to other nodes (not to itself, nor to the relay) to the relay.
+    expect(delayCommands(p, 4000)).toEqual([]);
+    const d = netnsPlan(2, 'a1b2c3', '10.77.5', 0, 25);
+    expect(relayAddressCommand(d)).toEqual(['ip', 'addr', 'add', '10.77.5.254/24', 'dev', 'ntbra1b2c3']);
+    const delay = delayCommands(d, 4000).map((c) => c.join(' '));
+    expect(delay).toHaveLength(6);
+    expect(delay).toContain('ip netns exec nodetron-a1b2c3-1 nft add rule ip nodetron_delay output ip daddr != { 10.77.5.2, 10.77.5.254 } ip daddr 10.77.5.0/24 meta l4proto tcp dnat to 10.77.5.254:4000');
+    expect(delayRemoveCommands(d).map((c) => c.join(' '))).toEqual([
+      'ip netns exec nodetron-a1b2c3-0 nft delete table ip nodetron_delay', 'ip netns exec nodetron-a1b2c3-1 nft delete table ip nodetron_delay', 'ip addr del 10.77.5.254/24 dev ntbra1b2c3']);
   });
 
   it("runs each node's launcher under `ip netns exec`, with node 0's address as the master's", () => {
@@ -95,6 +104,9 @@ describe('bench chaos --netns: names, addresses, command lines', () => {
     expect(() => chaosOptions({ 'net-loss': 1, nodes: 2 })).toThrow(/--net-loss .* needs --netns/);
     expect(() => chaosOptions({ 'net-loss': 101, nodes: 2, netns: true })).toThrow(/0 to 100/);
     expect(() => chaosOptions({ faults: 'kill,cut' })).toThrow(/unknown fault 'cut' .*link/);
+    expect(() => chaosOptions({ 'net-delay': 5, nodes: 2 })).toThrow(/--net-delay .* needs --netns/);
+    expect(() => chaosOptions({ 'net-delay': 20_000, nodes: 2, netns: true })).toThrow(/0 to 10000/);
+    expect(chaosOptions({ netns: true, nodes: 2, 'net-delay': 5 })).toMatchObject({ netDelayMs: 5 });
     const ok = chaosOptions({ netns: true, nodes: 2, faults: 'link,kill', 'net-loss': 0.5, 'link-grace': 5 });
     expect(ok).toMatchObject({ netns: true, nodes: 2, faults: ['link', 'kill'], netLoss: 0.5, linkGraceSec: 5 });
     expect(() => checkNetOptions({ netns: true, nodes: 2, faults: ['link'], netLoss: 0 })).not.toThrow();
@@ -113,6 +125,48 @@ describe('bench chaos --netns: names, addresses, command lines', () => {
     ], 4);
     expect(rows).toEqual([expect.objectContaining({ how: 'link', rank: null, node: 1, ranks: [2, 3], generation: 1, detectMs: 8000, fullStrengthMs: 14003, stepsLost: 1, diskFallback: false, status: 'recovered' })]);
   });
+});
+
+/** Runs `code` with node in namespace `ns`; resolves with its stdout (a failure rejects with its stderr). */
+function inNamespace(ns: string, code: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const c = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '', err = '';
+    c.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+    c.stderr.on('data', (d: Buffer) => { err += d.toString(); });
+    c.on('close', (code) => (code === 0 ? resolve(out) : reject(new Error(`exit ${code}: ${err}`))));
+  });
+}
+
+describe('bench chaos --netns --net-delay: the relay between namespaces', () => {
+  it.skipIf(!canNetns)('delays a connection between two nodes by twice the delay per round trip, leaves a node\'s own connections alone, and removes its rules', async () => {
+    const delayMs = 40;
+    const t = NetnsTopology.create(2, { delayMs });
+    try {
+      const [a0, a1] = t.plan.addresses as [string, string];
+      await t.setDelay(true);
+      expect(t.delayActive(0) && t.delayActive(1)).toBe(true);
+      // An echo server on node 1 and one on node 0 (each on its node's address); node 0's client times a round trip to each.
+      const server = (addr: string) => `require('net').createServer((s) => s.pipe(s)).listen(7001, '${addr}', () => console.log('up')); setTimeout(() => process.exit(0), 20000);`;
+      const servers = [spawn('ip', ['netns', 'exec', t.plan.namespaces[1]!, process.execPath, '-e', server(a1)]), spawn('ip', ['netns', 'exec', t.plan.namespaces[0]!, process.execPath, '-e', server(a0)])];
+      try {
+        await Promise.all(servers.map((c) => new Promise<void>((r) => c.stdout!.once('data', () => r()))));
+        const rtt = (addr: string) => inNamespace(t.plan.namespaces[0]!, `const t0 = performance.now(); const s = require('net').connect(7001, '${addr}', () => s.write('x')); s.on('data', () => { console.log(performance.now() - t0); process.exit(0); });`);
+        const remote = Number(await rtt(a1)), local = Number(await rtt(a0));
+        // The connection's SYN is local (to the relay), the data goes out and back through it: at least 2 × delay.
+        expect(remote).toBeGreaterThanOrEqual(2 * delayMs - 2);
+        expect(t.delayStats()).toMatchObject({ connections: 1, failed: 0 });
+        expect(Number.isFinite(local)).toBe(true);
+        expect(t.delayStats()!.connections).toBe(1); // node 0 to its own address: not relayed
+      } finally {
+        for (const c of servers) c.kill('SIGKILL');
+      }
+      await t.setDelay(false);
+      expect(t.delayActive(0)).toBe(false);
+    } finally {
+      expect(t.teardown()).toEqual([]);
+    }
+  }, 60_000);
 });
 
 describe('bench chaos --netns: a real run', () => {

@@ -1,0 +1,153 @@
+// `nodetron bench chaos --netns --net-delay MS`: network delay without the kernel's netem (this machine's
+// kernel has none, nor fq or etf). Each node's namespace sends every new TCP connection to another node
+// through a relay in the root namespace (nftables: `dnat` in the namespace's nat output chain to the
+// relay's address on the bridge); the relay finds where the connection was going in that namespace's
+// connection tracking table, connects there, and holds every chunk MS milliseconds in each direction, in
+// order. So a round trip between two nodes takes 2 × MS longer; bandwidth is the relay's (one event
+// loop). Connections within a node are not relayed.
+import { execFile } from 'node:child_process';
+import net from 'node:net';
+import { StateError } from '../errors.js';
+
+/** Where a relayed connection was going: its original destination. */
+export interface Destination { address: string; port: number }
+
+/**
+ * The original destination of a connection from `client` that a namespace's nat rule sent to the relay
+ * at port `relayPort`, from that namespace's /proc/net/nf_conntrack text (its line: the original tuple
+ * `src=client dst=D sport=client.port dport=P`, then the reply tuple from the relay's port). Null when
+ * no line matches.
+ */
+export function conntrackDestination(text: string, client: Destination, relayPort: number): Destination | null {
+  for (const line of text.split('\n')) {
+    const tuples = [...line.matchAll(/src=(\S+) dst=(\S+) sport=(\d+) dport=(\d+)/g)];
+    if (tuples.length < 2) continue;
+    const [orig, reply] = tuples as [RegExpMatchArray, RegExpMatchArray];
+    if (orig[1] === client.address && Number(orig[3]) === client.port && Number(reply[3]) === relayPort && reply[2] === client.address) {
+      return { address: orig[2]!, port: Number(orig[4]) };
+    }
+  }
+  return null;
+}
+
+/** How many bytes a direction holds before it stops reading its source (resumed below half of it). */
+const HOLD_LIMIT = 64 << 20;
+
+/**
+ * Forwards `from`'s bytes to `to`, each chunk `delayMs` after it arrived, in order; `to` ends when `from`
+ * ended and everything held was written. Stops reading while more than HOLD_LIMIT bytes are held or
+ * `to` is backed up. Returns the bytes forwarded so far (a getter).
+ */
+export function delayPipe(from: net.Socket, to: net.Socket, delayMs: number): () => number {
+  const held: Array<{ at: number; chunk: Buffer }> = [];
+  let bytesHeld = 0, forwarded = 0, ended = false, timer: NodeJS.Timeout | null = null;
+  const maybeResume = () => { if (from.isPaused() && bytesHeld < HOLD_LIMIT / 2 && !to.writableNeedDrain) from.resume(); };
+  const pump = () => {
+    timer = null;
+    const now = Date.now();
+    while (held.length > 0 && held[0]!.at <= now) {
+      const { chunk } = held.shift()!;
+      bytesHeld -= chunk.length;
+      forwarded += chunk.length;
+      if (!to.destroyed) to.write(chunk);
+    }
+    if (held.length > 0) timer = setTimeout(pump, held[0]!.at - now);
+    else if (ended && !to.destroyed) to.end();
+    maybeResume();
+  };
+  from.on('data', (chunk: Buffer) => {
+    held.push({ at: Date.now() + delayMs, chunk });
+    bytesHeld += chunk.length;
+    if (!timer) timer = setTimeout(pump, Math.max(0, held[0]!.at - Date.now()));
+    if (bytesHeld > HOLD_LIMIT || to.writableNeedDrain) from.pause();
+  });
+  to.on('drain', maybeResume);
+  from.on('end', () => { ended = true; if (held.length === 0 && !timer && !to.destroyed) to.end(); });
+  to.on('close', () => { if (timer) clearTimeout(timer); timer = null; held.length = 0; bytesHeld = 0; });
+  return () => forwarded;
+}
+
+export interface DelayRelayOptions {
+  /** The address to listen on (the bridge's, in the root namespace). */
+  host: string;
+  /** The port (0: any free one; see {@link DelayRelay.port}). */
+  port?: number;
+  delayMs: number;
+  /** Where a connection from `client` was going (its namespace's conntrack table), or null. */
+  destination(client: Destination, relayPort: number): Promise<Destination | null>;
+  log?: (line: string) => void;
+}
+
+/** The relay: a TCP server that forwards each connection to its original destination with the delay. */
+export class DelayRelay {
+  connections = 0;
+  /** Connections whose destination was not found, or which could not be opened. */
+  failed = 0;
+  #bytes: Array<() => number> = [];
+  readonly #sockets = new Set<net.Socket>();
+  private constructor(private readonly server: net.Server, readonly port: number, private readonly o: DelayRelayOptions) {}
+
+  /** Listens (StateError when it cannot). */
+  static async start(o: DelayRelayOptions): Promise<DelayRelay> {
+    if (!(o.delayMs >= 0 && Number.isFinite(o.delayMs))) throw new StateError(`delay relay: the delay must be a finite number of ms >= 0, got ${o.delayMs}`);
+    const server = net.createServer();
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', (e) => reject(new StateError(`delay relay: cannot listen on ${o.host}:${o.port ?? 0}: ${e.message}`)));
+      server.listen(o.port ?? 0, o.host, resolve);
+    });
+    const relay = new DelayRelay(server, (server.address() as net.AddressInfo).port, o);
+    server.on('connection', (s) => relay.#accept(s));
+    return relay;
+  }
+
+  /** Bytes forwarded in both directions so far. */
+  get bytes(): number { return this.#bytes.reduce((n, f) => n + f(), 0); }
+
+  #accept(client: net.Socket): void {
+    this.#sockets.add(client);
+    client.on('close', () => this.#sockets.delete(client));
+    client.on('error', () => undefined);
+    client.pause();
+    const from = { address: (client.remoteAddress ?? '').replace(/^::ffff:/, ''), port: client.remotePort ?? 0 };
+    void this.o.destination(from, this.port).catch(() => null).then((to) => {
+      if (!to || client.destroyed) {
+        this.failed++;
+        this.o.log?.(`[delay relay] no original destination for a connection from ${from.address}:${from.port}; closed`);
+        client.destroy();
+        return;
+      }
+      const up = net.connect({ host: to.address, port: to.port });
+      this.#sockets.add(up);
+      up.on('close', () => { this.#sockets.delete(up); client.destroy(); });
+      client.on('close', () => up.destroy());
+      let connected = false;
+      up.on('error', () => { if (!connected) this.failed++; });
+      up.once('connect', () => {
+        connected = true;
+        this.connections++;
+        client.setNoDelay(true);
+        up.setNoDelay(true);
+        this.#bytes.push(delayPipe(client, up, this.o.delayMs), delayPipe(up, client, this.o.delayMs));
+        client.resume();
+      });
+    });
+  }
+
+  /** Stops listening and closes every relayed connection. */
+  async close(): Promise<void> {
+    for (const s of this.#sockets) s.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+/**
+ * The original destination of a connection relayed from one of `namespaces` (the one whose node has the
+ * client's address, `addresses` in the same order), from that namespace's conntrack table.
+ */
+export function namespaceDestination(namespaces: readonly string[], addresses: readonly string[]): (client: Destination, relayPort: number) => Promise<Destination | null> {
+  return (client, relayPort) => new Promise((resolve) => {
+    const ns = namespaces[addresses.indexOf(client.address)];
+    if (ns === undefined) { resolve(null); return; }
+    execFile('ip', ['netns', 'exec', ns, 'cat', '/proc/net/nf_conntrack'], { maxBuffer: 64 << 20 }, (e, out) => resolve(e ? null : conntrackDestination(out, client, relayPort)));
+  });
+}
