@@ -63,7 +63,7 @@ export interface ChaosOptions {
   netns?: boolean;
   /** --netns: the percentage of packets dropped on entering each node's namespace, all run long (nftables). */
   netLoss?: number;
-  /** --netns: the ms every connection between nodes is held each way (a relay: lib/bench/delay-relay.ts), in the runs with faults. */
+  /** --netns: the ms every connection between nodes is held each way (a relay: lib/bench/delay-relay.ts), in every run. */
   netDelayMs?: number;
   /** --netns: how long a node cut off by a link fault gets to end on its own once the others have exited, before the bench kills it. */
   linkGraceSec?: number;
@@ -407,10 +407,11 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
   if (net) process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
   let ref: RunResult | null, chaos: RunResult, base: RunResult | null, netLeft: string[] = [], relayed: ReturnType<NetnsTopology['delayStats']> = null;
   try {
+    // --net-delay is the network's, not a fault: every run has it (the failure-free step time, which goodput is measured against, included).
+    if (net && (o.netDelayMs ?? 0) > 0) { await net.setDelay(true); o.log?.(`[bench chaos] --net-delay: every connection between nodes held ${o.netDelayMs} ms each way by a relay on ${net.plan.relayAddress} (${net.delayActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
     ref = o.reference ? await runPhase(o, 'reference', [], net) : null;
     // --net-loss strikes the runs with faults; the reference stays failure-free (and loss-free).
     if (net && (o.netLoss ?? 0) > 0) { net.setLoss(true); o.log?.(`[bench chaos] --net-loss: ${o.netLoss}% of the packets entering each namespace dropped (${net.lossActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
-    if (net && (o.netDelayMs ?? 0) > 0) { await net.setDelay(true); o.log?.(`[bench chaos] --net-delay: every connection between nodes held ${o.netDelayMs} ms each way by a relay on ${net.plan.relayAddress} (${net.delayActive(0) ? 'rule in place' : 'RULE NOT FOUND'})`); }
     chaos = await runPhase(o, 'chaos', plan, net);
     base = o.baseline === 'restart' ? await runPhase(o, 'baseline', plan, net) : null;
   } finally {
@@ -455,7 +456,7 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosRecord> {
   const network = net ? { namespaces: net.plan.namespaces, bridge: net.plan.bridge, hostVeths: net.plan.hostVeths, subnet: `${net.plan.subnet}.0/24`, addresses: net.plan.addresses,
     lossPercent: net.plan.lossPercent, lossRule: net.plan.lossPercent > 0 ? `inet nodetron input: iifname != "lo" numgen random mod 10000 < ${lossThreshold(net.plan.lossPercent)} drop` : null,
     lossIn: net.plan.lossPercent > 0 ? ['chaos', ...(base ? ['baseline'] : [])] : [],
-    delay: net.plan.delayMs > 0 ? { msEachWay: net.plan.delayMs, how: `a relay in the root namespace on ${net.plan.relayAddress} (nftables dnat in each namespace; the original destination from its conntrack table) holds each chunk`, in: ['chaos', ...(base ? ['baseline'] : [])], relayed } : null,
+    delay: net.plan.delayMs > 0 ? { msEachWay: net.plan.delayMs, how: `a relay in the root namespace on ${net.plan.relayAddress} (nftables dnat in each namespace; the original destination from its conntrack table) holds each chunk`, in: [...(ref ? ['reference'] : []), 'chaos', ...(base ? ['baseline'] : [])], relayed } : null,
     left: netLeft } : undefined;
   return { bench: 'chaos', machine: machineRecordSafe(), cuda, options, goodputDefinition: GOODPUT_DEFINITION, runs, injected: { chaos: chaos.injected, baseline: base?.injected ?? [] }, faults, baselineFaults, skipped: [...chaos.skipped, ...(base?.skipped ?? [])], losses, baselineLosses, summary, ...(network ? { network } : {}) };
 }
@@ -514,7 +515,7 @@ const usage = `usage: nodetron bench chaos [--nproc N (4)] [--nodes M (1)] [--sp
   end by itself (the bench records when; after --link-grace s past the others' exit it kills what is left).
   --net-loss PCT drops PCT% of the packets entering each namespace from its link during the runs with faults (the
   reference stays loss-free; nftables, numgen random). --net-delay MS holds every TCP connection between two nodes MS ms
-  each way during those runs (this kernel has no sch_netem: each namespace's nat rule sends the connection to a relay
+  each way in every run, the reference's included (this kernel has no sch_netem: each namespace's nat rule sends the connection to a relay
   in the bench's process, which finds its destination in the namespace's conntrack table). --heartbeat-timeout-ms goes to every launcher (a cut node is found by its silence).
   --nproc is per node. The script must print progress lines (nt.train's 'step N loss ...': --progress-every 1, which
   --script-args replaces) and write DIR/losses.json ({train: [[step, loss], ...]}).`;

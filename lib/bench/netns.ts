@@ -6,7 +6,7 @@
 // every connection between nodes goes through a relay in the root namespace that holds each chunk,
 // lib/bench/delay-relay.ts; the namespaces' nat rule sends it there). The names carry a random per-run suffix (parallel runs cannot collide) and everything is torn down
 // by {@link NetnsTopology.teardown} (which runs again on the process's exit, so an interrupted run leaves nothing).
-import { spawnSync } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { ArgumentError, StateError } from '../errors.js';
 import { DelayRelay, namespaceDestination } from './delay-relay.js';
@@ -237,10 +237,36 @@ export class NetnsTopology {
         const r = run(cmd);
         if (!r.ok) throw new StateError(`bench chaos --net-delay: \`${cmd.join(' ')}\` failed: ${r.out || 'no output'}`);
       }
+      if (this.plan.namespaces.length >= 2) await this.probeDelay();
+      relay.connections = relay.failed = relay.bytes = 0; // (the record counts the runs' connections)
     } else if (!on && this.relay) {
       for (const cmd of delayRemoveCommands(this.plan)) run(cmd);
       await this.relay.close();
       this.relay = null;
+    }
+  }
+
+  /**
+   * One connection from node 0 to node 1 through the relay, echoed back; a StateError when it does not
+   * come back within 10 s (no /proc/net/nf_conntrack, or a firewall in the root namespace that drops
+   * what comes to the relay: every connection between nodes would then fail, and the run stall).
+   */
+  private async probeDelay(): Promise<void> {
+    // (Node 1's namespace is the benchmark's own and nothing listens there yet: any port is free.)
+    const a1 = this.plan.addresses[1]!, port = 40_123;
+    const node = (ns: string, code: string) => new Promise<string>((resolve, reject) => {
+      execFile('ip', ['netns', 'exec', ns, process.execPath, '-e', code], { timeout: 10_000 }, (e, out, err) => (e ? reject(new Error(`${e.message} ${err}`.trim())) : resolve(out)));
+    });
+    const server = node(this.plan.namespaces[1]!, `const s = require('net').createServer((c) => { c.pipe(c); c.on('end', () => { s.close(); }); }).listen(${port}, '${a1}', () => console.log('up'));`);
+    try {
+      // (The server may take a moment to listen: the client retries a refused connection.)
+      const out = await node(this.plan.namespaces[0]!, `const net = require('net'); const go = () => { const c = net.connect(${port}, '${a1}', () => c.end('probe')); let got = ''; c.on('data', (d) => { got += d; }); c.on('end', () => { console.log(got); }); c.on('error', () => setTimeout(go, 50)); }; go();`);
+      if (out.trim() !== 'probe') throw new Error(`the echo came back as '${out.trim()}'`);
+      await server;
+    } catch (e) {
+      server.catch(() => undefined);
+      throw new StateError(`bench chaos --net-delay: a test connection from node 0 to node 1 through the relay failed (${(e as Error).message}); ` +
+        `relaying needs /proc/net/nf_conntrack in the namespaces and a root namespace that accepts connections to ${this.plan.relayAddress}`);
     }
   }
 

@@ -87,21 +87,38 @@ describe('bench chaos --net-delay: the relay', () => {
     expect((await roundTrip(s, Buffer.from('x'))).back.toString()).toBe('x');
   });
 
-  it('closes a connection whose destination it cannot find, and counts it', async () => {
+  it('resets a connection whose destination it cannot find, and counts it', async () => {
     const relay = await relayTo(null, 10);
-    const s = await connect(relay.port);
-    await new Promise<void>((r) => s.once('close', () => r()));
+    // (The reset may come before the client has seen its connect complete.)
+    const s = net.connect({ host: '127.0.0.1', port: relay.port });
+    const error = await new Promise<NodeJS.ErrnoException | null>((r) => { s.once('error', (e) => r(e)); s.once('close', () => r(null)); });
+    expect(error?.code).toBe('ECONNRESET');
     expect(relay.failed).toBe(1);
     expect(relay.connections).toBe(0);
   });
 
-  it('ends the other side when one side closes', async () => {
-    const relay = await relayTo(await echo(), 5);
+  it('passes a half-close on after the data before it: a client that writes and ends at once still gets its echo, then the end', async () => {
+    const relay = await relayTo(await echo(), 30);
     const s = await connect(relay.port);
-    await roundTrip(s, Buffer.from('a'));
-    const closed = new Promise<void>((r) => s.once('close', () => r()));
-    s.end();
-    await closed;
+    const back: Buffer[] = [];
+    s.on('data', (c: Buffer) => back.push(c));
+    const ended = new Promise<void>((r) => s.once('end', () => r()));
+    s.end('last words');
+    await ended;
+    expect(Buffer.concat(back).toString()).toBe('last words');
     await expect(DelayRelay.start({ host: '127.0.0.1', delayMs: -1, destination: async () => null })).rejects.toThrow(/delay must be/);
+  });
+
+  it('resets the client when the destination refuses the connection, and counts it', async () => {
+    // A port nothing listens on: take one, then free it.
+    const probe = net.createServer();
+    await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
+    const port = (probe.address() as net.AddressInfo).port;
+    await new Promise<void>((r) => probe.close(() => r()));
+    const relay = await relayTo({ address: '127.0.0.1', port }, 5);
+    const s = net.connect({ host: '127.0.0.1', port: relay.port });
+    const error = await new Promise<NodeJS.ErrnoException | null>((r) => { s.once('error', (e) => r(e)); s.once('close', () => r(null)); });
+    expect(error?.code).toBe('ECONNRESET');
+    expect(relay.failed).toBe(1);
   });
 });
