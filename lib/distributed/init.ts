@@ -124,7 +124,7 @@ function stagedCudaDevices(): number {
 
 // The communicators of one group: connected (the group's members meet through the store under a
 // prefix of this generation), or, for a joining process, stand-ins that know only their devices.
-async function groupComms(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory: boolean): Promise<Map<string, CommBackend>> {
+async function groupComms(rt: Runtime, name: string, globalRanks: readonly number[], sharedMemory: boolean, store: Store = rt.store): Promise<Map<string, CommBackend>> {
   const rank = globalRanks.indexOf(rt.env.rank);
   const comms = new Map<string, CommBackend>();
   const size = globalRanks.length;
@@ -145,7 +145,7 @@ async function groupComms(rt: Runtime, name: string, globalRanks: readonly numbe
       comms.set('cpu', await createGlooBackend({
         storeHost: rt.env.masterAddr,
         storePort: rt.env.masterPort,
-        ...(viaJobStore ? { store: rt.store } : {}),
+        ...(viaJobStore ? { store } : {}),
         prefix: viaJobStore ? `gloo/${gen}${name}` : `${rt.env.storePrefix}/gloo/${gen}${name}`,
         rank,
         size,
@@ -168,7 +168,7 @@ async function groupComms(rt: Runtime, name: string, globalRanks: readonly numbe
     }
     if (rt.backends.nccl) {
       comms.set(`cuda:${rt.env.localRank}`, await createNcclBackend({
-        store: rt.store, prefix: `nccl/${gen}${name}`, group: name, rank, size, device: rt.env.localRank, timeoutMs: rt.timeoutMs,
+        store, prefix: `nccl/${gen}${name}`, group: name, rank, size, device: rt.env.localRank, timeoutMs: rt.timeoutMs,
       }));
     }
   } catch (e) {
@@ -318,14 +318,20 @@ export async function regroup(generation: number): Promise<void> {
   const file = join(rt.recoveryDir, 'abort');
   watchAbortFile(file, generation);
   const stop = abortWhileConnecting(file, generation);
+  // The groups meet over a store connection of their own, closed afterwards: a rendezvous read that
+  // waits for a peer that never comes (a replacement still starting when the next loss came) is given
+  // up with it, instead of holding every later request on the job's connection (answered in order)
+  // until its timeout.
+  const meet = await connectLaunchStore(rt.env, { timeoutMs: rt.timeoutMs });
   try {
     for (const g of live) {
       const later = readAbortFile(file);
       if (later > generation) throw new CommError(`regroup: generation ${later} started before generation ${generation} connected (abort file ${file})`, 'regroup');
-      g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!), generation);
+      g.rebind(await groupComms(rt, g.name, g.ranks, rt.sharedMemoryOf.get(g)!, meet), generation);
     }
   } finally {
     stop();
+    await meet.close().catch(() => undefined);
   }
 }
 

@@ -97,6 +97,8 @@ export class MemoryRecovery {
   #measured: MeasuredMemory | null = null;
   /** Whether this process joined a running job from the holder's copy (it then skips a checkpoint resume). */
   joined = false;
+  // A replacement that has not restored its rank's state yet: the steps it can restore are at the holder.
+  #restoring = false;
   /** The job ranks the last in-memory rollback replaced (null after a reshape or a fallback): a save in flight that they never joined is given up. */
   lastLost: number[] | null = null;
 
@@ -237,7 +239,7 @@ export class MemoryRecovery {
 
   /**
    * After a step threw `error` (`reached`: the steps done, plus the one in progress when the error came
-   * from inside a step; the steps lost are counted from it): waits for the launcher's next
+   * from inside a step; the steps lost are counted from it; NaN for a replacement still joining): waits for the launcher's next
    * generation, regroups, agrees on the newest step every rank holds, and restores it. Returns that
    * step, or null when no step is held by every rank (both copies of a rank lost: the caller falls
    * back to a checkpoint, collectively). Rethrows `error` when no new generation comes (the failure
@@ -271,22 +273,21 @@ export class MemoryRecovery {
         }
         await dist.regroup(g);
         this.#generation = g;
-        const step = await this.#agree(g, this.steps);
+        const step = await this.#agree(g, await this.#restorable());
         if (step === null) {
           this.#images = [];
+          this.#restoring = false;
           this.#afterRecovery = { generation: g };
           this.#agreeNext = true;
           return null;
         }
-        const local = this.#images.find((i) => i.step === step)!;
-        restoreImage(this.#target.items, local.image);
-        this.#images = this.#images.filter((i) => i.step <= step);
+        const local = await this.#restoreOwn(step);
         // Its copies went to the lost node: the step the job goes on from is sent to the new holder now
         // (the next step waits for it), so a loss before the next copy does not fall back to disk.
         if (rehomed) local.put = this.#send(local);
-        const lost = reached - step;
-        this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0 });
-        this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
+        const lost = this.#lostSince(reached, step);
+        this.#event('recovered', { step, ...lost, ms: Date.now() - t0 });
+        this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost.stepsLost} step(s) to redo)`);
         this.#afterRecovery = { generation: g };
         this.#agreeNext = true;
         this.lastLost = await lostRanks(this.#store, firstGeneration, g);
@@ -351,10 +352,10 @@ export class MemoryRecovery {
     this.#generation = g;
     const step = await this.#restoreFrom(g, from, plan);
     if (step === null) return null;
-    const lost = reached - step;
-    this.#event('recovered', { step, stepsLost: lost, ms: Date.now() - t0, reshape: kind, worldSize: plan.members.length });
+    const lost = this.#lostSince(reached, step);
+    this.#event('recovered', { step, ...lost, ms: Date.now() - t0, reshape: kind, worldSize: plan.members.length });
     this.#target.log(`generation ${g}: ${kind === 'shrink' ? 'no spare was free; the intact data-parallel replicas go on' : 'the job grew back'} under ${plan.layout.dp} replica(s), ` +
-      `from step ${step} of the images in memory, in ${Date.now() - t0} ms (${lost} step(s) to redo)`);
+      `from step ${step} of the images in memory, in ${Date.now() - t0} ms (${lost.stepsLost} step(s) to redo)`);
     return step;
   }
 
@@ -367,6 +368,7 @@ export class MemoryRecovery {
     this.#agreeNext = true;
     const mine = this.#images;
     this.#images = [];
+    this.#restoring = false; // (a replacement's part comes from the images too)
     if (step === null) return null;
     // Planned from the images' headers (a few kilobytes each): only the images holding this rank's new
     // parts are fetched whole, this process's own first (from its memory when it has it).
@@ -451,34 +453,55 @@ export class MemoryRecovery {
   }
 
   // A replacement: meets the running ranks in its generation and restores the lost rank's image from the
-  // holder. Another rank lost meanwhile (the survivors move on to a later generation): it follows them there.
+  // holder. Another rank lost meanwhile (the survivors move on to a later generation): it follows them
+  // there as one of them (recover: a shrink's memory and plan included), its state still at the holder.
   async #join(): Promise<void> {
     const t0 = Date.now();
     if (!this.#holder) throw new StateError(`rank ${this.#jobRank} joins a running job but has no holder to restore from (NODETRON_HOLDER is unset)`);
-    let g = this.#generation;
-    for (;;) {
-      try {
-        await dist.regroup(g);
-        this.#generation = g;
-        this.#epoch = await this.#epochAt(g);
-        const key = imageKey(this.#epoch, dist.rank());
-        const have = await this.#holder.list(key);
-        const step = await this.#agree(g, have);
-        this.joined = true;
-        this.#afterRecovery = { generation: g };
-        this.#agreeNext = true;
-        if (step === null) { this.#joinedStep = null; return; }
-        const image = decodeImage(await this.#holder.get(key, step));
-        restoreImage(this.#target.items, image);
-        this.#images = [{ step, key, image, put: Promise.resolve() }];
-        this.#joinedStep = step;
+    this.#restoring = true;
+    this.joined = true;
+    const g = this.#generation;
+    let step: number | null, epochKnown = false;
+    try {
+      this.#epoch = await this.#epochAt(g);
+      epochKnown = true;
+      await dist.regroup(g);
+      step = await this.#agree(g, await this.#restorable());
+      if (step !== null) {
+        await this.#restoreOwn(step);
         this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true });
-        return;
-      } catch (e) {
-        if (!this.recoverable(e)) throw e;
-        g = await this.#awaitGeneration(g + 1, e);
-      }
+      } else this.#images = [];
+      this.#restoring = false;
+      this.#afterRecovery = { generation: g };
+      this.#agreeNext = true;
+    } catch (e) {
+      if (!this.recoverable(e)) throw e;
+      if (!epochKnown) this.#epoch = await this.#epochAt(g);
+      step = await this.recover(e, Number.NaN);
     }
+    this.#joinedStep = step;
+  }
+
+  /** The steps this rank can restore: its own images, or a replacement's at the holder (the lost rank's copies). */
+  async #restorable(): Promise<number[]> {
+    return this.#restoring ? this.#holder!.list(imageKey(this.#epoch, dist.rank())) : this.steps;
+  }
+
+  /** Restores this rank's image of `step` (a replacement's from the holder) and drops its images of later steps. */
+  async #restoreOwn(step: number): Promise<LocalImage> {
+    if (this.#restoring) {
+      const key = imageKey(this.#epoch, dist.rank());
+      this.#images = [{ step, key, image: decodeImage(await this.#holder!.get(key, step)), put: Promise.resolve() }];
+      this.#restoring = false;
+    } else this.#images = this.#images.filter((i) => i.step <= step);
+    const local = this.#images.find((i) => i.step === step)!;
+    restoreImage(this.#target.items, local.image);
+    return local;
+  }
+
+  /** What a recovery's event and log say of the steps lost (`reached`: NaN for a replacement, which lost none). */
+  #lostSince(reached: number, step: number): { stepsLost: number; joined?: true } {
+    return Number.isNaN(reached) ? { stepsLost: 0, joined: true } : { stepsLost: reached - step };
   }
 
   /** The reshape generation that made the world of generation g (0 when none did). */

@@ -106,6 +106,26 @@ describe('in-job recovery: shrink without a spare, then grow back', () => {
     expect(chaos.events.some((e) => e.event === 'shrink')).toBe(false);
   }, QUEUED_TEST_TIMEOUT_MS);
 
+  it('a second loss while the first one\'s replacement joins: the replacement follows the survivors into the next generation, its plan included', async () => {
+    // tp2 x pp2 cannot shrink, so the first loss (rank 2) gets a new process; rank 1 is lost while that
+    // process has not joined yet (it waits for generation 2's fault), so it meets the survivors in a
+    // --shrink generation, where every survivor, it included, says what memory it has.
+    const steps = 6, layout = ['--tp', '2', '--pp', '2'];
+    const [reference, chaos] = await pair('join-then-loss', layout, ['--kill-rank', '2', '--kill-after', '2', '--kill-on-replacement', '1', '--join-wait-generation', '2'], steps);
+    expect(chaos.train).toEqual(reference.train);
+    expect(chaos.events.some((e) => e.event === 'fallback-disk' || e.event === 'fallback-restart'), chaos.output).toBe(false);
+    // Both losses found no spare (a --shrink generation each, which the survivors and the joiner plan together).
+    const faults = chaos.events.filter((e) => e.src === 'agent' && e.event === 'fault');
+    expect(faults.map((e) => [e.generation, e.lost, e.shrink]), chaos.output).toEqual([[1, [2], true], [2, [1], true]]);
+    // The first replacement (job rank 2) restored its rank's state in generation 2, with the survivors,
+    // within seconds of that fault (before, the survivors waited 300 s for it to say what memory it has).
+    const joined = chaos.events.filter((e) => e.event === 'recovered' && e.joined);
+    expect(joined.map((e) => [e.rank, e.generation]).sort(), chaos.output).toEqual([[1, 2], [2, 2]]);
+    const second = faults[1]!, restored = joined.find((e) => e.rank === 2)!;
+    expect((restored.t as number) - (second.t as number)).toBeLessThan(60_000);
+    expect(chaos.events.some((e) => e.event === 'shrink')).toBe(false);
+  }, QUEUED_TEST_TIMEOUT_MS);
+
   it('a smaller world that would not fit in memory (NODETRON_SHRINK_MEMORY_LIMIT) is not chosen: the lost rank is replaced as without --shrink', async () => {
     const steps = 6, layout = ['--dp', '2', '--tp', '2', '--zero', '3'];
     const [reference, chaos] = await pair('no-room', layout, ['--kill-rank', '3', '--kill-after', '2'], steps, { NODETRON_SHRINK_MEMORY_LIMIT: '1K' });
