@@ -19,6 +19,9 @@ import { restoreFromImages, takeLayoutImage } from '../ckpt/reshard-image.js';
 import type { CheckpointItems } from '../ckpt/items.js';
 import type { ReshapePlan, ShrinkMemory } from './shrink.js';
 import type { MeasuredMemory } from './shrink-memory.js';
+import { GenerationRecords, type GenerationRecord, type ImageWorld } from './generations.js';
+
+export type { ImageWorld } from './generations.js';
 
 /** How long the ranks wait for each other's restorable steps in a recovery. */
 const AGREE_WAIT_MS = 300_000;
@@ -48,21 +51,6 @@ export interface RecoveryTarget {
   reshape(plan: ReshapePlan, generation: number, rank: number): Promise<void>;
 }
 
-/** The world whose images a reshape restores from: the reshape generation that made it (0: the first) and its size. */
-export interface ImageWorld { epoch: number; worldSize: number }
-
-/** `recover/gen/<g>` as the launcher writes it (the fields the ranks read). */
-interface GenerationRecord {
-  lost?: number[];
-  how?: string;
-  /** No hot spare was free for the loss: the data-parallel survivors may go on without the lost replicas. */
-  shrink?: boolean;
-  /** The grow back: every job rank in the job's own layout, from the images of the shrunk world `from`. */
-  from?: ImageWorld;
-  /** A lost node: every job rank's holder from now on (the launcher's choice). */
-  holders?: string[];
-}
-
 /** The token the holders want (the one-node holder's own, else the job's). */
 function holderToken(): string | undefined {
   return process.env.NODETRON_HOLDER_TOKEN?.trim() || process.env.NODETRON_STORE_TOKEN?.trim() || undefined;
@@ -82,6 +70,7 @@ export class MemoryRecovery {
   #holderAddress: string | undefined;
   readonly #clients = new Map<string, Promise<HolderClient>>();
   readonly #store: Store;
+  readonly #generations: GenerationRecords;
   #holder: HolderClient | null;
   readonly #events: string | undefined;
   #generation: number;
@@ -108,6 +97,7 @@ export class MemoryRecovery {
     this.#members = Array.from({ length: dist.worldSize() }, (_, r) => r);
     this.#holderAddress = holderAddress;
     this.#store = dist.jobStore();
+    this.#generations = new GenerationRecords(this.#store);
     this.#holder = holder;
     this.#generation = dist.generation();
     this.#events = process.env.NODETRON_RECOVERY_EVENTS?.trim() || undefined;
@@ -196,7 +186,7 @@ export class MemoryRecovery {
       await this.#store.compareSet(`recover/gen/${g}`, '', JSON.stringify(record));
     }
     // Rank 0's grow, or a fault's generation that took g first (then the fault's recovery follows).
-    const rec = await this.#record(g, AGREE_WAIT_MS);
+    const rec = await this.#generations.record(g, AGREE_WAIT_MS);
     if (rec.how !== 'grow' || !rec.from) throw new CommError(`generation ${g} (a fault) started before the grow back`, 'recovery');
     this.#target.abandonStep();
     return this.#reshapeTo(g, job, rec.from, t0, step, 'grow');
@@ -253,9 +243,9 @@ export class MemoryRecovery {
     this.lastLost = null;
     let rehomed = false;
     for (;;) {
-      const g = await this.#awaitGeneration(next, error);
+      const g = await this.#generations.awaitFrom(next, this.#jobRank, error);
       try {
-        const rec = await this.#record(g);
+        const rec = await this.#generations.record(g);
         if (await this.#rehome(rec, g)) rehomed = true;
         if (rec.how === 'grow' && rec.from) return await this.#reshapeTo(g, this.#target.jobPlan(), rec.from, t0, reached, 'grow');
         if (rec.shrink) {
@@ -299,17 +289,6 @@ export class MemoryRecovery {
         next = g + 1;
       }
     }
-  }
-
-  /** The record of generation g (waiting for it up to `timeoutMs`; the store's default wait without). */
-  async #record(g: number, timeoutMs?: number): Promise<GenerationRecord> {
-    return JSON.parse(await this.#store.getString(`recover/gen/${g}`, timeoutMs === undefined ? undefined : { timeoutMs })) as GenerationRecord;
-  }
-
-  /** The record of generation g, or undefined when it is not out yet. */
-  async #tryRecord(g: number): Promise<GenerationRecord | undefined> {
-    const v = await this.#store.tryGet(`recover/gen/${g}`);
-    return v ? JSON.parse(new TextDecoder().decode(v)) as GenerationRecord : undefined;
   }
 
   /** The shrunk world for a loss without a spare (the same plan on every survivor: a pure function of the same facts). */
@@ -463,7 +442,7 @@ export class MemoryRecovery {
     const g = this.#generation;
     let step: number | null, epochKnown = false;
     try {
-      this.#epoch = await this.#epochAt(g);
+      this.#epoch = await this.#generations.epochAt(g);
       epochKnown = true;
       await dist.regroup(g);
       step = await this.#agree(g, await this.#restorable());
@@ -476,7 +455,7 @@ export class MemoryRecovery {
       this.#agreeNext = true;
     } catch (e) {
       if (!this.recoverable(e)) throw e;
-      if (!epochKnown) this.#epoch = await this.#epochAt(g);
+      if (!epochKnown) this.#epoch = await this.#generations.epochAt(g);
       step = await this.recover(e, Number.NaN);
     }
     this.#joinedStep = step;
@@ -504,21 +483,6 @@ export class MemoryRecovery {
     return Number.isNaN(reached) ? { stepsLost: 0, joined: true } : { stepsLost: reached - step };
   }
 
-  /** The reshape generation that made the world of generation g (0 when none did). */
-  async #epochAt(g: number): Promise<number> {
-    let epoch = 0;
-    for (let k = 1; k <= g; k++) {
-      const rec = await this.#tryRecord(k);
-      if (!rec) continue;
-      if (rec.how === 'grow') epoch = k;
-      else if (rec.shrink) {
-        const plan = await this.#store.tryGet(`recover/gen/${k}/plan`);
-        if (plan && !('refused' in (JSON.parse(new TextDecoder().decode(plan)) as object))) epoch = k;
-      }
-    }
-    return epoch;
-  }
-
   // A process the launcher started for the grow back (NODETRON_GROW: the shrink's generation): set up
   // under the job's layout with unconnected groups, it says it is ready and waits for the grow
   // generation, then meets every rank there and restores its state from the shrunk world's images.
@@ -528,7 +492,7 @@ export class MemoryRecovery {
     await this.#store.set(`recover/grow/${shrinkGeneration}/ready/${this.#jobRank}`, '1');
     let next = shrinkGeneration + 1;
     for (;;) {
-      const rec = await this.#record(next, 24 * 3600_000);
+      const rec = await this.#generations.record(next, 24 * 3600_000);
       if (rec.how === 'grow' && rec.from) {
         await dist.regroup(next);
         this.#generation = next;
@@ -548,25 +512,6 @@ export class MemoryRecovery {
 
   /** Records a fall-back to the newest checkpoint on disk. */
   fellBack(dir: string | null): void { this.#event('fallback-disk', { dir }); }
-
-  async #awaitGeneration(g: number, error: unknown): Promise<number> {
-    // How long a rank whose collective failed waits for the next generation: longer than the launcher's worst detection.
-    const deadline = Date.now() + recoveryEnv().generationWaitMs;
-    for (;;) {
-      // A later generation may already be out (two faults close together): take the newest. A rank the
-      // launcher declared lost (frozen, then woken) was replaced: it must leave, not compete.
-      let newest = 0;
-      for (let k = g; ; k++) {
-        const rec = await this.#tryRecord(k);
-        if (!rec) break;
-        if (rec.lost?.includes(this.#jobRank)) throw new StateError(`rank ${this.#jobRank} was declared lost in generation ${k} and replaced; this process leaves the job`);
-        newest = k;
-      }
-      if (newest > 0) return newest;
-      if (Date.now() > deadline) throw error;
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
 
   // Every rank of the current world publishes the steps it can restore; the answer is the newest step all of them have.
   async #agree(g: number, have: number[]): Promise<number | null> {
