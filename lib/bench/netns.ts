@@ -218,7 +218,7 @@ export class NetnsTopology {
 
   /** Whether the loss rule is in place in node `node`'s namespace (its nft ruleset lists it). */
   lossActive(node: number): boolean {
-    return /numgen random mod 10000 < \d+ drop/.test(run(netnsExec(this.plan, node, ['nft', 'list', 'ruleset'])).out);
+    return /numgen random mod 10000 < \d+ drop/.test(this.ruleset(node));
   }
 
   /**
@@ -277,7 +277,12 @@ export class NetnsTopology {
 
   /** Whether the delay rule is in place in node `node`'s namespace (its nft ruleset lists it). */
   delayActive(node: number): boolean {
-    return new RegExp(`dnat to ${this.plan.relayAddress.replace(/\./g, '\\.')}:\\d+`).test(run(netnsExec(this.plan, node, ['nft', 'list', 'ruleset'])).out);
+    return new RegExp(`dnat to ${this.plan.relayAddress.replace(/\./g, '\\.')}:\\d+`).test(this.ruleset(node));
+  }
+
+  /** Node `node`'s nftables ruleset, as `nft list ruleset` prints it (its error output when that fails, which no rule pattern matches). */
+  private ruleset(node: number): string {
+    return run(netnsExec(this.plan, node, ['nft', 'list', 'ruleset'])).out;
   }
 
   /** Sets node `node`'s link down. */

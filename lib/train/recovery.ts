@@ -267,8 +267,7 @@ export class MemoryRecovery {
         if (step === null) {
           this.#images = [];
           this.#restoring = false;
-          this.#afterRecovery = { generation: g };
-          this.#agreeNext = true;
+          this.#regrouped(g);
           return null;
         }
         const local = await this.#restoreOwn(step);
@@ -278,8 +277,7 @@ export class MemoryRecovery {
         const lost = this.#lostSince(reached, step);
         this.#event('recovered', { step, ...lost, ms: Date.now() - t0 });
         this.#target.log(`generation ${g}: a rank was lost; regrouped and rolled back to step ${step} from memory in ${Date.now() - t0} ms (${lost.stepsLost} step(s) to redo)`);
-        this.#afterRecovery = { generation: g };
-        this.#agreeNext = true;
+        this.#regrouped(g);
         this.lastLost = await lostRanks(this.#store, firstGeneration, g);
         return step;
       } catch (e) {
@@ -343,8 +341,7 @@ export class MemoryRecovery {
     const step = await this.#agree(g, await this.#completeSteps(from));
     this.#members = [...plan.members];
     this.#epoch = g;
-    this.#afterRecovery = { generation: g };
-    this.#agreeNext = true;
+    this.#regrouped(g);
     const mine = this.#images;
     this.#images = [];
     this.#restoring = false; // (a replacement's part comes from the images too)
@@ -440,10 +437,9 @@ export class MemoryRecovery {
     this.#restoring = true;
     this.joined = true;
     const g = this.#generation;
-    let step: number | null, epochKnown = false;
+    let step: number | null;
     try {
       this.#epoch = await this.#generations.epochAt(g);
-      epochKnown = true;
       await dist.regroup(g);
       step = await this.#agree(g, await this.#restorable());
       if (step !== null) {
@@ -451,11 +447,10 @@ export class MemoryRecovery {
         this.#event('recovered', { step, stepsLost: 0, ms: Date.now() - t0, joined: true });
       } else this.#images = [];
       this.#restoring = false;
-      this.#afterRecovery = { generation: g };
-      this.#agreeNext = true;
+      this.#regrouped(g);
     } catch (e) {
       if (!this.recoverable(e)) throw e;
-      if (!epochKnown) this.#epoch = await this.#generations.epochAt(g);
+      this.#epoch = await this.#generations.epochAt(g); // (again: the first read may be what failed)
       step = await this.recover(e, Number.NaN);
     }
     this.#joinedStep = step;
@@ -476,6 +471,13 @@ export class MemoryRecovery {
     const local = this.#images.find((i) => i.step === step)!;
     restoreImage(this.#target.items, local.image);
     return local;
+  }
+
+  // Generation g's world has met: its first completed step is reported, and its first step boundary
+  // agrees that every copy is held (both set at the same point on every rank of g).
+  #regrouped(g: number): void {
+    this.#afterRecovery = { generation: g };
+    this.#agreeNext = true;
   }
 
   /** What a recovery's event and log say of the steps lost (`reached`: NaN for a replacement, which lost none). */
